@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/config"
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/restapi"
+	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/web"
+)
+
+// Main is the program: ParseFlags, Run (returns once serving), Close
+// (graceful drain). End-to-end tests drive it on 127.0.0.1:0.
+type Main struct {
+	Config config.Config
+	Logger *slog.Logger
+	// Migrate applies migrations at start-up (flag -migrate, default true).
+	Migrate bool
+
+	addr     string // bound address after Run
+	pg       *pgxpool.Pool
+	rdb      redis.UniversalClient
+	rt       redis.UniversalClient
+	api      *restapi.Server
+	httpSrv  *http.Server
+	serveErr chan error
+}
+
+// NewMain returns a Main with defaults.
+func NewMain() *Main { return &Main{Migrate: true} }
+
+// ParseFlags reads the environment through getenv; flags override it.
+func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
+	fs := flag.NewFlagSet("han-gateway", flag.ContinueOnError)
+	addr := fs.String("addr", "", "listen address (overrides HAN_HTTP_ADDR)")
+	migrate := fs.Bool("migrate", true, "apply database migrations at start-up")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		return err
+	}
+	if *addr != "" {
+		cfg.HTTPAddr = *addr
+	}
+	m.Config, m.Migrate = cfg, *migrate
+	return nil
+}
+
+// Addr is the listening address once Run returned.
+func (m *Main) Addr() string { return m.addr }
+
+// URL is the base URL of the running server.
+func (m *Main) URL() string { return "http://" + m.addr }
+
+// Run connects to the dependencies, migrates and starts serving. It does not
+// wait for Redis: an instance starts (degraded) while Redis is down.
+func (m *Main) Run(ctx context.Context) error {
+	cfg := m.Config
+	if m.Logger == nil {
+		m.Logger = newLogger(cfg.LogLevel)
+	}
+	var err error
+	m.pg, err = store.OpenPG(ctx, cfg.DatabaseURL, store.PGConfig{})
+	if err != nil {
+		return err
+	}
+	if m.Migrate {
+		mctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err := store.Migrate(mctx, m.pg)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+	}
+	rc := store.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
+		DialTimeout: cfg.RedisTimeout, ClientName: "han-gateway:" + cfg.InstanceID}
+	if m.rdb, err = store.NewRedis(cfg.RedisURL, rc); err != nil {
+		return fmt.Errorf("REDIS_URL: %w", err)
+	}
+	if m.rt, err = store.NewRedis(cfg.RedisRealtimeURL, rc); err != nil {
+		return fmt.Errorf("REDIS_REALTIME_URL: %w", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
+	if err := lua.LoadAll(lctx, m.rdb); err != nil {
+		m.Logger.Warn("redis not ready at start-up; scripts load on first use", slog.String("kind", fmt.Sprintf("%T", errors.Unwrap(err))))
+	}
+	cancel()
+
+	verifier, err := auth.NewVerifier(ctx, auth.Config{
+		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, JWKSURL: cfg.JWKSURL, JWKSFile: cfg.JWKSFile,
+		DevHS256Secret: []byte(cfg.DevHS256Secret), Env: cfg.Env, Redis: m.rdb,
+	}, m.Logger)
+	if err != nil {
+		return err
+	}
+	m.api, err = restapi.NewServer(restapi.Deps{
+		Config: restapi.Config{HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL},
+		Logger: m.Logger, Store: store.New(m.pg), PG: m.pg, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
+	})
+	if err != nil {
+		return err
+	}
+	m.api.Router().PathPrefix("/").Handler(web.Handler()).Methods(http.MethodGet, http.MethodHead)
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	m.addr = ln.Addr().String()
+	m.httpSrv = &http.Server{
+		Handler:           m.api.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
+	}
+	m.serveErr = make(chan error, 1)
+	go func() { m.serveErr <- m.httpSrv.Serve(ln) }()
+	m.Logger.Info("serving", slog.String("addr", m.addr), slog.String("instance", cfg.InstanceID), slog.String("env", cfg.Env))
+	return nil
+}
+
+// Close drains: readiness turns 503, in-flight requests finish within the
+// shutdown timeout, then connections to Redis and PostgreSQL close. It is
+// idempotent.
+func (m *Main) Close() error {
+	var errs []error
+	if m.api != nil {
+		m.api.SetDraining()
+	}
+	if m.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+		if err := m.httpSrv.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		cancel()
+		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+		m.httpSrv = nil
+	}
+	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	m.rdb, m.rt = nil, nil
+	if m.pg != nil {
+		m.pg.Close()
+		m.pg = nil
+	}
+	return errors.Join(errs...)
+}
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,33 @@
+// Command han-gateway is the HAN realtime gateway: the WebSocket endpoint and
+// the REST API of one instance. Configuration comes from the environment
+// (see README); SIGINT/SIGTERM drain and stop it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	m := NewMain()
+	if err := m.ParseFlags(os.Args[1:], os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "han-gateway:", err)
+		os.Exit(2)
+	}
+	if err := m.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "han-gateway:", err)
+		_ = m.Close()
+		os.Exit(1)
+	}
+	<-ctx.Done()
+	stop()
+	if err := m.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "han-gateway: shutdown:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/config"
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
+	u := getenv("DATABASE_URL")
+	if u == "" {
+		return nil, errors.New("DATABASE_URL is required")
+	}
+	pool, err := store.OpenPG(ctx, u, store.PGConfig{MaxConns: 4, MinConns: 1})
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, errors.New("cannot reach PostgreSQL at DATABASE_URL")
+	}
+	return pool, nil
+}
+
+func cmdMigrate(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	pool, err := openDB(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	applied, err := store.Migrate(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Fprintln(out, "migrations: up to date")
+		return nil
+	}
+	fmt.Fprintln(out, "migrations applied:", strings.Join(applied, ", "))
+	return nil
+}
+
+func devSecret(getenv func(string) string) ([]byte, error) {
+	if getenv("HAN_ENV") == "prod" {
+		return nil, errors.New("dev tokens are refused when HAN_ENV=prod")
+	}
+	s := getenv("HAN_JWT_DEV_HS256_SECRET")
+	if len(s) < 32 {
+		return nil, errors.New("HAN_JWT_DEV_HS256_SECRET must be set (at least 32 bytes)")
+	}
+	return []byte(s), nil
+}
+
+func cmdToken(args []string, getenv func(string) string, out io.Writer) error {
+	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+	sub := fs.String("sub", "", "subject (user id, UUID)")
+	typ := fs.String("typ", "user", "token kind: user or service")
+	svc := fs.String("svc", "", "service name (svc claim) for service tokens")
+	ttl := fs.Duration("ttl", time.Hour, "lifetime")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	id, ok := ids.Canonical(*sub)
+	if !ok {
+		return errors.New("--sub must be a UUID")
+	}
+	if *typ != "user" && *typ != "service" {
+		return errors.New("--typ must be user or service")
+	}
+	if *ttl <= 0 {
+		return errors.New("--ttl must be positive")
+	}
+	secret, err := devSecret(getenv)
+	if err != nil {
+		return err
+	}
+	tok, err := auth.MintDevToken(secret, auth.DevClaims{Subject: id, Kind: auth.Kind(*typ), Service: *svc,
+		Issuer: getenv("HAN_JWT_ISSUER"), Audience: getenv("HAN_JWT_AUDIENCE"), TTL: *ttl})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, tok)
+	return nil
+}
+
+func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	fs := flag.NewFlagSet("project create", flag.ContinueOnError)
+	name := fs.String("name", "", "project name")
+	idFlag := fs.String("id", "", "project id (UUID); default: a new one")
+	var members multi
+	fs.Var(&members, "member", "UUID:read|write|admin (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if strings.TrimSpace(*name) == "" {
+		return errors.New("--name is required")
+	}
+	id := ids.New()
+	if *idFlag != "" {
+		var ok bool
+		if id, ok = ids.Canonical(*idFlag); !ok {
+			return errors.New("--id must be a UUID")
+		}
+	}
+	var ms []store.ProjectMember
+	for _, m := range members {
+		u, role, _ := strings.Cut(m, ":")
+		uid, ok := ids.Canonical(u)
+		if !ok || (role != store.RoleRead && role != store.RoleWrite && role != store.RoleAdmin) {
+			return fmt.Errorf("--member %q: want UUID:read|write|admin", m)
+		}
+		ms = append(ms, store.ProjectMember{UserID: uid, Role: role})
+	}
+	pool, err := openDB(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := store.New(pool).CreateProject(ctx, id, strings.TrimSpace(*name), ms); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, id)
+	return nil
+}
+
+// Fixed demo ids, so repeated seeding is idempotent and docs can name them.
+const (
+	demoAlice   = "00000000-0000-7000-8000-00000000a11c"
+	demoBob     = "00000000-0000-7000-8000-000000000b0b"
+	demoDialog  = "00000000-0000-7000-8000-0000000d1a10"
+	demoProject = "00000000-0000-7000-8000-0000000070e0"
+)
+
+type demoOut struct {
+	Users     map[string]string `json:"users"`
+	Tokens    map[string]string `json:"tokens"`
+	DialogID  string            `json:"dialogId"`
+	ProjectID string            `json:"projectId"`
+}
+
+func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	fs := flag.NewFlagSet("seed demo", flag.ContinueOnError)
+	ttl := fs.Duration("ttl", 24*time.Hour, "token lifetime")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	secret, err := devSecret(getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := openDB(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := store.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	st := store.New(pool)
+	for _, u := range []string{demoAlice, demoBob} {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			return err
+		}
+	}
+	if _, err := st.DialogForMember(ctx, demoDialog, demoAlice); errors.Is(err, store.ErrDialogNotFound) {
+		if _, err := st.CreateDialog(ctx, demoDialog, demoAlice, "Alice & Bob", []string{demoBob}); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	if err := st.CreateProject(ctx, demoProject, "Demo project", []store.ProjectMember{
+		{UserID: demoAlice, Role: store.RoleAdmin}, {UserID: demoBob, Role: store.RoleRead}}); err != nil {
+		return err
+	}
+	res := demoOut{Users: map[string]string{"alice": demoAlice, "bob": demoBob}, Tokens: map[string]string{},
+		DialogID: demoDialog, ProjectID: demoProject}
+	for name, id := range res.Users {
+		tok, err := auth.MintDevToken(secret, auth.DevClaims{Subject: id, Kind: auth.KindUser,
+			Issuer: getenv("HAN_JWT_ISSUER"), Audience: getenv("HAN_JWT_AUDIENCE"), TTL: *ttl})
+		if err != nil {
+			return err
+		}
+		res.Tokens[name] = tok
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, string(b))
+	return nil
+}
+
+// cmdRedisACL renders the ACL file. The api_backend password comes from
+// HAN_REDIS_API_PASSWORD or, failing that, from REDIS_URL's userinfo;
+// whether DB0 and DB1 share an instance is read from the two URLs unless
+// --separate-instances says so.
+func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error {
+	fs := flag.NewFlagSet("redis acl", flag.ContinueOnError)
+	separate := fs.Bool("separate-instances", false, "DB0 and DB1 are separate instances: deny SELECT")
+	outFile := fs.String("out", "", "write to FILE (mode 0600) instead of stdout")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pw := getenv("HAN_REDIS_API_PASSWORD")
+	if pw == "" && getenv("REDIS_URL") != "" {
+		if u, err := url.Parse(getenv("REDIS_URL")); err == nil && u.User != nil {
+			pw, _ = u.User.Password()
+		}
+	}
+	if pw == "" {
+		return errors.New("set HAN_REDIS_API_PASSWORD (or a password in REDIS_URL)")
+	}
+	sep := *separate
+	if !sep && getenv("REDIS_URL") != "" && getenv("REDIS_REALTIME_URL") != "" {
+		sep = !config.SameRedisInstance(getenv("REDIS_URL"), getenv("REDIS_REALTIME_URL"))
+	}
+	text := store.RenderACL(store.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep,
+		LegacyStubPassword: getenv("HAN_LEGACY_STUB_PASSWORD")})
+	if *outFile != "" {
+		return os.WriteFile(*outFile, []byte(text), 0o600)
+	}
+	_, err := io.WriteString(out, text)
+	return err
+}

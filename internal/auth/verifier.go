@@ -1,0 +1,348 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config configures a Verifier. Exactly one key source must exist: a JWKS
+// (JWKSURL or JWKSFile, not both) and/or, outside prod, DevHS256Secret.
+type Config struct {
+	// Issuer and Audience are checked only when non-empty.
+	Issuer, Audience string
+	// JWKSURL is a JWKS served over HTTP(S); in prod it must be https.
+	JWKSURL string
+	// JWKSFile is a JWKS on disk, re-read on every refetch.
+	JWKSFile string
+	// DevHS256Secret enables HS256 (dev only; at least 32 bytes, RFC 7518
+	// §3.2). Zero value: HS256 is rejected.
+	DevHS256Secret []byte
+	// Env is the environment name; "prod" (or "production", any case)
+	// makes NewVerifier refuse DevHS256Secret and a non-https JWKSURL.
+	Env string
+	// Leeway is the clock skew allowed on exp, nbf and iat. Zero value
+	// means 30s.
+	Leeway time.Duration
+	// RefetchInterval bounds refetches caused by an unknown kid to one per
+	// kid per interval. Zero value means 30s.
+	RefetchInterval time.Duration
+	// NegativeTTL is how long the Redis marker of a kid that is still
+	// unknown after a refetch lives. Zero value means 30s.
+	NegativeTTL time.Duration
+	// Redis is DB0, holding han:api:jwks:negative:<kid_hash>. Zero value:
+	// the negative cache is local to this Verifier.
+	Redis redis.UniversalClient
+	// HTTPClient fetches JWKSURL. Zero value: a client with a 5s timeout.
+	HTTPClient *http.Client
+	// Now is the clock (tests). Zero value: time.Now.
+	Now func() time.Time
+}
+
+const (
+	defaultInterval     = 30 * time.Second
+	defaultHTTPTimeout  = 5 * time.Second
+	minHS256SecretBytes = 32
+	// maxTokenBytes keeps a hostile header from costing a large decode.
+	maxTokenBytes = 8 << 10
+	// maxKIDBytes: a longer kid is rejected as unknown without a refetch.
+	maxKIDBytes = 256
+	// maxTrackedKIDs bounds the per-kid refetch map.
+	maxTrackedKIDs = 1024
+	// missTimeout bounds one shared unknown-kid resolution (Redis + fetch),
+	// which runs detached from the request that started it.
+	missTimeout = 10 * time.Second
+	// redisTimeout bounds each negative-cache round trip: the marker is an
+	// optimisation and must not stall authentication.
+	redisTimeout = 500 * time.Millisecond
+
+	negativeKeyPrefix = "han:api:jwks:negative:"
+	levelDebug        = slog.LevelDebug
+)
+
+// Verifier verifies bearer tokens. Create it with NewVerifier.
+type Verifier struct {
+	cfg     Config
+	logger  *slog.Logger
+	parser  *jwt.Parser
+	secret  []byte // nil unless HS256 is enabled
+	useJWKS bool
+
+	keys     atomic.Pointer[keySet]
+	fetchSem chan struct{} // one slot: JWKS fetches run one at a time
+
+	mu           sync.Mutex           // guards noFetchUntil, inflight, startGen, doneGen, lastFullWarn
+	noFetchUntil map[string]time.Time // kid → no refetch (or marker lookup) for it before then
+	inflight     map[string]*kidMiss  // kid → the resolution concurrent misses share
+	startGen     uint64               // number of JWKS fetches started
+	doneGen      uint64               // startGen value of the newest fetch that succeeded
+	lastFullWarn time.Time            // last "too many unknown kids" warning
+}
+
+type kidMiss struct {
+	done chan struct{}
+}
+
+// NewVerifier validates cfg, fills its defaults and loads the JWKS once. It
+// fails when the JWKS cannot be loaded at all or when no usable key exists
+// ([ErrNoKeys]), so a misconfigured instance never starts rejecting every
+// request. A nil logger discards logs.
+func NewVerifier(ctx context.Context, cfg Config, logger *slog.Logger) (*Verifier, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	prod := strings.EqualFold(cfg.Env, "prod") || strings.EqualFold(cfg.Env, "production")
+	switch {
+	case cfg.JWKSURL != "" && cfg.JWKSFile != "":
+		return nil, errors.New("auth: set JWKSURL or JWKSFile, not both")
+	case cfg.Leeway < 0 || cfg.RefetchInterval < 0 || cfg.NegativeTTL < 0:
+		return nil, errors.New("auth: negative duration in config")
+	}
+	if len(cfg.DevHS256Secret) > 0 {
+		if prod {
+			return nil, errors.New("auth: the dev HS256 secret is refused in prod")
+		}
+		if len(cfg.DevHS256Secret) < minHS256SecretBytes {
+			return nil, fmt.Errorf("auth: the dev HS256 secret must be at least %d bytes", minHS256SecretBytes)
+		}
+	}
+	if cfg.JWKSURL != "" {
+		u, err := url.Parse(cfg.JWKSURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return nil, errors.New("auth: JWKSURL must be an absolute http(s) URL")
+		}
+		if prod && u.Scheme != "https" {
+			return nil, errors.New("auth: JWKSURL must use https in prod")
+		}
+	}
+	useJWKS := cfg.JWKSURL != "" || cfg.JWKSFile != ""
+	if !useJWKS && len(cfg.DevHS256Secret) == 0 {
+		return nil, ErrNoKeys
+	}
+	if cfg.Leeway == 0 {
+		cfg.Leeway = defaultInterval
+	}
+	if cfg.RefetchInterval == 0 {
+		cfg.RefetchInterval = defaultInterval
+	}
+	if cfg.NegativeTTL == 0 {
+		cfg.NegativeTTL = defaultInterval
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: defaultHTTPTimeout}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	v := &Verifier{
+		cfg:          cfg,
+		logger:       logger,
+		useJWKS:      useJWKS,
+		fetchSem:     make(chan struct{}, 1),
+		noFetchUntil: make(map[string]time.Time),
+		inflight:     make(map[string]*kidMiss),
+	}
+	if len(cfg.DevHS256Secret) > 0 {
+		// A private copy: the caller's slice may be reused or zeroed.
+		v.secret = append([]byte(nil), cfg.DevHS256Secret...)
+		v.cfg.DevHS256Secret = nil
+	}
+	if useJWKS {
+		ks, err := v.loadJWKS(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("auth: load jwks: %w", err)
+		}
+		if ks.n == 0 && v.secret == nil {
+			return nil, fmt.Errorf("auth: jwks holds no usable key: %w", ErrNoKeys)
+		}
+		v.keys.Store(ks)
+	}
+	opts := []jwt.ParserOption{
+		jwt.WithValidMethods(v.acceptedAlgs()),
+		jwt.WithLeeway(cfg.Leeway),
+		jwt.WithTimeFunc(cfg.Now),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(),
+		jwt.WithStrictDecoding(),
+	}
+	if cfg.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	}
+	if cfg.Audience != "" {
+		opts = append(opts, jwt.WithAudience(cfg.Audience))
+	}
+	v.parser = jwt.NewParser(opts...)
+	return v, nil
+}
+
+func (v *Verifier) acceptedAlgs() []string {
+	var algs []string
+	if v.useJWKS {
+		algs = append(algs, algRS256, algES256, algEdDSA)
+	}
+	if v.secret != nil {
+		algs = append(algs, algHS256)
+	}
+	return algs
+}
+
+func (v *Verifier) algAccepted(alg string) bool {
+	switch alg {
+	case algRS256, algES256, algEdDSA:
+		return v.useJWKS
+	case algHS256:
+		return v.secret != nil
+	}
+	return false
+}
+
+// claims is the token body Verify understands.
+type claims struct {
+	jwt.RegisteredClaims
+	Typ *string `json:"typ,omitempty"`
+	Svc string  `json:"svc,omitempty"`
+}
+
+// Reasons wrapped next to ErrUnauthorized; fixed text, never token content.
+var (
+	errNoToken     = errors.New("no token")
+	errMalformed   = errors.New("malformed token")
+	errAlg         = errors.New("signing algorithm not accepted")
+	errKeyMismatch = errors.New("key type does not match alg")
+	errUnknownKID  = errors.New("unknown key id")
+	errCrit        = errors.New("unsupported crit header")
+	errSub         = errors.New("sub claim missing or not a UUID")
+	errTyp         = errors.New("unknown typ claim")
+	errSvc         = errors.New("invalid svc claim")
+)
+
+// jwtReasons are the golang-jwt sentinels Verify passes on (fixed text).
+var jwtReasons = []error{
+	jwt.ErrTokenMalformed,
+	jwt.ErrTokenSignatureInvalid,
+	jwt.ErrTokenExpired,
+	jwt.ErrTokenNotValidYet,
+	jwt.ErrTokenUsedBeforeIssued,
+	jwt.ErrTokenInvalidIssuer,
+	jwt.ErrTokenInvalidAudience,
+	jwt.ErrTokenRequiredClaimMissing,
+	jwt.ErrTokenInvalidClaims,
+	jwt.ErrTokenUnverifiable,
+}
+
+// Verify checks token and returns the Principal it proves. Every failure
+// wraps ErrUnauthorized.
+func (v *Verifier) Verify(ctx context.Context, token string) (Principal, error) {
+	if token == "" {
+		return Principal{}, v.reject(ctx, errNoToken)
+	}
+	if len(token) > maxTokenBytes {
+		return Principal{}, v.reject(ctx, errMalformed)
+	}
+	var c claims
+	tok, err := v.parser.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
+		return v.keyFor(ctx, t)
+	})
+	if err != nil {
+		return Principal{}, v.reject(ctx, v.classify(tok, err))
+	}
+	sub, ok := canonicalUUID(c.Subject)
+	if !ok {
+		return Principal{}, v.reject(ctx, errSub)
+	}
+	p := Principal{UserID: sub, Kind: KindUser}
+	if c.Typ != nil {
+		switch Kind(*c.Typ) {
+		case KindUser:
+		case KindService:
+			p.Kind = KindService
+			if c.Svc != "" {
+				if !validService(c.Svc) {
+					return Principal{}, v.reject(ctx, errSvc)
+				}
+				p.Service = c.Svc
+			}
+		default:
+			return Principal{}, v.reject(ctx, errTyp)
+		}
+	}
+	return p, nil
+}
+
+// keyFor is the jwt.Keyfunc: it runs after the header and claims decoded and
+// before the signature is checked, and returns only a key whose type matches
+// the token's alg.
+func (v *Verifier) keyFor(ctx context.Context, t *jwt.Token) (any, error) {
+	if _, ok := t.Header["crit"]; ok {
+		return nil, errCrit
+	}
+	alg := t.Method.Alg()
+	if !v.algAccepted(alg) {
+		return nil, errAlg
+	}
+	if alg == algHS256 {
+		return v.secret, nil
+	}
+	kid := ""
+	if raw, ok := t.Header["kid"]; ok {
+		s, isString := raw.(string)
+		if !isString {
+			return nil, errMalformed
+		}
+		kid = s
+	}
+	key, known := v.keys.Load().lookup(kid, alg)
+	if key != nil {
+		return key, nil
+	}
+	if known {
+		return nil, errKeyMismatch
+	}
+	v.resolveMiss(ctx, kid)
+	key, known = v.keys.Load().lookup(kid, alg)
+	switch {
+	case key != nil:
+		return key, nil
+	case known:
+		return nil, errKeyMismatch
+	}
+	return nil, errUnknownKID
+}
+
+// classify picks the reason wrapped next to ErrUnauthorized.
+func (v *Verifier) classify(tok *jwt.Token, err error) error {
+	for _, r := range []error{errCrit, errAlg, errKeyMismatch, errUnknownKID, errMalformed} {
+		if errors.Is(err, r) {
+			return r
+		}
+	}
+	if errors.Is(err, jwt.ErrTokenMalformed) {
+		return jwt.ErrTokenMalformed
+	}
+	// alg=none and other refused algs fail WithValidMethods before keyFor
+	// runs; an alg golang-jwt does not know leaves Method nil.
+	if tok != nil && (tok.Method == nil || !v.algAccepted(tok.Method.Alg())) {
+		return errAlg
+	}
+	for _, r := range jwtReasons {
+		if errors.Is(err, r) {
+			return r
+		}
+	}
+	return errMalformed
+}
+
+func (v *Verifier) reject(ctx context.Context, reason error) error {
+	v.logger.LogAttrs(ctx, levelDebug, "auth: token rejected", slog.String("reason", reason.Error()))
+	return fmt.Errorf("%w: %w", ErrUnauthorized, reason)
+}

@@ -1,0 +1,177 @@
+// Package config reads the service configuration from environment variables
+// (CONTRACT §1) and validates it. Error messages name the variable and the
+// problem, never its value, because several variables hold secrets.
+package config
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole service configuration.
+type Config struct {
+	HTTPAddr          string // HAN_HTTP_ADDR, default 127.0.0.1:8080
+	RedisURL          string // REDIS_URL (DB0)
+	RedisRealtimeURL  string // REDIS_REALTIME_URL (DB1)
+	DatabaseURL       string // DATABASE_URL
+	Env               string // HAN_ENV, default dev
+	InstanceID        string // HAN_INSTANCE_ID, default hostname + random suffix
+	JWTIssuer         string // HAN_JWT_ISSUER
+	JWTAudience       string // HAN_JWT_AUDIENCE
+	JWKSURL           string // HAN_JWKS_URL
+	JWKSFile          string // HAN_JWKS_FILE
+	DevHS256Secret    string // HAN_JWT_DEV_HS256_SECRET (refused when HAN_ENV=prod)
+	AllowedOrigins    []string
+	HMACSecret        string // HAN_HMAC_SECRET
+	LegacyStubEnabled bool   // HAN_LEGACY_STUB_ENABLED
+	LegacyStubURL     string // HAN_LEGACY_STUB_URL
+	PublicRealtimeURL string // HAN_PUBLIC_REALTIME_URL; empty: derived from the request
+	RedisTimeout      time.Duration
+	ShutdownTimeout   time.Duration
+	LogLevel          string // HAN_LOG_LEVEL: debug|info|warn|error, default info
+}
+
+// ErrInvalid wraps every validation failure.
+var ErrInvalid = errors.New("config: invalid configuration")
+
+// FromEnv reads the process environment.
+func FromEnv() (Config, error) { return Load(os.Getenv) }
+
+// Load reads configuration through getenv and validates it.
+func Load(getenv func(string) string) (Config, error) {
+	c := Config{
+		HTTPAddr:          or(getenv("HAN_HTTP_ADDR"), "127.0.0.1:8080"),
+		RedisURL:          getenv("REDIS_URL"),
+		RedisRealtimeURL:  getenv("REDIS_REALTIME_URL"),
+		DatabaseURL:       getenv("DATABASE_URL"),
+		Env:               or(getenv("HAN_ENV"), "dev"),
+		InstanceID:        getenv("HAN_INSTANCE_ID"),
+		JWTIssuer:         getenv("HAN_JWT_ISSUER"),
+		JWTAudience:       getenv("HAN_JWT_AUDIENCE"),
+		JWKSURL:           getenv("HAN_JWKS_URL"),
+		JWKSFile:          getenv("HAN_JWKS_FILE"),
+		DevHS256Secret:    getenv("HAN_JWT_DEV_HS256_SECRET"),
+		HMACSecret:        getenv("HAN_HMAC_SECRET"),
+		LegacyStubURL:     getenv("HAN_LEGACY_STUB_URL"),
+		PublicRealtimeURL: getenv("HAN_PUBLIC_REALTIME_URL"),
+		LogLevel:          or(getenv("HAN_LOG_LEVEL"), "info"),
+	}
+	var problems []string
+	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+
+	for _, o := range strings.Split(getenv("HAN_ALLOWED_ORIGINS"), ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			u, err := url.Parse(o)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+				bad("HAN_ALLOWED_ORIGINS: each entry must be an origin like https://chat.example.com")
+				continue
+			}
+			c.AllowedOrigins = append(c.AllowedOrigins, strings.TrimSuffix(o, "/"))
+		}
+	}
+	var err error
+	if c.RedisTimeout, err = duration(getenv("HAN_REDIS_TIMEOUT"), time.Second); err != nil {
+		bad("HAN_REDIS_TIMEOUT: %v", err)
+	}
+	if c.ShutdownTimeout, err = duration(getenv("HAN_SHUTDOWN_TIMEOUT"), 15*time.Second); err != nil {
+		bad("HAN_SHUTDOWN_TIMEOUT: %v", err)
+	}
+	if v := getenv("HAN_LEGACY_STUB_ENABLED"); v != "" {
+		if c.LegacyStubEnabled, err = strconv.ParseBool(v); err != nil {
+			bad("HAN_LEGACY_STUB_ENABLED: must be true or false")
+		}
+	}
+	if c.InstanceID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "han"
+		}
+		b := make([]byte, 3)
+		_, _ = rand.Read(b)
+		c.InstanceID = host + "-" + hex.EncodeToString(b)
+	}
+	if strings.ContainsAny(c.InstanceID, "{}: \t\n") {
+		bad("HAN_INSTANCE_ID: must not contain braces, colons or spaces")
+	}
+	if strings.ContainsAny(c.Env, "{}: \t\n") || c.Env == "" {
+		bad("HAN_ENV: must be a non-empty name without braces, colons or spaces")
+	}
+	checkRedis := func(name, v string) {
+		if v == "" {
+			bad("%s: required", name)
+			return
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+			bad("%s: must be a redis:// or rediss:// URL", name)
+		}
+	}
+	checkRedis("REDIS_URL", c.RedisURL)
+	checkRedis("REDIS_REALTIME_URL", c.RedisRealtimeURL)
+	if c.LegacyStubEnabled {
+		checkRedis("HAN_LEGACY_STUB_URL", c.LegacyStubURL)
+	}
+	if c.DatabaseURL == "" {
+		bad("DATABASE_URL: required")
+	} else if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		bad("DATABASE_URL: must be a postgres:// URL")
+	}
+	if len(c.HMACSecret) < 16 {
+		bad("HAN_HMAC_SECRET: required, at least 16 bytes")
+	}
+	if c.JWKSURL == "" && c.JWKSFile == "" && c.DevHS256Secret == "" {
+		bad("auth: set HAN_JWKS_URL or HAN_JWKS_FILE (or HAN_JWT_DEV_HS256_SECRET outside prod)")
+	}
+	if c.JWKSURL != "" && c.JWKSFile != "" {
+		bad("auth: set only one of HAN_JWKS_URL and HAN_JWKS_FILE")
+	}
+	if c.DevHS256Secret != "" {
+		if c.Env == "prod" {
+			bad("HAN_JWT_DEV_HS256_SECRET: refused when HAN_ENV=prod")
+		} else if len(c.DevHS256Secret) < 32 {
+			bad("HAN_JWT_DEV_HS256_SECRET: at least 32 bytes")
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("HAN_LOG_LEVEL: one of debug, info, warn, error")
+	}
+	if len(problems) > 0 {
+		return Config{}, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(problems, "; "))
+	}
+	return c, nil
+}
+
+func or(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}
+
+func duration(v string, d time.Duration) (time.Duration, error) {
+	if v == "" {
+		return d, nil
+	}
+	x, err := time.ParseDuration(v)
+	if err != nil || x <= 0 {
+		return 0, errors.New("must be a positive duration like 1s")
+	}
+	return x, nil
+}
+
+// SameRedisInstance reports whether DB0 and DB1 URLs point at one server
+// (then the ACL must allow the handshake SELECT).
+func SameRedisInstance(a, b string) bool {
+	ua, err1 := url.Parse(a)
+	ub, err2 := url.Parse(b)
+	return err1 == nil && err2 == nil && strings.EqualFold(ua.Host, ub.Host)
+}

@@ -1,0 +1,216 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store"
+)
+
+// AdminUser is the unrestricted ACL user that only the test harness has; the
+// code under test always connects as store.APIBackendUser.
+const AdminUser = "han_admin"
+
+// RedisOptions configures a private redis-server.
+type RedisOptions struct {
+	MaxMemory      string // e.g. "2mb"; zero value means no limit
+	EvictionPolicy string // zero value means noeviction
+	AppendOnly     bool   // AOF on, in the server's directory
+	// SeparateInstances renders the ACL with -select (DB0/DB1 split).
+	SeparateInstances bool
+	// ExtraACL lines are appended to the rendered ACL file.
+	ExtraACL []string
+	// Dir, when set, is reused (for restarts that keep the AOF); zero value
+	// means a fresh temporary directory removed by Stop.
+	Dir string
+}
+
+// RedisServer is a private redis-server process loaded with the rendered ACL.
+type RedisServer struct {
+	Opts     RedisOptions
+	Port     int
+	Password string // api_backend's password
+	AdminPwd string
+	Dir      string
+
+	mu   sync.Mutex // guards cmd
+	cmd  *exec.Cmd
+	done chan struct{}
+	own  bool
+}
+
+// StartRedis starts a redis-server on a free loopback port.
+func StartRedis(opts RedisOptions) (*RedisServer, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, errors.New("testenv: redis-server not found; install the redis-server package")
+	}
+	s := &RedisServer{Opts: opts, Password: "api-" + randHex(12), AdminPwd: "admin-" + randHex(12), Dir: opts.Dir}
+	if s.Dir == "" {
+		base := os.Getenv("HAN_TEST_TMPDIR")
+		if base == "" {
+			base = os.TempDir()
+		}
+		d, err := os.MkdirTemp(base, "han-redis-")
+		if err != nil {
+			return nil, err
+		}
+		s.Dir, s.own = d, true
+	}
+	acl := store.RenderACL(store.ACLOptions{
+		APIBackendPassword: s.Password,
+		SeparateInstances:  opts.SeparateInstances,
+		Extra:              append([]string{fmt.Sprintf("user %s on >%s ~* &* +@all", AdminUser, s.AdminPwd)}, opts.ExtraACL...),
+	})
+	if err := os.WriteFile(filepath.Join(s.Dir, "users.acl"), []byte(acl), 0o600); err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		s.Port = port
+		if lastErr = s.start(); lastErr == nil {
+			return s, nil
+		}
+	}
+	s.cleanup()
+	return nil, lastErr
+}
+
+func (s *RedisServer) args() []string {
+	a := []string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
+		"--aclfile", filepath.Join(s.Dir, "users.acl"), "--save", "", "--daemonize", "no",
+		"--logfile", filepath.Join(s.Dir, "redis.log"), "--protected-mode", "yes",
+	}
+	if s.Opts.AppendOnly {
+		a = append(a, "--appendonly", "yes", "--appendfsync", "everysec")
+	} else {
+		a = append(a, "--appendonly", "no")
+	}
+	if s.Opts.MaxMemory != "" {
+		a = append(a, "--maxmemory", s.Opts.MaxMemory)
+	}
+	policy := s.Opts.EvictionPolicy
+	if policy == "" {
+		policy = "noeviction"
+	}
+	a = append(a, "--maxmemory-policy", policy)
+	return a
+}
+
+func (s *RedisServer) start() error {
+	cmd := exec.Command("redis-server", s.args()...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+			return fmt.Errorf("redis-server exited: %s", lastLines(log, 3))
+		default:
+		}
+		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			if s.ping() == nil {
+				s.mu.Lock()
+				s.cmd, s.done = cmd, done
+				s.mu.Unlock()
+				return nil
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	<-done
+	return errors.New("redis-server did not become ready")
+}
+
+func (s *RedisServer) ping() error {
+	c := s.AdminClient(0)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return c.Ping(ctx).Err()
+}
+
+// Addr is host:port.
+func (s *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL is the api_backend URL of database db (the form REDIS_URL takes).
+func (s *RedisServer) URL(db int) string {
+	return fmt.Sprintf("redis://%s:%s@%s/%d", store.APIBackendUser, s.Password, s.Addr(), db)
+}
+
+// AdminURL is the unrestricted URL of database db (test setup and faults only).
+func (s *RedisServer) AdminURL(db int) string {
+	return fmt.Sprintf("redis://%s:%s@%s/%d", AdminUser, s.AdminPwd, s.Addr(), db)
+}
+
+// AdminClient returns an unrestricted client; the caller closes it.
+func (s *RedisServer) AdminClient(db int) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: s.Addr(), Username: AdminUser, Password: s.AdminPwd, DB: db,
+		MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: 5 * time.Second})
+}
+
+// Kill stops the server abruptly (SIGKILL), as a crash would.
+func (s *RedisServer) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// Restart starts the server again on the same port and directory (with AOF
+// on, the data comes back; without it, the server is empty).
+func (s *RedisServer) Restart() error {
+	s.Kill()
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = s.start(); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// Stop kills the server and removes its directory if the harness made it.
+func (s *RedisServer) Stop() {
+	if s == nil {
+		return
+	}
+	s.Kill()
+	s.cleanup()
+}
+
+func (s *RedisServer) cleanup() {
+	if s.own && strings.Contains(s.Dir, "han-redis-") {
+		os.RemoveAll(s.Dir)
+	}
+}

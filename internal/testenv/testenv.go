@@ -1,0 +1,124 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// Env is what a test package gets from Run: its own redis-server and its own
+// PostgreSQL database.
+type Env struct {
+	Redis *RedisServer
+	// DatabaseURL points at a database created for this package alone.
+	DatabaseURL string
+
+	cluster *PGCluster
+	dropDB  func()
+}
+
+// Options selects what Run starts.
+type Options struct {
+	Postgres bool
+	Redis    bool
+	RedisOpt RedisOptions
+	// IgnoreLeaks lists goroutine top functions goleak may ignore
+	// (third-party background goroutines only).
+	IgnoreLeaks []string
+}
+
+// Start starts what opts asks for. PostgreSQL: the server named by
+// HAN_TEST_DATABASE_URL (set by the test command, which starts one private
+// cluster for the run) or, when that is unset, DATABASE_URL set on purpose,
+// else a private cluster of this package's own.
+func Start(opts Options) (*Env, error) {
+	e := &Env{}
+	if opts.Redis {
+		r, err := StartRedis(opts.RedisOpt)
+		if err != nil {
+			return nil, err
+		}
+		e.Redis = r
+	}
+	if opts.Postgres {
+		server := os.Getenv(ServerURLEnv)
+		if server == "" {
+			server = os.Getenv("DATABASE_URL")
+		}
+		if server == "" {
+			c, err := StartPGCluster()
+			if err != nil {
+				e.Close()
+				return nil, err
+			}
+			e.cluster = c
+			server = c.URL
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		prefix := "han_" + filepath.Base(os.Args[0])
+		url, drop, err := CreateDatabase(ctx, server, prefix)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.DatabaseURL, e.dropDB = url, drop
+	}
+	return e, nil
+}
+
+// Close stops everything Start started.
+func (e *Env) Close() {
+	if e == nil {
+		return
+	}
+	if e.dropDB != nil {
+		e.dropDB()
+	}
+	e.cluster.Stop()
+	e.Redis.Stop()
+}
+
+// Main is the body of a package's TestMain: it starts the environment, runs
+// the tests, stops the environment and then fails the run if goroutines leaked.
+func Main(m *testing.M, opts Options, env **Env) {
+	e, err := Start(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testenv:", err)
+		os.Exit(2)
+	}
+	*env = e
+	code := m.Run()
+	e.Close()
+	if code == 0 {
+		var gl []goleak.Option
+		for _, f := range opts.IgnoreLeaks {
+			gl = append(gl, goleak.IgnoreTopFunction(f))
+		}
+		if err := goleak.Find(gl...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Eventually polls cond until it returns true or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eventually: "+msg, args...)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,40 @@
+package pubsub
+
+import (
+	"github.com/segmentio/encoding/json"
+)
+
+// Redis Pub/Sub channel names (CONTRACT §3).
+const (
+	dialogChannelPrefix = "han:rt:dialog:"
+	userChannelPrefix   = "han:rt:user:"
+)
+
+// DialogChannel is the Pub/Sub channel of a dialog.
+func DialogChannel(dialogID string) string { return dialogChannelPrefix + dialogID }
+
+// UserChannel is the Pub/Sub channel of a user.
+func UserChannel(userID string) string { return userChannelPrefix + userID }
+
+// Event is the server → client `event` frame (CONTRACT §7). Its JSON text is
+// exactly what is published on the Redis channel, so an instance forwards
+// the bytes to local sockets without decoding them.
+type Event struct {
+	Type     string          `json:"type"`    // always "event"
+	Channel  string          `json:"channel"` // "dialog:<id>" or "user:<id>"
+	ID       string          `json:"id"`      // event id (UUID); duplicates carry the same id
+	Event    string          `json:"event"`   // e.g. message.created
+	EntityID string          `json:"entityId"`
+	DialogID string          `json:"dialogId,omitempty"`
+	Seq      int64           `json:"seq,omitempty"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// NewDialogEvent builds an event for a dialog channel.
+func NewDialogEvent(id, event, entityID, dialogID string, seq int64, data []byte) Event {
+	return Event{Type: "event", Channel: "dialog:" + dialogID, ID: id, Event: event,
+		EntityID: entityID, DialogID: dialogID, Seq: seq, Data: data}
+}
+
+// Encode renders the frame once; the bytes are published and forwarded as is.
+func (e Event) Encode() ([]byte, error) { return json.Marshal(e) }

@@ -1,0 +1,89 @@
+package restapi
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/jsonx"
+)
+
+// Body limits (CONTRACT §2 and issue text): chat endpoints take 64 KiB, the
+// project Redis API 16 MiB + 64 KiB (escapes count: the limit is on bytes).
+const (
+	ChatBodyLimit    = 64 << 10
+	ProjectBodyLimit = 16<<20 + 64<<10
+)
+
+// readBody reads at most limit bytes. A declared Content-Length over the
+// limit is refused before reading anything; a chunked body is cut off by
+// http.MaxBytesReader as soon as it passes the limit, so an oversized body
+// is never held in memory.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, errPayloadTooLarge
+	}
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	size := r.ContentLength
+	if size < 0 || size > 64<<10 {
+		size = 512
+	}
+	buf := make([]byte, 0, size+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, errPayloadTooLarge
+			}
+			return nil, apiErr(http.StatusBadRequest, "invalid_body_stream")
+		}
+	}
+}
+
+// decodeJSON reads and strictly decodes a JSON object body into v: the raw
+// checks of CONTRACT §9a (invalid UTF-8, lone surrogates, duplicate keys)
+// run before decoding, and every failure is 400 invalid_json.
+func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	ct := r.Header.Get("Content-Type")
+	if ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		return apiErr(http.StatusUnsupportedMediaType, "unsupported_media_type")
+	}
+	b, err := readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	if err := jsonx.DecodeObject(b, v); err != nil {
+		return errInvalidJSON
+	}
+	return nil
+}
+
+// writeJSON writes a bare DTO.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, errInternal)
+		return
+	}
+	writeRawJSON(w, status, b)
+}
+
+func writeRawJSON(w http.ResponseWriter, status int, b []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,319 @@
+package restapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"unicode/utf8"
+
+	"github.com/gorilla/mux"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
+)
+
+// Chat limits (CONTRACT §6 and docs/decisions.md).
+const (
+	MaxMessageChars    = 4000
+	MaxTitleChars      = 200
+	MaxDialogMembers   = 100 // including the creator
+	MaxPageLimit       = 100
+	DefaultPageLimit   = 50
+	MaxClientMessageID = 64
+)
+
+// Event names.
+const EventMessageCreated = "message.created"
+
+type dialogDTO struct {
+	ID        string   `json:"id"`
+	Title     string   `json:"title"`
+	MemberIDs []string `json:"memberIds"`
+	LastSeq   int64    `json:"lastSeq"`
+	CreatedAt int64    `json:"createdAt"`
+}
+
+func toDialogDTO(d store.Dialog) dialogDTO {
+	m := d.MemberIDs
+	if m == nil {
+		m = []string{}
+	}
+	return dialogDTO{ID: d.ID, Title: d.Title, MemberIDs: m, LastSeq: d.LastSeq, CreatedAt: d.CreatedAt.UnixMilli()}
+}
+
+// MessageDTO is the message as clients see it, over REST and in realtime
+// event data.
+type MessageDTO struct {
+	ID        string `json:"id"`
+	DialogID  string `json:"dialogId"`
+	Seq       int64  `json:"seq"`
+	SenderID  string `json:"senderId"`
+	Body      string `json:"body"`
+	CreatedAt int64  `json:"createdAt"`
+}
+
+// ToMessageDTO converts a stored message.
+func ToMessageDTO(m store.Message) MessageDTO {
+	return MessageDTO{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli()}
+}
+
+type listDTO[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"nextCursor"`
+}
+
+func newList[T any](items []T, next string) listDTO[T] {
+	if items == nil {
+		items = []T{}
+	}
+	l := listDTO[T]{Items: items}
+	if next != "" {
+		l.NextCursor = &next
+	}
+	return l
+}
+
+type meDTO struct {
+	ID string `json:"id"`
+}
+
+func (s *Server) me(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, meDTO{ID: principal(r).UserID})
+}
+
+// pathUUID reads a UUID path variable (400 invalid_uuid otherwise).
+func pathUUID(r *http.Request, name string) (string, error) {
+	id, ok := ids.Canonical(mux.Vars(r)[name])
+	if !ok {
+		return "", apiErr(http.StatusBadRequest, "invalid_uuid")
+	}
+	return id, nil
+}
+
+// parseLimit reads ?limit= (default def, 1..max, else 400 invalid_limit).
+func parseLimit(r *http.Request, def, max int) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		return 0, apiErr(http.StatusBadRequest, "invalid_limit")
+	}
+	return n, nil
+}
+
+type createDialogReq struct {
+	MemberIDs *[]string `json:"memberIds"`
+	Title     *string   `json:"title"`
+}
+
+func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) {
+	var req createDialogReq
+	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	me := principal(r).UserID
+	if req.MemberIDs == nil || len(*req.MemberIDs) == 0 || len(*req.MemberIDs) >= MaxDialogMembers {
+		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_members"))
+		return
+	}
+	members := make([]string, 0, len(*req.MemberIDs))
+	for _, m := range *req.MemberIDs {
+		id, ok := ids.Canonical(m)
+		if !ok {
+			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_members"))
+			return
+		}
+		members = append(members, id)
+	}
+	title := ""
+	if req.Title != nil {
+		title = strings.TrimSpace(*req.Title)
+		if utf8.RuneCountInString(title) > MaxTitleChars || hasControl(title) {
+			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_title"))
+			return
+		}
+	}
+	d, err := s.store.CreateDialog(r.Context(), ids.New(), me, title, members)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, toDialogDTO(d))
+}
+
+func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) {
+	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	items, next, err := s.store.ListDialogs(r.Context(), principal(r).UserID, r.URL.Query().Get("cursor"), limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]dialogDTO, len(items))
+	for i, d := range items {
+		out[i] = toDialogDTO(d)
+	}
+	writeJSON(w, http.StatusOK, newList(out, next))
+}
+
+type sendMessageReq struct {
+	Body            *string `json:"body"`
+	ClientMessageID *string `json:"clientMessageId"`
+}
+
+// validateMessage checks a send request; body must hold 1..4000 characters
+// that are not all white space.
+func validateMessage(req sendMessageReq) (body, cmid string, err error) {
+	if req.Body == nil {
+		return "", "", apiErr(http.StatusBadRequest, "invalid_body")
+	}
+	body = *req.Body
+	if strings.TrimSpace(body) == "" || utf8.RuneCountInString(body) > MaxMessageChars {
+		return "", "", apiErr(http.StatusBadRequest, "invalid_body")
+	}
+	if req.ClientMessageID != nil {
+		cmid = *req.ClientMessageID
+		if cmid == "" || len(cmid) > MaxClientMessageID || !printableASCII(cmid) {
+			return "", "", apiErr(http.StatusBadRequest, "invalid_client_message_id")
+		}
+	}
+	return body, cmid, nil
+}
+
+func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) {
+	dialogID, err := pathUUID(r, "id")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req sendMessageReq
+	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	body, cmid, err := validateMessage(req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	m, ev, created, err := s.store.SendMessage(r.Context(), store.SendMessage{
+		ID: ids.New(), DialogID: dialogID, SenderID: principal(r).UserID, Body: body, ClientMessageID: cmid,
+		Event: MessageCreatedEvent,
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if created {
+		s.publishAfterCommit(r.Context(), ev)
+	}
+	writeJSON(w, http.StatusCreated, ToMessageDTO(m))
+}
+
+// MessageCreatedEvent builds the message.created event of a committed
+// message: the frame clients receive, encoded once.
+func MessageCreatedEvent(m store.Message) (store.OutboxEvent, error) {
+	data, err := json.Marshal(ToMessageDTO(m))
+	if err != nil {
+		return store.OutboxEvent{}, err
+	}
+	eventID := ids.New()
+	payload, err := pubsub.NewDialogEvent(eventID, EventMessageCreated, m.ID, m.DialogID, m.Seq, data).Encode()
+	if err != nil {
+		return store.OutboxEvent{}, err
+	}
+	return store.OutboxEvent{EventID: eventID, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: payload}, nil
+}
+
+// publishAfterCommit publishes the event right after the commit and marks
+// the outbox row delivered. A failure is not the client's: the row stays
+// pending for the outbox relay, and clients reconcile over REST anyway.
+func (s *Server) publishAfterCommit(ctx context.Context, ev store.OutboxEvent) {
+	if s.publisher == nil || ev.EventID == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
+	defer cancel()
+	if err := s.publisher.Publish(ctx, ev.Channel, ev.Payload); err != nil {
+		s.metrics.errors.WithLabelValues("redis", "publish").Inc()
+		s.logger.LogAttrs(ctx, slog.LevelWarn, "publish after commit failed; left to the outbox relay",
+			slog.String("event_id", ev.EventID))
+		return
+	}
+	if err := s.store.MarkOutboxDelivered(ctx, ev.EventID); err != nil {
+		s.metrics.errors.WithLabelValues("postgres", "outbox_mark").Inc()
+	}
+}
+
+func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+	dialogID, err := pathUUID(r, "id")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var after int64
+	if v := r.URL.Query().Get("afterSeq"); v != "" {
+		after, err = strconv.ParseInt(v, 10, 64)
+		if err != nil || after < 0 {
+			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_cursor"))
+			return
+		}
+	}
+	ok, err := s.store.IsMember(r.Context(), dialogID, principal(r).UserID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !ok {
+		s.fail(w, r, store.ErrDialogNotFound)
+		return
+	}
+	msgs, more, err := s.store.ListMessages(r.Context(), dialogID, after, limit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]MessageDTO, len(msgs))
+	for i, m := range msgs {
+		out[i] = ToMessageDTO(m)
+	}
+	next := ""
+	if more && len(out) > 0 {
+		next = strconv.FormatInt(out[len(out)-1].Seq, 10)
+	}
+	writeJSON(w, http.StatusOK, newList(out, next))
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || (r >= 0x7f && r < 0xa0) {
+			return true
+		}
+	}
+	return false
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,88 @@
+package restapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/store"
+)
+
+// Error is an API failure with its HTTP status and stable code. Handlers
+// return it (or a domain error) and Server.fail renders it; nothing else
+// writes error bodies.
+type Error struct {
+	Status     int
+	Code       string
+	RetryAfter int // seconds; 0 means no Retry-After header
+}
+
+func (e *Error) Error() string { return "restapi: " + e.Code }
+
+func apiErr(status int, code string) *Error { return &Error{Status: status, Code: code} }
+
+// Common errors.
+var (
+	errUnauthorized        = apiErr(http.StatusUnauthorized, "unauthorized")
+	errUserSessionRequired = apiErr(http.StatusForbidden, "user_session_required")
+	errForbidden           = apiErr(http.StatusForbidden, "forbidden")
+	errInvalidJSON         = apiErr(http.StatusBadRequest, "invalid_json")
+	errPayloadTooLarge     = apiErr(http.StatusRequestEntityTooLarge, "payload_too_large")
+	errNotFound            = apiErr(http.StatusNotFound, "not_found")
+	errMethodNotAllowed    = apiErr(http.StatusMethodNotAllowed, "method_not_allowed")
+	errDatabaseUnavailable = apiErr(http.StatusServiceUnavailable, "database_unavailable")
+	errRedisUnavailable    = apiErr(http.StatusServiceUnavailable, "redis_unavailable")
+	errRedisOOM            = apiErr(http.StatusServiceUnavailable, "redis_oom")
+	errRedisExpiryDenied   = apiErr(http.StatusServiceUnavailable, "redis_expiry_denied")
+	errInternal            = apiErr(http.StatusInternalServerError, "internal")
+)
+
+// writeError writes exactly {"error":"<code>"}.
+func writeError(w http.ResponseWriter, e *Error) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	w.WriteHeader(e.Status)
+	_, _ = w.Write([]byte(`{"error":"` + e.Code + `"}`))
+}
+
+// fail maps any error to a response. Only unexpected failures are logged,
+// by kind and never with raw driver text that could carry values.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+	case errors.Is(err, auth.ErrUnauthorized):
+		e = errUnauthorized
+	case errors.Is(err, store.ErrDialogNotFound):
+		e = apiErr(http.StatusNotFound, "dialog_not_found")
+	case errors.Is(err, store.ErrUserNotFound):
+		e = apiErr(http.StatusNotFound, "user_not_found")
+	case errors.Is(err, store.ErrInvalidCursor):
+		e = apiErr(http.StatusBadRequest, "invalid_cursor")
+	case errors.Is(err, store.ErrRedisOOM):
+		e = errRedisOOM
+	case errors.Is(err, store.ErrExpiryDenied):
+		e = errRedisExpiryDenied
+	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisNoPerm):
+		e = errRedisUnavailable
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads the answer.
+		e = apiErr(499, "client_closed_request")
+	case isPGUnavailable(err):
+		e = errDatabaseUnavailable
+		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "database unavailable",
+			slog.String("request_id", requestID(r.Context())), slog.String("kind", errorKind(err)))
+	default:
+		e = errInternal
+		s.logger.LogAttrs(r.Context(), slog.LevelError, "internal error",
+			slog.String("request_id", requestID(r.Context())), slog.String("kind", errorKind(err)))
+	}
+	writeError(w, e)
+}

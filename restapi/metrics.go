@@ -1,0 +1,37 @@
+package restapi
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics owns the Prometheus registry of the process. Every feature
+// registers its own families on Registry; the HTTP families live here.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	httpRequests *prometheus.CounterVec
+	httpDuration *prometheus.HistogramVec
+	errors       *prometheus.CounterVec
+}
+
+// NewMetrics creates the registry with the Go runtime and process collectors.
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := &Metrics{
+		Registry: reg,
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "han_http_requests_total", Help: "HTTP requests by route template, method and status code.",
+		}, []string{"route", "method", "code"}),
+		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "han_http_request_duration_seconds", Help: "HTTP request latency by route template.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"route"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "han_dependency_errors_total", Help: "Failures talking to Redis or PostgreSQL by dependency and kind.",
+		}, []string{"dependency", "kind"}),
+	}
+	reg.MustRegister(m.httpRequests, m.httpDuration, m.errors)
+	return m
+}

@@ -1,0 +1,232 @@
+package restapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/store"
+)
+
+// Version is the build's version, reported by /v1/public/config.
+var Version = "dev"
+
+// TokenVerifier checks bearer tokens (implemented by auth.Verifier).
+type TokenVerifier interface {
+	Verify(ctx context.Context, token string) (auth.Principal, error)
+}
+
+// Publisher sends a realtime event's bytes to a Redis Pub/Sub channel.
+type Publisher interface {
+	Publish(ctx context.Context, channel string, payload []byte) error
+}
+
+// Config holds the HTTP-facing settings.
+type Config struct {
+	HMACSecret        []byte
+	PublicRealtimeURL string        // empty: ws(s)://<request host>/v1/realtime
+	PublishTimeout    time.Duration // zero value means 1s
+	ReadyTimeout      time.Duration // zero value means 500ms per dependency
+}
+
+// Deps are the collaborators of the API server.
+type Deps struct {
+	Config   Config
+	Logger   *slog.Logger
+	Store    *store.Store
+	PG       *pgxpool.Pool
+	Redis    redis.UniversalClient // DB0
+	Realtime redis.UniversalClient // DB1
+	Verifier TokenVerifier
+	Metrics  *Metrics
+	// Publisher defaults to PUBLISH on the DB1 client.
+	Publisher Publisher
+	// RateLimiter, when set, is consulted on every limited route (seam for
+	// the Redis Lua limiter).
+	RateLimiter RateLimiter
+}
+
+// Server is the REST API. Mount additional handlers (the WebSocket
+// endpoint) on Router before serving. Safe for concurrent use.
+type Server struct {
+	cfg        Config
+	logger     *slog.Logger
+	store      *store.Store
+	pg         *pgxpool.Pool
+	rdb        redis.UniversalClient
+	rt         redis.UniversalClient
+	verifier   TokenVerifier
+	metrics    *Metrics
+	publisher  Publisher
+	limiter    RateLimiter
+	hmacSecret []byte
+
+	router   *mux.Router
+	v1       *mux.Router
+	draining atomic.Bool
+
+	users      sync.Map // user ids already recorded in PostgreSQL
+	usersCount atomic.Int64
+}
+
+type redisPublisher struct{ c redis.UniversalClient }
+
+func (p redisPublisher) Publish(ctx context.Context, channel string, payload []byte) error {
+	return store.ClassifyRedisError(p.c.Publish(ctx, channel, payload).Err())
+}
+
+// NewServer builds the router with every route of the foundation.
+func NewServer(d Deps) (*Server, error) {
+	if d.Store == nil || d.Verifier == nil || d.Logger == nil {
+		return nil, errors.New("restapi: Store, Verifier and Logger are required")
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics()
+	}
+	if d.Config.PublishTimeout == 0 {
+		d.Config.PublishTimeout = time.Second
+	}
+	if d.Config.ReadyTimeout == 0 {
+		d.Config.ReadyTimeout = 500 * time.Millisecond
+	}
+	s := &Server{
+		cfg: d.Config, logger: d.Logger, store: d.Store, pg: d.PG, rdb: d.Redis, rt: d.Realtime,
+		verifier: d.Verifier, metrics: d.Metrics, publisher: d.Publisher, limiter: d.RateLimiter,
+		hmacSecret: d.Config.HMACSecret,
+	}
+	if s.pg == nil {
+		s.pg = d.Store.Pool()
+	}
+	if s.publisher == nil && s.rt != nil {
+		s.publisher = redisPublisher{s.rt}
+	}
+	s.routes()
+	return s, nil
+}
+
+// Router is the root router (for mounting the realtime endpoint).
+func (s *Server) Router() *mux.Router { return s.router }
+
+// Metrics returns the registry holder.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// Handler is the complete HTTP handler.
+func (s *Server) Handler() http.Handler { return s.observe(s.router) }
+
+// SetDraining makes /readyz answer 503 so the load balancer stops sending
+// new traffic while in-flight requests finish.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+func (s *Server) routes() {
+	r := mux.NewRouter()
+	r.Use(routeName)
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errMethodNotAllowed) })
+
+	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
+	r.HandleFunc("/readyz", s.readyz).Methods(http.MethodGet)
+	r.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	r.HandleFunc("/v1/public/config", s.publicConfig).Methods(http.MethodGet)
+
+	// Routes added to the subrouter are relative to /v1.
+	user := r.PathPrefix("/v1").Subrouter()
+	user.Use(s.authenticate(true))
+	user.Use(s.rateLimit)
+	user.HandleFunc("/me", s.me).Methods(http.MethodGet)
+	user.HandleFunc("/dialogs", s.createDialog).Methods(http.MethodPost)
+	user.HandleFunc("/dialogs", s.listDialogs).Methods(http.MethodGet)
+	user.HandleFunc("/dialogs/{id}/messages", s.sendMessage).Methods(http.MethodPost)
+	user.HandleFunc("/dialogs/{id}/messages", s.listMessages).Methods(http.MethodGet)
+
+	s.router, s.v1 = r, user
+}
+
+// UserRouter is the /v1 subrouter whose routes require a user token; paths
+// added to it are relative to /v1 (later features add endpoints here).
+func (s *Server) UserRouter() *mux.Router { return s.v1 }
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeRawJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))
+}
+
+type readyDTO struct {
+	Status string            `json:"status"`
+	Checks map[string]string `json:"checks"`
+}
+
+// readyz: PostgreSQL down or draining → 503; a Redis outage → 200
+// "degraded", because pulling every instance for a shared Redis outage
+// would turn a partial failure into a full one (CONTRACT §10).
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	checks := map[string]string{}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	check := func(name string, f func(ctx context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadyTimeout)
+			defer cancel()
+			st := "ok"
+			if err := f(ctx); err != nil {
+				st = "down"
+			}
+			mu.Lock()
+			checks[name] = st
+			mu.Unlock()
+		}()
+	}
+	check("postgres", func(ctx context.Context) error { return s.pg.Ping(ctx) })
+	if s.rdb != nil {
+		check("redis", func(ctx context.Context) error { return s.rdb.Ping(ctx).Err() })
+	}
+	if s.rt != nil {
+		check("redisRealtime", func(ctx context.Context) error { return s.rt.Ping(ctx).Err() })
+	}
+	wg.Wait()
+	dto := readyDTO{Status: "ok", Checks: checks}
+	status := http.StatusOK
+	switch {
+	case s.draining.Load():
+		dto.Status, status = "draining", http.StatusServiceUnavailable
+	case checks["postgres"] != "ok":
+		dto.Status, status = "unavailable", http.StatusServiceUnavailable
+	case checks["redis"] == "down" || checks["redisRealtime"] == "down":
+		dto.Status = "degraded"
+	}
+	writeJSON(w, status, dto)
+}
+
+type publicConfigDTO struct {
+	RealtimeURL string         `json:"realtimeUrl"`
+	Limits      map[string]int `json:"limits"`
+	Version     string         `json:"version"`
+}
+
+func (s *Server) publicConfig(w http.ResponseWriter, r *http.Request) {
+	u := s.cfg.PublicRealtimeURL
+	if u == "" {
+		scheme := "ws"
+		if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
+			scheme = "wss"
+		}
+		u = scheme + "://" + r.Host + "/v1/realtime"
+	}
+	writeJSON(w, http.StatusOK, publicConfigDTO{RealtimeURL: u, Version: Version, Limits: map[string]int{
+		"messageBodyMaxChars": MaxMessageChars,
+		"historyPageMax":      MaxPageLimit,
+		"chatBodyMaxBytes":    ChatBodyLimit,
+		"dialogMembersMax":    MaxDialogMembers,
+		"dialogTitleMaxChars": MaxTitleChars,
+	}})
+}

@@ -1,0 +1,77 @@
+package store
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+)
+
+// APIBackendUser is the Redis ACL user the service connects as.
+const APIBackendUser = "api_backend"
+
+// LegacyStubUser is the ACL user of the legacy DB2 safety stub (removed by cutover).
+const LegacyStubUser = "legacy_stub"
+
+// APIBackendKeyPatterns are the key patterns api_backend may touch (CONTRACT §3).
+var APIBackendKeyPatterns = []string{"han:api:*", "han:rt:*", "han:coord:*", "han:settings:*", "han:prj:*"}
+
+// APIBackendChannelPatterns are the Pub/Sub channels api_backend may use.
+var APIBackendChannelPatterns = []string{"han:rt:*"}
+
+// ACLOptions describes one rendered ACL file.
+type ACLOptions struct {
+	// APIBackendPassword is stored as a SHA-256 digest, never in clear text.
+	APIBackendPassword string
+	// SeparateInstances is true when DB0 and DB1 live on different Redis
+	// instances; then SELECT is denied (seed R6). Zero value: one shared
+	// instance, and the client's handshake SELECT for DB1 is allowed.
+	SeparateInstances bool
+	// LegacyStubPassword, when set, adds the legacy_stub user (han:stub:*).
+	LegacyStubPassword string
+	// Extra lines appended verbatim (the test harness adds its admin user).
+	Extra []string
+}
+
+// RenderACL renders an ACL file for redis-server's aclfile directive. The
+// default user is disabled; api_backend gets only the prefixes and command
+// categories the service needs.
+func RenderACL(o ACLOptions) string {
+	var b strings.Builder
+	b.WriteString("user default off resetkeys resetchannels -@all\n")
+	b.WriteString(APIBackendRule(o.APIBackendPassword, o.SeparateInstances))
+	b.WriteByte('\n')
+	if o.LegacyStubPassword != "" {
+		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels ~han:stub:* -@all +@read +@write +@scripting +@connection -@dangerous +time\n",
+			LegacyStubUser, passwordDigest(o.LegacyStubPassword))
+	}
+	for _, l := range o.Extra {
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// APIBackendRule renders the single ACL rule line for api_backend.
+func APIBackendRule(password string, separateInstances bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels", APIBackendUser, passwordDigest(password))
+	for _, p := range APIBackendKeyPatterns {
+		b.WriteString(" ~" + p)
+	}
+	for _, p := range APIBackendChannelPatterns {
+		b.WriteString(" &" + p)
+	}
+	// TIME is only in @fast and INFO is @dangerous: every script reads the
+	// clock, and the eviction-policy gate reads INFO memory.
+	b.WriteString(" -@all +@read +@write +@scripting +@pubsub +@connection -@dangerous +time +info -script|flush")
+	if separateInstances {
+		b.WriteString(" -select")
+	}
+	return b.String()
+}
+
+func passwordDigest(p string) string {
+	sum := sha256.Sum256([]byte(p))
+	return hex.EncodeToString(sum[:])
+}

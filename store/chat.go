@@ -1,0 +1,368 @@
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Domain errors the API maps to stable codes.
+var (
+	ErrDialogNotFound = errors.New("store: dialog not found")
+	ErrUserNotFound   = errors.New("store: user not found")
+	ErrInvalidCursor  = errors.New("store: invalid cursor")
+)
+
+// Store is the PostgreSQL data access of the chat core. It is safe for
+// concurrent use (the pool is).
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// New wraps a pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool exposes the pool for health checks and other stores.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Dialog is a conversation between members.
+type Dialog struct {
+	ID        string
+	Title     string
+	MemberIDs []string
+	LastSeq   int64
+	CreatedAt time.Time
+}
+
+// Message is one chat message; Seq is gapless per dialog.
+type Message struct {
+	ID              string
+	DialogID        string
+	Seq             int64
+	SenderID        string
+	Body            string
+	ClientMessageID string
+	CreatedAt       time.Time
+}
+
+// OutboxEvent is a realtime event stored in the outbox in the same
+// transaction as its business effect.
+type OutboxEvent struct {
+	EventID  string
+	Channel  string
+	EntityID string
+	Payload  []byte
+}
+
+// EnsureUser records a user on first sight (idempotent).
+func (s *Store) EnsureUser(ctx context.Context, id string) error {
+	_, err := s.pool.Exec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+	if err != nil {
+		return fmt.Errorf("ensure user: %w", err)
+	}
+	return nil
+}
+
+// UserExists reports whether a user has been seen.
+func (s *Store) UserExists(ctx context.Context, id string) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM users WHERE id=$1)", id).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("user exists: %w", err)
+	}
+	return ok, nil
+}
+
+// CreateDialog creates a dialog whose members are the creator plus
+// memberIDs (deduplicated). Every member must be a known user
+// (ErrUserNotFound otherwise).
+func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, memberIDs []string) (Dialog, error) {
+	members := []string{creator}
+	seen := map[string]bool{creator: true}
+	for _, m := range memberIDs {
+		if !seen[m] {
+			seen[m] = true
+			members = append(members, m)
+		}
+	}
+	var d Dialog
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var known int
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM users WHERE id = ANY($1::uuid[])", members).Scan(&known); err != nil {
+			return err
+		}
+		if known != len(members) {
+			return ErrUserNotFound
+		}
+		if err := tx.QueryRow(ctx,
+			"INSERT INTO dialogs(id, title, created_by) VALUES ($1,$2,$3) RETURNING created_at",
+			id, title, creator).Scan(&d.CreatedAt); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx,
+			"INSERT INTO dialog_members(dialog_id, user_id) SELECT $1, unnest($2::uuid[])", id, members); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrUserNotFound) {
+			return Dialog{}, err
+		}
+		return Dialog{}, fmt.Errorf("create dialog: %w", err)
+	}
+	d.ID, d.Title, d.MemberIDs = id, title, members
+	return d, nil
+}
+
+const dialogColumns = `d.id::text, d.title, d.last_seq, d.created_at,
+	ARRAY(SELECT m.user_id::text FROM dialog_members m WHERE m.dialog_id = d.id ORDER BY m.joined_at, m.user_id)`
+
+func scanDialog(row pgx.Row) (Dialog, error) {
+	var d Dialog
+	err := row.Scan(&d.ID, &d.Title, &d.LastSeq, &d.CreatedAt, &d.MemberIDs)
+	return d, err
+}
+
+// DialogForMember returns the dialog if userID is a member; a dialog the
+// user is not in is reported as ErrDialogNotFound (no existence leak).
+func (s *Store) DialogForMember(ctx context.Context, dialogID, userID string) (Dialog, error) {
+	d, err := scanDialog(s.pool.QueryRow(ctx, `SELECT `+dialogColumns+` FROM dialogs d
+		JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $2 WHERE d.id = $1`, dialogID, userID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Dialog{}, ErrDialogNotFound
+	}
+	if err != nil {
+		return Dialog{}, fmt.Errorf("load dialog: %w", err)
+	}
+	return d, nil
+}
+
+// IsMember reports whether userID belongs to dialogID.
+func (s *Store) IsMember(ctx context.Context, dialogID, userID string) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)", dialogID, userID).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("membership: %w", err)
+	}
+	return ok, nil
+}
+
+// ListDialogs returns the user's dialogs, newest first, with keyset paging.
+// cursor is opaque ("" for the first page); next is "" on the last page.
+func (s *Store) ListDialogs(ctx context.Context, userID, cursor string, limit int) (items []Dialog, next string, err error) {
+	args := []any{userID, limit + 1}
+	where := ""
+	if cursor != "" {
+		ts, id, err := decodeDialogCursor(cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		where = " AND (d.created_at, d.id) < ($3, $4)"
+		args = append(args, ts, id)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+dialogColumns+` FROM dialogs d
+		JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $1
+		WHERE true`+where+` ORDER BY d.created_at DESC, d.id DESC LIMIT $2`, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("list dialogs: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		d, err := scanDialog(rows)
+		if err != nil {
+			return nil, "", fmt.Errorf("scan dialog: %w", err)
+		}
+		items = append(items, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("list dialogs: %w", err)
+	}
+	if len(items) > limit {
+		items = items[:limit]
+		last := items[len(items)-1]
+		next = encodeDialogCursor(last.CreatedAt, last.ID)
+	}
+	return items, next, nil
+}
+
+func encodeDialogCursor(t time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + ":" + id))
+}
+
+func decodeDialogCursor(c string) (time.Time, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", ErrInvalidCursor
+	}
+	ts, id, ok := strings.Cut(string(raw), ":")
+	us, err := strconv.ParseInt(ts, 10, 64)
+	if !ok || err != nil || len(id) != 36 {
+		return time.Time{}, "", ErrInvalidCursor
+	}
+	return time.UnixMicro(us), id, nil
+}
+
+// SendMessage is the input of Store.SendMessage.
+type SendMessage struct {
+	ID              string
+	DialogID        string
+	SenderID        string
+	Body            string
+	ClientMessageID string
+	// Event builds the realtime event for the committed message; it is
+	// written to the outbox in the same transaction.
+	Event func(Message) (OutboxEvent, error)
+	// InTx, when set, runs inside the transaction after the message insert
+	// (the idempotency record is written there).
+	InTx func(ctx context.Context, tx pgx.Tx, m Message) error
+}
+
+// SendMessage inserts a message with the next seq of its dialog and its
+// outbox event in one transaction. Incrementing dialogs.last_seq takes the
+// dialog's row lock, so concurrent sends get gapless, unique seqs. A repeat
+// of the same sender's clientMessageId returns the stored message with
+// created=false and writes nothing.
+func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var member bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
+			in.DialogID, in.SenderID).Scan(&member); err != nil {
+			return err
+		}
+		if !member {
+			return ErrDialogNotFound
+		}
+		if in.ClientMessageID != "" {
+			existing, err := scanMessage(tx.QueryRow(ctx, `SELECT `+messageColumns+` FROM messages
+				WHERE dialog_id=$1 AND sender_id=$2 AND client_message_id=$3`, in.DialogID, in.SenderID, in.ClientMessageID))
+			if err == nil {
+				m = existing
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		var seq int64
+		if err := tx.QueryRow(ctx, "UPDATE dialogs SET last_seq = last_seq + 1 WHERE id=$1 RETURNING last_seq", in.DialogID).Scan(&seq); err != nil {
+			return err
+		}
+		var cmid *string
+		if in.ClientMessageID != "" {
+			cmid = &in.ClientMessageID
+		}
+		m = Message{ID: in.ID, DialogID: in.DialogID, Seq: seq, SenderID: in.SenderID, Body: in.Body, ClientMessageID: in.ClientMessageID}
+		if err := tx.QueryRow(ctx, `INSERT INTO messages(id, dialog_id, seq, sender_id, body, client_message_id)
+			VALUES ($1,$2,$3,$4,$5,$6) RETURNING created_at`, in.ID, in.DialogID, seq, in.SenderID, in.Body, cmid).Scan(&m.CreatedAt); err != nil {
+			return err
+		}
+		if in.Event != nil {
+			e, err := in.Event(m)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO outbox(event_id, channel, payload, entity_id) VALUES ($1,$2,$3,$4)",
+				e.EventID, e.Channel, e.Payload, e.EntityID); err != nil {
+				return err
+			}
+			ev = e
+		}
+		if in.InTx != nil {
+			if err := in.InTx(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		created = true
+		return nil
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, ErrDialogNotFound):
+			return Message{}, OutboxEvent{}, false, err
+		case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "messages_client_id_idx":
+			// A concurrent send with the same clientMessageId won: return it.
+			m, err := s.messageByClientID(ctx, in.DialogID, in.SenderID, in.ClientMessageID)
+			return m, OutboxEvent{}, false, err
+		}
+		return Message{}, OutboxEvent{}, false, fmt.Errorf("send message: %w", err)
+	}
+	return m, ev, created, nil
+}
+
+func (s *Store) messageByClientID(ctx context.Context, dialogID, senderID, cmid string) (Message, error) {
+	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM messages
+		WHERE dialog_id=$1 AND sender_id=$2 AND client_message_id=$3`, dialogID, senderID, cmid))
+	if err != nil {
+		return Message{}, fmt.Errorf("load message: %w", err)
+	}
+	return m, nil
+}
+
+const messageColumns = `id::text, dialog_id::text, seq, sender_id::text, body, COALESCE(client_message_id, ''), created_at`
+
+func scanMessage(row pgx.Row) (Message, error) {
+	var m Message
+	err := row.Scan(&m.ID, &m.DialogID, &m.Seq, &m.SenderID, &m.Body, &m.ClientMessageID, &m.CreatedAt)
+	return m, err
+}
+
+// GetMessage loads one message by id.
+func (s *Store) GetMessage(ctx context.Context, id string) (Message, error) {
+	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM messages WHERE id=$1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Message{}, ErrNotFound
+	}
+	if err != nil {
+		return Message{}, fmt.Errorf("load message: %w", err)
+	}
+	return m, nil
+}
+
+// ErrNotFound is a generic missing row.
+var ErrNotFound = errors.New("store: not found")
+
+// ListMessages returns up to limit messages with seq > afterSeq in ascending
+// seq order, and whether more exist (reconciliation after reconnect).
+func (s *Store) ListMessages(ctx context.Context, dialogID string, afterSeq int64, limit int) ([]Message, bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+messageColumns+` FROM messages
+		WHERE dialog_id=$1 AND seq > $2 ORDER BY seq LIMIT $3`, dialogID, afterSeq, limit+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("list messages: %w", err)
+	}
+	defer rows.Close()
+	var out []Message
+	for rows.Next() {
+		m, err := scanMessage(rows)
+		if err != nil {
+			return nil, false, fmt.Errorf("scan message: %w", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("list messages: %w", err)
+	}
+	more := len(out) > limit
+	if more {
+		out = out[:limit]
+	}
+	return out, more, nil
+}
+
+// MarkOutboxDelivered records that the request path published an event.
+func (s *Store) MarkOutboxDelivered(ctx context.Context, eventID string) error {
+	_, err := s.pool.Exec(ctx, "UPDATE outbox SET delivered_at = now(), attempts = attempts + 1 WHERE event_id=$1 AND delivered_at IS NULL", eventID)
+	if err != nil {
+		return fmt.Errorf("mark outbox delivered: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,74 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Project roles, weakest first.
+const (
+	RoleRead  = "read"
+	RoleWrite = "write"
+	RoleAdmin = "admin"
+)
+
+// ErrInvalidRole is returned for a role outside read|write|admin.
+var ErrInvalidRole = errors.New("store: invalid project role")
+
+// ProjectMember is a user's role in a project.
+type ProjectMember struct {
+	UserID string
+	Role   string
+}
+
+// CreateProject creates a project (or renames an existing one with that id)
+// and upserts its members, creating unseen users; it may be repeated.
+func (s *Store) CreateProject(ctx context.Context, id, name string, members []ProjectMember) error {
+	for _, m := range members {
+		if m.Role != RoleRead && m.Role != RoleWrite && m.Role != RoleAdmin {
+			return ErrInvalidRole
+		}
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO projects(id, name) VALUES ($1,$2)
+			ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name`, id, name); err != nil {
+			return err
+		}
+		for _, m := range members {
+			if _, err := tx.Exec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", m.UserID); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO project_members(project_id, user_id, role) VALUES ($1,$2,$3)
+				ON CONFLICT (project_id, user_id) DO UPDATE SET role = EXCLUDED.role`, id, m.UserID, m.Role); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create project: %w", err)
+	}
+	return nil
+}
+
+// ProjectRole returns the user's role in the project: ErrNotFound when the
+// project does not exist, "" when it exists and the user is not a member.
+func (s *Store) ProjectRole(ctx context.Context, projectID, userID string) (string, error) {
+	var exists bool
+	var role *string
+	err := s.pool.QueryRow(ctx, `SELECT true, (SELECT role FROM project_members WHERE project_id=$1 AND user_id=$2)
+		FROM projects WHERE id=$1`, projectID, userID).Scan(&exists, &role)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("project role: %w", err)
+	}
+	if role == nil {
+		return "", nil
+	}
+	return *role, nil
+}
