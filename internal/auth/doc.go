@@ -6,11 +6,12 @@
 // verification keys live in an immutable key set that is swapped atomically
 // when the JWKS is reloaded, so the hot path takes no lock. Its mutex guards
 // only the unknown-kid bookkeeping: the bounded map of per-kid "no refetch
-// before" times, the map of in-flight per-kid refreshes that concurrent
-// misses share, and the fetch generation counters. A separate one-slot
-// semaphore serialises JWKS fetches, so at most one fetch is in flight per
-// Verifier and a miss that waited behind a fetch which started after it
-// reuses that fetch's result instead of fetching again.
+// before" times, the map of in-flight per-kid resolutions that concurrent
+// misses share, the fetch generation counters and the time of the last "too
+// many unknown kids" warning. A separate one-slot semaphore serialises JWKS
+// fetches, so at most one fetch is in flight per Verifier, and a miss that
+// queued behind a fetch which started after it reuses that fetch's result
+// instead of fetching again.
 //
 // Accepted algorithms are RS256, ES256 and EdDSA with keys from a JWKS (file
 // or URL) and, only when a dev secret is configured outside prod, HS256. A
@@ -42,8 +43,10 @@
 // Startup: [NewVerifier] loads the JWKS once and fails if it cannot be loaded
 // at all (unreachable URL, unreadable file, invalid document), or if no
 // usable key exists in it and no dev secret is configured ([ErrNoKeys]). A
-// later refetch that fails keeps the previous keys. In prod the JWKS URL must
-// be https and a dev secret is refused.
+// later refetch that fails, or that returns no usable key, keeps the previous
+// keys. In prod the JWKS URL must be https and a dev secret is refused. JWKS
+// documents are capped at 1 MiB; RSA keys must have 2048..8192-bit moduli, EC
+// points must lie on P-256.
 //
 // Errors returned by Verify wrap [ErrUnauthorized] and a short reason (and,
 // where one applies, the matching golang-jwt sentinel such as

@@ -59,7 +59,8 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	defer cancel()
 
 	kh := kidHash(kid)
-	if ttl, ok := v.negativeMarker(mctx, kh); ok {
+	ttl, marked, redisOK := v.negativeMarker(mctx, kh)
+	if marked {
 		v.mu.Lock()
 		v.noFetchUntil[kid] = now.Add(ttl)
 		v.mu.Unlock()
@@ -75,7 +76,10 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 		v.logger.LogAttrs(ctx, slog.LevelInfo, "auth: jwks refetch found a new kid", slog.String("kid_hash", kh))
 		return
 	}
-	v.setNegativeMarker(mctx, kh)
+	if redisOK {
+		// After a failed read the write would only add another timeout.
+		v.setNegativeMarker(mctx, kh)
+	}
 	v.logger.LogAttrs(ctx, levelDebug, "auth: kid unknown after refetch", slog.String("kid_hash", kh))
 }
 
@@ -138,10 +142,11 @@ func (v *Verifier) refresh(ctx context.Context, seen uint64) error {
 func negativeKey(kh string) string { return negativeKeyPrefix + kh }
 
 // negativeMarker reports whether another miss (on any instance) recently
-// found the kid unknown, and how long the marker still lives.
-func (v *Verifier) negativeMarker(ctx context.Context, kh string) (time.Duration, bool) {
+// found the kid unknown and how long the marker still lives; ok is false
+// when there is no Redis or it could not be read.
+func (v *Verifier) negativeMarker(ctx context.Context, kh string) (ttl time.Duration, marked, ok bool) {
 	if v.cfg.Redis == nil {
-		return 0, false
+		return 0, false, false
 	}
 	rctx, cancel := context.WithTimeout(ctx, redisTimeout)
 	defer cancel()
@@ -149,15 +154,15 @@ func (v *Verifier) negativeMarker(ctx context.Context, kh string) (time.Duration
 	if err != nil {
 		v.logger.LogAttrs(ctx, levelDebug, "auth: jwks negative cache read failed; using the local limit",
 			slog.String("kid_hash", kh), slog.Any("err", err))
-		return 0, false
+		return 0, false, false
 	}
 	switch {
 	case ttl > 0:
-		return ttl, true
+		return ttl, true, true
 	case ttl == -1: // present without a TTL: should not exist, but it is still a marker
-		return v.cfg.NegativeTTL, true
+		return v.cfg.NegativeTTL, true, true
 	}
-	return 0, false
+	return 0, false, true
 }
 
 func (v *Verifier) setNegativeMarker(ctx context.Context, kh string) {

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/store"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{Postgres: true}, &env) }
+
+const secret = "hanctl-test-secret-0123456789abcdef"
+
+func getenv(extra map[string]string) func(string) string {
+	return func(k string) string {
+		if v, ok := extra[k]; ok {
+			return v
+		}
+		switch k {
+		case "DATABASE_URL":
+			return env.DatabaseURL
+		case "HAN_JWT_DEV_HS256_SECRET":
+			return secret
+		}
+		return ""
+	}
+}
+
+func run(t *testing.T, extra map[string]string, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := Run(context.Background(), args, getenv(extra), &out)
+	return out.String(), err
+}
+
+func verifier(t *testing.T) *auth.Verifier {
+	t.Helper()
+	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: []byte(secret)}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestMigrateTwice(t *testing.T) {
+	out, err := run(t, nil, "migrate")
+	if err != nil || !strings.Contains(out, "0001_init") {
+		if !strings.Contains(out, "up to date") {
+			t.Fatalf("first migrate: %q %v", out, err)
+		}
+	}
+	out, err = run(t, nil, "migrate")
+	if err != nil || !strings.Contains(out, "up to date") {
+		t.Fatalf("second migrate: %q %v", out, err)
+	}
+}
+
+func TestToken(t *testing.T) {
+	sub := ids.New()
+	out, err := run(t, nil, "token", "--sub", strings.ToUpper(sub), "--typ", "service", "--svc", "billing", "--ttl", "5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := verifier(t).Verify(context.Background(), strings.TrimSpace(out))
+	if err != nil || p.UserID != sub || p.Kind != auth.KindService || p.Service != "billing" {
+		t.Fatalf("minted token: %+v %v", p, err)
+	}
+	if _, err := run(t, nil, "token", "--sub", "not-a-uuid"); err == nil {
+		t.Fatal("a non-UUID subject must be refused")
+	}
+	if _, err := run(t, map[string]string{"HAN_ENV": "prod"}, "token", "--sub", sub); err == nil {
+		t.Fatal("dev tokens must be refused in prod")
+	}
+	if _, err := run(t, map[string]string{"HAN_JWT_DEV_HS256_SECRET": ""}, "token", "--sub", sub); err == nil {
+		t.Fatal("a missing secret must be an error")
+	}
+}
+
+func TestProjectCreateAndSeed(t *testing.T) {
+	if _, err := run(t, nil, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	u := ids.New()
+	pid := ids.New()
+	for i := 0; i < 2; i++ { // may repeat
+		out, err := run(t, nil, "project", "create", "--name", "Acme", "--id", pid, "--member", u+":write")
+		if err != nil || strings.TrimSpace(out) != pid {
+			t.Fatalf("project create #%d: %q %v", i, out, err)
+		}
+	}
+	if _, err := run(t, nil, "project", "create", "--name", "Acme", "--member", u+":owner"); err == nil {
+		t.Fatal("an invalid role must be refused")
+	}
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	st := store.New(pool)
+	if role, err := st.ProjectRole(ctx, pid, u); err != nil || role != "write" {
+		t.Fatalf("member role: %q %v", role, err)
+	}
+
+	var first demoOut
+	for i := 0; i < 2; i++ {
+		out, err := run(t, nil, "seed", "demo")
+		if err != nil {
+			t.Fatalf("seed #%d: %v", i, err)
+		}
+		var d demoOut
+		if err := json.Unmarshal([]byte(out), &d); err != nil {
+			t.Fatalf("seed output is not JSON: %v", err)
+		}
+		if i == 0 {
+			first = d
+		} else if d.DialogID != first.DialogID || d.ProjectID != first.ProjectID {
+			t.Fatal("seeding twice must reuse the same demo ids")
+		}
+	}
+	p, err := verifier(t).Verify(ctx, first.Tokens["alice"])
+	if err != nil || p.UserID != first.Users["alice"] {
+		t.Fatalf("alice's token: %v", err)
+	}
+	dlg, err := st.DialogForMember(ctx, first.DialogID, first.Users["bob"])
+	if err != nil || len(dlg.MemberIDs) != 2 {
+		t.Fatalf("demo dialog: %+v %v", dlg, err)
+	}
+	if role, _ := st.ProjectRole(ctx, first.ProjectID, first.Users["alice"]); role != "admin" {
+		t.Fatalf("alice should administer the demo project, has %q", role)
+	}
+}
+
+func TestRedisACL(t *testing.T) {
+	shared := map[string]string{
+		"REDIS_URL":          "redis://api_backend:pw-123@10.0.0.5:6379/0",
+		"REDIS_REALTIME_URL": "redis://api_backend:pw-123@10.0.0.5:6379/1",
+	}
+	out, err := run(t, shared, "redis", "acl")
+	if err != nil || strings.Contains(out, "pw-123") || !strings.Contains(out, "user api_backend on #") || strings.Contains(out, "-select") {
+		t.Fatalf("shared-instance ACL: %v\n%s", err, out)
+	}
+	split := map[string]string{
+		"REDIS_URL":          "redis://api_backend:pw-123@10.0.0.5:6379/0",
+		"REDIS_REALTIME_URL": "redis://api_backend:pw-123@10.0.0.6:6379/0",
+	}
+	out, err = run(t, split, "redis", "acl")
+	if err != nil || !strings.Contains(out, "-select") {
+		t.Fatalf("separate instances must deny SELECT: %v\n%s", err, out)
+	}
+	if _, err := run(t, nil, "redis", "acl"); err == nil {
+		t.Fatal("no password anywhere must be an error")
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	if _, err := run(t, nil, "frobnicate"); err == nil {
+		t.Fatal("unknown command must fail")
+	}
+}

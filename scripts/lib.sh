@@ -1,0 +1,107 @@
+# shellcheck shell=bash
+# Shared helpers for scripts/dev.sh, scripts/test.sh and .ci/run.
+# Source it; it defines functions and HAN_ROOT (the repository root) only.
+
+HAN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+HAN_SCRIPT="${HAN_SCRIPT:-$(basename "$0")}"
+
+han_log() { printf '%s: %s\n' "$HAN_SCRIPT" "$*" >&2; }
+han_die() { printf '%s: error: %s\n' "$HAN_SCRIPT" "$*" >&2; exit 1; }
+
+# han_as_root CMD...: run CMD as root (directly when root, else via sudo).
+han_as_root() {
+	if [ "$(id -u)" -eq 0 ]; then
+		"$@"
+	elif command -v sudo >/dev/null 2>&1; then
+		sudo "$@"
+	else
+		han_die "need root (or sudo) to run: $*"
+	fi
+}
+
+# han_pg_bindir prints the directory holding initdb and pg_ctl: PATH first,
+# then the newest Debian layout /usr/lib/postgresql/<version>/bin.
+han_pg_bindir() {
+	local p d
+	if p="$(command -v pg_ctl 2>/dev/null)" && command -v initdb >/dev/null 2>&1; then
+		p="$(readlink -f "$p")"
+		dirname "$p"
+		return 0
+	fi
+	d="$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -type d -name bin 2>/dev/null | sort -t/ -k4,4V | tail -n 1)"
+	if [ -n "$d" ] && [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then
+		printf '%s\n' "$d"
+		return 0
+	fi
+	return 1
+}
+
+# han_ensure_packages [--curl] [--cc] [--make]: installs, from the OS
+# packages, redis-server and PostgreSQL when missing, plus curl / a C
+# compiler (go test -race needs cgo) / make when asked for and missing.
+han_ensure_packages() {
+	local pkgs=() want_curl=0 want_cc=0 want_make=0 a
+	for a in "$@"; do
+		case "$a" in
+		--curl) want_curl=1 ;;
+		--cc) want_cc=1 ;;
+		--make) want_make=1 ;;
+		esac
+	done
+	command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || pkgs+=(redis-server)
+	han_pg_bindir >/dev/null || pkgs+=(postgresql)
+	if [ "$want_curl" = 1 ] && ! command -v curl >/dev/null 2>&1; then pkgs+=(curl ca-certificates); fi
+	if [ "$want_cc" = 1 ] && ! command -v "$(go env CC 2>/dev/null || echo gcc)" >/dev/null 2>&1; then pkgs+=(gcc libc6-dev); fi
+	if [ "$want_make" = 1 ] && ! command -v make >/dev/null 2>&1; then pkgs+=(make); fi
+	[ "${#pkgs[@]}" -eq 0 ] && return 0
+	command -v apt-get >/dev/null 2>&1 || han_die "missing ${pkgs[*]} and no apt-get to install them; install them by hand"
+	han_log "installing missing OS packages: ${pkgs[*]}"
+	han_as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null >&2 ||
+		han_die "apt-get update failed"
+	han_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" </dev/null >&2 ||
+		han_die "apt-get install ${pkgs[*]} failed"
+	han_pg_bindir >/dev/null || han_die "PostgreSQL binaries (initdb, pg_ctl) still not found after installing"
+	command -v redis-server >/dev/null 2>&1 || han_die "redis-server still not found after installing"
+}
+
+# han_port_busy PORT: true when something accepts TCP connections on
+# 127.0.0.1:PORT (a listener on 0.0.0.0 or ::, too).
+han_port_busy() {
+	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# han_pick_port PREFERRED: prints PREFERRED when free, else a free port in
+# 20000-59999 found by probing random ports.
+han_pick_port() {
+	local p="$1" i
+	if ! han_port_busy "$p"; then
+		printf '%s\n' "$p"
+		return 0
+	fi
+	for i in $(seq 1 200); do
+		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		case "$p" in 5432 | 6379) continue ;; esac
+		if ! han_port_busy "$p"; then
+			printf '%s\n' "$p"
+			return 0
+		fi
+	done
+	han_die "no free TCP port found on 127.0.0.1"
+}
+
+# han_random_hex N: N random bytes as 2N lowercase hex characters.
+han_random_hex() {
+	od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'
+}
+
+# han_hash STRING: a short stable hash (12 hex chars).
+han_hash() {
+	printf '%s' "$1" | sha256sum | cut -c1-12
+}
+
+# han_gofmt_unformatted: lists unformatted .go files of the module (skips
+# .git, .data, bin and testdata folders).
+han_gofmt_unformatted() {
+	(cd "$HAN_ROOT" && find . \( -name .git -o -name .data -o -name bin -o -name testdata -o -name node_modules \) -prune \
+		-o -type f -name '*.go' -print0 | xargs -0 -r gofmt -l)
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the whole test suite, self-contained (README command #2,
+# `make test`).
+#
+#   scripts/test.sh                       # vet + gofmt + every package
+#   scripts/test.sh ./restapi/            # vet + gofmt + one package
+#   scripts/test.sh -run TestSend ./restapi/ ./store/
+#   scripts/test.sh -run TestSend         # no package given: ./... is used
+#   make test ARGS='-run TestSend ./restapi/'
+#
+# What it does:
+#   1. installs redis-server and PostgreSQL from the OS packages when missing
+#      (apt-get; sudo when not root), and gcc when cgo has no C compiler (-race);
+#   2. `go vet ./...` and a gofmt check (lists unformatted files, fails);
+#   3. `go test -race -count=1 -timeout 20m <ARGS>` through
+#      `go run ./internal/testenv/cmd/withpg --`, which starts one private
+#      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
+#      run; every test package starts its own private redis-server(s).
+#
+# Arguments: all of them go to `go test` after the defaults above (so a later
+# -count or -timeout wins). If none of them is a package pattern — an argument
+# starting with ./ ../ / or github.com/ — then ./... is appended.
+#
+# Environment:
+#   DATABASE_URL or HAN_TEST_DATABASE_URL set: use that PostgreSQL server
+#     instead of a private cluster (withpg is skipped; the Go harness creates
+#     its databases there, so the role must be allowed to CREATE DATABASE).
+#   HAN_TEST_NO_LINT=1: skip go vet and the gofmt check.
+#   HAN_TEST_NO_RACE=1: run without -race.
+#
+# Exit status: 0 when everything passed, non-zero otherwise. The last line is
+# a summary: "packages: N passed, N failed" (packages without test files are
+# counted on the line before it).
+set -euo pipefail
+
+HAN_SCRIPT=test.sh
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$HAN_ROOT"
+
+command -v go >/dev/null 2>&1 || han_die "go not found in PATH (install Go 1.26+)"
+
+race=(-race)
+[ "${HAN_TEST_NO_RACE:-}" = 1 ] && race=()
+if [ "${#race[@]}" -gt 0 ]; then
+	han_ensure_packages --cc
+	export CGO_ENABLED=1
+else
+	han_ensure_packages
+fi
+
+start=$(date +%s)
+status=0
+lint="skipped"
+
+if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
+	han_log "go vet ./..."
+	if go vet ./...; then
+		lint="vet ok"
+	else
+		lint="vet FAILED"
+		status=1
+	fi
+	han_log "gofmt check"
+	unformatted="$(han_gofmt_unformatted)"
+	if [ -n "$unformatted" ]; then
+		han_log "gofmt: these files are not formatted (run gofmt -w):"
+		printf '%s\n' "$unformatted" | sed 's/^/  /' >&2
+		lint="$lint, gofmt FAILED"
+		status=1
+	else
+		lint="$lint, gofmt ok"
+	fi
+fi
+
+args=("$@")
+has_pkg=0
+for a in "${args[@]+"${args[@]}"}"; do
+	case "$a" in
+	./* | ../* | /* | github.com/*) has_pkg=1 ;;
+	esac
+done
+[ "$has_pkg" = 1 ] || args+=(./...)
+
+gotest=(go test "${race[@]+"${race[@]}"}" -count=1 -timeout 20m "${args[@]}")
+if [ -n "${HAN_TEST_DATABASE_URL:-}" ] || [ -n "${DATABASE_URL:-}" ]; then
+	han_log "using the PostgreSQL server from ${HAN_TEST_DATABASE_URL:+HAN_TEST_DATABASE_URL}${HAN_TEST_DATABASE_URL:-DATABASE_URL} (no private cluster)"
+	cmd=("${gotest[@]}")
+else
+	cmd=(go run ./internal/testenv/cmd/withpg -- "${gotest[@]}")
+fi
+
+log="$(mktemp "${TMPDIR:-/tmp}/han-test.XXXXXX")"
+trap 'rm -f "$log"' EXIT
+han_log "${cmd[*]}"
+test_status=0
+"${cmd[@]}" 2>&1 | tee "$log" || test_status=$?
+[ "$test_status" -ne 0 ] && status=1
+
+passed=$(grep -c '^ok[[:space:]]' "$log" || true)
+failed=$(grep -cE '^FAIL[[:space:]]+[^[:space:]]+[[:space:]]' "$log" || true)
+notests=$(grep -cE '^\?[[:space:]].*\[no test files\]' "$log" || true)
+if [ "$test_status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+	failed=1 # build failure or harness error before any package result
+fi
+failing="$(grep -E '^--- FAIL: ' "$log" | sed 's/^--- FAIL: //; s/ (.*//' | sort -u | tr '\n' ' ' || true)"
+
+secs=$(($(date +%s) - start))
+if [ "$status" -eq 0 ]; then
+	han_log "PASS: $lint, go test ok (${secs}s)"
+else
+	[ -n "$failing" ] && han_log "failing tests: $failing"
+	han_log "FAIL: $lint, go test $([ "$test_status" -eq 0 ] && echo ok || echo "FAILED (exit $test_status)") (${secs}s)"
+fi
+han_log "$notests package(s) without test files"
+echo "packages: $passed passed, $failed failed"
+exit "$status"

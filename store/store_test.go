@@ -1,0 +1,165 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/store"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
+}
+
+func openStore(t *testing.T) (*store.Store, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := store.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return store.New(pool), pool
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	_, pool := openStore(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			applied, err := store.Migrate(ctx, pool)
+			if err == nil && len(applied) != 0 {
+				err = errors.New("a second run applied migrations again")
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, table := range []string{"users", "dialogs", "dialog_members", "messages", "idempotency_records", "outbox", "projects", "project_members"} {
+		var ok bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&ok); err != nil || !ok {
+			t.Errorf("table %s missing (%v)", table, err)
+		}
+	}
+}
+
+func TestSendMessageOutboxInSameTransaction(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	a, b := ids.New(), ids.New()
+	for _, u := range []string{a, b} {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b, a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.MemberIDs) != 2 {
+		t.Fatalf("members must be deduplicated: %v", d.MemberIDs)
+	}
+	failing := errors.New("event build failed")
+	_, _, _, err = st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "x",
+		Event: func(store.Message) (store.OutboxEvent, error) { return store.OutboxEvent{}, failing }})
+	if !errors.Is(err, failing) {
+		t.Fatalf("want the event error, got %v", err)
+	}
+	var msgs, seq int64
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", d.ID).Scan(&msgs)
+	_ = pool.QueryRow(ctx, "SELECT last_seq FROM dialogs WHERE id=$1", d.ID).Scan(&seq)
+	if msgs != 0 || seq != 0 {
+		t.Fatalf("a failed outbox write must roll the message back: %d messages, last_seq %d", msgs, seq)
+	}
+	m, ev, created, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "y",
+		Event: func(m store.Message) (store.OutboxEvent, error) {
+			return store.OutboxEvent{EventID: ids.New(), Channel: "han:rt:dialog:" + m.DialogID, EntityID: m.ID, Payload: []byte("{}")}, nil
+		}})
+	if err != nil || !created || m.Seq != 1 || ev.EntityID != m.ID {
+		t.Fatalf("send: %+v %+v %v %v", m, ev, created, err)
+	}
+	var pending bool
+	if err := pool.QueryRow(ctx, "SELECT delivered_at IS NULL FROM outbox WHERE event_id=$1", ev.EventID).Scan(&pending); err != nil || !pending {
+		t.Fatalf("outbox row must exist and be pending until published (%v)", err)
+	}
+	if err := st.MarkOutboxDelivered(ctx, ev.EventID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: ids.New(), Body: "z"}); !errors.Is(err, store.ErrDialogNotFound) {
+		t.Fatalf("non-member send: want ErrDialogNotFound, got %v", err)
+	}
+}
+
+func TestProjectRoles(t *testing.T) {
+	st, _ := openStore(t)
+	ctx := context.Background()
+	p, u, other := ids.New(), ids.New(), ids.New()
+	if err := st.CreateProject(ctx, p, "p", []store.ProjectMember{{UserID: u, Role: store.RoleWrite}}); err != nil {
+		t.Fatal(err)
+	}
+	// Repeating upgrades the role and keeps one membership.
+	if err := st.CreateProject(ctx, p, "p2", []store.ProjectMember{{UserID: u, Role: store.RoleAdmin}}); err != nil {
+		t.Fatal(err)
+	}
+	if role, err := st.ProjectRole(ctx, p, u); err != nil || role != store.RoleAdmin {
+		t.Fatalf("role: %q %v", role, err)
+	}
+	if role, err := st.ProjectRole(ctx, p, other); err != nil || role != "" {
+		t.Fatalf("non-member: %q %v", role, err)
+	}
+	if _, err := st.ProjectRole(ctx, ids.New(), u); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown project: %v", err)
+	}
+	if err := st.CreateProject(ctx, p, "p", []store.ProjectMember{{UserID: u, Role: "owner"}}); !errors.Is(err, store.ErrInvalidRole) {
+		t.Fatalf("invalid role: %v", err)
+	}
+}
+
+func TestClassifyRedisError(t *testing.T) {
+	ctx := context.Background()
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := store.NewRedis(r.URL(0), store.RedisConfig{ReadTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Set(ctx, "outside", "v", 0).Err(); !errors.Is(store.ClassifyRedisError(err), store.ErrRedisNoPerm) {
+		t.Fatalf("NOPERM: %v", err)
+	}
+	r.Stop()
+
+	err = c.Get(ctx, "han:api:x").Err()
+	if !errors.Is(store.ClassifyRedisError(err), store.ErrRedisUnavailable) {
+		t.Fatalf("a stopped server must classify as unavailable, got %v", err)
+	}
+	if _, err := store.NewRedis("redis://api_backend:hunter2@[bad", store.RedisConfig{}); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("a bad URL must fail without echoing it: %v", err)
+	}
+
+}
