@@ -70,11 +70,12 @@ han_port_busy() {
 	(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# han_pick_port PREFERRED: prints PREFERRED when free, else a free port in
-# 20000-59999 found by probing random ports.
+# han_pick_port [PREFERRED]: prints PREFERRED when free, else (or when
+# PREFERRED is empty or 0) a free port in 20000-59999 found by probing
+# random ports.
 han_pick_port() {
-	local p="$1" i
-	if ! han_port_busy "$p"; then
+	local p="${1:-0}" i
+	if [ "$p" != 0 ] && ! han_port_busy "$p"; then
 		printf '%s\n' "$p"
 		return 0
 	fi

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -28,7 +29,7 @@ func TestACLAllowsOnlyTheServicePrefixes(t *testing.T) {
 	ctx := context.Background()
 	c := apiClient(t, env.Redis.URL(0))
 	for _, k := range []string{"han:api:x", "han:rt:x", "han:coord:x", "han:settings:x", "han:prj:{dev:p}:x"} {
-		if err := c.Set(ctx, k, "v", 0).Err(); err != nil {
+		if err := c.Set(ctx, k, "v", time.Minute).Err(); err != nil {
 			t.Errorf("SET %s: %v", k, err)
 		}
 		if err := c.Get(ctx, k).Err(); err != nil {

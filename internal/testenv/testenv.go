@@ -30,6 +30,41 @@ type Options struct {
 	// IgnoreLeaks lists goroutine top functions goleak may ignore
 	// (third-party background goroutines only).
 	IgnoreLeaks []string
+	// SkipTTLAudit turns off the end-of-run audit that fails the package
+	// when any han:api:*, han:rt:*, han:coord:* or han:settings:* key in its
+	// redis-server (DB0 and DB1) has no TTL (CONTRACT §3).
+	SkipTTLAudit bool
+}
+
+// TTLPatterns are the key families that must always carry a TTL.
+var TTLPatterns = []string{"han:api:*", "han:rt:*", "han:coord:*", "han:settings:*"}
+
+// KeysWithoutTTL scans the server's DB0 and DB1 and returns every key of
+// TTLPatterns that has no expiry.
+func (s *RedisServer) KeysWithoutTTL(ctx context.Context) ([]string, error) {
+	var bad []string
+	for _, db := range []int{0, 1} {
+		c := s.AdminClient(db)
+		for _, p := range TTLPatterns {
+			it := c.Scan(ctx, 0, p, 500).Iterator()
+			for it.Next(ctx) {
+				ttl, err := c.PTTL(ctx, it.Val()).Result()
+				if err != nil {
+					c.Close()
+					return nil, err
+				}
+				if ttl == -1 {
+					bad = append(bad, fmt.Sprintf("db%d:%s", db, it.Val()))
+				}
+			}
+			if err := it.Err(); err != nil {
+				c.Close()
+				return nil, err
+			}
+		}
+		c.Close()
+	}
+	return bad, nil
 }
 
 // Start starts what opts asks for. PostgreSQL: the server named by
@@ -94,6 +129,19 @@ func Main(m *testing.M, opts Options, env **Env) {
 	}
 	*env = e
 	code := m.Run()
+	if code == 0 && e.Redis != nil && !opts.SkipTTLAudit {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		bad, err := e.Redis.KeysWithoutTTL(ctx)
+		cancel()
+		switch {
+		case err != nil:
+			fmt.Fprintln(os.Stderr, "ttl audit:", err)
+			code = 1
+		case len(bad) > 0:
+			fmt.Fprintln(os.Stderr, "ttl audit: keys without a TTL:", bad)
+			code = 1
+		}
+	}
 	e.Close()
 	if code == 0 {
 		var gl []goleak.Option
