@@ -123,6 +123,7 @@ redis_pid=""
 pg_started=0
 
 # stop_pid PID NAME SECONDS: SIGTERM, wait, then SIGKILL.
+# shellcheck disable=SC2317 # called from the EXIT trap
 stop_pid() {
 	local pid="$1" name="$2" secs="$3" i
 	[ -n "$pid" ] || return 0
@@ -142,6 +143,7 @@ stop_pid() {
 	wait "$pid" 2>/dev/null || true
 }
 
+# shellcheck disable=SC2317 # the EXIT trap
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
@@ -293,7 +295,9 @@ alice_tok="$(demo_get tokens.alice)"
 bob_tok="$(demo_get tokens.bob)"
 dialog_id="$(demo_get dialogId)"
 project_id="$(demo_get projectId)"
-[ -n "$alice_tok" ] && [ -n "$bob_tok" ] && [ -n "$dialog_id" ] || han_die "unexpected output of hanctl seed demo (.data/demo.json)"
+if [ -z "$alice_tok" ] || [ -z "$bob_tok" ] || [ -z "$dialog_id" ]; then
+	han_die "unexpected output of hanctl seed demo (.data/demo.json)"
+fi
 
 # --- gateway ----------------------------------------------------------------------
 addr="${HAN_HTTP_ADDR:-127.0.0.1:8080}"
@@ -343,14 +347,18 @@ if [ "$check" = 1 ]; then
 	[ "$code" = 201 ] || han_die "round trip FAILED: POST answered $code"
 	msg_id="$(printf '%s' "$body" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')"
 	seq_="$(printf '%s' "$body" | sed -n 's/.*"seq":\([0-9]*\).*/\1/p')"
-	[ -n "$msg_id" ] && [ -n "$seq_" ] || han_die "round trip FAILED: no id/seq in the POST answer"
+	if [ -z "$msg_id" ] || [ -z "$seq_" ]; then
+		han_die "round trip FAILED: no id/seq in the POST answer"
+	fi
 	after=$((seq_ - 1))
 	out="$("${CURL[@]}" -w '\n%{http_code}' "$BASE/v1/dialogs/$dialog_id/messages?afterSeq=$after" \
 		-H "Authorization: Bearer $bob_tok")" || han_die "GET failed"
 	code="${out##*$'\n'}"
 	body="${out%$'\n'*}"
 	echo "GET /v1/dialogs/$dialog_id/messages?afterSeq=$after -> $code $body"
-	if [ "$code" = 200 ] && [[ "$body" == *"\"id\":\"$msg_id\""* ]] && [[ "$body" == *'"body":"hello from dev.sh"'* ]]; then
+	web="$("${CURL[@]}" -w '%{http_code}' -o /dev/null "$BASE/" || true)"
+	echo "GET / (web client) -> $web"
+	if [ "$code" = 200 ] && [[ "$body" == *"\"id\":\"$msg_id\""* ]] && [[ "$body" == *'"body":"hello from dev.sh"'* ]] && [ "$web" = 200 ]; then
 		echo "dev.sh --check: OK (message $msg_id seq $seq_ stored and read back at $BASE)"
 		exit 0
 	fi

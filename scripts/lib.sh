@@ -74,12 +74,12 @@ han_port_busy() {
 # PREFERRED is empty or 0) a free port in 20000-59999 found by probing
 # random ports.
 han_pick_port() {
-	local p="${1:-0}" i
+	local p="${1:-0}"
 	if [ "$p" != 0 ] && ! han_port_busy "$p"; then
 		printf '%s\n' "$p"
 		return 0
 	fi
-	for i in $(seq 1 200); do
+	for _ in $(seq 1 200); do
 		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
 		case "$p" in 5432 | 6379) continue ;; esac
 		if ! han_port_busy "$p"; then

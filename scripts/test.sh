@@ -103,7 +103,7 @@ notests=$(grep -cE '^\?[[:space:]].*\[no test files\]' "$log" || true)
 if [ "$test_status" -ne 0 ] && [ "$failed" -eq 0 ]; then
 	failed=1 # build failure or harness error before any package result
 fi
-failing="$(grep -E '^--- FAIL: ' "$log" | sed 's/^--- FAIL: //; s/ (.*//' | sort -u | tr '\n' ' ' || true)"
+failing="$(grep -E '^--- FAIL: ' "$log" | sed 's/^--- FAIL: //; s/ (.*//' | sort -u | paste -sd " " - || true)"
 
 secs=$(($(date +%s) - start))
 if [ "$status" -eq 0 ]; then
