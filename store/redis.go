@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"time"
 
@@ -50,6 +51,7 @@ func applyRedisDefaults(opt *redis.Options, c RedisConfig) {
 		}
 		return v
 	}
+	opt.PoolSize = 10 * runtime.GOMAXPROCS(0)
 	if c.PoolSize > 0 {
 		opt.PoolSize = c.PoolSize
 	}
