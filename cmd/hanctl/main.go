@@ -6,6 +6,7 @@
 //	hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin ...
 //	hanctl seed demo
 //	hanctl redis acl [--separate-instances] [--out FILE]
+//	hanctl sizing [--identities N ...] [--sample]
 package main
 
 import (
@@ -31,7 +32,8 @@ const usage = `usage:
   hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
   hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin [--member ...]
   hanctl seed demo
-  hanctl redis acl [--separate-instances] [--out FILE]`
+  hanctl redis acl [--separate-instances] [--out FILE]
+  hanctl sizing [--identities N ...] [--sample]`
 
 // Run executes one hanctl command; tests call it directly.
 func Run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
@@ -55,6 +57,8 @@ func Run(ctx context.Context, args []string, getenv func(string) string, out io.
 		if len(args) > 1 && args[1] == "acl" {
 			return cmdRedisACL(args[2:], getenv, out)
 		}
+	case "sizing":
+		return cmdSizing(ctx, args[1:], getenv, out)
 	case "help", "-h", "--help":
 		fmt.Fprintln(out, usage)
 		return nil
