@@ -1,6 +1,6 @@
 # HAN realtime gateway. The README's two commands: `make dev` and `make test`.
 # Extra arguments: make test ARGS='-run TestSend ./restapi/'
-#                  make loadtest ARGS='-h'
+#                  make loadtest ARGS='run broadcast -h'
 
 SHELL := /bin/bash
 GO    ?= go
@@ -38,13 +38,12 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzCheck -fuzztime 30s ./internal/jsonx/
 
-## loadtest: the load generator (cmd/han-loadtest)
+## loadtest: smoke load test (< 60 s, non-zero exit when delivery breaks); ARGS='run SCENARIO …' runs anything else
+LOADTEST_SMOKE := run broadcast -target baseline-inprocess -conns 200 -dialogs 20 -rate 500 -duration 10s \
+	-threshold 'delivery_lost==0' -threshold 'delivery_p99<500ms' -threshold 'publish_failed<1%' \
+	-threshold 'ws_connect_p95<2s' -max-duration 50s
 loadtest:
-	@if [ -d cmd/han-loadtest ]; then \
-		$(GO) run ./cmd/han-loadtest $(ARGS); \
-	else \
-		echo "cmd/han-loadtest does not exist yet: it lands with the load-tester issue"; \
-	fi
+	$(GO) run ./cmd/han-loadtest $(or $(ARGS),$(LOADTEST_SMOKE))
 
 ## clean: remove .data/ and bin/ (stops nothing: stop `make dev` first)
 clean:

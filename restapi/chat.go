@@ -49,17 +49,19 @@ func toDialogDTO(d store.Dialog) dialogDTO {
 // MessageDTO is the message as clients see it, over REST and in realtime
 // event data.
 type MessageDTO struct {
-	ID        string `json:"id"`
-	DialogID  string `json:"dialogId"`
-	Seq       int64  `json:"seq"`
-	SenderID  string `json:"senderId"`
-	Body      string `json:"body"`
-	CreatedAt int64  `json:"createdAt"`
+	ID          string          `json:"id"`
+	DialogID    string          `json:"dialogId"`
+	Seq         int64           `json:"seq"`
+	SenderID    string          `json:"senderId"`
+	Body        string          `json:"body"`
+	CreatedAt   int64           `json:"createdAt"`
+	Attachments []AttachmentDTO `json:"attachments"` // always an array, [] when none
 }
 
 // ToMessageDTO converts a stored message.
 func ToMessageDTO(m store.Message) MessageDTO {
-	return MessageDTO{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli()}
+	return MessageDTO{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
+		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: toAttachmentDTOs(m.Attachments)}
 }
 
 type listDTO[T any] struct {
@@ -141,12 +143,7 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d, err := s.store.CreateDialog(r.Context(), ids.New(), me, title, members)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, toDialogDTO(d))
+	s.createDialogIdempotent(w, r, me, title, members)
 }
 
 func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) {
@@ -168,8 +165,9 @@ func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) {
 }
 
 type sendMessageReq struct {
-	Body            *string `json:"body"`
-	ClientMessageID *string `json:"clientMessageId"`
+	Body            *string   `json:"body"`
+	ClientMessageID *string   `json:"clientMessageId"`
+	AttachmentIDs   *[]string `json:"attachmentIds"`
 }
 
 // validateMessage checks a send request; body must hold 1..4000 characters
@@ -197,6 +195,10 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if _, _, err := idemKeyHeader(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	var req sendMessageReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
 		s.fail(w, r, err)
@@ -207,18 +209,15 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	m, ev, created, err := s.store.SendMessage(r.Context(), store.SendMessage{
-		ID: ids.New(), DialogID: dialogID, SenderID: principal(r).UserID, Body: body, ClientMessageID: cmid,
-		Event: MessageCreatedEvent,
-	})
+	attIDs, err := validateAttachmentIDs(req.AttachmentIDs)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if created {
-		s.publishAfterCommit(r.Context(), ev)
-	}
-	writeJSON(w, http.StatusCreated, ToMessageDTO(m))
+	s.sendMessageIdempotent(w, r, store.SendMessage{
+		DialogID: dialogID, SenderID: principal(r).UserID, Body: body, ClientMessageID: cmid, AttachmentIDs: attIDs,
+		Event: MessageCreatedEvent,
+	})
 }
 
 // MessageCreatedEvent builds the message.created event of a committed

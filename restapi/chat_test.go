@@ -63,7 +63,7 @@ func TestChatFlow(t *testing.T) {
 		if i%2 == 0 {
 			tok = bTok
 		}
-		code, b := h.do(tok, "POST", "/v1/dialogs/"+d.ID+"/messages", fmt.Sprintf(`{"body":"hello %d"}`, i))
+		code, b, _ := h.doH(tok, "POST", "/v1/dialogs/"+d.ID+"/messages", fmt.Sprintf(`{"body":"hello %d"}`, i), idemKey())
 		if code != 201 {
 			t.Fatalf("send %d: %d %s", i, code, b)
 		}
@@ -148,7 +148,7 @@ func TestNonMemberGets404(t *testing.T) {
 	_, cTok := h.user()
 	d := h.dialog(aTok, bob)
 
-	code, b := h.do(cTok, "POST", "/v1/dialogs/"+d.ID+"/messages", `{"body":"let me in"}`)
+	code, b, _ := h.doH(cTok, "POST", "/v1/dialogs/"+d.ID+"/messages", `{"body":"let me in"}`, idemKey())
 	wantError(t, code, b, 404, "dialog_not_found")
 	code, b = h.do(cTok, "GET", "/v1/dialogs/"+d.ID+"/messages", "")
 	wantError(t, code, b, 404, "dialog_not_found")
@@ -180,7 +180,7 @@ func TestConcurrentSendsGetGaplessSeq(t *testing.T) {
 			if i%2 == 1 {
 				tok = bTok
 			}
-			code, b, _ := h.doH(tok, "POST", "/v1/dialogs/"+d.ID+"/messages", fmt.Sprintf(`{"body":"m%d"}`, i), nil)
+			code, b, _ := h.doH(tok, "POST", "/v1/dialogs/"+d.ID+"/messages", fmt.Sprintf(`{"body":"m%d"}`, i), idemKey())
 			if code != 201 {
 				errs <- fmt.Sprintf("send %d: %d %s", i, code, b)
 				return
@@ -215,8 +215,9 @@ func TestClientMessageIDDeduplicates(t *testing.T) {
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)
 	body := `{"body":"once","clientMessageId":"c-1"}`
-	_, b1 := h.do(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", body)
-	code, b2 := h.do(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", body)
+	// Two different Idempotency-Keys: the clientMessageId alone deduplicates.
+	_, b1, _ := h.doH(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", body, idemKey())
+	code, b2, _ := h.doH(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", body, idemKey())
 	if code != 201 || decode[messageResp](t, b1).ID != decode[messageResp](t, b2).ID {
 		t.Fatalf("resend with the same clientMessageId must return the same message: %s vs %s", b1, b2)
 	}
@@ -263,7 +264,7 @@ func TestChatValidation(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			code, b := h.do(aTok, c.method, c.path, c.body)
+			code, b, _ := h.doH(aTok, c.method, c.path, c.body, idemKey())
 			wantError(t, code, b, c.status, c.code)
 		})
 	}

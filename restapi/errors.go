@@ -58,6 +58,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var e *Error
 	switch {
 	case errors.As(err, &e):
+	case isRateLimited(err, &e):
 	case errors.Is(err, auth.ErrUnauthorized):
 		e = errUnauthorized
 	case errors.Is(err, store.ErrDialogNotFound):
@@ -66,6 +67,26 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		e = apiErr(http.StatusNotFound, "user_not_found")
 	case errors.Is(err, store.ErrInvalidCursor):
 		e = apiErr(http.StatusBadRequest, "invalid_cursor")
+	case errors.Is(err, store.ErrAttachmentNotFound):
+		e = apiErr(http.StatusNotFound, "attachment_not_found")
+	case errors.Is(err, store.ErrInvalidAttachment):
+		e = errInvalidAttachment
+	case errors.Is(err, store.ErrAttachmentNotUploaded):
+		e = apiErr(http.StatusConflict, "attachment_not_uploaded")
+	case errors.Is(err, store.ErrAttachmentUploaded):
+		e = apiErr(http.StatusConflict, "attachment_already_uploaded")
+	case errors.Is(err, store.ErrInboxConflict):
+		e = apiErr(http.StatusConflict, "inbox_conflict")
+	case errors.Is(err, store.ErrCacheKeyNotFound):
+		e = errCacheKeyNotFound
+	case errors.Is(err, store.ErrCacheKeyExists):
+		e = errCacheKeyExists
+	case errors.Is(err, store.ErrUnsafeEvictionPolicy):
+		e = errUnsafeEviction
+	case errors.Is(err, store.ErrDataStateInvalid):
+		e = errDataStateInvalid
+		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "project data state invalid",
+			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)))
 	case errors.Is(err, store.ErrRedisOOM):
 		e = errRedisOOM
 	case errors.Is(err, store.ErrExpiryDenied):

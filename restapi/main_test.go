@@ -84,6 +84,7 @@ func (h *harness) withClients(rdb, rt redis.UniversalClient) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(api.Close) // stops the DB0 health prober if a test left Redis down
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	return &harness{t: t, srv: srv, api: api, pool: h.pool, rdb: rdb, rt: rt, store: h.store}

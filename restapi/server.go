@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
 )
 
@@ -37,6 +38,15 @@ type Config struct {
 	PublicRealtimeURL string        // empty: ws(s)://<request host>/v1/realtime
 	PublishTimeout    time.Duration // zero value means 1s
 	ReadyTimeout      time.Duration // zero value means 500ms per dependency
+	// Idempotency and Attachments: see idempotency.go and attachments.go.
+	Idempotency IdempotencyConfig
+	Attachments AttachmentConfig
+	// Env is HAN_ENV, part of every project physical key
+	// han:prj:{<env>:<project_id>}:…; zero value means "dev".
+	Env string
+	// EvictionPolicyTTL is how long the project API caches Redis's
+	// maxmemory-policy (INFO memory); zero value means 3s.
+	EvictionPolicyTTL time.Duration
 }
 
 // Deps are the collaborators of the API server.
@@ -54,6 +64,18 @@ type Deps struct {
 	// RateLimiter, when set, is consulted on every limited route (seam for
 	// the Redis Lua limiter).
 	RateLimiter RateLimiter
+	// RedisHealth is DB0's fast-failure state; nil: NewServer makes one
+	// (closed by Server.Close).
+	RedisHealth *store.RedisHealth
+	// Blobs stores attachment bytes; nil: a local folder
+	// (Config.Attachments.BlobDir).
+	Blobs store.BlobStore
+	// RateLimits, when set and RateLimiter is not, becomes the RateLimiter:
+	// route policies evaluated in Redis, with 429/503 rendered by fail.
+	RateLimits *ratelimit.Limiter
+	// Gateway, when set, serves GET /v1/realtime, the ticket and presence
+	// endpoints, and feeds /readyz (realtime.go).
+	Gateway RealtimeGateway
 }
 
 // Server is the REST API. Mount additional handlers (the WebSocket
@@ -74,6 +96,10 @@ type Server struct {
 	router   *mux.Router
 	v1       *mux.Router
 	draining atomic.Bool
+	idem     *idempotency // idempotency keys and DB0 health (idempotency.go)
+	att      *attachments // attachment settings and blob store (attachments.go)
+	prj      *projectAPI  // the project Redis API (project.go)
+	gw       RealtimeGateway
 
 	users      sync.Map // user ids already recorded in PostgreSQL
 	usersCount atomic.Int64
@@ -107,8 +133,16 @@ func NewServer(d Deps) (*Server, error) {
 	if s.pg == nil {
 		s.pg = d.Store.Pool()
 	}
+	if s.limiter == nil && d.RateLimits != nil {
+		s.limiter = &redisRateLimiter{s: s, l: d.RateLimits}
+	}
 	if s.publisher == nil && s.rt != nil {
 		s.publisher = redisPublisher{s.rt}
+	}
+	s.gw = d.Gateway
+	s.initIdempotency(d)
+	if err := s.initAttachments(d); err != nil {
+		return nil, err
 	}
 	s.routes()
 	return s, nil
@@ -136,18 +170,28 @@ func (s *Server) routes() {
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	r.HandleFunc("/readyz", s.readyz).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
-	r.HandleFunc("/v1/public/config", s.publicConfig).Methods(http.MethodGet)
+	r.Handle("/v1/public/config", s.rateLimit(http.HandlerFunc(s.publicConfig))).Methods(http.MethodGet)
+
+	// Signed blob URLs and service routes come before the /v1 user
+	// subrouter, which matches the whole /v1 prefix.
+	s.attachmentBlobRoutes(r)
+	s.internalRoutes(r)
+	s.realtimeRoutes(r)
 
 	// Routes added to the subrouter are relative to /v1.
 	user := r.PathPrefix("/v1").Subrouter()
 	user.Use(s.authenticate(true))
+	user.Use(s.deferDB0Failures) // before rateLimit: see DeferDB0Failure
 	user.Use(s.rateLimit)
 	user.HandleFunc("/me", s.me).Methods(http.MethodGet)
 	user.HandleFunc("/dialogs", s.createDialog).Methods(http.MethodPost)
 	user.HandleFunc("/dialogs", s.listDialogs).Methods(http.MethodGet)
 	user.HandleFunc("/dialogs/{id}/messages", s.sendMessage).Methods(http.MethodPost)
 	user.HandleFunc("/dialogs/{id}/messages", s.listMessages).Methods(http.MethodGet)
+	s.attachmentRoutes(user)
+	s.realtimeUserRoutes(user)
 
+	s.projectRoutes(r)
 	s.router, s.v1 = r, user
 }
 
@@ -194,6 +238,11 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		check("redisRealtime", func(ctx context.Context) error { return s.rt.Ping(ctx).Err() })
 	}
 	wg.Wait()
+	if s.gw != nil && !s.gw.PubSubHealthy() {
+		checks["pubsub"] = "down"
+	} else if s.gw != nil {
+		checks["pubsub"] = "ok"
+	}
 	dto := readyDTO{Status: "ok", Checks: checks}
 	status := http.StatusOK
 	switch {
@@ -201,7 +250,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		dto.Status, status = "draining", http.StatusServiceUnavailable
 	case checks["postgres"] != "ok":
 		dto.Status, status = "unavailable", http.StatusServiceUnavailable
-	case checks["redis"] == "down" || checks["redisRealtime"] == "down":
+	case checks["redis"] == "down" || checks["redisRealtime"] == "down" || checks["pubsub"] == "down":
 		dto.Status = "degraded"
 	}
 	writeJSON(w, status, dto)

@@ -192,7 +192,7 @@ func TestMessageEventIsPublishedAfterCommit(t *testing.T) {
 	if _, err := sub.Receive(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	code, b := h.do(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", `{"body":"hi"}`)
+	code, b, _ := h.doH(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", `{"body":"hi"}`, idemKey())
 	if code != 201 {
 		t.Fatalf("%d %s", code, b)
 	}

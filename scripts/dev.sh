@@ -340,6 +340,7 @@ if [ "$check" = 1 ]; then
 	han_log "ready at $BASE; round trip: POST as alice, read back as bob"
 	out="$("${CURL[@]}" -w '\n%{http_code}' -X POST "$BASE/v1/dialogs/$dialog_id/messages" \
 		-H "Authorization: Bearer $alice_tok" -H 'Content-Type: application/json' \
+		-H "Idempotency-Key: dev-check-$$-$(date +%s%N)" \
 		-d '{"body":"hello from dev.sh"}')" || han_die "POST failed"
 	code="${out##*$'\n'}"
 	body="${out%$'\n'*}"
@@ -388,7 +389,7 @@ Try it from another shell:
   TOKEN=$alice_tok
   DIALOG=$dialog_id
   curl -sS -X POST "\$HAN/v1/dialogs/\$DIALOG/messages" -H "Authorization: Bearer \$TOKEN" \\
-       -H 'Content-Type: application/json' -d '{"body":"hello"}'
+       -H "Idempotency-Key: \$(date +%s%N)" -H 'Content-Type: application/json' -d '{"body":"hello"}'
   curl -sS "\$HAN/v1/dialogs/\$DIALOG/messages?afterSeq=0" -H "Authorization: Bearer \$TOKEN"
 
 Ctrl-C stops the gateway, redis-server and PostgreSQL (data stays in .data/).

@@ -51,6 +51,7 @@ type Message struct {
 	Body            string
 	ClientMessageID string
 	CreatedAt       time.Time
+	Attachments     []AttachmentRef // in the sender's order; nil when none
 }
 
 // OutboxEvent is a realtime event stored in the outbox in the same
@@ -83,8 +84,9 @@ func (s *Store) UserExists(ctx context.Context, id string) (bool, error) {
 
 // CreateDialog creates a dialog whose members are the creator plus
 // memberIDs (deduplicated). Every member must be a known user
-// (ErrUserNotFound otherwise).
-func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, memberIDs []string) (Dialog, error) {
+// (ErrUserNotFound otherwise). inTx hooks run inside the transaction after
+// the inserts (the idempotency record is written there).
+func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, memberIDs []string, inTx ...func(ctx context.Context, tx pgx.Tx, d Dialog) error) (Dialog, error) {
 	members := []string{creator}
 	seen := map[string]bool{creator: true}
 	for _, m := range memberIDs {
@@ -111,10 +113,16 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 			"INSERT INTO dialog_members(dialog_id, user_id) SELECT $1, unnest($2::uuid[])", id, members); err != nil {
 			return err
 		}
+		d.ID, d.Title, d.MemberIDs = id, title, members
+		for _, f := range inTx {
+			if err := f(ctx, tx, d); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrUserNotFound) {
+		if errors.Is(err, ErrUserNotFound) || errors.Is(err, ErrIdemExists) {
 			return Dialog{}, err
 		}
 		return Dialog{}, fmt.Errorf("create dialog: %w", err)
@@ -218,6 +226,9 @@ type SendMessage struct {
 	SenderID        string
 	Body            string
 	ClientMessageID string
+	// AttachmentIDs are uploaded, unlinked attachments of this dialog by this
+	// sender, linked in this order (ErrInvalidAttachment otherwise).
+	AttachmentIDs []string
 	// Event builds the realtime event for the committed message; it is
 	// written to the outbox in the same transaction.
 	Event func(Message) (OutboxEvent, error)
@@ -265,6 +276,12 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 			VALUES ($1,$2,$3,$4,$5,$6) RETURNING created_at`, in.ID, in.DialogID, seq, in.SenderID, in.Body, cmid).Scan(&m.CreatedAt); err != nil {
 			return err
 		}
+		if len(in.AttachmentIDs) > 0 {
+			var err error
+			if m.Attachments, err = linkAttachments(ctx, tx, m.ID, in.DialogID, in.SenderID, in.AttachmentIDs); err != nil {
+				return err
+			}
+		}
 		if in.Event != nil {
 			e, err := in.Event(m)
 			if err != nil {
@@ -287,7 +304,7 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 	if err != nil {
 		var pgErr *pgconn.PgError
 		switch {
-		case errors.Is(err, ErrDialogNotFound):
+		case errors.Is(err, ErrDialogNotFound), errors.Is(err, ErrInvalidAttachment), errors.Is(err, ErrIdemExists):
 			return Message{}, OutboxEvent{}, false, err
 		case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "messages_client_id_idx":
 			// A concurrent send with the same clientMessageId won: return it.
@@ -308,11 +325,16 @@ func (s *Store) messageByClientID(ctx context.Context, dialogID, senderID, cmid 
 	return m, nil
 }
 
-const messageColumns = `id::text, dialog_id::text, seq, sender_id::text, body, COALESCE(client_message_id, ''), created_at`
+const messageColumns = `id::text, dialog_id::text, seq, sender_id::text, body, COALESCE(client_message_id, ''), created_at, ` + attachmentsColumn
 
 func scanMessage(row pgx.Row) (Message, error) {
 	var m Message
-	err := row.Scan(&m.ID, &m.DialogID, &m.Seq, &m.SenderID, &m.Body, &m.ClientMessageID, &m.CreatedAt)
+	var atts string
+	if err := row.Scan(&m.ID, &m.DialogID, &m.Seq, &m.SenderID, &m.Body, &m.ClientMessageID, &m.CreatedAt, &atts); err != nil {
+		return m, err
+	}
+	var err error
+	m.Attachments, err = decodeAttachmentRefs(atts)
 	return m, err
 }
 

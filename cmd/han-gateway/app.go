@@ -14,9 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/config"
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/web"
@@ -35,6 +39,8 @@ type Main struct {
 	rdb      redis.UniversalClient
 	rt       redis.UniversalClient
 	api      *restapi.Server
+	realtime *gateway.Service
+	janitor  *store.Janitor // purges expired idempotency records
 	httpSrv  *http.Server
 	serveErr chan error
 }
@@ -108,14 +114,37 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	metrics := restapi.NewMetrics()
+	limits, err := ratelimit.New(ratelimit.Config{Redis: m.rdb, Timeout: cfg.RedisTimeout, Registerer: metrics.Registry, Logger: m.Logger})
+	if err != nil {
+		return err
+	}
+	m.realtime, err = gateway.NewService(gateway.Deps{
+		Config: gateway.ServiceConfig{
+			Hub:        gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins},
+			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval},
+			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
+			Registerer: metrics.Registry,
+		},
+		Logger: m.Logger, Store: store.New(m.pg), Realtime: m.rt, Verifier: verifier,
+	})
+	if err != nil {
+		return err
+	}
+	m.realtime.Start()
 	m.api, err = restapi.NewServer(restapi.Deps{
-		Config: restapi.Config{HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL},
+		Config: restapi.Config{HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
+			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout},
+			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
 		Logger: m.Logger, Store: store.New(m.pg), PG: m.pg, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
+		Metrics: metrics, RateLimits: limits, Gateway: m.realtime, Publisher: m.realtime.Publisher(),
 	})
 	if err != nil {
 		return err
 	}
 	m.api.Router().PathPrefix("/").Handler(web.Handler()).Methods(http.MethodGet, http.MethodHead)
+	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
+	m.janitor.Start()
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -142,6 +171,15 @@ func (m *Main) Close() error {
 	if m.api != nil {
 		m.api.SetDraining()
 	}
+	if m.realtime != nil {
+		// Sockets first: http.Server.Shutdown does not wait for hijacked
+		// connections.
+		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+		if err := m.realtime.Drain(ctx); err != nil {
+			m.Logger.Warn("realtime drain incomplete", slog.String("kind", fmt.Sprintf("%T", errors.Unwrap(err))))
+		}
+		cancel()
+	}
 	if m.httpSrv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 		if err := m.httpSrv.Shutdown(ctx); err != nil {
@@ -152,6 +190,17 @@ func (m *Main) Close() error {
 			errs = append(errs, err)
 		}
 		m.httpSrv = nil
+	}
+	if m.realtime != nil {
+		m.realtime.Close()
+		m.realtime = nil
+	}
+	if m.janitor != nil {
+		m.janitor.Close()
+		m.janitor = nil
+	}
+	if m.api != nil {
+		m.api.Close() // the DB0 health prober
 	}
 	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
 		if c != nil {

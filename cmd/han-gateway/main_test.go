@@ -51,9 +51,17 @@ func start(t *testing.T, vars map[string]string) *Main {
 
 func call(t *testing.T, method, url, tok, body string) (int, string) {
 	t.Helper()
+	return callH(t, method, url, tok, body, nil)
+}
+
+func callH(t *testing.T, method, url, tok, body string, hdr map[string]string) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	if tok != "" {
 		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -84,7 +92,8 @@ func TestEndToEndDialogRoundTrip(t *testing.T) {
 		t.Fatalf("create dialog: %d %s", code, body)
 	}
 	dialogID := body[strings.Index(body, `"id":"`)+6:][:36]
-	code, body = call(t, "POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", aTok, `{"body":"hello bob"}`)
+	code, body = callH(t, "POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", aTok, `{"body":"hello bob"}`,
+		map[string]string{"Idempotency-Key": "e2e-send-1"})
 	if code != 201 || !strings.Contains(body, `"seq":1`) {
 		t.Fatalf("send: %d %s", code, body)
 	}

@@ -4,6 +4,7 @@
 //	hanctl migrate
 //	hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
 //	hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin ...
+//	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
 //	hanctl seed demo
 //	hanctl redis acl [--separate-instances] [--out FILE]
 //	hanctl sizing [--identities N ...] [--sample]
@@ -31,6 +32,7 @@ const usage = `usage:
   hanctl migrate
   hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
   hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin [--member ...]
+  hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
   hanctl seed demo
   hanctl redis acl [--separate-instances] [--out FILE]
   hanctl sizing [--identities N ...] [--sample]`
@@ -48,6 +50,9 @@ func Run(ctx context.Context, args []string, getenv func(string) string, out io.
 	case "project":
 		if len(args) > 1 && args[1] == "create" {
 			return cmdProjectCreate(ctx, args[2:], getenv, out)
+		}
+		if len(args) > 1 && args[1] == "legacy-import" {
+			return cmdLegacyImport(ctx, args[2:], getenv, out)
 		}
 	case "seed":
 		if len(args) > 1 && args[1] == "demo" {

@@ -35,7 +35,21 @@ type Config struct {
 	PublicRealtimeURL string // HAN_PUBLIC_REALTIME_URL; empty: derived from the request
 	RedisTimeout      time.Duration
 	ShutdownTimeout   time.Duration
-	LogLevel          string // HAN_LOG_LEVEL: debug|info|warn|error, default info
+	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
+	// (default 5s) bound how long a crashed instance's users stay online;
+	// HAN_OUTBOX_GRACE (default 5s) is how old an unpublished outbox row must
+	// be before the relay publishes it.
+	InstanceLivenessTTL time.Duration
+	SweepInterval       time.Duration
+	OutboxGrace         time.Duration
+	// Idempotency and attachments: HAN_IDEMPOTENCY_TTL (default 24h) is the
+	// life of idempotency records in Redis and PostgreSQL; HAN_BLOB_DIR
+	// (default <temp dir>/han-blobs) the local attachment folder;
+	// HAN_ATTACHMENT_MAX_BYTES (default 25 MiB) the largest attachment.
+	IdempotencyTTL     time.Duration
+	BlobDir            string
+	AttachmentMaxBytes int64
+	LogLevel           string // HAN_LOG_LEVEL: debug|info|warn|error, default info
 }
 
 // ErrInvalid wraps every validation failure.
@@ -82,6 +96,25 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.ShutdownTimeout, err = duration(getenv("HAN_SHUTDOWN_TIMEOUT"), 15*time.Second); err != nil {
 		bad("HAN_SHUTDOWN_TIMEOUT: %v", err)
+	}
+	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
+		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)
+	}
+	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil {
+		bad("HAN_PRESENCE_SWEEP_INTERVAL: %v", err)
+	}
+	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil {
+		bad("HAN_OUTBOX_GRACE: %v", err)
+	}
+	if c.IdempotencyTTL, err = duration(getenv("HAN_IDEMPOTENCY_TTL"), 24*time.Hour); err != nil {
+		bad("HAN_IDEMPOTENCY_TTL: %v", err)
+	}
+	c.BlobDir = getenv("HAN_BLOB_DIR")
+	c.AttachmentMaxBytes = 25 << 20
+	if v := getenv("HAN_ATTACHMENT_MAX_BYTES"); v != "" {
+		if c.AttachmentMaxBytes, err = strconv.ParseInt(v, 10, 64); err != nil || c.AttachmentMaxBytes < 1 {
+			bad("HAN_ATTACHMENT_MAX_BYTES: must be a positive number of bytes")
+		}
 	}
 	if v := getenv("HAN_LEGACY_STUB_ENABLED"); v != "" {
 		if c.LegacyStubEnabled, err = strconv.ParseBool(v); err != nil {

@@ -5,13 +5,18 @@
   const $ = (id) => document.getElementById(id);
   const state = { token: sessionStorage.getItem("han.token") || "", me: null, dialog: null, lastSeq: 0 };
 
-  async function api(method, path, body) {
-    const headers = { Authorization: "Bearer " + state.token };
+  async function api(method, path, body, extra) {
+    const headers = Object.assign({ Authorization: "Bearer " + state.token }, extra || {});
     if (body !== undefined) headers["Content-Type"] = "application/json";
     const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     const data = res.status === 204 ? null : await res.json();
     if (!res.ok) throw new Error((data && data.error) || "http_" + res.status);
     return data;
+  }
+
+  function newKey() {
+    if (crypto.randomUUID) return crypto.randomUUID();
+    return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
   }
 
   function status(msg) { $("status").textContent = msg || ""; }
@@ -79,7 +84,8 @@
     const body = $("body").value;
     if (!body.trim() || !state.dialog) return;
     try {
-      await api("POST", "/v1/dialogs/" + state.dialog.id + "/messages", { body });
+      // One Idempotency-Key per message: a retry of this send must reuse it.
+      await api("POST", "/v1/dialogs/" + state.dialog.id + "/messages", { body }, { "Idempotency-Key": newKey() });
       $("body").value = "";
       await reconcile();
     } catch (err) { status("send failed: " + err.message); }

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/loadtest"
+	"github.com/han-app/gateway/loadtest/baseline"
+	"github.com/han-app/gateway/loadtest/scenarios"
+)
+
+// Exit codes.
+const (
+	ExitOK         = 0
+	ExitError      = 1  // the run failed (target unreachable, scenario error)
+	ExitUsage      = 2  // bad command line or scenario file
+	ExitThresholds = 99 // a threshold failed (k6's code)
+)
+
+var errHelp = errors.New("help requested")
+
+const usage = `usage:
+  han-loadtest run SCENARIO [flags]     run a scenario (han-loadtest run SCENARIO -h lists its flags)
+  han-loadtest scenarios                list the scenarios
+  han-loadtest baseline-server [flags]  serve the minimal broadcast server (the baseline target)
+
+Exit status: 0 passed, 99 a threshold failed, 1 the run failed, 2 usage.
+Targets are loopback only. See docs/loadtest.md.
+`
+
+// Main is the program: ParseFlags, Run (returns the exit code), Close.
+// Tests drive it with their own streams and environment.
+type Main struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+
+	cmd string
+
+	// run
+	scenario      scenarios.Scenario
+	opts          loadtest.Options
+	summaryExport string
+
+	// baseline-server
+	addr      string
+	bcfg      baseline.Config
+	exitOnEOF bool
+	server    *baseline.Server
+}
+
+// NewMain returns a Main reading and writing the given streams.
+func NewMain(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) *Main {
+	return &Main{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+}
+
+// thresholdList is a repeatable -threshold flag.
+type thresholdList []string
+
+func (l *thresholdList) String() string     { return strings.Join(*l, ",") }
+func (l *thresholdList) Set(v string) error { *l = append(*l, v); return nil }
+
+// scenarioFile is the -config document: flag values by name and thresholds.
+type scenarioFile struct {
+	Scenario   string         `json:"scenario"`
+	Options    map[string]any `json:"options"`
+	Thresholds []string       `json:"thresholds"`
+}
+
+// ParseFlags reads the command line.
+func (m *Main) ParseFlags(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(m.stderr, usage)
+		return errHelp
+	}
+	m.cmd = args[0]
+	switch m.cmd {
+	case "run":
+		return m.parseRun(args[1:])
+	case "baseline-server":
+		return m.parseBaseline(args[1:])
+	case "scenarios":
+		return nil
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(m.stdout, usage)
+		return errHelp
+	}
+	fmt.Fprint(m.stderr, usage)
+	return fmt.Errorf("unknown command %q", m.cmd)
+}
+
+func (m *Main) parseRun(args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return errors.New("run: name a scenario (han-loadtest scenarios lists them)")
+	}
+	sc, err := scenarios.New(args[0])
+	if err != nil {
+		return err
+	}
+	m.scenario = sc
+	fs := flag.NewFlagSet("han-loadtest run "+args[0], flag.ContinueOnError)
+	fs.SetOutput(m.stderr)
+	var ths thresholdList
+	var config string
+	var quiet bool
+	fs.StringVar(&m.opts.Target, "target", scenarios.DefaultTarget,
+		"loopback gateway URL, or baseline (child process), baseline-inprocess, baseline:<url>")
+	fs.DurationVar(&m.opts.Duration, "duration", 10*time.Second, "length of the measured phase")
+	fs.DurationVar(&m.opts.MaxDuration, "max-duration", 0, "hard bound on the whole run, setup included (default duration + 5m)")
+	fs.Var(&ths, "threshold", "pass/fail criterion, repeatable: delivery_p99<150ms, http_req_failed<0.1%, ws_connect_p95<500ms")
+	fs.StringVar(&m.summaryExport, "summary-export", "", "write the summary as JSON to this file")
+	fs.StringVar(&config, "config", "", "scenario file (JSON: {\"options\":{flag:value…},\"thresholds\":[…]}); flags override it")
+	fs.BoolVar(&quiet, "quiet", false, "no live progress line")
+	fs.DurationVar(&m.opts.ProgressInterval, "progress-interval", 0, "progress line period (default 1s on a terminal, 5s otherwise)")
+	fs.StringVar(&m.opts.SourceRange, "source-range", loadtest.DefaultSourceRange, "loopback source addresses clients bind to (A-B, or none)")
+	sc.Flags(fs, m.getenv)
+
+	var fileThresholds []string
+	if config = flagValue(args[1:], "config"); config != "" {
+		f, err := readScenarioFile(config)
+		if err != nil {
+			return err
+		}
+		if f.Scenario != "" && f.Scenario != sc.Name() {
+			return fmt.Errorf("%s is for scenario %q, not %q", config, f.Scenario, sc.Name())
+		}
+		for k, v := range f.Options {
+			if fs.Lookup(k) == nil || k == "config" {
+				return fmt.Errorf("%s: unknown option %q", config, k)
+			}
+			if err := fs.Set(k, fmt.Sprint(v)); err != nil {
+				return fmt.Errorf("%s: option %q: %w", config, k, err)
+			}
+		}
+		fileThresholds = f.Thresholds
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	m.opts.Thresholds = append(fileThresholds, ths...)
+	if _, err := loadtest.ParseThresholds(m.opts.Thresholds); err != nil {
+		return err
+	}
+	if err := checkTarget(m.opts.Target); err != nil {
+		return err
+	}
+	if !quiet {
+		m.opts.Progress = m.stderr
+	}
+	return nil
+}
+
+// flagValue finds -name value / -name=value in args before flag parsing
+// (the scenario file is applied first so that flags override it).
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		a = strings.TrimLeft(a, "-")
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+func readScenarioFile(path string) (*scenarioFile, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f scenarioFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &f, nil
+}
+
+// checkTarget refuses a non-loopback target before anything starts.
+func checkTarget(t string) error {
+	switch {
+	case t == scenarios.TargetBaseline, t == scenarios.TargetBaselineInProcess:
+		return nil
+	case strings.HasPrefix(t, "baseline:"):
+		_, err := loadtest.CheckLoopbackURL(strings.TrimPrefix(t, "baseline:"))
+		return err
+	}
+	_, err := loadtest.CheckLoopbackURL(t)
+	return err
+}
+
+func (m *Main) parseBaseline(args []string) error {
+	fs := flag.NewFlagSet("han-loadtest baseline-server", flag.ContinueOnError)
+	fs.SetOutput(m.stderr)
+	fs.StringVar(&m.addr, "addr", "127.0.0.1:9090", "listen address (loopback)")
+	fs.IntVar(&m.bcfg.QueueSize, "queue", 0, "outbound queue per connection (default 128)")
+	fs.Int64Var(&m.bcfg.DropEvery, "drop-every", 0, "drop every n-th delivery (fault injection: proves a load test sees loss)")
+	fs.BoolVar(&m.exitOnEOF, "exit-on-stdin-eof", false, "exit when stdin closes (used when han-loadtest starts it as a child)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return err
+	}
+	host := m.addr
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		host = host[:i]
+	}
+	return loadtest.CheckLoopbackHost(host)
+}
+
+// Run executes the command and returns the exit code.
+func (m *Main) Run(ctx context.Context) int {
+	switch m.cmd {
+	case "scenarios":
+		for _, n := range scenarios.Names() {
+			sc, _ := scenarios.New(n)
+			fmt.Fprintf(m.stdout, "  %-18s %s\n", n, sc.Describe())
+		}
+		return ExitOK
+	case "baseline-server":
+		return m.runBaseline(ctx)
+	}
+	return m.runScenario(ctx)
+}
+
+func (m *Main) runScenario(ctx context.Context) int {
+	sum, err := loadtest.Run(ctx, m.scenario, m.opts)
+	if err != nil {
+		fmt.Fprintln(m.stderr, "han-loadtest:", err)
+		return ExitUsage
+	}
+	sum.WriteText(m.stdout)
+	if m.summaryExport != "" {
+		f, err := os.Create(m.summaryExport)
+		if err == nil {
+			err = sum.WriteJSON(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(m.stderr, "han-loadtest: summary export:", err)
+			return ExitError
+		}
+	}
+	switch {
+	case sum.Err != nil:
+		return ExitError
+	case !sum.ThresholdsPassed():
+		return ExitThresholds
+	}
+	return ExitOK
+}
+
+func (m *Main) runBaseline(ctx context.Context) int {
+	m.server = baseline.New(m.bcfg, nil)
+	if err := m.server.Start(m.addr); err != nil {
+		fmt.Fprintln(m.stderr, "han-loadtest: baseline-server:", err)
+		return ExitError
+	}
+	if _, err := loadtest.RaiseFileLimit(); err != nil {
+		fmt.Fprintln(m.stderr, "han-loadtest: baseline-server: raise RLIMIT_NOFILE:", err)
+	}
+	fmt.Fprintln(m.stdout, scenarios.BaselineListenLine+m.server.URL())
+	eof := make(chan struct{})
+	if m.exitOnEOF {
+		go func() {
+			_, _ = io.Copy(io.Discard, m.stdin)
+			close(eof)
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case <-eof:
+	}
+	return ExitOK
+}
+
+// Close stops what Run started. Idempotent.
+func (m *Main) Close() error {
+	if m.server != nil {
+		err := m.server.Close()
+		m.server = nil
+		return err
+	}
+	return nil
+}

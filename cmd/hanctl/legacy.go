@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/store"
+)
+
+// cmdLegacyImport writes cache entries in the legacy v1 format (fields of
+// the project's cache container HASH han:prj:{<env>:<project>}:cache, value
+// {"type","value"}, no per-field expiry) so that the legacy behaviour of the
+// project Redis API can be exercised and pre-upgrade data restored. The file
+// is a JSON array of {"key","type":"json"|"string","value"}. It needs
+// REDIS_URL and HAN_ENV (default dev).
+func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	fs := flag.NewFlagSet("project legacy-import", flag.ContinueOnError)
+	project := fs.String("project", "", "project id (UUID)")
+	file := fs.String("file", "", "JSON array of {key, type, value}")
+	ttl := fs.Duration("container-ttl", 0, "give the container a physical TTL (default: none, as legacy data had)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	id, ok := ids.Canonical(*project)
+	if !ok {
+		return errors.New("--project must be a UUID")
+	}
+	if *file == "" {
+		return errors.New("--file is required")
+	}
+	if *ttl < 0 {
+		return errors.New("--container-ttl must not be negative")
+	}
+	env := getenv("HAN_ENV")
+	if env == "" {
+		env = "dev"
+	}
+	if strings.ContainsAny(env, "{}: \t\n") {
+		return errors.New("HAN_ENV: must be a name without braces, colons or spaces")
+	}
+	if getenv("REDIS_URL") == "" {
+		return errors.New("REDIS_URL is required")
+	}
+	b, err := os.ReadFile(*file)
+	if err != nil {
+		return fmt.Errorf("read --file: %w", err)
+	}
+	entries, err := parseLegacyFile(b)
+	if err != nil {
+		return err
+	}
+	rdb, err := store.NewRedis(getenv("REDIS_URL"), store.RedisConfig{})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	keys := store.NewProjectKeys(env, id)
+	if err := store.ImportLegacyCache(ictx, rdb, keys, entries, *ttl); err != nil {
+		return fmt.Errorf("import: %w", err)
+	}
+	fmt.Fprintf(out, "imported %d legacy entries into %s\n", len(entries), keys.CacheContainer())
+	return nil
+}
+
+// parseLegacyFile checks the file strictly and every entry by the rules
+// the API applies to a PUT (key, type, JSON text for type json).
+func parseLegacyFile(b []byte) ([]store.LegacyEntry, error) {
+	var raw []struct {
+		Key   *string `json:"key"`
+		Type  *string `json:"type"`
+		Value *string `json:"value"`
+	}
+	if err := jsonx.Check(b); err != nil {
+		return nil, fmt.Errorf("--file: %w", err)
+	}
+	if len(b) == 0 || b[firstNonSpace(b)] != '[' {
+		return nil, errors.New("--file: want a JSON array of {key, type, value}")
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, errors.New("--file: want a JSON array of {key, type, value}")
+	}
+	if len(raw) == 0 {
+		return nil, errors.New("--file: no entries")
+	}
+	out := make([]store.LegacyEntry, 0, len(raw))
+	seen := map[string]bool{}
+	for i, e := range raw {
+		switch {
+		case e.Key == nil || !store.ValidCacheKey(*e.Key):
+			return nil, fmt.Errorf("entry %d: key must be 1..256 UTF-8 bytes without control characters", i)
+		case seen[*e.Key]:
+			return nil, fmt.Errorf("entry %d: duplicate key", i)
+		case e.Type == nil || (*e.Type != "json" && *e.Type != "string"):
+			return nil, fmt.Errorf("entry %d: type must be json or string", i)
+		case e.Value == nil:
+			return nil, fmt.Errorf("entry %d: value must be a string", i)
+		case *e.Type == "json" && jsonx.Check([]byte(*e.Value)) != nil:
+			return nil, fmt.Errorf("entry %d: value is not valid JSON text", i)
+		}
+		seen[*e.Key] = true
+		out = append(out, store.LegacyEntry{Key: *e.Key, Type: *e.Type, Value: *e.Value})
+	}
+	return out, nil
+}
+
+func firstNonSpace(b []byte) int {
+	for i, c := range b {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return i
+		}
+	}
+	return 0
+}

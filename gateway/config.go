@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Subprotocol is the only WebSocket subprotocol the gateway speaks.
+const Subprotocol = "han.v1"
+
+// Close codes (CONTRACT §7, docs/realtime-protocol.md).
+const (
+	CloseGoingAway     = websocket.StatusGoingAway       // 1001: drain; reason {"retryMs":n}
+	CloseUnsupported   = websocket.StatusUnsupportedData // 1003: a binary frame
+	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big, frame rate, subprotocol
+	CloseInternal      = websocket.StatusInternalError   // 1011
+	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable
+	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token
+	CloseForbidden     = websocket.StatusCode(4003)      // not a user session
+	CloseSlowConsumer  = websocket.StatusCode(4008)      // cannot keep up
+)
+
+// Config tunes the WebSocket hub. Every zero value picks the default shown.
+type Config struct {
+	InstanceID string // required; reported in hello
+
+	// AllowedOrigins are the exact Origin values accepted
+	// (HAN_ALLOWED_ORIGINS). A request with an Origin not listed is closed
+	// with 1008; a request without Origin is accepted only with bearer auth.
+	AllowedOrigins []string
+
+	// MaxFrameBytes is the largest inbound frame. Zero value means 4096.
+	MaxFrameBytes int
+	// FrameRate and FrameBurst are the inbound token bucket per connection
+	// (frames per second, bucket size). Zero values mean 20 and 60.
+	FrameRate  float64
+	FrameBurst int
+	// MaxSubscriptions per connection. Zero value means 200.
+	MaxSubscriptions int
+	// TypingInterval: at most one typing event per connection and dialog
+	// per interval; extra typing frames are dropped. Zero value means 1s.
+	TypingInterval time.Duration
+
+	// QueueFrames and QueueBytes bound a connection's outbound queue. Zero
+	// values mean 256 frames and 1 MiB.
+	QueueFrames int
+	QueueBytes  int
+	// MaxOverflows: a connection whose queue overflows more than this many
+	// times within OverflowWindow is closed with 4008. Zero values mean 3
+	// and 1 minute.
+	MaxOverflows   int
+	OverflowWindow time.Duration
+	// SendBuffer, when set, caps the kernel send buffer (SO_SNDBUF) of each
+	// connection, bounding the kernel memory a stuck client can pin. Zero
+	// value means the kernel's autotuned default (up to tcp_wmem's maximum,
+	// often 4 MiB).
+	SendBuffer int
+	// WriteTimeout bounds one batch of writes; a connection that accepts
+	// nothing for this long is closed as a slow consumer. Zero value means
+	// 10s.
+	WriteTimeout time.Duration
+
+	// PingInterval is the WebSocket ping period (also hello.heartbeatMs).
+	// Zero value means 25s. PongTimeout bounds the wait for the pong; zero
+	// value means 10s.
+	PingInterval time.Duration
+	PongTimeout  time.Duration
+
+	// SubscribeTimeout bounds a subscribe (Redis confirmation + lastSeq).
+	// Zero value means 5s.
+	SubscribeTimeout time.Duration
+
+	// Drain: connections are closed with 1001 in batches of DrainBatch
+	// every DrainInterval; each gets a reconnect delay drawn from
+	// [RetryMin, RetryMax]. Zero values mean 500, 50ms, 500ms and 5s.
+	DrainBatch    int
+	DrainInterval time.Duration
+	RetryMin      time.Duration
+	RetryMax      time.Duration
+
+	// TicketTTL is the lifetime of a one-time ticket. Zero value means 30s.
+	TicketTTL time.Duration
+}
+
+func (c *Config) defaults() {
+	dur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	num := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	num(&c.MaxFrameBytes, 4096)
+	if c.FrameRate <= 0 {
+		c.FrameRate = 20
+	}
+	num(&c.FrameBurst, 60)
+	num(&c.MaxSubscriptions, 200)
+	dur(&c.TypingInterval, time.Second)
+	num(&c.QueueFrames, 256)
+	num(&c.QueueBytes, 1<<20)
+	num(&c.MaxOverflows, 3)
+	dur(&c.OverflowWindow, time.Minute)
+	dur(&c.WriteTimeout, 10*time.Second)
+	dur(&c.PingInterval, 25*time.Second)
+	dur(&c.PongTimeout, 10*time.Second)
+	dur(&c.SubscribeTimeout, 5*time.Second)
+	num(&c.DrainBatch, 500)
+	dur(&c.DrainInterval, 50*time.Millisecond)
+	dur(&c.RetryMin, 500*time.Millisecond)
+	dur(&c.RetryMax, 5*time.Second)
+	if c.RetryMax < c.RetryMin {
+		c.RetryMax = c.RetryMin
+	}
+	dur(&c.TicketTTL, 30*time.Second)
+}

@@ -1,0 +1,545 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
+)
+
+type outFrame struct {
+	b     []byte
+	class frameClass
+}
+
+// sub is one dialog subscription of a connection. Until ready (the
+// subscribed frame is queued) its events wait in pending, so no event of a
+// dialog reaches the client before its subscribed frame.
+type sub struct {
+	dialogID        string
+	channel         string
+	ready           bool
+	pending         []outFrame
+	pendingOverflow bool
+	lastTyping      time.Time
+}
+
+// conn is one WebSocket connection. Its reader goroutine owns reads and the
+// connection's lifetime; it starts exactly one writer and, when it returns,
+// cancels the writer and waits for it.
+type conn struct {
+	hub    *Hub
+	ws     *websocket.Conn
+	id     string
+	userID string
+	cork   *corkConn // the hijacked connection; nil when not hijacked by us
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	wake   chan struct{} // wakes the writer; capacity 1
+	writer sync.WaitGroup
+
+	mu           sync.Mutex // guards everything below
+	q            []outFrame
+	qBytes       int
+	resyncQueued bool // a resync is queued and not yet taken by the writer
+	pingDue      bool
+	lastPing     time.Time
+	closeCode    websocket.StatusCode
+	closeReason  string
+	closed       bool
+	subs         map[string]*sub // dialog id → subscription
+	overflows    int
+	overflowFrom time.Time
+}
+
+func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string) *conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID, ctx: ctx, cancel: cancel,
+		wake: make(chan struct{}, 1), subs: map[string]*sub{}, lastPing: time.Now()}
+}
+
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// deliver queues a fanned-out frame for s (nil: the user's own channel).
+// It never blocks.
+func (c *conn) deliver(s *sub, b []byte, class frameClass) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if s != nil && !s.ready {
+		switch {
+		case class == classEphemeral:
+			c.hub.stats.ephemeralDrops.Add(1)
+		case len(s.pending) >= c.hub.cfg.QueueFrames:
+			s.pending, s.pendingOverflow = nil, true
+		case !s.pendingOverflow:
+			s.pending = append(s.pending, outFrame{b, class})
+		}
+		return
+	}
+	c.enqueueLocked(outFrame{b, class})
+}
+
+// send queues a control frame.
+func (c *conn) send(b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.enqueueLocked(outFrame{b, classControl})
+	}
+}
+
+// enqueueLocked applies the backpressure policy: ephemeral frames are
+// dropped once the queue is half full; a durable event that does not fit
+// replaces every queued event with one resync; durable events arriving
+// while that resync waits are covered by it and dropped.
+func (c *conn) enqueueLocked(f outFrame) {
+	cfg := &c.hub.cfg
+	switch f.class {
+	case classEphemeral:
+		if 2*len(c.q) >= cfg.QueueFrames || 2*(c.qBytes+len(f.b)) > cfg.QueueBytes {
+			c.hub.stats.ephemeralDrops.Add(1)
+			return
+		}
+	case classDurable:
+		if c.resyncQueued {
+			c.hub.stats.coveredDrops.Add(1)
+			return
+		}
+		if len(c.q) >= cfg.QueueFrames || c.qBytes+len(f.b) > cfg.QueueBytes {
+			c.overflowLocked()
+			return
+		}
+	case classControl:
+		// Control frames answer the client's own requests, which the
+		// inbound frame rate bounds; a client that sends requests but never
+		// reads the answers fills this margin and is closed.
+		if len(c.q) >= cfg.QueueFrames+cfg.FrameBurst {
+			c.closeLocked(CloseSlowConsumer, "slow consumer")
+			return
+		}
+	}
+	c.q = append(c.q, f)
+	c.qBytes += len(f.b)
+	c.hub.stats.observeQueue(len(c.q))
+	c.signal()
+}
+
+func (c *conn) overflowLocked() {
+	h := c.hub
+	h.stats.overflows.Add(1)
+	kept := c.q[:0]
+	bytes := 0
+	for _, f := range c.q {
+		if f.class == classControl {
+			kept = append(kept, f)
+			bytes += len(f.b)
+		}
+	}
+	clear(c.q[len(kept):])
+	c.q, c.qBytes = kept, bytes
+	now := time.Now()
+	if now.Sub(c.overflowFrom) > h.cfg.OverflowWindow {
+		c.overflowFrom, c.overflows = now, 0
+	}
+	c.overflows++
+	if c.overflows > h.cfg.MaxOverflows {
+		c.closeLocked(CloseSlowConsumer, "slow consumer")
+		return
+	}
+	c.queueResyncLocked(ResyncSlowConsumer)
+}
+
+func (c *conn) queueResyncLocked(reason string) {
+	if c.resyncQueued || c.closed {
+		return
+	}
+	c.hub.stats.resyncs.Add(1)
+	c.q = append(c.q, outFrame{encodeResync(reason), classControl})
+	c.qBytes += len(c.q[len(c.q)-1].b)
+	c.resyncQueued = true
+	c.signal()
+}
+
+func (c *conn) resync(reason string) {
+	c.mu.Lock()
+	c.queueResyncLocked(reason)
+	c.mu.Unlock()
+}
+
+// closeLocked asks the writer to close the connection with code; the first
+// request wins.
+func (c *conn) closeLocked(code websocket.StatusCode, reason string) {
+	if c.closeCode != 0 || c.closed {
+		return
+	}
+	if code == CloseSlowConsumer {
+		c.hub.stats.slowCloses.Add(1)
+	}
+	c.closeCode, c.closeReason = code, reason
+	c.q, c.qBytes = nil, 0
+	c.signal()
+}
+
+func (c *conn) closeWith(code websocket.StatusCode, reason string) {
+	c.mu.Lock()
+	c.closeLocked(code, reason)
+	c.mu.Unlock()
+}
+
+// closeNow closes from the reader goroutine (a protocol violation): the
+// reader performs the close handshake itself, since it is the one reading.
+func (c *conn) closeNow(code websocket.StatusCode, reason string) {
+	c.mu.Lock()
+	first := c.closeCode == 0 && !c.closed
+	if first {
+		c.closeCode, c.closeReason = code, reason
+		c.q, c.qBytes = nil, 0
+	}
+	c.mu.Unlock()
+	if first {
+		c.hub.countClose(code)
+		_ = c.ws.Close(code, reason)
+	}
+}
+
+// writeLoop drains the queue: it takes everything queued, writes it as one
+// batch (one syscall through the cork), and blocks again when the queue is
+// empty. It also sends the WebSocket pings the hub asks for and performs
+// the closes the hub decides on (drain, slow consumer).
+func (c *conn) writeLoop() {
+	defer c.writer.Done()
+	var spare []outFrame
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.wake:
+		}
+		for {
+			c.mu.Lock()
+			if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
+				c.mu.Unlock()
+				break
+			}
+			batch := c.q
+			c.q, c.qBytes, c.resyncQueued = spare, 0, false
+			spare = nil
+			ping := c.pingDue
+			c.pingDue = false
+			code, reason := c.closeCode, c.closeReason
+			c.mu.Unlock()
+			if err := c.writeBatch(batch); err != nil {
+				c.abort(err)
+				return
+			}
+			clear(batch)
+			// Keep a small buffer for the next batch; let a large one go so
+			// an idle connection holds little memory.
+			if cap(batch) <= 16 {
+				spare = batch[:0]
+			}
+			if code != 0 {
+				c.hub.countClose(code)
+				_ = c.ws.Close(code, reason)
+				c.cancel()
+				return
+			}
+			if ping {
+				pctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.PongTimeout)
+				err := c.ws.Ping(pctx)
+				cancel()
+				if err != nil {
+					c.abort(err)
+					return
+				}
+			}
+		}
+	}
+}
+
+func (c *conn) writeBatch(batch []outFrame) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.WriteTimeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	if c.cork != nil {
+		c.cork.cork()
+	}
+	for _, f := range batch {
+		err := c.ws.Write(ctx, websocket.MessageText, f.b)
+		if err == nil && c.cork != nil && c.cork.buffered() >= corkFlushBytes {
+			err = c.cork.flush(deadline)
+		}
+		if err != nil {
+			if c.cork != nil {
+				c.cork.discard()
+			}
+			if c.ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
+				c.hub.stats.slowCloses.Add(1)
+			}
+			return err
+		}
+	}
+	if c.cork != nil {
+		if err := c.cork.uncork(deadline); err != nil {
+			if c.ctx.Err() == nil && isTimeout(err) {
+				c.hub.stats.slowCloses.Add(1)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// abort ends a connection whose writer failed (write timeout, dead peer).
+func (c *conn) abort(err error) {
+	if c.ctx.Err() == nil {
+		c.hub.logger.Debug("websocket writer stopped", slog.String("connection", c.id), slog.String("kind", errKind(err)))
+	}
+	_ = c.ws.CloseNow()
+	c.cancel()
+}
+
+// readLoop owns the connection: it reads and handles client frames until
+// the connection ends, then tears everything down.
+func (c *conn) readLoop() {
+	h := c.hub
+	defer h.wg.Done()
+	c.writer.Add(1)
+	go c.writeLoop()
+	defer c.teardown()
+
+	tokens, last := float64(h.cfg.FrameBurst), time.Now()
+	for {
+		typ, rd, err := c.ws.Reader(c.ctx)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		tokens = min(float64(h.cfg.FrameBurst), tokens+now.Sub(last).Seconds()*h.cfg.FrameRate)
+		last = now
+		if tokens < 1 {
+			c.closeNow(ClosePolicy, "frame rate")
+			return
+		}
+		tokens--
+		if typ != websocket.MessageText {
+			c.closeNow(CloseUnsupported, "text frames only")
+			return
+		}
+		buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
+		n, err := io.ReadFull(rd, *buf)
+		switch {
+		case err == nil:
+			putFrameBuf(buf)
+			c.closeNow(ClosePolicy, "frame too big")
+			return
+		case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		default:
+			putFrameBuf(buf)
+			return
+		}
+		f, ok := parseInFrame((*buf)[:n])
+		putFrameBuf(buf)
+		h.stats.framesIn.Add(1)
+		if !ok {
+			c.send(encodeError(errInvalidFrame))
+			continue
+		}
+		c.handle(f)
+	}
+}
+
+func (c *conn) handle(f inFrame) {
+	switch f.Type {
+	case "ping":
+		c.send(pongFrame)
+	case "subscribe":
+		c.subscribe(f.DialogID)
+	case "unsubscribe":
+		if id, ok := ids.Canonical(f.DialogID); ok {
+			c.hub.detach(c, id)
+		} else {
+			c.send(encodeError(errInvalidUUID))
+		}
+	case "typing":
+		c.typing(f.DialogID)
+	default:
+		c.send(encodeError(errUnknownType))
+	}
+}
+
+func (c *conn) subscribe(raw string) {
+	h := c.hub
+	dialogID, ok := ids.Canonical(raw)
+	if !ok {
+		c.send(encodeError(errInvalidUUID))
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, h.cfg.SubscribeTimeout)
+	defer cancel()
+	c.mu.Lock()
+	existing, n := c.subs[dialogID], len(c.subs)
+	c.mu.Unlock()
+	if existing != nil {
+		// Already subscribed: answer again with a fresh lastSeq.
+		seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
+		if err != nil {
+			c.send(encodeError(subscribeErrCode(err)))
+			return
+		}
+		c.send(mustJSON(subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: seq}))
+		return
+	}
+	if n >= h.cfg.MaxSubscriptions {
+		c.send(encodeError(errTooManySubscriptions))
+		return
+	}
+	member, err := h.deps.Store.IsMember(ctx, dialogID, c.userID)
+	if err != nil || !member {
+		c.send(encodeError(subscribeErrCode(errOr(err, store.ErrDialogNotFound))))
+		return
+	}
+	channel := pubsub.DialogChannel(dialogID)
+	if err := h.deps.Subscriber.Subscribe(ctx, channel); err != nil {
+		c.send(encodeError(errUnavailable))
+		return
+	}
+	s := &sub{dialogID: dialogID, channel: channel}
+	if !h.attach(c, s) {
+		h.deps.Subscriber.Unsubscribe(channel)
+		return
+	}
+	// Read after the SUBSCRIBE is confirmed: everything published before
+	// the confirmation has a seq ≤ lastSeq (publishes follow commits).
+	seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
+	if err != nil {
+		h.detach(c, dialogID)
+		c.send(encodeError(subscribeErrCode(err)))
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.enqueueLocked(outFrame{mustJSON(subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: seq}), classControl})
+	for _, f := range s.pending {
+		c.enqueueLocked(f)
+	}
+	if s.pendingOverflow {
+		c.queueResyncLocked(ResyncSlowConsumer)
+	}
+	s.pending, s.pendingOverflow, s.ready = nil, false, true
+}
+
+func errOr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
+}
+
+func subscribeErrCode(err error) string {
+	if errors.Is(err, store.ErrDialogNotFound) {
+		return errDialogNotFound
+	}
+	return errUnavailable
+}
+
+// typing publishes an ephemeral typing event to a subscribed dialog, at
+// most once per TypingInterval per dialog; extra frames are dropped.
+func (c *conn) typing(raw string) {
+	h := c.hub
+	dialogID, ok := ids.Canonical(raw)
+	if !ok {
+		c.send(encodeError(errInvalidUUID))
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	s := c.subs[dialogID]
+	allowed := s != nil && s.ready && now.Sub(s.lastTyping) >= h.cfg.TypingInterval
+	if allowed {
+		s.lastTyping = now
+	}
+	c.mu.Unlock()
+	if s == nil || !s.ready {
+		c.send(encodeError(errNotSubscribed))
+		return
+	}
+	if !allowed {
+		h.stats.typingDrops.Add(1)
+		return
+	}
+	data := mustJSON(typingData{UserID: c.userID})
+	payload, err := pubsub.NewDialogEvent(ids.New(), EventTyping, c.userID, dialogID, 0, data).Encode()
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+	defer cancel()
+	_ = h.deps.Publisher.Publish(ctx, pubsub.DialogChannel(dialogID), payload)
+}
+
+// teardown runs once the reader returned: stop the writer, leave every
+// channel, and record the disconnect in presence and PostgreSQL.
+func (c *conn) teardown() {
+	h := c.hub
+	c.cancel()
+	c.writer.Wait()
+	_ = c.ws.CloseNow()
+	c.mu.Lock()
+	c.closed = true
+	c.q = nil
+	c.mu.Unlock()
+	channels := h.remove(c)
+	for _, ch := range channels {
+		h.deps.Subscriber.Unsubscribe(ch)
+	}
+	if h.killed.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	at, err := h.deps.Presence.Disconnect(ctx, c.userID, c.id)
+	if err != nil {
+		h.logger.Warn("presence disconnect failed; the connection expires with its TTL",
+			slog.String("connection", c.id), slog.String("kind", errKind(err)))
+	}
+	if err := h.deps.Store.TouchLastSeen(ctx, c.userID, at); err != nil {
+		h.logger.Warn("last seen not recorded", slog.String("kind", errKind(err)))
+	}
+}
+
+var frameBufs sync.Pool
+
+func getFrameBuf(n int) *[]byte {
+	if b, ok := frameBufs.Get().(*[]byte); ok && cap(*b) >= n {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]byte, n)
+	return &b
+}
+
+func putFrameBuf(b *[]byte) { frameBufs.Put(b) }

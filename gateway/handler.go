@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/presence"
+)
+
+// TokenVerifier checks bearer tokens (implemented by auth.Verifier).
+type TokenVerifier interface {
+	Verify(ctx context.Context, token string) (auth.Principal, error)
+}
+
+// handler serves GET /v1/realtime.
+type handler struct {
+	s       *Service
+	origins map[string]struct{}
+}
+
+// ServeHTTP checks the Origin before the upgrade (coder/websocket's own
+// check accepts any same-host Origin and a missing one), upgrades with
+// subprotocol han.v1, authenticates by one-time ticket or bearer token and
+// registers the connection. Refusals after the upgrade are close frames
+// with the codes of CONTRACT §7, so browsers can see why.
+func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s := hd.s
+	h := s.hub
+	origin := r.Header.Get("Origin")
+	_, originAllowed := hd.origins[origin]
+	ticket := r.URL.Query().Get("ticket")
+	token, hasBearer := auth.BearerToken(r)
+
+	hw := &hijackWriter{ResponseWriter: w, sendBuffer: h.cfg.SendBuffer}
+	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
+		Subprotocols:       []string{Subprotocol},
+		InsecureSkipVerify: true, // the exact Origin check happens here, not in the library
+	})
+	if err != nil {
+		h.countReject("handshake")
+		return
+	}
+	refuse := func(code websocket.StatusCode, reason, metric string) {
+		h.countReject(metric)
+		h.countClose(code)
+		_ = ws.Close(code, reason)
+	}
+	switch {
+	case origin != "" && !originAllowed:
+		refuse(ClosePolicy, "origin not allowed", "origin")
+		return
+	case ticket != "" && origin == "":
+		refuse(ClosePolicy, "origin required with a ticket", "origin")
+		return
+	case ws.Subprotocol() != Subprotocol:
+		refuse(ClosePolicy, "subprotocol han.v1 required", "subprotocol")
+		return
+	}
+	if h.isDraining() {
+		refuse(CloseGoingAway, h.retryReason(), "draining")
+		return
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var userID string
+	switch {
+	case ticket != "":
+		userID, err = s.tickets.Redeem(ctx, ticket)
+		if errors.Is(err, ErrTicketInvalid) {
+			refuse(CloseUnauthorized, "unauthorized", "unauthorized")
+			return
+		}
+		if err != nil {
+			refuse(CloseTryAgainLater, "try again later", "unavailable")
+			return
+		}
+	case hasBearer:
+		p, err := s.verifier.Verify(ctx, token)
+		if err != nil {
+			refuse(CloseUnauthorized, "unauthorized", "unauthorized")
+			return
+		}
+		if p.Kind != auth.KindUser {
+			refuse(CloseForbidden, "user session required", "forbidden")
+			return
+		}
+		userID = p.UserID
+		if err := s.store.EnsureUser(ctx, userID); err != nil {
+			refuse(CloseTryAgainLater, "try again later", "unavailable")
+			return
+		}
+	default:
+		refuse(CloseUnauthorized, "unauthorized", "unauthorized")
+		return
+	}
+
+	c := newConn(h, ws, hw.cork, userID)
+	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
+		// DB1 is needed to record presence: refuse new connections while it
+		// is out; existing ones keep their local fan-out (CONTRACT §10).
+		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", errKind(err)))
+		refuse(CloseTryAgainLater, "try again later", "unavailable")
+		return
+	}
+	c.send(mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
+		HeartbeatMs: h.cfg.PingInterval.Milliseconds()}))
+	if !h.add(c) {
+		// Registered in presence a moment ago: take it back.
+		_, _ = s.presence.Disconnect(ctx, userID, c.id)
+		refuse(CloseGoingAway, h.retryReason(), "draining")
+		return
+	}
+	// Read on a fresh goroutine and let net/http's handler goroutine (and
+	// its grown stack) end: an idle connection then costs two small
+	// goroutines.
+	go c.readLoop()
+}
+
+func (h *Hub) isDraining() bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.draining
+}

@@ -1,0 +1,430 @@
+package gateway_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/gateway"
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/restapi"
+	"github.com/han-app/gateway/store"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
+}
+
+var (
+	devSecret   = []byte("gateway-test-secret-0123456789abcdef")
+	testOrigin  = "https://chat.example.test"
+	migrateOnce sync.Once
+	migrateErr  error
+)
+
+// openPool opens a pool on the package's database (migrated once).
+func openPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	migrateOnce.Do(func() { _, migrateErr = store.Migrate(ctx, pool) })
+	if migrateErr != nil {
+		t.Fatal(migrateErr)
+	}
+	return pool
+}
+
+// opts tunes one gateway instance of a test.
+type opts struct {
+	id       string
+	rtURL    string // DB1; zero value: the package's server, DB 1
+	hub      func(*gateway.Config)
+	presence func(*presence.Config)
+	sub      func(*pubsub.SubscriberConfig)
+	relay    func(*pubsub.RelayConfig)
+}
+
+// instance is one gateway instance: the real restapi + gateway wiring on
+// real Redis and PostgreSQL, served by httptest.
+type instance struct {
+	t     *testing.T
+	id    string
+	svc   *gateway.Service
+	api   *restapi.Server
+	srv   *httptest.Server
+	store *store.Store
+	pool  *pgxpool.Pool
+	rt    redis.UniversalClient
+	reg   *prometheus.Registry
+}
+
+func newInstance(t *testing.T, pool *pgxpool.Pool, o opts) *instance {
+	t.Helper()
+	ctx := context.Background()
+	if o.id == "" {
+		o.id = "gw-" + ids.New()[24:]
+	}
+	if o.rtURL == "" {
+		o.rtURL = env.Redis.URL(1)
+	}
+	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := store.NewRedis(o.rtURL, store.RedisConfig{ReadTimeout: 500 * time.Millisecond, DialTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close(); rt.Close() })
+	var logOut io.Writer = io.Discard
+	if os.Getenv("HAN_TEST_LOG") != "" {
+		logOut = os.Stderr
+	}
+	logger := slog.New(slog.NewJSONHandler(logOut, nil)).With("instance", o.id)
+	v, err := auth.NewVerifier(ctx, auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(pool)
+	reg := prometheus.NewRegistry()
+	cfg := gateway.ServiceConfig{
+		Hub:        gateway.Config{InstanceID: o.id, AllowedOrigins: []string{testOrigin}},
+		Presence:   presence.Config{OfflineDebounce: 200 * time.Millisecond},
+		Subscriber: pubsub.SubscriberConfig{CanaryInterval: 500 * time.Millisecond, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond},
+		Relay:      pubsub.RelayConfig{Grace: time.Hour}, // the relay has its own tests
+		Registerer: reg,
+	}
+	if o.hub != nil {
+		o.hub(&cfg.Hub)
+	}
+	if o.presence != nil {
+		o.presence(&cfg.Presence)
+	}
+	if o.sub != nil {
+		o.sub(&cfg.Subscriber)
+	}
+	if o.relay != nil {
+		o.relay(&cfg.Relay)
+	}
+	svc, err := gateway.NewService(gateway.Deps{Config: cfg, Logger: logger, Store: st, Realtime: rt, Verifier: v})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Start()
+	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
+		Logger: logger, Store: st, PG: pool, Redis: rdb, Realtime: rt, Verifier: v,
+		Gateway: svc, Publisher: svc.Publisher()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(api.Close)
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	t.Cleanup(svc.Close)
+	in := &instance{t: t, id: o.id, svc: svc, api: api, srv: srv, store: st, pool: pool, rt: rt, reg: reg}
+	testenv.Eventually(t, 10*time.Second, svc.PubSubHealthy, "pubsub link of %s never came up", o.id)
+	return in
+}
+
+func (in *instance) wsURL() string {
+	return "ws" + strings.TrimPrefix(in.srv.URL, "http") + "/v1/realtime"
+}
+
+// token mints a user token.
+func token(t *testing.T, userID string) string {
+	t.Helper()
+	tok, err := auth.MintDevToken(devSecret, auth.DevClaims{Subject: userID, Kind: auth.KindUser, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// users records n users in PostgreSQL and returns their ids.
+func (in *instance) users(n int) []string {
+	in.t.Helper()
+	out := make([]string, n)
+	for i := range out {
+		out[i] = ids.New()
+		if err := in.store.EnsureUser(context.Background(), out[i]); err != nil {
+			in.t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// dialog creates a dialog of the given members (the first is the creator).
+func (in *instance) dialog(members ...string) string {
+	in.t.Helper()
+	d, err := in.store.CreateDialog(context.Background(), ids.New(), members[0], "t", members[1:])
+	if err != nil {
+		in.t.Fatal(err)
+	}
+	return d.ID
+}
+
+// do makes a REST call with a user's token; body "" sends none.
+func (in *instance) do(userID, method, path, body string) (int, []byte) {
+	in.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, in.srv.URL+path, rd)
+	req.Header.Set("Authorization", "Bearer "+token(in.t, userID))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if method == http.MethodPost {
+		req.Header.Set("Idempotency-Key", ids.New())
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		in.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+type messageDTO struct {
+	ID        string `json:"id"`
+	DialogID  string `json:"dialogId"`
+	Seq       int64  `json:"seq"`
+	SenderID  string `json:"senderId"`
+	Body      string `json:"body"`
+	CreatedAt int64  `json:"createdAt"`
+}
+
+// post sends a message over REST and returns its DTO.
+func (in *instance) post(userID, dialogID, body string) messageDTO {
+	in.t.Helper()
+	b, _ := json.Marshal(map[string]string{"body": body})
+	code, resp := in.do(userID, "POST", "/v1/dialogs/"+dialogID+"/messages", string(b))
+	if code != 201 {
+		in.t.Fatalf("post: %d %s", code, resp)
+	}
+	var m messageDTO
+	if err := json.Unmarshal(resp, &m); err != nil {
+		in.t.Fatal(err)
+	}
+	return m
+}
+
+// history returns every message after afterSeq, following nextCursor.
+func (in *instance) history(userID, dialogID string, afterSeq int64) []messageDTO {
+	in.t.Helper()
+	var out []messageDTO
+	for i := 0; i < 100; i++ {
+		code, b := in.do(userID, "GET", fmt.Sprintf("/v1/dialogs/%s/messages?afterSeq=%d&limit=100", dialogID, afterSeq), "")
+		if code != 200 {
+			in.t.Fatalf("history: %d %s", code, b)
+		}
+		var page struct {
+			Items      []messageDTO `json:"items"`
+			NextCursor *string      `json:"nextCursor"`
+		}
+		if err := json.Unmarshal(b, &page); err != nil {
+			in.t.Fatal(err)
+		}
+		out = append(out, page.Items...)
+		if page.NextCursor == nil {
+			return out
+		}
+		afterSeq = page.Items[len(page.Items)-1].Seq
+	}
+	in.t.Fatal("history does not end")
+	return nil
+}
+
+// frame is any server → client frame.
+type frame struct {
+	Type         string          `json:"type"`
+	Channel      string          `json:"channel"`
+	ID           string          `json:"id"`
+	Event        string          `json:"event"`
+	EntityID     string          `json:"entityId"`
+	DialogID     string          `json:"dialogId"`
+	Seq          int64           `json:"seq"`
+	Data         json.RawMessage `json:"data"`
+	ConnectionID string          `json:"connectionId"`
+	Instance     string          `json:"instance"`
+	HeartbeatMs  int64           `json:"heartbeatMs"`
+	LastSeq      int64           `json:"lastSeq"`
+	Reason       string          `json:"reason"`
+	Error        string          `json:"error"`
+
+	raw []byte
+}
+
+// client is a real WebSocket client (coder/websocket Dial) whose frames a
+// goroutine reads into a channel.
+type client struct {
+	t      *testing.T
+	ws     *websocket.Conn
+	frames chan frame
+	done   chan struct{}
+	err    error // the read error that ended the client; valid after done
+	hello  frame
+}
+
+type dialOpts struct {
+	token  string // bearer token
+	ticket string
+	origin string
+	noSub  bool // do not offer han.v1
+}
+
+func (in *instance) dialRaw(o dialOpts) (*websocket.Conn, *http.Response, error) {
+	h := http.Header{}
+	if o.token != "" {
+		h.Set("Authorization", "Bearer "+o.token)
+	}
+	if o.origin != "" {
+		h.Set("Origin", o.origin)
+	}
+	u := in.wsURL()
+	if o.ticket != "" {
+		u += "?ticket=" + o.ticket
+	}
+	dopt := &websocket.DialOptions{HTTPHeader: h}
+	if !o.noSub {
+		dopt.Subprotocols = []string{gateway.Subprotocol}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return websocket.Dial(ctx, u, dopt)
+}
+
+// connect dials with a bearer token and waits for hello.
+func (in *instance) connect(userID string) *client {
+	in.t.Helper()
+	c := in.connectWith(dialOpts{token: token(in.t, userID)})
+	c.hello = c.expect("hello")
+	return c
+}
+
+// connectWith dials and starts reading; it does not wait for anything.
+func (in *instance) connectWith(o dialOpts) *client {
+	in.t.Helper()
+	ws, _, err := in.dialRaw(o)
+	if err != nil {
+		in.t.Fatalf("dial: %v", err)
+	}
+	ws.SetReadLimit(1 << 20)
+	c := &client{t: in.t, ws: ws, frames: make(chan frame, 4096), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			_, b, err := ws.Read(context.Background())
+			if err != nil {
+				c.err = err
+				return
+			}
+			var f frame
+			if err := json.Unmarshal(b, &f); err != nil {
+				c.err = fmt.Errorf("undecodable frame %q: %w", b, err)
+				return
+			}
+			f.raw = b
+			c.frames <- f
+		}
+	}()
+	in.t.Cleanup(func() { c.ws.CloseNow(); <-c.done })
+	return c
+}
+
+// next returns the next frame or fails after timeout.
+func (c *client) next(timeout time.Duration) frame {
+	c.t.Helper()
+	select {
+	case f := <-c.frames:
+		return f
+	case <-c.done:
+		select {
+		case f := <-c.frames:
+			return f
+		default:
+		}
+		c.t.Fatalf("connection ended: %v", c.err)
+	case <-time.After(timeout):
+		c.t.Fatalf("no frame within %v", timeout)
+	}
+	return frame{}
+}
+
+// expect returns the next frame of type typ, skipping presence and typing
+// events; any other frame fails the test.
+func (c *client) expect(typ string) frame {
+	c.t.Helper()
+	for {
+		f := c.next(10 * time.Second)
+		if f.Type == typ {
+			return f
+		}
+		if f.Type == "event" && (f.Event == gateway.EventPresenceChanged || f.Event == gateway.EventTyping) {
+			continue
+		}
+		c.t.Fatalf("want a %s frame, got %s", typ, f.raw)
+	}
+}
+
+func (c *client) send(v string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.ws.Write(ctx, websocket.MessageText, []byte(v)); err != nil {
+		c.t.Fatalf("write: %v", err)
+	}
+}
+
+// subscribe subscribes and returns the subscribed frame's lastSeq.
+func (c *client) subscribe(dialogID string) int64 {
+	c.t.Helper()
+	c.send(`{"type":"subscribe","dialogId":"` + dialogID + `"}`)
+	f := c.expect("subscribed")
+	if f.DialogID != dialogID {
+		c.t.Fatalf("subscribed to %s, want %s", f.DialogID, dialogID)
+	}
+	return f.LastSeq
+}
+
+// closeStatus waits for the connection to end and returns the close code
+// the server sent (-1 if none).
+func (c *client) closeStatus(timeout time.Duration) (websocket.StatusCode, string) {
+	c.t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(timeout):
+		c.t.Fatalf("connection still open after %v", timeout)
+	}
+	var ce websocket.CloseError
+	if asCloseError(c.err, &ce) {
+		return ce.Code, ce.Reason
+	}
+	return -1, ""
+}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Buffer sizes of a hijacked connection. net/http's hijack hands over a
+// 4 KiB reader and a new 4 KiB writer that coder/websocket keeps for the
+// connection's life; most connections are idle, so small buffers save
+// memory, and the cork below batches writes so small buffers do not turn
+// one frame into several syscalls.
+const (
+	connReadBuf    = 512
+	connWriteBuf   = 512
+	corkFlushBytes = 32 << 10
+)
+
+// hijackWriter hands coder/websocket a hijacked connection with small
+// buffers, wrapped in a corkConn.
+type hijackWriter struct {
+	http.ResponseWriter
+	sendBuffer int // SO_SNDBUF; 0 leaves the kernel default
+	cork       *corkConn
+}
+
+func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if tc, ok := nc.(*net.TCPConn); ok && w.sendBuffer > 0 {
+		_ = tc.SetWriteBuffer(w.sendBuffer)
+	}
+	cc := &corkConn{Conn: nc}
+	var r io.Reader = cc
+	if n := brw.Reader.Buffered(); n > 0 {
+		// Bytes the client sent right after its handshake.
+		b, _ := brw.Reader.Peek(n)
+		r = io.MultiReader(bytes.NewReader(bytes.Clone(b)), cc)
+	}
+	w.cork = cc
+	return cc, bufio.NewReadWriter(bufio.NewReaderSize(r, connReadBuf), bufio.NewWriterSize(cc, connWriteBuf)), nil
+}
+
+// corkConn collects writes while corked and sends them in one write when
+// uncorked: the writer corks around a batch of frames.
+type corkConn struct {
+	net.Conn
+
+	mu     sync.Mutex // guards corked, buf; held across a write so bytes never interleave
+	corked bool
+	buf    *[]byte
+}
+
+var corkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+func (c *corkConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.corked {
+		*c.buf = append(*c.buf, p...)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *corkConn) cork() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.corked {
+		c.corked = true
+		c.buf = corkBufs.Get().(*[]byte)
+	}
+}
+
+func (c *corkConn) buffered() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.buf == nil {
+		return 0
+	}
+	return len(*c.buf)
+}
+
+// flush writes what is collected and stays corked.
+func (c *corkConn) flush(deadline time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.flushLocked(deadline)
+}
+
+// uncork writes what is collected and returns to direct writes.
+func (c *corkConn) uncork(deadline time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := c.flushLocked(deadline)
+	c.release()
+	return err
+}
+
+// discard drops what is collected (the connection is being torn down).
+func (c *corkConn) discard() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.release()
+}
+
+func (c *corkConn) release() {
+	c.corked = false
+	if c.buf != nil {
+		if cap(*c.buf) <= 64<<10 {
+			*c.buf = (*c.buf)[:0]
+			corkBufs.Put(c.buf)
+		}
+		c.buf = nil
+	}
+}
+
+func (c *corkConn) flushLocked(deadline time.Time) error {
+	if c.buf == nil || len(*c.buf) == 0 {
+		return nil
+	}
+	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
+		return err
+	}
+	_, err := c.Conn.Write(*c.buf)
+	*c.buf = (*c.buf)[:0]
+	if err2 := c.Conn.SetWriteDeadline(time.Time{}); err == nil {
+		err = err2
+	}
+	return err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,376 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
+)
+
+// hubDeps are the collaborators a Hub calls.
+type hubDeps struct {
+	Store      *store.Store
+	Subscriber *pubsub.Subscriber
+	Publisher  *pubsub.Publisher
+	Presence   *presence.Presence
+}
+
+// Hub holds this instance's WebSocket connections and fans events out to
+// them. Dispatch never blocks on a connection: it appends to the
+// connection's bounded queue under that connection's lock. Safe for
+// concurrent use.
+type Hub struct {
+	cfg    Config
+	deps   hubDeps
+	logger *slog.Logger
+	stats  hubStats
+
+	mu       sync.RWMutex // guards conns, channels, draining
+	conns    map[*conn]struct{}
+	channels map[string]map[*conn]*sub // Redis channel → local subscribers (nil sub: the user's own channel)
+	draining bool
+
+	killed atomic.Bool    // connections end without presence cleanup (a crash)
+	wg     sync.WaitGroup // connection goroutines
+	empty  chan struct{}  // signalled when the last connection leaves
+}
+
+func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
+	return &Hub{cfg: cfg, deps: deps, logger: logger, conns: map[*conn]struct{}{},
+		channels: map[string]map[*conn]*sub{}, empty: make(chan struct{}, 1)}
+}
+
+// hubStats are the hub's counters; Prometheus reads them through
+// collector functions (metrics.go).
+type hubStats struct {
+	overflows      atomic.Uint64
+	slowCloses     atomic.Uint64
+	ephemeralDrops atomic.Uint64
+	coveredDrops   atomic.Uint64
+	typingDrops    atomic.Uint64
+	resyncs        atomic.Uint64
+	framesIn       atomic.Uint64
+	maxQueue       atomic.Int64
+	closes         sync.Map // websocket.StatusCode → *atomic.Uint64
+	rejects        sync.Map // reason → *atomic.Uint64
+}
+
+func (s *hubStats) observeQueue(n int) {
+	for {
+		cur := s.maxQueue.Load()
+		if int64(n) <= cur || s.maxQueue.CompareAndSwap(cur, int64(n)) {
+			return
+		}
+	}
+}
+
+func counter(m *sync.Map, k any) *atomic.Uint64 {
+	v, _ := m.LoadOrStore(k, new(atomic.Uint64))
+	return v.(*atomic.Uint64)
+}
+
+func (h *Hub) countClose(code websocket.StatusCode) { counter(&h.stats.closes, code).Add(1) }
+
+func (h *Hub) countReject(reason string) { counter(&h.stats.rejects, reason).Add(1) }
+
+// Stats is a snapshot of the hub's state and counters.
+type Stats struct {
+	Connections        int
+	Subscriptions      int    // dialog subscriptions over all connections
+	QueueOverflows     uint64 // durable events replaced by a resync
+	SlowConsumerCloses uint64
+	EphemeralDrops     uint64
+	CoveredDrops       uint64 // durable events dropped because a queued resync covers them
+	TypingDrops        uint64
+	Resyncs            uint64
+	FramesIn           uint64
+	MaxQueueFrames     int // the deepest any connection's queue has been
+	Closes             map[int]uint64
+	Rejects            map[string]uint64
+}
+
+// Stats returns the current counters.
+func (h *Hub) Stats() Stats {
+	st := Stats{
+		QueueOverflows: h.stats.overflows.Load(), SlowConsumerCloses: h.stats.slowCloses.Load(),
+		EphemeralDrops: h.stats.ephemeralDrops.Load(), CoveredDrops: h.stats.coveredDrops.Load(),
+		TypingDrops: h.stats.typingDrops.Load(), Resyncs: h.stats.resyncs.Load(), FramesIn: h.stats.framesIn.Load(),
+		MaxQueueFrames: int(h.stats.maxQueue.Load()), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
+	}
+	h.stats.closes.Range(func(k, v any) bool {
+		st.Closes[int(k.(websocket.StatusCode))] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	h.stats.rejects.Range(func(k, v any) bool {
+		st.Rejects[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	h.mu.RLock()
+	st.Connections = len(h.conns)
+	for c := range h.conns {
+		c.mu.Lock()
+		st.Subscriptions += len(c.subs)
+		c.mu.Unlock()
+	}
+	h.mu.RUnlock()
+	return st
+}
+
+// add registers a connection (its goroutine is counted in wg) and
+// subscribes it to its user's channel; false while draining.
+func (h *Hub) add(c *conn) bool {
+	ch := pubsub.UserChannel(c.userID)
+	h.mu.Lock()
+	if h.draining {
+		h.mu.Unlock()
+		return false
+	}
+	h.wg.Add(1)
+	h.conns[c] = struct{}{}
+	m := h.channels[ch]
+	if m == nil {
+		m = map[*conn]*sub{}
+		h.channels[ch] = m
+	}
+	m[c] = nil
+	h.mu.Unlock()
+	h.deps.Subscriber.Add(ch)
+	return true
+}
+
+// remove unregisters a connection and returns the channels it left (the
+// caller releases their references).
+func (h *Hub) remove(c *conn) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.conns[c]; !ok {
+		return nil
+	}
+	delete(h.conns, c)
+	out := []string{pubsub.UserChannel(c.userID)}
+	c.mu.Lock()
+	for _, s := range c.subs {
+		out = append(out, s.channel)
+	}
+	c.subs = map[string]*sub{}
+	c.mu.Unlock()
+	for _, ch := range out {
+		if m := h.channels[ch]; m != nil {
+			delete(m, c)
+			if len(m) == 0 {
+				delete(h.channels, ch)
+			}
+		}
+	}
+	if len(h.conns) == 0 {
+		select {
+		case h.empty <- struct{}{}:
+		default:
+		}
+	}
+	return out
+}
+
+// attach adds a (not yet ready) dialog subscription; false if the
+// connection is gone.
+func (h *Hub) attach(c *conn, s *sub) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.conns[c]; !ok {
+		return false
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.subs[s.dialogID] = s
+	c.mu.Unlock()
+	m := h.channels[s.channel]
+	if m == nil {
+		m = map[*conn]*sub{}
+		h.channels[s.channel] = m
+	}
+	m[c] = s
+	return true
+}
+
+// detach removes a dialog subscription and releases its channel reference.
+func (h *Hub) detach(c *conn, dialogID string) {
+	h.mu.Lock()
+	c.mu.Lock()
+	s := c.subs[dialogID]
+	delete(c.subs, dialogID)
+	c.mu.Unlock()
+	if s != nil {
+		if m := h.channels[s.channel]; m != nil && m[c] == s {
+			delete(m, c)
+			if len(m) == 0 {
+				delete(h.channels, s.channel)
+			}
+		}
+	}
+	h.mu.Unlock()
+	if s != nil {
+		h.deps.Subscriber.Unsubscribe(s.channel)
+	}
+}
+
+// Dispatch forwards an event frame received on a Redis channel to every
+// local subscriber, as is: the same bytes go to every socket.
+func (h *Hub) Dispatch(channel string, payload []byte) {
+	class := classify(payload)
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for c, s := range h.channels[channel] {
+		c.deliver(s, payload, class)
+	}
+}
+
+// resyncChannels tells every connection subscribed to one of channels to
+// reconcile (after the Pub/Sub link came back).
+func (h *Hub) resyncChannels(channels []string, reason string) {
+	targets := map[*conn]struct{}{}
+	h.mu.RLock()
+	for _, ch := range channels {
+		for c := range h.channels[ch] {
+			targets[c] = struct{}{}
+		}
+	}
+	h.mu.RUnlock()
+	for c := range targets {
+		c.resync(reason)
+	}
+}
+
+func (h *Hub) snapshot() []*conn {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]*conn, 0, len(h.conns))
+	for c := range h.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+// presenceConns lists the local connections for the periodic heartbeat.
+func (h *Hub) presenceConns() []presence.Conn {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]presence.Conn, 0, len(h.conns))
+	for c := range h.conns {
+		c.mu.Lock()
+		n := len(c.subs)
+		c.mu.Unlock()
+		out = append(out, presence.Conn{UserID: c.userID, ConnID: c.id, Subscriptions: n})
+	}
+	return out
+}
+
+// pingLoop asks each connection's writer for a WebSocket ping once per
+// PingInterval; connections are spread over the interval by their own
+// start times.
+func (h *Hub) pingLoop(ctx context.Context) {
+	t := time.NewTicker(max(h.cfg.PingInterval/8, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		for _, c := range h.snapshot() {
+			c.mu.Lock()
+			if now.Sub(c.lastPing) >= h.cfg.PingInterval && !c.closed {
+				c.lastPing, c.pingDue = now, true
+				c.signal()
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// retryReason is the 1001 close reason: the server-advised reconnect delay.
+func (h *Hub) retryReason() string {
+	lo, hi := h.cfg.RetryMin.Milliseconds(), h.cfg.RetryMax.Milliseconds()
+	return `{"retryMs":` + strconv.FormatInt(lo+rand.Int64N(hi-lo+1), 10) + `}`
+}
+
+// drain stops accepting connections and closes the existing ones with 1001
+// in batches, then waits until all are gone or ctx ends.
+func (h *Hub) drain(ctx context.Context) error {
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+	conns := h.snapshot()
+	for i := 0; i < len(conns); i += h.cfg.DrainBatch {
+		for _, c := range conns[i:min(i+h.cfg.DrainBatch, len(conns))] {
+			c.closeWith(CloseGoingAway, h.retryReason())
+		}
+		if i+h.cfg.DrainBatch < len(conns) {
+			t := time.NewTimer(h.cfg.DrainInterval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("gateway drain: %w", ctx.Err())
+			case <-t.C:
+			}
+		}
+	}
+	for {
+		h.mu.RLock()
+		n := len(h.conns)
+		h.mu.RUnlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("gateway drain: %d connections left: %w", n, ctx.Err())
+		case <-h.empty:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// closeAll ends every connection at once (after a drain, or a crash).
+func (h *Hub) closeAll() {
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+	for _, c := range h.snapshot() {
+		_ = c.ws.CloseNow()
+		c.cancel()
+	}
+	h.wg.Wait()
+}
+
+func errKind(err error) string {
+	switch {
+	case err == nil:
+		return "none"
+	case errors.Is(err, store.ErrRedisOOM):
+		return "redis_oom"
+	case errors.Is(err, store.ErrExpiryDenied):
+		return "redis_expiry_denied"
+	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisNoPerm):
+		return "redis_unavailable"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return fmt.Sprintf("%T", err)
+}

@@ -1,0 +1,64 @@
+package gateway
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// hubCollector exports the hub's counters (CONTRACT §11: WebSocket
+// connections, subscriptions, queue drops).
+type hubCollector struct {
+	h *Hub
+
+	connections, subscriptions, maxQueue      *prometheus.Desc
+	overflows, slowCloses, drops, resyncs, in *prometheus.Desc
+	closes, rejects                           *prometheus.Desc
+}
+
+func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
+	return reg.Register(&hubCollector{h: h,
+		connections:   prometheus.NewDesc("han_ws_connections", "Open WebSocket connections on this instance.", nil, nil),
+		subscriptions: prometheus.NewDesc("han_ws_subscriptions", "Dialog subscriptions over all connections.", nil, nil),
+		maxQueue:      prometheus.NewDesc("han_ws_queue_max_frames", "Deepest outbound queue any connection has had.", nil, nil),
+		overflows:     prometheus.NewDesc("han_ws_queue_overflows_total", "Outbound queue overflows: queued events replaced by one resync.", nil, nil),
+		slowCloses:    prometheus.NewDesc("han_ws_slow_consumer_closes_total", "Connections closed because they could not keep up.", nil, nil),
+		drops:         prometheus.NewDesc("han_ws_queue_drops_total", "Frames not queued, by class (ephemeral, covered by a queued resync, typing rate).", []string{"class"}, nil),
+		resyncs:       prometheus.NewDesc("han_ws_resyncs_total", "resync frames queued.", nil, nil),
+		in:            prometheus.NewDesc("han_ws_frames_received_total", "Client frames received.", nil, nil),
+		closes:        prometheus.NewDesc("han_ws_closes_total", "Connections closed by the server, by close code.", []string{"code"}, nil),
+		rejects:       prometheus.NewDesc("han_ws_rejected_total", "Connection attempts refused, by reason.", []string{"reason"}, nil),
+	})
+}
+
+func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects} {
+		ch <- d
+	}
+}
+
+func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.h.Stats()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	n := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	g(c.connections, float64(st.Connections))
+	g(c.subscriptions, float64(st.Subscriptions))
+	g(c.maxQueue, float64(st.MaxQueueFrames))
+	n(c.overflows, st.QueueOverflows)
+	n(c.slowCloses, st.SlowConsumerCloses)
+	n(c.drops, st.EphemeralDrops, "ephemeral")
+	n(c.drops, st.CoveredDrops, "covered")
+	n(c.drops, st.TypingDrops, "typing_rate")
+	n(c.resyncs, st.Resyncs)
+	n(c.in, st.FramesIn)
+	for code, v := range st.Closes {
+		n(c.closes, v, strconv.Itoa(code))
+	}
+	for reason, v := range st.Rejects {
+		n(c.rejects, v, reason)
+	}
+}

@@ -1,0 +1,243 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
+)
+
+// ServiceConfig configures one instance's realtime side. Zero values of
+// the parts pick their defaults; InstanceID is copied from Hub into the
+// parts that need it.
+type ServiceConfig struct {
+	Hub        Config
+	Presence   presence.Config
+	Subscriber pubsub.SubscriberConfig
+	Relay      pubsub.RelayConfig
+	// Registerer receives every part's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// Deps are what the realtime side needs.
+type Deps struct {
+	Config   ServiceConfig
+	Logger   *slog.Logger
+	Store    *store.Store
+	Realtime redis.UniversalClient // DB1
+	Verifier TokenVerifier
+}
+
+// Service is everything realtime one instance runs: the WebSocket hub, the
+// Pub/Sub subscriber and publisher, presence with its sweeper, the outbox
+// relay and the tickets. Start starts the background work; Drain, then
+// Close, stop it. Safe for concurrent use.
+type Service struct {
+	cfg        ServiceConfig
+	logger     *slog.Logger
+	store      *store.Store
+	verifier   TokenVerifier
+	hub        *Hub
+	subscriber *pubsub.Subscriber
+	publisher  *pubsub.Publisher
+	presence   *presence.Presence
+	relay      *pubsub.Relay
+	tickets    *Tickets
+	handler    http.Handler
+
+	mu      sync.Mutex // guards started, closed, cancel
+	started bool
+	closed  bool
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// NewService wires the realtime side of an instance.
+func NewService(d Deps) (*Service, error) {
+	if d.Store == nil || d.Realtime == nil || d.Verifier == nil || d.Logger == nil {
+		return nil, errors.New("gateway: Store, Realtime, Verifier and Logger are required")
+	}
+	cfg := d.Config
+	if cfg.Hub.InstanceID == "" {
+		return nil, errors.New("gateway: instance id is required")
+	}
+	cfg.Hub.defaults()
+	cfg.Presence.InstanceID = cfg.Hub.InstanceID
+	cfg.Subscriber.InstanceID = cfg.Hub.InstanceID
+	cfg.Presence.Registerer, cfg.Subscriber.Registerer, cfg.Relay.Registerer = cfg.Registerer, cfg.Registerer, cfg.Registerer
+
+	s := &Service{cfg: cfg, logger: d.Logger, store: d.Store, verifier: d.Verifier,
+		tickets: NewTickets(d.Realtime, cfg.Hub.TicketTTL)}
+	var err error
+	s.hub = newHub(cfg.Hub, hubDeps{Store: d.Store}, d.Logger)
+	s.subscriber, err = pubsub.NewSubscriber(d.Realtime, cfg.Subscriber, d.Logger, s.hub.Dispatch,
+		func(channels []string) { s.hub.resyncChannels(channels, ResyncReconnect) })
+	if err != nil {
+		return nil, err
+	}
+	s.publisher = pubsub.NewPublisher(d.Realtime, s.subscriber, s.hub.Dispatch)
+	if s.presence, err = presence.New(d.Realtime, cfg.Presence, s, d.Logger); err != nil {
+		return nil, err
+	}
+	if s.relay, err = pubsub.NewRelay(d.Store, d.Realtime, cfg.Relay, d.Logger); err != nil {
+		return nil, err
+	}
+	s.hub.deps.Subscriber, s.hub.deps.Publisher, s.hub.deps.Presence = s.subscriber, s.publisher, s.presence
+	origins := map[string]struct{}{}
+	for _, o := range cfg.Hub.AllowedOrigins {
+		origins[o] = struct{}{}
+	}
+	s.handler = &handler{s: s, origins: origins}
+	if cfg.Registerer != nil {
+		if err := registerHubMetrics(cfg.Registerer, s.hub); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Start starts the Pub/Sub link, presence (liveness, heartbeats, sweeper),
+// the outbox relay and the WebSocket pings. It does not wait for Redis.
+func (s *Service) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started || s.closed {
+		return
+	}
+	s.started = true
+	s.subscriber.Start()
+	s.presence.Start(s.hub.presenceConns)
+	s.relay.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.hub.pingLoop(ctx)
+	}()
+}
+
+// Handler serves GET /v1/realtime.
+func (s *Service) Handler() http.Handler { return s.handler }
+
+// Publisher publishes event frames (the REST API's publish after commit).
+func (s *Service) Publisher() *pubsub.Publisher { return s.publisher }
+
+// IssueTicket issues a one-time WebSocket ticket for userID.
+func (s *Service) IssueTicket(ctx context.Context, userID string) (string, time.Time, error) {
+	return s.tickets.Issue(ctx, userID)
+}
+
+// OnlineConnections returns the user's live connection count (any instance).
+func (s *Service) OnlineConnections(ctx context.Context, userID string) (int, error) {
+	return s.presence.Online(ctx, userID)
+}
+
+// PubSubHealthy reports whether this instance's Pub/Sub link is up and the
+// canary is fresh (for /readyz).
+func (s *Service) PubSubHealthy() bool { return s.subscriber.Healthy() }
+
+// Stats returns the hub's counters.
+func (s *Service) Stats() Stats { return s.hub.Stats() }
+
+// Drain closes every connection with 1001 and a reconnect delay, in
+// batches, and waits for them to go (or ctx to end). New connections are
+// refused with 1001 from now on.
+func (s *Service) Drain(ctx context.Context) error { return s.hub.drain(ctx) }
+
+// Close ends what is left, removes this instance from presence and stops
+// the background work. Idempotent.
+func (s *Service) Close() {
+	s.shutdown(false)
+}
+
+// Kill stops the instance as a crash would: connections drop without
+// close frames and nothing is removed from Redis; the survivors' sweeper
+// cleans up. For fault drills and tests.
+func (s *Service) Kill() {
+	s.shutdown(true)
+}
+
+func (s *Service) shutdown(kill bool) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	cancel := s.cancel
+	s.mu.Unlock()
+	if kill {
+		s.hub.killed.Store(true)
+		s.presence.Close()
+		s.relay.Close()
+		s.subscriber.Close()
+	}
+	s.hub.closeAll()
+	if !kill {
+		ctx, cancelDereg := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := s.presence.Deregister(ctx); err != nil {
+			s.logger.Warn("instance deregistration failed; survivors will sweep it", slog.String("kind", errKind(err)))
+		}
+		cancelDereg()
+		s.presence.Close()
+		s.relay.Close()
+		s.subscriber.Close()
+	}
+	if cancel != nil {
+		cancel()
+	}
+	s.wg.Wait()
+}
+
+// Online implements presence.Events: the user's first live connection.
+func (s *Service) Online(ctx context.Context, userID string) {
+	s.publishPresence(ctx, userID, true, nil)
+}
+
+// Offline implements presence.Events: the user's last connection ended at.
+func (s *Service) Offline(ctx context.Context, userID string, at time.Time) {
+	if err := s.store.TouchLastSeen(ctx, userID, at); err != nil {
+		s.logger.Warn("last seen not recorded", slog.String("kind", errKind(err)))
+	}
+	ms := at.UnixMilli()
+	s.publishPresence(ctx, userID, false, &ms)
+}
+
+// maxPresenceDialogs bounds the dialogs one transition is published to.
+const maxPresenceDialogs = 1000
+
+func (s *Service) publishPresence(ctx context.Context, userID string, online bool, lastSeen *int64) {
+	dialogs, err := s.store.DialogIDsForUser(ctx, userID, maxPresenceDialogs)
+	if err != nil {
+		s.logger.Warn("presence transition not published", slog.String("kind", errKind(err)))
+		return
+	}
+	data := mustJSON(presenceData{UserID: userID, Online: online, LastSeenAt: lastSeen})
+	for _, d := range dialogs {
+		payload, err := pubsub.NewDialogEvent(ids.New(), EventPresenceChanged, userID, d, 0, data).Encode()
+		if err != nil {
+			continue
+		}
+		if err := s.publisher.Publish(ctx, pubsub.DialogChannel(d), payload); err != nil {
+			s.logger.Debug("presence transition publish failed", slog.String("kind", errKind(err)))
+			return
+		}
+	}
+}
+
+var _ presence.Events = (*Service)(nil)
+
+// String names the service in logs.
+func (s *Service) String() string { return fmt.Sprintf("gateway(%s)", s.cfg.Hub.InstanceID) }

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store"
+)
+
+// ErrTicketInvalid is a ticket that is malformed, unknown, expired or
+// already used.
+var ErrTicketInvalid = errors.New("gateway: invalid ticket")
+
+// ticketLen is the length of a ticket: 32 random bytes, base64url.
+const ticketLen = 43
+
+// Tickets issues and redeems one-time WebSocket tickets in Redis DB1. Only
+// a SHA-256 of the ticket is stored (han:rt:ticket:<ticket_hash>), so a
+// Redis reader cannot use one. Safe for concurrent use.
+type Tickets struct {
+	rdb redis.UniversalClient
+	ttl time.Duration
+}
+
+// NewTickets returns a ticket store; ttl zero means 30s.
+func NewTickets(rdb redis.UniversalClient, ttl time.Duration) *Tickets {
+	if ttl <= 0 {
+		ttl = 30 * time.Second
+	}
+	return &Tickets{rdb: rdb, ttl: ttl}
+}
+
+// TicketKey is han:rt:ticket:<hex sha256(ticket)>.
+func TicketKey(ticket string) string {
+	sum := sha256.Sum256([]byte(ticket))
+	return "han:rt:ticket:" + hex.EncodeToString(sum[:])
+}
+
+// Issue creates a ticket for userID, valid once within the TTL.
+func (t *Tickets) Issue(ctx context.Context, userID string) (string, time.Time, error) {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	ticket := base64.RawURLEncoding.EncodeToString(b)
+	ok, err := t.rdb.SetNX(ctx, TicketKey(ticket), userID, t.ttl).Result()
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("issue ticket: %w", store.ClassifyRedisError(err))
+	}
+	if !ok {
+		return "", time.Time{}, errors.New("gateway: ticket collision")
+	}
+	return ticket, time.Now().Add(t.ttl), nil
+}
+
+// Redeem consumes a ticket atomically and returns its user id:
+// ErrTicketInvalid if it cannot be used, a classified Redis error if Redis
+// cannot answer.
+func (t *Tickets) Redeem(ctx context.Context, ticket string) (string, error) {
+	if len(ticket) != ticketLen {
+		return "", ErrTicketInvalid
+	}
+	if _, err := base64.RawURLEncoding.DecodeString(ticket); err != nil {
+		return "", ErrTicketInvalid
+	}
+	v, err := lua.RTTicketRedeem.Run(ctx, t.rdb, []string{TicketKey(ticket)}).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", ErrTicketInvalid
+	}
+	if err != nil {
+		return "", fmt.Errorf("redeem ticket: %w", store.ClassifyRedisError(err))
+	}
+	return v, nil
+}

@@ -1,0 +1,242 @@
+package scenarios
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/han-app/gateway/loadtest"
+)
+
+// ConnectStorm measures recovery from an instance restart: N clients are
+// connected and subscribed; the instance is restarted (by -restart-cmd, or
+// by hand); every client that loses its connection waits as the server
+// advised (close 1001 with {"retryMs":n}, CONTRACT §7) plus jitter, or a
+// jittered exponential backoff when given no advice or refused (1013,
+// 429, 503), then takes a new ticket, reconnects, resubscribes and
+// reconciles its dialogs' history. It reports the time until every client
+// is resubscribed.
+//
+// Gateway only.
+type ConnectStorm struct {
+	conns, dialogs, subsPerConn int
+	concurrency                 int
+	wait                        time.Duration
+	restartCmd                  string
+	minBackoff, maxBackoff      time.Duration
+	gw                          gatewayFlags
+}
+
+// Metrics of the connect storm.
+const (
+	MetricReconnectDuration = "reconnect_duration" // trend: connection lost → resubscribed, per client
+	MetricReconnectAttempts = "reconnect_attempts" // counter
+	MetricStormDuration     = "storm_duration"     // gauge, ns: first loss → last client resubscribed
+	MetricStormResubscribed = "storm_resubscribed" // gauge: clients back at the end
+	MetricAdviceIgnored     = "advice_ignored"     // counter: reconnects earlier than the server advised (must stay 0)
+)
+
+// Describe implements Scenario.
+func (s *ConnectStorm) Describe() string {
+	return "all clients reconnect after an instance restart; time until all are resubscribed, advised backoff honoured (gateway)"
+}
+
+// Name implements loadtest.Scenario.
+func (s *ConnectStorm) Name() string { return "connect-storm" }
+
+// Flags implements Scenario.
+func (s *ConnectStorm) Flags(fs *flag.FlagSet, getenv func(string) string) {
+	fs.IntVar(&s.conns, "conns", 1000, "clients")
+	fs.IntVar(&s.dialogs, "dialogs", 100, "dialogs the clients spread over")
+	fs.IntVar(&s.subsPerConn, "subs-per-conn", 1, "dialogs each client subscribes to")
+	fs.IntVar(&s.concurrency, "connect-concurrency", 64, "initial connections set up at a time")
+	fs.DurationVar(&s.wait, "wait", 2*time.Minute, "how long to wait for the disconnect wave and the recovery")
+	fs.StringVar(&s.restartCmd, "restart-cmd", "", "shell command that restarts the target instance once every client is connected (empty: restart it by hand)")
+	fs.DurationVar(&s.minBackoff, "min-backoff", 100*time.Millisecond, "first reconnect delay without server advice")
+	fs.DurationVar(&s.maxBackoff, "max-backoff", 5*time.Second, "largest reconnect delay without server advice")
+	s.gw.register(fs, getenv, false)
+}
+
+// DeclareMetrics implements loadtest.MetricDeclarer.
+func (s *ConnectStorm) DeclareMetrics(reg *loadtest.Registry) {
+	reg.Trend(MetricReconnectDuration)
+	reg.Counter(MetricReconnectAttempts)
+	reg.Counter(MetricAdviceIgnored)
+	reg.Gauge(MetricStormDuration, loadtest.UnitNone)
+	reg.Gauge(MetricStormResubscribed, loadtest.UnitNone)
+}
+
+// Run implements loadtest.Scenario.
+func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
+	if s.concurrency < 1 || s.minBackoff <= 0 || s.maxBackoff < s.minBackoff || s.wait <= 0 {
+		return errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min)")
+	}
+	tg, err := openTarget(ctx, t.Opts.Target)
+	if err != nil {
+		return err
+	}
+	defer tg.close()
+	if !tg.gateway {
+		return errors.New("connect-storm restarts a gateway instance: the target must be a gateway URL")
+	}
+	if err := s.gw.check(); err != nil {
+		return err
+	}
+	sh := shape{s.conns, s.dialogs, s.subsPerConn}
+	if err := sh.validate(true); err != nil {
+		return err
+	}
+	if err := t.NeedFiles(s.conns, 1); err != nil {
+		return err
+	}
+	t.Info("target", tg.describe())
+	cfg := fleetConfig{shape: sh, concurrency: s.concurrency, gw: &s.gw, reg: t.Reg}
+	fl, err := prepare(ctx, t, tg, cfg)
+	if err != nil {
+		return err
+	}
+	defer fl.close(s.concurrency)
+	if err := fl.connect(ctx, t, tg, cfg); err != nil {
+		return err
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, s.wait)
+	defer cancel()
+	t.Reg.ResetClock()
+	if s.restartCmd != "" {
+		t.SetPhase("restarting the target")
+		cmd := exec.CommandContext(wctx, "sh", "-c", s.restartCmd)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("restart-cmd: %w", err)
+		}
+		defer func() { _ = cmd.Wait() }()
+	} else {
+		t.SetPhase("waiting for the instance restart")
+	}
+
+	var (
+		mu        sync.Mutex // guards firstLoss, lastBack
+		firstLoss time.Time
+		lastBack  time.Time
+		lost      atomic.Int64
+		back      atomic.Int64
+		wg        sync.WaitGroup
+	)
+	recDur := t.Reg.Trend(MetricReconnectDuration)
+	for c := range fl.conns {
+		wg.Go(func() {
+			conn := fl.conns[c]
+			select {
+			case <-conn.Done():
+			case <-wctx.Done():
+				return
+			}
+			lostAt := time.Now()
+			n := lost.Add(1)
+			mu.Lock()
+			if firstLoss.IsZero() {
+				firstLoss = lostAt
+			}
+			mu.Unlock()
+			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", n, back.Load()))
+			if err := s.reconnect(wctx, t, tg, fl, cfg, c, conn.Err()); err != nil {
+				return
+			}
+			recDur.Add(time.Since(lostAt))
+			b := back.Add(1)
+			mu.Lock()
+			lastBack = time.Now()
+			mu.Unlock()
+			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", lost.Load(), b))
+		})
+	}
+	wg.Wait()
+	t.Reg.StopClock()
+	t.Reg.Gauge(MetricStormResubscribed, loadtest.UnitNone).Set(float64(back.Load()))
+	t.Info("clients_lost", lost.Load())
+	t.Info("clients_resubscribed", back.Load())
+	if !firstLoss.IsZero() && !lastBack.IsZero() {
+		t.Reg.Gauge(MetricStormDuration, loadtest.UnitNone).Set(float64(lastBack.Sub(firstLoss)))
+		t.Info("storm_duration", lastBack.Sub(firstLoss))
+	}
+	switch {
+	case lost.Load() == 0:
+		return errors.New("no client lost its connection within -wait: was the instance restarted?")
+	case back.Load() < lost.Load():
+		return fmt.Errorf("%d of %d clients did not resubscribe within -wait", lost.Load()-back.Load(), lost.Load())
+	}
+	return nil
+}
+
+// reconnect brings client c back: wait as advised, then ticket → dial →
+// subscribe → reconcile, retrying with backoff until it works or ctx ends.
+func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target, fl *fleet, cfg fleetConfig, c int, cause error) error {
+	attempts := t.Reg.Counter(MetricReconnectAttempts)
+	_, advised := loadtest.CloseAdvice(cause)
+	backoff := s.minBackoff
+	earliest := time.Now().Add(advised)
+	delay := advised
+	for attempt := 0; ; attempt++ {
+		if advised > 0 && attempt == 0 {
+			// Spread the herd over the advised delay: advised + [0, advised).
+			delay = advised + rand.N(advised)
+		} else if attempt > 0 || advised == 0 {
+			delay = backoff/2 + rand.N(backoff/2+1)
+			backoff = min(backoff*2, s.maxBackoff)
+		}
+		delay = max(delay, time.Until(earliest))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		if time.Now().Before(earliest) {
+			t.Reg.Counter(MetricAdviceIgnored).Inc()
+		}
+		attempts.Inc()
+		u, bearer, err := fl.wsURL(ctx, tg, cfg.gw, c)
+		if err != nil {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		wc, err := fl.dialer.Dial(dctx, u, bearer)
+		if err != nil {
+			cancel()
+			// Refused with advice (e.g. 1013 try again later): honour it.
+			if _, retry := loadtest.CloseAdvice(err); retry > 0 {
+				earliest, backoff = time.Now().Add(retry), max(backoff, retry)
+			}
+			continue
+		}
+		ok := true
+		for _, d := range cfg.shape.dialogsOf(c) {
+			lastSeq, err := wc.Subscribe(dctx, fl.dialogIDs[d])
+			if err != nil {
+				ok = false
+				break
+			}
+			// Reconcile as a client must after every reconnect (CONTRACT §7).
+			if lastSeq > 0 {
+				if _, _, err := fl.setupAPI.History(dctx, fl.users[c], fl.dialogIDs[d], max(lastSeq-100, 0), 100); err != nil {
+					ok = false
+					break
+				}
+			}
+		}
+		cancel()
+		if !ok {
+			wc.CloseNow()
+			continue
+		}
+		fl.conns[c] = wc
+		return nil
+	}
+}

@@ -1,0 +1,103 @@
+package scenarios
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/loadtest"
+)
+
+// publisher puts an event frame on a dialog's channel.
+type publisher interface {
+	Publish(ctx context.Context, channel string, frame []byte) error
+	Close() error
+}
+
+// redisPublisher PUBLISHes straight into Redis Pub/Sub, where every gateway
+// instance subscribed to the dialog's channel picks the frame up (CONTRACT
+// §7): the gateway's fan-out is measured without the REST send path.
+type redisPublisher struct{ c *redis.Client }
+
+func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPublisher, error) {
+	if rawURL == "" {
+		return nil, errors.New("the gateway target needs -redis-url (or REDIS_REALTIME_URL): broadcast publishes straight into Redis Pub/Sub")
+	}
+	if _, err := loadtest.CheckLoopbackURL(rawURL); err != nil {
+		return nil, err
+	}
+	opt, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, errors.New("bad -redis-url")
+	}
+	opt.PoolSize = pool
+	opt.ClientName = "han-loadtest"
+	c := redis.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	return &redisPublisher{c: c}, nil
+}
+
+func (p *redisPublisher) Publish(ctx context.Context, channel string, frame []byte) error {
+	return p.c.Publish(ctx, channel, frame).Err()
+}
+
+func (p *redisPublisher) Close() error { return p.c.Close() }
+
+// baselinePublisher sends "<channel>\n<frame>" messages over a few
+// WebSockets to the baseline's /publish endpoint.
+type baselinePublisher struct {
+	conns []*websocket.Conn
+	next  atomic.Uint64
+	buf   chan []byte // reusable message buffers
+}
+
+func newBaselinePublisher(ctx context.Context, t *loadtest.T, base string, n int) (*baselinePublisher, error) {
+	p := &baselinePublisher{buf: make(chan []byte, 256)}
+	client := loadtest.NewHTTPClient(t.Src, n, 0)
+	client.Timeout = 0
+	defer client.CloseIdleConnections()
+	for range n {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c, _, err := websocket.Dial(dctx, "ws"+base[len("http"):]+"/publish", &websocket.DialOptions{HTTPClient: client})
+		cancel()
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("baseline publisher: %w", err)
+		}
+		p.conns = append(p.conns, c)
+	}
+	return p, nil
+}
+
+func (p *baselinePublisher) Publish(ctx context.Context, channel string, frame []byte) error {
+	var b []byte
+	select {
+	case b = <-p.buf:
+	default:
+	}
+	b = append(append(append(b[:0], channel...), '\n'), frame...)
+	c := p.conns[p.next.Add(1)%uint64(len(p.conns))]
+	err := c.Write(ctx, websocket.MessageText, b)
+	select {
+	case p.buf <- b:
+	default:
+	}
+	return err
+}
+
+func (p *baselinePublisher) Close() error {
+	for _, c := range p.conns {
+		_ = c.Close(websocket.StatusNormalClosure, "")
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package scenarios
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/han-app/gateway/loadtest"
+	"github.com/han-app/gateway/loadtest/baseline"
+)
+
+// Target keywords of --target besides a gateway URL.
+const (
+	// TargetBaseline starts `han-loadtest baseline-server` as a child
+	// process: isolated like the gateway, so its memory can be measured.
+	TargetBaseline = "baseline"
+	// TargetBaselineInProcess serves the baseline inside the load
+	// generator (quick smoke runs and tests; memory figures are mixed with
+	// the generator's own).
+	TargetBaselineInProcess = "baseline-inprocess"
+	// baselineURLPrefix names an already running baseline server:
+	// baseline:http://127.0.0.1:9090.
+	baselineURLPrefix = "baseline:"
+	// DefaultTarget is the local stack's gateway.
+	DefaultTarget = "http://127.0.0.1:8080"
+)
+
+// BaselineListenLine prefixes the line `han-loadtest baseline-server`
+// prints once it serves; the rest of the line is its base URL.
+const BaselineListenLine = "baseline-server: listening on "
+
+// BaselineConfig configures every baseline the scenarios start (in-process
+// or child). Tests set DropEvery to break delivery on purpose.
+var BaselineConfig baseline.Config
+
+// target is what a fan-out scenario loads.
+type target struct {
+	spec    string
+	gateway bool
+	base    string // http://host:port
+	inproc  *baseline.Server
+	child   *exec.Cmd
+	stdin   io.Closer
+}
+
+// perConnFiles is how many descriptors one load connection costs in this
+// process.
+func (tg *target) perConnFiles() int {
+	if tg.inproc != nil {
+		return 2
+	}
+	return 1
+}
+
+func (tg *target) describe() string {
+	switch {
+	case tg.inproc != nil:
+		return "baseline (in-process) " + tg.base
+	case tg.child != nil:
+		return "baseline (child process) " + tg.base
+	case !tg.gateway:
+		return "baseline " + tg.base
+	}
+	return "gateway " + tg.base
+}
+
+// openTarget resolves --target: a loopback gateway URL, or a baseline.
+func openTarget(ctx context.Context, spec string) (*target, error) {
+	tg := &target{spec: spec}
+	switch {
+	case spec == TargetBaselineInProcess:
+		s := baseline.New(BaselineConfig, nil)
+		if err := s.Start("127.0.0.1:0"); err != nil {
+			return nil, err
+		}
+		tg.inproc, tg.base = s, s.URL()
+	case spec == TargetBaseline:
+		if err := tg.spawn(ctx); err != nil {
+			return nil, err
+		}
+	case strings.HasPrefix(spec, baselineURLPrefix):
+		u, err := loadtest.CheckLoopbackURL(strings.TrimPrefix(spec, baselineURLPrefix))
+		if err != nil {
+			return nil, err
+		}
+		tg.base = u.Scheme + "://" + u.Host
+	default:
+		u, err := loadtest.CheckLoopbackURL(spec)
+		if err != nil {
+			return nil, err
+		}
+		if u.Scheme != "http" {
+			return nil, fmt.Errorf("target %q: want http://<loopback>:<port>, %s, %s or %s<url>", spec, TargetBaseline, TargetBaselineInProcess, baselineURLPrefix)
+		}
+		tg.gateway, tg.base = true, u.Scheme+"://"+u.Host
+	}
+	return tg, nil
+}
+
+// spawn starts this executable's baseline-server subcommand on a free
+// loopback port. The child exits when its stdin closes, so it never
+// outlives the load generator.
+func (tg *target) spawn(ctx context.Context) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("start baseline: %w", err)
+	}
+	args := []string{"baseline-server", "-addr", "127.0.0.1:0", "-exit-on-stdin-eof"}
+	if BaselineConfig.DropEvery > 0 {
+		args = append(args, "-drop-every", fmt.Sprint(BaselineConfig.DropEvery))
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start baseline: %w", err)
+	}
+	tg.child, tg.stdin = cmd, stdin
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if u, ok := strings.CutPrefix(sc.Text(), BaselineListenLine); ok {
+				lines <- u
+				break
+			}
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case u, ok := <-lines:
+		if !ok {
+			tg.close()
+			return errors.New("start baseline: the child exited before listening")
+		}
+		tg.base = strings.TrimSpace(u)
+	case <-time.After(15 * time.Second):
+		tg.close()
+		return errors.New("start baseline: no listening line within 15s")
+	case <-ctx.Done():
+		tg.close()
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (tg *target) close() {
+	if tg.inproc != nil {
+		_ = tg.inproc.Close()
+	}
+	if tg.child != nil {
+		_ = tg.stdin.Close() // the child exits on stdin EOF
+		done := make(chan struct{})
+		go func() { _ = tg.child.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = tg.child.Process.Kill()
+			<-done
+		}
+	}
+}
+
+// gatewayFlags are the settings scenarios that talk to the gateway share.
+type gatewayFlags struct {
+	devSecret string
+	origin    string
+	redisURL  string
+	auth      string
+	tokenTTL  time.Duration
+}
+
+func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, needRedis bool) {
+	fs.StringVar(&g.devSecret, "dev-secret", getenv("HAN_JWT_DEV_HS256_SECRET"),
+		"the gateway's dev HS256 secret, to mint user tokens (env HAN_JWT_DEV_HS256_SECRET)")
+	origin, _, _ := strings.Cut(getenv("HAN_ALLOWED_ORIGINS"), ",")
+	fs.StringVar(&g.origin, "origin", strings.TrimSpace(origin), "Origin header on WebSocket handshakes (env: first of HAN_ALLOWED_ORIGINS)")
+	fs.StringVar(&g.auth, "auth", "bearer", "WebSocket auth: bearer (Authorization header) or ticket (POST /v1/realtime/tickets, needs -origin)")
+	fs.DurationVar(&g.tokenTTL, "token-ttl", 2*time.Hour, "lifetime of the minted tokens")
+	if needRedis {
+		fs.StringVar(&g.redisURL, "redis-url", getenv("REDIS_REALTIME_URL"),
+			"Redis DB1 URL the broadcast publisher PUBLISHes to when the target is the gateway (env REDIS_REALTIME_URL)")
+	}
+}
+
+func (g *gatewayFlags) check() error {
+	if len(g.devSecret) < 32 {
+		return errors.New("the gateway target needs -dev-secret (or HAN_JWT_DEV_HS256_SECRET), at least 32 bytes")
+	}
+	switch g.auth {
+	case "bearer":
+	case "ticket":
+		if g.origin == "" {
+			return errors.New("-auth ticket needs -origin (the gateway refuses a ticket without an allowed Origin)")
+		}
+	default:
+		return fmt.Errorf("-auth %q: want bearer or ticket", g.auth)
+	}
+	return nil
+}

@@ -1,0 +1,207 @@
+package loadtest_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/loadtest"
+)
+
+func TestParseThresholdSyntax(t *testing.T) {
+	for _, c := range []struct {
+		expr  string
+		op    string
+		value float64
+	}{
+		{"delivery_p99<150ms", "<", 150e6},
+		{"http_req_failed<0.1%", "<", 0.001},
+		{"ws_connect_p95<500ms", "<", 500e6},
+		{" delivery_lost == 0 ", "==", 0},
+		{"delivery_rate>=84000", ">=", 84000},
+		{"server_mem_per_conn<10KiB", "<", 10240},
+		{"x_p99.9<=1.5s", "<=", 1.5e9},
+		{"x_max!=2us", "!=", 2000},
+		{"http_req_duration{endpoint=POST /v1/dialogs/{id}/messages}_p99<300ms", "<", 300e6},
+		{"x>1e3", ">", 1000},
+	} {
+		th, err := loadtest.ParseThreshold(c.expr)
+		if err != nil {
+			t.Errorf("%q: %v", c.expr, err)
+			continue
+		}
+		if th.Op != c.op || th.Value != c.value {
+			t.Errorf("%q: op %q value %v, want %q %v", c.expr, th.Op, th.Value, c.op, c.value)
+		}
+	}
+	for _, bad := range []string{"", "delivery_p99", "<150ms", "delivery_p99<", "delivery_p99<fast",
+		"delivery_p99<150parsecs", "delivery_p99=>1", "x<NaN", "x<Inf"} {
+		if _, err := loadtest.ParseThreshold(bad); err == nil {
+			t.Errorf("%q: parsed, want an error", bad)
+		}
+	}
+}
+
+func TestThresholdBindResolvesNamesAndChecksUnits(t *testing.T) {
+	reg := loadtest.NewRegistry()
+	reg.Gauge("server_mem_per_conn", loadtest.UnitBytes)
+	reg.Gauge("baseline_ratio", loadtest.UnitRatio)
+	reg.Trend(loadtest.Tagged(loadtest.MetricHTTPReqDuration, "endpoint", "POST /v1/dialogs/{id}/messages"))
+	ok := map[string][2]string{ // expr → resolved metric, aggregation
+		"delivery_p99<150ms":                     {loadtest.MetricDeliveryLatency, "p"},
+		"ws_connect_p95<500ms":                   {loadtest.MetricWSConnecting, "p"},
+		"http_req_failed<0.1%":                   {loadtest.MetricHTTPReqFailed, "rate"},
+		"delivery_lost==0":                       {loadtest.MetricDeliveryLost, "count"},
+		"delivery_rate>1000":                     {loadtest.MetricDeliveryRate, "value"},
+		"errors_rate<1":                          {loadtest.MetricErrors, "rate"},
+		"server_mem_per_conn<10KiB":              {"server_mem_per_conn", "value"},
+		"baseline_ratio>=85%":                    {"baseline_ratio", "value"},
+		"delivery_latency_avg<20":                {loadtest.MetricDeliveryLatency, "avg"},
+		"errors{status=429,code=rate_limited}<5": {"errors{status=429,code=rate_limited}", "count"},
+		"http_req_duration{endpoint=POST /v1/dialogs/{id}/messages}_p99<300ms": {
+			"http_req_duration{endpoint=POST /v1/dialogs/{id}/messages}", "p"},
+	}
+	for expr, want := range ok {
+		th, err := loadtest.ParseThreshold(expr)
+		if err == nil {
+			err = th.Bind(reg)
+		}
+		if err != nil {
+			t.Errorf("%q: %v", expr, err)
+			continue
+		}
+		if th.Metric != want[0] || th.Agg != want[1] {
+			t.Errorf("%q: bound to %s/%s, want %s/%s", expr, th.Metric, th.Agg, want[0], want[1])
+		}
+	}
+	// A bare number on a trend timing is milliseconds (k6).
+	th, _ := loadtest.ParseThreshold("delivery_latency_avg<20")
+	_ = th.Bind(reg)
+	if th.Value != 20e6 {
+		t.Errorf("bare trend value = %v ns, want 20ms", th.Value)
+	}
+	for _, bad := range []string{
+		"nosuchmetric<1", "delivery<150ms" /* trend without aggregation */, "delivery_rate<5ms",
+		"http_req_failed<5ms", "delivery_p99<5%", "delivery_lost<1KiB", "delivery_p0<1ms", "delivery_p101<1ms",
+		"ws_sessions_p99<1", "http_req_failed_avg<1", "server_mem_per_conn_p99<1KiB",
+	} {
+		th, err := loadtest.ParseThreshold(bad)
+		if err != nil {
+			continue
+		}
+		if err := th.Bind(reg); err == nil {
+			t.Errorf("%q: bound to %s/%s, want an error", bad, th.Metric, th.Agg)
+		}
+	}
+}
+
+func evalAll(t *testing.T, reg *loadtest.Registry, exprs ...string) map[string]loadtest.ThresholdResult {
+	t.Helper()
+	ths, err := loadtest.ParseThresholds(exprs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := reg.Snapshot()
+	out := map[string]loadtest.ThresholdResult{}
+	for _, th := range ths {
+		if err := th.Bind(reg); err != nil {
+			t.Fatal(err)
+		}
+		out[th.Expr] = th.Evaluate(snap)
+	}
+	return out
+}
+
+func TestThresholdEvaluation(t *testing.T) {
+	reg := loadtest.NewRegistry()
+	lat := reg.Trend(loadtest.MetricDeliveryLatency)
+	for i := 1; i <= 1000; i++ {
+		lat.Add(time.Duration(i) * time.Millisecond / 10) // 0.1ms … 100ms
+	}
+	failed := reg.Rate(loadtest.MetricHTTPReqFailed)
+	failed.AddN(1, 2000) // 0.05 %
+	reg.Counter(loadtest.MetricDeliveryLost).Add(3)
+	mem := reg.Gauge("server_mem_per_conn", loadtest.UnitBytes)
+	mem.Set(9 * 1024)
+
+	res := evalAll(t, reg,
+		"delivery_p99<150ms", "delivery_p99<50ms", "delivery_max<=100ms", "delivery_med>49ms",
+		"http_req_failed<0.1%", "http_req_failed<0.01%", "delivery_lost==0", "delivery_lost<=3",
+		"server_mem_per_conn<10KiB", "server_mem_per_conn<8KiB", "ws_connect_p95<500ms", "publish_failed<1%",
+		"ws_sessions==0")
+	want := map[string]bool{
+		"delivery_p99<150ms": true, "delivery_p99<50ms": false, "delivery_max<=100ms": true, "delivery_med>49ms": true,
+		"http_req_failed<0.1%": true, "http_req_failed<0.01%": false, "delivery_lost==0": false, "delivery_lost<=3": true,
+		"server_mem_per_conn<10KiB": true, "server_mem_per_conn<8KiB": false,
+		// No sample at all fails: a smoke run that delivered nothing must not pass.
+		"ws_connect_p95<500ms": false, "publish_failed<1%": false,
+		// A counter at zero is data.
+		"ws_sessions==0": true,
+	}
+	for expr, ok := range want {
+		if res[expr].OK != ok {
+			t.Errorf("%s: ok=%v (%s), want %v", expr, res[expr].OK, res[expr].Shown, ok)
+		}
+	}
+	if !res["ws_connect_p95<500ms"].NoData {
+		t.Error("a trend with no samples must be reported as no data")
+	}
+	if got := res["delivery_p99<150ms"].Shown; !strings.HasPrefix(got, "p(99)=98.") && !strings.HasPrefix(got, "p(99)=99") {
+		t.Errorf("shown = %q", got)
+	}
+}
+
+func TestSummaryTextAndJSON(t *testing.T) {
+	reg := loadtest.NewRegistry()
+	reg.Trend(loadtest.MetricDeliveryLatency).Add(2 * time.Millisecond)
+	reg.Counter(loadtest.MetricDeliveryReceived).Add(10)
+	reg.Rate(loadtest.MetricHTTPReqFailed).AddN(0, 4)
+	ths, _ := loadtest.ParseThresholds([]string{"delivery_p99<1ms", "delivery_received>5"})
+	sum := &loadtest.Summary{Scenario: "broadcast", Target: "http://127.0.0.1:1", Started: time.Now(), Snapshot: reg.Snapshot()}
+	for _, th := range ths {
+		if err := th.Bind(reg); err != nil {
+			t.Fatal(err)
+		}
+		sum.Thresholds = append(sum.Thresholds, th.Evaluate(sum.Snapshot))
+	}
+	sum.Info = append(sum.Info, loadtest.Info{Key: "baseline_ratio", Value: 0.91})
+	if sum.Passed() {
+		t.Fatal("a failed threshold must fail the summary")
+	}
+	var text bytes.Buffer
+	sum.WriteText(&text)
+	for _, want := range []string{"✗ delivery_p99<1ms", "✓ delivery_received>5", "delivery_latency", "p(99)=2ms",
+		"http_req_failed", "0% ", "baseline_ratio", "result: FAILED"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("summary text lacks %q:\n%s", want, text.String())
+		}
+	}
+	if strings.Contains(text.String(), loadtest.MetricWSConnecting) {
+		t.Error("a metric with no data must not be listed")
+	}
+	var buf bytes.Buffer
+	if err := sum.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Passed  bool `json:"passed"`
+		Metrics map[string]struct {
+			Type   string             `json:"type"`
+			Values map[string]float64 `json:"values"`
+		} `json:"metrics"`
+		Thresholds []loadtest.ThresholdResult `json:"thresholds"`
+		Info       map[string]any             `json:"info"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &out); err != nil {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	d := out.Metrics[loadtest.MetricDeliveryLatency]
+	if out.Passed || d.Type != "trend" || d.Values["p(99)"] != 2 || d.Values["count"] != 1 {
+		t.Fatalf("export = %s", buf.String())
+	}
+	if out.Metrics[loadtest.MetricDeliveryReceived].Values["count"] != 10 || len(out.Thresholds) != 2 || out.Info["baseline_ratio"] != 0.91 {
+		t.Fatalf("export = %s", buf.String())
+	}
+}

@@ -1,0 +1,417 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/segmentio/encoding/json"
+)
+
+// MetricWSOpen is the gauge of currently open WebSocket sessions.
+const MetricWSOpen = "ws_open"
+
+// WSDialer opens client WebSocket connections from the source address
+// pool, recording ws_connecting, ws_sessions and ws_open. Safe for
+// concurrent use.
+type WSDialer struct {
+	// Origin is sent as the Origin header when non-empty (the gateway
+	// requires it with ticket auth).
+	Origin     string
+	reg        *Registry
+	client     *http.Client
+	connecting *Trend
+	sessions   *Counter
+	open       *Gauge
+	openN      atomic.Int64
+	closed     *Counter
+	errs       *errorCounter
+	deliveries *Deliveries
+}
+
+// NewWSDialer returns a dialer that records into reg and feeds received
+// events to deliveries (nil: events are only counted).
+func NewWSDialer(reg *Registry, src *SourceAddrs, deliveries *Deliveries) *WSDialer {
+	return &WSDialer{
+		reg: reg, client: newWSHTTPClient(src), deliveries: deliveries,
+		connecting: reg.Trend(MetricWSConnecting), sessions: reg.Counter(MetricWSSessions),
+		open: reg.Gauge(MetricWSOpen, UnitNone), closed: reg.Counter(MetricWSClosed),
+		errs: newErrorCounter(reg),
+	}
+}
+
+// Close drops idle handshake connections (sessions stay open).
+func (d *WSDialer) Close() { d.client.CloseIdleConnections() }
+
+// Open is the number of sessions open now.
+func (d *WSDialer) Open() int64 { return d.openN.Load() }
+
+// DialError is a failed WebSocket handshake with the HTTP status, if any.
+type DialError struct {
+	Status int
+	Err    error
+}
+
+func (e *DialError) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("websocket dial: HTTP %d", e.Status)
+	}
+	return "websocket dial: " + e.Err.Error()
+}
+
+func (e *DialError) Unwrap() error { return e.Err }
+
+// Dial opens a connection to wsURL (ws://…/v1/realtime[?ticket=…]) with the
+// han.v1 subprotocol and waits for the server's hello. bearer, when set, is
+// sent as Authorization.
+func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, error) {
+	hdr := http.Header{}
+	if d.Origin != "" {
+		hdr.Set("Origin", d.Origin)
+	}
+	if bearer != "" {
+		hdr.Set("Authorization", "Bearer "+bearer)
+	}
+	t0 := time.Now()
+	c, resp, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{
+		HTTPClient: d.client, HTTPHeader: hdr, Subprotocols: []string{Subprotocol},
+	})
+	if err != nil {
+		de := &DialError{Err: err}
+		if resp != nil {
+			de.Status = resp.StatusCode
+			d.errs.add(resp.StatusCode, "ws_dial")
+		} else {
+			d.errs.add(0, "ws_dial")
+		}
+		return nil, de
+	}
+	d.connecting.Add(time.Since(t0))
+	if c.Subprotocol() != Subprotocol {
+		_ = c.Close(websocket.StatusPolicyViolation, "subprotocol")
+		d.errs.add(0, "ws_subprotocol")
+		return nil, errors.New("websocket dial: server did not accept subprotocol " + Subprotocol)
+	}
+	c.SetReadLimit(1 << 20)
+	d.sessions.Inc()
+	d.open.Set(float64(d.openN.Add(1)))
+	wc := &WSConn{d: d, c: c, helloCh: make(chan struct{}), done: make(chan struct{}), subs: map[string]*seqTracker{}}
+	go wc.readLoop()
+	select {
+	case <-wc.helloCh:
+		return wc, nil
+	case <-wc.done:
+		return nil, fmt.Errorf("websocket: closed before hello: %w", wc.err)
+	case <-ctx.Done():
+		wc.CloseNow()
+		return nil, ctx.Err()
+	}
+}
+
+// WSConn is one client connection. One goroutine reads it; Subscribe, Send
+// and Close may be called from others.
+type WSConn struct {
+	d       *WSDialer
+	c       *websocket.Conn
+	helloCh chan struct{}
+	done    chan struct{} // closed when the read loop returned
+	err     error         // why the read loop returned; read after done
+
+	// ConnectionID and Instance come from hello (set before Dial returns).
+	ConnectionID, Instance string
+
+	closing atomic.Bool
+	subMu   sync.Mutex // serialises Subscribe round trips
+
+	mu      sync.Mutex             // guards subs, pending
+	subs    map[string]*seqTracker // dialog id → dedupe state
+	pending *pendingSub
+}
+
+type pendingSub struct {
+	dialogID string
+	lastSeq  int64
+	err      error
+	done     chan struct{}
+}
+
+// Done is closed when the connection is gone.
+func (w *WSConn) Done() <-chan struct{} { return w.done }
+
+// Err is why the connection ended (valid after Done).
+func (w *WSConn) Err() error { return w.err }
+
+// Send writes one text frame.
+func (w *WSConn) Send(ctx context.Context, frame []byte) error {
+	if err := w.c.Write(ctx, websocket.MessageText, frame); err != nil {
+		return err
+	}
+	w.d.reg.Counter(MetricWSMsgsSent).Inc()
+	return nil
+}
+
+// ErrSubscribeRefused is a subscribe answered by an error frame.
+type ErrSubscribeRefused struct{ Code string }
+
+func (e *ErrSubscribeRefused) Error() string { return "subscribe refused: " + e.Code }
+
+// Subscribe sends subscribe {dialogId} and waits for subscribed; it
+// returns the lastSeq the server reported. Events of the dialog count as
+// deliveries from then on.
+func (w *WSConn) Subscribe(ctx context.Context, dialogID string) (int64, error) {
+	w.subMu.Lock()
+	defer w.subMu.Unlock()
+	p := &pendingSub{dialogID: dialogID, done: make(chan struct{})}
+	w.mu.Lock()
+	if _, ok := w.subs[dialogID]; !ok {
+		w.subs[dialogID] = &seqTracker{}
+	}
+	w.pending = p
+	w.mu.Unlock()
+	drop := func() {
+		w.mu.Lock()
+		if w.pending == p {
+			w.pending = nil
+		}
+		w.mu.Unlock()
+	}
+	if err := w.Send(ctx, SubscribeFrame(dialogID)); err != nil {
+		drop()
+		return 0, err
+	}
+	select {
+	case <-p.done:
+		return p.lastSeq, p.err
+	case <-w.done:
+		drop()
+		return 0, fmt.Errorf("subscribe: connection closed: %w", w.err)
+	case <-ctx.Done():
+		drop()
+		return 0, ctx.Err()
+	}
+}
+
+// Close ends the session with a normal closure (the close handshake is
+// bounded by coder/websocket's 5 s) and waits for the read loop.
+func (w *WSConn) Close() {
+	if w.closing.Swap(true) {
+		<-w.done
+		return
+	}
+	_ = w.c.Close(websocket.StatusNormalClosure, "")
+	<-w.done
+}
+
+// CloseNow drops the connection without a close handshake.
+func (w *WSConn) CloseNow() {
+	w.closing.Store(true)
+	_ = w.c.CloseNow()
+	<-w.done
+}
+
+// readLoop is the only reader. It reuses one buffer: parsed frames alias it
+// and are handled before the next read.
+func (w *WSConn) readLoop() {
+	defer close(w.done)
+	d := w.d
+	received := d.reg.Counter(MetricWSMsgsReceived)
+	var buf bytes.Buffer
+	var f Frame
+	helloSeen := false
+	for {
+		_, r, err := w.c.Reader(context.Background())
+		if err == nil {
+			buf.Reset()
+			_, err = buf.ReadFrom(r)
+		}
+		if err != nil {
+			w.err = err
+			d.open.Set(float64(d.openN.Add(-1)))
+			if !helloSeen {
+				close(w.helloCh)
+			}
+			if !w.closing.Load() {
+				d.closed.Inc()
+				d.errs.add(0, closeCode(err))
+			}
+			w.failPending(err)
+			return
+		}
+		recvAt := time.Now()
+		received.Inc()
+		if err := ParseFrame(buf.Bytes(), &f); err != nil {
+			d.errs.add(0, "ws_bad_frame")
+			continue
+		}
+		switch f.Type {
+		case "event":
+			w.onEvent(&f, recvAt)
+		case "hello":
+			if !helloSeen {
+				w.ConnectionID, w.Instance = string([]byte(f.ConnectionID)), string([]byte(f.Instance))
+				helloSeen = true
+				close(w.helloCh)
+			}
+		case "subscribed":
+			w.mu.Lock()
+			if p := w.pending; p != nil && p.dialogID == f.DialogID {
+				// Events up to lastSeq happened before the subscription:
+				// the first one to expect is lastSeq+1.
+				if tr := w.subs[p.dialogID]; tr != nil && tr.next == 0 {
+					tr.next = f.LastSeq + 1
+				}
+				p.lastSeq = f.LastSeq
+				w.pending = nil
+				close(p.done)
+			}
+			w.mu.Unlock()
+		case "error":
+			d.errs.add(0, "ws:"+f.Error)
+			w.mu.Lock()
+			if p := w.pending; p != nil {
+				p.err = &ErrSubscribeRefused{Code: string([]byte(f.Error))}
+				delete(w.subs, p.dialogID)
+				w.pending = nil
+				close(p.done)
+			}
+			w.mu.Unlock()
+		case "resync":
+			d.errs.add(0, "ws_resync")
+		}
+	}
+}
+
+func (w *WSConn) failPending(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p := w.pending; p != nil {
+		p.err = err
+		w.pending = nil
+		close(p.done)
+	}
+}
+
+func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
+	dl := w.d.deliveries
+	if dl == nil {
+		return
+	}
+	w.mu.Lock()
+	tr := w.subs[f.DialogID]
+	w.mu.Unlock()
+	if tr == nil {
+		dl.unexpected.Inc()
+		return
+	}
+	if f.Seq > 0 && !tr.observe(f.Seq) {
+		dl.duplicates.Inc()
+		return
+	}
+	dl.received.Inc()
+	dl.unique.Add(1)
+	if sched, ok := ScheduledNanos(f.Data); ok {
+		dl.latency.Add(recvAt.Sub(time.Unix(0, sched)))
+	}
+}
+
+func closeCode(err error) string {
+	if code := websocket.CloseStatus(err); code != -1 {
+		return "ws_close_" + strconv.Itoa(int(code))
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "ws_eof"
+	}
+	return "ws_read"
+}
+
+// seqTracker detects duplicate deliveries on one (connection, dialog): seq
+// below next was seen; out-of-order arrivals wait in ahead until the gap
+// closes. Events of one dialog carry distinct, increasing seqs (one per
+// event id), so a repeated seq is a repeated event. Owned by the read loop.
+type seqTracker struct {
+	next  int64 // every seq in [1, next) was seen
+	ahead map[int64]struct{}
+}
+
+// observe records seq and reports whether it is new.
+func (t *seqTracker) observe(seq int64) bool {
+	if t.next == 0 {
+		t.next = 1
+	}
+	if seq < t.next {
+		return false
+	}
+	if seq == t.next {
+		t.next++
+		for len(t.ahead) > 0 {
+			if _, ok := t.ahead[t.next]; !ok {
+				break
+			}
+			delete(t.ahead, t.next)
+			t.next++
+		}
+		return true
+	}
+	if t.ahead == nil {
+		t.ahead = map[int64]struct{}{}
+	}
+	if _, ok := t.ahead[seq]; ok {
+		return false
+	}
+	t.ahead[seq] = struct{}{}
+	return true
+}
+
+// errorCounter counts failures by status and code into errors{status=…,code=…}.
+type errorCounter struct {
+	reg *Registry
+	mu  sync.Mutex // guards m
+	m   map[[2]string]*Counter
+}
+
+func newErrorCounter(reg *Registry) *errorCounter {
+	return &errorCounter{reg: reg, m: map[[2]string]*Counter{}}
+}
+
+func (e *errorCounter) add(status int, code string) {
+	st := "-"
+	if status != 0 {
+		st = strconv.Itoa(status)
+	}
+	k := [2]string{st, code}
+	e.mu.Lock()
+	c, ok := e.m[k]
+	if !ok {
+		c = e.reg.Counter(Tagged(MetricErrors, "status", st, "code", code))
+		e.m[k] = c
+	}
+	e.mu.Unlock()
+	c.Inc()
+	e.reg.Counter(MetricErrors).Inc()
+}
+
+// CloseAdvice reads how a server ended a connection: the close code (-1
+// when there was no close frame) and the reconnect delay it advised in a
+// JSON close reason {"retryMs":n} (CONTRACT §7, drain with 1001), zero when
+// none.
+func CloseAdvice(err error) (code int, retry time.Duration) {
+	var ce websocket.CloseError
+	if !errors.As(err, &ce) {
+		return -1, 0
+	}
+	var r struct {
+		RetryMs int64 `json:"retryMs"`
+	}
+	if json.Unmarshal([]byte(ce.Reason), &r) == nil && r.RetryMs > 0 && r.RetryMs < int64(time.Hour/time.Millisecond) {
+		retry = time.Duration(r.RetryMs) * time.Millisecond
+	}
+	return int(ce.Code), retry
+}

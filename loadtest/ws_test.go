@@ -1,0 +1,159 @@
+package loadtest_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/loadtest"
+	"github.com/han-app/gateway/loadtest/baseline"
+)
+
+func startBaseline(t *testing.T, cfg baseline.Config) *baseline.Server {
+	t.Helper()
+	s := baseline.New(cfg, nil)
+	if err := s.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func wsURL(s *baseline.Server) string { return "ws://" + s.Addr() + loadtest.RealtimePath }
+
+func publish(t *testing.T, s *baseline.Server, dialogID string, frame []byte) {
+	t.Helper()
+	resp, err := http.Post(s.URL()+"/publish?channel="+loadtest.DialogChannelPrefix+dialogID, "application/json", bytes.NewReader(frame))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestEventFrameFormat(t *testing.T) {
+	frame := loadtest.AppendEvent(nil, "d-1", "e-1", 7, 1234567890123, 128)
+	var ev struct {
+		Type, Channel, ID, Event, EntityID, DialogID string
+		Seq                                          int64
+		Data                                         json.RawMessage
+	}
+	if err := json.Unmarshal(frame, &ev); err != nil {
+		t.Fatalf("%v: %s", err, frame)
+	}
+	if ev.Type != "event" || ev.Channel != "dialog:d-1" || ev.ID != "e-1" || ev.DialogID != "d-1" || ev.Seq != 7 || len(ev.Data) != 128 {
+		t.Fatalf("frame = %s (data %d bytes)", frame, len(ev.Data))
+	}
+	var f loadtest.Frame
+	if err := loadtest.ParseFrame(frame, &f); err != nil || f.Seq != 7 || f.DialogID != "d-1" {
+		t.Fatalf("ParseFrame = %+v, %v", f, err)
+	}
+	if ns, ok := loadtest.ScheduledNanos(f.Data); !ok || ns != 1234567890123 {
+		t.Fatalf("scheduled = %d, %v", ns, ok)
+	}
+	// A chat message DTO carries the time in its body.
+	body := loadtest.ChatBody(42, 64)
+	if len(body) != 64 {
+		t.Fatalf("body length %d", len(body))
+	}
+	dto, _ := json.Marshal(map[string]any{"id": "m", "seq": 1, "body": body})
+	if ns, ok := loadtest.ScheduledNanos(dto); !ok || ns != 42 {
+		t.Fatalf("from body = %d, %v", ns, ok)
+	}
+	if _, ok := loadtest.ScheduledNanos([]byte(`{"body":"hello"}`)); ok {
+		t.Fatal("a foreign message has no schedule")
+	}
+}
+
+// Deliveries are deduplicated per connection and dialog by seq, counted
+// once however they are ordered, and events of other dialogs are not
+// counted as deliveries.
+func TestDeliveriesDedupeReorderAndLoss(t *testing.T) {
+	s := startBaseline(t, baseline.Config{})
+	reg := loadtest.NewRegistry()
+	dl := loadtest.NewDeliveries(reg)
+	d := loadtest.NewWSDialer(reg, nil, dl)
+	defer d.Close()
+	ctx := context.Background()
+	c, err := d.Dial(ctx, wsURL(s), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Instance != "baseline" || c.ConnectionID == "" {
+		t.Fatalf("hello: %q %q", c.Instance, c.ConnectionID)
+	}
+	if _, err := c.Subscribe(ctx, "dlg"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixNano()
+	for _, seq := range []int64{3, 1, 1, 2, 3, 5} {
+		publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e", seq, now, 64))
+	}
+	publish(t, s, "other", loadtest.AppendEvent(nil, "other", "e", 1, now, 64))
+	// 4 is never published but expected: one loss.
+	for range 5 {
+		dl.Published(1)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return reg.Counter(loadtest.MetricDeliveryReceived).Value()+reg.Counter(loadtest.MetricDeliveryDuplicates).Value() == 6
+	}, "deliveries did not arrive")
+	if dl.Drain(ctx, 50*time.Millisecond) {
+		t.Fatal("Drain reported complete with a delivery missing")
+	}
+	dl.Finish(time.Second)
+	snap := reg.Snapshot().Metrics
+	for name, want := range map[string]int64{
+		loadtest.MetricDeliveryReceived: 4, loadtest.MetricDeliveryDuplicates: 2, loadtest.MetricDeliveryLost: 1,
+		loadtest.MetricDeliveryExpected: 5, loadtest.MetricDeliveryUnexpected: 0,
+	} {
+		if got := snap[name].Count; got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
+	}
+	if lat := snap[loadtest.MetricDeliveryLatency]; lat.Count != 4 || lat.Min <= 0 {
+		t.Errorf("latency samples = %d (min %v), want 4 positive", lat.Count, lat.Min)
+	}
+	if loss := snap[loadtest.MetricDeliveryLoss]; loss.Rate != 0.2 {
+		t.Errorf("delivery_loss = %v, want 0.2", loss.Rate)
+	}
+}
+
+func TestSubscribeRefusedAndServerGone(t *testing.T) {
+	s := startBaseline(t, baseline.Config{})
+	reg := loadtest.NewRegistry()
+	d := loadtest.NewWSDialer(reg, nil, nil)
+	defer d.Close()
+	ctx := context.Background()
+	c, err := d.Dial(ctx, wsURL(s), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Subscribe(ctx, strings.Repeat("x", 100))
+	var ref *loadtest.ErrSubscribeRefused
+	if !errors.As(err, &ref) || ref.Code != "invalid_dialog" {
+		t.Fatalf("subscribe = %v, want refused with invalid_dialog", err)
+	}
+	if got := reg.Counter(loadtest.Tagged(loadtest.MetricErrors, "status", "-", "code", "ws:invalid_dialog")).Value(); got != 1 {
+		t.Fatalf("errors{code=ws:invalid_dialog} = %d", got)
+	}
+	// The server going away ends the session, counted as closed.
+	_ = s.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("connection still open after the server closed")
+	}
+	if reg.Counter(loadtest.MetricWSClosed).Value() != 1 || d.Open() != 0 {
+		t.Fatalf("ws_closed = %d, open = %d", reg.Counter(loadtest.MetricWSClosed).Value(), d.Open())
+	}
+	if _, err := d.Dial(ctx, wsURL(s), ""); err == nil {
+		t.Fatal("dial to a closed server succeeded")
+	}
+}

@@ -1,0 +1,144 @@
+package lua_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/lua"
+)
+
+func init() {
+	keys := []string{"han:api:idem:{acl:u:k}", "han:api:idemlock:{acl:u:k}"}
+	invocations["idem_reserve"] = func(ctx context.Context, c redis.Scripter) error {
+		return lua.IdemReserve.Run(ctx, c, keys, "fp", "owner", 30000).Err()
+	}
+	invocations["idem_extend"] = func(ctx context.Context, c redis.Scripter) error {
+		return lua.IdemExtend.Run(ctx, c, keys, "owner", 30000).Err()
+	}
+	invocations["idem_complete"] = func(ctx context.Context, c redis.Scripter) error {
+		return lua.IdemComplete.Run(ctx, c, keys, "owner", "fp", 201, "rid", 1, "", 86400000).Err()
+	}
+	invocations["idem_release"] = func(ctx context.Context, c redis.Scripter) error {
+		return lua.IdemRelease.Run(ctx, c, keys, "owner").Err()
+	}
+}
+
+// The scripts' state machine, called directly: absent -> in_progress ->
+// completed, fingerprint comparison, owner-only extend/complete/release.
+func TestIdempotencyScripts(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	rec, lock := "han:api:idem:{msg_send:u1:k1}", "han:api:idemlock:{msg_send:u1:k1}"
+	keys := []string{rec, lock}
+	reserve := func(fp, owner string) []any {
+		t.Helper()
+		v, err := lua.IdemReserve.Run(ctx, c, keys, fp, owner, 30000).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	run := func(s *lua.Script, args ...any) int64 {
+		t.Helper()
+		v, err := s.Run(ctx, c, keys, args...).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	if r := reserve("fpA", "owner1"); r[0] != "acquired" {
+		t.Fatalf("first reserve: %v", r)
+	}
+	if st := c.HGet(ctx, rec, "state").Val(); st != "in_progress" {
+		t.Fatalf("state after reserve: %q", st)
+	}
+	// The same owner again (a retried call whose reply was lost) keeps it.
+	if r := reserve("fpA", "owner1"); r[0] != "acquired" {
+		t.Fatalf("repeated reserve by the owner: %v", r)
+	}
+	if r := reserve("fpA", "owner2"); r[0] != "in_progress" || r[1].(int64) <= 0 {
+		t.Fatalf("same key while in progress: %v", r)
+	}
+	if r := reserve("fpB", "owner2"); r[0] != "conflict" {
+		t.Fatalf("other fingerprint while in progress: %v", r)
+	}
+	// A foreign owner token can neither extend, complete nor release.
+	if v := run(lua.IdemExtend, "owner2", 60000); v != 0 {
+		t.Fatalf("foreign extend: %d", v)
+	}
+	if v := run(lua.IdemRelease, "owner2"); v != 0 {
+		t.Fatalf("foreign release: %d", v)
+	}
+	if v := run(lua.IdemComplete, "owner2", "fpA", 201, "r1", 1, "", 86400000); v != 0 {
+		t.Fatalf("foreign complete: %d", v)
+	}
+	if c.Get(ctx, lock).Val() != "owner1" || c.HGet(ctx, rec, "state").Val() != "in_progress" {
+		t.Fatal("a foreign token changed the lock or the record")
+	}
+	if pttl := c.PTTL(ctx, lock).Val(); pttl > 30*time.Second {
+		t.Fatalf("foreign extend moved the TTL: %v", pttl)
+	}
+	// The owner extends both keys.
+	if v := run(lua.IdemExtend, "owner1", 60000); v != 1 {
+		t.Fatalf("owner extend: %d", v)
+	}
+	if c.PTTL(ctx, lock).Val() <= 30*time.Second || c.PTTL(ctx, rec).Val() <= 30*time.Second {
+		t.Fatal("owner extend did not extend lock and record")
+	}
+	if v := run(lua.IdemComplete, "owner1", "fpA", 201, "r1", 7, "m", 86400000); v != 1 {
+		t.Fatalf("owner complete: %d", v)
+	}
+	if c.Exists(ctx, lock).Val() != 0 {
+		t.Fatal("complete must release the lock")
+	}
+	if ttl := c.PTTL(ctx, rec).Val(); ttl <= 23*time.Hour {
+		t.Fatalf("completed record TTL: %v", ttl)
+	}
+	r := reserve("fpA", "owner3")
+	if r[0] != "replay" || r[1].(int64) != 201 || r[2] != "r1" || r[3].(int64) != 7 || r[4] != "m" {
+		t.Fatalf("replay: %v", r)
+	}
+	if r := reserve("fpB", "owner3"); r[0] != "conflict" {
+		t.Fatalf("other fingerprint after completion: %v", r)
+	}
+	// Release never deletes a completed record, and nobody owns a lock now.
+	if v := run(lua.IdemRelease, "owner1"); v != -1 {
+		t.Fatalf("release without lock: %d", v)
+	}
+	if c.HGet(ctx, rec, "state").Val() != "completed" {
+		t.Fatal("completed record lost")
+	}
+}
+
+func TestIdempotencyReleaseAndTakeover(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	keys := []string{"han:api:idem:{msg_send:u2:k}", "han:api:idemlock:{msg_send:u2:k}"}
+	if v, _ := lua.IdemReserve.Run(ctx, c, keys, "fp", "a", 30000).Slice(); v[0] != "acquired" {
+		t.Fatalf("reserve: %v", v)
+	}
+	if v, _ := lua.IdemRelease.Run(ctx, c, keys, "a").Int(); v != 1 {
+		t.Fatalf("release: %d", v)
+	}
+	if n := c.Exists(ctx, keys...).Val(); n != 0 {
+		t.Fatalf("release must return the key to absent, %d keys left", n)
+	}
+	// Another fingerprint may use the key now.
+	if v, _ := lua.IdemReserve.Run(ctx, c, keys, "other", "b", 50).Slice(); v[0] != "acquired" {
+		t.Fatalf("reserve after release: %v", v)
+	}
+	// The owner vanished: lock and in-progress record expire together, and
+	// the key behaves as absent.
+	testenv.Eventually(t, 2*time.Second, func() bool { return c.Exists(ctx, keys...).Val() == 0 }, "in-progress keys did not expire")
+	if v, _ := lua.IdemReserve.Run(ctx, c, keys, "third", "c", 30000).Slice(); v[0] != "acquired" {
+		t.Fatalf("reserve after expiry: %v", v)
+	}
+	if v, _ := lua.IdemExtend.Run(ctx, c, keys, "b", 30000).Int(); v != 0 {
+		t.Fatalf("the expired owner must not extend the new lock: %d", v)
+	}
+}

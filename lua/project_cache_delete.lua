@@ -1,0 +1,74 @@
+#!lua flags=allow-oom
+-- project_cache_delete: delete one project cache entry (normal or legacy).
+-- Validation and reads come first; nothing is written when the structure is
+-- inconsistent. allow-oom: deleting is how a full noeviction Redis gets room
+-- back, and the script only removes data or rewrites an existing field.
+-- KEYS[1] meta, KEYS[2] index, KEYS[3] expiry, KEYS[4] sizes, KEYS[5] container,
+-- KEYS[6] entry (as in project_cache_put.lua)
+-- ARGV[1] relative key
+-- ARGV[2] fixed legacy deadline in epoch ms, 0 when not fixed
+-- ARGV[3] how many expired index members to purge on the way
+-- Returns {deleted (1|0), now}.
+-- Errors: "ERR data_state_invalid" (nothing written).
+local wants = {'hash', 'zset', 'zset', 'hash', 'hash', 'hash'}
+for i = 1, 6 do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= wants[i] then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local hasMeta = redis.call('EXISTS', KEYS[1]) == 1
+local bytes = 0
+if not hasMeta then
+  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+else
+  local m = redis.call('HMGET', KEYS[1], 'seq', 'cacheBytes')
+  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  bytes = tonumber(m[2] or '0')
+  if bytes == nil or bytes < 0 or (top[2] and (m[1] == false or tonumber(m[1]) < tonumber(top[2]))) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[2])
+local canExpire = redis.acl_check_cmd('pexpireat', KEYS[5], tostring(now))
+local existed = redis.call('EXISTS', KEYS[6]) == 1
+local inContainer = redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1
+local legacyLive = inContainer and not (deadline > 0 and deadline <= now)
+
+-- Writes from here on.
+if existed then
+  redis.call('DEL', KEYS[6])
+end
+if inContainer then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+end
+if hasMeta then
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[3]))
+  table.insert(expired, ARGV[1])
+  for _, k in ipairs(expired) do
+    bytes = bytes - tonumber(redis.call('HGET', KEYS[4], k) or '0')
+    redis.call('HDEL', KEYS[4], k)
+    redis.call('ZREM', KEYS[2], k)
+    redis.call('ZREM', KEYS[3], k)
+  end
+  if bytes < 0 then
+    bytes = 0
+  end
+  redis.call('HSET', KEYS[1], 'cacheBytes', bytes)
+end
+if deadline > 0 and redis.call('EXISTS', KEYS[5]) == 1 then
+  if deadline <= now then
+    redis.call('DEL', KEYS[5])
+  elseif canExpire and redis.call('PEXPIRETIME', KEYS[5]) ~= deadline then
+    redis.call('PEXPIREAT', KEYS[5], deadline)
+  end
+end
+if existed or legacyLive then
+  return {1, now}
+end
+return {0, now}

@@ -1,0 +1,97 @@
+#!lua
+-- project_cache_put: write one project cache entry and its physical expiry
+-- atomically (CONTRACT §9). Validation and reads come first; nothing is
+-- written when the structure is inconsistent, the ACL denies PEXPIREAT, or
+-- createOnly finds the key.
+-- KEYS[1] meta       han:prj:{<env>:<pid>}:meta      HASH seq, cacheBytes, quota, paused, legacyDeadline
+-- KEYS[2] index      han:prj:{<env>:<pid>}:cache:idx ZSET write seq -> relative key
+-- KEYS[3] expiry     han:prj:{<env>:<pid>}:cache:exp ZSET expiresAt ms -> relative key
+-- KEYS[4] sizes      han:prj:{<env>:<pid>}:cache:sz  HASH relative key -> sizeBytes
+-- KEYS[5] container  han:prj:{<env>:<pid>}:cache     HASH legacy v1 entries
+-- KEYS[6] entry      han:prj:{<env>:<pid>}:cache:e:<key> HASH t, v, e (expiresAt), u (updatedAt), s (seq)
+-- ARGV[1] relative key
+-- ARGV[2] type: json | string
+-- ARGV[3] value
+-- ARGV[4] TTL in ms (1000..2592000000)
+-- ARGV[5] createOnly: 1 | 0
+-- ARGV[6] sizeBytes (key + value)
+-- ARGV[7] cacheQuotaBytes (mirror of PostgreSQL)
+-- ARGV[8] deliveryPaused: 1 | 0 (mirror)
+-- ARGV[9] fixed legacy deadline in epoch ms, 0 when not fixed (mirror)
+-- ARGV[10] how many expired index members to purge on the way
+-- Returns {status, seq, expiresAt, now}: status 1 created, 2 replaced,
+-- 0 createOnly found the key (nothing written).
+-- Errors: "ERR data_state_invalid", "ERR expiry_denied" (nothing written).
+local wants = {'hash', 'zset', 'zset', 'hash', 'hash', 'hash'}
+for i = 1, 6 do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= wants[i] then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local bytes = 0
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+else
+  local m = redis.call('HMGET', KEYS[1], 'seq', 'cacheBytes')
+  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  bytes = tonumber(m[2] or '0')
+  if bytes == nil or bytes < 0 or (top[2] and (m[1] == false or tonumber(m[1]) < tonumber(top[2]))) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expAt = now + tonumber(ARGV[4])
+local deadline = tonumber(ARGV[9])
+if not redis.acl_check_cmd('pexpireat', KEYS[6], tostring(expAt)) or
+   not redis.acl_check_cmd('pexpireat', KEYS[5], tostring(expAt)) then
+  return redis.error_reply('ERR expiry_denied')
+end
+
+local existed = redis.call('EXISTS', KEYS[6]) == 1
+local inContainer = redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1
+local legacyLive = inContainer and not (deadline > 0 and deadline <= now)
+if ARGV[5] == '1' and (existed or legacyLive) then
+  return {0, 0, 0, now}
+end
+
+-- Writes from here on.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[10]))
+for _, k in ipairs(expired) do
+  bytes = bytes - tonumber(redis.call('HGET', KEYS[4], k) or '0')
+  redis.call('HDEL', KEYS[4], k)
+  redis.call('ZREM', KEYS[2], k)
+  redis.call('ZREM', KEYS[3], k)
+end
+local old = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
+bytes = bytes - old + tonumber(ARGV[6])
+if bytes < 0 then
+  bytes = tonumber(ARGV[6])
+end
+local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+redis.call('HSET', KEYS[1], 'cacheBytes', bytes, 'quota', ARGV[7], 'paused', ARGV[8], 'legacyDeadline', ARGV[9])
+redis.call('HSET', KEYS[6], 't', ARGV[2], 'v', ARGV[3], 'e', expAt, 'u', now, 's', seq)
+redis.call('PEXPIREAT', KEYS[6], expAt)
+redis.call('ZADD', KEYS[2], seq, ARGV[1])
+redis.call('ZADD', KEYS[3], expAt, ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[6])
+if inContainer then
+  -- Overwriting a legacy key makes it a normal entry.
+  redis.call('HDEL', KEYS[5], ARGV[1])
+end
+if deadline > 0 and redis.call('EXISTS', KEYS[5]) == 1 then
+  if deadline <= now then
+    redis.call('DEL', KEYS[5])
+  elseif redis.call('PEXPIRETIME', KEYS[5]) ~= deadline then
+    redis.call('PEXPIREAT', KEYS[5], deadline)
+  end
+end
+local status = 1
+if existed or legacyLive then
+  status = 2
+end
+return {status, seq, expAt, now}

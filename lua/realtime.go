@@ -1,0 +1,13 @@
+package lua
+
+// Realtime presence, instance liveness and WebSocket tickets (CONTRACT §3,
+// §7, §8). Keys are built by package presence and package gateway.
+var (
+	RTHeartbeat         = mustLoad("rt_heartbeat")
+	RTDisconnect        = mustLoad("rt_disconnect")
+	RTOffline           = mustLoad("rt_offline")
+	RTPresence          = mustLoad("rt_presence")
+	RTInstanceHeartbeat = mustLoad("rt_instance_heartbeat")
+	RTInstancesAdd      = mustLoad("rt_instances_add")
+	RTTicketRedeem      = mustLoad("rt_ticket_redeem")
+)

@@ -1,0 +1,148 @@
+package lua_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/lua"
+)
+
+func init() {
+	conn, user, online := "han:rt:conn:{acl-u}:c1", "han:rt:user:{acl-u}:connections", "han:rt:user:{acl-u}:online"
+	add := map[string]func(ctx context.Context, c redis.Scripter) error{
+		"rt_heartbeat": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTHeartbeat.Run(ctx, c, []string{conn, user, online}, "acl-u", "c1", "i1", 0, 90000, 120000, 100).Err()
+		},
+		"rt_disconnect": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTDisconnect.Run(ctx, c, []string{conn, user}, "c1", 90000, 100).Err()
+		},
+		"rt_offline": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTOffline.Run(ctx, c, []string{user, online}, 90000).Err()
+		},
+		"rt_presence": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTPresence.Run(ctx, c, []string{user}, 90000).Err()
+		},
+		"rt_instance_heartbeat": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTInstanceHeartbeat.Run(ctx, c, []string{"han:rt:instance:{acl-i}", "han:rt:instance:{acl-i}:connections"},
+				10000, 120000, "acl-u:c1").Err()
+		},
+		"rt_instances_add": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTInstancesAdd.Run(ctx, c, []string{"han:rt:instances"}, "acl-i", 120000).Err()
+		},
+		"rt_ticket_redeem": func(ctx context.Context, c redis.Scripter) error {
+			err := lua.RTTicketRedeem.Run(ctx, c, []string{"han:rt:ticket:acl"}).Err()
+			if err == redis.Nil {
+				return nil
+			}
+			return err
+		},
+	}
+	for k, v := range add {
+		invocations[k] = v
+	}
+}
+
+// The heartbeat removes stale members in bounded batches, never the
+// connection it refreshes, and a duplicate disconnect is harmless.
+func TestPresenceScripts(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	conn := func(id string) string { return "han:rt:conn:{u1}:" + id }
+	user, online := "han:rt:user:{u1}:connections", "han:rt:user:{u1}:online"
+	// Five stale members (heartbeat at 1 ms after the epoch).
+	for _, m := range []string{"s1", "s2", "s3", "s4", "s5"} {
+		if err := c.ZAdd(ctx, user, redis.Z{Score: 1, Member: m}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hb := func(id string) []any {
+		v, err := lua.RTHeartbeat.Run(ctx, c, []string{conn(id), user, online}, "u1", id, "i1", 3, 90000, 120000, 2).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	r := hb("c1")
+	if r[1].(int64) != 1 || r[2].(int64) != 2 {
+		t.Fatalf("first heartbeat: want became_online=1 and 2 stale removed, got %v", r)
+	}
+	r = hb("c1")
+	if r[1].(int64) != 0 || r[2].(int64) != 2 {
+		t.Fatalf("second heartbeat: want became_online=0 and the next 2 stale removed, got %v", r)
+	}
+	if n := c.ZCard(ctx, user).Val(); n != 2 {
+		t.Fatalf("want c1 and one stale member left, got %d members", n)
+	}
+	h := c.HGetAll(ctx, conn("c1")).Val()
+	if h["user_id"] != "u1" || h["instance"] != "i1" || h["subscriptions_count"] != "3" || h["last_seen"] == "" {
+		t.Fatalf("connection HASH: %v", h)
+	}
+	for _, k := range []string{conn("c1"), user, online} {
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Fatalf("%s has no TTL (%v)", k, ttl)
+		}
+	}
+	disc := func() []any {
+		v, err := lua.RTDisconnect.Run(ctx, c, []string{conn("c1"), user}, "c1", 90000, 10).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if r := disc(); r[0].(int64) != 1 || r[1].(int64) != 0 {
+		t.Fatalf("disconnect: %v", r)
+	}
+	if r := disc(); r[0].(int64) != 0 || r[1].(int64) != 0 {
+		t.Fatalf("a duplicate disconnect must remove nothing: %v", r)
+	}
+	if c.Exists(ctx, user).Val() != 0 {
+		t.Fatal("the last stale member should have gone with the disconnect")
+	}
+	off := func() int64 {
+		v, err := lua.RTOffline.Run(ctx, c, []string{user, online}, 90000).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0].(int64)
+	}
+	if off() != 1 || off() != 0 {
+		t.Fatal("the offline transition must be reported exactly once")
+	}
+}
+
+// A script that must set a TTL refuses to write anything when the ACL
+// denies the expiry command.
+func TestPresenceScriptsRefuseWithoutExpiry(t *testing.T) {
+	ctx := context.Background()
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	admin := r.AdminClient(0)
+	defer admin.Close()
+	if err := admin.Do(ctx, "acl", "setuser", "api_backend", "-pexpire").Err(); err != nil {
+		t.Fatal(err)
+	}
+	opt, _ := redis.ParseURL(r.URL(1))
+	c := redis.NewClient(opt)
+	defer c.Close()
+	keys := []string{"han:rt:conn:{u}:c", "han:rt:user:{u}:connections", "han:rt:user:{u}:online"}
+	err = lua.RTHeartbeat.Run(ctx, c, keys, "u", "c", "i", 0, 90000, 120000, 10).Err()
+	if err == nil || !strings.Contains(err.Error(), "expiry_denied") {
+		t.Fatalf("want expiry_denied, got %v", err)
+	}
+	err = lua.RTInstanceHeartbeat.Run(ctx, c, []string{"han:rt:instance:{i}", "han:rt:instance:{i}:connections"}, 10000, 120000, "u:c").Err()
+	if err == nil || !strings.Contains(err.Error(), "expiry_denied") {
+		t.Fatalf("want expiry_denied, got %v", err)
+	}
+	admin1 := r.AdminClient(1)
+	defer admin1.Close()
+	if n := admin1.DBSize(ctx).Val(); n != 0 {
+		t.Fatalf("a refused script wrote %d keys", n)
+	}
+}

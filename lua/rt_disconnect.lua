@@ -1,0 +1,25 @@
+#!lua
+-- rt_disconnect: remove one connection; idempotent (a duplicate disconnect
+-- removes nothing and reports the same remaining count).
+-- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
+-- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
+-- ARGV[1] connection id
+-- ARGV[2] connection HASH TTL in ms: members with an older heartbeat are
+--         stale and not counted as live
+-- ARGV[3] stale batch: at most this many stale members are removed
+-- Returns {removed, live_remaining, now_ms}; removed is 1 when this call
+-- deleted the HASH or the ZSET member.
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local cutoff = now - tonumber(ARGV[2])
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', 0, tonumber(ARGV[3]))
+
+local removed = redis.call('DEL', KEYS[1])
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  removed = 1
+end
+if #stale > 0 then
+  redis.call('ZREM', KEYS[2], unpack(stale))
+end
+local live = redis.call('ZCOUNT', KEYS[2], cutoff, '+inf')
+return {removed, live, now}

@@ -1,0 +1,42 @@
+#!lua
+-- rt_heartbeat: register or refresh one WebSocket connection (CONTRACT §7)
+-- and remove a bounded batch of the user's stale connection members.
+-- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
+-- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
+-- KEYS[3] online marker    han:rt:user:{<user_id>}:online
+-- ARGV[1] user id
+-- ARGV[2] connection id
+-- ARGV[3] instance id
+-- ARGV[4] subscriptions count
+-- ARGV[5] connection HASH TTL in ms (90 s)
+-- ARGV[6] user ZSET and online marker TTL in ms (120 s)
+-- ARGV[7] stale batch: at most this many members whose heartbeat is older
+--         than the HASH TTL are removed by this call
+-- Returns {now_ms, became_online, removed_stale}; became_online is 1 when
+-- the online marker was absent (the user's first live connection).
+-- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+for i = 1, 3 do
+  if not redis.acl_check_cmd('pexpire', KEYS[i], '1000') then
+    return redis.error_reply('ERR expiry_denied')
+  end
+end
+local connTTL = tonumber(ARGV[5])
+local stale = {}
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - connTTL), 'LIMIT', 0, tonumber(ARGV[7]))) do
+  if m ~= ARGV[2] then
+    stale[#stale + 1] = m
+  end
+end
+local wasOnline = redis.call('EXISTS', KEYS[3])
+
+redis.call('HSET', KEYS[1], 'user_id', ARGV[1], 'instance', ARGV[3], 'last_seen', now, 'subscriptions_count', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], connTTL)
+redis.call('ZADD', KEYS[2], now, ARGV[2])
+if #stale > 0 then
+  redis.call('ZREM', KEYS[2], unpack(stale))
+end
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
+return {now, 1 - wasOnline, #stale}

@@ -1,0 +1,114 @@
+package presence
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Conn is one live WebSocket connection of this instance.
+type Conn struct {
+	UserID        string
+	ConnID        string
+	Subscriptions int
+}
+
+// Events receives presence transitions. Each transition is reported once:
+// Online when a user's first live connection registers, Offline when a
+// user has had no live connection for the debounce period (after a local
+// disconnect or a sweep). Calls run on goroutines tracked by Presence and
+// must return promptly.
+type Events interface {
+	Online(ctx context.Context, userID string)
+	Offline(ctx context.Context, userID string, at time.Time)
+}
+
+// Config tunes Presence. Every zero value picks the default shown.
+type Config struct {
+	InstanceID string // required
+
+	// ConnTTL is the connection HASH's TTL; a ZSET member whose heartbeat
+	// is older is stale. Zero value means 90s.
+	ConnTTL time.Duration
+	// UserTTL is the TTL of a user's connection ZSET and online marker.
+	// Zero value means 120s.
+	UserTTL time.Duration
+	// RefreshInterval is how often every local connection's heartbeat runs.
+	// Zero value means ConnTTL/3.
+	RefreshInterval time.Duration
+	// LivenessTTL is the instance marker's TTL: survivors sweep an instance
+	// whose marker expired. Zero value means 10s.
+	LivenessTTL time.Duration
+	// LivenessInterval is how often the marker is refreshed. Zero value
+	// means LivenessTTL/3.
+	LivenessInterval time.Duration
+	// RegistryTTL is the TTL of han:rt:instances and of each instance's
+	// connection index. Zero value means 120s.
+	RegistryTTL time.Duration
+	// SweepInterval is how often survivors look for dead instances. Zero
+	// value means 5s. A crashed instance's users go offline within
+	// LivenessTTL + SweepInterval (+ OfflineDebounce for the event).
+	SweepInterval time.Duration
+	// OfflineDebounce delays the offline transition so a quick reconnect
+	// publishes nothing. Zero value means 2s.
+	OfflineDebounce time.Duration
+	// StaleBatch bounds the stale ZSET members one heartbeat removes. Zero
+	// value means 100.
+	StaleBatch int
+	// SweepBatch bounds the connections removed per sweep round trip. Zero
+	// value means 200.
+	SweepBatch int
+	// Registerer receives the metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) defaults() {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.ConnTTL, 90*time.Second)
+	def(&c.UserTTL, 120*time.Second)
+	def(&c.RefreshInterval, c.ConnTTL/3)
+	def(&c.LivenessTTL, 10*time.Second)
+	def(&c.LivenessInterval, c.LivenessTTL/3)
+	def(&c.RegistryTTL, 120*time.Second)
+	def(&c.SweepInterval, 5*time.Second)
+	def(&c.OfflineDebounce, 2*time.Second)
+	if c.StaleBatch <= 0 {
+		c.StaleBatch = 100
+	}
+	if c.SweepBatch <= 0 {
+		c.SweepBatch = 200
+	}
+}
+
+// Key names (CONTRACT §3). The user id is the hash tag of every per-user
+// key, so one script updates a connection's HASH, the user's ZSET and the
+// online marker atomically on Cluster too; the instance id is the tag of
+// the instance's marker and connection index.
+const (
+	// InstancesKey is the registry ZSET instance id → last liveness ms.
+	InstancesKey = "han:rt:instances"
+)
+
+// ConnKey is the connection HASH han:rt:conn:{<user_id>}:<connection_id>.
+func ConnKey(userID, connID string) string { return "han:rt:conn:{" + userID + "}:" + connID }
+
+// UserConnsKey is the ZSET han:rt:user:{<user_id>}:connections.
+func UserConnsKey(userID string) string { return "han:rt:user:{" + userID + "}:connections" }
+
+// OnlineKey is han:rt:user:{<user_id>}:online, present while the user's
+// online transition has been published and the offline one has not.
+func OnlineKey(userID string) string { return "han:rt:user:{" + userID + "}:online" }
+
+// InstanceKey is the liveness marker han:rt:instance:{<instance_id>}.
+func InstanceKey(instanceID string) string { return "han:rt:instance:{" + instanceID + "}" }
+
+// InstanceConnsKey is han:rt:instance:{<instance_id>}:connections, ZSET
+// "<user_id>:<connection_id>" → heartbeat ms, what the sweeper removes.
+func InstanceConnsKey(instanceID string) string {
+	return "han:rt:instance:{" + instanceID + "}:connections"
+}

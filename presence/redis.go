@@ -1,0 +1,358 @@
+package presence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store"
+)
+
+// Presence records this instance's connections in Redis DB1, keeps the
+// instance's liveness marker fresh, sweeps dead instances and reports
+// online/offline transitions. Every method is safe for concurrent use.
+type Presence struct {
+	cfg    Config
+	rdb    redis.UniversalClient
+	locker *store.Locker
+	logger *slog.Logger
+	events Events
+
+	heartbeatFailures prometheus.Counter
+	sweptConns        prometheus.Counter
+	sweptInstances    prometheus.Counter
+
+	mu       sync.Mutex // guards pending, closed, started, cancel
+	pending  map[string]*time.Timer
+	closed   bool
+	started  bool
+	cancel   context.CancelFunc
+	inflight sync.WaitGroup // transition callbacks and loops
+}
+
+// New returns a Presence on the DB1 client. events may be nil.
+func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logger) (*Presence, error) {
+	if rdb == nil || logger == nil || cfg.InstanceID == "" {
+		return nil, errors.New("presence: client, logger and instance id are required")
+	}
+	cfg.defaults()
+	p := &Presence{cfg: cfg, rdb: rdb, locker: store.NewLocker(rdb), logger: logger, events: events,
+		pending: map[string]*time.Timer{},
+		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_heartbeat_failures_total",
+			Help: "Presence heartbeat batches or instance liveness refreshes that failed."}),
+		sweptConns: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_swept_connections_total",
+			Help: "Connections of dead instances removed by this instance's sweeper."}),
+		sweptInstances: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_swept_instances_total",
+			Help: "Dead instances fully swept by this instance."}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{p.heartbeatFailures, p.sweptConns, p.sweptInstances} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (p *Presence) Config() Config { return p.cfg }
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+func indexMember(c Conn) string { return c.UserID + ":" + c.ConnID }
+
+func (p *Presence) heartbeat(ctx context.Context, c redis.Scripter, conn Conn) *redis.Cmd {
+	return lua.RTHeartbeat.Run(ctx, c, []string{ConnKey(conn.UserID, conn.ConnID), UserConnsKey(conn.UserID), OnlineKey(conn.UserID)},
+		conn.UserID, conn.ConnID, p.cfg.InstanceID, conn.Subscriptions, ms(p.cfg.ConnTTL), ms(p.cfg.UserTTL), p.cfg.StaleBatch)
+}
+
+func (p *Presence) instanceHeartbeat(ctx context.Context, c redis.Scripter, members []string) *redis.Cmd {
+	args := make([]any, 0, 2+len(members))
+	args = append(args, ms(p.cfg.LivenessTTL), ms(p.cfg.RegistryTTL))
+	for _, m := range members {
+		args = append(args, m)
+	}
+	return lua.RTInstanceHeartbeat.Run(ctx, c, []string{InstanceKey(p.cfg.InstanceID), InstanceConnsKey(p.cfg.InstanceID)}, args...)
+}
+
+// Connect registers a new connection: its HASH, its member in the user's
+// ZSET and in this instance's index. A user's first live connection is an
+// online transition, reported to Events.
+func (p *Presence) Connect(ctx context.Context, c Conn) error {
+	v, err := p.heartbeat(ctx, p.rdb, c).Slice()
+	if err != nil {
+		return fmt.Errorf("presence connect: %w", store.ClassifyRedisError(err))
+	}
+	if err := p.instanceHeartbeat(ctx, p.rdb, []string{indexMember(c)}).Err(); err != nil {
+		return fmt.Errorf("presence connect: %w", store.ClassifyRedisError(err))
+	}
+	if becameOnline, _ := v[1].(int64); becameOnline == 1 {
+		p.cancelOffline(c.UserID)
+		p.emit(func(ctx context.Context) {
+			if p.events != nil {
+				p.events.Online(ctx, c.UserID)
+			}
+		})
+	}
+	return nil
+}
+
+// Refresh runs the heartbeat of every given connection (pipelined) and
+// refreshes their members in this instance's index.
+func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
+	const chunk = 500
+	for len(conns) > 0 {
+		n := min(len(conns), chunk)
+		batch := conns[:n]
+		conns = conns[n:]
+		members := make([]string, len(batch))
+		for i, c := range batch {
+			members[i] = indexMember(c)
+		}
+		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+			for _, c := range batch {
+				p.heartbeat(ctx, pipe, c)
+			}
+			p.instanceHeartbeat(ctx, pipe, members)
+		})
+		if err != nil {
+			p.heartbeatFailures.Inc()
+			return fmt.Errorf("presence refresh: %w", store.ClassifyRedisError(err))
+		}
+		for i, c := range batch {
+			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil && len(v) > 1 {
+				if became, _ := v[1].(int64); became == 1 {
+					user := c.UserID
+					p.emit(func(ctx context.Context) {
+						if p.events != nil {
+							p.events.Online(ctx, user)
+						}
+					})
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Disconnect removes a connection; a duplicate call is harmless. When the
+// user has no live connection left, the offline transition is checked
+// after OfflineDebounce. It returns the time Redis recorded.
+func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.Time, error) {
+	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+		p.disconnect(ctx, pipe, userID, connID)
+		pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), userID+":"+connID)
+	})
+	if err != nil {
+		return time.Now(), fmt.Errorf("presence disconnect: %w", store.ClassifyRedisError(err))
+	}
+	return p.afterDisconnect(userID, cmds[0].(*redis.Cmd)), nil
+}
+
+func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, connID string) *redis.Cmd {
+	return lua.RTDisconnect.Run(ctx, c, []string{ConnKey(userID, connID), UserConnsKey(userID)},
+		connID, ms(p.cfg.ConnTTL), p.cfg.StaleBatch)
+}
+
+func (p *Presence) afterDisconnect(userID string, cmd *redis.Cmd) time.Time {
+	v, err := cmd.Slice()
+	if err != nil || len(v) < 3 {
+		return time.Now()
+	}
+	live, _ := v[1].(int64)
+	nowMs, _ := v[2].(int64)
+	at := time.UnixMilli(nowMs)
+	if live == 0 {
+		p.scheduleOffline(userID, at)
+	}
+	return at
+}
+
+// MarkOffline reports the offline transition once: true when the user has
+// no live connection and its online marker was still set (it is deleted).
+func (p *Presence) MarkOffline(ctx context.Context, userID string) (bool, error) {
+	v, err := lua.RTOffline.Run(ctx, p.rdb, []string{UserConnsKey(userID), OnlineKey(userID)}, ms(p.cfg.ConnTTL)).Slice()
+	if err != nil {
+		return false, fmt.Errorf("presence offline: %w", store.ClassifyRedisError(err))
+	}
+	went, _ := v[0].(int64)
+	return went == 1, nil
+}
+
+// Online returns the number of live connections of the user.
+func (p *Presence) Online(ctx context.Context, userID string) (int, error) {
+	v, err := lua.RTPresence.Run(ctx, p.rdb, []string{UserConnsKey(userID)}, ms(p.cfg.ConnTTL)).Slice()
+	if err != nil {
+		return 0, fmt.Errorf("presence: %w", store.ClassifyRedisError(err))
+	}
+	n, _ := v[0].(int64)
+	return int(n), nil
+}
+
+// RefreshLiveness refreshes this instance's marker and registry entry.
+// lapsed reports that the marker had expired (survivors may have swept this
+// instance's connections: the caller re-registers them).
+func (p *Presence) RefreshLiveness(ctx context.Context) (lapsed bool, err error) {
+	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+		p.instanceHeartbeat(ctx, pipe, nil)
+		lua.RTInstancesAdd.Run(ctx, pipe, []string{InstancesKey}, p.cfg.InstanceID, ms(p.cfg.RegistryTTL))
+	})
+	if err != nil {
+		p.heartbeatFailures.Inc()
+		return false, fmt.Errorf("presence liveness: %w", store.ClassifyRedisError(err))
+	}
+	v, _ := cmds[0].(*redis.Cmd).Slice()
+	present := int64(1)
+	if len(v) > 1 {
+		present, _ = v[1].(int64)
+	}
+	return present == 0, nil
+}
+
+// Deregister removes this instance's marker, index and registry entry
+// (graceful shutdown, after its connections disconnected).
+func (p *Presence) Deregister(ctx context.Context) error {
+	_, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Del(ctx, InstanceKey(p.cfg.InstanceID))
+		pipe.Del(ctx, InstanceConnsKey(p.cfg.InstanceID))
+		pipe.ZRem(ctx, InstancesKey, p.cfg.InstanceID)
+		return nil
+	})
+	return store.ClassifyRedisError(err)
+}
+
+// SweepResult counts what one sweep removed.
+type SweepResult struct {
+	Instances   int // dead instances whose index is now empty
+	Connections int // connections removed
+}
+
+// Sweep looks for instances whose liveness marker expired and removes
+// their connections: per-user single-slot disconnect scripts, then an
+// idempotent removal from the dead instance's index, in bounded batches.
+// A per-instance coordination lock keeps survivors from doing the same work
+// twice; doing it twice would be harmless.
+func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
+	var res SweepResult
+	ids, err := p.rdb.ZRange(ctx, InstancesKey, 0, -1).Result()
+	if err != nil {
+		return res, fmt.Errorf("presence sweep: %w", store.ClassifyRedisError(err))
+	}
+	for _, id := range ids {
+		if id == p.cfg.InstanceID || strings.ContainsAny(id, "{}: ") {
+			continue
+		}
+		alive, err := p.rdb.Exists(ctx, InstanceKey(id)).Result()
+		if err != nil {
+			return res, fmt.Errorf("presence sweep: %w", store.ClassifyRedisError(err))
+		}
+		if alive == 1 {
+			continue
+		}
+		lk, _, err := p.locker.Acquire(ctx, store.LockPresenceSweep, id, store.DefaultLockTTL)
+		if errors.Is(err, store.ErrLockHeld) {
+			continue
+		}
+		if err != nil {
+			return res, fmt.Errorf("presence sweep: %w", err)
+		}
+		n, done, err := p.sweepInstance(ctx, id, 50)
+		res.Connections += n
+		if err == nil && done {
+			// Only now: a crash before this line leaves the entry for the
+			// next sweep, which finds an empty index and finishes.
+			err = p.rdb.ZRem(ctx, InstancesKey, id).Err()
+			if err == nil {
+				res.Instances++
+				p.sweptInstances.Inc()
+			}
+		}
+		_ = lk.Release(context.WithoutCancel(ctx))
+		if err != nil {
+			return res, fmt.Errorf("presence sweep: %w", store.ClassifyRedisError(err))
+		}
+	}
+	return res, nil
+}
+
+// sweepInstance removes up to maxBatches batches of an instance's indexed
+// connections; done reports that its index is empty.
+func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int) (n int, done bool, err error) {
+	index := InstanceConnsKey(id)
+	for b := 0; b < maxBatches; b++ {
+		members, err := p.rdb.ZRange(ctx, index, 0, int64(p.cfg.SweepBatch-1)).Result()
+		if err != nil {
+			return n, false, err
+		}
+		if len(members) == 0 {
+			return n, true, nil
+		}
+		type target struct{ user, conn string }
+		targets := make([]target, 0, len(members))
+		for _, m := range members {
+			if u, c, ok := strings.Cut(m, ":"); ok {
+				targets = append(targets, target{u, c})
+			}
+		}
+		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+			for _, t := range targets {
+				p.disconnect(ctx, pipe, t.user, t.conn)
+			}
+		})
+		if err != nil {
+			return n, false, err
+		}
+		for i, t := range targets {
+			p.afterDisconnect(t.user, cmds[i].(*redis.Cmd))
+		}
+		args := make([]any, len(members))
+		for i, m := range members {
+			args[i] = m
+		}
+		if err := p.rdb.ZRem(ctx, index, args...).Err(); err != nil {
+			return n, false, err
+		}
+		n += len(targets)
+		p.sweptConns.Add(float64(len(targets)))
+	}
+	return n, false, nil
+}
+
+// pipelined runs fn's commands in one pipeline. Scripts queued in a
+// pipeline run as EVALSHA without the NOSCRIPT fallback, so after a Redis
+// restart or SCRIPT FLUSH the scripts are loaded and the pipeline retried
+// once.
+func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner)) ([]redis.Cmder, error) {
+	for attempt := 0; ; attempt++ {
+		cmds, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			fn(pipe)
+			return nil
+		})
+		if err == nil || attempt > 0 || !hasNoScript(cmds) {
+			return cmds, err
+		}
+		for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTInstanceHeartbeat, lua.RTInstancesAdd} {
+			if err := s.Load(ctx, p.rdb); err != nil {
+				return cmds, err
+			}
+		}
+	}
+}
+
+func hasNoScript(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return true
+		}
+	}
+	return false
+}

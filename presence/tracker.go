@@ -1,0 +1,187 @@
+package presence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/han-app/gateway/store"
+)
+
+// Start runs the background work until Close: the instance liveness
+// refresh, the periodic heartbeat of every connection conns returns, and
+// the sweeper. Call it before the first Connect: it first clears, within a
+// short bound, what a previous life of this instance id left in its index.
+func (p *Presence) Start(conns func() []Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started || p.closed {
+		return
+	}
+	p.started = true
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if _, _, err := p.sweepInstance(sctx, p.cfg.InstanceID, 1000); err != nil {
+		p.logger.Warn("presence: clearing this instance's previous index failed", slog.String("kind", kind(err)))
+	}
+	scancel()
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	p.inflight.Add(3)
+	go func() {
+		defer p.inflight.Done()
+		p.livenessLoop(ctx, conns)
+	}()
+	go func() {
+		defer p.inflight.Done()
+		p.every(ctx, p.cfg.RefreshInterval, func(ctx context.Context) {
+			if err := p.Refresh(ctx, conns()); err != nil {
+				p.logger.Warn("presence heartbeat failed", slog.String("kind", kind(err)))
+			}
+		})
+	}()
+	go func() {
+		defer p.inflight.Done()
+		p.every(ctx, p.cfg.SweepInterval, func(ctx context.Context) {
+			if _, err := p.Sweep(ctx); err != nil {
+				p.logger.Warn("presence sweep failed", slog.String("kind", kind(err)))
+			}
+		})
+	}()
+}
+
+func (p *Presence) livenessLoop(ctx context.Context, conns func() []Conn) {
+	first := true
+	p.every(ctx, p.cfg.LivenessInterval, func(ctx context.Context) {
+		lapsed, err := p.RefreshLiveness(ctx)
+		if err != nil {
+			p.logger.Warn("instance liveness refresh failed", slog.String("kind", kind(err)))
+			return
+		}
+		if lapsed && !first {
+			// Survivors may have swept us: put every connection back now
+			// rather than at the next periodic heartbeat.
+			p.logger.Warn("instance liveness marker had expired; re-registering connections")
+			if err := p.Refresh(ctx, conns()); err != nil {
+				p.logger.Warn("presence heartbeat failed", slog.String("kind", kind(err)))
+			}
+		}
+		first = false
+	})
+}
+
+// every runs fn now and then every interval (±10% jitter) until ctx ends.
+func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
+	for {
+		rctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
+		fn(rctx)
+		cancel()
+		d := interval*9/10 + rand.N(interval/5+1)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scheduleOffline checks the user's offline transition after the debounce.
+func (p *Presence) scheduleOffline(userID string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.pending[userID] != nil {
+		return
+	}
+	p.pending[userID] = time.AfterFunc(p.cfg.OfflineDebounce, func() {
+		p.mu.Lock()
+		delete(p.pending, userID)
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		p.inflight.Add(1)
+		p.mu.Unlock()
+		defer p.inflight.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		went, err := p.MarkOffline(ctx, userID)
+		if err != nil {
+			p.logger.Warn("presence offline check failed", slog.String("kind", kind(err)))
+			return
+		}
+		if went && p.events != nil {
+			p.events.Offline(ctx, userID, at)
+		}
+	})
+}
+
+func (p *Presence) cancelOffline(userID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.pending[userID]; t != nil {
+		t.Stop()
+		delete(p.pending, userID)
+	}
+}
+
+// emit runs fn on a tracked goroutine (transition callbacks must not hold
+// up the connection that caused them).
+func (p *Presence) emit(fn func(ctx context.Context)) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.inflight.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.inflight.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fn(ctx)
+	}()
+}
+
+// Close stops the background work, drops pending offline checks and waits
+// for running callbacks. It removes nothing from Redis (Deregister does).
+// Idempotent.
+func (p *Presence) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	for id, t := range p.pending {
+		t.Stop()
+		delete(p.pending, id)
+	}
+	cancel := p.cancel
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	p.inflight.Wait()
+}
+
+func kind(err error) string {
+	switch {
+	case err == nil:
+		return "none"
+	case errors.Is(err, store.ErrRedisOOM):
+		return "redis_oom"
+	case errors.Is(err, store.ErrExpiryDenied):
+		return "redis_expiry_denied"
+	case errors.Is(err, store.ErrRedisNoPerm):
+		return "redis_noperm"
+	case errors.Is(err, store.ErrRedisUnavailable):
+		return "redis_unavailable"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return fmt.Sprintf("%T", err)
+}

@@ -1,0 +1,38 @@
+package pubsub
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store"
+)
+
+// Publisher publishes event frames on Redis Pub/Sub. When Redis cannot
+// carry a frame back to this instance's own sockets — the PUBLISH failed,
+// or this instance's Pub/Sub link is down — it hands the frame to local as
+// well, so sockets on the publishing instance keep getting events while
+// DB1 is out (CONTRACT §10). Such a frame may later arrive again (outbox
+// relay, link recovery); clients dedupe by event id. Safe for concurrent
+// use.
+type Publisher struct {
+	rdb   redis.UniversalClient
+	sub   *Subscriber
+	local func(channel string, payload []byte)
+}
+
+// NewPublisher returns a publisher on the DB1 client; sub and local may be
+// nil (no local fallback).
+func NewPublisher(rdb redis.UniversalClient, sub *Subscriber, local func(channel string, payload []byte)) *Publisher {
+	return &Publisher{rdb: rdb, sub: sub, local: local}
+}
+
+// Publish sends payload on channel; the error is classified by
+// store.ClassifyRedisError.
+func (p *Publisher) Publish(ctx context.Context, channel string, payload []byte) error {
+	err := store.ClassifyRedisError(p.rdb.Publish(ctx, channel, payload).Err())
+	if p.local != nil && (err != nil || (p.sub != nil && !p.sub.Healthy())) {
+		p.local(channel, payload)
+	}
+	return err
+}

@@ -1,0 +1,203 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+// RelayConfig tunes the outbox relay.
+type RelayConfig struct {
+	// Grace: rows younger than this belong to the request path, which
+	// publishes right after its commit. Zero value means 5s.
+	Grace time.Duration
+	// Interval between relay runs while nothing is pending. Zero value
+	// means 1s (jittered ±20%).
+	Interval time.Duration
+	// Batch is the most rows one run claims. Zero value means 100.
+	Batch int
+	// PublishTimeout bounds one PUBLISH. Zero value means 1s.
+	PublishTimeout time.Duration
+	// MaxBackoff caps the backoff after failing runs. Zero value means 30s.
+	MaxBackoff time.Duration
+	// Registerer receives the relay's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+func (c *RelayConfig) defaults() {
+	if c.Grace <= 0 {
+		c.Grace = 5 * time.Second
+	}
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+	if c.Batch <= 0 {
+		c.Batch = 100
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = time.Second
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+}
+
+// Relay publishes outbox rows the request path could not (a crash between
+// commit and publish, a Redis outage). Every instance runs one: rows are
+// claimed with FOR UPDATE SKIP LOCKED, so two relays never hold the same
+// row, and each publish runs under han:coord:lock:delivery:{<message_id>}
+// (seed §6: the Redis lock is an optimisation next to the row lock). A row
+// may be published twice (published, then the commit failed); both
+// copies carry the same event id, which clients dedupe on. Safe for
+// concurrent use.
+type Relay struct {
+	cfg    RelayConfig
+	store  *store.Store
+	rdb    redis.UniversalClient
+	locker *store.Locker
+	logger *slog.Logger
+
+	published prometheus.Counter
+	failures  prometheus.Counter
+
+	mu      sync.Mutex // guards cancel, started
+	cancel  context.CancelFunc
+	started bool
+	wg      sync.WaitGroup
+}
+
+// NewRelay returns a relay publishing on the DB1 client.
+func NewRelay(st *store.Store, rdb redis.UniversalClient, cfg RelayConfig, logger *slog.Logger) (*Relay, error) {
+	if st == nil || rdb == nil || logger == nil {
+		return nil, errors.New("pubsub: relay needs a store, a Redis client and a logger")
+	}
+	cfg.defaults()
+	r := &Relay{cfg: cfg, store: st, rdb: rdb, locker: store.NewLocker(rdb), logger: logger,
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_relay_published_total",
+			Help: "Outbox events published by the relay (not by the request path)."}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_relay_failures_total",
+			Help: "Relay runs that failed (Redis or PostgreSQL unavailable)."}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{r.published, r.failures} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return r, nil
+}
+
+// RunOnce claims one batch and publishes it. It returns how many rows it
+// claimed and published.
+func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error) {
+	var pubErr error
+	claimed, published, err = r.store.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, func(ctx context.Context, row store.OutboxRow) error {
+		id := row.EntityID
+		if !ids.Valid(id) {
+			id = row.EventID
+		}
+		lk, _, err := r.locker.Acquire(ctx, store.LockDelivery, id, store.DefaultLockTTL)
+		if err != nil {
+			if !errors.Is(err, store.ErrLockHeld) {
+				pubErr = err
+			}
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		err = store.ClassifyRedisError(r.rdb.Publish(pctx, row.Channel, row.Payload).Err())
+		cancel()
+		_ = lk.Release(context.WithoutCancel(ctx))
+		if err != nil {
+			pubErr = err
+		}
+		return err
+	})
+	r.published.Add(float64(published))
+	if err == nil && pubErr != nil {
+		err = fmt.Errorf("relay publish: %w", pubErr)
+	}
+	if err != nil {
+		r.failures.Inc()
+	}
+	return claimed, published, err
+}
+
+// Start runs the relay until Close.
+func (r *Relay) Start() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return
+	}
+	r.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.loop(ctx)
+	}()
+}
+
+func (r *Relay) loop(ctx context.Context) {
+	backoff := time.Duration(0)
+	for {
+		claimed, _, err := r.RunOnce(ctx)
+		wait := r.cfg.Interval
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			backoff = min(max(2*backoff, r.cfg.Interval), r.cfg.MaxBackoff)
+			wait = backoff
+			r.logger.Warn("outbox relay run failed", slog.String("kind", relayErrKind(err)), slog.Duration("retry_in", wait))
+		case claimed >= r.cfg.Batch:
+			backoff, wait = 0, 0
+		default:
+			backoff = 0
+		}
+		if wait > 0 {
+			wait = wait*4/5 + rand.N(wait*2/5+1)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func relayErrKind(err error) string {
+	switch {
+	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisOOM), errors.Is(err, store.ErrRedisNoPerm):
+		return "redis"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "postgres"
+}
+
+// Close stops the relay and waits for the run in progress. Idempotent.
+func (r *Relay) Close() {
+	r.mu.Lock()
+	cancel := r.cancel
+	r.cancel = nil
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	r.wg.Wait()
+}

@@ -1,0 +1,261 @@
+package pubsub_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/restapi"
+	"github.com/han-app/gateway/store"
+)
+
+var devSecret = []byte("pubsub-test-secret-0123456789abcdef")
+
+func openStore(t *testing.T) (*store.Store, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := store.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return store.New(pool), pool
+}
+
+// received collects every payload published on a channel, by event id.
+type received struct {
+	mu   sync.Mutex
+	byID map[string][]string
+}
+
+func listen(t *testing.T, channel string) *received {
+	t.Helper()
+	r := &received{byID: map[string][]string{}}
+	s, err := pubsub.NewSubscriber(rtClient(t), pubsub.SubscriberConfig{InstanceID: "listen-" + ids.New()[24:]}, discard,
+		func(_ string, p []byte) {
+			var ev pubsub.Event
+			if err := json.Unmarshal(p, &ev); err != nil {
+				t.Errorf("undecodable event: %v", err)
+				return
+			}
+			r.mu.Lock()
+			r.byID[ev.ID] = append(r.byID[ev.ID], string(p))
+			r.mu.Unlock()
+		}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	if err := s.Subscribe(context.Background(), channel); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *received) snapshot() map[string][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]string{}
+	for k, v := range r.byID {
+		out[k] = append([]string(nil), v...)
+	}
+	return out
+}
+
+// postWithDeadRedis posts n messages through the real REST API whose DB1
+// (the publish after commit) is a stopped Redis: every publish fails and
+// every outbox row stays pending.
+func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int) (dialogID string) {
+	t.Helper()
+	ctx := context.Background()
+	dead, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.Stop()
+	rt, err := store.NewRedis(dead.URL(1), store.RedisConfig{DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	v, err := auth.NewVerifier(ctx, auth.Config{DevHS256Secret: devSecret, Redis: rdb}, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
+		Logger: discard, Store: st, PG: pool, Redis: rdb, Realtime: rt, Verifier: v})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close()
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	a, b := ids.New(), ids.New()
+	for _, u := range []string{a, b} {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := auth.MintDevToken(devSecret, auth.DevClaims{Subject: a, Kind: auth.KindUser, TTL: time.Hour})
+	for i := 0; i < n; i++ {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/dialogs/"+d.ID+"/messages", strings.NewReader(fmt.Sprintf(`{"body":"m%d"}`, i)))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", ids.New())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			t.Fatalf("post %d: %d", i, resp.StatusCode)
+		}
+	}
+	return d.ID
+}
+
+func pendingFor(t *testing.T, pool *pgxpool.Pool, channel string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE channel=$1 AND delivered_at IS NULL", channel).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// With the publish after commit failing, three relays running at once
+// deliver every message exactly once (SKIP LOCKED: one relay per row at a
+// time); a forced re-publish carries the same event id and bytes.
+func TestRelayDeliversWhatThePublishMissed(t *testing.T) {
+	st, pool := openStore(t)
+	const n = 30
+	d := postWithDeadRedis(t, st, pool, n)
+	ch := pubsub.DialogChannel(d)
+	if got := pendingFor(t, pool, ch); got != n {
+		t.Fatalf("%d outbox rows pending after failed publishes, want %d", got, n)
+	}
+	rec := listen(t, ch)
+
+	var relays []*pubsub.Relay
+	for i := 0; i < 3; i++ {
+		r, err := pubsub.NewRelay(st, rtClient(t), pubsub.RelayConfig{Grace: time.Millisecond, Batch: 4, Interval: 20 * time.Millisecond}, discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		relays = append(relays, r)
+	}
+	for _, r := range relays {
+		r.Start()
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return pendingFor(t, pool, ch) == 0 }, "relays did not deliver everything")
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(rec.snapshot()) == n }, "not every event arrived")
+	for _, r := range relays {
+		r.Close()
+	}
+	got := rec.snapshot()
+	rows, err := pool.Query(context.Background(), "SELECT event_id::text, payload FROM outbox WHERE channel=$1", ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for rows.Next() {
+		var id string
+		var p []byte
+		if err := rows.Scan(&id, &p); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = string(p)
+	}
+	rows.Close()
+	for id, p := range want {
+		if len(got[id]) != 1 {
+			t.Fatalf("event %s published %d times by 3 relays, want once", id, len(got[id]))
+		}
+		if got[id][0] != p {
+			t.Fatalf("published bytes differ from the outbox payload")
+		}
+	}
+
+	// A row published but not marked (a crash before commit) goes out
+	// again: same event id, same bytes.
+	var dup string
+	if err := pool.QueryRow(context.Background(), `UPDATE outbox SET delivered_at = NULL
+		WHERE id = (SELECT min(id) FROM outbox WHERE channel=$1) RETURNING event_id::text`, ch).Scan(&dup); err != nil {
+		t.Fatal(err)
+	}
+	if _, published, err := relays[0].RunOnce(context.Background()); err != nil || published != 1 {
+		t.Fatalf("re-publish: %d %v", published, err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(rec.snapshot()[dup]) == 2 }, "duplicate not received")
+	if c := rec.snapshot()[dup]; c[0] != c[1] {
+		t.Fatal("a duplicate must carry the same event id and bytes")
+	}
+}
+
+// A held delivery lock skips its row (another holder is publishing it);
+// the row goes out once the lock is free. Young rows belong to the request
+// path and are left alone.
+func TestRelayHonoursLockAndGrace(t *testing.T) {
+	ctx := context.Background()
+	st, pool := openStore(t)
+	d := postWithDeadRedis(t, st, pool, 2)
+	ch := pubsub.DialogChannel(d)
+	rec := listen(t, ch)
+	young, err := pubsub.NewRelay(st, rtClient(t), pubsub.RelayConfig{Grace: time.Hour}, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimed, _, err := young.RunOnce(ctx); err != nil || claimed != 0 {
+		t.Fatalf("rows younger than the grace were claimed: %d %v", claimed, err)
+	}
+	var first string
+	if err := pool.QueryRow(ctx, "SELECT entity_id FROM outbox WHERE channel=$1 ORDER BY id LIMIT 1", ch).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	lk, _, err := store.NewLocker(rtClient(t)).Acquire(ctx, store.LockDelivery, first, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := pubsub.NewRelay(st, rtClient(t), pubsub.RelayConfig{Grace: time.Millisecond}, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimed, published, err := r.RunOnce(ctx); err != nil || claimed != 2 || published != 1 {
+		t.Fatalf("with one row's lock held: claimed %d published %d (%v)", claimed, published, err)
+	}
+	if pendingFor(t, pool, ch) != 1 {
+		t.Fatal("the locked row must stay pending")
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, published, err := r.RunOnce(ctx); err != nil || published != 1 {
+		t.Fatalf("after release: %d %v", published, err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(rec.snapshot()) == 2 }, "events missing")
+}

@@ -1,0 +1,565 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// canaryChannelPrefix + instance id is the instance-private channel the
+// canary publishes to.
+const canaryChannelPrefix = "han:rt:canary:"
+
+// CanaryChannel is the instance-private canary channel.
+func CanaryChannel(instanceID string) string { return canaryChannelPrefix + instanceID }
+
+// SubscriberConfig tunes a Subscriber.
+type SubscriberConfig struct {
+	InstanceID string // required: names the canary channel
+	// CanaryInterval is how often the canary publishes. Zero value means 2s.
+	CanaryInterval time.Duration
+	// CanaryDeadline: a link on which no canary arrived for this long is
+	// treated as dead and reconnected. Zero value means 3 × CanaryInterval.
+	CanaryDeadline time.Duration
+	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
+	// between reconnect attempts. Zero values mean 100ms and 5s.
+	ReconnectMin time.Duration
+	ReconnectMax time.Duration
+	// BatchSize is the most channels one SUBSCRIBE/UNSUBSCRIBE command
+	// carries. Zero value means 500.
+	BatchSize int
+	// Registerer receives the subscriber's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+func (c *SubscriberConfig) defaults() {
+	if c.CanaryInterval <= 0 {
+		c.CanaryInterval = 2 * time.Second
+	}
+	if c.CanaryDeadline <= 0 {
+		c.CanaryDeadline = 3 * c.CanaryInterval
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 100 * time.Millisecond
+	}
+	if c.ReconnectMax <= 0 {
+		c.ReconnectMax = 5 * time.Second
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 500
+	}
+}
+
+// ErrClosed is returned by Subscribe after Close.
+var ErrClosed = errors.New("pubsub: subscriber closed")
+
+var errCanaryLost = errors.New("pubsub: canary lost")
+
+// What was last sent to Redis for a channel.
+const (
+	sentNone int8 = iota
+	sentSubscribe
+	sentUnsubscribe
+)
+
+type chanState struct {
+	refs        int
+	sent        int8
+	pendingSubs int  // SUBSCRIBE confirmations outstanding
+	confirmed   bool // the last SUBSCRIBE sent is confirmed
+	waiters     []chan struct{}
+}
+
+// Subscriber is an instance's single Redis Pub/Sub connection, shared by
+// every local socket. Channels are reference counted: the first Subscribe
+// of a channel sends SUBSCRIBE, the last Unsubscribe sends UNSUBSCRIBE, and
+// pending changes go out in batches. The link is read with a Receive loop,
+// so a dropped connection is seen: the subscriber reconnects with jittered
+// exponential backoff, resubscribes every channel in one batch and, once
+// Redis confirmed them, calls OnResync with the channels whose traffic may
+// have been lost. A canary on an instance-private channel measures the
+// link's lag and detects a silently dead link.
+//
+// All methods are safe for concurrent use. OnMessage runs on the receive
+// goroutine and must not block.
+type Subscriber struct {
+	cfg       SubscriberConfig
+	rdb       redis.UniversalClient
+	logger    *slog.Logger
+	onMessage func(channel string, payload []byte)
+	onResync  func(channels []string)
+	canary    string
+	metrics   subscriberMetrics
+
+	mu      sync.Mutex // guards chans, dirty, ps, up, closed
+	chans   map[string]*chanState
+	dirty   map[string]struct{}
+	ps      *redis.PubSub // current session, nil while disconnected
+	up      bool          // the current session's initial SUBSCRIBE is confirmed
+	closed  bool
+	started bool
+
+	kick        chan struct{} // wakes the flusher
+	lastCanary  atomic.Int64  // unix ns of the last canary received
+	canaryLagNs atomic.Int64
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type subscriberMetrics struct {
+	reconnects prometheus.Counter
+	messages   prometheus.Counter
+	lag        prometheus.Gauge
+	linkUp     prometheus.Gauge
+}
+
+// NewSubscriber creates a subscriber on the DB1 client. onMessage receives
+// every message of a subscribed channel (the payload slice is shared and
+// must not be modified); onResync receives the channels resubscribed after
+// a reconnect. Start starts it.
+func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog.Logger,
+	onMessage func(channel string, payload []byte), onResync func(channels []string)) (*Subscriber, error) {
+	if rdb == nil || cfg.InstanceID == "" || onMessage == nil || logger == nil {
+		return nil, errors.New("pubsub: client, instance id, logger and message handler are required")
+	}
+	cfg.defaults()
+	if onResync == nil {
+		onResync = func([]string) {}
+	}
+	s := &Subscriber{cfg: cfg, rdb: rdb, logger: logger, onMessage: onMessage, onResync: onResync,
+		canary: CanaryChannel(cfg.InstanceID), chans: map[string]*chanState{}, dirty: map[string]struct{}{},
+		kick: make(chan struct{}, 1)}
+	s.metrics = subscriberMetrics{
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_reconnects_total",
+			Help: "Redis Pub/Sub link re-establishments after a drop."}),
+		messages: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_messages_total",
+			Help: "Pub/Sub messages received (canary excluded)."}),
+		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "han_pubsub_canary_lag_seconds",
+			Help: "Publish-to-receive lag of the last canary on this instance's Pub/Sub link."}),
+		linkUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "han_pubsub_link_up",
+			Help: "1 while the Pub/Sub link is connected and its subscriptions are confirmed."}),
+	}
+	if cfg.Registerer != nil {
+		channels := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "han_pubsub_channels",
+			Help: "Channels this instance is subscribed to."}, func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return float64(len(s.chans))
+		})
+		for _, c := range []prometheus.Collector{s.metrics.reconnects, s.metrics.messages, s.metrics.lag, s.metrics.linkUp, channels} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// Start starts the connection loop. It returns at once; the link comes up
+// in the background (and is retried while Redis is down).
+func (s *Subscriber) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started || s.closed {
+		return
+	}
+	s.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(ctx)
+	}()
+}
+
+// Close stops the subscriber and waits for its goroutines. Idempotent.
+func (s *Subscriber) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	for _, st := range s.chans {
+		for _, w := range st.waiters {
+			close(w)
+		}
+		st.waiters = nil
+	}
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	s.wg.Wait()
+}
+
+// Healthy reports whether the link is up, its subscriptions confirmed and
+// the canary recently seen.
+func (s *Subscriber) Healthy() bool {
+	s.mu.Lock()
+	up := s.up
+	s.mu.Unlock()
+	return up && time.Since(time.Unix(0, s.lastCanary.Load())) <= s.cfg.CanaryDeadline
+}
+
+// CanaryLag is the lag of the last canary received.
+func (s *Subscriber) CanaryLag() time.Duration { return time.Duration(s.canaryLagNs.Load()) }
+
+// Add takes a reference on channel without waiting for Redis to confirm.
+func (s *Subscriber) Add(channel string) {
+	s.mu.Lock()
+	s.addLocked(channel)
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *Subscriber) addLocked(channel string) *chanState {
+	st := s.chans[channel]
+	if st == nil {
+		st = &chanState{}
+		s.chans[channel] = st
+	}
+	st.refs++
+	if !(st.sent == sentSubscribe) {
+		s.dirty[channel] = struct{}{}
+	}
+	return st
+}
+
+// Subscribe takes a reference on channel and returns once Redis has
+// confirmed the subscription, so every message published afterwards
+// reaches OnMessage. On error (ctx done, Close) the reference is released.
+func (s *Subscriber) Subscribe(ctx context.Context, channel string) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	st := s.addLocked(channel)
+	if st.confirmed && st.sent == sentSubscribe {
+		s.mu.Unlock()
+		return nil
+	}
+	w := make(chan struct{})
+	st.waiters = append(st.waiters, w)
+	s.mu.Unlock()
+	s.wake()
+	select {
+	case <-w:
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return ErrClosed
+		}
+		return nil
+	case <-ctx.Done():
+		s.Unsubscribe(channel)
+		return ctx.Err()
+	}
+}
+
+// Unsubscribe releases one reference; the last one unsubscribes in Redis.
+func (s *Subscriber) Unsubscribe(channel string) {
+	s.mu.Lock()
+	st := s.chans[channel]
+	if st == nil || st.refs == 0 {
+		s.mu.Unlock()
+		return
+	}
+	st.refs--
+	if st.refs == 0 {
+		s.dirty[channel] = struct{}{}
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+// Channels returns the number of channels with references.
+func (s *Subscriber) Channels() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, st := range s.chans {
+		if st.refs > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Subscriber) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Subscriber) run(ctx context.Context) {
+	backoff := s.cfg.ReconnectMin
+	for ctx.Err() == nil {
+		wasUp, err := s.session(ctx)
+		s.mu.Lock()
+		s.ps, s.up = nil, false
+		for _, st := range s.chans {
+			st.confirmed = false
+		}
+		s.mu.Unlock()
+		s.metrics.linkUp.Set(0)
+		if ctx.Err() != nil {
+			return
+		}
+		if wasUp {
+			s.metrics.reconnects.Inc()
+			backoff = s.cfg.ReconnectMin
+			s.logger.Warn("pubsub link lost; reconnecting", slog.String("kind", errKind(err)))
+		}
+		// Full jitter: sleep a random time in [backoff/2, backoff].
+		d := backoff/2 + rand.N(backoff/2+1)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, s.cfg.ReconnectMax)
+	}
+}
+
+// session runs one Pub/Sub connection until it fails. wasUp reports
+// whether its subscriptions had been confirmed (a drop after that is a
+// reconnect the sockets must hear about).
+func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ps := s.rdb.Subscribe(sctx)
+	defer ps.Close()
+	// A blocked read ends at once when the session is cancelled.
+	stop := context.AfterFunc(sctx, func() { _ = ps.Close() })
+	defer stop()
+
+	s.mu.Lock()
+	s.ps = ps
+	initial := make([]string, 0, len(s.chans)+1)
+	for ch, st := range s.chans {
+		if st.refs == 0 {
+			delete(s.chans, ch)
+			continue
+		}
+		st.sent, st.pendingSubs, st.confirmed = sentSubscribe, 1, false
+		initial = append(initial, ch)
+	}
+	clear(s.dirty)
+	s.mu.Unlock()
+
+	awaiting := make(map[string]struct{}, len(initial)+1)
+	awaiting[s.canary] = struct{}{}
+	for _, ch := range initial {
+		awaiting[ch] = struct{}{}
+	}
+	if err := s.send(sctx, ps, "subscribe", append([]string{s.canary}, initial...)); err != nil {
+		return false, err
+	}
+
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer cancel()
+	bg.Add(2)
+	go func() {
+		defer bg.Done()
+		s.flushLoop(sctx, ps)
+	}()
+	go func() {
+		defer bg.Done()
+		s.canaryLoop(sctx)
+	}()
+
+	up := false
+	for {
+		msg, err := ps.ReceiveTimeout(sctx, s.cfg.CanaryInterval)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && sctx.Err() == nil {
+				if up && time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline {
+					return up, errCanaryLost
+				}
+				continue
+			}
+			return up, err
+		}
+		switch m := msg.(type) {
+		case *redis.Message:
+			if m.Channel == s.canary {
+				s.canaryReceived(m.Payload)
+				continue
+			}
+			s.metrics.messages.Inc()
+			s.onMessage(m.Channel, []byte(m.Payload))
+		case *redis.Subscription:
+			if m.Kind == "subscribe" && !up {
+				delete(awaiting, m.Channel)
+			}
+			s.confirm(m.Kind, m.Channel)
+			if !up && len(awaiting) == 0 {
+				up = true
+				s.lastCanary.Store(time.Now().UnixNano())
+				s.mu.Lock()
+				s.up = true
+				s.mu.Unlock()
+				s.metrics.linkUp.Set(1)
+				if len(initial) > 0 {
+					s.onResync(initial)
+				}
+				s.wake()
+			}
+		}
+	}
+}
+
+func (s *Subscriber) send(ctx context.Context, ps *redis.PubSub, cmd string, channels []string) error {
+	for len(channels) > 0 {
+		n := min(len(channels), s.cfg.BatchSize)
+		var err error
+		if cmd == "subscribe" {
+			err = ps.Subscribe(ctx, channels[:n]...)
+		} else {
+			err = ps.Unsubscribe(ctx, channels[:n]...)
+		}
+		if err != nil {
+			return err
+		}
+		channels = channels[n:]
+	}
+	return nil
+}
+
+// confirm applies a SUBSCRIBE/UNSUBSCRIBE confirmation from Redis.
+func (s *Subscriber) confirm(kind, channel string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.chans[channel]
+	if st == nil {
+		return
+	}
+	switch kind {
+	case "subscribe":
+		if st.pendingSubs > 0 {
+			st.pendingSubs--
+		}
+		if st.pendingSubs == 0 && st.sent == sentSubscribe {
+			st.confirmed = true
+			for _, w := range st.waiters {
+				close(w)
+			}
+			st.waiters = nil
+		}
+	case "unsubscribe":
+		if st.sent == sentUnsubscribe && st.pendingSubs == 0 {
+			if st.refs == 0 {
+				delete(s.chans, channel)
+			} else {
+				s.dirty[channel] = struct{}{}
+			}
+		}
+	}
+}
+
+// flushLoop sends the batched SUBSCRIBE/UNSUBSCRIBE commands that
+// reference changes require.
+func (s *Subscriber) flushLoop(ctx context.Context, ps *redis.PubSub) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		}
+		s.mu.Lock()
+		if s.ps != ps || !s.up {
+			// The initial batch is still in flight; the session wakes us
+			// again once it is confirmed.
+			s.mu.Unlock()
+			continue
+		}
+		var subs, unsubs []string
+		for ch := range s.dirty {
+			st := s.chans[ch]
+			switch {
+			case st == nil:
+			case st.refs > 0 && st.sent != sentSubscribe:
+				st.sent, st.confirmed = sentSubscribe, false
+				st.pendingSubs++
+				subs = append(subs, ch)
+			case st.refs == 0 && st.sent == sentSubscribe:
+				st.sent, st.confirmed = sentUnsubscribe, false
+				unsubs = append(unsubs, ch)
+			case st.refs == 0 && st.sent == sentNone:
+				delete(s.chans, ch)
+			}
+		}
+		clear(s.dirty)
+		s.mu.Unlock()
+		err := s.send(ctx, ps, "unsubscribe", unsubs)
+		if err == nil {
+			err = s.send(ctx, ps, "subscribe", subs)
+		}
+		if err != nil {
+			// The receive loop sees the broken link too; closing makes sure.
+			_ = ps.Close()
+			return
+		}
+	}
+}
+
+func (s *Subscriber) canaryLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CanaryInterval)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.CanaryInterval)
+		_ = s.rdb.Publish(pctx, s.canary, strconv.FormatInt(time.Now().UnixNano(), 10)).Err()
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Subscriber) canaryReceived(payload string) {
+	now := time.Now()
+	s.lastCanary.Store(now.UnixNano())
+	if sent, err := strconv.ParseInt(payload, 10, 64); err == nil {
+		lag := max(now.Sub(time.Unix(0, sent)), 0)
+		s.canaryLagNs.Store(int64(lag))
+		s.metrics.lag.Set(lag.Seconds())
+	}
+}
+
+func errKind(err error) string {
+	switch {
+	case err == nil:
+		return "none"
+	case errors.Is(err, errCanaryLost):
+		return "canary_lost"
+	case errors.Is(err, redis.ErrClosed):
+		return "closed"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return "network"
+	}
+	return "redis"
+}

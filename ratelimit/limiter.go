@@ -1,0 +1,377 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store"
+)
+
+// Mode chooses how the families of one request are evaluated in Redis.
+type Mode int
+
+const (
+	// ModeAuto is ModeAtomic on a single Redis and ModePerFamily on a
+	// Redis Cluster client.
+	ModeAuto Mode = iota
+	// ModeAtomic evaluates all families in one script (their keys must
+	// live on one instance).
+	ModeAtomic
+	// ModePerFamily evaluates the families in turn with one single-key
+	// script each and refunds the earlier admissions of a request that a
+	// later family denies (keys in different Cluster slots).
+	ModePerFamily
+)
+
+// Config configures a Limiter.
+type Config struct {
+	// Redis is DB0. A *redis.ClusterClient selects ModePerFamily under
+	// ModeAuto. Required.
+	Redis redis.Scripter
+	// Policies is the policy provider. Zero value means DefaultPolicies.
+	Policies PolicyProvider
+	// Timeout is the Redis budget of one decision (including a refund).
+	// Zero value means 1s.
+	Timeout time.Duration
+	// Mode: zero value means ModeAuto.
+	Mode Mode
+	// Health is the shared DB0 fast-failure state (store.RedisHealth):
+	// while it says Redis is down the limiter skips Redis, and it is told
+	// about every failure. Zero value means the limiter's own breaker (see
+	// Cooldown).
+	Health Health
+	// Cooldown is how long the limiter's own breaker skips Redis after it
+	// failed as unavailable; then one request at a time probes it. Unused
+	// with Health. Zero value means 500ms.
+	Cooldown time.Duration
+	// LocalFraction is the share of a rule's limit the in-process fallback
+	// grants per instance. Zero value means 0.25.
+	LocalFraction float64
+	// LocalMaxEntries caps the fallback's buckets. Zero value means 10000.
+	LocalMaxEntries int
+	// Registerer receives the metrics. Zero value means no metrics.
+	Registerer prometheus.Registerer
+	// Logger: zero value means discard.
+	Logger *slog.Logger
+	// OnDecision, when set, is called after every decision (tracing, tests).
+	OnDecision func(label string, d Decision)
+}
+
+// Health is the fast-failure state of DB0, implemented by store.RedisHealth.
+type Health interface {
+	// Check fails at once while Redis is considered unreachable.
+	Check() error
+	// Observe classifies a Redis error and marks Redis down when it was
+	// not reached; it returns the classified error.
+	Observe(err error) error
+}
+
+// Subject names who a request is counted against; an empty field means the
+// family does not apply to the request (e.g. no user on a public route).
+type Subject struct {
+	UserID   string
+	IPHMAC   string
+	DialogID string
+	Service  string
+}
+
+func (s Subject) of(f Family) string {
+	switch f {
+	case FamilyUser:
+		return s.UserID
+	case FamilyIP:
+		return s.IPHMAC
+	case FamilyDialog:
+		return s.DialogID
+	case FamilyService:
+		return s.Service
+	}
+	return ""
+}
+
+// Limiter evaluates policies against Redis, with the in-process fallback.
+type Limiter struct {
+	rdb       redis.Scripter
+	policies  PolicyProvider
+	timeout   time.Duration
+	perFamily bool
+	cooldown  time.Duration
+	health    Health
+	local     *local
+	logger    *slog.Logger
+	observe   func(string, Decision)
+	metrics   *metrics
+
+	idPrefix  string
+	seq       atomic.Uint64
+	downUntil atomic.Int64 // unix ns until which Redis is skipped; 0: up
+	probing   atomic.Bool  // one request probes Redis after the cooldown
+}
+
+// New builds a Limiter.
+func New(cfg Config) (*Limiter, error) {
+	if cfg.Redis == nil {
+		return nil, errors.New("ratelimit: Redis is required")
+	}
+	if cfg.Policies == nil {
+		cfg.Policies = Static{DefaultPolicies()}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	if cfg.Cooldown <= 0 {
+		cfg.Cooldown = 500 * time.Millisecond
+	}
+	if cfg.LocalFraction <= 0 || cfg.LocalFraction > 1 {
+		cfg.LocalFraction = 0.25
+	}
+	if cfg.LocalMaxEntries <= 0 {
+		cfg.LocalMaxEntries = 10000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	l := &Limiter{
+		rdb: cfg.Redis, policies: cfg.Policies, timeout: cfg.Timeout, cooldown: cfg.Cooldown, health: cfg.Health,
+		local: newLocal(cfg.LocalFraction, cfg.LocalMaxEntries), logger: cfg.Logger, observe: cfg.OnDecision,
+	}
+	switch cfg.Mode {
+	case ModePerFamily:
+		l.perFamily = true
+	case ModeAuto:
+		_, l.perFamily = cfg.Redis.(*redis.ClusterClient)
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	l.idPrefix = hex.EncodeToString(b) + "-"
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	l.metrics = m
+	return l, nil
+}
+
+// Policies returns the current policy snapshot.
+func (l *Limiter) Policies() *PolicySet { return l.policies.Policies() }
+
+// Decide evaluates policy p of route label for subject s. It returns a
+// Decision (allowed or denied) or, when Redis cannot decide and the policy
+// fails closed, one of store.ErrRedisUnavailable, store.ErrRedisOOM,
+// store.ErrExpiryDenied. A policy with no applicable family is allowed with
+// an empty Families list and touches nothing.
+func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject) (Decision, error) {
+	rules := make([]Rule, 0, len(p.Rules))
+	keys := make([]string, 0, len(p.Rules))
+	var routeHash string
+	for _, r := range p.Rules {
+		subj := s.of(r.Family)
+		if subj == "" {
+			continue
+		}
+		if routeHash == "" {
+			routeHash = RouteHash(label)
+		}
+		rules = append(rules, r)
+		keys = append(keys, Key(r.Family, subj, routeHash, p.Algorithm, r.Window))
+	}
+	if len(rules) == 0 {
+		return Decision{Allowed: true, NowMs: time.Now().UnixMilli()}, nil
+	}
+
+	var d Decision
+	err := store.ErrRedisUnavailable
+	prober := false
+	if l.redisUsable(&prober) {
+		ctx, cancel := context.WithTimeout(ctx, l.timeout)
+		d, err = l.evalRedis(ctx, p.Algorithm, keys, rules)
+		cancel()
+		if errors.Is(err, context.Canceled) && !errors.Is(err, store.ErrRedisUnavailable) {
+			// The client went away; Redis is not to blame and the breaker
+			// stays as it was.
+			if prober {
+				l.probing.Store(false)
+			}
+			return Decision{}, err
+		}
+		l.redisDone(prober, err)
+	}
+	if err != nil {
+		if p.OnFailure != FallbackLocal {
+			l.metrics.decision(label, "error")
+			return Decision{}, err
+		}
+		d = l.local.decide(label, keys, rules, time.Now())
+		if d.Allowed {
+			l.metrics.decision(label, "fallback")
+		} else {
+			l.metrics.decision(label, "fallback_denied")
+		}
+	} else if d.Allowed {
+		l.metrics.decision(label, "allowed")
+	} else {
+		l.metrics.decision(label, "denied")
+	}
+	if l.observe != nil {
+		l.observe(label, d)
+	}
+	return d, nil
+}
+
+// redisUsable reports whether to ask Redis: always while it is up; after an
+// outage only once the cooldown passed, and then for one prober at a time
+// (or whatever the shared Health says).
+func (l *Limiter) redisUsable(prober *bool) bool {
+	if l.health != nil {
+		return l.health.Check() == nil
+	}
+	until := l.downUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if time.Now().UnixNano() < until {
+		return false
+	}
+	if l.probing.CompareAndSwap(false, true) {
+		*prober = true
+		return true
+	}
+	return false
+}
+
+// redisDone records the outcome of a Redis evaluation in the breaker.
+func (l *Limiter) redisDone(prober bool, err error) {
+	if l.health != nil {
+		if err != nil {
+			l.health.Observe(err)
+		}
+		return
+	}
+	if prober {
+		l.probing.Store(false)
+	}
+	switch {
+	case err == nil:
+		l.downUntil.Store(0)
+	case err == store.ErrRedisUnavailable:
+		// Unreachable (refused, timed out, closed): answers such as OOM or
+		// a script error are not outages.
+		l.downUntil.Store(time.Now().Add(l.cooldown).UnixNano())
+	}
+}
+
+func script(a Algorithm) *lua.Script {
+	switch a {
+	case FixedWindow:
+		return lua.RateLimitFixed
+	case TokenBucket:
+		return lua.RateLimitBucket
+	}
+	return lua.RateLimitSliding
+}
+
+func (l *Limiter) requestID() string {
+	return l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
+}
+
+// evalRedis runs the algorithm's script over all keys at once, or per family
+// with refunds.
+func (l *Limiter) evalRedis(ctx context.Context, a Algorithm, keys []string, rules []Rule) (Decision, error) {
+	id := l.requestID()
+	if !l.perFamily || len(keys) == 1 {
+		return run(ctx, l.rdb, a, id, keys, rules)
+	}
+	ds := make([]Decision, 0, len(keys))
+	for i := range keys {
+		d, err := run(ctx, l.rdb, a, id, keys[i:i+1], rules[i:i+1])
+		if err == nil && d.Allowed {
+			ds = append(ds, d)
+			continue
+		}
+		// Denied (or failed): give back what this request took so far.
+		for j := len(ds) - 1; j >= 0; j-- {
+			l.refund(ctx, a, id, keys[j], rules[j], ds[j].ResetAtMs)
+		}
+		if err != nil {
+			return Decision{}, err
+		}
+		// Families after the denying one were not evaluated; report the
+		// earlier ones as they are after the refund (one more remaining).
+		out := d
+		out.Families = make([]FamilyDecision, 0, i+1)
+		for j := range ds {
+			f := ds[j].Families[0]
+			f.Remaining++
+			out.Families = append(out.Families, f)
+			out.Remaining = min(out.Remaining, f.Remaining)
+		}
+		out.Families = append(out.Families, d.Families[0])
+		return out, nil
+	}
+	out := Decision{Allowed: true, Remaining: -1, NowMs: ds[len(ds)-1].NowMs}
+	for _, d := range ds {
+		f := d.Families[0]
+		out.Families = append(out.Families, f)
+		if out.Remaining < 0 || f.Remaining < out.Remaining || (f.Remaining == out.Remaining && f.ResetAtMs > out.ResetAtMs) {
+			out.Remaining, out.ResetAtMs = f.Remaining, f.ResetAtMs
+		}
+	}
+	return out, nil
+}
+
+func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rule, resetAt int64) {
+	// The refund must happen even if the client hangs up now.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
+	defer cancel()
+	err := lua.RateLimitRefund.Run(ctx, l.rdb, []string{key}, string(a), id,
+		r.Window.Milliseconds(), Jitter(key, r.Window), resetAt, r.Limit).Err()
+	if err != nil {
+		// The over-count heals when the window passes; it only ever makes
+		// the limit stricter.
+		l.metrics.refund("failed")
+		l.logger.Warn("rate-limit refund failed", slog.String("family", string(r.Family)),
+			slog.String("kind", fmt.Sprintf("%T", store.ClassifyRedisError(err))))
+		return
+	}
+	l.metrics.refund("ok")
+}
+
+// Eval runs algorithm a's script once over keys (one rule per key) with
+// request id id: the building block of Decide, exported for tests and tools
+// that address keys directly.
+func Eval(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
+	return run(ctx, c, a, id, keys, rules)
+}
+
+func run(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
+	args := make([]any, 0, 1+3*len(keys))
+	args = append(args, id)
+	for i, r := range rules {
+		args = append(args, r.Limit, r.Window.Milliseconds(), Jitter(keys[i], r.Window))
+	}
+	v, err := script(a).Run(ctx, c, keys, args...).Int64Slice()
+	if err != nil {
+		return Decision{}, store.ClassifyRedisError(err)
+	}
+	if len(v) != 5+2*len(keys) {
+		return Decision{}, fmt.Errorf("ratelimit: script %s returned %d values: %w", a, len(v), store.ErrRedisUnavailable)
+	}
+	d := Decision{Allowed: v[0] == 1, Remaining: v[1], RetryAfterMs: v[2], ResetAtMs: v[3], NowMs: v[4],
+		Families: make([]FamilyDecision, len(keys))}
+	for i := range keys {
+		d.Families[i] = FamilyDecision{Rule: rules[i], Remaining: v[5+2*i], ResetAtMs: v[6+2*i]}
+	}
+	return d, nil
+}

@@ -1,0 +1,69 @@
+package ratelimit
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLocalLimiterIsAFractionOfTheLimit(t *testing.T) {
+	l := newLocal(0.25, 100)
+	rule := Rule{Family: FamilyUser, Limit: 8, Window: time.Minute}
+	t0 := time.UnixMilli(1_000_000)
+	for i := range 2 {
+		if d := l.decide("GET /x", []string{"u"}, []Rule{rule}, t0); !d.Allowed || d.Families[0].Rule.Limit != 2 {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+	}
+	d := l.decide("GET /x", []string{"u"}, []Rule{rule}, t0)
+	if d.Allowed || d.ResetAtMs != t0.UnixMilli()+30_000 {
+		t.Fatalf("third request: %+v (one token refills in 30 s)", d)
+	}
+	if d := l.decide("GET /x", []string{"u"}, []Rule{rule}, time.UnixMilli(d.ResetAtMs-1)); d.Allowed {
+		t.Fatal("admitted before reset_at")
+	}
+	if d := l.decide("GET /x", []string{"u"}, []Rule{rule}, time.UnixMilli(d.ResetAtMs)); !d.Allowed {
+		t.Fatal("denied at reset_at")
+	}
+	if d := l.decide("GET /x", []string{"other-user"}, []Rule{{Family: FamilyUser, Limit: 1, Window: time.Second}}, t0); !d.Allowed || d.Families[0].Rule.Limit != 1 {
+		t.Fatalf("a limit below 1/fraction still grants one request: %+v", d)
+	}
+}
+
+func TestLocalLimiterIsAllOrNothing(t *testing.T) {
+	l := newLocal(1, 100)
+	rules := []Rule{{Family: FamilyUser, Limit: 5, Window: time.Minute}, {Family: FamilyDialog, Limit: 1, Window: time.Minute}}
+	t0 := time.UnixMilli(1_000_000)
+	if d := l.decide("POST /s", []string{"alice", "d"}, rules, t0); !d.Allowed {
+		t.Fatal("first send denied")
+	}
+	if d := l.decide("POST /s", []string{"bob", "d"}, rules, t0); d.Allowed {
+		t.Fatal("dialog limit not applied")
+	}
+	if d := l.decide("POST /s", []string{"bob", "d2"}, rules, t0); !d.Allowed || d.Families[0].Remaining != 4 {
+		t.Fatalf("bob was debited by the denied send: %+v", d)
+	}
+}
+
+func TestLocalLimiterIsBounded(t *testing.T) {
+	l := newLocal(1, 3)
+	rule := []Rule{{Family: FamilyIP, Limit: 2, Window: time.Second}}
+	t0 := time.UnixMilli(1_000_000)
+	for _, k := range []string{"a", "b", "c"} {
+		if d := l.decide("GET /x", []string{k}, rule, t0); !d.Allowed {
+			t.Fatalf("%s denied", k)
+		}
+	}
+	if d := l.decide("GET /x", []string{"d"}, rule, t0); d.Allowed {
+		t.Fatal("a fourth identity was admitted past the cap while the others are active")
+	}
+	if n := l.size(); n != 3 {
+		t.Fatalf("%d buckets, cap 3", n)
+	}
+	// Once the others have refilled they are dropped to make room.
+	if d := l.decide("GET /x", []string{"d"}, rule, t0.Add(time.Second)); !d.Allowed {
+		t.Fatal("no room made after the buckets refilled")
+	}
+	if n := l.size(); n != 1 {
+		t.Fatalf("%d buckets after the sweep, want 1", n)
+	}
+}

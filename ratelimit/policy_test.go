@@ -1,0 +1,88 @@
+package ratelimit_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/ratelimit"
+)
+
+func TestRouteLabelsAreABoundedAllowList(t *testing.T) {
+	set := ratelimit.DefaultPolicies()
+	label, p := set.Lookup("POST", "/v1/dialogs/{id}/messages")
+	if label != "POST /v1/dialogs/{id}/messages" || p.OnFailure != ratelimit.FailClosed || len(p.Rules) != 3 {
+		t.Fatalf("send policy: %q %+v", label, p)
+	}
+	for _, tpl := range []string{"/v1/dialogs/123/messages", "/v1/unknown", "other", ""} {
+		if label, _ := set.Lookup("GET", tpl); label != ratelimit.OtherRoute {
+			t.Fatalf("%q labelled %q, want other", tpl, label)
+		}
+	}
+	if label, _ := set.Lookup("DELETE", "/v1/me"); label != ratelimit.OtherRoute {
+		t.Fatalf("method is part of the label: %q", label)
+	}
+	for _, l := range set.Labels() {
+		m, tpl, _ := strings.Cut(l, " ")
+		if _, p := set.Lookup(m, tpl); p.Algorithm == "" {
+			t.Fatalf("%s has no algorithm", l)
+		}
+	}
+}
+
+func TestKeyNames(t *testing.T) {
+	rh := ratelimit.RouteHash("GET /v1/me")
+	if len(rh) != 16 || rh == ratelimit.RouteHash("POST /v1/me") {
+		t.Fatalf("route hash %q", rh)
+	}
+	cases := map[string]string{
+		ratelimit.Key(ratelimit.FamilyUser, "u1", rh, ratelimit.SlidingLog, time.Minute):        "han:api:rl:user:u1:" + rh + ":s60000",
+		ratelimit.Key(ratelimit.FamilyIP, "abcd", rh, ratelimit.FixedWindow, time.Second):       "han:api:rl:ip:abcd:" + rh + ":f1000",
+		ratelimit.Key(ratelimit.FamilyDialog, "d1", rh, ratelimit.SlidingLog, 10*time.Second):   "han:api:rl:dialog:d1:message:s10000",
+		ratelimit.Key(ratelimit.FamilyService, "billing", rh, ratelimit.TokenBucket, time.Hour): "han:api:rl:service:billing:" + rh + ":b3600000",
+	}
+	for got, want := range cases {
+		if got != want {
+			t.Errorf("key %q, want %q", got, want)
+		}
+	}
+	for _, w := range []time.Duration{time.Millisecond, 300 * time.Millisecond, time.Minute, 24 * time.Hour} {
+		k := ratelimit.Key(ratelimit.FamilyUser, "u", rh, ratelimit.FixedWindow, w)
+		j := ratelimit.Jitter(k, w)
+		if j < 0 || j > w.Milliseconds()/10 || j > 5000 || j != ratelimit.Jitter(k, w) {
+			t.Errorf("jitter %d for window %v", j, w)
+		}
+	}
+}
+
+func TestPolicyValidation(t *testing.T) {
+	bad := []ratelimit.Policy{
+		{Algorithm: "gcra", Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1, Window: time.Second}}},
+		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: "tenant", Limit: 1, Window: time.Second}}},
+		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 0, Window: time.Second}}},
+		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1, Window: time.Microsecond}}},
+		{Algorithm: ratelimit.TokenBucket, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1 << 30, Window: 24 * time.Hour}}},
+		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1, Window: time.Second}, {Family: ratelimit.FamilyUser, Limit: 2, Window: time.Second}}},
+	}
+	for i, p := range bad {
+		if _, err := ratelimit.NewPolicySet("v", map[string]ratelimit.Policy{"GET /x": p}, ratelimit.Policy{}); err == nil {
+			t.Errorf("policy %d accepted: %+v", i, p)
+		}
+	}
+}
+
+func TestRateLimitFields(t *testing.T) {
+	d := ratelimit.Decision{Allowed: false, NowMs: 10_000, ResetAtMs: 12_001, Families: []ratelimit.FamilyDecision{
+		{Rule: ratelimit.Rule{Family: ratelimit.FamilyUser, Limit: 30, Window: 10 * time.Second}, Remaining: 29, ResetAtMs: 19_999},
+		{Rule: ratelimit.Rule{Family: ratelimit.FamilyDialog, Limit: 60, Window: 500 * time.Millisecond}, Remaining: 0, ResetAtMs: 12_001},
+	}}
+	if got, want := ratelimit.PolicyField(d), `"user";q=30;w=10, "dialog";q=60;w=1`; got != want {
+		t.Errorf("RateLimit-Policy %s, want %s", got, want)
+	}
+	if got, want := ratelimit.StateField(d), `"user";r=29;t=10, "dialog";r=0;t=3`; got != want {
+		t.Errorf("RateLimit %s, want %s", got, want)
+	}
+	if got := d.RetryAfterSeconds(); got != 3 {
+		t.Errorf("Retry-After %d, want 3", got)
+	}
+}

@@ -1,0 +1,480 @@
+package restapi
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+// AttachmentConfig tunes attachments (CONTRACT §6).
+type AttachmentConfig struct {
+	// MaxBytes is the largest declared size. Zero value means 25 MiB.
+	MaxBytes int64
+	// ContentTypes is the allow-list of media types (lower case, no
+	// parameters). Zero value means DefaultAttachmentTypes.
+	ContentTypes []string
+	// UploadURLTTL is the signed upload URL's lifetime. Zero value means 15m.
+	UploadURLTTL time.Duration
+	// DownloadURLTTL is the signed download URL's lifetime. Zero value
+	// means 5m.
+	DownloadURLTTL time.Duration
+	// BlobDir is the local blob folder used when Deps.Blobs is nil. Zero
+	// value means <os temp dir>/han-blobs.
+	BlobDir string
+}
+
+// DefaultAttachmentTypes is the default content-type allow-list: common
+// images, audio, video and documents; nothing a browser would run (no HTML,
+// SVG or JavaScript).
+var DefaultAttachmentTypes = []string{
+	"image/jpeg", "image/png", "image/gif", "image/webp", "image/heic",
+	"audio/mpeg", "audio/ogg", "audio/mp4", "audio/webm",
+	"video/mp4", "video/webm", "video/quicktime",
+	"application/pdf", "application/zip", "text/plain",
+}
+
+// Attachment limits.
+const (
+	DefaultAttachmentMaxBytes = 25 << 20
+	MaxFilenameBytes          = 255
+)
+
+var (
+	errInvalidSignature  = apiErr(http.StatusForbidden, "invalid_signature")
+	errURLExpired        = apiErr(http.StatusForbidden, "url_expired")
+	errInvalidAttachment = apiErr(http.StatusBadRequest, "invalid_attachment")
+	errUploadSize        = apiErr(http.StatusBadRequest, "upload_size_mismatch")
+	errUnsupportedMedia  = apiErr(http.StatusUnsupportedMediaType, "unsupported_media_type")
+	errInvalidUUID       = apiErr(http.StatusBadRequest, "invalid_uuid")
+)
+
+// attachments holds the attachment settings and the blob store.
+type attachments struct {
+	cfg     AttachmentConfig
+	types   map[string]bool
+	blobs   store.BlobStore
+	signKey []byte // HMAC key of signed URLs, derived from HAN_HMAC_SECRET
+}
+
+func (s *Server) initAttachments(d Deps) error {
+	cfg := d.Config.Attachments
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultAttachmentMaxBytes
+	}
+	if len(cfg.ContentTypes) == 0 {
+		cfg.ContentTypes = DefaultAttachmentTypes
+	}
+	if cfg.UploadURLTTL <= 0 {
+		cfg.UploadURLTTL = 15 * time.Minute
+	}
+	if cfg.DownloadURLTTL <= 0 {
+		cfg.DownloadURLTTL = 5 * time.Minute
+	}
+	a := &attachments{cfg: cfg, types: map[string]bool{}, blobs: d.Blobs}
+	for _, t := range cfg.ContentTypes {
+		a.types[strings.ToLower(strings.TrimSpace(t))] = true
+	}
+	if a.blobs == nil {
+		dir := cfg.BlobDir
+		if dir == "" {
+			dir = filepath.Join(os.TempDir(), "han-blobs")
+		}
+		b, err := store.NewLocalBlobs(dir)
+		if err != nil {
+			return err
+		}
+		a.blobs = b
+	}
+	m := hmac.New(sha256.New, s.hmacSecret)
+	m.Write([]byte("han attachment urls v1"))
+	a.signKey = m.Sum(nil)
+	s.att = a
+	return nil
+}
+
+// attachmentBlobRoutes are the signed routes (no bearer token); they are
+// registered on the root router before the /v1 user subrouter.
+func (s *Server) attachmentBlobRoutes(r *mux.Router) {
+	r.HandleFunc("/v1/attachments/{id}/blob", s.uploadBlob).Methods(http.MethodPut)
+	r.HandleFunc("/v1/attachments/{id}/blob", s.serveBlob).Methods(http.MethodGet, http.MethodHead)
+}
+
+// attachmentRoutes are the user routes, relative to /v1.
+func (s *Server) attachmentRoutes(user *mux.Router) {
+	user.HandleFunc("/attachments", s.initAttachment).Methods(http.MethodPost)
+	user.HandleFunc("/attachments/{id}/download-url", s.downloadURL).Methods(http.MethodGet)
+}
+
+// AttachmentDTO is an attachment as a message carries it.
+type AttachmentDTO struct {
+	ID          string `json:"id"`
+	Filename    string `json:"filename"`
+	ContentType string `json:"contentType"`
+	SizeBytes   int64  `json:"sizeBytes"`
+}
+
+func toAttachmentDTOs(refs []store.AttachmentRef) []AttachmentDTO {
+	out := make([]AttachmentDTO, len(refs))
+	for i, a := range refs {
+		out[i] = AttachmentDTO{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
+	}
+	return out
+}
+
+type uploadDTO struct {
+	ID        string `json:"id"`
+	UploadURL string `json:"uploadUrl"`
+	ExpiresAt int64  `json:"expiresAt"`
+}
+
+type downloadDTO struct {
+	URL       string `json:"url"`
+	ExpiresAt int64  `json:"expiresAt"`
+}
+
+// signature is base64url(HMAC(signKey, purpose, id, expiry)). The purpose
+// is the HTTP method the URL is for, so an upload URL cannot download and a
+// download URL cannot upload.
+func (a *attachments) signature(method, id string, expiresMs int64) string {
+	m := hmac.New(sha256.New, a.signKey)
+	m.Write([]byte(method + "\n" + id + "\n" + strconv.FormatInt(expiresMs, 10)))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// signedURL is deterministic: the same attachment and expiry give the same
+// URL, which is how an idempotent replay re-creates the first response
+// without any URL being stored. It is relative to the API's origin.
+func (a *attachments) signedURL(method, id string, expiresMs int64) string {
+	return "/v1/attachments/" + id + "/blob?expires=" + strconv.FormatInt(expiresMs, 10) +
+		"&sig=" + a.signature(method, id, expiresMs)
+}
+
+// verify checks a signed URL for method: 403 invalid_signature, then 403
+// url_expired.
+func (a *attachments) verify(r *http.Request, method string) (string, error) {
+	id := mux.Vars(r)["id"]
+	q := r.URL.Query()
+	exp, err := strconv.ParseInt(q.Get("expires"), 10, 64)
+	if err != nil || !ids.Valid(id) {
+		return "", errInvalidSignature
+	}
+	want := a.signature(method, id, exp)
+	if subtle.ConstantTimeCompare([]byte(want), []byte(q.Get("sig"))) != 1 {
+		return "", errInvalidSignature
+	}
+	if time.Now().UnixMilli() > exp {
+		return "", errURLExpired
+	}
+	return id, nil
+}
+
+type initAttachmentReq struct {
+	DialogID    *string         `json:"dialogId"`
+	Filename    *string         `json:"filename"`
+	ContentType *string         `json:"contentType"`
+	SizeBytes   json.RawMessage `json:"sizeBytes"`
+}
+
+// canonicalInit is the validated request, re-encoded for the fingerprint.
+type canonicalInit struct {
+	DialogID    string `json:"dialogId"`
+	Filename    string `json:"filename"`
+	ContentType string `json:"contentType"`
+	SizeBytes   int64  `json:"sizeBytes"`
+}
+
+func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
+	var c canonicalInit
+	if req.DialogID == nil {
+		return c, errInvalidUUID
+	}
+	id, ok := ids.Canonical(*req.DialogID)
+	if !ok {
+		return c, errInvalidUUID
+	}
+	c.DialogID = id
+	if req.Filename == nil {
+		return c, apiErr(http.StatusBadRequest, "invalid_filename")
+	}
+	c.Filename = strings.TrimSpace(*req.Filename)
+	if c.Filename == "" || len(c.Filename) > MaxFilenameBytes || !utf8.ValidString(c.Filename) ||
+		hasControl(c.Filename) || strings.ContainsAny(c.Filename, `/\`) || c.Filename == "." || c.Filename == ".." {
+		return c, apiErr(http.StatusBadRequest, "invalid_filename")
+	}
+	if req.ContentType == nil {
+		return c, apiErr(http.StatusBadRequest, "invalid_content_type")
+	}
+	mt, _, err := mime.ParseMediaType(*req.ContentType)
+	if err != nil || !s.att.types[mt] {
+		return c, apiErr(http.StatusBadRequest, "invalid_content_type")
+	}
+	c.ContentType = mt
+	// sizeBytes: a plain positive integer (no sign, fraction or exponent).
+	raw := string(req.SizeBytes)
+	if raw == "" || raw[0] < '1' || raw[0] > '9' || len(raw) > 19 || strings.TrimLeft(raw, "0123456789") != "" {
+		return c, apiErr(http.StatusBadRequest, "invalid_size")
+	}
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		return c, apiErr(http.StatusBadRequest, "invalid_size")
+	}
+	if n > s.att.cfg.MaxBytes {
+		return c, errPayloadTooLarge
+	}
+	c.SizeBytes = n
+	return c, nil
+}
+
+// initAttachment: POST /v1/attachments (Idempotency-Key required) → 201
+// {id, uploadUrl, expiresAt}.
+func (s *Server) initAttachment(w http.ResponseWriter, r *http.Request) {
+	if _, _, err := idemKeyHeader(r); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var req initAttachmentReq
+	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	c, err := s.validateInit(req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	canon, _ := json.Marshal(c)
+	me := principal(r).UserID
+	s.serveIdempotent(w, r, idemOp{
+		scope: scopeAttachmentInit, required: true, canon: canon,
+		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
+			in := store.CreateAttachment{ID: ids.New(), DialogID: c.DialogID, UploaderID: me, Filename: c.Filename,
+				ContentType: c.ContentType, SizeBytes: c.SizeBytes, UploadTTL: s.att.cfg.UploadURLTTL}
+			var rec store.IdemRecord
+			if hook != nil {
+				in.InTx = func(ctx context.Context, tx pgx.Tx, a store.Attachment) error {
+					rec = uploadRecord(a)
+					return hook(ctx, tx, rec)
+				}
+			}
+			a, err := s.store.CreateAttachment(ctx, in)
+			if err != nil {
+				return idemResult{}, err
+			}
+			rec = uploadRecord(a)
+			body, err := json.Marshal(s.uploadDTO(a.ID, a.UploadExpiresAt.UnixMilli()))
+			return idemResult{rec: rec, body: body}, err
+		},
+		render: func(ctx context.Context, rec store.IdemRecord) ([]byte, error) {
+			var meta uploadMeta
+			if err := json.Unmarshal([]byte(rec.Meta), &meta); err != nil || meta.UploadExpiresAt == 0 {
+				return nil, errors.New("restapi: idempotency record without upload expiry")
+			}
+			// The resource must still exist; its URL is re-signed from the
+			// stored expiry, so a late replay returns the same, expired URL.
+			if _, err := s.store.GetAttachment(ctx, rec.ResourceID); err != nil {
+				return nil, err
+			}
+			return json.Marshal(s.uploadDTO(rec.ResourceID, meta.UploadExpiresAt))
+		},
+	})
+}
+
+// uploadMeta is the idempotency record's meta of an attachment init: what
+// re-signing the upload URL needs, never the URL.
+type uploadMeta struct {
+	UploadExpiresAt int64 `json:"uploadExpiresAt"`
+}
+
+func uploadRecord(a store.Attachment) store.IdemRecord {
+	meta, _ := json.Marshal(uploadMeta{UploadExpiresAt: a.UploadExpiresAt.UnixMilli()})
+	return store.IdemRecord{Status: http.StatusCreated, ResourceID: a.ID, Meta: string(meta)}
+}
+
+func (s *Server) uploadDTO(id string, expiresMs int64) uploadDTO {
+	return uploadDTO{ID: id, UploadURL: s.att.signedURL(http.MethodPut, id, expiresMs), ExpiresAt: expiresMs}
+}
+
+// uploadBlob: PUT to the signed upload URL. No bearer token: the signature
+// is the authorization. The body limit is the declared size (413 beyond it,
+// enforced while reading), the Content-Type must be the declared one.
+func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) {
+	id, err := s.att.verify(r, http.MethodPut)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.store.GetAttachment(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != a.ContentType {
+		s.fail(w, r, errUnsupportedMedia)
+		return
+	}
+	if r.ContentLength > a.SizeBytes {
+		s.fail(w, r, errPayloadTooLarge)
+		return
+	}
+	key := blobKey(a.ID)
+	h := sha256.New()
+	body := &hashingReader{r: http.MaxBytesReader(w, r.Body, a.SizeBytes), h: h}
+	n, err := s.att.blobs.Put(r.Context(), key, body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			s.fail(w, r, errPayloadTooLarge)
+		case errors.Is(err, context.Canceled) || body.readErr != nil:
+			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_body_stream"))
+		default:
+			s.fail(w, r, err)
+		}
+		return
+	}
+	if n != a.SizeBytes {
+		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
+		s.fail(w, r, errUploadSize)
+		return
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	cur, err := s.store.MarkAttachmentUploaded(r.Context(), a.ID, key, sum)
+	if errors.Is(err, store.ErrAttachmentUploaded) {
+		// An earlier or concurrent upload won. The same bytes again is a
+		// retry (200); other bytes may not replace what a message may
+		// already show.
+		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
+		if cur.SHA256 != sum {
+			s.fail(w, r, err)
+			return
+		}
+		err = nil
+	}
+	if err != nil {
+		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, AttachmentDTO{ID: cur.ID, Filename: cur.Filename, ContentType: cur.ContentType, SizeBytes: cur.SizeBytes})
+}
+
+// blobKey names one upload's blob: a random shard, the attachment id and a
+// random suffix, so concurrent uploads never overwrite each other.
+func blobKey(id string) string {
+	t := randomToken()
+	return t[:2] + "/" + id + "-" + t[2:]
+}
+
+type hashingReader struct {
+	r       io.Reader
+	h       hash.Hash
+	readErr error
+}
+
+func (hr *hashingReader) Read(p []byte) (int, error) {
+	n, err := hr.r.Read(p)
+	hr.h.Write(p[:n])
+	if err != nil && err != io.EOF {
+		var mbe *http.MaxBytesError
+		if !errors.As(err, &mbe) {
+			hr.readErr = err
+		}
+	}
+	return n, err
+}
+
+// serveBlob: GET/HEAD of the signed download URL.
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) {
+	id, err := s.att.verify(r, http.MethodGet)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.store.GetAttachment(r.Context(), id)
+	if err == nil && a.Status != store.AttachmentUploaded {
+		err = store.ErrAttachmentNotFound
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f, err := s.att.blobs.Open(r.Context(), a.BlobKey)
+	if errors.Is(err, store.ErrBlobNotFound) {
+		err = store.ErrAttachmentNotFound
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	defer f.Close()
+	h := w.Header()
+	h.Set("Content-Type", a.ContentType)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
+	h.Set("Content-Disposition", "attachment; filename*=UTF-8''"+url.PathEscape(a.Filename))
+	h.Set("Cache-Control", "private, no-store")
+	http.ServeContent(w, r, "", time.Time{}, f)
+}
+
+// downloadURL: GET /v1/attachments/{id}/download-url → {url, expiresAt} for
+// members of the attachment's dialog. It fails closed while DB0 is
+// unreachable (CONTRACT §10: a signed URL is handed out only where its
+// limit can be applied).
+func (s *Server) downloadURL(w http.ResponseWriter, r *http.Request) {
+	id, err := pathUUID(r, "id")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.requireDB0(r.Context()); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.store.AttachmentForMember(r.Context(), id, principal(r).UserID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if a.Status != store.AttachmentUploaded {
+		s.fail(w, r, store.ErrAttachmentNotUploaded)
+		return
+	}
+	exp := time.Now().Add(s.att.cfg.DownloadURLTTL).UnixMilli()
+	writeJSON(w, http.StatusOK, downloadDTO{URL: s.att.signedURL(http.MethodGet, a.ID, exp), ExpiresAt: exp})
+}
+
+// requireDB0 fails at once while DB0 is known to be down, and otherwise
+// checks it with one round trip bounded by the Redis budget.
+func (s *Server) requireDB0(ctx context.Context) error {
+	if err := deferredDB0(ctx); err != nil {
+		return err
+	}
+	if s.idem.health == nil {
+		return store.ErrRedisUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
+	defer cancel()
+	return s.idem.health.Ping(ctx)
+}

@@ -1,0 +1,476 @@
+package restapi
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/han-app/gateway/store"
+)
+
+// IdempotencyConfig tunes idempotency keys and the DB0 fast-failure budget.
+type IdempotencyConfig struct {
+	// RecordTTL is the life of a completed record in Redis and PostgreSQL.
+	// Zero value means 24h.
+	RecordTTL time.Duration
+	// LockTTL is the in-progress lock's life between heartbeats (the
+	// handler extends it every LockTTL/3). Zero value means 30s.
+	LockTTL time.Duration
+	// RedisBudget is the most a request waits on DB0 for one idempotency
+	// step before failing closed. Zero value means 1s.
+	RedisBudget time.Duration
+	// ProbeInterval is the DB0 health prober's period while Redis is down.
+	// Zero value means 250ms. Used only when Deps.RedisHealth is nil.
+	ProbeInterval time.Duration
+}
+
+// Idempotency scopes: one per idempotent operation (part of the key).
+const (
+	scopeMessageSend    = "msg_send"
+	scopeAttachmentInit = "att_init"
+	scopeDialogCreate   = "dlg_create"
+)
+
+// MaxIdempotencyKeyLen is the longest Idempotency-Key accepted (CONTRACT §5).
+const MaxIdempotencyKeyLen = 255
+
+var (
+	errIdemKeyRequired = apiErr(http.StatusBadRequest, "idempotency_key_required")
+	errIdemKeyInvalid  = apiErr(http.StatusBadRequest, "invalid_idempotency_key")
+	errIdemKeyReused   = apiErr(http.StatusConflict, "idempotency_key_reused")
+	errIdemInProgress  = &Error{Status: http.StatusConflict, Code: "idempotency_in_progress", RetryAfter: 1}
+)
+
+const (
+	idemReplayedHeader = "Idempotent-Replayed"
+	// idemKeyHMACDomain separates idempotency-key HMACs from the IP HMACs
+	// made with the same HAN_HMAC_SECRET.
+	idemKeyHMACDomain = "han idempotency key v1\x00"
+)
+
+// Outcome labels of han_idempotency_requests_total.
+const (
+	idemOutcomeCreated   = "created"
+	idemOutcomeReplay    = "replay"
+	idemOutcomeReplayPG  = "replay_pg"
+	idemOutcomeConflict  = "conflict"
+	idemOutcomeBusy      = "in_progress"
+	idemOutcomeFailed    = "failed"
+	idemOutcomeFailClose = "fail_closed"
+)
+
+// idempotency is the server's idempotency machinery.
+type idempotency struct {
+	store       *store.Idempotency // nil without a DB0 client: every keyed request fails closed
+	health      *store.RedisHealth
+	ownHealth   bool // created by NewServer, closed by Server.Close
+	cfg         IdempotencyConfig
+	keyOptional bool // benchmarks only: sends without a key run unprotected
+	requests    *prometheus.CounterVec
+	degraded    prometheus.Gauge
+}
+
+func (s *Server) initIdempotency(d Deps) {
+	cfg := d.Config.Idempotency
+	if cfg.RecordTTL <= 0 {
+		cfg.RecordTTL = 24 * time.Hour
+	}
+	if cfg.LockTTL <= 0 {
+		cfg.LockTTL = 30 * time.Second
+	}
+	if cfg.RedisBudget <= 0 {
+		cfg.RedisBudget = time.Second
+	}
+	id := &idempotency{cfg: cfg, health: d.RedisHealth}
+	id.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "han_idempotency_requests_total",
+		Help: "Idempotent requests by scope and outcome (created, replay, replay_pg = answered from PostgreSQL, conflict, in_progress, failed, fail_closed).",
+	}, []string{"scope", "outcome"})
+	id.degraded = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "han_redis_db0_degraded", Help: "1 while DB0 is considered unreachable and DB0-dependent requests fail fast.",
+	})
+	id.requests = registerOrReuse(s.metrics.Registry, id.requests)
+	id.degraded = registerOrReuse(s.metrics.Registry, id.degraded)
+	if id.health == nil && d.Redis != nil {
+		id.health = store.NewRedisHealth(d.Redis, store.HealthConfig{
+			ProbeInterval: cfg.ProbeInterval,
+			ProbeTimeout:  cfg.RedisBudget,
+			OnChange: func(down bool) {
+				if down {
+					id.degraded.Set(1)
+				} else {
+					id.degraded.Set(0)
+				}
+			},
+		}, s.logger)
+		id.ownHealth = true
+	}
+	if d.Redis != nil {
+		id.store = store.NewIdempotency(d.Redis, id.health, store.IdempotencyConfig{RecordTTL: cfg.RecordTTL, LockTTL: cfg.LockTTL})
+	}
+	s.idem = id
+}
+
+// registerOrReuse registers c, or returns the collector already registered
+// under its name (several servers sharing one Metrics).
+func registerOrReuse[T prometheus.Collector](reg *prometheus.Registry, c T) T {
+	var are prometheus.AlreadyRegisteredError
+	if err := reg.Register(c); errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing
+		}
+	}
+	return c
+}
+
+// Close stops the server's background work (the DB0 health prober it
+// created). It is idempotent; the caller closes what it passed in Deps.
+func (s *Server) Close() {
+	if s.idem != nil && s.idem.ownHealth {
+		s.idem.health.Close()
+	}
+}
+
+// RedisHealth is the DB0 fast-failure state the server uses.
+func (s *Server) RedisHealth() *store.RedisHealth { return s.idem.health }
+
+// idemKeyHeader reads Idempotency-Key: 1..255 printable ASCII characters
+// (space included), one header line.
+func idemKeyHeader(r *http.Request) (key string, present bool, err error) {
+	vals := r.Header.Values("Idempotency-Key")
+	switch {
+	case len(vals) == 0 || len(vals) == 1 && vals[0] == "":
+		return "", false, nil
+	case len(vals) > 1:
+		return "", false, errIdemKeyInvalid
+	}
+	key = vals[0]
+	if len(key) > MaxIdempotencyKeyLen {
+		return "", false, errIdemKeyInvalid
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return "", false, errIdemKeyInvalid
+		}
+	}
+	return key, true, nil
+}
+
+// idemFingerprint hashes what makes two requests "the same": method, route
+// template, the path's variables and the canonical body (the validated
+// request re-encoded, so spacing and key order do not matter).
+func idemFingerprint(r *http.Request, canon []byte) string {
+	h := sha256.New()
+	h.Write([]byte(r.Method + "\n" + RouteTemplate(r) + "\n"))
+	vars := mux.Vars(r)
+	names := make([]string, 0, len(vars))
+	for k := range vars {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		h.Write([]byte(k + "=" + vars[k] + "\n"))
+	}
+	h.Write(canon)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// idemResult is what an operation's first execution produced.
+type idemResult struct {
+	rec  store.IdemRecord // Status, ResourceID, Version, Meta of the outcome
+	body []byte           // the response body
+	// after runs once the transaction committed, before the response is
+	// written (publishing the realtime event).
+	after func()
+}
+
+// idemTxHook writes the durable record inside the business transaction.
+// rec carries Status, ResourceID, Version and Meta; nil when the request
+// has no key.
+type idemTxHook func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error
+
+// idemOp describes one idempotent operation.
+type idemOp struct {
+	scope    string
+	required bool   // a missing key is 400 idempotency_key_required
+	canon    []byte // canonical request
+	// exec performs the business effect; it calls hook (when non-nil)
+	// inside its transaction.
+	exec func(ctx context.Context, hook idemTxHook) (idemResult, error)
+	// render rebuilds the response body of a completed record from the
+	// resource it names (re-signing URLs deterministically).
+	render func(ctx context.Context, rec store.IdemRecord) ([]byte, error)
+}
+
+// serveIdempotent runs op under the request's Idempotency-Key (CONTRACT §5):
+// reserve/compare/lock in one Lua script, the durable record written in the
+// business transaction, owner-only complete/release, a lock heartbeat while
+// the handler runs, byte-identical replays. When DB0 is unreachable or out
+// of memory it answers from a completed PostgreSQL record, or fails closed
+// (CONTRACT §10). Only successes are stored: every failure gives the key
+// back, so a retry runs again.
+func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idemOp) {
+	ctx := r.Context()
+	key, present, err := idemKeyHeader(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if !present {
+		if op.required && !s.idem.keyOptional {
+			s.fail(w, r, errIdemKeyRequired)
+			return
+		}
+		res, err := op.exec(ctx, nil)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if res.after != nil {
+			res.after()
+		}
+		writeRawJSON(w, res.rec.Status, res.body)
+		return
+	}
+	k := store.IdemKey{Scope: op.scope, UserID: principal(r).UserID, KeyHMAC: HMACHex(s.hmacSecret, idemKeyHMACDomain+key)}
+	fp := idemFingerprint(r, op.canon)
+	count := func(outcome string) { s.idem.requests.WithLabelValues(op.scope, outcome).Inc() }
+
+	if s.idem.store == nil {
+		s.idemFallback(w, r, op, k, fp, store.ErrRedisUnavailable)
+		return
+	}
+	if err := deferredDB0(ctx); err != nil {
+		// The limit could not be applied: no new effect, only a replay.
+		s.idemFallback(w, r, op, k, fp, err)
+		return
+	}
+	owner := randomToken()
+	rctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
+	res, err := s.idem.store.Reserve(rctx, k, fp, owner)
+	cancel()
+	if err != nil {
+		s.idemFallback(w, r, op, k, fp, err)
+		return
+	}
+	switch res.Outcome {
+	case store.IdemReplay:
+		count(idemOutcomeReplay)
+		s.idemReplay(w, r, op, res.Record)
+		return
+	case store.IdemConflict:
+		count(idemOutcomeConflict)
+		s.fail(w, r, errIdemKeyReused)
+		return
+	case store.IdemInProgress:
+		count(idemOutcomeBusy)
+		s.fail(w, r, errIdemInProgress)
+		return
+	}
+
+	// Acquired: this request runs; keep the lock alive meanwhile.
+	stop := s.idemHeartbeat(k, owner)
+	hook := func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error {
+		rec.Fingerprint = fp
+		return store.InsertIdempotencyTx(ctx, tx, k, rec, s.idem.cfg.RecordTTL)
+	}
+	out, err := op.exec(ctx, hook)
+	stop()
+	switch {
+	case errors.Is(err, store.ErrIdemExists):
+		// PostgreSQL holds a live record that Redis lost (eviction, restart,
+		// empty restore): answer from it and re-warm Redis. The business
+		// transaction rolled back, so nothing happened twice.
+		rec, found, lerr := s.store.LookupIdempotency(ctx, k)
+		switch {
+		case lerr != nil:
+			s.idemRelease(ctx, k, owner)
+			s.fail(w, r, lerr)
+		case !found:
+			// It expired between the insert and the lookup: try again.
+			s.idemRelease(ctx, k, owner)
+			count(idemOutcomeBusy)
+			s.fail(w, r, errIdemInProgress)
+		case rec.Fingerprint != fp:
+			s.idemRelease(ctx, k, owner)
+			count(idemOutcomeConflict)
+			s.fail(w, r, errIdemKeyReused)
+		default:
+			s.idemComplete(ctx, k, owner, rec)
+			count(idemOutcomeReplayPG)
+			s.idemReplay(w, r, op, rec)
+		}
+		return
+	case err != nil:
+		s.idemRelease(ctx, k, owner)
+		count(idemOutcomeFailed)
+		s.fail(w, r, err)
+		return
+	}
+	out.rec.Fingerprint = fp
+	s.idemComplete(ctx, k, owner, out.rec)
+	if out.after != nil {
+		out.after()
+	}
+	count(idemOutcomeCreated)
+	writeRawJSON(w, out.rec.Status, out.body)
+}
+
+// idemFallback answers a keyed request while DB0 failed (CONTRACT §10): a
+// completed PostgreSQL record with this fingerprint is replayed, another
+// fingerprint is a conflict, and anything else fails closed with the Redis
+// error (503 redis_unavailable / redis_oom / redis_expiry_denied).
+func (s *Server) idemFallback(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp string, redisErr error) {
+	rec, found, err := s.store.LookupIdempotency(r.Context(), k)
+	switch {
+	case err != nil:
+		s.fail(w, r, err)
+	case found && rec.Fingerprint == fp:
+		s.idem.requests.WithLabelValues(op.scope, idemOutcomeReplayPG).Inc()
+		s.idemReplay(w, r, op, rec)
+	case found:
+		s.idem.requests.WithLabelValues(op.scope, idemOutcomeConflict).Inc()
+		s.fail(w, r, errIdemKeyReused)
+	default:
+		s.idem.requests.WithLabelValues(op.scope, idemOutcomeFailClose).Inc()
+		if !errors.Is(redisErr, store.ErrRedisOOM) && !errors.Is(redisErr, store.ErrExpiryDenied) {
+			redisErr = store.ErrRedisUnavailable
+		}
+		s.fail(w, r, redisErr)
+	}
+}
+
+// idemReplay answers with the stored outcome, rebuilt from its resource.
+func (s *Server) idemReplay(w http.ResponseWriter, r *http.Request, op idemOp, rec store.IdemRecord) {
+	body, err := op.render(r.Context(), rec)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set(idemReplayedHeader, "true")
+	writeRawJSON(w, rec.Status, body)
+}
+
+// idemComplete and idemRelease run with their own budget, detached from the
+// client's cancellation: a client that hung up must not leave the key
+// locked. A failure is harmless: PostgreSQL holds completed records, and an
+// unreleased lock expires.
+func (s *Server) idemComplete(ctx context.Context, k store.IdemKey, owner string, rec store.IdemRecord) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.idem.cfg.RedisBudget)
+	defer cancel()
+	if _, err := s.idem.store.Complete(ctx, k, owner, rec); err != nil {
+		s.metrics.errors.WithLabelValues("redis", "idempotency_complete").Inc()
+	}
+}
+
+func (s *Server) idemRelease(ctx context.Context, k store.IdemKey, owner string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.idem.cfg.RedisBudget)
+	defer cancel()
+	if _, err := s.idem.store.Release(ctx, k, owner); err != nil {
+		s.metrics.errors.WithLabelValues("redis", "idempotency_release").Inc()
+	}
+}
+
+// idemHeartbeat extends the lock every LockTTL/3 until the returned stop
+// function is called (which waits for the goroutine). It gives up when the
+// lock is no longer this owner's; the PostgreSQL unique key still prevents
+// a second effect.
+func (s *Server) idemHeartbeat(k store.IdemKey, owner string) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(max(s.idem.cfg.LockTTL/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), s.idem.cfg.RedisBudget)
+			n, err := s.idem.store.Extend(ctx, k, owner)
+			cancel()
+			if err == nil && n != 1 {
+				s.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lock lost while the request ran", slog.String("scope", k.Scope))
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+}
+
+func randomToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// db0FailClosedRoutes are the routes whose handlers apply CONTRACT §10's
+// DB0 row themselves: replay a completed PostgreSQL record for the key, else
+// fail closed.
+var db0FailClosedRoutes = map[string]bool{
+	http.MethodPost + " /v1/dialogs/{id}/messages":        true,
+	http.MethodPost + " /v1/attachments":                  true,
+	http.MethodGet + " /v1/attachments/{id}/download-url": true,
+}
+
+// db0Deferral carries a DB0 failure met before the handler ran.
+type db0Deferral struct{ err error }
+
+type ctxDB0Deferral struct{}
+
+// deferDB0Failures prepares the routes of db0FailClosedRoutes to receive a
+// DB0 failure from the rate limiter (DeferDB0Failure).
+func (s *Server) deferDB0Failures(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if db0FailClosedRoutes[r.Method+" "+RouteTemplate(r)] {
+			r = r.WithContext(context.WithValue(r.Context(), ctxDB0Deferral{}, &db0Deferral{}))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// DeferDB0Failure is for RateLimiter implementations. When the limiter
+// cannot decide because DB0 failed (err is a Redis unavailable/OOM error) on
+// a route whose handler applies CONTRACT §10 itself — message send,
+// attachment init, download URL — it records err and returns true: the
+// limiter then lets the request through, and the handler answers from a
+// completed PostgreSQL idempotency record or fails closed with err, never
+// running the business effect without its limit. Elsewhere it returns false
+// and the limiter fails closed as usual.
+func DeferDB0Failure(r *http.Request, err error) bool {
+	d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral)
+	if !ok || d.err != nil {
+		return false
+	}
+	if !errors.Is(err, store.ErrRedisUnavailable) && !errors.Is(err, store.ErrRedisOOM) && !errors.Is(err, store.ErrExpiryDenied) {
+		return false
+	}
+	d.err = err
+	return true
+}
+
+// deferredDB0 returns the DB0 failure the limiter deferred to the handler.
+func deferredDB0(ctx context.Context) error {
+	if d, ok := ctx.Value(ctxDB0Deferral{}).(*db0Deferral); ok {
+		return d.err
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package restapi
+
+import (
+	"context"
+	"net/http"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+// validateAttachmentIDs checks attachmentIds: at most 10 distinct UUIDs
+// (400 invalid_attachment otherwise). Whether each one is an uploaded,
+// unlinked attachment of the dialog is checked in the send transaction.
+func validateAttachmentIDs(in *[]string) ([]string, error) {
+	if in == nil || len(*in) == 0 {
+		return nil, nil
+	}
+	if len(*in) > store.MaxMessageAttachments {
+		return nil, errInvalidAttachment
+	}
+	out := make([]string, 0, len(*in))
+	seen := map[string]bool{}
+	for _, v := range *in {
+		id, ok := ids.Canonical(v)
+		if !ok || seen[id] {
+			return nil, errInvalidAttachment
+		}
+		seen[id] = true
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// canonicalSend is the validated send request, re-encoded for the
+// fingerprint (the dialog id is part of the fingerprint through the path).
+type canonicalSend struct {
+	Body            string   `json:"body"`
+	ClientMessageID string   `json:"clientMessageId"`
+	AttachmentIDs   []string `json:"attachmentIds"`
+}
+
+// sendMessageIdempotent runs a validated send under its Idempotency-Key
+// (required). The record keeps the message id and seq; a replay re-reads
+// the message.
+func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, in store.SendMessage) {
+	canon, _ := json.Marshal(canonicalSend{Body: in.Body, ClientMessageID: in.ClientMessageID, AttachmentIDs: in.AttachmentIDs})
+	s.serveIdempotent(w, r, idemOp{
+		scope: scopeMessageSend, required: true, canon: canon,
+		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
+			in := in
+			in.ID = ids.New()
+			if hook != nil {
+				in.InTx = func(ctx context.Context, tx pgx.Tx, m store.Message) error {
+					return hook(ctx, tx, store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq})
+				}
+			}
+			m, ev, created, err := s.store.SendMessage(ctx, in)
+			if err != nil {
+				return idemResult{}, err
+			}
+			body, err := json.Marshal(ToMessageDTO(m))
+			res := idemResult{rec: store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq}, body: body}
+			if created {
+				res.after = func() { s.publishAfterCommit(ctx, ev) }
+			}
+			return res, err
+		},
+		render: func(ctx context.Context, rec store.IdemRecord) ([]byte, error) {
+			m, err := s.store.GetMessage(ctx, rec.ResourceID)
+			if err != nil {
+				return nil, err
+			}
+			return json.Marshal(ToMessageDTO(m))
+		},
+	})
+}
+
+// canonicalDialog is the validated dialog-create request.
+type canonicalDialog struct {
+	MemberIDs []string `json:"memberIds"`
+	Title     string   `json:"title"`
+}
+
+// createDialogIdempotent creates a dialog; the Idempotency-Key is optional
+// here (CONTRACT §5 requires it only on send and attachment init). The
+// record keeps the dialog id; a replay re-reads the dialog and answers it as
+// it was created (lastSeq 0).
+func (s *Server) createDialogIdempotent(w http.ResponseWriter, r *http.Request, me, title string, members []string) {
+	canon, _ := json.Marshal(canonicalDialog{MemberIDs: members, Title: title})
+	s.serveIdempotent(w, r, idemOp{
+		scope: scopeDialogCreate, canon: canon,
+		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
+			var hooks []func(context.Context, pgx.Tx, store.Dialog) error
+			if hook != nil {
+				hooks = append(hooks, func(ctx context.Context, tx pgx.Tx, d store.Dialog) error {
+					return hook(ctx, tx, store.IdemRecord{Status: http.StatusCreated, ResourceID: d.ID})
+				})
+			}
+			d, err := s.store.CreateDialog(ctx, ids.New(), me, title, members, hooks...)
+			if err != nil {
+				return idemResult{}, err
+			}
+			body, err := json.Marshal(createdDialogDTO(d, me))
+			return idemResult{rec: store.IdemRecord{Status: http.StatusCreated, ResourceID: d.ID}, body: body}, err
+		},
+		render: func(ctx context.Context, rec store.IdemRecord) ([]byte, error) {
+			d, err := s.store.DialogForMember(ctx, rec.ResourceID, me)
+			if err != nil {
+				return nil, err
+			}
+			d.LastSeq = rec.Version
+			return json.Marshal(createdDialogDTO(d, me))
+		},
+	})
+}
+
+// createdDialogDTO is the dialog as its creation answers it: the creator
+// first, then the other members by id, so a replay that re-reads the dialog
+// produces the same bytes.
+func createdDialogDTO(d store.Dialog, creator string) dialogDTO {
+	members := make([]string, 0, len(d.MemberIDs))
+	members = append(members, creator)
+	for _, m := range d.MemberIDs {
+		if m != creator {
+			members = append(members, m)
+		}
+	}
+	sort.Strings(members[1:])
+	d.MemberIDs = members
+	return toDialogDTO(d)
+}

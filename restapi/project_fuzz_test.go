@@ -1,0 +1,60 @@
+package restapi
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/store"
+)
+
+// FuzzParseCachePut: whatever the body, parseCachePut either refuses it with
+// a 400 or returns a PUT that satisfies every rule of CONTRACT §9, from a
+// body that is strict JSON.
+func FuzzParseCachePut(f *testing.F) {
+	for _, s := range []string{
+		`{"key":"k","type":"string","value":"v"}`,
+		`{"key":"k","type":"json","value":"{\"a\":1}","ttlSeconds":60,"createOnly":true}`,
+		`{"key":"k","type":"string","value":"v","ttlSeconds":null}`,
+		`{"key":"k","type":"string","value":"v","ttlSeconds":1e3}`,
+		`{"key":"k","type":"string","value":"v","ttlSeconds":2592000}`,
+		`{"key":"\ud800","type":"string","value":"v"}`,
+		"{\"key\":\"\xff\",\"type\":\"string\",\"value\":\"v\"}",
+		`{"key":"a","key":"b","type":"string","value":"v"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := parseCachePut(b)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) || e.Status != 400 {
+				t.Fatalf("refusal %v is not a 400", err)
+			}
+			return
+		}
+		if jsonx.Check(b) != nil {
+			t.Fatalf("accepted a body that is not strict JSON: %q", b)
+		}
+		if !store.ValidCacheKey(p.Key) || (p.Type != "json" && p.Type != "string") {
+			t.Fatalf("accepted key %q type %q", p.Key, p.Type)
+		}
+		if p.TTL < time.Second || p.TTL > CacheTTLMaxSeconds*time.Second || p.TTL%time.Second != 0 {
+			t.Fatalf("accepted TTL %v", p.TTL)
+		}
+		if p.Type == "json" && jsonx.Check([]byte(p.Value)) != nil {
+			t.Fatalf("accepted invalid JSON text %q", p.Value)
+		}
+		members, _ := jsonx.TopLevel(b)
+		if raw, ok := members["ttlSeconds"]; ok {
+			for _, c := range raw {
+				if c < '0' || c > '9' {
+					t.Fatalf("accepted TTL token %s", raw)
+				}
+			}
+		} else if p.TTL != CacheTTLDefaultSeconds*time.Second {
+			t.Fatalf("absent TTL became %v", p.TTL)
+		}
+	})
+}

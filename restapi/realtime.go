@@ -1,0 +1,89 @@
+package restapi
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/gorilla/mux"
+)
+
+// RealtimeGateway is the realtime side the REST API serves and calls
+// (implemented by gateway.Service).
+type RealtimeGateway interface {
+	// Handler serves GET /v1/realtime (it authenticates by ticket or bearer
+	// itself).
+	Handler() http.Handler
+	IssueTicket(ctx context.Context, userID string) (ticket string, expiresAt time.Time, err error)
+	OnlineConnections(ctx context.Context, userID string) (int, error)
+	// PubSubHealthy feeds /readyz: false turns it "degraded".
+	PubSubHealthy() bool
+}
+
+// realtimeRoutes mounts GET /v1/realtime on the root router, before the
+// /v1 user subrouter that requires a bearer token.
+func (s *Server) realtimeRoutes(r *mux.Router) {
+	if s.gw != nil {
+		r.Handle("/v1/realtime", s.gw.Handler()).Methods(http.MethodGet)
+	}
+}
+
+// realtimeUserRoutes adds the ticket and presence endpoints (relative to /v1).
+func (s *Server) realtimeUserRoutes(user *mux.Router) {
+	if s.gw != nil {
+		user.HandleFunc("/realtime/tickets", s.issueTicket).Methods(http.MethodPost)
+		user.HandleFunc("/users/{id}/presence", s.userPresence).Methods(http.MethodGet)
+	}
+}
+
+type ticketDTO struct {
+	Ticket    string `json:"ticket"`
+	ExpiresAt int64  `json:"expiresAt"`
+}
+
+// issueTicket: POST /v1/realtime/tickets → 201 {ticket, expiresAt}. The
+// ticket is good for one WebSocket connection within 30 s; Redis DB1 down →
+// 503 redis_unavailable.
+func (s *Server) issueTicket(w http.ResponseWriter, r *http.Request) {
+	t, exp, err := s.gw.IssueTicket(r.Context(), principal(r).UserID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusCreated, ticketDTO{Ticket: t, ExpiresAt: exp.UnixMilli()})
+}
+
+type presenceDTO struct {
+	Online      bool   `json:"online"`
+	Connections int    `json:"connections"`
+	LastSeenAt  *int64 `json:"lastSeenAt"`
+}
+
+// userPresence: GET /v1/users/{id}/presence → {online, connections,
+// lastSeenAt}. Visible to the user and to users sharing a dialog with them
+// (anyone else: 404 user_not_found). lastSeenAt is the end of the user's
+// latest connection, persisted in PostgreSQL (null before the first).
+func (s *Server) userPresence(w http.ResponseWriter, r *http.Request) {
+	target, err := pathUUID(r, "id")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	lastSeen, err := s.store.PresenceVisible(r.Context(), principal(r).UserID, target)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	n, err := s.gw.OnlineConnections(r.Context(), target)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	dto := presenceDTO{Online: n > 0, Connections: n}
+	if lastSeen != nil {
+		ms := lastSeen.UnixMilli()
+		dto.LastSeenAt = &ms
+	}
+	writeJSON(w, http.StatusOK, dto)
+}

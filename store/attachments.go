@@ -1,0 +1,234 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/encoding/json"
+)
+
+// Attachment errors the API maps to stable codes.
+var (
+	ErrAttachmentNotFound    = errors.New("store: attachment not found")
+	ErrInvalidAttachment     = errors.New("store: invalid attachment")
+	ErrAttachmentNotUploaded = errors.New("store: attachment not uploaded")
+	ErrAttachmentUploaded    = errors.New("store: attachment already uploaded")
+)
+
+// Attachment statuses.
+const (
+	AttachmentPending  = "pending"
+	AttachmentUploaded = "uploaded"
+)
+
+// Attachment is a file a dialog member announced (POST /v1/attachments) and
+// then uploaded through a signed URL.
+type Attachment struct {
+	ID              string
+	DialogID        string
+	UploaderID      string
+	Filename        string
+	ContentType     string
+	SizeBytes       int64
+	Status          string
+	UploadExpiresAt time.Time
+	BlobKey         string // "" until uploaded
+	SHA256          string // hex, "" until uploaded
+	MessageID       string // "" until a message links it
+	CreatedAt       time.Time
+}
+
+// AttachmentRef is an attachment as a message carries it.
+type AttachmentRef struct {
+	ID          string `json:"id"`
+	Filename    string `json:"filename"`
+	ContentType string `json:"contentType"`
+	SizeBytes   int64  `json:"sizeBytes"`
+}
+
+// MaxMessageAttachments is the most attachments one message may link.
+const MaxMessageAttachments = 10
+
+// attachmentsColumn is the message's attachments as a JSON array text, in
+// the order the sender gave them (one index probe per message).
+const attachmentsColumn = `COALESCE((SELECT jsonb_agg(jsonb_build_object('id', a.id::text, 'filename', a.filename,
+	'contentType', a.content_type, 'sizeBytes', a.size_bytes) ORDER BY a.position)
+	FROM attachments a WHERE a.message_id = messages.id), '[]'::jsonb)::text`
+
+func decodeAttachmentRefs(raw string) ([]AttachmentRef, error) {
+	if raw == "" || raw == "[]" {
+		return nil, nil
+	}
+	var refs []AttachmentRef
+	if err := json.Unmarshal([]byte(raw), &refs); err != nil {
+		return nil, fmt.Errorf("decode attachments: %w", err)
+	}
+	return refs, nil
+}
+
+// linkAttachments links the uploaded, unlinked attachments ids (of dialogID,
+// uploaded by senderID) to messageID inside the send transaction, keeping
+// the given order. Any id that does not qualify fails the whole send with
+// ErrInvalidAttachment.
+func linkAttachments(ctx context.Context, tx pgx.Tx, messageID, dialogID, senderID string, ids []string) ([]AttachmentRef, error) {
+	rows, err := tx.Query(ctx, `UPDATE attachments a SET message_id = $1, position = x.ord
+		FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord)
+		WHERE a.id = x.id AND a.dialog_id = $3 AND a.uploader_id = $4 AND a.status = 'uploaded' AND a.message_id IS NULL
+		RETURNING a.id::text, a.filename, a.content_type, a.size_bytes, x.ord`, messageID, ids, dialogID, senderID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	refs := make([]AttachmentRef, len(ids))
+	n := 0
+	for rows.Next() {
+		var r AttachmentRef
+		var ord int64
+		if err := rows.Scan(&r.ID, &r.Filename, &r.ContentType, &r.SizeBytes, &ord); err != nil {
+			return nil, err
+		}
+		if ord < 1 || int(ord) > len(ids) {
+			return nil, ErrInvalidAttachment
+		}
+		refs[ord-1] = r
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if n != len(ids) {
+		return nil, ErrInvalidAttachment
+	}
+	return refs, nil
+}
+
+// CreateAttachment is the input of Store.CreateAttachment.
+type CreateAttachment struct {
+	ID          string
+	DialogID    string
+	UploaderID  string
+	Filename    string
+	ContentType string
+	SizeBytes   int64
+	// UploadTTL is the upload URL's lifetime from the insert's now().
+	UploadTTL time.Duration
+	// InTx, when set, runs inside the transaction after the insert (the
+	// idempotency record is written there).
+	InTx func(ctx context.Context, tx pgx.Tx, a Attachment) error
+}
+
+// CreateAttachment records a pending attachment of a dialog the uploader is
+// a member of (ErrDialogNotFound otherwise). The upload deadline is
+// truncated to the millisecond so signed URLs rebuilt from it match.
+func (s *Store) CreateAttachment(ctx context.Context, in CreateAttachment) (Attachment, error) {
+	var a Attachment
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var member bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
+			in.DialogID, in.UploaderID).Scan(&member); err != nil {
+			return err
+		}
+		if !member {
+			return ErrDialogNotFound
+		}
+		row := tx.QueryRow(ctx, `INSERT INTO attachments(id, dialog_id, uploader_id, filename, content_type, size_bytes, upload_expires_at)
+			VALUES ($1, $2, $3, $4, $5, $6, date_trunc('milliseconds', now() + $7 * interval '1 millisecond'))
+			RETURNING `+attachmentCols, in.ID, in.DialogID, in.UploaderID, in.Filename, in.ContentType, in.SizeBytes, in.UploadTTL.Milliseconds())
+		var err error
+		if a, err = scanAttachment(row); err != nil {
+			return err
+		}
+		if in.InTx != nil {
+			return in.InTx(ctx, tx, a)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrDialogNotFound) || errors.Is(err, ErrIdemExists) {
+			return Attachment{}, err
+		}
+		return Attachment{}, fmt.Errorf("create attachment: %w", err)
+	}
+	return a, nil
+}
+
+const attachmentCols = `id::text, dialog_id::text, uploader_id::text, filename, content_type, size_bytes, status,
+	upload_expires_at, COALESCE(blob_key, ''), COALESCE(sha256, ''), COALESCE(message_id::text, ''), created_at`
+
+func scanAttachment(row pgx.Row) (Attachment, error) {
+	var a Attachment
+	err := row.Scan(&a.ID, &a.DialogID, &a.UploaderID, &a.Filename, &a.ContentType, &a.SizeBytes, &a.Status,
+		&a.UploadExpiresAt, &a.BlobKey, &a.SHA256, &a.MessageID, &a.CreatedAt)
+	return a, err
+}
+
+// GetAttachment loads an attachment by id (ErrAttachmentNotFound).
+func (s *Store) GetAttachment(ctx context.Context, id string) (Attachment, error) {
+	a, err := scanAttachment(s.pool.QueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments WHERE id=$1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Attachment{}, ErrAttachmentNotFound
+	}
+	if err != nil {
+		return Attachment{}, fmt.Errorf("load attachment: %w", err)
+	}
+	return a, nil
+}
+
+// AttachmentForMember loads an attachment if userID is a member of its
+// dialog; otherwise it is reported as ErrAttachmentNotFound (no existence
+// leak).
+func (s *Store) AttachmentForMember(ctx context.Context, id, userID string) (Attachment, error) {
+	a, err := scanAttachment(s.pool.QueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments
+		WHERE id=$1 AND EXISTS (SELECT 1 FROM dialog_members m WHERE m.dialog_id = attachments.dialog_id AND m.user_id=$2)`, id, userID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Attachment{}, ErrAttachmentNotFound
+	}
+	if err != nil {
+		return Attachment{}, fmt.Errorf("load attachment: %w", err)
+	}
+	return a, nil
+}
+
+// MarkAttachmentUploaded records the blob of a pending attachment. When the
+// attachment was no longer pending (a concurrent or earlier upload won), it
+// returns ErrAttachmentUploaded with the current row so the caller can
+// compare contents and delete its own blob.
+func (s *Store) MarkAttachmentUploaded(ctx context.Context, id, blobKey, sha256 string) (Attachment, error) {
+	a, err := scanAttachment(s.pool.QueryRow(ctx, `UPDATE attachments SET status='uploaded', blob_key=$2, sha256=$3, uploaded_at=now()
+		WHERE id=$1 AND status='pending' RETURNING `+attachmentCols, id, blobKey, sha256))
+	if err == nil {
+		return a, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Attachment{}, fmt.Errorf("mark attachment uploaded: %w", err)
+	}
+	cur, err := s.GetAttachment(ctx, id)
+	if err != nil {
+		return Attachment{}, err
+	}
+	return cur, ErrAttachmentUploaded
+}
+
+// PurgeAbandonedAttachments deletes pending attachments whose upload URL
+// expired more than retention ago, in batches; they never had a blob.
+func (s *Store) PurgeAbandonedAttachments(ctx context.Context, retention time.Duration, batch int) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, `DELETE FROM attachments WHERE id = ANY(ARRAY(
+			SELECT id FROM attachments WHERE status='pending' AND upload_expires_at < now() - $1 * interval '1 millisecond'
+			LIMIT $2))`, retention.Milliseconds(), batch)
+		if err != nil {
+			return total, fmt.Errorf("purge attachments: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

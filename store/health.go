@@ -1,0 +1,180 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// HealthConfig tunes a RedisHealth.
+type HealthConfig struct {
+	// ProbeInterval is the pause between PINGs while Redis is down. Zero
+	// value means 250ms.
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one PING. Zero value means 1s.
+	ProbeTimeout time.Duration
+	// OnChange, when set, is called (from the goroutine that noticed) each
+	// time the state flips; down is the new state. It must not block.
+	OnChange func(down bool)
+}
+
+// RedisHealth is the fast-failure state of one Redis client (CONTRACT §10):
+// an operation that finds Redis unreachable marks it down, and from then on
+// Check fails at once instead of letting every request wait out its timeout
+// budget on a dead server. While down, a prober goroutine PINGs it every
+// ProbeInterval and marks it up again on the first answer, so recovery needs
+// no restart. The prober runs only while Redis is down; Close stops it.
+//
+// Only unreachability counts (connection refused or reset, timeouts, a
+// closed pool, LOADING): OOM, NOPERM and script errors are answers from a
+// live server and leave the state alone. A RedisHealth is safe for
+// concurrent use.
+type RedisHealth struct {
+	c      redis.UniversalClient
+	cfg    HealthConfig
+	logger *slog.Logger
+
+	down atomic.Bool
+
+	mu      sync.Mutex // guards probing, closed
+	probing bool
+	closed  bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// NewRedisHealth tracks c. logger may be nil.
+func NewRedisHealth(c redis.UniversalClient, cfg HealthConfig, logger *slog.Logger) *RedisHealth {
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = 250 * time.Millisecond
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = time.Second
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &RedisHealth{c: c, cfg: cfg, logger: logger, stop: make(chan struct{})}
+}
+
+// Down reports whether Redis is currently considered unreachable.
+func (h *RedisHealth) Down() bool { return h != nil && h.down.Load() }
+
+// Check returns ErrRedisUnavailable at once while Redis is down, else nil.
+// A nil RedisHealth never fails.
+func (h *RedisHealth) Check() error {
+	if h.Down() {
+		return ErrRedisUnavailable
+	}
+	return nil
+}
+
+// Observe classifies the result of a Redis call (ClassifyRedisError) and
+// marks Redis down when it says the server could not be reached. It returns
+// the classified error.
+func (h *RedisHealth) Observe(err error) error {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return err
+	}
+	if h != nil && unreachable(err) {
+		h.MarkDown()
+	}
+	return ClassifyRedisError(err)
+}
+
+// Ping checks Redis with one round trip (or fails at once while it is down),
+// for request paths that must not proceed without DB0 but have no script of
+// their own to run. The caller bounds ctx.
+func (h *RedisHealth) Ping(ctx context.Context) error {
+	if err := h.Check(); err != nil {
+		return err
+	}
+	return h.Observe(h.c.Ping(ctx).Err())
+}
+
+// MarkDown flips the state to down and starts the prober.
+func (h *RedisHealth) MarkDown() {
+	if !h.down.CompareAndSwap(false, true) {
+		return
+	}
+	h.logger.Warn("redis unreachable: failing fast until it answers again")
+	if h.cfg.OnChange != nil {
+		h.cfg.OnChange(true)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.probing {
+		return
+	}
+	h.probing = true
+	h.wg.Add(1)
+	go h.probe()
+}
+
+func (h *RedisHealth) probe() {
+	defer h.wg.Done()
+	t := time.NewTicker(h.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), h.cfg.ProbeTimeout)
+		err := h.c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			h.mu.Lock()
+			h.probing = false
+			h.mu.Unlock()
+			if h.down.CompareAndSwap(true, false) {
+				h.logger.Info("redis reachable again")
+				if h.cfg.OnChange != nil {
+					h.cfg.OnChange(false)
+				}
+			}
+			return
+		}
+		select {
+		case <-h.stop:
+			h.mu.Lock()
+			h.probing = false
+			h.mu.Unlock()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops the prober and waits for it. It is idempotent; the state
+// stays as it was.
+func (h *RedisHealth) Close() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	if !h.closed {
+		h.closed = true
+		close(h.stop)
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+}
+
+// unreachable reports whether err means no answer came from the server.
+func unreachable(err error) bool {
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrClosed) ||
+		errors.Is(err, redis.ErrPoolTimeout) || err == ErrRedisUnavailable {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") ||
+		strings.HasPrefix(msg, "LOADING") || strings.Contains(msg, "EOF") || strings.Contains(msg, "broken pipe")
+}

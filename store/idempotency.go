@@ -1,0 +1,239 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// ErrIdemExists is returned by InsertIdempotencyTx when a live (unexpired)
+// record already holds the key: the business transaction must roll back and
+// the request be answered from that record.
+var ErrIdemExists = errors.New("store: idempotency record exists")
+
+// IdemKey identifies one idempotency key of one user for one operation.
+// KeyHMAC is the hex HMAC of the client's Idempotency-Key, never the key.
+type IdemKey struct {
+	Scope   string // operation, e.g. "msg_send"; no braces
+	UserID  string
+	KeyHMAC string
+}
+
+func (k IdemKey) tag() string { return "{" + k.Scope + ":" + k.UserID + ":" + k.KeyHMAC + "}" }
+
+// RecordKey is han:api:idem:{<scope>:<user_id>:<key_hmac>}.
+func (k IdemKey) RecordKey() string { return "han:api:idem:" + k.tag() }
+
+// LockKey is han:api:idemlock:{<scope>:<user_id>:<key_hmac>}.
+func (k IdemKey) LockKey() string { return "han:api:idemlock:" + k.tag() }
+
+// IdemRecord is a completed request as stored in Redis and PostgreSQL: no
+// body, token, URL or personal data, only what rebuilds the response from
+// the resource (CONTRACT §5).
+type IdemRecord struct {
+	Fingerprint string
+	Status      int
+	ResourceID  string
+	Version     int64
+	// Meta is a small JSON object (e.g. an upload URL's expiry); "" or
+	// "{}" when unused.
+	Meta string
+}
+
+// IdemOutcome is the answer of a reservation.
+type IdemOutcome int
+
+// Reservation outcomes.
+const (
+	IdemAcquired   IdemOutcome = iota + 1 // the caller owns the lock and runs the request
+	IdemReplay                            // completed with the same fingerprint: Record holds it
+	IdemConflict                          // the key was used with another fingerprint
+	IdemInProgress                        // another request holds the lock
+)
+
+// IdemReservation is the result of Idempotency.Reserve.
+type IdemReservation struct {
+	Outcome IdemOutcome
+	Record  IdemRecord    // IdemReplay only (Fingerprint is the caller's)
+	LockTTL time.Duration // IdemInProgress: what is left of the other owner's lock
+}
+
+// IdempotencyConfig tunes Idempotency.
+type IdempotencyConfig struct {
+	// RecordTTL is how long a completed record lives in Redis and in
+	// PostgreSQL (expires_at). Zero value means 24h.
+	RecordTTL time.Duration
+	// LockTTL is the lock's lifetime between heartbeats. Zero value means 30s.
+	LockTTL time.Duration
+}
+
+// Idempotency is the data access of idempotency keys: the Lua scripts on DB0
+// (reserve, complete, release, extend) and the durable records in
+// PostgreSQL. Every Redis call goes through the RedisHealth (when given), so
+// a dead DB0 fails at once. It is safe for concurrent use.
+type Idempotency struct {
+	rdb    redis.Scripter
+	health *RedisHealth
+	cfg    IdempotencyConfig
+}
+
+// NewIdempotency builds the idempotency store on DB0. health may be nil.
+func NewIdempotency(rdb redis.Scripter, health *RedisHealth, cfg IdempotencyConfig) *Idempotency {
+	if cfg.RecordTTL <= 0 {
+		cfg.RecordTTL = 24 * time.Hour
+	}
+	if cfg.LockTTL <= 0 {
+		cfg.LockTTL = 30 * time.Second
+	}
+	return &Idempotency{rdb: rdb, health: health, cfg: cfg}
+}
+
+// Config returns the effective configuration.
+func (i *Idempotency) Config() IdempotencyConfig { return i.cfg }
+
+// Health returns the DB0 health state (may be nil).
+func (i *Idempotency) Health() *RedisHealth { return i.health }
+
+func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, args ...any) (*redis.Cmd, error) {
+	if err := i.health.Check(); err != nil {
+		return nil, err
+	}
+	cmd := s.Run(ctx, i.rdb, []string{k.RecordKey(), k.LockKey()}, args...)
+	if err := cmd.Err(); err != nil {
+		return nil, i.health.Observe(err)
+	}
+	return cmd, nil
+}
+
+// Reserve runs the reserve/compare/lock script for fingerprint fp with the
+// caller's random owner token.
+func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) (IdemReservation, error) {
+	cmd, err := i.run(ctx, lua.IdemReserve, k, fp, owner, i.cfg.LockTTL.Milliseconds())
+	if err != nil {
+		return IdemReservation{}, fmt.Errorf("idempotency reserve: %w", err)
+	}
+	v, err := cmd.Slice()
+	if err != nil || len(v) == 0 {
+		return IdemReservation{}, fmt.Errorf("idempotency reserve: unexpected reply: %w", ErrRedisUnavailable)
+	}
+	switch v[0] {
+	case "acquired":
+		return IdemReservation{Outcome: IdemAcquired}, nil
+	case "conflict":
+		return IdemReservation{Outcome: IdemConflict}, nil
+	case "in_progress":
+		ms, _ := v[1].(int64)
+		return IdemReservation{Outcome: IdemInProgress, LockTTL: time.Duration(ms) * time.Millisecond}, nil
+	case "replay":
+		if len(v) >= 5 {
+			st, _ := v[1].(int64)
+			rid, _ := v[2].(string)
+			ver, _ := v[3].(int64)
+			meta, _ := v[4].(string)
+			return IdemReservation{Outcome: IdemReplay, Record: IdemRecord{Fingerprint: fp, Status: int(st), ResourceID: rid, Version: ver, Meta: meta}}, nil
+		}
+	}
+	return IdemReservation{}, fmt.Errorf("idempotency reserve: unexpected reply: %w", ErrRedisUnavailable)
+}
+
+// Complete stores rec as completed and releases the lock, only if owner
+// still holds it. It returns 1 stored, 0 another owner holds the lock, -1 no
+// lock (nothing is written unless 1).
+func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec IdemRecord) (int64, error) {
+	cmd, err := i.run(ctx, lua.IdemComplete, k, owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds())
+	if err != nil {
+		return 0, fmt.Errorf("idempotency complete: %w", err)
+	}
+	n, _ := cmd.Int64()
+	return n, nil
+}
+
+// Release returns the key to absent (the request is not stored), only for
+// owner: 1 released, 0 another owner, -1 no lock.
+func (i *Idempotency) Release(ctx context.Context, k IdemKey, owner string) (int64, error) {
+	cmd, err := i.run(ctx, lua.IdemRelease, k, owner)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency release: %w", err)
+	}
+	n, _ := cmd.Int64()
+	return n, nil
+}
+
+// Extend is the owner's heartbeat: 1 extended, 0 another owner, -1 no lock.
+func (i *Idempotency) Extend(ctx context.Context, k IdemKey, owner string) (int64, error) {
+	cmd, err := i.run(ctx, lua.IdemExtend, k, owner, i.cfg.LockTTL.Milliseconds())
+	if err != nil {
+		return 0, fmt.Errorf("idempotency extend: %w", err)
+	}
+	n, _ := cmd.Int64()
+	return n, nil
+}
+
+// LookupIdempotency reads the durable record of k from PostgreSQL; expired rows are
+// ignored (found is false).
+func (s *Store) LookupIdempotency(ctx context.Context, k IdemKey) (rec IdemRecord, found bool, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT fingerprint, status, resource_id, version, meta::text
+		FROM idempotency_records WHERE scope=$1 AND user_id=$2 AND key_hmac=$3 AND expires_at > now()`,
+		k.Scope, k.UserID, k.KeyHMAC).Scan(&rec.Fingerprint, &rec.Status, &rec.ResourceID, &rec.Version, &rec.Meta)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return IdemRecord{}, false, nil
+	}
+	if err != nil {
+		return IdemRecord{}, false, fmt.Errorf("lookup idempotency record: %w", err)
+	}
+	return rec, true, nil
+}
+
+// InsertIdempotencyTx writes the durable record inside the business
+// transaction tx. An expired row with the same key is replaced; a live one
+// makes it return ErrIdemExists (the unique key is the final guard against a
+// second business effect when Redis lost its record).
+func InsertIdempotencyTx(ctx context.Context, tx pgx.Tx, k IdemKey, rec IdemRecord, ttl time.Duration) error {
+	meta := rec.Meta
+	if meta == "" {
+		meta = "{}"
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO idempotency_records
+		(scope, user_id, key_hmac, fingerprint, status, resource_id, version, meta, created_at, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, now(), now() + $9 * interval '1 millisecond')
+		ON CONFLICT (scope, user_id, key_hmac) DO UPDATE SET
+			fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status, resource_id = EXCLUDED.resource_id,
+			version = EXCLUDED.version, meta = EXCLUDED.meta, created_at = EXCLUDED.created_at,
+			expires_at = EXCLUDED.expires_at
+		WHERE idempotency_records.expires_at <= now()`,
+		k.Scope, k.UserID, k.KeyHMAC, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, meta, ttl.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("insert idempotency record: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrIdemExists
+	}
+	return nil
+}
+
+// PurgeExpiredIdempotency deletes expired idempotency records in batches of
+// at most batch rows (so no statement holds many row locks) and returns how
+// many it removed.
+func (s *Store) PurgeExpiredIdempotency(ctx context.Context, batch int) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_records WHERE ctid = ANY(ARRAY(
+			SELECT ctid FROM idempotency_records WHERE expires_at <= now() LIMIT $1))`, batch)
+		if err != nil {
+			return total, fmt.Errorf("purge idempotency records: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

@@ -1,0 +1,134 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// JanitorConfig tunes the Janitor.
+type JanitorConfig struct {
+	// Interval between runs. Zero value means 5m.
+	Interval time.Duration
+	// Batch is the most rows one DELETE removes. Zero value means 1000.
+	Batch int
+	// PendingRetention is how long a never-uploaded attachment is kept after
+	// its upload URL expired, so an idempotent replay of its init still finds
+	// it. Zero value means 24h (the default idempotency record TTL).
+	PendingRetention time.Duration
+}
+
+// Janitor purges expired idempotency records and abandoned pending
+// attachments in batches, on a timer. Start launches its goroutine, Close
+// stops it and waits; both are safe to call once each from any goroutine,
+// and Close is idempotent.
+type Janitor struct {
+	store  *Store
+	cfg    JanitorConfig
+	logger *slog.Logger
+
+	mu      sync.Mutex // guards started, stopped
+	started bool
+	stopped bool
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// NewJanitor builds a stopped janitor.
+func NewJanitor(s *Store, cfg JanitorConfig, logger *slog.Logger) *Janitor {
+	if cfg.Interval <= 0 {
+		cfg.Interval = 5 * time.Minute
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 1000
+	}
+	if cfg.PendingRetention <= 0 {
+		cfg.PendingRetention = 24 * time.Hour
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Janitor{store: s, cfg: cfg, logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Start runs the janitor until Close: once right away, then every Interval.
+func (j *Janitor) Start() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.started || j.stopped {
+		return
+	}
+	j.started = true
+	go func() {
+		defer close(j.done)
+		t := time.NewTicker(j.cfg.Interval)
+		defer t.Stop()
+		for {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-j.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			_, _ = j.RunOnce(ctx)
+			cancel()
+			select {
+			case <-j.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// RunOnce purges once and returns how many rows it removed.
+func (j *Janitor) RunOnce(ctx context.Context) (int64, error) {
+	n, err := j.store.PurgeExpiredIdempotency(ctx, j.cfg.Batch)
+	if err != nil {
+		j.logger.Warn("janitor: purge idempotency records failed", slog.String("kind", errKind(err)))
+		return n, err
+	}
+	m, err := j.store.PurgeAbandonedAttachments(ctx, j.cfg.PendingRetention, j.cfg.Batch)
+	if err != nil {
+		j.logger.Warn("janitor: purge pending attachments failed", slog.String("kind", errKind(err)))
+	}
+	if n+m > 0 {
+		j.logger.Info("janitor: purged", slog.Int64("idempotency_records", n), slog.Int64("attachments", m))
+	}
+	return n + m, err
+}
+
+// Close stops the janitor and waits for a run in progress to end. A janitor
+// never started closes at once.
+func (j *Janitor) Close() {
+	j.mu.Lock()
+	started := j.started
+	if !j.stopped {
+		j.stopped = true
+		close(j.stop)
+	}
+	j.mu.Unlock()
+	if started {
+		<-j.done
+	}
+}
+
+// errKind names an error's class for logs without its text, which may quote
+// values.
+func errKind(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return "pg:" + pe.Code
+	}
+	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
+		err = u
+	}
+	return fmt.Sprintf("%T", err)
+}

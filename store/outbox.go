@@ -1,0 +1,92 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// OutboxRow is an undelivered outbox event claimed by the relay.
+type OutboxRow struct {
+	ID       int64
+	EventID  string
+	Channel  string
+	EntityID string
+	Payload  []byte
+	Attempts int
+}
+
+// RelayOutbox claims up to limit undelivered outbox rows older than grace
+// with FOR UPDATE SKIP LOCKED (so concurrent relays on other instances
+// never take the same row at the same time) and calls publish for each in
+// id order. In the same transaction it marks the rows publish succeeded on
+// as delivered. A publish error wrapping ErrLockHeld skips that row; any
+// other error counts an attempt on the row and ends the batch (Redis is
+// likely down: the rest stay untouched for the next run). It returns how
+// many rows it claimed and delivered; publish runs while the row locks are
+// held, so it must be bounded in time.
+func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
+	publish func(ctx context.Context, row OutboxRow) error) (claimed, delivered int, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT id, event_id::text, channel, entity_id, payload, attempts FROM outbox
+			WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => $1)
+			ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, grace.Seconds(), limit)
+		if err != nil {
+			return err
+		}
+		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxRow, error) {
+			var o OutboxRow
+			err := r.Scan(&o.ID, &o.EventID, &o.Channel, &o.EntityID, &o.Payload, &o.Attempts)
+			return o, err
+		})
+		if err != nil {
+			return err
+		}
+		claimed = len(batch)
+		var ok, failed []int64
+		for _, row := range batch {
+			if ctx.Err() != nil {
+				break
+			}
+			err := publish(ctx, row)
+			if err == nil {
+				ok = append(ok, row.ID)
+				continue
+			}
+			if errors.Is(err, ErrLockHeld) {
+				continue
+			}
+			failed = append(failed, row.ID)
+			break
+		}
+		if len(ok) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE outbox SET delivered_at = now(), attempts = attempts + 1
+				WHERE id = ANY($1)`, ok); err != nil {
+				return err
+			}
+		}
+		if len(failed) > 0 {
+			if _, err := tx.Exec(ctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1)`, failed); err != nil {
+				return err
+			}
+		}
+		delivered = len(ok)
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+	}
+	return claimed, delivered, nil
+}
+
+// OutboxPending counts undelivered outbox rows (metrics and tests).
+func (s *Store) OutboxPending(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE delivered_at IS NULL").Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox pending: %w", err)
+	}
+	return n, nil
+}

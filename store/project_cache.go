@@ -1,0 +1,287 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// Project cache errors (CONTRACT §9a).
+var (
+	ErrCacheKeyNotFound = errors.New("store: cache key not found")
+	ErrCacheKeyExists   = errors.New("store: cache key exists")
+	// ErrDataStateInvalid means a project's Redis structure is inconsistent
+	// (a key of the wrong type, metadata missing while data keys exist, a
+	// counter below zero, a write sequence behind its index, an unreadable
+	// legacy entry). The request fails without writing.
+	ErrDataStateInvalid = errors.New("store: project data state invalid")
+)
+
+// Project cache constants (seed 2).
+const (
+	// LegacyGrace is how long legacy entries live after the upgrade when
+	// their container has no TTL: query time + 30 days while pending, write
+	// time + 30 days once a PUT fixes it.
+	LegacyGrace = 30 * 24 * time.Hour
+	// cachePurgeBatch bounds how many expired index members one write
+	// script forgets on the way.
+	cachePurgeBatch = 64
+	// stateExpiredBound bounds how many expired-but-unpurged members the
+	// state script subtracts from the usage it reports.
+	stateExpiredBound = 1000
+)
+
+// ProjectMirror is the PostgreSQL metadata that project scripts mirror into
+// the project's Redis metadata HASH.
+type ProjectMirror struct {
+	CacheQuotaBytes  int64
+	DeliveryPaused   bool
+	LegacyDeadlineMs int64 // 0: not fixed
+}
+
+// CacheItem is one cache entry as the API shows it. Timestamps are epoch ms.
+type CacheItem struct {
+	Key       string
+	Type      string // "json" | "string"
+	Value     string
+	SizeBytes int64 // UTF-8 bytes of key + value
+	ExpiresAt int64
+	UpdatedAt int64 // 0 for legacy entries (unknown)
+	// LegacyNoExpiry marks an entry saved as "never expires" before the
+	// upgrade; LegacyDeadlinePending says its deadline still moves.
+	LegacyNoExpiry        bool
+	LegacyDeadlinePending bool
+}
+
+// CacheKeyMaxBytes is the longest relative cache key (seed 2).
+const CacheKeyMaxBytes = 256
+
+// ValidCacheKey reports whether k is a valid relative cache key: 1..256
+// bytes of UTF-8 without control characters (Unicode category Cc).
+func ValidCacheKey(k string) bool {
+	if len(k) == 0 || len(k) > CacheKeyMaxBytes || !utf8.ValidString(k) {
+		return false
+	}
+	for _, r := range k {
+		if unicode.Is(unicode.Cc, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// CacheItemSize is the size an item counts against the quota.
+func CacheItemSize(key, value string) int64 { return int64(len(key) + len(value)) }
+
+// CachePut is one validated PUT /cache.
+type CachePut struct {
+	Key, Type, Value string
+	TTL              time.Duration
+	CreateOnly       bool
+}
+
+// ProjectCache is the Redis side of the project cache. Safe for concurrent
+// use.
+type ProjectCache struct {
+	rdb redis.UniversalClient
+}
+
+// NewProjectCache returns the project cache over the DB0 client.
+func NewProjectCache(rdb redis.UniversalClient) *ProjectCache { return &ProjectCache{rdb: rdb} }
+
+// classifyProject maps script and read failures: a structure problem
+// becomes ErrDataStateInvalid, everything else goes through
+// ClassifyRedisError (no raw Redis text survives either way).
+func classifyProject(err error) error {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return err
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "data_state_invalid") || strings.HasPrefix(msg, "WRONGTYPE") {
+		return ErrDataStateInvalid
+	}
+	return ClassifyRedisError(err)
+}
+
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Put writes one entry and its physical expiry in one script. created is
+// true for a new key (201), false for a replaced one (200).
+// ErrCacheKeyExists when CreateOnly finds the key (normal or legacy).
+func (c *ProjectCache) Put(ctx context.Context, k ProjectKeys, m ProjectMirror, p CachePut) (item CacheItem, created bool, err error) {
+	size := CacheItemSize(p.Key, p.Value)
+	res, err := lua.ProjectCachePut.Run(ctx, c.rdb, k.cacheScriptKeys(k.CacheEntry(p.Key)),
+		p.Key, p.Type, p.Value, p.TTL.Milliseconds(), b01(p.CreateOnly), size,
+		m.CacheQuotaBytes, b01(m.DeliveryPaused), m.LegacyDeadlineMs, cachePurgeBatch).Int64Slice()
+	if err != nil {
+		return CacheItem{}, false, classifyProject(err)
+	}
+	if len(res) != 4 {
+		return CacheItem{}, false, ErrDataStateInvalid
+	}
+	if res[0] == 0 {
+		return CacheItem{}, false, ErrCacheKeyExists
+	}
+	return CacheItem{Key: p.Key, Type: p.Type, Value: p.Value, SizeBytes: size, ExpiresAt: res[2], UpdatedAt: res[3]},
+		res[0] == 1, nil
+}
+
+// Delete removes one entry (normal or legacy); ErrCacheKeyNotFound when
+// there is none.
+func (c *ProjectCache) Delete(ctx context.Context, k ProjectKeys, m ProjectMirror, key string) error {
+	res, err := lua.ProjectCacheDelete.Run(ctx, c.rdb, k.cacheScriptKeys(k.CacheEntry(key)),
+		key, m.LegacyDeadlineMs, cachePurgeBatch).Int64Slice()
+	if err != nil {
+		return classifyProject(err)
+	}
+	if len(res) != 2 {
+		return ErrDataStateInvalid
+	}
+	if res[0] == 0 {
+		return ErrCacheKeyNotFound
+	}
+	return nil
+}
+
+// SyncMeta mirrors PostgreSQL metadata into the metadata HASH.
+func (c *ProjectCache) SyncMeta(ctx context.Context, k ProjectKeys, m ProjectMirror) error {
+	err := lua.ProjectMetaSync.Run(ctx, c.rdb, k.cacheScriptKeys()[:4],
+		m.CacheQuotaBytes, b01(m.DeliveryPaused), m.LegacyDeadlineMs).Err()
+	return classifyProject(err)
+}
+
+// CacheRef names an index member found without its entry.
+type CacheRef struct {
+	Key string
+	Seq int64
+}
+
+// Prune forgets index members whose entries were found gone, purges expired
+// members and applies a fixed legacy deadline to the container. Callers
+// treat it as best effort.
+func (c *ProjectCache) Prune(ctx context.Context, k ProjectKeys, m ProjectMirror, stale []CacheRef) error {
+	args := make([]any, 0, 2+2*len(stale))
+	args = append(args, m.LegacyDeadlineMs, cachePurgeBatch)
+	for _, s := range stale {
+		args = append(args, s.Key, s.Seq)
+	}
+	return classifyProject(lua.ProjectCachePrune.Run(ctx, c.rdb, k.cacheScriptKeys(), args...).Err())
+}
+
+// CacheState is the state a listing or a snapshot starts from.
+type CacheState struct {
+	NowMs      int64 // Redis TIME
+	MetaExists bool
+	Seq        int64 // last write sequence
+	UsageBytes int64 // sizes of entries not yet past their deadline
+	Entries    int64 // normal entries not yet past their deadline
+	// LegacyEntries is the number of fields of the legacy container and
+	// ContainerPTTL its remaining TTL in ms (-1 none, -2 absent).
+	LegacyEntries int64
+	ContainerPTTL int64
+}
+
+// State reads the project's cache state with the structure checks (a
+// no-writes script: works under OOM).
+func (c *ProjectCache) State(ctx context.Context, k ProjectKeys) (CacheState, error) {
+	res, err := lua.ProjectCacheState.Run(ctx, c.rdb, k.cacheScriptKeys(), stateExpiredBound).Slice()
+	if err != nil {
+		return CacheState{}, classifyProject(err)
+	}
+	if len(res) < 7 {
+		return CacheState{}, ErrDataStateInvalid
+	}
+	n := make([]int64, 7)
+	for i := range n {
+		v, ok := res[i].(int64)
+		if !ok {
+			return CacheState{}, ErrDataStateInvalid
+		}
+		n[i] = v
+	}
+	return CacheState{NowMs: n[0], MetaExists: n[1] == 1, Seq: n[2], UsageBytes: n[3], Entries: n[4],
+		LegacyEntries: n[5], ContainerPTTL: n[6]}, nil
+}
+
+// LegacyDeadlineCandidate looks at the legacy container before a PUT: when
+// one exists it returns the deadline that PUT fixes (the container's
+// physical reclaim time if it has a TTL, else Redis time + 30 days).
+func (c *ProjectCache) LegacyDeadlineCandidate(ctx context.Context, k ProjectKeys) (exists bool, candidateMs int64, err error) {
+	var typ *redis.StatusCmd
+	var pttl *redis.DurationCmd
+	var now *redis.TimeCmd
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		typ = p.Type(ctx, k.CacheContainer())
+		pttl = p.PTTL(ctx, k.CacheContainer())
+		now = p.Time(ctx)
+		return nil
+	})
+	if err != nil {
+		return false, 0, classifyProject(err)
+	}
+	switch typ.Val() {
+	case "none":
+		return false, 0, nil
+	case "hash":
+	default:
+		return false, 0, ErrDataStateInvalid
+	}
+	nowMs := now.Val().UnixMilli()
+	if d := pttl.Val(); d > 0 {
+		return true, nowMs + d.Milliseconds(), nil
+	}
+	return true, nowMs + LegacyGrace.Milliseconds(), nil
+}
+
+// legacyExpiry is when legacy entries expire as of a read: the fixed
+// deadline, else the container's reclaim time, else read time + 30 days
+// (pending: it moves with every read until a PUT fixes it).
+func legacyExpiry(m ProjectMirror, st CacheState) (expiresAt int64, pending bool) {
+	switch {
+	case m.LegacyDeadlineMs > 0:
+		return m.LegacyDeadlineMs, false
+	case st.ContainerPTTL > 0:
+		return st.NowMs + st.ContainerPTTL, false
+	default:
+		return st.NowMs + LegacyGrace.Milliseconds(), true
+	}
+}
+
+// LegacyView is what a snapshot says about legacy entries.
+type LegacyView struct {
+	Entries   int64
+	ExpiresAt int64 // 0 when there are none
+	Pending   bool
+}
+
+// Legacy summarises the legacy entries visible in st.
+func (st CacheState) Legacy(m ProjectMirror) LegacyView {
+	if st.LegacyEntries == 0 || (m.LegacyDeadlineMs > 0 && m.LegacyDeadlineMs <= st.NowMs) {
+		return LegacyView{}
+	}
+	exp, pending := legacyExpiry(m, st)
+	return LegacyView{Entries: st.LegacyEntries, ExpiresAt: exp, Pending: pending}
+}
+
+// parseSeq reads a decimal Redis field.
+func parseSeq(v any) (int64, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}

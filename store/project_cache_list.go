@@ -1,0 +1,358 @@
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/jsonx"
+)
+
+// CacheCursor is a position in a cache listing. Legacy entries come first,
+// ordered by key, with opaque cursors "L<base64url(key)>"; normal entries
+// follow in write-sequence order with the sequence as the cursor (decimal).
+// The zero value is the start.
+type CacheCursor struct {
+	Legacy bool   // a position among legacy entries (after Key)
+	Key    string // last legacy key returned
+	Seq    int64  // normal entries: last write sequence consumed
+	set    bool
+}
+
+// ParseCacheCursor parses a cursor returned by a listing; "" is the start.
+// Anything else fails with ErrInvalidCursor.
+func ParseCacheCursor(s string) (CacheCursor, error) {
+	if s == "" {
+		return CacheCursor{}, nil
+	}
+	if rest, ok := strings.CutPrefix(s, "L"); ok {
+		b, err := base64.RawURLEncoding.DecodeString(rest)
+		if err != nil || len(b) == 0 || len(b) > 256 || !utf8.Valid(b) {
+			return CacheCursor{}, ErrInvalidCursor
+		}
+		return CacheCursor{Legacy: true, Key: string(b), set: true}, nil
+	}
+	if len(s) > 19 {
+		return CacheCursor{}, ErrInvalidCursor
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return CacheCursor{}, ErrInvalidCursor
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return CacheCursor{}, ErrInvalidCursor
+	}
+	return CacheCursor{Seq: n, set: true}, nil
+}
+
+// String is the cursor's wire form.
+func (c CacheCursor) String() string {
+	if c.Legacy {
+		return "L" + base64.RawURLEncoding.EncodeToString([]byte(c.Key))
+	}
+	return strconv.FormatInt(c.Seq, 10)
+}
+
+// inLegacy reports whether the listing still starts among legacy entries.
+func (c CacheCursor) inLegacy() bool { return !c.set || c.Legacy }
+
+// CacheQuery is one GET /cache.
+type CacheQuery struct {
+	Search, Prefix string // substring / prefix of the relative key
+	Cursor         CacheCursor
+	Limit          int   // 1..100
+	MaxValueBytes  int64 // a page stops before its values pass this (one item at least)
+	// MaxScan bounds how many index members one page examines, so a filter
+	// that matches little cannot make a request walk the whole index; the
+	// page then ends early with a cursor to continue. Zero value means 1000.
+	MaxScan int
+}
+
+func (q CacheQuery) match(key string) bool {
+	return strings.HasPrefix(key, q.Prefix) && strings.Contains(key, q.Search)
+}
+
+// CachePage is a planned page: which items it holds in which order, with
+// legacy values already read (they come from one container) and normal
+// values left for EachItem to read in pipelined batches while the response
+// is streamed.
+type CachePage struct {
+	State CacheState
+	// Next is the cursor of the following page; "" means none.
+	Next  string
+	items []pageItem
+	stale []CacheRef
+}
+
+type pageItem struct {
+	CacheItem
+	seq    int64 // normal entries: the write sequence planned
+	legacy bool
+}
+
+// Len is the number of planned items (EachItem may skip some that expire
+// in between).
+func (p *CachePage) Len() int { return len(p.items) }
+
+const listBatch = 128
+
+// PlanPage plans one listing page: the state and structure checks, the
+// legacy part (ordered by key) and the normal part (write-sequence order),
+// stopping at q.Limit items or q.MaxValueBytes of values.
+func (c *ProjectCache) PlanPage(ctx context.Context, k ProjectKeys, m ProjectMirror, q CacheQuery) (*CachePage, error) {
+	if q.MaxScan <= 0 {
+		q.MaxScan = 1000
+	}
+	st, err := c.State(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	page := &CachePage{State: st}
+	budget := q.MaxValueBytes
+	if q.Cursor.inLegacy() {
+		lv := st.Legacy(m)
+		if lv.Entries > 0 {
+			full, err := c.planLegacy(ctx, k, q, lv, page, &budget)
+			if err != nil || full {
+				return page, err
+			}
+		}
+	}
+	return page, c.planNormal(ctx, k, q, page, &budget)
+}
+
+// planLegacy adds legacy entries; full is true when the page ended inside
+// them (page.Next is then set).
+func (c *ProjectCache) planLegacy(ctx context.Context, k ProjectKeys, q CacheQuery, lv LegacyView, page *CachePage, budget *int64) (full bool, err error) {
+	fields, err := c.rdb.HKeys(ctx, k.CacheContainer()).Result()
+	if err != nil {
+		return false, classifyProject(err)
+	}
+	keys := fields[:0]
+	for _, f := range fields {
+		if q.match(f) && (!q.Cursor.Legacy || f > q.Cursor.Key) {
+			keys = append(keys, f)
+		}
+	}
+	slices.Sort(keys)
+	for start := 0; start < len(keys); start += 32 {
+		chunk := keys[start:min(start+32, len(keys))]
+		sizes := make([]*redis.IntCmd, len(chunk))
+		if _, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, f := range chunk {
+				sizes[i] = p.HStrLen(ctx, k.CacheContainer(), f)
+			}
+			return nil
+		}); err != nil {
+			return false, classifyProject(err)
+		}
+		var take []string
+		stop := false
+		for i, f := range chunk {
+			sz := sizes[i].Val()
+			if sz == 0 {
+				continue // deleted meanwhile
+			}
+			if len(page.items)+len(take) >= q.Limit || (sz > *budget && len(page.items)+len(take) > 0) {
+				stop = true
+				break
+			}
+			*budget -= sz
+			take = append(take, f)
+		}
+		if len(take) > 0 {
+			vals, err := c.rdb.HMGet(ctx, k.CacheContainer(), take...).Result()
+			if err != nil {
+				return false, classifyProject(err)
+			}
+			for i, v := range vals {
+				s, ok := v.(string)
+				if !ok {
+					continue
+				}
+				typ, value, ok := parseLegacyValue(s)
+				if !ok {
+					return false, ErrDataStateInvalid
+				}
+				page.items = append(page.items, pageItem{legacy: true, CacheItem: CacheItem{
+					Key: take[i], Type: typ, Value: value, SizeBytes: CacheItemSize(take[i], value),
+					ExpiresAt: lv.ExpiresAt, LegacyNoExpiry: true, LegacyDeadlinePending: lv.Pending}})
+			}
+		}
+		if stop {
+			if n := len(page.items); n > 0 {
+				page.Next = CacheCursor{Legacy: true, Key: page.items[n-1].Key}.String()
+			} else {
+				page.Next = CacheCursor{Legacy: true, Key: take[len(take)-1]}.String()
+			}
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// LegacyValue is the v1 container's field format.
+type LegacyValue struct {
+	Type  *string `json:"type"`
+	Value *string `json:"value"`
+}
+
+func parseLegacyValue(s string) (typ, value string, ok bool) {
+	var lv LegacyValue
+	if err := jsonx.DecodeObject([]byte(s), &lv); err != nil || lv.Type == nil || lv.Value == nil {
+		return "", "", false
+	}
+	if *lv.Type != "json" && *lv.Type != "string" {
+		return "", "", false
+	}
+	return *lv.Type, *lv.Value, true
+}
+
+type normalInfo struct {
+	fields *redis.SliceCmd
+	size   *redis.IntCmd
+}
+
+// planNormal adds normal entries in write-sequence order after the cursor.
+func (c *ProjectCache) planNormal(ctx context.Context, k ProjectKeys, q CacheQuery, page *CachePage, budget *int64) error {
+	after := int64(0)
+	if !q.Cursor.inLegacy() {
+		after = q.Cursor.Seq
+	}
+	scanned := 0
+	for {
+		batch, err := c.rdb.ZRangeByScoreWithScores(ctx, k.CacheIndex(), &redis.ZRangeBy{
+			Min: "(" + strconv.FormatInt(after, 10), Max: "+inf", Count: listBatch}).Result()
+		if err != nil {
+			return classifyProject(err)
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		infos := make([]*normalInfo, len(batch))
+		if _, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, z := range batch {
+				key, _ := z.Member.(string)
+				if q.match(key) {
+					e := k.CacheEntry(key)
+					infos[i] = &normalInfo{fields: p.HMGet(ctx, e, "t", "e", "u", "s"), size: p.HStrLen(ctx, e, "v")}
+				}
+			}
+			return nil
+		}); err != nil {
+			return classifyProject(err)
+		}
+		for i, z := range batch {
+			seq := int64(z.Score)
+			key, _ := z.Member.(string)
+			if scanned >= q.MaxScan {
+				page.Next = strconv.FormatInt(after, 10)
+				return nil
+			}
+			if info := infos[i]; info != nil {
+				f := info.fields.Val()
+				typ, _ := f[0].(string)
+				exp, okE := parseSeq(f[1])
+				upd, _ := parseSeq(f[2])
+				s, okS := parseSeq(f[3])
+				switch {
+				case f[0] == nil || !okE || !okS:
+					// Expired or evicted: forget it lazily.
+					page.stale = append(page.stale, CacheRef{Key: key, Seq: seq})
+				case s != seq || exp <= page.State.NowMs:
+					// Rewritten since (listed at its new sequence) or past
+					// its deadline.
+				default:
+					size := info.size.Val()
+					if len(page.items) >= q.Limit || (size > *budget && len(page.items) > 0) {
+						page.Next = strconv.FormatInt(after, 10)
+						return nil
+					}
+					*budget -= size
+					page.items = append(page.items, pageItem{seq: seq, CacheItem: CacheItem{
+						Key: key, Type: typ, SizeBytes: CacheItemSize(key, "") + size, ExpiresAt: exp, UpdatedAt: upd}})
+				}
+			}
+			after = seq
+			scanned++
+		}
+		if len(batch) < listBatch {
+			return nil
+		}
+	}
+}
+
+// EachItem calls fn for every planned item in order, reading the values of
+// normal entries with pipelined reads in batches of at most 32 items or
+// 1 MiB. An entry that expired or was rewritten since planning is skipped.
+// A Redis failure midway is returned (the caller has streamed part of the
+// page and must abort the response).
+func (c *ProjectCache) EachItem(ctx context.Context, k ProjectKeys, page *CachePage, fn func(CacheItem) error) error {
+	items := page.items
+	for len(items) > 0 {
+		if items[0].legacy {
+			if err := fn(items[0].CacheItem); err != nil {
+				return err
+			}
+			items = items[1:]
+			continue
+		}
+		n, bytes := 0, int64(0)
+		for n < len(items) && n < 32 && !items[n].legacy && (n == 0 || bytes+items[n].SizeBytes <= 1<<20) {
+			bytes += items[n].SizeBytes
+			n++
+		}
+		cmds := make([]*redis.SliceCmd, n)
+		if _, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range n {
+				cmds[i] = p.HMGet(ctx, k.CacheEntry(items[i].Key), "v", "s")
+			}
+			return nil
+		}); err != nil {
+			return classifyProject(err)
+		}
+		for i := range n {
+			f := cmds[i].Val()
+			v, okV := f[0].(string)
+			s, okS := parseSeq(f[1])
+			if !okV || !okS || s != items[i].seq {
+				continue
+			}
+			it := items[i].CacheItem
+			it.Value = v
+			it.SizeBytes = CacheItemSize(it.Key, v)
+			if err := fn(it); err != nil {
+				return err
+			}
+		}
+		items = items[n:]
+	}
+	return nil
+}
+
+// PruneAfter is the lazy cleanup after a listing: index members found
+// without their entry, expired members and a legacy container past its
+// fixed deadline. It only runs when there is something to do; callers
+// ignore its failure (under OOM the listing has still been served).
+func (c *ProjectCache) PruneAfter(ctx context.Context, k ProjectKeys, m ProjectMirror, page *CachePage) error {
+	st := page.State
+	legacyDue := false
+	if d := m.LegacyDeadlineMs; d > 0 && st.LegacyEntries > 0 {
+		// Past the deadline, or the container's reclaim time is not the
+		// fixed deadline yet (a PUT that fixed it failed afterwards, or the
+		// container was restored without a TTL).
+		reclaim := st.NowMs + st.ContainerPTTL
+		legacyDue = d <= st.NowMs || st.ContainerPTTL < 0 || reclaim < d-1000 || reclaim > d+1000
+	}
+	if len(page.stale) == 0 && !legacyDue {
+		return nil
+	}
+	return c.Prune(ctx, k, m, page.stale)
+}

@@ -1,0 +1,65 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/encoding/json"
+)
+
+// LegacyEntry is one cache entry in the legacy v1 format: a field of the
+// project's cache container HASH whose value is {"type","value"}, without
+// any per-field expiry (CONTRACT §9).
+type LegacyEntry struct {
+	Key   string `json:"key"`
+	Type  string `json:"type"`
+	Value string `json:"value"`
+}
+
+// ErrLegacyKeyIsNormal means an imported key already exists as a normal
+// entry; legacy data predates normal entries, so that cannot be legacy.
+var ErrLegacyKeyIsNormal = errors.New("store: key already exists as a normal cache entry")
+
+// ImportLegacyCache writes entries into the project's legacy cache
+// container exactly as the pre-upgrade service stored them (hanctl project
+// legacy-import). containerTTL > 0 also gives the container a physical TTL
+// (the "container with a TTL" case); zero leaves it without one. Each
+// entry's key and type must already be valid.
+func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k ProjectKeys, entries []LegacyEntry, containerTTL time.Duration) error {
+	if len(entries) == 0 {
+		return errors.New("store: nothing to import")
+	}
+	exists := make([]*redis.IntCmd, len(entries))
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range entries {
+			exists[i] = p.Exists(ctx, k.CacheEntry(e.Key))
+		}
+		return nil
+	}); err != nil {
+		return ClassifyRedisError(err)
+	}
+	for i, c := range exists {
+		if c.Val() > 0 {
+			return fmt.Errorf("entry %d: %w", i, ErrLegacyKeyIsNormal)
+		}
+	}
+	fields := make([]any, 0, 2*len(entries))
+	for _, e := range entries {
+		b, err := json.Marshal(map[string]string{"type": e.Type, "value": e.Value})
+		if err != nil {
+			return err
+		}
+		fields = append(fields, e.Key, string(b))
+	}
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, k.CacheContainer(), fields...)
+		if containerTTL > 0 {
+			p.PExpire(ctx, k.CacheContainer(), containerTTL)
+		}
+		return nil
+	})
+	return classifyProject(err)
+}
