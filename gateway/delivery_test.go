@@ -192,13 +192,18 @@ func TestSubscribeRaceNeverMisses(t *testing.T) {
 		wg.Wait()
 		var final int64
 		_ = pool.QueryRow(context.Background(), "SELECT last_seq FROM dialogs WHERE id=$1", d).Scan(&final)
+		deadline := time.After(10 * time.Second)
 		for seq := lastSeq + 1; seq <= final; {
-			f := c.next(10 * time.Second)
-			if f.Type == "event" && f.Event == "message.created" {
-				got[f.Seq] = true
-				for got[seq] {
-					seq++
+			select {
+			case f := <-c.frames:
+				if f.Type == "event" && f.Event == "message.created" {
+					got[f.Seq] = true
+					for got[seq] {
+						seq++
+					}
 				}
+			case <-deadline:
+				t.Fatalf("round %d: seq %d neither delivered nor covered by lastSeq %d", round, seq, lastSeq)
 			}
 		}
 		for seq := int64(1); seq <= final; seq++ {

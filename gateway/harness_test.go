@@ -43,7 +43,7 @@ var (
 )
 
 // openPool opens a pool on the package's database (migrated once).
-func openPool(t *testing.T) *pgxpool.Pool {
+func openPool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 40})
@@ -71,7 +71,7 @@ type opts struct {
 // instance is one gateway instance: the real restapi + gateway wiring on
 // real Redis and PostgreSQL, served by httptest.
 type instance struct {
-	t     *testing.T
+	t     testing.TB
 	id    string
 	svc   *gateway.Service
 	api   *restapi.Server
@@ -82,7 +82,7 @@ type instance struct {
 	reg   *prometheus.Registry
 }
 
-func newInstance(t *testing.T, pool *pgxpool.Pool, o opts) *instance {
+func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 	t.Helper()
 	ctx := context.Background()
 	if o.id == "" {
@@ -155,7 +155,7 @@ func (in *instance) wsURL() string {
 }
 
 // token mints a user token.
-func token(t *testing.T, userID string) string {
+func token(t testing.TB, userID string) string {
 	t.Helper()
 	tok, err := auth.MintDevToken(devSecret, auth.DevClaims{Subject: userID, Kind: auth.KindUser, TTL: time.Hour})
 	if err != nil {
@@ -284,7 +284,7 @@ type frame struct {
 // client is a real WebSocket client (coder/websocket Dial) whose frames a
 // goroutine reads into a channel.
 type client struct {
-	t      *testing.T
+	t      testing.TB
 	ws     *websocket.Conn
 	frames chan frame
 	done   chan struct{}

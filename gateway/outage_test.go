@@ -163,3 +163,55 @@ func TestDrainClosesWithRetryDelay(t *testing.T) {
 		t.Fatalf("a connection during the drain: %d", code)
 	}
 }
+
+// WebSocket ping/pong liveness: a peer that does not answer pings is
+// dropped; a normal client (coder/websocket answers pings while reading)
+// stays.
+func TestPingLiveness(t *testing.T) {
+	pool := openPool(t)
+	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) {
+		c.PingInterval, c.PongTimeout = 100*time.Millisecond, 300*time.Millisecond
+	}})
+	u := in.users(1)[0]
+	good := in.connect(u)
+	mute := in.rawConnect(u) // reads, never answers a ping
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		var h [2]byte
+		for {
+			_ = mute.nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+			if _, err := mute.br.Read(h[:1]); err != nil {
+				return
+			}
+		}
+	}()
+	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().Connections == 1 }, "the mute peer was not dropped")
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mute peer's socket is still open")
+	}
+	good.send(`{"type":"ping"}`)
+	good.expect("pong")
+}
+
+func TestSubscriptionLimit(t *testing.T) {
+	pool := openPool(t)
+	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) { c.MaxSubscriptions = 2 }})
+	u := in.users(1)[0]
+	c := in.connect(u)
+	d1, d2, d3 := in.dialog(u), in.dialog(u), in.dialog(u)
+	c.subscribe(d1)
+	c.subscribe(d2)
+	c.subscribe(d2) // a repeat is answered again and is not a new subscription
+	c.send(`{"type":"subscribe","dialogId":"` + d3 + `"}`)
+	if f := c.expect("error"); f.Error != "too_many_subscriptions" {
+		t.Fatalf("%s", f.raw)
+	}
+	c.send(`{"type":"unsubscribe","dialogId":"` + d1 + `"}`)
+	c.subscribe(d3)
+	if st := in.svc.Stats(); st.Subscriptions != 2 {
+		t.Fatalf("subscriptions: %d", st.Subscriptions)
+	}
+}

@@ -191,7 +191,10 @@ func (s *Service) shutdown(kill bool) {
 			s.logger.Warn("instance deregistration failed; survivors will sweep it", slog.String("kind", errKind(err)))
 		}
 		cancelDereg()
-		s.presence.Close()
+		// Offline checks of the drained users run at their time (bounded).
+		ctx, cancelWait := context.WithTimeout(context.Background(), s.presence.Config().OfflineDebounce+time.Second)
+		s.presence.Shutdown(ctx)
+		cancelWait()
 		s.relay.Close()
 		s.subscriber.Close()
 	}

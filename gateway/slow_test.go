@@ -29,7 +29,7 @@ import (
 // receive buffer, so that not reading fills the server's send path
 // quickly instead of disappearing into loopback buffers.
 type rawClient struct {
-	t  *testing.T
+	t  testing.TB
 	nc net.Conn
 	br *bufio.Reader
 }

@@ -17,6 +17,7 @@ type Deliveries struct {
 	received      *Counter
 	duplicates    *Counter
 	unexpected    *Counter
+	other         *Counter
 	publishFailed *Rate
 	expected      atomic.Int64
 	unique        atomic.Int64
@@ -27,6 +28,7 @@ func NewDeliveries(reg *Registry) *Deliveries {
 	return &Deliveries{
 		reg: reg, latency: reg.Trend(MetricDeliveryLatency), received: reg.Counter(MetricDeliveryReceived),
 		duplicates: reg.Counter(MetricDeliveryDuplicates), unexpected: reg.Counter(MetricDeliveryUnexpected),
+		other:         reg.Counter(MetricWSEventsOther),
 		publishFailed: reg.Rate(MetricPublishFailed),
 	}
 }

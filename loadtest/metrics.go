@@ -70,6 +70,7 @@ const (
 	MetricDeliveryDuplicates = "delivery_duplicates" // counter: deliveries of an event a subscriber already had
 	MetricDeliveryLoss       = "delivery_loss"       // rate: lost / expected
 	MetricDeliveryUnexpected = "delivery_unexpected" // counter: events on a dialog the connection did not subscribe
+	MetricWSEventsOther      = "ws_events_other"     // counter: events the load generator did not send (presence, typing, …)
 	MetricDeliveryRate       = "delivery_rate"       // gauge: unique deliveries per second of the run
 	MetricPublishFailed      = "publish_failed"      // rate: publishes the target refused or that failed
 	MetricIterations         = "iterations"          // counter: executor iterations started
@@ -207,7 +208,7 @@ func NewRegistry() *Registry {
 	r := &Registry{metrics: map[string]*metric{}, bases: map[string]Kind{}, start: time.Now()}
 	for _, n := range []string{MetricWSSessions, MetricWSMsgsReceived, MetricWSMsgsSent, MetricWSClosed,
 		MetricHTTPReqs, MetricErrors, MetricDeliveryExpected, MetricDeliveryReceived, MetricDeliveryLost,
-		MetricDeliveryDuplicates, MetricDeliveryUnexpected, MetricIterations, MetricDroppedIterations} {
+		MetricDeliveryDuplicates, MetricDeliveryUnexpected, MetricWSEventsOther, MetricIterations, MetricDroppedIterations} {
 		r.Counter(n)
 	}
 	for _, n := range []string{MetricWSConnecting, MetricHTTPReqDuration, MetricDeliveryLatency, MetricIterationDuration} {

@@ -1,7 +1,6 @@
 package loadtest
 
 import (
-	"bytes"
 	"errors"
 	"strconv"
 	"strings"
@@ -151,9 +150,6 @@ func UnsubscribeFrame(dialogID string) []byte {
 
 // PingFrame is the application-level ping (answered by pong).
 var PingFrame = []byte(`{"type":"ping"}`)
-
-// isEvent is a cheap pre-check before decoding.
-func isEvent(b []byte) bool { return bytes.HasPrefix(b, []byte(`{"type":"event"`)) }
 
 // ScheduledNanosFromBody reads the scheduled send time from a message body
 // written by ChatBody.

@@ -160,6 +160,9 @@ func Run(ctx context.Context, sc Scenario, opts Options) (*Summary, error) {
 		return nil, fmt.Errorf("loadtest: raise RLIMIT_NOFILE: %w", err)
 	}
 
+	if opts.Progress != nil {
+		opts.Progress = &lockedWriter{w: opts.Progress}
+	}
 	t := &T{Opts: opts, Reg: reg, Src: src, FileLimit: limit, logw: opts.Progress}
 	sum := &Summary{Scenario: sc.Name(), Target: opts.Target, Started: time.Now()}
 	rctx, cancel := context.WithTimeout(ctx, opts.MaxDuration)
@@ -258,7 +261,22 @@ func progressLine(t *T) string {
 	return strings.Join(parts, " · ")
 }
 
+// lockedWriter serialises the progress line and Logf.
+type lockedWriter struct {
+	mu sync.Mutex // guards w
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
 func isTerminal(w io.Writer) bool {
+	if l, ok := w.(*lockedWriter); ok {
+		w = l.w
+	}
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

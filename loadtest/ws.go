@@ -304,6 +304,13 @@ func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 	if dl == nil {
 		return
 	}
+	// Only events the load generator sent carry a scheduled time; others
+	// (presence, typing, someone else's message) are not deliveries.
+	sched, ok := ScheduledNanos(f.Data)
+	if !ok {
+		dl.other.Inc()
+		return
+	}
 	w.mu.Lock()
 	tr := w.subs[f.DialogID]
 	w.mu.Unlock()
@@ -317,9 +324,7 @@ func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 	}
 	dl.received.Inc()
 	dl.unique.Add(1)
-	if sched, ok := ScheduledNanos(f.Data); ok {
-		dl.latency.Add(recvAt.Sub(time.Unix(0, sched)))
-	}
+	dl.latency.Add(recvAt.Sub(time.Unix(0, sched)))
 }
 
 func closeCode(err error) string {

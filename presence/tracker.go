@@ -146,6 +146,36 @@ func (p *Presence) emit(fn func(ctx context.Context)) {
 	}()
 }
 
+// Shutdown stops the background loops but lets pending offline checks run
+// at their time (so users of a draining instance who do not come back
+// elsewhere are reported offline), waits for them until ctx ends, then
+// closes.
+func (p *Presence) Shutdown(ctx context.Context) {
+	p.mu.Lock()
+	cancel := p.cancel
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	for {
+		p.mu.Lock()
+		n := len(p.pending)
+		p.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			p.Close()
+			return
+		case <-t.C:
+		}
+	}
+	p.Close()
+}
+
 // Close stops the background work, drops pending offline checks and waits
 // for running callbacks. It removes nothing from Redis (Deregister does).
 // Idempotent.

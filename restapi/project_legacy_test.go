@@ -220,12 +220,12 @@ func TestProjectLegacyEntriesGoAtTheDeadline(t *testing.T) {
 	t.Run("container reclaim time", func(t *testing.T) {
 		defer h.as(t)()
 		p := h.project()
-		h.importLegacy(p, 1500*time.Millisecond, "a", "string", "1")
+		h.importLegacy(p, 2500*time.Millisecond, "a", "string", "1")
 		h.putKV(p, "n", "v", 600) // fixes the deadline = the container's reclaim time
 		if h.pgDeadline(p) == 0 {
 			t.Fatal("deadline not fixed")
 		}
-		testenv.Eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 10*time.Second, func() bool {
 			return len(h.list(p.read, p, "").Items) == 1 && h.admin.Exists(ctx, p.keys.CacheContainer()).Val() == 0
 		}, "legacy entries outlive their deadline")
 	})
@@ -236,13 +236,13 @@ func TestProjectLegacyEntriesGoAtTheDeadline(t *testing.T) {
 		// A deadline fixed earlier (PostgreSQL), container restored without
 		// a TTL: entries are hidden at the deadline and the listing's
 		// cleanup removes the container.
-		if _, err := h.pool.Exec(ctx, "UPDATE projects SET legacy_deadline_ms=$2 WHERE id=$1", p.id, h.redisNowMs()+300); err != nil {
+		if _, err := h.pool.Exec(ctx, "UPDATE projects SET legacy_deadline_ms=$2 WHERE id=$1", p.id, h.redisNowMs()+2000); err != nil {
 			t.Fatal(err)
 		}
 		if got := h.list(p.read, p, "").Items; len(got) != 2 || got[0].LegacyDeadlinePending {
 			t.Fatalf("before the deadline: %+v", got)
 		}
-		testenv.Eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 10*time.Second, func() bool {
 			return len(h.list(p.read, p, "").Items) == 0 && h.admin.Exists(ctx, p.keys.CacheContainer()).Val() == 0
 		}, "legacy entries outlive a fixed deadline")
 		code, b := h.do(p.write, "DELETE", p.path("/cache?key=a"), "")

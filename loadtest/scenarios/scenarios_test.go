@@ -1,6 +1,7 @@
 package scenarios
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"strings"
@@ -45,8 +46,10 @@ func count(sum *loadtest.Summary, name string) int64 { return sum.Snapshot.Metri
 
 func TestBroadcastAgainstInProcessBaselineLosesNothing(t *testing.T) {
 	sc := newScenario(t, "broadcast", "-conns", "50", "-dialogs", "5", "-rate", "100", "-publishers", "4")
+	var progress bytes.Buffer
 	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 2 * time.Second,
-		Thresholds: []string{"delivery_lost==0", "delivery_p99<30s", "ws_connect_p95<30s"}})
+		Thresholds: []string{"delivery_lost==0", "delivery_p99<30s", "ws_connect_p95<30s"},
+		Progress:   &progress, ProgressInterval: 300 * time.Millisecond})
 	if sum.Err != nil || !sum.Passed() {
 		t.Fatalf("run failed: %v %+v", sum.Err, sum.Thresholds)
 	}
@@ -65,6 +68,10 @@ func TestBroadcastAgainstInProcessBaselineLosesNothing(t *testing.T) {
 	}
 	if r := sum.Snapshot.Metrics[loadtest.MetricDeliveryRate].Value; r <= 0 {
 		t.Errorf("delivery_rate = %v", r)
+	}
+	// The live progress line names the phase and the deliveries so far.
+	if p := progress.String(); !strings.Contains(p, "target: publishing") || !strings.Contains(p, "delivered ") || !strings.Contains(p, "ws 50 open") {
+		t.Errorf("progress output:\n%s", p)
 	}
 }
 
