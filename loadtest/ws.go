@@ -34,19 +34,26 @@ type WSDialer struct {
 	openN      atomic.Int64
 	closed     *Counter
 	errs       *errorCounter
-	deliveries *Deliveries
+	deliveries atomic.Pointer[Deliveries]
 }
 
 // NewWSDialer returns a dialer that records into reg and feeds received
 // events to deliveries (nil: events are only counted).
 func NewWSDialer(reg *Registry, src *SourceAddrs, deliveries *Deliveries) *WSDialer {
-	return &WSDialer{
-		reg: reg, client: newWSHTTPClient(src), deliveries: deliveries,
+	d := &WSDialer{
+		reg: reg, client: newWSHTTPClient(src),
 		connecting: reg.Trend(MetricWSConnecting), sessions: reg.Counter(MetricWSSessions),
 		open: reg.Gauge(MetricWSOpen, UnitNone), closed: reg.Counter(MetricWSClosed),
 		errs: newErrorCounter(reg),
 	}
+	d.deliveries.Store(deliveries)
+	return d
 }
+
+// SetDeliveries makes every connection of the dialer account received
+// events to dl from now on (a new measurement step on the same
+// connections).
+func (d *WSDialer) SetDeliveries(dl *Deliveries) { d.deliveries.Store(dl) }
 
 // Close drops idle handshake connections (sessions stay open).
 func (d *WSDialer) Close() { d.client.CloseIdleConnections() }
@@ -109,6 +116,11 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 	case <-wc.helloCh:
 		return wc, nil
 	case <-wc.done:
+		select {
+		case <-wc.helloCh: // hello, then closed: the caller sees Done
+			return wc, nil
+		default:
+		}
 		return nil, fmt.Errorf("websocket: closed before hello: %w", wc.err)
 	case <-ctx.Done():
 		wc.CloseNow()
@@ -235,9 +247,6 @@ func (w *WSConn) readLoop() {
 		if err != nil {
 			w.err = err
 			d.open.Set(float64(d.openN.Add(-1)))
-			if !helloSeen {
-				close(w.helloCh)
-			}
 			if !w.closing.Load() {
 				d.closed.Inc()
 				d.errs.add(0, closeCode(err))
@@ -300,7 +309,7 @@ func (w *WSConn) failPending(err error) {
 }
 
 func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
-	dl := w.d.deliveries
+	dl := w.d.deliveries.Load()
 	if dl == nil {
 		return
 	}

@@ -97,12 +97,15 @@ func TestDeliveriesDedupeReorderAndLoss(t *testing.T) {
 		publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e", seq, now, 64))
 	}
 	publish(t, s, "other", loadtest.AppendEvent(nil, "other", "e", 1, now, 64))
+	// Events the generator did not send (presence, typing) are not deliveries.
+	publish(t, s, "dlg", []byte(`{"type":"event","channel":"dialog:dlg","id":"p","event":"presence.changed","entityId":"u","dialogId":"dlg","data":{"userId":"u","online":true}}`))
 	// 4 is never published but expected: one loss.
 	for range 5 {
 		dl.Published(1)
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		return reg.Counter(loadtest.MetricDeliveryReceived).Value()+reg.Counter(loadtest.MetricDeliveryDuplicates).Value() == 6
+		return reg.Counter(loadtest.MetricDeliveryReceived).Value()+reg.Counter(loadtest.MetricDeliveryDuplicates).Value() == 6 &&
+			reg.Counter(loadtest.MetricWSEventsOther).Value() == 1
 	}, "deliveries did not arrive")
 	if dl.Drain(ctx, 50*time.Millisecond) {
 		t.Fatal("Drain reported complete with a delivery missing")
@@ -111,7 +114,7 @@ func TestDeliveriesDedupeReorderAndLoss(t *testing.T) {
 	snap := reg.Snapshot().Metrics
 	for name, want := range map[string]int64{
 		loadtest.MetricDeliveryReceived: 4, loadtest.MetricDeliveryDuplicates: 2, loadtest.MetricDeliveryLost: 1,
-		loadtest.MetricDeliveryExpected: 5, loadtest.MetricDeliveryUnexpected: 0,
+		loadtest.MetricDeliveryExpected: 5, loadtest.MetricDeliveryUnexpected: 0, loadtest.MetricWSEventsOther: 1,
 	} {
 		if got := snap[name].Count; got != want {
 			t.Errorf("%s = %d, want %d", name, got, want)

@@ -164,8 +164,12 @@ func (s *Server) SetDraining() { s.draining.Store(true) }
 func (s *Server) routes() {
 	r := mux.NewRouter()
 	r.Use(routeName)
-	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
-	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errMethodNotAllowed) })
+	// gorilla/mux v1.8.1 reports a method mismatch inside a subrouter as
+	// "not found"; notFound tells the two apart itself.
+	r.NotFoundHandler = http.HandlerFunc(s.notFound)
+	// The web client's catch-all GET route would turn every unknown path
+	// into a method mismatch: notFound decides between 404 and 405.
+	r.MethodNotAllowedHandler = http.HandlerFunc(s.notFound)
 
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	r.HandleFunc("/readyz", s.readyz).Methods(http.MethodGet)
@@ -193,6 +197,31 @@ func (s *Server) routes() {
 
 	s.projectRoutes(r)
 	s.router, s.v1 = r, user
+}
+
+// FallbackRouteName names a catch-all route (the web client's static
+// files); a path that only it matches is "not found" for other methods.
+const FallbackRouteName = "fallback"
+
+var probeMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// notFound answers 405 when the path exists for another method, else 404.
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	for _, m := range probeMethods {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		var match mux.RouteMatch
+		ok := s.router.Match(probe, &match)
+		if ok && match.MatchErr == nil &&
+			(match.Route == nil || match.Route.GetName() != FallbackRouteName) {
+			writeError(w, errMethodNotAllowed)
+			return
+		}
+	}
+	writeError(w, errNotFound)
 }
 
 // UserRouter is the /v1 subrouter whose routes require a user token; paths

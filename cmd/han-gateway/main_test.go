@@ -163,3 +163,13 @@ func TestStartsDegradedWhileRedisIsDown(t *testing.T) {
 		t.Fatalf("/readyz with Redis down at start-up: %d %s", code, body)
 	}
 }
+
+func TestUnknownAPIPathIs404AndWrongMethod405(t *testing.T) {
+	m := start(t, baseEnv())
+	if code, body := call(t, "POST", m.URL()+"/v1/nowhere", "", ""); code != 404 || body != `{"error":"not_found"}` {
+		t.Fatalf("POST /v1/nowhere: %d %s", code, body)
+	}
+	if code, body := call(t, "DELETE", m.URL()+"/healthz", "", ""); code != 405 || body != `{"error":"method_not_allowed"}` {
+		t.Fatalf("DELETE /healthz: %d %s", code, body)
+	}
+}

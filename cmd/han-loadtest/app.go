@@ -25,6 +25,7 @@ const (
 	ExitThresholds = 99 // a threshold failed (k6's code)
 )
 
+// errHelp is returned by ParseFlags after printing requested help (exit 0).
 var errHelp = errors.New("help requested")
 
 const usage = `usage:
@@ -79,7 +80,7 @@ type scenarioFile struct {
 func (m *Main) ParseFlags(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(m.stderr, usage)
-		return errHelp
+		return errors.New("no command")
 	}
 	m.cmd = args[0]
 	switch m.cmd {

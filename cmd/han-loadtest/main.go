@@ -18,9 +18,10 @@ func main() {
 	defer stop()
 	m := NewMain(os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	if err := m.ParseFlags(os.Args[1:]); err != nil {
-		if err != errHelp {
-			fmt.Fprintln(os.Stderr, "han-loadtest:", err)
+		if err == errHelp {
+			os.Exit(ExitOK)
 		}
+		fmt.Fprintln(os.Stderr, "han-loadtest:", err)
 		os.Exit(ExitUsage)
 	}
 	code := m.Run(ctx)

@@ -75,7 +75,7 @@ func readExport(t *testing.T, path string) export {
 // The smoke shape of `make loadtest`, tiny.
 func smoke(extra ...string) []string {
 	return append([]string{"run", "broadcast", "-target", "baseline-inprocess", "-conns", "50", "-dialogs", "5",
-		"-rate", "100", "-duration", "1s", "-drain", "1s", "-quiet",
+		"-rate", "100", "-duration", "1s", "-drain", "20s", "-quiet",
 		"-threshold", "delivery_lost==0", "-threshold", "delivery_p99<30s", "-threshold", "publish_failed<1%"}, extra...)
 }
 
@@ -110,7 +110,8 @@ func TestBrokenDeliveryFailsTheSmoke(t *testing.T) {
 	scenarios.BaselineConfig.DropEvery = 5
 	defer func() { scenarios.BaselineConfig.DropEvery = 0 }()
 	path := filepath.Join(t.TempDir(), "summary.json")
-	r := runMain(t, smoke("-summary-export", path)...)
+	// Loss never drains: wait 2s, not the smoke's 20s, for stragglers.
+	r := runMain(t, smoke("-summary-export", path, "-drain", "2s")...)
 	if r.code != ExitThresholds {
 		t.Fatalf("exit %d, want %d\n%s", r.code, ExitThresholds, r.stdout)
 	}
@@ -230,4 +231,25 @@ func TestBaselineServerCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	outW.Close()
+}
+
+// Secrets taken from the environment are never shown as flag defaults.
+func TestHelpDoesNotPrintSecrets(t *testing.T) {
+	const secret = "dev-secret-from-the-environment-0123456789"
+	var out, errb bytes.Buffer
+	m := NewMain(strings.NewReader(""), &out, &errb, func(k string) string {
+		switch k {
+		case "HAN_JWT_DEV_HS256_SECRET":
+			return secret
+		case "REDIS_REALTIME_URL":
+			return "redis://api_backend:" + secret + "@127.0.0.1:6379/1"
+		}
+		return ""
+	})
+	if err := m.ParseFlags([]string{"run", "broadcast", "-h"}); err != errHelp {
+		t.Fatalf("ParseFlags(-h) = %v", err)
+	}
+	if !strings.Contains(errb.String(), "-dev-secret") || strings.Contains(out.String()+errb.String(), secret) {
+		t.Fatalf("help output leaks the secret or lacks the flag:\n%s", errb.String())
+	}
 }

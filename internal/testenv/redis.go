@@ -32,6 +32,9 @@ type RedisOptions struct {
 	SeparateInstances bool
 	// ExtraACL lines are appended to the rendered ACL file.
 	ExtraACL []string
+	// LegacyStubPassword, when set, renders the legacy_stub user too
+	// (han:stub:*, DB2 of the legacy safety stub); see LegacyStubURL.
+	LegacyStubPassword string
 	// Dir, when set, is reused (for restarts that keep the AOF); zero value
 	// means a fresh temporary directory removed by Stop.
 	Dir string
@@ -71,6 +74,7 @@ func StartRedis(opts RedisOptions) (*RedisServer, error) {
 	acl := store.RenderACL(store.ACLOptions{
 		APIBackendPassword: s.Password,
 		SeparateInstances:  opts.SeparateInstances,
+		LegacyStubPassword: opts.LegacyStubPassword,
 		Extra:              append([]string{fmt.Sprintf("user %s on >%s ~* &* +@all", AdminUser, s.AdminPwd)}, opts.ExtraACL...),
 	})
 	if err := os.WriteFile(filepath.Join(s.Dir, "users.acl"), []byte(acl), 0o600); err != nil {
@@ -160,6 +164,13 @@ func (s *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port)
 // URL is the api_backend URL of database db (the form REDIS_URL takes).
 func (s *RedisServer) URL(db int) string {
 	return fmt.Sprintf("redis://%s:%s@%s/%d", store.APIBackendUser, s.Password, s.Addr(), db)
+}
+
+// LegacyStubURL is the legacy_stub URL of database db (the form
+// HAN_LEGACY_STUB_URL takes); the server must have been started with
+// RedisOptions.LegacyStubPassword.
+func (s *RedisServer) LegacyStubURL(db int) string {
+	return fmt.Sprintf("redis://%s:%s@%s/%d", store.LegacyStubUser, s.Opts.LegacyStubPassword, s.Addr(), db)
 }
 
 // AdminURL is the unrestricted URL of database db (test setup and faults only).

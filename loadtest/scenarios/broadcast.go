@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +26,9 @@ type Broadcast struct {
 	drain                       time.Duration
 	compare                     string
 	faultDropEvery              int64
+	stepRates                   string
+	steps                       []int
+	stepP99                     time.Duration
 	gw                          gatewayFlags
 }
 
@@ -48,6 +53,8 @@ func (b *Broadcast) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.IntVar(&b.concurrency, "connect-concurrency", 64, "connections set up at a time")
 	fs.DurationVar(&b.drain, "drain", 3*time.Second, "how long to wait for in-flight deliveries after the last publish")
 	fs.StringVar(&b.compare, "compare", "", "run the same shape against this baseline first (baseline or baseline-inprocess) and report the ratio")
+	fs.StringVar(&b.stepRates, "step-rates", "", "comma-separated publish rates measured one after another on the same connections (each for -duration) while p99 ≤ -step-p99 with no loss: sets max_delivery_rate")
+	fs.DurationVar(&b.stepP99, "step-p99", 100*time.Millisecond, "the p99 (from schedule) a step must hold")
 	fs.Int64Var(&b.faultDropEvery, "fault-drop-every", 0, "fault injection: a baseline this run starts drops every n-th delivery (proves the thresholds catch loss)")
 	b.gw.register(fs, getenv, true)
 }
@@ -56,12 +63,14 @@ func (b *Broadcast) Flags(fs *flag.FlagSet, getenv func(string) string) {
 const (
 	MetricBaselineDeliveryRate = "baseline_delivery_rate" // gauge: the baseline's unique deliveries/s in the same run
 	MetricBaselineRatio        = "baseline_ratio"         // gauge: target delivery_rate ÷ baseline_delivery_rate
+	MetricMaxDeliveryRate      = "max_delivery_rate"      // gauge: with -step-rates, the highest step's deliveries/s that held p99 and no loss
 )
 
 // DeclareMetrics implements loadtest.MetricDeclarer.
 func (b *Broadcast) DeclareMetrics(reg *loadtest.Registry) {
 	reg.Gauge(MetricBaselineDeliveryRate, loadtest.UnitPerSecond)
 	reg.Gauge(MetricBaselineRatio, loadtest.UnitRatio)
+	reg.Gauge(MetricMaxDeliveryRate, loadtest.UnitPerSecond)
 }
 
 func (b *Broadcast) shape() shape { return shape{b.conns, b.dialogs, b.subsPerConn} }
@@ -73,6 +82,17 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	if b.rate < 1 || b.publishers < 1 || b.maxPublishers < b.publishers || b.publisherConns < 1 || b.concurrency < 1 {
 		return fmt.Errorf("-rate, -publishers, -publisher-conns and -connect-concurrency must be positive, -max-publishers ≥ -publishers")
+	}
+	b.steps = nil
+	for _, f := range strings.FieldsFunc(b.stepRates, func(r rune) bool { return r == ',' || r == ' ' }) {
+		r, err := strconv.Atoi(f)
+		if err != nil || r < 1 || r > loadtest.MaxArrivalRate {
+			return fmt.Errorf("-step-rates: %q is not a rate in 1..%d", f, loadtest.MaxArrivalRate)
+		}
+		b.steps = append(b.steps, r)
+	}
+	if len(b.steps) > 0 && b.stepP99 <= 0 {
+		return fmt.Errorf("-step-p99 must be positive")
 	}
 	if b.faultDropEvery > 0 {
 		prev := BaselineConfig.DropEvery
@@ -89,70 +109,94 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	t.Info("conns", b.conns)
 	t.Info("dialogs", b.dialogs)
 	t.Info("subscribers_per_dialog", float64(total)/float64(b.dialogs))
-	t.Info("publish_rate", b.rate)
-	t.Info("offered_delivery_rate", float64(b.rate)*float64(total)/float64(b.dialogs))
+	if len(b.steps) == 0 {
+		t.Info("publish_rate", b.rate)
+		t.Info("offered_delivery_rate", float64(b.rate)*float64(total)/float64(b.dialogs))
+	} else {
+		t.Info("step_rates", b.stepRates)
+		t.Info("step_p99_limit", b.stepP99)
+	}
 	t.Info("payload_bytes", b.payload)
-
+	baseRate := 0.0
 	if b.compare != "" {
 		if b.compare != TargetBaseline && b.compare != TargetBaselineInProcess {
 			return fmt.Errorf("-compare %q: want %s or %s", b.compare, TargetBaseline, TargetBaselineInProcess)
 		}
 		breg := loadtest.NewRegistry()
 		t.Logf("broadcast: baseline phase (%s)", b.compare)
-		if err := b.phase(ctx, t, b.compare, breg, "baseline"); err != nil {
+		var err error
+		if baseRate, err = b.phase(ctx, t, b.compare, breg, "baseline"); err != nil {
 			return fmt.Errorf("baseline phase: %w", err)
 		}
-		bs := breg.Snapshot()
-		rate := bs.Metrics[loadtest.MetricDeliveryRate].Value
-		t.Reg.Gauge(MetricBaselineDeliveryRate, loadtest.UnitPerSecond).Set(rate)
-		t.Info("baseline_delivery_p99", time.Duration(bs.Metrics[loadtest.MetricDeliveryLatency].Percentile(99)))
-		t.Info("baseline_delivery_lost", bs.Metrics[loadtest.MetricDeliveryLost].Count)
+		t.Reg.Gauge(MetricBaselineDeliveryRate, loadtest.UnitPerSecond).Set(baseRate)
+		if len(b.steps) == 0 {
+			bs := breg.Snapshot()
+			t.Info("baseline_delivery_p99", time.Duration(bs.Metrics[loadtest.MetricDeliveryLatency].Percentile(99)))
+			t.Info("baseline_delivery_lost", bs.Metrics[loadtest.MetricDeliveryLost].Count)
+		}
 	}
-	if err := b.phase(ctx, t, t.Opts.Target, t.Reg, "target"); err != nil {
+	got, err := b.phase(ctx, t, t.Opts.Target, t.Reg, "target")
+	if err != nil {
 		return err
 	}
-	if b.compare != "" {
-		if base := t.Reg.Gauge(MetricBaselineDeliveryRate, loadtest.UnitPerSecond).Value(); base > 0 {
-			got := t.Reg.Gauge(loadtest.MetricDeliveryRate, loadtest.UnitPerSecond).Value()
-			t.Reg.Gauge(MetricBaselineRatio, loadtest.UnitRatio).Set(got / base)
-		}
+	if len(b.steps) > 0 {
+		t.Reg.Gauge(MetricMaxDeliveryRate, loadtest.UnitPerSecond).Set(got)
+	}
+	if b.compare != "" && baseRate > 0 {
+		t.Reg.Gauge(MetricBaselineRatio, loadtest.UnitRatio).Set(got / baseRate)
 	}
 	return nil
 }
 
-// phase runs the whole shape once against spec, recording into reg.
-func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, label string) (err error) {
+// stepper publishes events of the shape; it keeps per-dialog seqs across
+// measurement steps on the same connections.
+type stepper struct {
+	b        *Broadcast
+	fl       *fleet
+	pub      publisher
+	seqs     []atomic.Int64
+	channels []string
+}
+
+// phase sets the shape up against spec and measures it: once at -rate
+// (recording into reg), or at each of -step-rates while p99 and loss hold.
+// It returns the delivery rate the comparison uses: the measured one, or
+// the highest step that held.
+func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, label string) (float64, error) {
 	tg, err := openTarget(ctx, spec)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer tg.close()
 	t.Info(label, tg.describe())
 	sh := b.shape()
 	if err := sh.validate(tg.gateway); err != nil {
-		return err
+		return 0, err
 	}
 	pubFiles := b.publisherConns
 	if tg.gateway {
 		pubFiles = b.maxPublishers // one Redis connection per concurrent publish at most
 	}
 	if err := t.NeedFiles(b.conns+pubFiles, tg.perConnFiles()); err != nil {
-		return err
+		return 0, err
 	}
 	if tg.gateway {
 		if err := b.gw.check(); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	dl := loadtest.NewDeliveries(reg)
+	var dl *loadtest.Deliveries
+	if len(b.steps) == 0 {
+		dl = loadtest.NewDeliveries(reg)
+	}
 	cfg := fleetConfig{shape: sh, concurrency: b.concurrency, gw: &b.gw, reg: reg, deliveries: dl}
 	fl, err := prepare(ctx, t, tg, cfg)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer fl.close(b.concurrency)
 	if err := fl.connect(ctx, t, tg, cfg); err != nil {
-		return err
+		return 0, err
 	}
 
 	var pub publisher
@@ -162,29 +206,68 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 		pub, err = newBaselinePublisher(ctx, t, tg.base, b.publisherConns)
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer pub.Close()
-
-	exec := loadtest.ConstantArrivalRate{Rate: b.rate, Duration: t.Opts.Duration,
-		PreAllocatedVUs: b.publishers, MaxVUs: b.maxPublishers}
-	seqs := make([]atomic.Int64, b.dialogs)
-	channels := make([]string, b.dialogs)
+	st := &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs)}
 	for d, id := range fl.dialogIDs {
-		channels[d] = loadtest.DialogChannelPrefix + id
+		st.channels[d] = loadtest.DialogChannelPrefix + id
 	}
+	defer func() {
+		if open := fl.stillOpen(); open < b.conns {
+			t.Info(label+"_connections_dropped", b.conns-open)
+		}
+		t.SetPhase(label + ": closing")
+	}()
+
+	if len(b.steps) == 0 {
+		if err := st.measure(ctx, t, reg, dl, b.rate, label); err != nil {
+			return 0, err
+		}
+		return reg.Gauge(loadtest.MetricDeliveryRate, loadtest.UnitPerSecond).Value(), nil
+	}
+	best := 0.0
+	for i, rate := range b.steps {
+		sreg := loadtest.NewRegistry()
+		sdl := loadtest.NewDeliveries(sreg)
+		fl.dialer.SetDeliveries(sdl)
+		if err := st.measure(ctx, t, sreg, sdl, rate, fmt.Sprintf("%s step %d/%d (%d events/s)", label, i+1, len(b.steps), rate)); err != nil {
+			return best, err
+		}
+		m := sreg.Snapshot().Metrics
+		got := m[loadtest.MetricDeliveryRate].Value
+		p99 := time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99))
+		lost, dropped := m[loadtest.MetricDeliveryLost].Count, m[loadtest.MetricDroppedIterations].Count
+		held := p99 <= b.stepP99 && lost == 0 && dropped == 0 && m[loadtest.MetricDeliveryLatency].Count > 0
+		t.Info(fmt.Sprintf("%s_step_%d", label, rate), fmt.Sprintf("%.0f deliveries/s, p99 %s, lost %d, dropped %d, held %v",
+			got, p99.Round(10*time.Microsecond), lost, dropped, held))
+		if !held {
+			break
+		}
+		best = got
+	}
+	fl.dialer.SetDeliveries(nil)
+	return best, nil
+}
+
+// measure publishes at rate for the run's duration, drains and records the
+// deliveries into reg.
+func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, dl *loadtest.Deliveries, rate int, label string) error {
+	b := st.b
+	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: t.Opts.Duration,
+		PreAllocatedVUs: b.publishers, MaxVUs: b.maxPublishers}
 	bufs := make([][]byte, exec.PeakVUs())
 	t.SetPhase(label + ": publishing")
 	reg.ResetClock()
-	_, err = exec.Run(ctx, reg, func(ctx context.Context, it loadtest.Iter) error {
+	_, err := exec.Run(ctx, reg, func(ctx context.Context, it loadtest.Iter) error {
 		d := int(it.N % int64(b.dialogs))
-		seq := seqs[d].Add(1)
-		bufs[it.VU] = loadtest.AppendEvent(bufs[it.VU][:0], fl.dialogIDs[d], ids.New(), seq, it.Scheduled.UnixNano(), b.payload)
-		if err := pub.Publish(ctx, channels[d], bufs[it.VU]); err != nil {
+		seq := st.seqs[d].Add(1)
+		bufs[it.VU] = loadtest.AppendEvent(bufs[it.VU][:0], st.fl.dialogIDs[d], ids.New(), seq, it.Scheduled.UnixNano(), b.payload)
+		if err := st.pub.Publish(ctx, st.channels[d], bufs[it.VU]); err != nil {
 			dl.PublishFailed()
 			return err
 		}
-		dl.Published(fl.subs[d])
+		dl.Published(st.fl.subs[d])
 		return nil
 	})
 	if err != nil {
@@ -194,9 +277,5 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 	dl.Drain(ctx, b.drain)
 	reg.StopClock()
 	dl.Finish(reg.Elapsed())
-	if open := fl.stillOpen(); open < b.conns {
-		t.Info(label+"_connections_dropped", b.conns-open)
-	}
-	t.SetPhase(label + ": closing")
 	return ctx.Err()
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +47,7 @@ func run(t *testing.T, sc Scenario, opts loadtest.Options) *loadtest.Summary {
 func count(sum *loadtest.Summary, name string) int64 { return sum.Snapshot.Metrics[name].Count }
 
 func TestBroadcastAgainstInProcessBaselineLosesNothing(t *testing.T) {
-	sc := newScenario(t, "broadcast", "-conns", "50", "-dialogs", "5", "-rate", "100", "-publishers", "4")
+	sc := newScenario(t, "broadcast", "-conns", "50", "-dialogs", "5", "-rate", "100", "-publishers", "4", "-drain", "20s")
 	var progress bytes.Buffer
 	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 2 * time.Second,
 		Thresholds: []string{"delivery_lost==0", "delivery_p99<30s", "ws_connect_p95<30s"},
@@ -79,7 +81,7 @@ func TestBroadcastAgainstInProcessBaselineLosesNothing(t *testing.T) {
 func TestBroadcastCountsEveryLostDelivery(t *testing.T) {
 	BaselineConfig.DropEvery = 10
 	defer func() { BaselineConfig.DropEvery = 0 }()
-	sc := newScenario(t, "broadcast", "-conns", "20", "-dialogs", "2", "-rate", "50", "-drain", "500ms")
+	sc := newScenario(t, "broadcast", "-conns", "20", "-dialogs", "2", "-rate", "50", "-drain", "2s")
 	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: time.Second,
 		Thresholds: []string{"delivery_lost==0", "delivery_loss<1%"}})
 	if sum.Err != nil {
@@ -178,5 +180,45 @@ func TestRegistry(t *testing.T) {
 	if _, err := loadtest.Run(context.Background(), newScenario(t, "broadcast"), loadtest.Options{
 		Target: TargetBaselineInProcess, Thresholds: []string{"nosuch_p99<1ms"}}); err == nil {
 		t.Fatal("unknown threshold metric accepted")
+	}
+}
+
+// -step-rates measures rising rates on the same connections and keeps the
+// highest that held p99 and lost nothing; -compare runs the same against a
+// baseline first and reports the ratio.
+func TestBroadcastStepsAndCompare(t *testing.T) {
+	sc := newScenario(t, "broadcast", "-conns", "20", "-dialogs", "2", "-step-rates", "20,40", "-step-p99", "30s",
+		"-drain", "2s", "-compare", TargetBaselineInProcess)
+	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 500 * time.Millisecond,
+		Thresholds: []string{"max_delivery_rate>0", "baseline_ratio>0"}})
+	if sum.Err != nil || !sum.Passed() {
+		t.Fatalf("run failed: %v %+v", sum.Err, sum.Thresholds)
+	}
+	held := 0
+	for _, in := range sum.Info {
+		if strings.Contains(in.Key, "_step_") && strings.Contains(in.Value.(string), "held true") {
+			held++
+		}
+	}
+	if held != 4 {
+		t.Fatalf("steps that held = %d, want 2 per phase: %+v", held, sum.Info)
+	}
+	// The best step is the last one that held: the 40 events/s step.
+	var step2 float64
+	for _, in := range sum.Info {
+		if in.Key == "target_step_40" {
+			fmt.Sscanf(in.Value.(string), "%g", &step2)
+		}
+	}
+	if got := sum.Snapshot.Metrics[MetricMaxDeliveryRate].Value; step2 == 0 || math.Round(got) != step2 {
+		t.Errorf("max_delivery_rate = %v, want the 40/s step's %v", got, step2)
+	}
+
+	// A p99 no step can hold: nothing qualifies.
+	sc = newScenario(t, "broadcast", "-conns", "20", "-dialogs", "2", "-step-rates", "20,40", "-step-p99", "1ns")
+	sum = run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 300 * time.Millisecond,
+		Thresholds: []string{"max_delivery_rate>0"}})
+	if sum.Err != nil || sum.Passed() || sum.Snapshot.Metrics[MetricMaxDeliveryRate].Value != 0 {
+		t.Fatalf("err %v, max_delivery_rate %v: want 0 and a failed threshold", sum.Err, sum.Snapshot.Metrics[MetricMaxDeliveryRate].Value)
 	}
 }

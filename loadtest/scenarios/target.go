@@ -177,28 +177,46 @@ func (tg *target) close() {
 }
 
 // gatewayFlags are the settings scenarios that talk to the gateway share.
+// Secrets default from the environment but are never flag defaults, so
+// -h does not print them.
 type gatewayFlags struct {
 	devSecret string
 	origin    string
 	redisURL  string
 	auth      string
 	tokenTTL  time.Duration
+	getenv    func(string) string
 }
 
 func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, needRedis bool) {
-	fs.StringVar(&g.devSecret, "dev-secret", getenv("HAN_JWT_DEV_HS256_SECRET"),
-		"the gateway's dev HS256 secret, to mint user tokens (env HAN_JWT_DEV_HS256_SECRET)")
+	g.getenv = getenv
+	fs.StringVar(&g.devSecret, "dev-secret", "",
+		"the gateway's dev HS256 secret, to mint user tokens (default: env HAN_JWT_DEV_HS256_SECRET)")
 	origin, _, _ := strings.Cut(getenv("HAN_ALLOWED_ORIGINS"), ",")
 	fs.StringVar(&g.origin, "origin", strings.TrimSpace(origin), "Origin header on WebSocket handshakes (env: first of HAN_ALLOWED_ORIGINS)")
 	fs.StringVar(&g.auth, "auth", "bearer", "WebSocket auth: bearer (Authorization header) or ticket (POST /v1/realtime/tickets, needs -origin)")
 	fs.DurationVar(&g.tokenTTL, "token-ttl", 2*time.Hour, "lifetime of the minted tokens")
 	if needRedis {
-		fs.StringVar(&g.redisURL, "redis-url", getenv("REDIS_REALTIME_URL"),
-			"Redis DB1 URL the broadcast publisher PUBLISHes to when the target is the gateway (env REDIS_REALTIME_URL)")
+		fs.StringVar(&g.redisURL, "redis-url", "",
+			"Redis DB1 URL the broadcast publisher PUBLISHes to when the target is the gateway (default: env REDIS_REALTIME_URL)")
+	}
+}
+
+// fromEnv fills unset secrets from the environment.
+func (g *gatewayFlags) fromEnv() {
+	if g.getenv == nil {
+		return
+	}
+	if g.devSecret == "" {
+		g.devSecret = g.getenv("HAN_JWT_DEV_HS256_SECRET")
+	}
+	if g.redisURL == "" {
+		g.redisURL = g.getenv("REDIS_REALTIME_URL")
 	}
 }
 
 func (g *gatewayFlags) check() error {
+	g.fromEnv()
 	if len(g.devSecret) < 32 {
 		return errors.New("the gateway target needs -dev-secret (or HAN_JWT_DEV_HS256_SECRET), at least 32 bytes")
 	}

@@ -1,0 +1,9 @@
+package lua
+
+// The legacy DB2 safety stub (CONTRACT §8 decision): removed with the stub
+// by `hanctl redis cutover`. Both scripts run as ACL user legacy_stub, which
+// alone may touch han:stub:*; keys are built in store/stub_tasks.go.
+var (
+	StubTaskCreate = mustLoad("stub_task_create")
+	StubTaskPoll   = mustLoad("stub_task_poll")
+)

@@ -1,0 +1,20 @@
+// Package settings serves the runtime settings that live versioned in
+// PostgreSQL (seed module-04 §6, CONTRACT §4, §8): rate-limit policy
+// overrides and named tunables. A Provider is the rate limiter's
+// ratelimit.PolicyProvider: a change committed in PostgreSQL reaches every
+// instance within one refresh interval, without a restart.
+//
+// Each instance checks the one-row settings version on every tick. On a new
+// version it reads the shared snapshot han:settings:snapshot:<version> from
+// Redis DB1 (5 min TTL); when that is missing, the instance that takes
+// han:coord:lock:settings-refresh:{<scope>} reads PostgreSQL and publishes
+// the snapshot, while the others wait briefly for it (and read PostgreSQL
+// themselves if it does not come), so a change costs PostgreSQL one full
+// read rather than one per instance. PostgreSQL stays the truth: a missing
+// or unreachable Redis only means every instance reads it directly. An
+// invalid version is refused as a whole and the previous snapshot stays in
+// force.
+//
+// A Provider is safe for concurrent use; Policies never blocks (an atomic
+// pointer to an immutable snapshot). Start runs one goroutine until Close.
+package settings

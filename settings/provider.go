@@ -1,0 +1,391 @@
+package settings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/ratelimit"
+	"github.com/han-app/gateway/store"
+)
+
+// SnapshotTTL is the life of a shared snapshot in Redis (CONTRACT §3).
+const SnapshotTTL = 5 * time.Minute
+
+// SnapshotKey is han:settings:snapshot:<version> (DB1).
+func SnapshotKey(version int64) string {
+	return "han:settings:snapshot:" + strconv.FormatInt(version, 10)
+}
+
+// Config configures a Provider.
+type Config struct {
+	// Scope names the group of instances that share snapshots: the id of
+	// the refresh lock han:coord:lock:settings-refresh:{<scope>}. The
+	// service uses HAN_ENV. Required; no braces, colons or spaces.
+	Scope string
+	// RefreshInterval is how often the version is checked: the bound on how
+	// long a committed change takes to reach an instance. Zero value means
+	// 5s.
+	RefreshInterval time.Duration
+	// PeerWait is how long an instance that finds the refresh lock taken
+	// waits for the holder's snapshot before reading PostgreSQL itself.
+	// Zero value means 1s.
+	PeerWait time.Duration
+	// RedisTimeout bounds each DB1 call. Zero value means 1s.
+	RedisTimeout time.Duration
+	// Base is the built-in policy table the overrides apply to. Zero value
+	// means ratelimit.DefaultPolicies().
+	Base *ratelimit.PolicySet
+	// Logger: zero value means discard.
+	Logger *slog.Logger
+	// Registerer receives the metrics. Zero value means no metrics.
+	Registerer prometheus.Registerer
+	// OnPublish, when set, is called after this instance published a
+	// snapshot to Redis (tests, tracing).
+	OnPublish func(version int64)
+}
+
+// current is one applied version.
+type current struct {
+	version  int64
+	policies *ratelimit.PolicySet
+	tunables map[string]json.RawMessage
+}
+
+// Provider serves the current settings and refreshes them.
+type Provider struct {
+	cfg    Config
+	store  *store.Store
+	db1    redis.UniversalClient
+	locker *store.Locker
+	logger *slog.Logger
+
+	cur      atomic.Pointer[current]
+	rejected atomic.Int64 // the last version refused as invalid (not retried)
+	refresh  sync.Mutex   // one refresh at a time per instance
+
+	inLock func() // test hook: runs while the refresh lock is held
+
+	refreshes *prometheus.CounterVec
+	version   prometheus.Gauge
+
+	mu      sync.Mutex // guards started, stopped
+	started bool
+	stopped bool
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+var _ ratelimit.PolicyProvider = (*Provider)(nil)
+
+// New builds a Provider serving cfg.Base (version 0) until the first
+// Refresh; call Refresh once before serving, then Start.
+func New(cfg Config, st *store.Store, db1 redis.UniversalClient) (*Provider, error) {
+	if st == nil || db1 == nil {
+		return nil, errors.New("settings: Store and DB1 client are required")
+	}
+	if cfg.Scope == "" {
+		return nil, errors.New("settings: Scope is required")
+	}
+	if cfg.RefreshInterval <= 0 {
+		cfg.RefreshInterval = 5 * time.Second
+	}
+	if cfg.PeerWait <= 0 {
+		cfg.PeerWait = time.Second
+	}
+	if cfg.RedisTimeout <= 0 {
+		cfg.RedisTimeout = time.Second
+	}
+	if cfg.Base == nil {
+		cfg.Base = ratelimit.DefaultPolicies()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Provider{cfg: cfg, store: st, db1: db1, locker: store.NewLocker(db1), logger: cfg.Logger,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	p.cur.Store(&current{policies: cfg.Base, tunables: map[string]json.RawMessage{}})
+	p.rejected.Store(-1)
+	p.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "han_settings_refreshes_total",
+		Help: "Runtime settings refreshes that found a new version, by source (redis = shared snapshot, postgres_published, postgres) or failure (invalid, error).",
+	}, []string{"result"})
+	p.version = prometheus.NewGauge(prometheus.GaugeOpts{Name: "han_settings_version", Help: "The runtime settings version in force."})
+	if cfg.Registerer != nil {
+		var err error
+		if p.refreshes, err = register(cfg.Registerer, p.refreshes); err != nil {
+			return nil, err
+		}
+		if p.version, err = register(cfg.Registerer, p.version); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// Policies is the current rate-limit policy set (ratelimit.PolicyProvider).
+func (p *Provider) Policies() *ratelimit.PolicySet { return p.cur.Load().policies }
+
+// Version is the settings version in force (0 before the first refresh).
+func (p *Provider) Version() int64 { return p.cur.Load().version }
+
+// Int returns tunable name as an integer, or def when it is absent or not a
+// JSON integer.
+func (p *Provider) Int(name string, def int) int {
+	raw, ok := p.cur.Load().tunables[name]
+	if !ok {
+		return def
+	}
+	var v int
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return def
+	}
+	return v
+}
+
+// Refresh brings the provider to the current PostgreSQL version (one tick).
+// On any failure the settings in force stay as they are.
+func (p *Provider) Refresh(ctx context.Context) error {
+	p.refresh.Lock()
+	defer p.refresh.Unlock()
+	v, err := p.store.SettingsVersion(ctx)
+	if err != nil {
+		p.fail(ctx, "read version", err)
+		return err
+	}
+	if v == p.Version() || v == p.rejected.Load() {
+		return nil
+	}
+	if snap, ok := p.fetch(ctx, v); ok {
+		return p.apply(ctx, snap, "redis")
+	}
+	lctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
+	lk, _, err := p.locker.Acquire(lctx, store.LockSettingsRefresh, p.cfg.Scope, store.DefaultLockTTL)
+	cancel()
+	switch {
+	case err == nil:
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.RedisTimeout)
+			_ = lk.Release(rctx)
+			cancel()
+		}()
+		if p.inLock != nil {
+			p.inLock()
+		}
+		// The previous holder may have published it meanwhile.
+		if snap, ok := p.fetch(ctx, v); ok {
+			return p.apply(ctx, snap, "redis")
+		}
+		return p.loadAndApply(ctx, true)
+	case errors.Is(err, store.ErrLockHeld):
+		if snap, ok := p.waitForPeer(ctx, v); ok {
+			return p.apply(ctx, snap, "redis")
+		}
+	}
+	// No snapshot from a peer, or DB1 unreachable: PostgreSQL is the truth.
+	return p.loadAndApply(ctx, false)
+}
+
+// fetch reads the shared snapshot of version v, if Redis holds a valid one.
+func (p *Provider) fetch(ctx context.Context, v int64) (Snapshot, bool) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
+	defer cancel()
+	b, err := p.db1.Get(ctx, SnapshotKey(v)).Bytes()
+	if err != nil {
+		if !errors.Is(err, redis.Nil) {
+			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", errKind(store.ClassifyRedisError(err))))
+		}
+		return Snapshot{}, false
+	}
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil || s.Version != v {
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring an unreadable shared snapshot", slog.Int64("version", v))
+		return Snapshot{}, false
+	}
+	return s, true
+}
+
+// waitForPeer polls for the snapshot the lock holder is building.
+func (p *Provider) waitForPeer(ctx context.Context, v int64) (Snapshot, bool) {
+	deadline := time.Now().Add(p.cfg.PeerWait)
+	t := time.NewTicker(max(p.cfg.PeerWait/20, 5*time.Millisecond))
+	defer t.Stop()
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return Snapshot{}, false
+		case <-p.stop:
+			return Snapshot{}, false
+		case <-t.C:
+		}
+		if s, ok := p.fetch(ctx, v); ok {
+			return s, true
+		}
+	}
+	return Snapshot{}, false
+}
+
+// loadAndApply reads PostgreSQL and applies the result; with publish (the
+// lock holder) it also shares the snapshot in Redis for 5 minutes.
+func (p *Provider) loadAndApply(ctx context.Context, publish bool) error {
+	rows, err := p.store.LoadSettings(ctx)
+	if err != nil {
+		p.fail(ctx, "load", err)
+		return err
+	}
+	snap, err := fromRows(rows)
+	if err == nil {
+		_, err = snap.PolicySet(p.cfg.Base)
+	}
+	if err != nil {
+		return p.reject(ctx, rows.Version, err)
+	}
+	source := "postgres"
+	if publish {
+		b, err := json.Marshal(snap)
+		if err != nil {
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
+		err = p.db1.Set(pctx, SnapshotKey(snap.Version), b, SnapshotTTL).Err()
+		cancel()
+		if err != nil {
+			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", errKind(store.ClassifyRedisError(err))))
+		} else {
+			source = "postgres_published"
+			if p.cfg.OnPublish != nil {
+				p.cfg.OnPublish(snap.Version)
+			}
+		}
+	}
+	return p.apply(ctx, snap, source)
+}
+
+// apply swaps in a snapshot, unless it is invalid or older than the one in
+// force.
+func (p *Provider) apply(ctx context.Context, s Snapshot, source string) error {
+	if s.Version <= p.Version() {
+		return nil
+	}
+	set, err := s.PolicySet(p.cfg.Base)
+	if err != nil {
+		return p.reject(ctx, s.Version, err)
+	}
+	tun := s.Tunables
+	if tun == nil {
+		tun = map[string]json.RawMessage{}
+	}
+	p.cur.Store(&current{version: s.Version, policies: set, tunables: tun})
+	p.version.Set(float64(s.Version))
+	p.refreshes.WithLabelValues(source).Inc()
+	p.logger.LogAttrs(ctx, slog.LevelInfo, "settings: version applied", slog.Int64("version", s.Version), slog.String("source", source))
+	return nil
+}
+
+// ErrInvalid wraps a settings version refused as a whole.
+var ErrInvalid = errors.New("settings: invalid settings version")
+
+func (p *Provider) reject(ctx context.Context, v int64, cause error) error {
+	p.rejected.Store(v)
+	p.refreshes.WithLabelValues("invalid").Inc()
+	// The cause names a route and a rule, never a secret: it is safe to log.
+	p.logger.LogAttrs(ctx, slog.LevelError, "settings: version refused; previous settings stay in force",
+		slog.Int64("version", v), slog.Int64("in_force", p.Version()), slog.String("reason", cause.Error()))
+	return fmt.Errorf("%w %d: %w", ErrInvalid, v, cause)
+}
+
+func (p *Provider) fail(ctx context.Context, what string, err error) {
+	p.refreshes.WithLabelValues("error").Inc()
+	p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: refresh failed; previous settings stay in force",
+		slog.String("step", what), slog.String("kind", errKind(err)))
+}
+
+// Start refreshes every RefreshInterval until Close.
+func (p *Provider) Start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started || p.stopped {
+		return
+	}
+	p.started = true
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(p.cfg.RefreshInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), p.cfg.RefreshInterval+p.cfg.PeerWait+5*time.Second)
+			go func() {
+				select {
+				case <-p.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			_ = p.Refresh(ctx)
+			cancel()
+		}
+	}()
+}
+
+// Close stops the refresh loop and waits for a refresh in progress.
+// Idempotent.
+func (p *Provider) Close() {
+	p.mu.Lock()
+	started := p.started
+	if !p.stopped {
+		p.stopped = true
+		close(p.stop)
+	}
+	p.mu.Unlock()
+	if started {
+		<-p.done
+	}
+}
+
+// register registers c, or returns the collector already registered under
+// its name (several providers on one registry).
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	switch {
+	case err == nil:
+		return c, nil
+	case errors.As(err, &are):
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("settings: register metrics: %w", err)
+}
+
+func errKind(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return "pg:" + pe.Code
+	}
+	for _, sentinel := range []error{store.ErrRedisUnavailable, store.ErrRedisOOM, store.ErrRedisNoPerm,
+		context.DeadlineExceeded, context.Canceled} {
+		if errors.Is(err, sentinel) {
+			return sentinel.Error()
+		}
+	}
+	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
+		err = u
+	}
+	return fmt.Sprintf("%T", err)
+}

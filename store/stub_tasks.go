@@ -1,0 +1,209 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// Legacy DB2 safety stub data (CONTRACT §8 decision; docs/legacy-stub.md):
+// the task HASH in DB2, reached only as ACL user legacy_stub, and the
+// stub_tasks row in PostgreSQL, written in the message's send transaction,
+// which holds the durable verdict and the recovery lease. The task id is the
+// message id.
+
+// Task states and verdicts (the same words in Redis and PostgreSQL).
+const (
+	StubPending     = "pending"
+	StubDone        = "done"
+	VerdictApproved = "approved"
+	VerdictRejected = "rejected"
+)
+
+// Who decided a task.
+const (
+	DecidedByPoll     = "poll"
+	DecidedByRecovery = "recovery"
+)
+
+// StubKeyPattern matches every key of the legacy stub (cutover deletes them).
+const StubKeyPattern = "han:stub:*"
+
+// ErrStubTaskNotFound: the message has no safety task (sent while the stub
+// was off).
+var ErrStubTaskNotFound = errors.New("store: safety task not found")
+
+// StubTaskKey is han:stub:task:{<task_id>} in DB2.
+func StubTaskKey(taskID string) string { return "han:stub:task:{" + taskID + "}" }
+
+// StubTask is the durable row of a task.
+type StubTask struct {
+	MessageID  string
+	State      string // StubPending or StubDone
+	Verdict    string // "" while pending
+	DecidedBy  string // DecidedByPoll, DecidedByRecovery or ""
+	CreatedAt  time.Time
+	Recoveries int
+}
+
+// InsertStubTaskTx records a pending task for a message inside its send
+// transaction (a repeat is a no-op).
+func InsertStubTaskTx(ctx context.Context, tx pgx.Tx, messageID string) error {
+	if _, err := tx.Exec(ctx, "INSERT INTO stub_tasks(message_id) VALUES ($1) ON CONFLICT DO NOTHING", messageID); err != nil {
+		return fmt.Errorf("insert safety task: %w", err)
+	}
+	return nil
+}
+
+const stubTaskColumns = `message_id::text, state, COALESCE(verdict, ''), COALESCE(decided_by, ''), created_at, recoveries`
+
+func scanStubTask(row pgx.Row) (StubTask, error) {
+	var t StubTask
+	err := row.Scan(&t.MessageID, &t.State, &t.Verdict, &t.DecidedBy, &t.CreatedAt, &t.Recoveries)
+	return t, err
+}
+
+// StubTask loads a message's task (ErrStubTaskNotFound when it has none).
+func (s *Store) StubTask(ctx context.Context, messageID string) (StubTask, error) {
+	t, err := scanStubTask(s.pool.QueryRow(ctx, `SELECT `+stubTaskColumns+` FROM stub_tasks WHERE message_id=$1`, messageID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return StubTask{}, ErrStubTaskNotFound
+	}
+	if err != nil {
+		return StubTask{}, fmt.Errorf("load safety task: %w", err)
+	}
+	return t, nil
+}
+
+// DecideStubTask records the verdict a poll reached, if the task is still
+// pending, and returns the task as decided: a task decided earlier (by
+// another poll or by recovery) keeps its verdict, which is the one returned
+// (decided is false then).
+func (s *Store) DecideStubTask(ctx context.Context, messageID, verdict string) (t StubTask, decided bool, err error) {
+	t, err = scanStubTask(s.pool.QueryRow(ctx, `UPDATE stub_tasks SET state='done', verdict=$2, decided_by='poll',
+		decided_at=now(), lease_owner=NULL, lease_until=NULL
+		WHERE message_id=$1 AND state='pending' RETURNING `+stubTaskColumns, messageID, verdict))
+	if errors.Is(err, pgx.ErrNoRows) {
+		t, err = s.StubTask(ctx, messageID)
+		return t, false, err
+	}
+	if err != nil {
+		return StubTask{}, false, fmt.Errorf("decide safety task: %w", err)
+	}
+	return t, true, nil
+}
+
+// StuckStubTasks lists up to limit tasks pending for longer than olderThan
+// whose recovery lease is free, oldest first.
+func (s *Store) StuckStubTasks(ctx context.Context, olderThan time.Duration, limit int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT message_id::text FROM stub_tasks
+		WHERE state='pending' AND created_at < now() - make_interval(secs => $1)
+		AND (lease_until IS NULL OR lease_until < now()) ORDER BY created_at LIMIT $2`, olderThan.Seconds(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("list stuck safety tasks: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list stuck safety tasks: %w", err)
+	}
+	return out, nil
+}
+
+// LeaseStubTask takes the recovery lease of a pending task for owner, unless
+// another owner holds an unexpired lease or a concurrent lease-taker has the
+// row locked (FOR UPDATE SKIP LOCKED). It reports whether owner holds it now.
+// The lease, not the Redis lock, is what stops two recoverers deciding one
+// task.
+func (s *Store) LeaseStubTask(ctx context.Context, messageID, owner string, lease time.Duration) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE stub_tasks SET lease_owner=$2, lease_until=now() + make_interval(secs => $3)
+		WHERE message_id = (SELECT message_id FROM stub_tasks WHERE message_id=$1 AND state='pending'
+			AND (lease_until IS NULL OR lease_until < now()) FOR UPDATE SKIP LOCKED)`, messageID, owner, lease.Seconds())
+	if err != nil {
+		return false, fmt.Errorf("lease safety task: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// FinishStubRecovery decides a task that owner recovered: only while the
+// task is pending and owner still holds its lease (nobody took it over after
+// it expired). It reports whether this call decided the task.
+func (s *Store) FinishStubRecovery(ctx context.Context, messageID, owner, verdict string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE stub_tasks SET state='done', verdict=$3, decided_by='recovery', decided_at=now(),
+		recoveries = recoveries + 1, lease_owner=NULL, lease_until=NULL
+		WHERE message_id=$1 AND state='pending' AND lease_owner=$2`, messageID, owner, verdict)
+	if err != nil {
+		return false, fmt.Errorf("finish safety recovery: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ReleaseStubLease gives a lease back early (a recovery that could not
+// finish), so the next round need not wait for it to expire.
+func (s *Store) ReleaseStubLease(ctx context.Context, messageID, owner string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE stub_tasks SET lease_owner=NULL, lease_until=NULL
+		WHERE message_id=$1 AND lease_owner=$2`, messageID, owner); err != nil {
+		return fmt.Errorf("release safety lease: %w", err)
+	}
+	return nil
+}
+
+// StubTaskState is a task as DB2 holds it.
+type StubTaskState struct {
+	State     string
+	Polls     int64
+	Verdict   string
+	CreatedMs int64
+}
+
+// CreateStubTask writes a pending task with its TTL in DB2 (rdb connects
+// as legacy_stub). created is false when it already existed.
+func CreateStubTask(ctx context.Context, rdb redis.Scripter, taskID string, ttl time.Duration) (created bool, err error) {
+	v, err := lua.StubTaskCreate.Run(ctx, rdb, []string{StubTaskKey(taskID)}, ttl.Milliseconds()).Slice()
+	if err != nil {
+		return false, fmt.Errorf("create safety task: %w", ClassifyRedisError(err))
+	}
+	n, _ := v[0].(int64)
+	return n == 1, nil
+}
+
+// PollStubTask counts one poll of a task and returns its state after it;
+// the poll that reaches verdictAfter polls records verdict. found is false
+// when DB2 holds no such task.
+func PollStubTask(ctx context.Context, rdb redis.Scripter, taskID string, verdictAfter int, verdict string) (st StubTaskState, found bool, err error) {
+	v, err := lua.StubTaskPoll.Run(ctx, rdb, []string{StubTaskKey(taskID)}, verdictAfter, verdict).Slice()
+	if errors.Is(err, redis.Nil) {
+		return StubTaskState{}, false, nil
+	}
+	if err != nil {
+		return StubTaskState{}, false, fmt.Errorf("poll safety task: %w", ClassifyRedisError(err))
+	}
+	if len(v) < 4 {
+		return StubTaskState{}, false, errors.New("store: poll safety task: unexpected reply")
+	}
+	st.State, _ = v[0].(string)
+	st.Polls, _ = v[1].(int64)
+	st.Verdict, _ = v[2].(string)
+	st.CreatedMs, _ = v[3].(int64)
+	return st, true, nil
+}
+
+// ReadStubTask reads a task without counting a poll (recovery).
+func ReadStubTask(ctx context.Context, rdb redis.Cmdable, taskID string) (st StubTaskState, found bool, err error) {
+	v, err := rdb.HMGet(ctx, StubTaskKey(taskID), "state", "verdict").Result()
+	if err != nil {
+		return StubTaskState{}, false, fmt.Errorf("read safety task: %w", ClassifyRedisError(err))
+	}
+	state, _ := v[0].(string)
+	if state == "" {
+		return StubTaskState{}, false, nil
+	}
+	st.State = state
+	st.Verdict, _ = v[1].(string)
+	return st, true, nil
+}
