@@ -378,16 +378,17 @@ func (c *client) next(timeout time.Duration) frame {
 }
 
 // expect returns the next frame of type typ, skipping presence and typing
-// events; any other frame fails the test.
+// events (which arrive whenever users come and go); any other frame fails
+// the test.
 func (c *client) expect(typ string) frame {
 	c.t.Helper()
 	for {
 		f := c.next(10 * time.Second)
-		if f.Type == typ {
-			return f
-		}
 		if f.Type == "event" && (f.Event == gateway.EventPresenceChanged || f.Event == gateway.EventTyping) {
 			continue
+		}
+		if f.Type == typ {
+			return f
 		}
 		c.t.Fatalf("want a %s frame, got %s", typ, f.raw)
 	}

@@ -2,6 +2,8 @@ package gateway_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +87,15 @@ func TestRealtimeRedisOutage(t *testing.T) {
 	code, body = in.do(a, "GET", "/v1/users/"+b+"/presence", "")
 	if code != 503 || string(body) != `{"error":"redis_unavailable"}` {
 		t.Fatalf("presence during the outage: %d %s", code, body)
+	}
+	resp, err := http.Get(in.srv.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(ready), `"status":"degraded"`) || !strings.Contains(string(ready), `"pubsub":"down"`) {
+		t.Fatalf("/readyz during the outage: %d %s", resp.StatusCode, ready)
 	}
 	refused := in.connectWith(dialOpts{token: token(t, a)})
 	if got, _ := refused.closeStatus(10 * time.Second); got != gateway.CloseTryAgainLater {

@@ -3,6 +3,7 @@ package legacystub_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -314,4 +315,87 @@ func TestRecovererLoop(t *testing.T) {
 		"the loop did not recover the stuck task")
 	r.Close()
 	r.Close()
+}
+
+// The PostgreSQL guard itself, without the listing in front of it: owners
+// racing for one task's lease get it exactly once, only the holder can
+// decide, and a decided task can be leased by nobody.
+func TestLeaseAdmitsOneOwner(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, legacystub.Config{})
+	for round := 0; round < 5; round++ {
+		id := f.send(false)
+		var wg sync.WaitGroup
+		won := make([]bool, 8)
+		for i := range won {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ok, err := f.store.LeaseStubTask(ctx, id, fmt.Sprintf("owner-%d", i), time.Minute)
+				if err != nil {
+					t.Error(err)
+				}
+				won[i] = ok
+			}()
+		}
+		wg.Wait()
+		winner := -1
+		for i, ok := range won {
+			if ok {
+				if winner >= 0 {
+					t.Fatalf("round %d: owners %d and %d both hold the lease", round, winner, i)
+				}
+				winner = i
+			}
+		}
+		if winner < 0 {
+			t.Fatalf("round %d: nobody got the lease", round)
+		}
+		loser := fmt.Sprintf("owner-%d", (winner+1)%len(won))
+		if ok, err := f.store.FinishStubRecovery(ctx, id, loser, store.VerdictApproved); err != nil || ok {
+			t.Fatalf("a non-holder decided the task: %v %v", ok, err)
+		}
+		if ok, err := f.store.FinishStubRecovery(ctx, id, fmt.Sprintf("owner-%d", winner), store.VerdictRejected); err != nil || !ok {
+			t.Fatalf("the holder could not decide: %v %v", ok, err)
+		}
+		if ok, _ := f.store.LeaseStubTask(ctx, id, "late", time.Minute); ok {
+			t.Fatal("a decided task was leased")
+		}
+		if row := f.task(id); row.Verdict != store.VerdictRejected || row.Recoveries != 1 {
+			t.Fatalf("task: %+v", row)
+		}
+	}
+}
+
+type tunables map[string]int
+
+func (t tunables) Int(name string, def int) int {
+	if v, ok := t[name]; ok {
+		return v
+	}
+	return def
+}
+
+// legacy_stub.verdict_after_polls (a runtime setting) overrides the poll
+// that decides, within 1..max polls.
+func TestVerdictAfterPollsTunable(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, legacystub.Config{})
+	tun := tunables{legacystub.TunableVerdictAfterPolls: 1}
+	stub, err := legacystub.New(legacystub.Config{}, legacystub.Deps{DB2: f.db2, Store: f.store, Tunables: tun})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := f.send(true)
+	if v, err := stub.Poll(ctx, id); err != nil || v == legacystub.SafetyPending {
+		t.Fatalf("the first poll must decide with the tunable at 1: %q %v", v, err)
+	}
+	tun[legacystub.TunableVerdictAfterPolls] = 99 // above max polls: ignored, the configured 3 applies
+	id = f.send(true)
+	for i := 1; i <= 3; i++ {
+		v, err := stub.Poll(ctx, id)
+		if err != nil || (i < 3) != (v == legacystub.SafetyPending) {
+			t.Fatalf("poll %d: %q %v", i, v, err)
+		}
+	}
 }

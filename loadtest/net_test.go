@@ -87,8 +87,8 @@ func TestFileBudget(t *testing.T) {
 		t.Errorf("19,000 connections against a separate target must fit: %v", err)
 	}
 	err := tt.NeedFiles(10000, 2)
-	if err == nil || !strings.Contains(err.Error(), "at most 9750") {
-		t.Errorf("10,000 in-process connections: %v, want a refusal naming 9750", err)
+	if err == nil || !strings.Contains(err.Error(), "at most 9500") {
+		t.Errorf("10,000 in-process connections: %v, want a refusal naming 9500", err)
 	}
 	if err := tt.NeedFiles(19600, 1); err == nil {
 		t.Error("19,600 connections accepted")

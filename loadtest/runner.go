@@ -50,7 +50,7 @@ type Options struct {
 
 // FileReserve is the number of descriptors kept free for everything that is
 // not a load connection (REST pools, publishers, Redis, the runtime).
-const FileReserve = 500
+const FileReserve = 1000
 
 // T is what a running scenario gets: metrics, the source address pool and
 // ways to report.

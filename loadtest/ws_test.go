@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/loadtest"
@@ -158,5 +161,36 @@ func TestSubscribeRefusedAndServerGone(t *testing.T) {
 	}
 	if _, err := d.Dial(ctx, wsURL(s), ""); err == nil {
 		t.Fatal("dial to a closed server succeeded")
+	}
+}
+
+// A server that refuses after the upgrade with advice (1013 + retryMs, as
+// the gateway does while DB1 is down) fails the dial, and the advice is
+// readable for the reconnect backoff.
+func TestDialRefusedWithAdvice(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{loadtest.Subprotocol}})
+		if err != nil {
+			return
+		}
+		_ = c.Close(websocket.StatusTryAgainLater, `{"retryMs":250}`)
+	}))
+	defer srv.Close()
+	reg := loadtest.NewRegistry()
+	d := loadtest.NewWSDialer(reg, nil, nil)
+	defer d.Close()
+	_, err := d.Dial(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http")+loadtest.RealtimePath, "")
+	if err == nil {
+		t.Fatal("dial succeeded against a refusing server")
+	}
+	code, retry := loadtest.CloseAdvice(err)
+	if code != int(websocket.StatusTryAgainLater) || retry != 250*time.Millisecond {
+		t.Fatalf("advice = %d, %v from %v", code, retry, err)
+	}
+	if d.Open() != 0 {
+		t.Fatalf("open = %d", d.Open())
+	}
+	if code, retry := loadtest.CloseAdvice(errors.New("plain")); code != -1 || retry != 0 {
+		t.Fatalf("no close frame: %d %v", code, retry)
 	}
 }

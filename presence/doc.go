@@ -1,5 +1,12 @@
 // Package presence records who is online in Redis DB1 (han:rt:*): one
-// connection HASH per socket and one ZSET of connections per user, refreshed
-// by an atomic Lua heartbeat, removed by an idempotent disconnect, and swept
-// by surviving instances when an instance dies.
+// connection HASH per socket and one ZSET of connections per user,
+// refreshed by an atomic Lua heartbeat, removed by an idempotent
+// disconnect; an instance liveness marker and registry; and a sweeper with
+// which surviving instances remove a dead instance's connections within
+// liveness TTL + sweep interval. Online/offline transitions are reported
+// once each (an online marker per user, offline debounced).
+//
+// Presence is safe for concurrent use. Its background work (liveness,
+// periodic heartbeats, sweeper, debounced offline checks, transition
+// callbacks) runs on goroutines that Close or Shutdown stop and wait for.
 package presence

@@ -1,8 +1,13 @@
 // Package pubsub is the cross-instance fan-out over Redis Pub/Sub: channel
-// names, the realtime event frame that is published byte-for-byte as clients
-// receive it, and (with the realtime gateway) the per-instance multiplexed
-// subscriber. Pub/Sub is at-most-once: PostgreSQL stays the truth and clients
-// reconcile over REST after every reconnect.
+// names, the realtime event frame that is published byte-for-byte as
+// clients receive it, the per-instance multiplexed Subscriber (reference
+// counted channels, a Receive loop that notices a dropped link, jittered
+// reconnects with one batched resubscribe, a canary), the Publisher (with
+// local fan-out when Redis cannot carry a frame back) and the outbox Relay.
+// Pub/Sub is at-most-once: PostgreSQL stays the truth and clients reconcile
+// over REST after every reconnect.
 //
-// Event values are plain data and safe to share once built.
+// Event values are plain data and safe to share once built; Subscriber,
+// Publisher and Relay are safe for concurrent use, and Close stops and
+// waits for their goroutines.
 package pubsub

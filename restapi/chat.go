@@ -56,6 +56,9 @@ type MessageDTO struct {
 	Body        string          `json:"body"`
 	CreatedAt   int64           `json:"createdAt"`
 	Attachments []AttachmentDTO `json:"attachments"` // always an array, [] when none
+	// Safety is "pending" in a send's answer while the legacy safety stub
+	// is on (safety.go); absent otherwise.
+	Safety string `json:"safety,omitempty"`
 }
 
 // ToMessageDTO converts a stored message.

@@ -75,12 +75,36 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		e = apiErr(http.StatusConflict, "attachment_not_uploaded")
 	case errors.Is(err, store.ErrAttachmentUploaded):
 		e = apiErr(http.StatusConflict, "attachment_already_uploaded")
+	case errors.Is(err, store.ErrStubTaskNotFound):
+		e = apiErr(http.StatusNotFound, "safety_task_not_found")
 	case errors.Is(err, store.ErrInboxConflict):
 		e = apiErr(http.StatusConflict, "inbox_conflict")
 	case errors.Is(err, store.ErrCacheKeyNotFound):
 		e = errCacheKeyNotFound
 	case errors.Is(err, store.ErrCacheKeyExists):
 		e = errCacheKeyExists
+	case errors.Is(err, store.ErrTopicNotFound):
+		e = errTopicNotFound
+	case errors.Is(err, store.ErrSubscriptionNotFound):
+		e = errSubscriptionNotFound
+	case errors.Is(err, store.ErrMessageNotFound):
+		e = apiErr(http.StatusNotFound, "message_not_found")
+	case errors.Is(err, store.ErrTopicNameTaken):
+		e = apiErr(http.StatusConflict, "topic_name_taken")
+	case errors.Is(err, store.ErrPublishConflict):
+		e = apiErr(http.StatusConflict, "publish_conflict")
+	case errors.Is(err, store.ErrSubscriptionPaused):
+		e = apiErr(http.StatusConflict, "subscription_paused")
+	case errors.Is(err, store.ErrDeliveryPaused):
+		e = apiErr(http.StatusConflict, "delivery_paused")
+	case errors.Is(err, store.ErrLeaseExpired):
+		e = apiErr(http.StatusConflict, "lease_expired")
+	case errors.Is(err, store.ErrLeaseTokenMismatch):
+		e = apiErr(http.StatusConflict, "lease_token_mismatch")
+	case errors.Is(err, store.ErrReceiptConflict):
+		e = apiErr(http.StatusConflict, "receipt_conflict")
+	case errors.Is(err, store.ErrBudgetExhausted):
+		e = apiErr(http.StatusConflict, "budget_exhausted")
 	case errors.Is(err, store.ErrUnsafeEvictionPolicy):
 		e = errUnsafeEviction
 	case errors.Is(err, store.ErrDataStateInvalid):

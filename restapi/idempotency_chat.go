@@ -58,14 +58,19 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 					return hook(ctx, tx, store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq})
 				}
 			}
+			in.InTx = s.withSafetyTask(in.InTx)
 			m, ev, created, err := s.store.SendMessage(ctx, in)
 			if err != nil {
 				return idemResult{}, err
 			}
-			body, err := json.Marshal(ToMessageDTO(m))
+			dto, err := s.sentMessageDTO(ctx, m, created)
+			if err != nil {
+				return idemResult{}, err
+			}
+			body, err := json.Marshal(dto)
 			res := idemResult{rec: store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq}, body: body}
 			if created {
-				res.after = func() { s.publishAfterCommit(ctx, ev) }
+				res.after = func() { s.publishAfterCommit(ctx, ev); s.startSafetyTask(ctx, m.ID) }
 			}
 			return res, err
 		},
@@ -74,7 +79,11 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 			if err != nil {
 				return nil, err
 			}
-			return json.Marshal(ToMessageDTO(m))
+			dto, err := s.sentMessageDTO(ctx, m, false)
+			if err != nil {
+				return nil, err
+			}
+			return json.Marshal(dto)
 		},
 	})
 }

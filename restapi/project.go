@@ -65,6 +65,7 @@ type projectAPI struct {
 	env   string // HAN_ENV, part of every physical key
 	cache *store.ProjectCache
 	gate  *store.EvictionGate
+	queue *store.ProjectQueue // topics, subscriptions, claims, budgets (project_topics.go)
 	// dataState counts requests refused because a project's structure was
 	// found inconsistent.
 	dataState prometheus.Counter
@@ -81,6 +82,7 @@ func (s *Server) projectRoutes(r *mux.Router) {
 	if s.rdb != nil {
 		s.prj.cache = store.NewProjectCache(s.rdb)
 		s.prj.gate = store.NewEvictionGate(s.rdb, s.cfg.EvictionPolicyTTL)
+		s.prj.queue = s.newProjectQueue()
 	}
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: projectMetricsNamespace,
 		Name: "data_state_invalid_total", Help: "Project API requests refused because the project's Redis structure is inconsistent."})
@@ -99,6 +101,7 @@ func (s *Server) projectRoutes(r *mux.Router) {
 	p.HandleFunc("/cache", projectByMethod(map[string]http.HandlerFunc{
 		http.MethodGet: s.listCache, http.MethodPut: s.putCache, http.MethodDelete: s.deleteCache}))
 	p.HandleFunc("/settings", projectByMethod(map[string]http.HandlerFunc{http.MethodPut: s.putProjectSettings}))
+	s.projectQueueRoutes(p)
 }
 
 // projectByMethod dispatches one path by method and answers 405 for the others.
@@ -183,6 +186,11 @@ type budgetDTO struct {
 	LimitBytes       int64 `json:"limitBytes"`
 	UsedBytes        int64 `json:"usedBytes"`
 	ModuleLimitBytes int64 `json:"moduleLimitBytes"`
+	// Part 2: what usedBytes is made of, and the module counter.
+	MessageBytes    int64 `json:"messageBytes"`
+	ReceiptBytes    int64 `json:"receiptBytes"`
+	DedupeBytes     int64 `json:"dedupeBytes"`
+	ModuleUsedBytes int64 `json:"moduleUsedBytes"`
 }
 
 type runtimeDTO struct {
@@ -278,11 +286,10 @@ func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dto)
 }
 
-// snapshotReliable fills topics, subscriptions and the budget: the seam for
-// part 2 of the project API (issue 6). Until then a project has none and a
-// zero budget use.
-func (s *Server) snapshotReliable(_ context.Context, _ projectReq, _ *projectSnapshotDTO) error {
-	return nil
+// snapshotReliable fills topics, subscriptions and the budget (part 2,
+// project_topics.go).
+func (s *Server) snapshotReliable(ctx context.Context, pr projectReq, dto *projectSnapshotDTO) error {
+	return s.snapshotQueue(ctx, pr, dto)
 }
 
 type settingsDTO struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
 )
@@ -47,6 +48,9 @@ type Config struct {
 	// EvictionPolicyTTL is how long the project API caches Redis's
 	// maxmemory-policy (INFO memory); zero value means 3s.
 	EvictionPolicyTTL time.Duration
+	// ProjectQueue tunes topics, claims and budgets of the project API
+	// (project_topics.go); zero values mean the seed's defaults.
+	ProjectQueue ProjectQueueConfig
 }
 
 // Deps are the collaborators of the API server.
@@ -76,6 +80,8 @@ type Deps struct {
 	// Gateway, when set, serves GET /v1/realtime, the ticket and presence
 	// endpoints, and feeds /readyz (realtime.go).
 	Gateway RealtimeGateway
+	// LegacyStub, when set, turns the legacy DB2 safety stub on (safety.go).
+	LegacyStub *legacystub.Stub
 }
 
 // Server is the REST API. Mount additional handlers (the WebSocket
@@ -100,6 +106,7 @@ type Server struct {
 	att      *attachments // attachment settings and blob store (attachments.go)
 	prj      *projectAPI  // the project Redis API (project.go)
 	gw       RealtimeGateway
+	stub     *legacystub.Stub // nil: the legacy safety stub is off (safety.go)
 
 	users      sync.Map // user ids already recorded in PostgreSQL
 	usersCount atomic.Int64
@@ -140,6 +147,7 @@ func NewServer(d Deps) (*Server, error) {
 		s.publisher = redisPublisher{s.rt}
 	}
 	s.gw = d.Gateway
+	s.stub = d.LegacyStub
 	s.initIdempotency(d)
 	if err := s.initAttachments(d); err != nil {
 		return nil, err
@@ -194,6 +202,7 @@ func (s *Server) routes() {
 	user.HandleFunc("/dialogs/{id}/messages", s.listMessages).Methods(http.MethodGet)
 	s.attachmentRoutes(user)
 	s.realtimeUserRoutes(user)
+	s.safetyRoutes(user)
 
 	s.projectRoutes(r)
 	s.router, s.v1 = r, user

@@ -10,8 +10,7 @@ package store
 // '}' inside them cannot change the slot because Redis hashes the first
 // {...} of a key only.
 //
-// Layout (part 1; part 2 adds topics, subscriptions, receipts and budgets
-// under the same prefix):
+// Layout, part 1 (the cache):
 //
 //	…:meta             HASH  mirror of PostgreSQL project metadata (quota, paused,
 //	                         legacyDeadline) + the cache write sequence (seq) and
@@ -21,6 +20,24 @@ package store
 //	…:cache:exp        ZSET  expiresAt ms → relative key; no TTL (metadata)
 //	…:cache:sz         HASH  relative key → sizeBytes; no TTL (metadata)
 //	…:cache:e:<key>    HASH  one cache entry {t, v, e, u, s}; PEXPIREAT its deadline
+//
+// Part 2 (topics, subscriptions, receipts, budgets; reliable keys, no TTL):
+//
+//	…:q:topics         HASH  topicId → topic JSON {id, name, description, createdAt}
+//	…:q:tnames         HASH  topic name → topicId
+//	…:q:subs           HASH  subscriptionId → subscription JSON {id, topicId, name,
+//	                         status, createdAt, from, pos}
+//	…:q:budget         HASH  reliable bytes: msg, rcpt, dd; tb:<topicId> (message bytes of a topic)
+//	…:q:dd             HASH  publish identity → dedupe JSON {m, f, a, z, b, x}
+//	…:q:ddx            ZSET  publish identity → dedupe expiresAt ms
+//	…:t:<tid>:s        STREAM the topic's messages {p, c, d, z, a}
+//	…:t:<tid>:subs     SET   the topic's subscription ids
+//	…:t:<tid>:o        HASH  messageId → receipts not yet terminal
+//	…:t:<tid>:d        ZSET  messages terminal for every subscription (trimmable)
+//	…:s:<sid>:r        HASH  messageId → receipt JSON {s, a, l, u, r, h}
+//	…:s:<sid>:l        ZSET  leaseUntil ms → messageId (leased receipts)
+//
+// The module-wide budget lives under its own tag (ModuleKeys).
 type ProjectKeys struct {
 	prefix string // han:prj:{<env>:<project_id>}:
 }
@@ -61,3 +78,73 @@ func (k ProjectKeys) CacheEntryPrefix() string { return k.prefix + "cache:e:" }
 func (k ProjectKeys) cacheScriptKeys(extra ...string) []string {
 	return append([]string{k.Meta(), k.CacheIndex(), k.CacheExpiry(), k.CacheSizes(), k.CacheContainer()}, extra...)
 }
+
+// Topics is the HASH of the project's topics.
+func (k ProjectKeys) Topics() string { return k.prefix + "q:topics" }
+
+// TopicNames is the HASH topic name → topic id.
+func (k ProjectKeys) TopicNames() string { return k.prefix + "q:tnames" }
+
+// Subscriptions is the HASH of the project's subscriptions.
+func (k ProjectKeys) Subscriptions() string { return k.prefix + "q:subs" }
+
+// Budget is the HASH of the project's reliable-byte counters.
+func (k ProjectKeys) Budget() string { return k.prefix + "q:budget" }
+
+// Dedupe is the HASH publish identity → dedupe record.
+func (k ProjectKeys) Dedupe() string { return k.prefix + "q:dd" }
+
+// DedupeExpiry is the ZSET publish identity → expiry.
+func (k ProjectKeys) DedupeExpiry() string { return k.prefix + "q:ddx" }
+
+// TopicStream is the STREAM of a topic's messages.
+func (k ProjectKeys) TopicStream(topicID string) string { return k.prefix + "t:" + topicID + ":s" }
+
+// TopicSubscriptions is the SET of a topic's subscription ids.
+func (k ProjectKeys) TopicSubscriptions(topicID string) string {
+	return k.prefix + "t:" + topicID + ":subs"
+}
+
+// TopicOpen is the HASH messageId → receipts of it not yet terminal.
+func (k ProjectKeys) TopicOpen(topicID string) string { return k.prefix + "t:" + topicID + ":o" }
+
+// TopicDone is the ZSET of messages terminal for every subscription.
+func (k ProjectKeys) TopicDone(topicID string) string { return k.prefix + "t:" + topicID + ":d" }
+
+// TopicPrefix is the common prefix of a topic's keys.
+func (k ProjectKeys) TopicPrefix(topicID string) string { return k.prefix + "t:" + topicID + ":" }
+
+// Receipts is the HASH of a subscription's receipts.
+func (k ProjectKeys) Receipts(subID string) string { return k.prefix + "s:" + subID + ":r" }
+
+// Leases is the ZSET of a subscription's leased receipts by deadline.
+func (k ProjectKeys) Leases(subID string) string { return k.prefix + "s:" + subID + ":l" }
+
+// SubscriptionPrefix is the common prefix of a subscription's keys.
+func (k ProjectKeys) SubscriptionPrefix(subID string) string { return k.prefix + "s:" + subID + ":" }
+
+// ModuleKeys builds the keys of the module-wide budget of one environment:
+// han:prj:{<env>:module}:…, a hash tag no project can have (project ids are
+// UUIDs), so it sits outside every project's slot (CONTRACT §9a).
+//
+//	…:budget    HASH committed, reserved, gen, rstart, rpos
+//	…:resv      HASH reservation id → "<amount>:<created ms>"
+//	…:projects  SET  project ids that ever reserved bytes (the reconcile scan)
+type ModuleKeys struct {
+	prefix string
+}
+
+// NewModuleKeys returns the module budget keys of env (HAN_ENV).
+func NewModuleKeys(env string) ModuleKeys { return ModuleKeys{prefix: "han:prj:{" + env + ":module}:"} }
+
+// Budget is the module budget HASH.
+func (m ModuleKeys) Budget() string { return m.prefix + "budget" }
+
+// Reservations is the HASH of open reservations.
+func (m ModuleKeys) Reservations() string { return m.prefix + "resv" }
+
+// Projects is the SET of project ids the reconcile job sums.
+func (m ModuleKeys) Projects() string { return m.prefix + "projects" }
+
+// Prefix is han:prj:{<env>:module}:.
+func (m ModuleKeys) Prefix() string { return m.prefix }

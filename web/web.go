@@ -9,13 +9,30 @@ import (
 //go:embed static
 var static embed.FS
 
-// Handler serves the embedded browser client.
+// csp allows only this origin's scripts and styles (ES modules, no inline
+// script), images from blob: URLs (attachment previews are fetched, then
+// shown from memory) and WebSocket connections.
+const csp = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; " +
+	"connect-src 'self' ws: wss:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// Handler serves the embedded browser client. Files are revalidated on
+// every load (no-cache) so a new deployment's modules are never mixed with
+// an old cached one.
 func Handler() http.Handler {
 	sub, _ := fs.Sub(static, "static")
 	fsrv := http.FileServer(http.FS(sub))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; connect-src 'self' ws: wss:; style-src 'self' 'unsafe-inline'")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
+		h := w.Header()
+		h.Set("Content-Security-Policy", csp)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-cache")
 		fsrv.ServeHTTP(w, r)
 	})
+}
+
+// Files is the embedded client (web/static), for tests and tools.
+func Files() fs.FS {
+	sub, _ := fs.Sub(static, "static")
+	return sub
 }

@@ -41,6 +41,7 @@ type Main struct {
 	api      *restapi.Server
 	realtime *gateway.Service
 	janitor  *store.Janitor // purges expired idempotency records
+	ops      opsParts       // runtime settings and the legacy stub (ops.go)
 	httpSrv  *http.Server
 	serveErr chan error
 }
@@ -80,6 +81,9 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Logger == nil {
 		m.Logger = newLogger(cfg.LogLevel)
 	}
+	if err := m.checkLegacyStub(); err != nil {
+		return err
+	}
 	var err error
 	m.pg, err = store.OpenPG(ctx, cfg.DatabaseURL, store.PGConfig{})
 	if err != nil {
@@ -115,7 +119,11 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	metrics := restapi.NewMetrics()
-	limits, err := ratelimit.New(ratelimit.Config{Redis: m.rdb, Timeout: cfg.RedisTimeout, Registerer: metrics.Registry, Logger: m.Logger})
+	if err := m.startSettings(ctx, metrics); err != nil {
+		return err
+	}
+	limits, err := ratelimit.New(ratelimit.Config{Redis: m.rdb, Timeout: cfg.RedisTimeout, Registerer: metrics.Registry, Logger: m.Logger,
+		Policies: m.ops.settings})
 	if err != nil {
 		return err
 	}
@@ -132,12 +140,15 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.realtime.Start()
+	if err := m.startLegacyStub(metrics); err != nil {
+		return err
+	}
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout},
 			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
 		Logger: m.Logger, Store: store.New(m.pg), PG: m.pg, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
-		Metrics: metrics, RateLimits: limits, Gateway: m.realtime, Publisher: m.realtime.Publisher(),
+		Metrics: metrics, RateLimits: limits, Gateway: m.realtime, Publisher: m.realtime.Publisher(), LegacyStub: m.ops.stub,
 	})
 	if err != nil {
 		return err
@@ -201,6 +212,9 @@ func (m *Main) Close() error {
 	}
 	if m.api != nil {
 		m.api.Close() // the DB0 health prober
+	}
+	if err := m.closeOps(); err != nil {
+		errs = append(errs, err)
 	}
 	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
 		if c != nil {

@@ -7,6 +7,8 @@
 //	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
 //	hanctl seed demo
 //	hanctl redis acl [--separate-instances] [--out FILE]
+//	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
+//	hanctl redis verify                (HAN_REDIS_ADMIN_URL)
 //	hanctl sizing [--identities N ...] [--sample]
 package main
 
@@ -35,6 +37,8 @@ const usage = `usage:
   hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
   hanctl seed demo
   hanctl redis acl [--separate-instances] [--out FILE]
+  hanctl redis cutover [--force]   (HAN_REDIS_ADMIN_URL; removes the legacy DB2 stub)
+  hanctl redis verify              (HAN_REDIS_ADMIN_URL; no stub left, TTL rules hold)
   hanctl sizing [--identities N ...] [--sample]`
 
 // Run executes one hanctl command; tests call it directly.
@@ -61,6 +65,12 @@ func Run(ctx context.Context, args []string, getenv func(string) string, out io.
 	case "redis":
 		if len(args) > 1 && args[1] == "acl" {
 			return cmdRedisACL(args[2:], getenv, out)
+		}
+		if len(args) > 1 && args[1] == "cutover" {
+			return cmdRedisCutover(ctx, args[2:], getenv, out)
+		}
+		if len(args) > 1 && args[1] == "verify" {
+			return cmdRedisVerify(ctx, args[2:], getenv, out)
 		}
 	case "sizing":
 		return cmdSizing(ctx, args[1:], getenv, out)

@@ -50,6 +50,20 @@ type Config struct {
 	BlobDir            string
 	AttachmentMaxBytes int64
 	LogLevel           string // HAN_LOG_LEVEL: debug|info|warn|error, default info
+	// Legacy safety stub budgets (only while HAN_LEGACY_STUB_ENABLED; zero
+	// values mean the defaults of package legacystub, which refuses a task
+	// TTL that does not cover poll interval × max polls + recovery budget):
+	// HAN_LEGACY_STUB_POLL_INTERVAL (2s), HAN_LEGACY_STUB_MAX_POLLS (30),
+	// HAN_LEGACY_STUB_RECOVERY_BUDGET (120s), HAN_LEGACY_STUB_TASK_TTL
+	// (their sum, 180s).
+	LegacyStubPollInterval   time.Duration
+	LegacyStubMaxPolls       int
+	LegacyStubRecoveryBudget time.Duration
+	LegacyStubTaskTTL        time.Duration
+	// SettingsRefreshInterval (HAN_SETTINGS_REFRESH_INTERVAL, default 5s)
+	// bounds how long a runtime settings change in PostgreSQL takes to
+	// reach an instance.
+	SettingsRefreshInterval time.Duration
 }
 
 // ErrInvalid wraps every validation failure.
@@ -120,6 +134,23 @@ func Load(getenv func(string) string) (Config, error) {
 		if c.LegacyStubEnabled, err = strconv.ParseBool(v); err != nil {
 			bad("HAN_LEGACY_STUB_ENABLED: must be true or false")
 		}
+	}
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"HAN_LEGACY_STUB_POLL_INTERVAL", &c.LegacyStubPollInterval}, {"HAN_LEGACY_STUB_RECOVERY_BUDGET", &c.LegacyStubRecoveryBudget},
+		{"HAN_LEGACY_STUB_TASK_TTL", &c.LegacyStubTaskTTL}} {
+		if *d.dst, err = duration(getenv(d.name), 0); err != nil {
+			bad("%s: %v", d.name, err)
+		}
+	}
+	if v := getenv("HAN_LEGACY_STUB_MAX_POLLS"); v != "" {
+		if c.LegacyStubMaxPolls, err = strconv.Atoi(v); err != nil || c.LegacyStubMaxPolls < 1 {
+			bad("HAN_LEGACY_STUB_MAX_POLLS: must be a positive number")
+		}
+	}
+	if c.SettingsRefreshInterval, err = duration(getenv("HAN_SETTINGS_REFRESH_INTERVAL"), 5*time.Second); err != nil {
+		bad("HAN_SETTINGS_REFRESH_INTERVAL: %v", err)
 	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()

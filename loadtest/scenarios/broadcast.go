@@ -80,8 +80,9 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	if b.payload < loadtest.MinEventPayload || b.payload > 16<<10 {
 		return fmt.Errorf("-payload must be %d..16384", loadtest.MinEventPayload)
 	}
-	if b.rate < 1 || b.publishers < 1 || b.maxPublishers < b.publishers || b.publisherConns < 1 || b.concurrency < 1 {
-		return fmt.Errorf("-rate, -publishers, -publisher-conns and -connect-concurrency must be positive, -max-publishers ≥ -publishers")
+	if b.rate < 1 || b.publishers < 1 || b.maxPublishers < b.publishers || b.maxPublishers > maxAuxConns ||
+		b.publisherConns < 1 || b.publisherConns > 64 || b.concurrency < 1 {
+		return fmt.Errorf("-rate, -publishers, -connect-concurrency must be positive, -publishers ≤ -max-publishers ≤ %d, -publisher-conns 1..64", maxAuxConns)
 	}
 	b.steps = nil
 	for _, f := range strings.FieldsFunc(b.stepRates, func(r rune) bool { return r == ',' || r == ' ' }) {
@@ -173,11 +174,9 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 	if err := sh.validate(tg.gateway); err != nil {
 		return 0, err
 	}
-	pubFiles := b.publisherConns
-	if tg.gateway {
-		pubFiles = b.maxPublishers // one Redis connection per concurrent publish at most
-	}
-	if err := t.NeedFiles(b.conns+pubFiles, tg.perConnFiles()); err != nil {
+	// Publisher sockets and Redis connections (≤ -max-publishers) come out
+	// of loadtest.FileReserve.
+	if err := t.NeedFiles(b.conns, tg.perConnFiles()); err != nil {
 		return 0, err
 	}
 	if tg.gateway {

@@ -63,8 +63,8 @@ func (s *ChatFanout) DeclareMetrics(reg *loadtest.Registry) { reg.Counter(Metric
 
 // Run implements loadtest.Scenario.
 func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
-	if s.rate < 1 || s.senders < 1 || s.maxSenders < s.senders || s.concurrency < 1 || s.bodySize < 32 || s.bodySize > 4000 {
-		return errors.New("-rate, -senders, -connect-concurrency must be positive, -max-senders ≥ -senders and -body 32..4000")
+	if s.rate < 1 || s.senders < 1 || s.maxSenders < s.senders || s.maxSenders > maxAuxConns || s.concurrency < 1 || s.bodySize < 32 || s.bodySize > 4000 {
+		return fmt.Errorf("-rate, -senders, -connect-concurrency must be positive, -senders ≤ -max-senders ≤ %d and -body 32..4000", maxAuxConns)
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -81,7 +81,8 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	if err := sh.validate(true); err != nil {
 		return err
 	}
-	if err := t.NeedFiles(s.users+s.maxSenders, 1); err != nil {
+	// Sender connections (≤ -max-senders) come out of loadtest.FileReserve.
+	if err := t.NeedFiles(s.users, 1); err != nil {
 		return err
 	}
 	t.Info("target", tg.describe())

@@ -18,6 +18,10 @@ type shape struct {
 	conns, dialogs, subsPerConn int
 }
 
+// maxAuxConns bounds the REST and publisher connections a scenario opens
+// besides its load connections: they come out of loadtest.FileReserve.
+const maxAuxConns = 512
+
 // maxDialogMembers is the gateway's cap on members per dialog (CONTRACT §6
 // and docs/decisions.md), so on the gateway a dialog's subscribers are its
 // members.

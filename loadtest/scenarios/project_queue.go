@@ -85,8 +85,8 @@ func (s *ProjectQueue) Run(ctx context.Context, t *loadtest.T) error {
 	if s.project == "" || s.user == "" {
 		return errors.New("project-queue needs -project and -user (a member of the project)")
 	}
-	if s.rate < 1 || s.publishers < 1 || s.maxPublishers < s.publishers || s.claimers < 1 || s.claimCount < 1 || s.claimCount > 20 || s.trimEvery < 1 {
-		return errors.New("-rate, -publishers, -claimers, -trim-every must be positive and -claim-count 1..20")
+	if s.rate < 1 || s.publishers < 1 || s.maxPublishers < s.publishers || s.maxPublishers+s.claimers > maxAuxConns || s.claimers < 1 || s.claimCount < 1 || s.claimCount > 20 || s.trimEvery < 1 {
+		return fmt.Errorf("-rate, -publishers, -claimers, -trim-every must be positive, -publishers ≤ -max-publishers, -max-publishers + -claimers ≤ %d and -claim-count 1..20", maxAuxConns)
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {

@@ -66,8 +66,8 @@ func (s *RateLimit) DeclareMetrics(reg *loadtest.Registry) {
 // Run implements loadtest.Scenario.
 func (s *RateLimit) Run(ctx context.Context, t *loadtest.T) error {
 	method, path, ok := strings.Cut(strings.TrimSpace(s.endpoint), " ")
-	if !ok || !strings.HasPrefix(path, "/") || s.users < 1 || s.vus < 1 || s.limit < 1 || s.window <= 0 {
-		return errors.New(`-endpoint "METHOD /path", -users, -vus, -limit and -window must be set and positive`)
+	if !ok || !strings.HasPrefix(path, "/") || s.users < 1 || s.vus < 1 || s.vus > maxAuxConns || s.limit < 1 || s.window <= 0 {
+		return fmt.Errorf(`-endpoint "METHOD /path", -users, -limit and -window must be set and positive, -vus 1..%d`, maxAuxConns)
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {

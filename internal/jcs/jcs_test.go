@@ -1,0 +1,170 @@
+package jcs_test
+
+import (
+	"math"
+	"strconv"
+	"testing"
+
+	"github.com/han-app/gateway/internal/jcs"
+	"github.com/han-app/gateway/internal/jsonx"
+)
+
+// RFC 8785 Appendix B: IEEE-754 bit patterns and their canonical text.
+func TestNumbersRFC8785AppendixB(t *testing.T) {
+	for _, c := range []struct {
+		bits uint64
+		want string
+	}{
+		{0x0000000000000000, "0"},
+		{0x8000000000000000, "0"},
+		{0x0000000000000001, "5e-324"},
+		{0x8000000000000001, "-5e-324"},
+		{0x7fefffffffffffff, "1.7976931348623157e+308"},
+		{0xffefffffffffffff, "-1.7976931348623157e+308"},
+		{0x4340000000000000, "9007199254740992"},
+		{0xc340000000000000, "-9007199254740992"},
+		{0x4430000000000000, "295147905179352830000"},
+		{0x44b52d02c7e14af5, "9.999999999999997e+22"},
+		{0x44b52d02c7e14af6, "1e+23"},
+		{0x44b52d02c7e14af7, "1.0000000000000001e+23"},
+		{0x444b1ae4d6e2ef4e, "999999999999999700000"},
+		{0x444b1ae4d6e2ef4f, "999999999999999900000"},
+		{0x444b1ae4d6e2ef50, "1e+21"},
+		{0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"},
+		{0x3eb0c6f7a0b5ed8d, "0.000001"},
+		{0x41b3de4355555553, "333333333.3333332"},
+		{0x41b3de4355555554, "333333333.33333325"},
+		{0x41b3de4355555555, "333333333.3333333"},
+		{0x41b3de4355555556, "333333333.3333334"},
+		{0x41b3de4355555557, "333333333.33333343"},
+		{0xbecbf647612f3696, "-0.0000033333333333333333"},
+		{0x43143ff3c1cb0959, "1424953923781206.2"},
+	} {
+		f := math.Float64frombits(c.bits)
+		if got := string(jcs.AppendFloat(nil, f)); got != c.want {
+			t.Errorf("%#016x: got %s, want %s", c.bits, got, c.want)
+		}
+		// The same value written as a JSON number token canonicalizes
+		// the same way (exponent form: never an integer literal).
+		tok := strconv.FormatFloat(f, 'e', -1, 64)
+		if got, err := jcs.Canonicalize([]byte(tok)); err != nil || string(got) != c.want {
+			t.Errorf("token %s: got %s (%v), want %s", tok, got, err, c.want)
+		}
+	}
+}
+
+// RFC 8785 §3.2.2 example and §3.2.3 sorting example.
+func TestCanonicalizeRFCExamples(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{
+  "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+  "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+  "literals": [null, true, false]
+}`, `{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}`},
+		{`{
+  "\u20ac": "Euro Sign",
+  "\r": "Carriage Return",
+  "\ufb33": "Hebrew Letter Dalet With Dagesh",
+  "1": "One",
+  "\ud83d\ude00": "Emoji: Grinning Face",
+  "\u0080": "Control",
+  "\u00f6": "Latin Small Letter O With Diaeresis"
+}`, "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u0080\":\"Control\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\ufb33\":\"Hebrew Letter Dalet With Dagesh\"}"},
+	} {
+		got, err := jcs.Canonicalize([]byte(c.in))
+		if err != nil || string(got) != c.want {
+			t.Errorf("got %s (%v)\nwant %s", got, err, c.want)
+		}
+	}
+}
+
+func TestCanonicalizeSameValueSameBytes(t *testing.T) {
+	a, err1 := jcs.Canonicalize([]byte(`{"b": [1, 2.0, 3e0], "a": {"y": "\u0041", "x": null}}`))
+	b, err2 := jcs.Canonicalize([]byte(" {\"a\":{\"x\":null,\"y\":\"A\"},\n\t\"b\":[1.0,2,30E-1]}"))
+	if err1 != nil || err2 != nil || string(a) != string(b) || string(a) != `{"a":{"x":null,"y":"A"},"b":[1,2,3]}` {
+		t.Fatalf("%s (%v) vs %s (%v)", a, err1, b, err2)
+	}
+	c, _ := jcs.Canonicalize([]byte(`{"a":{"x":null,"y":"B"},"b":[1,2,3]}`))
+	if string(c) == string(a) {
+		t.Fatal("different values canonicalized to the same bytes")
+	}
+}
+
+func TestCanonicalizeNumberLimits(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want string // "" means ErrNumber
+	}{
+		{"9007199254740992", "9007199254740992"},
+		{"1e16", "10000000000000000"},
+		{"1e300", "1e+300"},
+		{"-1E30", "-1e+30"},
+		{"9007199254740992.0", "9007199254740992"},
+		{"1.5e15", "1500000000000000"},
+		{"-9007199254740992", "-9007199254740992"},
+		{"9007199254740993", ""},
+		{"-9007199254740993", ""},
+		{"12345678901234567890", ""},
+		{"1e400", ""},
+		{"-1e400", ""},
+		{"1e-400", "0"},
+		{"-0", "0"},
+		{"-0.0", "0"},
+		{"100", "100"},
+		{"1e-7", "1e-7"},
+		{"123e-20", "1.23e-18"},
+		{"0.1", "0.1"},
+		{"1.5e-7", "1.5e-7"},
+	} {
+		got, err := jcs.Canonicalize([]byte(c.in))
+		if c.want == "" {
+			if err != jcs.ErrNumber {
+				t.Errorf("%s: got %s (%v), want ErrNumber", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || string(got) != c.want {
+			t.Errorf("%s: got %s (%v), want %s", c.in, got, err, c.want)
+		}
+	}
+}
+
+func TestCanonicalizeSyntax(t *testing.T) {
+	for _, in := range []string{``, `{`, `{"a":1}{}`, `[1,]`, `{"a":1} x`} {
+		if _, err := jcs.Canonicalize([]byte(in)); err == nil {
+			t.Errorf("%q accepted", in)
+		}
+	}
+}
+
+// FuzzCanonicalize: canonical output is valid JSON, canonicalizing it again
+// is the identity (or refuses a plain integer of 2^53 or more that a large
+// double printed as), and it never fails on text the raw checks accept
+// unless a number is out of range.
+func FuzzCanonicalize(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, `[1.5e3,"\u00e9",{"b":null,"a":true}]`, `"\ud83d\ude00"`, `-0.0`, `{"":{"":[]}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if jsonx.Check(in) != nil {
+			return
+		}
+		out, err := jcs.Canonicalize(in)
+		if err != nil {
+			if err != jcs.ErrNumber {
+				t.Fatalf("%q: %v", in, err)
+			}
+			return
+		}
+		if err := jsonx.Check(out); err != nil {
+			t.Fatalf("%q → %q is not valid JSON: %v", in, out, err)
+		}
+		again, err := jcs.Canonicalize(out)
+		if err == jcs.ErrNumber {
+			return
+		}
+		if err != nil || string(again) != string(out) {
+			t.Fatalf("not idempotent: %q → %q → %q (%v)", in, out, again, err)
+		}
+	})
+}

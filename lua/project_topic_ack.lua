@@ -1,0 +1,110 @@
+#!lua
+-- project_topic_ack: record a receipt's outcome (processed | failed),
+-- fenced by the lease token in the same script that acknowledges (unlike a
+-- bare XACK, which accepts any consumer's ack). The current lease's token
+-- before leaseUntil acknowledges; the same token again with the same status
+-- and result is an idempotent replay, with another one a conflict; a token
+-- of an earlier lease of this receipt, or the current one after its lease
+-- ended, is lease_expired; any other token lease_token_mismatch. Pausing
+-- does not matter here: valid leases can always be acknowledged.
+-- KEYS[1] subs      han:prj:{<env>:<pid>}:q:subs     HASH subscriptionId -> subscription JSON
+-- KEYS[2] open      han:prj:{<env>:<pid>}:t:<tid>:o  HASH messageId -> receipts not yet terminal
+-- KEYS[3] done      han:prj:{<env>:<pid>}:t:<tid>:d  ZSET messages terminal for every subscription
+-- KEYS[4] receipts  han:prj:{<env>:<pid>}:s:<sid>:r  HASH messageId -> receipt JSON {s, a, l, u, r, h}
+-- KEYS[5] leases    han:prj:{<env>:<pid>}:s:<sid>:l  ZSET leaseUntil ms -> messageId
+-- ARGV[1] subscription id
+-- ARGV[2] its topic id
+-- ARGV[3] message id
+-- ARGV[4] hex hash of the presented token
+-- ARGV[5] status: processed | failed
+-- ARGV[6] result (may be empty)
+-- Returns {'ok', receipt JSON, applied (1 | 0 for a replay)} or, with
+-- nothing written, {'subscription_not_found' | 'message_not_found' |
+-- 'lease_expired' | 'lease_token_mismatch' | 'receipt_conflict'}.
+-- Errors: "ERR data_state_invalid" (nothing written).
+for i, want in ipairs({'hash', 'hash', 'zset', 'hash', 'zset'}) do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then
+  return {'subscription_not_found'}
+end
+local ok, sub = pcall(cjson.decode, raw)
+if not ok or type(sub) ~= 'table' then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if sub.topicId ~= ARGV[2] then
+  return {'subscription_not_found'}
+end
+local r = redis.call('HGET', KEYS[4], ARGV[3])
+if not r then
+  return {'message_not_found'}
+end
+local rec
+ok, rec = pcall(cjson.decode, r)
+if not ok or type(rec) ~= 'table' or type(rec.s) ~= 'string' or type(rec.l) ~= 'number' then
+  return redis.error_reply('ERR data_state_invalid')
+end
+
+local hashes = {}
+for h in string.gmatch(rec.h or '', '[^,]+') do
+  table.insert(hashes, h)
+end
+local current = hashes[#hashes]
+local earlier = false
+for i = 1, #hashes - 1 do
+  if hashes[i] == ARGV[4] then
+    earlier = true
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if rec.s == 'processed' or rec.s == 'failed' then
+  if current == ARGV[4] then
+    if rec.s == ARGV[5] and (rec.r or '') == ARGV[6] then
+      return {'ok', r, 0}
+    end
+    return {'receipt_conflict'}
+  end
+  if earlier then
+    return {'lease_expired'}
+  end
+  return {'lease_token_mismatch'}
+end
+if rec.s == 'exhausted' then
+  if earlier or current == ARGV[4] then
+    return {'lease_expired'}
+  end
+  return {'lease_token_mismatch'}
+end
+if rec.s ~= 'leased' then
+  -- pending: no token was ever issued
+  return {'lease_token_mismatch'}
+end
+if earlier or (current == ARGV[4] and now >= rec.l) then
+  return {'lease_expired'}
+end
+if current ~= ARGV[4] then
+  return {'lease_token_mismatch'}
+end
+local c = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
+if c == nil or c < 1 then
+  return redis.error_reply('ERR data_state_invalid')
+end
+
+-- Writes.
+rec.s, rec.r, rec.u = ARGV[5], ARGV[6], now
+r = cjson.encode(rec)
+redis.call('HSET', KEYS[4], ARGV[3], r)
+redis.call('ZREM', KEYS[5], ARGV[3])
+if c <= 1 then
+  redis.call('HDEL', KEYS[2], ARGV[3])
+  redis.call('ZADD', KEYS[3], now, ARGV[3])
+else
+  redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+end
+return {'ok', r, 1}

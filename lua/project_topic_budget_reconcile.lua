@@ -1,0 +1,64 @@
+#!lua
+-- project_topic_budget_reconcile: the periodic job that brings the module
+-- budget counter back to the sum of the project budgets (it drifts upward
+-- only: a crash between the phases leaves bytes counted). Two steps around
+-- the caller's scan of the project budgets:
+--   begin: refuse when another reconcile is running (younger than ARGV[3]);
+--          drop reservations older than ARGV[2] (their instance died);
+--          bump gen, open the window (rstart = now, rpos = 0).
+--   end:   if the window is still ours (gen = ARGV[2]), committed = the
+--          scanned sum + every byte committed during the window (rpos:
+--          a write settled while the scan ran may or may not be in the
+--          sum; counting it twice only over-counts), close the window,
+--          bump gen (so releases read before it are not subtracted again).
+-- Never under-counts, so the budget never over-admits.
+-- KEYS[1] budget  han:prj:{<env>:module}:budget  HASH committed, reserved, gen, rstart, rpos
+-- KEYS[2] resv    han:prj:{<env>:module}:resv    HASH reservation id -> "<amount>:<created ms>"
+-- ARGV[1] 'begin' | 'end'
+-- begin: ARGV[2] reservation age in ms after which it is dropped,
+--        ARGV[3] window age in ms after which a running reconcile is presumed dead
+-- end:   ARGV[2] gen returned by begin, ARGV[3] the scanned sum in bytes
+-- Returns begin: {1, gen, dropped reservations} | {0}; end: {1, committed before, committed after} | {0}.
+-- Errors: "ERR data_state_invalid" (nothing written).
+for i, want in ipairs({'hash', 'hash'}) do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart', 'rpos')
+local committed, reserved = tonumber(b[1] or '0'), tonumber(b[2] or '0')
+local gen, rstart, rpos = tonumber(b[3] or '0'), tonumber(b[4] or '0'), tonumber(b[5] or '0')
+if not (committed and reserved and gen and rstart and rpos) then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[1] == 'begin' then
+  if rstart > 0 and now - rstart < tonumber(ARGV[3]) then
+    return {0}
+  end
+  local cutoff = now - tonumber(ARGV[2])
+  local all = redis.call('HGETALL', KEYS[2])
+  local dropped = 0
+  for i = 1, #all, 2 do
+    local amount, created = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if not amount or tonumber(created) < cutoff then
+      redis.call('HDEL', KEYS[2], all[i])
+      reserved = reserved - (tonumber(amount) or 0)
+      dropped = dropped + 1
+    end
+  end
+  if reserved < 0 then
+    reserved = 0
+  end
+  gen = gen + 1
+  redis.call('HSET', KEYS[1], 'reserved', reserved, 'gen', gen, 'rstart', now, 'rpos', 0, 'committed', committed)
+  return {1, gen, dropped}
+end
+if rstart == 0 or gen ~= tonumber(ARGV[2]) then
+  return {0}
+end
+local after = tonumber(ARGV[3]) + rpos
+redis.call('HSET', KEYS[1], 'committed', after, 'gen', gen + 1, 'rstart', 0, 'rpos', 0)
+return {1, committed, after}

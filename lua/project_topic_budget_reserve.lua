@@ -1,0 +1,39 @@
+#!lua
+-- project_topic_budget_reserve: phase one of a write that adds reliable
+-- bytes (CONTRACT §9a): reserve `amount` on the module-wide budget, a capped
+-- increment that never lets committed + reserved pass the cap. The project
+-- script runs next; phase two (project_topic_budget_settle) turns the
+-- reservation into committed bytes or refunds it. A reservation never
+-- settled (the instance died) is dropped by the reconcile job.
+-- The keys sit under their own hash tag {<env>:module}, outside every
+-- project's slot.
+-- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, gen, rstart, rpos
+-- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
+-- KEYS[3] projects  han:prj:{<env>:module}:projects  SET project ids holding reliable bytes (for reconcile)
+-- ARGV[1] reservation id (random)
+-- ARGV[2] amount in bytes (> 0)
+-- ARGV[3] module budget (cap) in bytes
+-- ARGV[4] project id
+-- Returns {granted (1 | 0), gen, committed, reserved}.
+-- Errors: "ERR data_state_invalid" (nothing written).
+for i, want in ipairs({'hash', 'hash', 'set'}) do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen')
+local committed, reserved, gen = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
+if not (committed and reserved and gen) or committed < 0 or reserved < 0 then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local amount = tonumber(ARGV[2])
+if false then
+  return {0, gen, committed, reserved}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], ARGV[1], amount .. ':' .. now)
+redis.call('HINCRBY', KEYS[1], 'reserved', amount)
+redis.call('SADD', KEYS[3], ARGV[4])
+return {1, gen, committed, reserved + amount}

@@ -1,0 +1,144 @@
+#!lua
+-- project_topic_claim: lease up to `count` messages of one subscription:
+-- first receipts whose lease expired (attempt + 1; a receipt whose last
+-- allowed attempt expired becomes terminal `exhausted` instead), then
+-- messages never delivered (from the subscription's delivery position).
+-- Every lease gets the next of the caller's fresh token hashes; the hashes
+-- of every token a receipt issued are kept, so an ack can tell an earlier
+-- lease's token (lease_expired) from a foreign one (lease_token_mismatch).
+-- Reads and checks come first, then the writes.
+-- KEYS[1] topics    han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
+-- KEYS[2] subs      han:prj:{<env>:<pid>}:q:subs       HASH subscriptionId -> subscription JSON
+-- KEYS[3] stream    han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a}
+-- KEYS[4] open      han:prj:{<env>:<pid>}:t:<tid>:o    HASH messageId -> receipts not yet terminal
+-- KEYS[5] done      han:prj:{<env>:<pid>}:t:<tid>:d    ZSET messages terminal for every subscription
+-- KEYS[6] receipts  han:prj:{<env>:<pid>}:s:<sid>:r    HASH messageId -> receipt JSON {s, a, l, u, r, h}
+-- KEYS[7] leases    han:prj:{<env>:<pid>}:s:<sid>:l    ZSET leaseUntil ms -> messageId
+-- ARGV[1] subscription id
+-- ARGV[2] its topic id
+-- ARGV[3] count (1..20)
+-- ARGV[4] lease in ms
+-- ARGV[5] most attempts per receipt
+-- ARGV[6] project deliveryPaused (PostgreSQL): 1 | 0
+-- ARGV[7] most expired leases to look at
+-- ARGV[8..7+count] hex hashes of fresh tokens, one per possible lease
+-- Returns {'ok', now, items} with items {{messageId, attempts, leaseUntil,
+-- producerId, clientEventId, payload, sizeBytes, publishedAt, token index}},
+-- or {'subscription_not_found' | 'delivery_paused' | 'subscription_paused'}
+-- (nothing written).
+-- Errors: "ERR data_state_invalid" (nothing written).
+for i, want in ipairs({'hash', 'hash', 'stream', 'hash', 'zset', 'hash', 'zset'}) do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then
+  return {'subscription_not_found'}
+end
+local ok, sub = pcall(cjson.decode, raw)
+if not ok or type(sub) ~= 'table' or type(sub.pos) ~= 'string' then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if sub.topicId ~= ARGV[2] then
+  return {'subscription_not_found'}
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if ARGV[6] == '1' then
+  return {'delivery_paused'}
+end
+if sub.status == 'paused' then
+  return {'subscription_paused'}
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local count, leaseMs, maxAttempts = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local function receipt(id, want)
+  local r = redis.call('HGET', KEYS[6], id)
+  if not r then
+    return nil
+  end
+  local ok, rec = pcall(cjson.decode, r)
+  if not ok or type(rec) ~= 'table' or rec.s ~= want or type(rec.a) ~= 'number' then
+    return nil
+  end
+  return rec
+end
+local function fields(entry)
+  local f = {}
+  for i = 1, #entry[2], 2 do
+    f[entry[2][i]] = entry[2][i + 1]
+  end
+  return f
+end
+local function openCount(id)
+  local c = tonumber(redis.call('HGET', KEYS[4], id) or '0')
+  return c ~= nil and c >= 1
+end
+
+-- Reads: expired leases, then new messages.
+local exhaust, lease = {}, {}
+local expired = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0, tonumber(ARGV[7]))
+for _, id in ipairs(expired) do
+  local rec = receipt(id, 'leased')
+  if not rec or not openCount(id) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  if rec.a >= maxAttempts then
+    table.insert(exhaust, {id, rec})
+  elseif #lease < count then
+    local e = redis.call('XRANGE', KEYS[3], id, id)
+    if not e[1] then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    table.insert(lease, {id, rec, fields(e[1])})
+  end
+end
+local newPos
+if #lease < count then
+  local fresh = redis.call('XRANGE', KEYS[3], '(' .. sub.pos, '+', 'COUNT', count - #lease)
+  for _, e in ipairs(fresh) do
+    local rec = receipt(e[1], 'pending')
+    if not rec or not openCount(e[1]) then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    table.insert(lease, {e[1], rec, fields(e)})
+    newPos = e[1]
+  end
+end
+
+-- Writes.
+for _, x in ipairs(exhaust) do
+  local id, rec = x[1], x[2]
+  rec.s, rec.u = 'exhausted', rec.l
+  redis.call('HSET', KEYS[6], id, cjson.encode(rec))
+  redis.call('ZREM', KEYS[7], id)
+  if redis.call('HINCRBY', KEYS[4], id, -1) <= 0 then
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('ZADD', KEYS[5], now, id)
+  end
+end
+local items = {}
+for i, x in ipairs(lease) do
+  local id, rec, f = x[1], x[2], x[3]
+  local h = ARGV[7 + i]
+  rec.s, rec.a, rec.l, rec.u = 'leased', rec.a + 1, now + leaseMs, now
+  if rec.h == nil or rec.h == '' then
+    rec.h = h
+  else
+    rec.h = rec.h .. ',' .. h
+  end
+  redis.call('HSET', KEYS[6], id, cjson.encode(rec))
+  redis.call('ZADD', KEYS[7], rec.l, id)
+  table.insert(items, {id, rec.a, rec.l, f.p or '', f.c or '', f.d or '', tonumber(f.z or '0'), tonumber(f.a or '0'), i})
+end
+if newPos then
+  sub.pos = newPos
+  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(sub))
+end
+return {'ok', now, items}

@@ -1,0 +1,113 @@
+#!lua
+-- project_topic_delete: delete a topic with every message, subscription and
+-- receipt of it, and release their budget. The project's dedupe records of
+-- the topic stay, counted, until they expire (seed 2); expired ones are
+-- purged on the way. Reads and checks come first.
+-- KEYS[1] topics   han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
+-- KEYS[2] names    han:prj:{<env>:<pid>}:q:tnames     HASH topic name -> topicId
+-- KEYS[3] subs     han:prj:{<env>:<pid>}:q:subs       HASH subscriptionId -> subscription JSON
+-- KEYS[4] budget   han:prj:{<env>:<pid>}:q:budget     HASH msg, rcpt, dd, tb:<tid>
+-- KEYS[5] dd       han:prj:{<env>:<pid>}:q:dd         HASH identity -> dedupe JSON
+-- KEYS[6] ddx      han:prj:{<env>:<pid>}:q:ddx        ZSET identity -> expiresAt ms
+-- KEYS[7] stream   han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages
+-- KEYS[8] tsubs    han:prj:{<env>:<pid>}:t:<tid>:subs SET subscription ids
+-- KEYS[9] open     han:prj:{<env>:<pid>}:t:<tid>:o    HASH messageId -> receipts not yet terminal
+-- KEYS[10] done    han:prj:{<env>:<pid>}:t:<tid>:d    ZSET messages terminal for every subscription
+-- KEYS[11..] per subscription (ARGV[5..] order) its receipts HASH …:s:<sid>:r
+--            and its leases ZSET …:s:<sid>:l
+-- ARGV[1] topic id
+-- ARGV[2] bytes reserved per receipt
+-- ARGV[3] how many expired dedupe records to purge at most
+-- ARGV[4] number of subscriptions n the caller saw
+-- ARGV[5..4+n] their ids
+-- Returns {'ok', releasedBytes} or, with nothing written,
+-- {'topic_not_found'} | {'retry'} (the subscriptions changed).
+-- Errors: "ERR data_state_invalid" (nothing written).
+local n = tonumber(ARGV[4])
+local wants = {'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
+for i = 1, 10 + 2 * n do
+  local want = wants[i]
+  if not want then
+    want = (i % 2 == 1) and 'hash' or 'zset'
+  end
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local tid = ARGV[1]
+local raw = redis.call('HGET', KEYS[1], tid)
+if not raw then
+  if redis.call('EXISTS', KEYS[7], KEYS[8], KEYS[9], KEYS[10]) > 0 then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  return {'topic_not_found'}
+end
+local ok, topic = pcall(cjson.decode, raw)
+if not ok or type(topic) ~= 'table' or type(topic.name) ~= 'string' then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if redis.call('SCARD', KEYS[8]) ~= n then
+  return {'retry'}
+end
+for i = 1, n do
+  if redis.call('SISMEMBER', KEYS[8], ARGV[4 + i]) == 0 then
+    return {'retry'}
+  end
+end
+local b = redis.call('HMGET', KEYS[4], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
+local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
+if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local receipts = 0
+for i = 1, n do
+  receipts = receipts + redis.call('HLEN', KEYS[9 + 2 * i])
+end
+local freedRcpt = receipts * tonumber(ARGV[2])
+if freedRcpt > rcpt then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local purged = 0
+for _, id in ipairs(expiredDD) do
+  local r = redis.call('HGET', KEYS[5], id)
+  if r then
+    local ok2, rec = pcall(cjson.decode, r)
+    if not ok2 or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    purged = purged + rec.b
+  end
+end
+if purged > dd then
+  return redis.error_reply('ERR data_state_invalid')
+end
+
+-- Writes.
+for _, id in ipairs(expiredDD) do
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('ZREM', KEYS[6], id)
+end
+for i = 1, n do
+  redis.call('HDEL', KEYS[3], ARGV[4 + i])
+  redis.call('DEL', KEYS[9 + 2 * i], KEYS[10 + 2 * i])
+end
+redis.call('DEL', KEYS[7], KEYS[8], KEYS[9], KEYS[10])
+redis.call('HDEL', KEYS[1], tid)
+if redis.call('HGET', KEYS[2], topic.name) == tid then
+  redis.call('HDEL', KEYS[2], topic.name)
+end
+redis.call('HDEL', KEYS[4], 'tb:' .. tid)
+if tb > 0 then
+  redis.call('HINCRBY', KEYS[4], 'msg', -tb)
+end
+if freedRcpt > 0 then
+  redis.call('HINCRBY', KEYS[4], 'rcpt', -freedRcpt)
+end
+if purged > 0 then
+  redis.call('HINCRBY', KEYS[4], 'dd', -purged)
+end
+return {'ok', tb + freedRcpt + purged}

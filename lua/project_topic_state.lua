@@ -1,0 +1,42 @@
+#!lua flags=no-writes
+-- project_topic_state: what a snapshot shows of topics, subscriptions and
+-- the project budget, with the structure checks (read-only: works under
+-- OOM). Dedupe records already past their expiry are no longer counted,
+-- whether or not a write has purged them yet.
+-- KEYS[1] topics  han:prj:{<env>:<pid>}:q:topics  HASH topicId -> topic JSON
+-- KEYS[2] subs    han:prj:{<env>:<pid>}:q:subs    HASH subscriptionId -> subscription JSON
+-- KEYS[3] budget  han:prj:{<env>:<pid>}:q:budget  HASH msg, rcpt, dd, tb:<tid>
+-- KEYS[4] dd      han:prj:{<env>:<pid>}:q:dd      HASH identity -> dedupe JSON
+-- KEYS[5] ddx     han:prj:{<env>:<pid>}:q:ddx     ZSET identity -> expiresAt ms
+-- ARGV[1] most expired dedupe records to account for
+-- Returns {now, messageBytes, receiptBytes, dedupeBytes (live), topics (flat
+-- HGETALL), subscriptions (flat HGETALL)}.
+-- Errors: "ERR data_state_invalid".
+for i, want in ipairs({'hash', 'hash', 'hash', 'hash', 'zset'}) do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local b = redis.call('HMGET', KEYS[3], 'msg', 'rcpt', 'dd')
+local msg, rcpt, dd = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
+if not (msg and rcpt and dd) or msg < 0 or rcpt < 0 or dd < 0 then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, id in ipairs(gone) do
+  local raw = redis.call('HGET', KEYS[4], id)
+  if raw then
+    local ok, rec = pcall(cjson.decode, raw)
+    if not ok or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    dd = dd - rec.b
+  end
+end
+if dd < 0 then
+  return redis.error_reply('ERR data_state_invalid')
+end
+return {now, msg, rcpt, dd, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}

@@ -1,0 +1,166 @@
+#!lua
+-- project_topic_trim: remove up to `batch` messages of a topic that are
+-- terminal for every subscription (a message without subscriptions is
+-- terminal from the start), with their receipts, and release their budget.
+-- Receipts whose last allowed lease expired become `exhausted` on the way,
+-- so their messages are trimmable by the next call. Expired dedupe records
+-- are purged. Reads and checks come first.
+-- KEYS[1] topics   han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
+-- KEYS[2] budget   han:prj:{<env>:<pid>}:q:budget     HASH msg, rcpt, dd, tb:<tid>
+-- KEYS[3] dd       han:prj:{<env>:<pid>}:q:dd         HASH identity -> dedupe JSON
+-- KEYS[4] ddx      han:prj:{<env>:<pid>}:q:ddx        ZSET identity -> expiresAt ms
+-- KEYS[5] stream   han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages
+-- KEYS[6] tsubs    han:prj:{<env>:<pid>}:t:<tid>:subs SET subscription ids
+-- KEYS[7] open     han:prj:{<env>:<pid>}:t:<tid>:o    HASH messageId -> receipts not yet terminal
+-- KEYS[8] done     han:prj:{<env>:<pid>}:t:<tid>:d    ZSET messages terminal for every subscription
+-- KEYS[9..] per subscription (ARGV[7..] order) its receipts HASH …:s:<sid>:r
+--           and its leases ZSET …:s:<sid>:l
+-- ARGV[1] topic id
+-- ARGV[2] batch: most messages removed by this call
+-- ARGV[3] most attempts per receipt
+-- ARGV[4] bytes reserved per receipt
+-- ARGV[5] how many expired dedupe records to purge at most
+-- ARGV[6] number of subscriptions n the caller saw
+-- ARGV[7..6+n] their ids
+-- Returns {'ok', trimmed, releasedBytes, more (1 | 0)} or, with nothing
+-- written, {'topic_not_found'} | {'retry'} (the subscriptions changed).
+-- Errors: "ERR data_state_invalid" (nothing written).
+local n = tonumber(ARGV[6])
+local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
+for i = 1, 8 + 2 * n do
+  local want = wants[i]
+  if not want then
+    want = (i % 2 == 1) and 'hash' or 'zset'
+  end
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+local tid = ARGV[1]
+if redis.call('HEXISTS', KEYS[1], tid) == 0 then
+  if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7], KEYS[8]) > 0 then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  return {'topic_not_found'}
+end
+if redis.call('SCARD', KEYS[6]) ~= n then
+  return {'retry'}
+end
+for i = 1, n do
+  if redis.call('SISMEMBER', KEYS[6], ARGV[6 + i]) == 0 then
+    return {'retry'}
+  end
+end
+local b = redis.call('HMGET', KEYS[2], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
+local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
+if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local batch, maxAttempts, per = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+
+-- Reads: expired dedupe records, exhausted receipts, trimmable messages.
+local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
+local purged = 0
+for _, id in ipairs(expiredDD) do
+  local raw = redis.call('HGET', KEYS[3], id)
+  if raw then
+    local ok, rec = pcall(cjson.decode, raw)
+    if not ok or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    purged = purged + rec.b
+  end
+end
+if purged > dd then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local exhaust = {}
+local opens = {}
+for i = 1, n do
+  local rk, lk = KEYS[7 + 2 * i], KEYS[8 + 2 * i]
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', lk, '-inf', now)) do
+    local raw = redis.call('HGET', rk, id)
+    local ok, rec = false, nil
+    if raw then
+      ok, rec = pcall(cjson.decode, raw)
+    end
+    if not ok or type(rec) ~= 'table' or rec.s ~= 'leased' or type(rec.a) ~= 'number' then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    if rec.a >= maxAttempts then
+      local c = opens[id] or tonumber(redis.call('HGET', KEYS[7], id) or '0')
+      if c == nil or c < 1 then
+        return redis.error_reply('ERR data_state_invalid')
+      end
+      opens[id] = c - 1
+      table.insert(exhaust, {rk, lk, id, rec})
+    end
+  end
+end
+local ids = redis.call('ZRANGE', KEYS[8], 0, batch - 1)
+local freedMsg, receipts = 0, 0
+for _, id in ipairs(ids) do
+  local e = redis.call('XRANGE', KEYS[5], id, id)
+  if not e[1] then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  local f = e[1][2]
+  local z
+  for j = 1, #f, 2 do
+    if f[j] == 'z' then
+      z = tonumber(f[j + 1])
+    end
+  end
+  if z == nil or redis.call('HEXISTS', KEYS[7], id) == 1 then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  freedMsg = freedMsg + z
+  for i = 1, n do
+    receipts = receipts + redis.call('HEXISTS', KEYS[7 + 2 * i], id)
+  end
+end
+local freedRcpt = receipts * per
+if freedMsg > tb or freedRcpt > rcpt then
+  return redis.error_reply('ERR data_state_invalid')
+end
+
+-- Writes.
+for _, id in ipairs(expiredDD) do
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+end
+for _, x in ipairs(exhaust) do
+  local rk, lk, id, rec = x[1], x[2], x[3], x[4]
+  rec.s, rec.u = 'exhausted', rec.l
+  redis.call('HSET', rk, id, cjson.encode(rec))
+  redis.call('ZREM', lk, id)
+  if redis.call('HINCRBY', KEYS[7], id, -1) <= 0 then
+    redis.call('HDEL', KEYS[7], id)
+    redis.call('ZADD', KEYS[8], now, id)
+  end
+end
+for _, id in ipairs(ids) do
+  redis.call('XDEL', KEYS[5], id)
+  redis.call('ZREM', KEYS[8], id)
+  for i = 1, n do
+    redis.call('HDEL', KEYS[7 + 2 * i], id)
+  end
+end
+if freedMsg > 0 then
+  redis.call('HINCRBY', KEYS[2], 'msg', -freedMsg)
+  redis.call('HINCRBY', KEYS[2], 'tb:' .. tid, -freedMsg)
+end
+if freedRcpt > 0 then
+  redis.call('HINCRBY', KEYS[2], 'rcpt', -freedRcpt)
+end
+if purged > 0 then
+  redis.call('HINCRBY', KEYS[2], 'dd', -purged)
+end
+local more = 0
+if redis.call('ZCARD', KEYS[8]) > 0 then
+  more = 1
+end
+return {'ok', #ids, freedMsg + freedRcpt + purged, more}

@@ -1,0 +1,628 @@
+package restapi
+
+import (
+	"context"
+	"net/http"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/jcs"
+	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/store"
+)
+
+// ProjectQueueConfig tunes topics, claims and budgets of the project Redis
+// API (seed 2 defaults; tests shorten them).
+type ProjectQueueConfig struct {
+	Lease              time.Duration // zero value means 60s
+	DedupeWindow       time.Duration // zero value means 24h
+	ProjectBudgetBytes int64         // zero value means 2 MiB
+	ModuleBudgetBytes  int64         // zero value means 64 MiB
+	// MaxTopics and MaxSubscriptions cap what one project holds; zero
+	// value means 256 each.
+	MaxTopics        int
+	MaxSubscriptions int
+}
+
+// Limits of topics, subscriptions and receipts (decisions in
+// docs/project-redis-api.md).
+const (
+	TopicNameMaxBytes        = 128
+	TopicDescriptionMaxBytes = 1024
+	ProducerIDMaxBytes       = 256
+	ClientEventIDMaxBytes    = 256
+	MessagePageDefault       = 50
+)
+
+var (
+	errTopicNotFound        = apiErr(http.StatusNotFound, "topic_not_found")
+	errSubscriptionNotFound = apiErr(http.StatusNotFound, "subscription_not_found")
+	errInvalidTopicName     = apiErr(http.StatusBadRequest, "invalid_topic_name")
+	errInvalidPayload       = apiErr(http.StatusBadRequest, "invalid_payload")
+	errMessageTooLarge      = apiErr(http.StatusBadRequest, "message_too_large")
+	errInvalidCount         = apiErr(http.StatusBadRequest, "invalid_count")
+	errInvalidReceiptStatus = apiErr(http.StatusBadRequest, "invalid_receipt_status")
+	errResultTooLarge       = apiErr(http.StatusBadRequest, "result_too_large")
+	errInvalidSubStatus     = apiErr(http.StatusBadRequest, "invalid_subscription_status")
+)
+
+// newProjectQueue builds the Redis side of part 2 and its metrics.
+func (s *Server) newProjectQueue() *store.ProjectQueue {
+	c := s.cfg.ProjectQueue
+	module := c.ModuleBudgetBytes
+	if module <= 0 {
+		module = ModuleBudgetBytes
+	}
+	q := store.NewProjectQueue(s.rdb, store.NewModuleBudget(s.rdb, s.prj.env, module), store.QueueConfig{
+		Lease: c.Lease, DedupeWindow: c.DedupeWindow, ProjectBudgetBytes: c.ProjectBudgetBytes,
+		MaxTopics: c.MaxTopics, MaxSubscriptions: c.MaxSubscriptions})
+	f := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: projectMetricsNamespace, Name: "module_budget_settle_failures_total",
+		Help: "Module budget settlements that failed (the module counter over-counts until the next reconcile)."},
+		func() float64 { return float64(q.SettleFailures()) })
+	_ = s.metrics.Registry.Register(f)
+	return q
+}
+
+// projectQueueRoutes mounts part 2 on the project subrouter.
+func (s *Server) projectQueueRoutes(p *mux.Router) {
+	p.HandleFunc("/topics", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.createTopic}))
+	p.HandleFunc("/topics/{topicId}", projectByMethod(map[string]http.HandlerFunc{http.MethodDelete: s.deleteTopic}))
+	p.HandleFunc("/topics/{topicId}/messages", projectByMethod(map[string]http.HandlerFunc{
+		http.MethodGet: s.listTopicMessages, http.MethodPost: s.publishMessage}))
+	p.HandleFunc("/topics/{topicId}/trim", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.trimTopic}))
+	p.HandleFunc("/subscriptions", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.createSubscription}))
+	p.HandleFunc("/subscriptions/{subscriptionId}", projectByMethod(map[string]http.HandlerFunc{
+		http.MethodPatch: s.patchSubscription, http.MethodDelete: s.deleteSubscription}))
+	p.HandleFunc("/subscriptions/{subscriptionId}/receipts", projectByMethod(map[string]http.HandlerFunc{
+		http.MethodGet: s.listReceipts, http.MethodPost: s.postReceipt}))
+	p.HandleFunc("/subscriptions/{subscriptionId}/claim", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.claim}))
+}
+
+// DTOs (CONTRACT §9a; timestamps epoch ms).
+
+type topicDTO = store.Topic
+
+type subscriptionDTO = store.Subscription
+
+type messageDTO struct {
+	ID            string          `json:"id"`
+	TopicID       string          `json:"topicId"`
+	ProducerID    string          `json:"producerId"`
+	ClientEventID string          `json:"clientEventId"`
+	Payload       json.RawMessage `json:"payload"`
+	SizeBytes     int64           `json:"sizeBytes"`
+	PublishedAt   int64           `json:"publishedAt"`
+}
+
+func toMessageDTO(m store.TopicMessage) messageDTO {
+	return messageDTO{ID: m.ID, TopicID: m.TopicID, ProducerID: m.ProducerID, ClientEventID: m.ClientEventID,
+		Payload: json.RawMessage(m.Payload), SizeBytes: m.SizeBytes, PublishedAt: m.PublishedAt}
+}
+
+type receiptDTO struct {
+	MessageID      string  `json:"messageId"`
+	SubscriptionID string  `json:"subscriptionId"`
+	Status         string  `json:"status"`
+	Attempts       int     `json:"attempts"`
+	LeaseUntil     *int64  `json:"leaseUntil"`
+	Result         *string `json:"result"`
+	UpdatedAt      int64   `json:"updatedAt"`
+}
+
+func toReceiptDTO(r store.Receipt) receiptDTO {
+	d := receiptDTO{MessageID: r.MessageID, SubscriptionID: r.SubscriptionID, Status: r.Status, Attempts: r.Attempts,
+		Result: r.Result, UpdatedAt: r.UpdatedAt}
+	if r.LeaseUntil > 0 {
+		l := r.LeaseUntil
+		d.LeaseUntil = &l
+	}
+	return d
+}
+
+type claimItemDTO struct {
+	Message    messageDTO `json:"message"`
+	Receipt    receiptDTO `json:"receipt"`
+	Token      string     `json:"token"`
+	LeaseUntil int64      `json:"leaseUntil"`
+}
+
+type claimDTO struct {
+	Items []claimItemDTO `json:"items"`
+}
+
+type trimDTO struct {
+	Trimmed       int64 `json:"trimmed"`
+	ReleasedBytes int64 `json:"releasedBytes"`
+}
+
+// snapshotQueue fills the snapshot's topics, subscriptions and budget.
+func (s *Server) snapshotQueue(ctx context.Context, pr projectReq, dto *projectSnapshotDTO) error {
+	q := s.prj.queue
+	st, err := q.State(ctx, pr.keys)
+	if err != nil {
+		return err
+	}
+	mod, err := q.Module().Usage(ctx)
+	if err != nil {
+		return err
+	}
+	dto.Topics = make([]any, 0, len(st.Topics))
+	for _, t := range st.Topics {
+		dto.Topics = append(dto.Topics, topicDTO(t))
+	}
+	dto.Subscriptions = make([]any, 0, len(st.Subscriptions))
+	for _, sub := range st.Subscriptions {
+		dto.Subscriptions = append(dto.Subscriptions, subscriptionDTO(sub))
+	}
+	cfg := q.Config()
+	dto.Budget = budgetDTO{LimitBytes: cfg.ProjectBudgetBytes, UsedBytes: st.UsedBytes(), ModuleLimitBytes: q.Module().Cap(),
+		MessageBytes: st.MessageBytes, ReceiptBytes: st.ReceiptBytes, DedupeBytes: st.DedupeBytes,
+		ModuleUsedBytes: mod.Committed + mod.Reserved}
+	dto.Limits.ProjectBudgetBytes = int(cfg.ProjectBudgetBytes)
+	dto.Limits.ModuleBudgetBytes = int(q.Module().Cap())
+	dto.Limits.LeaseSeconds = int(cfg.Lease / time.Second)
+	dto.Limits.PublishDedupeSeconds = int(cfg.DedupeWindow / time.Second)
+	return nil
+}
+
+// pathID reads a resource id from the path: anything but a UUID names no
+// resource of this project.
+func pathID(r *http.Request, name string, notFound *Error) (string, error) {
+	id, ok := ids.Canonical(mux.Vars(r)[name])
+	if !ok {
+		return "", notFound
+	}
+	return id, nil
+}
+
+// validName: 1..max bytes of UTF-8 without control characters (Cc).
+func validName(s string, max int) bool {
+	if len(s) == 0 || len(s) > max || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.Is(unicode.Cc, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// readMembers reads the body and returns its top-level members; a problem
+// inside a member with a code of its own maps to that code (CONTRACT §9a),
+// anything else to invalid_json.
+func readMembers(w http.ResponseWriter, r *http.Request, fieldCodes map[string]*Error) (map[string]json.RawMessage, error) {
+	b, err := readProjectBody(w, r)
+	if err != nil {
+		return nil, err
+	}
+	members, err := jsonx.TopLevel(b)
+	if err != nil {
+		if e, ok := fieldCodes[projectFieldProblem(err, len(b))]; ok {
+			return nil, e
+		}
+		return nil, errInvalidJSON
+	}
+	return members, nil
+}
+
+// optionalString decodes an absent or string member; ok is false for any
+// other token (null included).
+func optionalString(raw json.RawMessage, present bool) (string, bool) {
+	if !present {
+		return "", true
+	}
+	return projectStringToken(raw)
+}
+
+func (s *Server) createTopic(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	m, err := readMembers(w, r, map[string]*Error{"name": errInvalidTopicName})
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	name, ok := projectStringToken(m["name"])
+	if !ok || !validName(name, TopicNameMaxBytes) {
+		s.projectFail(w, r, errInvalidTopicName)
+		return
+	}
+	desc, present := m["description"]
+	description, ok := optionalString(desc, present)
+	if !ok || len(description) > TopicDescriptionMaxBytes {
+		s.projectFail(w, r, errInvalidJSON)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	t, err := s.prj.queue.CreateTopic(ctx, pr.keys, ids.New(), name, description)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, topicDTO(t))
+}
+
+func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	tid, err := pathID(r, "topicId", errTopicNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	if err := s.prj.queue.DeleteTopic(ctx, pr.keys, pr.info.ID, tid); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleRead)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	tid, err := pathID(r, "topicId", errTopicNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	limit, err := parseLimit(r, MessagePageDefault, CachePageMax)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	msgs, next, err := s.prj.queue.ListMessages(r.Context(), pr.keys, tid, r.URL.Query().Get("cursor"), limit)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	items := make([]messageDTO, 0, len(msgs))
+	for _, m := range msgs {
+		items = append(items, toMessageDTO(m))
+	}
+	writeJSON(w, http.StatusOK, newList(items, next))
+}
+
+// parsePublish validates a publish body: producerId and clientEventId are
+// strings of 1..256 bytes without control characters (invalid_json
+// otherwise: CONTRACT §9a has no code of their own), payload a JSON object
+// (invalid_payload) whose RFC 8785 canonical form is at most 16 KiB
+// (message_too_large).
+func parsePublish(m map[string]json.RawMessage) (store.PublishInput, error) {
+	var in store.PublishInput
+	var ok bool
+	if in.ProducerID, ok = projectStringToken(m["producerId"]); !ok || !validName(in.ProducerID, ProducerIDMaxBytes) {
+		return in, errInvalidJSON
+	}
+	if in.ClientEventID, ok = projectStringToken(m["clientEventId"]); !ok || !validName(in.ClientEventID, ClientEventIDMaxBytes) {
+		return in, errInvalidJSON
+	}
+	raw, present := m["payload"]
+	if !present || len(raw) == 0 || raw[0] != '{' {
+		return in, errInvalidPayload
+	}
+	canon, err := jcs.Canonicalize(raw)
+	if err != nil {
+		return in, errInvalidPayload
+	}
+	if len(canon) > ProjectMessageMaxBytes {
+		return in, errMessageTooLarge
+	}
+	in.Payload = canon
+	return in, nil
+}
+
+func (s *Server) publishMessage(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	tid, err := pathID(r, "topicId", errTopicNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	m, err := readMembers(w, r, map[string]*Error{"payload": errInvalidPayload})
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	in, err := parsePublish(m)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	msg, replay, err := s.prj.queue.Publish(ctx, pr.keys, pr.info.ID, tid, in)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	status := http.StatusCreated
+	if replay {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, toMessageDTO(msg))
+}
+
+func (s *Server) trimTopic(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	tid, err := pathID(r, "topicId", errTopicNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	// The body is {} (seed 2); its members are ignored, but it must be
+	// JSON when present.
+	b, err := readProjectBody(w, r)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	if len(b) > 0 {
+		if _, err := jsonx.TopLevel(b); err != nil {
+			s.projectFail(w, r, errInvalidJSON)
+			return
+		}
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	res, err := s.prj.queue.Trim(ctx, pr.keys, pr.info.ID, tid)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, trimDTO{Trimmed: res.Trimmed, ReleasedBytes: res.ReleasedBytes})
+}
+
+func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	m, err := readMembers(w, r, nil)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	rawTopic, ok := projectStringToken(m["topicId"])
+	if !ok {
+		s.projectFail(w, r, errInvalidJSON)
+		return
+	}
+	name, ok := projectStringToken(m["name"])
+	if !ok || !validName(name, TopicNameMaxBytes) {
+		s.projectFail(w, r, errInvalidJSON)
+		return
+	}
+	tid, ok := ids.Canonical(rawTopic)
+	if !ok {
+		s.projectFail(w, r, errTopicNotFound)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sub, err := s.prj.queue.CreateSubscription(ctx, pr.keys, ids.New(), tid, name)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, subscriptionDTO(sub))
+}
+
+func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	m, err := readMembers(w, r, map[string]*Error{"status": errInvalidSubStatus})
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	status, ok := projectStringToken(m["status"])
+	if !ok || (status != "online" && status != "paused") {
+		s.projectFail(w, r, errInvalidSubStatus)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sub, err := s.prj.queue.SetSubscriptionStatus(ctx, pr.keys, sid, status)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, subscriptionDTO(sub))
+}
+
+func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	if err := s.prj.queue.DeleteSubscription(ctx, pr.keys, pr.info.ID, sid); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleRead)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	limit, err := parseLimit(r, MessagePageDefault, CachePageMax)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	recs, next, err := s.prj.queue.ListReceipts(r.Context(), pr.keys, sid, r.URL.Query().Get("cursor"), limit)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	items := make([]receiptDTO, 0, len(recs))
+	for _, rc := range recs {
+		items = append(items, toReceiptDTO(rc))
+	}
+	writeJSON(w, http.StatusOK, newList(items, next))
+}
+
+func (s *Server) claim(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	m, err := readMembers(w, r, map[string]*Error{"count": errInvalidCount})
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	count, ok := projectPositiveInt(m["count"], ClaimCountMax)
+	if !ok {
+		s.projectFail(w, r, errInvalidCount)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	items, err := s.prj.queue.Claim(ctx, pr.keys, sid, int(count), pr.info.DeliveryPaused)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	out := claimDTO{Items: make([]claimItemDTO, 0, len(items))}
+	for _, it := range items {
+		out.Items = append(out.Items, claimItemDTO{Message: toMessageDTO(it.Message), Receipt: toReceiptDTO(it.Receipt),
+			Token: it.Token, LeaseUntil: it.LeaseUntil})
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) postReceipt(w http.ResponseWriter, r *http.Request) {
+	pr, err := s.projectAccess(r, store.RoleWrite)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	m, err := readMembers(w, r, map[string]*Error{"status": errInvalidReceiptStatus})
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	msgID, ok1 := projectStringToken(m["messageId"])
+	token, ok2 := projectStringToken(m["token"])
+	if !ok1 || !ok2 {
+		s.projectFail(w, r, errInvalidJSON)
+		return
+	}
+	status, ok := projectStringToken(m["status"])
+	if !ok || (status != "processed" && status != "failed") {
+		s.projectFail(w, r, errInvalidReceiptStatus)
+		return
+	}
+	res, present := m["result"]
+	result, ok := optionalString(res, present)
+	if !ok {
+		s.projectFail(w, r, errInvalidJSON)
+		return
+	}
+	if len(result) > ProjectResultMaxBytes {
+		s.projectFail(w, r, errResultTooLarge)
+		return
+	}
+	ctx := r.Context()
+	if err := s.prj.gate.CheckWrite(ctx); err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	rc, _, err := s.prj.queue.Ack(ctx, pr.keys, sid, msgID, token, status, result)
+	if err != nil {
+		s.projectFail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toReceiptDTO(rc))
+}

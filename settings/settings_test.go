@@ -1,0 +1,238 @@
+package settings_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/ratelimit"
+	"github.com/han-app/gateway/settings"
+	"github.com/han-app/gateway/store"
+)
+
+func userLimit(t *testing.T, p *settings.Provider, method, template string) int {
+	t.Helper()
+	_, pol := p.Policies().Lookup(method, template)
+	for _, r := range pol.Rules {
+		if r.Family == ratelimit.FamilyUser {
+			return r.Limit
+		}
+	}
+	return 0
+}
+
+// A policy row changed in PostgreSQL reaches two running instances (each
+// with its own provider and limiter, one Redis) without a restart: both
+// enforce the new limit on the shared counter, and deleting the row brings
+// the built-in policy back. One instance read PostgreSQL and shared the
+// snapshot; it carries the 5-minute TTL.
+func TestPolicyChangeReachesEveryInstanceWithoutRestart(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	a := f.provider(settings.Config{RefreshInterval: 20 * time.Millisecond})
+	b := f.provider(settings.Config{RefreshInterval: 20 * time.Millisecond})
+	srvA, srvB := f.instance(a), f.instance(b)
+	a.Start()
+	b.Start()
+
+	tok := token(t)
+	code, h := get(t, srvA, tok, "/v1/me")
+	if code != 200 || h.Get("RateLimit-Policy") != `"user";q=120;w=60` {
+		t.Fatalf("built-in policy: %d %q", code, h.Get("RateLimit-Policy"))
+	}
+
+	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
+		VALUES ('GET /v1/me', 'fixed', 'local', '[{"family":"user","limit":3,"windowMs":60000}]')`)
+	v := f.version()
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.Version() == v && b.Version() == v },
+		"instances at %d/%d, want %d", a.Version(), b.Version(), v)
+	if got := a.Policies().Version; got != settings.PolicyVersion(v) {
+		t.Fatalf("policy set version %q", got)
+	}
+
+	// The same user on both instances: one shared counter with the new
+	// limit (one request was made before the change, on the same key).
+	if code, h := get(t, srvB, tok, "/v1/me"); code != 200 || h.Get("RateLimit-Policy") != `"user";q=3;w=60` {
+		t.Fatalf("instance B after the change: %d %q", code, h.Get("RateLimit-Policy"))
+	}
+	if code, _ := get(t, srvA, tok, "/v1/me"); code != 200 {
+		t.Fatalf("third request: %d", code)
+	}
+	for _, srv := range []string{"A", "B"} {
+		s := srvA
+		if srv == "B" {
+			s = srvB
+		}
+		if code, h := get(t, s, tok, "/v1/me"); code != 429 || h.Get("Retry-After") == "" {
+			t.Fatalf("instance %s must enforce the new limit: %d", srv, code)
+		}
+	}
+	// Routes without a row keep their built-in policies.
+	if n := userLimit(t, b, "POST", "/v1/dialogs/{id}/messages"); n != 30 {
+		t.Fatalf("message send user limit %d, want the built-in 30", n)
+	}
+
+	// Exactly one instance read PostgreSQL and shared the snapshot.
+	if n := f.publishes(v); n != 1 {
+		t.Fatalf("version %d published %d times", v, n)
+	}
+	ttl := f.db1.PTTL(ctx, settings.SnapshotKey(v)).Val()
+	if ttl <= 0 || ttl > settings.SnapshotTTL {
+		t.Fatalf("snapshot PTTL %s, want (0, 5m]", ttl)
+	}
+
+	// Deleting the override restores the built-in policy everywhere.
+	f.exec(`DELETE FROM rate_limit_policies WHERE route = 'GET /v1/me'`)
+	v2 := f.version()
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.Version() == v2 && b.Version() == v2 },
+		"instances did not pick up the delete")
+	if code, h := get(t, srvB, tok, "/v1/me"); code != 200 || h.Get("RateLimit-Policy") != `"user";q=120;w=60` {
+		t.Fatalf("after the delete: %d %q", code, h.Get("RateLimit-Policy"))
+	}
+}
+
+// The refresh lock is held by one instance at a time: while A holds it
+// and builds a version, B neither takes it nor publishes; B still gets the
+// version (from PostgreSQL, the truth) without waiting for A. A then
+// publishes once, and a third instance picks the snapshot up from Redis
+// without touching the lock.
+func TestRefreshLockIsHeldByOneInstanceAtATime(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	a := f.provider(settings.Config{})
+	b := f.provider(settings.Config{PeerWait: 50 * time.Millisecond})
+
+	f.exec(`INSERT INTO runtime_settings(name, value) VALUES ('legacy_stub.verdict_after_polls', '5')`)
+	v := f.version()
+	lockKey := store.LockKey(store.LockSettingsRefresh, "test")
+
+	inLock, release := make(chan struct{}), make(chan struct{})
+	settings.SetInLock(a, func() {
+		close(inLock)
+		<-release
+	})
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Refresh(ctx) }()
+	<-inLock
+	holder := f.db1.Get(ctx, lockKey).Val()
+	if ttl := f.db1.PTTL(ctx, lockKey).Val(); holder == "" || ttl <= 0 || ttl > store.DefaultLockTTL {
+		t.Fatalf("refresh lock while A builds: owner %q PTTL %s", holder, ttl)
+	}
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.Version() != v || b.Int("legacy_stub.verdict_after_polls", 3) != 5 {
+		t.Fatalf("B must read the version itself while the lock is taken: version %d", b.Version())
+	}
+	if got := f.db1.Get(ctx, lockKey).Val(); got != holder {
+		t.Fatal("B took the refresh lock while A held it")
+	}
+	if n := f.publishes(v); n != 0 {
+		t.Fatalf("B published %d snapshots without the lock", n)
+	}
+	close(release)
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	if a.Version() != v || f.publishes(v) != 1 {
+		t.Fatalf("A: version %d, publishes %d", a.Version(), f.publishes(v))
+	}
+	if n := f.db1.Exists(ctx, lockKey).Val(); n != 0 {
+		t.Fatal("the refresh lock outlived the refresh")
+	}
+	c := f.provider(settings.Config{})
+	if c.Version() != v || f.publishes(v) != 1 {
+		t.Fatalf("C must take the shared snapshot: version %d, publishes %d", c.Version(), f.publishes(v))
+	}
+}
+
+// An invalid version is refused as a whole: the previous policies stay in
+// force, nothing is shared, and the next valid version applies.
+func TestInvalidVersionKeepsThePreviousSettings(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	p := f.provider(settings.Config{})
+	before := p.Version()
+	for _, rules := range []string{
+		`[{"family":"planet","limit":3,"windowMs":1000}]`,
+		`[{"family":"user","limit":0,"windowMs":1000}]`,
+		`[{"family":"user","limit":3,"windowMs":1000,"burst":9}]`,
+		`[{"family":"user","limit":3,"windowMs":0}]`,
+	} {
+		f.exec(`INSERT INTO rate_limit_policies(route, algorithm, rules) VALUES ('GET /v1/me', 'fixed', $1)
+			ON CONFLICT (route) DO UPDATE SET rules = EXCLUDED.rules`, rules)
+		err := p.Refresh(ctx)
+		if !errors.Is(err, settings.ErrInvalid) {
+			t.Fatalf("rules %s: want ErrInvalid, got %v", rules, err)
+		}
+		if p.Version() != before || userLimit(t, p, "GET", "/v1/me") != 120 {
+			t.Fatalf("rules %s replaced the settings in force (version %d)", rules, p.Version())
+		}
+		if n := f.db1.Exists(ctx, settings.SnapshotKey(f.version())).Val(); n != 0 {
+			t.Fatalf("an invalid version was shared")
+		}
+	}
+	f.exec(`UPDATE rate_limit_policies SET rules = '[{"family":"user","limit":7,"windowMs":1000}]'`)
+	if err := p.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if userLimit(t, p, "GET", "/v1/me") != 7 {
+		t.Fatal("the valid version did not apply")
+	}
+	// "other" overrides the catch-all policy.
+	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
+		VALUES ('other', 'sliding', 'fail-closed', '[{"family":"user","limit":9,"windowMs":10000}]')`)
+	if err := p.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	label, pol := p.Policies().Lookup("GET", "/v1/not-listed")
+	if label != ratelimit.OtherRoute || pol.Algorithm != ratelimit.SlidingLog || pol.OnFailure != ratelimit.FailClosed || pol.Rules[0].Limit != 9 {
+		t.Fatalf("other policy: %s %+v", label, pol)
+	}
+}
+
+// PostgreSQL is the truth: with DB1 unreachable a provider still applies
+// new versions, reading PostgreSQL directly.
+func TestSettingsWithoutRedis(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	dead, err := store.NewRedis("redis://127.0.0.1:1/1", store.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	p, err := settings.New(settings.Config{Scope: "test", RedisTimeout: 200 * time.Millisecond}, f.store, dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.exec(`INSERT INTO runtime_settings(name, value) VALUES ('x.int', '42'), ('x.text', '"no"')`)
+	if err := p.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p.Version() != f.version() || p.Int("x.int", 1) != 42 || p.Int("x.text", 1) != 1 || p.Int("x.none", 2) != 2 {
+		t.Fatalf("version %d, tunables %d %d %d", p.Version(), p.Int("x.int", 1), p.Int("x.text", 1), p.Int("x.none", 2))
+	}
+}
+
+// Every change is a new version, in commit order, with its history row.
+func TestEveryChangeIsANewVersion(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	v0 := f.version()
+	f.exec(`INSERT INTO runtime_settings(name, value) VALUES ('a.b', '1')`)
+	f.exec(`UPDATE runtime_settings SET value = '2' WHERE name = 'a.b'`)
+	f.exec(`DELETE FROM runtime_settings WHERE name = 'a.b'`)
+	if v := f.version(); v != v0+3 {
+		t.Fatalf("version %d after three changes from %d", v, v0)
+	}
+	var n int
+	if err := f.pool.QueryRow(ctx, "SELECT count(*) FROM settings_versions WHERE version > $1", v0).Scan(&n); err != nil || n != 3 {
+		t.Fatalf("history rows: %d %v", n, err)
+	}
+	rows, err := f.store.LoadSettings(ctx)
+	if err != nil || rows.Version != v0+3 {
+		t.Fatalf("LoadSettings: %+v %v", rows, err)
+	}
+}

@@ -1,0 +1,277 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// ModuleBudget is the module-wide budget of reliable bytes across every
+// project of one environment (64 MiB by default, seed 2). Its counter lives
+// under its own hash tag, outside every project's slot, so no script spans
+// both: a write that adds bytes first reserves them here with a capped
+// increment (Reserve), then runs its project script, then settles (Settle):
+// the reservation becomes what the project script really added, or is
+// refunded. A crash between the phases leaves bytes counted — the counter
+// only ever drifts upward, so the budget never over-admits — and
+// Reconcile brings it back to the sum of the project budgets. The same
+// protocol runs in standalone and Cluster mode. Safe for concurrent use.
+type ModuleBudget struct {
+	rdb  redis.UniversalClient
+	env  string
+	keys ModuleKeys
+	cap  int64
+}
+
+// NewModuleBudget returns the module budget of env with capBytes as its cap.
+func NewModuleBudget(rdb redis.UniversalClient, env string, capBytes int64) *ModuleBudget {
+	return &ModuleBudget{rdb: rdb, env: env, keys: NewModuleKeys(env), cap: capBytes}
+}
+
+// Cap is the module budget in bytes.
+func (b *ModuleBudget) Cap() int64 { return b.cap }
+
+// Reservation is phase one's receipt: pass it to Settle. Gen is the
+// reconcile generation read before the project script runs; a zero ID
+// means nothing is reserved.
+type Reservation struct {
+	ID     string
+	Amount int64
+	Gen    int64
+}
+
+// Reserve reserves amount bytes for projectID. granted is false when the
+// cap would be passed; the returned Reservation still carries Gen (for the
+// release a refused write may cause, e.g. its dedupe purge).
+func (b *ModuleBudget) Reserve(ctx context.Context, projectID string, amount int64) (r Reservation, granted bool, err error) {
+	var id [12]byte
+	_, _ = rand.Read(id[:])
+	res, err := lua.ProjectTopicBudgetReserve.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Projects()},
+		hex.EncodeToString(id[:]), amount, b.cap, projectID).Int64Slice()
+	if err != nil {
+		return Reservation{}, false, classifyProject(err)
+	}
+	if len(res) != 4 {
+		return Reservation{}, false, ErrDataStateInvalid
+	}
+	r.Gen = res[1]
+	if res[0] != 1 {
+		return r, false, nil
+	}
+	r.ID, r.Amount = hex.EncodeToString(id[:]), amount
+	return r, true, nil
+}
+
+// Gen reads the reconcile generation, for a write that only releases bytes
+// (trim, deletes): pass it to Settle in a Reservation without ID.
+func (b *ModuleBudget) Gen(ctx context.Context) (int64, error) {
+	v, err := b.rdb.HGet(ctx, b.keys.Budget(), "gen").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, classifyProject(err)
+	}
+	return v, nil
+}
+
+// Settle is phase two: it drops r's reservation, commits the bytes the
+// project script added and subtracts those it released (unless a reconcile
+// ran since r.Gen was read: then the release is left counted until the
+// next reconcile, which is safe). It runs even under OOM and is meant to
+// be called with a context the client cannot cancel.
+func (b *ModuleBudget) Settle(ctx context.Context, r Reservation, added, released int64) error {
+	if r.ID == "" && added == 0 && released == 0 {
+		return nil
+	}
+	err := lua.ProjectTopicBudgetSettle.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations()},
+		r.ID, added, released, r.Gen).Err()
+	return classifyProject(err)
+}
+
+// ModuleUsage is the module budget's state.
+type ModuleUsage struct {
+	Committed int64 // bytes the projects hold, as last settled or reconciled
+	Reserved  int64 // bytes of reservations not yet settled
+}
+
+// Usage reads the module counters.
+func (b *ModuleBudget) Usage(ctx context.Context) (ModuleUsage, error) {
+	v, err := b.rdb.HMGet(ctx, b.keys.Budget(), "committed", "reserved").Result()
+	if err != nil {
+		return ModuleUsage{}, classifyProject(err)
+	}
+	var u ModuleUsage
+	for i, p := range []*int64{&u.Committed, &u.Reserved} {
+		if v[i] == nil {
+			continue
+		}
+		n, ok := parseSeq(v[i])
+		if !ok {
+			return ModuleUsage{}, ErrDataStateInvalid
+		}
+		*p = n
+	}
+	return u, nil
+}
+
+// ReconcileResult is what one reconcile did.
+type ReconcileResult struct {
+	Ran                 bool // false: another instance was reconciling
+	Projects            int  // project budgets summed
+	Before, After       int64
+	DroppedReservations int64
+}
+
+// Reconcile sets the module counter to the sum of the project budgets
+// (plus what was committed while it scanned). Reservations older than
+// staleAfter are dropped first: their writer is gone.
+func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) (ReconcileResult, error) {
+	keys := []string{b.keys.Budget(), b.keys.Reservations()}
+	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "begin", staleAfter.Milliseconds(),
+		reconcileWindow.Milliseconds()).Int64Slice()
+	if err != nil {
+		return ReconcileResult{}, classifyProject(err)
+	}
+	if len(begin) < 1 || begin[0] != 1 {
+		return ReconcileResult{}, nil
+	}
+	if len(begin) != 3 {
+		return ReconcileResult{}, ErrDataStateInvalid
+	}
+	res := ReconcileResult{Ran: true, DroppedReservations: begin[2]}
+	var sum int64
+	var cursor uint64
+	for {
+		ids, next, err := b.rdb.SScan(ctx, b.keys.Projects(), cursor, "", 256).Result()
+		if err != nil {
+			return res, classifyProject(err)
+		}
+		cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, id := range ids {
+				p.HMGet(ctx, NewProjectKeys(b.env, id).Budget(), "msg", "rcpt", "dd")
+			}
+			return nil
+		})
+		if err != nil {
+			return res, classifyProject(err)
+		}
+		for _, c := range cmds {
+			for _, v := range c.(*redis.SliceCmd).Val() {
+				if v == nil {
+					continue
+				}
+				n, ok := parseSeq(v)
+				if !ok || n < 0 {
+					return res, ErrDataStateInvalid
+				}
+				sum += n
+			}
+		}
+		res.Projects += len(ids)
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	end, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "end", begin[1], sum).Int64Slice()
+	if err != nil {
+		return res, classifyProject(err)
+	}
+	if len(end) != 3 || end[0] != 1 {
+		res.Ran = false
+		return res, nil
+	}
+	res.Before, res.After = end[1], end[2]
+	return res, nil
+}
+
+// reconcileWindow is how long a reconcile may run before another instance
+// presumes it dead and starts its own.
+const reconcileWindow = time.Minute
+
+// BudgetReconcilerConfig tunes the periodic reconcile job.
+type BudgetReconcilerConfig struct {
+	// Interval between runs; zero value means 1m.
+	Interval time.Duration
+	// StaleReservation is the age after which an unsettled reservation
+	// is dropped; zero value means 5m (far beyond any request's Redis
+	// budget).
+	StaleReservation time.Duration
+	// Timeout of one run; zero value means 30s.
+	Timeout time.Duration
+}
+
+// BudgetReconciler runs ModuleBudget.Reconcile periodically (on every
+// instance; concurrent runs step aside). Close stops it and waits.
+type BudgetReconciler struct {
+	b      *ModuleBudget
+	cfg    BudgetReconcilerConfig
+	logger *slog.Logger
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+// NewBudgetReconciler returns a stopped reconciler for b.
+func NewBudgetReconciler(b *ModuleBudget, cfg BudgetReconcilerConfig, logger *slog.Logger) *BudgetReconciler {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Minute
+	}
+	if cfg.StaleReservation <= 0 {
+		cfg.StaleReservation = 5 * time.Minute
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	return &BudgetReconciler{b: b, cfg: cfg, logger: logger, stop: make(chan struct{})}
+}
+
+// Start starts the loop.
+func (r *BudgetReconciler) Start() {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTicker(r.cfg.Interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+				r.runOnce()
+			}
+		}
+	}()
+}
+
+func (r *BudgetReconciler) runOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timeout)
+	defer cancel()
+	res, err := r.b.Reconcile(ctx, r.cfg.StaleReservation)
+	switch {
+	case err != nil:
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "module budget reconcile failed", slog.String("kind", fmt.Sprintf("%T", err)),
+			slog.String("error", err.Error()))
+	case res.Ran && res.Before != res.After:
+		r.logger.LogAttrs(ctx, slog.LevelInfo, "module budget reconciled", slog.Int64("before", res.Before),
+			slog.Int64("after", res.After), slog.Int("projects", res.Projects),
+			slog.String("dropped_reservations", strconv.FormatInt(res.DroppedReservations, 10)))
+	}
+}
+
+// Close stops the loop and waits for a run in progress. Idempotent.
+func (r *BudgetReconciler) Close() {
+	r.once.Do(func() { close(r.stop) })
+	r.wg.Wait()
+}

@@ -1,0 +1,664 @@
+// The chat view: dialog list, messages in seq order (timeline.js), the
+// composer (a fresh Idempotency-Key per message, retried with the same key),
+// attachments, typing indicator and presence dots.
+import { ApiError, get, request, retrying } from "./api.js";
+import { $, avatar, formatBytes, formatDateTime, formatTime, h, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
+import { errorView, sentence } from "./errors.js";
+import { Timeline } from "./timeline.js";
+
+const TYPING_SHOWN_MS = 4000;
+const PRESENCE_USERS_MAX = 50;
+const POLL_WHILE_OFFLINE_MS = 5000;
+const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+
+export class ChatView {
+  constructor({ me, realtime, onSync }) {
+    this.me = me;
+    this.rt = realtime;
+    this.onSync = onSync || (() => {});
+    this.dialogs = new Map(); // id → dialog DTO (+ activity)
+    this.timelines = new Map(); // id → Timeline (dialogs opened this session)
+    this.presence = new Map(); // user id → {online, lastSeenAt}
+    this.typing = new Map(); // dialog id → Map(user id → shown until)
+    this.pending = new Map(); // dialog id → [outgoing message]
+    this.uploads = []; // attachments of the message being written
+    this.current = null;
+    this.syncing = 0;
+    this.msgEls = new Map(); // message id → <li>
+    this.previews = new Map(); // attachment id → Promise<object URL>
+    this.readKey = `han.read.${me}`;
+    this.read = loadJSON(this.readKey);
+    this.root = this.#build();
+    this.#wire();
+    this.tick = setInterval(() => this.#onTick(), 1000);
+    this.poll = setInterval(() => {
+      // REST stays the truth while the socket is down.
+      if (!this.rt.live && this.current && this.timelines.has(this.current)) this.timelines.get(this.current).reconcile();
+    }, POLL_WHILE_OFFLINE_MS);
+  }
+
+  // ---- DOM -----------------------------------------------------------------
+
+  #build() {
+    this.listEl = h("ul", { id: "dialog-list", class: "dialog-list" });
+    this.newForm = h("form", { id: "new-dialog", class: "stack" },
+      fieldRow("Member user ids", h("textarea", { id: "new-members", rows: "2", required: true, spellcheck: "false",
+        placeholder: "one or more UUIDs, separated by spaces or commas" })),
+      fieldRow("Title (optional)", h("input", { id: "new-title", maxlength: "200", autocomplete: "off" })),
+      h("div", { id: "new-dialog-error" }),
+      h("button", { type: "submit", class: "btn btn-primary" }, "Create dialog"));
+    const sidebar = h("aside", { class: "sidebar", "aria-label": "Dialogs" },
+      h("div", { class: "sidebar-head" },
+        h("h2", { text: "Dialogs" }),
+        h("button", { type: "button", class: "btn btn-ghost btn-sm", id: "refresh-dialogs", onclick: () => this.refreshDialogs() }, "Refresh")),
+      this.listEl,
+      h("details", { class: "new-dialog", id: "new-dialog-box" }, h("summary", { text: "New dialog" }), this.newForm));
+
+    this.titleEl = h("h2", { id: "dialog-title", text: "" });
+    this.membersEl = h("ul", { class: "members", id: "members", "aria-label": "Members" });
+    this.msgList = h("ol", { id: "messages", class: "messages", role: "log", "aria-live": "polite", "aria-label": "Messages" });
+    this.olderBtn = h("button", { type: "button", class: "btn btn-ghost btn-sm load-older", id: "load-older", hidden: true,
+      onclick: () => this.#loadOlder() }, "Load earlier messages");
+    this.scroller = h("div", { class: "messages-scroll", id: "messages-scroll" }, this.olderBtn, this.msgList);
+    this.typingEl = h("div", { id: "typing", class: "typing", "aria-live": "polite" });
+    this.fileInput = h("input", { type: "file", id: "attach-input", class: "visually-hidden", multiple: true });
+    this.uploadsEl = h("ul", { id: "uploads", class: "uploads", "aria-label": "Attachments to send" });
+    this.input = h("textarea", { id: "composer-input", rows: "1", maxlength: "4000", placeholder: "Write a message…",
+      "aria-label": "Message", autocomplete: "off" });
+    this.sendBtn = h("button", { type: "submit", class: "btn btn-primary", id: "send" }, "Send");
+    this.composer = h("form", { id: "composer", class: "composer" },
+      this.uploadsEl,
+      h("div", { class: "composer-row" },
+        h("label", { for: "attach-input", class: "btn btn-ghost btn-icon", title: "Attach files" },
+          h("span", { "aria-hidden": "true", text: "＋" }), h("span", { class: "visually-hidden", text: "Attach files" })),
+        this.fileInput, this.input, this.sendBtn),
+      h("small", { class: "hint composer-hint", text: "Enter sends · Shift+Enter for a new line" }));
+    this.conv = h("section", { class: "conversation", "aria-labelledby": "dialog-title", hidden: true },
+      h("header", { class: "conv-head" }, this.titleEl, this.membersEl),
+      this.scroller, this.typingEl, this.composer);
+    this.empty = h("section", { class: "conversation empty-state", id: "no-dialog" },
+      h("div", { class: "empty-card" },
+        h("h2", { text: "Pick a dialog" }),
+        h("p", { text: "Choose a conversation on the left, or start a new one with someone's user id." })));
+    return h("div", { class: "chat" }, sidebar, this.empty, this.conv);
+  }
+
+  #wire() {
+    this.newForm.addEventListener("submit", (e) => { e.preventDefault(); this.#createDialog(); });
+    this.composer.addEventListener("submit", (e) => { e.preventDefault(); this.#send(); });
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); this.#send(); }
+    });
+    this.input.addEventListener("input", () => {
+      this.input.style.height = "auto";
+      this.input.style.height = `${Math.min(this.input.scrollHeight, 160)}px`;
+      if (this.current && this.input.value.trim()) this.rt.typing(this.current);
+    });
+    this.fileInput.addEventListener("change", () => {
+      for (const f of this.fileInput.files) this.#upload(f);
+      this.fileInput.value = "";
+    });
+    this.rt.addEventListener("open", () => {
+      this.refreshDialogs();
+      this.refreshPresence();
+    });
+    this.rt.addEventListener("subscribed", (e) => this.#onSubscribed(e.detail));
+    this.rt.addEventListener("event", (e) => this.#onEvent(e.detail));
+    this.rt.addEventListener("resync", () => {
+      for (const tl of this.timelines.values()) this.#track(tl.reconcile());
+      this.refreshDialogs();
+    });
+    this.rt.addEventListener("frameerror", (e) => {
+      if (e.detail.error !== "not_subscribed") toast(`${e.detail.error}: ${sentence(e.detail.error)}`, "error");
+    });
+    this.rt.addEventListener("state", () => this.#renderPresence());
+    document.addEventListener("visibilitychange", () => { if (!document.hidden) this.#markRead(); });
+  }
+
+  // ---- dialogs ---------------------------------------------------------------
+
+  async refreshDialogs() {
+    let items = [];
+    try {
+      let cursor = null;
+      for (let i = 0; i < 5; i++) {
+        const q = cursor ? `&cursor=${encodeURIComponent(cursor)}` : "";
+        const page = await get(`/v1/dialogs?limit=100${q}`);
+        items = items.concat(page.items || []);
+        cursor = page.nextCursor;
+        if (!cursor) break;
+      }
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 0) toast(`${e.code}: ${sentence(e.code, e.status)}`, "error");
+      return;
+    }
+    for (const d of items) {
+      const old = this.dialogs.get(d.id);
+      d.lastSeq = Math.max(d.lastSeq || 0, old ? old.lastSeq : 0);
+      d.activity = Math.max(d.createdAt || 0, old ? old.activity : 0);
+      this.dialogs.set(d.id, d);
+      if (!(d.id in this.read)) this.read[d.id] = d.lastSeq; // history before this browser counts as read
+      this.rt.subscribe(d.id);
+    }
+    saveJSON(this.readKey, this.read);
+    this.#renderList();
+    if (this.current && this.dialogs.has(this.current) && !this.timelines.has(this.current)) this.open(this.current);
+    else if (this.current) this.#renderHeader();
+  }
+
+  #title(d) {
+    if (d.title) return d.title;
+    const others = (d.memberIds || []).filter((m) => m !== this.me);
+    if (others.length === 0) return "Notes to self";
+    return `Chat with ${others.map(shortId).join(", ")}`;
+  }
+
+  #renderList() {
+    const ds = Array.from(this.dialogs.values()).sort((a, b) => (b.activity || 0) - (a.activity || 0));
+    const items = ds.map((d) => {
+      const unread = d.id === this.current ? 0 : Math.max(0, (d.lastSeq || 0) - (this.read[d.id] || 0));
+      const others = (d.memberIds || []).filter((m) => m !== this.me);
+      const dot = others.length === 1 ? this.#dot(others[0]) : null;
+      const a = h("a", { href: `#/chat/${d.id}`, class: "dialog-item", dataset: { dialog: d.id },
+        "aria-current": d.id === this.current ? "page" : null },
+        h("span", { class: "avatar-wrap" }, avatar(others[0] || d.id, d.title ? d.title.slice(0, 2) : null), dot),
+        h("span", { class: "dialog-text" },
+          h("span", { class: "dialog-name", text: this.#title(d) }),
+          h("span", { class: "dialog-sub", text: `${(d.memberIds || []).length} members · ${d.lastSeq || 0} messages` })),
+        unread ? h("span", { class: "badge", "aria-label": `${unread} unread`, text: unread > 99 ? "99+" : String(unread) }) : null);
+      return h("li", null, a);
+    });
+    if (!items.length) {
+      items.push(h("li", { class: "muted list-empty", text: "No dialogs yet. Start one below." }));
+    }
+    this.listEl.replaceChildren(...items);
+  }
+
+  async #createDialog() {
+    const errBox = $("#new-dialog-error", this.newForm);
+    errBox.replaceChildren();
+    const ids = $("#new-members", this.newForm).value.split(/[\s,;]+/).map((s) => s.trim()).filter(Boolean);
+    const bad = ids.find((s) => !UUID_RE.test(s));
+    if (!ids.length || bad) {
+      errBox.append(errorView({ code: "invalid_members" }));
+      return;
+    }
+    const title = $("#new-title", this.newForm).value.trim();
+    const body = { memberIds: ids };
+    if (title) body.title = title;
+    const key = uuid();
+    try {
+      const { data } = await retrying(() => request("POST", "/v1/dialogs", { body, headers: { "Idempotency-Key": key } }));
+      data.activity = Date.now();
+      this.dialogs.set(data.id, data);
+      this.read[data.id] = data.lastSeq || 0;
+      saveJSON(this.readKey, this.read);
+      this.rt.subscribe(data.id);
+      this.newForm.reset();
+      $("#new-dialog-box", this.root).open = false;
+      this.#renderList();
+      location.hash = `#/chat/${data.id}`;
+      this.refreshPresence();
+    } catch (e) {
+      errBox.append(errorView(e));
+    }
+  }
+
+  // ---- one dialog --------------------------------------------------------------
+
+  // open shows a dialog (the router calls it; null shows the empty state).
+  open(id) {
+    if (this.current && this.current !== id) this.#clearUploads();
+    this.current = id || null;
+    this.empty.hidden = !!this.current;
+    this.conv.hidden = !this.current;
+    this.#renderList();
+    if (!this.current) return;
+    const d = this.dialogs.get(id);
+    if (!d) {
+      this.titleEl.textContent = "Loading…";
+      this.membersEl.replaceChildren();
+      this.msgList.replaceChildren();
+      return; // refreshDialogs opens it once the list is known
+    }
+    this.#renderHeader();
+    this.msgList.replaceChildren();
+    this.msgEls.clear();
+    let tl = this.timelines.get(id);
+    if (!tl) {
+      tl = new Timeline({
+        fetchAfter: (after, limit) => get(`/v1/dialogs/${id}/messages?afterSeq=${after}&limit=${limit}`),
+        onAdd: (ms) => this.#onAdded(id, ms),
+        onError: (e) => { if (!(e instanceof ApiError) || e.status !== 0) toast(`${e.code}: ${sentence(e.code, e.status)}`, "error"); },
+      });
+      this.timelines.set(id, tl);
+      this.#track(tl.start(d.lastSeq || 0).then(() => this.#renderMessages(true)));
+    }
+    this.#renderMessages(true);
+    this.#renderTyping();
+    this.input.focus({ preventScroll: true });
+  }
+
+  #renderHeader() {
+    const d = this.dialogs.get(this.current);
+    if (!d) return;
+    this.titleEl.textContent = this.#title(d);
+    this.membersEl.replaceChildren(...(d.memberIds || []).map((m) =>
+      h("li", { class: "member", dataset: { user: m } }, this.#dot(m),
+        h("span", { text: m === this.me ? "You" : shortId(m), title: m }))));
+  }
+
+  #onAdded(dialogId, ms) {
+    const d = this.dialogs.get(dialogId);
+    if (d) {
+      for (const m of ms) {
+        d.lastSeq = Math.max(d.lastSeq || 0, m.seq);
+        d.activity = Math.max(d.activity || 0, m.createdAt || 0);
+        this.typing.get(dialogId)?.delete(m.senderId);
+        if (m.senderId === this.me) this.#matchPending(dialogId, m);
+      }
+    }
+    if (dialogId === this.current) {
+      this.#renderMessages(false);
+      this.#renderTyping();
+      this.#markRead();
+    }
+    this.#renderList();
+  }
+
+  #renderMessages(forceBottom) {
+    const tl = this.timelines.get(this.current);
+    if (!tl) return;
+    const sc = this.scroller;
+    const atBottom = forceBottom || sc.scrollHeight - sc.scrollTop - sc.clientHeight < 80;
+    const msgs = tl.messages();
+    const els = [];
+    let prev = null;
+    for (const m of msgs) {
+      let el = this.msgEls.get(m.id);
+      if (!el) {
+        el = this.#messageEl(m);
+        this.msgEls.set(m.id, el);
+      }
+      const cont = prev && prev.senderId === m.senderId && m.createdAt - prev.createdAt < 5 * 60e3;
+      el.classList.toggle("cont", !!cont);
+      els.push(el);
+      prev = m;
+    }
+    for (const p of this.pending.get(this.current) || []) if (!p.matched) els.push(this.#pendingEl(p));
+    if (!msgs.length && !(this.pending.get(this.current) || []).length && tl.loaded) {
+      els.push(h("li", { class: "msgs-empty muted", text: "No messages yet — say hello." }));
+    }
+    this.msgList.replaceChildren(...els);
+    this.olderBtn.hidden = !(tl.floor > 0);
+    if (atBottom) sc.scrollTop = sc.scrollHeight;
+  }
+
+  #messageEl(m) {
+    const mine = m.senderId === this.me;
+    const atts = (m.attachments || []).map((a) => this.#attachmentEl(a));
+    return h("li", { class: `msg${mine ? " mine" : ""}`, dataset: { seq: String(m.seq), id: m.id, sender: m.senderId } },
+      mine ? null : avatar(m.senderId),
+      h("div", { class: "msg-col" },
+        h("div", { class: "msg-meta" },
+          h("span", { class: "sender", text: mine ? "You" : shortId(m.senderId), title: m.senderId }),
+          h("time", { datetime: new Date(m.createdAt).toISOString(), title: formatDateTime(m.createdAt), text: formatTime(m.createdAt) }),
+          h("span", { class: "seq", title: "sequence number", text: `#${m.seq}` })),
+        h("div", { class: "bubble" },
+          m.body ? h("p", { class: "body", text: m.body }) : null,
+          atts.length ? h("ul", { class: "atts" }, atts) : null)));
+  }
+
+  #attachmentEl(a) {
+    const li = h("li", { class: "att", dataset: { attachment: a.id } });
+    const dl = h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => this.#download(a) }, "Download");
+    li.append(h("span", { class: "att-icon", "aria-hidden": "true", text: a.contentType.startsWith("image/") ? "🖼" : "📄" }),
+      h("span", { class: "att-name", text: a.filename, title: a.filename }),
+      h("span", { class: "att-size muted", text: formatBytes(a.sizeBytes) }), dl);
+    if (PREVIEW_TYPES.has(a.contentType) && a.sizeBytes <= 8 << 20) {
+      const img = h("img", { class: "att-preview", alt: a.filename, hidden: true });
+      li.prepend(img);
+      this.#preview(a).then((src) => { if (src) { img.src = src; img.hidden = false; li.classList.add("has-preview"); } });
+    }
+    return li;
+  }
+
+  #preview(a) {
+    if (!this.previews.has(a.id)) {
+      this.previews.set(a.id, (async () => {
+        try {
+          const { url } = await get(`/v1/attachments/${a.id}/download-url`);
+          const res = await fetch(url, { cache: "no-store" });
+          if (!res.ok) return null;
+          return URL.createObjectURL(await res.blob());
+        } catch {
+          this.previews.delete(a.id);
+          return null;
+        }
+      })());
+    }
+    return this.previews.get(a.id);
+  }
+
+  async #download(a) {
+    try {
+      const { url } = await get(`/v1/attachments/${a.id}/download-url`);
+      const link = h("a", { href: url, download: a.filename, hidden: true });
+      document.body.append(link);
+      link.click();
+      link.remove();
+    } catch (e) {
+      toast(`${e.code}: ${sentence(e.code, e.status)}`, "error");
+    }
+  }
+
+  async #loadOlder() {
+    const tl = this.timelines.get(this.current);
+    if (!tl) return;
+    const sc = this.scroller;
+    const fromBottom = sc.scrollHeight - sc.scrollTop;
+    try {
+      await tl.loadOlder(50);
+    } catch (e) {
+      toast(`${e.code}: ${sentence(e.code, e.status)}`, "error");
+    }
+    this.#renderMessages(false);
+    sc.scrollTop = sc.scrollHeight - fromBottom;
+  }
+
+  #markRead() {
+    if (document.hidden || !this.current) return;
+    const tl = this.timelines.get(this.current);
+    const d = this.dialogs.get(this.current);
+    const seq = Math.max(tl ? tl.lastSeq : 0, d ? d.lastSeq || 0 : 0);
+    if ((this.read[this.current] || 0) < seq) {
+      this.read[this.current] = seq;
+      saveJSON(this.readKey, this.read);
+    }
+  }
+
+  // ---- sending -------------------------------------------------------------------
+
+  #send() {
+    const dialogId = this.current;
+    const body = this.input.value;
+    if (!dialogId || !body.trim()) return;
+    if (this.uploads.some((u) => u.state === "uploading")) {
+      toast("Wait until the attachments are uploaded.", "info");
+      return;
+    }
+    const ready = this.uploads.filter((u) => u.state === "ready");
+    // One key per message: every retry of this message reuses it, so the
+    // server creates it at most once whatever the network does.
+    const p = { localId: uuid(), key: uuid(), dialogId, body, attachments: ready.map((u) => u.att),
+      state: "sending", error: null, retryAt: 0, matched: false };
+    if (!this.pending.has(dialogId)) this.pending.set(dialogId, []);
+    this.pending.get(dialogId).push(p);
+    this.input.value = "";
+    this.input.style.height = "auto";
+    this.#clearUploads(true);
+    this.#renderMessages(true);
+    this.#deliver(p);
+  }
+
+  async #deliver(p) {
+    p.state = "sending";
+    p.error = null;
+    this.#refreshPending(p);
+    const body = { body: p.body, clientMessageId: p.localId };
+    if (p.attachments.length) body.attachmentIds = p.attachments.map((a) => a.id);
+    try {
+      const { data } = await retrying(
+        () => request("POST", `/v1/dialogs/${p.dialogId}/messages`, { body, headers: { "Idempotency-Key": p.key } }),
+        { attempts: 6, onWait: (e, delay) => { p.state = "retrying"; p.error = e; p.retryAt = Date.now() + delay; this.#refreshPending(p); } });
+      this.#dropPending(p);
+      const tl = this.timelines.get(p.dialogId);
+      if (tl) tl.apply(data);
+      else this.#onAdded(p.dialogId, [data]);
+      if (p.dialogId === this.current) this.#renderMessages(true);
+    } catch (e) {
+      p.state = "failed";
+      p.error = e;
+      p.matched = false;
+      if (p.dialogId === this.current) this.#renderMessages(false);
+    }
+  }
+
+  // A message of ours that arrived (by event or reconciliation) before the
+  // send's answer hides its pending copy, so it is never shown twice.
+  #matchPending(dialogId, m) {
+    const list = this.pending.get(dialogId);
+    if (!list) return;
+    const ids = (m.attachments || []).map((a) => a.id).join(",");
+    const p = list.find((x) => !x.matched && x.state !== "failed" && x.body === m.body && x.attachments.map((a) => a.id).join(",") === ids);
+    if (p) p.matched = true;
+  }
+
+  #dropPending(p) {
+    const list = this.pending.get(p.dialogId) || [];
+    const i = list.indexOf(p);
+    if (i >= 0) list.splice(i, 1);
+  }
+
+  #refreshPending(p) {
+    if (p.dialogId !== this.current || p.matched) return;
+    const old = this.msgList.querySelector(`[data-local="${p.localId}"]`);
+    if (old) old.replaceWith(this.#pendingEl(p));
+  }
+
+  #pendingEl(p) {
+    let status;
+    if (p.state === "sending") status = h("span", { class: "muted", text: "Sending…" });
+    else if (p.state === "retrying") {
+      status = h("span", { class: "warn", dataset: { retryAt: String(p.retryAt) },
+        text: `Not confirmed yet (${p.error ? p.error.code : "network_error"}) — retrying in ${Math.max(0, Math.ceil((p.retryAt - Date.now()) / 1000))} s` });
+    } else {
+      status = h("span", { class: "pending-failed" },
+        h("code", { class: "code", text: p.error ? p.error.code : "internal" }), " ",
+        p.error ? sentence(p.error.code, p.error.status) : "", " ",
+        h("button", { type: "button", class: "btn btn-sm", onclick: () => this.#deliver(p) }, "Retry"),
+        h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => { this.#dropPending(p); this.#renderMessages(false); } }, "Discard"));
+    }
+    return h("li", { class: `msg mine pending pending-${p.state}`, dataset: { local: p.localId } },
+      h("div", { class: "msg-col" },
+        h("div", { class: "msg-meta" }, h("span", { class: "sender", text: "You" }), status),
+        h("div", { class: "bubble" }, h("p", { class: "body", text: p.body }),
+          p.attachments.length ? h("ul", { class: "atts" }, p.attachments.map((a) => h("li", { class: "att" },
+            h("span", { class: "att-name", text: a.filename })))) : null)));
+  }
+
+  // ---- attachments -----------------------------------------------------------------
+
+  async #upload(file) {
+    const dialogId = this.current;
+    if (!dialogId) return;
+    const u = { localId: uuid(), file, state: "uploading", att: null, error: null };
+    this.uploads.push(u);
+    this.#renderUploads();
+    const contentType = file.type || "application/octet-stream";
+    const key = uuid();
+    try {
+      const { data } = await retrying(() => request("POST", "/v1/attachments", {
+        body: { dialogId, filename: file.name, contentType, sizeBytes: file.size }, headers: { "Idempotency-Key": key } }));
+      await retrying(async () => {
+        let res;
+        try {
+          res = await fetch(data.uploadUrl, { method: "PUT", headers: { "Content-Type": contentType }, body: file, credentials: "omit" });
+        } catch {
+          throw new ApiError("network_error", 0);
+        }
+        if (res.ok) return;
+        let code = `http_${res.status}`;
+        try { code = (await res.json()).error || code; } catch { /* not JSON */ }
+        // A retry after an upload whose answer was lost: it is there.
+        if (code === "attachment_already_uploaded") return;
+        throw new ApiError(code, res.status, Number.parseInt(res.headers.get("Retry-After") || "0", 10) || 0);
+      }, { attempts: 4 });
+      u.att = { id: data.id, filename: file.name, contentType, sizeBytes: file.size };
+      u.state = "ready";
+    } catch (e) {
+      u.state = "failed";
+      u.error = e;
+    }
+    if (this.uploads.includes(u)) this.#renderUploads();
+  }
+
+  #renderUploads() {
+    this.uploadsEl.replaceChildren(...this.uploads.map((u) => h("li", { class: `upload upload-${u.state}`, dataset: { state: u.state } },
+      h("span", { class: "att-name", text: u.file.name }),
+      h("span", { class: "muted", text: u.state === "uploading" ? "uploading…" : u.state === "ready" ? formatBytes(u.file.size) : "" }),
+      u.error ? h("code", { class: "code", title: sentence(u.error.code, u.error.status), text: u.error.code }) : null,
+      h("button", { type: "button", class: "btn btn-sm btn-ghost", "aria-label": `Remove ${u.file.name}`,
+        onclick: () => { this.uploads = this.uploads.filter((x) => x !== u); this.#renderUploads(); } }, "✕"))));
+  }
+
+  #clearUploads(keepFailed) {
+    this.uploads = keepFailed ? this.uploads.filter((u) => u.state === "failed") : [];
+    this.#renderUploads();
+  }
+
+  // ---- realtime ---------------------------------------------------------------------
+
+  #onSubscribed({ dialogId, lastSeq }) {
+    const d = this.dialogs.get(dialogId);
+    if (d && lastSeq > (d.lastSeq || 0)) {
+      d.lastSeq = lastSeq;
+      this.#renderList();
+    }
+    const tl = this.timelines.get(dialogId);
+    // Everything up to lastSeq was committed before the server listened:
+    // fetch what we do not hold; later messages arrive as events.
+    if (tl && tl.loaded && lastSeq > tl.known) this.#track(tl.reconcile());
+  }
+
+  #onEvent(f) {
+    const data = f.data || {};
+    switch (f.event) {
+      case "message.created": {
+        const dialogId = f.dialogId || data.dialogId;
+        if (!dialogId) return;
+        const tl = this.timelines.get(dialogId);
+        if (tl) tl.apply(data);
+        else if (this.dialogs.has(dialogId)) {
+          const d = this.dialogs.get(dialogId);
+          if ((f.seq || data.seq || 0) > (d.lastSeq || 0)) this.#onAdded(dialogId, [data]);
+        } else this.refreshDialogs();
+        break;
+      }
+      case "typing": {
+        if (!data.userId || data.userId === this.me || !f.dialogId) return;
+        if (!this.typing.has(f.dialogId)) this.typing.set(f.dialogId, new Map());
+        this.typing.get(f.dialogId).set(data.userId, Date.now() + TYPING_SHOWN_MS);
+        if (f.dialogId === this.current) this.#renderTyping();
+        break;
+      }
+      case "presence.changed": {
+        if (!data.userId) return;
+        this.presence.set(data.userId, { online: !!data.online, lastSeenAt: data.lastSeenAt ?? null });
+        this.#renderPresence();
+        break;
+      }
+      default: // unknown events are ignored (protocol rule)
+    }
+  }
+
+  // refreshPresence reads presence over REST for the users shown (after
+  // every (re)connect; events follow).
+  async refreshPresence() {
+    const users = new Set();
+    for (const d of this.dialogs.values()) for (const m of d.memberIds || []) if (m !== this.me) users.add(m);
+    const list = Array.from(users).slice(0, PRESENCE_USERS_MAX);
+    await Promise.all(list.map(async (u) => {
+      try {
+        const p = await get(`/v1/users/${u}/presence`);
+        this.presence.set(u, { online: !!p.online, lastSeenAt: p.lastSeenAt ?? null });
+      } catch { /* not visible or unavailable: stays unknown */ }
+    }));
+    this.#renderPresence();
+  }
+
+  #dot(userId) {
+    const el = h("span", { class: "dot", role: "img", dataset: { user: userId } });
+    this.#paintDot(el, userId);
+    return el;
+  }
+
+  #paintDot(el, userId) {
+    const p = this.presence.get(userId);
+    let state = "unknown";
+    let label = "presence unknown";
+    if (userId === this.me) {
+      state = this.rt.live ? "true" : "false";
+      label = this.rt.live ? "you are online" : "you are offline";
+    } else if (p) {
+      state = p.online ? "true" : "false";
+      label = p.online ? "online" : p.lastSeenAt ? `offline, last seen ${relative(p.lastSeenAt)}` : "offline";
+    }
+    el.dataset.online = state;
+    el.setAttribute("aria-label", label);
+    el.title = label;
+  }
+
+  #renderPresence() {
+    for (const el of this.root.querySelectorAll(".dot[data-user]")) this.#paintDot(el, el.dataset.user);
+  }
+
+  #renderTyping() {
+    const m = this.typing.get(this.current);
+    const now = Date.now();
+    const who = m ? Array.from(m.entries()).filter(([, until]) => until > now).map(([u]) => u) : [];
+    this.typingEl.dataset.users = who.join(",");
+    if (!who.length) {
+      this.typingEl.replaceChildren();
+      return;
+    }
+    const names = who.map(shortId).join(", ");
+    this.typingEl.replaceChildren(h("span", { class: "typing-dots", "aria-hidden": "true" }, h("i"), h("i"), h("i")),
+      ` ${names} ${who.length > 1 ? "are" : "is"} typing…`);
+  }
+
+  #onTick() {
+    if (this.current && this.typing.get(this.current)?.size) {
+      const m = this.typing.get(this.current);
+      const now = Date.now();
+      for (const [u, until] of m) if (until <= now) m.delete(u);
+      this.#renderTyping();
+    }
+    for (const el of this.msgList.querySelectorAll("[data-retry-at]")) {
+      const s = Math.max(0, Math.ceil((Number(el.dataset.retryAt) - Date.now()) / 1000));
+      el.textContent = el.textContent.replace(/retrying in \d+ s/, `retrying in ${s} s`);
+    }
+  }
+
+  // #track counts reconciliations started by a reconnect or resync (the
+  // banner says "resyncing" meanwhile).
+  #track(promise) {
+    this.syncing++;
+    this.onSync(this.syncing);
+    Promise.resolve(promise).finally(() => {
+      this.syncing--;
+      this.onSync(this.syncing);
+    });
+    return promise;
+  }
+
+  dispose() {
+    clearInterval(this.tick);
+    clearInterval(this.poll);
+    for (const tl of this.timelines.values()) tl.dispose();
+    for (const p of this.previews.values()) p.then((u) => u && URL.revokeObjectURL(u));
+  }
+}
+
+function fieldRow(label, control) {
+  const id = control.id;
+  return h("div", { class: "field" }, h("label", { for: id, text: label }), control);
+}
+
+function loadJSON(key) {
+  try { return JSON.parse(localStorage.getItem(key) || "{}") || {}; } catch { return {}; }
+}
+
+function saveJSON(key, v) {
+  try { localStorage.setItem(key, JSON.stringify(v)); } catch { /* storage full or disabled */ }
+}

@@ -1,0 +1,132 @@
+// DOM and formatting helpers shared by every view. No state.
+
+// h builds an element: h("button", {class: "btn", onclick: fn}, "Send").
+// Props: class, text, dataset, on<event> handlers, boolean attributes
+// (true sets, false/null omits), anything else as an attribute.
+export function h(tag, props, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (v == null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (k === "value") el.value = v;
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, String(v));
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const c of children) {
+    if (c == null || c === false) continue;
+    if (Array.isArray(c)) append(el, c);
+    else el.append(c instanceof Node ? c : String(c));
+  }
+}
+
+export const $ = (sel, root = document) => root.querySelector(sel);
+export const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+
+// uuid is a random UUID v4 (crypto.randomUUID needs a secure context; plain
+// http on a LAN address is not one).
+export function uuid() {
+  if (globalThis.crypto && crypto.randomUUID) {
+    try { return crypto.randomUUID(); } catch { /* not a secure context */ }
+  }
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  b[6] = (b[6] & 0x0f) | 0x40;
+  b[8] = (b[8] & 0x3f) | 0x80;
+  const x = Array.from(b, (v) => v.toString(16).padStart(2, "0")).join("");
+  return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
+}
+
+export const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+export const shortId = (id) => (id ? String(id).slice(0, 8) : "?");
+
+// hue is a stable colour angle for an id (avatars, sender names).
+export function hue(id) {
+  let x = 0;
+  for (const ch of String(id)) x = (x * 31 + ch.charCodeAt(0)) >>> 0;
+  return x % 360;
+}
+
+export function avatar(id, label) {
+  const el = h("span", { class: "avatar", "aria-hidden": "true", text: (label || shortId(id)).slice(0, 2).toUpperCase() });
+  el.style.setProperty("--hue", String(hue(id)));
+  return el;
+}
+
+export function formatBytes(n) {
+  if (n == null || !Number.isFinite(n)) return "–";
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB"];
+  let v = n / 1024;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return `${v >= 10 ? v.toFixed(0) : v.toFixed(1)} ${units[i]}`;
+}
+
+const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
+const dateTimeFmt = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
+
+export const formatTime = (ms) => timeFmt.format(new Date(ms));
+// formatDateTime is an epoch-ms timestamp in the browser's local time zone.
+export const formatDateTime = (ms) => dateTimeFmt.format(new Date(ms));
+
+// relative: "in 59 min", "3 s ago", "in 2 d".
+export function relative(ms, now = Date.now()) {
+  const d = ms - now;
+  const a = Math.abs(d);
+  let s;
+  if (a < 1000) return "now";
+  if (a < 60e3) s = `${Math.round(a / 1e3)} s`;
+  else if (a < 3600e3) s = `${Math.round(a / 60e3)} min`;
+  else if (a < 86400e3) s = `${Math.round(a / 3600e3)} h`;
+  else s = `${Math.round(a / 86400e3)} d`;
+  return d > 0 ? `in ${s}` : `${s} ago`;
+}
+
+// countdown: "0:59" for a duration in ms (never negative).
+export function countdown(ms) {
+  const s = Math.max(0, Math.ceil(ms / 1000));
+  return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
+}
+
+export const sleep = (ms, signal) => new Promise((resolve, reject) => {
+  const t = setTimeout(resolve, ms);
+  signal?.addEventListener("abort", () => { clearTimeout(t); reject(signal.reason); }, { once: true });
+});
+
+// toast shows a short message in the corner; kind: info | error | success.
+export function toast(message, kind = "info") {
+  const box = document.getElementById("toasts");
+  if (!box) return;
+  const el = h("div", { class: `toast toast-${kind}`, role: kind === "error" ? "alert" : "status" }, message);
+  box.append(el);
+  setTimeout(() => el.remove(), kind === "error" ? 8000 : 4000);
+}
+
+// field wraps a labelled control: field("Key", input, "hint").
+export function field(label, control, hint) {
+  const id = control.id || (control.id = `f-${uuid().slice(0, 8)}`);
+  const parts = [h("label", { for: id, text: label }), control];
+  if (hint) {
+    const hid = `${id}-hint`;
+    control.setAttribute("aria-describedby", hid);
+    parts.push(h("small", { id: hid, class: "hint", text: hint }));
+  }
+  return h("div", { class: "field" }, parts);
+}
+
+export async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    return false;
+  }
+}

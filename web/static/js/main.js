@@ -1,0 +1,203 @@
+// Entry point: sign-in, routing (#/chat[/<dialog>], #/console[/<project>]),
+// the connection banner and the realtime client shared by the views.
+import { ApiError, get, onAuthLost, request, setToken } from "./api.js";
+import { ChatView } from "./chat.js";
+import { ConsoleView } from "./console.js";
+import { $, copyText, formatDateTime, h, hue, relative, shortId, toast } from "./dom.js";
+import { errorView } from "./errors.js";
+import { Realtime } from "./realtime.js";
+
+const TOKEN_KEY = "han.token";
+const app = { me: null, rt: null, chat: null, console: null, syncing: 0, realtimeUrl: null };
+
+// A dev sign-in link carries the token in the fragment (/#token=…&project=…),
+// which browsers never send to the server; it is removed from the address
+// bar (and history) at once.
+function takeFragmentToken() {
+  const frag = location.hash.slice(1);
+  if (!/(^|&)token=/.test(frag)) return null;
+  const p = new URLSearchParams(frag);
+  const project = p.get("project");
+  history.replaceState(null, "", `${location.pathname}${location.search}${project ? `#/console/${encodeURIComponent(project)}` : "#/chat"}`);
+  return p.get("token");
+}
+
+function tokenExpiry(tok) {
+  try {
+    const part = tok.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const claims = JSON.parse(atob(part));
+    return Number.isFinite(claims.exp) ? claims.exp * 1000 : null;
+  } catch {
+    return null;
+  }
+}
+
+// ---- sign-in ----------------------------------------------------------------------
+
+function showSignIn(err) {
+  $("#nav").hidden = true;
+  $("#me").hidden = true;
+  $("#conn").hidden = true;
+  const input = h("textarea", { id: "token", class: "mono", rows: "4", autocomplete: "off", spellcheck: "false", required: true,
+    placeholder: "eyJhbGciOi…", "aria-describedby": "token-hint" });
+  const errBox = h("div", { id: "signin-error" }, err ? errorView(err) : null);
+  const form = h("form", { id: "signin-form", class: "card signin-card" },
+    h("h1", { text: "Sign in" }),
+    h("p", { class: "muted", id: "token-hint", text: "Paste a user token (JWT). It stays in this tab only and is sent to this server alone." }),
+    h("div", { class: "field" }, h("label", { for: "token", text: "Token" }), input),
+    errBox,
+    h("button", { type: "submit", class: "btn btn-primary btn-block", id: "signin-btn" }, "Sign in"),
+    h("details", { class: "dev-help" }, h("summary", { text: "Local development" }),
+      h("p", null, "Run ", h("code", { text: "scripts/dev.sh" }),
+        ": it prints dev tokens for the demo users alice and bob, and sign-in links (", h("code", { text: "/#token=…" }),
+        ") that open this page already signed in. Mint more with ", h("code", { text: "hanctl token --sub <uuid>" }), ".")));
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    errBox.replaceChildren();
+    const tok = input.value.trim().replace(/^Bearer\s+/i, "");
+    if (!tok) return;
+    const ok = await signIn(tok, errBox);
+    if (ok) route();
+  });
+  $("#main").replaceChildren(h("div", { class: "signin" }, form));
+  input.focus();
+}
+
+async function signIn(tok, errBox) {
+  setToken(tok);
+  let me;
+  try {
+    me = await get("/v1/me");
+  } catch (e) {
+    setToken("");
+    if (errBox) errBox.replaceChildren(errorView(e, "signin-error-alert"));
+    return false;
+  }
+  sessionStorage.setItem(TOKEN_KEY, tok);
+  app.me = me.id;
+  startSession(tok);
+  return true;
+}
+
+function startSession(tok) {
+  const me = app.me;
+  const av = $("#me-avatar");
+  av.textContent = shortId(me).slice(0, 2).toUpperCase();
+  av.style.setProperty("--hue", String(hue(me)));
+  $("#me-id").textContent = shortId(me);
+  $("#me-id").title = me;
+  const exp = tokenExpiry(tok);
+  $("#me").title = exp ? `token expires ${formatDateTime(exp)} (${relative(exp)})` : "";
+  $("#me").hidden = false;
+  $("#nav").hidden = false;
+  $("#conn").hidden = false;
+
+  app.rt = new Realtime({
+    ticket: async () => (await request("POST", "/v1/realtime/tickets")).data.ticket,
+    url: async () => {
+      if (!app.realtimeUrl) {
+        try {
+          app.realtimeUrl = (await get("/v1/public/config", { auth: false })).realtimeUrl;
+        } catch (e) {
+          if (e instanceof ApiError && e.status === 0) throw e;
+        }
+        if (!app.realtimeUrl) app.realtimeUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime`;
+      }
+      return app.realtimeUrl;
+    },
+  });
+  app.rt.addEventListener("state", renderConn);
+  app.rt.addEventListener("unauthorized", () => signOut({ code: "unauthorized", status: 401 }));
+  app.chat = new ChatView({ me, realtime: app.rt, onSync: (n) => { app.syncing = n; renderConn(); } });
+  app.console = new ConsoleView({ me });
+  app.chat.refreshDialogs();
+  app.rt.start();
+}
+
+function signOut(err) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  setToken("");
+  app.rt?.stop();
+  app.chat?.dispose();
+  app.console?.dispose();
+  Object.assign(app, { me: null, rt: null, chat: null, console: null, syncing: 0 });
+  showSignIn(err);
+}
+
+// ---- connection banner ----------------------------------------------------------------
+
+let connTimer = null;
+
+function renderConn() {
+  const el = $("#conn");
+  const rt = app.rt;
+  if (!rt) return;
+  clearTimeout(connTimer);
+  const s = rt.state;
+  let phase = s.phase;
+  let text;
+  let action = null;
+  if (phase === "live" && app.syncing > 0) phase = "resyncing";
+  switch (phase) {
+    case "connecting":
+      text = "Connecting…";
+      break;
+    case "live":
+      text = "Live";
+      break;
+    case "resyncing":
+      text = "Resyncing…";
+      break;
+    case "reconnecting": {
+      const secs = Math.max(0, Math.ceil((s.retryAt - Date.now()) / 1000));
+      text = `Reconnecting in ${secs} s`;
+      action = h("button", { type: "button", class: "btn btn-sm btn-ghost", id: "conn-retry", onclick: () => rt.reconnectNow() }, "Retry now");
+      connTimer = setTimeout(renderConn, 250);
+      break;
+    }
+    default:
+      text = s.reason ? `Offline (${s.reason})` : "Offline";
+      action = h("button", { type: "button", class: "btn btn-sm btn-ghost", id: "conn-retry", onclick: () => rt.reconnectNow() }, "Retry");
+  }
+  el.dataset.phase = phase;
+  el.replaceChildren(h("span", { class: "conn-dot", "aria-hidden": "true" }), h("span", { class: "conn-text", text }), action);
+}
+
+// ---- routing ------------------------------------------------------------------------------
+
+function route() {
+  if (!app.me) return;
+  const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean);
+  const section = parts[0] === "console" ? "console" : "chat";
+  $("#nav-chat").setAttribute("aria-current", section === "chat" ? "page" : "false");
+  $("#nav-console").setAttribute("aria-current", section === "console" ? "page" : "false");
+  const main = $("#main");
+  const view = section === "chat" ? app.chat : app.console;
+  if (main.firstElementChild !== view.root) main.replaceChildren(view.root);
+  document.body.dataset.section = section;
+  if (section === "chat") app.chat.open(parts[1] || null);
+  else app.console.open(parts[1] || null);
+  document.title = section === "chat" ? "HAN · Chat" : "HAN · Project console";
+}
+
+// ---- start ----------------------------------------------------------------------------------
+
+async function boot() {
+  $("#sign-out").addEventListener("click", () => signOut());
+  $("#copy-me").addEventListener("click", async () => {
+    toast((await copyText(app.me || "")) ? "Your user id was copied." : `Your user id: ${app.me}`, "success");
+  });
+  window.addEventListener("hashchange", route);
+  onAuthLost(() => { if (app.me) signOut({ code: "unauthorized", status: 401 }); });
+  const tok = takeFragmentToken() || sessionStorage.getItem(TOKEN_KEY);
+  if (!tok) {
+    showSignIn();
+    return;
+  }
+  $("#main").replaceChildren(h("p", { class: "muted loading", text: "Signing in…" }));
+  const errBox = h("div");
+  if (await signIn(tok, errBox)) route();
+  else showSignIn(errBox.firstChild ? { code: errBox.firstChild.dataset.code } : null);
+}
+
+boot();
