@@ -28,7 +28,7 @@ if not (committed and reserved and gen) or committed < 0 or reserved < 0 then
   return redis.error_reply('ERR data_state_invalid')
 end
 local amount = tonumber(ARGV[2])
-if false then
+if committed + reserved + amount > tonumber(ARGV[3]) then
   return {0, gen, committed, reserved}
 end
 local t = redis.call('TIME')

@@ -167,7 +167,9 @@ func TestQueueWritesRefusedUnderOOM(t *testing.T) {
 }
 
 func TestQueueDataStateInvalid(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: 50 * time.Millisecond}, nil)
+	// Leases long enough for the fixture's claim → ack under -race on a
+	// loaded machine; one case waits for a lease to end.
+	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: time.Second}, nil)
 	ctx := context.Background()
 	metric := func() string {
 		_, b := h.do("", "GET", "/metrics", "")

@@ -495,7 +495,7 @@ func TestQueueConcurrentClaimers(t *testing.T) {
 }
 
 func TestQueueAckFencing(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: 150 * time.Millisecond}, nil)
+	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "fence")
 	sub := h.qSub(p, top.ID, "s")

@@ -170,15 +170,17 @@ type ProjectQueue struct {
 	module *ModuleBudget
 	cfg    QueueConfig
 
-	mu       sync.Mutex        // guards subTopic
-	subTopic map[string]string // project prefix + subscription id → topic id (never changes)
+	mu       sync.Mutex          // guards subTopic and subsOf
+	subTopic map[string]string   // project prefix + subscription id → topic id (never changes)
+	subsOf   map[string][]string // project prefix + topic id → its subscription ids, as last seen
 
 	settleFailures atomic.Int64
 }
 
 // NewProjectQueue returns the project queue over the DB0 client.
 func NewProjectQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *ProjectQueue {
-	return &ProjectQueue{rdb: rdb, module: module, cfg: cfg.withDefaults(), subTopic: map[string]string{}}
+	return &ProjectQueue{rdb: rdb, module: module, cfg: cfg.withDefaults(), subTopic: map[string]string{},
+		subsOf: map[string][]string{}}
 }
 
 // Config is the configuration in force (defaults filled in).
@@ -226,7 +228,27 @@ func (q *ProjectQueue) topicSubs(ctx context.Context, k ProjectKeys, topicID str
 		return nil, classifyProject(err)
 	}
 	slices.Sort(sids)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.subsOf) >= 1<<14 {
+		clear(q.subsOf)
+	}
+	q.subsOf[k.Prefix()+topicID] = sids
 	return sids, nil
+}
+
+// cachedTopicSubs is topicSubs as last seen by this instance (one round
+// trip less per publish). The publish script compares the list with the
+// topic's SET and answers 'retry' when it changed; the caller then reads
+// it afresh.
+func (q *ProjectQueue) cachedTopicSubs(ctx context.Context, k ProjectKeys, topicID string) ([]string, error) {
+	q.mu.Lock()
+	sids, ok := q.subsOf[k.Prefix()+topicID]
+	q.mu.Unlock()
+	if ok {
+		return sids, nil
+	}
+	return q.topicSubs(ctx, k, topicID)
 }
 
 // DeleteTopic deletes a topic with its messages, subscriptions and receipts
@@ -294,8 +316,15 @@ func (q *ProjectQueue) Publish(ctx context.Context, k ProjectKeys, projectID, to
 	size := int64(len(in.Payload))
 	ddBytes := DedupeRecordBytes(topicID, in.ProducerID, in.ClientEventID)
 	msg = TopicMessage{TopicID: topicID, ProducerID: in.ProducerID, ClientEventID: in.ClientEventID, Payload: in.Payload, SizeBytes: size}
+	fresh := false
 	for range 5 {
-		sids, err := q.topicSubs(ctx, k, topicID)
+		var sids []string
+		var err error
+		if fresh {
+			sids, err = q.topicSubs(ctx, k, topicID)
+		} else {
+			sids, err = q.cachedTopicSubs(ctx, k, topicID)
+		}
 		if err != nil {
 			return TopicMessage{}, false, err
 		}
@@ -349,6 +378,7 @@ func (q *ProjectQueue) Publish(ctx context.Context, k ProjectKeys, projectID, to
 		case "topic_not_found":
 			return TopicMessage{}, false, ErrTopicNotFound
 		case "retry":
+			fresh = true
 			continue
 		default:
 			return TopicMessage{}, false, ErrDataStateInvalid

@@ -30,9 +30,3 @@ func Handler() http.Handler {
 		fsrv.ServeHTTP(w, r)
 	})
 }
-
-// Files is the embedded client (web/static), for tests and tools.
-func Files() fs.FS {
-	sub, _ := fs.Sub(static, "static")
-	return sub
-}

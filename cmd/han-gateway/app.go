@@ -40,8 +40,9 @@ type Main struct {
 	rt       redis.UniversalClient
 	api      *restapi.Server
 	realtime *gateway.Service
-	janitor  *store.Janitor // purges expired idempotency records
-	ops      opsParts       // runtime settings and the legacy stub (ops.go)
+	janitor  *store.Janitor          // purges expired idempotency records
+	budgets  *store.BudgetReconciler // reconciles the project API's module budget
+	ops      opsParts                // runtime settings and the legacy stub (ops.go)
 	httpSrv  *http.Server
 	serveErr chan error
 }
@@ -156,6 +157,9 @@ func (m *Main) Run(ctx context.Context) error {
 	m.api.Router().PathPrefix("/").Handler(web.Handler()).Methods(http.MethodGet, http.MethodHead).Name(restapi.FallbackRouteName)
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
 	m.janitor.Start()
+	m.budgets = store.NewBudgetReconciler(store.NewModuleBudget(m.rdb, cfg.Env, restapi.ModuleBudgetBytes),
+		store.BudgetReconcilerConfig{}, m.Logger)
+	m.budgets.Start()
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -209,6 +213,10 @@ func (m *Main) Close() error {
 	if m.janitor != nil {
 		m.janitor.Close()
 		m.janitor = nil
+	}
+	if m.budgets != nil {
+		m.budgets.Close()
+		m.budgets = nil
 	}
 	if m.api != nil {
 		m.api.Close() // the DB0 health prober

@@ -2,7 +2,7 @@
 // composer (a fresh Idempotency-Key per message, retried with the same key),
 // attachments, typing indicator and presence dots.
 import { ApiError, get, request, retrying } from "./api.js";
-import { $, avatar, formatBytes, formatDateTime, formatTime, h, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
+import { $, avatar, formatBytes, formatDateTime, formatTime, h, icon, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView, sentence } from "./errors.js";
 import { Timeline } from "./timeline.js";
 
@@ -55,6 +55,7 @@ export class ChatView {
       h("details", { class: "new-dialog", id: "new-dialog-box" }, h("summary", { text: "New dialog" }), this.newForm));
 
     this.titleEl = h("h2", { id: "dialog-title", text: "" });
+    this.statusEl = h("small", { id: "dialog-status", class: "muted" });
     this.membersEl = h("ul", { class: "members", id: "members", "aria-label": "Members" });
     this.msgList = h("ol", { id: "messages", class: "messages", role: "log", "aria-live": "polite", "aria-label": "Messages" });
     this.olderBtn = h("button", { type: "button", class: "btn btn-ghost btn-sm load-older", id: "load-older", hidden: true,
@@ -70,11 +71,13 @@ export class ChatView {
       this.uploadsEl,
       h("div", { class: "composer-row" },
         h("label", { for: "attach-input", class: "btn btn-ghost btn-icon", title: "Attach files" },
-          h("span", { "aria-hidden": "true", text: "＋" }), h("span", { class: "visually-hidden", text: "Attach files" })),
+          icon("clip"), h("span", { class: "visually-hidden", text: "Attach files" })),
         this.fileInput, this.input, this.sendBtn),
       h("small", { class: "hint composer-hint", text: "Enter sends · Shift+Enter for a new line" }));
     this.conv = h("section", { class: "conversation", "aria-labelledby": "dialog-title", hidden: true },
-      h("header", { class: "conv-head" }, this.titleEl, this.membersEl),
+      h("header", { class: "conv-head" },
+        h("a", { href: "#/chat", class: "btn btn-ghost btn-sm back-link" }, icon("back"), "Dialogs"),
+        h("div", { class: "conv-title" }, this.titleEl, this.statusEl), this.membersEl),
       this.scroller, this.typingEl, this.composer);
     this.empty = h("section", { class: "conversation empty-state", id: "no-dialog" },
       h("div", { class: "empty-card" },
@@ -143,7 +146,8 @@ export class ChatView {
     saveJSON(this.readKey, this.read);
     this.#renderList();
     if (this.current && this.dialogs.has(this.current) && !this.timelines.has(this.current)) this.open(this.current);
-    else if (this.current) this.#renderHeader();
+    else if (this.current && this.dialogs.has(this.current)) this.#renderHeader();
+    else if (this.current) this.#notFound();
   }
 
   #title(d) {
@@ -164,7 +168,7 @@ export class ChatView {
         h("span", { class: "avatar-wrap" }, avatar(others[0] || d.id, d.title ? d.title.slice(0, 2) : null), dot),
         h("span", { class: "dialog-text" },
           h("span", { class: "dialog-name", text: this.#title(d) }),
-          h("span", { class: "dialog-sub", text: `${(d.memberIds || []).length} members · ${d.lastSeq || 0} messages` })),
+          h("span", { class: "dialog-sub", text: `${plural((d.memberIds || []).length, "member")} · ${plural(d.lastSeq || 0, "message")}` })),
         unread ? h("span", { class: "badge", "aria-label": `${unread} unread`, text: unread > 99 ? "99+" : String(unread) }) : null);
       return h("li", null, a);
     });
@@ -221,6 +225,7 @@ export class ChatView {
       this.msgList.replaceChildren();
       return; // refreshDialogs opens it once the list is known
     }
+    this.composer.hidden = false;
     this.#renderHeader();
     this.msgList.replaceChildren();
     this.msgEls.clear();
@@ -239,6 +244,15 @@ export class ChatView {
     this.input.focus({ preventScroll: true });
   }
 
+  // #notFound: the address names a dialog this user cannot see.
+  #notFound() {
+    this.composer.hidden = true;
+    this.titleEl.textContent = "Dialog not found";
+    this.statusEl.textContent = "";
+    this.membersEl.replaceChildren();
+    this.msgList.replaceChildren(h("li", { class: "msgs-empty" }, errorView({ code: "dialog_not_found", status: 404 })));
+  }
+
   #renderHeader() {
     const d = this.dialogs.get(this.current);
     if (!d) return;
@@ -246,6 +260,26 @@ export class ChatView {
     this.membersEl.replaceChildren(...(d.memberIds || []).map((m) =>
       h("li", { class: "member", dataset: { user: m } }, this.#dot(m),
         h("span", { text: m === this.me ? "You" : shortId(m), title: m }))));
+    this.#renderStatus();
+  }
+
+  // #renderStatus: the other member's presence in a one-to-one dialog, else
+  // how many members are online.
+  #renderStatus() {
+    const d = this.dialogs.get(this.current);
+    if (!d) return;
+    const others = (d.memberIds || []).filter((m) => m !== this.me);
+    let text = "";
+    if (others.length === 1) {
+      const p = this.presence.get(others[0]);
+      if (p && p.online) text = "online";
+      else if (p && p.lastSeenAt) text = `last seen ${relative(p.lastSeenAt)}`;
+      else if (p) text = "offline";
+    } else {
+      const online = others.filter((m) => this.presence.get(m)?.online).length;
+      text = `${plural(d.memberIds.length, "member")}, ${online} online`;
+    }
+    this.statusEl.textContent = text;
   }
 
   #onAdded(dialogId, ms) {
@@ -311,14 +345,18 @@ export class ChatView {
 
   #attachmentEl(a) {
     const li = h("li", { class: "att", dataset: { attachment: a.id } });
-    const dl = h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => this.#download(a) }, "Download");
-    li.append(h("span", { class: "att-icon", "aria-hidden": "true", text: a.contentType.startsWith("image/") ? "🖼" : "📄" }),
-      h("span", { class: "att-name", text: a.filename, title: a.filename }),
-      h("span", { class: "att-size muted", text: formatBytes(a.sizeBytes) }), dl);
+    const ext = (a.filename.includes(".") ? a.filename.split(".").pop() : a.contentType.split("/").pop()).slice(0, 4).toUpperCase();
+    li.append(h("div", { class: "att-row" },
+      h("span", { class: "att-badge", "aria-hidden": "true", text: ext || "FILE" }),
+      h("span", { class: "att-text" },
+        h("span", { class: "att-name", text: a.filename, title: a.filename }),
+        h("span", { class: "att-size", text: `${formatBytes(a.sizeBytes)} · ${a.contentType}` })),
+      h("button", { type: "button", class: "btn btn-sm btn-ghost att-dl", "aria-label": `Download ${a.filename}`, title: "Download",
+        onclick: () => this.#download(a) }, icon("download"))));
     if (PREVIEW_TYPES.has(a.contentType) && a.sizeBytes <= 8 << 20) {
       const img = h("img", { class: "att-preview", alt: a.filename, hidden: true });
       li.prepend(img);
-      this.#preview(a).then((src) => { if (src) { img.src = src; img.hidden = false; li.classList.add("has-preview"); } });
+      this.#preview(a).then((src) => { if (src) { img.src = src; img.hidden = false; } });
     }
     return li;
   }
@@ -601,6 +639,7 @@ export class ChatView {
 
   #renderPresence() {
     for (const el of this.root.querySelectorAll(".dot[data-user]")) this.#paintDot(el, el.dataset.user);
+    if (this.current) this.#renderStatus();
   }
 
   #renderTyping() {
@@ -618,6 +657,8 @@ export class ChatView {
   }
 
   #onTick() {
+    this.ticks = (this.ticks || 0) + 1;
+    if (this.current && this.ticks % 15 === 0) this.#renderStatus(); // "last seen 3 min ago" moves on
     if (this.current && this.typing.get(this.current)?.size) {
       const m = this.typing.get(this.current);
       const now = Date.now();
@@ -649,6 +690,8 @@ export class ChatView {
     for (const p of this.previews.values()) p.then((u) => u && URL.revokeObjectURL(u));
   }
 }
+
+function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
 
 function fieldRow(label, control) {
   const id = control.id;

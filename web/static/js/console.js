@@ -61,8 +61,33 @@ export class ConsoleView {
       if (id === this.pid) this.refresh();
     });
     this.errEl = h("div", { id: "project-error" });
+    this.panels = { cache: this.#cacheCard(), topics: this.#topicsCard(), work: this.#workCard() };
+    this.tabs = {};
+    const labels = { cache: "Cache", topics: "Topics & subscriptions", work: "Claims & receipts" };
+    for (const [name, panel] of Object.entries(this.panels)) {
+      panel.id = `panel-${name}`;
+      panel.setAttribute("role", "tabpanel");
+      panel.setAttribute("aria-labelledby", `tab-${name}`);
+      this.tabs[name] = h("button", { type: "button", role: "tab", id: `tab-${name}`, class: "seg-tab",
+        "aria-controls": panel.id, onclick: () => this.#showTab(name) }, h("span", { text: labels[name] }), h("span", { class: "tab-count", id: `tab-${name}-count` }));
+    }
+    const tablist = h("div", { role: "tablist", class: "seg-tabs", "aria-label": "Project sections" }, Object.values(this.tabs));
+    tablist.addEventListener("keydown", (e) => {
+      const names = Object.keys(this.tabs);
+      const i = names.indexOf(this.tab);
+      let next = null;
+      if (e.key === "ArrowRight") next = names[(i + 1) % names.length];
+      else if (e.key === "ArrowLeft") next = names[(i + names.length - 1) % names.length];
+      else if (e.key === "Home") next = names[0];
+      else if (e.key === "End") next = names[names.length - 1];
+      if (!next) return;
+      e.preventDefault();
+      this.#showTab(next);
+      this.tabs[next].focus();
+    });
     this.body = h("div", { id: "project", class: "console-grid", hidden: true },
-      this.#overviewCard(), this.#cacheCard(), this.#topicsCard(), this.#workCard());
+      this.#overviewCard(), h("div", { class: "console-main" }, tablist, Object.values(this.panels)));
+    this.#showTab("cache");
     this.intro = h("div", { class: "empty-card console-intro" },
       h("h2", { text: "Project console" }),
       h("p", { text: "Open a project by its id to browse its cache, topics and subscriptions. Your role in the project decides what you can change." }));
@@ -184,8 +209,8 @@ export class ConsoleView {
     this.receiptMore = h("button", { type: "button", class: "btn btn-ghost btn-sm", id: "receipts-more", hidden: true, onclick: () => this.#loadReceipts(false) }, "Load more");
     this.workErr = h("div", { id: "work-error" });
     const claimForm = h("form", { id: "claim-form", class: "toolbar" },
-      h("div", { class: "field" }, h("label", { for: "claim-count", text: "Count" }),
-        h("input", { id: "claim-count", inputmode: "numeric", value: "1", size: "4", class: "mono" })),
+      h("div", { class: "field field-narrow" }, h("label", { for: "claim-count", text: "Count" }),
+        h("input", { id: "claim-count", inputmode: "numeric", value: "1", class: "mono narrow" })),
       h("button", { type: "submit", class: "btn btn-primary", id: "claim-send" }, "Claim"),
       h("button", { type: "button", class: "btn btn-ghost", id: "receipts-refresh", onclick: () => this.#loadReceipts(true) }, "Refresh receipts"));
     claimForm.addEventListener("submit", (e) => { e.preventDefault(); this.#claim(); });
@@ -197,6 +222,16 @@ export class ConsoleView {
     this.workHint = h("p", { class: "muted", id: "work-hint", text: "Select a subscription to claim its messages and see its receipts." });
     return h("section", { class: "card work-card", "aria-labelledby": "work-h" },
       h("div", { class: "card-head" }, this.workTitle), this.workHint, this.workBody);
+  }
+
+  #showTab(name) {
+    this.tab = name;
+    for (const [n, tab] of Object.entries(this.tabs)) {
+      const on = n === name;
+      tab.setAttribute("aria-selected", String(on));
+      tab.tabIndex = on ? 0 : -1;
+      this.panels[n].hidden = !on;
+    }
   }
 
   // ---- project -------------------------------------------------------------------
@@ -277,7 +312,7 @@ export class ConsoleView {
       stat("Eviction policy", h("span", { class: "mono", id: "eviction-policy", text: rt.evictionPolicy || "?" }),
         h("div", { class: rt.writesAllowed ? "ok" : "bad", text: rt.writesAllowed ? "writes allowed" : "writes refused (unsafe policy)" })),
       stat("Delivery", h("span", { id: "delivery-state", class: rt.deliveryPaused ? "warn" : "ok", text: rt.deliveryPaused ? "paused" : "running" }), pausedBtn),
-      stat("Cache", h("span", { id: "cache-usage", text: `${cache.entries ?? 0} entries · ${formatBytes(cache.usageBytes ?? 0)}` }),
+      stat("Cache", h("span", { id: "cache-usage", text: `${cache.entries ?? 0} ${cache.entries === 1 ? "entry" : "entries"} · ${formatBytes(cache.usageBytes ?? 0)}` }),
         h("div", { class: "muted", text: `item quota ${formatBytes(cache.quotaBytes)}` })),
       stat("Reliable budget", h("span", { id: "budget", text: `${formatBytes(budget.usedBytes ?? 0)} of ${formatBytes(budget.limitBytes)}` }),
         h("div", null, bar(budget.usedBytes || 0, budget.limitBytes || 0, "budget-meter"),
@@ -300,6 +335,7 @@ export class ConsoleView {
     }
     this.settingsErr = h("div", { id: "settings-error" });
     this.ovEl.replaceChildren(h("div", { class: "stats" }, items), this.settingsErr);
+    this.tabs.cache.querySelector(".tab-count").textContent = cache.entries ? String(cache.entries) : "";
     for (const el of this.ovEl.querySelectorAll(".meter-fill")) el.style.width = `${el.dataset.pct}%`;
     this.putForm.querySelector("#cache-save").disabled = !this.#canWrite;
   }
@@ -385,6 +421,7 @@ export class ConsoleView {
     } catch (e) {
       out.replaceChildren(errorView(e, "cache-put-error"));
     }
+    out.scrollIntoView({ block: "nearest" });
   }
 
   async #deleteCache(key, btn) {
@@ -416,26 +453,10 @@ export class ConsoleView {
   #renderTopics() {
     const topics = this.snap.topics || [];
     const subs = this.snap.subscriptions || [];
-    const w = this.#canWrite;
-    this.topicRows.replaceChildren(...topics.map((t) => h("tr", { dataset: { topicId: t.id, name: t.name }, class: t.id === this.selectedTopic ? "selected" : null },
-      h("th", { scope: "row" }, h("div", { text: t.name }), t.description ? h("div", { class: "muted small", text: t.description }) : null,
-        h("div", { class: "muted mono small", title: t.id, text: shortId(t.id) })),
-      h("td", { class: "muted", text: t.createdAt ? formatDateTime(t.createdAt) : "" }),
-      h("td", { class: "actions" },
-        h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => this.#selectTopic(t.id) }, "Messages"),
-        h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, onclick: () => this.#trim(t.id) }, "Trim"),
-        this.#armed("Delete", !w, () => this.#mutate("DELETE", `/topics/${t.id}`, null, this.topicsErr)))))));
+    this.topicRows.replaceChildren(...topics.map((t) => this.#topicRow(t)));
     if (!topics.length) this.topicRows.append(h("tr", null, h("td", { colspan: "3", class: "muted", text: "No topics yet." })));
-    this.subRows.replaceChildren(...subs.map((s) => h("tr", { dataset: { subId: s.id, name: s.name, status: s.status }, class: s.id === this.selectedSub ? "selected" : null },
-      h("th", { scope: "row" }, h("div", { text: s.name }), h("div", { class: "muted mono small", title: s.id, text: shortId(s.id) })),
-      h("td", { text: this.#topicName(s.topicId) }),
-      h("td", null, h("span", { class: `tag tag-${s.status}`, text: s.status })),
-      h("td", { class: "actions" },
-        h("button", { type: "button", class: "btn btn-sm", onclick: () => this.#selectSub(s.id) }, "Work"),
-        h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w,
-          onclick: () => this.#mutate("PATCH", `/subscriptions/${s.id}`, { status: s.status === "paused" ? "online" : "paused" }, this.topicsErr) },
-        s.status === "paused" ? "Resume" : "Pause"),
-        this.#armed("Delete", !w, () => this.#mutate("DELETE", `/subscriptions/${s.id}`, null, this.topicsErr)))))));
+    this.subRows.replaceChildren(...subs.map((s) => this.#subRow(s)));
+    $("#tab-topics-count", this.root).textContent = topics.length ? String(topics.length) : "";
     if (!subs.length) this.subRows.append(h("tr", null, h("td", { colspan: "4", class: "muted", text: "No subscriptions yet." })));
     const opts = (sel) => {
       const cur = sel.value;
@@ -447,6 +468,35 @@ export class ConsoleView {
     opts(this.pubTopicSel);
     if (this.selectedSub && !subs.some((s) => s.id === this.selectedSub)) this.#selectSub(null);
     if (this.selectedTopic && !topics.some((t) => t.id === this.selectedTopic)) this.#selectTopic(null);
+  }
+
+  #topicRow(t) {
+    const w = this.#canWrite;
+    const name = h("th", { scope: "row" }, h("div", { text: t.name }),
+      t.description ? h("div", { class: "muted small", text: t.description }) : null,
+      h("div", { class: "muted mono small", title: t.id, text: shortId(t.id) }));
+    const actions = h("td", { class: "actions" },
+      h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => this.#selectTopic(t.id) }, "Messages"),
+      h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, onclick: () => this.#trim(t.id) }, "Trim"),
+      this.#armed("Delete", !w, () => this.#mutate("DELETE", `/topics/${t.id}`, null, this.topicsErr)));
+    return h("tr", { dataset: { topicId: t.id, name: t.name }, class: t.id === this.selectedTopic ? "selected" : null },
+      name, h("td", { class: "muted nowrap", title: t.createdAt ? formatDateTime(t.createdAt) : "", dataset: { rel: String(t.createdAt) }, text: relative(t.createdAt) }), actions);
+  }
+
+  #subRow(s) {
+    const w = this.#canWrite;
+    const paused = s.status === "paused";
+    const toggle = h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w,
+      onclick: () => this.#mutate("PATCH", `/subscriptions/${s.id}`, { status: paused ? "online" : "paused" }, this.topicsErr) },
+    paused ? "Resume" : "Pause");
+    const actions = h("td", { class: "actions" },
+      h("button", { type: "button", class: "btn btn-sm", onclick: () => { this.#selectSub(s.id); this.#showTab("work"); } }, "Work"), toggle,
+      this.#armed("Delete", !w, () => this.#mutate("DELETE", `/subscriptions/${s.id}`, null, this.topicsErr)));
+    return h("tr", { dataset: { subId: s.id, name: s.name, status: s.status }, class: s.id === this.selectedSub ? "selected" : null },
+      h("th", { scope: "row" }, h("div", { text: s.name }), h("div", { class: "muted mono small", title: s.id, text: shortId(s.id) })),
+      h("td", { text: this.#topicName(s.topicId) }),
+      h("td", null, h("span", { class: `tag tag-${s.status}`, text: s.status })),
+      actions);
   }
 
   #armed(label, disabled, fn) {
@@ -494,7 +544,10 @@ export class ConsoleView {
 
   async #trim(topicId) {
     const res = await this.#mutate("POST", `/topics/${topicId}/trim`, {}, this.topicsErr);
-    if (res) toast(`Trimmed ${this.#topicName(topicId)}`, "success");
+    if (res) {
+      const d = res.data || {};
+      toast(`Trimmed ${d.trimmed ?? 0} message(s) from ${this.#topicName(topicId)}, released ${formatBytes(d.releasedBytes ?? 0)}.`, "success");
+    }
     if (topicId === this.selectedTopic) this.#loadMessages(true);
   }
 
@@ -532,9 +585,11 @@ export class ConsoleView {
       evInput.value = uuid();
       this.refresh();
       if (topicId === this.selectedTopic) this.#loadMessages(true);
+      if (this.selectedSub) this.#loadReceipts(true);
     } catch (e) {
       out.replaceChildren(errorView(e, "publish-error"));
     }
+    out.scrollIntoView({ block: "nearest" });
   }
 
   async #loadMessages(reset) {
@@ -612,6 +667,7 @@ export class ConsoleView {
           c.ack ? h("span", { class: `tag tag-${c.ack.status}`, dataset: { receiptStatus: c.ack.status }, text: c.ack.status }) : lease,
           h("span", { class: "muted", text: `attempt ${c.receipt ? c.receipt.attempts : "?"}` })),
         h("pre", { class: "payload mono", text: JSON.stringify(c.message.payload, null, 2) }),
+        c.ack && c.ack.result ? h("div", { class: "small" }, "result ", h("code", { text: c.ack.result })) : null,
         done ? null : h("div", { class: "row" },
           h("label", { for: result.id, class: "visually-hidden", text: "Result" }), result,
           h("button", { type: "button", class: "btn btn-sm btn-primary ack-processed", onclick: () => this.#ack(c, "processed", result.value) }, "Ack processed"),

@@ -45,7 +45,9 @@ export function uuid() {
 
 export const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
-export const shortId = (id) => (id ? String(id).slice(0, 8) : "?");
+// shortId is the last 8 hex digits of an id: UUIDv7 ids start with their
+// timestamp, so their first digits are shared by ids made at the same time.
+export const shortId = (id) => (id ? String(id).replace(/-/g, "").slice(-8) : "?");
 
 // hue is a stable colour angle for an id (avatars, sender names).
 export function hue(id) {
@@ -129,4 +131,29 @@ export async function copyText(text) {
   } catch {
     return false;
   }
+}
+
+// Icon paths after Feather icons (MIT licence, feathericons.com).
+const ICONS = {
+  clip: ["M21.44 11.05l-9.19 9.19a6 6 0 0 1-8.49-8.49l9.19-9.19a4 4 0 0 1 5.66 5.66l-9.2 9.19a2 2 0 0 1-2.83-2.83l8.49-8.48"],
+  file: ["M13 2H6a2 2 0 0 0-2 2v16a2 2 0 0 0 2 2h12a2 2 0 0 0 2-2V9z", "M13 2v7h7"],
+  download: ["M21 15v4a2 2 0 0 1-2 2H5a2 2 0 0 1-2-2v-4", "M7 10l5 5 5-5", "M12 15V3"],
+  send: ["M22 2L11 13", "M22 2l-7 20-4-9-9-4 20-7z"],
+  back: ["M19 12H5", "M12 19l-7-7 7-7"],
+};
+
+// icon is a decorative SVG icon (stroke follows the text colour).
+export function icon(name) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("class", "icon");
+  svg.setAttribute("aria-hidden", "true");
+  svg.setAttribute("focusable", "false");
+  for (const d of ICONS[name] || []) {
+    const path = document.createElementNS(ns, "path");
+    path.setAttribute("d", d);
+    svg.append(path);
+  }
+  return svg;
 }

@@ -160,7 +160,7 @@ function renderConn() {
       action = h("button", { type: "button", class: "btn btn-sm btn-ghost", id: "conn-retry", onclick: () => rt.reconnectNow() }, "Retry");
   }
   el.dataset.phase = phase;
-  el.replaceChildren(h("span", { class: "conn-dot", "aria-hidden": "true" }), h("span", { class: "conn-text", text }), action);
+  el.replaceChildren(...[h("span", { class: "conn-dot", "aria-hidden": "true" }), h("span", { class: "conn-text", text }), action].filter(Boolean));
 }
 
 // ---- routing ------------------------------------------------------------------------------

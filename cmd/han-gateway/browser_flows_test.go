@@ -1,0 +1,438 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+// deliveryBound is how long a user may wait for something another user did
+// (a message, a typing hint, a presence change) to show up.
+const deliveryBound = 5 * time.Second
+
+// TestBrowser runs the web client in one headless Chromium against two
+// gateway instances (X and Y) sharing Redis and PostgreSQL: alice uses X,
+// bob uses Y, each in a browser context of their own.
+func TestBrowser(t *testing.T) {
+	b := startBrowser(t)
+	ports := freePorts(t, 2)
+	origins := fmt.Sprintf("http://127.0.0.1:%d,http://127.0.0.1:%d", ports[0], ports[1])
+	varsX := instanceVars(ports[0], "browser-x", origins)
+	varsY := instanceVars(ports[1], "browser-y", origins)
+	mx := start(t, varsX)
+	my := start(t, varsY)
+	alice, bob := ids.New(), ids.New()
+	aTok, bTok := mintToken(t, alice), mintToken(t, bob)
+	// Bob has signed in once, so alice can add him to a dialog.
+	if code, body := call(t, "GET", mx.URL()+"/v1/me", bTok, ""); code != 200 {
+		t.Fatalf("GET /v1/me for bob: %d %s", code, body)
+	}
+
+	t.Run("modules", func(t *testing.T) { browserModuleChecks(t, b, mx) })
+	t.Run("chat", func(t *testing.T) { browserChat(t, b, mx, &my, varsY, alice, bob, aTok, bTok) })
+	t.Run("console", func(t *testing.T) { browserConsole(t, b, mx, alice, aTok) })
+}
+
+// browserModuleChecks runs the client's pure logic (timeline ordering and
+// gap handling, backoff, TTL tokens) inside the browser, on the embedded
+// modules themselves.
+func browserModuleChecks(t *testing.T, b *browser, m *Main) {
+	p := b.newPage(t, "modules")
+	p.do("open", chromedp.Navigate(m.URL()+"/"))
+	p.waitSel(deliveryBound, "sign-in form", "#signin-form")
+	got := mustEval[string](p, `(async () => {
+		const { Timeline } = await import("/js/timeline.js");
+		const { backoffDelay, advisedDelay } = await import("/js/realtime.js");
+		const { ttlToken, cachePutBody } = await import("/js/console.js");
+		const msg = (s) => ({ id: "m" + s, seq: s, body: "b" + s, senderId: "u", createdAt: s });
+		const server = [1, 2, 3, 4, 5].map(msg);
+		const fetchAfter = (calls) => async (after, limit) => {
+			calls.push(after);
+			return { items: server.filter((m) => m.seq > after).slice(0, limit), nextCursor: null };
+		};
+		const until = async (cond) => { for (let i = 0; i < 500 && !cond(); i++) await new Promise((r) => setTimeout(r, 10)); };
+		const out = {};
+
+		// Out of order within the grace period: no REST call, order restored.
+		let calls = [];
+		let tl = new Timeline({ fetchAfter: fetchAfter(calls), graceMs: 600000 });
+		out.inOrder = [tl.apply(msg(1)), tl.apply(msg(3)), tl.apply(msg(2)), tl.apply(msg(2)), tl.apply(msg(1))];
+		out.reordered = tl.messages().map((m) => m.seq);
+		out.reorderedKnown = tl.known;
+		out.reorderedCalls = calls.length;
+		tl.dispose();
+
+		// A gap that persists past the grace period is filled over REST.
+		calls = [];
+		tl = new Timeline({ fetchAfter: fetchAfter(calls), graceMs: 20 });
+		tl.apply(msg(1));
+		tl.apply(msg(4));
+		await until(() => tl.known === 5);
+		out.gapFilled = tl.messages().map((m) => m.seq);
+		out.gapCalls = calls;
+		tl.dispose();
+
+		// Reconciliation pages from known, and an event it already holds is a duplicate.
+		calls = [];
+		tl = new Timeline({ fetchAfter: fetchAfter(calls) });
+		await tl.start(5, 2);
+		out.window = tl.messages().map((m) => m.seq);
+		out.windowFloor = tl.floor;
+		out.dupAfterReconcile = tl.apply(msg(5));
+		await tl.loadOlder(50);
+		out.older = tl.messages().map((m) => m.seq);
+		tl.dispose();
+
+		out.backoff = [backoffDelay(0, () => 1), backoffDelay(3, () => 1), backoffDelay(20, () => 1), backoffDelay(5, () => 0)];
+		out.advised = [advisedDelay('{"retryMs":1200}'), advisedDelay("going away")];
+		out.ttl = [ttlToken(""), ttlToken("3600"), ttlToken("1.5"), ttlToken("1e3"), ttlToken("soon")];
+		out.body = cachePutBody({ key: "k", type: "string", value: "v", ttl: "1.5", createOnly: true });
+		return JSON.stringify(out);
+	})()`)
+	var res struct {
+		InOrder           []bool    `json:"inOrder"`
+		Reordered         []int     `json:"reordered"`
+		ReorderedKnown    int       `json:"reorderedKnown"`
+		ReorderedCalls    int       `json:"reorderedCalls"`
+		GapFilled         []int     `json:"gapFilled"`
+		GapCalls          []int     `json:"gapCalls"`
+		Window            []int     `json:"window"`
+		WindowFloor       int       `json:"windowFloor"`
+		DupAfterReconcile bool      `json:"dupAfterReconcile"`
+		Older             []int     `json:"older"`
+		Backoff           []int     `json:"backoff"`
+		Advised           []*int    `json:"advised"`
+		TTL               []*string `json:"ttl"`
+		Body              string    `json:"body"`
+	}
+	if err := json.Unmarshal([]byte(got), &res); err != nil {
+		t.Fatalf("module checks: %v (%s)", err, got)
+	}
+	check := func(what string, got, want any) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: got %v, want %v", what, got, want)
+		}
+	}
+	check("apply results (dupes refused)", res.InOrder, []bool{true, true, true, false, false})
+	check("out-of-order messages shown in seq order", res.Reordered, []int{1, 2, 3})
+	check("known after reordering", res.ReorderedKnown, 3)
+	check("REST calls for a gap closed within the grace period", res.ReorderedCalls, 0)
+	check("gap filled after the grace period", res.GapFilled, []int{1, 2, 3, 4, 5})
+	check("gap reconciliation asked afterSeq", res.GapCalls, []int{1})
+	check("latest window", res.Window, []int{4, 5})
+	check("window floor", res.WindowFloor, 3)
+	check("event already reconciled is a duplicate", res.DupAfterReconcile, false)
+	check("older page", res.Older, []int{1, 2, 3, 4, 5})
+	check("backoff (full jitter, 0.5 s doubling, 30 s cap)", res.Backoff, []int{500, 4000, 30000, 0})
+	if res.Advised[0] == nil || *res.Advised[0] != 1200 || res.Advised[1] != nil {
+		t.Errorf("advised delay from a 1001 reason: %v", res.Advised)
+	}
+	var ttl []string
+	for _, s := range res.TTL {
+		if s == nil {
+			ttl = append(ttl, "<omitted>")
+		} else {
+			ttl = append(ttl, *s)
+		}
+	}
+	check("TTL tokens", ttl, []string{"<omitted>", "3600", "1.5", "1e3", `"soon"`})
+	check("PUT /cache body", res.Body, `{"key":"k","type":"string","value":"v","ttlSeconds":1.5,"createOnly":true}`)
+	p.noJSErrors()
+}
+
+// messagesShown lists the messages a page shows, in DOM order.
+func messagesShown(p *page) []shownMessage {
+	p.t.Helper()
+	raw := mustEval[string](p, `JSON.stringify(Array.from(document.querySelectorAll("#messages li.msg")).map((li) => ({
+		seq: li.dataset.seq ? Number(li.dataset.seq) : 0, pending: li.classList.contains("pending"),
+		body: li.querySelector(".body")?.textContent ?? "", atts: li.querySelectorAll(".att").length })))`)
+	var out []shownMessage
+	if err := json.Unmarshal([]byte(raw), &out); err != nil {
+		p.t.Fatal(err)
+	}
+	return out
+}
+
+type shownMessage struct {
+	Seq     int    `json:"seq"`
+	Pending bool   `json:"pending"`
+	Body    string `json:"body"`
+	Atts    int    `json:"atts"`
+}
+
+// assertExactlyOnce: every expected message once, in seq order, nothing pending.
+func assertExactlyOnce(t *testing.T, who string, got []shownMessage, bodies []string) {
+	t.Helper()
+	var seqs []int
+	var texts []string
+	for _, m := range got {
+		if m.Pending {
+			t.Errorf("%s still shows a pending copy of %q", who, m.Body)
+		}
+		seqs = append(seqs, m.Seq)
+		texts = append(texts, m.Body)
+	}
+	var want []int
+	for i := range bodies {
+		want = append(want, i+1)
+	}
+	if !reflect.DeepEqual(seqs, want) || !reflect.DeepEqual(texts, bodies) {
+		t.Fatalf("%s shows seqs %v bodies %q; want seqs %v bodies %q", who, seqs, texts, want, bodies)
+	}
+}
+
+func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string]string, alice, bob, aTok, bTok string) {
+	a := b.newPage(t, "alice")
+	bp := b.newPage(t, "bob")
+
+	// Alice opens a dev sign-in link on instance X.
+	a.do("open sign-in link", chromedp.Navigate(mx.URL()+"/#token="+aTok))
+	a.waitJS(deliveryBound, "alice live", `document.querySelector("#conn")?.dataset.phase === "live"`)
+	if h := mustEval[string](a, "location.hash"); strings.Contains(h, "token") {
+		t.Fatalf("the token stayed in the address bar: %s", h)
+	}
+	if got := a.text("#me-id"); got != alice[len(alice)-8:] {
+		t.Fatalf("alice signed in as %q", got)
+	}
+	a.shot("signed-in")
+
+	// She starts a dialog with bob.
+	a.click("#new-dialog-box summary")
+	a.setValue("#new-members", bob)
+	a.setValue("#new-title", "Launch plan")
+	a.click("#new-dialog button[type=submit]")
+	a.waitJS(deliveryBound, "dialog opened", `document.querySelector("#dialog-title")?.textContent === "Launch plan" && location.hash.startsWith("#/chat/")`)
+	dialogID := strings.TrimPrefix(mustEval[string](a, "location.hash"), "#/chat/")
+
+	// Bob pastes his token on instance Y.
+	bp.do("open", chromedp.Navigate((*my).URL()+"/"))
+	bp.waitSel(deliveryBound, "sign-in form", "#token")
+	bp.shot("sign-in")
+	bp.setValue("#token", bTok)
+	bp.click("#signin-btn")
+	bp.waitJS(deliveryBound, "bob live", `document.querySelector("#conn")?.dataset.phase === "live"`)
+	bp.waitSel(deliveryBound, "dialog listed for bob", fmt.Sprintf(`a.dialog-item[data-dialog=%q]`, dialogID))
+	bp.click(fmt.Sprintf(`a.dialog-item[data-dialog=%q]`, dialogID))
+	bp.waitJS(deliveryBound, "bob opened the dialog", `document.querySelector("#dialog-title")?.textContent === "Launch plan"`)
+
+	// Presence: alice sees bob's dot turn on.
+	bobDot := fmt.Sprintf(`document.querySelector('.member[data-user=%q] .dot')?.dataset.online`, bob)
+	a.waitJS(deliveryBound, "bob's presence dot on", bobDot+` === "true"`)
+
+	// Typing: bob sees alice typing.
+	a.typeInto("#composer-input", "Hello")
+	bp.waitJS(deliveryBound, "bob sees alice typing", fmt.Sprintf(`document.querySelector("#typing").dataset.users.includes(%q) && document.querySelector("#typing").textContent.includes("typing")`, alice))
+	bp.shot("sees-typing")
+
+	// A sends, B sees it within the bound.
+	a.typeInto("#composer-input", " Bob!")
+	a.pressEnter("#composer-input")
+	bp.waitSel(deliveryBound, "bob receives message 1", `#messages li.msg[data-seq="1"]`)
+	bodies := []string{"Hello Bob!"}
+	assertExactlyOnce(t, "bob", messagesShown(bp), bodies)
+	a.waitSel(deliveryBound, "alice's message confirmed", `#messages li.msg[data-seq="1"]`)
+	a.shot("sent")
+	bp.waitJS(deliveryBound, "typing hint gone after the message", `document.querySelector("#typing").dataset.users === ""`)
+	bp.shot("received")
+
+	// Bob's instance restarts: his socket is closed (1001 + retryMs) and
+	// the instance is gone while alice sends 5 more.
+	if err := (*my).Close(); err != nil {
+		t.Fatalf("stop instance Y: %v", err)
+	}
+	bp.waitJS(deliveryBound, "bob's banner says reconnecting", `["reconnecting", "connecting"].includes(document.querySelector("#conn").dataset.phase)`)
+	bp.shot("reconnecting")
+	a.waitJS(deliveryBound, "bob's presence dot off", bobDot+` === "false"`)
+	a.shot("bob-offline")
+	for i := 2; i <= 6; i++ {
+		body := fmt.Sprintf("Update %d while bob is away", i)
+		a.typeInto("#composer-input", body)
+		a.pressEnter("#composer-input")
+		a.waitSel(deliveryBound, "alice's message confirmed", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, i))
+		bodies = append(bodies, body)
+	}
+	assertExactlyOnce(t, "alice", messagesShown(a), bodies)
+
+	// Instance Y comes back on the same address; bob reconnects on his own
+	// (backoff honouring the advised delay) and reconciles over REST.
+	*my = start(t, varsY)
+	bp.waitJS(40*time.Second, "bob live again", `document.querySelector("#conn").dataset.phase === "live"`)
+	bp.waitSel(deliveryBound, "bob reconciled message 6", `#messages li.msg[data-seq="6"]`)
+	assertExactlyOnce(t, "bob after reconnect", messagesShown(bp), bodies)
+	bp.shot("reconciled")
+	a.waitJS(deliveryBound, "bob's presence dot on again", bobDot+` === "true"`)
+
+	// Live delivery works on the new connection, with an attachment.
+	img := writeTestPNG(t)
+	a.do("attach", chromedp.SetUploadFiles(chromedp.CSS("#attach-input"), []string{img}))
+	a.waitSel(deliveryBound, "attachment uploaded", `#uploads li[data-state="ready"]`)
+	a.shot("attachment-ready")
+	a.typeInto("#composer-input", "Here is the diagram")
+	a.click("#send")
+	bodies = append(bodies, "Here is the diagram")
+	bp.waitSel(deliveryBound, "bob receives message 7", `#messages li.msg[data-seq="7"]`)
+	bp.waitJS(deliveryBound, "bob sees the image preview", `(() => { const i = document.querySelector('#messages li.msg[data-seq="7"] img.att-preview'); return i && !i.hidden && i.complete && i.naturalWidth === 120; })()`)
+	assertExactlyOnce(t, "bob", messagesShown(bp), bodies)
+	a.waitSel(deliveryBound, "alice's message 7 confirmed", `#messages li.msg[data-seq="7"]`)
+	assertExactlyOnce(t, "alice", messagesShown(a), bodies)
+	if got := messagesShown(bp)[6].Atts; got != 1 {
+		t.Fatalf("bob sees %d attachments on message 7", got)
+	}
+	bp.shot("attachment-received")
+	a.shot("conversation")
+
+	// The history in PostgreSQL is what both pages show.
+	code, body := call(t, "GET", mx.URL()+"/v1/dialogs/"+dialogID+"/messages?afterSeq=0", bTok, "")
+	if code != 200 {
+		t.Fatalf("history: %d %s", code, body)
+	}
+	var hist struct {
+		Items []struct {
+			Seq  int    `json:"seq"`
+			Body string `json:"body"`
+		} `json:"items"`
+	}
+	_ = json.Unmarshal([]byte(body), &hist)
+	if len(hist.Items) != len(bodies) {
+		t.Fatalf("server holds %d messages, want %d (a retry must never create a second one)", len(hist.Items), len(bodies))
+	}
+	a.noJSErrors()
+	bp.noJSErrors()
+}
+
+func writeTestPNG(t *testing.T) string {
+	t.Helper()
+	img := image.NewRGBA(image.Rect(0, 0, 120, 80))
+	for y := range 80 {
+		for x := range 120 {
+			img.Set(x, y, color.RGBA{R: uint8(40 + x), G: uint8(85 + y), B: 214, A: 255})
+		}
+	}
+	path := filepath.Join(t.TempDir(), "diagram.png")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := png.Encode(f, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
+	pid := ids.New()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := store.New(mx.pg).CreateProject(ctx, pid, "Browser project", []store.ProjectMember{{UserID: alice, Role: store.RoleAdmin}}); err != nil {
+		t.Fatal(err)
+	}
+	p := b.newPage(t, "console")
+	p.do("open console link", chromedp.Navigate(mx.URL()+"/#token="+aTok+"&project="+pid))
+	p.waitJS(deliveryBound, "snapshot shown", `document.querySelector("#project-role")?.textContent === "admin"`)
+	if got := p.text("#eviction-policy"); got != "noeviction" {
+		t.Fatalf("eviction policy shown: %q", got)
+	}
+	p.shot("overview")
+
+	// Put a cache entry with a TTL and see it listed with its expiry.
+	p.setValue("#cache-key", "session:alice")
+	p.setValue("#cache-value", "signed-in")
+	p.setValue("#cache-ttl", "3600")
+	before := time.Now()
+	p.click("#cache-save")
+	p.waitSel(deliveryBound, "put confirmed", "#cache-put-ok")
+	after := time.Now()
+	row := `#cache-rows tr[data-key="session:alice"]`
+	p.waitSel(deliveryBound, "entry listed", row)
+	exp := mustEval[float64](p, fmt.Sprintf(`Number(document.querySelector(%q).dataset.expiresAt)`, row))
+	lo, hi := before.Add(time.Hour-2*time.Second).UnixMilli(), after.Add(time.Hour+2*time.Second).UnixMilli()
+	if int64(exp) < lo || int64(exp) > hi {
+		t.Fatalf("listed expiresAt %v, want within [%d, %d] (now + 3600 s)", exp, lo, hi)
+	}
+	shown := p.text(row + " time.expires")
+	want := mustEval[string](p, fmt.Sprintf(`new Intl.DateTimeFormat(undefined, {dateStyle: "medium", timeStyle: "medium"}).format(new Date(%d))`, int64(exp)))
+	if shown != want || shown == "" {
+		t.Fatalf("expiry shown as %q, want local time %q", shown, want)
+	}
+	if rel := p.text(row + " .rel"); rel != "in 60 min" {
+		t.Fatalf("relative expiry %q", rel)
+	}
+	code, body := call(t, "GET", mx.URL()+"/projects/"+pid+"/redis/cache?search=session", aTok, "")
+	if code != 200 || !strings.Contains(body, fmt.Sprintf(`"expiresAt":%d`, int64(exp))) {
+		t.Fatalf("the page shows an expiry the server does not hold: %d %s", code, body)
+	}
+	p.shot("cache-entry")
+
+	// An invalid TTL is sent as typed and the server's stable code shown.
+	p.setValue("#cache-key", "session:bad")
+	p.setValue("#cache-ttl", "1.5")
+	p.click("#cache-save")
+	p.waitSel(deliveryBound, "error shown", `#cache-put-error[data-code="invalid_cache_ttl"]`)
+	if txt := p.text("#cache-put-error"); !strings.Contains(txt, "invalid_cache_ttl") || !strings.Contains(txt, "whole number of seconds") {
+		t.Fatalf("error shown as %q", txt)
+	}
+	if code, body := call(t, "GET", mx.URL()+"/projects/"+pid+"/redis/cache?search=bad", aTok, ""); code != 200 || strings.Contains(body, "session:bad") {
+		t.Fatalf("an invalid TTL wrote something: %d %s", code, body)
+	}
+	p.shot("invalid-ttl")
+
+	// createOnly on an existing key is refused atomically by the server.
+	p.setValue("#cache-key", "session:alice")
+	p.setValue("#cache-ttl", "60")
+	p.click("#cache-create-only")
+	p.click("#cache-save")
+	p.waitSel(deliveryBound, "conflict shown", `#cache-put-error[data-code="cache_key_exists"]`)
+	p.click("#cache-create-only")
+
+	// Topic + subscription, publish, claim, ack processed, receipt.
+	p.click("#tab-topics")
+	p.setValue("#topic-name", "orders")
+	p.setValue("#topic-desc", "Orders placed in the shop")
+	p.click("#topic-create button[type=submit]")
+	p.waitSel(deliveryBound, "topic listed", `#topic-rows tr[data-name="orders"]`)
+	p.setValue("#sub-name", "billing")
+	p.click("#sub-create button[type=submit]")
+	p.waitSel(deliveryBound, "subscription listed and selected", `#sub-rows tr.selected[data-name="billing"]`)
+	p.setValue("#publish-payload", `{"orderId": 42, "total": 19.9}`)
+	p.click("#publish-send")
+	p.waitSel(deliveryBound, "published", "#publish-ok")
+	msgID := mustEval[string](p, `document.querySelector("#publish-ok").dataset.messageId`)
+	p.waitSel(deliveryBound, "message listed in the topic", fmt.Sprintf(`#topic-message-rows tr[data-message-id=%q]`, msgID))
+	p.shot("published")
+	p.click("#tab-work")
+	p.waitSel(deliveryBound, "receipt pending", fmt.Sprintf(`#receipt-rows tr[data-message-id=%q][data-status="pending"]`, msgID))
+	p.click("#claim-send")
+	claim := fmt.Sprintf(`#claims li[data-message-id=%q]`, msgID)
+	p.waitSel(deliveryBound, "claimed", claim)
+	p.waitJS(deliveryBound, "lease countdown", fmt.Sprintf(`/^lease 0:[0-5]\d left$|^lease 1:00 left$/.test(document.querySelector(%q).textContent)`, claim+" .lease"))
+	p.waitSel(deliveryBound, "receipt leased", fmt.Sprintf(`#receipt-rows tr[data-message-id=%q][data-status="leased"]`, msgID))
+	p.shot("claimed")
+	p.setValue(fmt.Sprintf("#result-%s", msgID), "charged")
+	p.click(claim + " .ack-processed")
+	p.waitSel(deliveryBound, "ack shown", claim+` [data-receipt-status="processed"]`)
+	p.waitSel(deliveryBound, "receipt processed", fmt.Sprintf(`#receipt-rows tr[data-message-id=%q][data-status="processed"]`, msgID))
+	if got := p.text(fmt.Sprintf(`#receipt-rows tr[data-message-id=%q] td.value-cell`, msgID)); got != "charged" {
+		t.Fatalf("receipt result shown: %q", got)
+	}
+	p.waitJS(deliveryBound, "budget shows the reliable bytes", `!/^0 B of/.test(document.querySelector("#budget").textContent)`)
+	p.shot("receipt")
+	p.noJSErrors()
+}

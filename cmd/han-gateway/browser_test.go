@@ -1,0 +1,333 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/testenv"
+)
+
+// Browser tests: the real web client (web/static) in headless Chromium from
+// the Debian package, driven over the DevTools protocol by chromedp, against
+// the real service (Main) on real Redis and PostgreSQL. One browser per run;
+// each user gets a browser context of their own (separate storage).
+//
+// Screenshots of every step go to $HAN_TEST_ARTIFACTS/browser, or else to
+// .data/screenshots of the repository (git-ignored).
+
+// chromiumFlags are the launch flags that work on the CI machines (no GPU,
+// no sandbox as root, nothing phoning home); a fresh user-data-dir is added
+// per run.
+var chromiumFlags = []string{
+	"headless", "no-sandbox", "disable-gpu", "disable-quic", "no-first-run",
+	"disable-background-networking", "disable-component-update", "disable-sync",
+	"disable-dev-shm-usage", "no-default-browser-check", "disable-default-apps", "disable-extensions",
+	"disable-background-timer-throttling", "disable-renderer-backgrounding", "disable-backgrounding-occluded-windows",
+}
+
+// chromiumPath finds Debian's chromium; it never downloads a browser.
+func chromiumPath() string {
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// browser is one Chromium process for a test.
+type browser struct {
+	t     *testing.T
+	ctx   context.Context // the browser's root chromedp context
+	shots string          // screenshot folder
+	mu    sync.Mutex      // guards seq
+	seq   int
+}
+
+func startBrowser(t *testing.T) *browser {
+	t.Helper()
+	path := chromiumPath()
+	if path == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("chromium not found in PATH: the browser tests need Debian's chromium package " +
+				"(apt-get install -y chromium; .ci/run and scripts/lib.sh han_ensure_packages --chromium install it)")
+		}
+		t.Skip("chromium not found in PATH (apt-get install -y chromium); the browser tests are required in CI")
+	}
+	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(path), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 860)}
+	for _, f := range chromiumFlags {
+		opts = append(opts, chromedp.Flag(f, true))
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	if err := chromedp.Do(ctx); err != nil { // starts the browser
+		cancel()
+		cancelAlloc()
+		t.Fatalf("start chromium (%s): %v", path, err)
+	}
+	b := &browser{t: t, ctx: ctx, shots: screenshotDir(t)}
+	t.Cleanup(func() {
+		_ = chromedp.Cancel(ctx)
+		cancel()
+		cancelAlloc()
+	})
+	return b
+}
+
+func screenshotDir(t *testing.T) string {
+	dir := os.Getenv("HAN_TEST_ARTIFACTS")
+	if dir != "" {
+		dir = filepath.Join(dir, "browser")
+	} else {
+		root, err := filepath.Abs(filepath.Join("..", ".."))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join(root, ".data", "screenshots")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("screenshot folder: %v", err)
+	}
+	old, _ := filepath.Glob(filepath.Join(dir, "*.png"))
+	for _, f := range old {
+		_ = os.Remove(f)
+	}
+	t.Logf("screenshots: %s", dir)
+	return dir
+}
+
+// page is one tab in a browser context of its own (one user).
+type page struct {
+	b    *browser
+	t    *testing.T
+	name string
+	ctx  context.Context
+
+	mu     sync.Mutex // guards errors
+	errors []string   // uncaught exceptions and console.error lines
+}
+
+func (b *browser) newPage(t *testing.T, name string) *page {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(b.ctx, chromedp.WithNewBrowserContext())
+	p := &page{b: b, t: t, name: name, ctx: ctx}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 860)); err != nil {
+		t.Fatalf("%s: open tab: %v", name, err)
+	}
+	err := chromedp.Listen(ctx, func(ev any) {
+		var line string
+		switch ev := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			line = "exception: " + ev.ExceptionDetails.Text
+			if ev.ExceptionDetails.Exception != nil {
+				line += " " + ev.ExceptionDetails.Exception.Description
+			}
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type != runtime.ConsoleAPICalledTypeError {
+				return
+			}
+			var parts []string
+			for _, a := range ev.Args {
+				parts = append(parts, string(a.Value)+a.Description)
+			}
+			line = "console.error: " + strings.Join(parts, " ")
+		default:
+			return
+		}
+		p.mu.Lock()
+		p.errors = append(p.errors, line)
+		p.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatalf("%s: listen: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			p.shot("FAILED")
+			if errs := p.jsErrors(); len(errs) > 0 {
+				t.Logf("%s: JavaScript errors:\n  %s", name, strings.Join(errs, "\n  "))
+			}
+		}
+		cancel()
+	})
+	return p
+}
+
+// jsErrors are the page's uncaught exceptions and console errors so far.
+func (p *page) jsErrors() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.errors...)
+}
+
+// do runs actions with a bound, failing the test on error.
+func (p *page) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		p.t.Fatalf("%s: %s: %v", p.name, what, err)
+	}
+}
+
+// eval evaluates a JavaScript expression (promises awaited).
+func eval[T any](p *page, expr string) (T, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
+	defer cancel()
+	return chromedp.Run(ctx, chromedp.Evaluate[T](expr, chromedp.EvalAwaitPromise))
+}
+
+func mustEval[T any](p *page, expr string) T {
+	p.t.Helper()
+	v, err := eval[T](p, expr)
+	if err != nil {
+		p.t.Fatalf("%s: eval %s: %v", p.name, expr, err)
+	}
+	return v
+}
+
+// waitJS polls a boolean JavaScript expression until it holds.
+func (p *page) waitJS(timeout time.Duration, what, expr string) {
+	p.t.Helper()
+	var last error
+	testenv.Eventually(p.t, timeout, func() bool {
+		ok, err := eval[bool](p, "Boolean("+expr+")")
+		last = err
+		return err == nil && ok
+	}, "%s: %s (last error: %v)", p.name, what, errorsOrNil(last))
+}
+
+func errorsOrNil(err error) any {
+	if err == nil {
+		return "none"
+	}
+	return err
+}
+
+// waitSel waits until a CSS selector matches an element.
+func (p *page) waitSel(timeout time.Duration, what, sel string) {
+	p.t.Helper()
+	p.waitJS(timeout, what, fmt.Sprintf("document.querySelector(%q)", sel))
+}
+
+// text is the trimmed textContent of the first match ("" if none).
+func (p *page) text(sel string) string {
+	p.t.Helper()
+	return mustEval[string](p, fmt.Sprintf("(document.querySelector(%q)?.textContent ?? '').trim()", sel))
+}
+
+// shot saves a screenshot of the viewport as NN-<name>-<step>.png.
+func (p *page) shot(step string) {
+	b := p.b
+	b.mu.Lock()
+	b.seq++
+	n := b.seq
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(p.ctx, 5*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		p.t.Logf("%s: screenshot %s: %v", p.name, step, err)
+		return
+	}
+	name := fmt.Sprintf("%02d-%s-%s.png", n, p.name, step)
+	if err := os.WriteFile(filepath.Join(b.shots, name), png, 0o644); err != nil {
+		p.t.Logf("screenshot %s: %v", name, err)
+	}
+}
+
+// setValue replaces an input's value and fires input/change like typing.
+func (p *page) setValue(sel, value string) {
+	p.t.Helper()
+	_ = mustEval[bool](p, fmt.Sprintf(`(() => { const el = document.querySelector(%q); el.value = %q;
+		el.dispatchEvent(new Event("input", {bubbles: true})); el.dispatchEvent(new Event("change", {bubbles: true})); return true; })()`, sel, value))
+}
+
+func (p *page) click(sel string) {
+	p.t.Helper()
+	p.do("click "+sel, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+}
+
+func (p *page) typeInto(sel, keys string) {
+	p.t.Helper()
+	p.do("type into "+sel, chromedp.SendKeys(chromedp.CSS(sel), keys, chromedp.NodeVisible))
+}
+
+// pressEnter presses Enter in an element. A real browser types no newline
+// when the page prevents the keydown's default; the protocol's separate
+// char event would, so it is not sent.
+func (p *page) pressEnter(sel string) {
+	p.t.Helper()
+	p.do("press Enter in "+sel, chromedp.Focus(chromedp.CSS(sel), chromedp.NodeVisible),
+		chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			for _, k := range kb.Encode('\r') {
+				if k.Type == kb.KeyChar {
+					continue
+				}
+				if _, err := cdp.Call(ctx, t, input.DispatchKeyEvent, *k); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+}
+
+// noJSErrors fails when the page threw or logged an error.
+func (p *page) noJSErrors() {
+	p.t.Helper()
+	if errs := p.jsErrors(); len(errs) > 0 {
+		p.t.Errorf("%s: JavaScript errors:\n  %s", p.name, strings.Join(errs, "\n  "))
+	}
+}
+
+func mintToken(t *testing.T, sub string) string {
+	t.Helper()
+	s, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// instanceVars is the environment of one gateway instance on a fixed port,
+// so it can be restarted on the same address and its page origin stays
+// allowed.
+func instanceVars(port int, id, origins string) map[string]string {
+	v := baseEnv()
+	v["HAN_HTTP_ADDR"] = fmt.Sprintf("127.0.0.1:%d", port)
+	v["HAN_INSTANCE_ID"] = id
+	v["HAN_ALLOWED_ORIGINS"] = origins
+	v["HAN_SHUTDOWN_TIMEOUT"] = "5s"
+	return v
+}
+
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	seen := map[int]bool{}
+	var out []int
+	for len(out) < n {
+		p, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}

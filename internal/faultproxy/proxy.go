@@ -1,0 +1,169 @@
+// Package faultproxy is a loopback TCP proxy for fault tests: it sits between
+// the service and its redis-server and can add latency, blackhole traffic
+// (a partition: bytes vanish, nothing is reset), refuse new connections and
+// cut the open ones.
+//
+// All methods are safe for concurrent use. Close stops the listener, cuts
+// every link and waits for the proxy's goroutines.
+package faultproxy
+
+import (
+	"net"
+	"sync"
+	"time"
+)
+
+// Proxy forwards connections accepted on a loopback port to one target.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu        sync.Mutex // guards the fields below
+	latency   time.Duration
+	blackhole bool
+	refuse    bool
+	closed    bool
+	links     map[net.Conn]struct{}
+	dials     []time.Time // every accepted connection attempt, refused ones too
+
+	wg sync.WaitGroup
+}
+
+// Start listens on 127.0.0.1 (a free port) and forwards to target (host:port).
+func Start(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, links: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.acceptLoop()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetLatency delays every forwarded chunk, both ways, by d (0 turns it off).
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	p.latency = d
+	p.mu.Unlock()
+}
+
+// Blackhole makes the proxy swallow every byte in both directions while on:
+// connections stay open and silent, as in a network partition.
+func (p *Proxy) Blackhole(on bool) {
+	p.mu.Lock()
+	p.blackhole = on
+	p.mu.Unlock()
+}
+
+// Refuse makes the proxy close new connections at once while on.
+func (p *Proxy) Refuse(on bool) {
+	p.mu.Lock()
+	p.refuse = on
+	p.mu.Unlock()
+}
+
+// Cut closes every open link (both sides see a reset/EOF).
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	for c := range p.links {
+		c.Close()
+	}
+	p.mu.Unlock()
+}
+
+// Dials returns the time of every connection attempt accepted so far.
+func (p *Proxy) Dials() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Time(nil), p.dials...)
+}
+
+// Close stops the proxy and waits for its goroutines.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+}
+
+func (p *Proxy) acceptLoop() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.dials = append(p.dials, time.Now())
+		refuse, closed := p.refuse, p.closed
+		p.mu.Unlock()
+		if refuse || closed {
+			c.Close()
+			continue
+		}
+		up, err := net.DialTimeout("tcp", p.target, time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		if !p.track(c, up) {
+			continue
+		}
+		p.wg.Add(2)
+		go p.pipe(c, up)
+		go p.pipe(up, c)
+	}
+}
+
+func (p *Proxy) track(a, b net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		a.Close()
+		b.Close()
+		return false
+	}
+	p.links[a], p.links[b] = struct{}{}, struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(a, b net.Conn) {
+	p.mu.Lock()
+	delete(p.links, a)
+	delete(p.links, b)
+	p.mu.Unlock()
+	a.Close()
+	b.Close()
+}
+
+// pipe copies src to dst, applying the faults in force for each chunk.
+func (p *Proxy) pipe(src, dst net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(src, dst)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			lat, hole := p.latency, p.blackhole
+			p.mu.Unlock()
+			if lat > 0 {
+				time.Sleep(lat)
+			}
+			if !hole {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package store_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store"
+)
+
+// budgetEnv is one isolated module budget (its own HAN_ENV) with one
+// project whose budget counters the test sets as a project script would.
+type budgetEnv struct {
+	t       *testing.T
+	rdb     redis.UniversalClient
+	admin   *redis.Client
+	mb      *store.ModuleBudget
+	mk      store.ModuleKeys
+	project store.ProjectKeys
+	pid     string
+}
+
+func newBudgetEnv(t *testing.T) *budgetEnv {
+	t.Helper()
+	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	admin := env.Redis.AdminClient(0)
+	t.Cleanup(func() { admin.Close() })
+	e := "mb" + ids.New()[24:]
+	pid := ids.New()
+	return &budgetEnv{t: t, rdb: rdb, admin: admin, mb: store.NewModuleBudget(rdb, e, 1<<20), mk: store.NewModuleKeys(e),
+		project: store.NewProjectKeys(e, pid), pid: pid}
+}
+
+// projectBytes sets the project's reliable bytes (what its scripts keep).
+func (e *budgetEnv) projectBytes(n int64) {
+	e.t.Helper()
+	if err := e.admin.HSet(context.Background(), e.project.Budget(), "msg", n, "rcpt", 0, "dd", 0).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *budgetEnv) committed() int64 {
+	e.t.Helper()
+	u, err := e.mb.Usage(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return u.Committed
+}
+
+// The reconcile generation keeps a release that a reconcile may already
+// have counted from being subtracted twice (which would under-count and
+// over-admit), and a write committed while a reconcile scans is kept.
+func TestModuleBudgetProtocolAroundReconcile(t *testing.T) {
+	e := newBudgetEnv(t)
+	ctx := context.Background()
+	r, ok, err := e.mb.Reserve(ctx, e.pid, 1000)
+	if err != nil || !ok {
+		t.Fatalf("reserve: %v %v", ok, err)
+	}
+	e.projectBytes(1000)
+	if err := e.mb.Settle(ctx, r, 1000, 0); err != nil || e.committed() != 1000 {
+		t.Fatalf("settle: %v, committed %d", err, e.committed())
+	}
+
+	// A release whose project script ran before a whole reconcile: the
+	// reconcile counted it, the late settle must not subtract it again.
+	g0, err := e.mb.Gen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.projectBytes(600)
+	if res, err := e.mb.Reconcile(ctx, time.Hour); err != nil || !res.Ran || res.After != 600 {
+		t.Fatalf("reconcile: %+v %v", res, err)
+	}
+	if err := e.mb.Settle(ctx, store.Reservation{Gen: g0}, 0, 400); err != nil || e.committed() != 600 {
+		t.Fatalf("late release: %v, committed %d, want 600", err, e.committed())
+	}
+	// The same release without a reconcile in between is applied.
+	g1, _ := e.mb.Gen(ctx)
+	e.projectBytes(500)
+	if err := e.mb.Settle(ctx, store.Reservation{Gen: g1}, 0, 100); err != nil || e.committed() != 500 {
+		t.Fatalf("release: %v, committed %d, want 500", err, e.committed())
+	}
+
+	// A write settled while the reconcile scans is counted by its end.
+	keys := []string{e.mk.Budget(), e.mk.Reservations()}
+	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", time.Hour.Milliseconds(), time.Minute.Milliseconds()).Int64Slice()
+	if err != nil || begin[0] != 1 {
+		t.Fatalf("begin: %v %v", begin, err)
+	}
+	scanned := int64(500) // the scan read the project before the write
+	// A second reconcile steps aside while this one runs.
+	if res, err := e.mb.Reconcile(ctx, time.Hour); err != nil || res.Ran {
+		t.Fatalf("concurrent reconcile: %+v %v", res, err)
+	}
+	r, ok, err = e.mb.Reserve(ctx, e.pid, 300)
+	if err != nil || !ok {
+		t.Fatal(err)
+	}
+	e.projectBytes(800)
+	if err := e.mb.Settle(ctx, r, 300, 0); err != nil {
+		t.Fatal(err)
+	}
+	end, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "end", begin[1], scanned).Int64Slice()
+	if err != nil || end[0] != 1 || end[2] != 800 {
+		t.Fatalf("end: %v %v", end, err)
+	}
+	if e.committed() != 800 {
+		t.Fatalf("committed %d, want 800", e.committed())
+	}
+	// The cap is enforced on committed + reserved.
+	if _, ok, err := e.mb.Reserve(ctx, e.pid, 1<<20-800+1); err != nil || ok {
+		t.Fatalf("reservation past the cap granted (%v)", err)
+	}
+	if _, ok, err := e.mb.Reserve(ctx, e.pid, 1<<20-800); err != nil || !ok {
+		t.Fatalf("reservation up to the cap refused (%v)", err)
+	}
+}
+
+func TestBudgetReconcilerRunsPeriodically(t *testing.T) {
+	e := newBudgetEnv(t)
+	ctx := context.Background()
+	r, _, _ := e.mb.Reserve(ctx, e.pid, 100)
+	e.projectBytes(100)
+	_ = e.mb.Settle(ctx, r, 100, 0)
+	// Leaked bytes: a writer died between its project script and settle.
+	e.admin.HIncrBy(ctx, e.mk.Budget(), "committed", 5000)
+	rc := store.NewBudgetReconciler(e.mb, store.BudgetReconcilerConfig{Interval: 20 * time.Millisecond}, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	rc.Start()
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.committed() == 100 }, "not reconciled: %d", e.committed())
+	rc.Close()
+	rc.Close()
+}
