@@ -38,12 +38,11 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzCheck -fuzztime 30s ./internal/jsonx/
 
-## loadtest: smoke load test (< 60 s, non-zero exit when delivery breaks); ARGS='run SCENARIO …' runs anything else
-LOADTEST_SMOKE := run broadcast -target baseline-inprocess -conns 200 -dialogs 20 -rate 500 -duration 10s \
-	-threshold 'delivery_lost==0' -threshold 'delivery_p99<500ms' -threshold 'publish_failed<1%' \
-	-threshold 'ws_connect_p95<2s' -max-duration 50s
+## loadtest: smoke load test against the REAL gateway of the local stack (scripts/loadtest-smoke.sh:
+##           starts scripts/dev.sh, < 60 s of scenarios, non-zero exit when delivery breaks);
+##           ARGS='run SCENARIO …' runs anything else with han-loadtest
 loadtest:
-	$(GO) run ./cmd/han-loadtest $(or $(ARGS),$(LOADTEST_SMOKE))
+	$(if $(ARGS),$(GO) run ./cmd/han-loadtest $(ARGS),bash scripts/loadtest-smoke.sh)
 
 ## clean: remove .data/ and bin/ (stops nothing: stop `make dev` first)
 clean:

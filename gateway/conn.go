@@ -33,8 +33,12 @@ type sub struct {
 }
 
 // conn is one WebSocket connection. Its reader goroutine owns reads and the
-// connection's lifetime; it starts exactly one writer and, when it returns,
-// cancels the writer and waits for it.
+// connection's lifetime. A writer goroutine runs only while there is
+// something to write: queueing work starts one when none runs, and it exits
+// once the queue is empty, so an idle connection costs one goroutine (the
+// reader) — docs/benchmarks.md. When the reader returns it marks the
+// connection closed (no writer starts after that), cancels and waits for
+// the running writer.
 type conn struct {
 	hub    *Hub
 	ws     *websocket.Conn
@@ -44,10 +48,11 @@ type conn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	wake   chan struct{} // wakes the writer; capacity 1
-	writer sync.WaitGroup
+	writer sync.WaitGroup // the running writer, if any
 
 	mu           sync.Mutex // guards everything below
+	writing      bool       // a writer goroutine runs
+	spare        []outFrame // a small batch slice kept for the next writer
 	q            []outFrame
 	qBytes       int
 	resyncQueued bool // a resync is queued and not yet taken by the writer
@@ -64,14 +69,18 @@ type conn struct {
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID, ctx: ctx, cancel: cancel,
-		wake: make(chan struct{}, 1), subs: map[string]*sub{}, lastPing: time.Now()}
+		subs: map[string]*sub{}, lastPing: time.Now()}
 }
 
+// signal makes sure a writer runs to pick up what was just queued. c.mu must
+// be held.
 func (c *conn) signal() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
+	if c.writing || c.closed {
+		return
 	}
+	c.writing = true
+	c.writer.Add(1)
+	go c.writeLoop()
 }
 
 // deliver queues a fanned-out frame for s (nil: the user's own channel).
@@ -220,55 +229,58 @@ func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 }
 
 // writeLoop drains the queue: it takes everything queued, writes it as one
-// batch (one syscall through the cork), and blocks again when the queue is
-// empty. It also sends the WebSocket pings the hub asks for and performs
-// the closes the hub decides on (drain, slow consumer).
+// batch (one syscall through the cork), and exits when the queue is empty
+// (signal starts the next writer). It also sends the WebSocket pings the
+// hub asks for and performs the closes the hub decides on (drain, slow
+// consumer). A writer that stops on an error leaves writing set, so no
+// other writer starts on the failed connection.
 func (c *conn) writeLoop() {
 	defer c.writer.Done()
-	var spare []outFrame
 	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-c.wake:
-		}
-		for {
-			c.mu.Lock()
-			if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
-				c.mu.Unlock()
-				break
-			}
-			batch := c.q
-			c.q, c.qBytes, c.resyncQueued = spare, 0, false
-			spare = nil
-			ping := c.pingDue
-			c.pingDue = false
-			code, reason := c.closeCode, c.closeReason
+		c.mu.Lock()
+		if c.ctx.Err() != nil {
 			c.mu.Unlock()
-			if err := c.writeBatch(batch); err != nil {
+			return
+		}
+		if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
+		batch := c.q
+		c.q, c.qBytes, c.resyncQueued = c.spare, 0, false
+		c.spare = nil
+		ping := c.pingDue
+		c.pingDue = false
+		code, reason := c.closeCode, c.closeReason
+		c.mu.Unlock()
+		if err := c.writeBatch(batch); err != nil {
+			c.abort(err)
+			return
+		}
+		clear(batch)
+		// Keep a small buffer for the next batch; let a large one go so
+		// an idle connection holds little memory.
+		if cap(batch) <= 16 {
+			c.mu.Lock()
+			if c.spare == nil && !c.closed {
+				c.spare = batch[:0]
+			}
+			c.mu.Unlock()
+		}
+		if code != 0 {
+			c.hub.countClose(code)
+			_ = c.ws.Close(code, reason)
+			c.cancel()
+			return
+		}
+		if ping {
+			pctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.PongTimeout)
+			err := c.ws.Ping(pctx)
+			cancel()
+			if err != nil {
 				c.abort(err)
 				return
-			}
-			clear(batch)
-			// Keep a small buffer for the next batch; let a large one go so
-			// an idle connection holds little memory.
-			if cap(batch) <= 16 {
-				spare = batch[:0]
-			}
-			if code != 0 {
-				c.hub.countClose(code)
-				_ = c.ws.Close(code, reason)
-				c.cancel()
-				return
-			}
-			if ping {
-				pctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.PongTimeout)
-				err := c.ws.Ping(pctx)
-				cancel()
-				if err != nil {
-					c.abort(err)
-					return
-				}
 			}
 		}
 	}
@@ -324,8 +336,6 @@ func (c *conn) abort(err error) {
 func (c *conn) readLoop() {
 	h := c.hub
 	defer h.wg.Done()
-	c.writer.Add(1)
-	go c.writeLoop()
 	defer c.teardown()
 
 	tokens, last := float64(h.cfg.FrameBurst), time.Now()
@@ -505,13 +515,15 @@ func (c *conn) typing(raw string) {
 // channel, and record the disconnect in presence and PostgreSQL.
 func (c *conn) teardown() {
 	h := c.hub
+	// closed first, under mu: no writer starts after this, so the Wait
+	// below cannot race a writer.Add.
+	c.mu.Lock()
+	c.closed = true
+	c.q, c.spare = nil, nil
+	c.mu.Unlock()
 	c.cancel()
 	c.writer.Wait()
 	_ = c.ws.CloseNow()
-	c.mu.Lock()
-	c.closed = true
-	c.q = nil
-	c.mu.Unlock()
 	channels := h.remove(c)
 	for _, ch := range channels {
 		h.deps.Subscriber.Unsubscribe(ch)

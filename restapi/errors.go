@@ -129,5 +129,6 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.logger.LogAttrs(r.Context(), slog.LevelError, "internal error",
 			slog.String("request_id", requestID(r.Context())), slog.String("kind", errorKind(err)))
 	}
+	s.metrics.countFailure(r, err, e)
 	writeError(w, e)
 }

@@ -13,6 +13,7 @@ type Metrics struct {
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
 	errors       *prometheus.CounterVec
+	failures     *failureMetrics // metrics_failures.go
 }
 
 // NewMetrics creates the registry with the Go runtime and process collectors.
@@ -33,5 +34,6 @@ func NewMetrics() *Metrics {
 		}, []string{"dependency", "kind"}),
 	}
 	reg.MustRegister(m.httpRequests, m.httpDuration, m.errors)
+	m.failures = newFailureMetrics(reg, m.errors)
 	return m
 }

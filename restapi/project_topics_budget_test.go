@@ -179,7 +179,7 @@ func TestQueueProjectBudget(t *testing.T) {
 // is gone; then they are no longer counted and the next budget-touching
 // script purges them.
 func TestQueueDedupeHeldUntilExpiry(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 400 * time.Millisecond}, nil)
+	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 2 * time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "d")
 	m := h.qPublish(p, top.ID, "x", `{}`)
@@ -193,7 +193,7 @@ func TestQueueDedupeHeldUntilExpiry(t *testing.T) {
 	if n := h.admin.HLen(context.Background(), p.keys.Dedupe()).Val(); n != 1 {
 		t.Fatalf("dedupe records: %d", n)
 	}
-	h.waitRedisPast(m.PublishedAt + 400)
+	h.waitRedisPast(m.PublishedAt + 2000)
 	if s := h.qSnap(p).Budget; s.UsedBytes != 0 || s.DedupeBytes != 0 {
 		t.Fatalf("after expiry: %+v", s)
 	}

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
@@ -304,7 +302,7 @@ func TestQueueTopicsAndSubscriptions(t *testing.T) {
 }
 
 func TestQueuePublishIdempotency(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 500 * time.Millisecond}, nil)
+	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 2 * time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "events")
 	first := h.qPublish(p, top.ID, "evt-1", `{"b":[1,2.0,{"y":true,"x":null}],"a":"\u00e9"}`)
@@ -333,7 +331,7 @@ func TestQueuePublishIdempotency(t *testing.T) {
 		t.Fatalf("other identities: %d %s", code, b)
 	}
 	// After the dedupe window the identity is free again.
-	h.waitRedisPast(first.PublishedAt + 500)
+	h.waitRedisPast(first.PublishedAt + 2000)
 	code, b = h.qPublishRaw(p, top.ID, "producer-1", "evt-1", `{"a":"e"}`)
 	if code != 201 || decode[msgResp](t, b).ID == first.ID {
 		t.Fatalf("after the window: %d %s", code, b)
@@ -490,6 +488,84 @@ func TestQueueConcurrentClaimers(t *testing.T) {
 	for _, r := range h.qReceipts(p, sub.ID, 37) {
 		if r.Status != "processed" || r.Attempts != 1 || r.Result == nil || *r.Result != "ok" || r.LeaseUntil != nil {
 			t.Fatalf("receipt: %+v", r)
+		}
+	}
+}
+
+// Ten claimers race while leases keep expiring (nobody acknowledges): every
+// (message, attempt) is leased exactly once, and a message's next lease
+// starts only after the previous one ended (Redis clock) — never two leases
+// of one message at a time.
+func TestQueueConcurrentClaimersWithExpiry(t *testing.T) {
+	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: 200 * time.Millisecond}, nil)
+	p := h.project()
+	top := h.qTopic(p, "expiry")
+	sub := h.qSub(p, top.ID, "workers")
+	const msgs, rounds = 20, 3
+	for i := range msgs {
+		h.qPublish(p, top.ID, fmt.Sprintf("e%d", i), `{}`)
+	}
+	type lease struct {
+		attempt        int
+		start, leaseTo int64
+	}
+	var mu sync.Mutex
+	leases := map[string][]lease{}
+	done := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(leases) < msgs {
+			return false
+		}
+		for _, ls := range leases {
+			if len(ls) < rounds {
+				return false
+			}
+		}
+		return true
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 10)
+	deadline := time.Now().Add(30 * time.Second)
+	for w := range 10 {
+		wg.Go(func() {
+			for !done() && time.Now().Before(deadline) {
+				code, b := h.do(p.write, "POST", p.path("/subscriptions/"+sub.ID+"/claim"), fmt.Sprintf(`{"count":%d}`, 1+w%3))
+				if code != 200 {
+					errs <- fmt.Sprintf("claim: %d %s", code, b)
+					return
+				}
+				items := decode[struct {
+					Items []claimResp `json:"items"`
+				}](t, b).Items
+				mu.Lock()
+				for _, it := range items {
+					leases[it.Message.ID] = append(leases[it.Message.ID], lease{it.Receipt.Attempts, it.Receipt.UpdatedAt, it.LeaseUntil})
+				}
+				mu.Unlock()
+				if len(items) == 0 {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatal(e)
+	}
+	if !done() {
+		t.Fatalf("not every message reached %d attempts: %v", rounds, leases)
+	}
+	for id, ls := range leases {
+		slices.SortFunc(ls, func(a, b lease) int { return a.attempt - b.attempt })
+		for i, l := range ls {
+			if l.attempt != i+1 {
+				t.Fatalf("message %s: attempts %+v (a duplicate or a gap)", id, ls)
+			}
+			if i > 0 && l.start < ls[i-1].leaseTo {
+				t.Fatalf("message %s: lease %d started at %d before lease %d ended at %d", id, l.attempt, l.start, i, ls[i-1].leaseTo)
+			}
 		}
 	}
 }
@@ -765,5 +841,3 @@ func TestQueueClaimValidation(t *testing.T) {
 	code, b = h.do(p.write, "GET", p.path("/subscriptions/"+sub.ID+"/claim"), "")
 	wantError(t, code, b, 405, "method_not_allowed")
 }
-
-var _ = redis.Nil

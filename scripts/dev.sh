@@ -19,6 +19,8 @@
 #       .data/redis/       users.acl (rendered by hanctl), AOF and RDB files
 #       .data/logs/        gateway.log, redis.log, initdb.log
 #       .data/demo.json    output of `hanctl seed demo` (user ids, tokens, dialog)
+#       .data/run/stack.env  while the stack runs: HAN_BASE_URL, DATABASE_URL,
+#                          REDIS_URL, REDIS_REALTIME_URL (scripts/loadtest-smoke.sh)
 #   - starts a private PostgreSQL (127.0.0.1, port 55432 or a free one, trust
 #     auth, database `han`), a private redis-server (127.0.0.1, port 56379 or a
 #     free one, ACL file with the default user off, AOF everysec), builds ./bin,
@@ -155,7 +157,7 @@ cleanup() {
 		pg_run "$PGBIN/pg_ctl" -D "$PGDATA" -m fast -w -t 60 stop >/dev/null 2>&1 ||
 			han_log "pg_ctl stop failed; see $PGBASE/postgres.log"
 	fi
-	rm -f "$DATA/run/gateway.pid" "$DATA/run/redis.pid"
+	rm -f "$DATA/run/gateway.pid" "$DATA/run/redis.pid" "$DATA/run/stack.env"
 	han_log "stopped"
 	exit "$rc"
 }
@@ -366,6 +368,15 @@ if [ "$check" = 1 ]; then
 	echo "dev.sh --check: FAILED (message $msg_id not read back)"
 	exit 1
 fi
+
+# The running stack's addresses for scripts that drive it
+# (scripts/loadtest-smoke.sh); removed when the stack stops.
+(
+	umask 077
+	printf "HAN_BASE_URL='%s'\nDATABASE_URL='%s'\nREDIS_URL='%s'\nREDIS_REALTIME_URL='%s'\n" \
+		"$BASE" "$DATABASE_URL" "$REDIS_URL" "$REDIS_REALTIME_URL" >"$DATA/run/stack.env.tmp"
+	mv "$DATA/run/stack.env.tmp" "$DATA/run/stack.env"
+)
 
 cat <<EOF
 

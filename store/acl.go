@@ -38,7 +38,13 @@ type ACLOptions struct {
 // categories the service needs.
 func RenderACL(o ACLOptions) string {
 	var b strings.Builder
-	b.WriteString("user default off resetkeys resetchannels -@all\n")
+	// The default user stays off (no connection can authenticate as it),
+	// but it keeps full permissions: redis-server replays the AOF as the
+	// default user and re-checks ACLs at each EXEC, so a permissionless
+	// default user silently drops every Lua script's effects (written as
+	// MULTI/EXEC) on restart — redis/redis#14541, fixed upstream only after
+	// 7.2. TestRestartWithAOFKeepsIdempotencyAndProjectKeys guards this.
+	b.WriteString("user default off ~* &* +@all\n")
 	b.WriteString(APIBackendRule(o.APIBackendPassword, o.SeparateInstances))
 	b.WriteByte('\n')
 	if o.LegacyStubPassword != "" {

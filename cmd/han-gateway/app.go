@@ -33,6 +33,9 @@ type Main struct {
 	Logger *slog.Logger
 	// Migrate applies migrations at start-up (flag -migrate, default true).
 	Migrate bool
+	// Debug serves /debug/memstats and /debug/pprof/ to loopback peers
+	// (HAN_DEBUG_ENDPOINTS=1 or -debug-endpoints; debug.go).
+	Debug bool
 
 	addr     string // bound address after Run
 	pg       *pgxpool.Pool
@@ -55,6 +58,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs := flag.NewFlagSet("han-gateway", flag.ContinueOnError)
 	addr := fs.String("addr", "", "listen address (overrides HAN_HTTP_ADDR)")
 	migrate := fs.Bool("migrate", true, "apply database migrations at start-up")
+	debug := fs.Bool("debug-endpoints", getenv(debugEnv) == "1", "serve /debug/memstats and /debug/pprof/ to loopback peers ("+debugEnv+"=1)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,7 +69,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if *addr != "" {
 		cfg.HTTPAddr = *addr
 	}
-	m.Config, m.Migrate = cfg, *migrate
+	m.Config, m.Migrate, m.Debug = cfg, *migrate, *debug
 	return nil
 }
 
@@ -120,6 +124,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	metrics := restapi.NewMetrics()
+	metrics.Registry.MustRegister(newOpsCollector(store.New(m.pg), m.rdb, m.rt, cfg.RedisTimeout)) // metrics.go
 	if err := m.startSettings(ctx, metrics); err != nil {
 		return err
 	}
@@ -167,7 +172,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.addr = ln.Addr().String()
 	m.httpSrv = &http.Server{
-		Handler:           m.api.Handler(),
+		Handler:           m.withDebug(m.api.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),

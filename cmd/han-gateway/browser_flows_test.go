@@ -14,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/chromedp"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
 )
 
@@ -97,6 +99,21 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 		out.older = tl.messages().map((m) => m.seq);
 		tl.dispose();
 
+		// A reconcile asked for while a failing one runs still happens.
+		calls = [];
+		let failures = 1;
+		const flaky = fetchAfter(calls);
+		tl = new Timeline({ fetchAfter: async (after, limit) => {
+			if (failures-- > 0) { await new Promise((r) => setTimeout(r, 20)); throw new Error("network"); }
+			return flaky(after, limit);
+		} });
+		const first = tl.reconcile();
+		tl.reconcile();
+		await first;
+		await until(() => tl.known === 5);
+		out.afterFailure = tl.messages().map((m) => m.seq);
+		tl.dispose();
+
 		out.backoff = [backoffDelay(0, () => 1), backoffDelay(3, () => 1), backoffDelay(20, () => 1), backoffDelay(5, () => 0)];
 		out.advised = [advisedDelay('{"retryMs":1200}'), advisedDelay("going away")];
 		out.ttl = [ttlToken(""), ttlToken("3600"), ttlToken("1.5"), ttlToken("1e3"), ttlToken("soon")];
@@ -114,6 +131,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 		WindowFloor       int       `json:"windowFloor"`
 		DupAfterReconcile bool      `json:"dupAfterReconcile"`
 		Older             []int     `json:"older"`
+		AfterFailure      []int     `json:"afterFailure"`
 		Backoff           []int     `json:"backoff"`
 		Advised           []*int    `json:"advised"`
 		TTL               []*string `json:"ttl"`
@@ -138,6 +156,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 	check("window floor", res.WindowFloor, 3)
 	check("event already reconciled is a duplicate", res.DupAfterReconcile, false)
 	check("older page", res.Older, []int{1, 2, 3, 4, 5})
+	check("reconcile coalesced into a failed run still runs", res.AfterFailure, []int{1, 2, 3, 4, 5})
 	check("backoff (full jitter, 0.5 s doubling, 30 s cap)", res.Backoff, []int{500, 4000, 30000, 0})
 	if res.Advised[0] == nil || *res.Advised[0] != 1200 || res.Advised[1] != nil {
 		t.Errorf("advised delay from a 1001 reason: %v", res.Advised)
@@ -251,7 +270,17 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bp.shot("received")
 
 	// Bob's instance restarts: his socket is closed (1001 + retryMs) and
-	// the instance is gone while alice sends 5 more.
+	// the instance is gone while alice sends 5 more. Until bob's socket is
+	// live again his history requests fail, so what fills his gap is the
+	// reconciliation that follows the reconnect, not a REST poll meanwhile.
+	stopB := bp.intercept("*/v1/dialogs/*/messages*", fetch.RequestStageRequest, func(e *fetch.EventRequestPaused) bool {
+		if e.Request.Method != "GET" {
+			return false
+		}
+		// "resyncing" is the banner of a live socket while it reconciles.
+		phase, err := eval[string](bp, `document.querySelector("#conn").dataset.phase`)
+		return err != nil || (phase != "live" && phase != "resyncing")
+	})
 	if err := (*my).Close(); err != nil {
 		t.Fatalf("stop instance Y: %v", err)
 	}
@@ -274,6 +303,7 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bp.waitJS(40*time.Second, "bob live again", `document.querySelector("#conn").dataset.phase === "live"`)
 	bp.waitSel(deliveryBound, "bob reconciled message 6", `#messages li.msg[data-seq="6"]`)
 	assertExactlyOnce(t, "bob after reconnect", messagesShown(bp), bodies)
+	stopB()
 	bp.shot("reconciled")
 	a.waitJS(deliveryBound, "bob's presence dot on again", bobDot+` === "true"`)
 
@@ -294,6 +324,28 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 		t.Fatalf("bob sees %d attachments on message 7", got)
 	}
 	bp.shot("attachment-received")
+
+	// The answer to a send is lost after the server committed it: the
+	// composer retries with the same Idempotency-Key, the server replays,
+	// and the message exists and shows once.
+	lost, stop := a.loseFirstAnswer("POST", "*/v1/dialogs/*/messages")
+	a.typeInto("#composer-input", "Did the diagram come through?")
+	a.pressEnter("#composer-input")
+	bodies = append(bodies, "Did the diagram come through?")
+	testenv.Eventually(t, deliveryBound, func() bool { keys, _ := lost.snapshot(); return len(keys) >= 2 },
+		"the send was not retried after its answer was lost")
+	stop()
+	keys, replayed := lost.snapshot()
+	if keys[0] == "" || keys[1] != keys[0] {
+		t.Fatalf("retry used Idempotency-Key %q after %q; want the same key", keys[1], keys[0])
+	}
+	if replayed[1] != "true" {
+		t.Fatalf("the retry was not answered from the idempotency record (Idempotent-Replayed %q)", replayed[1])
+	}
+	a.waitJS(deliveryBound, "alice's retried message confirmed", `document.querySelector('#messages li.msg[data-seq="8"]') && !document.querySelector("#messages li.pending")`)
+	bp.waitSel(deliveryBound, "bob receives message 8", `#messages li.msg[data-seq="8"]`)
+	assertExactlyOnce(t, "alice", messagesShown(a), bodies)
+	assertExactlyOnce(t, "bob", messagesShown(bp), bodies)
 	a.shot("conversation")
 
 	// The history in PostgreSQL is what both pages show.

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
@@ -284,6 +286,114 @@ func (p *page) pressEnter(sel string) {
 			}
 			return nil
 		}))
+}
+
+// netLog records the requests a page made through an interception.
+type netLog struct {
+	mu       sync.Mutex // guards keys, replayed
+	keys     []string   // Idempotency-Key of each matching request
+	replayed []string   // Idempotent-Replayed of each answer (the first was lost)
+}
+
+func (l *netLog) snapshot() ([]string, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.keys...), append([]string(nil), l.replayed...)
+}
+
+// intercept pauses the page's requests matching urlPattern at stage; fail
+// decides, per request, whether the network fails it (connection reset) or
+// lets it through. It runs on a goroutine of its own, so it may evaluate in
+// the page. stop ends the interception.
+func (p *page) intercept(urlPattern string, stage fetch.RequestStage, fail func(e *fetch.EventRequestPaused) bool) (stop func()) {
+	p.t.Helper()
+	ctx, cancel := context.WithCancel(p.ctx)
+	evs := make(chan *fetch.EventRequestPaused, 64)
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*fetch.EventRequestPaused); ok {
+			evs <- e
+		}
+	}); err != nil {
+		cancel()
+		p.t.Fatalf("%s: listen: %v", p.name, err)
+	}
+	p.do("intercept "+urlPattern, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{
+			{URLPattern: urlPattern, RequestStage: stage}}})
+		return err
+	}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			var e *fetch.EventRequestPaused
+			select {
+			case <-ctx.Done():
+				return
+			case e = <-evs:
+			}
+			failIt := fail(e)
+			_, _ = chromedp.Run(ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+				var err error
+				if failIt {
+					_, err = cdp.Call(ctx, t, fetch.FailRequest, fetch.FailRequestParams{RequestID: e.RequestID, ErrorReason: network.ErrorReasonConnectionReset})
+				} else {
+					_, err = cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: e.RequestID})
+				}
+				return err
+			}))
+		}
+	}()
+	return func() {
+		p.do("stop intercepting", chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, fetch.Disable, cdp.Empty{})
+			return err
+		}))
+		cancel()
+		<-done
+	}
+}
+
+// loseFirstAnswer makes the network lose the answer to the first request
+// with this method matching urlPattern, after the server handled it: the
+// page sees a connection reset and cannot know the outcome. Later matching
+// requests pass.
+func (p *page) loseFirstAnswer(method, urlPattern string) (log *netLog, stop func()) {
+	p.t.Helper()
+	log = &netLog{}
+	lost := false
+	stop = p.intercept(urlPattern, fetch.RequestStageResponse, func(e *fetch.EventRequestPaused) bool {
+		if e.Request.Method != method {
+			return false
+		}
+		log.mu.Lock()
+		log.keys = append(log.keys, headerValue(e.Request.Headers, "Idempotency-Key"))
+		log.replayed = append(log.replayed, responseHeader(e.ResponseHeaders, "Idempotent-Replayed"))
+		log.mu.Unlock()
+		first := !lost
+		lost = true
+		return first
+	})
+	return log, stop
+}
+
+func headerValue(h network.Headers, name string) string {
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			s, _ := v.(string)
+			return s
+		}
+	}
+	return ""
+}
+
+func responseHeader(h []*fetch.HeaderEntry, name string) string {
+	for _, e := range h {
+		if strings.EqualFold(e.Name, name) {
+			return e.Value
+		}
+	}
+	return ""
 }
 
 // noJSErrors fails when the page threw or logged an error.

@@ -26,6 +26,8 @@ export class ChatView {
     this.syncing = 0;
     this.msgEls = new Map(); // message id → <li>
     this.previews = new Map(); // attachment id → Promise<object URL>
+    this.retries = new Map(); // dialog id → failed reconciliations in a row
+    this.retryTimers = new Map(); // dialog id → pending retry
     this.readKey = `han.read.${me}`;
     this.read = loadJSON(this.readKey);
     this.root = this.#build();
@@ -102,6 +104,7 @@ export class ChatView {
       this.fileInput.value = "";
     });
     this.rt.addEventListener("open", () => {
+      this.retries.clear();
       this.refreshDialogs();
       this.refreshPresence();
     });
@@ -234,7 +237,7 @@ export class ChatView {
       tl = new Timeline({
         fetchAfter: (after, limit) => get(`/v1/dialogs/${id}/messages?afterSeq=${after}&limit=${limit}`),
         onAdd: (ms) => this.#onAdded(id, ms),
-        onError: (e) => { if (!(e instanceof ApiError) || e.status !== 0) toast(`${e.code}: ${sentence(e.code, e.status)}`, "error"); },
+        onError: (e) => this.#reconcileFailed(id, e),
       });
       this.timelines.set(id, tl);
       this.#track(tl.start(d.lastSeq || 0).then(() => this.#renderMessages(true)));
@@ -251,6 +254,23 @@ export class ChatView {
     this.statusEl.textContent = "";
     this.membersEl.replaceChildren();
     this.msgList.replaceChildren(h("li", { class: "msgs-empty" }, errorView({ code: "dialog_not_found", status: 404 })));
+  }
+
+  // #reconcileFailed retries a failed reconciliation with backoff while the
+  // socket is live (no event may come to trigger one). While it is down the
+  // periodic REST poll and the reconnect take care of it.
+  #reconcileFailed(id, e) {
+    const retryable = e instanceof ApiError && e.retryable;
+    if (!retryable) toast(`${e.code || "internal"}: ${sentence(e.code, e.status)}`, "error");
+    if (!retryable || !this.rt.live) return;
+    const n = (this.retries.get(id) || 0) + 1;
+    this.retries.set(id, n);
+    const delay = e.retryAfter > 0 ? e.retryAfter * 1000 : Math.round(Math.min(30000, 500 * 2 ** n) * (0.5 + Math.random() / 2));
+    clearTimeout(this.retryTimers.get(id));
+    this.retryTimers.set(id, setTimeout(() => {
+      const tl = this.timelines.get(id);
+      if (tl && this.rt.live) this.#track(tl.reconcile());
+    }, delay));
   }
 
   #renderHeader() {
@@ -686,6 +706,7 @@ export class ChatView {
   dispose() {
     clearInterval(this.tick);
     clearInterval(this.poll);
+    for (const t of this.retryTimers.values()) clearTimeout(t);
     for (const tl of this.timelines.values()) tl.dispose();
     for (const p of this.previews.values()) p.then((u) => u && URL.revokeObjectURL(u));
   }

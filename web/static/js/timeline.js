@@ -95,26 +95,36 @@ export class Timeline {
 
   // reconcile fetches everything after known, page by page, until
   // nextCursor is null. Calls made while one runs coalesce into one more
-  // run after it.
+  // run after it — also when the running one fails, so a reconcile asked
+  // for after a reconnect is never swallowed by a failing earlier one.
   reconcile() {
     if (this.running) {
       this.again = true;
       return this.running;
     }
-    this.running = (async () => {
+    const run = (async () => {
+      let failed = null;
       try {
         do {
           this.again = false;
           await this.#fetchToEnd();
         } while (this.again);
       } catch (e) {
-        this.onError(e);
-      } finally {
-        this.running = null;
-        this.#checkGap();
+        failed = e;
       }
+      this.running = null;
+      if (failed) {
+        this.onError(failed);
+        if (this.again) {
+          this.again = false;
+          return this.reconcile();
+        }
+      }
+      this.#checkGap();
+      return undefined;
     })();
-    return this.running;
+    this.running = run;
+    return run;
   }
 
   async #fetchToEnd() {

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store"
+)
+
+// opsCollector reads, at scrape time, what no request path counts: the
+// outbox backlog in PostgreSQL and each Redis database's reachability and
+// INFO figures (clients and their output buffers — Pub/Sub subscribers
+// included —, memory, evictions). Each probe has its own short timeout; a
+// failed probe reports up=0 and skips that database's INFO families.
+// Labels: db ("0" or "1") only.
+type opsCollector struct {
+	store   *store.Store
+	dbs     [2]redis.UniversalClient
+	timeout time.Duration
+
+	outbox, up, clients, pubsubChannels, outBuf, usedMem, maxMem, evicted *prometheus.Desc
+}
+
+func newOpsCollector(st *store.Store, db0, db1 redis.UniversalClient, timeout time.Duration) *opsCollector {
+	if timeout <= 0 || timeout > time.Second {
+		timeout = time.Second
+	}
+	db := []string{"db"}
+	return &opsCollector{store: st, dbs: [2]redis.UniversalClient{db0, db1}, timeout: timeout,
+		outbox:         prometheus.NewDesc("han_outbox_backlog", "Outbox rows not yet delivered to Pub/Sub (PostgreSQL).", nil, nil),
+		up:             prometheus.NewDesc("han_redis_up", "1 when the Redis database answered PING at scrape time (degraded state when 0).", db, nil),
+		clients:        prometheus.NewDesc("han_redis_connected_clients", "INFO clients connected_clients of the Redis server behind the database.", db, nil),
+		pubsubChannels: prometheus.NewDesc("han_redis_pubsub_channels", "INFO stats pubsub_channels: channels with at least one subscriber.", db, nil),
+		outBuf:         prometheus.NewDesc("han_redis_client_recent_max_output_buffer_bytes", "INFO clients client_recent_max_output_buffer: the largest client output buffer (Pub/Sub subscribers included) of the last seconds.", db, nil),
+		usedMem:        prometheus.NewDesc("han_redis_memory_used_bytes", "INFO memory used_memory.", db, nil),
+		maxMem:         prometheus.NewDesc("han_redis_memory_max_bytes", "INFO memory maxmemory (0 = unlimited).", db, nil),
+		evicted:        prometheus.NewDesc("han_redis_evicted_keys_total", "INFO stats evicted_keys since the Redis server started.", db, nil),
+	}
+}
+
+func (c *opsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.outbox, c.up, c.clients, c.pubsubChannels, c.outBuf, c.usedMem, c.maxMem, c.evicted} {
+		ch <- d
+	}
+}
+
+func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	if n, err := c.store.OutboxPending(ctx); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.outbox, prometheus.GaugeValue, float64(n))
+	}
+	for i, rdb := range c.dbs {
+		if rdb == nil {
+			continue
+		}
+		db := strconv.Itoa(i)
+		info, err := rdb.Info(ctx, "clients", "memory", "stats").Result()
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0, db)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1, db)
+		f := infoFields(info)
+		for _, m := range []struct {
+			d     *prometheus.Desc
+			field string
+			t     prometheus.ValueType
+		}{
+			{c.clients, "connected_clients", prometheus.GaugeValue},
+			{c.pubsubChannels, "pubsub_channels", prometheus.GaugeValue},
+			{c.outBuf, "client_recent_max_output_buffer", prometheus.GaugeValue},
+			{c.usedMem, "used_memory", prometheus.GaugeValue},
+			{c.maxMem, "maxmemory", prometheus.GaugeValue},
+			{c.evicted, "evicted_keys", prometheus.CounterValue},
+		} {
+			if v, ok := f[m.field]; ok {
+				ch <- prometheus.MustNewConstMetric(m.d, m.t, v, db)
+			}
+		}
+	}
+}
+
+// infoFields parses the numeric fields of an INFO reply.
+func infoFields(info string) map[string]float64 {
+	out := map[string]float64{}
+	for _, l := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok || strings.HasPrefix(k, "#") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			out[k] = f
+		}
+	}
+	return out
+}
