@@ -34,9 +34,9 @@ lint:
 bench:
 	$(GO) run ./internal/testenv/cmd/withpg -- $(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),./...)
 
-## fuzz: the strict-JSON checker for 30 s
+## fuzz: every network-facing decoder's fuzz target briefly (FUZZTIME=5m make fuzz for longer)
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzCheck -fuzztime 30s ./internal/jsonx/
+	scripts/fuzz.sh
 
 ## loadtest: smoke load test against the REAL gateway of the local stack (scripts/loadtest-smoke.sh:
 ##           starts scripts/dev.sh, < 60 s of scenarios, non-zero exit when delivery breaks);

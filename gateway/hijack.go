@@ -17,8 +17,8 @@ import (
 // memory, and the cork below batches writes so small buffers do not turn
 // one frame into several syscalls.
 const (
-	connReadBuf    = 512
-	connWriteBuf   = 512
+	connReadBuf    = 256 // inbound frames are small and rare (frame rate limit)
+	connWriteBuf   = 256 // writes go through the cork, which batches them anyway
 	corkFlushBytes = 32 << 10
 )
 

@@ -395,6 +395,11 @@ Demo data (also in .data/demo.json; tokens valid 24 h, re-run to renew):
   alice token  $alice_tok
   bob token    $bob_tok
 
+Sign-in links for the web client (the token is in the URL fragment, which is never sent to the
+server; the client keeps it per tab, so open the two in two tabs to chat as both):
+  alice        $BASE/#token=$alice_tok&project=$project_id
+  bob          $BASE/#token=$bob_tok
+
 Try it from another shell:
   HAN=$BASE
   TOKEN=$alice_tok

@@ -19,8 +19,7 @@ const csp = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 's
 // every load (no-cache) so a new deployment's modules are never mixed with
 // an old cached one.
 func Handler() http.Handler {
-	sub, _ := fs.Sub(static, "static")
-	fsrv := http.FileServer(http.FS(sub))
+	fsrv := http.FileServer(http.FS(Files()))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", csp)
@@ -29,4 +28,10 @@ func Handler() http.Handler {
 		h.Set("Cache-Control", "no-cache")
 		fsrv.ServeHTTP(w, r)
 	})
+}
+
+// Files is the embedded client (the contents of web/static).
+func Files() fs.FS {
+	sub, _ := fs.Sub(static, "static")
+	return sub
 }

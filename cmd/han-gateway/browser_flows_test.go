@@ -363,6 +363,10 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	if len(hist.Items) != len(bodies) {
 		t.Fatalf("server holds %d messages, want %d (a retry must never create a second one)", len(hist.Items), len(bodies))
 	}
+	// On a phone-sized screen the conversation fills the width.
+	bp.do("phone viewport", chromedp.EmulateViewport(390, 844))
+	bp.waitJS(deliveryBound, "no horizontal scrolling on a phone", `document.documentElement.scrollWidth <= window.innerWidth`)
+	bp.shot("phone")
 	a.noJSErrors()
 	bp.noJSErrors()
 }
@@ -396,11 +400,21 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	if err := store.New(mx.pg).CreateProject(ctx, pid, "Browser project", []store.ProjectMember{{UserID: alice, Role: store.RoleAdmin}}); err != nil {
 		t.Fatal(err)
 	}
+	// An entry saved as "never expire" before the upgrade (legacy v1 container without a TTL).
+	if err := store.ImportLegacyCache(ctx, mx.rdb, store.NewProjectKeys(mx.Config.Env, pid),
+		[]store.LegacyEntry{{Key: "legacy:banner", Type: "string", Value: "Welcome back"}}, 0); err != nil {
+		t.Fatal(err)
+	}
 	p := b.newPage(t, "console")
 	p.do("open console link", chromedp.Navigate(mx.URL()+"/#token="+aTok+"&project="+pid))
 	p.waitJS(deliveryBound, "snapshot shown", `document.querySelector("#project-role")?.textContent === "admin"`)
 	if got := p.text("#eviction-policy"); got != "noeviction" {
 		t.Fatalf("eviction policy shown: %q", got)
+	}
+	legacy := `#cache-rows tr[data-key="legacy:banner"]`
+	p.waitSel(deliveryBound, "legacy entry listed", legacy)
+	if got := p.text(legacy + " .expires-cell"); !strings.Contains(got, "legacy · no expiry") || !strings.Contains(got, "deadline pending") {
+		t.Fatalf("legacy flags shown as %q", got)
 	}
 	p.shot("overview")
 
@@ -431,6 +445,10 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	if code != 200 || !strings.Contains(body, fmt.Sprintf(`"expiresAt":%d`, int64(exp))) {
 		t.Fatalf("the page shows an expiry the server does not hold: %d %s", code, body)
 	}
+	// That write fixed the legacy deadline: no longer pending.
+	if got := p.text(legacy + " .expires-cell"); !strings.Contains(got, "legacy · no expiry") || strings.Contains(got, "pending") {
+		t.Fatalf("legacy flags after the first write: %q", got)
+	}
 	p.shot("cache-entry")
 
 	// An invalid TTL is sent as typed and the server's stable code shown.
@@ -453,6 +471,16 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	p.click("#cache-save")
 	p.waitSel(deliveryBound, "conflict shown", `#cache-put-error[data-code="cache_key_exists"]`)
 	p.click("#cache-create-only")
+
+	// Delete is two-step.
+	del := row + ` button[aria-label="Delete session:alice"]`
+	p.click(del)
+	p.waitJS(deliveryBound, "delete armed", fmt.Sprintf(`document.querySelector(%q).textContent === "Confirm delete"`, del))
+	p.click(del)
+	p.waitJS(deliveryBound, "row removed", fmt.Sprintf(`!document.querySelector(%q)`, row))
+	if code, body := call(t, "GET", mx.URL()+"/projects/"+pid+"/redis/cache?search=session", aTok, ""); code != 200 || strings.Contains(body, "session:alice") {
+		t.Fatalf("deleted entry still listed by the API: %d %s", code, body)
+	}
 
 	// Topic + subscription, publish, claim, ack processed, receipt.
 	p.click("#tab-topics")
@@ -486,5 +514,8 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	}
 	p.waitJS(deliveryBound, "budget shows the reliable bytes", `!/^0 B of/.test(document.querySelector("#budget").textContent)`)
 	p.shot("receipt")
+	p.do("phone viewport", chromedp.EmulateViewport(390, 844))
+	p.waitJS(deliveryBound, "no horizontal scrolling on a phone", `document.documentElement.scrollWidth <= window.innerWidth`)
+	p.shot("phone")
 	p.noJSErrors()
 }

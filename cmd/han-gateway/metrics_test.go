@@ -252,8 +252,5 @@ func TestMetricsCountRefusalsAndDependencyErrors(t *testing.T) {
 	if v := counterValue(fams["han_redis_up"], map[string]string{"db": "0"}); v != 0 {
 		t.Fatalf("han_redis_up{db=0} = %v with Redis down", v)
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		s.send("dep-2", "x")
-		return counterValue(scrape(t, m)["han_redis_db0_degraded"], nil) == 1
-	}, "han_redis_db0_degraded does not report the outage")
+
 }

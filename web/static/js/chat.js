@@ -118,7 +118,13 @@ export class ChatView {
       if (e.detail.error !== "not_subscribed") toast(`${e.detail.error}: ${sentence(e.detail.error)}`, "error");
     });
     this.rt.addEventListener("state", () => this.#renderPresence());
-    document.addEventListener("visibilitychange", () => { if (!document.hidden) this.#markRead(); });
+    // No event announces a dialog someone else created with us: the list is
+    // refreshed on every (re)connect and whenever the page becomes visible.
+    document.addEventListener("visibilitychange", () => {
+      if (document.hidden) return;
+      this.#markRead();
+      this.refreshDialogs();
+    });
   }
 
   // ---- dialogs ---------------------------------------------------------------
@@ -351,7 +357,8 @@ export class ChatView {
   #messageEl(m) {
     const mine = m.senderId === this.me;
     const atts = (m.attachments || []).map((a) => this.#attachmentEl(a));
-    return h("li", { class: `msg${mine ? " mine" : ""}`, dataset: { seq: String(m.seq), id: m.id, sender: m.senderId } },
+    return h("li", { class: `msg${mine ? " mine" : ""}`, dataset: { seq: String(m.seq), id: m.id, sender: m.senderId },
+      title: `#${m.seq} · ${formatDateTime(m.createdAt)}` },
       mine ? null : avatar(m.senderId),
       h("div", { class: "msg-col" },
         h("div", { class: "msg-meta" },

@@ -320,7 +320,7 @@ export class ConsoleView {
     ];
     if (cache.legacyEntries > 0) {
       items.push(stat("Legacy entries", h("span", { id: "legacy-summary", text: `${cache.legacyEntries} without expiry` }),
-        h("div", { class: "muted", text: `${cache.legacyDeadlinePending ? "provisional deadline" : "removed"} ${formatDateTime(cache.legacyExpiresAt)}` })));
+        h("div", { class: "muted", text: `${cache.legacyDeadlinePending ? "provisional deadline" : "deadline"} ${formatDateTime(cache.legacyExpiresAt)}` })));
     }
     if (perm.admin) {
       const q = h("input", { id: "quota-input", class: "mono", inputmode: "numeric", size: "10", value: String(cache.quotaBytes ?? "") });
@@ -335,7 +335,8 @@ export class ConsoleView {
     }
     this.settingsErr = h("div", { id: "settings-error" });
     this.ovEl.replaceChildren(h("div", { class: "stats" }, items), this.settingsErr);
-    this.tabs.cache.querySelector(".tab-count").textContent = cache.entries ? String(cache.entries) : "";
+    const listed = (cache.entries || 0) + (cache.legacyEntries || 0);
+    this.tabs.cache.querySelector(".tab-count").textContent = listed ? String(listed) : "";
     for (const el of this.ovEl.querySelectorAll(".meter-fill")) el.style.width = `${el.dataset.pct}%`;
     this.putForm.querySelector("#cache-save").disabled = !this.#canWrite;
   }
@@ -402,7 +403,8 @@ export class ConsoleView {
       h("td", { class: "expires-cell" },
         h("time", { class: "expires", datetime: new Date(it.expiresAt).toISOString(), text: formatDateTime(it.expiresAt) }),
         h("div", { class: "muted rel", dataset: { rel: String(it.expiresAt) }, text: relative(it.expiresAt) }), badges),
-      h("td", { class: "muted", text: it.updatedAt ? formatDateTime(it.updatedAt) : "—" }),
+      h("td", { class: "muted nowrap", title: it.updatedAt ? formatDateTime(it.updatedAt) : "unknown (legacy entry)",
+        dataset: it.updatedAt ? { rel: String(it.updatedAt) } : null, text: it.updatedAt ? relative(it.updatedAt) : "—" }),
       h("td", { class: "actions" }, edit, del));
   }
 

@@ -1,0 +1,90 @@
+package web_test
+
+import (
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"path"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/han-app/gateway/web"
+)
+
+func get(t *testing.T, p string) *http.Response {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	web.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, p, nil))
+	return rec.Result()
+}
+
+// The page is served with a CSP that allows only this origin's scripts (no
+// inline script), blob: images for attachment previews, and WebSockets.
+func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
+	res := get(t, "/")
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 200 || !strings.Contains(string(body), `<script type="module" src="js/main.js">`) {
+		t.Fatalf("GET /: %d %.200s", res.StatusCode, body)
+	}
+	csp := res.Header.Get("Content-Security-Policy")
+	for _, want := range []string{"default-src 'self'", "script-src 'self'", "img-src 'self' blob:", "connect-src 'self' ws: wss:", "frame-ancestors 'none'"} {
+		if !strings.Contains(csp, want) {
+			t.Errorf("CSP %q lacks %q", csp, want)
+		}
+	}
+	if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
+		t.Errorf("CSP allows inline code: %q", csp)
+	}
+	for h, want := range map[string]string{"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"} {
+		if got := res.Header.Get(h); got != want {
+			t.Errorf("%s: %q, want %q", h, got, want)
+		}
+	}
+	if ct := get(t, "/js/main.js").Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/javascript") {
+		t.Errorf("module served as %q (browsers refuse modules that are not JavaScript under nosniff)", ct)
+	}
+}
+
+var (
+	importRe = regexp.MustCompile(`(?m)^import .* from "(\./[^"]+)";|import\("(/[^"]+)"\)`)
+	refRe    = regexp.MustCompile(`(?:src|href)="([^"#:]+)"`)
+)
+
+// Every module import and every file index.html names is embedded: a
+// missing or misspelled file would break the page only in a browser.
+func TestEveryReferencedFileIsEmbedded(t *testing.T) {
+	files := web.Files()
+	exists := func(p string) bool {
+		_, err := fs.Stat(files, strings.TrimPrefix(path.Clean(p), "/"))
+		return err == nil
+	}
+	idx, err := fs.ReadFile(files, "index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range refRe.FindAllStringSubmatch(string(idx), -1) {
+		if !exists(m[1]) {
+			t.Errorf("index.html references %s, which is not embedded", m[1])
+		}
+	}
+	mods, _ := fs.Glob(files, "js/*.js")
+	if len(mods) < 5 {
+		t.Fatalf("modules: %v", mods)
+	}
+	for _, m := range mods {
+		src, _ := fs.ReadFile(files, m)
+		for _, im := range importRe.FindAllStringSubmatch(string(src), -1) {
+			ref := im[1]
+			if ref != "" {
+				ref = path.Join(path.Dir(m), ref)
+			} else {
+				ref = im[2]
+			}
+			if !exists(ref) {
+				t.Errorf("%s imports %s, which is not embedded", m, ref)
+			}
+		}
+	}
+}
