@@ -37,8 +37,8 @@ type sub struct {
 // something to write: queueing work starts one when none runs, and it exits
 // once the queue is empty, so an idle connection costs one goroutine (the
 // reader) — docs/benchmarks.md. When the reader returns it marks the
-// connection closed (no writer starts after that), cancels and waits for
-// the running writer.
+// connection closed (no writer starts after that), closes the socket and
+// waits for the running writer.
 type conn struct {
 	hub    *Hub
 	ws     *websocket.Conn
@@ -275,7 +275,7 @@ func (c *conn) writeLoop() {
 			return
 		}
 		if ping {
-			pctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.PongTimeout)
+			pctx, cancel := opContext(c.hub.cfg.PongTimeout)
 			err := c.ws.Ping(pctx)
 			cancel()
 			if err != nil {
@@ -290,7 +290,7 @@ func (c *conn) writeBatch(batch []outFrame) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.hub.cfg.WriteTimeout)
+	ctx, cancel := opContext(c.hub.cfg.WriteTimeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 	if c.cork != nil {
@@ -340,7 +340,9 @@ func (c *conn) readLoop() {
 
 	tokens, last := float64(h.cfg.FrameBurst), time.Now()
 	for {
-		typ, rd, err := c.ws.Reader(c.ctx)
+		// No cancellable context: closing the socket ends the read (see
+		// opContext).
+		typ, rd, err := c.ws.Reader(context.Background())
 		if err != nil {
 			return
 		}
@@ -405,7 +407,7 @@ func (c *conn) subscribe(raw string) {
 		c.send(encodeError(errInvalidUUID))
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, h.cfg.SubscribeTimeout)
+	ctx, cancel := opContext(h.cfg.SubscribeTimeout)
 	defer cancel()
 	c.mu.Lock()
 	existing, n := c.subs[dialogID], len(c.subs)
@@ -506,7 +508,7 @@ func (c *conn) typing(raw string) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+	ctx, cancel := opContext(time.Second)
 	defer cancel()
 	_ = h.deps.Publisher.Publish(ctx, pubsub.DialogChannel(dialogID), payload)
 }
@@ -522,8 +524,8 @@ func (c *conn) teardown() {
 	c.q, c.spare = nil, nil
 	c.mu.Unlock()
 	c.cancel()
+	_ = c.ws.CloseNow() // ends a write the writer may be blocked in
 	c.writer.Wait()
-	_ = c.ws.CloseNow()
 	channels := h.remove(c)
 	for _, ch := range channels {
 		h.deps.Subscriber.Unsubscribe(ch)
@@ -541,6 +543,18 @@ func (c *conn) teardown() {
 	if err := h.deps.Store.TouchLastSeen(ctx, c.userID, at); err != nil {
 		h.logger.Warn("last seen not recorded", slog.String("kind", errKind(err)))
 	}
+}
+
+// opContext bounds one operation of a connection. It deliberately does not
+// derive from conn.ctx: every context derived from a cancellable parent
+// allocates the parent's done channel and children map, and coder/websocket
+// registers a context.AfterFunc for the blocking read of every idle
+// connection — together ≈ 1.4 KiB per idle connection (docs/benchmarks.md).
+// Instead, whoever cancels conn.ctx also closes the socket (abort, teardown,
+// Hub.closeAll, the writer after a close handshake), which ends any read,
+// write or ping in progress. conn.ctx only answers Err().
+func opContext(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
 }
 
 var frameBufs sync.Pool

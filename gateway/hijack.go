@@ -17,8 +17,8 @@ import (
 // memory, and the cork below batches writes so small buffers do not turn
 // one frame into several syscalls.
 const (
-	connReadBuf    = 256 // inbound frames are small and rare (frame rate limit)
-	connWriteBuf   = 256 // writes go through the cork, which batches them anyway
+	connReadBuf    = 128 // inbound frames are small and rare (frame rate limit)
+	connWriteBuf   = 128 // holds any control frame (≤ 127 bytes); data frames go through the cork
 	corkFlushBytes = 32 << 10
 )
 

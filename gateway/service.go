@@ -81,12 +81,17 @@ func NewService(d Deps) (*Service, error) {
 		tickets: NewTickets(d.Realtime, cfg.Hub.TicketTTL)}
 	var err error
 	s.hub = newHub(cfg.Hub, hubDeps{Store: d.Store}, d.Logger)
-	s.subscriber, err = pubsub.NewSubscriber(d.Realtime, cfg.Subscriber, d.Logger, s.hub.Dispatch,
+	delivery, err := newDeliveryObserver(cfg.Registerer) // delivery_metrics.go
+	if err != nil {
+		return nil, err
+	}
+	dispatch := delivery.wrap(s.hub.Dispatch)
+	s.subscriber, err = pubsub.NewSubscriber(d.Realtime, cfg.Subscriber, d.Logger, dispatch,
 		func(channels []string) { s.hub.resyncChannels(channels, ResyncReconnect) })
 	if err != nil {
 		return nil, err
 	}
-	s.publisher = pubsub.NewPublisher(d.Realtime, s.subscriber, s.hub.Dispatch)
+	s.publisher = pubsub.NewPublisher(d.Realtime, s.subscriber, dispatch)
 	if s.presence, err = presence.New(d.Realtime, cfg.Presence, s, d.Logger); err != nil {
 		return nil, err
 	}

@@ -42,8 +42,9 @@ func RenderACL(o ACLOptions) string {
 	// but it keeps full permissions: redis-server replays the AOF as the
 	// default user and re-checks ACLs at each EXEC, so a permissionless
 	// default user silently drops every Lua script's effects (written as
-	// MULTI/EXEC) on restart — redis/redis#14541, fixed upstream only after
-	// 7.2. TestRestartWithAOFKeepsIdempotencyAndProjectKeys guards this.
+	// MULTI/EXEC) on restart — redis/redis#14541, fixed upstream in late 2025
+	// (redis/redis#14545). TestRestartWithAOFKeepsIdempotencyAndProjectKeys
+	// guards this.
 	b.WriteString("user default off ~* &* +@all\n")
 	b.WriteString(APIBackendRule(o.APIBackendPassword, o.SeparateInstances))
 	b.WriteByte('\n')

@@ -63,6 +63,20 @@ func metricsScenario(t *testing.T) (*Main, *scenario) {
 	if _, _, err := c.Read(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A message on the subscribed dialog reaches the socket (and the
+	// delivery-latency histogram).
+	if code, b := s.send("m-2", "after subscribe"); code != 201 {
+		t.Fatalf("send: %d %s", code, b)
+	}
+	for {
+		_, b, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), `"message.created"`) {
+			break
+		}
+	}
 	// A frame the protocol refuses: the server closes the socket with a code.
 	_ = c.Write(ctx, websocket.MessageBinary, []byte{0xff})
 	for {
@@ -93,6 +107,7 @@ var requiredFamilies = []string{
 	"han_redis_up",                      // degraded state per database
 	"han_pubsub_link_up",                // degraded state of the realtime link
 	"han_project_writes_refused_total",  // project API writes refused by gate
+	"han_delivery_latency_seconds",      // delivery latency histogram
 	"han_http_request_duration_seconds", // request latency
 	"han_redis_evicted_keys_total",      // eviction alarms
 	"han_redis_memory_used_bytes",       //
@@ -131,6 +146,9 @@ func TestMetricsFamiliesAndBoundedLabels(t *testing.T) {
 		}
 	}
 
+	if n := fams["han_delivery_latency_seconds"].GetMetric()[0].GetHistogram().GetSampleCount(); n < 1 {
+		t.Errorf("han_delivery_latency_seconds observed %d deliveries, want at least 1", n)
+	}
 	for _, outcome := range []string{"created", "replay", "conflict"} {
 		if !hasLabelValue(fams["han_idempotency_requests_total"], "outcome", outcome) {
 			t.Errorf("han_idempotency_requests_total has no outcome=%q after the scenario", outcome)
