@@ -1,8 +1,11 @@
 package restapi
 
 import (
+	"net/http"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Metrics owns the Prometheus registry of the process. Every feature
@@ -14,6 +17,11 @@ type Metrics struct {
 	httpDuration *prometheus.HistogramVec
 	errors       *prometheus.CounterVec
 	failures     *failureMetrics // metrics_failures.go
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
 }
 
 // NewMetrics creates the registry with the Go runtime and process collectors.

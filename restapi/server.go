@@ -11,7 +11,6 @@ import (
 
 	"github.com/gorilla/mux"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/auth"
@@ -35,6 +34,9 @@ type Publisher interface {
 
 // Config holds the HTTP-facing settings.
 type Config struct {
+	// MetricsElsewhere drops /metrics from this router (the process serves
+	// it on a separate listener). Zero value: /metrics is served here.
+	MetricsElsewhere  bool
 	HMACSecret        []byte
 	PublicRealtimeURL string        // empty: ws(s)://<request host>/v1/realtime
 	PublishTimeout    time.Duration // zero value means 1s
@@ -181,7 +183,9 @@ func (s *Server) routes() {
 
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	r.HandleFunc("/readyz", s.readyz).Methods(http.MethodGet)
-	r.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	if !s.cfg.MetricsElsewhere {
+		r.Handle("/metrics", s.metrics.Handler()).Methods(http.MethodGet)
+	}
 	r.Handle("/v1/public/config", s.rateLimit(http.HandlerFunc(s.publicConfig))).Methods(http.MethodGet)
 
 	// Signed blob URLs and service routes come before the /v1 user

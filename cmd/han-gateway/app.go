@@ -48,6 +48,7 @@ type Main struct {
 	ops      opsParts                // runtime settings and the legacy stub (ops.go)
 	httpSrv  *http.Server
 	serveErr chan error
+	metrics  metricsListener // HAN_METRICS_ADDR (metrics_listener.go)
 }
 
 // NewMain returns a Main with defaults.
@@ -150,7 +151,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.api, err = restapi.NewServer(restapi.Deps{
-		Config: restapi.Config{HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
+		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout},
 			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
 		Logger: m.Logger, Store: store.New(m.pg), PG: m.pg, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
@@ -166,6 +167,9 @@ func (m *Main) Run(ctx context.Context) error {
 		store.BudgetReconcilerConfig{}, m.Logger)
 	m.budgets.Start()
 
+	if err := m.metrics.start(cfg.MetricsAddr, metrics.Handler(), m.Logger); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -210,6 +214,9 @@ func (m *Main) Close() error {
 			errs = append(errs, err)
 		}
 		m.httpSrv = nil
+	}
+	if err := m.metrics.close(m.Config.ShutdownTimeout); err != nil {
+		errs = append(errs, err)
 	}
 	if m.realtime != nil {
 		m.realtime.Close()

@@ -17,7 +17,10 @@ import (
 
 // Config is the whole service configuration.
 type Config struct {
-	HTTPAddr          string // HAN_HTTP_ADDR, default 127.0.0.1:8080
+	HTTPAddr string // HAN_HTTP_ADDR, default 127.0.0.1:8080
+	// MetricsAddr (HAN_METRICS_ADDR), when set, serves /metrics on its own
+	// listener and not on HTTPAddr. Zero value: /metrics on HTTPAddr.
+	MetricsAddr       string
 	RedisURL          string // REDIS_URL (DB0)
 	RedisRealtimeURL  string // REDIS_REALTIME_URL (DB1)
 	DatabaseURL       string // DATABASE_URL
@@ -76,6 +79,7 @@ func FromEnv() (Config, error) { return Load(os.Getenv) }
 func Load(getenv func(string) string) (Config, error) {
 	c := Config{
 		HTTPAddr:          or(getenv("HAN_HTTP_ADDR"), "127.0.0.1:8080"),
+		MetricsAddr:       getenv("HAN_METRICS_ADDR"),
 		RedisURL:          getenv("REDIS_URL"),
 		RedisRealtimeURL:  getenv("REDIS_REALTIME_URL"),
 		DatabaseURL:       getenv("DATABASE_URL"),
