@@ -69,6 +69,9 @@ func TestWholeServiceDB0Outage(t *testing.T) {
 	if code, body := call(t, "GET", m.URL()+"/readyz", "", ""); code != 200 || !strings.Contains(body, "degraded") {
 		t.Fatalf("/readyz: %d %s", code, body)
 	}
+	if _, metrics := call(t, "GET", m.URL()+"/metrics", "", ""); !strings.Contains(metrics, "han_redis_db0_degraded 1") {
+		t.Fatal("han_redis_db0_degraded must be 1 while DB0 is down")
+	}
 
 	if err := r.Restart(); err != nil {
 		t.Fatal(err)
@@ -77,6 +80,10 @@ func TestWholeServiceDB0Outage(t *testing.T) {
 		code, _ := send("k-2", "during the outage")
 		return code == 201
 	}, "sends did not recover after Redis came back")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		_, metrics := call(t, "GET", m.URL()+"/metrics", "", "")
+		return strings.Contains(metrics, "han_redis_db0_degraded 0")
+	}, "han_redis_db0_degraded did not return to 0")
 	code, body = call(t, "GET", m.URL()+"/v1/dialogs/"+dialog+"/messages?afterSeq=0", bTok, "")
 	if code != 200 || strings.Count(body, `"seq":`) != 2 {
 		t.Fatalf("want exactly two messages after recovery: %s", body)
