@@ -224,6 +224,12 @@ func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 	c.mu.Unlock()
 	if first {
 		c.hub.countClose(code)
+		if c.cork != nil {
+			// A writer mid-batch would otherwise buffer the close frame
+			// and drop it when its next write fails: the client would
+			// see EOF instead of the close code.
+			_ = c.cork.seal(time.Now().Add(c.hub.cfg.WriteTimeout))
+		}
 		_ = c.ws.Close(code, reason)
 	}
 }

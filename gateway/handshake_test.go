@@ -133,7 +133,7 @@ func TestHandshakeAuthAndOrigin(t *testing.T) {
 		}
 		got, _ := c.closeStatus(10 * time.Second)
 		if got != gateway.ClosePolicy {
-			t.Fatalf("flooding client: close %d, want 1008", got)
+			t.Fatalf("flooding client: close %d (%v), want 1008", got, c.err)
 		}
 	})
 	st := in.svc.Stats()

@@ -54,8 +54,9 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 type corkConn struct {
 	net.Conn
 
-	mu     sync.Mutex // guards corked, buf; held across a write so bytes never interleave
+	mu     sync.Mutex // guards corked, sealed, buf; held across a write so bytes never interleave
 	corked bool
+	sealed bool // closing: every later write goes straight out
 	buf    *[]byte
 }
 
@@ -74,7 +75,7 @@ func (c *corkConn) Write(p []byte) (int, error) {
 func (c *corkConn) cork() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.corked {
+	if !c.corked && !c.sealed {
 		c.corked = true
 		c.buf = corkBufs.Get().(*[]byte)
 	}
@@ -100,6 +101,17 @@ func (c *corkConn) flush(deadline time.Time) error {
 func (c *corkConn) uncork(deadline time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	err := c.flushLocked(deadline)
+	c.release()
+	return err
+}
+
+// seal writes what is collected and turns corking off for good, so a close
+// frame written next cannot sit in (and be discarded with) a writer's batch.
+func (c *corkConn) seal(deadline time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sealed = true
 	err := c.flushLocked(deadline)
 	c.release()
 	return err
