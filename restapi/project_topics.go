@@ -173,6 +173,20 @@ func (s *Server) snapshotQueue(ctx context.Context, pr projectReq, dto *projectS
 
 // pathID reads a resource id from the path: anything but a UUID names no
 // resource of this project.
+// projectItem checks the caller's project role, then reads the id of one of
+// the project's resources from the path (notFound when it is no UUID).
+func (s *Server) projectItem(r *http.Request, need, name string, notFound *Error) (projectReq, string, error) {
+	pr, err := s.projectAccess(r, need)
+	if err != nil {
+		return projectReq{}, "", err
+	}
+	id, err := pathID(r, name, notFound)
+	if err != nil {
+		return projectReq{}, "", err
+	}
+	return pr, id, nil
+}
+
 func pathID(r *http.Request, name string, notFound *Error) (string, error) {
 	id, ok := ids.Canonical(mux.Vars(r)[name])
 	if !ok {
@@ -257,12 +271,7 @@ func (s *Server) createTopic(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	tid, err := pathID(r, "topicId", errTopicNotFound)
+	pr, tid, err := s.projectItem(r, store.RoleWrite, "topicId", errTopicNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -281,12 +290,7 @@ func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleRead)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	tid, err := pathID(r, "topicId", errTopicNotFound)
+	pr, tid, err := s.projectItem(r, store.RoleRead, "topicId", errTopicNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -338,12 +342,7 @@ func parsePublish(m map[string]json.RawMessage) (store.PublishInput, error) {
 }
 
 func (s *Server) publishMessage(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	tid, err := pathID(r, "topicId", errTopicNotFound)
+	pr, tid, err := s.projectItem(r, store.RoleWrite, "topicId", errTopicNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -376,12 +375,7 @@ func (s *Server) publishMessage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) trimTopic(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	tid, err := pathID(r, "topicId", errTopicNotFound)
+	pr, tid, err := s.projectItem(r, store.RoleWrite, "topicId", errTopicNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -452,12 +446,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -486,12 +475,7 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -510,12 +494,7 @@ func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleRead)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	pr, sid, err := s.projectItem(r, store.RoleRead, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -538,12 +517,7 @@ func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) claim(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -578,12 +552,7 @@ func (s *Server) claim(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) postReceipt(w http.ResponseWriter, r *http.Request) {
-	pr, err := s.projectAccess(r, store.RoleWrite)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	sid, err := pathID(r, "subscriptionId", errSubscriptionNotFound)
+	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
