@@ -271,7 +271,14 @@ func (s *Server) createTopic(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
-	pr, tid, err := s.projectItem(r, store.RoleWrite, "topicId", errTopicNotFound)
+	s.deleteProjectItem(w, r, "topicId", errTopicNotFound, s.prj.queue.DeleteTopic)
+}
+
+// deleteProjectItem is DELETE of a topic or subscription: write role, the
+// eviction-policy gate, then the delete script; 204.
+func (s *Server) deleteProjectItem(w http.ResponseWriter, r *http.Request, name string, notFound *Error,
+	del func(ctx context.Context, k store.ProjectKeys, projectID, id string) error) {
+	pr, id, err := s.projectItem(r, store.RoleWrite, name, notFound)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -281,7 +288,7 @@ func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	if err := s.prj.queue.DeleteTopic(ctx, pr.keys, pr.info.ID, tid); err != nil {
+	if err := del(ctx, pr.keys, pr.info.ID, id); err != nil {
 		s.projectFail(w, r, err)
 		return
 	}
@@ -475,22 +482,7 @@ func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
-	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
-	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	ctx := r.Context()
-	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	if err := s.prj.queue.DeleteSubscription(ctx, pr.keys, pr.info.ID, sid); err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusNoContent)
+	s.deleteProjectItem(w, r, "subscriptionId", errSubscriptionNotFound, s.prj.queue.DeleteSubscription)
 }
 
 func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) {
