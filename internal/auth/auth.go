@@ -10,7 +10,7 @@ import (
 // Kind is the kind of a token, from its typ claim.
 type Kind string
 
-// The token kinds of CONTRACT §2.
+// The token kinds, from the typ claim.
 const (
 	KindUser    Kind = "user"
 	KindService Kind = "service"

@@ -119,6 +119,7 @@ type jwksServer struct {
 	*httptest.Server
 	hits  atomic.Int64
 	delay atomic.Int64 // nanoseconds each response waits (to overlap concurrent misses)
+	fail  atomic.Bool  // answer 503 instead of the JWKS
 	mu    sync.Mutex   // guards doc
 	doc   []byte
 }
@@ -130,6 +131,10 @@ func newJWKSServer(t testing.TB, ks ...map[string]any) *jwksServer {
 		s.hits.Add(1)
 		if d := time.Duration(s.delay.Load()); d > 0 {
 			time.Sleep(d)
+		}
+		if s.fail.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
 		}
 		s.mu.Lock()
 		doc := s.doc
@@ -145,6 +150,27 @@ func (s *jwksServer) set(ks ...map[string]any) {
 	s.mu.Lock()
 	s.doc = jwksDoc(ks...)
 	s.mu.Unlock()
+}
+
+// testClock is a Config.Now that only moves when the test says so, so the
+// 10 s refetch gap is crossed without sleeping.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock() *testClock { return &testClock{now: time.Now()} }
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
 }
 
 func newRedisClient(t testing.TB, url string) *redis.Client {
@@ -580,8 +606,9 @@ func TestRotation(t *testing.T) {
 	k := keys()
 	srv := newJWKSServer(t, baseJWKs()...)
 	rdb := newRedisClient(t, env.Redis.URL(0))
-	v := newVerifier(t, auth.Config{JWKSURL: srv.URL, Redis: rdb, HTTPClient: srv.Client()}, nil)
-	now := time.Now()
+	clock := newTestClock()
+	v := newVerifier(t, auth.Config{JWKSURL: srv.URL, Redis: rdb, HTTPClient: srv.Client(), Now: clock.Now}, nil)
+	now := clock.Now()
 
 	t.Run("a key added to the JWKS is picked up on the first token naming it", func(t *testing.T) {
 		newKID := randomKID("rotated")
@@ -601,12 +628,14 @@ func TestRotation(t *testing.T) {
 		}
 	})
 	t.Run("a key removed from the JWKS stops verifying after a refetch", func(t *testing.T) {
+		clock.Advance(10 * time.Second) // past the per-source refetch gap
 		third := randomKID("third")
 		srv.set(rsaJWK(third, k.rsaOther), ecJWK(kidEC, k.ec))
 		mustAccept(t, v, sign(t, jwt.SigningMethodRS256, k.rsaOther, third, claimsAt(now)))
 		mustReject(t, v, sign(t, jwt.SigningMethodRS256, k.rsa, kidRSA, claimsAt(now)), "unknown key id")
 	})
 	t.Run("concurrent misses for one kid share one fetch", func(t *testing.T) {
+		clock.Advance(10 * time.Second)
 		newKID := randomKID("concurrent")
 		srv.set(append(baseJWKs(), ecJWK(newKID, k.ec))...)
 		srv.delay.Store(int64(100 * time.Millisecond))
@@ -659,8 +688,9 @@ func TestRedisDown(t *testing.T) {
 	down.Stop()
 
 	srv := newJWKSServer(t, baseJWKs()...)
-	v := newVerifier(t, auth.Config{JWKSURL: srv.URL, Redis: rdb, HTTPClient: srv.Client()}, nil)
-	now := time.Now()
+	clock := newTestClock()
+	v := newVerifier(t, auth.Config{JWKSURL: srv.URL, Redis: rdb, HTTPClient: srv.Client(), Now: clock.Now}, nil)
+	now := clock.Now()
 
 	t.Run("Verify with Redis stopped still accepts a valid token", func(t *testing.T) {
 		mustAccept(t, v, sign(t, jwt.SigningMethodRS256, k.rsa, kidRSA, claimsAt(now)))
@@ -674,6 +704,7 @@ func TestRedisDown(t *testing.T) {
 		}
 	})
 	t.Run("unknown kid with Redis stopped falls back to the local limit", func(t *testing.T) {
+		clock.Advance(10 * time.Second) // past the per-source refetch gap
 		kid := randomKID("redis-down-unknown")
 		before := srv.hits.Load()
 		for range 3 {

@@ -1,17 +1,17 @@
 // Package auth verifies the bearer JWTs that authenticate every REST and
-// WebSocket request of the gateway (CONTRACT §2) and turns a valid token into
-// a [Principal].
+// WebSocket request of the gateway and turns a valid token into a
+// [Principal].
 //
 // A [Verifier] is safe for concurrent use by any number of goroutines. The
 // verification keys live in an immutable key set that is swapped atomically
 // when the JWKS is reloaded, so the hot path takes no lock. Its mutex guards
 // only the unknown-kid bookkeeping: the bounded map of per-kid "no refetch
 // before" times, the map of in-flight per-kid resolutions that concurrent
-// misses share, the fetch generation counters and the time of the last "too
-// many unknown kids" warning. A separate one-slot semaphore serialises JWKS
-// fetches, so at most one fetch is in flight per Verifier, and a miss that
-// queued behind a fetch which started after it reuses that fetch's result
-// instead of fetching again.
+// misses share, the newest refetch with its generation counter, the time
+// before which no refetch starts, and the time of the last "too many unknown
+// kids" warning. Refetches are single-flight: at most one runs per Verifier,
+// and every miss that arrives while it runs waits for its result instead of
+// fetching again.
 //
 // Accepted algorithms are RS256, ES256 and EdDSA with keys from a JWKS (file
 // or URL) and, only when a dev secret is configured outside prod, HS256. A
@@ -28,25 +28,41 @@
 // (its svc claim, when present, must be 1..64 characters of [A-Za-z0-9._-]
 // because it ends up in Redis key names), anything else is rejected.
 //
-// Unknown kid: a miss first consults the shared Redis negative marker
+// Unknown kid: the JWKS source is refetched at most once per 10 s per
+// Verifier, whatever kids the tokens name (a failed refetch counts; the load
+// at startup does not), so a flood of tokens with random kids costs at most
+// one fetch per 10 s. A miss inside that gap is rejected without a fetch, a
+// Redis round trip or any record, so a key published by a rotation is
+// accepted at the latest 10 s after its first use (unless its kid was already
+// tried, and found missing, before it was published). Past the gap, a miss
+// first consults the shared Redis negative marker
 // han:api:jwks:negative:<hex sha256(kid)>; if it is present the token is
-// rejected without a fetch. Otherwise the JWKS is refetched at most once per
-// RefetchInterval per kid, and a kid that is still unknown is recorded in the
-// marker for NegativeTTL. Redis errors only cost that cross-instance
-// optimisation: they are logged at debug level and the local per-kid limit
-// still applies. The local map holds at most 1024 kids; when it is full of
-// fresh entries, further unknown kids are rejected without a fetch until
-// entries age out, so a flood of random kids cannot turn into a flood of
-// fetches. There is no periodic refresh: a key removed from the JWKS stays
-// trusted until the next refetch, which any unknown kid triggers.
+// rejected without a fetch. Otherwise the JWKS is refetched, and a kid that
+// is still unknown gets no further refetch for RefetchInterval and is
+// recorded in the marker for NegativeTTL. Redis errors only cost that
+// cross-instance optimisation: they are logged at debug level and the local
+// limits still apply. The local per-kid map holds at most 1024 kids; when it
+// is full of fresh entries further kids are not recorded, and only the 10 s
+// limit applies to them. There is no periodic refresh: a key removed from the
+// JWKS stays trusted until the next refetch, which any unknown kid triggers.
 //
 // Startup: [NewVerifier] loads the JWKS once and fails if it cannot be loaded
 // at all (unreachable URL, unreadable file, invalid document), or if no
 // usable key exists in it and no dev secret is configured ([ErrNoKeys]). A
 // later refetch that fails, or that returns no usable key, keeps the previous
 // keys. In prod the JWKS URL must be https and a dev secret is refused. JWKS
-// documents are capped at 1 MiB; RSA keys must have 2048..8192-bit moduli, EC
-// points must lie on P-256.
+// documents are capped at 1 MiB.
+//
+// Keys: go-jose decodes each JWK; the choice of which keys may verify is made
+// here. A key is used only if its use is absent or "sig", its key_ops (when
+// present) include "verify", its alg (when present) is the one its type
+// implies, and it is an RSA public key with a 2048..4096-bit modulus (4096 is
+// go-jose's ceiling) and an odd exponent of at most 32 bits, an EC public key
+// on P-256 (the point must lie on the curve), or an Ed25519 public key (not a
+// low-order point). Private keys found in a JWKS are skipped, since anyone
+// who fetched the document could sign with them; so are symmetric keys, other
+// key types and curves, and values in padded base64. Skipped keys are counted
+// in a debug log; the other keys of the document stay usable.
 //
 // Errors returned by Verify wrap [ErrUnauthorized] and a short reason (and,
 // where one applies, the matching golang-jwt sentinel such as

@@ -7,18 +7,17 @@ import (
 	"crypto/elliptic"
 	"crypto/rsa"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net/http"
 	"os"
 	"slices"
-	"strings"
+
+	"github.com/go-jose/go-jose/v4"
 )
 
 const (
@@ -27,11 +26,9 @@ const (
 	algEdDSA = "EdDSA"
 	algHS256 = "HS256"
 
-	maxJWKSBytes = 1 << 20
-	// RSA keys below 2048 bits are not trusted; above 8192 bits a single
-	// verification gets expensive enough to be a denial-of-service lever.
-	minRSABits = 2048
-	maxRSABits = 8192
+	maxJWKSBytes   = 1 << 20
+	minRSABits     = 2048
+	maxRSAExponent = 1<<32 - 1
 )
 
 // keySet is an immutable snapshot of the usable JWKS keys, indexed by kid.
@@ -70,26 +67,10 @@ func (ks *keySet) has(kid string) bool {
 	return ok
 }
 
-// jwk is one member of a JWKS "keys" array (RFC 7517, RFC 7518 §6, RFC 8037).
-type jwk struct {
-	Kty    string   `json:"kty"`
-	Use    string   `json:"use"`
-	KeyOps []string `json:"key_ops"`
-	Alg    string   `json:"alg"`
-	Kid    string   `json:"kid"`
-	Crv    string   `json:"crv"`
-	N      string   `json:"n"`
-	E      string   `json:"e"`
-	X      string   `json:"x"`
-	Y      string   `json:"y"`
-}
-
-var errSkipKey = errors.New("key not usable")
-
-// parseJWKS builds a key set from a JWKS document. Keys of unknown kty or
-// crv, keys for another use, and keys that fail validation are skipped (and
-// counted), so one odd key does not take the others down; a document that is
-// not a JWKS at all is an error.
+// parseJWKS builds a key set from a JWKS document. Keys that may not verify
+// our tokens, or that go-jose cannot parse, are skipped (and counted), so one
+// odd key does not take the others down; a document that is not a JWKS at all
+// is an error.
 func parseJWKS(data []byte) (*keySet, int, error) {
 	var doc struct {
 		Keys []json.RawMessage `json:"keys"`
@@ -103,119 +84,78 @@ func parseJWKS(data []byte) (*keySet, int, error) {
 	ks := &keySet{byKID: make(map[string][]verifyKey, len(doc.Keys))}
 	skipped := 0
 	for _, raw := range doc.Keys {
-		var k jwk
-		if err := json.Unmarshal(raw, &k); err != nil {
+		kid, vk, ok := parseJWK(raw)
+		if !ok {
 			skipped++
 			continue
 		}
-		vk, err := k.verifyKey()
-		if err != nil {
-			skipped++
-			continue
-		}
-		existing := ks.byKID[k.Kid]
+		existing := ks.byKID[kid]
 		if slices.ContainsFunc(existing, func(e verifyKey) bool { return e.alg == vk.alg }) {
 			// Two keys of one type under one kid would make the choice
 			// arbitrary; the first one wins, the duplicate is ignored.
 			skipped++
 			continue
 		}
-		ks.byKID[k.Kid] = append(existing, vk)
+		ks.byKID[kid] = append(existing, vk)
 		ks.n++
 	}
 	return ks, skipped, nil
 }
 
-func (k *jwk) verifyKey() (verifyKey, error) {
-	if k.Use != "" && k.Use != "sig" {
-		return verifyKey{}, errSkipKey
+// parseJWK turns one JWKS member into a verification key. go-jose decodes
+// the key material and checks it (EC points on their curve, coordinate
+// lengths, Ed25519 low-order points, RSA moduli up to its 4096-bit limit);
+// which keys may verify our tokens is decided here.
+func parseJWK(raw json.RawMessage) (kid string, vk verifyKey, ok bool) {
+	var usage struct {
+		Use    string   `json:"use"`
+		KeyOps []string `json:"key_ops"`
+		Alg    string   `json:"alg"`
 	}
-	if k.KeyOps != nil && !slices.Contains(k.KeyOps, "verify") {
-		return verifyKey{}, errSkipKey
+	if err := json.Unmarshal(raw, &usage); err != nil {
+		return "", verifyKey{}, false
 	}
-	var vk verifyKey
-	switch k.Kty {
-	case "RSA":
-		pub, err := rsaKey(k.N, k.E)
-		if err != nil {
-			return verifyKey{}, err
+	if usage.Use != "" && usage.Use != "sig" {
+		return "", verifyKey{}, false
+	}
+	if usage.KeyOps != nil && !slices.Contains(usage.KeyOps, "verify") {
+		return "", verifyKey{}, false
+	}
+	var k jose.JSONWebKey
+	if err := k.UnmarshalJSON(raw); err != nil {
+		return "", verifyKey{}, false
+	}
+	switch pub := k.Key.(type) {
+	case *rsa.PublicKey:
+		if !usableRSA(pub) {
+			return "", verifyKey{}, false
 		}
 		vk = verifyKey{alg: algRS256, key: pub}
-	case "EC":
-		if k.Crv != "P-256" {
-			return verifyKey{}, errSkipKey
-		}
-		pub, err := p256Key(k.X, k.Y)
-		if err != nil {
-			return verifyKey{}, err
+	case *ecdsa.PublicKey:
+		if pub.Curve != elliptic.P256() {
+			return "", verifyKey{}, false
 		}
 		vk = verifyKey{alg: algES256, key: pub}
-	case "OKP":
-		if k.Crv != "Ed25519" {
-			return verifyKey{}, errSkipKey
-		}
-		x, err := b64(k.X)
-		if err != nil || len(x) != ed25519.PublicKeySize {
-			return verifyKey{}, errSkipKey
-		}
-		vk = verifyKey{alg: algEdDSA, key: ed25519.PublicKey(x)}
+	case ed25519.PublicKey:
+		vk = verifyKey{alg: algEdDSA, key: pub}
 	default:
-		return verifyKey{}, errSkipKey
+		// Symmetric keys, other key types, and private keys: a private key
+		// in a published JWKS is compromised, since anyone who fetches the
+		// document could sign tokens with it.
+		return "", verifyKey{}, false
 	}
 	// A key pinned to another alg (RS384, PS256, ...) must not be used for
 	// ours: that would be cross-algorithm use of one key.
-	if k.Alg != "" && k.Alg != vk.alg {
-		return verifyKey{}, errSkipKey
+	if usage.Alg != "" && usage.Alg != vk.alg {
+		return "", verifyKey{}, false
 	}
-	return vk, nil
+	return k.KeyID, vk, true
 }
 
-func rsaKey(nB64, eB64 string) (*rsa.PublicKey, error) {
-	nb, err := b64(nB64)
-	if err != nil {
-		return nil, errSkipKey
-	}
-	eb, err := b64(eB64)
-	if err != nil || len(eb) == 0 || len(eb) > 4 {
-		return nil, errSkipKey
-	}
-	n := new(big.Int).SetBytes(nb)
-	if n.BitLen() < minRSABits || n.BitLen() > maxRSABits {
-		return nil, errSkipKey
-	}
-	e := 0
-	for _, c := range eb {
-		e = e<<8 | int(c)
-	}
-	if e < 3 || e%2 == 0 {
-		return nil, errSkipKey
-	}
-	return &rsa.PublicKey{N: n, E: e}, nil
-}
-
-func p256Key(xB64, yB64 string) (*ecdsa.PublicKey, error) {
-	x, err := b64(xB64)
-	if err != nil || len(x) != 32 {
-		return nil, errSkipKey
-	}
-	y, err := b64(yB64)
-	if err != nil || len(y) != 32 {
-		return nil, errSkipKey
-	}
-	point := make([]byte, 0, 65)
-	point = append(point, 4)
-	point = append(append(point, x...), y...)
-	// Rejects points that are not on the curve (invalid-curve attacks).
-	pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), point)
-	if err != nil {
-		return nil, errSkipKey
-	}
-	return pub, nil
-}
-
-// b64 decodes base64url; JWKs are unpadded, but padded input is tolerated.
-func b64(s string) ([]byte, error) {
-	return base64.RawURLEncoding.DecodeString(strings.TrimRight(s, "="))
+// usableRSA refuses moduli under 2048 bits, which are not trusted, and
+// public exponents that are even, below 3 or wider than 32 bits.
+func usableRSA(pub *rsa.PublicKey) bool {
+	return pub.N.BitLen() >= minRSABits && pub.E >= 3 && pub.E%2 == 1 && uint64(pub.E) <= maxRSAExponent
 }
 
 // kidHash is how a kid appears in Redis key names and logs: the hex SHA-256,

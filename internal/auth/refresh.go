@@ -11,7 +11,11 @@ import (
 // be learned now); the caller then looks the kid up again.
 //
 // Concurrent misses for one kid share one resolution: the first registers it
-// in inflight and runs it, the others wait for its done channel.
+// in inflight and runs it, the others wait for its done channel. A miss that
+// arrives while a refetch runs waits for that refetch; one that arrives less
+// than sourceRefetchGap after the last refetch started learns nothing now and
+// leaves no trace, so a key published since is found by the first miss after
+// the gap.
 func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	if len(kid) > maxKIDBytes {
 		return
@@ -20,31 +24,25 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	v.mu.Lock()
 	if m := v.inflight[kid]; m != nil {
 		v.mu.Unlock()
-		select {
-		case <-m.done:
-		case <-ctx.Done():
-		}
+		wait(ctx, m.done)
 		return
 	}
 	if until, ok := v.noFetchUntil[kid]; ok && now.Before(until) {
 		v.mu.Unlock()
 		return
 	}
-	if !v.reserveLocked(kid, now) {
-		warn := now.Sub(v.lastFullWarn) >= v.cfg.RefetchInterval
-		if warn {
-			v.lastFullWarn = now
-		}
+	if f := v.fetch; f != nil && f.running() {
 		v.mu.Unlock()
-		if warn {
-			v.logger.LogAttrs(ctx, slog.LevelWarn, "auth: too many unknown kids; refetches paused",
-				slog.Int("tracked", maxTrackedKIDs))
-		}
+		wait(ctx, f.done)
+		return
+	}
+	if now.Before(v.nextFetch) {
+		v.mu.Unlock()
 		return
 	}
 	m := &kidMiss{done: make(chan struct{})}
 	v.inflight[kid] = m
-	seen := v.startGen
+	seen := v.fetchGen
 	v.mu.Unlock()
 
 	defer func() {
@@ -61,21 +59,18 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	kh := kidHash(kid)
 	ttl, marked, redisOK := v.negativeMarker(mctx, kh)
 	if marked {
-		v.mu.Lock()
-		v.noFetchUntil[kid] = now.Add(ttl)
-		v.mu.Unlock()
+		v.remember(ctx, kid, now, now.Add(ttl))
 		v.logger.LogAttrs(ctx, levelDebug, "auth: kid in negative cache", slog.String("kid_hash", kh))
 		return
 	}
 	if err := v.refresh(mctx, seen); err != nil {
-		v.logger.LogAttrs(ctx, slog.LevelWarn, "auth: jwks refetch failed; keeping the previous keys",
-			slog.String("kid_hash", kh), slog.Any("err", err))
 		return
 	}
 	if v.keys.Load().has(kid) {
 		v.logger.LogAttrs(ctx, slog.LevelInfo, "auth: jwks refetch found a new kid", slog.String("kid_hash", kh))
 		return
 	}
+	v.remember(ctx, kid, now, now.Add(v.cfg.RefetchInterval))
 	if redisOK {
 		// After a failed read the write would only add another timeout.
 		v.setNegativeMarker(mctx, kh)
@@ -83,44 +78,93 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	v.logger.LogAttrs(ctx, levelDebug, "auth: kid unknown after refetch", slog.String("kid_hash", kh))
 }
 
-// reserveLocked records that kid gets no further refetch for one interval.
-// It refuses when the map is full of fresh entries, so a flood of random kids
-// cannot grow memory or turn into a flood of fetches. v.mu must be held.
-func (v *Verifier) reserveLocked(kid string, now time.Time) bool {
+// wait blocks until done is closed or ctx ends.
+func wait(ctx context.Context, done <-chan struct{}) {
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// remember records that kid, which the JWKS does not hold, causes no refetch
+// (nor marker read) before until. The map is bounded: when it is full of fresh
+// entries the kid is not remembered, which only costs it the per-kid limit;
+// the per-source gap still bounds the fetches.
+func (v *Verifier) remember(ctx context.Context, kid string, now, until time.Time) {
+	v.mu.Lock()
 	if _, ok := v.noFetchUntil[kid]; !ok && len(v.noFetchUntil) >= maxTrackedKIDs {
-		for k, until := range v.noFetchUntil {
-			if !now.Before(until) && v.inflight[k] == nil {
+		for k, u := range v.noFetchUntil {
+			if !now.Before(u) {
 				delete(v.noFetchUntil, k)
 			}
 		}
-		if len(v.noFetchUntil) >= maxTrackedKIDs {
-			return false
-		}
 	}
-	v.noFetchUntil[kid] = now.Add(v.cfg.RefetchInterval)
-	return true
+	if _, ok := v.noFetchUntil[kid]; ok || len(v.noFetchUntil) < maxTrackedKIDs {
+		v.noFetchUntil[kid] = until
+		v.mu.Unlock()
+		return
+	}
+	warn := now.Sub(v.lastFullWarn) >= sourceRefetchGap
+	if warn {
+		v.lastFullWarn = now
+	}
+	v.mu.Unlock()
+	if warn {
+		v.logger.LogAttrs(ctx, slog.LevelWarn, "auth: too many unknown kids to track each; only the per-source refetch limit applies",
+			slog.Int("tracked", maxTrackedKIDs))
+	}
 }
 
-// refresh reloads the JWKS. Fetches are serialised; a caller that queued
-// behind a fetch which started after its miss (seen is the start counter read
-// at the miss) takes that fetch's result instead of fetching again.
-func (v *Verifier) refresh(ctx context.Context, seen uint64) error {
-	select {
-	case v.fetchSem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-v.fetchSem }()
+// fetchCall is one JWKS refetch; err is set before done is closed.
+type fetchCall struct {
+	done chan struct{}
+	err  error
+}
 
-	v.mu.Lock()
-	if v.doneGen > seen {
-		v.mu.Unlock()
-		return nil
+func (f *fetchCall) running() bool {
+	select {
+	case <-f.done:
+		return false
+	default:
+		return true
 	}
-	v.startGen++
-	gen := v.startGen
+}
+
+// refresh reloads the JWKS for a miss that saw fetchGen == seen while no
+// refetch ran and the gap had passed. If another miss has started a refetch
+// since, that refetch began after this miss and answers it too, so this one
+// waits for its result instead of fetching; otherwise it starts the refetch
+// and closes the gap for sourceRefetchGap, whatever the outcome, so a failing
+// JWKS endpoint is not hammered either. Only the miss that ran a failed
+// refetch logs it, so a flood of misses sharing it logs one line.
+func (v *Verifier) refresh(ctx context.Context, seen uint64) error {
+	v.mu.Lock()
+	if v.fetchGen != seen {
+		f := v.fetch
+		v.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	f := &fetchCall{done: make(chan struct{})}
+	v.fetch = f
+	v.fetchGen++
+	v.nextFetch = v.cfg.Now().Add(sourceRefetchGap)
 	v.mu.Unlock()
 
+	f.err = v.reload(ctx)
+	close(f.done)
+	if f.err != nil {
+		v.logger.LogAttrs(ctx, slog.LevelWarn, "auth: jwks refetch failed; keeping the previous keys", slog.Any("err", f.err))
+	}
+	return f.err
+}
+
+// reload fetches and parses the JWKS and swaps the key set in.
+func (v *Verifier) reload(ctx context.Context) error {
 	ks, err := v.loadJWKS(ctx)
 	if err != nil {
 		return err
@@ -130,12 +174,9 @@ func (v *Verifier) refresh(ctx context.Context, seen uint64) error {
 		// deliberate revocation of every key; dropping all keys would
 		// reject every user at once.
 		v.logger.LogAttrs(ctx, slog.LevelWarn, "auth: refetched jwks holds no usable key; keeping the previous keys")
-	} else {
-		v.keys.Store(ks)
+		return nil
 	}
-	v.mu.Lock()
-	v.doneGen = gen
-	v.mu.Unlock()
+	v.keys.Store(ks)
 	return nil
 }
 

@@ -25,8 +25,8 @@ type Config struct {
 	JWKSURL string
 	// JWKSFile is a JWKS on disk, re-read on every refetch.
 	JWKSFile string
-	// DevHS256Secret enables HS256 (dev only; at least 32 bytes, RFC 7518
-	// §3.2). Zero value: HS256 is rejected.
+	// DevHS256Secret enables HS256 (dev only; at least 32 bytes, the key
+	// size RFC 7518 requires for HS256). Zero value: HS256 is rejected.
 	DevHS256Secret []byte
 	// Env is the environment name; "prod" (or "production", any case)
 	// makes NewVerifier refuse DevHS256Secret and a non-https JWKSURL.
@@ -35,7 +35,8 @@ type Config struct {
 	// means 30s.
 	Leeway time.Duration
 	// RefetchInterval bounds refetches caused by an unknown kid to one per
-	// kid per interval. Zero value means 30s.
+	// kid per interval, on top of the fixed limit of one refetch per 10s
+	// for all kids together. Zero value means 30s.
 	RefetchInterval time.Duration
 	// NegativeTTL is how long the Redis marker of a kid that is still
 	// unknown after a refetch lives. Zero value means 30s.
@@ -59,6 +60,12 @@ const (
 	maxKIDBytes = 256
 	// maxTrackedKIDs bounds the per-kid refetch map.
 	maxTrackedKIDs = 1024
+	// sourceRefetchGap is the least time between the starts of two JWKS
+	// refetches by one Verifier, whichever kids cause them: random kids in
+	// unauthenticated tokens must not turn into a stream of fetches, and a
+	// key published by a rotation is still found within this long of its
+	// first use.
+	sourceRefetchGap = 10 * time.Second
 	// missTimeout bounds one shared unknown-kid resolution (Redis + fetch),
 	// which runs detached from the request that started it.
 	missTimeout = 10 * time.Second
@@ -78,14 +85,14 @@ type Verifier struct {
 	secret  []byte // nil unless HS256 is enabled
 	useJWKS bool
 
-	keys     atomic.Pointer[keySet]
-	fetchSem chan struct{} // one slot: JWKS fetches run one at a time
+	keys atomic.Pointer[keySet]
 
-	mu           sync.Mutex           // guards noFetchUntil, inflight, startGen, doneGen, lastFullWarn
-	noFetchUntil map[string]time.Time // kid → no refetch (or marker lookup) for it before then
+	mu           sync.Mutex           // guards the fields below
+	noFetchUntil map[string]time.Time // kid → no refetch (or marker read) for it before then
 	inflight     map[string]*kidMiss  // kid → the resolution concurrent misses share
-	startGen     uint64               // number of JWKS fetches started
-	doneGen      uint64               // startGen value of the newest fetch that succeeded
+	fetch        *fetchCall           // the newest JWKS refetch, running or finished; nil before the first
+	fetchGen     uint64               // number of JWKS refetches started
+	nextFetch    time.Time            // no JWKS refetch starts before then
 	lastFullWarn time.Time            // last "too many unknown kids" warning
 }
 
@@ -148,7 +155,6 @@ func NewVerifier(ctx context.Context, cfg Config, logger *slog.Logger) (*Verifie
 		cfg:          cfg,
 		logger:       logger,
 		useJWKS:      useJWKS,
-		fetchSem:     make(chan struct{}, 1),
 		noFetchUntil: make(map[string]time.Time),
 		inflight:     make(map[string]*kidMiss),
 	}
