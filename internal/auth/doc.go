@@ -59,10 +59,11 @@
 // implies, and it is an RSA public key with a 2048..4096-bit modulus (4096 is
 // go-jose's ceiling) and an odd exponent of at most 32 bits, an EC public key
 // on P-256 (the point must lie on the curve), or an Ed25519 public key (not a
-// low-order point). Private keys found in a JWKS are skipped, since anyone
-// who fetched the document could sign with them; so are symmetric keys, other
-// key types and curves, and values in padded base64. Skipped keys are counted
-// in a debug log; the other keys of the document stay usable.
+// low-order point). Private keys found in a JWKS are skipped, since anyone who
+// fetched the document could sign with them; so are symmetric keys, other key
+// types and curves, values in padded base64, and keys whose x5c certificate
+// does not parse or does not hold the same key. Skipped keys are counted in a
+// debug log; the other keys of the document stay usable.
 //
 // Errors returned by Verify wrap [ErrUnauthorized] and a short reason (and,
 // where one applies, the matching golang-jwt sentinel such as

@@ -6,6 +6,9 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -235,6 +238,18 @@ func TestJWKSKeyFilter(t *testing.T) {
 		t.Fatal("test setup: the padded modulus has no padding")
 	}
 
+	// x5c: a self-signed certificate for the probe key, and one for another key.
+	selfSigned := func(priv *rsa.PrivateKey) string {
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "han test"},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return base64.StdEncoding.EncodeToString(der)
+	}
+	ownCert, otherCert := selfSigned(k.rsaOther), selfSigned(k.rsa)
+
 	rsaSigned := sign(t, jwt.SigningMethodRS256, k.rsaOther, probe, claimsAt(time.Now()))
 	ecSigned := sign(t, jwt.SigningMethodES256, k.ec, probe, claimsAt(time.Now()))
 	edSigned := sign(t, jwt.SigningMethodEdDSA, k.ed, probe, claimsAt(time.Now()))
@@ -254,6 +269,8 @@ func TestJWKSKeyFilter(t *testing.T) {
 		{"RSA public key", rsaKey, rsaSigned, usable},
 		{"RSA with key_ops verify", with(rsaKey, map[string]any{"key_ops": []string{"verify"}}), rsaSigned, usable},
 		{"RSA without use and alg", with(rsaKey, map[string]any{"use": nil, "alg": nil}), rsaSigned, usable},
+		{"RSA with its certificate in x5c", with(rsaKey, map[string]any{"x5c": []string{ownCert}}), rsaSigned, usable},
+		{"RSA with another key's certificate in x5c", with(rsaKey, map[string]any{"x5c": []string{otherCert}}), rsaSigned, skipped},
 		{"RSA for encryption", with(rsaKey, map[string]any{"use": "enc"}), rsaSigned, skipped},
 		{"RSA with key_ops encrypt", with(rsaKey, map[string]any{"key_ops": []string{"encrypt"}}), rsaSigned, skipped},
 		{"RSA pinned to PS256", with(rsaKey, map[string]any{"alg": "PS256"}), rsaSigned, skipped},
