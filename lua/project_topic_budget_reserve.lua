@@ -1,6 +1,6 @@
 #!lua
 -- project_topic_budget_reserve: phase one of a write that adds reliable
--- bytes (CONTRACT §9a): reserve `amount` on the module-wide budget, a capped
+-- bytes to the module-wide budget (64 MiB across projects): reserve `amount` on the module-wide budget, a capped
 -- increment that never lets committed + reserved pass the cap. The project
 -- script runs next; phase two (project_topic_budget_settle) turns the
 -- reservation into committed bytes or refunds it. A reservation never

@@ -1,6 +1,6 @@
 #!lua
 -- ratelimit_fixed: fixed-window counter over one or more families of one
--- request, all or nothing (CONTRACT §4). A window starts with its first
+-- request, all or nothing: a denial by any family debits none. A window starts with its first
 -- admitted request; the counter's INCR and its first PEXPIREAT happen in this
 -- one script, so no counter is ever left without a TTL.
 -- KEYS[i]       han:api:rl:<family>:…:<window>, a string counter whose expiry

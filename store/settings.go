@@ -7,8 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Runtime settings versioned in PostgreSQL (seed module-04 §6;
-// docs/runtime-settings.md): rate-limit policy overrides and named tunables.
+// Runtime settings versioned in PostgreSQL (docs/runtime-settings.md): rate-limit policy overrides and named tunables.
 // Every change of either table increments settings_head.version in the
 // changing transaction (trigger, migration 0005).
 

@@ -10,7 +10,8 @@ import (
 // Kind is the kind of a token, from its typ claim.
 type Kind string
 
-// The token kinds of CONTRACT §2.
+// The token kinds, from the claim typ (absent means user). The project
+// Redis API and the chat user endpoints accept only user tokens.
 const (
 	KindUser    Kind = "user"
 	KindService Kind = "service"

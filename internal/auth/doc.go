@@ -1,5 +1,5 @@
 // Package auth verifies the bearer JWTs that authenticate every REST and
-// WebSocket request of the gateway (CONTRACT §2) and turns a valid token into
+// WebSocket request of the gateway and turns a valid token into
 // a [Principal].
 //
 // A [Verifier] is safe for concurrent use by any number of goroutines. The

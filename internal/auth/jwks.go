@@ -70,7 +70,7 @@ func (ks *keySet) has(kid string) bool {
 	return ok
 }
 
-// jwk is one member of a JWKS "keys" array (RFC 7517, RFC 7518 §6, RFC 8037).
+// jwk is one member of a JWKS "keys" array (RFC 7517, RFC 7518 section 6, RFC 8037).
 type jwk struct {
 	Kty    string   `json:"kty"`
 	Use    string   `json:"use"`

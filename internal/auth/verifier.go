@@ -26,7 +26,7 @@ type Config struct {
 	// JWKSFile is a JWKS on disk, re-read on every refetch.
 	JWKSFile string
 	// DevHS256Secret enables HS256 (dev only; at least 32 bytes, RFC 7518
-	// §3.2). Zero value: HS256 is rejected.
+	// section 3.2). Zero value: HS256 is rejected.
 	DevHS256Secret []byte
 	// Env is the environment name; "prod" (or "production", any case)
 	// makes NewVerifier refuse DevHS256Secret and a non-https JWKSURL.

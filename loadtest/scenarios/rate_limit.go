@@ -16,7 +16,7 @@ import (
 
 // RateLimit hammers one limited endpoint with a few users from many VUs and
 // checks the decisions: decisions/s (http_reqs rate), every 429 carrying
-// Retry-After and the RateLimit / RateLimit-Policy fields (CONTRACT §4),
+// Retry-After and the RateLimit / RateLimit-Policy fields (docs/ratelimit.md),
 // and no user admitted more than the limit allows over the run. The
 // same-run baseline for decisions/s is redis-benchmark's raw EVALSHA rate
 // of the limiter script (docs/loadtest.md).
