@@ -51,7 +51,7 @@ type Config struct {
 	// maxmemory-policy (INFO memory); zero value means 3s.
 	EvictionPolicyTTL time.Duration
 	// ProjectQueue tunes topics, claims and budgets of the project API
-	// (project_topics.go); zero values mean the seed's defaults.
+	// (project_topics.go); zero values mean the defaults.
 	ProjectQueue ProjectQueueConfig
 }
 

@@ -58,7 +58,7 @@ const (
 	trimBatch = 256
 )
 
-// QueueConfig tunes the project queue. Every zero value picks the seed's
+// QueueConfig tunes the project queue. Every zero value picks the
 // default.
 type QueueConfig struct {
 	Lease              time.Duration // zero value means 60s

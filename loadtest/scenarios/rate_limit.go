@@ -34,7 +34,7 @@ type RateLimit struct {
 const (
 	MetricRLAllowed      = "ratelimit_allowed"       // counter: 2xx answers
 	MetricRLDenied       = "ratelimit_denied"        // counter: 429 answers
-	MetricRLBadHeaders   = "ratelimit_bad_headers"   // counter: answers lacking the contract's headers
+	MetricRLBadHeaders   = "ratelimit_bad_headers"   // counter: answers lacking the RateLimit headers
 	MetricRLOverAdmitted = "ratelimit_over_admitted" // counter: admissions beyond limit × windows touched
 )
 
