@@ -24,10 +24,10 @@ type handler struct {
 	origins map[string]struct{}
 }
 
-// ServeHTTP checks the Origin before the upgrade (coder/websocket's own
-// check accepts any same-host Origin and a missing one), upgrades with
-// subprotocol han.v1, authenticates by one-time ticket or bearer token and
-// registers the connection. Refusals after the upgrade are close frames
+// ServeHTTP upgrades with subprotocol han.v1, then checks the Origin
+// exactly (coder/websocket's own check accepts any same-host Origin and a
+// missing one, so it is off), authenticates by one-time ticket or bearer
+// token and registers the connection. Refusals after the upgrade are close frames
 // with the codes of docs/realtime-protocol.md, because a browser cannot read
 // the status of a failed upgrade.
 func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
