@@ -16,9 +16,9 @@ func DialogChannel(dialogID string) string { return dialogChannelPrefix + dialog
 // UserChannel is the Pub/Sub channel of a user.
 func UserChannel(userID string) string { return userChannelPrefix + userID }
 
-// Event is the server → client `event` frame (docs/realtime-protocol.md). Its JSON text is
-// exactly what is published on the Redis channel, so an instance forwards
-// the bytes to local sockets without decoding them.
+// Event is the server → client `event` frame (docs/realtime-protocol.md). Its
+// JSON text is exactly what is published on the Redis channel, so an instance
+// forwards the bytes to local sockets without decoding them.
 type Event struct {
 	Type     string          `json:"type"`    // always "event"
 	Channel  string          `json:"channel"` // "dialog:<id>" or "user:<id>"

@@ -424,9 +424,9 @@ func randomToken() string {
 	return hex.EncodeToString(b)
 }
 
-// db0FailClosedRoutes are the routes whose handlers apply the DB0 outage
-// rule (docs/degraded-mode.md) themselves: replay a completed PostgreSQL record for the key, else
-// fail closed.
+// db0FailClosedRoutes are the routes whose handlers apply the DB0 outage rule
+// (docs/degraded-mode.md) themselves: replay a completed PostgreSQL record for
+// the key, else fail closed.
 var db0FailClosedRoutes = map[string]bool{
 	http.MethodPost + " /v1/dialogs/{id}/messages":        true,
 	http.MethodPost + " /v1/attachments":                  true,
