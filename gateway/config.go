@@ -9,7 +9,7 @@ import (
 // Subprotocol is the only WebSocket subprotocol the gateway speaks.
 const Subprotocol = "han.v1"
 
-// Close codes (CONTRACT §7, docs/realtime-protocol.md).
+// Close codes (docs/realtime-protocol.md).
 const (
 	CloseGoingAway     = websocket.StatusGoingAway       // 1001: drain; reason {"retryMs":n}
 	CloseUnsupported   = websocket.StatusUnsupportedData // 1003: a binary frame

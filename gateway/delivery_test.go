@@ -19,9 +19,9 @@ import (
 func asCloseError(err error, ce *websocket.CloseError) bool { return errors.As(err, ce) }
 
 // A on instance 1, B on instance 2, one dialog: A's REST post on instance 1
-// reaches B on instance 2 as an event frame whose JSON has exactly the
-// fields of CONTRACT §7 and whose data is the message DTO the REST call
-// returned.
+// reaches B on instance 2 as an event frame whose JSON has exactly the fields
+// of the realtime protocol's event frame and whose data is the message DTO the
+// REST call returned.
 func TestCrossInstanceDelivery(t *testing.T) {
 	pool := openPool(t)
 	one := newInstance(t, pool, opts{})

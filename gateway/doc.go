@@ -4,22 +4,27 @@
 // (package pubsub), presence (package presence), the outbox relay and the
 // one-time tickets.
 //
-// GET /v1/realtime checks the Origin exactly against the allowed list
-// before the upgrade, authenticates by ticket or bearer token after it (so
-// refusals are close frames a browser can read), registers presence and
-// hands the connection to the Hub.
+// GET /v1/realtime upgrades first (coder/websocket's own Origin check is
+// off, because it accepts any same-host Origin and a missing one), then
+// decides, in this order: the Origin, exactly against the allowed list (a
+// ticket also requires one); the subprotocol; draining; the ticket or bearer
+// token. Every refusal is a close frame after the upgrade (1008, 1001, 4001,
+// 4003, 1013), because a browser cannot read the status of a failed upgrade.
+// It then registers presence and hands the connection to the Hub.
 //
-// Concurrency: per connection, one reader goroutine owns the connection
-// (reads, handles client frames in order, tears down); it starts exactly
-// one writer goroutine, which drains the bounded outbound queue in batches
-// (corked into one write), sends the WebSocket pings the hub asks for and
-// performs the closes the hub decides on. Fan-out (Hub.Dispatch) never
-// blocks: it appends the shared, pre-encoded event bytes to each queue
-// under that connection's mutex, applying the backpressure policy
-// (ephemeral frames dropped first, durable overflow replaced by one
-// resync, persistent slowness closed with 4008). Hub.mu is always taken
-// before a connection's mu. Service, Hub and Tickets are safe for
-// concurrent use.
+// Concurrency: per connection, one reader goroutine owns the connection (reads,
+// handles client frames in order, tears down). A writer goroutine runs per
+// burst, not for the connection's life: queueing a frame, a ping or a close
+// starts one when none runs; it drains the bounded outbound queue in batches
+// (corked into one write), sends the WebSocket ping the hub's ping loop marked
+// due, performs the closes the hub decides on, and exits once nothing is left,
+// so an idle connection costs only its reader. A writer that fails leaves the
+// connection marked as writing, so no other writer starts on it. Fan-out
+// (Hub.Dispatch) never blocks: it appends the shared, pre-encoded event bytes
+// to each queue under that connection's mutex, applying the backpressure policy
+// (ephemeral frames dropped first, durable overflow replaced by one resync,
+// persistent slowness closed with 4008). Hub.mu is always taken before a
+// connection's mu. Service, Hub and Tickets are safe for concurrent use.
 //
 // The protocol is documented in docs/realtime-protocol.md.
 package gateway

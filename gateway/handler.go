@@ -24,11 +24,12 @@ type handler struct {
 	origins map[string]struct{}
 }
 
-// ServeHTTP checks the Origin before the upgrade (coder/websocket's own
-// check accepts any same-host Origin and a missing one), upgrades with
-// subprotocol han.v1, authenticates by one-time ticket or bearer token and
-// registers the connection. Refusals after the upgrade are close frames
-// with the codes of CONTRACT §7, so browsers can see why.
+// ServeHTTP upgrades with subprotocol han.v1, then checks the Origin
+// exactly (coder/websocket's own check accepts any same-host Origin and a
+// missing one, so it is off), authenticates by one-time ticket or bearer
+// token and registers the connection. Refusals after the upgrade are close frames
+// with the codes of docs/realtime-protocol.md, because a browser cannot read
+// the status of a failed upgrade.
 func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := hd.s
 	h := s.hub
@@ -104,7 +105,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := newConn(h, ws, hw.cork, userID)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
 		// DB1 is needed to record presence: refuse new connections while it
-		// is out; existing ones keep their local fan-out (CONTRACT §10).
+		// is out; existing ones keep their local fan-out (docs/degraded-mode.md).
 		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", errKind(err)))
 		refuse(CloseTryAgainLater, "try again later", "unavailable")
 		return

@@ -6,8 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// hubCollector exports the hub's counters (CONTRACT §11: WebSocket
-// connections, subscriptions, queue drops).
+// hubCollector exports the hub's counters (WebSocket connections,
+// subscriptions, queue drops).
 type hubCollector struct {
 	h *Hub
 

@@ -60,7 +60,7 @@ func TestTypingIsRateLimited(t *testing.T) {
 	}
 }
 
-// DB1 down (CONTRACT §10): tickets and presence answer 503, new
+// DB1 down (docs/degraded-mode.md): tickets and presence answer 503, new
 // connections are refused with 1013, existing sockets keep local fan-out,
 // and they get resync when DB1 is back.
 func TestRealtimeRedisOutage(t *testing.T) {

@@ -127,7 +127,8 @@ func (rc *rawClient) read() frame {
 }
 
 // event publishes a durable event of about size bytes straight into the
-// dialog's Redis channel, in the CONTRACT §7 format.
+// dialog's Redis channel, as the exact JSON text of the event frame clients
+// receive.
 func publishEvent(t *testing.T, in *instance, dialogID string, seq int64, size int) string {
 	t.Helper()
 	id := ids.New()

@@ -1,5 +1,5 @@
-// Package legacystub is the legacy DB2 safety stub v1 (seed module-04 §7,
-// CONTRACT §8 decision): a stand-in for the Safety service until cutover.
+// Package legacystub is the legacy DB2 safety stub v1 (docs/legacy-stub.md):
+// a stand-in for the Safety service until cutover.
 // While it is enabled, every message send records a safety task — a
 // stub_tasks row in the send transaction and, right after the commit, a
 // HASH han:stub:task:{<message_id>} in Redis DB2 written as ACL user

@@ -27,7 +27,8 @@ const (
 // that overrides Config.VerdictAfterPolls without a restart.
 const TunableVerdictAfterPolls = "legacy_stub.verdict_after_polls"
 
-// Config tunes the stub. The defaults are those of CONTRACT §8.
+// Config tunes the stub. The defaults (2 s × 30 polls + 120 s recovery, a
+// 180 s task TTL) are those of docs/legacy-stub.md.
 type Config struct {
 	// PollInterval is how often a client is expected to poll. Zero value
 	// means 2s.
@@ -81,8 +82,8 @@ func (c Config) PollBudget() time.Duration { return c.PollInterval * time.Durati
 var ErrConfig = errors.New("legacystub: invalid configuration")
 
 // Validate applies the defaults and checks the rules that keep a task alive
-// as long as anyone may need it (seed module-04 §7: the task TTL must
-// exceed the poll/recovery budget):
+// as long as anyone may need it (the task TTL must exceed the poll/recovery
+// budget):
 //
 //   - TaskTTL ≥ PollInterval × MaxPolls + RecoveryBudget;
 //   - RecoveryInterval + RecoveryLease < RecoveryBudget, so a stuck task is

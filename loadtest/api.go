@@ -18,7 +18,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 )
 
-// API calls the gateway's REST endpoints (CONTRACT §6, §9) and records
+// API calls the gateway's REST endpoints (chat and project Redis API) and records
 // http_reqs, http_req_duration (overall and per endpoint, named by method
 // and route template), http_req_failed and errors{status,code}. Safe for
 // concurrent use.
@@ -238,7 +238,7 @@ func MintUsers(secret []byte, n int, ttl time.Duration) ([]User, error) {
 	return out, nil
 }
 
-// Dialog and Message are the DTOs the scenarios read (CONTRACT §6).
+// Dialog and Message are the DTOs the scenarios read (docs/api.md).
 type Dialog struct {
 	ID        string   `json:"id"`
 	MemberIDs []string `json:"memberIds"`

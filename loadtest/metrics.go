@@ -79,7 +79,8 @@ const (
 	MetricVUs                = "vus"                 // gauge: active virtual users
 )
 
-// aliases are the short names thresholds may use (the examples).
+// aliases are short names thresholds may use instead of the full metric
+// names.
 var aliases = map[string]string{
 	"ws_connect": MetricWSConnecting,
 	"delivery":   MetricDeliveryLatency,

@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/encoding/json"
 )
 
-// Realtime protocol (CONTRACT §7) as far as the load generator needs it.
+// Realtime protocol (docs/realtime-protocol.md) as far as the load generator needs it.
 const (
 	// Subprotocol is the WebSocket subprotocol of the gateway.
 	Subprotocol = "han.v1"
@@ -105,7 +105,7 @@ func parseChatBody(body string) (int64, bool) {
 	return v, err == nil && v > 0
 }
 
-// AppendEvent appends a complete `event` frame for a dialog (CONTRACT §7),
+// AppendEvent appends a complete `event` frame for a dialog,
 // the bytes a publisher puts on the dialog's channel. Its data is
 // {"t":<scheduled Unix ns>,"p":"xx…"} padded to exactly payload bytes (at
 // least 40). The ids are UUIDs, so nothing needs escaping.

@@ -414,7 +414,7 @@ func (e *errorCounter) add(status int, code string) {
 
 // CloseAdvice reads how a server ended a connection: the close code (-1
 // when there was no close frame) and the reconnect delay it advised in a
-// JSON close reason {"retryMs":n} (CONTRACT §7, drain with 1001), zero when
+// JSON close reason {"retryMs":n} (a draining server closes with 1001), zero when
 // none.
 func CloseAdvice(err error) (code int, retry time.Duration) {
 	var ce websocket.CloseError

@@ -1,6 +1,6 @@
 #!lua
 -- idem_reserve: reserve an idempotency key, compare its fingerprint and take
--- its lock in one step (CONTRACT §5: absent -> in_progress -> completed).
+-- its lock in one step (states: absent -> in_progress -> completed).
 -- KEYS[1] record  han:api:idem:{<scope>:<user_id>:<key_hmac>}      HASH state, fp, status, rid, ver, meta, at_ms
 -- KEYS[2] lock    han:api:idemlock:{<scope>:<user_id>:<key_hmac>}  owner token (same hash tag)
 -- ARGV[1] request fingerprint (hex)

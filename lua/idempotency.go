@@ -1,6 +1,6 @@
 package lua
 
-// Idempotency records and their locks in DB0 (CONTRACT §5). Every key of one
+// Idempotency records and their locks in DB0 (docs/idempotency.md). Every key of one
 // call shares the hash tag {<scope>:<user_id>:<key_hmac>}.
 var (
 	IdemReserve  = mustLoad("idem_reserve")

@@ -78,7 +78,9 @@ func LoadAll(ctx context.Context, c redis.Scripter) error {
 	return nil
 }
 
-// Coordination locks (CONTRACT §8).
+// Coordination locks: acquire with a fencing token, extend and release only
+// by the owner. They are an optimisation: PostgreSQL row leases and unique
+// constraints stay the real guard.
 var (
 	LockAcquire = mustLoad("lock_acquire")
 	LockExtend  = mustLoad("lock_extend")

@@ -1,6 +1,6 @@
 package lua
 
-// Project Redis API, part 1: the cache (CONTRACT §9). Every script touches
+// Project Redis API: the cache (docs/project-redis-api.md). Every script touches
 // only the keys of one project, which share the hash tag
 // {<env>:<project_id>}.
 var (

@@ -1,8 +1,8 @@
 #!lua
 -- project_cache_put: write one project cache entry and its physical expiry
--- atomically (CONTRACT §9). Validation and reads come first; nothing is
--- written when the structure is inconsistent, the ACL denies PEXPIREAT, or
--- createOnly finds the key.
+-- atomically, so no entry is ever left without its deadline. Validation and
+-- reads come first; nothing is written when the structure is inconsistent, the
+-- ACL denies PEXPIREAT, or createOnly finds the key.
 -- KEYS[1] meta       han:prj:{<env>:<pid>}:meta      HASH seq, cacheBytes, quota, paused, legacyDeadline
 -- KEYS[2] index      han:prj:{<env>:<pid>}:cache:idx ZSET write seq -> relative key
 -- KEYS[3] expiry     han:prj:{<env>:<pid>}:cache:exp ZSET expiresAt ms -> relative key

@@ -1,7 +1,7 @@
 #!lua
 -- project_meta_sync: mirror the PostgreSQL project metadata into the
 -- project's Redis metadata HASH (after PUT /settings). The HASH is project
--- metadata and has no TTL, like the reliable keys (CONTRACT §3).
+-- metadata and has no TTL, like the reliable keys (docs/redis-keys.md).
 -- KEYS[1] meta, KEYS[2] index, KEYS[3] expiry, KEYS[4] sizes (as in project_cache_put.lua)
 -- ARGV[1] cacheQuotaBytes
 -- ARGV[2] deliveryPaused: 1 | 0

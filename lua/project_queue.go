@@ -1,7 +1,7 @@
 package lua
 
-// Project Redis API, part 2: topics, subscriptions, claims, receipts and
-// budgets (CONTRACT §9, §9a). Every project script touches only the keys of
+// Project Redis API: topics, subscriptions, claims, receipts and budgets
+// (docs/project-redis-api.md). Every project script touches only the keys of
 // one project, which share the hash tag {<env>:<project_id>}; the module
 // budget scripts touch only the keys under {<env>:module}.
 var (

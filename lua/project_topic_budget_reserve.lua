@@ -1,12 +1,11 @@
 #!lua
--- project_topic_budget_reserve: phase one of a write that adds reliable
--- bytes (CONTRACT §9a): reserve `amount` on the module-wide budget, a capped
+-- project_topic_budget_reserve: phase one of a write that adds reliable bytes:
+-- reserve `amount` on the module-wide budget (64 MiB across projects), a capped
 -- increment that never lets committed + reserved pass the cap. The project
 -- script runs next; phase two (project_topic_budget_settle) turns the
--- reservation into committed bytes or refunds it. A reservation never
--- settled (the instance died) is dropped by the reconcile job.
--- The keys sit under their own hash tag {<env>:module}, outside every
--- project's slot.
+-- reservation into committed bytes or refunds it. A reservation never settled
+-- (the instance died) is dropped by the reconcile job. The keys sit under their
+-- own hash tag {<env>:module}, outside every project's slot.
 -- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, gen, rstart, rpos
 -- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
 -- KEYS[3] projects  han:prj:{<env>:module}:projects  SET project ids holding reliable bytes (for reconcile)

@@ -1,6 +1,6 @@
 #!lua
--- project_topic_create: create a topic of the project Redis API (CONTRACT §9)
--- unless its name is taken. Reads and checks come first.
+-- project_topic_create: create a topic of the project Redis API unless its name
+-- is taken. Reads and checks come first.
 -- KEYS[1] topics  han:prj:{<env>:<pid>}:q:topics  HASH topicId -> topic JSON {id, name, description, createdAt}
 -- KEYS[2] names   han:prj:{<env>:<pid>}:q:tnames  HASH topic name -> topicId
 -- ARGV[1] new topic id (UUID)

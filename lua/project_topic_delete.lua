@@ -1,7 +1,8 @@
 #!lua
 -- project_topic_delete: delete a topic with every message, subscription and
 -- receipt of it, and release their budget. The project's dedupe records of
--- the topic stay, counted, until they expire (seed 2); expired ones are
+-- the topic stay, counted in the budget, until they expire (24 h), so a
+-- retried publish cannot create a second message; expired ones are
 -- purged on the way. Reads and checks come first.
 -- KEYS[1] topics   han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
 -- KEYS[2] names    han:prj:{<env>:<pid>}:q:tnames     HASH topic name -> topicId

@@ -1,5 +1,5 @@
 #!lua
--- project_topic_publish: publish one message to a topic (CONTRACT §9, §9a).
+-- project_topic_publish: publish one message to a topic.
 -- Idempotent per identity (topic, producerId, clientEventId) within the
 -- dedupe window: the same canonical payload returns the stored message, a
 -- different one is a conflict. Every subscription existing now gets a

@@ -1,6 +1,6 @@
 package lua
 
-// Rate limiting in DB0 (CONTRACT §4). The three evaluate scripts share one
+// Rate limiting in DB0 (docs/ratelimit.md). The three evaluate scripts share one
 // calling convention: KEYS are the family keys of one request, ARGV[1] is the
 // request id, then limit, window ms and jitter ms per key; each returns
 // {allowed, remaining, retry_after_ms, reset_at_ms, now_ms, then remaining

@@ -1,6 +1,6 @@
 #!lua
 -- ratelimit_bucket: token bucket over one or more families of one request,
--- all or nothing (CONTRACT §4; used for the service family). A bucket holds
+-- all or nothing (used for the service family). A bucket holds
 -- `limit` tokens and refills completely over `window`. Integer arithmetic:
 -- one token = `window` credit units and the bucket gains `limit` units per ms,
 -- so capacity = limit * window units and no rounding drifts.

@@ -1,8 +1,8 @@
 #!lua
 -- ratelimit_fixed: fixed-window counter over one or more families of one
--- request, all or nothing (CONTRACT §4). A window starts with its first
--- admitted request; the counter's INCR and its first PEXPIREAT happen in this
--- one script, so no counter is ever left without a TTL.
+-- request, all or nothing: a denial by any family debits none. A window starts
+-- with its first admitted request; the counter's INCR and its first PEXPIREAT
+-- happen in this one script, so no counter is ever left without a TTL.
 -- KEYS[i]       han:api:rl:<family>:…:<window>, a string counter whose expiry
 --               time is window end + jitter (so PEXPIRETIME - jitter = window end)
 -- ARGV[1]       request id (unused; same layout as the other rate-limit scripts)

@@ -1,7 +1,8 @@
 #!lua
 -- ratelimit_refund: give back one family's admission of a request that a
 -- later family denied, when the families are evaluated in turn because their
--- keys live in different Redis Cluster slots (CONTRACT §4). It only changes a
+-- keys live in different Redis Cluster slots, so that a denied request
+-- debits no family. It only changes a
 -- key that exists and never touches its expiry, so it can neither create a
 -- key nor leave one without a TTL.
 -- KEYS[1]  the family key the admission was written to

@@ -1,6 +1,7 @@
 #!lua
 -- ratelimit_sliding: sliding-log rate limit over one or more families of one
--- request, all or nothing (CONTRACT §4).
+-- request, all or nothing: a denial by any family debits none, and a denied
+-- request is not logged.
 -- KEYS[i]       han:api:rl:<family>:…:<window>, a ZSET: member = request id,
 --               score = admission time in ms (one entry per admitted request)
 -- ARGV[1]       request id, unique per decision (the member written on admission)

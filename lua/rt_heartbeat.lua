@@ -1,6 +1,7 @@
 #!lua
--- rt_heartbeat: register or refresh one WebSocket connection (CONTRACT §7)
--- and remove a bounded batch of the user's stale connection members.
+-- rt_heartbeat: register or refresh one WebSocket connection (its HASH and
+-- its member of the user's ZSET, with their TTLs, in one step) and remove a
+-- bounded batch of the user's stale connection members.
 -- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
 -- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
 -- KEYS[3] online marker    han:rt:user:{<user_id>}:online

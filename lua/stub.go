@@ -1,6 +1,6 @@
 package lua
 
-// The legacy DB2 safety stub (CONTRACT §8 decision): removed with the stub
+// The legacy DB2 safety stub (docs/legacy-stub.md): removed with the stub
 // by `hanctl redis cutover`. Both scripts run as ACL user legacy_stub, which
 // alone may touch han:stub:*; keys are built in store/stub_tasks.go.
 var (

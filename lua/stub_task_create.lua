@@ -1,6 +1,6 @@
 #!lua
--- stub_task_create: create a legacy safety stub task in DB2 (CONTRACT §8
--- decision, seed module-04 §7). Runs as ACL user legacy_stub.
+-- stub_task_create: create a legacy safety stub task in DB2
+-- (docs/legacy-stub.md). Runs as ACL user legacy_stub.
 -- KEYS[1] task HASH  han:stub:task:{<task_id>}
 -- ARGV[1] TTL in ms (poll interval × max polls + recovery budget)
 -- Returns {created, now_ms}: created is 1 when the task was written, 0 when

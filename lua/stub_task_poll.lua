@@ -1,7 +1,7 @@
 #!lua
 -- stub_task_poll: one client poll of a legacy safety stub task: read the
--- task and count the poll in one step (get + increment; seed module-04 §7
--- allows this pattern here and nowhere else). The poll that brings the
+-- task and count the poll in one step (get + increment: the stub is the
+-- only place where this pattern is allowed). The poll that brings the
 -- count to ARGV[1] decides the verdict. Runs as ACL user legacy_stub.
 -- KEYS[1] task HASH  han:stub:task:{<task_id>}
 -- ARGV[1] polls before a verdict (>= 1)

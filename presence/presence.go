@@ -85,7 +85,7 @@ func (c *Config) defaults() {
 	}
 }
 
-// Key names (CONTRACT §3). The user id is the hash tag of every per-user
+// Key names (docs/redis-keys.md). The user id is the hash tag of every per-user
 // key, so one script updates a connection's HASH, the user's ZSET and the
 // online marker atomically on Cluster too; the instance id is the tag of
 // the instance's marker and connection index.

@@ -4,7 +4,7 @@ import (
 	"github.com/segmentio/encoding/json"
 )
 
-// Redis Pub/Sub channel names (CONTRACT §3).
+// Redis Pub/Sub channel names (docs/redis-keys.md).
 const (
 	dialogChannelPrefix = "han:rt:dialog:"
 	userChannelPrefix   = "han:rt:user:"
@@ -16,9 +16,9 @@ func DialogChannel(dialogID string) string { return dialogChannelPrefix + dialog
 // UserChannel is the Pub/Sub channel of a user.
 func UserChannel(userID string) string { return userChannelPrefix + userID }
 
-// Event is the server → client `event` frame (CONTRACT §7). Its JSON text is
-// exactly what is published on the Redis channel, so an instance forwards
-// the bytes to local sockets without decoding them.
+// Event is the server → client `event` frame (docs/realtime-protocol.md). Its
+// JSON text is exactly what is published on the Redis channel, so an instance
+// forwards the bytes to local sockets without decoding them.
 type Event struct {
 	Type     string          `json:"type"`    // always "event"
 	Channel  string          `json:"channel"` // "dialog:<id>" or "user:<id>"

@@ -12,7 +12,7 @@ import (
 // carry a frame back to this instance's own sockets — the PUBLISH failed,
 // or this instance's Pub/Sub link is down — it hands the frame to local as
 // well, so sockets on the publishing instance keep getting events while
-// DB1 is out (CONTRACT §10). Such a frame may later arrive again (outbox
+// DB1 is out (docs/degraded-mode.md). Such a frame may later arrive again (outbox
 // relay, link recovery); clients dedupe by event id. Safe for concurrent
 // use.
 type Publisher struct {

@@ -56,7 +56,7 @@ func (c *RelayConfig) defaults() {
 // commit and publish, a Redis outage). Every instance runs one: rows are
 // claimed with FOR UPDATE SKIP LOCKED, so two relays never hold the same
 // row, and each publish runs under han:coord:lock:delivery:{<message_id>}
-// (seed §6: the Redis lock is an optimisation next to the row lock). A row
+// (the Redis lock is an optimisation next to the row lock). A row
 // may be published twice (published, then the commit failed); both
 // copies carry the same event id, which clients dedupe on. Safe for
 // concurrent use.

@@ -1,10 +1,10 @@
 // Package ratelimit decides whether a request may proceed: Redis Lua
 // scripts in DB0 (sliding log, fixed window, token bucket) evaluate every
 // limit family of one request (user, ip, dialog, service) together, a denial
-// writes nothing, and Redis TIME is the clock (CONTRACT §4). When Redis fails,
+// writes nothing, and Redis TIME is the clock (docs/ratelimit.md). When Redis fails,
 // a route's policy either fails closed (the caller answers 503) or falls back
 // to a bounded in-process limiter with a fraction of the normal quota
-// (CONTRACT §10).
+// (docs/degraded-mode.md).
 //
 // Policies come from a PolicyProvider (static configuration by default);
 // route labels are a bounded allow-list of router templates, anything else is

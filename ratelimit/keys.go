@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Every han:api:rl:* key is built here (CONTRACT §3):
+// Every han:api:rl:* key is built here (docs/redis-keys.md):
 //
 //	han:api:rl:user:<user_id>:<route_hash>:<window>
 //	han:api:rl:ip:<ip_hmac>:<route_hash>:<window>

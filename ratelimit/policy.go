@@ -11,7 +11,7 @@ import (
 // Algorithm is the way a policy counts.
 type Algorithm string
 
-// The algorithms of CONTRACT §4.
+// The rate-limit algorithms (docs/ratelimit.md).
 const (
 	SlidingLog  Algorithm = "sliding" // ZSET of admission times: exact over any window
 	FixedWindow Algorithm = "fixed"   // INCR counter per window starting at its first request
@@ -21,7 +21,7 @@ const (
 // Family is the identity a limit is counted against.
 type Family string
 
-// The key families of CONTRACT §3.
+// The key families (docs/redis-keys.md).
 const (
 	FamilyUser    Family = "user"    // the user id of a user token
 	FamilyIP      Family = "ip"      // HMAC of the client address

@@ -84,7 +84,7 @@ func TestProcAddrDecoding(t *testing.T) {
 	}
 }
 
-// Seed §12 "port not reachable from host/public network", checked on the
+// Redis is not reachable from the host's public network, checked on the
 // kernel's listening sockets (never by dialling a non-loopback address):
 // the harness's redis-server — started with the dev stack's flags — listens
 // on loopback only; the dev stack binds 127.0.0.1 and leaves protected mode

@@ -27,7 +27,7 @@ type noEvents struct{}
 func (noEvents) Online(context.Context, string)             {}
 func (noEvents) Offline(context.Context, string, time.Time) {}
 
-// Seed §12 "empty restore" for realtime: all Redis data is lost; the next
+// Empty restore for realtime: all Redis data is lost; the next
 // heartbeat of every live connection writes its presence again, so the
 // users are online again without reconnecting.
 func TestPresenceRebuildsFromHeartbeatsAfterEmptyRestore(t *testing.T) {
@@ -77,7 +77,7 @@ func TestPresenceRebuildsFromHeartbeatsAfterEmptyRestore(t *testing.T) {
 	}
 }
 
-// Seed §12 "network partition, reconnect backoff": the instance's Pub/Sub
+// Network partition and reconnect backoff: the instance's Pub/Sub
 // link goes through a fault proxy. While Redis cannot be reached the
 // subscriber retries with a growing backoff (not a hot loop); once the
 // partition heals it resubscribes every channel, reports the resync, and

@@ -28,7 +28,7 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// AttachmentConfig tunes attachments (CONTRACT §6).
+// AttachmentConfig tunes attachments (docs/idempotency.md).
 type AttachmentConfig struct {
 	// MaxBytes is the largest declared size. Zero value means 25 MiB.
 	MaxBytes int64
@@ -440,8 +440,8 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) {
 
 // downloadURL: GET /v1/attachments/{id}/download-url → {url, expiresAt} for
 // members of the attachment's dialog. It fails closed while DB0 is
-// unreachable (CONTRACT §10: a signed URL is handed out only where its
-// limit can be applied).
+// unreachable (docs/degraded-mode.md: a signed URL is handed out only where
+// its limit can be applied).
 func (s *Server) downloadURL(w http.ResponseWriter, r *http.Request) {
 	id, err := pathUUID(r, "id")
 	if err != nil {

@@ -263,7 +263,8 @@ func TestAttachmentValidation(t *testing.T) {
 }
 
 // An expired upload URL is refused, and a replay of its init after the
-// expiry answers the same, now expired, URL (CONTRACT §5).
+// expiry answers the same, now expired, URL: a replay is byte-identical to
+// the first answer and the record stores no URL.
 func TestUploadURLExpiry(t *testing.T) {
 	h := newIdemHarness(t, idemOpts{att: restapi.AttachmentConfig{UploadURLTTL: 50 * time.Millisecond}})
 	_, aTok := h.user()

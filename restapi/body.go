@@ -12,8 +12,9 @@ import (
 	"github.com/han-app/gateway/internal/jsonx"
 )
 
-// Body limits (CONTRACT §2 and issue text): chat endpoints take 64 KiB, the
-// project Redis API 16 MiB + 64 KiB (escapes count: the limit is on bytes).
+// Body limits (413 payload_too_large), enforced while reading: chat endpoints
+// take 64 KiB, the project Redis API 16 MiB + 64 KiB (escapes count: the limit
+// is on bytes).
 const (
 	ChatBodyLimit    = 64 << 10
 	ProjectBodyLimit = 16<<20 + 64<<10
@@ -53,8 +54,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 }
 
 // decodeJSON reads and strictly decodes a JSON object body into v: the raw
-// checks of CONTRACT §9a (invalid UTF-8, lone surrogates, duplicate keys)
-// run before decoding, and every failure is 400 invalid_json.
+// checks (invalid UTF-8, lone surrogates, duplicate keys, which Go's JSON
+// decoders would silently repair or let win) run before decoding, and every
+// failure is 400 invalid_json.
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	ct := r.Header.Get("Content-Type")
 	if ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {

@@ -17,7 +17,7 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// Chat limits (CONTRACT §6 and docs/decisions.md).
+// Chat limits (docs/api.md and docs/decisions.md).
 const (
 	MaxMessageChars    = 4000
 	MaxTitleChars      = 200

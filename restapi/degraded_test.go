@@ -50,7 +50,7 @@ func (h *harness) uploadedAttachment(tok, dialogID string) uploadResp {
 	return u
 }
 
-// CONTRACT §10, DB0 rows: a killed redis-server. Send, attachment init and
+// DB0 down (docs/degraded-mode.md): a killed redis-server. Send, attachment init and
 // download URL fail closed fast; a completed send replays from PostgreSQL;
 // history, readiness (degraded) and the internal inbox keep working; when
 // Redis returns, sends succeed without restarting anything.
@@ -266,7 +266,7 @@ func (l gateLimiter) Allow(w http.ResponseWriter, r *http.Request, route string)
 }
 
 // A limiter that cannot reach DB0 must not stop the PostgreSQL replay of a
-// completed send (CONTRACT §10): it defers the failure to the handler, which
+// completed send (docs/degraded-mode.md): it defers the failure to the handler, which
 // replays or fails closed, and never runs a new send without its limit.
 func TestDB0FailureDeferredByTheLimiter(t *testing.T) {
 	r, rdb, rt := privateRedis(t, testenv.RedisOptions{}, time.Second)

@@ -42,7 +42,8 @@ const (
 	scopeDialogCreate   = "dlg_create"
 )
 
-// MaxIdempotencyKeyLen is the longest Idempotency-Key accepted (CONTRACT §5).
+// MaxIdempotencyKeyLen is the longest Idempotency-Key accepted (1..255
+// printable ASCII characters).
 const MaxIdempotencyKeyLen = 255
 
 var (
@@ -213,12 +214,13 @@ type idemOp struct {
 	render func(ctx context.Context, rec store.IdemRecord) ([]byte, error)
 }
 
-// serveIdempotent runs op under the request's Idempotency-Key (CONTRACT §5):
+// serveIdempotent runs op under the request's Idempotency-Key
+// (docs/idempotency.md):
 // reserve/compare/lock in one Lua script, the durable record written in the
 // business transaction, owner-only complete/release, a lock heartbeat while
 // the handler runs, byte-identical replays. When DB0 is unreachable or out
 // of memory it answers from a completed PostgreSQL record, or fails closed
-// (CONTRACT §10). Only successes are stored: every failure gives the key
+// (docs/degraded-mode.md). Only successes are stored: every failure gives the key
 // back, so a retry runs again.
 func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idemOp) {
 	ctx := r.Context()
@@ -327,7 +329,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	writeRawJSON(w, out.rec.Status, out.body)
 }
 
-// idemFallback answers a keyed request while DB0 failed (CONTRACT §10): a
+// idemFallback answers a keyed request while DB0 failed: a
 // completed PostgreSQL record with this fingerprint is replayed, another
 // fingerprint is a conflict, and anything else fails closed with the Redis
 // error (503 redis_unavailable / redis_oom / redis_expiry_denied).
@@ -422,9 +424,9 @@ func randomToken() string {
 	return hex.EncodeToString(b)
 }
 
-// db0FailClosedRoutes are the routes whose handlers apply CONTRACT §10's
-// DB0 row themselves: replay a completed PostgreSQL record for the key, else
-// fail closed.
+// db0FailClosedRoutes are the routes whose handlers apply the DB0 outage rule
+// (docs/degraded-mode.md) themselves: replay a completed PostgreSQL record for
+// the key, else fail closed.
 var db0FailClosedRoutes = map[string]bool{
 	http.MethodPost + " /v1/dialogs/{id}/messages":        true,
 	http.MethodPost + " /v1/attachments":                  true,
@@ -449,7 +451,7 @@ func (s *Server) deferDB0Failures(next http.Handler) http.Handler {
 
 // DeferDB0Failure is for RateLimiter implementations. When the limiter
 // cannot decide because DB0 failed (err is a Redis unavailable/OOM error) on
-// a route whose handler applies CONTRACT §10 itself — message send,
+// a route whose handler applies the DB0 outage rule itself — message send,
 // attachment init, download URL — it records err and returns true: the
 // limiter then lets the request through, and the handler answers from a
 // completed PostgreSQL idempotency record or fails closed with err, never

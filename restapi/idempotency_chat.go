@@ -95,7 +95,7 @@ type canonicalDialog struct {
 }
 
 // createDialogIdempotent creates a dialog; the Idempotency-Key is optional
-// here (CONTRACT §5 requires it only on send and attachment init). The
+// here (it is required only on message send and attachment init). The
 // record keeps the dialog id; a replay re-reads the dialog and answers it as
 // it was created (lastSeq 0).
 func (s *Server) createDialogIdempotent(w http.ResponseWriter, r *http.Request, me, title string, members []string) {

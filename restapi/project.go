@@ -16,7 +16,7 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// Project Redis API limits (seed 2, CONTRACT §9); the snapshot reports
+// Project Redis API limits (docs/project-redis-api.md); the snapshot reports
 // every one of them.
 const (
 	CacheKeyMaxBytes        = store.CacheKeyMaxBytes
@@ -186,7 +186,7 @@ type budgetDTO struct {
 	LimitBytes       int64 `json:"limitBytes"`
 	UsedBytes        int64 `json:"usedBytes"`
 	ModuleLimitBytes int64 `json:"moduleLimitBytes"`
-	// Part 2: what usedBytes is made of, and the module counter.
+	// Topics and subscriptions: what usedBytes is made of, and the module counter.
 	MessageBytes    int64 `json:"messageBytes"`
 	ReceiptBytes    int64 `json:"receiptBytes"`
 	DedupeBytes     int64 `json:"dedupeBytes"`
@@ -286,8 +286,8 @@ func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dto)
 }
 
-// snapshotReliable fills topics, subscriptions and the budget (part 2,
-// project_topics.go).
+// snapshotReliable fills topics, subscriptions and the budget
+// (project_topics.go).
 func (s *Server) snapshotReliable(ctx context.Context, pr projectReq, dto *projectSnapshotDTO) error {
 	return s.snapshotQueue(ctx, pr, dto)
 }

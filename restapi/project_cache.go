@@ -14,7 +14,7 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// cacheItemDTO is a cache item (CONTRACT §9a). updatedAt is null for legacy
+// cacheItemDTO is a cache item (docs/project-redis-api.md). updatedAt is null for legacy
 // entries, whose write time is unknown.
 type cacheItemDTO struct {
 	Key                   string `json:"key"`
@@ -37,7 +37,7 @@ func toCacheItemDTO(it store.CacheItem) cacheItemDTO {
 	return d
 }
 
-// parseCacheTTL applies the TTL table of CONTRACT §9a to the raw token of
+// parseCacheTTL applies the TTL rules to the raw token of
 // ttlSeconds: absent → 86400 s; null → cache_no_expiry_unsupported; only a
 // plain positive integer (no sign, fraction or exponent, so 1.0 and 1e3 are
 // refused too) in 1..2592000 is accepted, anything else (0, negatives,
@@ -57,7 +57,8 @@ func parseCacheTTL(raw []byte, present bool) (time.Duration, error) {
 }
 
 // cacheFieldErrors are the field-specific codes that take precedence over
-// invalid_json for a problem inside that field (CONTRACT §9a).
+// invalid_json for a problem inside that field, so a client learns which
+// field is wrong.
 var cacheFieldErrors = map[string]*Error{
 	"key":        errInvalidCacheKey,
 	"type":       errInvalidCacheType,

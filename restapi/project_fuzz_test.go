@@ -10,7 +10,8 @@ import (
 )
 
 // FuzzParseCachePut: whatever the body, parseCachePut either refuses it with
-// a 400 or returns a PUT that satisfies every rule of CONTRACT §9, from a
+// a 400 or returns a PUT that satisfies every cache PUT rule of
+// docs/project-redis-api.md, from a
 // body that is strict JSON.
 func FuzzParseCachePut(f *testing.F) {
 	for _, s := range []string{

@@ -18,7 +18,8 @@ import (
 )
 
 // ProjectQueueConfig tunes topics, claims and budgets of the project Redis
-// API (seed 2 defaults; tests shorten them).
+// API (defaults: 60 s lease, 24 h dedupe window, 2 MiB per project, 64 MiB
+// module; tests shorten them).
 type ProjectQueueConfig struct {
 	Lease              time.Duration // zero value means 60s
 	DedupeWindow       time.Duration // zero value means 24h
@@ -52,7 +53,8 @@ var (
 	errInvalidSubStatus     = apiErr(http.StatusBadRequest, "invalid_subscription_status")
 )
 
-// newProjectQueue builds the Redis side of part 2 and its metrics.
+// newProjectQueue builds the Redis side of topics and subscriptions and
+// its metrics.
 func (s *Server) newProjectQueue() *store.ProjectQueue {
 	c := s.cfg.ProjectQueue
 	module := c.ModuleBudgetBytes
@@ -69,7 +71,8 @@ func (s *Server) newProjectQueue() *store.ProjectQueue {
 	return q
 }
 
-// projectQueueRoutes mounts part 2 on the project subrouter.
+// projectQueueRoutes mounts the topic, subscription, claim and receipt
+// routes on the project subrouter.
 func (s *Server) projectQueueRoutes(p *mux.Router) {
 	p.HandleFunc("/topics", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.createTopic}))
 	p.HandleFunc("/topics/{topicId}", projectByMethod(map[string]http.HandlerFunc{http.MethodDelete: s.deleteTopic}))
@@ -84,7 +87,7 @@ func (s *Server) projectQueueRoutes(p *mux.Router) {
 	p.HandleFunc("/subscriptions/{subscriptionId}/claim", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.claim}))
 }
 
-// DTOs (CONTRACT §9a; timestamps epoch ms).
+// DTOs (docs/project-redis-api.md; timestamps epoch ms).
 
 type topicDTO = store.Topic
 
@@ -209,7 +212,7 @@ func validName(s string, max int) bool {
 }
 
 // readMembers reads the body and returns its top-level members; a problem
-// inside a member with a code of its own maps to that code (CONTRACT §9a),
+// inside a member with a code of its own maps to that code,
 // anything else to invalid_json.
 func readMembers(w http.ResponseWriter, r *http.Request, fieldCodes map[string]*Error) (map[string]json.RawMessage, error) {
 	b, err := readProjectBody(w, r)
@@ -321,7 +324,7 @@ func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
 
 // parsePublish validates a publish body: producerId and clientEventId are
 // strings of 1..256 bytes without control characters (invalid_json
-// otherwise: CONTRACT §9a has no code of their own), payload a JSON object
+// otherwise: they have no code of their own), payload a JSON object
 // (invalid_payload) whose RFC 8785 canonical form is at most 16 KiB
 // (message_too_large).
 func parsePublish(m map[string]json.RawMessage) (store.PublishInput, error) {
@@ -387,7 +390,7 @@ func (s *Server) trimTopic(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	// The body is {} (seed 2); its members are ignored, but it must be
+	// The body is {}; its members are ignored, but it must be
 	// JSON when present.
 	b, err := readProjectBody(w, r)
 	if err != nil {

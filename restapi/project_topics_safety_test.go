@@ -38,7 +38,8 @@ func (h *prjHarness) queueFixture() queueFixture {
 
 type queueReq struct{ method, path, body string }
 
-// writes are every write endpoint of part 2 on the fixture.
+// writes are every topic, subscription, claim and receipt write endpoint on
+// the fixture.
 func (f queueFixture) writes() []queueReq {
 	return []queueReq{
 		{"POST", "/topics", `{"name":"new"}`},

@@ -12,12 +12,13 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// The legacy DB2 safety stub (CONTRACT §8 decision; docs/legacy-stub.md).
+// The legacy DB2 safety stub (docs/legacy-stub.md).
 // Only while Deps.LegacyStub is set: a message send records a safety task
 // in its transaction and writes it into DB2 after the commit, the send
 // response (and its idempotent replays) carries safety:"pending", and
 // GET /v1/messages/{id}/safety polls the task. With the stub off none of
-// this exists: the message DTO is exactly CONTRACT §6 and the route is 404.
+// this exists: the message DTO is exactly that of docs/api.md and the route
+// is 404.
 
 var errMessageNotFound = apiErr(http.StatusNotFound, "message_not_found")
 

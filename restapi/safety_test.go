@@ -162,7 +162,7 @@ func TestLegacyStubSendIsPendingAndPollsReachAVerdict(t *testing.T) {
 	wantError(t, code, b, 404, "safety_task_not_found")
 }
 
-// With the stub off the message DTO is exactly CONTRACT §6 and the safety
+// With the stub off the message DTO is exactly that of docs/api.md and the safety
 // route does not exist.
 func TestLegacyStubOffKeepsTheMessageDTO(t *testing.T) {
 	h := newHarness(t)

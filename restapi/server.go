@@ -51,7 +51,7 @@ type Config struct {
 	// maxmemory-policy (INFO memory); zero value means 3s.
 	EvictionPolicyTTL time.Duration
 	// ProjectQueue tunes topics, claims and budgets of the project API
-	// (project_topics.go); zero values mean the seed's defaults.
+	// (project_topics.go); zero values mean the defaults.
 	ProjectQueue ProjectQueueConfig
 }
 
@@ -252,7 +252,7 @@ type readyDTO struct {
 
 // readyz: PostgreSQL down or draining → 503; a Redis outage → 200
 // "degraded", because pulling every instance for a shared Redis outage
-// would turn a partial failure into a full one (CONTRACT §10).
+// would turn a partial failure into a full one (docs/degraded-mode.md).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{}
 	var wg sync.WaitGroup

@@ -11,7 +11,8 @@
 # What it does:
 #   1. installs redis-server and PostgreSQL from the OS packages when missing
 #      (apt-get; sudo when not root), and gcc when cgo has no C compiler (-race);
-#   2. `go vet ./...` and a gofmt check (lists unformatted files, fails);
+#   2. `go vet ./...`, a gofmt check (lists unformatted files, fails) and
+#      scripts/check-refs.sh (no citation of a document outside the repository);
 #   3. `go test -race -count=1 -timeout 20m <ARGS>` through
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
 #      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
@@ -25,7 +26,7 @@
 #   DATABASE_URL or HAN_TEST_DATABASE_URL set: use that PostgreSQL server
 #     instead of a private cluster (withpg is skipped; the Go harness creates
 #     its databases there, so the role must be allowed to CREATE DATABASE).
-#   HAN_TEST_NO_LINT=1: skip go vet and the gofmt check.
+#   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check and scripts/check-refs.sh.
 #   HAN_TEST_NO_RACE=1: run without -race.
 #
 # Exit status: 0 when everything passed, non-zero otherwise. The last line is
@@ -70,6 +71,13 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 		status=1
 	else
 		lint="$lint, gofmt ok"
+	fi
+	han_log "scripts/check-refs.sh"
+	if "$HAN_ROOT/scripts/check-refs.sh"; then
+		lint="$lint, check-refs ok"
+	else
+		lint="$lint, check-refs FAILED"
+		status=1
 	fi
 fi
 

@@ -1,5 +1,5 @@
 // Package settings serves the runtime settings that live versioned in
-// PostgreSQL (seed module-04 §6, CONTRACT §4, §8): rate-limit policy
+// PostgreSQL (docs/runtime-settings.md): rate-limit policy
 // overrides and named tunables. A Provider is the rate limiter's
 // ratelimit.PolicyProvider: a change committed in PostgreSQL reaches every
 // instance within one refresh interval, without a restart.

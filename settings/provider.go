@@ -19,7 +19,7 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// SnapshotTTL is the life of a shared snapshot in Redis (CONTRACT §3).
+// SnapshotTTL is the life of a shared snapshot in Redis (docs/redis-keys.md).
 const SnapshotTTL = 5 * time.Minute
 
 // SnapshotKey is han:settings:snapshot:<version> (DB1).

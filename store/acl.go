@@ -13,7 +13,8 @@ const APIBackendUser = "api_backend"
 // LegacyStubUser is the ACL user of the legacy DB2 safety stub (removed by cutover).
 const LegacyStubUser = "legacy_stub"
 
-// APIBackendKeyPatterns are the key patterns api_backend may touch (CONTRACT §3).
+// APIBackendKeyPatterns are the key patterns api_backend may touch
+// (docs/redis-keys.md).
 var APIBackendKeyPatterns = []string{"han:api:*", "han:rt:*", "han:coord:*", "han:settings:*", "han:prj:*"}
 
 // APIBackendChannelPatterns are the Pub/Sub channels api_backend may use.
@@ -24,8 +25,9 @@ type ACLOptions struct {
 	// APIBackendPassword is stored as a SHA-256 digest, never in clear text.
 	APIBackendPassword string
 	// SeparateInstances is true when DB0 and DB1 live on different Redis
-	// instances; then SELECT is denied (seed R6). Zero value: one shared
-	// instance, and the client's handshake SELECT for DB1 is allowed.
+	// instances; then SELECT is denied (the application never issues it; the
+	// database comes only from the URL). Zero value: one shared instance, and
+	// the client's handshake SELECT for DB1 is allowed.
 	SeparateInstances bool
 	// LegacyStubPassword, when set, adds the legacy_stub user (han:stub:*).
 	LegacyStubPassword string

@@ -11,4 +11,21 @@
 // replace a standalone one; every key the service writes carries a hash tag.
 //
 // Store and the clients are safe for concurrent use.
+//
+// Migrations (migrations/NNNN_name.sql, applied by Migrate) run in file-name
+// order, each once, and are recorded by name in schema_migrations. The
+// migrator keeps no checksum, so nothing would stop an edit; an applied file
+// is still never edited, not even its comments, because every database that
+// applied it would no longer match the repository. That is why some header
+// comments there still point at documents outside the repository; the rules
+// they refer to are stated in docs/idempotency.md, docs/runtime-settings.md
+// and docs/legacy-stub.md.
+//
+// Numbers 0003 and 0004 do not exist and never did: no file with those
+// numbers was ever committed (git log -- store/migrations shows 0001, 0002,
+// then 0005), the numbers were skipped when 0005 was added. The gap is
+// harmless, since only the order matters. A new migration takes the next
+// number above the highest, never a free one below it: a database that has
+// applied 0005 would run a new 0003 after it while a fresh one runs it
+// before, and the two schemas could differ.
 package store

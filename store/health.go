@@ -25,7 +25,8 @@ type HealthConfig struct {
 	OnChange func(down bool)
 }
 
-// RedisHealth is the fast-failure state of one Redis client (CONTRACT §10):
+// RedisHealth is the fast-failure state of one Redis client
+// (docs/degraded-mode.md):
 // an operation that finds Redis unreachable marks it down, and from then on
 // Check fails at once instead of letting every request wait out its timeout
 // budget on a dead server. While down, a prober goroutine PINGs it every

@@ -35,7 +35,7 @@ func (k IdemKey) LockKey() string { return "han:api:idemlock:" + k.tag() }
 
 // IdemRecord is a completed request as stored in Redis and PostgreSQL: no
 // body, token, URL or personal data, only what rebuilds the response from
-// the resource (CONTRACT §5).
+// the resource, so a stored response leaks nothing secret.
 type IdemRecord struct {
 	Fingerprint string
 	Status      int

@@ -14,7 +14,7 @@ import (
 	"github.com/han-app/gateway/lua"
 )
 
-// Lock kinds of CONTRACT §3/§8 (han:coord:lock:<kind>:{<id>}).
+// Lock kinds (han:coord:lock:<kind>:{<id>}, docs/redis-keys.md).
 const (
 	LockDelivery        = "delivery"
 	LockSafetyRecovery  = "safety-recovery"
@@ -33,7 +33,7 @@ var (
 	ErrLockExpired = errors.New("store: lock expired")
 )
 
-// DefaultLockTTL is the lock lifetime of CONTRACT §3 (30 s).
+// DefaultLockTTL is the lock lifetime (30 s).
 const DefaultLockTTL = 30 * time.Second
 
 // fenceTTL keeps a fencing counter for a day after its last acquisition.
@@ -41,7 +41,7 @@ const fenceTTL = 24 * time.Hour
 
 // Locker takes coordination locks in Redis DB1 (han:coord:*). Redis locks
 // are an optimisation: callers also hold PostgreSQL row locks or leases,
-// and unique constraints stay the final guard (seed §6). Safe for
+// and unique constraints stay the final guard. Safe for
 // concurrent use.
 type Locker struct {
 	rdb redis.Scripter

@@ -17,7 +17,7 @@ import (
 )
 
 // ModuleBudget is the module-wide budget of reliable bytes across every
-// project of one environment (64 MiB by default, seed 2). Its counter lives
+// project of one environment (64 MiB by default). Its counter lives
 // under its own hash tag, outside every project's slot, so no script spans
 // both: a write that adds bytes first reserves them here with a capped
 // increment (Reserve), then runs its project script, then settles (Settle):

@@ -14,7 +14,7 @@ import (
 	"github.com/han-app/gateway/lua"
 )
 
-// Project cache errors (CONTRACT §9a).
+// Project cache errors, each mapped to one stable code (docs/errors.md).
 var (
 	ErrCacheKeyNotFound = errors.New("store: cache key not found")
 	ErrCacheKeyExists   = errors.New("store: cache key exists")
@@ -25,7 +25,7 @@ var (
 	ErrDataStateInvalid = errors.New("store: project data state invalid")
 )
 
-// Project cache constants (seed 2).
+// Project cache constants (docs/project-redis-api.md).
 const (
 	// LegacyGrace is how long legacy entries live after the upgrade when
 	// their container has no TTL: query time + 30 days while pending, write
@@ -61,7 +61,7 @@ type CacheItem struct {
 	LegacyDeadlinePending bool
 }
 
-// CacheKeyMaxBytes is the longest relative cache key (seed 2).
+// CacheKeyMaxBytes is the longest relative cache key, in UTF-8 bytes.
 const CacheKeyMaxBytes = 256
 
 // ValidCacheKey reports whether k is a valid relative cache key: 1..256

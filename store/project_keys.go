@@ -1,7 +1,7 @@
 package store
 
 // ProjectKeys builds every physical Redis key of one project of the project
-// Redis API (CONTRACT §9). It is the only place that does: handlers and
+// Redis API (docs/project-redis-api.md). It is the only place that does: handlers and
 // clients deal in relative keys and resource ids.
 //
 // Every key starts with han:prj:{<env>:<project_id>}:, so all of a
@@ -10,7 +10,7 @@ package store
 // '}' inside them cannot change the slot because Redis hashes the first
 // {...} of a key only.
 //
-// Layout, part 1 (the cache):
+// Layout of the cache:
 //
 //	…:meta             HASH  mirror of PostgreSQL project metadata (quota, paused,
 //	                         legacyDeadline) + the cache write sequence (seq) and
@@ -21,7 +21,7 @@ package store
 //	…:cache:sz         HASH  relative key → sizeBytes; no TTL (metadata)
 //	…:cache:e:<key>    HASH  one cache entry {t, v, e, u, s}; PEXPIREAT its deadline
 //
-// Part 2 (topics, subscriptions, receipts, budgets; reliable keys, no TTL):
+// Topics, subscriptions, receipts, budgets (reliable keys, no TTL):
 //
 //	…:q:topics         HASH  topicId → topic JSON {id, name, description, createdAt}
 //	…:q:tnames         HASH  topic name → topicId
@@ -125,7 +125,7 @@ func (k ProjectKeys) SubscriptionPrefix(subID string) string { return k.prefix +
 
 // ModuleKeys builds the keys of the module-wide budget of one environment:
 // han:prj:{<env>:module}:…, a hash tag no project can have (project ids are
-// UUIDs), so it sits outside every project's slot (CONTRACT §9a).
+// UUIDs), so it sits outside every project's slot.
 //
 //	…:budget    HASH committed, reserved, gen, rstart, rpos
 //	…:resv      HASH reservation id → "<amount>:<created ms>"

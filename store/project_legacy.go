@@ -12,7 +12,7 @@ import (
 
 // LegacyEntry is one cache entry in the legacy v1 format: a field of the
 // project's cache container HASH whose value is {"type","value"}, without
-// any per-field expiry (CONTRACT §9).
+// any per-field expiry (docs/project-redis-api.md).
 type LegacyEntry struct {
 	Key   string `json:"key"`
 	Type  string `json:"type"`

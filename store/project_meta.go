@@ -10,7 +10,8 @@ import (
 
 // ProjectInfo is what one request of the project Redis API needs from
 // PostgreSQL: the caller's role and the project metadata that PostgreSQL
-// holds as the truth and Redis mirrors (CONTRACT §9a).
+// holds as the truth (so an empty Redis restore never reopens a fixed legacy
+// deadline) and Redis mirrors.
 type ProjectInfo struct {
 	ID   string
 	Role string // "" when the caller is not a member

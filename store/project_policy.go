@@ -13,13 +13,14 @@ import (
 
 // ErrUnsafeEvictionPolicy means Redis runs under an eviction policy that may
 // evict keys without a TTL (allkeys-*) or one this service does not know, so
-// project API writes are refused (CONTRACT §9).
+// project API writes are refused (503 unsafe_eviction_policy).
 var ErrUnsafeEvictionPolicy = errors.New("store: unsafe redis eviction policy")
 
 // WritesAllowedUnder reports whether project writes are safe under a
 // maxmemory-policy: noeviction and volatile-lru|lfu|random|ttl only evict
 // keys that carry a TTL (cache entries), never reliable or metadata keys.
-// Memory usage itself is not a gate (seed 2).
+// Memory usage itself is not a gate: a full instance still takes writes by
+// evicting cache entries that carry a TTL.
 func WritesAllowedUnder(policy string) bool {
 	switch policy {
 	case "noeviction", "volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl":

@@ -20,7 +20,7 @@ import (
 	"github.com/han-app/gateway/lua"
 )
 
-// Project queue errors (CONTRACT §9a). Each maps to one stable code.
+// Project queue errors. Each maps to one stable code (docs/errors.md).
 var (
 	ErrTopicNotFound        = errors.New("store: topic not found")
 	ErrTopicNameTaken       = errors.New("store: topic name taken")
@@ -37,7 +37,7 @@ var (
 	ErrBudgetExhausted = errors.New("store: budget exhausted")
 )
 
-// Project queue constants (seed 2).
+// Project queue constants (docs/project-redis-api.md).
 const (
 	// ReceiptReserveBytes is what every receipt reserves of the budget at
 	// publish time (it holds up to 10 token hashes and a 256-byte result).
@@ -58,7 +58,7 @@ const (
 	trimBatch = 256
 )
 
-// QueueConfig tunes the project queue. Every zero value picks the seed's
+// QueueConfig tunes the project queue. Every zero value picks the
 // default.
 type QueueConfig struct {
 	Lease              time.Duration // zero value means 60s

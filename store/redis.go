@@ -79,7 +79,8 @@ func applyRedisDefaults(opt *redis.Options, c RedisConfig) {
 	}
 }
 
-// Redis error classes the API maps to stable codes (CONTRACT §2, §9).
+// Redis error classes the API maps to stable codes (docs/errors.md), so no
+// raw Redis error text reaches a client.
 var (
 	ErrRedisUnavailable = errors.New("store: redis unavailable")
 	ErrRedisOOM         = errors.New("store: redis out of memory")

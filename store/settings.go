@@ -7,10 +7,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Runtime settings versioned in PostgreSQL (seed module-04 §6;
-// docs/runtime-settings.md): rate-limit policy overrides and named tunables.
-// Every change of either table increments settings_head.version in the
-// changing transaction (trigger, migration 0005).
+// Runtime settings versioned in PostgreSQL (docs/runtime-settings.md):
+// rate-limit policy overrides and named tunables. Every change of either table
+// increments settings_head.version in the changing transaction (trigger,
+// migration 0005).
 
 // RateLimitPolicyRow is one rate_limit_policies row; Rules is its JSON array
 // of {"family","limit","windowMs"}, validated by package settings.

@@ -12,7 +12,7 @@ import (
 	"github.com/han-app/gateway/lua"
 )
 
-// Legacy DB2 safety stub data (CONTRACT §8 decision; docs/legacy-stub.md):
+// Legacy DB2 safety stub data (docs/legacy-stub.md):
 // the task HASH in DB2, reached only as ACL user legacy_stub, and the
 // stub_tasks row in PostgreSQL, written in the message's send transaction,
 // which holds the durable verdict and the recovery lease. The task id is the

@@ -107,7 +107,7 @@ func TestCheckExprCatchesMistakes(t *testing.T) {
 	}
 }
 
-// Issue 9 Build item 3: deploy/prometheus-alerts.yml and
+// The shipped alert rules and dashboard: deploy/prometheus-alerts.yml and
 // deploy/grafana-dashboard.json parse, are complete, and every metric they
 // query exists in a live scrape of the service.
 func TestDeployAlertsAndDashboardValidate(t *testing.T) {

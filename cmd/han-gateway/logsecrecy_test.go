@@ -35,7 +35,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// Seed §12 "logs contain no secret/value/PII": the real program logs at
+// Logs contain no secret, cached value or PII: the real program logs at
 // debug level into a buffer across a full scenario — authentication (and a
 // forged token), an idempotent send, a cache put with a secret-looking key
 // and value, a topic publish, a realtime connection, bad requests, and a
@@ -188,7 +188,7 @@ func pgPassword(u string) string {
 	return pw
 }
 
-// Seed §12 "ACL: Safety prefixes absent", checked as admin: after a full
+// The service writes no key under a Safety prefix, checked as admin: after a full
 // scenario of the service (legacy stub off), no database of its Redis holds
 // a Safety or stub key.
 func TestServiceRedisHoldsNoSafetyKeys(t *testing.T) {

@@ -87,7 +87,8 @@ func metricsScenario(t *testing.T) (*Main, *scenario) {
 	return m, s
 }
 
-// requiredFamilies is issue 9's Build item 1, family by family.
+// requiredFamilies are the metric families operators rely on (dashboards and
+// alert rules query them), family by family.
 var requiredFamilies = []string{
 	"han_ratelimit_decisions_total",                   // rate-limit decisions by route and result
 	"han_idempotency_requests_total",                  // idempotency hit / replay / conflict / fallback
@@ -115,8 +116,8 @@ var requiredFamilies = []string{
 	"han_project_data_state_invalid_total",
 }
 
-// Issue 9 "/metrics exposes every family above", and seed §12 "metrics
-// contain no secret/value/PII": after a scenario every required family is
+// /metrics exposes every family above, and metrics contain no secret,
+// value or PII: after a scenario every required family is
 // scraped, and every label is one of a small fixed set whose values are
 // never an id, key, token or body.
 func TestMetricsFamiliesAndBoundedLabels(t *testing.T) {

@@ -33,7 +33,8 @@ func (m *Main) legacyStubConfig() legacystub.Config {
 
 // checkLegacyStub refuses to start, before anything is opened, when the
 // stub is on and its task TTL does not cover poll interval × max polls +
-// recovery budget (seed module-04 §7).
+// recovery budget: a task that expired while a client still polls or a
+// recovery still runs would lose its verdict (docs/legacy-stub.md).
 func (m *Main) checkLegacyStub() error {
 	if !m.Config.LegacyStubEnabled {
 		return nil

@@ -134,7 +134,7 @@ func countKeys(t *testing.T, r *testenv.RedisServer, db int, pattern string) int
 	return len(keys)
 }
 
-// Seed §12 "restart with AOF/RDB": the idempotency records and the project's
+// Restart with AOF/RDB: the idempotency records and the project's
 // reliable keys (topic messages, publish dedupe) are in Redis again after a
 // crash and restart, so a retried send and a retried publish replay instead
 // of producing a second message.
@@ -205,7 +205,7 @@ func testRestartKeeps(t *testing.T, aof bool) {
 	}
 }
 
-// Seed §12 "corrupted AOF rehearsal" for the whole service: the AOF tail is
+// Corrupted AOF rehearsal for the whole service: the AOF tail is
 // corrupted while Redis is down, the server refuses to load it,
 // redis-check-aof --fix truncates the bad tail, the server starts with
 // everything written before, and the running service recovers without a
@@ -262,7 +262,7 @@ func TestCorruptedAOFRehearsal(t *testing.T) {
 	}
 }
 
-// Seed §12 "empty restore": Redis comes back with no data at all. Completed
+// Empty restore: Redis comes back with no data at all. Completed
 // sends replay byte for byte from PostgreSQL (and warm the key again), new
 // sends work, nothing is duplicated, and the realtime link resyncs (the
 // instance's Pub/Sub link and presence come back without a restart).
@@ -317,7 +317,7 @@ func TestEmptyRestore(t *testing.T) {
 	}
 }
 
-// Seed §12 "memory pressure/eviction and no duplicate business side effect":
+// Memory pressure and eviction cause no duplicate business side effect:
 // a small maxmemory with volatile-lru; the project cache is filled past it
 // so Redis evicts, and retried sends and publishes are still exactly-once.
 func TestMemoryPressureVolatileLRU(t *testing.T) {
@@ -411,7 +411,7 @@ func TestMemoryPressureVolatileLRU(t *testing.T) {
 	}
 }
 
-// Seed §12 "network partition, latency, reconnect backoff", through a TCP
+// Network partition, latency and reconnect backoff, through a TCP
 // fault proxy between the service and its redis-server: latency under the
 // budget is absorbed; a partition fails new sends closed (503) within the
 // budget while completed sends replay from PostgreSQL; after the partition
@@ -490,8 +490,8 @@ func lastLog(b []byte) string {
 	return string(b)
 }
 
-// Issue 9 "CI tests prove the outage semantics at a modest bounded rate
-// across many dialogs": 16 dialogs, each with its own sender, 12 messages
+// The outage semantics hold at a modest bounded rate across many dialogs
+// (small enough for CI): 16 dialogs, each with its own sender, 12 messages
 // each sent concurrently; Redis is killed once a third of them are in and
 // restarted after sends have been refused. Every refusal is a fail-closed
 // 503 redis_unavailable within the budget; clients retry with the same

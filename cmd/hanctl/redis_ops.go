@@ -15,8 +15,9 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// ttlPatterns are the key families that must always carry a TTL (CONTRACT
-// §3); project reliable keys (han:prj:*) have none yet (seed 2).
+// ttlPatterns are the key families that must always carry a TTL
+// (docs/redis-keys.md); project reliable keys (han:prj:*) have none yet: their
+// recovery depends on Redis keeping its data, so no TTL may drop them.
 var ttlPatterns = []string{"han:api:*", "han:rt:*", "han:coord:*", "han:settings:*"}
 
 // legacyDB is the database of the legacy safety stub on VM1.
@@ -138,7 +139,7 @@ func redactErr(err error) error {
 }
 
 // cmdRedisCutover removes the legacy DB2 safety stub from a Redis instance
-// (CONTRACT §8 decision): every han:stub:* key in every database, then the
+// (docs/legacy-stub.md): every han:stub:* key in every database, then the
 // legacy_stub ACL user (ACL DELUSER + ACL SAVE, so it does not come back on
 // restart). It refuses while connections are still authenticated as
 // legacy_stub (instances with the stub on) unless --force. It is idempotent.

@@ -16,7 +16,8 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// sizingInputs are the terms of seed module-04 §9:
+// sizingInputs are the terms of the Redis memory sizing formula
+// (docs/runbook-redis.md):
 //
 //	DB0 rate = peak identities × routes × active windows × bytes/key
 //	DB0 idem = mutating requests/24h × avg sanitized record

@@ -1,5 +1,5 @@
 // Package config reads the service configuration from environment variables
-// (CONTRACT §1) and validates it. Error messages name the variable and the
+// (the table in README.md) and validates it. Error messages name the variable and the
 // problem, never its value, because several variables hold secrets.
 package config
 

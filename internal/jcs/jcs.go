@@ -96,7 +96,7 @@ func appendValue(b []byte, v any) ([]byte, error) {
 	return nil, ErrSyntax
 }
 
-// compareUTF16 orders strings by their UTF-16 code units (RFC 8785 §3.2.3),
+// compareUTF16 orders strings by their UTF-16 code units (RFC 8785 section 3.2.3),
 // which differs from byte order for characters above U+FFFF against
 // U+E000..U+FFFF.
 func compareUTF16(a, b string) int {
@@ -132,7 +132,7 @@ func appendNumber(b []byte, tok string) ([]byte, error) {
 }
 
 // AppendFloat appends f as ECMAScript Number::toString does (RFC 8785
-// §3.2.2.3): the shortest decimal that round-trips, plain notation for
+// section 3.2.2.3): the shortest decimal that round-trips, plain notation for
 // exponents -7 < e < 21, exponent notation otherwise; -0 is "0". f must be
 // finite.
 func AppendFloat(b []byte, f float64) []byte {

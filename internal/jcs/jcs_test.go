@@ -53,7 +53,8 @@ func TestNumbersRFC8785AppendixB(t *testing.T) {
 	}
 }
 
-// RFC 8785 §3.2.2 example and §3.2.3 sorting example.
+// The examples of RFC 8785 section 3.2.2 and the sorting example of
+// section 3.2.3.
 func TestCanonicalizeRFCExamples(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{`{

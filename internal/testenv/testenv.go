@@ -32,7 +32,8 @@ type Options struct {
 	IgnoreLeaks []string
 	// SkipTTLAudit turns off the end-of-run audit that fails the package
 	// when any han:api:*, han:rt:*, han:coord:* or han:settings:* key in its
-	// redis-server (DB0 and DB1) has no TTL (CONTRACT §3).
+	// redis-server (DB0 and DB1) has no TTL (every key of those families must
+	// carry one, docs/redis-keys.md).
 	SkipTTLAudit bool
 }
 

@@ -1,6 +1,6 @@
 // Package baseline is the reference target of the load tests: a minimal
 // broadcast server on coder/websocket with no auth, presence or Redis. It
-// speaks the gateway's realtime frames (CONTRACT §7: hello, subscribe /
+// speaks the gateway's realtime frames (docs/realtime-protocol.md: hello, subscribe /
 // subscribed, event, ping / pong) on GET /v1/realtime with the han.v1
 // subprotocol, and takes events to fan out on /publish (a WebSocket whose
 // messages are "<channel>\n<event frame>", or a POST). Measured in the same

@@ -14,7 +14,7 @@ import (
 )
 
 // Broadcast measures fan-out alone: connections subscribe to dialogs and a
-// publisher puts event frames (CONTRACT §7 format, payload-byte data)
+// publisher puts event frames (the gateway's frame format, payload-byte data)
 // straight onto the dialogs' channels at a fixed aggregate rate — Redis
 // Pub/Sub for the gateway, the /publish socket for the baseline. Latency is
 // measured on every subscriber from each event's scheduled send time.

@@ -18,7 +18,7 @@ import (
 // ConnectStorm measures recovery from an instance restart: N clients are
 // connected and subscribed; the instance is restarted (by -restart-cmd, or
 // by hand); every client that loses its connection waits as the server
-// advised (close 1001 with {"retryMs":n}, CONTRACT §7) plus jitter, or a
+// advised (close 1001 with the JSON reason {"retryMs":n}) plus jitter, or a
 // jittered exponential backoff when given no advice or refused (1013,
 // 429, 503), then takes a new ticket, reconnects, resubscribes and
 // reconciles its dialogs' history. It reports the time until every client
@@ -223,7 +223,8 @@ func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target,
 				ok = false
 				break
 			}
-			// Reconcile as a client must after every reconnect (CONTRACT §7).
+			// Reconcile as a client must after every reconnect: Pub/Sub
+			// is at-most-once, so REST history is the only complete record.
 			if lastSeq > 0 {
 				if _, _, err := fl.setupAPI.History(dctx, fl.users[c], fl.dialogIDs[d], max(lastSeq-100, 0), 100); err != nil {
 					ok = false

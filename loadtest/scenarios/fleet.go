@@ -22,8 +22,8 @@ type shape struct {
 // besides its load connections: they come out of loadtest.FileReserve.
 const maxAuxConns = 512
 
-// maxDialogMembers is the gateway's cap on members per dialog (CONTRACT §6
-// and docs/decisions.md), so on the gateway a dialog's subscribers are its
+// maxDialogMembers is the gateway's cap on members per dialog
+// (docs/decisions.md), so on the gateway a dialog's subscribers are its
 // members.
 const maxDialogMembers = 100
 

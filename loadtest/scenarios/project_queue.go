@@ -17,7 +17,8 @@ import (
 	"github.com/han-app/gateway/loadtest"
 )
 
-// ProjectQueue drives the project Redis API's reliable queue (CONTRACT §9):
+// ProjectQueue drives the project Redis API's reliable queue
+// (docs/project-redis-api.md):
 // it creates a topic and a subscription, publishes at a fixed rate while
 // claimer VUs claim and acknowledge, and trims the topic now and then so the
 // 2 MiB project budget is released. It reports publish, claim and ack

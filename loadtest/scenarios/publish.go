@@ -20,8 +20,9 @@ type publisher interface {
 }
 
 // redisPublisher PUBLISHes straight into Redis Pub/Sub, where every gateway
-// instance subscribed to the dialog's channel picks the frame up (CONTRACT
-// §7): the gateway's fan-out is measured without the REST send path.
+// instance subscribed to the dialog's channel picks the frame up and forwards
+// its bytes unchanged: the gateway's fan-out is measured without the REST send
+// path.
 type redisPublisher struct{ c *redis.Client }
 
 func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPublisher, error) {

@@ -16,7 +16,7 @@ import (
 
 // RateLimit hammers one limited endpoint with a few users from many VUs and
 // checks the decisions: decisions/s (http_reqs rate), every 429 carrying
-// Retry-After and the RateLimit / RateLimit-Policy fields (CONTRACT §4),
+// Retry-After and the RateLimit / RateLimit-Policy fields (docs/ratelimit.md),
 // and no user admitted more than the limit allows over the run. The
 // same-run baseline for decisions/s is redis-benchmark's raw EVALSHA rate
 // of the limiter script (docs/loadtest.md).
@@ -34,7 +34,7 @@ type RateLimit struct {
 const (
 	MetricRLAllowed      = "ratelimit_allowed"       // counter: 2xx answers
 	MetricRLDenied       = "ratelimit_denied"        // counter: 429 answers
-	MetricRLBadHeaders   = "ratelimit_bad_headers"   // counter: answers lacking the contract's headers
+	MetricRLBadHeaders   = "ratelimit_bad_headers"   // counter: answers lacking the RateLimit headers
 	MetricRLOverAdmitted = "ratelimit_over_admitted" // counter: admissions beyond limit × windows touched
 )
 

@@ -1,5 +1,5 @@
 // The project console: the project Redis API under /projects/{id}/redis
-// (CONTRACT §9, §9a): snapshot (permissions, budget, runtime policy),
+// (docs/project-redis-api.md): snapshot (permissions, budget, runtime policy),
 // cache browser and editor, topics, subscriptions, publish, claim with a
 // lease countdown, acknowledgements and receipts.
 import { get, request, retrying } from "./api.js";
@@ -579,7 +579,7 @@ export class ConsoleView {
     const body = { producerId: $("#publish-producer", this.pubForm).value, clientEventId: evInput.value, payload };
     try {
       // Same identity and payload on every retry: the server returns the
-      // same message instead of publishing twice (seed 2).
+      // same message instead of publishing twice (24 h dedupe window).
       const { status, data } = await retrying(() => request("POST", `${this.base}/topics/${topicId}/messages`, { body }), { attempts: 4 });
       out.replaceChildren(h("div", { class: "alert alert-ok", role: "status", id: "publish-ok", dataset: { messageId: data.id } },
         status === 201 ? "Published " : "Already published — same message ", h("code", { text: shortId(data.id) }),

@@ -1,4 +1,4 @@
-// Stable error codes of the API (CONTRACT §2, §6, §7, §9a) and the sentence
+// Stable error codes of the API (docs/errors.md) and the sentence
 // a person reads next to the code.
 import { h } from "./dom.js";
 
