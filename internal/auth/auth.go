@@ -10,12 +10,7 @@ import (
 // Kind is the kind of a token, from its typ claim.
 type Kind string
 
-<<<<<<< HEAD
 // The token kinds, from the typ claim.
-=======
-// The token kinds, from the claim typ (absent means user). The project
-// Redis API and the chat user endpoints accept only user tokens.
->>>>>>> refs
 const (
 	KindUser    Kind = "user"
 	KindService Kind = "service"

@@ -1,11 +1,6 @@
 // Package auth verifies the bearer JWTs that authenticate every REST and
-<<<<<<< HEAD
 // WebSocket request of the gateway and turns a valid token into a
 // [Principal].
-=======
-// WebSocket request of the gateway and turns a valid token into
-// a [Principal].
->>>>>>> refs
 //
 // A [Verifier] is safe for concurrent use by any number of goroutines. The
 // verification keys live in an immutable key set that is swapped atomically
