@@ -28,7 +28,7 @@ type handler struct {
 // check accepts any same-host Origin and a missing one), upgrades with
 // subprotocol han.v1, authenticates by one-time ticket or bearer token and
 // registers the connection. Refusals after the upgrade are close frames
-// with the codes of CONTRACT §7, so browsers can see why.
+// with the codes of docs/realtime-protocol.md, so browsers can see why.
 func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := hd.s
 	h := s.hub
@@ -103,9 +103,17 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	c := newConn(h, ws, hw.cork, userID)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
+		if errors.Is(err, presence.ErrTooManyConnections) {
+			refuse(ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections)
+			return
+		}
 		// DB1 is needed to record presence: refuse new connections while it
-		// is out; existing ones keep their local fan-out (CONTRACT §10).
+		// is out; existing ones keep their local fan-out. The registration
+		// may have happened before the failure: take it back (best effort),
+		// so it does not hold one of the user's connection slots until it
+		// goes stale.
 		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", errKind(err)))
+		_, _ = s.presence.Disconnect(ctx, userID, c.id)
 		refuse(CloseTryAgainLater, "try again later", "unavailable")
 		return
 	}

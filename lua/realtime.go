@@ -1,7 +1,8 @@
 package lua
 
-// Realtime presence, instance liveness and WebSocket tickets (CONTRACT §3,
-// §7, §8). Keys are built by package presence and package gateway.
+// Realtime presence (with the per-user connection cap), instance liveness
+// and WebSocket tickets. Keys are built by package presence and package
+// gateway.
 var (
 	RTHeartbeat         = mustLoad("rt_heartbeat")
 	RTDisconnect        = mustLoad("rt_disconnect")
