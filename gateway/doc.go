@@ -6,8 +6,9 @@
 //
 // GET /v1/realtime checks the Origin exactly against the allowed list
 // before the upgrade, authenticates by ticket or bearer token after it (so
-// refusals are close frames a browser can read), registers presence and
-// hands the connection to the Hub.
+// refusals are close frames a browser can read), registers presence
+// (refused with 1008 too_many_connections when the user already holds the
+// per-user cap of connections) and hands the connection to the Hub.
 //
 // Concurrency: per connection, one reader goroutine owns the connection
 // (reads, handles client frames in order, tears down); it starts exactly

@@ -28,7 +28,9 @@ func wantTooMany(t *testing.T, c *client) {
 // while another user connects as usual. Closing a socket frees its slot,
 // and so does the sweep of an instance that died holding some.
 func TestConnectionsPerUserCappedAcrossInstances(t *testing.T) {
-	short := func(c *presence.Config) { c.LivenessTTL, c.SweepInterval = time.Second, 300*time.Millisecond }
+	// Short enough to see the sweep soon, long enough that a busy machine
+	// does not let a live instance's marker lapse.
+	short := func(c *presence.Config) { c.LivenessTTL, c.SweepInterval = 3*time.Second, 300*time.Millisecond }
 	pool := openPool(t)
 	a := newInstance(t, pool, opts{presence: short})
 	b := newInstance(t, pool, opts{presence: short})
