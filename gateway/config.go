@@ -13,13 +13,19 @@ const Subprotocol = "han.v1"
 const (
 	CloseGoingAway     = websocket.StatusGoingAway       // 1001: drain; reason {"retryMs":n}
 	CloseUnsupported   = websocket.StatusUnsupportedData // 1003: a binary frame
-	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big, frame rate, subprotocol
+	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big, frame rate, subprotocol, per-user connection cap
 	CloseInternal      = websocket.StatusInternalError   // 1011
 	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable
 	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token
 	CloseForbidden     = websocket.StatusCode(4003)      // not a user session
 	CloseSlowConsumer  = websocket.StatusCode(4008)      // cannot keep up
 )
+
+// CloseReasonTooManyConnections is the reason of the 1008 close that
+// refuses a connection beyond the user's connection cap
+// (presence.Config.MaxConnsPerUser), and the label of that rejection in
+// han_ws_rejected_total.
+const CloseReasonTooManyConnections = "too_many_connections"
 
 // Config tunes the WebSocket hub. Every zero value picks the default shown.
 type Config struct {

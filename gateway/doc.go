@@ -10,7 +10,9 @@
 // ticket also requires one); the subprotocol; draining; the ticket or bearer
 // token. Every refusal is a close frame after the upgrade (1008, 1001, 4001,
 // 4003, 1013), because a browser cannot read the status of a failed upgrade.
-// It then registers presence and hands the connection to the Hub.
+// It then registers presence (refused with 1008 too_many_connections when the
+// user already holds the per-user cap of connections, counted across all
+// instances) and hands the connection to the Hub.
 //
 // Concurrency: per connection, one reader goroutine owns the connection (reads,
 // handles client frames in order, tears down). A writer goroutine runs per

@@ -104,9 +104,17 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	c := newConn(h, ws, hw.cork, userID)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
+		if errors.Is(err, presence.ErrTooManyConnections) {
+			refuse(ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections)
+			return
+		}
 		// DB1 is needed to record presence: refuse new connections while it
 		// is out; existing ones keep their local fan-out (docs/degraded-mode.md).
+		// The registration may have happened before the failure: take it back
+		// (best effort), so it does not hold one of the user's connection slots
+		// until it goes stale.
 		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", errKind(err)))
+		_, _ = s.presence.Disconnect(ctx, userID, c.id)
 		refuse(CloseTryAgainLater, "try again later", "unavailable")
 		return
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -39,25 +38,47 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		_ = tc.SetWriteBuffer(w.sendBuffer)
 	}
 	cc := &corkConn{Conn: nc}
-	var r io.Reader = cc
 	if n := brw.Reader.Buffered(); n > 0 {
-		// Bytes the client sent right after its handshake.
+		// Bytes the client sent with or right after its upgrade request
+		// (often its first frame) were read together with the request.
+		// coder/websocket keeps only what the returned reader has buffered
+		// and then resets it onto the returned net.Conn, so a reader
+		// wrapping them would be thrown away: the connection itself serves
+		// them first, and the read buffer stays small.
 		b, _ := brw.Reader.Peek(n)
-		r = io.MultiReader(bytes.NewReader(bytes.Clone(b)), cc)
+		cc.early = bytes.Clone(b)
 	}
 	w.cork = cc
-	return cc, bufio.NewReadWriter(bufio.NewReaderSize(r, connReadBuf), bufio.NewWriterSize(cc, connWriteBuf)), nil
+	return cc, bufio.NewReadWriter(bufio.NewReaderSize(cc, connReadBuf), bufio.NewWriterSize(cc, connWriteBuf)), nil
 }
 
 // corkConn collects writes while corked and sends them in one write when
-// uncorked: the writer corks around a batch of frames.
+// uncorked: the writer corks around a batch of frames. Reads return the
+// bytes that arrived with the upgrade request first.
 type corkConn struct {
 	net.Conn
+
+	// early holds bytes read from the client before the hijack; Read
+	// returns them before reading the socket. Only the connection's single
+	// reader touches it.
+	early []byte
 
 	mu     sync.Mutex // guards corked, sealed, buf; held across a write so bytes never interleave
 	corked bool
 	sealed bool // closing: every later write goes straight out
 	buf    *[]byte
+}
+
+func (c *corkConn) Read(p []byte) (int, error) {
+	if len(c.early) > 0 {
+		n := copy(p, c.early)
+		c.early = c.early[n:]
+		if len(c.early) == 0 {
+			c.early = nil // let the bytes go
+		}
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }
 
 var corkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}

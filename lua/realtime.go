@@ -1,8 +1,8 @@
 package lua
 
-// Realtime presence, instance liveness and WebSocket tickets
-// (docs/redis-keys.md, docs/realtime-protocol.md). Keys are built by package
-// presence and package gateway.
+// Realtime presence (with the per-user connection cap), instance liveness
+// and WebSocket tickets (docs/redis-keys.md, docs/realtime-protocol.md).
+// Keys are built by package presence and package gateway.
 var (
 	RTHeartbeat         = mustLoad("rt_heartbeat")
 	RTDisconnect        = mustLoad("rt_disconnect")

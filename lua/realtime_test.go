@@ -146,3 +146,49 @@ func TestPresenceScriptsRefuseWithoutExpiry(t *testing.T) {
 		t.Fatalf("a refused script wrote %d keys", n)
 	}
 }
+
+// The cap counts a user's live members only (stale ones are free slots),
+// refuses a new connection at the cap without writing anything, and never
+// refuses the refresh of a connection already registered.
+func TestPresenceConnectionCap(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	conn := func(id string) string { return "han:rt:conn:{u2}:" + id }
+	user, online := "han:rt:user:{u2}:connections", "han:rt:user:{u2}:online"
+	if err := c.ZAdd(ctx, user, redis.Z{Score: 1, Member: "stale"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hb := func(id string, maxConns int) []any {
+		t.Helper()
+		v, err := lua.RTHeartbeat.Run(ctx, c, []string{conn(id), user, online}, "u2", id, "i1", 0, 90000, 120000, 0, maxConns).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	refused := func(v []any) bool { return v[3].(int64) == 1 }
+	if refused(hb("c1", 2)) || refused(hb("c2", 2)) {
+		t.Fatal("two connections under a cap of 2 (one stale member) must register")
+	}
+	if !refused(hb("c3", 2)) {
+		t.Fatal("a third connection must be refused")
+	}
+	if c.Exists(ctx, conn("c3")).Val() != 0 || c.ZScore(ctx, user, "c3").Err() != redis.Nil || c.ZCard(ctx, user).Val() != 3 {
+		t.Fatal("a refused connection must write nothing")
+	}
+	if refused(hb("c1", 2)) || refused(hb("c2", 1)) {
+		t.Fatal("a registered connection's heartbeat is never refused")
+	}
+	if refused(hb("c3", 0)) {
+		t.Fatal("cap 0 means no cap")
+	}
+	if err := lua.RTDisconnect.Run(ctx, c, []string{conn("c1"), user}, "c1", 90000, 10).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lua.RTDisconnect.Run(ctx, c, []string{conn("c3"), user}, "c3", 90000, 10).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if refused(hb("c4", 2)) {
+		t.Fatal("a disconnect must free its slot")
+	}
+}

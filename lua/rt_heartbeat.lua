@@ -1,7 +1,8 @@
 #!lua
 -- rt_heartbeat: register or refresh one WebSocket connection (its HASH and
--- its member of the user's ZSET, with their TTLs, in one step) and remove a
--- bounded batch of the user's stale connection members.
+-- its member of the user's ZSET, with their TTLs, in one step), enforcing the
+-- per-user connection cap on registration, and remove a bounded batch of the
+-- user's stale connection members.
 -- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
 -- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
 -- KEYS[3] online marker    han:rt:user:{<user_id>}:online
@@ -13,8 +14,14 @@
 -- ARGV[6] user ZSET and online marker TTL in ms (120 s)
 -- ARGV[7] stale batch: at most this many members whose heartbeat is older
 --         than the HASH TTL are removed by this call
--- Returns {now_ms, became_online, removed_stale}; became_online is 1 when
--- the online marker was absent (the user's first live connection).
+-- ARGV[8] per-user connection cap, 0 (or absent) for none: a connection not yet in the
+--         ZSET is refused when the user already has this many live members
+--         (heartbeat within the HASH TTL), whatever instance holds them.
+--         Connect passes the cap; the periodic refresh of connections that
+--         are already open passes 0.
+-- Returns {now_ms, became_online, removed_stale, refused}; became_online is
+-- 1 when the online marker was absent (the user's first live connection);
+-- refused is 1 when the cap refused the connection (nothing written).
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -24,6 +31,12 @@ for i = 1, 3 do
   end
 end
 local connTTL = tonumber(ARGV[5])
+local cap = tonumber(ARGV[8]) or 0
+if cap > 0 and not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+  if redis.call('ZCOUNT', KEYS[2], now - connTTL, '+inf') >= cap then
+    return {now, 0, 0, 1}
+  end
+end
 local stale = {}
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - connTTL), 'LIMIT', 0, tonumber(ARGV[7]))) do
   if m ~= ARGV[2] then
@@ -40,4 +53,4 @@ if #stale > 0 then
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
-return {now, 1 - wasOnline, #stale}
+return {now, 1 - wasOnline, #stale, 0}

@@ -1,8 +1,10 @@
 // Package presence records who is online in Redis DB1 (han:rt:*): one
 // connection HASH per socket and one ZSET of connections per user,
 // refreshed by an atomic Lua heartbeat, removed by an idempotent
-// disconnect; an instance liveness marker and registry; and a sweeper with
-// which surviving instances remove a dead instance's connections within
+// disconnect (registration, in the same script, refuses a connection
+// beyond the user's cap of live connections across all instances); an
+// instance liveness marker and registry; and a sweeper with which
+// surviving instances remove a dead instance's connections within
 // liveness TTL + sweep interval. Online/offline transitions are reported
 // once each (an online marker per user, offline debounced).
 //

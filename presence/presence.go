@@ -53,6 +53,12 @@ type Config struct {
 	// OfflineDebounce delays the offline transition so a quick reconnect
 	// publishes nothing. Zero value means 2s.
 	OfflineDebounce time.Duration
+	// MaxConnsPerUser caps a user's live connections across all instances
+	// (HAN_WS_MAX_CONNS_PER_USER): Connect refuses one more with
+	// ErrTooManyConnections. A connection's slot is free again when it
+	// disconnects, is swept with its dead instance or goes stale. Zero
+	// value means 16.
+	MaxConnsPerUser int
 	// StaleBatch bounds the stale ZSET members one heartbeat removes. Zero
 	// value means 100.
 	StaleBatch int
@@ -77,6 +83,9 @@ func (c *Config) defaults() {
 	def(&c.RegistryTTL, 120*time.Second)
 	def(&c.SweepInterval, 5*time.Second)
 	def(&c.OfflineDebounce, 2*time.Second)
+	if c.MaxConnsPerUser <= 0 {
+		c.MaxConnsPerUser = 16
+	}
 	if c.StaleBatch <= 0 {
 		c.StaleBatch = 100
 	}

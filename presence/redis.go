@@ -70,9 +70,12 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 func indexMember(c Conn) string { return c.UserID + ":" + c.ConnID }
 
-func (p *Presence) heartbeat(ctx context.Context, c redis.Scripter, conn Conn) *redis.Cmd {
+// heartbeat registers or refreshes conn. maxConns > 0 refuses a new
+// registration when the user already has that many live connections; 0
+// never refuses (the refresh of connections already open).
+func (p *Presence) heartbeat(ctx context.Context, c redis.Scripter, conn Conn, maxConns int) *redis.Cmd {
 	return lua.RTHeartbeat.Run(ctx, c, []string{ConnKey(conn.UserID, conn.ConnID), UserConnsKey(conn.UserID), OnlineKey(conn.UserID)},
-		conn.UserID, conn.ConnID, p.cfg.InstanceID, conn.Subscriptions, ms(p.cfg.ConnTTL), ms(p.cfg.UserTTL), p.cfg.StaleBatch)
+		conn.UserID, conn.ConnID, p.cfg.InstanceID, conn.Subscriptions, ms(p.cfg.ConnTTL), ms(p.cfg.UserTTL), p.cfg.StaleBatch, maxConns)
 }
 
 func (p *Presence) instanceHeartbeat(ctx context.Context, c redis.Scripter, members []string) *redis.Cmd {
@@ -84,13 +87,25 @@ func (p *Presence) instanceHeartbeat(ctx context.Context, c redis.Scripter, memb
 	return lua.RTInstanceHeartbeat.Run(ctx, c, []string{InstanceKey(p.cfg.InstanceID), InstanceConnsKey(p.cfg.InstanceID)}, args...)
 }
 
+// ErrTooManyConnections: the user already has MaxConnsPerUser live
+// connections; nothing was registered.
+var ErrTooManyConnections = errors.New("presence: too many connections for this user")
+
 // Connect registers a new connection: its HASH, its member in the user's
-// ZSET and in this instance's index. A user's first live connection is an
+// ZSET and in this instance's index. The check against MaxConnsPerUser and
+// the registration are one script, so concurrent connects on any number of
+// instances never exceed the cap. A user's first live connection is an
 // online transition, reported to Events.
 func (p *Presence) Connect(ctx context.Context, c Conn) error {
-	v, err := p.heartbeat(ctx, p.rdb, c).Slice()
+	v, err := p.heartbeat(ctx, p.rdb, c, p.cfg.MaxConnsPerUser).Slice()
 	if err != nil {
 		return fmt.Errorf("presence connect: %w", store.ClassifyRedisError(err))
+	}
+	if len(v) < 4 {
+		return fmt.Errorf("presence connect: unexpected reply of %d values", len(v))
+	}
+	if refused, _ := v[3].(int64); refused == 1 {
+		return ErrTooManyConnections
 	}
 	if err := p.instanceHeartbeat(ctx, p.rdb, []string{indexMember(c)}).Err(); err != nil {
 		return fmt.Errorf("presence connect: %w", store.ClassifyRedisError(err))
@@ -120,7 +135,7 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 		}
 		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 			for _, c := range batch {
-				p.heartbeat(ctx, pipe, c)
+				p.heartbeat(ctx, pipe, c, 0)
 			}
 			p.instanceHeartbeat(ctx, pipe, members)
 		})

@@ -137,7 +137,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
 			Hub:        gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins},
-			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval},
+			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser},
 			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
 			Registerer: metrics.Registry,
 		},

@@ -67,6 +67,9 @@ type Config struct {
 	// bounds how long a runtime settings change in PostgreSQL takes to
 	// reach an instance.
 	SettingsRefreshInterval time.Duration
+	// WSMaxConnsPerUser (HAN_WS_MAX_CONNS_PER_USER, default 16) caps one
+	// user's open WebSocket connections across all instances.
+	WSMaxConnsPerUser int
 }
 
 // ErrInvalid wraps every validation failure.
@@ -155,6 +158,12 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.SettingsRefreshInterval, err = duration(getenv("HAN_SETTINGS_REFRESH_INTERVAL"), 5*time.Second); err != nil {
 		bad("HAN_SETTINGS_REFRESH_INTERVAL: %v", err)
+	}
+	c.WSMaxConnsPerUser = 16
+	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {
+		if c.WSMaxConnsPerUser, err = strconv.Atoi(v); err != nil || c.WSMaxConnsPerUser < 1 {
+			bad("HAN_WS_MAX_CONNS_PER_USER: must be a positive number")
+		}
 	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()

@@ -70,3 +70,20 @@ func TestValidation(t *testing.T) {
 		t.Fatalf("origins: %v %v", c.AllowedOrigins, err)
 	}
 }
+
+func TestWSMaxConnsPerUser(t *testing.T) {
+	m := base()
+	if c, err := Load(env(m)); err != nil || c.WSMaxConnsPerUser != 16 {
+		t.Fatalf("default: %d %v", c.WSMaxConnsPerUser, err)
+	}
+	m["HAN_WS_MAX_CONNS_PER_USER"] = "3"
+	if c, err := Load(env(m)); err != nil || c.WSMaxConnsPerUser != 3 {
+		t.Fatalf("set: %d %v", c.WSMaxConnsPerUser, err)
+	}
+	for _, v := range []string{"0", "-1", "many"} {
+		m["HAN_WS_MAX_CONNS_PER_USER"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_MAX_CONNS_PER_USER: must be a positive number") {
+			t.Fatalf("%q: %v", v, err)
+		}
+	}
+}
