@@ -11,7 +11,9 @@
 # What it does:
 #   1. installs redis-server and PostgreSQL from the OS packages when missing
 #      (apt-get; sudo when not root), and gcc when cgo has no C compiler (-race);
-#   2. `go vet ./...` and a gofmt check (lists unformatted files, fails);
+#   2. `go vet ./...`, a gofmt check (lists unformatted files, fails) and
+#      scripts/deadcode.sh (unreachable functions outside its allow-list;
+#      the pinned tool comes through the module proxy);
 #   3. `go test -race -count=1 -timeout 20m <ARGS>` through
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
 #      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
@@ -25,7 +27,7 @@
 #   DATABASE_URL or HAN_TEST_DATABASE_URL set: use that PostgreSQL server
 #     instead of a private cluster (withpg is skipped; the Go harness creates
 #     its databases there, so the role must be allowed to CREATE DATABASE).
-#   HAN_TEST_NO_LINT=1: skip go vet and the gofmt check.
+#   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check and deadcode.
 #   HAN_TEST_NO_RACE=1: run without -race.
 #
 # Exit status: 0 when everything passed, non-zero otherwise. The last line is
@@ -70,6 +72,12 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 		status=1
 	else
 		lint="$lint, gofmt ok"
+	fi
+	if "$HAN_ROOT/scripts/deadcode.sh"; then
+		lint="$lint, deadcode ok"
+	else
+		lint="$lint, deadcode FAILED"
+		status=1
 	fi
 fi
 
