@@ -24,11 +24,12 @@ test:
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-## lint: go vet and gofmt
+## lint: go vet, gofmt and deadcode (scripts/deadcode.sh)
 lint:
 	$(GO) vet ./...
 	@source scripts/lib.sh && files="$$(han_gofmt_unformatted)" && \
 	if [ -n "$$files" ]; then echo "gofmt: not formatted (run gofmt -w):"; echo "$$files"; exit 1; fi
+	bash scripts/deadcode.sh
 
 ## bench: every benchmark, on a private PostgreSQL cluster
 bench:

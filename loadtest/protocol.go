@@ -143,11 +143,6 @@ func SubscribeFrame(dialogID string) []byte {
 	return []byte(`{"type":"subscribe","dialogId":"` + dialogID + `"}`)
 }
 
-// UnsubscribeFrame stops a dialog's events.
-func UnsubscribeFrame(dialogID string) []byte {
-	return []byte(`{"type":"unsubscribe","dialogId":"` + dialogID + `"}`)
-}
-
 // PingFrame is the application-level ping (answered by pong).
 var PingFrame = []byte(`{"type":"ping"}`)
 

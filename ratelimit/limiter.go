@@ -349,8 +349,9 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 }
 
 // Eval runs algorithm a's script once over keys (one rule per key) with
-// request id id: the building block of Decide, exported for tests and tools
-// that address keys directly.
+// request id id: the building block of Decide. Production goes through
+// Decide; Eval is kept exported because the script-level tests and
+// BenchmarkDecision call it with keys of their own.
 func Eval(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
 	return run(ctx, c, a, id, keys, rules)
 }

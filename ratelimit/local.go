@@ -140,9 +140,3 @@ func (l *local) sweep(now time.Time) {
 		}
 	}
 }
-
-func (l *local) size() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.buckets)
-}

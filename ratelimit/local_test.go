@@ -67,3 +67,10 @@ func TestLocalLimiterIsBounded(t *testing.T) {
 		t.Fatalf("%d buckets after the sweep, want 1", n)
 	}
 }
+
+// size is the number of buckets held, for the sweep assertions.
+func (l *local) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.buckets)
+}

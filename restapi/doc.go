@@ -5,7 +5,8 @@
 // bodies or raw IPs, authentication, body limits enforced while reading,
 // rate-limit and idempotency seams).
 //
-// Every error body is exactly {"error":"<stable_code>"}, produced in one
-// place (Server.fail); success bodies are bare DTOs with epoch-millisecond
+// Every error body is exactly {"error":"<stable_code>"}, written by one
+// function (writeError; handlers return errors that Server.fail renders);
+// success bodies are bare DTOs with epoch-millisecond
 // timestamps. A Server is safe for concurrent use.
 package restapi

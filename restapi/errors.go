@@ -12,8 +12,9 @@ import (
 )
 
 // Error is an API failure with its HTTP status and stable code. Handlers
-// return it (or a domain error) and Server.fail renders it; nothing else
-// writes error bodies.
+// return it (or a domain error) and Server.fail renders it; every error body
+// goes through writeError (its other callers are listed in
+// docs/architecture.md).
 type Error struct {
 	Status     int
 	Code       string

@@ -28,7 +28,6 @@ scripts/check-refs.sh||this check: it has to spell out the pattern it searches f
 store/migrations/0001_init.sql||applied migrations are immutable
 store/migrations/0002_attachments_inbox.sql||applied migrations are immutable
 store/migrations/0005_settings_legacy_stub.sql||applied migrations are immutable
-docs/architecture.md|balancer (CONTRACT §10).|another branch owns this file and replaces this citation; delete this entry once it has
 '
 
 # -I: binary files (images, fuzz corpora) are not prose; their bytes may

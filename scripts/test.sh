@@ -12,7 +12,9 @@
 #   1. installs redis-server and PostgreSQL from the OS packages when missing
 #      (apt-get; sudo when not root), and gcc when cgo has no C compiler (-race);
 #   2. `go vet ./...`, a gofmt check (lists unformatted files, fails) and
-#      scripts/check-refs.sh (no citation of a document outside the repository);
+#      scripts/check-refs.sh (no citation of a document outside the repository)
+#      and scripts/deadcode.sh (unreachable functions outside its allow-list;
+#      the pinned tool comes through the module proxy);
 #   3. `go test -race -count=1 -timeout 20m <ARGS>` through
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
 #      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
@@ -26,7 +28,7 @@
 #   DATABASE_URL or HAN_TEST_DATABASE_URL set: use that PostgreSQL server
 #     instead of a private cluster (withpg is skipped; the Go harness creates
 #     its databases there, so the role must be allowed to CREATE DATABASE).
-#   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check and scripts/check-refs.sh.
+#   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check, check-refs and deadcode.
 #   HAN_TEST_NO_RACE=1: run without -race.
 #
 # Exit status: 0 when everything passed, non-zero otherwise. The last line is
@@ -77,6 +79,12 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 		lint="$lint, check-refs ok"
 	else
 		lint="$lint, check-refs FAILED"
+		status=1
+	fi
+	if "$HAN_ROOT/scripts/deadcode.sh"; then
+		lint="$lint, deadcode ok"
+	else
+		lint="$lint, deadcode FAILED"
 		status=1
 	fi
 fi

@@ -74,10 +74,12 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	return nil
 }
 
-// Addr is the listening address once Run returned.
+// Addr is the listening address once Run returned. The program logs m.addr
+// itself; the tests, which drive the real Main, read it here.
 func (m *Main) Addr() string { return m.addr }
 
-// URL is the base URL of the running server.
+// URL is the base URL of the running server, for the tests that drive the
+// real Main.
 func (m *Main) URL() string { return "http://" + m.addr }
 
 // Run connects to the dependencies, migrates and starts serving. It does not

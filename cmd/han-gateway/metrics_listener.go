@@ -53,5 +53,6 @@ func (l *metricsListener) close(timeout time.Duration) error {
 }
 
 // MetricsAddr is the bound metrics address ("" when /metrics is served on
-// the main listener).
+// the main listener). The tests read it to scrape a separate metrics
+// listener.
 func (m *Main) MetricsAddr() string { return m.metrics.addr }

@@ -75,9 +75,6 @@ type Config struct {
 // ErrInvalid wraps every validation failure.
 var ErrInvalid = errors.New("config: invalid configuration")
 
-// FromEnv reads the process environment.
-func FromEnv() (Config, error) { return Load(os.Getenv) }
-
 // Load reads configuration through getenv and validates it.
 func Load(getenv func(string) string) (Config, error) {
 	c := Config{
