@@ -174,13 +174,14 @@ type sendMessageReq struct {
 }
 
 // validateMessage checks a send request; body must hold 1..4000 characters
-// that are not all white space.
+// that are not all white space, and no U+0000, which a PostgreSQL text
+// column cannot store.
 func validateMessage(req sendMessageReq) (body, cmid string, err error) {
 	if req.Body == nil {
 		return "", "", apiErr(http.StatusBadRequest, "invalid_body")
 	}
 	body = *req.Body
-	if strings.TrimSpace(body) == "" || utf8.RuneCountInString(body) > MaxMessageChars {
+	if strings.TrimSpace(body) == "" || utf8.RuneCountInString(body) > MaxMessageChars || strings.ContainsRune(body, 0) {
 		return "", "", apiErr(http.StatusBadRequest, "invalid_body")
 	}
 	if req.ClientMessageID != nil {
