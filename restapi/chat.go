@@ -174,13 +174,14 @@ type sendMessageReq struct {
 }
 
 // validateMessage checks a send request; body must hold 1..4000 characters
-// that are not all white space.
+// that are not all white space, and no U+0000, which a PostgreSQL text
+// column cannot store.
 func validateMessage(req sendMessageReq) (body, cmid string, err error) {
 	if req.Body == nil {
 		return "", "", apiErr(http.StatusBadRequest, "invalid_body")
 	}
 	body = *req.Body
-	if strings.TrimSpace(body) == "" || utf8.RuneCountInString(body) > MaxMessageChars {
+	if strings.TrimSpace(body) == "" || utf8.RuneCountInString(body) > MaxMessageChars || strings.ContainsRune(body, 0) {
 		return "", "", apiErr(http.StatusBadRequest, "invalid_body")
 	}
 	if req.ClientMessageID != nil {
@@ -269,13 +270,10 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	var after int64
-	if v := r.URL.Query().Get("afterSeq"); v != "" {
-		after, err = strconv.ParseInt(v, 10, 64)
-		if err != nil || after < 0 {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_cursor"))
-			return
-		}
+	after, err := historyAfter(r)
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	ok, err := s.store.IsMember(r.Context(), dialogID, principal(r).UserID)
 	if err != nil {
@@ -300,6 +298,30 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		next = strconv.FormatInt(out[len(out)-1].Seq, 10)
 	}
 	writeJSON(w, http.StatusOK, newList(out, next))
+}
+
+// historyAfter reads where a history page starts: ?afterSeq=N, or
+// ?cursor=N, the nextCursor of the previous page, so a client can page by
+// following nextCursor as in every other listing. Both at once, or a value
+// that is not a seq, is 400 invalid_cursor; neither is the beginning.
+// Other query parameters are ignored (cache-busting clients add them).
+func historyAfter(r *http.Request) (int64, error) {
+	q := r.URL.Query()
+	v, cursor := q.Get("afterSeq"), q.Get("cursor")
+	if cursor != "" {
+		if v != "" {
+			return 0, apiErr(http.StatusBadRequest, "invalid_cursor")
+		}
+		v = cursor
+	}
+	if v == "" {
+		return 0, nil
+	}
+	after, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || after < 0 {
+		return 0, apiErr(http.StatusBadRequest, "invalid_cursor")
+	}
+	return after, nil
 }
 
 func hasControl(s string) bool {

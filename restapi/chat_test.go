@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
 )
 
 type dialogResp struct {
@@ -272,5 +273,71 @@ func TestChatValidation(t *testing.T) {
 	_, b := h.do(aTok, "GET", msgs, "")
 	if l := decode[listResp[messageResp]](t, b); len(l.Items) != 0 {
 		t.Fatalf("rejected requests wrote %d messages", len(l.Items))
+	}
+}
+
+// A client that pages the history by following nextCursor with ?cursor=
+// (as in every other listing) gets every message exactly once, in seq
+// order, and reaches the end; cursor is an alias of afterSeq.
+func TestHistoryPagingFollowsNextCursor(t *testing.T) {
+	h := newHarness(t)
+	alice, aTok := h.user()
+	bob, bTok := h.user()
+	d := h.dialog(aTok, bob)
+	const n = 250
+	for i := 1; i <= n; i++ {
+		if _, _, _, err := h.store.SendMessage(context.Background(), store.SendMessage{
+			ID: ids.New(), DialogID: d.ID, SenderID: alice, Body: fmt.Sprintf("m%d", i),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := "/v1/dialogs/" + d.ID + "/messages"
+	for _, q := range []string{"", "?limit=100", "?limit=7&_=1700000000"} {
+		t.Run("query "+q, func(t *testing.T) {
+			var seqs []int64
+			path := base + q
+			for pages := 0; ; pages++ {
+				if pages > n {
+					t.Fatalf("paging does not end: %d pages, %d messages", pages, len(seqs))
+				}
+				code, b := h.do(bTok, "GET", path, "")
+				if code != 200 {
+					t.Fatalf("GET %s: %d %s", path, code, b)
+				}
+				page := decode[listResp[messageResp]](t, b)
+				for _, m := range page.Items {
+					seqs = append(seqs, m.Seq)
+				}
+				if page.NextCursor == nil {
+					break
+				}
+				sep := "?"
+				if q != "" {
+					sep = "&"
+				}
+				path = base + q + sep + "cursor=" + *page.NextCursor
+			}
+			if len(seqs) != n {
+				t.Fatalf("got %d messages, want %d", len(seqs), n)
+			}
+			for i, s := range seqs {
+				if s != int64(i+1) {
+					t.Fatalf("message %d has seq %d: every message exactly once, in order", i, s)
+				}
+			}
+		})
+	}
+	// cursor and afterSeq mean the same; both at once, or a cursor that is
+	// not a seq, is refused.
+	_, viaCursor := h.do(bTok, "GET", base+"?cursor=240", "")
+	_, viaAfter := h.do(bTok, "GET", base+"?afterSeq=240", "")
+	if string(viaCursor) != string(viaAfter) || len(decode[listResp[messageResp]](t, viaCursor).Items) != 10 {
+		t.Fatalf("cursor=240 answered %s, afterSeq=240 answered %s", viaCursor, viaAfter)
+	}
+	for _, q := range []string{"?cursor=5&afterSeq=5", "?afterSeq=1&cursor=2", "?cursor=abc", "?cursor=-1", "?cursor=1.5",
+		"?cursor=" + b64("10"), "?cursor=99999999999999999999"} {
+		code, b := h.do(bTok, "GET", base+q, "")
+		wantError(t, code, b, 400, "invalid_cursor")
 	}
 }

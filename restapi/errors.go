@@ -68,6 +68,12 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		e = apiErr(http.StatusNotFound, "user_not_found")
 	case errors.Is(err, store.ErrInvalidCursor):
 		e = apiErr(http.StatusBadRequest, "invalid_cursor")
+	case isPGUnstorableText(err):
+		e = errInvalidJSON
+		// Logged because a field reached PostgreSQL without its own check.
+		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "text refused by the database",
+			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)),
+			slog.String("kind", errorKind(err)))
 	case errors.Is(err, store.ErrAttachmentNotFound):
 		e = apiErr(http.StatusNotFound, "attachment_not_found")
 	case errors.Is(err, store.ErrInvalidAttachment):

@@ -25,6 +25,16 @@ func isPGUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err)
 }
 
+// isPGUnstorableText reports whether PostgreSQL refused a value because
+// text or jsonb cannot hold it: U+0000 in text (22021) or "\u0000" in a
+// jsonb string (22P05). That is the request's fault, never a server error;
+// handlers refuse such values with the field's own code before they get
+// here, so this is the last resort for a field that lacks that check.
+func isPGUnstorableText(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "22021" || pe.Code == "22P05")
+}
+
 // errorKind names an error's class for logs without its message text, which
 // may quote values (a constraint's key, a Redis argument).
 func errorKind(err error) string {

@@ -412,8 +412,8 @@ func TestQueuePublishValidation(t *testing.T) {
 			wantError(t, code, b, c.status, c.code)
 		})
 	}
-	if code, b := h.qPublishRaw(p, top.ID, "p", "safe", `{"n":9007199254740992,"f":1e300,"g":-0.0}`); code != 201 ||
-		!strings.Contains(string(b), `"payload":{"f":1e+300,"g":0,"n":9007199254740992}`) {
+	if code, b := h.qPublishRaw(p, top.ID, "p", "safe", `{"n":9007199254740992,"f":1e-300,"g":-0.0}`); code != 201 ||
+		!strings.Contains(string(b), `"payload":{"f":1e-300,"g":0,"n":9007199254740992}`) {
 		t.Fatalf("largest safe integer: %d %s", code, b)
 	}
 	code, b := h.qPublishRaw(p, ids.New(), "p", "e", `{}`)
@@ -840,4 +840,53 @@ func TestQueueClaimValidation(t *testing.T) {
 	}
 	code, b = h.do(p.write, "GET", p.path("/subscriptions/"+sub.ID+"/claim"), "")
 	wantError(t, code, b, 405, "method_not_allowed")
+}
+
+// Publish numbers are judged by value, not spelling: a number whose
+// canonical form would not denote exactly the value sent is refused, and an
+// accepted payload replays as the same publish whether it is sent again as
+// written or in its canonical form.
+func TestQueuePublishNumbersByValue(t *testing.T) {
+	h := newPrjHarness(t)
+	p := h.project()
+	top := h.qTopic(p, "numbers")
+	for i, c := range []struct {
+		num  string
+		want string // canonical form; "" means 400 invalid_payload
+	}{
+		{"1e16", ""},
+		{"1E16", ""},
+		{"1.0e16", ""},
+		{"10000000000000000", ""},
+		{"9007199254740993.0", ""},
+		{"1e400", ""},
+		{"1e-400", ""},
+		{"333333333.33333329", ""},
+		{"0.1", "0.1"},
+		{"5e-324", "5e-324"},
+		{"1.5", "1.5"},
+		{"-0", "0"},
+		{"9007199254740992", "9007199254740992"},
+		{"1.5e3", "1500"},
+	} {
+		t.Run(c.num, func(t *testing.T) {
+			defer h.as(t)()
+			event := fmt.Sprintf("n-%d", i)
+			code, b := h.qPublishRaw(p, top.ID, "p", event, `{"n":`+c.num+`}`)
+			if c.want == "" {
+				wantError(t, code, b, 400, "invalid_payload")
+				return
+			}
+			if code != 201 || !strings.Contains(string(b), `"payload":{"n":`+c.want+`}`) {
+				t.Fatalf("publish: %d %s, want 201 with n = %s", code, b, c.want)
+			}
+			first := decode[msgResp](t, b)
+			for _, again := range []string{c.num, c.want} {
+				code, b := h.qPublishRaw(p, top.ID, "p", event, `{"n":`+again+`}`)
+				if code != 200 || decode[msgResp](t, b).ID != first.ID {
+					t.Fatalf("replay spelled %s: %d %s, want 200 with message %s", again, code, b, first.ID)
+				}
+			}
+		})
+	}
 }

@@ -3,7 +3,10 @@
 // dedupes publishes by it). Two texts are the same value iff their
 // canonical forms are byte-equal.
 //
-// Numbers are IEEE-754 doubles, as RFC 8785 requires; an integer literal
-// beyond ±2^53 is refused rather than silently rounded. The package keeps
-// no state and is safe for concurrent use.
+// Numbers are IEEE-754 doubles, as RFC 8785 requires, and are judged by
+// their value, not their spelling: a number whose canonical form would not
+// denote exactly the value written (an integer above ±2^53 however spelled,
+// a value a double cannot hold, one out of the double range) is refused
+// rather than silently changed. The package keeps no state and is safe for
+// concurrent use.
 package jcs

@@ -3,6 +3,7 @@ package jcs
 import (
 	"errors"
 	"math"
+	"math/big"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,8 +20,9 @@ const MaxSafeInteger = 1 << 53
 var (
 	// ErrSyntax: the input is not one JSON value that decodes cleanly.
 	ErrSyntax = errors.New("jcs: invalid JSON")
-	// ErrNumber: a number is not representable as a finite IEEE-754
-	// double, or is an integer literal beyond ±2^53.
+	// ErrNumber: a number whose value is not finite, is an integer of
+	// magnitude above 2^53, or is not exactly what its canonical form
+	// denotes.
 	ErrNumber = errors.New("jcs: number out of range")
 )
 
@@ -31,13 +33,12 @@ var (
 //
 // The caller checks the raw text first (invalid UTF-8, lone surrogates and
 // duplicate names are not detected here: Go's decoder would repair or
-// silently accept them). An integer literal beyond ±2^53
-// (9007199254740993) fails with ErrNumber instead of being rounded, and so
-// does a number outside the double range (1e400).
-//
-// Note: a double of 2^53 or more without a fraction is written in plain
-// notation below 10^21 (1e16 → 10000000000000000, as ECMAScript does), so
-// such a canonical text is itself refused as input.
+// silently accept them). A number is refused with ErrNumber unless its
+// canonical form denotes exactly the value of the token (see
+// appendNumber): 9007199254740993.0, 1e16, 1e400 and 0.30000000000000001
+// are refused, 0.1, 5e-324, 1.5 and -0 (canonical 0) are accepted. Hence
+// the canonical text of an accepted value is itself accepted and
+// canonicalizes to the same bytes.
 func Canonicalize(raw []byte) ([]byte, error) {
 	var v any
 	rest, err := json.Parse(raw, &v, json.UseNumber)
@@ -108,19 +109,14 @@ func compareUTF16(a, b string) int {
 }
 
 // appendNumber writes a JSON number token in its canonical form. Every
-// number is an IEEE-754 double (1E30 is fine); only an integer literal (no
-// fraction, no exponent) beyond ±2^53 is refused, because a double cannot
-// hold it exactly and silently rounding an id-like integer would change it.
+// number is an IEEE-754 double, but a number is judged by its value, never
+// by its spelling: it is refused (ErrNumber) when the value is not finite,
+// when it is an integer of magnitude above 2^53 (1e16 as much as
+// 10000000000000000), or when its canonical form denotes another decimal
+// value than the token (9007199254740993.0 would become ...992, 0.1e-400
+// would become 0). So the canonical form always denotes exactly the value
+// that was sent, and canonicalizing it again gives the same bytes.
 func appendNumber(b []byte, tok string) ([]byte, error) {
-	if !strings.ContainsAny(tok, ".eE") {
-		digits := strings.TrimPrefix(tok, "-")
-		if len(digits) > 16 {
-			return nil, ErrNumber
-		}
-		if n, err := strconv.ParseInt(digits, 10, 64); err != nil || n > MaxSafeInteger {
-			return nil, ErrNumber
-		}
-	}
 	f, err := strconv.ParseFloat(tok, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return nil, ErrSyntax
@@ -128,8 +124,35 @@ func appendNumber(b []byte, tok string) ([]byte, error) {
 	if math.IsInf(f, 0) || math.IsNaN(f) {
 		return nil, ErrNumber
 	}
-	return AppendFloat(b, f), nil
+	if f == 0 {
+		// Zero, or a value too small for a double (1e-400): only a true
+		// zero keeps its value. Deciding this from the digits keeps an
+		// exponent such as 1e-999999999 away from big.Rat.
+		mant, _, _ := strings.Cut(strings.ToLower(tok), "e")
+		if strings.Trim(mant, "-0.") != "" {
+			return nil, ErrNumber
+		}
+		return append(b, '0'), nil
+	}
+	// A finite non-zero double bounds the token's exponent by the double
+	// range plus its own digit count, so big.Rat stays small.
+	exact, ok := new(big.Rat).SetString(tok)
+	if !ok {
+		return nil, ErrSyntax
+	}
+	if exact.IsInt() && new(big.Int).Abs(exact.Num()).Cmp(maxSafe) > 0 {
+		return nil, ErrNumber
+	}
+	start := len(b)
+	b = AppendFloat(b, f)
+	canon, ok := new(big.Rat).SetString(string(b[start:]))
+	if !ok || canon.Cmp(exact) != 0 {
+		return nil, ErrNumber
+	}
+	return b, nil
 }
+
+var maxSafe = big.NewInt(MaxSafeInteger)
 
 // AppendFloat appends f as ECMAScript Number::toString does (RFC 8785
 // section 3.2.2.3): the shortest decimal that round-trips, plain notation for
