@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -127,11 +128,22 @@ func (w *deadlineWriter) arm(code int) {
 	w.t0 = time.Now()
 	_ = w.rc.SetWriteDeadline(w.t0.Add(w.base))
 	if code >= 400 && w.body != nil && !w.body.eof.Load() {
-		w.Header().Set("Connection", "close")
+		closeUnread(w.ResponseWriter)
 		// A read deadline in the past makes net/http's own attempt to read
 		// the rest (after the handler) fail at once.
 		_ = w.rc.SetReadDeadline(time.Now())
 	}
+}
+
+// closeUnread asks net/http to close the connection after this answer the
+// way it does when http.MaxBytesReader passes its limit: Connection: close,
+// then a half-close and a short wait before the socket closes, so a client
+// still sending its body reads the answer before the kernel resets the
+// connection over the unread bytes. An exhausted MaxBytesReader over an
+// empty limit is what triggers it; nothing of the request is read.
+func closeUnread(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_, _ = http.MaxBytesReader(w, io.NopCloser(strings.NewReader("x")), 0).Read(make([]byte, 1))
 }
 
 // bodyReadError maps a failure while reading a request body: the body read
