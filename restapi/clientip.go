@@ -8,9 +8,9 @@ import (
 	"strings"
 )
 
-// clientAddr is the one place that decides who the client of a request is
-// and which scheme it used; the access log, the rate-limit family "ip" and
-// /v1/public/config all ask it.
+// ClientAddr is the one place that decides who the client of a request is
+// and which scheme it used; the access log, the rate-limit family "ip",
+// /v1/public/config and the loopback-only debug endpoints all ask it.
 //
 // The TCP peer is the client unless it is a trusted proxy
 // (Config.TrustedProxies). Then the hops a proxy reported are walked from
@@ -20,7 +20,7 @@ import (
 // client: when both are present and name different clients, neither is
 // believed and the request counts as coming from the peer itself.
 // Forwarding headers from an untrusted peer are ignored.
-func (s *Server) clientAddr(r *http.Request) netip.Addr {
+func (s *Server) ClientAddr(r *http.Request) netip.Addr {
 	peer := peerAddr(r)
 	if !peer.IsValid() || !s.trusted(peer) {
 		return peer

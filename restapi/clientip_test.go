@@ -32,7 +32,7 @@ func TestClientAddrTrustsOnlyConfiguredProxies(t *testing.T) {
 			for k, v := range c.hdr {
 				r.Header.Set(k, v)
 			}
-			if got := s.clientAddr(r); got.String() != c.want {
+			if got := s.ClientAddr(r); got.String() != c.want {
 				t.Fatalf("client address %s, want %s", got, c.want)
 			}
 		})

@@ -153,7 +153,7 @@ func RouteTemplate(r *http.Request) string {
 // an IP reaches a log line or a Redis key.
 func (s *Server) ipHMAC(r *http.Request) string {
 	host := r.RemoteAddr
-	if a := s.clientAddr(r); a.IsValid() {
+	if a := s.ClientAddr(r); a.IsValid() {
 		host = a.String()
 	}
 	return HMACHex(s.hmacSecret, host)[:16]

@@ -452,3 +452,19 @@ func TestHeaderOver64KiBIsRefused(t *testing.T) {
 		t.Fatalf("32 KiB header: %d", resp.StatusCode)
 	}
 }
+
+// A reverse proxy on the same machine is a loopback peer: the debug
+// endpoints serve only when the client it forwards is on loopback too.
+func TestDebugEndpointsRefuseClientsForwardedByALocalProxy(t *testing.T) {
+	vars := baseEnv()
+	vars[debugEnv] = "1"
+	vars["HAN_TRUSTED_PROXIES"] = "127.0.0.1"
+	m := start(t, vars)
+	c := clientFrom("127.0.0.1")
+	if resp, body := do(t, c, "GET", m.URL()+"/debug/pprof/", "", "", map[string]string{"X-Forwarded-For": "192.0.2.7"}); resp.StatusCode != 404 {
+		t.Fatalf("remote client through the local proxy: %d %.80s", resp.StatusCode, body)
+	}
+	if resp, _ := do(t, c, "GET", m.URL()+"/debug/pprof/", "", "", map[string]string{"X-Forwarded-For": "127.0.0.1"}); resp.StatusCode != 200 {
+		t.Fatalf("loopback client through the local proxy: %d", resp.StatusCode)
+	}
+}
