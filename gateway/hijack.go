@@ -34,8 +34,9 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if tc, ok := nc.(*net.TCPConn); ok && w.sendBuffer > 0 {
-		_ = tc.SetWriteBuffer(w.sendBuffer)
+	// An interface, not *net.TCPConn: the listener may wrap the TCP conn.
+	if sb, ok := nc.(interface{ SetWriteBuffer(int) error }); ok && w.sendBuffer > 0 {
+		_ = sb.SetWriteBuffer(w.sendBuffer)
 	}
 	cc := &corkConn{Conn: nc}
 	if n := brw.Reader.Buffered(); n > 0 {

@@ -347,7 +347,9 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.As(err, &mbe):
 			s.fail(w, r, errPayloadTooLarge)
-		case errors.Is(err, context.Canceled) || body.readErr != nil:
+		case body.readErr != nil:
+			s.fail(w, r, bodyReadError(body.readErr))
+		case errors.Is(err, context.Canceled):
 			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_body_stream"))
 		default:
 			s.fail(w, r, err)

@@ -48,7 +48,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 			if errors.As(err, &mbe) {
 				return nil, errPayloadTooLarge
 			}
-			return nil, apiErr(http.StatusBadRequest, "invalid_body_stream")
+			return nil, bodyReadError(err)
 		}
 	}
 }

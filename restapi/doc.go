@@ -1,9 +1,11 @@
 // Package restapi is the HTTP API of the gateway on gorilla/mux: health,
 // readiness and metrics, the public config, the chat REST API under /v1
 // (dialogs, messages with per-dialog seq, reconciliation history) and the
-// middleware every route shares (request id, access log without tokens,
-// bodies or raw IPs, authentication, body limits enforced while reading,
-// rate-limit and idempotency seams).
+// middleware every route shares (body read and response write deadlines,
+// request id, access log without tokens, bodies or raw IPs, authentication,
+// body limits enforced while reading, rate-limit and idempotency seams).
+// The client address and scheme come from one place (clientip.go), which
+// believes forwarding headers only from configured trusted proxies.
 //
 // Every error body is exactly {"error":"<stable_code>"}, written by one
 // function (writeError; handlers return errors that Server.fail renders);

@@ -32,6 +32,7 @@ var (
 	errForbidden           = apiErr(http.StatusForbidden, "forbidden")
 	errInvalidJSON         = apiErr(http.StatusBadRequest, "invalid_json")
 	errPayloadTooLarge     = apiErr(http.StatusRequestEntityTooLarge, "payload_too_large")
+	errRequestTimeout      = apiErr(http.StatusRequestTimeout, "request_timeout")
 	errNotFound            = apiErr(http.StatusNotFound, "not_found")
 	errMethodNotAllowed    = apiErr(http.StatusMethodNotAllowed, "method_not_allowed")
 	errDatabaseUnavailable = apiErr(http.StatusServiceUnavailable, "database_unavailable")

@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -153,9 +152,9 @@ func RouteTemplate(r *http.Request) string {
 // ipHMAC returns a short HMAC of the client address, the only form in which
 // an IP reaches a log line or a Redis key.
 func (s *Server) ipHMAC(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
+	host := r.RemoteAddr
+	if a := s.ClientAddr(r); a.IsValid() {
+		host = a.String()
 	}
 	return HMACHex(s.hmacSecret, host)[:16]
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,11 +37,21 @@ type Publisher interface {
 type Config struct {
 	// MetricsElsewhere drops /metrics from this router (the process serves
 	// it on a separate listener). Zero value: /metrics is served here.
-	MetricsElsewhere  bool
-	HMACSecret        []byte
-	PublicRealtimeURL string        // empty: ws(s)://<request host>/v1/realtime
-	PublishTimeout    time.Duration // zero value means 1s
-	ReadyTimeout      time.Duration // zero value means 500ms per dependency
+	MetricsElsewhere bool
+	HMACSecret       []byte
+	// PublicRealtimeURL is the realtimeUrl of /v1/public/config. Empty:
+	// ws(s)://<Host>/v1/realtime when the Host header names loopback, else
+	// null (the client derives it from its page's origin), because a Host
+	// chosen by the client must never come back as a URL others may cache.
+	PublicRealtimeURL string
+	// TrustedProxies are the peers whose forwarding headers name the client
+	// (clientip.go); empty: forwarding headers are ignored.
+	TrustedProxies []netip.Prefix
+	// BodyTimeout is the base of the body read and response write
+	// deadlines (deadlines.go); zero value means 15s.
+	BodyTimeout    time.Duration
+	PublishTimeout time.Duration // zero value means 1s
+	ReadyTimeout   time.Duration // zero value means 500ms per dependency
 	// Idempotency and Attachments: see idempotency.go and attachments.go.
 	Idempotency IdempotencyConfig
 	Attachments AttachmentConfig
@@ -131,6 +142,9 @@ func NewServer(d Deps) (*Server, error) {
 	if d.Config.PublishTimeout == 0 {
 		d.Config.PublishTimeout = time.Second
 	}
+	if d.Config.BodyTimeout == 0 {
+		d.Config.BodyTimeout = 15 * time.Second
+	}
 	if d.Config.ReadyTimeout == 0 {
 		d.Config.ReadyTimeout = 500 * time.Millisecond
 	}
@@ -164,8 +178,9 @@ func (s *Server) Router() *mux.Router { return s.router }
 // Metrics returns the registry holder.
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
-// Handler is the complete HTTP handler.
-func (s *Server) Handler() http.Handler { return s.observe(s.router) }
+// Handler is the complete HTTP handler, every route under the body and
+// response deadlines.
+func (s *Server) Handler() http.Handler { return s.deadlines(s.observe(s.router)) }
 
 // SetDraining makes /readyz answer 503 so the load balancer stops sending
 // new traffic while in-flight requests finish.
@@ -299,21 +314,26 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 type publicConfigDTO struct {
-	RealtimeURL string         `json:"realtimeUrl"`
+	RealtimeURL *string        `json:"realtimeUrl"`
 	Limits      map[string]int `json:"limits"`
 	Version     string         `json:"version"`
 }
 
 func (s *Server) publicConfig(w http.ResponseWriter, r *http.Request) {
-	u := s.cfg.PublicRealtimeURL
-	if u == "" {
+	var realtime *string
+	if u := s.cfg.PublicRealtimeURL; u != "" {
+		realtime = &u
+	} else if loopbackHost(r.Host) {
 		scheme := "ws"
-		if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
+		if s.requestScheme(r) == "https" {
 			scheme = "wss"
 		}
 		u = scheme + "://" + r.Host + "/v1/realtime"
+		realtime = &u
 	}
-	writeJSON(w, http.StatusOK, publicConfigDTO{RealtimeURL: u, Version: Version, Limits: map[string]int{
+	// The answer depends on request headers: no shared cache may keep it.
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, publicConfigDTO{RealtimeURL: realtime, Version: Version, Limits: map[string]int{
 		"messageBodyMaxChars": MaxMessageChars,
 		"historyPageMax":      MaxPageLimit,
 		"chatBodyMaxBytes":    ChatBodyLimit,

@@ -154,6 +154,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
+			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout,
 			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout},
 			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
 		Logger: m.Logger, Store: store.New(m.pg), PG: m.pg, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
@@ -177,14 +178,21 @@ func (m *Main) Run(ctx context.Context) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	m.addr = ln.Addr().String()
+	capped, err := m.capListener(ln, metrics.Registry)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
 	m.httpSrv = &http.Server{
 		Handler:           m.withDebug(m.api.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
+		IdleTimeout:       cfg.HTTPIdleTimeout,
+		// Requests whose header is larger are answered 431 by net/http.
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 	}
 	m.serveErr = make(chan error, 1)
-	go func() { m.serveErr <- m.httpSrv.Serve(ln) }()
+	go func() { m.serveErr <- m.httpSrv.Serve(capped) }()
 	m.Logger.Info("serving", slog.String("addr", m.addr), slog.String("instance", cfg.InstanceID), slog.String("env", cfg.Env))
 	return nil
 }

@@ -31,8 +31,10 @@ type memStats struct {
 }
 
 // withDebug serves GET /debug/memstats and /debug/pprof/… in front of next
-// when enabled, and only to loopback peers: anything else (debug off, or a
-// request from another address) goes to next unchanged, which answers 404.
+// when enabled, and only to loopback clients: the TCP peer is loopback and
+// so is the client address (a trusted proxy on loopback forwarding a remote
+// client does not qualify). Anything else (debug off, or a request from
+// another address) goes to next unchanged, which answers 404.
 // The endpoints expose process internals and runtime.GC() costs a
 // stop-the-world pause, hence both guards.
 func (m *Main) withDebug(next http.Handler) http.Handler {
@@ -47,7 +49,7 @@ func (m *Main) withDebug(next http.Handler) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/debug/") && loopbackPeer(r.RemoteAddr) {
+		if strings.HasPrefix(r.URL.Path, "/debug/") && loopbackPeer(r.RemoteAddr) && m.api.ClientAddr(r).IsLoopback() {
 			mux.ServeHTTP(w, r)
 			return
 		}

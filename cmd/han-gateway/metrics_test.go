@@ -110,6 +110,7 @@ var requiredFamilies = []string{
 	"han_project_writes_refused_total",  // project API writes refused by gate
 	"han_delivery_latency_seconds",      // delivery latency histogram
 	"han_http_request_duration_seconds", // request latency
+	"han_http_connections_open",         // client connections under HAN_MAX_CONNECTIONS
 	"han_redis_evicted_keys_total",      // eviction alarms
 	"han_redis_memory_used_bytes",       //
 	"han_redis_memory_max_bytes",        //

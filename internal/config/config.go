@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -35,7 +36,10 @@ type Config struct {
 	HMACSecret        string // HAN_HMAC_SECRET
 	LegacyStubEnabled bool   // HAN_LEGACY_STUB_ENABLED
 	LegacyStubURL     string // HAN_LEGACY_STUB_URL
-	PublicRealtimeURL string // HAN_PUBLIC_REALTIME_URL; empty: derived from the request
+	// PublicRealtimeURL (HAN_PUBLIC_REALTIME_URL) is the realtimeUrl of
+	// /v1/public/config; required when HAN_ENV=prod, because a URL built
+	// from the request's Host would let any client choose it.
+	PublicRealtimeURL string
 	RedisTimeout      time.Duration
 	ShutdownTimeout   time.Duration
 	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
@@ -70,6 +74,19 @@ type Config struct {
 	// WSMaxConnsPerUser (HAN_WS_MAX_CONNS_PER_USER, default 16) caps one
 	// user's open WebSocket connections across all instances.
 	WSMaxConnsPerUser int
+	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s) is
+	// the base of the per-request body read and response write deadlines;
+	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s) closes idle
+	// keep-alive connections. MaxConnections (HAN_MAX_CONNECTIONS) and
+	// MaxConnsPerIP (HAN_MAX_CONNS_PER_IP) cap open client connections;
+	// zero means "derive at start-up" from the descriptor limit and the
+	// pool sizes. TrustedProxies (HAN_TRUSTED_PROXIES) are the peers whose
+	// X-Forwarded-For, X-Forwarded-Proto and Forwarded headers are believed.
+	HTTPBodyTimeout time.Duration
+	HTTPIdleTimeout time.Duration
+	MaxConnections  int
+	MaxConnsPerIP   int
+	TrustedProxies  []netip.Prefix
 }
 
 // ErrInvalid wraps every validation failure.
@@ -162,6 +179,32 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_WS_MAX_CONNS_PER_USER: must be a positive number")
 		}
 	}
+	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil {
+		bad("HAN_HTTP_BODY_TIMEOUT: %v", err)
+	}
+	if c.HTTPIdleTimeout, err = duration(getenv("HAN_HTTP_IDLE_TIMEOUT"), 120*time.Second); err != nil {
+		bad("HAN_HTTP_IDLE_TIMEOUT: %v", err)
+	}
+	for _, n := range []struct {
+		name string
+		dst  *int
+	}{{"HAN_MAX_CONNECTIONS", &c.MaxConnections}, {"HAN_MAX_CONNS_PER_IP", &c.MaxConnsPerIP}} {
+		if v := getenv(n.name); v != "" {
+			if *n.dst, err = strconv.Atoi(v); err != nil || *n.dst < 1 {
+				bad("%s: must be a positive number", n.name)
+			}
+		}
+	}
+	if c.TrustedProxies, err = prefixes(getenv("HAN_TRUSTED_PROXIES")); err != nil {
+		bad("HAN_TRUSTED_PROXIES: %v", err)
+	}
+	if c.PublicRealtimeURL != "" {
+		if u, err := url.Parse(c.PublicRealtimeURL); err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+			bad("HAN_PUBLIC_REALTIME_URL: must be a ws:// or wss:// URL")
+		}
+	} else if c.Env == "prod" {
+		bad("HAN_PUBLIC_REALTIME_URL: required when HAN_ENV=prod")
+	}
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
 		if host == "" {
@@ -240,6 +283,31 @@ func duration(v string, d time.Duration) (time.Duration, error) {
 		return 0, errors.New("must be a positive duration like 1s")
 	}
 	return x, nil
+}
+
+// prefixes parses a comma-separated list of CIDRs; a bare address counts
+// as a single-address prefix.
+func prefixes(v string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if a, err := netip.ParseAddr(f); err == nil {
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, errors.New("each entry must be a CIDR like 10.0.0.0/8 or an IP address")
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // SameRedisInstance reports whether DB0 and DB1 URLs point at one server

@@ -44,6 +44,12 @@ func TestValidation(t *testing.T) {
 		{"bad timeout", "HAN_REDIS_TIMEOUT", "-1s", "HAN_REDIS_TIMEOUT"},
 		{"instance with brace", "HAN_INSTANCE_ID", "a{b}", "HAN_INSTANCE_ID"},
 		{"log level", "HAN_LOG_LEVEL", "loud", "HAN_LOG_LEVEL"},
+		{"body timeout", "HAN_HTTP_BODY_TIMEOUT", "0s", "HAN_HTTP_BODY_TIMEOUT"},
+		{"idle timeout", "HAN_HTTP_IDLE_TIMEOUT", "soon", "HAN_HTTP_IDLE_TIMEOUT"},
+		{"connection cap", "HAN_MAX_CONNECTIONS", "0", "HAN_MAX_CONNECTIONS: must be a positive number"},
+		{"per-ip cap", "HAN_MAX_CONNS_PER_IP", "Zq9marker", "HAN_MAX_CONNS_PER_IP: must be a positive number"},
+		{"trusted proxies", "HAN_TRUSTED_PROXIES", "10.0.0.0/8, Zq9marker", "HAN_TRUSTED_PROXIES: each entry"},
+		{"realtime url scheme", "HAN_PUBLIC_REALTIME_URL", "http://Zq9marker.example/v1/realtime", "HAN_PUBLIC_REALTIME_URL: must be a ws://"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -85,5 +91,40 @@ func TestWSMaxConnsPerUser(t *testing.T) {
 		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_MAX_CONNS_PER_USER: must be a positive number") {
 			t.Fatalf("%q: %v", v, err)
 		}
+	}
+}
+
+func TestHTTPEdgeSettings(t *testing.T) {
+	c, err := Load(env(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPBodyTimeout != 15*time.Second || c.HTTPIdleTimeout != 120*time.Second || c.MaxConnections != 0 ||
+		c.MaxConnsPerIP != 0 || len(c.TrustedProxies) != 0 {
+		t.Fatalf("edge defaults: %+v", c)
+	}
+	m := base()
+	m["HAN_TRUSTED_PROXIES"] = "10.0.0.0/8, 192.0.2.7 ,2001:db8::/32,::ffff:198.51.100.0/120"
+	m["HAN_MAX_CONNECTIONS"], m["HAN_MAX_CONNS_PER_IP"] = "500", "20"
+	if c, err = Load(env(m)); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range c.TrustedProxies {
+		got = append(got, p.String())
+	}
+	if strings.Join(got, " ") != "10.0.0.0/8 192.0.2.7/32 2001:db8::/32 198.51.100.0/24" || c.MaxConnections != 500 || c.MaxConnsPerIP != 20 {
+		t.Fatalf("parsed: %v %d %d", got, c.MaxConnections, c.MaxConnsPerIP)
+	}
+
+	m = base()
+	delete(m, "HAN_JWT_DEV_HS256_SECRET")
+	m["HAN_JWKS_FILE"], m["HAN_ENV"] = "/etc/han/jwks.json", "prod"
+	if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_PUBLIC_REALTIME_URL: required when HAN_ENV=prod") {
+		t.Fatalf("prod without a public realtime URL: %v", err)
+	}
+	m["HAN_PUBLIC_REALTIME_URL"] = "wss://chat.example.com/v1/realtime"
+	if _, err := Load(env(m)); err != nil {
+		t.Fatalf("prod with a public realtime URL: %v", err)
 	}
 }

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/connlimit"
+)
+
+// descriptorReserve is kept free under the default connection cap for what
+// is not a client connection or a pool: listeners, Pub/Sub connections,
+// JWKS fetches, blob files, logs.
+const descriptorReserve = 256
+
+// connCaps returns the process and per-peer connection caps: the
+// configured values, else RLIMIT_NOFILE minus the Redis and PostgreSQL pool
+// sizes minus descriptorReserve, and a quarter of that per peer.
+func (m *Main) connCaps() (total, perIP int, err error) {
+	total, perIP = m.Config.MaxConnections, m.Config.MaxConnsPerIP
+	if total == 0 {
+		var lim syscall.Rlimit
+		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit is unreadable: %w", err)
+		}
+		pools := int(m.pg.Config().MaxConns)
+		for _, c := range []redis.UniversalClient{m.rdb, m.rt, m.ops.stubDB2} {
+			if o, ok := c.(interface{ Options() *redis.Options }); ok {
+				pools += o.Options().PoolSize
+			}
+		}
+		total = int(min(lim.Cur, 1<<30)) - pools - descriptorReserve
+		if total < 1 {
+			return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit (%d) leaves no room after the pools (%d) and the reserve (%d)",
+				lim.Cur, pools, descriptorReserve)
+		}
+	}
+	if perIP == 0 {
+		perIP = max(total/4, 1)
+	}
+	return total, perIP, nil
+}
+
+// capListener wraps ln with the connection caps; trusted proxies are
+// exempt from the per-peer cap because one proxy carries many clients.
+func (m *Main) capListener(ln net.Listener, reg prometheus.Registerer) (net.Listener, error) {
+	total, perIP, err := m.connCaps()
+	if err != nil {
+		return nil, err
+	}
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "han_http_connections_refused_total",
+		Help: "Client connections refused with 503 overloaded, by the cap that was reached (total, per_ip).",
+	}, []string{"reason"})
+	l := connlimit.New(ln, connlimit.Config{Max: total, PerIP: perIP, Unlimited: m.Config.TrustedProxies,
+		OnRefuse: func(reason string) { refused.WithLabelValues(reason).Inc() }})
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "han_http_connections_open", Help: "Open client connections (HTTP and WebSocket) counted against HAN_MAX_CONNECTIONS.",
+	}, func() float64 { return float64(l.Open()) })
+	if err := reg.Register(refused); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(open); err != nil {
+		return nil, err
+	}
+	m.Logger.Info("connection caps", slog.Int("max_connections", total), slog.Int("max_conns_per_ip", perIP),
+		slog.Int("trusted_proxies", len(m.Config.TrustedProxies)))
+	return l, nil
+}

@@ -1,0 +1,210 @@
+package connlimit
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config sets the caps. Max and PerIP must be positive.
+type Config struct {
+	Max   int // open connections of the process
+	PerIP int // open connections of one TCP peer address
+	// Unlimited peers (trusted proxies) are exempt from PerIP: one proxy
+	// carries many clients. They still count towards Max.
+	Unlimited []netip.Prefix
+	// RetryAfter is the Retry-After of the refusal; zero value means 1s.
+	RetryAfter time.Duration
+	// OnRefuse, when set, is called once per refused connection with the
+	// cap that was hit ("total" or "per_ip").
+	OnRefuse func(reason string)
+}
+
+// The refusal is written within refuseWriteTimeout, so a client that
+// never reads cannot hold the descriptor. What the client already sent is
+// then discarded (never parsed) for at most lingerTimeout after a FIN:
+// closing a socket with unread input makes the kernel send RST, which can
+// destroy the answer before the client reads it. At most maxLingering
+// refused connections linger at once; beyond that they close at once.
+const (
+	refuseWriteTimeout = time.Second
+	lingerTimeout      = time.Second
+	lingerMaxBytes     = 64 << 10
+	maxLingering       = 256
+)
+
+// Listener is a net.Listener that enforces Config.
+type Listener struct {
+	net.Listener
+	cfg    Config
+	refuse []byte
+
+	mu     sync.Mutex
+	total  int
+	perIP  map[netip.Addr]int
+	linger atomic.Int32
+	wg     sync.WaitGroup // refusals in flight
+}
+
+// New wraps ln.
+func New(ln net.Listener, cfg Config) *Listener {
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = time.Second
+	}
+	secs := int((cfg.RetryAfter + time.Second - 1) / time.Second)
+	body := `{"error":"overloaded"}`
+	resp := "HTTP/1.1 503 Service Unavailable\r\n" +
+		"Content-Type: application/json\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n" +
+		"Retry-After: " + strconv.Itoa(secs) + "\r\n" +
+		"Connection: close\r\n\r\n" + body
+	return &Listener{Listener: ln, cfg: cfg, refuse: []byte(resp), perIP: map[netip.Addr]int{}}
+}
+
+// Open reports the connections currently counted.
+func (l *Listener) Open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
+}
+
+// Accept returns the next connection within the caps; connections over a
+// cap are refused in the background and never returned.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		peer := peerAddr(c)
+		if reason := l.acquire(peer); reason != "" {
+			if l.cfg.OnRefuse != nil {
+				l.cfg.OnRefuse(reason)
+			}
+			l.wg.Add(1)
+			go l.refuseConn(c)
+			continue
+		}
+		return &conn{Conn: c, l: l, peer: peer}, nil
+	}
+}
+
+// Close stops accepting and waits for refusals in flight (each bounded by
+// the write and linger timeouts).
+func (l *Listener) Close() error {
+	err := l.Listener.Close()
+	l.wg.Wait()
+	return err
+}
+
+func (l *Listener) acquire(peer netip.Addr) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.total >= l.cfg.Max {
+		return "total"
+	}
+	limited := peer.IsValid() && !l.unlimited(peer)
+	if limited && l.perIP[peer] >= l.cfg.PerIP {
+		return "per_ip"
+	}
+	l.total++
+	if limited {
+		l.perIP[peer]++
+	}
+	return ""
+}
+
+func (l *Listener) release(peer netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if n, ok := l.perIP[peer]; ok {
+		if n <= 1 {
+			delete(l.perIP, peer)
+		} else {
+			l.perIP[peer] = n - 1
+		}
+	}
+}
+
+func (l *Listener) unlimited(a netip.Addr) bool {
+	for _, p := range l.cfg.Unlimited {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *Listener) refuseConn(c net.Conn) {
+	defer l.wg.Done()
+	defer c.Close()
+	_ = c.SetWriteDeadline(time.Now().Add(refuseWriteTimeout))
+	if _, err := c.Write(l.refuse); err != nil {
+		return
+	}
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok || l.linger.Add(1) > maxLingering {
+		l.linger.Add(-1)
+		return
+	}
+	defer l.linger.Add(-1)
+	if cw.CloseWrite() != nil {
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(lingerTimeout))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, lingerMaxBytes))
+}
+
+func peerAddr(c net.Conn) netip.Addr {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return ta.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// conn releases its place once, on the first Close.
+type conn struct {
+	net.Conn
+	l      *Listener
+	peer   netip.Addr
+	closed atomic.Bool
+}
+
+func (c *conn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.release(c.peer)
+	}
+	return c.Conn.Close()
+}
+
+// CloseWrite keeps net/http's graceful half-close working through the
+// wrapper.
+func (c *conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// ReadFrom keeps the kernel's sendfile/splice path of net/http responses
+// (it looks for io.ReaderFrom on the connection).
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
+// SetWriteBuffer keeps SO_SNDBUF settable through the wrapper (the gateway
+// sizes the send buffer of hijacked WebSocket connections).
+func (c *conn) SetWriteBuffer(n int) error {
+	if sb, ok := c.Conn.(interface{ SetWriteBuffer(int) error }); ok {
+		return sb.SetWriteBuffer(n)
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package restapi
+
+import (
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// ClientAddr is the one place that decides who the client of a request is
+// and which scheme it used; the access log, the rate-limit family "ip",
+// /v1/public/config and the loopback-only debug endpoints all ask it.
+//
+// The TCP peer is the client unless it is a trusted proxy
+// (Config.TrustedProxies). Then the hops a proxy reported are walked from
+// the right (nearest first), skipping trusted proxies; the first other
+// address is the client. X-Forwarded-For and Forwarded are both read, but
+// a trusted proxy writes only one of them, so the other one comes from the
+// client: when both are present and name different clients, neither is
+// believed and the request counts as coming from the peer itself.
+// Forwarding headers from an untrusted peer are ignored.
+func (s *Server) ClientAddr(r *http.Request) netip.Addr {
+	peer := peerAddr(r)
+	if !peer.IsValid() || !s.trusted(peer) {
+		return peer
+	}
+	xff, xffOK := s.hopClient(peer, xForwardedFor(r.Header))
+	fwd, fwdOK := s.hopClient(peer, forwardedFor(r.Header))
+	switch {
+	case xffOK && fwdOK:
+		if xff == fwd {
+			return xff
+		}
+		return peer
+	case xffOK:
+		return xff
+	case fwdOK:
+		return fwd
+	}
+	return peer
+}
+
+// requestScheme is "https" when the client used TLS: on this connection, or
+// as reported by a trusted proxy (X-Forwarded-Proto, else Forwarded proto=).
+func (s *Server) requestScheme(r *http.Request) string {
+	if r.TLS != nil {
+		return "https"
+	}
+	if p := peerAddr(r); !p.IsValid() || !s.trusted(p) {
+		return "http"
+	}
+	proto := lastElem(r.Header.Values("X-Forwarded-Proto"))
+	if proto == "" {
+		for _, pair := range strings.Split(lastElem(r.Header.Values("Forwarded")), ";") {
+			if k, v, ok := strings.Cut(strings.TrimSpace(pair), "="); ok && strings.EqualFold(k, "proto") {
+				proto = strings.Trim(v, `"`)
+			}
+		}
+	}
+	if strings.EqualFold(strings.TrimSpace(proto), "https") {
+		return "https"
+	}
+	return "http"
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// hopClient walks hops (left = farthest) from the right. It returns false
+// when there are no hops. An entry that is not an address ends the walk at
+// the last address established, which is a trusted proxy.
+func (s *Server) hopClient(peer netip.Addr, hops []string) (netip.Addr, bool) {
+	if len(hops) == 0 {
+		return netip.Addr{}, false
+	}
+	last := peer
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, ok := parseHop(hops[i])
+		if !ok {
+			return last, true
+		}
+		if !s.trusted(a) {
+			return a, true
+		}
+		last = a
+	}
+	return last, true
+}
+
+func peerAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
+}
+
+func xForwardedFor(h http.Header) []string {
+	var hops []string
+	for _, v := range h.Values("X-Forwarded-For") {
+		for _, e := range strings.Split(v, ",") {
+			hops = append(hops, strings.TrimSpace(e))
+		}
+	}
+	return hops
+}
+
+// forwardedFor lists the for= parameters of the Forwarded header
+// (RFC 7239), one per element; an element without for= is an unknown hop.
+func forwardedFor(h http.Header) []string {
+	var hops []string
+	for _, v := range h.Values("Forwarded") {
+		for _, elem := range strings.Split(v, ",") {
+			hop := "unknown"
+			for _, pair := range strings.Split(elem, ";") {
+				if k, val, ok := strings.Cut(strings.TrimSpace(pair), "="); ok && strings.EqualFold(k, "for") {
+					hop = strings.Trim(val, `"`)
+				}
+			}
+			hops = append(hops, hop)
+		}
+	}
+	return hops
+}
+
+// parseHop accepts "addr", "addr:port", "[v6]" and "[v6]:port".
+func parseHop(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil {
+			return a.Unmap(), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func lastElem(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	v := values[len(values)-1]
+	return strings.TrimSpace(v[strings.LastIndexByte(v, ',')+1:])
+}
+
+// loopbackHost reports whether a Host header names this machine's
+// loopback (127.0.0.0/8, ::1 or localhost), with or without a port.
+func loopbackHost(host string) bool {
+	h := host
+	if hh, port, err := net.SplitHostPort(host); err == nil {
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return false
+		}
+		h = hh
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(h)
+	return err == nil && a.Unmap().IsLoopback()
+}
