@@ -160,7 +160,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	m.api.Router().PathPrefix("/").Handler(web.Handler()).Methods(http.MethodGet, http.MethodHead).Name(restapi.FallbackRouteName)
+	m.api.MountWeb(web.Handler())
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
 	m.janitor.Start()
 	m.budgets = store.NewBudgetReconciler(store.NewModuleBudget(m.rdb, cfg.Env, restapi.ModuleBudgetBytes),
