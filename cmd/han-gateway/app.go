@@ -87,6 +87,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Logger == nil {
 		m.Logger = newLogger(cfg.LogLevel)
 	}
+	store.SetRedisLogger(m.Logger)
 	if err := m.checkLegacyStub(); err != nil {
 		return err
 	}
