@@ -20,15 +20,16 @@ const livenessTTL = time.Second
 
 // liveInstance keeps an instance's presence liveness marker fresh (as the
 // gateway's presence loop does) until the returned kill function is called;
-// then the marker lapses after livenessTTL, as after a crash.
-func liveInstance(t *testing.T, h *harness, id string) (kill func()) {
+// then the marker lapses after livenessTTL, as after a crash. refresh
+// renews the marker at once.
+func liveInstance(t *testing.T, h *harness, id string) (refresh func() error, kill func()) {
 	t.Helper()
 	p, err := presence.New(h.rt, presence.Config{InstanceID: id, LivenessTTL: livenessTTL},
 		nil, slog.New(slog.NewJSONHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	refresh := func() error {
+	refresh = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := p.RefreshLiveness(ctx)
@@ -59,7 +60,7 @@ func liveInstance(t *testing.T, h *harness, id string) (kill func()) {
 		wg.Wait()
 	}
 	t.Cleanup(kill)
-	return kill
+	return refresh, kill
 }
 
 // A send whose instance dies while it holds the idempotency lock never
@@ -73,7 +74,7 @@ func TestCrashedOwnerNeverBlocksRetries(t *testing.T) {
 			idA, idB := "inst-a-"+ids.New(), "inst-b-"+ids.New()
 			a := newIdemHarness(t, idemOpts{idem: restapi.IdempotencyConfig{LockTTL: time.Hour, InstanceID: idA}})
 			b := newIdemHarness(t, idemOpts{idem: restapi.IdempotencyConfig{LockTTL: time.Hour, InstanceID: idB}})
-			killA := liveInstance(t, a, idA)
+			refreshA, killA := liveInstance(t, a, idA)
 			liveInstance(t, b, idB)
 			alice, aTok := a.user()
 			bob, _ := a.user()
@@ -124,7 +125,12 @@ func TestCrashedOwnerNeverBlocksRetries(t *testing.T) {
 				}
 				got = out
 			} else {
-				// A live owner is never taken over.
+				// A live owner is never taken over (its marker renewed just
+				// now, so a stalled refresh loop on a busy machine cannot
+				// make it look dead).
+				if err := refreshA(); err != nil {
+					t.Fatal(err)
+				}
 				code, out, _ := b.doH(aTok, "POST", path, body, key)
 				wantError(t, code, out, 409, "idempotency_in_progress")
 				killA()
