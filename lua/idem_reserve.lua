@@ -11,7 +11,8 @@
 --   {'acquired', now_ms}                                   the caller owns the lock and runs the request
 --   {'replay', status, resource_id, version, meta, now_ms}  completed with this fingerprint
 --   {'conflict', now_ms}                                    the key was used with another fingerprint
---   {'in_progress', lock_pttl_ms, now_ms}                   another request holds the lock
+--   {'in_progress', lock_pttl_ms, now_ms, holder}           another request holds the lock; holder is
+--                                                          its owner token (names its instance)
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -35,7 +36,7 @@ if holder == ARGV[2] then
   return {'acquired', now}
 end
 if holder then
-  return {'in_progress', redis.call('PTTL', KEYS[2]), now}
+  return {'in_progress', redis.call('PTTL', KEYS[2]), now, holder}
 end
 -- Absent, or in progress with this fingerprint and no owner left (the lock
 -- expired with its owner): take it.

@@ -7,4 +7,5 @@ var (
 	IdemComplete = mustLoad("idem_complete")
 	IdemRelease  = mustLoad("idem_release")
 	IdemExtend   = mustLoad("idem_extend")
+	IdemTakeover = mustLoad("idem_takeover")
 )

@@ -22,6 +22,9 @@ func init() {
 	invocations["idem_complete"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.IdemComplete.Run(ctx, c, keys, "owner", "fp", 201, "rid", 1, "", 86400000).Err()
 	}
+	invocations["idem_takeover"] = func(ctx context.Context, c redis.Scripter) error {
+		return lua.IdemTakeover.Run(ctx, c, keys, "fp", "dead", "owner", 30000).Err()
+	}
 	invocations["idem_release"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.IdemRelease.Run(ctx, c, keys, "owner").Err()
 	}
@@ -140,5 +143,55 @@ func TestIdempotencyReleaseAndTakeover(t *testing.T) {
 	}
 	if v, _ := lua.IdemExtend.Run(ctx, c, keys, "b", 30000).Int(); v != 0 {
 		t.Fatalf("the expired owner must not extend the new lock: %d", v)
+	}
+}
+
+// A survivor takes over a dead owner's lock only while the lock still holds
+// the value it saw: of two survivors that saw the same dead owner, exactly
+// one runs the request; a completed record or another fingerprint is never
+// overwritten.
+func TestIdempotencyTakeoverComparesTheHolder(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	keys := []string{"han:api:idem:{msg_send:u3:k}", "han:api:idemlock:{msg_send:u3:k}"}
+	takeover := func(fp, seen, owner string) []any {
+		t.Helper()
+		v, err := lua.IdemTakeover.Run(ctx, c, keys, fp, seen, owner, 3600000).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v, _ := lua.IdemReserve.Run(ctx, c, keys, "fp", "t0:dead-instance", 3600000).Slice(); v[0] != "acquired" {
+		t.Fatalf("reserve: %v", v)
+	}
+	v, _ := lua.IdemReserve.Run(ctx, c, keys, "fp", "t1:survivor-1", 3600000).Slice()
+	if v[0] != "in_progress" || len(v) < 4 || v[3] != "t0:dead-instance" {
+		t.Fatalf("in-progress reply must name the holder: %v", v)
+	}
+	if r := takeover("other", "t0:dead-instance", "t1:survivor-1"); r[0] != "conflict" {
+		t.Fatalf("takeover with another fingerprint: %v", r)
+	}
+	if r := takeover("fp", "t0:dead-instance", "t1:survivor-1"); r[0] != "acquired" {
+		t.Fatalf("first survivor's takeover: %v", r)
+	}
+	if c.Get(ctx, keys[1]).Val() != "t1:survivor-1" || c.HGet(ctx, keys[0], "state").Val() != "in_progress" {
+		t.Fatal("takeover did not hand the lock over")
+	}
+	r := takeover("fp", "t0:dead-instance", "t2:survivor-2")
+	if r[0] != "in_progress" || r[3] != "t1:survivor-1" {
+		t.Fatalf("second survivor's takeover of the same dead owner: %v", r)
+	}
+	if c.Get(ctx, keys[1]).Val() != "t1:survivor-1" {
+		t.Fatal("the second survivor replaced the first one's lock")
+	}
+	if n, _ := lua.IdemComplete.Run(ctx, c, keys, "t1:survivor-1", "fp", 201, "r1", 1, "", 86400000).Int(); n != 1 {
+		t.Fatalf("new owner's complete: %d", n)
+	}
+	if r := takeover("fp", "t1:survivor-1", "t2:survivor-2"); r[0] != "replay" || r[2] != "r1" {
+		t.Fatalf("takeover after completion must replay: %v", r)
+	}
+	if c.Exists(ctx, keys[1]).Val() != 0 {
+		t.Fatal("a takeover after completion took a lock")
 	}
 }

@@ -9,6 +9,9 @@
 //
 // Every error body is exactly {"error":"<stable_code>"}, written by one
 // function (writeError; handlers return errors that Server.fail renders);
-// success bodies are bare DTOs with epoch-millisecond
-// timestamps. A Server is safe for concurrent use.
+// success bodies are bare DTOs with epoch-millisecond timestamps. Every path
+// under the service's own roots (/v1, /projects, /debug, /metrics, /healthz,
+// /readyz) answers an unknown path with 404 not_found and another method with
+// 405 method_not_allowed plus Allow; the web client (MountWeb) serves only
+// paths outside them. A Server is safe for concurrent use.
 package restapi

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store"
 )
 
@@ -33,6 +35,12 @@ type IdempotencyConfig struct {
 	// ProbeInterval is the DB0 health prober's period while Redis is down.
 	// Zero value means 250ms. Used only when Deps.RedisHealth is nil.
 	ProbeInterval time.Duration
+	// InstanceID is this instance's id in presence liveness
+	// (han:rt:instance:{<id>} in DB1). A lock names the instance of its
+	// owner, so a request that meets the lock of a dead instance takes it
+	// over at once instead of waiting out LockTTL. Empty: this server's
+	// locks name no instance and are never taken over.
+	InstanceID string
 }
 
 // Idempotency scopes: one per idempotent operation (part of the key).
@@ -78,8 +86,13 @@ type idempotency struct {
 	ownHealth   bool // created by NewServer, closed by Server.Close
 	cfg         IdempotencyConfig
 	keyOptional bool // benchmarks only: sends without a key run unprotected
-	requests    *prometheus.CounterVec
-	degraded    prometheus.Gauge
+	// stage, when set (tests only), is called with "locked" once the request
+	// holds the lock, before its transaction, and "committed" after the
+	// transaction committed, before the lock completes: the points where a
+	// crash of the instance leaves a lock behind.
+	stage    func(name string)
+	requests *prometheus.CounterVec
+	degraded prometheus.Gauge
 }
 
 func (s *Server) initIdempotency(d Deps) {
@@ -218,7 +231,9 @@ type idemOp struct {
 // (docs/idempotency.md):
 // reserve/compare/lock in one Lua script, the durable record written in the
 // business transaction, owner-only complete/release, a lock heartbeat while
-// the handler runs, byte-identical replays. When DB0 is unreachable or out
+// the handler runs, byte-identical replays. A request that meets another
+// owner's lock replays a committed PostgreSQL record, or takes over the lock
+// of a dead instance (idemTakeOver). When DB0 is unreachable or out
 // of memory it answers from a completed PostgreSQL record, or fails closed
 // (docs/degraded-mode.md). Only successes are stored: every failure gives the key
 // back, so a retry runs again.
@@ -258,13 +273,19 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 		s.idemFallback(w, r, op, k, fp, err)
 		return
 	}
-	owner := randomToken()
+	owner := s.idemOwner()
 	rctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
 	res, err := s.idem.store.Reserve(rctx, k, fp, owner)
 	cancel()
 	if err != nil {
 		s.idemFallback(w, r, op, k, fp, err)
 		return
+	}
+	if res.Outcome == store.IdemInProgress {
+		if s.idemDurableAnswer(w, r, op, k, fp) {
+			return
+		}
+		res = s.idemTakeOver(ctx, k, fp, owner, res)
 	}
 	switch res.Outcome {
 	case store.IdemReplay:
@@ -283,11 +304,15 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 
 	// Acquired: this request runs; keep the lock alive meanwhile.
 	stop := s.idemHeartbeat(k, owner)
+	s.idemStage("locked")
 	hook := func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error {
 		rec.Fingerprint = fp
 		return store.InsertIdempotencyTx(ctx, tx, k, rec, s.idem.cfg.RecordTTL)
 	}
 	out, err := op.exec(ctx, hook)
+	if err == nil {
+		s.idemStage("committed")
+	}
 	stop()
 	switch {
 	case errors.Is(err, store.ErrIdemExists):
@@ -327,6 +352,81 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	}
 	count(idemOutcomeCreated)
 	writeRawJSON(w, out.rec.Status, out.body)
+}
+
+// idemOwner is a fresh lock owner token, "<random>:<instance id>" when the
+// server knows its instance (the random part has no colon).
+func (s *Server) idemOwner() string {
+	if s.idem.cfg.InstanceID == "" {
+		return randomToken()
+	}
+	return randomToken() + ":" + s.idem.cfg.InstanceID
+}
+
+// ownerInstance is the instance id an owner token names ("" for none).
+func ownerInstance(owner string) string {
+	_, inst, _ := strings.Cut(owner, ":")
+	return inst
+}
+
+func (s *Server) idemStage(name string) {
+	if s.idem.stage != nil {
+		s.idem.stage(name)
+	}
+}
+
+// idemDurableAnswer answers a request that met another owner's lock from
+// the completed PostgreSQL record when there is one: the owner committed but
+// never completed the Redis record (it crashed in between, or its Redis call
+// failed), so the lock says "in progress" although the outcome is final. It
+// reports whether it answered; a lookup failure leaves the request to the
+// in-progress answer.
+func (s *Server) idemDurableAnswer(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp string) bool {
+	rec, found, err := s.store.LookupIdempotency(r.Context(), k)
+	switch {
+	case err != nil || !found:
+		return false
+	case rec.Fingerprint == fp:
+		s.idem.requests.WithLabelValues(op.scope, idemOutcomeReplayPG).Inc()
+		s.idemReplay(w, r, op, rec)
+	default:
+		s.idem.requests.WithLabelValues(op.scope, idemOutcomeConflict).Inc()
+		s.fail(w, r, errIdemKeyReused)
+	}
+	return true
+}
+
+// idemTakeOver takes the lock res met over for owner when the lock's
+// instance is dead: its presence liveness marker in DB1 is gone. The marker
+// and the lock live in different databases, so the check is made here and
+// the swap is a compare-and-swap on the lock value seen (store.TakeOver):
+// two survivors that both saw the dead owner cannot both run the request.
+// It returns the new reservation, or res unchanged when the owner is alive,
+// names no instance, is this instance, or DB1 cannot tell (a live owner is
+// never taken over on a guess; the PostgreSQL unique key would still stop a
+// second effect if a live instance lost its marker).
+func (s *Server) idemTakeOver(ctx context.Context, k store.IdemKey, fp, owner string, res store.IdemReservation) store.IdemReservation {
+	inst := ownerInstance(res.Holder)
+	if inst == "" || inst == s.idem.cfg.InstanceID || s.rt == nil {
+		return res
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
+	alive, err := s.rt.Exists(cctx, presence.InstanceKey(inst)).Result()
+	cancel()
+	if err != nil || alive != 0 {
+		return res
+	}
+	cctx, cancel = context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
+	taken, err := s.idem.store.TakeOver(cctx, k, fp, res.Holder, owner)
+	cancel()
+	if err != nil {
+		return res
+	}
+	if taken.Outcome == store.IdemAcquired {
+		s.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lock of a dead instance taken over",
+			slog.String("scope", k.Scope), slog.String("dead_instance", inst))
+	}
+	return taken
 }
 
 // idemFallback answers a keyed request while DB0 failed: a

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,14 +228,40 @@ func (s *Server) routes() {
 	s.router, s.v1 = r, user
 }
 
-// FallbackRouteName names a catch-all route (the web client's static
-// files); a path that only it matches is "not found" for other methods.
+// FallbackRouteName names the web client's catch-all route (MountWeb); a
+// path that only it matches is "not found" for other methods.
 const FallbackRouteName = "fallback"
 
-var probeMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+// apiRoots are the paths the service itself owns: on them and under them
+// every answer, errors included, is JSON, and the web client never serves.
+var apiRoots = []string{"/v1", "/projects", "/debug", "/metrics", "/healthz", "/readyz"}
 
-// notFound answers 405 when the path exists for another method, else 404.
+// IsAPIPath reports whether path is one of the service's own roots or lies
+// under one ("/v1", "/v1/…"; "/v1x" is not).
+func IsAPIPath(path string) bool {
+	for _, root := range apiRoots {
+		if rest, ok := strings.CutPrefix(path, root); ok && (rest == "" || rest[0] == '/') {
+			return true
+		}
+	}
+	return false
+}
+
+// MountWeb serves h (the web client) for GET and HEAD on every path outside
+// the API's roots. Registered last, it answers only what no API route
+// matched; an unknown API path still gets the JSON 404/405.
+func (s *Server) MountWeb(h http.Handler) {
+	s.router.PathPrefix("/").Handler(h).Methods(http.MethodGet, http.MethodHead).
+		MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return !IsAPIPath(r.URL.Path) }).
+		Name(FallbackRouteName)
+}
+
+var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// notFound answers 405 with Allow when the path exists for other methods,
+// else 404.
 func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	var allow []string
 	for _, m := range probeMethods {
 		if m == r.Method {
 			continue
@@ -245,11 +272,21 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 		ok := s.router.Match(probe, &match)
 		if ok && match.MatchErr == nil &&
 			(match.Route == nil || match.Route.GetName() != FallbackRouteName) {
-			writeError(w, errMethodNotAllowed)
-			return
+			allow = append(allow, m)
 		}
 	}
-	writeError(w, errNotFound)
+	if len(allow) == 0 {
+		writeError(w, errNotFound)
+		return
+	}
+	MethodNotAllowed(w, allow...)
+}
+
+// MethodNotAllowed answers 405 {"error":"method_not_allowed"} with Allow,
+// for handlers mounted outside the router (the debug endpoints).
+func MethodNotAllowed(w http.ResponseWriter, allow ...string) {
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeError(w, errMethodNotAllowed)
 }
 
 // UserRouter is the /v1 subrouter whose routes require a user token; paths

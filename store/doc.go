@@ -3,9 +3,10 @@
 // the outbox, projects, attachments, internal inbox receipts) through a pgx
 // pool, the attachment blob store (BlobStore, LocalBlobs), the DB0
 // fast-failure state (RedisHealth), the idempotency scripts' data access,
-// the embedded SQL migrations, the go-redis clients for DB0 and DB1, the
-// classification of Redis failures into stable sentinel errors, and the
-// rendering of the Redis ACL file.
+// the embedded SQL migrations, the go-redis clients for DB0 and DB1 (and the
+// routing of go-redis's own log lines into the service's JSON logger,
+// SetRedisLogger), the classification of Redis failures into stable
+// sentinel errors, and the rendering of the Redis ACL file.
 //
 // Redis clients are returned as redis.UniversalClient so a Cluster client can
 // replace a standalone one; every key the service writes carries a hash tag.

@@ -62,6 +62,7 @@ type IdemReservation struct {
 	Outcome IdemOutcome
 	Record  IdemRecord    // IdemReplay only (Fingerprint is the caller's)
 	LockTTL time.Duration // IdemInProgress: what is left of the other owner's lock
+	Holder  string        // IdemInProgress: the other owner's token
 }
 
 // IdempotencyConfig tunes Idempotency.
@@ -118,9 +119,27 @@ func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) 
 	if err != nil {
 		return IdemReservation{}, fmt.Errorf("idempotency reserve: %w", err)
 	}
+	return reservation(cmd, fp, "idempotency reserve")
+}
+
+// TakeOver hands the lock of an in-progress key to owner when it still holds
+// seen, the token of an owner whose instance the caller found dead (the
+// compare and the swap are one script, so of two callers that saw the same
+// dead owner only one acquires). The reply is Reserve's: IdemAcquired, or the
+// key's current state when it changed meanwhile.
+func (i *Idempotency) TakeOver(ctx context.Context, k IdemKey, fp, seen, owner string) (IdemReservation, error) {
+	cmd, err := i.run(ctx, lua.IdemTakeover, k, fp, seen, owner, i.cfg.LockTTL.Milliseconds())
+	if err != nil {
+		return IdemReservation{}, fmt.Errorf("idempotency takeover: %w", err)
+	}
+	return reservation(cmd, fp, "idempotency takeover")
+}
+
+// reservation parses the reply shared by idem_reserve and idem_takeover.
+func reservation(cmd *redis.Cmd, fp, op string) (IdemReservation, error) {
 	v, err := cmd.Slice()
 	if err != nil || len(v) == 0 {
-		return IdemReservation{}, fmt.Errorf("idempotency reserve: unexpected reply: %w", ErrRedisUnavailable)
+		return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, ErrRedisUnavailable)
 	}
 	switch v[0] {
 	case "acquired":
@@ -129,7 +148,11 @@ func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) 
 		return IdemReservation{Outcome: IdemConflict}, nil
 	case "in_progress":
 		ms, _ := v[1].(int64)
-		return IdemReservation{Outcome: IdemInProgress, LockTTL: time.Duration(ms) * time.Millisecond}, nil
+		var holder string
+		if len(v) >= 4 {
+			holder, _ = v[3].(string)
+		}
+		return IdemReservation{Outcome: IdemInProgress, LockTTL: time.Duration(ms) * time.Millisecond, Holder: holder}, nil
 	case "replay":
 		if len(v) >= 5 {
 			st, _ := v[1].(int64)
@@ -139,7 +162,7 @@ func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) 
 			return IdemReservation{Outcome: IdemReplay, Record: IdemRecord{Fingerprint: fp, Status: int(st), ResourceID: rid, Version: ver, Meta: meta}}, nil
 		}
 	}
-	return IdemReservation{}, fmt.Errorf("idempotency reserve: unexpected reply: %w", ErrRedisUnavailable)
+	return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, ErrRedisUnavailable)
 }
 
 // Complete stores rec as completed and releases the lock, only if owner

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -114,4 +118,78 @@ func ClassifyRedisError(err error) error {
 		return ErrRedisUnavailable
 	}
 	return fmt.Errorf("store: redis error: %w", ErrRedisUnavailable)
+}
+
+// RedisLogLinesPerSecond bounds the go-redis client lines SetRedisLogger
+// lets through: a Redis outage makes the connection pools report every
+// failed dial, which would otherwise flood the log.
+const RedisLogLinesPerSecond = 5
+
+// SetRedisLogger routes go-redis's own log lines (connection pool dial
+// failures, discarded connections; a process-wide setting of the library)
+// through logger as JSON at level Warn, message "redis client", at most
+// RedisLogLinesPerSecond lines a second. A line carries the library's
+// format string ("event"), never its formatted text: the arguments may hold
+// addresses, command arguments or values. An error argument is reported by
+// class ("kind"). The first line let through after a burst counts the lines
+// dropped before it ("suppressed").
+func SetRedisLogger(logger *slog.Logger) {
+	redis.SetLogger(&redisLogger{logger: logger})
+}
+
+type redisLogger struct {
+	logger     *slog.Logger
+	mu         sync.Mutex
+	window     time.Time // start of the current one-second window
+	lines      int       // lines let through in the window
+	suppressed int64     // lines dropped since the last one let through
+}
+
+func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
+	now := time.Now()
+	l.mu.Lock()
+	if now.Sub(l.window) >= time.Second {
+		l.window, l.lines = now, 0
+	}
+	if l.lines >= RedisLogLinesPerSecond {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	l.lines++
+	dropped := l.suppressed
+	l.suppressed = 0
+	l.mu.Unlock()
+
+	attrs := []slog.Attr{slog.String("event", strings.TrimSpace(format))}
+	for _, a := range v {
+		if err, ok := a.(error); ok {
+			attrs = append(attrs, slog.String("kind", redisErrKind(err)))
+			break
+		}
+	}
+	if dropped > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", dropped))
+	}
+	l.logger.LogAttrs(context.Background(), slog.LevelWarn, "redis client", attrs...)
+}
+
+// redisErrKind names an error's class without its text: "timeout", "EOF",
+// the system error ("connection refused") or the innermost error's type.
+func redisErrKind(err error) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timeout"
+	}
+	if errors.Is(err, io.EOF) {
+		return "EOF"
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
+		err = u
+	}
+	return fmt.Sprintf("%T", err)
 }

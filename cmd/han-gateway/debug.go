@@ -6,10 +6,13 @@ import (
 	"net/http/pprof"
 	"os"
 	"runtime"
+	rpprof "runtime/pprof"
 	"strconv"
 	"strings"
 
 	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/restapi"
 )
 
 // debugEnv switches the debug endpoints on (HAN_DEBUG_ENDPOINTS=1 or the
@@ -33,8 +36,10 @@ type memStats struct {
 // withDebug serves GET /debug/memstats and /debug/pprof/… in front of next
 // when enabled, and only to loopback clients: the TCP peer is loopback and
 // so is the client address (a trusted proxy on loopback forwarding a remote
-// client does not qualify). Anything else (debug off, or a request from
-// another address) goes to next unchanged, which answers 404.
+// client does not qualify). Anything else (debug off, a request from another
+// address, a path that is no debug endpoint or an unknown profile) goes to
+// next unchanged, which answers the JSON 404; other methods than GET and HEAD
+// on an endpoint get the JSON 405.
 // The endpoints expose process internals and runtime.GC() costs a
 // stop-the-world pause, hence both guards.
 func (m *Main) withDebug(next http.Handler) http.Handler {
@@ -42,18 +47,29 @@ func (m *Main) withDebug(next http.Handler) http.Handler {
 		return next
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /debug/memstats", m.memstats)
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/memstats", m.memstats)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/debug/") && loopbackPeer(r.RemoteAddr) && m.api.ClientAddr(r).IsLoopback() {
-			mux.ServeHTTP(w, r)
+		if !strings.HasPrefix(r.URL.Path, "/debug/") || !loopbackPeer(r.RemoteAddr) || !m.api.ClientAddr(r).IsLoopback() {
+			next.ServeHTTP(w, r)
 			return
 		}
-		next.ServeHTTP(w, r)
+		h, pattern := mux.Handler(r)
+		// pprof.Index answers an unknown profile name in plain text itself.
+		name, indexed := strings.CutPrefix(r.URL.Path, "/debug/pprof/")
+		if pattern == "" || pattern == "/debug/pprof/" && indexed && name != "" && rpprof.Lookup(name) == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			restapi.MethodNotAllowed(w, http.MethodGet, http.MethodHead)
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 
