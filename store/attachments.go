@@ -125,7 +125,7 @@ type CreateAttachment struct {
 // truncated to the millisecond so signed URLs rebuilt from it match.
 func (s *Store) CreateAttachment(ctx context.Context, in CreateAttachment) (Attachment, error) {
 	var a Attachment
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(tx pgx.Tx) error {
 		var member bool
 		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
 			in.DialogID, in.UploaderID).Scan(&member); err != nil {

@@ -25,10 +25,12 @@ var (
 // concurrent use (the pool is).
 type Store struct {
 	pool *pgxpool.Pool
+	// reqTimeout is the budget of a request transaction (requestTx).
+	reqTimeout time.Duration
 }
 
-// New wraps a pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+// New wraps a pool; request transactions get DefaultRequestTimeout.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, reqTimeout: DefaultRequestTimeout} }
 
 // Pool exposes the pool for health checks and other stores.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -96,7 +98,7 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 		}
 	}
 	var d Dialog
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(tx pgx.Tx) error {
 		var known int
 		if err := tx.QueryRow(ctx, "SELECT count(*) FROM users WHERE id = ANY($1::uuid[])", members).Scan(&known); err != nil {
 			return err
@@ -243,7 +245,7 @@ type SendMessage struct {
 // of the same sender's clientMessageId returns the stored message with
 // created=false and writes nothing.
 func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.requestTx(ctx, func(tx pgx.Tx) error {
 		var member bool
 		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
 			in.DialogID, in.SenderID).Scan(&member); err != nil {
