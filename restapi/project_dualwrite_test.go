@@ -104,3 +104,45 @@ func snapshotPaused(h *prjHarness, p testProject) bool {
 		} `json:"runtime"`
 	}](h.t, b).Runtime.DeliveryPaused
 }
+
+// The first cache PUT after legacy entries were imported fixes their
+// deadline in PostgreSQL and in the Redis metadata together: a PUT refused
+// by Redis (OOM) fixes it in neither, and the deadline stays pending.
+func TestProjectLegacyDeadlineUnderOOMIsNotFixed(t *testing.T) {
+	rs, err := testenv.StartRedis(testenv.RedisOptions{MaxMemory: "64mb", EvictionPolicy: "noeviction"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Stop()
+	h := newPrjHarnessOn(t, rs, rs.URL(0))
+	p := h.project()
+	ctx := context.Background()
+	h.importLegacy(p, 0, "a", "string", "1")
+	if err := h.admin.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.admin.ConfigSet(ctx, "maxmemory", "0")
+	code, b := h.put(p.write, p, `{"key":"k","type":"string","value":"v"}`)
+	wantError(t, code, b, 503, "redis_oom")
+	if d := h.pgDeadline(p); d != 0 {
+		t.Fatalf("a refused PUT fixed the legacy deadline in PostgreSQL: %d", d)
+	}
+	if v := h.admin.HGet(ctx, p.keys.Meta(), "legacyDeadline").Val(); v != "" && v != "0" {
+		t.Fatalf("a refused PUT fixed the legacy deadline in Redis: %q", v)
+	}
+	if items := h.list(p.read, p, "").Items; len(items) != 1 || !items[0].LegacyDeadlinePending {
+		t.Fatalf("legacy entry after the refused PUT: %+v", items)
+	}
+
+	if err := h.admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.putKV(p, "k", "v", 600)
+	d := h.pgDeadline(p)
+	if d == 0 {
+		t.Fatal("the PUT after memory returned did not fix the deadline")
+	}
+	if v := h.admin.HGet(ctx, p.keys.Meta(), "legacyDeadline").Val(); v != fmt.Sprint(d) {
+		t.Fatalf("Redis legacy deadline %q, PostgreSQL %d", v, d)
+	}
+}
