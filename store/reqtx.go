@@ -53,11 +53,15 @@ func IsDatabaseBusy(err error) bool {
 // in ErrDatabaseBusy. Background jobs and migrations do not use it: they
 // keep their own budgets.
 func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	full := s.poolFull()
 	actx, cancel := context.WithTimeout(ctx, s.reqTimeout)
 	conn, err := s.pool.Acquire(actx)
 	cancel()
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// Waiting for a pool full of connections in use is "busy"; a
+		// timeout while dialling a new connection is an unreachable
+		// server, which stays database_unavailable.
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (full || s.poolFull()) {
 			return fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, s.reqTimeout)
 		}
 		return err
@@ -70,4 +74,10 @@ func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
 	}
 	return err
+}
+
+// poolFull reports whether every connection the pool may open is in use.
+func (s *Store) poolFull() bool {
+	st := s.pool.Stat()
+	return st.AcquiredConns() >= st.MaxConns()
 }
