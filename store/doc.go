@@ -15,7 +15,9 @@
 // (SetRequestTimeout, HAN_DB_REQUEST_TIMEOUT), and lock_timeout and
 // statement_timeout are set to it for that transaction only (SET LOCAL in
 // the BEGIN round trip, never a session setting); overruns come back as
-// ErrDatabaseBusy. Background jobs and migrations keep their own budgets.
+// ErrDatabaseBusy. Single statements of request paths (reqQueryRow,
+// reqQuery, reqExec) wait for a pool connection at most the same budget.
+// Background jobs and migrations keep their own budgets.
 // Writes that change PostgreSQL and a Redis mirror (project settings, the
 // legacy deadline) write the mirror inside the open transaction and commit
 // only after it succeeded.

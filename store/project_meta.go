@@ -36,7 +36,7 @@ func (s *Store) ProjectAccess(ctx context.Context, projectID, userID string) (Pr
 	p := ProjectInfo{ID: projectID}
 	var role *string
 	var deadline *int64
-	err := s.pool.QueryRow(ctx, `SELECT cache_quota_bytes, delivery_paused, legacy_deadline_ms,
+	err := s.reqQueryRow(ctx, `SELECT cache_quota_bytes, delivery_paused, legacy_deadline_ms,
 		(SELECT role FROM project_members WHERE project_id = $1 AND user_id = $2)
 		FROM projects WHERE id = $1`, projectID, userID).Scan(&p.CacheQuotaBytes, &p.DeliveryPaused, &deadline, &role)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DefaultRequestTimeout is the budget of a request transaction when none is
@@ -53,17 +54,8 @@ func IsDatabaseBusy(err error) bool {
 // in ErrDatabaseBusy. Background jobs and migrations do not use it: they
 // keep their own budgets.
 func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	full := s.poolFull()
-	actx, cancel := context.WithTimeout(ctx, s.reqTimeout)
-	conn, err := s.pool.Acquire(actx)
-	cancel()
+	conn, err := s.acquire(ctx)
 	if err != nil {
-		// Waiting for a pool full of connections in use is "busy"; a
-		// timeout while dialling a new connection is an unreachable
-		// server, which stays database_unavailable.
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (full || s.poolFull()) {
-			return fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, s.reqTimeout)
-		}
 		return err
 	}
 	defer conn.Release()
@@ -74,6 +66,98 @@ func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
 	}
 	return err
+}
+
+// acquire takes a pool connection for a request, waiting at most the
+// request budget. Waiting for a pool full of connections in use is "busy"
+// (ErrDatabaseBusy); a timeout while dialling a new connection is an
+// unreachable server, which stays database_unavailable.
+func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	full := s.poolFull()
+	actx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	conn, err := s.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (full || s.poolFull()) {
+			return nil, fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, s.reqTimeout)
+		}
+		return nil, err
+	}
+	return conn, nil
+}
+
+// The single statements of request paths (reads, and writes that need no
+// transaction) use reqQueryRow, reqQuery and reqExec instead of the pool's
+// own methods, so their wait for a connection is bounded like a
+// transaction's.
+
+func (s *Store) reqQueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return errRow{err}
+	}
+	return releasingRow{conn.QueryRow(ctx, sql, args...), conn}
+}
+
+func (s *Store) reqQuery(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return &releasingRows{Rows: rows, conn: conn}, nil
+}
+
+func (s *Store) reqExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer conn.Release()
+	return conn.Exec(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// releasingRow gives the connection back once the row is scanned (every
+// caller scans the row it asked for).
+type releasingRow struct {
+	row  pgx.Row
+	conn *pgxpool.Conn
+}
+
+func (r releasingRow) Scan(dest ...any) error {
+	defer r.conn.Release()
+	return r.row.Scan(dest...)
+}
+
+// releasingRows gives the connection back when the rows are closed or read
+// to the end.
+type releasingRows struct {
+	pgx.Rows
+	conn *pgxpool.Conn
+}
+
+func (r *releasingRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *releasingRows) Close() {
+	r.Rows.Close()
+	if r.conn != nil {
+		r.conn.Release()
+		r.conn = nil
+	}
 }
 
 // poolFull reports whether every connection the pool may open is in use.

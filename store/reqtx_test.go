@@ -79,9 +79,19 @@ func TestRequestTransactionsStayWithinTheirBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, _, err = s.SendMessage(wctx, store.SendMessage{ID: ids.New(), DialogID: free.ID, SenderID: alice, Body: "x"})
-	held.Release()
 	if !errors.Is(err, store.ErrDatabaseBusy) {
+		held.Release()
 		t.Fatalf("send while the pool had no free connection: %v", err)
+	}
+	// Single statements of request paths too.
+	_, err = s.DialogForMember(wctx, free.ID, alice)
+	_, err2 := s.ProjectAccess(wctx, ids.New(), alice)
+	held.Release()
+	if !errors.Is(err, store.ErrDatabaseBusy) || !errors.Is(err2, store.ErrDatabaseBusy) {
+		t.Fatalf("reads while the pool had no free connection: %v / %v", err, err2)
+	}
+	if d, err := s.DialogForMember(ctx, free.ID, alice); err != nil || d.ID != free.ID {
+		t.Fatalf("read once a connection is free: %v", err)
 	}
 	if wctx.Err() != nil {
 		t.Fatal("the outer deadline, not the request budget, ended a wait")
