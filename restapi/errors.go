@@ -36,10 +36,14 @@ var (
 	errNotFound            = apiErr(http.StatusNotFound, "not_found")
 	errMethodNotAllowed    = apiErr(http.StatusMethodNotAllowed, "method_not_allowed")
 	errDatabaseUnavailable = apiErr(http.StatusServiceUnavailable, "database_unavailable")
-	errRedisUnavailable    = apiErr(http.StatusServiceUnavailable, "redis_unavailable")
-	errRedisOOM            = apiErr(http.StatusServiceUnavailable, "redis_oom")
-	errRedisExpiryDenied   = apiErr(http.StatusServiceUnavailable, "redis_expiry_denied")
-	errInternal            = apiErr(http.StatusInternalServerError, "internal")
+	// errDatabaseBusy: PostgreSQL answers but the request's budget ran out
+	// (pool wait, lock wait or statement); a retry a moment later usually
+	// succeeds.
+	errDatabaseBusy      = &Error{Status: http.StatusServiceUnavailable, Code: "database_busy", RetryAfter: 1}
+	errRedisUnavailable  = apiErr(http.StatusServiceUnavailable, "redis_unavailable")
+	errRedisOOM          = apiErr(http.StatusServiceUnavailable, "redis_oom")
+	errRedisExpiryDenied = apiErr(http.StatusServiceUnavailable, "redis_expiry_denied")
+	errInternal          = apiErr(http.StatusInternalServerError, "internal")
 )
 
 // writeError writes exactly {"error":"<code>"}.
@@ -128,6 +132,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, context.Canceled):
 		// The client went away; nobody reads the answer.
 		e = apiErr(499, "client_closed_request")
+	case store.IsDatabaseBusy(err):
+		// Before isPGUnavailable: a pool wait that ran out is a deadline
+		// too, but the server is up.
+		e = errDatabaseBusy
 	case isPGUnavailable(err):
 		e = errDatabaseUnavailable
 		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "database unavailable",

@@ -29,7 +29,7 @@ func newFailureMetrics(reg prometheus.Registerer, errs *prometheus.CounterVec) *
 		f.refused.WithLabelValues(r)
 	}
 	for _, dk := range [][2]string{{"redis", "unavailable"}, {"redis", "oom"}, {"redis", "expiry_denied"},
-		{"redis", "noperm"}, {"redis", "data_state_invalid"}, {"postgres", "unavailable"}} {
+		{"redis", "noperm"}, {"redis", "data_state_invalid"}, {"postgres", "unavailable"}, {"postgres", "busy"}} {
 		errs.WithLabelValues(dk[0], dk[1])
 	}
 	return f
@@ -49,6 +49,8 @@ func dependencyKind(err error) (dependency, kind string, ok bool) {
 		return "redis", "unavailable", true
 	case errors.Is(err, store.ErrDataStateInvalid):
 		return "redis", "data_state_invalid", true
+	case store.IsDatabaseBusy(err):
+		return "postgres", "busy", true
 	case isPGUnavailable(err):
 		return "postgres", "unavailable", true
 	}

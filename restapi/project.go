@@ -3,6 +3,7 @@ package restapi
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -156,11 +157,23 @@ func (s *Server) projectAccess(r *http.Request, need string) (projectReq, error)
 	return projectReq{info: info, keys: store.NewProjectKeys(s.prj.env, id)}, nil
 }
 
+// projectMirror writes a project's mirrored metadata into Redis, for the
+// store's writes that change both stores together.
+func (s *Server) projectMirror(k store.ProjectKeys) store.MirrorFunc {
+	return func(ctx context.Context, m store.ProjectMirror) error {
+		return s.prj.cache.SyncMeta(ctx, k, m)
+	}
+}
+
 // projectFail counts data-state failures, then maps the error like every
 // other failure.
 func (s *Server) projectFail(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, store.ErrDataStateInvalid) {
 		s.prj.dataState.Inc()
+	}
+	if errors.Is(err, store.ErrMirrorRestore) {
+		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "project metadata mirror not restored after a failed commit; the next write repairs it",
+			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)))
 	}
 	s.fail(w, r, err)
 }
@@ -321,18 +334,14 @@ func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	info, err := s.store.UpdateProjectSettings(ctx, pr.info.ID, set)
+	// The Redis mirror is written inside the PostgreSQL transaction, which
+	// commits only once it succeeded: a refused mirror write (OOM, outage)
+	// changes neither store, so the 503 means "not applied".
+	info, err := s.store.UpdateProjectSettings(ctx, pr.info.ID, set, s.projectMirror(pr.keys))
 	if errors.Is(err, store.ErrNotFound) {
 		err = errProjectNotFound
 	}
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
-	}
-	// PostgreSQL is the truth; a failed mirror is repaired by the next
-	// write, which passes the PostgreSQL values along, but the client is
-	// told (a retry is harmless).
-	if err := s.prj.cache.SyncMeta(ctx, pr.keys, info.Mirror()); err != nil {
 		s.projectFail(w, r, err)
 		return
 	}

@@ -147,15 +147,15 @@ func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
 	}
 	m := pr.info.Mirror()
 	if m.LegacyDeadlineMs == 0 {
-		// The next PUT in the project fixes the legacy deadline, in
-		// PostgreSQL first (the truth), then in the script's mirror.
+		// The next PUT in the project fixes the legacy deadline in
+		// PostgreSQL (the truth) and its Redis mirror together.
 		exists, candidate, err := s.prj.cache.LegacyDeadlineCandidate(ctx, pr.keys)
 		if err != nil {
 			s.projectFail(w, r, err)
 			return
 		}
 		if exists {
-			if m.LegacyDeadlineMs, err = s.store.FixLegacyDeadline(ctx, pr.info.ID, candidate); err != nil {
+			if m.LegacyDeadlineMs, err = s.store.FixLegacyDeadline(ctx, pr.info.ID, candidate, s.projectMirror(pr.keys)); err != nil {
 				s.projectFail(w, r, err)
 				return
 			}

@@ -69,10 +69,14 @@ type Config struct {
 
 // Deps are the collaborators of the API server.
 type Deps struct {
-	Config   Config
-	Logger   *slog.Logger
-	Store    *store.Store
-	PG       *pgxpool.Pool
+	Config Config
+	Logger *slog.Logger
+	Store  *store.Store
+	PG     *pgxpool.Pool
+	// ReadyPG is the readiness probe's own PostgreSQL connection
+	// (store.OpenReadinessPG), so a saturated request pool never reads as
+	// "down"; nil: the probe pings through PG.
+	ReadyPG  *pgxpool.Pool
 	Redis    redis.UniversalClient // DB0
 	Realtime redis.UniversalClient // DB1
 	Verifier TokenVerifier
@@ -105,6 +109,7 @@ type Server struct {
 	logger     *slog.Logger
 	store      *store.Store
 	pg         *pgxpool.Pool
+	readyPG    *pgxpool.Pool // readiness probe's own connection
 	rdb        redis.UniversalClient
 	rt         redis.UniversalClient
 	verifier   TokenVerifier
@@ -156,6 +161,10 @@ func NewServer(d Deps) (*Server, error) {
 	}
 	if s.pg == nil {
 		s.pg = d.Store.Pool()
+	}
+	s.readyPG = d.ReadyPG
+	if s.readyPG == nil {
+		s.readyPG = s.pg
 	}
 	if s.limiter == nil && d.RateLimits != nil {
 		s.limiter = &redisRateLimiter{s: s, l: d.RateLimits}
@@ -298,13 +307,34 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 type readyDTO struct {
-	Status string            `json:"status"`
-	Checks map[string]string `json:"checks"`
+	Status       string            `json:"status"`
+	Checks       map[string]string `json:"checks"`
+	PostgresPool *poolDTO          `json:"postgresPool,omitempty"`
+}
+
+// poolDTO is the request pool's load at the moment of the probe.
+type poolDTO struct {
+	Max      int32 `json:"max"`
+	Total    int32 `json:"total"`
+	Acquired int32 `json:"acquired"`
+	Idle     int32 `json:"idle"`
+	// Saturated: every connection is in use, so new requests wait for one
+	// (up to the request budget, then 503 database_busy).
+	Saturated bool `json:"saturated"`
+}
+
+func poolStat(p *pgxpool.Pool) *poolDTO {
+	st := p.Stat()
+	return &poolDTO{Max: st.MaxConns(), Total: st.TotalConns(), Acquired: st.AcquiredConns(), Idle: st.IdleConns(),
+		Saturated: st.AcquiredConns() >= st.MaxConns()}
 }
 
 // readyz: PostgreSQL down or draining → 503; a Redis outage → 200
 // "degraded", because pulling every instance for a shared Redis outage
 // would turn a partial failure into a full one (docs/degraded-mode.md).
+// PostgreSQL is pinged over the probe's own connection: a busy request pool
+// is not an outage (every instance would be pulled at once under a burst),
+// so it is reported in checks.postgresPool and postgresPool, never as 503.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{}
 	var wg sync.WaitGroup
@@ -324,7 +354,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			mu.Unlock()
 		}()
 	}
-	check("postgres", func(ctx context.Context) error { return s.pg.Ping(ctx) })
+	check("postgres", func(ctx context.Context) error { return s.readyPG.Ping(ctx) })
 	if s.rdb != nil {
 		check("redis", func(ctx context.Context) error { return s.rdb.Ping(ctx).Err() })
 	}
@@ -337,7 +367,11 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	} else if s.gw != nil {
 		checks["pubsub"] = "ok"
 	}
-	dto := readyDTO{Status: "ok", Checks: checks}
+	dto := readyDTO{Status: "ok", Checks: checks, PostgresPool: poolStat(s.pg)}
+	checks["postgresPool"] = "ok"
+	if dto.PostgresPool.Saturated {
+		checks["postgresPool"] = "saturated"
+	}
 	status := http.StatusOK
 	switch {
 	case s.draining.Load():

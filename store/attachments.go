@@ -125,7 +125,7 @@ type CreateAttachment struct {
 // truncated to the millisecond so signed URLs rebuilt from it match.
 func (s *Store) CreateAttachment(ctx context.Context, in CreateAttachment) (Attachment, error) {
 	var a Attachment
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(tx pgx.Tx) error {
 		var member bool
 		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
 			in.DialogID, in.UploaderID).Scan(&member); err != nil {
@@ -167,7 +167,7 @@ func scanAttachment(row pgx.Row) (Attachment, error) {
 
 // GetAttachment loads an attachment by id (ErrAttachmentNotFound).
 func (s *Store) GetAttachment(ctx context.Context, id string) (Attachment, error) {
-	a, err := scanAttachment(s.pool.QueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments WHERE id=$1`, id))
+	a, err := scanAttachment(s.reqQueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments WHERE id=$1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Attachment{}, ErrAttachmentNotFound
 	}
@@ -181,7 +181,7 @@ func (s *Store) GetAttachment(ctx context.Context, id string) (Attachment, error
 // dialog; otherwise it is reported as ErrAttachmentNotFound (no existence
 // leak).
 func (s *Store) AttachmentForMember(ctx context.Context, id, userID string) (Attachment, error) {
-	a, err := scanAttachment(s.pool.QueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments
+	a, err := scanAttachment(s.reqQueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments
 		WHERE id=$1 AND EXISTS (SELECT 1 FROM dialog_members m WHERE m.dialog_id = attachments.dialog_id AND m.user_id=$2)`, id, userID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Attachment{}, ErrAttachmentNotFound
@@ -197,7 +197,7 @@ func (s *Store) AttachmentForMember(ctx context.Context, id, userID string) (Att
 // returns ErrAttachmentUploaded with the current row so the caller can
 // compare contents and delete its own blob.
 func (s *Store) MarkAttachmentUploaded(ctx context.Context, id, blobKey, sha256 string) (Attachment, error) {
-	a, err := scanAttachment(s.pool.QueryRow(ctx, `UPDATE attachments SET status='uploaded', blob_key=$2, sha256=$3, uploaded_at=now()
+	a, err := scanAttachment(s.reqQueryRow(ctx, `UPDATE attachments SET status='uploaded', blob_key=$2, sha256=$3, uploaded_at=now()
 		WHERE id=$1 AND status='pending' RETURNING `+attachmentCols, id, blobKey, sha256))
 	if err == nil {
 		return a, nil

@@ -25,10 +25,12 @@ var (
 // concurrent use (the pool is).
 type Store struct {
 	pool *pgxpool.Pool
+	// reqTimeout is the budget of a request transaction (requestTx).
+	reqTimeout time.Duration
 }
 
-// New wraps a pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+// New wraps a pool; request transactions get DefaultRequestTimeout.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, reqTimeout: DefaultRequestTimeout} }
 
 // Pool exposes the pool for health checks and other stores.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -65,7 +67,7 @@ type OutboxEvent struct {
 
 // EnsureUser records a user on first sight (idempotent).
 func (s *Store) EnsureUser(ctx context.Context, id string) error {
-	_, err := s.pool.Exec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+	_, err := s.reqExec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
 	if err != nil {
 		return fmt.Errorf("ensure user: %w", err)
 	}
@@ -75,7 +77,7 @@ func (s *Store) EnsureUser(ctx context.Context, id string) error {
 // UserExists reports whether a user has been seen.
 func (s *Store) UserExists(ctx context.Context, id string) (bool, error) {
 	var ok bool
-	err := s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM users WHERE id=$1)", id).Scan(&ok)
+	err := s.reqQueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM users WHERE id=$1)", id).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("user exists: %w", err)
 	}
@@ -96,7 +98,7 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 		}
 	}
 	var d Dialog
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(tx pgx.Tx) error {
 		var known int
 		if err := tx.QueryRow(ctx, "SELECT count(*) FROM users WHERE id = ANY($1::uuid[])", members).Scan(&known); err != nil {
 			return err
@@ -143,7 +145,7 @@ func scanDialog(row pgx.Row) (Dialog, error) {
 // DialogForMember returns the dialog if userID is a member; a dialog the
 // user is not in is reported as ErrDialogNotFound (no existence leak).
 func (s *Store) DialogForMember(ctx context.Context, dialogID, userID string) (Dialog, error) {
-	d, err := scanDialog(s.pool.QueryRow(ctx, `SELECT `+dialogColumns+` FROM dialogs d
+	d, err := scanDialog(s.reqQueryRow(ctx, `SELECT `+dialogColumns+` FROM dialogs d
 		JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $2 WHERE d.id = $1`, dialogID, userID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Dialog{}, ErrDialogNotFound
@@ -157,7 +159,7 @@ func (s *Store) DialogForMember(ctx context.Context, dialogID, userID string) (D
 // IsMember reports whether userID belongs to dialogID.
 func (s *Store) IsMember(ctx context.Context, dialogID, userID string) (bool, error) {
 	var ok bool
-	err := s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)", dialogID, userID).Scan(&ok)
+	err := s.reqQueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)", dialogID, userID).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("membership: %w", err)
 	}
@@ -177,7 +179,7 @@ func (s *Store) ListDialogs(ctx context.Context, userID, cursor string, limit in
 		where = " AND (d.created_at, d.id) < ($3, $4)"
 		args = append(args, ts, id)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+dialogColumns+` FROM dialogs d
+	rows, err := s.reqQuery(ctx, `SELECT `+dialogColumns+` FROM dialogs d
 		JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $1
 		WHERE true`+where+` ORDER BY d.created_at DESC, d.id DESC LIMIT $2`, args...)
 	if err != nil {
@@ -243,7 +245,7 @@ type SendMessage struct {
 // of the same sender's clientMessageId returns the stored message with
 // created=false and writes nothing.
 func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.requestTx(ctx, func(tx pgx.Tx) error {
 		var member bool
 		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
 			in.DialogID, in.SenderID).Scan(&member); err != nil {
@@ -317,7 +319,7 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 }
 
 func (s *Store) messageByClientID(ctx context.Context, dialogID, senderID, cmid string) (Message, error) {
-	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM messages
+	m, err := scanMessage(s.reqQueryRow(ctx, `SELECT `+messageColumns+` FROM messages
 		WHERE dialog_id=$1 AND sender_id=$2 AND client_message_id=$3`, dialogID, senderID, cmid))
 	if err != nil {
 		return Message{}, fmt.Errorf("load message: %w", err)
@@ -340,7 +342,7 @@ func scanMessage(row pgx.Row) (Message, error) {
 
 // GetMessage loads one message by id.
 func (s *Store) GetMessage(ctx context.Context, id string) (Message, error) {
-	m, err := scanMessage(s.pool.QueryRow(ctx, `SELECT `+messageColumns+` FROM messages WHERE id=$1`, id))
+	m, err := scanMessage(s.reqQueryRow(ctx, `SELECT `+messageColumns+` FROM messages WHERE id=$1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Message{}, ErrNotFound
 	}
@@ -356,7 +358,7 @@ var ErrNotFound = errors.New("store: not found")
 // ListMessages returns up to limit messages with seq > afterSeq in ascending
 // seq order, and whether more exist (reconciliation after reconnect).
 func (s *Store) ListMessages(ctx context.Context, dialogID string, afterSeq int64, limit int) ([]Message, bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+messageColumns+` FROM messages
+	rows, err := s.reqQuery(ctx, `SELECT `+messageColumns+` FROM messages
 		WHERE dialog_id=$1 AND seq > $2 ORDER BY seq LIMIT $3`, dialogID, afterSeq, limit+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list messages: %w", err)
@@ -382,7 +384,7 @@ func (s *Store) ListMessages(ctx context.Context, dialogID string, afterSeq int6
 
 // MarkOutboxDelivered records that the request path published an event.
 func (s *Store) MarkOutboxDelivered(ctx context.Context, eventID string) error {
-	_, err := s.pool.Exec(ctx, "UPDATE outbox SET delivered_at = now(), attempts = attempts + 1 WHERE event_id=$1 AND delivered_at IS NULL", eventID)
+	_, err := s.reqExec(ctx, "UPDATE outbox SET delivered_at = now(), attempts = attempts + 1 WHERE event_id=$1 AND delivered_at IS NULL", eventID)
 	if err != nil {
 		return fmt.Errorf("mark outbox delivered: %w", err)
 	}

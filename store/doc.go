@@ -11,6 +11,18 @@
 // Redis clients are returned as redis.UniversalClient so a Cluster client can
 // replace a standalone one; every key the service writes carries a hash tag.
 //
+// Every transaction of a request path runs through one helper
+// (Store.requestTx): the pool wait is bounded by the request budget
+// (SetRequestTimeout, HAN_DB_REQUEST_TIMEOUT), and lock_timeout and
+// statement_timeout are set to it for that transaction only (SET LOCAL in
+// the BEGIN round trip, never a session setting); overruns come back as
+// ErrDatabaseBusy. Single statements of request paths (reqQueryRow,
+// reqQuery, reqExec) wait for a pool connection at most the same budget.
+// Background jobs and migrations keep their own budgets.
+// Writes that change PostgreSQL and a Redis mirror (project settings, the
+// legacy deadline) write the mirror inside the open transaction and commit
+// only after it succeeded.
+//
 // Store and the clients are safe for concurrent use.
 //
 // Migrations (migrations/NNNN_name.sql, applied by Migrate) run in file-name

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,17 +19,22 @@ type PGConfig struct {
 }
 
 // OpenPG opens a pgx pool; it does not wait for the server to answer (the
-// readiness probe reports that).
+// readiness probe reports that). pool_max_conns and pool_min_conns in the
+// URL take precedence over the defaults (not over PGConfig).
 func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, errors.New("store: invalid DATABASE_URL")
 	}
-	cfg.MaxConns = 20
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = 20
+	}
 	if c.MaxConns > 0 {
 		cfg.MaxConns = c.MaxConns
 	}
-	cfg.MinConns = 2
+	if !strings.Contains(url, "pool_min_conns") {
+		cfg.MinConns = min(2, cfg.MaxConns)
+	}
 	if c.MinConns > 0 {
 		cfg.MinConns = c.MinConns
 	}
@@ -43,6 +49,26 @@ func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) 
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: open postgres pool: %w", err)
+	}
+	return pool, nil
+}
+
+// OpenReadinessPG opens the readiness probe's own PostgreSQL connection: a
+// pool of exactly one connection, apart from the request pool, so a request
+// pool with every connection busy is not mistaken for PostgreSQL being
+// down. It keeps the connection open and re-dials it when it breaks. Close
+// it with the process.
+func OpenReadinessPG(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("store: invalid DATABASE_URL")
+	}
+	cfg.MaxConns, cfg.MinConns = 1, 1
+	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
+	cfg.HealthCheckPeriod = 15 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: open readiness connection: %w", err)
 	}
 	return pool, nil
 }

@@ -59,7 +59,7 @@ func (s *Store) CreateProject(ctx context.Context, id, name string, members []Pr
 func (s *Store) ProjectRole(ctx context.Context, projectID, userID string) (string, error) {
 	var exists bool
 	var role *string
-	err := s.pool.QueryRow(ctx, `SELECT true, (SELECT role FROM project_members WHERE project_id=$1 AND user_id=$2)
+	err := s.reqQueryRow(ctx, `SELECT true, (SELECT role FROM project_members WHERE project_id=$1 AND user_id=$2)
 		FROM projects WHERE id=$1`, projectID, userID).Scan(&exists, &role)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNotFound

@@ -56,7 +56,7 @@ func (s *Store) TouchLastSeen(ctx context.Context, userID string, t time.Time) e
 // exist, or that the viewer may not see, is ErrUserNotFound.
 func (s *Store) PresenceVisible(ctx context.Context, viewer, target string) (*time.Time, error) {
 	var lastSeen *time.Time
-	err := s.pool.QueryRow(ctx, `SELECT u.last_seen_at FROM users u WHERE u.id = $2 AND ($1 = $2 OR EXISTS (
+	err := s.reqQueryRow(ctx, `SELECT u.last_seen_at FROM users u WHERE u.id = $2 AND ($1 = $2 OR EXISTS (
 		SELECT 1 FROM dialog_members a JOIN dialog_members b ON a.dialog_id = b.dialog_id
 		WHERE a.user_id = $1 AND b.user_id = $2))`, viewer, target).Scan(&lastSeen)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -39,6 +39,7 @@ type Main struct {
 
 	addr     string // bound address after Run
 	pg       *pgxpool.Pool
+	readyPG  *pgxpool.Pool // readiness probe's own connection
 	rdb      redis.UniversalClient
 	rt       redis.UniversalClient
 	api      *restapi.Server
@@ -98,6 +99,9 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if m.readyPG, err = store.OpenReadinessPG(ctx, cfg.DatabaseURL); err != nil {
+		return err
+	}
 	if m.Migrate {
 		mctx, cancel := context.WithTimeout(ctx, time.Minute)
 		_, err := store.Migrate(mctx, m.pg)
@@ -129,6 +133,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	metrics := restapi.NewMetrics()
 	metrics.Registry.MustRegister(newOpsCollector(store.New(m.pg), m.rdb, m.rt, cfg.RedisTimeout)) // metrics.go
+	metrics.Registry.MustRegister(newPoolCollector(m.pg))                                          // dbpool.go
 	if err := m.startSettings(ctx, metrics); err != nil {
 		return err
 	}
@@ -153,12 +158,14 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := m.startLegacyStub(metrics); err != nil {
 		return err
 	}
+	apiStore := store.New(m.pg)
+	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout,
 			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID},
 			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
-		Logger: m.Logger, Store: store.New(m.pg), PG: m.pg, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
+		Logger: m.Logger, Store: apiStore, PG: m.pg, ReadyPG: m.readyPG, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
 		Metrics: metrics, RateLimits: limits, Gateway: m.realtime, Publisher: m.realtime.Publisher(), LegacyStub: m.ops.stub,
 	})
 	if err != nil {
@@ -253,10 +260,12 @@ func (m *Main) Close() error {
 		}
 	}
 	m.rdb, m.rt = nil, nil
-	if m.pg != nil {
-		m.pg.Close()
-		m.pg = nil
+	for _, p := range []*pgxpool.Pool{m.readyPG, m.pg} {
+		if p != nil {
+			p.Close()
+		}
 	}
+	m.pg, m.readyPG = nil, nil
 	return errors.Join(errs...)
 }
 

@@ -42,6 +42,11 @@ type Config struct {
 	PublicRealtimeURL string
 	RedisTimeout      time.Duration
 	ShutdownTimeout   time.Duration
+	// DBRequestTimeout (HAN_DB_REQUEST_TIMEOUT, default 2s) bounds a
+	// request's wait for a PostgreSQL connection, each lock wait and each
+	// statement of its transaction; past it the request answers 503
+	// database_busy. At least 1ms (PostgreSQL counts in milliseconds).
+	DBRequestTimeout time.Duration
 	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
 	// (default 5s) bound how long a crashed instance's users stay online;
 	// HAN_OUTBOX_GRACE (default 5s) is how old an unpublished outbox row must
@@ -131,6 +136,9 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.ShutdownTimeout, err = duration(getenv("HAN_SHUTDOWN_TIMEOUT"), 15*time.Second); err != nil {
 		bad("HAN_SHUTDOWN_TIMEOUT: %v", err)
+	}
+	if c.DBRequestTimeout, err = duration(getenv("HAN_DB_REQUEST_TIMEOUT"), 2*time.Second); err != nil || c.DBRequestTimeout < time.Millisecond {
+		bad("HAN_DB_REQUEST_TIMEOUT: must be a duration of at least 1ms like 2s")
 	}
 	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
 		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)

@@ -128,3 +128,20 @@ func TestHTTPEdgeSettings(t *testing.T) {
 		t.Fatalf("prod with a public realtime URL: %v", err)
 	}
 }
+
+func TestDBRequestTimeout(t *testing.T) {
+	m := base()
+	if c, err := Load(env(m)); err != nil || c.DBRequestTimeout != 2*time.Second {
+		t.Fatalf("default: %v %v", c.DBRequestTimeout, err)
+	}
+	m["HAN_DB_REQUEST_TIMEOUT"] = "500ms"
+	if c, err := Load(env(m)); err != nil || c.DBRequestTimeout != 500*time.Millisecond {
+		t.Fatalf("set: %v %v", c.DBRequestTimeout, err)
+	}
+	for _, v := range []string{"0", "-1s", "500us", "soon"} {
+		m["HAN_DB_REQUEST_TIMEOUT"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_DB_REQUEST_TIMEOUT") {
+			t.Fatalf("%q: %v", v, err)
+		}
+	}
+}

@@ -1,0 +1,167 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultRequestTimeout is the budget of a request transaction when none is
+// configured (HAN_DB_REQUEST_TIMEOUT).
+const DefaultRequestTimeout = 2 * time.Second
+
+// ErrDatabaseBusy means PostgreSQL is reachable but a request could not be
+// served within its budget: no pool connection came free in time, a row
+// lock was not granted in time (lock_timeout), or a statement ran past
+// statement_timeout. The API answers 503 database_busy with Retry-After;
+// it is not an outage, so readiness stays up.
+var ErrDatabaseBusy = errors.New("store: database busy")
+
+// SetRequestTimeout sets the budget of request transactions (d ≥ 1ms;
+// smaller values are ignored). Call it before the Store is used.
+func (s *Store) SetRequestTimeout(d time.Duration) {
+	if d >= time.Millisecond {
+		s.reqTimeout = d
+	}
+}
+
+// RequestTimeout is the budget of request transactions.
+func (s *Store) RequestTimeout() time.Duration { return s.reqTimeout }
+
+// IsDatabaseBusy reports whether err means the database was busy rather
+// than down: ErrDatabaseBusy, or the SQLSTATE of a lock wait or a
+// statement cut short by the server (55P03 lock_not_available, 57014
+// query_canceled).
+func IsDatabaseBusy(err error) bool {
+	if errors.Is(err, ErrDatabaseBusy) {
+		return true
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "57014")
+}
+
+// requestTx runs fn in a transaction of a request path within the
+// request budget: the wait for a pool connection is bounded by it, and
+// lock_timeout and statement_timeout are set to it for this transaction
+// only (SET LOCAL, sent in the same simple-protocol message as BEGIN: one
+// round trip, and nothing outlives the transaction, so the setting is safe
+// behind a transaction-pooling proxy). A budget overrun comes back wrapped
+// in ErrDatabaseBusy. Background jobs and migrations do not use it: they
+// keep their own budgets.
+func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	ms := s.reqTimeout.Milliseconds()
+	begin := fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms)
+	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{BeginQuery: begin}, fn)
+	if err != nil && ctx.Err() == nil && IsDatabaseBusy(err) {
+		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
+	}
+	return err
+}
+
+// acquire takes a pool connection for a request, waiting at most the
+// request budget. Waiting for a pool full of connections in use is "busy"
+// (ErrDatabaseBusy); a timeout while dialling a new connection is an
+// unreachable server, which stays database_unavailable.
+func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	full := s.poolFull()
+	actx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	conn, err := s.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (full || s.poolFull()) {
+			return nil, fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, s.reqTimeout)
+		}
+		return nil, err
+	}
+	return conn, nil
+}
+
+// The single statements of request paths (reads, and writes that need no
+// transaction) use reqQueryRow, reqQuery and reqExec instead of the pool's
+// own methods, so their wait for a connection is bounded like a
+// transaction's.
+
+func (s *Store) reqQueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return errRow{err}
+	}
+	return releasingRow{conn.QueryRow(ctx, sql, args...), conn}
+}
+
+func (s *Store) reqQuery(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		conn.Release()
+		return nil, err
+	}
+	return &releasingRows{Rows: rows, conn: conn}, nil
+}
+
+func (s *Store) reqExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	conn, err := s.acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer conn.Release()
+	return conn.Exec(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// releasingRow gives the connection back once the row is scanned (every
+// caller scans the row it asked for).
+type releasingRow struct {
+	row  pgx.Row
+	conn *pgxpool.Conn
+}
+
+func (r releasingRow) Scan(dest ...any) error {
+	defer r.conn.Release()
+	return r.row.Scan(dest...)
+}
+
+// releasingRows gives the connection back when the rows are closed or read
+// to the end.
+type releasingRows struct {
+	pgx.Rows
+	conn *pgxpool.Conn
+}
+
+func (r *releasingRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *releasingRows) Close() {
+	r.Rows.Close()
+	if r.conn != nil {
+		r.conn.Release()
+		r.conn = nil
+	}
+}
+
+// poolFull reports whether every connection the pool may open is in use.
+func (s *Store) poolFull() bool {
+	st := s.pool.Stat()
+	return st.AcquiredConns() >= st.MaxConns()
+}

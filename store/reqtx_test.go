@@ -1,0 +1,102 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+// A request transaction gives up on a row lock held elsewhere and on a
+// pool with no free connection within the request budget, with
+// ErrDatabaseBusy; its lock and statement timeouts last only for the
+// transaction, never for the connection's session.
+func TestRequestTransactionsStayWithinTheirBudget(t *testing.T) {
+	_, _ = openStore(t) // migrations
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := store.New(pool)
+	s.SetRequestTimeout(300 * time.Millisecond)
+	alice, bob := ids.New(), ids.New()
+	for _, u := range []string{alice, bob} {
+		if err := s.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	locked, err := s.CreateDialog(ctx, ids.New(), alice, "locked", []string{bob})
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := s.CreateDialog(ctx, ids.New(), alice, "free", []string{bob})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	locker, err := pgx.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM dialogs WHERE id=$1 FOR UPDATE", locked.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A generous outer deadline only keeps a wrong implementation from
+	// hanging the test; the budget is what must end the wait.
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	_, _, _, err = s.SendMessage(wctx, store.SendMessage{ID: ids.New(), DialogID: locked.ID, SenderID: alice, Body: "x"})
+	if !errors.Is(err, store.ErrDatabaseBusy) || !store.IsDatabaseBusy(err) {
+		t.Fatalf("send behind a held row lock: %v", err)
+	}
+	// The pool's only connection went back with its session untouched.
+	for _, name := range []string{"lock_timeout", "statement_timeout"} {
+		var v string
+		if err := pool.QueryRow(ctx, "SHOW "+name).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != "0" {
+			t.Fatalf("%s outlived the transaction: %q", name, v)
+		}
+	}
+
+	// With the only connection taken, the wait for one is bounded too.
+	held, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err = s.SendMessage(wctx, store.SendMessage{ID: ids.New(), DialogID: free.ID, SenderID: alice, Body: "x"})
+	if !errors.Is(err, store.ErrDatabaseBusy) {
+		held.Release()
+		t.Fatalf("send while the pool had no free connection: %v", err)
+	}
+	// Single statements of request paths too.
+	_, err = s.DialogForMember(wctx, free.ID, alice)
+	_, err2 := s.ProjectAccess(wctx, ids.New(), alice)
+	held.Release()
+	if !errors.Is(err, store.ErrDatabaseBusy) || !errors.Is(err2, store.ErrDatabaseBusy) {
+		t.Fatalf("reads while the pool had no free connection: %v / %v", err, err2)
+	}
+	if d, err := s.DialogForMember(ctx, free.ID, alice); err != nil || d.ID != free.ID {
+		t.Fatalf("read once a connection is free: %v", err)
+	}
+	if wctx.Err() != nil {
+		t.Fatal("the outer deadline, not the request budget, ended a wait")
+	}
+	if _, _, _, err := s.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: free.ID, SenderID: alice, Body: "x"}); err != nil {
+		t.Fatalf("send to an unlocked dialog: %v", err)
+	}
+}
