@@ -188,7 +188,7 @@ func TestDeployAlertsAndDashboardValidate(t *testing.T) {
 			}
 		}
 	}
-	// The dashboard shows every family of Build item 1.
+	// The dashboard shows every required metric family.
 	for _, f := range requiredFamilies {
 		if !covered[f] && f != "han_project_data_state_invalid_total" && f != "han_redis_memory_max_bytes" {
 			t.Errorf("the dashboard does not show %s", f)

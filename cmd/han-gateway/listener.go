@@ -56,6 +56,10 @@ func (m *Main) capListener(ln net.Listener, reg prometheus.Registerer) (net.List
 		Name: "han_http_connections_refused_total",
 		Help: "Client connections refused with 503 overloaded, by the cap that was reached (total, per_ip).",
 	}, []string{"reason"})
+	// Both series exist from the start, so dashboards and alerts see 0
+	// rather than no data before the first refusal.
+	refused.WithLabelValues("total")
+	refused.WithLabelValues("per_ip")
 	l := connlimit.New(ln, connlimit.Config{Max: total, PerIP: perIP, Unlimited: m.Config.TrustedProxies,
 		OnRefuse: func(reason string) { refused.WithLabelValues(reason).Inc() }})
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
