@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ type hubDeps struct {
 	Subscriber *pubsub.Subscriber
 	Publisher  *pubsub.Publisher
 	Presence   *presence.Presence
+	Verifier   TokenVerifier // refresh frames
 }
 
 // Hub holds this instance's WebSocket connections and fans events out to
@@ -254,10 +256,13 @@ func (h *Hub) resyncChannels(channels []string, reason string) {
 	}
 }
 
-func (h *Hub) snapshot() []*conn {
+func (h *Hub) snapshot() []*conn { return h.appendConns(nil) }
+
+// appendConns appends every connection to out.
+func (h *Hub) appendConns(out []*conn) []*conn {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	out := make([]*conn, 0, len(h.conns))
+	out = slices.Grow(out, len(h.conns))
 	for c := range h.conns {
 		out = append(out, c)
 	}
@@ -278,12 +283,21 @@ func (h *Hub) presenceConns() []presence.Conn {
 	return out
 }
 
-// pingLoop asks each connection's writer for a WebSocket ping once per
-// PingInterval; connections are spread over the interval by their own
-// start times.
+// expiryResolution is the longest a connection outlives its credential's
+// deadline: the ping loop checks every connection at least this often.
+const expiryResolution = time.Second
+
+// pingLoop is the one timer of every connection. Once per tick it asks each
+// connection's writer for a WebSocket ping when PingInterval has passed
+// since its last one (connections are spread over the interval by their own
+// start times), and closes with 4001 token_expired each connection whose
+// credential deadline (exp + the verifier's leeway) has passed. A scan of
+// every connection per tick costs one lock each and nothing per connection
+// in between: no goroutine or timer per connection.
 func (h *Hub) pingLoop(ctx context.Context) {
-	t := time.NewTicker(max(h.cfg.PingInterval/8, 10*time.Millisecond))
+	t := time.NewTicker(max(min(h.cfg.PingInterval/8, expiryResolution), 10*time.Millisecond))
 	defer t.Stop()
+	var conns []*conn // reused: a tick allocates nothing
 	for {
 		select {
 		case <-ctx.Done():
@@ -291,14 +305,21 @@ func (h *Hub) pingLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		for _, c := range h.snapshot() {
+		nowNs := now.UnixNano()
+		conns = h.appendConns(conns[:0])
+		for _, c := range conns {
 			c.mu.Lock()
-			if now.Sub(c.lastPing) >= h.cfg.PingInterval && !c.closed {
+			switch {
+			case c.closed:
+			case nowNs >= c.expires:
+				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
+			case now.Sub(c.lastPing) >= h.cfg.PingInterval:
 				c.lastPing, c.pingDue = now, true
 				c.signal()
 			}
 			c.mu.Unlock()
 		}
+		clear(conns) // do not keep closed connections reachable until the next tick
 	}
 }
 
