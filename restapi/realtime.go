@@ -44,8 +44,9 @@ type ticketDTO struct {
 }
 
 // issueTicket: POST /v1/realtime/tickets → 201 {ticket, expiresAt}. The
-// ticket is good for one WebSocket connection within 30 s; Redis DB1 down →
-// 503 redis_unavailable.
+// ticket is good for one WebSocket connection within 30 s, and that
+// connection ends when the caller's token expires; Redis DB1 down → 503
+// redis_unavailable.
 func (s *Server) issueTicket(w http.ResponseWriter, r *http.Request) {
 	p := principal(r)
 	t, exp, err := s.gw.IssueTicket(r.Context(), p.UserID, p.Expires)
