@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -256,13 +255,10 @@ func (h *Hub) resyncChannels(channels []string, reason string) {
 	}
 }
 
-func (h *Hub) snapshot() []*conn { return h.appendConns(nil) }
-
-// appendConns appends every connection to out.
-func (h *Hub) appendConns(out []*conn) []*conn {
+func (h *Hub) snapshot() []*conn {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	out = slices.Grow(out, len(h.conns))
+	out := make([]*conn, 0, len(h.conns))
 	for c := range h.conns {
 		out = append(out, c)
 	}
@@ -291,13 +287,13 @@ const expiryResolution = time.Second
 // connection's writer for a WebSocket ping when PingInterval has passed
 // since its last one (connections are spread over the interval by their own
 // start times), and closes with 4001 token_expired each connection whose
-// credential deadline (exp + the verifier's leeway) has passed. A scan of
-// every connection per tick costs one lock each and nothing per connection
-// in between: no goroutine or timer per connection.
+// credential deadline (exp + the verifier's leeway) has passed. The scan
+// holds Hub.mu for reading and takes each connection's mu in turn (the lock
+// order), so it allocates nothing and keeps nothing per connection: no
+// goroutine, timer or list entry per connection.
 func (h *Hub) pingLoop(ctx context.Context) {
 	t := time.NewTicker(max(min(h.cfg.PingInterval/8, expiryResolution), 10*time.Millisecond))
 	defer t.Stop()
-	var conns []*conn // reused: a tick allocates nothing
 	for {
 		select {
 		case <-ctx.Done():
@@ -306,8 +302,8 @@ func (h *Hub) pingLoop(ctx context.Context) {
 		}
 		now := time.Now()
 		nowNs := now.UnixNano()
-		conns = h.appendConns(conns[:0])
-		for _, c := range conns {
+		h.mu.RLock()
+		for c := range h.conns {
 			c.mu.Lock()
 			switch {
 			case c.closed:
@@ -319,7 +315,7 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			}
 			c.mu.Unlock()
 		}
-		clear(conns) // do not keep closed connections reachable until the next tick
+		h.mu.RUnlock()
 	}
 }
 
