@@ -47,6 +47,7 @@ func TestBrowser(t *testing.T) {
 	t.Run("modules", func(t *testing.T) { browserModuleChecks(t, b, mx) })
 	t.Run("chat", func(t *testing.T) { browserChat(t, b, mx, &my, varsY, alice, bob, aTok, bTok) })
 	t.Run("console", func(t *testing.T) { browserConsole(t, b, mx, alice, aTok) })
+	t.Run("token refresh", func(t *testing.T) { browserTokenRefresh(t, b, mx) })
 }
 
 // browserModuleChecks runs the client's pure logic (timeline ordering and
