@@ -26,7 +26,7 @@ var ErrTicketInvalid = errors.New("gateway: invalid ticket")
 const ticketLen = 43
 
 // Tickets issues and redeems one-time WebSocket tickets in Redis DB1. Only
-// a SHA-256 of the ticket is stored (han:rt:ticket:<ticket_hash>), so a
+// a SHA-256 of the ticket is stored (han:rt:ticket:v2:<ticket_hash>), so a
 // Redis reader cannot use one. Its value is "<user_id> <exp_ms>": the user
 // and the exp of the token that asked for the ticket, which the socket
 // opened with it inherits. Safe for concurrent use.
@@ -43,10 +43,14 @@ func NewTickets(rdb redis.UniversalClient, ttl time.Duration) *Tickets {
 	return &Tickets{rdb: rdb, ttl: ttl}
 }
 
-// TicketKey is han:rt:ticket:<hex sha256(ticket)>.
+// TicketKey is han:rt:ticket:v2:<hex sha256(ticket)>. The v2 segment came
+// with the exp in the value: instances of the previous version, whose
+// values hold only the user id, look up han:rt:ticket:<hash>, so during a
+// rolling deploy neither version reads the other's tickets (a miss is 4001
+// and the client fetches a new ticket) instead of misreading them.
 func TicketKey(ticket string) string {
 	sum := sha256.Sum256([]byte(ticket))
-	return "han:rt:ticket:" + hex.EncodeToString(sum[:])
+	return "han:rt:ticket:v2:" + hex.EncodeToString(sum[:])
 }
 
 // Issue creates a ticket for userID, valid once within the TTL;
@@ -83,9 +87,6 @@ func (t *Tickets) Redeem(ctx context.Context, ticket string) (string, time.Time,
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("redeem ticket: %w", store.ClassifyRedisError(err))
 	}
-	// A value without an exp (written by an older instance during a rolling
-	// deploy) is refused like an unknown ticket: the client fetches a new
-	// one, and no socket runs without an expiry.
 	userID, expMs, ok := strings.Cut(v, " ")
 	ms, err := strconv.ParseInt(expMs, 10, 64)
 	if !ok || err != nil {
