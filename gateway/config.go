@@ -16,8 +16,8 @@ const (
 	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big, frame rate, subprotocol, per-user connection cap
 	CloseInternal      = websocket.StatusInternalError   // 1011
 	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable
-	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token
-	CloseForbidden     = websocket.StatusCode(4003)      // not a user session
+	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token; reason token_expired: the credential expired
+	CloseForbidden     = websocket.StatusCode(4003)      // not a user session, or a refresh token of another user
 	CloseSlowConsumer  = websocket.StatusCode(4008)      // cannot keep up
 )
 
@@ -26,6 +26,17 @@ const (
 // (presence.Config.MaxConnsPerUser), and the label of that rejection in
 // han_ws_rejected_total.
 const CloseReasonTooManyConnections = "too_many_connections"
+
+// CloseReasonTokenExpired is the reason of the 4001 close that ends a
+// connection once the credential it was opened with (or last refreshed
+// with) expired: its exp plus the token verifier's leeway has passed.
+const CloseReasonTokenExpired = "token_expired"
+
+// Close reasons of 4003.
+const (
+	CloseReasonUserSession  = "user session required" // a service token, at connect or in a refresh
+	CloseReasonUserMismatch = "user mismatch"         // a refresh with another user's token
+)
 
 // Config tunes the WebSocket hub. Every zero value picks the default shown.
 type Config struct {
@@ -76,6 +87,10 @@ type Config struct {
 	// SubscribeTimeout bounds a subscribe (Redis confirmation + lastSeq).
 	// Zero value means 5s.
 	SubscribeTimeout time.Duration
+	// AuthTimeout bounds the verification of a refresh frame's token (it
+	// may wait for a JWKS refetch); the reader handles no other frame of
+	// the connection meanwhile. Zero value means 5s.
+	AuthTimeout time.Duration
 
 	// Drain: connections are closed with 1001 in batches of DrainBatch
 	// every DrainInterval; each gets a reconnect delay drawn from
@@ -115,6 +130,7 @@ func (c *Config) defaults() {
 	dur(&c.PingInterval, 25*time.Second)
 	dur(&c.PongTimeout, 10*time.Second)
 	dur(&c.SubscribeTimeout, 5*time.Second)
+	dur(&c.AuthTimeout, 5*time.Second)
 	num(&c.DrainBatch, 500)
 	dur(&c.DrainInterval, 50*time.Millisecond)
 	dur(&c.RetryMin, 500*time.Millisecond)

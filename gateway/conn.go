@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
@@ -58,6 +59,10 @@ type conn struct {
 	resyncQueued bool // a resync is queued and not yet taken by the writer
 	pingDue      bool
 	lastPing     time.Time
+	// expires (Unix ns) is when the credential stops being valid: its exp
+	// plus the verifier's leeway. The ping loop closes the connection with
+	// 4001 token_expired then; a refresh frame moves it.
+	expires      int64
 	closeCode    websocket.StatusCode
 	closeReason  string
 	closed       bool
@@ -66,10 +71,10 @@ type conn struct {
 	overflowFrom time.Time
 }
 
-func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string) *conn {
+func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID, ctx: ctx, cancel: cancel,
-		subs: map[string]*sub{}, lastPing: time.Now()}
+		subs: map[string]*sub{}, lastPing: time.Now(), expires: expires.UnixNano()}
 }
 
 // signal makes sure a writer runs to pick up what was just queued. c.mu must
@@ -383,11 +388,14 @@ func (c *conn) readLoop() {
 			c.send(encodeError(errInvalidFrame))
 			continue
 		}
-		c.handle(f)
+		if !c.handle(f) {
+			return
+		}
 	}
 }
 
-func (c *conn) handle(f inFrame) {
+// handle answers one client frame; false when it closed the connection.
+func (c *conn) handle(f inFrame) bool {
 	switch f.Type {
 	case "ping":
 		c.send(pongFrame)
@@ -401,9 +409,40 @@ func (c *conn) handle(f inFrame) {
 		}
 	case "typing":
 		c.typing(f.DialogID)
+	case "refresh":
+		return c.refresh(f.Token)
 	default:
 		c.send(encodeError(errUnknownType))
 	}
+	return true
+}
+
+// refresh moves the connection's expiry to a new token's exp (plus the
+// leeway) and answers refreshed. A token that fails verification is
+// answered with an error frame and changes nothing; a valid token that is
+// not a session of this connection's user closes it with 4003. It runs on
+// the reader, bounded by AuthTimeout.
+func (c *conn) refresh(token string) bool {
+	h := c.hub
+	ctx, cancel := opContext(h.cfg.AuthTimeout)
+	p, err := h.deps.Verifier.Verify(ctx, token)
+	cancel()
+	switch {
+	case err != nil:
+		c.send(encodeError(errUnauthorized))
+		return true
+	case p.Kind != auth.KindUser:
+		c.closeNow(CloseForbidden, CloseReasonUserSession)
+		return false
+	case p.UserID != c.userID:
+		c.closeNow(CloseForbidden, CloseReasonUserMismatch)
+		return false
+	}
+	c.mu.Lock()
+	c.expires = p.Expires.Add(h.deps.Verifier.Leeway()).UnixNano()
+	c.mu.Unlock()
+	c.send(mustJSON(refreshedFrame{Type: "refreshed", ExpiresAt: p.Expires.UnixMilli()}))
+	return true
 }
 
 func (c *conn) subscribe(raw string) {

@@ -14,6 +14,14 @@
 // user already holds the per-user cap of connections, counted across all
 // instances) and hands the connection to the Hub.
 //
+// Expiry: every connection carries the deadline of its credential, the exp
+// of its bearer token or of the token that issued its ticket (stored with
+// the ticket), plus the token verifier's leeway, the same one REST applies.
+// The hub's ping loop, the one timer of all connections, closes each
+// connection past its deadline with 4001 token_expired (checked once a
+// second). A refresh frame with a new token of the same user moves the
+// deadline; it is verified on the reader, bounded by Config.AuthTimeout.
+//
 // Concurrency: per connection, one reader goroutine owns the connection (reads,
 // handles client frames in order, tears down). A writer goroutine runs per
 // burst, not for the connection's life: queueing a frame, a ping or a close
@@ -25,7 +33,8 @@
 // (Hub.Dispatch) never blocks: it appends the shared, pre-encoded event bytes
 // to each queue under that connection's mutex, applying the backpressure policy
 // (ephemeral frames dropped first, durable overflow replaced by one resync,
-// persistent slowness closed with 4008). Hub.mu is always taken before a
+// persistent slowness closed with 4008). The hub's ping loop marks pings
+// due and closes expired connections under each connection's mu. Hub.mu is always taken before a
 // connection's mu. Service, Hub and Tickets are safe for concurrent use.
 //
 // The protocol is documented in docs/realtime-protocol.md.

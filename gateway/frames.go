@@ -24,6 +24,7 @@ const (
 	errTooManySubscriptions = "too_many_subscriptions"
 	errNotSubscribed        = "not_subscribed"
 	errUnavailable          = "unavailable"
+	errUnauthorized         = "unauthorized" // a refresh token that fails verification
 )
 
 // Resync reasons.
@@ -67,6 +68,14 @@ type helloFrame struct {
 	ConnectionID string `json:"connectionId"`
 	Instance     string `json:"instance"`
 	HeartbeatMs  int64  `json:"heartbeatMs"`
+	ExpiresAt    int64  `json:"expiresAt"` // the credential's exp, epoch ms
+}
+
+// refreshedFrame answers a valid refresh: the connection now ends with the
+// new token (its exp, epoch ms, plus the verifier's leeway).
+type refreshedFrame struct {
+	Type      string `json:"type"`
+	ExpiresAt int64  `json:"expiresAt"`
 }
 
 type subscribedFrame struct {
@@ -103,6 +112,7 @@ func encodeResync(reason string) []byte { return mustJSON(resyncFrame{Type: "res
 type inFrame struct {
 	Type     string `json:"type"`
 	DialogID string `json:"dialogId"`
+	Token    string `json:"token"` // refresh
 }
 
 // parseInFrame strictly decodes a client frame (jsonx: invalid UTF-8,

@@ -16,6 +16,9 @@ import (
 // TokenVerifier checks bearer tokens (implemented by auth.Verifier).
 type TokenVerifier interface {
 	Verify(ctx context.Context, token string) (auth.Principal, error)
+	// Leeway is the clock skew allowed on exp: a token is accepted until
+	// its exp plus Leeway, and a connection ends then too.
+	Leeway() time.Duration
 }
 
 // handler serves GET /v1/realtime.
@@ -71,9 +74,10 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var userID string
+	var expires time.Time // the exp of the token (or of the token that issued the ticket)
 	switch {
 	case ticket != "":
-		userID, err = s.tickets.Redeem(ctx, ticket)
+		userID, expires, err = s.tickets.Redeem(ctx, ticket)
 		if errors.Is(err, ErrTicketInvalid) {
 			refuse(CloseUnauthorized, "unauthorized", "unauthorized")
 			return
@@ -89,10 +93,10 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if p.Kind != auth.KindUser {
-			refuse(CloseForbidden, "user session required", "forbidden")
+			refuse(CloseForbidden, CloseReasonUserSession, "forbidden")
 			return
 		}
-		userID = p.UserID
+		userID, expires = p.UserID, p.Expires
 		if err := s.store.EnsureUser(ctx, userID); err != nil {
 			refuse(CloseTryAgainLater, "try again later", "unavailable")
 			return
@@ -102,7 +106,14 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	c := newConn(h, ws, hw.cork, userID)
+	// A ticket redeemed after its issuing token expired opens nothing.
+	deadline := expires.Add(s.verifier.Leeway())
+	if !time.Now().Before(deadline) {
+		refuse(CloseUnauthorized, CloseReasonTokenExpired, CloseReasonTokenExpired)
+		return
+	}
+
+	c := newConn(h, ws, hw.cork, userID, deadline)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
 		if errors.Is(err, presence.ErrTooManyConnections) {
 			refuse(ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections)
@@ -119,7 +130,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.send(mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
-		HeartbeatMs: h.cfg.PingInterval.Milliseconds()}))
+		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli()}))
 	if !h.add(c) {
 		// Registered in presence a moment ago: take it back.
 		_, _ = s.presence.Disconnect(ctx, userID, c.id)

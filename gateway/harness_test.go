@@ -66,6 +66,7 @@ type opts struct {
 	presence func(*presence.Config)
 	sub      func(*pubsub.SubscriberConfig)
 	relay    func(*pubsub.RelayConfig)
+	leeway   time.Duration // the verifier's leeway on exp; zero value: its default (30s)
 }
 
 // instance is one gateway instance: the real restapi + gateway wiring on
@@ -105,7 +106,7 @@ func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 		logOut = os.Stderr
 	}
 	logger := slog.New(slog.NewJSONHandler(logOut, nil)).With("instance", o.id)
-	v, err := auth.NewVerifier(ctx, auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
+	v, err := auth.NewVerifier(ctx, auth.Config{DevHS256Secret: devSecret, Redis: rdb, Leeway: o.leeway}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,12 +191,18 @@ func (in *instance) dialog(members ...string) string {
 // do makes a REST call with a user's token; body "" sends none.
 func (in *instance) do(userID, method, path, body string) (int, []byte) {
 	in.t.Helper()
+	return in.doAs(token(in.t, userID), method, path, body)
+}
+
+// doAs makes a REST call with the given bearer token.
+func (in *instance) doAs(tok, method, path, body string) (int, []byte) {
+	in.t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
 	req, _ := http.NewRequest(method, in.srv.URL+path, rd)
-	req.Header.Set("Authorization", "Bearer "+token(in.t, userID))
+	req.Header.Set("Authorization", "Bearer "+tok)
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -274,6 +281,7 @@ type frame struct {
 	ConnectionID string          `json:"connectionId"`
 	Instance     string          `json:"instance"`
 	HeartbeatMs  int64           `json:"heartbeatMs"`
+	ExpiresAt    int64           `json:"expiresAt"`
 	LastSeq      int64           `json:"lastSeq"`
 	Reason       string          `json:"reason"`
 	Error        string          `json:"error"`
@@ -284,12 +292,13 @@ type frame struct {
 // client is a real WebSocket client (coder/websocket Dial) whose frames a
 // goroutine reads into a channel.
 type client struct {
-	t      testing.TB
-	ws     *websocket.Conn
-	frames chan frame
-	done   chan struct{}
-	err    error // the read error that ended the client; valid after done
-	hello  frame
+	t       testing.TB
+	ws      *websocket.Conn
+	frames  chan frame
+	done    chan struct{}
+	err     error     // the read error that ended the client; valid after done
+	endedAt time.Time // when that error was read; valid after done
+	hello   frame
 }
 
 type dialOpts struct {
@@ -342,7 +351,7 @@ func (in *instance) connectWith(o dialOpts) *client {
 		for {
 			_, b, err := ws.Read(context.Background())
 			if err != nil {
-				c.err = err
+				c.err, c.endedAt = err, time.Now()
 				return
 			}
 			var f frame

@@ -24,6 +24,7 @@ type hubDeps struct {
 	Subscriber *pubsub.Subscriber
 	Publisher  *pubsub.Publisher
 	Presence   *presence.Presence
+	Verifier   TokenVerifier // refresh frames
 }
 
 // Hub holds this instance's WebSocket connections and fans events out to
@@ -278,11 +279,20 @@ func (h *Hub) presenceConns() []presence.Conn {
 	return out
 }
 
-// pingLoop asks each connection's writer for a WebSocket ping once per
-// PingInterval; connections are spread over the interval by their own
-// start times.
+// expiryResolution is the longest a connection outlives its credential's
+// deadline: the ping loop checks every connection at least this often.
+const expiryResolution = time.Second
+
+// pingLoop is the one timer of every connection. Once per tick it asks each
+// connection's writer for a WebSocket ping when PingInterval has passed
+// since its last one (connections are spread over the interval by their own
+// start times), and closes with 4001 token_expired each connection whose
+// credential deadline (exp + the verifier's leeway) has passed. The scan
+// holds Hub.mu for reading and takes each connection's mu in turn (the lock
+// order), so it allocates nothing and keeps nothing per connection: no
+// goroutine, timer or list entry per connection.
 func (h *Hub) pingLoop(ctx context.Context) {
-	t := time.NewTicker(max(h.cfg.PingInterval/8, 10*time.Millisecond))
+	t := time.NewTicker(max(min(h.cfg.PingInterval/8, expiryResolution), 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -291,14 +301,21 @@ func (h *Hub) pingLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		for _, c := range h.snapshot() {
+		nowNs := now.UnixNano()
+		h.mu.RLock()
+		for c := range h.conns {
 			c.mu.Lock()
-			if now.Sub(c.lastPing) >= h.cfg.PingInterval && !c.closed {
+			switch {
+			case c.closed:
+			case nowNs >= c.expires:
+				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
+			case now.Sub(c.lastPing) >= h.cfg.PingInterval:
 				c.lastPing, c.pingDue = now, true
 				c.signal()
 			}
 			c.mu.Unlock()
 		}
+		h.mu.RUnlock()
 	}
 }
 

@@ -80,7 +80,7 @@ func NewService(d Deps) (*Service, error) {
 	s := &Service{cfg: cfg, logger: d.Logger, store: d.Store, verifier: d.Verifier,
 		tickets: NewTickets(d.Realtime, cfg.Hub.TicketTTL)}
 	var err error
-	s.hub = newHub(cfg.Hub, hubDeps{Store: d.Store}, d.Logger)
+	s.hub = newHub(cfg.Hub, hubDeps{Store: d.Store, Verifier: d.Verifier}, d.Logger)
 	delivery, err := newDeliveryObserver(cfg.Registerer) // delivery_metrics.go
 	if err != nil {
 		return nil, err
@@ -139,9 +139,11 @@ func (s *Service) Handler() http.Handler { return s.handler }
 // Publisher publishes event frames (the REST API's publish after commit).
 func (s *Service) Publisher() *pubsub.Publisher { return s.publisher }
 
-// IssueTicket issues a one-time WebSocket ticket for userID.
-func (s *Service) IssueTicket(ctx context.Context, userID string) (string, time.Time, error) {
-	return s.tickets.Issue(ctx, userID)
+// IssueTicket issues a one-time WebSocket ticket for userID, asked for
+// with a token that expires at tokenExpires; the socket the ticket opens
+// closes when that token would (4001 token_expired).
+func (s *Service) IssueTicket(ctx context.Context, userID string, tokenExpires time.Time) (string, time.Time, error) {
+	return s.tickets.Issue(ctx, userID, tokenExpires)
 }
 
 // OnlineConnections returns the user's live connection count (any instance).

@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,8 +26,10 @@ var ErrTicketInvalid = errors.New("gateway: invalid ticket")
 const ticketLen = 43
 
 // Tickets issues and redeems one-time WebSocket tickets in Redis DB1. Only
-// a SHA-256 of the ticket is stored (han:rt:ticket:<ticket_hash>), so a
-// Redis reader cannot use one. Safe for concurrent use.
+// a SHA-256 of the ticket is stored (han:rt:ticket:v2:<ticket_hash>), so a
+// Redis reader cannot use one. Its value is "<user_id> <exp_ms>": the user
+// and the exp of the token that asked for the ticket, which the socket
+// opened with it inherits. Safe for concurrent use.
 type Tickets struct {
 	rdb redis.UniversalClient
 	ttl time.Duration
@@ -39,18 +43,24 @@ func NewTickets(rdb redis.UniversalClient, ttl time.Duration) *Tickets {
 	return &Tickets{rdb: rdb, ttl: ttl}
 }
 
-// TicketKey is han:rt:ticket:<hex sha256(ticket)>.
+// TicketKey is han:rt:ticket:v2:<hex sha256(ticket)>. The v2 segment came
+// with the exp in the value: instances of the previous version, whose
+// values hold only the user id, look up han:rt:ticket:<hash>, so during a
+// rolling deploy neither version reads the other's tickets (a miss is 4001
+// and the client fetches a new ticket) instead of misreading them.
 func TicketKey(ticket string) string {
 	sum := sha256.Sum256([]byte(ticket))
-	return "han:rt:ticket:" + hex.EncodeToString(sum[:])
+	return "han:rt:ticket:v2:" + hex.EncodeToString(sum[:])
 }
 
-// Issue creates a ticket for userID, valid once within the TTL.
-func (t *Tickets) Issue(ctx context.Context, userID string) (string, time.Time, error) {
+// Issue creates a ticket for userID, valid once within the TTL;
+// tokenExpires is the exp of the token that asked for it.
+func (t *Tickets) Issue(ctx context.Context, userID string, tokenExpires time.Time) (string, time.Time, error) {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	ticket := base64.RawURLEncoding.EncodeToString(b)
-	ok, err := t.rdb.SetNX(ctx, TicketKey(ticket), userID, t.ttl).Result()
+	val := userID + " " + strconv.FormatInt(tokenExpires.UnixMilli(), 10)
+	ok, err := t.rdb.SetNX(ctx, TicketKey(ticket), val, t.ttl).Result()
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("issue ticket: %w", store.ClassifyRedisError(err))
 	}
@@ -60,22 +70,27 @@ func (t *Tickets) Issue(ctx context.Context, userID string) (string, time.Time, 
 	return ticket, time.Now().Add(t.ttl), nil
 }
 
-// Redeem consumes a ticket atomically and returns its user id:
-// ErrTicketInvalid if it cannot be used, a classified Redis error if Redis
-// cannot answer.
-func (t *Tickets) Redeem(ctx context.Context, ticket string) (string, error) {
+// Redeem consumes a ticket atomically and returns its user id and the exp
+// of the token that issued it: ErrTicketInvalid if it cannot be used, a
+// classified Redis error if Redis cannot answer.
+func (t *Tickets) Redeem(ctx context.Context, ticket string) (string, time.Time, error) {
 	if len(ticket) != ticketLen {
-		return "", ErrTicketInvalid
+		return "", time.Time{}, ErrTicketInvalid
 	}
 	if _, err := base64.RawURLEncoding.DecodeString(ticket); err != nil {
-		return "", ErrTicketInvalid
+		return "", time.Time{}, ErrTicketInvalid
 	}
 	v, err := lua.RTTicketRedeem.Run(ctx, t.rdb, []string{TicketKey(ticket)}).Text()
 	if errors.Is(err, redis.Nil) {
-		return "", ErrTicketInvalid
+		return "", time.Time{}, ErrTicketInvalid
 	}
 	if err != nil {
-		return "", fmt.Errorf("redeem ticket: %w", store.ClassifyRedisError(err))
+		return "", time.Time{}, fmt.Errorf("redeem ticket: %w", store.ClassifyRedisError(err))
 	}
-	return v, nil
+	userID, expMs, ok := strings.Cut(v, " ")
+	ms, err := strconv.ParseInt(expMs, 10, 64)
+	if !ok || err != nil {
+		return "", time.Time{}, ErrTicketInvalid
+	}
+	return userID, time.UnixMilli(ms), nil
 }

@@ -14,7 +14,9 @@ type RealtimeGateway interface {
 	// Handler serves GET /v1/realtime (it authenticates by ticket or bearer
 	// itself).
 	Handler() http.Handler
-	IssueTicket(ctx context.Context, userID string) (ticket string, expiresAt time.Time, err error)
+	// IssueTicket's tokenExpires is the exp of the caller's token: the
+	// socket opened with the ticket ends with that token.
+	IssueTicket(ctx context.Context, userID string, tokenExpires time.Time) (ticket string, expiresAt time.Time, err error)
 	OnlineConnections(ctx context.Context, userID string) (int, error)
 	// PubSubHealthy feeds /readyz: false turns it "degraded".
 	PubSubHealthy() bool
@@ -42,10 +44,12 @@ type ticketDTO struct {
 }
 
 // issueTicket: POST /v1/realtime/tickets → 201 {ticket, expiresAt}. The
-// ticket is good for one WebSocket connection within 30 s; Redis DB1 down →
-// 503 redis_unavailable.
+// ticket is good for one WebSocket connection within 30 s, and that
+// connection ends when the caller's token expires; Redis DB1 down → 503
+// redis_unavailable.
 func (s *Server) issueTicket(w http.ResponseWriter, r *http.Request) {
-	t, exp, err := s.gw.IssueTicket(r.Context(), principal(r).UserID)
+	p := principal(r)
+	t, exp, err := s.gw.IssueTicket(r.Context(), p.UserID, p.Expires)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -47,6 +47,7 @@ func TestBrowser(t *testing.T) {
 	t.Run("modules", func(t *testing.T) { browserModuleChecks(t, b, mx) })
 	t.Run("chat", func(t *testing.T) { browserChat(t, b, mx, &my, varsY, alice, bob, aTok, bTok) })
 	t.Run("console", func(t *testing.T) { browserConsole(t, b, mx, alice, aTok) })
+	t.Run("token refresh", func(t *testing.T) { browserTokenRefresh(t, b, mx) })
 }
 
 // browserModuleChecks runs the client's pure logic (timeline ordering and
@@ -58,7 +59,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 	p.waitSel(deliveryBound, "sign-in form", "#signin-form")
 	got := mustEval[string](p, `(async () => {
 		const { Timeline } = await import("/js/timeline.js");
-		const { backoffDelay, advisedDelay } = await import("/js/realtime.js");
+		const { backoffDelay, advisedDelay, refreshDelay } = await import("/js/realtime.js");
 		const { ttlToken, cachePutBody } = await import("/js/console.js");
 		const msg = (s) => ({ id: "m" + s, seq: s, body: "b" + s, senderId: "u", createdAt: s });
 		const server = [1, 2, 3, 4, 5].map(msg);
@@ -116,6 +117,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 
 		out.backoff = [backoffDelay(0, () => 1), backoffDelay(3, () => 1), backoffDelay(20, () => 1), backoffDelay(5, () => 0)];
 		out.advised = [advisedDelay('{"retryMs":1200}'), advisedDelay("going away")];
+		out.refresh = [refreshDelay(1e12 + 120000, 1e12), refreshDelay(1e12 + 30000, 1e12), refreshDelay(1e12 - 5000, 1e12), refreshDelay(1e12 + 40 * 86400e3, 1e12)];
 		out.ttl = [ttlToken(""), ttlToken("3600"), ttlToken("1.5"), ttlToken("1e3"), ttlToken("soon")];
 		out.body = cachePutBody({ key: "k", type: "string", value: "v", ttl: "1.5", createOnly: true });
 		return JSON.stringify(out);
@@ -134,6 +136,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 		AfterFailure      []int     `json:"afterFailure"`
 		Backoff           []int     `json:"backoff"`
 		Advised           []*int    `json:"advised"`
+		Refresh           []int     `json:"refresh"`
 		TTL               []*string `json:"ttl"`
 		Body              string    `json:"body"`
 	}
@@ -158,6 +161,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 	check("older page", res.Older, []int{1, 2, 3, 4, 5})
 	check("reconcile coalesced into a failed run still runs", res.AfterFailure, []int{1, 2, 3, 4, 5})
 	check("backoff (full jitter, 0.5 s doubling, 30 s cap)", res.Backoff, []int{500, 4000, 30000, 0})
+	check("token refresh 60 s before expiry, at once when less is left, within setTimeout's range", res.Refresh, []int{60000, 0, 0, 1<<31 - 1})
 	if res.Advised[0] == nil || *res.Advised[0] != 1200 || res.Advised[1] != nil {
 		t.Errorf("advised delay from a 1001 reason: %v", res.Advised)
 	}

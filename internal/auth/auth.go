@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // Kind is the kind of a token, from its typ claim.
@@ -21,6 +22,9 @@ type Principal struct {
 	UserID  string // the sub claim, a UUID in canonical lower-case form
 	Kind    Kind   // claim typ; absent means KindUser
 	Service string // claim svc of a service token (the calling service's name); may be empty
+	// Expires is the exp claim. The token is accepted until Expires plus
+	// the Verifier's Leeway; a WebSocket opened with it closes then.
+	Expires time.Time
 }
 
 var (

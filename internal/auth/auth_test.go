@@ -254,6 +254,13 @@ func negativeKey(kid string) string {
 	return "han:api:jwks:negative:" + hex.EncodeToString(sum[:])
 }
 
+// withoutExpires drops the exp a principal carries, for comparisons of
+// identity only.
+func withoutExpires(p auth.Principal) auth.Principal {
+	p.Expires = time.Time{}
+	return p
+}
+
 func mustAccept(t *testing.T, v *auth.Verifier, token string) auth.Principal {
 	t.Helper()
 	p, err := v.Verify(context.Background(), token)
@@ -313,8 +320,15 @@ func TestVerify(t *testing.T) {
 
 	t.Run("valid RS256", func(t *testing.T) {
 		p := mustAccept(t, jwksOnly, tok(sign(t, jwt.SigningMethodRS256, k.rsa, kidRSA, claimsAt(now))))
-		if p != (auth.Principal{UserID: wantUserID, Kind: auth.KindUser}) {
+		if withoutExpires(p) != (auth.Principal{UserID: wantUserID, Kind: auth.KindUser}) {
 			t.Fatalf("principal = %+v", p)
+		}
+		// The exp claim is exposed: a WebSocket ends at it (plus the leeway).
+		if want := time.Unix(now.Add(5*time.Minute).Unix(), 0); !p.Expires.Equal(want) {
+			t.Fatalf("Expires = %v, want %v", p.Expires, want)
+		}
+		if jwksOnly.Leeway() != 30*time.Second {
+			t.Fatalf("default leeway = %v, want 30s", jwksOnly.Leeway())
 		}
 	})
 	t.Run("valid ES256", func(t *testing.T) {
@@ -336,7 +350,7 @@ func TestVerify(t *testing.T) {
 		}
 		// Minted with the real clock, so verify with a real-clock verifier.
 		realClock := newVerifier(t, auth.Config{DevHS256Secret: devSecret, Issuer: testIssuer, Audience: testAudience}, debugLogger(&logs))
-		if p := mustAccept(t, realClock, tok(minted)); p != (auth.Principal{UserID: wantUserID, Kind: auth.KindUser}) {
+		if p := mustAccept(t, realClock, tok(minted)); withoutExpires(p) != (auth.Principal{UserID: wantUserID, Kind: auth.KindUser}) {
 			t.Fatalf("principal = %+v", p)
 		}
 		mustAccept(t, devOnly, tok(sign(t, jwt.SigningMethodHS256, devSecret, "", claimsAt(now))))
@@ -479,7 +493,7 @@ func TestVerify(t *testing.T) {
 	t.Run("typ=service gives KindService and svc", func(t *testing.T) {
 		s := tok(sign(t, jwt.SigningMethodES256, k.ec, kidEC, claimsAt(now, set("typ", "service"), set("svc", "notifier"))))
 		p := mustAccept(t, jwksOnly, s)
-		if p != (auth.Principal{UserID: wantUserID, Kind: auth.KindService, Service: "notifier"}) {
+		if withoutExpires(p) != (auth.Principal{UserID: wantUserID, Kind: auth.KindService, Service: "notifier"}) {
 			t.Fatalf("principal = %+v", p)
 		}
 		p = mustAccept(t, jwksOnly, tok(sign(t, jwt.SigningMethodES256, k.ec, kidEC, claimsAt(now, set("typ", "service")))))
@@ -487,7 +501,7 @@ func TestVerify(t *testing.T) {
 			t.Fatalf("principal = %+v", p)
 		}
 		p = mustAccept(t, jwksOnly, tok(sign(t, jwt.SigningMethodES256, k.ec, kidEC, claimsAt(now, set("typ", "user"), set("svc", "ignored")))))
-		if p != (auth.Principal{UserID: wantUserID, Kind: auth.KindUser}) {
+		if withoutExpires(p) != (auth.Principal{UserID: wantUserID, Kind: auth.KindUser}) {
 			t.Fatalf("user token principal = %+v", p)
 		}
 	})
@@ -825,7 +839,7 @@ func TestMintDevToken(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p := mustAccept(t, v, s); p != (auth.Principal{UserID: wantUserID, Kind: auth.KindService, Service: "seed"}) {
+		if p := mustAccept(t, v, s); withoutExpires(p) != (auth.Principal{UserID: wantUserID, Kind: auth.KindService, Service: "seed"}) {
 			t.Fatalf("principal = %+v", p)
 		}
 	})

@@ -191,6 +191,11 @@ func NewVerifier(ctx context.Context, cfg Config, logger *slog.Logger) (*Verifie
 	return v, nil
 }
 
+// Leeway is the clock skew allowed on exp, nbf and iat: a token is accepted
+// until exp plus Leeway. REST requests and WebSocket connections share it,
+// so a socket ends when the same token would stop working over REST.
+func (v *Verifier) Leeway() time.Duration { return v.cfg.Leeway }
+
 func (v *Verifier) acceptedAlgs() []string {
 	var algs []string
 	if v.useJWKS {
@@ -267,6 +272,9 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Principal, error) 
 		return Principal{}, v.reject(ctx, errSub)
 	}
 	p := Principal{UserID: sub, Kind: KindUser}
+	if c.ExpiresAt != nil { // always set: the parser requires exp
+		p.Expires = c.ExpiresAt.Time
+	}
 	if c.Typ != nil {
 		switch Kind(*c.Typ) {
 		case KindUser:

@@ -9,6 +9,7 @@ const sentences = {
   // auth
   unauthorized: "The token is missing, expired or not valid here. Sign in again with a fresh token.",
   user_session_required: "This needs a user token; service tokens are not accepted here.",
+  token_user_mismatch: "That token belongs to another user. Paste a token of the signed-in user.",
   forbidden: "Your role in this project does not allow this.",
   // generic
   invalid_json: "The request body is not valid JSON (or a field has the wrong type).",

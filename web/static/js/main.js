@@ -9,6 +9,7 @@ import { Realtime } from "./realtime.js";
 
 const TOKEN_KEY = "han.token";
 const app = { me: null, rt: null, chat: null, console: null, syncing: 0, realtimeUrl: null };
+let renewal = null; // the open request for a new token: {resolve, card, text, errBox}
 
 // A dev sign-in link carries the token in the fragment (/#token=…&project=…),
 // which browsers never send to the server; it is removed from the address
@@ -86,13 +87,13 @@ function startSession(tok) {
   av.style.setProperty("--hue", String(hue(me)));
   $("#me-id").textContent = shortId(me);
   $("#me-id").title = me;
-  const exp = tokenExpiry(tok);
-  $("#me").title = exp ? `token expires ${formatDateTime(exp)} (${relative(exp)})` : "";
+  showTokenExpiry(tok);
   $("#me").hidden = false;
   $("#nav").hidden = false;
   $("#conn").hidden = false;
 
   app.rt = new Realtime({
+    getToken: askForToken,
     ticket: async () => (await request("POST", "/v1/realtime/tickets")).data.ticket,
     url: async () => {
       if (!app.realtimeUrl) {
@@ -114,7 +115,79 @@ function startSession(tok) {
   app.rt.start();
 }
 
+function showTokenExpiry(tok) {
+  const exp = tokenExpiry(tok);
+  $("#me").title = exp ? `token expires ${formatDateTime(exp)} (${relative(exp)})` : "";
+}
+
+// ---- token renewal ------------------------------------------------------------------
+
+// askForToken is the realtime client's getToken hook. A connection ends
+// when its token expires, so before that (and after it, when the server
+// closed with token_expired) a card asks for a new token of the same user:
+// pasted, or from a sign-in link opened in this tab (the dev flow). The
+// token is checked with GET /v1/me, then every request, ticket and the live
+// connection (in band) use it.
+function askForToken({ reason, expiresAt }) {
+  if (renewal) {
+    renewal.say(reason, expiresAt);
+    return renewal.promise;
+  }
+  const input = h("textarea", { id: "renew-token", class: "mono", rows: "3", autocomplete: "off", spellcheck: "false",
+    placeholder: "eyJhbGciOi…", "aria-label": "New token" });
+  const text = h("p", { id: "renew-text" });
+  const errBox = h("div", { id: "renew-error" });
+  const card = h("form", { id: "renew", class: "card renew", role: "dialog", "aria-labelledby": "renew-title" },
+    h("h2", { id: "renew-title", text: "New token needed" }), text, input, errBox,
+    h("div", { class: "renew-actions" },
+      h("button", { type: "submit", class: "btn btn-primary btn-sm", id: "renew-btn" }, "Use token")));
+  let resolve;
+  const promise = new Promise((r) => { resolve = r; });
+  renewal = {
+    promise, input, errBox, card,
+    resolve: (tok) => { renewal = null; card.remove(); resolve(tok); },
+    say: (why, exp) => {
+      card.dataset.reason = why;
+      text.textContent = why === "expired" ? "Your session has ended. Paste a new token (or open a new sign-in link in this tab) to reconnect."
+        : why === "refused" ? "The server refused that token. Paste another one to stay connected."
+          : exp > Date.now() ? `Your token expires ${relative(exp)} (${formatDateTime(exp)}). Paste a new one (or open a new sign-in link in this tab) to stay connected.`
+            : "Your token has expired and the connection ends soon. Paste a new one (or open a new sign-in link in this tab) to stay connected.";
+    },
+  };
+  renewal.say(reason, expiresAt);
+  card.addEventListener("submit", (e) => {
+    e.preventDefault();
+    useNewToken(input.value);
+  });
+  document.body.append(card);
+  return promise;
+}
+
+async function useNewToken(raw) {
+  const r = renewal;
+  const tok = (raw || "").trim().replace(/^Bearer\s+/i, "");
+  if (!r || !tok) return;
+  r.errBox.replaceChildren();
+  let me;
+  try {
+    // Not through the session's token, and a 401 here must not sign out.
+    me = await get("/v1/me", { auth: false, headers: { Authorization: `Bearer ${tok}` } });
+  } catch (e) {
+    r.errBox.replaceChildren(errorView(e, "renew-error-alert"));
+    return;
+  }
+  if (me.id !== app.me) {
+    r.errBox.replaceChildren(errorView({ code: "token_user_mismatch" }, "renew-error-alert"));
+    return;
+  }
+  setToken(tok);
+  sessionStorage.setItem(TOKEN_KEY, tok);
+  showTokenExpiry(tok);
+  r.resolve(tok);
+}
+
 function signOut(err) {
+  renewal?.resolve(null);
   sessionStorage.removeItem(TOKEN_KEY);
   setToken("");
   app.rt?.stop();
@@ -138,6 +211,7 @@ function renderConn() {
   let text;
   let action = null;
   if (phase === "live" && app.syncing > 0) phase = "resyncing";
+  if (renewal && s.reason === "token_expired") renewal.say("expired");
   switch (phase) {
     case "connecting":
       text = "Connecting…";
@@ -187,7 +261,14 @@ async function boot() {
   $("#copy-me").addEventListener("click", async () => {
     toast((await copyText(app.me || "")) ? "Your user id was copied." : `Your user id: ${app.me}`, "success");
   });
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => {
+    // A sign-in link opened while a new token is asked for answers the ask.
+    if (renewal && /(^|&)token=/.test(location.hash.slice(1))) {
+      useNewToken(takeFragmentToken());
+      return;
+    }
+    route();
+  });
   onAuthLost(() => { if (app.me) signOut({ code: "unauthorized", status: 401 }); });
   const tok = takeFragmentToken() || sessionStorage.getItem(TOKEN_KEY);
   if (!tok) {

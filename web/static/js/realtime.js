@@ -5,6 +5,12 @@
 //
 // It only reports what happens; the chat view reconciles over REST after
 // every "open" and "resync" (the server never replays).
+//
+// A connection ends with its token (close 4001 token_expired at the token's
+// exp plus the server's leeway). Before that, the client asks the getToken
+// hook for a new token and sends it in band ({"type":"refresh"}); after a
+// token_expired close it does not reconnect with the old token but waits
+// for getToken to give it a new one.
 
 import { ApiError } from "./api.js";
 
@@ -13,6 +19,10 @@ const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30000;
 const STABLE_AFTER_MS = 60000; // a connection up this long resets the backoff
 const MAX_SUBSCRIPTIONS = 200;
+// REFRESH_AHEAD_MS: ask for a new token this long before the connection's
+// credential expires (at once when less is left).
+export const REFRESH_AHEAD_MS = 60000;
+const MAX_TIMER_MS = 2 ** 31 - 1; // setTimeout's longest delay
 
 // backoffDelay: full jitter, rnd() * min(cap, base * 2^attempt).
 export function backoffDelay(attempt, rnd = Math.random) {
@@ -36,6 +46,12 @@ const FATAL = new Map([
   [4003, "user_session_required"],
 ]);
 
+// refreshDelay is how long to wait before asking for a new token for a
+// credential that expires at expiresAt (epoch ms).
+export function refreshDelay(expiresAt, now = Date.now()) {
+  return Math.min(MAX_TIMER_MS, Math.max(0, expiresAt - REFRESH_AHEAD_MS - now));
+}
+
 // Realtime emits:
 //   state     {phase, retryAt?, reason?}  phase: connecting | live | reconnecting | stopped
 //   open      the hello frame (after every (re)connect)
@@ -44,9 +60,21 @@ const FATAL = new Map([
 //   resync    {reason}
 //   frameerror {error}
 //   unauthorized  the ticket request answered 401
+//   refreshed {expiresAt}  the server moved the connection's expiry
+//
+// getToken({reason, expiresAt}) resolves with a new token of the same user
+// (and makes REST and later tickets use it), or null to give up. reason is
+// "expiring" (before expiry), "refused" (the server refused the last one)
+// or "expired" (the connection was closed with 4001 token_expired).
 export class Realtime extends EventTarget {
   #ticket; // async () => ticket string
   #url; // async () => ws URL
+  #getToken; // async ({reason, expiresAt}) => token string | null
+  #expiresAt = 0; // the credential's exp (epoch ms), from hello or refreshed
+  #refreshTimer = null;
+  #asking = false; // a getToken call is outstanding
+  #refreshSent = false; // a refresh frame awaits its answer
+  #expired = false; // closed with token_expired: no reconnect before a new token
   #ws = null;
   #subs = new Set();
   #attempt = 0;
@@ -60,10 +88,11 @@ export class Realtime extends EventTarget {
   #typingSent = new Map();
   state = { phase: "stopped" };
 
-  constructor({ ticket, url }) {
+  constructor({ ticket, url, getToken }) {
     super();
     this.#ticket = ticket;
     this.#url = url;
+    this.#getToken = getToken;
     this.onOnline = () => { if (this.state.phase === "reconnecting") this.reconnectNow(); };
     window.addEventListener("online", this.onOnline);
   }
@@ -78,6 +107,7 @@ export class Realtime extends EventTarget {
   stop() {
     this.#stopped = true;
     clearTimeout(this.#timer);
+    clearTimeout(this.#refreshTimer);
     this.#closeSocket(1000, "bye");
     this.#setState({ phase: "stopped" });
     window.removeEventListener("online", this.onOnline);
@@ -87,9 +117,15 @@ export class Realtime extends EventTarget {
   // coming back online, a manual retry after a fatal close).
   reconnectNow() {
     if (this.#stopped) return;
+    if (this.#expired) {
+      this.#askToken("expired"); // the old token is dead: only a new one helps
+      return;
+    }
     clearTimeout(this.#timer);
     if (!this.#ws) this.#connect();
   }
+
+  get expiresAt() { return this.#expiresAt; }
 
   get live() { return this.state.phase === "live"; }
 
@@ -173,6 +209,8 @@ export class Realtime extends EventTarget {
 
   #onHello(f) {
     this.#connectedAt = Date.now();
+    this.#refreshSent = false;
+    this.#setExpiry(f.expiresAt);
     if (Number.isFinite(f.heartbeatMs) && f.heartbeatMs > 0) this.#heartbeatMs = f.heartbeatMs;
     this.#setState({ phase: "live", instance: f.instance });
     for (const id of this.#subs) this.#send({ type: "subscribe", dialogId: id });
@@ -197,7 +235,17 @@ export class Realtime extends EventTarget {
       case "resync":
         this.#emit("resync", { reason: f.reason });
         break;
+      case "refreshed":
+        this.#refreshSent = false;
+        this.#setExpiry(f.expiresAt);
+        this.#emit("refreshed", { expiresAt: this.#expiresAt });
+        break;
       case "error":
+        if (f.error === "unauthorized" && this.#refreshSent) {
+          // The new token was refused; the connection keeps its old expiry.
+          this.#refreshSent = false;
+          this.#askToken("refused");
+        }
         this.#emit("frameerror", { error: f.error });
         break;
       default: // pong and frames of later versions
@@ -205,6 +253,16 @@ export class Realtime extends EventTarget {
   }
 
   #onClose(code, reason, helloSeen) {
+    this.#refreshSent = false;
+    if (code === 4001 && reason === "token_expired") {
+      // Reconnecting with the same token would only be refused: wait for a
+      // new one.
+      this.#expired = true;
+      clearTimeout(this.#refreshTimer);
+      this.#setState({ phase: "stopped", reason: "token_expired", code });
+      this.#askToken("expired");
+      return;
+    }
     const fatal = FATAL.get(code);
     if (fatal) {
       this.#setState({ phase: "stopped", reason: fatal, code });
@@ -219,6 +277,44 @@ export class Realtime extends EventTarget {
       return;
     }
     this.#retry(null, code === 4001 ? "unauthorized" : code === 1013 ? "try_again_later" : "connection_lost");
+  }
+
+  // #setExpiry records the credential's exp and schedules the request for
+  // a new token REFRESH_AHEAD_MS before it.
+  #setExpiry(ms) {
+    clearTimeout(this.#refreshTimer);
+    if (!Number.isFinite(ms) || ms <= 0) return;
+    this.#expiresAt = ms;
+    this.#refreshTimer = setTimeout(() => this.#askToken("expiring"), refreshDelay(ms));
+  }
+
+  // #askToken asks the getToken hook for a new token (one request at a
+  // time) and uses it: in band on a live connection, or for a new
+  // connection after token_expired. Otherwise the next connection attempt
+  // fetches its ticket with it.
+  async #askToken(reason) {
+    if (!this.#getToken || this.#asking || this.#stopped) return;
+    this.#asking = true;
+    let tok = null;
+    try {
+      tok = await this.#getToken({ reason, expiresAt: this.#expiresAt });
+    } catch {
+      tok = null;
+    } finally {
+      this.#asking = false;
+    }
+    if (!tok || this.#stopped) return;
+    if (this.#expired) {
+      this.#expired = false;
+      this.#attempt = 0;
+      clearTimeout(this.#timer);
+      if (!this.#ws) this.#connect();
+      return;
+    }
+    if (this.live) {
+      this.#refreshSent = true;
+      this.#send({ type: "refresh", token: tok });
+    }
   }
 
   #retry(advisedMs, reason) {
