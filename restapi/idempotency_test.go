@@ -212,6 +212,9 @@ func TestConcurrentIdenticalSends(t *testing.T) {
 func TestIdempotencyLockHeartbeat(t *testing.T) {
 	const lockTTL = 300 * time.Millisecond
 	h := newIdemHarness(t, idemOpts{idem: restapi.IdempotencyConfig{LockTTL: lockTTL}})
+	// The send must outlive several lock TTLs: give it a request budget
+	// far longer than the test, so no lock_timeout ends it early.
+	h.store.SetRequestTimeout(time.Minute)
 	alice, aTok := h.user()
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)

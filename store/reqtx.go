@@ -69,16 +69,19 @@ func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 }
 
 // acquire takes a pool connection for a request, waiting at most the
-// request budget. Waiting for a pool full of connections in use is "busy"
-// (ErrDatabaseBusy); a timeout while dialling a new connection is an
-// unreachable server, which stays database_unavailable.
+// request budget. Running out of budget while other requests hold
+// connections is "busy" (ErrDatabaseBusy): the server answers them, and the
+// pool may be full or replacing a connection at that moment. Running out of
+// budget while no connection is in use means every wait was for a new
+// connection to be dialled: an unreachable server, which stays
+// database_unavailable.
 func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	full := s.poolFull()
+	inUse := s.poolInUse()
 	actx, cancel := context.WithTimeout(ctx, s.reqTimeout)
 	conn, err := s.pool.Acquire(actx)
 	cancel()
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (full || s.poolFull()) {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (inUse || s.poolInUse()) {
 			return nil, fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, s.reqTimeout)
 		}
 		return nil, err
@@ -160,8 +163,5 @@ func (r *releasingRows) Close() {
 	}
 }
 
-// poolFull reports whether every connection the pool may open is in use.
-func (s *Store) poolFull() bool {
-	st := s.pool.Stat()
-	return st.AcquiredConns() >= st.MaxConns()
-}
+// poolInUse reports whether any request holds a pool connection right now.
+func (s *Store) poolInUse() bool { return s.pool.Stat().AcquiredConns() > 0 }
