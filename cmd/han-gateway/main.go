@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,6 +18,9 @@ func main() {
 	defer stop()
 	m := NewMain()
 	if err := m.ParseFlags(os.Args[1:], os.Getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "han-gateway:", err)
 		os.Exit(2)
 	}
@@ -25,9 +30,11 @@ func main() {
 		os.Exit(1)
 	}
 	<-ctx.Done()
+	// A second signal while draining ends the process at once.
 	stop()
 	if err := m.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, "han-gateway: shutdown:", err)
+		m.Logger.Error("exit", "code", 1, "error", err.Error())
 		os.Exit(1)
 	}
+	m.Logger.Info("exit", "code", 0)
 }
