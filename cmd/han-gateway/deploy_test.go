@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode"
@@ -358,5 +359,44 @@ func TestBuildInfoIsScraped(t *testing.T) {
 	}
 	if f.GetMetric()[0].GetGauge().GetValue() != 1 || got["go_version"] != runtime.Version() || got["version"] == "" || got["commit"] == "" {
 		t.Fatalf("han_build_info: %v = %v", got, f.GetMetric()[0].GetGauge().GetValue())
+	}
+}
+
+// The systemd unit keeps attachments across restarts (HAN_BLOB_DIR in its
+// state directory, not under the private temporary directory) and, where
+// systemd-analyze can score a unit file offline, its sandbox scores at
+// most 3.0 ("OK").
+func TestSystemdUnitKeepsBlobsAndIsHardened(t *testing.T) {
+	const unit = "../../deploy/systemd/han-gateway.service"
+	b, err := os.ReadFile(unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := map[string][]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && !strings.HasPrefix(k, "#") {
+			settings[k] = append(settings[k], v)
+		}
+	}
+	var blobDir string
+	for _, e := range settings["Environment"] {
+		if v, ok := strings.CutPrefix(e, "HAN_BLOB_DIR="); ok {
+			blobDir = v
+		}
+	}
+	if len(settings["StateDirectory"]) != 1 || !strings.HasPrefix(blobDir, "/var/lib/"+settings["StateDirectory"][0]+"/") {
+		t.Fatalf("HAN_BLOB_DIR=%q must lie in the unit's StateDirectory %v", blobDir, settings["StateDirectory"])
+	}
+	sa, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze not installed")
+	}
+	out, err := exec.Command(sa, "security", "--offline=true", unit).CombinedOutput()
+	m := regexp.MustCompile(`Overall exposure level for han-gateway\.service: ([0-9.]+)`).FindSubmatch(out)
+	if m == nil {
+		t.Skipf("systemd-analyze cannot score a unit file offline here: %v %s", err, out)
+	}
+	if score, perr := strconv.ParseFloat(string(m[1]), 64); perr != nil || score > 3 {
+		t.Fatalf("systemd-analyze security: exposure %s, want at most 3.0\n%s", m[1], out)
 	}
 }
