@@ -1,6 +1,8 @@
 // Command han-gateway is the HAN realtime gateway: the WebSocket endpoint and
 // the REST API of one instance. Configuration comes from the environment
-// (see README); SIGINT/SIGTERM drain and stop it.
+// (see README; -h lists the essentials). SIGINT/SIGTERM drain and stop it:
+// /readyz turns 503 while it serves on for HAN_DRAIN_DELAY, then sockets
+// close with 1001 and it exits 0 (docs/runbook.md).
 package main
 
 import (

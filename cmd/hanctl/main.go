@@ -10,6 +10,9 @@
 //	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
 //	hanctl redis verify                (HAN_REDIS_ADMIN_URL)
 //	hanctl sizing [--identities N ...] [--sample]
+//
+// hanctl COMMAND -h prints a command's flags and the environment variables
+// it reads, and exits 0.
 package main
 
 import (
