@@ -1,15 +1,15 @@
 package loadtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
-	"strings"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/segmentio/encoding/json"
 )
 
@@ -81,36 +81,38 @@ func readPromStats(ctx context.Context, client *http.Client, url string) (Server
 	if err != nil {
 		return ServerStats{}, err
 	}
-	st := ServerStats{Source: "/metrics"}
-	found := 0
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, val, ok := strings.Cut(line, " ")
-		if !ok {
-			continue
-		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err != nil {
-			continue
-		}
-		switch name {
-		case "go_memstats_heap_inuse_bytes":
-			st.HeapInuse, found = uint64(f), found+1
-		case "go_memstats_stack_inuse_bytes":
-			st.StackInuse, found = uint64(f), found+1
-		case "go_goroutines":
-			st.Goroutines = int(f)
-		case "process_resident_memory_bytes":
-			st.RSS = uint64(f)
-		}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(b))
+	if err != nil {
+		return ServerStats{}, fmt.Errorf("GET %s: not Prometheus text: %w", url, err)
 	}
-	if found < 2 {
-		return st, fmt.Errorf("GET %s: no go_memstats_heap_inuse_bytes / go_memstats_stack_inuse_bytes", url)
+	heap, okHeap := firstValue(fams["go_memstats_heap_inuse_bytes"])
+	stack, okStack := firstValue(fams["go_memstats_stack_inuse_bytes"])
+	if !okHeap || !okStack {
+		return ServerStats{}, fmt.Errorf("GET %s: no go_memstats_heap_inuse_bytes / go_memstats_stack_inuse_bytes", url)
+	}
+	st := ServerStats{Source: "/metrics", HeapInuse: uint64(heap), StackInuse: uint64(stack)}
+	if v, ok := firstValue(fams["go_goroutines"]); ok {
+		st.Goroutines = int(v)
+	}
+	if v, ok := firstValue(fams["process_resident_memory_bytes"]); ok {
+		st.RSS = uint64(v)
 	}
 	return st, nil
+}
+
+// firstValue is the value of the family's first sample (a gauge, or an
+// untyped sample as exposed without a TYPE line).
+func firstValue(f *dto.MetricFamily) (float64, bool) {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0, false
+	}
+	m := f.GetMetric()[0]
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue(), true
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue(), true
+	}
+	return 0, false
 }

@@ -5,6 +5,10 @@
 #   scripts/dev.sh           # start everything, print URL + demo tokens, run until Ctrl-C
 #   scripts/dev.sh --check   # start everything, do a message round trip, stop, exit 0/1
 #                            # (same as HAN_DEV_EXIT_AFTER_READY=1 scripts/dev.sh)
+#   scripts/dev.sh --env     # print `export` lines for the running stack:
+#                            #   eval "$(scripts/dev.sh --env)"; bin/hanctl token --sub ...
+#   scripts/dev.sh --stop    # stop the running stack (started in another shell or
+#                            # in the background with &), as Ctrl-C would
 #
 # On a Debian/Ubuntu machine with Go it:
 #   - installs redis-server, postgresql (and curl) from the OS packages when missing;
@@ -20,7 +24,9 @@
 #       .data/logs/        gateway.log, redis.log, initdb.log
 #       .data/demo.json    output of `hanctl seed demo` (user ids, tokens, dialog)
 #       .data/run/stack.env  while the stack runs: HAN_BASE_URL, DATABASE_URL,
-#                          REDIS_URL, REDIS_REALTIME_URL (scripts/loadtest-smoke.sh)
+#                          REDIS_URL, REDIS_REALTIME_URL, HAN_ENV
+#                          (scripts/loadtest-smoke.sh, --env)
+#       .data/run/dev.pid  while the stack runs: the pid of dev.sh (--stop)
 #   - starts a private PostgreSQL (127.0.0.1, port 55432 or a free one, trust
 #     auth, database `han`), a private redis-server (127.0.0.1, port 56379 or a
 #     free one, ACL file with the default user off, AOF everysec), builds ./bin,
@@ -32,9 +38,21 @@
 # It never touches the shared servers on 5432/6379. `make clean` removes .data/.
 #
 # Environment: HAN_HTTP_ADDR, HAN_ALLOWED_ORIGINS, HAN_ENV (default dev),
-# HAN_LOG_LEVEL, HAN_DEV_PG_PORT (55432), HAN_DEV_REDIS_PORT (56379),
-# HAN_DEV_EXIT_AFTER_READY=1 (= --check).
+# HAN_LOG_LEVEL, HAN_DRAIN_DELAY (default 0: no load balancer watches the dev
+# gateway), HAN_DEV_PG_PORT (55432), HAN_DEV_REDIS_PORT (56379; 0 = any free
+# port, also for HAN_HTTP_ADDR), HAN_DEV_EXIT_AFTER_READY=1 (= --check),
+# HAN_DEV_DATA (default .data: the state folder; another one runs a second,
+# separate stack).
 set -euo pipefail
+
+# A shell starting a job with & makes it ignore SIGINT, and bash cannot trap
+# a signal ignored on entry: without this, Ctrl-C (or kill -INT, --stop)
+# would not stop a stack started in the background. Re-exec once with
+# SIGINT back at its default, where env can do that.
+if [ -z "${HAN_DEV_SIGNALS_RESET:-}" ] && env --default-signal=INT true 2>/dev/null; then
+	export HAN_DEV_SIGNALS_RESET=1
+	exec env --default-signal=INT bash "${BASH_SOURCE[0]}" "$@"
+fi
 
 HAN_SCRIPT=dev.sh
 # shellcheck source=scripts/lib.sh
@@ -44,10 +62,13 @@ cd "$HAN_ROOT"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 check=0
+mode=run
 [ "${HAN_DEV_EXIT_AFTER_READY:-}" = 1 ] && check=1
 for a in "$@"; do
 	case "$a" in
 	--check) check=1 ;;
+	--env) mode=env ;;
+	--stop) mode=stop ;;
 	-h | --help)
 		usage
 		exit 0
@@ -56,11 +77,61 @@ for a in "$@"; do
 	esac
 done
 
+DATA="${HAN_DEV_DATA:-$HAN_ROOT/.data}"
+
+# running_dev_pid: the pid of this repo's running dev.sh, when there is one.
+running_dev_pid() {
+	local pid
+	[ -s "$DATA/run/dev.pid" ] || return 1
+	pid="$(cat "$DATA/run/dev.pid")"
+	[ -r "/proc/$pid/cmdline" ] || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q 'dev\.sh' || return 1
+	printf '%s\n' "$pid"
+}
+
+case "$mode" in
+env)
+	# The running stack's addresses and the dev secrets, for hanctl and curl.
+	[ -s "$DATA/run/stack.env" ] && running_dev_pid >/dev/null ||
+		han_die "no running stack (start scripts/dev.sh first; its addresses appear once it is ready)"
+	(
+		set -a
+		# shellcheck source=/dev/null
+		. "$DATA/run/stack.env"
+		# shellcheck source=/dev/null
+		. "$DATA/secrets.env"
+		for v in HAN_BASE_URL DATABASE_URL REDIS_URL REDIS_REALTIME_URL HAN_ENV \
+			HAN_JWT_DEV_HS256_SECRET HAN_HMAC_SECRET HAN_REDIS_API_PASSWORD; do
+			printf 'export %s=%q\n' "$v" "${!v:-}"
+		done
+	)
+	exit 0
+	;;
+stop)
+	pid="$(running_dev_pid)" || {
+		han_log "no running stack for $DATA"
+		exit 0
+	}
+	han_log "stopping the stack (dev.sh pid $pid)"
+	# SIGINT, as Ctrl-C: dev.sh stops the gateway, redis-server and PostgreSQL.
+	kill -INT "$pid"
+	for _ in $(seq 1 900); do
+		# Gone, or a zombie its parent (a shell that started it with &) has
+		# not reaped yet.
+		grep -q '^State:[[:space:]]*[^Z[:space:]]' "/proc/$pid/status" 2>/dev/null || {
+			han_log "stopped"
+			exit 0
+		}
+		sleep 0.1
+	done
+	han_die "dev.sh (pid $pid) still running after 90s; see $DATA/logs/"
+	;;
+esac
+
 command -v go >/dev/null 2>&1 || han_die "go not found in PATH (install Go 1.26+)"
-han_ensure_packages --curl
+han_ensure_packages --curl --jq
 PGBIN="$(han_pg_bindir)" || han_die "PostgreSQL binaries not found"
 
-DATA="$HAN_ROOT/.data"
 mkdir -p "$DATA/redis" "$DATA/logs" "$DATA/run"
 chmod 755 "$DATA" # the postgres user may need to traverse it
 chmod 700 "$DATA/redis" "$DATA/run"
@@ -68,8 +139,9 @@ chmod 700 "$DATA/redis" "$DATA/run"
 # One dev.sh per repo: a second one would fight over the same data.
 exec 9>"$DATA/run/dev.lock"
 if command -v flock >/dev/null 2>&1; then
-	flock -n 9 || han_die "another scripts/dev.sh is already running for this repo (lock .data/run/dev.lock)"
+	flock -n 9 || han_die "another scripts/dev.sh is already running for this repo (lock $DATA/run/dev.lock; scripts/dev.sh --stop stops it)"
 fi
+echo "$$" >"$DATA/run/dev.pid"
 
 is_root=0
 [ "$(id -u)" -eq 0 ] && is_root=1
@@ -103,7 +175,9 @@ pg_base_usable() {
 PGBASE="$DATA/pg"
 if ! pg_base_usable "$PGBASE"; then
 	rmdir "$PGBASE" 2>/dev/null || true
-	PGBASE="/var/tmp/han-dev-$(han_hash "$HAN_ROOT")/pg"
+	pg_key="$HAN_ROOT"
+	[ "$DATA" = "$HAN_ROOT/.data" ] || pg_key="$DATA"
+	PGBASE="/var/tmp/han-dev-$(han_hash "$pg_key")/pg"
 	mkdir -p "$(dirname "$PGBASE")"
 	chmod 755 "$(dirname "$PGBASE")"
 	pg_base_usable "$PGBASE" || han_die "cannot prepare a PostgreSQL directory ($DATA/pg or $PGBASE)"
@@ -122,6 +196,7 @@ PSQL="$PGBIN/psql"
 
 gw_pid=""
 redis_pid=""
+build_pid=""
 pg_started=0
 
 # stop_pid PID NAME SECONDS: SIGTERM, wait, then SIGKILL.
@@ -149,7 +224,11 @@ stop_pid() {
 cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
-	[ -n "$gw_pid$redis_pid" ] || [ "$pg_started" = 1 ] || exit "$rc"
+	stop_pid "$build_pid" "go build" 5
+	if [ -z "$gw_pid$redis_pid" ] && [ "$pg_started" != 1 ]; then
+		rm -f "$DATA/run/dev.pid"
+		exit "$rc"
+	fi
 	han_log "stopping the stack"
 	stop_pid "$gw_pid" han-gateway 20
 	stop_pid "$redis_pid" redis-server 30
@@ -157,7 +236,7 @@ cleanup() {
 		pg_run "$PGBIN/pg_ctl" -D "$PGDATA" -m fast -w -t 60 stop >/dev/null 2>&1 ||
 			han_log "pg_ctl stop failed; see $PGBASE/postgres.log"
 	fi
-	rm -f "$DATA/run/gateway.pid" "$DATA/run/redis.pid" "$DATA/run/stack.env"
+	rm -f "$DATA/run/gateway.pid" "$DATA/run/redis.pid" "$DATA/run/stack.env" "$DATA/run/dev.pid"
 	han_log "stopped"
 	exit "$rc"
 }
@@ -212,9 +291,21 @@ set -a
 set +a
 
 # --- build ----------------------------------------------------------------------
-han_log "go build -o bin/ ./cmd/..."
+han_log "building bin/ (go build ./cmd/...)… the first build takes minutes, later ones seconds"
 mkdir -p bin
-go build -o bin/ ./cmd/... || han_die "go build failed (if someone is mid-edit, retry in a minute)"
+# In the background, so progress shows and Ctrl-C is handled at once.
+go build -o bin/ ./cmd/... </dev/null 9>&- &
+build_pid=$!
+for ((i = 1; ; i++)); do
+	kill -0 "$build_pid" 2>/dev/null || break
+	sleep 1
+	if ((i % 15 == 0)) && kill -0 "$build_pid" 2>/dev/null; then
+		han_log "still building… ${i}s (the first build compiles every dependency)"
+	fi
+done
+wait "$build_pid" || han_die "go build failed (if someone is mid-edit, retry in a minute)"
+build_pid=""
+han_log "built bin/han-gateway, bin/hanctl, bin/han-loadtest"
 
 # --- PostgreSQL -------------------------------------------------------------------
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
@@ -307,12 +398,17 @@ gw_host="${addr%:*}"
 gw_port="${addr##*:}"
 [ "$gw_host" = "$addr" ] && gw_host="127.0.0.1"
 case "$gw_host" in "" | 0.0.0.0 | "[::]" | "::") url_host=127.0.0.1 ;; *) url_host="$gw_host" ;; esac
-if han_port_busy "$gw_port"; then
+if [ "$gw_port" = 0 ]; then
+	gw_port="$(han_pick_port 0)"
+elif han_port_busy "$gw_port"; then
 	new_port="$(han_pick_port 0)"
 	han_log "port $gw_port is busy; the gateway uses $new_port"
 	gw_port="$new_port"
 fi
 export HAN_HTTP_ADDR="$gw_host:$gw_port"
+export HAN_DRAIN_DELAY="${HAN_DRAIN_DELAY:-0}"
+# Attachments next to the rest of the stack's state, kept across restarts.
+export HAN_BLOB_DIR="${HAN_BLOB_DIR:-$DATA/blobs}"
 BASE="http://$url_host:$gw_port"
 if [ -z "${HAN_ALLOWED_ORIGINS:-}" ]; then
 	HAN_ALLOWED_ORIGINS="$BASE"
@@ -373,8 +469,8 @@ fi
 # (scripts/loadtest-smoke.sh); removed when the stack stops.
 (
 	umask 077
-	printf "HAN_BASE_URL='%s'\nDATABASE_URL='%s'\nREDIS_URL='%s'\nREDIS_REALTIME_URL='%s'\n" \
-		"$BASE" "$DATABASE_URL" "$REDIS_URL" "$REDIS_REALTIME_URL" >"$DATA/run/stack.env.tmp"
+	printf "HAN_BASE_URL='%s'\nDATABASE_URL='%s'\nREDIS_URL='%s'\nREDIS_REALTIME_URL='%s'\nHAN_ENV='%s'\n" \
+		"$BASE" "$DATABASE_URL" "$REDIS_URL" "$REDIS_REALTIME_URL" "$HAN_ENV" >"$DATA/run/stack.env.tmp"
 	mv "$DATA/run/stack.env.tmp" "$DATA/run/stack.env"
 )
 
@@ -400,15 +496,16 @@ server; the client keeps it per tab, so open the two in two tabs to chat as both
   alice        $BASE/#token=$alice_tok&project=$project_id
   bob          $BASE/#token=$bob_tok
 
-Try it from another shell:
-  HAN=$BASE
-  TOKEN=$alice_tok
-  DIALOG=$dialog_id
-  curl -sS -X POST "\$HAN/v1/dialogs/\$DIALOG/messages" -H "Authorization: Bearer \$TOKEN" \\
+Try it from another shell in $HAN_ROOT (README, "Try it by hand"):
+  eval "\$(scripts/dev.sh --env)"     # HAN_BASE_URL, DATABASE_URL, REDIS_URL, dev secrets: hanctl works too
+  TOKEN=\$(jq -r .tokens.alice .data/demo.json)
+  DIALOG=\$(jq -r .dialogId .data/demo.json)
+  curl -sS -X POST "\$HAN_BASE_URL/v1/dialogs/\$DIALOG/messages" -H "Authorization: Bearer \$TOKEN" \\
        -H "Idempotency-Key: \$(date +%s%N)" -H 'Content-Type: application/json' -d '{"body":"hello"}'
-  curl -sS "\$HAN/v1/dialogs/\$DIALOG/messages?afterSeq=0" -H "Authorization: Bearer \$TOKEN"
+  curl -sS "\$HAN_BASE_URL/v1/dialogs/\$DIALOG/messages?afterSeq=0" -H "Authorization: Bearer \$TOKEN"
 
-Ctrl-C stops the gateway, redis-server and PostgreSQL (data stays in .data/).
+Ctrl-C (or scripts/dev.sh --stop from another shell) stops the gateway, redis-server and PostgreSQL
+(data stays in $DATA).
 EOF
 
 # Run until Ctrl-C / SIGTERM (the traps stop everything) or a process dies.

@@ -36,18 +36,22 @@ han_pg_bindir() {
 	return 1
 }
 
-# han_ensure_packages [--curl] [--cc] [--make] [--chromium]: installs, from
-# the OS packages, redis-server and PostgreSQL when missing, plus curl / a C
-# compiler (go test -race needs cgo) / make / headless Chromium with a font
-# (the web client's browser tests) when asked for and missing.
+# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq]:
+# installs, from the OS packages, redis-server and PostgreSQL when missing,
+# plus curl / a C compiler (go test -race needs cgo) / make / headless
+# Chromium with a font (the web client's browser tests) / promtool (Debian
+# package prometheus: the alert-rule tests) / jq (the README's walk-through)
+# when asked for and missing.
 han_ensure_packages() {
-	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 a
+	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 a
 	for a in "$@"; do
 		case "$a" in
 		--curl) want_curl=1 ;;
 		--cc) want_cc=1 ;;
 		--make) want_make=1 ;;
 		--chromium) want_chromium=1 ;;
+		--promtool) want_promtool=1 ;;
+		--jq) want_jq=1 ;;
 		esac
 	done
 	command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || pkgs+=(redis-server)
@@ -56,6 +60,8 @@ han_ensure_packages() {
 	if [ "$want_cc" = 1 ] && ! command -v "$(go env CC 2>/dev/null || echo gcc)" >/dev/null 2>&1; then pkgs+=(gcc libc6-dev); fi
 	if [ "$want_make" = 1 ] && ! command -v make >/dev/null 2>&1; then pkgs+=(make); fi
 	if [ "$want_chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1; then pkgs+=(chromium fonts-dejavu-core); fi
+	if [ "$want_promtool" = 1 ] && ! command -v promtool >/dev/null 2>&1; then pkgs+=(prometheus); fi
+	if [ "$want_jq" = 1 ] && ! command -v jq >/dev/null 2>&1; then pkgs+=(jq); fi
 	[ "${#pkgs[@]}" -eq 0 ] && return 0
 	command -v apt-get >/dev/null 2>&1 || han_die "missing ${pkgs[*]} and no apt-get to install them; install them by hand"
 	han_log "installing missing OS packages: ${pkgs[*]}"

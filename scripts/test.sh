@@ -25,9 +25,10 @@
 # starting with ./ ../ / or github.com/ — then ./... is appended.
 #
 # Environment:
-#   DATABASE_URL or HAN_TEST_DATABASE_URL set: use that PostgreSQL server
-#     instead of a private cluster (withpg is skipped; the Go harness creates
-#     its databases there, so the role must be allowed to CREATE DATABASE).
+#   DATABASE_URL or HAN_TEST_DATABASE_URL set: use that outside PostgreSQL
+#     server instead of a private cluster (withpg is skipped; the Go harness
+#     creates its databases there, so the role must be allowed to CREATE
+#     DATABASE). The script says so at the start and in its summary.
 #   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check, check-refs and deadcode.
 #   HAN_TEST_NO_RACE=1: run without -race.
 #
@@ -99,8 +100,12 @@ done
 [ "$has_pkg" = 1 ] || args+=(./...)
 
 gotest=(go test "${race[@]+"${race[@]}"}" -count=1 -timeout 20m "${args[@]}")
+outside=""
 if [ -n "${HAN_TEST_DATABASE_URL:-}" ] || [ -n "${DATABASE_URL:-}" ]; then
-	han_log "using the PostgreSQL server from ${HAN_TEST_DATABASE_URL:+HAN_TEST_DATABASE_URL}${HAN_TEST_DATABASE_URL:-DATABASE_URL} (no private cluster)"
+	# Only host:port is shown: the URL may carry a password.
+	outside="$(printf '%s' "${HAN_TEST_DATABASE_URL:-$DATABASE_URL}" | sed -E 's#^[a-z]+://##; s#^[^@/]*@##; s#[/?].*$##')"
+	outside="outside PostgreSQL server ${outside:-on the default socket} from ${HAN_TEST_DATABASE_URL:+HAN_TEST_DATABASE_URL}${HAN_TEST_DATABASE_URL:-DATABASE_URL}"
+	han_log "using an $outside, not a private cluster: each test package creates and drops a database there (unset the variable for a private cluster); Redis is still private"
 	cmd=("${gotest[@]}")
 else
 	cmd=(go run ./internal/testenv/cmd/withpg -- "${gotest[@]}")
@@ -128,6 +133,7 @@ else
 	[ -n "$failing" ] && han_log "failing tests: $failing"
 	han_log "FAIL: $lint, go test $([ "$test_status" -eq 0 ] && echo ok || echo "FAILED (exit $test_status)") (${secs}s)"
 fi
+[ -n "$outside" ] && han_log "this run used an $outside"
 han_log "$notests package(s) without test files"
 echo "packages: $passed passed, $failed failed"
 exit "$status"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -52,16 +53,45 @@ type Main struct {
 	metrics  metricsListener // HAN_METRICS_ADDR (metrics_listener.go)
 }
 
+const usage = `usage: han-gateway [flags]
+
+Serves the WebSocket gateway, the REST API, the web client and /metrics of
+one instance until SIGTERM or SIGINT, then drains (see README.md).
+
+Environment (README.md has the full table):
+  REDIS_URL                 required: Redis DB0, e.g. redis://api_backend:<pw>@host:6379/0
+  REDIS_REALTIME_URL        required: Redis DB1
+  DATABASE_URL              required: PostgreSQL
+  HAN_HMAC_SECRET           required: at least 16 bytes
+  HAN_JWKS_URL / HAN_JWKS_FILE, or HAN_JWT_DEV_HS256_SECRET (not with HAN_ENV=prod)
+  HAN_PUBLIC_REALTIME_URL   required when HAN_ENV=prod
+  HAN_HTTP_ADDR             listen address (default 127.0.0.1:8080)
+  HAN_METRICS_ADDR          serve /metrics on this address instead
+  HAN_DRAIN_DELAY           on SIGTERM, serve this long with /readyz 503 (default 5s)
+  HAN_SHUTDOWN_TIMEOUT      then drain sockets and requests within this (default 15s)
+  HAN_BLOB_DIR              attachment folder (default <temp dir>/han-blobs)
+
+Flags:
+`
+
 // NewMain returns a Main with defaults.
 func NewMain() *Main { return &Main{Migrate: true} }
 
 // ParseFlags reads the environment through getenv; flags override it.
 func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs := flag.NewFlagSet("han-gateway", flag.ContinueOnError)
+	// Help goes to stdout and a bad flag's message only to the caller,
+	// which prints it once.
+	fs.SetOutput(io.Discard)
 	addr := fs.String("addr", "", "listen address (overrides HAN_HTTP_ADDR)")
 	migrate := fs.Bool("migrate", true, "apply database migrations at start-up")
 	debug := fs.Bool("debug-endpoints", getenv(debugEnv) == "1", "serve /debug/memstats and /debug/pprof/ to loopback peers ("+debugEnv+"=1)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stdout)
+			fmt.Fprint(os.Stdout, usage)
+			fs.PrintDefaults()
+		}
 		return err
 	}
 	cfg, err := config.Load(getenv)
@@ -134,6 +164,7 @@ func (m *Main) Run(ctx context.Context) error {
 	metrics := restapi.NewMetrics()
 	metrics.Registry.MustRegister(newOpsCollector(store.New(m.pg), m.rdb, m.rt, cfg.RedisTimeout)) // metrics.go
 	metrics.Registry.MustRegister(newPoolCollector(m.pg))                                          // dbpool.go
+	metrics.Registry.MustRegister(newBuildInfo())
 	if err := m.startSettings(ctx, metrics); err != nil {
 		return err
 	}
@@ -205,33 +236,50 @@ func (m *Main) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close drains: readiness turns 503, in-flight requests finish within the
-// shutdown timeout, then connections to Redis and PostgreSQL close. It is
-// idempotent.
+// Close drains: readiness turns 503 at once while the listener keeps
+// serving for HAN_DRAIN_DELAY (load balancers need a few probes to take the
+// instance out), then the listener stops accepting, sockets are closed with
+// 1001 and a reconnect delay, in-flight requests finish within the shutdown
+// timeout, and connections to Redis and PostgreSQL close. Every step is
+// logged. It is idempotent; a Close after a failed Run skips the delay.
 func (m *Main) Close() error {
 	var errs []error
 	if m.api != nil {
 		m.api.SetDraining()
 	}
+	var shutdown chan error
+	if m.httpSrv != nil {
+		m.Logger.Info("drain started: /readyz answers 503, still serving", slog.Duration("delay", m.Config.DrainDelay))
+		time.Sleep(m.Config.DrainDelay)
+		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+		defer cancel()
+		shutdown = make(chan error, 1)
+		srv := m.httpSrv
+		go func() { shutdown <- srv.Shutdown(ctx) }()
+		// Serve returns as soon as Shutdown has closed the listener; the
+		// wait for in-flight requests goes on meanwhile.
+		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+		m.Logger.Info("drain: delay over, listener closed", slog.Duration("delay", m.Config.DrainDelay))
+	}
 	if m.realtime != nil {
-		// Sockets first: http.Server.Shutdown does not wait for hijacked
-		// connections.
+		// http.Server.Shutdown does not wait for hijacked (WebSocket)
+		// connections: they are closed here.
+		n := m.realtime.Stats().Connections
 		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 		if err := m.realtime.Drain(ctx); err != nil {
 			m.Logger.Warn("realtime drain incomplete", slog.String("kind", fmt.Sprintf("%T", errors.Unwrap(err))))
 		}
 		cancel()
+		m.Logger.Info("drain: sockets closed with 1001", slog.Int("sockets", n))
 	}
-	if m.httpSrv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
-		if err := m.httpSrv.Shutdown(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		cancel()
-		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if shutdown != nil {
+		if err := <-shutdown; err != nil {
 			errs = append(errs, err)
 		}
 		m.httpSrv = nil
+		m.Logger.Info("drain: in-flight requests finished")
 	}
 	if err := m.metrics.close(m.Config.ShutdownTimeout); err != nil {
 		errs = append(errs, err)
@@ -254,6 +302,7 @@ func (m *Main) Close() error {
 	if err := m.closeOps(); err != nil {
 		errs = append(errs, err)
 	}
+	pools := m.pg != nil || m.rdb != nil
 	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
 		if c != nil {
 			_ = c.Close()
@@ -266,6 +315,9 @@ func (m *Main) Close() error {
 		}
 	}
 	m.pg, m.readyPG = nil, nil
+	if pools && m.Logger != nil {
+		m.Logger.Info("drain: Redis and PostgreSQL connections closed")
+	}
 	return errors.Join(errs...)
 }
 

@@ -1,10 +1,14 @@
 // Command han-gateway is the HAN realtime gateway: the WebSocket endpoint and
 // the REST API of one instance. Configuration comes from the environment
-// (see README); SIGINT/SIGTERM drain and stop it.
+// (see README; -h lists the essentials). SIGINT/SIGTERM drain and stop it:
+// /readyz turns 503 while it serves on for HAN_DRAIN_DELAY, then sockets
+// close with 1001 and it exits 0 (docs/runbook.md).
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,6 +20,9 @@ func main() {
 	defer stop()
 	m := NewMain()
 	if err := m.ParseFlags(os.Args[1:], os.Getenv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
 		fmt.Fprintln(os.Stderr, "han-gateway:", err)
 		os.Exit(2)
 	}
@@ -25,9 +32,11 @@ func main() {
 		os.Exit(1)
 	}
 	<-ctx.Done()
+	// A second signal while draining ends the process at once.
 	stop()
 	if err := m.Close(); err != nil {
-		fmt.Fprintln(os.Stderr, "han-gateway: shutdown:", err)
+		m.Logger.Error("exit", "code", 1, "error", err.Error())
 		os.Exit(1)
 	}
+	m.Logger.Info("exit", "code", 0)
 }

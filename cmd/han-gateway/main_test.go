@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,16 @@ import (
 
 var env *testenv.Env
 
+// runMainEnv makes this test binary run the program's main() instead of
+// the tests: drain_test.go and help_test.go start it as a child process to
+// signal it and read its exit status.
+const runMainEnv = "HAN_GATEWAY_TEST_RUN_MAIN"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
 	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
 }
 
@@ -32,6 +42,9 @@ func baseEnv() map[string]string {
 		"HAN_JWT_DEV_HS256_SECRET": devSecret,
 		"HAN_HMAC_SECRET":          "hmac-secret-0123456789",
 		"HAN_ALLOWED_ORIGINS":      "http://localhost:8080",
+		// No load balancer watches the tests' instances: Close drains at
+		// once (drain_test.go sets a delay).
+		"HAN_DRAIN_DELAY": "0",
 	}
 }
 

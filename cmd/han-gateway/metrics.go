@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -99,4 +101,36 @@ func infoFields(info string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// newBuildInfo is han_build_info{version,commit,go_version} = 1, so
+// dashboards and alerts can tell which build each instance runs (a rollout
+// shows as two commits at once). version is the module version ("(devel)"
+// for a build from a checkout), commit the VCS revision go build stamped
+// ("-dirty" when the tree had changes; "unknown" when it stamped none, as
+// under go test).
+func newBuildInfo() prometheus.Collector {
+	version, commit := "unknown", "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		var dirty bool
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if dirty && commit != "unknown" {
+			commit += "-dirty"
+		}
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "han_build_info",
+		Help:        "Always 1; the labels name the running build.",
+		ConstLabels: prometheus.Labels{"version": version, "commit": commit, "go_version": runtime.Version()}})
+	g.Set(1)
+	return g
 }

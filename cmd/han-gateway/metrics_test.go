@@ -115,6 +115,7 @@ var requiredFamilies = []string{
 	"han_redis_memory_used_bytes",       //
 	"han_redis_memory_max_bytes",        //
 	"han_project_data_state_invalid_total",
+	"han_build_info", // which build each instance runs
 }
 
 // /metrics exposes every family above, and metrics contain no secret,
@@ -161,7 +162,8 @@ func TestMetricsFamiliesAndBoundedLabels(t *testing.T) {
 	// and none of the scenario's secrets or identifiers.
 	allowedLabels := []string{"route", "method", "code", "result", "dependency", "kind", "class", "reason",
 		"db", "le", "quantile", "family", "event", "outcome", "version", "status", "mode", "scope", "op",
-		"operation", "state", "type", "policy", "decision", "name", "source"}
+		"operation", "state", "type", "policy", "decision", "name", "source",
+		"commit", "go_version"} // han_build_info: one value per process
 	uuid := regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 	secrets := []string{s.aTok, s.bTok, s.alice, s.bob, s.dialog, s.project, s.topicID, "metrics", "another body"}
 	for name, f := range fams {

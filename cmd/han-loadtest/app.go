@@ -33,6 +33,7 @@ const usage = `usage:
   han-loadtest scenarios                list the scenarios
   han-loadtest baseline-server [flags]  serve the minimal broadcast server (the baseline target)
 
+han-loadtest COMMAND -h shows a command's flags and the environment variables it reads.
 Exit status: 0 passed, 99 a threshold failed, 1 the run failed, 2 usage.
 Targets are loopback only. See docs/loadtest.md.
 `
@@ -89,6 +90,10 @@ func (m *Main) ParseFlags(args []string) error {
 	case "baseline-server":
 		return m.parseBaseline(args[1:])
 	case "scenarios":
+		if len(args) > 1 && isHelp(args[1]) {
+			fmt.Fprint(m.stdout, "usage: han-loadtest scenarios\n\nLists the scenarios; it reads no environment variables.\n")
+			return errHelp
+		}
 		return nil
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(m.stdout, usage)
@@ -98,7 +103,19 @@ func (m *Main) ParseFlags(args []string) error {
 	return fmt.Errorf("unknown command %q", m.cmd)
 }
 
+// runEnv is the environment `run` reads against a gateway target.
+const runEnv = `Environment (gateway targets; flags override):
+  HAN_JWT_DEV_HS256_SECRET  the gateway's dev secret, to mint user tokens (-dev-secret)
+  HAN_ALLOWED_ORIGINS       its first origin is the WebSocket Origin header (-origin)
+  REDIS_REALTIME_URL        Redis DB1, where the broadcast scenario publishes (-redis-url)
+`
+
 func (m *Main) parseRun(args []string) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		fmt.Fprint(m.stdout, "usage: han-loadtest run SCENARIO [flags]\n\nScenarios: han-loadtest scenarios; "+
+			"a scenario's flags: han-loadtest run SCENARIO -h\n\n"+runEnv)
+		return errHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return errors.New("run: name a scenario (han-loadtest scenarios lists them)")
 	}
@@ -108,7 +125,6 @@ func (m *Main) parseRun(args []string) error {
 	}
 	m.scenario = sc
 	fs := flag.NewFlagSet("han-loadtest run "+args[0], flag.ContinueOnError)
-	fs.SetOutput(m.stderr)
 	var ths thresholdList
 	var config string
 	var quiet bool
@@ -143,10 +159,7 @@ func (m *Main) parseRun(args []string) error {
 		}
 		fileThresholds = f.Thresholds
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
-		}
+	if err := m.parse(fs, args[1:], "usage: han-loadtest run "+sc.Name()+" [flags]\n\n"+runEnv+"\nFlags:\n"); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -163,6 +176,23 @@ func (m *Main) parseRun(args []string) error {
 		m.opts.Progress = m.stderr
 	}
 	return nil
+}
+
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
+
+// parse parses a command's flags. On -h it prints about and the flags to
+// stdout and returns errHelp; a bad flag's message is only returned, so
+// main prints it once.
+func (m *Main) parse(fs *flag.FlagSet, args []string, about string) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(m.stdout, about)
+		fs.SetOutput(m.stdout)
+		fs.PrintDefaults()
+		return errHelp
+	}
+	return err
 }
 
 // flagValue finds -name value / -name=value in args before flag parsing
@@ -207,15 +237,12 @@ func checkTarget(t string) error {
 
 func (m *Main) parseBaseline(args []string) error {
 	fs := flag.NewFlagSet("han-loadtest baseline-server", flag.ContinueOnError)
-	fs.SetOutput(m.stderr)
 	fs.StringVar(&m.addr, "addr", "127.0.0.1:9090", "listen address (loopback)")
 	fs.IntVar(&m.bcfg.QueueSize, "queue", 0, "outbound queue per connection (default 128)")
 	fs.Int64Var(&m.bcfg.DropEvery, "drop-every", 0, "drop every n-th delivery (fault injection: proves a load test sees loss)")
 	fs.BoolVar(&m.exitOnEOF, "exit-on-stdin-eof", false, "exit when stdin closes (used when han-loadtest starts it as a child)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
-		}
+	if err := m.parse(fs, args, "usage: han-loadtest baseline-server [flags]\n\nServes the minimal broadcast server; "+
+		"it reads no environment variables.\n\nFlags:\n"); err != nil {
 		return err
 	}
 	host := m.addr

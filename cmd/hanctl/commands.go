@@ -44,6 +44,9 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 }
 
 func cmdMigrate(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	if err := parseFlags(flag.NewFlagSet("migrate", flag.ContinueOnError), args, out); err != nil {
+		return err
+	}
 	pool, err := openDB(ctx, getenv)
 	if err != nil {
 		return err
@@ -78,7 +81,7 @@ func cmdToken(args []string, getenv func(string) string, out io.Writer) error {
 	typ := fs.String("typ", "user", "token kind: user or service")
 	svc := fs.String("svc", "", "service name (svc claim) for service tokens")
 	ttl := fs.Duration("ttl", time.Hour, "lifetime")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	id, ok := ids.Canonical(*sub)
@@ -110,7 +113,7 @@ func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) st
 	idFlag := fs.String("id", "", "project id (UUID); default: a new one")
 	var members multi
 	fs.Var(&members, "member", "UUID:read|write|admin (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	if strings.TrimSpace(*name) == "" {
@@ -162,7 +165,7 @@ type demoOut struct {
 func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("seed demo", flag.ContinueOnError)
 	ttl := fs.Duration("ttl", 24*time.Hour, "token lifetime")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	secret, err := devSecret(getenv)
@@ -220,7 +223,7 @@ func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error
 	fs := flag.NewFlagSet("redis acl", flag.ContinueOnError)
 	separate := fs.Bool("separate-instances", false, "DB0 and DB1 are separate instances: deny SELECT")
 	outFile := fs.String("out", "", "write to FILE (mode 0600) instead of stdout")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	pw := getenv("HAN_REDIS_API_PASSWORD")

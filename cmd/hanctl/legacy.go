@@ -28,7 +28,7 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	project := fs.String("project", "", "project id (UUID)")
 	file := fs.String("file", "", "JSON array of {key, type, value}")
 	ttl := fs.Duration("container-ttl", 0, "give the container a physical TTL (default: none, as legacy data had)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	id, ok := ids.Canonical(*project)

@@ -10,14 +10,20 @@
 //	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
 //	hanctl redis verify                (HAN_REDIS_ADMIN_URL)
 //	hanctl sizing [--identities N ...] [--sample]
+//
+// hanctl COMMAND -h prints a command's flags and the environment variables
+// it reads, and exits 0.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -39,10 +45,20 @@ const usage = `usage:
   hanctl redis acl [--separate-instances] [--out FILE]
   hanctl redis cutover [--force]   (HAN_REDIS_ADMIN_URL; removes the legacy DB2 stub)
   hanctl redis verify              (HAN_REDIS_ADMIN_URL; no stub left, TTL rules hold)
-  hanctl sizing [--identities N ...] [--sample]`
+  hanctl sizing [--identities N ...] [--sample]
+hanctl COMMAND -h shows a command's flags and the environment variables it reads.`
 
-// Run executes one hanctl command; tests call it directly.
+// Run executes one hanctl command; tests call it directly. -h or --help
+// after a command prints its help to out and succeeds.
 func Run(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
+	err := dispatch(ctx, args, getenv, out)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return err
+}
+
+func dispatch(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("no command\n%s", usage)
 	}
@@ -74,9 +90,77 @@ func Run(ctx context.Context, args []string, getenv func(string) string, out io.
 		}
 	case "sizing":
 		return cmdSizing(ctx, args[1:], getenv, out)
-	case "help", "-h", "--help":
+	case "help", "-h", "-help", "--help":
 		fmt.Fprintln(out, usage)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+	if len(args) > 1 && isHelp(args[1]) {
+		// hanctl project -h: the group's commands.
+		for _, l := range strings.Split(usage, "\n") {
+			if strings.HasPrefix(l, "  hanctl "+args[0]+" ") {
+				fmt.Fprintln(out, strings.TrimPrefix(l, "  "))
+			}
+		}
+		fmt.Fprintf(out, "hanctl %s COMMAND -h shows a command's flags and environment variables\n", args[0])
+		return errHelp
+	}
+	return fmt.Errorf("unknown command %q\n%s", strings.Join(args[:min(len(args), 2)], " "), usage)
+}
+
+func isHelp(a string) bool { return a == "-h" || a == "-help" || a == "--help" || a == "help" }
+
+// errHelp: the help a command was asked for is printed; Run succeeds.
+var errHelp = errors.New("help printed")
+
+// commandHelp is what `hanctl COMMAND -h` prints above the flags: what the
+// command does and the environment variables it reads. Keyed by the name
+// of the command's FlagSet.
+var commandHelp = map[string]struct{ about, env string }{
+	"migrate": {"Applies the PostgreSQL migrations (idempotent).",
+		"  DATABASE_URL              required"},
+	"token": {"Prints a dev HS256 token for a user or service (not with HAN_ENV=prod).",
+		"  HAN_JWT_DEV_HS256_SECRET  required, at least 32 bytes (the gateway's dev secret)\n" +
+			"  HAN_ENV                   prod refuses dev tokens\n" +
+			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims when the gateway checks them"},
+	"project create": {"Creates a project with its members; prints the project id.",
+		"  DATABASE_URL              required"},
+	"project legacy-import": {"Writes cache entries in the legacy format into a project's cache container.",
+		"  REDIS_URL                 required (Redis DB0)\n" +
+			"  HAN_ENV                   environment name in the keys (default dev)"},
+	"seed demo": {"Migrates, creates the demo users, dialog and project; prints ids and tokens as JSON.",
+		"  DATABASE_URL              required\n" +
+			"  HAN_JWT_DEV_HS256_SECRET  required, at least 32 bytes\n" +
+			"  HAN_ENV                   prod refuses dev tokens\n" +
+			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims"},
+	"redis acl": {"Renders the Redis ACL file.",
+		"  HAN_REDIS_API_PASSWORD    api_backend password (default: the password in REDIS_URL)\n" +
+			"  REDIS_URL, REDIS_REALTIME_URL  two different servers: SELECT is denied\n" +
+			"  HAN_LEGACY_STUB_PASSWORD  adds the legacy_stub user"},
+	"redis cutover": {"Removes the legacy DB2 safety stub: its keys, then the legacy_stub ACL user.",
+		"  HAN_REDIS_ADMIN_URL       required: an admin connection to the Redis server"},
+	"redis verify": {"Checks that no stub is left and every key carries its TTL.",
+		"  HAN_REDIS_ADMIN_URL       required: an admin connection to the Redis server"},
+	"sizing": {"Estimates Redis memory; --sample measures the live servers.",
+		"  REDIS_URL, REDIS_REALTIME_URL  required with --sample"},
+}
+
+// parseFlags parses a command's flags. On -h/--help it prints the
+// command's help to out and returns errHelp; a bad flag's message is only
+// returned, so main prints it once, on stderr.
+func parseFlags(fs *flag.FlagSet, args []string, out io.Writer) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	if !errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	h := commandHelp[fs.Name()]
+	fmt.Fprintf(out, "usage: hanctl %s [flags]\n\n%s\n\nEnvironment:\n%s\n", fs.Name(), h.about, h.env)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintln(out, "\nFlags:")
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+	}
+	return errHelp
 }

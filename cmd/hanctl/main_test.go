@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 
@@ -18,7 +19,14 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{Postgres: true}, &env) }
+func TestMain(m *testing.M) {
+	// help_test.go runs the real main() as a child process this way.
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	testenv.Main(m, testenv.Options{Postgres: true}, &env)
+}
 
 const secret = "hanctl-test-secret-0123456789abcdef"
 

@@ -146,7 +146,7 @@ func redactErr(err error) error {
 func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("redis cutover", flag.ContinueOnError)
 	force := fs.Bool("force", false, "cut over even while instances are still connected as legacy_stub")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	a, err := openAdmin(ctx, getenv)
@@ -199,7 +199,7 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 // ok or FAIL; any failure makes the command fail.
 func cmdRedisVerify(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("redis verify", flag.ContinueOnError)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	a, err := openAdmin(ctx, getenv)

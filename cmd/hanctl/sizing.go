@@ -115,7 +115,7 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 	fs.Float64Var(&in.Growth, "growth", 1.3, "growth reserve factor")
 	sample := fs.Bool("sample", false, "measure bytes per key on the live instances of REDIS_URL / REDIS_REALTIME_URL (SCAN + MEMORY USAGE)")
 	sampleMax := fs.Int("sample-keys", 1000, "at most this many keys sampled per family")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
 	for name, v := range map[string]float64{"identities": in.Identities, "routes": in.Routes, "windows": in.Windows,

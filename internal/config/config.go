@@ -4,6 +4,7 @@
 package config
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -42,6 +43,11 @@ type Config struct {
 	PublicRealtimeURL string
 	RedisTimeout      time.Duration
 	ShutdownTimeout   time.Duration
+	// DrainDelay (HAN_DRAIN_DELAY, default 5s, 0 allowed) is how long the
+	// listener keeps serving after SIGTERM while /readyz already answers
+	// 503, so load balancers see the instance leave before it stops
+	// accepting connections.
+	DrainDelay time.Duration
 	// DBRequestTimeout (HAN_DB_REQUEST_TIMEOUT, default 2s) bounds a
 	// request's wait for a PostgreSQL connection, each lock wait and each
 	// statement of its transaction; past it the request answers 503
@@ -136,6 +142,9 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.ShutdownTimeout, err = duration(getenv("HAN_SHUTDOWN_TIMEOUT"), 15*time.Second); err != nil {
 		bad("HAN_SHUTDOWN_TIMEOUT: %v", err)
+	}
+	if c.DrainDelay, err = time.ParseDuration(cmp.Or(getenv("HAN_DRAIN_DELAY"), "5s")); err != nil || c.DrainDelay < 0 {
+		bad("HAN_DRAIN_DELAY: must be a duration of at least 0 like 5s")
 	}
 	if c.DBRequestTimeout, err = duration(getenv("HAN_DB_REQUEST_TIMEOUT"), 2*time.Second); err != nil || c.DBRequestTimeout < time.Millisecond {
 		bad("HAN_DB_REQUEST_TIMEOUT: must be a duration of at least 1ms like 2s")

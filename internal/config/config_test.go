@@ -145,3 +145,23 @@ func TestDBRequestTimeout(t *testing.T) {
 		}
 	}
 }
+
+// The drain delay defaults to 5s so load balancers see /readyz 503 before
+// the listener closes; 0 turns it off (tests, a stack without a balancer).
+func TestDrainDelay(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": 5 * time.Second, "0": 0, "2s": 2 * time.Second} {
+		m := base()
+		m["HAN_DRAIN_DELAY"] = v
+		c, err := Load(env(m))
+		if err != nil || c.DrainDelay != want {
+			t.Errorf("HAN_DRAIN_DELAY=%q: %v %v, want %v", v, c.DrainDelay, err, want)
+		}
+	}
+	for _, v := range []string{"-1s", "soon"} {
+		m := base()
+		m["HAN_DRAIN_DELAY"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_DRAIN_DELAY") {
+			t.Errorf("HAN_DRAIN_DELAY=%q: %v", v, err)
+		}
+	}
+}
