@@ -21,10 +21,10 @@ type Config struct {
 	HTTPAddr string // HAN_HTTP_ADDR, default 127.0.0.1:8080
 	// MetricsAddr (HAN_METRICS_ADDR), when set, serves /metrics on its own
 	// listener and not on HTTPAddr. Zero value: /metrics on HTTPAddr.
-	MetricsAddr       string
-	RedisURL          string // REDIS_URL (DB0)
-	RedisRealtimeURL  string // REDIS_REALTIME_URL (DB1)
-	DatabaseURL       string // DATABASE_URL
+	MetricsAddr      string
+	RedisURL         string // REDIS_URL (DB0)
+	RedisRealtimeURL string // REDIS_REALTIME_URL (DB1)
+	DatabaseURL      string // DATABASE_URL
 	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
 	// connection straight to PostgreSQL, for migrations, when DatabaseURL
 	// goes through a transaction-pooling proxy such as PgBouncer.
@@ -33,7 +33,7 @@ type Config struct {
 	// DatabaseURL (store.ParseExecMode tells the modes apart); zero value:
 	// pgx's default, cache_statement. Behind PgBouncer in transaction
 	// pooling: exec or simple_protocol.
-	DBExecMode string
+	DBExecMode        string
 	Env               string // HAN_ENV, default dev
 	InstanceID        string // HAN_INSTANCE_ID, default hostname + random suffix
 	JWTIssuer         string // HAN_JWT_ISSUER
