@@ -21,19 +21,10 @@ type Config struct {
 	HTTPAddr string // HAN_HTTP_ADDR, default 127.0.0.1:8080
 	// MetricsAddr (HAN_METRICS_ADDR), when set, serves /metrics on its own
 	// listener and not on HTTPAddr. Zero value: /metrics on HTTPAddr.
-	MetricsAddr      string
-	RedisURL         string // REDIS_URL (DB0)
-	RedisRealtimeURL string // REDIS_REALTIME_URL (DB1)
-	DatabaseURL      string // DATABASE_URL
-	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
-	// connection straight to PostgreSQL, for migrations, when DatabaseURL
-	// goes through a transaction-pooling proxy such as PgBouncer.
-	DatabaseDirectURL string
-	// DBExecMode (HAN_DB_EXEC_MODE) is how pgx sends statements on
-	// DatabaseURL (store.ParseExecMode tells the modes apart); zero value:
-	// pgx's default, cache_statement. Behind PgBouncer in transaction
-	// pooling: exec or simple_protocol.
-	DBExecMode        string
+	MetricsAddr       string
+	RedisURL          string // REDIS_URL (DB0)
+	RedisRealtimeURL  string // REDIS_REALTIME_URL (DB1)
+	DatabaseURL       string // DATABASE_URL
 	Env               string // HAN_ENV, default dev
 	InstanceID        string // HAN_INSTANCE_ID, default hostname + random suffix
 	JWTIssuer         string // HAN_JWT_ISSUER
@@ -56,6 +47,15 @@ type Config struct {
 	// statement of its transaction; past it the request answers 503
 	// database_busy. At least 1ms (PostgreSQL counts in milliseconds).
 	DBRequestTimeout time.Duration
+	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
+	// connection straight to PostgreSQL, for migrations, when DatabaseURL
+	// goes through a transaction-pooling proxy such as PgBouncer.
+	DatabaseDirectURL string
+	// DBExecMode (HAN_DB_EXEC_MODE) is how pgx sends statements on
+	// DatabaseURL (store.ParseExecMode tells the modes apart); zero value:
+	// pgx's default, cache_statement. Behind PgBouncer in transaction
+	// pooling: exec or simple_protocol.
+	DBExecMode string
 	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
 	// (default 5s) bound how long a crashed instance's users stay online;
 	// HAN_OUTBOX_GRACE (default 5s) is how old an unpublished outbox row must
@@ -114,7 +114,6 @@ func Load(getenv func(string) string) (Config, error) {
 		RedisURL:          getenv("REDIS_URL"),
 		RedisRealtimeURL:  getenv("REDIS_REALTIME_URL"),
 		DatabaseURL:       getenv("DATABASE_URL"),
-		DatabaseDirectURL: getenv("HAN_DATABASE_DIRECT_URL"),
 		Env:               or(getenv("HAN_ENV"), "dev"),
 		InstanceID:        getenv("HAN_INSTANCE_ID"),
 		JWTIssuer:         getenv("HAN_JWT_ISSUER"),
@@ -265,7 +264,7 @@ func Load(getenv func(string) string) (Config, error) {
 	} else if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		bad("DATABASE_URL: must be a postgres:// URL")
 	}
-	if c.DatabaseDirectURL == "" {
+	if c.DatabaseDirectURL = getenv("HAN_DATABASE_DIRECT_URL"); c.DatabaseDirectURL == "" {
 		c.DatabaseDirectURL = c.DatabaseURL
 	} else if u, err := url.Parse(c.DatabaseDirectURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		bad("HAN_DATABASE_DIRECT_URL: must be a postgres:// URL")
