@@ -38,9 +38,16 @@ func TestRunsBehindPgBouncer(t *testing.T) {
 	vars["HAN_DB_EXEC_MODE"] = "exec"
 	m := start(t, vars)
 	alice, bob := ids.New(), ids.New()
-	tok, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: alice, Kind: auth.KindUser, TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
+	mint := func(sub string) string {
+		s, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tok := mint(alice)
+	if code, _ := call(t, "GET", m.URL()+"/v1/me", mint(bob), ""); code != 200 {
+		t.Fatalf("bob's first request: %d", code)
 	}
 	code, body := call(t, "POST", m.URL()+"/v1/dialogs", tok, fmt.Sprintf(`{"memberIds":[%q]}`, bob))
 	if code != 201 {
