@@ -169,6 +169,9 @@ logfile = %s
 	return errors.New("pgbouncer did not start listening")
 }
 
+// Pid is the bouncer's process id (its CPU time in benchmarks).
+func (b *PgBouncer) Pid() int { return b.cmd.Process.Pid }
+
 // Addr is host:port.
 func (b *PgBouncer) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.Port) }
 
