@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# scripts/bench-pgbouncer.sh — the REST send path straight to PostgreSQL vs
+# through PgBouncer (transaction pooling, HAN_DB_EXEC_MODE=exec), in one run
+# (docs/benchmarks.md, "PgBouncer").
+#
+#   scripts/bench-pgbouncer.sh                # rates 250 400 550 msgs/s
+#   scripts/bench-pgbouncer.sh 300 500 700    # other rates
+#
+# One private PostgreSQL cluster with a private PgBouncer in front of it
+# (go run ./internal/testenv/cmd/withpg -pgbouncer), one private
+# redis-server, and two han-gateway processes on them: "direct"
+# (DATABASE_URL on PostgreSQL) and "pgbouncer" (DATABASE_URL on the bouncer,
+# HAN_DB_EXEC_MODE=exec, HAN_DATABASE_DIRECT_URL on PostgreSQL). For each
+# rate, the chat-fanout scenario (every message a POST
+# /v1/dialogs/{id}/messages with an Idempotency-Key, delivered to every
+# member, history read back) runs against one, then the other. A step is
+# held when nothing failed, was lost or dropped and delivery p99 < 1 s.
+# CPU per send is the CPU time (user + sys, /proc) that the gateway, the
+# bouncer and the PostgreSQL processes spent during the step, divided by the
+# messages sent.
+#
+# Environment: HAN_BENCH_USERS (default 1000), HAN_BENCH_DIALOGS (200),
+# HAN_BENCH_DURATION (10s). The output ends with one line per target and
+# rate. Everything it starts listens on loopback and is stopped at the end.
+set -euo pipefail
+
+HAN_SCRIPT=bench-pgbouncer.sh
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$HAN_ROOT"
+
+if [ "${1:-}" != --inner ]; then
+	han_ensure_packages --pgbouncer --curl
+	go build -o bin/ ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
+	exec go run ./internal/testenv/cmd/withpg -pgbouncer -- bash "$0" --inner "$@"
+fi
+shift
+rates=("$@")
+[ "${#rates[@]}" -gt 0 ] || rates=(250 400 550)
+users="${HAN_BENCH_USERS:-1000}"
+dialogs="${HAN_BENCH_DIALOGS:-200}"
+duration="${HAN_BENCH_DURATION:-10s}"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/han-bench-pgb.XXXXXX")"
+pids=()
+# shellcheck disable=SC2317 # the EXIT trap
+cleanup() {
+	local p
+	for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+direct="$HAN_TEST_DATABASE_URL"
+bounced="$HAN_TEST_PGBOUNCER_URL"
+PSQL="$(han_pg_bindir)/psql"
+postmaster="$(head -n 1 "$("$PSQL" -X -qtA -d "$direct" -c 'SHOW data_directory')/postmaster.pid")"
+
+export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bench-$RANDOM$RANDOM$RANDOM"
+export HAN_JWT_DEV_HS256_SECRET="bench-secret-$RANDOM$RANDOM-0123456789abcdef"
+export HAN_HMAC_SECRET="bench-hmac-0123456789"
+redis_port="$(han_pick_port 0)"
+export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
+export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
+bin/hanctl redis acl --out "$work/users.acl" >/dev/null
+redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
+	--appendonly no --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
+pids+=($!)
+DATABASE_URL="$direct" bin/hanctl migrate >/dev/null
+
+# start_gateway NAME DATABASE_URL [VAR=VALUE...]: prints "PID URL".
+start_gateway() {
+	local name=$1 db=$2 port
+	shift 2
+	port="$(han_pick_port 0)"
+	env HAN_HTTP_ADDR="127.0.0.1:$port" HAN_ALLOWED_ORIGINS="http://127.0.0.1:$port" HAN_INSTANCE_ID="bench-$name" \
+		DATABASE_URL="$db" HAN_DATABASE_DIRECT_URL="$direct" HAN_LOG_LEVEL=warn "$@" \
+		bin/han-gateway -migrate=false </dev/null >"$work/$name.log" 2>&1 &
+	local pid=$!
+	pids+=("$pid")
+	for _ in $(seq 1 150); do
+		curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+		kill -0 "$pid" 2>/dev/null || han_die "$name gateway exited: $(tail -n 5 "$work/$name.log")"
+		sleep 0.2
+	done
+	echo "$pid http://127.0.0.1:$port"
+}
+read -r direct_pid direct_url < <(start_gateway direct "$direct")
+read -r bouncer_gw_pid bouncer_url < <(start_gateway pgbouncer "$bounced" HAN_DB_EXEC_MODE=exec)
+
+# cpu_ticks PID...: user + sys clock ticks of the processes, plus the
+# reaped children's of each (backends that exited count on the postmaster).
+cpu_ticks() {
+	local t=0 p f
+	for p in "$@"; do
+		[ -r "/proc/$p/stat" ] || continue
+		f="$(sed 's/.*) //' "/proc/$p/stat")"
+		# fields after "(comm) ": 12 utime, 13 stime, 14 cutime, 15 cstime
+		t=$((t + $(echo "$f" | awk '{print $12 + $13 + $14 + $15}')))
+	done
+	echo "$t"
+}
+pg_pids() { echo "$postmaster" $(pgrep -P "$postmaster" || true); }
+
+hz="$(getconf CLK_TCK)"
+results=()
+for rate in "${rates[@]}"; do
+	for target in direct pgbouncer; do
+		if [ "$target" = direct ]; then
+			url=$direct_url gw=$direct_pid extra=()
+		else
+			url=$bouncer_url gw=$bouncer_gw_pid extra=("$HAN_TEST_PGBOUNCER_PID")
+		fi
+		summary="$work/$target-$rate.json"
+		load0="$(cut -d' ' -f1 /proc/loadavg)"
+		gw0="$(cpu_ticks "$gw")" pg0="$(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}")"
+		rc=0
+		bin/han-loadtest run chat-fanout -target "$url" -users "$users" -dialogs "$dialogs" -rate "$rate" \
+			-duration "$duration" -max-duration 4m -quiet -summary-export "$summary" \
+			-threshold 'http_req_failed==0' -threshold 'delivery_lost==0' -threshold 'dropped_iterations==0' \
+			-threshold 'delivery_p99<1s' >"$work/$target-$rate.out" 2>&1 || rc=$?
+		gw1="$(cpu_ticks "$gw")" pg1="$(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}")"
+		load1="$(cut -d' ' -f1 /proc/loadavg)"
+		# the POSTs of the measured phase: http_reqs' count in the summary
+		sent="$(grep -A3 '"http_reqs": {' "$summary" | grep -oE '"count": [0-9]+' | grep -oE '[0-9]+' | head -n 1 || true)"
+		held=no
+		[ "$rc" = 0 ] && held=yes
+		line="$(awk -v t="$target" -v r="$rate" -v s="$sent" -v g=$((gw1 - gw0)) -v p=$((pg1 - pg0)) -v hz="$hz" -v h="$held" -v l0="$load0" -v l1="$load1" \
+			'BEGIN { n = (s > 0 ? s : 1); printf "%-9s rate %4d/s held %-3s sent %6d  CPU/send: gateway %5.0f µs + database side %5.0f µs = %5.0f µs  load %s→%s", t, r, h, s, g / hz * 1e6 / n, p / hz * 1e6 / n, (g + p) / hz * 1e6 / n, l0, l1 }')"
+		han_log "$line"
+		[ "$rc" = 0 ] || han_log "$target at $rate/s: $(tail -n 3 "$work/$target-$rate.out" | tr '\n' ' ')"
+		results+=("$line")
+	done
+done
+echo "== results (database side: PostgreSQL processes, plus PgBouncer for the pgbouncer target)"
+printf '%s\n' "${results[@]}"
