@@ -16,8 +16,9 @@
 # member, history read back) runs against one, then the other. A step is
 # held when nothing failed, was lost or dropped and delivery p99 < 1 s.
 # CPU per send is the CPU time (user + sys, /proc) that the gateway, the
-# bouncer and the PostgreSQL processes spent during the step, divided by the
-# messages sent.
+# bouncer and the PostgreSQL processes spent during the step, less the
+# run's setup (measured once per target by a 1 s run at 1 msg/s), divided
+# by the messages sent.
 #
 # Environment: HAN_BENCH_USERS (default 1000), HAN_BENCH_DIALOGS (200),
 # HAN_BENCH_DURATION (10s). The output ends with one line per target and
@@ -104,32 +105,56 @@ cpu_ticks() {
 pg_pids() { echo "$postmaster" $(pgrep -P "$postmaster" || true); }
 
 hz="$(getconf CLK_TCK)"
+declare -A setup_gw setup_db
+# run TARGET RATE DURATION: one chat-fanout run; sets rc, sent, dgw, ddb
+# (CPU ticks of the gateway and of the database side), load0, load1.
+run() {
+	local target=$1 rate=$2 dur=$3 url gw extra=() summary gw0 db0
+	if [ "$target" = direct ]; then
+		url=$direct_url gw=$direct_pid
+	else
+		url=$bouncer_url gw=$bouncer_gw_pid extra=("$HAN_TEST_PGBOUNCER_PID")
+	fi
+	summary="$work/$target-$rate.json"
+	load0="$(cut -d' ' -f1 /proc/loadavg)"
+	gw0="$(cpu_ticks "$gw")" db0="$(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}")"
+	rc=0
+	bin/han-loadtest run chat-fanout -target "$url" -users "$users" -dialogs "$dialogs" -rate "$rate" \
+		-duration "$dur" -max-duration 4m -quiet -summary-export "$summary" \
+		-threshold 'http_req_failed==0' -threshold 'delivery_lost==0' -threshold 'dropped_iterations==0' \
+		-threshold 'delivery_p99<1s' >"$work/$target-$rate.out" 2>&1 || rc=$?
+	dgw=$(($(cpu_ticks "$gw") - gw0)) ddb=$(($(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}") - db0))
+	load1="$(cut -d' ' -f1 /proc/loadavg)"
+	# the POSTs of the measured phase: http_reqs' count in the summary
+	sent="$(grep -A3 '"http_reqs": {' "$summary" | grep -oE '"count": [0-9]+' | grep -oE '[0-9]+' | head -n 1 || true)"
+	sent="${sent:-0}"
+}
+
+# The setup of a run (users, dialogs, connections, history read-back) costs
+# the same at every rate: one run at 1 msg/s for 1 s measures it, and it is
+# subtracted from each step's CPU.
+for target in direct pgbouncer; do
+	run "$target" 1 1s
+	setup_gw[$target]=$dgw setup_db[$target]=$ddb
+	han_log "$target: setup CPU gateway $((dgw * 1000 / hz)) ms, database side $((ddb * 1000 / hz)) ms"
+done
+
 results=()
+i=0
 for rate in "${rates[@]}"; do
-	for target in direct pgbouncer; do
-		if [ "$target" = direct ]; then
-			url=$direct_url gw=$direct_pid extra=()
-		else
-			url=$bouncer_url gw=$bouncer_gw_pid extra=("$HAN_TEST_PGBOUNCER_PID")
-		fi
-		summary="$work/$target-$rate.json"
-		load0="$(cut -d' ' -f1 /proc/loadavg)"
-		gw0="$(cpu_ticks "$gw")" pg0="$(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}")"
-		rc=0
-		bin/han-loadtest run chat-fanout -target "$url" -users "$users" -dialogs "$dialogs" -rate "$rate" \
-			-duration "$duration" -max-duration 4m -quiet -summary-export "$summary" \
-			-threshold 'http_req_failed==0' -threshold 'delivery_lost==0' -threshold 'dropped_iterations==0' \
-			-threshold 'delivery_p99<1s' >"$work/$target-$rate.out" 2>&1 || rc=$?
-		gw1="$(cpu_ticks "$gw")" pg1="$(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}")"
-		load1="$(cut -d' ' -f1 /proc/loadavg)"
-		# the POSTs of the measured phase: http_reqs' count in the summary
-		sent="$(grep -A3 '"http_reqs": {' "$summary" | grep -oE '"count": [0-9]+' | grep -oE '[0-9]+' | head -n 1 || true)"
+	# alternate which target goes first, so neither always meets a warmer machine
+	order=(direct pgbouncer)
+	[ $((i % 2)) = 1 ] && order=(pgbouncer direct)
+	i=$((i + 1))
+	for target in "${order[@]}"; do
+		run "$target" "$rate" "$duration"
 		held=no
 		[ "$rc" = 0 ] && held=yes
-		line="$(awk -v t="$target" -v r="$rate" -v s="$sent" -v g=$((gw1 - gw0)) -v p=$((pg1 - pg0)) -v hz="$hz" -v h="$held" -v l0="$load0" -v l1="$load1" \
+		line="$(awk -v t="$target" -v r="$rate" -v s="$sent" -v g=$((dgw - setup_gw[$target])) -v p=$((ddb - setup_db[$target])) \
+			-v hz="$hz" -v h="$held" -v l0="$load0" -v l1="$load1" \
 			'BEGIN { n = (s > 0 ? s : 1); printf "%-9s rate %4d/s held %-3s sent %6d  CPU/send: gateway %5.0f µs + database side %5.0f µs = %5.0f µs  load %s→%s", t, r, h, s, g / hz * 1e6 / n, p / hz * 1e6 / n, (g + p) / hz * 1e6 / n, l0, l1 }')"
 		han_log "$line"
-		[ "$rc" = 0 ] || han_log "$target at $rate/s: $(tail -n 3 "$work/$target-$rate.out" | tr '\n' ' ')"
+		[ "$rc" = 0 ] || han_log "$target at $rate/s not held: $(grep -E '✗|error:' "$work/$target-$rate.out" | tr -s ' .' | tr '\n' ' ')"
 		results+=("$line")
 	done
 done
