@@ -70,25 +70,36 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" -
 pids+=($!)
 DATABASE_URL="$direct" bin/hanctl migrate >/dev/null
 
-# start_gateway NAME DATABASE_URL [VAR=VALUE...]: prints "PID URL".
+# start_gateway NAME DATABASE_URL [VAR=VALUE...]: prints "PID URL"; tries
+# another free port when the picked one was taken in the meantime.
 start_gateway() {
-	local name=$1 db=$2 port
+	local name=$1 db=$2 port pid attempt
 	shift 2
-	port="$(han_pick_port 0)"
-	env HAN_HTTP_ADDR="127.0.0.1:$port" HAN_ALLOWED_ORIGINS="http://127.0.0.1:$port" HAN_INSTANCE_ID="bench-$name" \
-		DATABASE_URL="$db" HAN_DATABASE_DIRECT_URL="$direct" HAN_LOG_LEVEL=warn "$@" \
-		bin/han-gateway -migrate=false </dev/null >"$work/$name.log" 2>&1 &
-	local pid=$!
-	pids+=("$pid")
-	for _ in $(seq 1 150); do
-		curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
-		kill -0 "$pid" 2>/dev/null || han_die "$name gateway exited: $(tail -n 5 "$work/$name.log")"
-		sleep 0.2
+	for attempt in 1 2 3 4 5; do
+		port="$(han_pick_port 0)"
+		env HAN_HTTP_ADDR="127.0.0.1:$port" HAN_ALLOWED_ORIGINS="http://127.0.0.1:$port" HAN_INSTANCE_ID="bench-$name" \
+			DATABASE_URL="$db" HAN_DATABASE_DIRECT_URL="$direct" HAN_LOG_LEVEL=warn "$@" \
+			bin/han-gateway -migrate=false </dev/null >"$work/$name.log" 2>&1 &
+		pid=$!
+		for _ in $(seq 1 150); do
+			curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.2
+		done
+		if kill -0 "$pid" 2>/dev/null; then
+			echo "$pid http://127.0.0.1:$port"
+			return 0
+		fi
+		grep -q 'address already in use' "$work/$name.log" || break
 	done
-	echo "$pid http://127.0.0.1:$port"
+	han_die "$name gateway exited: $(tail -n 5 "$work/$name.log")"
 }
 read -r direct_pid direct_url < <(start_gateway direct "$direct")
+[ -n "${direct_pid:-}" ] || exit 1
+pids+=("$direct_pid")
 read -r bouncer_gw_pid bouncer_url < <(start_gateway pgbouncer "$bounced" HAN_DB_EXEC_MODE=exec)
+[ -n "${bouncer_gw_pid:-}" ] || exit 1
+pids+=("$bouncer_gw_pid")
 
 # cpu_ticks PID...: user + sys clock ticks of the processes, plus the
 # reaped children's of each (backends that exited count on the postmaster).
