@@ -48,7 +48,13 @@ pids=()
 cleanup() {
 	local p
 	for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" 2>/dev/null || true; done
+	# the gateways drain first (not children of this shell: poll, do not wait)
+	for _ in $(seq 1 200); do
+		alive=0
+		for p in "${pids[@]+"${pids[@]}"}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		[ "$alive" = 0 ] && break
+		sleep 0.1
+	done
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -61,13 +67,35 @@ postmaster="$(head -n 1 "$("$PSQL" -X -qtA -d "$direct" -c 'SHOW data_directory'
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bench-$RANDOM$RANDOM$RANDOM"
 export HAN_JWT_DEV_HS256_SECRET="bench-secret-$RANDOM$RANDOM-0123456789abcdef"
 export HAN_HMAC_SECRET="bench-hmac-0123456789"
-redis_port="$(han_pick_port 0)"
+bin/hanctl redis acl --out "$work/users.acl" >/dev/null
+redis_ping() { # AUTH as api_backend and PING over the RESP inline protocol
+	(
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		printf 'AUTH api_backend %s\r\nPING\r\n' "$HAN_REDIS_API_PASSWORD" >&3
+		read -r -t 2 a <&3 && read -r -t 2 b <&3 || exit 1
+		[[ "$a" == +OK* && "$b" == +PONG* ]]
+	) 2>/dev/null
+}
+redis_port=""
+for _ in 1 2 3 4 5; do
+	port="$(han_pick_port 0)"
+	redis-server --port "$port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
+		--appendonly no --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
+	pid=$!
+	for _ in $(seq 1 50); do
+		redis_ping "$port" && break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	if redis_ping "$port"; then
+		pids+=("$pid") redis_port=$port
+		break
+	fi
+	kill "$pid" 2>/dev/null || true
+done
+[ -n "$redis_port" ] || han_die "redis-server did not start: $(tail -n 3 "$work/redis.log")"
 export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
 export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
-bin/hanctl redis acl --out "$work/users.acl" >/dev/null
-redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
-	--appendonly no --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
-pids+=($!)
 DATABASE_URL="$direct" bin/hanctl migrate >/dev/null
 
 # start_gateway NAME DATABASE_URL [VAR=VALUE...]: prints "PID URL"; tries
@@ -146,6 +174,7 @@ run() {
 # subtracted from each step's CPU.
 for target in direct pgbouncer; do
 	run "$target" 1 1s
+	[ "$rc" = 0 ] || han_die "$target: the setup run failed: $(grep -E '✗|error:' "$work/$target-1.out" | tr -s ' .' | tr '\n' ' ')"
 	setup_gw[$target]=$dgw setup_db[$target]=$ddb
 	han_log "$target: setup CPU gateway $((dgw * 1000 / hz)) ms, database side $((ddb * 1000 / hz)) ms"
 done
