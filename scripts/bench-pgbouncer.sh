@@ -8,12 +8,14 @@
 #
 # One private PostgreSQL cluster with a private PgBouncer in front of it
 # (go run ./internal/testenv/cmd/withpg -pgbouncer), one private
-# redis-server, and two han-gateway processes on them: "direct"
-# (DATABASE_URL on PostgreSQL) and "pgbouncer" (DATABASE_URL on the bouncer,
-# HAN_DB_EXEC_MODE=exec, HAN_DATABASE_DIRECT_URL on PostgreSQL). For each
-# rate, the chat-fanout scenario (every message a POST
-# /v1/dialogs/{id}/messages with an Idempotency-Key, delivered to every
-# member, history read back) runs against one, then the other. A step is
+# redis-server, and three han-gateway processes on them: "direct"
+# (DATABASE_URL on PostgreSQL, pgx's default exec mode), "direct-exec" (the
+# same with HAN_DB_EXEC_MODE=exec: the protocol's share of the difference)
+# and "pgbouncer" (DATABASE_URL on the bouncer, HAN_DB_EXEC_MODE=exec,
+# HAN_DATABASE_DIRECT_URL on PostgreSQL). For each rate, the chat-fanout
+# scenario (every message a POST /v1/dialogs/{id}/messages with an
+# Idempotency-Key, delivered to every member, history read back) runs
+# against each in turn, the first one rotating from rate to rate. A step is
 # held when nothing failed, was lost or dropped and delivery p99 < 1 s.
 # CPU per send is the CPU time (user + sys, /proc) that the gateway, the
 # bouncer and the PostgreSQL processes spent during the step, less the
@@ -125,6 +127,9 @@ start_gateway() {
 read -r direct_pid direct_url < <(start_gateway direct "$direct")
 [ -n "${direct_pid:-}" ] || exit 1
 pids+=("$direct_pid")
+read -r exec_pid exec_url < <(start_gateway direct-exec "$direct" HAN_DB_EXEC_MODE=exec)
+[ -n "${exec_pid:-}" ] || exit 1
+pids+=("$exec_pid")
 read -r bouncer_gw_pid bouncer_url < <(start_gateway pgbouncer "$bounced" HAN_DB_EXEC_MODE=exec)
 [ -n "${bouncer_gw_pid:-}" ] || exit 1
 pids+=("$bouncer_gw_pid")
@@ -149,11 +154,11 @@ declare -A setup_gw setup_db
 # (CPU ticks of the gateway and of the database side), load0, load1.
 run() {
 	local target=$1 rate=$2 dur=$3 url gw extra=() summary gw0 db0
-	if [ "$target" = direct ]; then
-		url=$direct_url gw=$direct_pid
-	else
-		url=$bouncer_url gw=$bouncer_gw_pid extra=("$HAN_TEST_PGBOUNCER_PID")
-	fi
+	case "$target" in
+	direct) url=$direct_url gw=$direct_pid ;;
+	direct-exec) url=$exec_url gw=$exec_pid ;;
+	*) url=$bouncer_url gw=$bouncer_gw_pid extra=("$HAN_TEST_PGBOUNCER_PID") ;;
+	esac
 	summary="$work/$target-$rate.json"
 	load0="$(cut -d' ' -f1 /proc/loadavg)"
 	gw0="$(cpu_ticks "$gw")" db0="$(cpu_ticks $(pg_pids) "${extra[@]+"${extra[@]}"}")"
@@ -172,7 +177,8 @@ run() {
 # The setup of a run (users, dialogs, connections, history read-back) costs
 # the same at every rate: one run at 1 msg/s for 1 s measures it, and it is
 # subtracted from each step's CPU.
-for target in direct pgbouncer; do
+targets=(direct direct-exec pgbouncer)
+for target in "${targets[@]}"; do
 	run "$target" 1 1s
 	[ "$rc" = 0 ] || han_die "$target: the setup run failed: $(grep -E '✗|error:' "$work/$target-1.out" | tr -s ' .' | tr '\n' ' ')"
 	setup_gw[$target]=$dgw setup_db[$target]=$ddb
@@ -182,9 +188,8 @@ done
 results=()
 i=0
 for rate in "${rates[@]}"; do
-	# alternate which target goes first, so neither always meets a warmer machine
-	order=(direct pgbouncer)
-	[ $((i % 2)) = 1 ] && order=(pgbouncer direct)
+	# rotate which target goes first, so none always meets a warmer machine
+	order=("${targets[@]:i%3}" "${targets[@]:0:i%3}")
 	i=$((i + 1))
 	for target in "${order[@]}"; do
 		run "$target" "$rate" "$duration"
@@ -192,7 +197,7 @@ for rate in "${rates[@]}"; do
 		[ "$rc" = 0 ] && held=yes
 		line="$(awk -v t="$target" -v r="$rate" -v s="$sent" -v g=$((dgw - setup_gw[$target])) -v p=$((ddb - setup_db[$target])) \
 			-v hz="$hz" -v h="$held" -v l0="$load0" -v l1="$load1" \
-			'BEGIN { n = (s > 0 ? s : 1); printf "%-9s rate %4d/s held %-3s sent %6d  CPU/send: gateway %5.0f µs + database side %5.0f µs = %5.0f µs  load %s→%s", t, r, h, s, g / hz * 1e6 / n, p / hz * 1e6 / n, (g + p) / hz * 1e6 / n, l0, l1 }')"
+			'BEGIN { n = (s > 0 ? s : 1); printf "%-11s rate %4d/s held %-3s sent %6d  CPU/send: gateway %5.0f µs + database side %5.0f µs = %5.0f µs  load %s→%s", t, r, h, s, g / hz * 1e6 / n, p / hz * 1e6 / n, (g + p) / hz * 1e6 / n, l0, l1 }')"
 		han_log "$line"
 		[ "$rc" = 0 ] || han_log "$target at $rate/s not held: $(grep -E '✗|error:' "$work/$target-$rate.out" | tr -s ' .' | tr '\n' ' ')"
 		results+=("$line")
