@@ -98,14 +98,12 @@ func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) 
 // pool of exactly one connection, apart from the request pool, so a request
 // pool with every connection busy is not mistaken for PostgreSQL being
 // down. It keeps the connection open and re-dials it when it breaks. Close
-// it with the process.
-func OpenReadinessPG(ctx context.Context, url string, mode pgx.QueryExecMode) (*pgxpool.Pool, error) {
+// it with the process. It only pings (an empty simple-protocol query), so
+// the exec mode does not matter to it, behind a pooling proxy or not.
+func OpenReadinessPG(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, errors.New("store: invalid DATABASE_URL")
-	}
-	if mode != 0 {
-		cfg.ConnConfig.DefaultQueryExecMode = mode
 	}
 	cfg.MaxConns, cfg.MinConns = 1, 1
 	cfg.ConnConfig.ConnectTimeout = 3 * time.Second

@@ -102,7 +102,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if m.readyPG, err = store.OpenReadinessPG(ctx, cfg.DatabaseURL, mode); err != nil {
+	if m.readyPG, err = store.OpenReadinessPG(ctx, cfg.DatabaseURL); err != nil {
 		return err
 	}
 	if m.Migrate {
