@@ -36,16 +36,18 @@ han_pg_bindir() {
 	return 1
 }
 
-# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq]:
+# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq] [--pgbouncer]:
 # installs, from the OS packages, redis-server and PostgreSQL when missing,
 # plus curl / a C compiler (go test -race needs cgo) / make / headless
 # Chromium with a font (the web client's browser tests) / promtool (Debian
 # package prometheus: the alert-rule tests) / jq (the README's walk-through)
-# when asked for and missing.
+# / pgbouncer (the tests behind a transaction-pooling proxy) when asked for
+# and missing.
 han_ensure_packages() {
-	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 a
+	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 want_pgbouncer=0 a
 	for a in "$@"; do
 		case "$a" in
+		--pgbouncer) want_pgbouncer=1 ;;
 		--curl) want_curl=1 ;;
 		--cc) want_cc=1 ;;
 		--make) want_make=1 ;;
@@ -62,6 +64,7 @@ han_ensure_packages() {
 	if [ "$want_chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1; then pkgs+=(chromium fonts-dejavu-core); fi
 	if [ "$want_promtool" = 1 ] && ! command -v promtool >/dev/null 2>&1; then pkgs+=(prometheus); fi
 	if [ "$want_jq" = 1 ] && ! command -v jq >/dev/null 2>&1; then pkgs+=(jq); fi
+	if [ "$want_pgbouncer" = 1 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then pkgs+=(pgbouncer); fi
 	[ "${#pkgs[@]}" -eq 0 ] && return 0
 	command -v apt-get >/dev/null 2>&1 || han_die "missing ${pkgs[*]} and no apt-get to install them; install them by hand"
 	han_log "installing missing OS packages: ${pkgs[*]}"
@@ -71,6 +74,9 @@ han_ensure_packages() {
 		han_die "apt-get install ${pkgs[*]} failed"
 	han_pg_bindir >/dev/null || han_die "PostgreSQL binaries (initdb, pg_ctl) still not found after installing"
 	command -v redis-server >/dev/null 2>&1 || han_die "redis-server still not found after installing"
+	if [ "$want_pgbouncer" = 1 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+		han_die "pgbouncer still not found after installing"
+	fi
 }
 
 # han_port_busy PORT: true when something accepts TCP connections on

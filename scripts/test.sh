@@ -7,10 +7,12 @@
 #   scripts/test.sh -run TestSend ./restapi/ ./store/
 #   scripts/test.sh -run TestSend         # no package given: ./... is used
 #   make test ARGS='-run TestSend ./restapi/'
+#   scripts/test.sh --pgbouncer           # the bouncer suite (below)
 #
 # What it does:
-#   1. installs redis-server and PostgreSQL from the OS packages when missing
-#      (apt-get; sudo when not root), and gcc when cgo has no C compiler (-race);
+#   1. installs redis-server, PostgreSQL and pgbouncer from the OS packages
+#      when missing (apt-get; sudo when not root), and gcc when cgo has no C
+#      compiler (-race);
 #   2. `go vet ./...`, a gofmt check (lists unformatted files, fails) and
 #      scripts/check-refs.sh (no citation of a document outside the repository)
 #      and scripts/deadcode.sh (unreachable functions outside its allow-list;
@@ -19,6 +21,14 @@
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
 #      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
 #      run; every test package starts its own private redis-server(s).
+#
+# --pgbouncer (first argument): the bouncer suite. Every test database is
+# reached through a private PgBouncer in transaction pooling mode
+# (HAN_TEST_PGBOUNCER=1; the harness's direct URL stays for migrations),
+# pgx in HAN_TEST_DB_EXEC_MODE (default exec). Without further arguments it
+# runs the chat, idempotency and project API tests of ./restapi/ and
+# ./store/ and the service's own run behind the bouncer; no -race, lint
+# skipped (the plain run does both).
 #
 # Arguments: all of them go to `go test` after the defaults above (so a later
 # -count or -timeout wins). If none of them is a package pattern — an argument
@@ -44,13 +54,21 @@ cd "$HAN_ROOT"
 
 command -v go >/dev/null 2>&1 || han_die "go not found in PATH (install Go 1.26+)"
 
+bouncer_suite=()
+if [ "${1:-}" = --pgbouncer ]; then
+	shift
+	export HAN_TEST_PGBOUNCER=1 HAN_TEST_NO_RACE=1 HAN_TEST_NO_LINT=1
+	han_log "bouncer suite: PostgreSQL through a private PgBouncer (transaction pooling), exec mode ${HAN_TEST_DB_EXEC_MODE:-exec}"
+	bouncer_suite=(-run '^(TestChat|TestDialog|TestNonMember|TestConcurrent|TestClientMessage|TestHistory|TestIdempot|TestExpiredIdempotency|TestRedisLoss|TestCrashedOwner|TestProject|TestQueue|TestRequestPathInEveryExecMode|TestRunsBehindPgBouncer|TestEndToEndDialogRoundTrip)' ./restapi/ ./store/ ./cmd/han-gateway/)
+fi
+
 race=(-race)
 [ "${HAN_TEST_NO_RACE:-}" = 1 ] && race=()
 if [ "${#race[@]}" -gt 0 ]; then
-	han_ensure_packages --cc
+	han_ensure_packages --cc --pgbouncer
 	export CGO_ENABLED=1
 else
-	han_ensure_packages
+	han_ensure_packages --pgbouncer
 fi
 
 start=$(date +%s)
@@ -91,6 +109,7 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 fi
 
 args=("$@")
+[ "$#" -eq 0 ] && args=("${bouncer_suite[@]+"${bouncer_suite[@]}"}")
 has_pkg=0
 for a in "${args[@]+"${args[@]}"}"; do
 	case "$a" in

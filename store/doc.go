@@ -19,6 +19,16 @@
 // ErrDatabaseBusy. Single statements of request paths (reqQueryRow,
 // reqQuery, reqExec) wait for a pool connection at most the same budget.
 // Background jobs and migrations keep their own budgets.
+//
+// Nothing relies on session state between transactions, so the pool may sit
+// behind PgBouncer in transaction pooling mode: no session SET (only SET
+// LOCAL), no temporary tables, no LISTEN/NOTIFY, and the one advisory lock,
+// the migration lock, is transaction-scoped (pg_advisory_xact_lock). How
+// pgx sends statements is PGConfig.ExecMode (HAN_DB_EXEC_MODE,
+// ParseExecMode): cache_statement, pgx's default, prepares named statements
+// that a transaction pooler does not carry from one server connection to
+// the next, so behind one the service runs with exec or simple_protocol
+// (docs/runbook-postgres.md).
 // Writes that change PostgreSQL and a Redis mirror (project settings, the
 // legacy deadline) write the mirror inside the open transaction and commit
 // only after it succeeded.

@@ -21,20 +21,19 @@ const migrationLockID = 0x68616e6d6967 // "hanmig"
 // Migrate applies every embedded migration not yet recorded in
 // schema_migrations, each in its own transaction. It is idempotent and safe
 // to run from several processes at once. It returns the versions applied.
+//
+// Each transaction first takes the migration lock with
+// pg_advisory_xact_lock, which PostgreSQL releases at COMMIT or ROLLBACK:
+// no lock outlives its transaction, so a migrator that dies, or a
+// connection handed on by a transaction-pooling proxy, never leaves it
+// held. The service still migrates over HAN_DATABASE_DIRECT_URL, because
+// DDL and long statements belong on a direct connection.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: acquire: %w", err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrationLockID); err != nil {
-		return nil, fmt.Errorf("migrate: lock: %w", err)
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrationLockID) //nolint:errcheck
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return nil, fmt.Errorf("migrate: create table: %w", err)
-	}
 	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
 	if err != nil {
 		return nil, err
@@ -43,33 +42,51 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	var applied []string
 	for _, name := range names {
 		version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
-		var exists bool
-		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version=$1)", version).Scan(&exists); err != nil {
-			return applied, fmt.Errorf("migrate: check %s: %w", version, err)
-		}
-		if exists {
-			continue
-		}
-		sql, err := migrationFiles.ReadFile(name)
+		done, err := migrateOne(ctx, conn, name, version)
 		if err != nil {
 			return applied, err
 		}
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return applied, fmt.Errorf("migrate: begin: %w", err)
+		if done {
+			applied = append(applied, version)
 		}
-		if _, err := tx.Exec(ctx, string(sql)); err != nil {
-			_ = tx.Rollback(ctx)
-			return applied, fmt.Errorf("migrate: apply %s: %w", version, err)
-		}
-		if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations(version) VALUES ($1)", version); err != nil {
-			_ = tx.Rollback(ctx)
-			return applied, fmt.Errorf("migrate: record %s: %w", version, err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return applied, fmt.Errorf("migrate: commit %s: %w", version, err)
-		}
-		applied = append(applied, version)
 	}
 	return applied, nil
+}
+
+// migrateOne applies one migration unless it is recorded already, all in
+// one transaction under the migration lock. It reports whether it applied it.
+func migrateOne(ctx context.Context, conn *pgxpool.Conn, name, version string) (bool, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrate: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLockID)); err != nil {
+		return false, fmt.Errorf("migrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return false, fmt.Errorf("migrate: create table: %w", err)
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version=$1)", version).Scan(&exists); err != nil {
+		return false, fmt.Errorf("migrate: check %s: %w", version, err)
+	}
+	if exists {
+		return false, nil
+	}
+	sql, err := migrationFiles.ReadFile(name)
+	if err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, string(sql)); err != nil {
+		return false, fmt.Errorf("migrate: apply %s: %w", version, err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations(version) VALUES ($1)", version); err != nil {
+		return false, fmt.Errorf("migrate: record %s: %w", version, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("migrate: commit %s: %w", version, err)
+	}
+	return true, nil
 }

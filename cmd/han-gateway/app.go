@@ -124,8 +124,11 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := m.checkLegacyStub(); err != nil {
 		return err
 	}
-	var err error
-	m.pg, err = store.OpenPG(ctx, cfg.DatabaseURL, store.PGConfig{})
+	mode, err := store.ParseExecMode(cfg.DBExecMode)
+	if err != nil {
+		return fmt.Errorf("HAN_DB_EXEC_MODE: %w", err)
+	}
+	m.pg, err = store.OpenPG(ctx, cfg.DatabaseURL, store.PGConfig{ExecMode: mode})
 	if err != nil {
 		return err
 	}
@@ -133,11 +136,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.Migrate {
-		mctx, cancel := context.WithTimeout(ctx, time.Minute)
-		_, err := store.Migrate(mctx, m.pg)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
+		if err := migrateDirect(ctx, cfg.DatabaseDirectURL); err != nil {
+			return err
 		}
 	}
 	rc := store.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
@@ -325,4 +325,22 @@ func newLogger(level string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
 	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// migrateDirect applies the migrations over HAN_DATABASE_DIRECT_URL, on a
+// connection of its own closed afterwards: migrations take the migration
+// lock and run DDL, which belong on a connection straight to PostgreSQL,
+// not one shared through a transaction-pooling proxy.
+func migrateDirect(ctx context.Context, url string) error {
+	pool, err := store.OpenPG(ctx, url, store.PGConfig{MaxConns: 1, MinConns: 1})
+	if err != nil {
+		return fmt.Errorf("HAN_DATABASE_DIRECT_URL: %w", err)
+	}
+	defer pool.Close()
+	mctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := store.Migrate(mctx, pool); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
 }

@@ -25,8 +25,15 @@ type multi []string
 func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 
+// openDB connects over HAN_DATABASE_DIRECT_URL when it is set, else
+// DATABASE_URL: admin commands migrate and run long transactions, which
+// belong on a connection straight to PostgreSQL, not one through a
+// transaction-pooling proxy.
 func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
-	u := getenv("DATABASE_URL")
+	u := getenv("HAN_DATABASE_DIRECT_URL")
+	if u == "" {
+		u = getenv("DATABASE_URL")
+	}
 	if u == "" {
 		return nil, errors.New("DATABASE_URL is required")
 	}

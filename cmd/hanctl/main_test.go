@@ -177,3 +177,15 @@ func TestUnknownCommand(t *testing.T) {
 		t.Fatal("unknown command must fail")
 	}
 }
+
+// hanctl connects over HAN_DATABASE_DIRECT_URL when it is set: DATABASE_URL
+// may name a transaction-pooling proxy (here: nothing listens there at all).
+func TestMigrateUsesTheDirectURL(t *testing.T) {
+	out, err := run(t, map[string]string{
+		"DATABASE_URL":            "postgres://postgres@127.0.0.1:1/nowhere?sslmode=disable&connect_timeout=1",
+		"HAN_DATABASE_DIRECT_URL": env.DirectURL,
+	}, "migrate")
+	if err != nil || !(strings.Contains(out, "up to date") || strings.Contains(out, "applied")) {
+		t.Fatalf("migrate over the direct URL: %q %v", out, err)
+	}
+}

@@ -53,6 +53,15 @@ type Config struct {
 	// statement of its transaction; past it the request answers 503
 	// database_busy. At least 1ms (PostgreSQL counts in milliseconds).
 	DBRequestTimeout time.Duration
+	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
+	// connection straight to PostgreSQL, for migrations, when DatabaseURL
+	// goes through a transaction-pooling proxy such as PgBouncer.
+	DatabaseDirectURL string
+	// DBExecMode (HAN_DB_EXEC_MODE) is how pgx sends statements on
+	// DatabaseURL (store.ParseExecMode tells the modes apart); zero value:
+	// pgx's default, cache_statement. Behind PgBouncer in transaction
+	// pooling: exec or simple_protocol.
+	DBExecMode string
 	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
 	// (default 5s) bound how long a crashed instance's users stay online;
 	// HAN_OUTBOX_GRACE (default 5s) is how old an unpublished outbox row must
@@ -148,6 +157,13 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.DBRequestTimeout, err = duration(getenv("HAN_DB_REQUEST_TIMEOUT"), 2*time.Second); err != nil || c.DBRequestTimeout < time.Millisecond {
 		bad("HAN_DB_REQUEST_TIMEOUT: must be a duration of at least 1ms like 2s")
+	}
+	// describe_exec, pgx's fifth mode, is left out on purpose: its two round
+	// trips may reach two server connections behind a pooling proxy.
+	switch c.DBExecMode = getenv("HAN_DB_EXEC_MODE"); c.DBExecMode {
+	case "", "cache_statement", "cache_describe", "exec", "simple_protocol":
+	default:
+		bad("HAN_DB_EXEC_MODE: must be cache_statement, cache_describe, exec or simple_protocol")
 	}
 	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
 		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)
@@ -256,6 +272,11 @@ func Load(getenv func(string) string) (Config, error) {
 		bad("DATABASE_URL: required")
 	} else if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		bad("DATABASE_URL: must be a postgres:// URL")
+	}
+	if c.DatabaseDirectURL = getenv("HAN_DATABASE_DIRECT_URL"); c.DatabaseDirectURL == "" {
+		c.DatabaseDirectURL = c.DatabaseURL
+	} else if u, err := url.Parse(c.DatabaseDirectURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		bad("HAN_DATABASE_DIRECT_URL: must be a postgres:// URL")
 	}
 	if len(c.HMACSecret) < 16 {
 		bad("HAN_HMAC_SECRET: required, at least 16 bytes")

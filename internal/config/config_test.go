@@ -165,3 +165,34 @@ func TestDrainDelay(t *testing.T) {
 		}
 	}
 }
+
+// Behind PgBouncer: the exec mode is one of the four pgx modes that work
+// with a single round trip per statement or a direct connection, and
+// migrations go to HAN_DATABASE_DIRECT_URL, which defaults to DATABASE_URL.
+func TestDatabaseDirectURLAndExecMode(t *testing.T) {
+	c, err := Load(env(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DatabaseDirectURL != c.DatabaseURL || c.DBExecMode != "" {
+		t.Fatalf("defaults: direct %q, mode %q", c.DatabaseDirectURL, c.DBExecMode)
+	}
+	m := base()
+	m["DATABASE_URL"] = "postgres://u@127.0.0.1:6432/db"
+	m["HAN_DATABASE_DIRECT_URL"] = "postgres://u@127.0.0.1:5432/db"
+	m["HAN_DB_EXEC_MODE"] = "simple_protocol"
+	if c, err = Load(env(m)); err != nil || c.DatabaseDirectURL != m["HAN_DATABASE_DIRECT_URL"] || c.DBExecMode != "simple_protocol" {
+		t.Fatalf("set: %+v %v", c, err)
+	}
+	for key, value := range map[string]string{
+		"HAN_DB_EXEC_MODE":        "describe_exec",
+		"HAN_DATABASE_DIRECT_URL": "mysql://Zq9marker@h/db",
+	} {
+		m := base()
+		m[key] = value
+		_, err := Load(env(m))
+		if err == nil || !strings.Contains(err.Error(), key+":") || strings.Contains(err.Error(), "Zq9marker") {
+			t.Fatalf("%s=%s: %v", key, value, err)
+		}
+	}
+}

@@ -8,5 +8,13 @@
 // cluster) or DATABASE_URL is set on purpose; Redis is always private because
 // fixed han:* key names make a shared server unsafe for parallel packages.
 //
+// With HAN_TEST_PGBOUNCER=1 a private PgBouncer in transaction pooling mode
+// stands between the package and its database (Env.DatabaseURL through it,
+// in the pgx exec mode HAN_TEST_DB_EXEC_MODE, default exec; Env.DirectURL
+// straight to PostgreSQL, for migrations). Debian's pgbouncer refuses to run
+// as root, so it runs as the "postgres" system user like PostgreSQL. A
+// missing pgbouncer fails the package; BouncerFor, used by tests that start
+// a bouncer of their own, skips instead, except under CI=true.
+//
 // A RedisServer is safe for concurrent use; Kill and Restart serialise on it.
 package testenv

@@ -15,12 +15,23 @@ import (
 // PostgreSQL database.
 type Env struct {
 	Redis *RedisServer
-	// DatabaseURL points at a database created for this package alone.
+	// DatabaseURL points at a database created for this package alone;
+	// through a private PgBouncer in transaction pooling mode when
+	// HAN_TEST_PGBOUNCER=1 (PgBouncerEnv).
 	DatabaseURL string
+	// DirectURL points at the same database straight on PostgreSQL (the
+	// form HAN_DATABASE_DIRECT_URL takes); DatabaseURL without a bouncer.
+	DirectURL string
+	// Bouncer is the private PgBouncer, nil without HAN_TEST_PGBOUNCER=1.
+	Bouncer *PgBouncer
 
 	cluster *PGCluster
 	dropDB  func()
 }
+
+// BouncerOn reports whether HAN_TEST_PGBOUNCER=1 asks for the database
+// to be reached through a private PgBouncer.
+func BouncerOn() bool { return os.Getenv(PgBouncerEnv) == "1" }
 
 // Options selects what Run starts.
 type Options struct {
@@ -71,7 +82,9 @@ func (s *RedisServer) KeysWithoutTTL(ctx context.Context) ([]string, error) {
 // Start starts what opts asks for. PostgreSQL: the server named by
 // HAN_TEST_DATABASE_URL (set by the test command, which starts one private
 // cluster for the run) or, when that is unset, DATABASE_URL set on purpose,
-// else a private cluster of this package's own.
+// else a private cluster of this package's own. With HAN_TEST_PGBOUNCER=1 a
+// private PgBouncer stands in front of it (a missing pgbouncer fails the
+// start, never skips it).
 func Start(opts Options) (*Env, error) {
 	e := &Env{}
 	if opts.Redis {
@@ -103,7 +116,20 @@ func Start(opts Options) (*Env, error) {
 			e.Close()
 			return nil, err
 		}
-		e.DatabaseURL, e.dropDB = url, drop
+		e.DatabaseURL, e.DirectURL, e.dropDB = url, url, drop
+		if BouncerOn() {
+			b, err := StartPgBouncer(server)
+			if err != nil {
+				e.Close()
+				return nil, err
+			}
+			e.Bouncer = b
+			mode := os.Getenv(PgBouncerExecModeEnv)
+			if mode == "" {
+				mode = "exec"
+			}
+			e.DatabaseURL = b.URL(url, mode)
+		}
 	}
 	return e, nil
 }
@@ -113,6 +139,7 @@ func (e *Env) Close() {
 	if e == nil {
 		return
 	}
+	e.Bouncer.Stop()
 	if e.dropDB != nil {
 		e.dropDB()
 	}

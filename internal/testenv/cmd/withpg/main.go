@@ -2,6 +2,11 @@
 // command with HAN_TEST_DATABASE_URL pointing at it, stops the cluster and
 // exits with the command's status. scripts/test.sh runs `go test` through it
 // so every test package shares one cluster (each in its own database).
+//
+// withpg -pgbouncer -- command also starts a private PgBouncer in transaction
+// pooling mode in front of the cluster and hands the command its URL
+// (same user and database) in HAN_TEST_PGBOUNCER_URL
+// (scripts/bench-pgbouncer.sh).
 package main
 
 import (
@@ -17,11 +22,15 @@ import (
 
 func main() {
 	args := os.Args[1:]
+	bouncer := false
+	if len(args) > 0 && args[0] == "-pgbouncer" {
+		bouncer, args = true, args[1:]
+	}
 	if len(args) > 0 && args[0] == "--" {
 		args = args[1:]
 	}
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: withpg -- command [args...]")
+		fmt.Fprintln(os.Stderr, "usage: withpg [-pgbouncer] -- command [args...]")
 		os.Exit(2)
 	}
 	c, err := testenv.StartPGCluster()
@@ -33,6 +42,16 @@ func main() {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), testenv.ServerURLEnv+"="+c.URL)
+	var b *testenv.PgBouncer
+	if bouncer {
+		if b, err = testenv.StartPgBouncer(c.URL); err != nil {
+			c.Stop()
+			fmt.Fprintln(os.Stderr, "withpg:", err)
+			os.Exit(2)
+		}
+		fmt.Fprintf(os.Stderr, "withpg: private PgBouncer on %s (%s)\n", b.Addr(), b.Dir)
+		cmd.Env = append(cmd.Env, "HAN_TEST_PGBOUNCER_URL="+b.URL(c.URL, ""), fmt.Sprintf("HAN_TEST_PGBOUNCER_PID=%d", b.Pid()))
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	code := 0
@@ -57,6 +76,7 @@ func main() {
 			}
 		}
 	}
+	b.Stop()
 	c.Stop()
 	os.Exit(code)
 }
