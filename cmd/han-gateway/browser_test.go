@@ -259,9 +259,25 @@ func (p *page) setValue(sel, value string) {
 		el.dispatchEvent(new Event("input", {bubbles: true})); el.dispatchEvent(new Event("change", {bubbles: true})); return true; })()`, sel, value))
 }
 
+// click clicks the element sel matches. The client re-renders lists when
+// live events arrive, so the node found may be replaced before the click
+// lands ("Could not find node with given id"); a person would click the new
+// one, so the click is retried on a fresh lookup a few times.
 func (p *page) click(sel string) {
 	p.t.Helper()
-	p.do("click "+sel, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+	var err error
+	for range 5 {
+		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+		err = chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "Could not find node") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		p.t.Fatalf("%s: click %s: %v", p.name, sel, err)
+	}
 }
 
 func (p *page) typeInto(sel, keys string) {
