@@ -24,6 +24,9 @@
 -- Returns {'ok', releasedBytes} or, with nothing written,
 -- {'topic_not_found'} | {'retry'} (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include topic_budget
+--#include dedupe_expired
+--#include dedupe_purge
 local n = tonumber(ARGV[4])
 local wants = {'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
 for i = 1, 10 + 2 * n do
@@ -56,9 +59,8 @@ for i = 1, n do
     return {'retry'}
   end
 end
-local b = redis.call('HMGET', KEYS[4], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
-local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
-if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+local msg, rcpt, dd, tb = topicBudget(KEYS[4], tid)
+if not msg then
   return redis.error_reply('ERR data_state_invalid')
 end
 local receipts = 0
@@ -71,27 +73,13 @@ if freedRcpt > rcpt then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local purged = 0
-for _, id in ipairs(expiredDD) do
-  local r = redis.call('HGET', KEYS[5], id)
-  if r then
-    local ok2, rec = pcall(cjson.decode, r)
-    if not ok2 or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expiredDD, purged = dedupeExpired(KEYS[5], KEYS[6], now, tonumber(ARGV[3]), dd)
+if not expiredDD then
   return redis.error_reply('ERR data_state_invalid')
 end
 
 -- Writes.
-for _, id in ipairs(expiredDD) do
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('ZREM', KEYS[6], id)
-end
+dedupePurge(KEYS[5], KEYS[6], expiredDD)
 for i = 1, n do
   redis.call('HDEL', KEYS[3], ARGV[4 + i])
   redis.call('DEL', KEYS[9 + 2 * i], KEYS[10 + 2 * i])

@@ -37,6 +37,9 @@
 -- more than reserved), or, with nothing written, 'topic_not_found' and
 -- 'retry' (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include topic_budget
+--#include dedupe_expired
+--#include dedupe_purge
 local n = tonumber(ARGV[14])
 local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
 for i = 1, 8 + n do
@@ -46,9 +49,8 @@ for i = 1, 8 + n do
   end
 end
 local tid = ARGV[1]
-local b = redis.call('HMGET', KEYS[2], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
-local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
-if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)
+if not msg then
   return redis.error_reply('ERR data_state_invalid')
 end
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('XLEN', KEYS[5]) > 0 then
@@ -71,19 +73,8 @@ end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[13]))
-local purged = 0
-for _, id in ipairs(expired) do
-  local raw = redis.call('HGET', KEYS[3], id)
-  if raw then
-    local ok, rec = pcall(cjson.decode, raw)
-    if not ok or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expired, purged = dedupeExpired(KEYS[3], KEYS[4], now, tonumber(ARGV[13]), dd)
+if not expired then
   return redis.error_reply('ERR data_state_invalid')
 end
 local live
@@ -99,10 +90,7 @@ if raw then
 end
 
 -- Writes from here on: first the purge.
-for _, id in ipairs(expired) do
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-end
+dedupePurge(KEYS[3], KEYS[4], expired)
 if purged > 0 then
   redis.call('HINCRBY', KEYS[2], 'dd', -purged)
 end

@@ -19,6 +19,8 @@
 -- ARGV[4] how many expired dedupe records to purge at most
 -- Returns {'ok', releasedBytes} or {'subscription_not_found'} (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include dedupe_expired
+--#include dedupe_purge
 for i, want in ipairs({'hash', 'hash', 'hash', 'zset', 'set', 'hash', 'zset', 'hash', 'zset'}) do
   local t = redis.call('TYPE', KEYS[i])['ok']
   if t ~= 'none' and t ~= want then
@@ -62,27 +64,13 @@ if freedRcpt > rcpt then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
-local purged = 0
-for _, id in ipairs(expiredDD) do
-  local r = redis.call('HGET', KEYS[3], id)
-  if r then
-    local ok2, rec = pcall(cjson.decode, r)
-    if not ok2 or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expiredDD, purged = dedupeExpired(KEYS[3], KEYS[4], now, tonumber(ARGV[4]), dd)
+if not expiredDD then
   return redis.error_reply('ERR data_state_invalid')
 end
 
 -- Writes.
-for _, id in ipairs(expiredDD) do
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-end
+dedupePurge(KEYS[3], KEYS[4], expiredDD)
 for _, id in ipairs(openIds) do
   if redis.call('HINCRBY', KEYS[6], id, -1) <= 0 then
     redis.call('HDEL', KEYS[6], id)
