@@ -27,6 +27,7 @@
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
+--#include same_subscriptions
 local n = tonumber(ARGV[4])
 local wants = {'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
 for i = 1, 10 + 2 * n do
@@ -51,13 +52,8 @@ local ok, topic = pcall(cjson.decode, raw)
 if not ok or type(topic) ~= 'table' or type(topic.name) ~= 'string' then
   return redis.error_reply('ERR data_state_invalid')
 end
-if redis.call('SCARD', KEYS[8]) ~= n then
+if not sameSubscriptions(KEYS[8], n, 4) then
   return {'retry'}
-end
-for i = 1, n do
-  if redis.call('SISMEMBER', KEYS[8], ARGV[4 + i]) == 0 then
-    return {'retry'}
-  end
 end
 local msg, rcpt, dd, tb = topicBudget(KEYS[4], tid)
 if not msg then

@@ -40,6 +40,7 @@
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
+--#include same_subscriptions
 local n = tonumber(ARGV[14])
 local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
 for i = 1, 8 + n do
@@ -62,13 +63,8 @@ if redis.call('HEXISTS', KEYS[1], tid) == 0 then
   end
   return {'topic_not_found', '', 0, 0, 0}
 end
-if redis.call('SCARD', KEYS[6]) ~= n then
+if not sameSubscriptions(KEYS[6], n, 14) then
   return {'retry', '', 0, 0, 0}
-end
-for i = 1, n do
-  if redis.call('SISMEMBER', KEYS[6], ARGV[14 + i]) == 0 then
-    return {'retry', '', 0, 0, 0}
-  end
 end
 
 local t = redis.call('TIME')

@@ -28,6 +28,7 @@
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
+--#include same_subscriptions
 local n = tonumber(ARGV[6])
 local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
 for i = 1, 8 + 2 * n do
@@ -47,13 +48,8 @@ if redis.call('HEXISTS', KEYS[1], tid) == 0 then
   end
   return {'topic_not_found'}
 end
-if redis.call('SCARD', KEYS[6]) ~= n then
+if not sameSubscriptions(KEYS[6], n, 6) then
   return {'retry'}
-end
-for i = 1, n do
-  if redis.call('SISMEMBER', KEYS[6], ARGV[6 + i]) == 0 then
-    return {'retry'}
-  end
 end
 local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)
 if not msg then
