@@ -24,21 +24,14 @@
 -- Returns {'ok', releasedBytes} or, with nothing written,
 -- {'topic_not_found'} | {'retry'} (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
 --#include same_subscriptions
 local n = tonumber(ARGV[4])
-local wants = {'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
-for i = 1, 10 + 2 * n do
-  local want = wants[i]
-  if not want then
-    want = (i % 2 == 1) and 'hash' or 'zset'
-  end
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+if not keyTypesMatch({'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}, 10 + 2 * n, {'hash', 'zset'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local tid = ARGV[1]
 local raw = redis.call('HGET', KEYS[1], tid)

@@ -37,17 +37,14 @@
 -- more than reserved), or, with nothing written, 'topic_not_found' and
 -- 'retry' (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
 --#include same_subscriptions
 local n = tonumber(ARGV[14])
-local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
-for i = 1, 8 + n do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= (wants[i] or 'hash') then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+if not keyTypesMatch({'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}, 8 + n, {'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local tid = ARGV[1]
 local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)

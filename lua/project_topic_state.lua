@@ -12,12 +12,10 @@
 -- Returns {now, messageBytes, receiptBytes, dedupeBytes (live), topics (flat
 -- HGETALL), subscriptions (flat HGETALL)}.
 -- Errors: "ERR data_state_invalid".
+--#include key_types
 --#include dedupe_expired
-for i, want in ipairs({'hash', 'hash', 'hash', 'hash', 'zset'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+if not keyTypesMatch({'hash', 'hash', 'hash', 'hash', 'zset'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[3], 'msg', 'rcpt', 'dd')
 local msg, rcpt, dd = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')

@@ -19,23 +19,18 @@
 -- ARGV[4] how many expired dedupe records to purge at most
 -- Returns {'ok', releasedBytes} or {'subscription_not_found'} (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
+--#include subscription
 --#include dedupe_expired
 --#include dedupe_purge
-for i, want in ipairs({'hash', 'hash', 'hash', 'zset', 'set', 'hash', 'zset', 'hash', 'zset'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
-  return {'subscription_not_found'}
-end
-local ok, sub = pcall(cjson.decode, raw)
-if not ok or type(sub) ~= 'table' then
+if not keyTypesMatch({'hash', 'hash', 'hash', 'zset', 'set', 'hash', 'zset', 'hash', 'zset'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-if sub.topicId ~= ARGV[2] then
+local sub = readSubscription(KEYS[1], ARGV[1])
+if sub == nil then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
 local b = redis.call('HMGET', KEYS[2], 'rcpt', 'dd')
