@@ -4,14 +4,21 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"io/fs"
 	"sort"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed *.lua
+//go:embed *.lua lib/*.lua
 var files embed.FS
+
+// includeMarker starts a script line that compose replaces with the text of
+// the fragment lib/<name>.lua. A fragment defines local functions that take
+// their keys as arguments, so the script passes its own KEYS and stays on its
+// one hash tag.
+const includeMarker = "--#include "
 
 // Script is one embedded Lua script. Run uses EVALSHA and falls back to EVAL
 // on NOSCRIPT (after a restart or SCRIPT FLUSH), through go-redis's Script.
@@ -20,7 +27,10 @@ type Script struct {
 	// ReadOnly is true for scripts that declare flags=no-writes: they run
 	// with EVALSHA_RO and keep working when Redis is out of memory.
 	ReadOnly bool
-	Source   string
+	// Source is the text sent to Redis: the script file with its fragments
+	// composed in. The same files always compose to the same text, so the
+	// SHA stays the same across restarts and instances.
+	Source string
 
 	s *redis.Script
 }
@@ -44,11 +54,10 @@ func (s *Script) Hash() string { return s.s.Hash() }
 var registry = map[string]*Script{}
 
 func mustLoad(name string) *Script {
-	b, err := files.ReadFile(name + ".lua")
+	src, err := compose(files, name)
 	if err != nil {
-		panic(fmt.Sprintf("lua: missing script %s: %v", name, err))
+		panic("lua: " + err.Error())
 	}
-	src := string(b)
 	first, _, _ := strings.Cut(src, "\n")
 	if !strings.HasPrefix(first, "#!lua") {
 		panic("lua: script " + name + " must start with a #!lua shebang")
@@ -56,6 +65,49 @@ func mustLoad(name string) *Script {
 	s := &Script{Name: name, Source: src, ReadOnly: strings.Contains(first, "no-writes"), s: redis.NewScript(src)}
 	registry[name] = s
 	return s
+}
+
+// compose returns the script name.lua of fsys with every include line
+// replaced, in place, by its fragment from lib/. Any other line starting with
+// "--#" is refused (a mistyped include would otherwise load as a comment and
+// fail only when Redis runs the script), as are a fragment included twice and
+// a fragment that includes another: one level keeps the composed text easy to
+// read next to its files.
+func compose(fsys fs.FS, name string) (string, error) {
+	b, err := fs.ReadFile(fsys, name+".lua")
+	if err != nil {
+		return "", fmt.Errorf("missing script %s: %w", name, err)
+	}
+	var out strings.Builder
+	included := map[string]bool{}
+	for line := range strings.Lines(string(b)) {
+		if !strings.HasPrefix(line, "--#") {
+			out.WriteString(line)
+			continue
+		}
+		frag, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), includeMarker)
+		if !ok {
+			return "", fmt.Errorf("script %s: unknown directive %q", name, strings.TrimSpace(line))
+		}
+		if included[frag] {
+			return "", fmt.Errorf("script %s includes %s twice", name, frag)
+		}
+		included[frag] = true
+		text, err := fs.ReadFile(fsys, "lib/"+frag+".lua")
+		if err != nil {
+			return "", fmt.Errorf("script %s: missing fragment %s: %w", name, frag, err)
+		}
+		if !strings.HasSuffix(string(text), "\n") {
+			return "", fmt.Errorf("fragment %s must end with a newline", frag)
+		}
+		for l := range strings.Lines(string(text)) {
+			if strings.HasPrefix(l, "--#") {
+				return "", fmt.Errorf("fragment %s may not hold a directive", frag)
+			}
+		}
+		out.Write(text)
+	}
+	return out.String(), nil
 }
 
 // All returns every embedded script, sorted by name.

@@ -10,26 +10,16 @@
 -- ARGV[3] how many expired index members to purge on the way
 -- Returns {deleted (1|0), now}.
 -- Errors: "ERR data_state_invalid" (nothing written).
-local wants = {'hash', 'zset', 'zset', 'hash', 'hash', 'hash'}
-for i = 1, 6 do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= wants[i] then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+--#include cache_usage
+--#include cache_forget
+--#include legacy_deadline
+if not keyTypesMatch({'hash', 'zset', 'zset', 'hash', 'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
-local hasMeta = redis.call('EXISTS', KEYS[1]) == 1
-local bytes = 0
-if not hasMeta then
-  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-else
-  local m = redis.call('HMGET', KEYS[1], 'seq', 'cacheBytes')
-  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  bytes = tonumber(m[2] or '0')
-  if bytes == nil or bytes < 0 or (top[2] and (m[1] == false or tonumber(m[1]) < tonumber(top[2]))) then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+local bytes, hasMeta = cacheUsage(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+if not bytes then
+  return redis.error_reply('ERR data_state_invalid')
 end
 
 local t = redis.call('TIME')
@@ -50,24 +40,13 @@ end
 if hasMeta then
   local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[3]))
   table.insert(expired, ARGV[1])
-  for _, k in ipairs(expired) do
-    bytes = bytes - tonumber(redis.call('HGET', KEYS[4], k) or '0')
-    redis.call('HDEL', KEYS[4], k)
-    redis.call('ZREM', KEYS[2], k)
-    redis.call('ZREM', KEYS[3], k)
-  end
+  bytes = cacheForget(KEYS[2], KEYS[3], KEYS[4], expired, bytes)
   if bytes < 0 then
     bytes = 0
   end
   redis.call('HSET', KEYS[1], 'cacheBytes', bytes)
 end
-if deadline > 0 and redis.call('EXISTS', KEYS[5]) == 1 then
-  if deadline <= now then
-    redis.call('DEL', KEYS[5])
-  elseif canExpire and redis.call('PEXPIRETIME', KEYS[5]) ~= deadline then
-    redis.call('PEXPIREAT', KEYS[5], deadline)
-  end
-end
+legacyDeadline(KEYS[5], deadline, now, canExpire)
 if existed or legacyLive then
   return {1, now}
 end

@@ -11,12 +11,11 @@
 -- ARGV[3..] pairs: relative key, the write seq at which it was found missing
 -- Returns the number of index members removed.
 -- Errors: "ERR data_state_invalid" (nothing written).
-local wants = {'hash', 'zset', 'zset', 'hash', 'hash'}
-for i = 1, 5 do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= wants[i] then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+--#include cache_forget
+--#include legacy_deadline
+if not keyTypesMatch({'hash', 'zset', 'zset', 'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,22 +41,11 @@ if hasMeta then
       table.insert(gone, ARGV[i])
     end
   end
-  for _, k in ipairs(gone) do
-    bytes = bytes - tonumber(redis.call('HGET', KEYS[4], k) or '0')
-    redis.call('HDEL', KEYS[4], k)
-    removed = removed + redis.call('ZREM', KEYS[2], k)
-    redis.call('ZREM', KEYS[3], k)
-  end
+  bytes, removed = cacheForget(KEYS[2], KEYS[3], KEYS[4], gone, bytes)
   if bytes < 0 then
     bytes = 0
   end
   redis.call('HSET', KEYS[1], 'cacheBytes', bytes)
 end
-if deadline > 0 and redis.call('EXISTS', KEYS[5]) == 1 then
-  if deadline <= now then
-    redis.call('DEL', KEYS[5])
-  elseif canExpire and redis.call('PEXPIRETIME', KEYS[5]) ~= deadline then
-    redis.call('PEXPIREAT', KEYS[5], deadline)
-  end
-end
+legacyDeadline(KEYS[5], deadline, now, canExpire)
 return removed

@@ -22,25 +22,16 @@
 -- Returns {status, seq, expiresAt, now}: status 1 created, 2 replaced,
 -- 0 createOnly found the key (nothing written).
 -- Errors: "ERR data_state_invalid", "ERR expiry_denied" (nothing written).
-local wants = {'hash', 'zset', 'zset', 'hash', 'hash', 'hash'}
-for i = 1, 6 do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= wants[i] then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+--#include cache_usage
+--#include cache_forget
+--#include legacy_deadline
+if not keyTypesMatch({'hash', 'zset', 'zset', 'hash', 'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
-local bytes = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-else
-  local m = redis.call('HMGET', KEYS[1], 'seq', 'cacheBytes')
-  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  bytes = tonumber(m[2] or '0')
-  if bytes == nil or bytes < 0 or (top[2] and (m[1] == false or tonumber(m[1]) < tonumber(top[2]))) then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+local bytes = cacheUsage(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+if not bytes then
+  return redis.error_reply('ERR data_state_invalid')
 end
 
 local t = redis.call('TIME')
@@ -61,12 +52,7 @@ end
 
 -- Writes from here on.
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[10]))
-for _, k in ipairs(expired) do
-  bytes = bytes - tonumber(redis.call('HGET', KEYS[4], k) or '0')
-  redis.call('HDEL', KEYS[4], k)
-  redis.call('ZREM', KEYS[2], k)
-  redis.call('ZREM', KEYS[3], k)
-end
+bytes = cacheForget(KEYS[2], KEYS[3], KEYS[4], expired, bytes)
 local old = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
 bytes = bytes - old + tonumber(ARGV[6])
 if bytes < 0 then
@@ -83,13 +69,8 @@ if inContainer then
   -- Overwriting a legacy key makes it a normal entry.
   redis.call('HDEL', KEYS[5], ARGV[1])
 end
-if deadline > 0 and redis.call('EXISTS', KEYS[5]) == 1 then
-  if deadline <= now then
-    redis.call('DEL', KEYS[5])
-  elseif redis.call('PEXPIRETIME', KEYS[5]) ~= deadline then
-    redis.call('PEXPIREAT', KEYS[5], deadline)
-  end
-end
+-- Both PEXPIREAT checks passed above, so the deadline may always be set.
+legacyDeadline(KEYS[5], deadline, now, true)
 local status = 1
 if existed or legacyLive then
   status = 2

@@ -9,29 +9,23 @@
 -- metaLegacyDeadline}; usage and entries leave out entries already past
 -- their deadline.
 -- Errors: "ERR data_state_invalid".
-local wants = {'hash', 'zset', 'zset', 'hash', 'hash'}
-for i = 1, 5 do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= wants[i] then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+--#include cache_usage
+if not keyTypesMatch({'hash', 'zset', 'zset', 'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local containerFields = redis.call('HLEN', KEYS[5])
 local containerTTL = redis.call('PTTL', KEYS[5])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-  return {now, 0, 0, 0, 0, containerFields, containerTTL, '', '', ''}
-end
-local m = redis.call('HMGET', KEYS[1], 'seq', 'cacheBytes', 'quota', 'paused', 'legacyDeadline')
-local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-local bytes = tonumber(m[2] or '0')
-if bytes == nil or bytes < 0 or (top[2] and (m[1] == false or tonumber(m[1]) < tonumber(top[2]))) then
+local bytes, hasMeta = cacheUsage(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+if not bytes then
   return redis.error_reply('ERR data_state_invalid')
 end
+if not hasMeta then
+  return {now, 0, 0, 0, 0, containerFields, containerTTL, '', '', ''}
+end
+local m = redis.call('HMGET', KEYS[1], 'seq', 'quota', 'paused', 'legacyDeadline')
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #gone > 0 then
   for _, s in ipairs(redis.call('HMGET', KEYS[4], unpack(gone))) do
@@ -45,4 +39,4 @@ local entries = redis.call('ZCARD', KEYS[2]) - redis.call('ZCOUNT', KEYS[3], '-i
 if entries < 0 then
   entries = 0
 end
-return {now, 1, tonumber(m[1] or '0'), bytes, entries, containerFields, containerTTL, m[3] or '', m[4] or '', m[5] or ''}
+return {now, 1, tonumber(m[1] or '0'), bytes, entries, containerFields, containerTTL, m[2] or '', m[3] or '', m[4] or ''}

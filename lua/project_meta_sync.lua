@@ -8,12 +8,9 @@
 -- ARGV[3] fixed legacy deadline in epoch ms, 0 when not fixed
 -- Returns 1.
 -- Errors: "ERR data_state_invalid" (nothing written).
-local wants = {'hash', 'zset', 'zset', 'hash'}
-for i = 1, 4 do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= wants[i] then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'zset', 'zset', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then
   return redis.error_reply('ERR data_state_invalid')

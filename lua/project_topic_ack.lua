@@ -22,29 +22,23 @@
 -- nothing written, {'subscription_not_found' | 'message_not_found' |
 -- 'lease_expired' | 'lease_token_mismatch' | 'receipt_conflict'}.
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash', 'zset', 'hash', 'zset'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
-  return {'subscription_not_found'}
-end
-local ok, sub = pcall(cjson.decode, raw)
-if not ok or type(sub) ~= 'table' then
+--#include key_types
+--#include subscription
+if not keyTypesMatch({'hash', 'hash', 'zset', 'hash', 'zset'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-if sub.topicId ~= ARGV[2] then
+local sub = readSubscription(KEYS[1], ARGV[1])
+if sub == nil then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
 local r = redis.call('HGET', KEYS[4], ARGV[3])
 if not r then
   return {'message_not_found'}
 end
-local rec
-ok, rec = pcall(cjson.decode, r)
+local ok, rec = pcall(cjson.decode, r)
 if not ok or type(rec) ~= 'table' or type(rec.s) ~= 'string' or type(rec.l) ~= 'number' then
   return redis.error_reply('ERR data_state_invalid')
 end

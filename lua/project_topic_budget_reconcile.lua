@@ -20,11 +20,9 @@
 -- end:   ARGV[2] gen returned by begin, ARGV[3] the scanned sum in bytes
 -- Returns begin: {1, gen, dropped reservations} | {0}; end: {1, committed before, committed after} | {0}.
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart', 'rpos')
 local committed, reserved = tonumber(b[1] or '0'), tonumber(b[2] or '0')

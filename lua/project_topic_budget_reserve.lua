@@ -15,11 +15,9 @@
 -- ARGV[4] project id
 -- Returns {granted (1 | 0), gen, committed, reserved}.
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash', 'set'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'hash', 'set'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen')
 local committed, reserved, gen = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')

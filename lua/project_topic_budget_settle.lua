@@ -16,11 +16,9 @@
 -- ARGV[4] gen read before the project script ran
 -- Returns {committed, reserved, released applied (1 | 0)}.
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart')
 local committed, reserved = tonumber(b[1] or '0'), tonumber(b[2] or '0')

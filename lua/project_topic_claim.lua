@@ -27,21 +27,16 @@
 -- or {'subscription_not_found' | 'delivery_paused' | 'subscription_paused'}
 -- (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash', 'stream', 'hash', 'zset', 'hash', 'zset'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-end
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if not raw then
-  return {'subscription_not_found'}
-end
-local ok, sub = pcall(cjson.decode, raw)
-if not ok or type(sub) ~= 'table' or type(sub.pos) ~= 'string' then
+--#include key_types
+--#include subscription
+if not keyTypesMatch({'hash', 'hash', 'stream', 'hash', 'zset', 'hash', 'zset'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-if sub.topicId ~= ARGV[2] then
+local sub = readSubscription(KEYS[2], ARGV[1], 'pos')
+if sub == nil then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then

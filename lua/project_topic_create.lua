@@ -9,11 +9,9 @@
 -- ARGV[4] most topics a project may hold
 -- Returns {'ok', createdAt} | {'topic_name_taken'} | {'limit'} (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local owner = redis.call('HGET', KEYS[2], ARGV[2])
 if owner then

@@ -24,17 +24,14 @@
 -- Returns {'ok', releasedBytes} or, with nothing written,
 -- {'topic_not_found'} | {'retry'} (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
+--#include topic_budget
+--#include dedupe_expired
+--#include dedupe_purge
+--#include same_subscriptions
 local n = tonumber(ARGV[4])
-local wants = {'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
-for i = 1, 10 + 2 * n do
-  local want = wants[i]
-  if not want then
-    want = (i % 2 == 1) and 'hash' or 'zset'
-  end
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+if not keyTypesMatch({'hash', 'hash', 'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}, 10 + 2 * n, {'hash', 'zset'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local tid = ARGV[1]
 local raw = redis.call('HGET', KEYS[1], tid)
@@ -48,17 +45,11 @@ local ok, topic = pcall(cjson.decode, raw)
 if not ok or type(topic) ~= 'table' or type(topic.name) ~= 'string' then
   return redis.error_reply('ERR data_state_invalid')
 end
-if redis.call('SCARD', KEYS[8]) ~= n then
+if not sameSubscriptions(KEYS[8], n, 4) then
   return {'retry'}
 end
-for i = 1, n do
-  if redis.call('SISMEMBER', KEYS[8], ARGV[4 + i]) == 0 then
-    return {'retry'}
-  end
-end
-local b = redis.call('HMGET', KEYS[4], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
-local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
-if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+local msg, rcpt, dd, tb = topicBudget(KEYS[4], tid)
+if not msg then
   return redis.error_reply('ERR data_state_invalid')
 end
 local receipts = 0
@@ -71,27 +62,13 @@ if freedRcpt > rcpt then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-local purged = 0
-for _, id in ipairs(expiredDD) do
-  local r = redis.call('HGET', KEYS[5], id)
-  if r then
-    local ok2, rec = pcall(cjson.decode, r)
-    if not ok2 or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expiredDD, purged = dedupeExpired(KEYS[5], KEYS[6], now, tonumber(ARGV[3]), dd)
+if not expiredDD then
   return redis.error_reply('ERR data_state_invalid')
 end
 
 -- Writes.
-for _, id in ipairs(expiredDD) do
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('ZREM', KEYS[6], id)
-end
+dedupePurge(KEYS[5], KEYS[6], expiredDD)
 for i = 1, n do
   redis.call('HDEL', KEYS[3], ARGV[4 + i])
   redis.call('DEL', KEYS[9 + 2 * i], KEYS[10 + 2 * i])

@@ -8,11 +8,9 @@
 -- Returns {'ok', entries, more (1 | 0)} with entries as XRANGE answers them,
 -- or {'topic_not_found'}.
 -- Errors: "ERR data_state_invalid".
-for i, want in ipairs({'hash', 'stream'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'stream'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   return {'topic_not_found'}

@@ -37,18 +37,18 @@
 -- more than reserved), or, with nothing written, 'topic_not_found' and
 -- 'retry' (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
+--#include topic_budget
+--#include dedupe_expired
+--#include dedupe_purge
+--#include same_subscriptions
 local n = tonumber(ARGV[14])
-local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
-for i = 1, 8 + n do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= (wants[i] or 'hash') then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+if not keyTypesMatch({'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}, 8 + n, {'hash'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local tid = ARGV[1]
-local b = redis.call('HMGET', KEYS[2], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
-local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
-if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)
+if not msg then
   return redis.error_reply('ERR data_state_invalid')
 end
 if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('XLEN', KEYS[5]) > 0 then
@@ -60,30 +60,14 @@ if redis.call('HEXISTS', KEYS[1], tid) == 0 then
   end
   return {'topic_not_found', '', 0, 0, 0}
 end
-if redis.call('SCARD', KEYS[6]) ~= n then
+if not sameSubscriptions(KEYS[6], n, 14) then
   return {'retry', '', 0, 0, 0}
-end
-for i = 1, n do
-  if redis.call('SISMEMBER', KEYS[6], ARGV[14 + i]) == 0 then
-    return {'retry', '', 0, 0, 0}
-  end
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[13]))
-local purged = 0
-for _, id in ipairs(expired) do
-  local raw = redis.call('HGET', KEYS[3], id)
-  if raw then
-    local ok, rec = pcall(cjson.decode, raw)
-    if not ok or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expired, purged = dedupeExpired(KEYS[3], KEYS[4], now, tonumber(ARGV[13]), dd)
+if not expired then
   return redis.error_reply('ERR data_state_invalid')
 end
 local live
@@ -99,10 +83,7 @@ if raw then
 end
 
 -- Writes from here on: first the purge.
-for _, id in ipairs(expired) do
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-end
+dedupePurge(KEYS[3], KEYS[4], expired)
 if purged > 0 then
   redis.call('HINCRBY', KEYS[2], 'dd', -purged)
 end

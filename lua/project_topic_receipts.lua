@@ -12,21 +12,16 @@
 -- Returns {'ok', now, {messageId, receipt JSON, ...}, more (1 | 0)} or
 -- {'subscription_not_found'}.
 -- Errors: "ERR data_state_invalid".
-for i, want in ipairs({'hash', 'stream', 'hash'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
-  return {'subscription_not_found'}
-end
-local ok, sub = pcall(cjson.decode, raw)
-if not ok or type(sub) ~= 'table' or type(sub.from) ~= 'string' then
+--#include key_types
+--#include subscription
+if not keyTypesMatch({'hash', 'stream', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-if sub.topicId ~= ARGV[2] then
+local sub = readSubscription(KEYS[1], ARGV[1], 'from')
+if sub == nil then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
 -- Stream ids "<ms>-<seq>": the later of the cursor and `from`.

@@ -12,11 +12,10 @@
 -- Returns {now, messageBytes, receiptBytes, dedupeBytes (live), topics (flat
 -- HGETALL), subscriptions (flat HGETALL)}.
 -- Errors: "ERR data_state_invalid".
-for i, want in ipairs({'hash', 'hash', 'hash', 'hash', 'zset'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+--#include dedupe_expired
+if not keyTypesMatch({'hash', 'hash', 'hash', 'hash', 'zset'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[3], 'msg', 'rcpt', 'dd')
 local msg, rcpt, dd = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
@@ -25,18 +24,9 @@ if not (msg and rcpt and dd) or msg < 0 or rcpt < 0 or dd < 0 then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-for _, id in ipairs(gone) do
-  local raw = redis.call('HGET', KEYS[4], id)
-  if raw then
-    local ok, rec = pcall(cjson.decode, raw)
-    if not ok or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    dd = dd - rec.b
-  end
-end
-if dd < 0 then
+local gone, goneBytes = dedupeExpired(KEYS[4], KEYS[5], now, tonumber(ARGV[1]), dd)
+if not gone then
   return redis.error_reply('ERR data_state_invalid')
 end
+dd = dd - goneBytes
 return {now, msg, rcpt, dd, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}

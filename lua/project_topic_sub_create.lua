@@ -13,11 +13,9 @@
 -- ARGV[4] most subscriptions a project may hold
 -- Returns {'ok', createdAt} | {'topic_not_found'} | {'limit'} (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash', 'set', 'stream'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+--#include key_types
+if not keyTypesMatch({'hash', 'hash', 'set', 'stream'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then
   if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then

@@ -19,21 +19,18 @@
 -- ARGV[4] how many expired dedupe records to purge at most
 -- Returns {'ok', releasedBytes} or {'subscription_not_found'} (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
-for i, want in ipairs({'hash', 'hash', 'hash', 'zset', 'set', 'hash', 'zset', 'hash', 'zset'}) do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
-  return {'subscription_not_found'}
-end
-local ok, sub = pcall(cjson.decode, raw)
-if not ok or type(sub) ~= 'table' then
+--#include key_types
+--#include subscription
+--#include dedupe_expired
+--#include dedupe_purge
+if not keyTypesMatch({'hash', 'hash', 'hash', 'zset', 'set', 'hash', 'zset', 'hash', 'zset'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-if sub.topicId ~= ARGV[2] then
+local sub = readSubscription(KEYS[1], ARGV[1])
+if sub == nil then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
 local b = redis.call('HMGET', KEYS[2], 'rcpt', 'dd')
@@ -62,27 +59,13 @@ if freedRcpt > rcpt then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
-local purged = 0
-for _, id in ipairs(expiredDD) do
-  local r = redis.call('HGET', KEYS[3], id)
-  if r then
-    local ok2, rec = pcall(cjson.decode, r)
-    if not ok2 or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expiredDD, purged = dedupeExpired(KEYS[3], KEYS[4], now, tonumber(ARGV[4]), dd)
+if not expiredDD then
   return redis.error_reply('ERR data_state_invalid')
 end
 
 -- Writes.
-for _, id in ipairs(expiredDD) do
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-end
+dedupePurge(KEYS[3], KEYS[4], expiredDD)
 for _, id in ipairs(openIds) do
   if redis.call('HINCRBY', KEYS[6], id, -1) <= 0 then
     redis.call('HDEL', KEYS[6], id)

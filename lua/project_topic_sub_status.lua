@@ -6,17 +6,17 @@
 -- ARGV[2] status: online | paused
 -- Returns {'ok', subscription JSON} | {'subscription_not_found'}.
 -- Errors: "ERR data_state_invalid" (nothing written).
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'none' and t ~= 'hash' then
+--#include key_types
+--#include subscription
+if not keyTypesMatch({'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then
+local sub, raw = readSubscription(KEYS[1], ARGV[1])
+if sub == nil then
+  return redis.error_reply('ERR data_state_invalid')
+end
+if not sub then
   return {'subscription_not_found'}
-end
-local ok, sub = pcall(cjson.decode, raw)
-if not ok or type(sub) ~= 'table' then
-  return redis.error_reply('ERR data_state_invalid')
 end
 if sub.status ~= ARGV[2] then
   sub.status = ARGV[2]

@@ -25,17 +25,14 @@
 -- Returns {'ok', trimmed, releasedBytes, more (1 | 0)} or, with nothing
 -- written, {'topic_not_found'} | {'retry'} (the subscriptions changed).
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
+--#include topic_budget
+--#include dedupe_expired
+--#include dedupe_purge
+--#include same_subscriptions
 local n = tonumber(ARGV[6])
-local wants = {'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}
-for i = 1, 8 + 2 * n do
-  local want = wants[i]
-  if not want then
-    want = (i % 2 == 1) and 'hash' or 'zset'
-  end
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= want then
-    return redis.error_reply('ERR data_state_invalid')
-  end
+if not keyTypesMatch({'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}, 8 + 2 * n, {'hash', 'zset'}) then
+  return redis.error_reply('ERR data_state_invalid')
 end
 local tid = ARGV[1]
 if redis.call('HEXISTS', KEYS[1], tid) == 0 then
@@ -44,17 +41,11 @@ if redis.call('HEXISTS', KEYS[1], tid) == 0 then
   end
   return {'topic_not_found'}
 end
-if redis.call('SCARD', KEYS[6]) ~= n then
+if not sameSubscriptions(KEYS[6], n, 6) then
   return {'retry'}
 end
-for i = 1, n do
-  if redis.call('SISMEMBER', KEYS[6], ARGV[6 + i]) == 0 then
-    return {'retry'}
-  end
-end
-local b = redis.call('HMGET', KEYS[2], 'msg', 'rcpt', 'dd', 'tb:' .. tid)
-local msg, rcpt, dd, tb = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0'), tonumber(b[4] or '0')
-if not (msg and rcpt and dd and tb) or msg < 0 or rcpt < 0 or dd < 0 or tb < 0 or tb > msg then
+local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)
+if not msg then
   return redis.error_reply('ERR data_state_invalid')
 end
 local t = redis.call('TIME')
@@ -62,19 +53,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local batch, maxAttempts, per = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 
 -- Reads: expired dedupe records, exhausted receipts, trimmable messages.
-local expiredDD = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[5]))
-local purged = 0
-for _, id in ipairs(expiredDD) do
-  local raw = redis.call('HGET', KEYS[3], id)
-  if raw then
-    local ok, rec = pcall(cjson.decode, raw)
-    if not ok or type(rec) ~= 'table' or type(rec.b) ~= 'number' then
-      return redis.error_reply('ERR data_state_invalid')
-    end
-    purged = purged + rec.b
-  end
-end
-if purged > dd then
+local expiredDD, purged = dedupeExpired(KEYS[3], KEYS[4], now, tonumber(ARGV[5]), dd)
+if not expiredDD then
   return redis.error_reply('ERR data_state_invalid')
 end
 local exhaust = {}
@@ -128,10 +108,7 @@ if freedMsg > tb or freedRcpt > rcpt then
 end
 
 -- Writes.
-for _, id in ipairs(expiredDD) do
-  redis.call('HDEL', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-end
+dedupePurge(KEYS[3], KEYS[4], expiredDD)
 for _, x in ipairs(exhaust) do
   local rk, lk, id, rec = x[1], x[2], x[3], x[4]
   rec.s, rec.u = 'exhausted', rec.l
