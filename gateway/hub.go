@@ -16,6 +16,7 @@ import (
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // hubDeps are the collaborators a Hub calls.
@@ -378,11 +379,11 @@ func errKind(err error) string {
 	switch {
 	case err == nil:
 		return "none"
-	case errors.Is(err, store.ErrRedisOOM):
+	case errors.Is(err, rds.ErrRedisOOM):
 		return "redis_oom"
-	case errors.Is(err, store.ErrExpiryDenied):
+	case errors.Is(err, rds.ErrExpiryDenied):
 		return "redis_expiry_denied"
-	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisNoPerm):
+	case errors.Is(err, rds.ErrRedisUnavailable), errors.Is(err, rds.ErrRedisNoPerm):
 		return "redis_unavailable"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"

@@ -12,6 +12,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -49,11 +50,11 @@ func newFixture(t *testing.T, cfg legacystub.Config) *fixture {
 		}
 		migrated = true
 	}
-	db1, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	db1, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	db2, err := store.NewRedis(env.Redis.LegacyStubURL(2), store.RedisConfig{})
+	db2, err := rds.NewRedis(env.Redis.LegacyStubURL(2), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // recoveryBatch is the most tasks one round looks at.
@@ -29,7 +30,7 @@ const recoveryBatch = 100
 // DB2 already holds, if a poll reached it, else a random one.
 type Recoverer struct {
 	stub   *Stub
-	locker *store.Locker
+	locker *rds.Locker
 	owner  string // lease owner: instance id + random suffix, unique per process
 
 	afterLease func(taskID string) // test hook: runs while the lease is held
@@ -46,7 +47,7 @@ type Recoverer struct {
 func (s *Stub) NewRecoverer(db1 redis.Scripter, instanceID string) *Recoverer {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return &Recoverer{stub: s, locker: store.NewLocker(db1), owner: instanceID + "-" + hex.EncodeToString(b),
+	return &Recoverer{stub: s, locker: rds.NewLocker(db1), owner: instanceID + "-" + hex.EncodeToString(b),
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -130,10 +131,10 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
 	cfg := r.stub.cfg
 	lctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
-	lk, _, err := r.locker.Acquire(lctx, store.LockSafetyRecovery, id, cfg.RecoveryLease)
+	lk, _, err := r.locker.Acquire(lctx, rds.LockSafetyRecovery, id, cfg.RecoveryLease)
 	cancel()
 	switch {
-	case errors.Is(err, store.ErrLockHeld):
+	case errors.Is(err, rds.ErrLockHeld):
 		return false, nil // another instance is on it
 	case err != nil:
 		// DB1 is unavailable: the lock is only an optimisation, the lease
@@ -180,7 +181,7 @@ func errKind(err error) string {
 	if errors.As(err, &pe) {
 		return "pg:" + pe.Code
 	}
-	for _, sentinel := range []error{store.ErrRedisUnavailable, store.ErrRedisOOM, store.ErrRedisNoPerm, store.ErrExpiryDenied,
+	for _, sentinel := range []error{rds.ErrRedisUnavailable, rds.ErrRedisOOM, rds.ErrRedisNoPerm, rds.ErrExpiryDenied,
 		context.DeadlineExceeded, context.Canceled} {
 		if errors.Is(err, sentinel) {
 			return sentinel.Error()

@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Start runs the background work until Close: the instance liveness
@@ -202,13 +202,13 @@ func kind(err error) string {
 	switch {
 	case err == nil:
 		return "none"
-	case errors.Is(err, store.ErrRedisOOM):
+	case errors.Is(err, rds.ErrRedisOOM):
 		return "redis_oom"
-	case errors.Is(err, store.ErrExpiryDenied):
+	case errors.Is(err, rds.ErrExpiryDenied):
 		return "redis_expiry_denied"
-	case errors.Is(err, store.ErrRedisNoPerm):
+	case errors.Is(err, rds.ErrRedisNoPerm):
 		return "redis_noperm"
-	case errors.Is(err, store.ErrRedisUnavailable):
+	case errors.Is(err, rds.ErrRedisUnavailable):
 		return "redis_unavailable"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"

@@ -26,6 +26,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // AttachmentConfig tunes attachments (docs/idempotency.md).
@@ -474,7 +475,7 @@ func (s *Server) requireDB0(ctx context.Context) error {
 		return err
 	}
 	if s.idem.health == nil {
-		return store.ErrRedisUnavailable
+		return rds.ErrRedisUnavailable
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
 	defer cancel()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Error is an API failure with its HTTP status and stable code. Handlers
@@ -123,11 +124,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		e = errDataStateInvalid
 		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "project data state invalid",
 			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)))
-	case errors.Is(err, store.ErrRedisOOM):
+	case errors.Is(err, rds.ErrRedisOOM):
 		e = errRedisOOM
-	case errors.Is(err, store.ErrExpiryDenied):
+	case errors.Is(err, rds.ErrExpiryDenied):
 		e = errRedisExpiryDenied
-	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisNoPerm):
+	case errors.Is(err, rds.ErrRedisUnavailable), errors.Is(err, rds.ErrRedisNoPerm):
 		e = errRedisUnavailable
 	case errors.Is(err, context.Canceled):
 		// The client went away; nobody reads the answer.

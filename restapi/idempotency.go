@@ -19,6 +19,7 @@ import (
 
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // IdempotencyConfig tunes idempotency keys and the DB0 fast-failure budget.
@@ -82,7 +83,7 @@ const (
 // idempotency is the server's idempotency machinery.
 type idempotency struct {
 	store       *store.Idempotency // nil without a DB0 client: every keyed request fails closed
-	health      *store.RedisHealth
+	health      *rds.RedisHealth
 	ownHealth   bool // created by NewServer, closed by Server.Close
 	cfg         IdempotencyConfig
 	keyOptional bool // benchmarks only: sends without a key run unprotected
@@ -117,7 +118,7 @@ func (s *Server) initIdempotency(d Deps) {
 	id.requests = registerOrReuse(s.metrics.Registry, id.requests)
 	id.degraded = registerOrReuse(s.metrics.Registry, id.degraded)
 	if id.health == nil && d.Redis != nil {
-		id.health = store.NewRedisHealth(d.Redis, store.HealthConfig{
+		id.health = rds.NewRedisHealth(d.Redis, rds.HealthConfig{
 			ProbeInterval: cfg.ProbeInterval,
 			ProbeTimeout:  cfg.RedisBudget,
 			OnChange: func(down bool) {
@@ -157,7 +158,7 @@ func (s *Server) Close() {
 }
 
 // RedisHealth is the DB0 fast-failure state the server uses.
-func (s *Server) RedisHealth() *store.RedisHealth { return s.idem.health }
+func (s *Server) RedisHealth() *rds.RedisHealth { return s.idem.health }
 
 // idemKeyHeader reads Idempotency-Key: 1..255 printable ASCII characters
 // (space included), one header line.
@@ -265,7 +266,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	count := func(outcome string) { s.idem.requests.WithLabelValues(op.scope, outcome).Inc() }
 
 	if s.idem.store == nil {
-		s.idemFallback(w, r, op, k, fp, store.ErrRedisUnavailable)
+		s.idemFallback(w, r, op, k, fp, rds.ErrRedisUnavailable)
 		return
 	}
 	if err := deferredDB0(ctx); err != nil {
@@ -446,8 +447,8 @@ func (s *Server) idemFallback(w http.ResponseWriter, r *http.Request, op idemOp,
 		s.fail(w, r, errIdemKeyReused)
 	default:
 		s.idem.requests.WithLabelValues(op.scope, idemOutcomeFailClose).Inc()
-		if !errors.Is(redisErr, store.ErrRedisOOM) && !errors.Is(redisErr, store.ErrExpiryDenied) {
-			redisErr = store.ErrRedisUnavailable
+		if !errors.Is(redisErr, rds.ErrRedisOOM) && !errors.Is(redisErr, rds.ErrExpiryDenied) {
+			redisErr = rds.ErrRedisUnavailable
 		}
 		s.fail(w, r, redisErr)
 	}
@@ -562,7 +563,7 @@ func DeferDB0Failure(r *http.Request, err error) bool {
 	if !ok || d.err != nil {
 		return false
 	}
-	if !errors.Is(err, store.ErrRedisUnavailable) && !errors.Is(err, store.ErrRedisOOM) && !errors.Is(err, store.ErrExpiryDenied) {
+	if !errors.Is(err, rds.ErrRedisUnavailable) && !errors.Is(err, rds.ErrRedisOOM) && !errors.Is(err, rds.ErrExpiryDenied) {
 		return false
 	}
 	d.err = err

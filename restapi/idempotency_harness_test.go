@@ -17,7 +17,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // idemKey is a fresh Idempotency-Key header for one logical request.
@@ -70,12 +70,12 @@ func privateRedis(t *testing.T, opts testenv.RedisOptions, budget time.Duration)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := store.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget}
-	rdb, err := store.NewRedis(r.URL(0), rc)
+	rc := rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget}
+	rdb, err := rds.NewRedis(r.URL(0), rc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := store.NewRedis(r.URL(1), rc)
+	rt, err := rds.NewRedis(r.URL(1), rc)
 	if err != nil {
 		t.Fatal(err)
 	}

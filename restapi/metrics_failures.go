@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // failureMetrics counts, at the single error-mapping place (Server.fail),
@@ -39,13 +40,13 @@ func newFailureMetrics(reg prometheus.Registerer, errs *prometheus.CounterVec) *
 // false for errors that are not a dependency failure.
 func dependencyKind(err error) (dependency, kind string, ok bool) {
 	switch {
-	case errors.Is(err, store.ErrRedisOOM):
+	case errors.Is(err, rds.ErrRedisOOM):
 		return "redis", "oom", true
-	case errors.Is(err, store.ErrExpiryDenied):
+	case errors.Is(err, rds.ErrExpiryDenied):
 		return "redis", "expiry_denied", true
-	case errors.Is(err, store.ErrRedisNoPerm):
+	case errors.Is(err, rds.ErrRedisNoPerm):
 		return "redis", "noperm", true
-	case errors.Is(err, store.ErrRedisUnavailable):
+	case errors.Is(err, rds.ErrRedisUnavailable):
 		return "redis", "unavailable", true
 	case errors.Is(err, store.ErrDataStateInvalid):
 		return "redis", "data_state_invalid", true

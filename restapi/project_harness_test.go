@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // prjEnv is the HAN_ENV the project API tests run with, so the tests see it
@@ -64,7 +65,7 @@ func newPrjHarness(t *testing.T) *prjHarness {
 func newPrjHarnessOn(t *testing.T, rs *testenv.RedisServer, url string) *prjHarness {
 	t.Helper()
 	base := newHarness(t)
-	rdb, err := store.NewRedis(url, store.RedisConfig{})
+	rdb, err := rds.NewRedis(url, rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

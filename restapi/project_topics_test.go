@@ -16,6 +16,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // qHarness serves the project API with a queue configuration of its own
@@ -33,7 +34,7 @@ func newQueueHarness(t *testing.T, cfg restapi.ProjectQueueConfig, rs *testenv.R
 	if rs == nil {
 		rs = env.Redis
 	} else {
-		c, err := store.NewRedis(rs.URL(0), store.RedisConfig{})
+		c, err := rds.NewRedis(rs.URL(0), rds.RedisConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // limited is a server whose RateLimits uses the given route policies.
@@ -321,7 +321,7 @@ func TestHTTPDegradedRateLimiting(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(r.Stop)
-		rdb, err := store.NewRedis(r.URL(0), store.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget})
+		rdb, err := rds.NewRedis(r.URL(0), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget})
 		if err != nil {
 			t.Fatal(err)
 		}

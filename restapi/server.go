@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Version is the build's version, reported by /v1/public/config.
@@ -88,7 +89,7 @@ type Deps struct {
 	RateLimiter RateLimiter
 	// RedisHealth is DB0's fast-failure state; nil: NewServer makes one
 	// (closed by Server.Close).
-	RedisHealth *store.RedisHealth
+	RedisHealth *rds.RedisHealth
 	// Blobs stores attachment bytes; nil: a local folder
 	// (Config.Attachments.BlobDir).
 	Blobs store.BlobStore
@@ -134,7 +135,7 @@ type Server struct {
 type redisPublisher struct{ c redis.UniversalClient }
 
 func (p redisPublisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	return store.ClassifyRedisError(p.c.Publish(ctx, channel, payload).Err())
+	return rds.ClassifyRedisError(p.c.Publish(ctx, channel, payload).Err())
 }
 
 // NewServer builds the router with every route of the foundation.

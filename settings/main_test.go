@@ -20,6 +20,7 @@ import (
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/settings"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -58,11 +59,11 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := pool.Exec(ctx, "DELETE FROM rate_limit_policies; DELETE FROM runtime_settings"); err != nil {
 		t.Fatal(err)
 	}
-	db0, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	db0, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	db1, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	db1, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,17 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// OutboxRow is an undelivered outbox event claimed by the relay.
-type OutboxRow struct {
-	ID       int64
-	EventID  string
-	Channel  string
-	EntityID string
-	Payload  []byte
-	Attempts int
-}
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store/rds"
+)
 
 // RelayOutbox claims up to limit undelivered outbox rows older than grace
 // with FOR UPDATE SKIP LOCKED (so concurrent relays on other instances
@@ -29,7 +22,7 @@ type OutboxRow struct {
 // many rows it claimed and delivered; publish runs while the row locks are
 // held, so it must be bounded in time.
 func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
-	publish func(ctx context.Context, row OutboxRow) error) (claimed, delivered int, err error) {
+	publish func(ctx context.Context, row pubsub.OutboxRow) error) (claimed, delivered int, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT id, event_id::text, channel, entity_id, payload, attempts FROM outbox
 			WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => $1)
@@ -37,8 +30,8 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 		if err != nil {
 			return err
 		}
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxRow, error) {
-			var o OutboxRow
+		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pubsub.OutboxRow, error) {
+			var o pubsub.OutboxRow
 			err := r.Scan(&o.ID, &o.EventID, &o.Channel, &o.EntityID, &o.Payload, &o.Attempts)
 			return o, err
 		})
@@ -56,7 +49,7 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 				ok = append(ok, row.ID)
 				continue
 			}
-			if errors.Is(err, ErrLockHeld) {
+			if errors.Is(err, rds.ErrLockHeld) {
 				continue
 			}
 			failed = append(failed, row.ID)

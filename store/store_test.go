@@ -13,6 +13,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -144,21 +145,21 @@ func TestClassifyRedisError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := store.NewRedis(r.URL(0), store.RedisConfig{ReadTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	c, err := rds.NewRedis(r.URL(0), rds.RedisConfig{ReadTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Set(ctx, "outside", "v", 0).Err(); !errors.Is(store.ClassifyRedisError(err), store.ErrRedisNoPerm) {
+	if err := c.Set(ctx, "outside", "v", 0).Err(); !errors.Is(rds.ClassifyRedisError(err), rds.ErrRedisNoPerm) {
 		t.Fatalf("NOPERM: %v", err)
 	}
 	r.Stop()
 
 	err = c.Get(ctx, "han:api:x").Err()
-	if !errors.Is(store.ClassifyRedisError(err), store.ErrRedisUnavailable) {
+	if !errors.Is(rds.ClassifyRedisError(err), rds.ErrRedisUnavailable) {
 		t.Fatalf("a stopped server must classify as unavailable, got %v", err)
 	}
-	if _, err := store.NewRedis("redis://api_backend:hunter2@[bad", store.RedisConfig{}); err == nil || strings.Contains(err.Error(), "hunter2") {
+	if _, err := rds.NewRedis("redis://api_backend:hunter2@[bad", rds.RedisConfig{}); err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("a bad URL must fail without echoing it: %v", err)
 	}
 
