@@ -138,7 +138,7 @@ func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 	}
 	svc.Start()
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: st, PG: pool, Redis: rdb, Realtime: rt, Verifier: v,
+		Logger: logger, Store: st, Redis: rdb, Realtime: rt, Verifier: v,
 		Gateway: svc, Publisher: svc.Publisher()})
 	if err != nil {
 		t.Fatal(err)

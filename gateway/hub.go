@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -16,7 +15,6 @@ import (
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
-	"github.com/han-app/gateway/store/rds"
 )
 
 // hubDeps are the collaborators a Hub calls.
@@ -373,22 +371,4 @@ func (h *Hub) closeAll() {
 		c.cancel()
 	}
 	h.wg.Wait()
-}
-
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return "none"
-	case errors.Is(err, rds.ErrRedisOOM):
-		return "redis_oom"
-	case errors.Is(err, rds.ErrExpiryDenied):
-		return "redis_expiry_denied"
-	case errors.Is(err, rds.ErrRedisUnavailable), errors.Is(err, rds.ErrRedisNoPerm):
-		return "redis_unavailable"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	}
-	return fmt.Sprintf("%T", err)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -86,7 +85,7 @@ func (f *fixture) send(start bool) string {
 	f.t.Helper()
 	ctx := context.Background()
 	m, _, _, err := f.store.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: f.dlg, SenderID: f.users[0], Body: "hi",
-		InTx: func(ctx context.Context, tx pgx.Tx, m store.Message) error { return f.stub.RecordTx(ctx, tx, m.ID) }})
+		SafetyTask: true})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -5,12 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/store"
@@ -102,7 +100,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 	cfg := r.stub.cfg
 	stuck, err := r.stub.store.StuckStubTasks(ctx, cfg.PollBudget(), recoveryBatch)
 	if err != nil {
-		r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: list stuck tasks failed", slog.String("kind", errKind(err)))
+		r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: list stuck tasks failed", slog.String("kind", store.Kind(err)))
 		return 0, err
 	}
 	n := 0
@@ -115,7 +113,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			r.stub.events.WithLabelValues("recovery_failed").Inc()
 			r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: recovery failed",
-				slog.String("message_id", id), slog.String("kind", errKind(err)))
+				slog.String("message_id", id), slog.String("kind", store.Kind(err)))
 			errs = append(errs, err)
 			continue
 		}
@@ -140,7 +138,7 @@ func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
 		// DB1 is unavailable: the lock is only an optimisation, the lease
 		// below still guarantees a single decision.
 		r.stub.logger.LogAttrs(ctx, slog.LevelDebug, "legacy stub: recovery lock unavailable; relying on the lease",
-			slog.String("message_id", id), slog.String("kind", errKind(err)))
+			slog.String("message_id", id), slog.String("kind", store.Kind(err)))
 	default:
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RedisTimeout)
@@ -172,23 +170,4 @@ func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	return decided, nil
-}
-
-// errKind names an error's class for logs without its text, which may
-// quote values.
-func errKind(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return "pg:" + pe.Code
-	}
-	for _, sentinel := range []error{rds.ErrRedisUnavailable, rds.ErrRedisOOM, rds.ErrRedisNoPerm, rds.ErrExpiryDenied,
-		context.DeadlineExceeded, context.Canceled} {
-		if errors.Is(err, sentinel) {
-			return sentinel.Error()
-		}
-	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
 }

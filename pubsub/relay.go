@@ -184,7 +184,7 @@ func (r *Relay) loop(ctx context.Context) {
 		case err != nil:
 			backoff = min(max(2*backoff, r.cfg.Interval), r.cfg.MaxBackoff)
 			wait = backoff
-			r.logger.Warn("outbox relay run failed", slog.String("kind", relayErrKind(err)), slog.Duration("retry_in", wait))
+			r.logger.Warn("outbox relay run failed", slog.String("kind", rds.Kind(err)), slog.Duration("retry_in", wait))
 		case claimed >= r.cfg.Batch:
 			backoff, wait = 0, 0
 		default:
@@ -201,16 +201,6 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func relayErrKind(err error) string {
-	switch {
-	case errors.Is(err, rds.ErrRedisUnavailable), errors.Is(err, rds.ErrRedisOOM), errors.Is(err, rds.ErrRedisNoPerm):
-		return "redis"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	}
-	return "postgres"
 }
 
 // Close stops the relay and waits for the run in progress. Idempotent.

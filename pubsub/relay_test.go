@@ -105,7 +105,7 @@ func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int)
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: discard, Store: st, PG: pool, Redis: rdb, Realtime: rt, Verifier: v})
+		Logger: discard, Store: st, Redis: rdb, Realtime: rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

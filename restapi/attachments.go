@@ -21,10 +21,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -129,12 +129,7 @@ func (s *Server) attachmentRoutes(user *mux.Router) {
 }
 
 // AttachmentDTO is an attachment as a message carries it.
-type AttachmentDTO struct {
-	ID          string `json:"id"`
-	Filename    string `json:"filename"`
-	ContentType string `json:"contentType"`
-	SizeBytes   int64  `json:"sizeBytes"`
-}
+type AttachmentDTO = pubsub.Attachment
 
 func toAttachmentDTOs(refs []store.AttachmentRef) []AttachmentDTO {
 	out := make([]AttachmentDTO, len(refs))
@@ -269,21 +264,15 @@ func (s *Server) initAttachment(w http.ResponseWriter, r *http.Request) {
 	me := principal(r).UserID
 	s.serveIdempotent(w, r, idemOp{
 		scope: scopeAttachmentInit, required: true, canon: canon,
-		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
+		exec: func(ctx context.Context, target *idemTarget) (idemResult, error) {
 			in := store.CreateAttachment{ID: ids.New(), DialogID: c.DialogID, UploaderID: me, Filename: c.Filename,
-				ContentType: c.ContentType, SizeBytes: c.SizeBytes, UploadTTL: s.att.cfg.UploadURLTTL}
-			var rec store.IdemRecord
-			if hook != nil {
-				in.InTx = func(ctx context.Context, tx pgx.Tx, a store.Attachment) error {
-					rec = uploadRecord(a)
-					return hook(ctx, tx, rec)
-				}
-			}
+				ContentType: c.ContentType, SizeBytes: c.SizeBytes, UploadTTL: s.att.cfg.UploadURLTTL,
+				Idem: idemWrite(target, uploadRecord)}
 			a, err := s.store.CreateAttachment(ctx, in)
 			if err != nil {
 				return idemResult{}, err
 			}
-			rec = uploadRecord(a)
+			rec := uploadRecord(a)
 			body, err := json.Marshal(s.uploadDTO(a.ID, a.UploadExpiresAt.UnixMilli()))
 			return idemResult{rec: rec, body: body}, err
 		},

@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
-	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
@@ -26,9 +25,6 @@ const (
 	DefaultPageLimit   = 50
 	MaxClientMessageID = 64
 )
-
-// Event names.
-const EventMessageCreated = "message.created"
 
 type dialogDTO struct {
 	ID        string   `json:"id"`
@@ -49,13 +45,9 @@ func toDialogDTO(d store.Dialog) dialogDTO {
 // MessageDTO is the message as clients see it, over REST and in realtime
 // event data.
 type MessageDTO struct {
-	ID          string          `json:"id"`
-	DialogID    string          `json:"dialogId"`
-	Seq         int64           `json:"seq"`
-	SenderID    string          `json:"senderId"`
-	Body        string          `json:"body"`
-	CreatedAt   int64           `json:"createdAt"`
-	Attachments []AttachmentDTO `json:"attachments"` // always an array, [] when none
+	// pubsub.Message is the form message.created events carry, so an
+	// event's data and the REST answer are the same bytes.
+	pubsub.Message
 	// Safety is "pending" in a send's answer while the legacy safety stub
 	// is on (safety.go); absent otherwise.
 	Safety string `json:"safety,omitempty"`
@@ -63,8 +55,8 @@ type MessageDTO struct {
 
 // ToMessageDTO converts a stored message.
 func ToMessageDTO(m store.Message) MessageDTO {
-	return MessageDTO{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
-		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: toAttachmentDTOs(m.Attachments)}
+	return MessageDTO{Message: pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
+		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: toAttachmentDTOs(m.Attachments)}}
 }
 
 type listDTO[T any] struct {
@@ -220,23 +212,8 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	s.sendMessageIdempotent(w, r, store.SendMessage{
 		DialogID: dialogID, SenderID: principal(r).UserID, Body: body, ClientMessageID: cmid, AttachmentIDs: attIDs,
-		Event: MessageCreatedEvent,
+		Event: true,
 	})
-}
-
-// MessageCreatedEvent builds the message.created event of a committed
-// message: the frame clients receive, encoded once.
-func MessageCreatedEvent(m store.Message) (store.OutboxEvent, error) {
-	data, err := json.Marshal(ToMessageDTO(m))
-	if err != nil {
-		return store.OutboxEvent{}, err
-	}
-	eventID := ids.New()
-	payload, err := pubsub.NewDialogEvent(eventID, EventMessageCreated, m.ID, m.DialogID, m.Seq, data).Encode()
-	if err != nil {
-		return store.OutboxEvent{}, err
-	}
-	return store.OutboxEvent{EventID: eventID, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: payload}, nil
 }
 
 // publishAfterCommit publishes the event right after the commit and marks

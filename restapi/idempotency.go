@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/han-app/gateway/presence"
@@ -210,19 +209,32 @@ type idemResult struct {
 	after func()
 }
 
-// idemTxHook writes the durable record inside the business transaction.
-// rec carries Status, ResourceID, Version and Meta; nil when the request
+// idemTarget names the durable record of a request with a key; the store
+// writes it in the business transaction (idemWrite).
+type idemTarget struct {
+	key store.IdemKey
+	fp  string
+	ttl time.Duration
+}
+
+// idemWrite is the durable record t asks for, its outcome derived from the
+// entity the business transaction wrote by record; nil when the request
 // has no key.
-type idemTxHook func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error
+func idemWrite[T any](t *idemTarget, record func(T) store.IdemRecord) *store.IdemWrite[T] {
+	if t == nil {
+		return nil
+	}
+	return &store.IdemWrite[T]{Key: t.key, Fingerprint: t.fp, TTL: t.ttl, Record: record}
+}
 
 // idemOp describes one idempotent operation.
 type idemOp struct {
 	scope    string
 	required bool   // a missing key is 400 idempotency_key_required
 	canon    []byte // canonical request
-	// exec performs the business effect; it calls hook (when non-nil)
-	// inside its transaction.
-	exec func(ctx context.Context, hook idemTxHook) (idemResult, error)
+	// exec performs the business effect; with a non-nil target it has the
+	// store write that record in the same transaction (idemWrite).
+	exec func(ctx context.Context, target *idemTarget) (idemResult, error)
 	// render rebuilds the response body of a completed record from the
 	// resource it names (re-signing URLs deterministically).
 	render func(ctx context.Context, rec store.IdemRecord) ([]byte, error)
@@ -306,11 +318,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	// Acquired: this request runs; keep the lock alive meanwhile.
 	stop := s.idemHeartbeat(k, owner)
 	s.idemStage("locked")
-	hook := func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error {
-		rec.Fingerprint = fp
-		return store.InsertIdempotencyTx(ctx, tx, k, rec, s.idem.cfg.RecordTTL)
-	}
-	out, err := op.exec(ctx, hook)
+	out, err := op.exec(ctx, &idemTarget{key: k, fp: fp, ttl: s.idem.cfg.RecordTTL})
 	if err == nil {
 		s.idemStage("committed")
 	}

@@ -41,7 +41,7 @@ func benchServer(b *testing.B) *httptest.Server {
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"),
 		Attachments: restapi.AttachmentConfig{BlobDir: b.TempDir()}},
-		Logger: logger, Store: store.New(pool), PG: pool, Redis: rdb, Realtime: rt, Verifier: v})
+		Logger: logger, Store: store.New(pool), Redis: rdb, Realtime: rt, Verifier: v})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func newIdemHarness(t *testing.T, o idemOpts) *harness {
 	}
 	api, err := restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Idempotency: o.idem, Attachments: o.att},
-		Logger: logger, Store: base.store, PG: base.pool, Redis: o.rdb, Realtime: o.rt, Verifier: v, RateLimiter: o.limiter})
+		Logger: logger, Store: base.store, Redis: o.rdb, Realtime: o.rt, Verifier: v, RateLimiter: o.limiter})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func (h *harness) withClients(rdb, rt redis.UniversalClient) *harness {
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: h.store, PG: h.pool, Redis: rdb, Realtime: rt, Verifier: v})
+		Logger: logger, Store: h.store, Redis: rdb, Realtime: rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func (h *harness) projectServer(rdb redis.UniversalClient, rs *testenv.RedisServ
 	}
 	api, err := restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Env: prjEnv, EvictionPolicyTTL: time.Millisecond},
-		Logger: logger, Store: h.store, PG: h.pool, Redis: rdb, Realtime: h.rt, Verifier: v})
+		Logger: logger, Store: h.store, Redis: rdb, Realtime: h.rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func newQueueHarness(t *testing.T, cfg restapi.ProjectQueueConfig, rs *testenv.R
 	api, err := restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Env: prjEnv, EvictionPolicyTTL: time.Millisecond,
 			ProjectQueue: cfg},
-		Logger: logger, Store: base.store, PG: base.pool, Redis: rdb, Realtime: base.rt, Verifier: v})
+		Logger: logger, Store: base.store, Redis: rdb, Realtime: base.rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

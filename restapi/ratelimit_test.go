@@ -59,7 +59,7 @@ func newLimited(t *testing.T, base *harness, rdb redis.UniversalClient, routes m
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: base.store, PG: base.pool, Redis: rdb, Realtime: base.rt, Verifier: v,
+		Logger: logger, Store: base.store, Redis: rdb, Realtime: base.rt, Verifier: v,
 		Metrics: metrics, RateLimits: lim})
 	if err != nil {
 		t.Fatal(err)

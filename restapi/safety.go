@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/store"
@@ -33,22 +32,6 @@ func (s *Server) safetyRoutes(user *mux.Router) {
 		return
 	}
 	user.HandleFunc("/messages/{id}/safety", s.messageSafety).Methods(http.MethodGet)
-}
-
-// withSafetyTask chains the stub's task insert into a send transaction.
-func (s *Server) withSafetyTask(next func(ctx context.Context, tx pgx.Tx, m store.Message) error) func(ctx context.Context, tx pgx.Tx, m store.Message) error {
-	if s.stub == nil {
-		return next
-	}
-	return func(ctx context.Context, tx pgx.Tx, m store.Message) error {
-		if err := s.stub.RecordTx(ctx, tx, m.ID); err != nil {
-			return err
-		}
-		if next != nil {
-			return next(ctx, tx, m)
-		}
-		return nil
-	}
 }
 
 // startSafetyTask writes a new message's task into DB2 after the commit.

@@ -51,7 +51,7 @@ func (h *harness) stubServer(rs *testenv.RedisServer, db2 redis.UniversalClient)
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: h.store, PG: h.pool, Redis: rdb, Realtime: rt, Verifier: v, LegacyStub: stub})
+		Logger: logger, Store: h.store, Redis: rdb, Realtime: rt, Verifier: v, LegacyStub: stub})
 	if err != nil {
 		t.Fatal(err)
 	}

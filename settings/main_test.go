@@ -130,7 +130,7 @@ func (f *fixture) instance(p *settings.Provider) *httptest.Server {
 		f.t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: f.store, PG: f.pool, Redis: f.db0, Realtime: f.db1, Verifier: v, RateLimits: lim})
+		Logger: logger, Store: f.store, Redis: f.db0, Realtime: f.db1, Verifier: v, RateLimits: lim})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
@@ -204,7 +203,7 @@ func (p *Provider) fetch(ctx context.Context, v int64) (Snapshot, bool) {
 	b, err := p.db1.Get(ctx, SnapshotKey(v)).Bytes()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
-			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", errKind(rds.ClassifyRedisError(err))))
+			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
 		}
 		return Snapshot{}, false
 	}
@@ -261,7 +260,7 @@ func (p *Provider) loadAndApply(ctx context.Context, publish bool) error {
 		err = p.db1.Set(pctx, SnapshotKey(snap.Version), b, SnapshotTTL).Err()
 		cancel()
 		if err != nil {
-			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", errKind(rds.ClassifyRedisError(err))))
+			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
 		} else {
 			source = "postgres_published"
 			if p.cfg.OnPublish != nil {
@@ -308,7 +307,7 @@ func (p *Provider) reject(ctx context.Context, v int64, cause error) error {
 func (p *Provider) fail(ctx context.Context, what string, err error) {
 	p.refreshes.WithLabelValues("error").Inc()
 	p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: refresh failed; previous settings stay in force",
-		slog.String("step", what), slog.String("kind", errKind(err)))
+		slog.String("step", what), slog.String("kind", store.Kind(err)))
 }
 
 // Start refreshes every RefreshInterval until Close.
@@ -372,21 +371,4 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 		}
 	}
 	return c, fmt.Errorf("settings: register metrics: %w", err)
-}
-
-func errKind(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return "pg:" + pe.Code
-	}
-	for _, sentinel := range []error{rds.ErrRedisUnavailable, rds.ErrRedisOOM, rds.ErrRedisNoPerm,
-		context.DeadlineExceeded, context.Canceled} {
-		if errors.Is(err, sentinel) {
-			return sentinel.Error()
-		}
-	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
 }

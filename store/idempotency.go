@@ -214,6 +214,28 @@ func (s *Store) LookupIdempotency(ctx context.Context, k IdemKey) (rec IdemRecor
 	return rec, true, nil
 }
 
+// IdemWrite is the durable idempotency record of a request, written in the
+// same transaction as the effect it records, so the two commit or roll
+// back together: Key and Fingerprint name the request, TTL is the record's
+// lifetime, and Record derives its outcome (status, resource, version,
+// meta) from the entity the transaction wrote. A live record with the same
+// key makes the transaction fail with ErrIdemExists.
+type IdemWrite[T any] struct {
+	Key         IdemKey
+	Fingerprint string
+	TTL         time.Duration
+	Record      func(T) IdemRecord
+}
+
+func (w *IdemWrite[T]) insert(ctx context.Context, tx pgx.Tx, v T) error {
+	if w == nil {
+		return nil
+	}
+	rec := w.Record(v)
+	rec.Fingerprint = w.Fingerprint
+	return InsertIdempotencyTx(ctx, tx, w.Key, rec, w.TTL)
+}
+
 // InsertIdempotencyTx writes the durable record inside the business
 // transaction tx. An expired row with the same key is replaced; a live one
 // makes it return ErrIdemExists (the unique key is the final guard against a

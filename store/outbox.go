@@ -83,3 +83,18 @@ func (s *Store) OutboxPending(ctx context.Context) (int64, error) {
 	}
 	return n, nil
 }
+
+// messageCreatedEvent is the outbox event of a committed message: the
+// message.created frame as pubsub builds it, on the dialog's channel.
+func messageCreatedEvent(m Message) (OutboxEvent, error) {
+	atts := make([]pubsub.Attachment, len(m.Attachments))
+	for i, a := range m.Attachments {
+		atts[i] = pubsub.Attachment{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
+	}
+	id, frame, err := pubsub.MessageCreated(pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID,
+		Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli(), Attachments: atts})
+	if err != nil {
+		return OutboxEvent{}, err
+	}
+	return OutboxEvent{EventID: id, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: frame}, nil
+}

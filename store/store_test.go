@@ -83,22 +83,28 @@ func TestSendMessageOutboxInSameTransaction(t *testing.T) {
 	if len(d.MemberIDs) != 2 {
 		t.Fatalf("members must be deduplicated: %v", d.MemberIDs)
 	}
-	failing := errors.New("event build failed")
-	_, _, _, err = st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "x",
-		Event: func(store.Message) (store.OutboxEvent, error) { return store.OutboxEvent{}, failing }})
-	if !errors.Is(err, failing) {
-		t.Fatalf("want the event error, got %v", err)
+	// A write of the send transaction that fails (here the idempotency
+	// record, whose key already holds a live record) rolls back the
+	// message, its seq and its outbox event.
+	k := store.IdemKey{Scope: "msg_send", UserID: a, KeyHMAC: "taken"}
+	if err := insertIdem(t, pool, k, store.IdemRecord{Fingerprint: "fp", Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err = st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "x", Event: true,
+		Idem: &store.IdemWrite[store.Message]{Key: k, Fingerprint: "fp2", TTL: time.Hour,
+			Record: func(m store.Message) store.IdemRecord { return store.IdemRecord{Status: 201, ResourceID: m.ID} }}})
+	if !errors.Is(err, store.ErrIdemExists) {
+		t.Fatalf("want ErrIdemExists, got %v", err)
 	}
 	var msgs, seq int64
 	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", d.ID).Scan(&msgs)
 	_ = pool.QueryRow(ctx, "SELECT last_seq FROM dialogs WHERE id=$1", d.ID).Scan(&seq)
-	if msgs != 0 || seq != 0 {
-		t.Fatalf("a failed outbox write must roll the message back: %d messages, last_seq %d", msgs, seq)
+	var events int64
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE channel=$1", "han:rt:dialog:"+d.ID).Scan(&events)
+	if msgs != 0 || seq != 0 || events != 0 {
+		t.Fatalf("a failed write must roll the send back: %d messages, last_seq %d, %d events", msgs, seq, events)
 	}
-	m, ev, created, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "y",
-		Event: func(m store.Message) (store.OutboxEvent, error) {
-			return store.OutboxEvent{EventID: ids.New(), Channel: "han:rt:dialog:" + m.DialogID, EntityID: m.ID, Payload: []byte("{}")}, nil
-		}})
+	m, ev, created, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "y", Event: true})
 	if err != nil || !created || m.Seq != 1 || ev.EntityID != m.ID {
 		t.Fatalf("send: %+v %+v %v %v", m, ev, created, err)
 	}

@@ -197,7 +197,7 @@ func (m *Main) Run(ctx context.Context) error {
 			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout,
 			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID},
 			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
-		Logger: m.Logger, Store: apiStore, PG: m.pg, ReadyPG: m.readyPG, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
+		Logger: m.Logger, Store: apiStore, ReadyPG: m.readyPG, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
 		Metrics: metrics, RateLimits: limits, Gateway: m.realtime, Publisher: m.realtime.Publisher(), LegacyStub: m.ops.stub,
 	})
 	if err != nil {
