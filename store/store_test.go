@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -169,4 +170,70 @@ func TestClassifyRedisError(t *testing.T) {
 		t.Fatalf("a bad URL must fail without echoing it: %v", err)
 	}
 
+}
+
+// The send writes the message, its seq, the message.created event, the
+// safety task and the idempotency record in one transaction the caller
+// only describes: all of them commit together, and a failing part (a key
+// that already holds a live record) leaves none of them behind.
+func TestSendMessageComposesItsTransaction(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	a, b := ids.New(), ids.New()
+	for _, u := range []string{a, b} {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := store.IdemKey{Scope: "msg_send", UserID: a, KeyHMAC: "composed"}
+	send := func(id string) (store.Message, store.OutboxEvent, error) {
+		m, ev, _, err := st.SendMessage(ctx, store.SendMessage{ID: id, DialogID: d.ID, SenderID: a, Body: "hello",
+			Event: true, SafetyTask: true,
+			Idem: &store.IdemWrite[store.Message]{Key: k, Fingerprint: "fp", TTL: time.Hour,
+				Record: func(m store.Message) store.IdemRecord {
+					return store.IdemRecord{Status: 201, ResourceID: m.ID, Version: m.Seq}
+				}}})
+		return m, ev, err
+	}
+	m, ev, err := send(ids.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frame struct {
+		Type, Event, EntityID, DialogID string
+		Seq                             int64
+		Data                            struct{ ID, Body string }
+	}
+	if err := json.Unmarshal(ev.Payload, &frame); err != nil || frame.Type != "event" || frame.Event != "message.created" ||
+		frame.EntityID != m.ID || frame.DialogID != d.ID || frame.Seq != m.Seq || frame.Data.ID != m.ID || frame.Data.Body != "hello" {
+		t.Fatalf("event frame %s (%v)", ev.Payload, err)
+	}
+	if ev.Channel != "han:rt:dialog:"+d.ID {
+		t.Fatalf("event channel %q", ev.Channel)
+	}
+	if _, err := st.StubTask(ctx, m.ID); err != nil {
+		t.Fatalf("safety task of the sent message: %v", err)
+	}
+	rec, found, err := st.LookupIdempotency(ctx, k)
+	if err != nil || !found || rec.ResourceID != m.ID || rec.Version != m.Seq || rec.Fingerprint != "fp" {
+		t.Fatalf("idempotency record %+v found=%v: %v", rec, found, err)
+	}
+
+	second := ids.New()
+	if _, _, err := send(second); !errors.Is(err, store.ErrIdemExists) {
+		t.Fatalf("a second send under a live key: %v", err)
+	}
+	var msgs, events int64
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", d.ID).Scan(&msgs)
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE entity_id=$1", second).Scan(&events)
+	if msgs != 1 || events != 0 {
+		t.Fatalf("the refused send left %d messages (want 1) and %d events", msgs, events)
+	}
+	if _, err := st.StubTask(ctx, second); !errors.Is(err, store.ErrStubTaskNotFound) {
+		t.Fatalf("the refused send left a safety task: %v", err)
+	}
 }
