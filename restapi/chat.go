@@ -110,23 +110,20 @@ type createDialogReq struct {
 	Title     *string   `json:"title"`
 }
 
-func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) {
+func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 	var req createDialogReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	me := principal(r).UserID
 	if req.MemberIDs == nil || len(*req.MemberIDs) == 0 || len(*req.MemberIDs) >= MaxDialogMembers {
-		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_members"))
-		return
+		return apiErr(http.StatusBadRequest, "invalid_members")
 	}
 	members := make([]string, 0, len(*req.MemberIDs))
 	for _, m := range *req.MemberIDs {
 		id, ok := ids.Canonical(m)
 		if !ok {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_members"))
-			return
+			return apiErr(http.StatusBadRequest, "invalid_members")
 		}
 		members = append(members, id)
 	}
@@ -134,29 +131,28 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) {
 	if req.Title != nil {
 		title = strings.TrimSpace(*req.Title)
 		if utf8.RuneCountInString(title) > MaxTitleChars || hasControl(title) {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_title"))
-			return
+			return apiErr(http.StatusBadRequest, "invalid_title")
 		}
 	}
 	s.createDialogIdempotent(w, r, me, title, members)
+	return nil
 }
 
-func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) error {
 	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	items, next, err := s.store.ListDialogs(r.Context(), principal(r).UserID, r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	out := make([]dialogDTO, len(items))
 	for i, d := range items {
 		out[i] = toDialogDTO(d)
 	}
 	writeJSON(w, http.StatusOK, newList(out, next))
+	return nil
 }
 
 type sendMessageReq struct {
@@ -185,35 +181,31 @@ func validateMessage(req sendMessageReq) (body, cmid string, err error) {
 	return body, cmid, nil
 }
 
-func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) {
+func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 	dialogID, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if _, _, err := idemKeyHeader(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	var req sendMessageReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	body, cmid, err := validateMessage(req)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	attIDs, err := validateAttachmentIDs(req.AttachmentIDs)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	s.sendMessageIdempotent(w, r, store.SendMessage{
 		DialogID: dialogID, SenderID: principal(r).UserID, Body: body, ClientMessageID: cmid, AttachmentIDs: attIDs,
 		Event: true,
 	})
+	return nil
 }
 
 // publishAfterCommit publishes the event right after the commit and marks
@@ -236,35 +228,29 @@ func (s *Server) publishAfterCommit(ctx context.Context, ev store.OutboxEvent) {
 	}
 }
 
-func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) error {
 	dialogID, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	after, err := historyAfter(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	ok, err := s.store.IsMember(r.Context(), dialogID, principal(r).UserID)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if !ok {
-		s.fail(w, r, store.ErrDialogNotFound)
-		return
+		return store.ErrDialogNotFound
 	}
 	msgs, more, err := s.store.ListMessages(r.Context(), dialogID, after, limit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	out := make([]MessageDTO, len(msgs))
 	for i, m := range msgs {
@@ -275,6 +261,7 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		next = strconv.FormatInt(out[len(out)-1].Seq, 10)
 	}
 	writeJSON(w, http.StatusOK, newList(out, next))
+	return nil
 }
 
 // historyAfter reads where a history page starts: ?afterSeq=N, or

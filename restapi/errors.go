@@ -116,6 +116,17 @@ var errorTable = []errorAnswer{
 	{match: store.IsPGUnavailable, e: errDatabaseUnavailable, log: "database unavailable", level: slog.LevelWarn},
 }
 
+// handle adapts a handler that returns its failure instead of answering
+// it: fail renders the returned error, so handlers never write an error
+// body themselves.
+func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.fail(w, r, err)
+		}
+	}
+}
+
 // fail maps any error to a response through errorTable; it and the few
 // callers listed in docs/architecture.md are the only writers of error
 // bodies. Only unexpected failures are logged, by kind and never with raw
