@@ -12,11 +12,11 @@ import (
 	"github.com/han-app/gateway/store/rds"
 )
 
-// RelayOutbox claims up to limit undelivered outbox rows older than grace
+// RelayOutbox (the pubsub.Outbox of the relay) claims up to limit undelivered outbox rows older than grace
 // with FOR UPDATE SKIP LOCKED (so concurrent relays on other instances
 // never take the same row at the same time) and calls publish for each in
 // id order. In the same transaction it marks the rows publish succeeded on
-// as delivered. A publish error wrapping ErrLockHeld skips that row; any
+// as delivered. A publish error wrapping rds.ErrLockHeld skips that row; any
 // other error counts an attempt on the row and ends the batch (Redis is
 // likely down: the rest stay untouched for the next run). It returns how
 // many rows it claimed and delivered; publish runs while the row locks are
