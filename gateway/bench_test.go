@@ -16,7 +16,7 @@ import (
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // counter is a benchmark client: it counts frames and decodes nothing.
@@ -95,7 +95,7 @@ func newBaseline(b *testing.B, rt redis.UniversalClient, channel string) *baseli
 func BenchmarkFanOut(b *testing.B) {
 	const clients = 100
 	pool := openPool(b)
-	pub, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	pub, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -336,7 +336,7 @@ func (c *conn) writeBatch(batch []outFrame) error {
 // abort ends a connection whose writer failed (write timeout, dead peer).
 func (c *conn) abort(err error) {
 	if c.ctx.Err() == nil {
-		c.hub.logger.Debug("websocket writer stopped", slog.String("connection", c.id), slog.String("kind", errKind(err)))
+		c.hub.logger.Debug("websocket writer stopped", slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
 	}
 	_ = c.ws.CloseNow()
 	c.cancel()
@@ -583,10 +583,10 @@ func (c *conn) teardown() {
 	at, err := h.deps.Presence.Disconnect(ctx, c.userID, c.id)
 	if err != nil {
 		h.logger.Warn("presence disconnect failed; the connection expires with its TTL",
-			slog.String("connection", c.id), slog.String("kind", errKind(err)))
+			slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
 	}
 	if err := h.deps.Store.TouchLastSeen(ctx, c.userID, at); err != nil {
-		h.logger.Warn("last seen not recorded", slog.String("kind", errKind(err)))
+		h.logger.Warn("last seen not recorded", slog.String("kind", store.Kind(err)))
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // TokenVerifier checks bearer tokens (implemented by auth.Verifier).
@@ -124,7 +125,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The registration may have happened before the failure: take it back
 		// (best effort), so it does not hold one of the user's connection slots
 		// until it goes stale.
-		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", errKind(err)))
+		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", rds.Kind(err)))
 		_, _ = s.presence.Disconnect(ctx, userID, c.id)
 		refuse(CloseTryAgainLater, "try again later", "unavailable")
 		return

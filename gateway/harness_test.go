@@ -27,6 +27,7 @@ import (
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -92,11 +93,11 @@ func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 	if o.rtURL == "" {
 		o.rtURL = env.Redis.URL(1)
 	}
-	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := store.NewRedis(o.rtURL, store.RedisConfig{ReadTimeout: 500 * time.Millisecond, DialTimeout: 500 * time.Millisecond})
+	rt, err := rds.NewRedis(o.rtURL, rds.RedisConfig{ReadTimeout: 500 * time.Millisecond, DialTimeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,7 @@ func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 	}
 	svc.Start()
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: st, PG: pool, Redis: rdb, Realtime: rt, Verifier: v,
+		Logger: logger, Store: st, Redis: rdb, Realtime: rt, Verifier: v,
 		Gateway: svc, Publisher: svc.Publisher()})
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -372,22 +371,4 @@ func (h *Hub) closeAll() {
 		c.cancel()
 	}
 	h.wg.Wait()
-}
-
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return "none"
-	case errors.Is(err, store.ErrRedisOOM):
-		return "redis_oom"
-	case errors.Is(err, store.ErrExpiryDenied):
-		return "redis_expiry_denied"
-	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisNoPerm):
-		return "redis_unavailable"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	}
-	return fmt.Sprintf("%T", err)
 }

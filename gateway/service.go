@@ -195,7 +195,7 @@ func (s *Service) shutdown(kill bool) {
 	if !kill {
 		ctx, cancelDereg := context.WithTimeout(context.Background(), 2*time.Second)
 		if err := s.presence.Deregister(ctx); err != nil {
-			s.logger.Warn("instance deregistration failed; survivors will sweep it", slog.String("kind", errKind(err)))
+			s.logger.Warn("instance deregistration failed; survivors will sweep it", slog.String("kind", store.Kind(err)))
 		}
 		cancelDereg()
 		// Offline checks of the drained users run at their time (bounded).
@@ -219,7 +219,7 @@ func (s *Service) Online(ctx context.Context, userID string) {
 // Offline implements presence.Events: the user's last connection ended at.
 func (s *Service) Offline(ctx context.Context, userID string, at time.Time) {
 	if err := s.store.TouchLastSeen(ctx, userID, at); err != nil {
-		s.logger.Warn("last seen not recorded", slog.String("kind", errKind(err)))
+		s.logger.Warn("last seen not recorded", slog.String("kind", store.Kind(err)))
 	}
 	ms := at.UnixMilli()
 	s.publishPresence(ctx, userID, false, &ms)
@@ -231,7 +231,7 @@ const maxPresenceDialogs = 1000
 func (s *Service) publishPresence(ctx context.Context, userID string, online bool, lastSeen *int64) {
 	dialogs, err := s.store.DialogIDsForUser(ctx, userID, maxPresenceDialogs)
 	if err != nil {
-		s.logger.Warn("presence transition not published", slog.String("kind", errKind(err)))
+		s.logger.Warn("presence transition not published", slog.String("kind", store.Kind(err)))
 		return
 	}
 	data := mustJSON(presenceData{UserID: userID, Online: online, LastSeenAt: lastSeen})
@@ -241,7 +241,7 @@ func (s *Service) publishPresence(ctx context.Context, userID string, online boo
 			continue
 		}
 		if err := s.publisher.Publish(ctx, pubsub.DialogChannel(d), payload); err != nil {
-			s.logger.Debug("presence transition publish failed", slog.String("kind", errKind(err)))
+			s.logger.Debug("presence transition publish failed", slog.String("kind", store.Kind(err)))
 			return
 		}
 	}

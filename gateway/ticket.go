@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/lua"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ErrTicketInvalid is a ticket that is malformed, unknown, expired or
@@ -62,7 +62,7 @@ func (t *Tickets) Issue(ctx context.Context, userID string, tokenExpires time.Ti
 	val := userID + " " + strconv.FormatInt(tokenExpires.UnixMilli(), 10)
 	ok, err := t.rdb.SetNX(ctx, TicketKey(ticket), val, t.ttl).Result()
 	if err != nil {
-		return "", time.Time{}, fmt.Errorf("issue ticket: %w", store.ClassifyRedisError(err))
+		return "", time.Time{}, fmt.Errorf("issue ticket: %w", rds.ClassifyRedisError(err))
 	}
 	if !ok {
 		return "", time.Time{}, errors.New("gateway: ticket collision")
@@ -85,7 +85,7 @@ func (t *Tickets) Redeem(ctx context.Context, ticket string) (string, time.Time,
 		return "", time.Time{}, ErrTicketInvalid
 	}
 	if err != nil {
-		return "", time.Time{}, fmt.Errorf("redeem ticket: %w", store.ClassifyRedisError(err))
+		return "", time.Time{}, fmt.Errorf("redeem ticket: %w", rds.ClassifyRedisError(err))
 	}
 	userID, expMs, ok := strings.Cut(v, " ")
 	ms, err := strconv.ParseInt(expMs, 10, 64)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -49,11 +49,11 @@ func newFixture(t *testing.T, cfg legacystub.Config) *fixture {
 		}
 		migrated = true
 	}
-	db1, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	db1, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	db2, err := store.NewRedis(env.Redis.LegacyStubURL(2), store.RedisConfig{})
+	db2, err := rds.NewRedis(env.Redis.LegacyStubURL(2), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func (f *fixture) send(start bool) string {
 	f.t.Helper()
 	ctx := context.Background()
 	m, _, _, err := f.store.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: f.dlg, SenderID: f.users[0], Body: "hi",
-		InTx: func(ctx context.Context, tx pgx.Tx, m store.Message) error { return f.stub.RecordTx(ctx, tx, m.ID) }})
+		SafetyTask: true})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -5,15 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // recoveryBatch is the most tasks one round looks at.
@@ -29,7 +28,7 @@ const recoveryBatch = 100
 // DB2 already holds, if a poll reached it, else a random one.
 type Recoverer struct {
 	stub   *Stub
-	locker *store.Locker
+	locker *rds.Locker
 	owner  string // lease owner: instance id + random suffix, unique per process
 
 	afterLease func(taskID string) // test hook: runs while the lease is held
@@ -46,7 +45,7 @@ type Recoverer struct {
 func (s *Stub) NewRecoverer(db1 redis.Scripter, instanceID string) *Recoverer {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return &Recoverer{stub: s, locker: store.NewLocker(db1), owner: instanceID + "-" + hex.EncodeToString(b),
+	return &Recoverer{stub: s, locker: rds.NewLocker(db1), owner: instanceID + "-" + hex.EncodeToString(b),
 		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -101,7 +100,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 	cfg := r.stub.cfg
 	stuck, err := r.stub.store.StuckStubTasks(ctx, cfg.PollBudget(), recoveryBatch)
 	if err != nil {
-		r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: list stuck tasks failed", slog.String("kind", errKind(err)))
+		r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: list stuck tasks failed", slog.String("kind", store.Kind(err)))
 		return 0, err
 	}
 	n := 0
@@ -114,7 +113,7 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			r.stub.events.WithLabelValues("recovery_failed").Inc()
 			r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: recovery failed",
-				slog.String("message_id", id), slog.String("kind", errKind(err)))
+				slog.String("message_id", id), slog.String("kind", store.Kind(err)))
 			errs = append(errs, err)
 			continue
 		}
@@ -130,16 +129,16 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
 	cfg := r.stub.cfg
 	lctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
-	lk, _, err := r.locker.Acquire(lctx, store.LockSafetyRecovery, id, cfg.RecoveryLease)
+	lk, _, err := r.locker.Acquire(lctx, rds.LockSafetyRecovery, id, cfg.RecoveryLease)
 	cancel()
 	switch {
-	case errors.Is(err, store.ErrLockHeld):
+	case errors.Is(err, rds.ErrLockHeld):
 		return false, nil // another instance is on it
 	case err != nil:
 		// DB1 is unavailable: the lock is only an optimisation, the lease
 		// below still guarantees a single decision.
 		r.stub.logger.LogAttrs(ctx, slog.LevelDebug, "legacy stub: recovery lock unavailable; relying on the lease",
-			slog.String("message_id", id), slog.String("kind", errKind(err)))
+			slog.String("message_id", id), slog.String("kind", store.Kind(err)))
 	default:
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RedisTimeout)
@@ -171,23 +170,4 @@ func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	return decided, nil
-}
-
-// errKind names an error's class for logs without its text, which may
-// quote values.
-func errKind(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return "pg:" + pe.Code
-	}
-	for _, sentinel := range []error{store.ErrRedisUnavailable, store.ErrRedisOOM, store.ErrRedisNoPerm, store.ErrExpiryDenied,
-		context.DeadlineExceeded, context.Canceled} {
-		if errors.Is(err, sentinel) {
-			return sentinel.Error()
-		}
-	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
 }

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -168,11 +167,6 @@ func New(cfg Config, d Deps) (*Stub, error) {
 // Config is the validated configuration.
 func (s *Stub) Config() Config { return s.cfg }
 
-// RecordTx records the message's pending task inside its send transaction.
-func (s *Stub) RecordTx(ctx context.Context, tx pgx.Tx, messageID string) error {
-	return store.InsertStubTaskTx(ctx, tx, messageID)
-}
-
 // Start writes the task into DB2 after the send committed. A failure is
 // logged and counted, not returned to the client: the row stays pending and
 // the Recoverer decides it once the poll budget has passed.
@@ -182,7 +176,7 @@ func (s *Stub) Start(ctx context.Context, messageID string) {
 	if _, err := store.CreateStubTask(ctx, s.db2, messageID, s.cfg.TaskTTL); err != nil {
 		s.events.WithLabelValues("create_failed").Inc()
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: task not created in DB2; left to recovery",
-			slog.String("message_id", messageID), slog.String("kind", errKind(err)))
+			slog.String("message_id", messageID), slog.String("kind", store.Kind(err)))
 		return
 	}
 	s.events.WithLabelValues("created").Inc()

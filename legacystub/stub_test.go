@@ -12,6 +12,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func TestConfigRefusesATTLShorterThanTheBudgets(t *testing.T) {
@@ -188,7 +189,7 @@ func TestConcurrentRecoverersDecideEachTaskOnce(t *testing.T) {
 	}
 	// No recovery lock outlives its round.
 	for _, id := range tasks {
-		if n := f.db1.Exists(ctx, store.LockKey(store.LockSafetyRecovery, id)).Val(); n != 0 {
+		if n := f.db1.Exists(ctx, rds.LockKey(rds.LockSafetyRecovery, id)).Val(); n != 0 {
 			t.Fatalf("recovery lock of %s left behind", id)
 		}
 	}
@@ -206,7 +207,7 @@ func TestLeaseIsTheRealGuard(t *testing.T) {
 	f.age(id)
 
 	a, b := f.stub.NewRecoverer(f.db1, "inst-a"), f.stub.NewRecoverer(f.db1, "inst-b")
-	lockKey := store.LockKey(store.LockSafetyRecovery, id)
+	lockKey := rds.LockKey(rds.LockSafetyRecovery, id)
 	inLease, release := make(chan struct{}), make(chan struct{})
 	legacystub.SetAfterLease(a, func(string) {
 		close(inLease)
@@ -255,7 +256,7 @@ func TestLeaseIsTheRealGuard(t *testing.T) {
 		aDone <- result{n, err}
 	}()
 	<-inLease2
-	admin1.Del(ctx, store.LockKey(store.LockSafetyRecovery, id2))
+	admin1.Del(ctx, rds.LockKey(rds.LockSafetyRecovery, id2))
 	if _, err := f.pool.Exec(ctx, "UPDATE stub_tasks SET lease_until = now() - interval '1 second' WHERE message_id=$1", id2); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +280,7 @@ func TestRecoveryWithoutRedis(t *testing.T) {
 	f.drain()
 	id := f.send(false)
 	f.age(id)
-	dead, err := store.NewRedis("redis://127.0.0.1:1/1", store.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	dead, err := rds.NewRedis("redis://127.0.0.1:1/1", rds.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +297,7 @@ func TestRecoveryWithoutRedis(t *testing.T) {
 	}
 	// A poll of a pending task needs DB2: it fails as Redis unavailable.
 	id2 := f.send(false)
-	if _, err := deadStub.Poll(ctx, id2); !errors.Is(err, store.ErrRedisUnavailable) {
+	if _, err := deadStub.Poll(ctx, id2); !errors.Is(err, rds.ErrRedisUnavailable) {
 		t.Fatalf("poll with DB2 down: %v", err)
 	}
 }

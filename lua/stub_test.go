@@ -11,18 +11,18 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 const stubPassword = "stub-lua-test-password"
 
 // legacyStub adds the legacy_stub user to the package's server exactly as
-// store.RenderACL renders it (so the rendered rule is what is proven to
+// rds.RenderACL renders it (so the rendered rule is what is proven to
 // suffice) and returns a client of DB2 as legacy_stub; the caller closes it.
 func legacyStub(ctx context.Context, rs *testenv.RedisServer) (*redis.Client, error) {
 	var rule []string
-	for _, line := range strings.Split(store.RenderACL(store.ACLOptions{APIBackendPassword: "x", LegacyStubPassword: stubPassword}), "\n") {
-		if f := strings.Fields(line); len(f) > 2 && f[0] == "user" && f[1] == store.LegacyStubUser {
+	for _, line := range strings.Split(rds.RenderACL(rds.ACLOptions{APIBackendPassword: "x", LegacyStubPassword: stubPassword}), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == "user" && f[1] == rds.LegacyStubUser {
 			rule = f[1:]
 		}
 	}
@@ -38,7 +38,7 @@ func legacyStub(ctx context.Context, rs *testenv.RedisServer) (*redis.Client, er
 	if err := admin.Do(ctx, args...).Err(); err != nil {
 		return nil, err
 	}
-	return redis.NewClient(&redis.Options{Addr: rs.Addr(), Username: store.LegacyStubUser, Password: stubPassword, DB: 2}), nil
+	return redis.NewClient(&redis.Options{Addr: rs.Addr(), Username: rds.LegacyStubUser, Password: stubPassword, DB: 2}), nil
 }
 
 // runAsStub runs a stub script as legacy_stub, and proves that api_backend
@@ -162,7 +162,7 @@ func TestStubTaskCreateRefusesWithoutExpiry(t *testing.T) {
 	defer r.Stop()
 	admin := r.AdminClient(2)
 	defer admin.Close()
-	if err := admin.Do(ctx, "acl", "setuser", store.LegacyStubUser, "-pexpire").Err(); err != nil {
+	if err := admin.Do(ctx, "acl", "setuser", rds.LegacyStubUser, "-pexpire").Err(); err != nil {
 		t.Fatal(err)
 	}
 	opt, err := redis.ParseURL(r.LegacyStubURL(2))
@@ -172,7 +172,7 @@ func TestStubTaskCreateRefusesWithoutExpiry(t *testing.T) {
 	c := redis.NewClient(opt)
 	defer c.Close()
 	err = lua.StubTaskCreate.Run(ctx, c, []string{"han:stub:task:{x}"}, 180000).Err()
-	if !errors.Is(store.ClassifyRedisError(err), store.ErrExpiryDenied) {
+	if !errors.Is(rds.ClassifyRedisError(err), rds.ErrExpiryDenied) {
 		t.Fatalf("want expiry_denied, got %v", err)
 	}
 	if n := admin.DBSize(ctx).Val(); n != 0 {

@@ -13,7 +13,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/presence"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -46,7 +46,7 @@ func (r *recorder) list() []string {
 
 func client(t *testing.T) redis.UniversalClient {
 	t.Helper()
-	c, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	c, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/lua"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Presence records this instance's connections in Redis DB1, keeps the
@@ -22,7 +22,7 @@ import (
 type Presence struct {
 	cfg    Config
 	rdb    redis.UniversalClient
-	locker *store.Locker
+	locker *rds.Locker
 	logger *slog.Logger
 	events Events
 
@@ -44,7 +44,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 		return nil, errors.New("presence: client, logger and instance id are required")
 	}
 	cfg.defaults()
-	p := &Presence{cfg: cfg, rdb: rdb, locker: store.NewLocker(rdb), logger: logger, events: events,
+	p := &Presence{cfg: cfg, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger, events: events,
 		pending: map[string]*time.Timer{},
 		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_heartbeat_failures_total",
 			Help: "Presence heartbeat batches or instance liveness refreshes that failed."}),
@@ -99,7 +99,7 @@ var ErrTooManyConnections = errors.New("presence: too many connections for this 
 func (p *Presence) Connect(ctx context.Context, c Conn) error {
 	v, err := p.heartbeat(ctx, p.rdb, c, p.cfg.MaxConnsPerUser).Slice()
 	if err != nil {
-		return fmt.Errorf("presence connect: %w", store.ClassifyRedisError(err))
+		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
 	}
 	if len(v) < 4 {
 		return fmt.Errorf("presence connect: unexpected reply of %d values", len(v))
@@ -108,7 +108,7 @@ func (p *Presence) Connect(ctx context.Context, c Conn) error {
 		return ErrTooManyConnections
 	}
 	if err := p.instanceHeartbeat(ctx, p.rdb, []string{indexMember(c)}).Err(); err != nil {
-		return fmt.Errorf("presence connect: %w", store.ClassifyRedisError(err))
+		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
 	}
 	if becameOnline, _ := v[1].(int64); becameOnline == 1 {
 		p.cancelOffline(c.UserID)
@@ -141,7 +141,7 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 		})
 		if err != nil {
 			p.heartbeatFailures.Inc()
-			return fmt.Errorf("presence refresh: %w", store.ClassifyRedisError(err))
+			return fmt.Errorf("presence refresh: %w", rds.ClassifyRedisError(err))
 		}
 		for i, c := range batch {
 			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil && len(v) > 1 {
@@ -168,7 +168,7 @@ func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.
 		pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), userID+":"+connID)
 	})
 	if err != nil {
-		return time.Now(), fmt.Errorf("presence disconnect: %w", store.ClassifyRedisError(err))
+		return time.Now(), fmt.Errorf("presence disconnect: %w", rds.ClassifyRedisError(err))
 	}
 	return p.afterDisconnect(userID, cmds[0].(*redis.Cmd)), nil
 }
@@ -197,7 +197,7 @@ func (p *Presence) afterDisconnect(userID string, cmd *redis.Cmd) time.Time {
 func (p *Presence) MarkOffline(ctx context.Context, userID string) (bool, error) {
 	v, err := lua.RTOffline.Run(ctx, p.rdb, []string{UserConnsKey(userID), OnlineKey(userID)}, ms(p.cfg.ConnTTL)).Slice()
 	if err != nil {
-		return false, fmt.Errorf("presence offline: %w", store.ClassifyRedisError(err))
+		return false, fmt.Errorf("presence offline: %w", rds.ClassifyRedisError(err))
 	}
 	went, _ := v[0].(int64)
 	return went == 1, nil
@@ -207,7 +207,7 @@ func (p *Presence) MarkOffline(ctx context.Context, userID string) (bool, error)
 func (p *Presence) Online(ctx context.Context, userID string) (int, error) {
 	v, err := lua.RTPresence.Run(ctx, p.rdb, []string{UserConnsKey(userID)}, ms(p.cfg.ConnTTL)).Slice()
 	if err != nil {
-		return 0, fmt.Errorf("presence: %w", store.ClassifyRedisError(err))
+		return 0, fmt.Errorf("presence: %w", rds.ClassifyRedisError(err))
 	}
 	n, _ := v[0].(int64)
 	return int(n), nil
@@ -223,7 +223,7 @@ func (p *Presence) RefreshLiveness(ctx context.Context) (lapsed bool, err error)
 	})
 	if err != nil {
 		p.heartbeatFailures.Inc()
-		return false, fmt.Errorf("presence liveness: %w", store.ClassifyRedisError(err))
+		return false, fmt.Errorf("presence liveness: %w", rds.ClassifyRedisError(err))
 	}
 	v, _ := cmds[0].(*redis.Cmd).Slice()
 	present := int64(1)
@@ -242,7 +242,7 @@ func (p *Presence) Deregister(ctx context.Context) error {
 		pipe.ZRem(ctx, InstancesKey, p.cfg.InstanceID)
 		return nil
 	})
-	return store.ClassifyRedisError(err)
+	return rds.ClassifyRedisError(err)
 }
 
 // SweepResult counts what one sweep removed.
@@ -260,7 +260,7 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 	var res SweepResult
 	ids, err := p.rdb.ZRange(ctx, InstancesKey, 0, -1).Result()
 	if err != nil {
-		return res, fmt.Errorf("presence sweep: %w", store.ClassifyRedisError(err))
+		return res, fmt.Errorf("presence sweep: %w", rds.ClassifyRedisError(err))
 	}
 	for _, id := range ids {
 		if id == p.cfg.InstanceID || strings.ContainsAny(id, "{}: ") {
@@ -268,13 +268,13 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 		alive, err := p.rdb.Exists(ctx, InstanceKey(id)).Result()
 		if err != nil {
-			return res, fmt.Errorf("presence sweep: %w", store.ClassifyRedisError(err))
+			return res, fmt.Errorf("presence sweep: %w", rds.ClassifyRedisError(err))
 		}
 		if alive == 1 {
 			continue
 		}
-		lk, _, err := p.locker.Acquire(ctx, store.LockPresenceSweep, id, store.DefaultLockTTL)
-		if errors.Is(err, store.ErrLockHeld) {
+		lk, _, err := p.locker.Acquire(ctx, rds.LockPresenceSweep, id, rds.DefaultLockTTL)
+		if errors.Is(err, rds.ErrLockHeld) {
 			continue
 		}
 		if err != nil {
@@ -293,7 +293,7 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 		}
 		_ = lk.Release(context.WithoutCancel(ctx))
 		if err != nil {
-			return res, fmt.Errorf("presence sweep: %w", store.ClassifyRedisError(err))
+			return res, fmt.Errorf("presence sweep: %w", rds.ClassifyRedisError(err))
 		}
 	}
 	return res, nil

@@ -2,13 +2,11 @@ package presence
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
 
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Start runs the background work until Close: the instance liveness
@@ -24,7 +22,7 @@ func (p *Presence) Start(conns func() []Conn) {
 	p.started = true
 	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 	if _, _, err := p.sweepInstance(sctx, p.cfg.InstanceID, 1000); err != nil {
-		p.logger.Warn("presence: clearing this instance's previous index failed", slog.String("kind", kind(err)))
+		p.logger.Warn("presence: clearing this instance's previous index failed", slog.String("kind", rds.Kind(err)))
 	}
 	scancel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -38,7 +36,7 @@ func (p *Presence) Start(conns func() []Conn) {
 		defer p.inflight.Done()
 		p.every(ctx, p.cfg.RefreshInterval, func(ctx context.Context) {
 			if err := p.Refresh(ctx, conns()); err != nil {
-				p.logger.Warn("presence heartbeat failed", slog.String("kind", kind(err)))
+				p.logger.Warn("presence heartbeat failed", slog.String("kind", rds.Kind(err)))
 			}
 		})
 	}()
@@ -46,7 +44,7 @@ func (p *Presence) Start(conns func() []Conn) {
 		defer p.inflight.Done()
 		p.every(ctx, p.cfg.SweepInterval, func(ctx context.Context) {
 			if _, err := p.Sweep(ctx); err != nil {
-				p.logger.Warn("presence sweep failed", slog.String("kind", kind(err)))
+				p.logger.Warn("presence sweep failed", slog.String("kind", rds.Kind(err)))
 			}
 		})
 	}()
@@ -57,7 +55,7 @@ func (p *Presence) livenessLoop(ctx context.Context, conns func() []Conn) {
 	p.every(ctx, p.cfg.LivenessInterval, func(ctx context.Context) {
 		lapsed, err := p.RefreshLiveness(ctx)
 		if err != nil {
-			p.logger.Warn("instance liveness refresh failed", slog.String("kind", kind(err)))
+			p.logger.Warn("instance liveness refresh failed", slog.String("kind", rds.Kind(err)))
 			return
 		}
 		if lapsed && !first {
@@ -65,7 +63,7 @@ func (p *Presence) livenessLoop(ctx context.Context, conns func() []Conn) {
 			// rather than at the next periodic heartbeat.
 			p.logger.Warn("instance liveness marker had expired; re-registering connections")
 			if err := p.Refresh(ctx, conns()); err != nil {
-				p.logger.Warn("presence heartbeat failed", slog.String("kind", kind(err)))
+				p.logger.Warn("presence heartbeat failed", slog.String("kind", rds.Kind(err)))
 			}
 		}
 		first = false
@@ -110,7 +108,7 @@ func (p *Presence) scheduleOffline(userID string, at time.Time) {
 		defer cancel()
 		went, err := p.MarkOffline(ctx, userID)
 		if err != nil {
-			p.logger.Warn("presence offline check failed", slog.String("kind", kind(err)))
+			p.logger.Warn("presence offline check failed", slog.String("kind", rds.Kind(err)))
 			return
 		}
 		if went && p.events != nil {
@@ -196,22 +194,4 @@ func (p *Presence) Close() {
 		cancel()
 	}
 	p.inflight.Wait()
-}
-
-func kind(err error) string {
-	switch {
-	case err == nil:
-		return "none"
-	case errors.Is(err, store.ErrRedisOOM):
-		return "redis_oom"
-	case errors.Is(err, store.ErrExpiryDenied):
-		return "redis_expiry_denied"
-	case errors.Is(err, store.ErrRedisNoPerm):
-		return "redis_noperm"
-	case errors.Is(err, store.ErrRedisUnavailable):
-		return "redis_unavailable"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	}
-	return fmt.Sprintf("%T", err)
 }

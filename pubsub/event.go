@@ -2,6 +2,8 @@ package pubsub
 
 import (
 	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
 )
 
 // Redis Pub/Sub channel names (docs/redis-keys.md).
@@ -38,3 +40,38 @@ func NewDialogEvent(id, event, entityID, dialogID string, seq int64, data []byte
 
 // Encode renders the frame once; the bytes are published and forwarded as is.
 func (e Event) Encode() ([]byte, error) { return json.Marshal(e) }
+
+// EventMessageCreated is the event of a message committed to a dialog.
+const EventMessageCreated = "message.created"
+
+// Message is a chat message as clients see it: the data of a
+// message.created event, and the body the REST API answers for a message.
+type Message struct {
+	ID          string       `json:"id"`
+	DialogID    string       `json:"dialogId"`
+	Seq         int64        `json:"seq"`
+	SenderID    string       `json:"senderId"`
+	Body        string       `json:"body"`
+	CreatedAt   int64        `json:"createdAt"`   // Unix milliseconds
+	Attachments []Attachment `json:"attachments"` // always an array, [] when none
+}
+
+// Attachment is an attachment as a message carries it.
+type Attachment struct {
+	ID          string `json:"id"`
+	Filename    string `json:"filename"`
+	ContentType string `json:"contentType"`
+	SizeBytes   int64  `json:"sizeBytes"`
+}
+
+// MessageCreated builds the message.created frame of a committed message
+// under a new event id: the bytes clients receive, encoded once.
+func MessageCreated(m Message) (eventID string, frame []byte, err error) {
+	data, err := json.Marshal(m)
+	if err != nil {
+		return "", nil, err
+	}
+	eventID = ids.New()
+	frame, err = NewDialogEvent(eventID, EventMessageCreated, m.ID, m.DialogID, m.Seq, data).Encode()
+	return eventID, frame, err
+}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Publisher publishes event frames on Redis Pub/Sub. When Redis cannot
@@ -28,9 +28,9 @@ func NewPublisher(rdb redis.UniversalClient, sub *Subscriber, local func(channel
 }
 
 // Publish sends payload on channel; the error is classified by
-// store.ClassifyRedisError.
+// rds.ClassifyRedisError.
 func (p *Publisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	err := store.ClassifyRedisError(p.rdb.Publish(ctx, channel, payload).Err())
+	err := rds.ClassifyRedisError(p.rdb.Publish(ctx, channel, payload).Err())
 	if p.local != nil && (err != nil || (p.sub != nil && !p.sub.Healthy())) {
 		p.local(channel, payload)
 	}

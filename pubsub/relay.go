@@ -13,8 +13,31 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
+
+// OutboxRow is an undelivered outbox event claimed by the relay.
+type OutboxRow struct {
+	ID       int64
+	EventID  string
+	Channel  string
+	EntityID string
+	Payload  []byte
+	Attempts int
+}
+
+// Outbox is the durable store of events the relay drains; the PostgreSQL
+// store implements it. Defined here so that the relay links no database
+// driver.
+type Outbox interface {
+	// RelayOutbox claims up to limit undelivered rows older than grace so
+	// that no other relay takes them meanwhile, calls publish for each in
+	// id order and marks the rows publish succeeded on as delivered. A
+	// publish error wrapping rds.ErrLockHeld skips that row; any other
+	// error counts an attempt on the row and ends the batch.
+	RelayOutbox(ctx context.Context, grace time.Duration, limit int,
+		publish func(ctx context.Context, row OutboxRow) error) (claimed, delivered int, err error)
+}
 
 // RelayConfig tunes the outbox relay.
 type RelayConfig struct {
@@ -62,9 +85,9 @@ func (c *RelayConfig) defaults() {
 // concurrent use.
 type Relay struct {
 	cfg    RelayConfig
-	store  *store.Store
+	outbox Outbox
 	rdb    redis.UniversalClient
-	locker *store.Locker
+	locker *rds.Locker
 	logger *slog.Logger
 
 	published prometheus.Counter
@@ -77,12 +100,12 @@ type Relay struct {
 }
 
 // NewRelay returns a relay publishing on the DB1 client.
-func NewRelay(st *store.Store, rdb redis.UniversalClient, cfg RelayConfig, logger *slog.Logger) (*Relay, error) {
-	if st == nil || rdb == nil || logger == nil {
+func NewRelay(ob Outbox, rdb redis.UniversalClient, cfg RelayConfig, logger *slog.Logger) (*Relay, error) {
+	if ob == nil || rdb == nil || logger == nil {
 		return nil, errors.New("pubsub: relay needs a store, a Redis client and a logger")
 	}
 	cfg.defaults()
-	r := &Relay{cfg: cfg, store: st, rdb: rdb, locker: store.NewLocker(rdb), logger: logger,
+	r := &Relay{cfg: cfg, outbox: ob, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger,
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_relay_published_total",
 			Help: "Outbox events published by the relay (not by the request path)."}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_relay_failures_total",
@@ -102,20 +125,20 @@ func NewRelay(st *store.Store, rdb redis.UniversalClient, cfg RelayConfig, logge
 // claimed and published.
 func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error) {
 	var pubErr error
-	claimed, published, err = r.store.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, func(ctx context.Context, row store.OutboxRow) error {
+	claimed, published, err = r.outbox.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, func(ctx context.Context, row OutboxRow) error {
 		id := row.EntityID
 		if !ids.Valid(id) {
 			id = row.EventID
 		}
-		lk, _, err := r.locker.Acquire(ctx, store.LockDelivery, id, store.DefaultLockTTL)
+		lk, _, err := r.locker.Acquire(ctx, rds.LockDelivery, id, rds.DefaultLockTTL)
 		if err != nil {
-			if !errors.Is(err, store.ErrLockHeld) {
+			if !errors.Is(err, rds.ErrLockHeld) {
 				pubErr = err
 			}
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		err = store.ClassifyRedisError(r.rdb.Publish(pctx, row.Channel, row.Payload).Err())
+		err = rds.ClassifyRedisError(r.rdb.Publish(pctx, row.Channel, row.Payload).Err())
 		cancel()
 		_ = lk.Release(context.WithoutCancel(ctx))
 		if err != nil {
@@ -161,7 +184,7 @@ func (r *Relay) loop(ctx context.Context) {
 		case err != nil:
 			backoff = min(max(2*backoff, r.cfg.Interval), r.cfg.MaxBackoff)
 			wait = backoff
-			r.logger.Warn("outbox relay run failed", slog.String("kind", relayErrKind(err)), slog.Duration("retry_in", wait))
+			r.logger.Warn("outbox relay run failed", slog.String("kind", rds.Kind(err)), slog.Duration("retry_in", wait))
 		case claimed >= r.cfg.Batch:
 			backoff, wait = 0, 0
 		default:
@@ -178,16 +201,6 @@ func (r *Relay) loop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func relayErrKind(err error) string {
-	switch {
-	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisOOM), errors.Is(err, store.ErrRedisNoPerm):
-		return "redis"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	}
-	return "postgres"
 }
 
 // Close stops the relay and waits for the run in progress. Idempotent.

@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var devSecret = []byte("pubsub-test-secret-0123456789abcdef")
@@ -89,12 +90,12 @@ func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int)
 		t.Fatal(err)
 	}
 	dead.Stop()
-	rt, err := store.NewRedis(dead.URL(1), store.RedisConfig{DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	rt, err := rds.NewRedis(dead.URL(1), rds.RedisConfig{DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int)
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: discard, Store: st, PG: pool, Redis: rdb, Realtime: rt, Verifier: v})
+		Logger: discard, Store: st, Redis: rdb, Realtime: rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +238,7 @@ func TestRelayHonoursLockAndGrace(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT entity_id FROM outbox WHERE channel=$1 ORDER BY id LIMIT 1", ch).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	lk, _, err := store.NewLocker(rtClient(t)).Acquire(ctx, store.LockDelivery, first, time.Minute)
+	lk, _, err := rds.NewLocker(rtClient(t)).Acquire(ctx, rds.LockDelivery, first, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store/rds"
 )
 
 // canaryChannelPrefix + instance id is the instance-private channel the
@@ -62,7 +64,7 @@ func (c *SubscriberConfig) defaults() {
 // ErrClosed is returned by Subscribe after Close.
 var ErrClosed = errors.New("pubsub: subscriber closed")
 
-var errCanaryLost = errors.New("pubsub: canary lost")
+var errCanaryLost = rds.Named("canary_lost", "pubsub: canary lost")
 
 // What was last sent to Redis for a channel.
 const (
@@ -324,7 +326,7 @@ func (s *Subscriber) run(ctx context.Context) {
 		if wasUp {
 			s.metrics.reconnects.Inc()
 			backoff = s.cfg.ReconnectMin
-			s.logger.Warn("pubsub link lost; reconnecting", slog.String("kind", errKind(err)))
+			s.logger.Warn("pubsub link lost; reconnecting", slog.String("kind", rds.Kind(err)))
 		}
 		// Full jitter: sleep a random time in [backoff/2, backoff].
 		d := backoff/2 + rand.N(backoff/2+1)
@@ -546,20 +548,4 @@ func (s *Subscriber) canaryReceived(payload string) {
 		s.canaryLagNs.Store(int64(lag))
 		s.metrics.lag.Set(lag.Seconds())
 	}
-}
-
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return "none"
-	case errors.Is(err, errCanaryLost):
-		return "canary_lost"
-	case errors.Is(err, redis.ErrClosed):
-		return "closed"
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return "network"
-	}
-	return "redis"
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -27,7 +27,7 @@ var discard = slog.New(slog.NewJSONHandler(io.Discard, nil))
 
 func rtClient(t *testing.T) redis.UniversalClient {
 	t.Helper()
-	c, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	c, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestSubscribeWhileRedisIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	c, err := store.NewRedis(r.URL(1), store.RedisConfig{DialTimeout: 100 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
+	c, err := rds.NewRedis(r.URL(1), rds.RedisConfig{DialTimeout: 100 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/ratelimit"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // BenchmarkDecision measures rate-limit decisions per second of each script
@@ -27,7 +27,7 @@ func BenchmarkDecision(b *testing.B) {
 	// A user with api_backend's rule plus redis_rate's "rate:" prefix, so
 	// both limiters run under the same ACL.
 	const pw = "bench-password-0123456789"
-	rule := strings.Replace(store.APIBackendRule(pw, false), "user "+store.APIBackendUser+" ", "user bench ", 1) + " ~rate:*"
+	rule := strings.Replace(rds.APIBackendRule(pw, false), "user "+rds.APIBackendUser+" ", "user bench ", 1) + " ~rate:*"
 	r, err := testenv.StartRedis(testenv.RedisOptions{ExtraACL: []string{rule}})
 	if err != nil {
 		b.Fatal(err)

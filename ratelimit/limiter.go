@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/lua"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Mode chooses how the families of one request are evaluated in Redis.
@@ -47,7 +47,7 @@ type Config struct {
 	Timeout time.Duration
 	// Mode: zero value means ModeAuto.
 	Mode Mode
-	// Health is the shared DB0 fast-failure state (store.RedisHealth):
+	// Health is the shared DB0 fast-failure state (rds.RedisHealth):
 	// while it says Redis is down the limiter skips Redis, and it is told
 	// about every failure. Zero value means the limiter's own breaker (see
 	// Cooldown).
@@ -69,7 +69,7 @@ type Config struct {
 	OnDecision func(label string, d Decision)
 }
 
-// Health is the fast-failure state of DB0, implemented by store.RedisHealth.
+// Health is the fast-failure state of DB0, implemented by rds.RedisHealth.
 type Health interface {
 	// Check fails at once while Redis is considered unreachable.
 	Check() error
@@ -169,8 +169,8 @@ func (l *Limiter) Policies() *PolicySet { return l.policies.Policies() }
 
 // Decide evaluates policy p of route label for subject s. It returns a
 // Decision (allowed or denied) or, when Redis cannot decide and the policy
-// fails closed, one of store.ErrRedisUnavailable, store.ErrRedisOOM,
-// store.ErrExpiryDenied. A policy with no applicable family is allowed with
+// fails closed, one of rds.ErrRedisUnavailable, rds.ErrRedisOOM,
+// rds.ErrExpiryDenied. A policy with no applicable family is allowed with
 // an empty Families list and touches nothing.
 func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject) (Decision, error) {
 	rules := make([]Rule, 0, len(p.Rules))
@@ -192,13 +192,13 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 	}
 
 	var d Decision
-	err := store.ErrRedisUnavailable
+	err := rds.ErrRedisUnavailable
 	prober := false
 	if l.redisUsable(&prober) {
 		ctx, cancel := context.WithTimeout(ctx, l.timeout)
 		d, err = l.evalRedis(ctx, p.Algorithm, keys, rules)
 		cancel()
-		if errors.Is(err, context.Canceled) && !errors.Is(err, store.ErrRedisUnavailable) {
+		if errors.Is(err, context.Canceled) && !errors.Is(err, rds.ErrRedisUnavailable) {
 			// The client went away; Redis is not to blame and the breaker
 			// stays as it was.
 			if prober {
@@ -265,7 +265,7 @@ func (l *Limiter) redisDone(prober bool, err error) {
 	switch {
 	case err == nil:
 		l.downUntil.Store(0)
-	case err == store.ErrRedisUnavailable:
+	case err == rds.ErrRedisUnavailable:
 		// Unreachable (refused, timed out, closed): answers such as OOM or
 		// a script error are not outages.
 		l.downUntil.Store(time.Now().Add(l.cooldown).UnixNano())
@@ -342,7 +342,7 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 		// the limit stricter.
 		l.metrics.refund("failed")
 		l.logger.Warn("rate-limit refund failed", slog.String("family", string(r.Family)),
-			slog.String("kind", fmt.Sprintf("%T", store.ClassifyRedisError(err))))
+			slog.String("kind", fmt.Sprintf("%T", rds.ClassifyRedisError(err))))
 		return
 	}
 	l.metrics.refund("ok")
@@ -364,10 +364,10 @@ func run(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []s
 	}
 	v, err := script(a).Run(ctx, c, keys, args...).Int64Slice()
 	if err != nil {
-		return Decision{}, store.ClassifyRedisError(err)
+		return Decision{}, rds.ClassifyRedisError(err)
 	}
 	if len(v) != 5+2*len(keys) {
-		return Decision{}, fmt.Errorf("ratelimit: script %s returned %d values: %w", a, len(v), store.ErrRedisUnavailable)
+		return Decision{}, fmt.Errorf("ratelimit: script %s returned %d values: %w", a, len(v), rds.ErrRedisUnavailable)
 	}
 	d := Decision{Allowed: v[0] == 1, Remaining: v[1], RetryAfterMs: v[2], ResetAtMs: v[3], NowMs: v[4],
 		Families: make([]FamilyDecision, len(keys))}

@@ -16,7 +16,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/ratelimit"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -34,7 +34,7 @@ var scripts = map[ratelimit.Algorithm]*lua.Script{
 // client connects to the package's redis-server as api_backend (DB0).
 func client(t testing.TB, r *testenv.RedisServer) redis.UniversalClient {
 	t.Helper()
-	c, err := store.NewRedis(r.URL(0), store.RedisConfig{PoolSize: 64})
+	c, err := rds.NewRedis(r.URL(0), rds.RedisConfig{PoolSize: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestRedisDownFallsBackOrFailsClosed(t *testing.T) {
 
 	start := time.Now()
 	_, err = l.Decide(ctx, post, routes[post], alice)
-	if !errors.Is(err, store.ErrRedisUnavailable) {
+	if !errors.Is(err, rds.ErrRedisUnavailable) {
 		t.Fatalf("fail-closed route with Redis down: %v", err)
 	}
 	if el := time.Since(start); el > 3*budget {
@@ -500,7 +500,7 @@ func TestRedisOOM(t *testing.T) {
 	}
 	l, _ := newLimiter(t, c, routes, nil)
 	alice := ratelimit.Subject{UserID: ids.New()}
-	if _, err := l.Decide(ctx, "POST /w", routes["POST /w"], alice); !errors.Is(err, store.ErrRedisOOM) {
+	if _, err := l.Decide(ctx, "POST /w", routes["POST /w"], alice); !errors.Is(err, rds.ErrRedisOOM) {
 		t.Fatalf("fail-closed route under OOM: %v", err)
 	}
 	d, err := l.Decide(ctx, "GET /r", routes["GET /r"], alice)
@@ -542,14 +542,14 @@ func TestExpiryDeniedWritesNothing(t *testing.T) {
 	c := client(t, r)
 	ad := admin(t, r)
 	ctx := context.Background()
-	if err := ad.Do(ctx, "ACL", "SETUSER", store.APIBackendUser, "-pexpire", "-pexpireat").Err(); err != nil {
+	if err := ad.Do(ctx, "ACL", "SETUSER", rds.APIBackendUser, "-pexpire", "-pexpireat").Err(); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range algorithms {
 		p := sendPolicy(a)
 		l, _ := newLimiter(t, c, map[string]ratelimit.Policy{sendRoute: p}, nil)
 		_, err := l.Decide(ctx, sendRoute, p, ratelimit.Subject{UserID: ids.New(), IPHMAC: "cc", DialogID: ids.New()})
-		if !errors.Is(err, store.ErrExpiryDenied) {
+		if !errors.Is(err, rds.ErrExpiryDenied) {
 			t.Fatalf("%s: %v", a, err)
 		}
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var discard = slog.New(slog.NewJSONHandler(io.Discard, nil))
@@ -36,7 +36,7 @@ func TestPresenceRebuildsFromHeartbeatsAfterEmptyRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	rt, err := store.NewRedis(r.URL(1), store.RedisConfig{})
+	rt, err := rds.NewRedis(r.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,10 +89,10 @@ func TestPubSubReconnectBackoffAcrossPartition(t *testing.T) {
 	}
 	defer p.Close()
 	// A client of its own (no idle pool) so the proxy sees only the link's dials.
-	link := redis.NewClient(&redis.Options{Addr: p.Addr(), Username: store.APIBackendUser, Password: env.Redis.Password,
+	link := redis.NewClient(&redis.Options{Addr: p.Addr(), Username: rds.APIBackendUser, Password: env.Redis.Password,
 		DB: 1, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	defer link.Close()
-	pub, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	pub, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,11 +21,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // AttachmentConfig tunes attachments (docs/idempotency.md).
@@ -117,23 +118,18 @@ func (s *Server) initAttachments(d Deps) error {
 // attachmentBlobRoutes are the signed routes (no bearer token); they are
 // registered on the root router before the /v1 user subrouter.
 func (s *Server) attachmentBlobRoutes(r *mux.Router) {
-	r.HandleFunc("/v1/attachments/{id}/blob", s.uploadBlob).Methods(http.MethodPut)
-	r.HandleFunc("/v1/attachments/{id}/blob", s.serveBlob).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/v1/attachments/{id}/blob", s.handle(s.uploadBlob)).Methods(http.MethodPut)
+	r.HandleFunc("/v1/attachments/{id}/blob", s.handle(s.serveBlob)).Methods(http.MethodGet, http.MethodHead)
 }
 
 // attachmentRoutes are the user routes, relative to /v1.
 func (s *Server) attachmentRoutes(user *mux.Router) {
-	user.HandleFunc("/attachments", s.initAttachment).Methods(http.MethodPost)
-	user.HandleFunc("/attachments/{id}/download-url", s.downloadURL).Methods(http.MethodGet)
+	user.HandleFunc("/attachments", s.handle(s.initAttachment)).Methods(http.MethodPost)
+	user.HandleFunc("/attachments/{id}/download-url", s.handle(s.downloadURL)).Methods(http.MethodGet)
 }
 
 // AttachmentDTO is an attachment as a message carries it.
-type AttachmentDTO struct {
-	ID          string `json:"id"`
-	Filename    string `json:"filename"`
-	ContentType string `json:"contentType"`
-	SizeBytes   int64  `json:"sizeBytes"`
-}
+type AttachmentDTO = pubsub.Attachment
 
 func toAttachmentDTOs(refs []store.AttachmentRef) []AttachmentDTO {
 	out := make([]AttachmentDTO, len(refs))
@@ -249,40 +245,31 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 
 // initAttachment: POST /v1/attachments (Idempotency-Key required) → 201
 // {id, uploadUrl, expiresAt}.
-func (s *Server) initAttachment(w http.ResponseWriter, r *http.Request) {
+func (s *Server) initAttachment(w http.ResponseWriter, r *http.Request) error {
 	if _, _, err := idemKeyHeader(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	var req initAttachmentReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	c, err := s.validateInit(req)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	canon, _ := json.Marshal(c)
 	me := principal(r).UserID
 	s.serveIdempotent(w, r, idemOp{
 		scope: scopeAttachmentInit, required: true, canon: canon,
-		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
+		exec: func(ctx context.Context, target *idemTarget) (idemResult, error) {
 			in := store.CreateAttachment{ID: ids.New(), DialogID: c.DialogID, UploaderID: me, Filename: c.Filename,
-				ContentType: c.ContentType, SizeBytes: c.SizeBytes, UploadTTL: s.att.cfg.UploadURLTTL}
-			var rec store.IdemRecord
-			if hook != nil {
-				in.InTx = func(ctx context.Context, tx pgx.Tx, a store.Attachment) error {
-					rec = uploadRecord(a)
-					return hook(ctx, tx, rec)
-				}
-			}
+				ContentType: c.ContentType, SizeBytes: c.SizeBytes, UploadTTL: s.att.cfg.UploadURLTTL,
+				Idem: idemWrite(target, uploadRecord)}
 			a, err := s.store.CreateAttachment(ctx, in)
 			if err != nil {
 				return idemResult{}, err
 			}
-			rec = uploadRecord(a)
+			rec := uploadRecord(a)
 			body, err := json.Marshal(s.uploadDTO(a.ID, a.UploadExpiresAt.UnixMilli()))
 			return idemResult{rec: rec, body: body}, err
 		},
@@ -299,6 +286,7 @@ func (s *Server) initAttachment(w http.ResponseWriter, r *http.Request) {
 			return json.Marshal(s.uploadDTO(rec.ResourceID, meta.UploadExpiresAt))
 		},
 	})
+	return nil
 }
 
 // uploadMeta is the idempotency record's meta of an attachment init: what
@@ -319,24 +307,20 @@ func (s *Server) uploadDTO(id string, expiresMs int64) uploadDTO {
 // uploadBlob: PUT to the signed upload URL. No bearer token: the signature
 // is the authorization. The body limit is the declared size (413 beyond it,
 // enforced while reading), the Content-Type must be the declared one.
-func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) {
+func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 	id, err := s.att.verify(r, http.MethodPut)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	a, err := s.store.GetAttachment(r.Context(), id)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != a.ContentType {
-		s.fail(w, r, errUnsupportedMedia)
-		return
+		return errUnsupportedMedia
 	}
 	if r.ContentLength > a.SizeBytes {
-		s.fail(w, r, errPayloadTooLarge)
-		return
+		return errPayloadTooLarge
 	}
 	key := blobKey(a.ID)
 	h := sha256.New()
@@ -346,20 +330,18 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) {
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
-			s.fail(w, r, errPayloadTooLarge)
+			return errPayloadTooLarge
 		case body.readErr != nil:
-			s.fail(w, r, bodyReadError(body.readErr))
+			return bodyReadError(body.readErr)
 		case errors.Is(err, context.Canceled):
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_body_stream"))
+			return apiErr(http.StatusBadRequest, "invalid_body_stream")
 		default:
-			s.fail(w, r, err)
+			return err
 		}
-		return
 	}
 	if n != a.SizeBytes {
 		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
-		s.fail(w, r, errUploadSize)
-		return
+		return errUploadSize
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	cur, err := s.store.MarkAttachmentUploaded(r.Context(), a.ID, key, sum)
@@ -369,17 +351,16 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) {
 		// already show.
 		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
 		if cur.SHA256 != sum {
-			s.fail(w, r, err)
-			return
+			return err
 		}
 		err = nil
 	}
 	if err != nil {
 		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, AttachmentDTO{ID: cur.ID, Filename: cur.Filename, ContentType: cur.ContentType, SizeBytes: cur.SizeBytes})
+	return nil
 }
 
 // blobKey names one upload's blob: a random shard, the attachment id and a
@@ -408,27 +389,24 @@ func (hr *hashingReader) Read(p []byte) (int, error) {
 }
 
 // serveBlob: GET/HEAD of the signed download URL.
-func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 	id, err := s.att.verify(r, http.MethodGet)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	a, err := s.store.GetAttachment(r.Context(), id)
 	if err == nil && a.Status != store.AttachmentUploaded {
 		err = store.ErrAttachmentNotFound
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	f, err := s.att.blobs.Open(r.Context(), a.BlobKey)
 	if errors.Is(err, store.ErrBlobNotFound) {
 		err = store.ErrAttachmentNotFound
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	defer f.Close()
 	h := w.Header()
@@ -438,33 +416,31 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Disposition", "attachment; filename*=UTF-8''"+url.PathEscape(a.Filename))
 	h.Set("Cache-Control", "private, no-store")
 	http.ServeContent(w, r, "", time.Time{}, f)
+	return nil
 }
 
 // downloadURL: GET /v1/attachments/{id}/download-url → {url, expiresAt} for
 // members of the attachment's dialog. It fails closed while DB0 is
 // unreachable (docs/degraded-mode.md: a signed URL is handed out only where
 // its limit can be applied).
-func (s *Server) downloadURL(w http.ResponseWriter, r *http.Request) {
+func (s *Server) downloadURL(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if err := s.requireDB0(r.Context()); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	a, err := s.store.AttachmentForMember(r.Context(), id, principal(r).UserID)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if a.Status != store.AttachmentUploaded {
-		s.fail(w, r, store.ErrAttachmentNotUploaded)
-		return
+		return store.ErrAttachmentNotUploaded
 	}
 	exp := time.Now().Add(s.att.cfg.DownloadURLTTL).UnixMilli()
 	writeJSON(w, http.StatusOK, downloadDTO{URL: s.att.signedURL(http.MethodGet, a.ID, exp), ExpiresAt: exp})
+	return nil
 }
 
 // requireDB0 fails at once while DB0 is known to be down, and otherwise
@@ -474,7 +450,7 @@ func (s *Server) requireDB0(ctx context.Context) error {
 		return err
 	}
 	if s.idem.health == nil {
-		return store.ErrRedisUnavailable
+		return rds.ErrRedisUnavailable
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
 	defer cancel()

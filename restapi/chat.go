@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
-	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
@@ -26,9 +25,6 @@ const (
 	DefaultPageLimit   = 50
 	MaxClientMessageID = 64
 )
-
-// Event names.
-const EventMessageCreated = "message.created"
 
 type dialogDTO struct {
 	ID        string   `json:"id"`
@@ -49,13 +45,9 @@ func toDialogDTO(d store.Dialog) dialogDTO {
 // MessageDTO is the message as clients see it, over REST and in realtime
 // event data.
 type MessageDTO struct {
-	ID          string          `json:"id"`
-	DialogID    string          `json:"dialogId"`
-	Seq         int64           `json:"seq"`
-	SenderID    string          `json:"senderId"`
-	Body        string          `json:"body"`
-	CreatedAt   int64           `json:"createdAt"`
-	Attachments []AttachmentDTO `json:"attachments"` // always an array, [] when none
+	// pubsub.Message is the form message.created events carry, so an
+	// event's data and the REST answer are the same bytes.
+	pubsub.Message
 	// Safety is "pending" in a send's answer while the legacy safety stub
 	// is on (safety.go); absent otherwise.
 	Safety string `json:"safety,omitempty"`
@@ -63,8 +55,8 @@ type MessageDTO struct {
 
 // ToMessageDTO converts a stored message.
 func ToMessageDTO(m store.Message) MessageDTO {
-	return MessageDTO{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
-		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: toAttachmentDTOs(m.Attachments)}
+	return MessageDTO{Message: pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
+		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: toAttachmentDTOs(m.Attachments)}}
 }
 
 type listDTO[T any] struct {
@@ -118,23 +110,20 @@ type createDialogReq struct {
 	Title     *string   `json:"title"`
 }
 
-func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) {
+func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 	var req createDialogReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	me := principal(r).UserID
 	if req.MemberIDs == nil || len(*req.MemberIDs) == 0 || len(*req.MemberIDs) >= MaxDialogMembers {
-		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_members"))
-		return
+		return apiErr(http.StatusBadRequest, "invalid_members")
 	}
 	members := make([]string, 0, len(*req.MemberIDs))
 	for _, m := range *req.MemberIDs {
 		id, ok := ids.Canonical(m)
 		if !ok {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_members"))
-			return
+			return apiErr(http.StatusBadRequest, "invalid_members")
 		}
 		members = append(members, id)
 	}
@@ -142,29 +131,28 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) {
 	if req.Title != nil {
 		title = strings.TrimSpace(*req.Title)
 		if utf8.RuneCountInString(title) > MaxTitleChars || hasControl(title) {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_title"))
-			return
+			return apiErr(http.StatusBadRequest, "invalid_title")
 		}
 	}
 	s.createDialogIdempotent(w, r, me, title, members)
+	return nil
 }
 
-func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) error {
 	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	items, next, err := s.store.ListDialogs(r.Context(), principal(r).UserID, r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	out := make([]dialogDTO, len(items))
 	for i, d := range items {
 		out[i] = toDialogDTO(d)
 	}
 	writeJSON(w, http.StatusOK, newList(out, next))
+	return nil
 }
 
 type sendMessageReq struct {
@@ -193,50 +181,31 @@ func validateMessage(req sendMessageReq) (body, cmid string, err error) {
 	return body, cmid, nil
 }
 
-func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) {
+func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 	dialogID, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if _, _, err := idemKeyHeader(r); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	var req sendMessageReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	body, cmid, err := validateMessage(req)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	attIDs, err := validateAttachmentIDs(req.AttachmentIDs)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	s.sendMessageIdempotent(w, r, store.SendMessage{
 		DialogID: dialogID, SenderID: principal(r).UserID, Body: body, ClientMessageID: cmid, AttachmentIDs: attIDs,
-		Event: MessageCreatedEvent,
+		Event: true,
 	})
-}
-
-// MessageCreatedEvent builds the message.created event of a committed
-// message: the frame clients receive, encoded once.
-func MessageCreatedEvent(m store.Message) (store.OutboxEvent, error) {
-	data, err := json.Marshal(ToMessageDTO(m))
-	if err != nil {
-		return store.OutboxEvent{}, err
-	}
-	eventID := ids.New()
-	payload, err := pubsub.NewDialogEvent(eventID, EventMessageCreated, m.ID, m.DialogID, m.Seq, data).Encode()
-	if err != nil {
-		return store.OutboxEvent{}, err
-	}
-	return store.OutboxEvent{EventID: eventID, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: payload}, nil
+	return nil
 }
 
 // publishAfterCommit publishes the event right after the commit and marks
@@ -259,35 +228,29 @@ func (s *Server) publishAfterCommit(ctx context.Context, ev store.OutboxEvent) {
 	}
 }
 
-func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) error {
 	dialogID, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	after, err := historyAfter(r)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	ok, err := s.store.IsMember(r.Context(), dialogID, principal(r).UserID)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if !ok {
-		s.fail(w, r, store.ErrDialogNotFound)
-		return
+		return store.ErrDialogNotFound
 	}
 	msgs, more, err := s.store.ListMessages(r.Context(), dialogID, after, limit)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	out := make([]MessageDTO, len(msgs))
 	for i, m := range msgs {
@@ -298,6 +261,7 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) {
 		next = strconv.FormatInt(out[len(out)-1].Seq, 10)
 	}
 	writeJSON(w, http.StatusOK, newList(out, next))
+	return nil
 }
 
 // historyAfter reads where a history page starts: ?afterSeq=N, or

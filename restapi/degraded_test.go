@@ -15,7 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // timedDo is doH that also returns how long the answer took.
@@ -257,7 +257,7 @@ func (l gateLimiter) Allow(w http.ResponseWriter, r *http.Request, route string)
 	if err == nil {
 		return true
 	}
-	err = store.ClassifyRedisError(err)
+	err = rds.ClassifyRedisError(err)
 	if restapi.DeferDB0Failure(r, err) {
 		return true
 	}

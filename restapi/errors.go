@@ -9,6 +9,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Error is an API failure with its HTTP status and stable code. Handlers
@@ -58,93 +59,100 @@ func writeError(w http.ResponseWriter, e *Error) {
 	_, _ = w.Write([]byte(`{"error":"` + e.Code + `"}`))
 }
 
-// fail maps any error to a response. Only unexpected failures are logged,
-// by kind and never with raw driver text that could carry values.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	var e *Error
-	switch {
-	case errors.As(err, &e):
-	case isRateLimited(err, &e):
-	case errors.Is(err, auth.ErrUnauthorized):
-		e = errUnauthorized
-	case errors.Is(err, store.ErrDialogNotFound):
-		e = apiErr(http.StatusNotFound, "dialog_not_found")
-	case errors.Is(err, store.ErrUserNotFound):
-		e = apiErr(http.StatusNotFound, "user_not_found")
-	case errors.Is(err, store.ErrInvalidCursor):
-		e = apiErr(http.StatusBadRequest, "invalid_cursor")
-	case isPGUnstorableText(err):
-		e = errInvalidJSON
-		// Logged because a field reached PostgreSQL without its own check.
-		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "text refused by the database",
-			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)),
-			slog.String("kind", errorKind(err)))
-	case errors.Is(err, store.ErrAttachmentNotFound):
-		e = apiErr(http.StatusNotFound, "attachment_not_found")
-	case errors.Is(err, store.ErrInvalidAttachment):
-		e = errInvalidAttachment
-	case errors.Is(err, store.ErrAttachmentNotUploaded):
-		e = apiErr(http.StatusConflict, "attachment_not_uploaded")
-	case errors.Is(err, store.ErrAttachmentUploaded):
-		e = apiErr(http.StatusConflict, "attachment_already_uploaded")
-	case errors.Is(err, store.ErrStubTaskNotFound):
-		e = apiErr(http.StatusNotFound, "safety_task_not_found")
-	case errors.Is(err, store.ErrInboxConflict):
-		e = apiErr(http.StatusConflict, "inbox_conflict")
-	case errors.Is(err, store.ErrCacheKeyNotFound):
-		e = errCacheKeyNotFound
-	case errors.Is(err, store.ErrCacheKeyExists):
-		e = errCacheKeyExists
-	case errors.Is(err, store.ErrTopicNotFound):
-		e = errTopicNotFound
-	case errors.Is(err, store.ErrSubscriptionNotFound):
-		e = errSubscriptionNotFound
-	case errors.Is(err, store.ErrMessageNotFound):
-		e = apiErr(http.StatusNotFound, "message_not_found")
-	case errors.Is(err, store.ErrTopicNameTaken):
-		e = apiErr(http.StatusConflict, "topic_name_taken")
-	case errors.Is(err, store.ErrPublishConflict):
-		e = apiErr(http.StatusConflict, "publish_conflict")
-	case errors.Is(err, store.ErrSubscriptionPaused):
-		e = apiErr(http.StatusConflict, "subscription_paused")
-	case errors.Is(err, store.ErrDeliveryPaused):
-		e = apiErr(http.StatusConflict, "delivery_paused")
-	case errors.Is(err, store.ErrLeaseExpired):
-		e = apiErr(http.StatusConflict, "lease_expired")
-	case errors.Is(err, store.ErrLeaseTokenMismatch):
-		e = apiErr(http.StatusConflict, "lease_token_mismatch")
-	case errors.Is(err, store.ErrReceiptConflict):
-		e = apiErr(http.StatusConflict, "receipt_conflict")
-	case errors.Is(err, store.ErrBudgetExhausted):
-		e = apiErr(http.StatusConflict, "budget_exhausted")
-	case errors.Is(err, store.ErrUnsafeEvictionPolicy):
-		e = errUnsafeEviction
-	case errors.Is(err, store.ErrDataStateInvalid):
-		e = errDataStateInvalid
-		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "project data state invalid",
-			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)))
-	case errors.Is(err, store.ErrRedisOOM):
-		e = errRedisOOM
-	case errors.Is(err, store.ErrExpiryDenied):
-		e = errRedisExpiryDenied
-	case errors.Is(err, store.ErrRedisUnavailable), errors.Is(err, store.ErrRedisNoPerm):
-		e = errRedisUnavailable
-	case errors.Is(err, context.Canceled):
-		// The client went away; nobody reads the answer.
-		e = apiErr(499, "client_closed_request")
-	case store.IsDatabaseBusy(err):
-		// Before isPGUnavailable: a pool wait that ran out is a deadline
-		// too, but the server is up.
-		e = errDatabaseBusy
-	case isPGUnavailable(err):
-		e = errDatabaseUnavailable
-		s.logger.LogAttrs(r.Context(), slog.LevelWarn, "database unavailable",
-			slog.String("request_id", requestID(r.Context())), slog.String("kind", errorKind(err)))
-	default:
-		e = errInternal
-		s.logger.LogAttrs(r.Context(), slog.LevelError, "internal error",
-			slog.String("request_id", requestID(r.Context())), slog.String("kind", errorKind(err)))
+// errorAnswer is one row of errorTable: the errors match reports get the
+// answer e; a row with a log message also logs the error's kind, because
+// such an error means something is wrong beyond the request.
+type errorAnswer struct {
+	match func(error) bool
+	e     *Error
+	log   string
+	level slog.Level
+}
+
+func is(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// errorTable maps every error class a handler may return to its status and
+// code; the first matching row wins, so a narrower class comes before a
+// wider one it is part of. Errors no row matches are 500 internal.
+var errorTable = []errorAnswer{
+	{match: is(auth.ErrUnauthorized), e: errUnauthorized},
+	{match: is(store.ErrDialogNotFound), e: apiErr(http.StatusNotFound, "dialog_not_found")},
+	{match: is(store.ErrUserNotFound), e: apiErr(http.StatusNotFound, "user_not_found")},
+	{match: is(store.ErrInvalidCursor), e: apiErr(http.StatusBadRequest, "invalid_cursor")},
+	// Logged because a field reached PostgreSQL without its own check.
+	{match: store.IsPGUnstorableText, e: errInvalidJSON, log: "text refused by the database", level: slog.LevelWarn},
+	{match: is(store.ErrAttachmentNotFound), e: apiErr(http.StatusNotFound, "attachment_not_found")},
+	{match: is(store.ErrInvalidAttachment), e: errInvalidAttachment},
+	{match: is(store.ErrAttachmentNotUploaded), e: apiErr(http.StatusConflict, "attachment_not_uploaded")},
+	{match: is(store.ErrAttachmentUploaded), e: apiErr(http.StatusConflict, "attachment_already_uploaded")},
+	{match: is(store.ErrStubTaskNotFound), e: apiErr(http.StatusNotFound, "safety_task_not_found")},
+	{match: is(store.ErrInboxConflict), e: apiErr(http.StatusConflict, "inbox_conflict")},
+	{match: is(store.ErrCacheKeyNotFound), e: errCacheKeyNotFound},
+	{match: is(store.ErrCacheKeyExists), e: errCacheKeyExists},
+	{match: is(store.ErrTopicNotFound), e: errTopicNotFound},
+	{match: is(store.ErrSubscriptionNotFound), e: errSubscriptionNotFound},
+	{match: is(store.ErrMessageNotFound), e: apiErr(http.StatusNotFound, "message_not_found")},
+	{match: is(store.ErrTopicNameTaken), e: apiErr(http.StatusConflict, "topic_name_taken")},
+	{match: is(store.ErrPublishConflict), e: apiErr(http.StatusConflict, "publish_conflict")},
+	{match: is(store.ErrSubscriptionPaused), e: apiErr(http.StatusConflict, "subscription_paused")},
+	{match: is(store.ErrDeliveryPaused), e: apiErr(http.StatusConflict, "delivery_paused")},
+	{match: is(store.ErrLeaseExpired), e: apiErr(http.StatusConflict, "lease_expired")},
+	{match: is(store.ErrLeaseTokenMismatch), e: apiErr(http.StatusConflict, "lease_token_mismatch")},
+	{match: is(store.ErrReceiptConflict), e: apiErr(http.StatusConflict, "receipt_conflict")},
+	{match: is(store.ErrBudgetExhausted), e: apiErr(http.StatusConflict, "budget_exhausted")},
+	{match: is(store.ErrUnsafeEvictionPolicy), e: errUnsafeEviction},
+	{match: is(store.ErrDataStateInvalid), e: errDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
+	{match: is(rds.ErrRedisOOM), e: errRedisOOM},
+	{match: is(rds.ErrExpiryDenied), e: errRedisExpiryDenied},
+	{match: is(rds.ErrRedisUnavailable), e: errRedisUnavailable},
+	{match: is(rds.ErrRedisNoPerm), e: errRedisUnavailable},
+	// The client went away; nobody reads the answer.
+	{match: is(context.Canceled), e: apiErr(499, "client_closed_request")},
+	// Before IsPGUnavailable: a pool wait that ran out is a deadline too,
+	// but the server is up.
+	{match: store.IsDatabaseBusy, e: errDatabaseBusy},
+	{match: store.IsPGUnavailable, e: errDatabaseUnavailable, log: "database unavailable", level: slog.LevelWarn},
+}
+
+// handle adapts a handler that returns its failure instead of answering
+// it: fail renders the returned error, so handlers never write an error
+// body themselves.
+func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.fail(w, r, err)
+		}
 	}
+}
+
+// fail maps any error to a response through errorTable; it and the few
+// callers listed in docs/architecture.md are the only writers of error
+// bodies. Only unexpected failures are logged, by kind and never with raw
+// driver text that could carry values.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := s.answer(r, err)
 	s.metrics.countFailure(r, err, e)
 	writeError(w, e)
+}
+
+func (s *Server) answer(r *http.Request, err error) *Error {
+	var e *Error
+	if errors.As(err, &e) || isRateLimited(err, &e) {
+		return e
+	}
+	row := errorAnswer{e: errInternal, log: "internal error", level: slog.LevelError}
+	for _, a := range errorTable {
+		if a.match(err) {
+			row = a
+			break
+		}
+	}
+	if row.log != "" {
+		s.logger.LogAttrs(r.Context(), row.level, row.log,
+			slog.String("request_id", requestID(r.Context())), slog.String("route", RouteTemplate(r)),
+			slog.String("kind", store.Kind(err)))
+	}
+	return row.e
 }

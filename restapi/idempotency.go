@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // IdempotencyConfig tunes idempotency keys and the DB0 fast-failure budget.
@@ -82,7 +82,7 @@ const (
 // idempotency is the server's idempotency machinery.
 type idempotency struct {
 	store       *store.Idempotency // nil without a DB0 client: every keyed request fails closed
-	health      *store.RedisHealth
+	health      *rds.RedisHealth
 	ownHealth   bool // created by NewServer, closed by Server.Close
 	cfg         IdempotencyConfig
 	keyOptional bool // benchmarks only: sends without a key run unprotected
@@ -117,7 +117,7 @@ func (s *Server) initIdempotency(d Deps) {
 	id.requests = registerOrReuse(s.metrics.Registry, id.requests)
 	id.degraded = registerOrReuse(s.metrics.Registry, id.degraded)
 	if id.health == nil && d.Redis != nil {
-		id.health = store.NewRedisHealth(d.Redis, store.HealthConfig{
+		id.health = rds.NewRedisHealth(d.Redis, rds.HealthConfig{
 			ProbeInterval: cfg.ProbeInterval,
 			ProbeTimeout:  cfg.RedisBudget,
 			OnChange: func(down bool) {
@@ -157,7 +157,7 @@ func (s *Server) Close() {
 }
 
 // RedisHealth is the DB0 fast-failure state the server uses.
-func (s *Server) RedisHealth() *store.RedisHealth { return s.idem.health }
+func (s *Server) RedisHealth() *rds.RedisHealth { return s.idem.health }
 
 // idemKeyHeader reads Idempotency-Key: 1..255 printable ASCII characters
 // (space included), one header line.
@@ -209,19 +209,32 @@ type idemResult struct {
 	after func()
 }
 
-// idemTxHook writes the durable record inside the business transaction.
-// rec carries Status, ResourceID, Version and Meta; nil when the request
+// idemTarget names the durable record of a request with a key; the store
+// writes it in the business transaction (idemWrite).
+type idemTarget struct {
+	key store.IdemKey
+	fp  string
+	ttl time.Duration
+}
+
+// idemWrite is the durable record t asks for, its outcome derived from the
+// entity the business transaction wrote by record; nil when the request
 // has no key.
-type idemTxHook func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error
+func idemWrite[T any](t *idemTarget, record func(T) store.IdemRecord) *store.IdemWrite[T] {
+	if t == nil {
+		return nil
+	}
+	return &store.IdemWrite[T]{Key: t.key, Fingerprint: t.fp, TTL: t.ttl, Record: record}
+}
 
 // idemOp describes one idempotent operation.
 type idemOp struct {
 	scope    string
 	required bool   // a missing key is 400 idempotency_key_required
 	canon    []byte // canonical request
-	// exec performs the business effect; it calls hook (when non-nil)
-	// inside its transaction.
-	exec func(ctx context.Context, hook idemTxHook) (idemResult, error)
+	// exec performs the business effect; with a non-nil target it has the
+	// store write that record in the same transaction (idemWrite).
+	exec func(ctx context.Context, target *idemTarget) (idemResult, error)
 	// render rebuilds the response body of a completed record from the
 	// resource it names (re-signing URLs deterministically).
 	render func(ctx context.Context, rec store.IdemRecord) ([]byte, error)
@@ -265,7 +278,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	count := func(outcome string) { s.idem.requests.WithLabelValues(op.scope, outcome).Inc() }
 
 	if s.idem.store == nil {
-		s.idemFallback(w, r, op, k, fp, store.ErrRedisUnavailable)
+		s.idemFallback(w, r, op, k, fp, rds.ErrRedisUnavailable)
 		return
 	}
 	if err := deferredDB0(ctx); err != nil {
@@ -305,11 +318,7 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	// Acquired: this request runs; keep the lock alive meanwhile.
 	stop := s.idemHeartbeat(k, owner)
 	s.idemStage("locked")
-	hook := func(ctx context.Context, tx pgx.Tx, rec store.IdemRecord) error {
-		rec.Fingerprint = fp
-		return store.InsertIdempotencyTx(ctx, tx, k, rec, s.idem.cfg.RecordTTL)
-	}
-	out, err := op.exec(ctx, hook)
+	out, err := op.exec(ctx, &idemTarget{key: k, fp: fp, ttl: s.idem.cfg.RecordTTL})
 	if err == nil {
 		s.idemStage("committed")
 	}
@@ -446,8 +455,8 @@ func (s *Server) idemFallback(w http.ResponseWriter, r *http.Request, op idemOp,
 		s.fail(w, r, errIdemKeyReused)
 	default:
 		s.idem.requests.WithLabelValues(op.scope, idemOutcomeFailClose).Inc()
-		if !errors.Is(redisErr, store.ErrRedisOOM) && !errors.Is(redisErr, store.ErrExpiryDenied) {
-			redisErr = store.ErrRedisUnavailable
+		if !errors.Is(redisErr, rds.ErrRedisOOM) && !errors.Is(redisErr, rds.ErrExpiryDenied) {
+			redisErr = rds.ErrRedisUnavailable
 		}
 		s.fail(w, r, redisErr)
 	}
@@ -562,7 +571,7 @@ func DeferDB0Failure(r *http.Request, err error) bool {
 	if !ok || d.err != nil {
 		return false
 	}
-	if !errors.Is(err, store.ErrRedisUnavailable) && !errors.Is(err, store.ErrRedisOOM) && !errors.Is(err, store.ErrExpiryDenied) {
+	if !errors.Is(err, rds.ErrRedisUnavailable) && !errors.Is(err, rds.ErrRedisOOM) && !errors.Is(err, rds.ErrExpiryDenied) {
 		return false
 	}
 	d.err = err

@@ -15,6 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // benchServer is the API on the package's real Redis and PostgreSQL, with
@@ -30,8 +31,8 @@ func benchServer(b *testing.B) *httptest.Server {
 	if _, err := store.Migrate(ctx, pool); err != nil {
 		b.Fatal(err)
 	}
-	rdb, _ := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
-	rt, _ := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	rdb, _ := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
+	rt, _ := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	b.Cleanup(func() { rdb.Close(); rt.Close() })
 	logger := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	v, err := auth.NewVerifier(ctx, auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
@@ -40,7 +41,7 @@ func benchServer(b *testing.B) *httptest.Server {
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"),
 		Attachments: restapi.AttachmentConfig{BlobDir: b.TempDir()}},
-		Logger: logger, Store: store.New(pool), PG: pool, Redis: rdb, Realtime: rt, Verifier: v})
+		Logger: logger, Store: store.New(pool), Redis: rdb, Realtime: rt, Verifier: v})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"sort"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -50,15 +49,13 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 	canon, _ := json.Marshal(canonicalSend{Body: in.Body, ClientMessageID: in.ClientMessageID, AttachmentIDs: in.AttachmentIDs})
 	s.serveIdempotent(w, r, idemOp{
 		scope: scopeMessageSend, required: true, canon: canon,
-		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
+		exec: func(ctx context.Context, target *idemTarget) (idemResult, error) {
 			in := in
 			in.ID = ids.New()
-			if hook != nil {
-				in.InTx = func(ctx context.Context, tx pgx.Tx, m store.Message) error {
-					return hook(ctx, tx, store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq})
-				}
-			}
-			in.InTx = s.withSafetyTask(in.InTx)
+			in.Idem = idemWrite(target, func(m store.Message) store.IdemRecord {
+				return store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq}
+			})
+			in.SafetyTask = s.stub != nil
 			m, ev, created, err := s.store.SendMessage(ctx, in)
 			if err != nil {
 				return idemResult{}, err
@@ -102,14 +99,11 @@ func (s *Server) createDialogIdempotent(w http.ResponseWriter, r *http.Request, 
 	canon, _ := json.Marshal(canonicalDialog{MemberIDs: members, Title: title})
 	s.serveIdempotent(w, r, idemOp{
 		scope: scopeDialogCreate, canon: canon,
-		exec: func(ctx context.Context, hook idemTxHook) (idemResult, error) {
-			var hooks []func(context.Context, pgx.Tx, store.Dialog) error
-			if hook != nil {
-				hooks = append(hooks, func(ctx context.Context, tx pgx.Tx, d store.Dialog) error {
-					return hook(ctx, tx, store.IdemRecord{Status: http.StatusCreated, ResourceID: d.ID})
-				})
-			}
-			d, err := s.store.CreateDialog(ctx, ids.New(), me, title, members, hooks...)
+		exec: func(ctx context.Context, target *idemTarget) (idemResult, error) {
+			idem := idemWrite(target, func(d store.Dialog) store.IdemRecord {
+				return store.IdemRecord{Status: http.StatusCreated, ResourceID: d.ID}
+			})
+			d, err := s.store.CreateDialog(ctx, ids.New(), me, title, members, idem)
 			if err != nil {
 				return idemResult{}, err
 			}

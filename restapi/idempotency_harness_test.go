@@ -17,7 +17,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // idemKey is a fresh Idempotency-Key header for one logical request.
@@ -51,7 +51,7 @@ func newIdemHarness(t *testing.T, o idemOpts) *harness {
 	}
 	api, err := restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Idempotency: o.idem, Attachments: o.att},
-		Logger: logger, Store: base.store, PG: base.pool, Redis: o.rdb, Realtime: o.rt, Verifier: v, RateLimiter: o.limiter})
+		Logger: logger, Store: base.store, Redis: o.rdb, Realtime: o.rt, Verifier: v, RateLimiter: o.limiter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,12 +70,12 @@ func privateRedis(t *testing.T, opts testenv.RedisOptions, budget time.Duration)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := store.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget}
-	rdb, err := store.NewRedis(r.URL(0), rc)
+	rc := rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget}
+	rdb, err := rds.NewRedis(r.URL(0), rc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := store.NewRedis(r.URL(1), rc)
+	rt, err := rds.NewRedis(r.URL(1), rc)
 	if err != nil {
 		t.Fatal(err)
 	}

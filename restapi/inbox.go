@@ -32,7 +32,7 @@ func (s *Server) internalRoutes(r *mux.Router) {
 	internal := r.PathPrefix("/v1/internal").Subrouter()
 	internal.Use(s.authenticate(false))
 	internal.Use(s.rateLimit)
-	internal.HandleFunc("/inbox", s.acceptInbox).Methods(http.MethodPost)
+	internal.HandleFunc("/inbox", s.handle(s.acceptInbox)).Methods(http.MethodPost)
 }
 
 type inboxReq struct {
@@ -75,24 +75,20 @@ func inboxToken(s string, max int, allowUpper bool) bool {
 // realtime event is written to the outbox in the same transaction and
 // published after commit; with Redis down the request still succeeds and
 // the event waits in the outbox for the relay.
-func (s *Server) acceptInbox(w http.ResponseWriter, r *http.Request) {
+func (s *Server) acceptInbox(w http.ResponseWriter, r *http.Request) error {
 	p := principal(r)
 	if p.Service == "" {
-		s.fail(w, r, errForbidden)
-		return
+		return errForbidden
 	}
 	var req inboxReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if req.ID == nil || !inboxToken(*req.ID, MaxInboxIDLen, true) {
-		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_id"))
-		return
+		return apiErr(http.StatusBadRequest, "invalid_id")
 	}
 	if req.Kind == nil || !inboxToken(*req.Kind, MaxInboxKindLen, false) {
-		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_kind"))
-		return
+		return apiErr(http.StatusBadRequest, "invalid_kind")
 	}
 	item := store.InboxItem{Service: p.Service, ID: *req.ID, Kind: *req.Kind}
 	var target string
@@ -100,26 +96,22 @@ func (s *Server) acceptInbox(w http.ResponseWriter, r *http.Request) {
 	case req.DialogID != nil && req.UserID == nil:
 		id, ok := ids.Canonical(*req.DialogID)
 		if !ok {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_target"))
-			return
+			return apiErr(http.StatusBadRequest, "invalid_target")
 		}
 		item.DialogID, target = id, "dialog:"+id
 	case req.UserID != nil && req.DialogID == nil:
 		id, ok := ids.Canonical(*req.UserID)
 		if !ok {
-			s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_target"))
-			return
+			return apiErr(http.StatusBadRequest, "invalid_target")
 		}
 		item.UserID, target = id, "user:"+id
 	default:
-		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_target"))
-		return
+		return apiErr(http.StatusBadRequest, "invalid_target")
 	}
 	// data: a JSON object (already strictly checked with the whole body).
 	var data bytes.Buffer
 	if len(req.Data) == 0 || req.Data[0] != '{' || json.Compact(&data, req.Data) != nil || data.Len() > MaxInboxDataBytes {
-		s.fail(w, r, apiErr(http.StatusBadRequest, "invalid_data"))
-		return
+		return apiErr(http.StatusBadRequest, "invalid_data")
 	}
 	sum := sha256.Sum256([]byte(item.Kind + "\n" + target + "\n" + data.String()))
 	item.Fingerprint = hex.EncodeToString(sum[:])
@@ -141,8 +133,7 @@ func (s *Server) acceptInbox(w http.ResponseWriter, r *http.Request) {
 	}
 	rc, ev, created, err := s.store.AcceptInbox(r.Context(), item)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	status := http.StatusOK
 	if created {
@@ -151,4 +142,5 @@ func (s *Server) acceptInbox(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, status, inboxReceiptDTO{ID: rc.ID, Service: rc.Service, Kind: rc.Kind, DialogID: rc.DialogID,
 		UserID: rc.UserID, EventID: rc.EventID, ReceivedAt: rc.ReceivedAt.UnixMilli()})
+	return nil
 }

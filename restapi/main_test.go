@@ -20,6 +20,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -57,11 +58,11 @@ func newHarness(t *testing.T) *harness {
 		}
 		migrated = true
 	}
-	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	rt, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func (h *harness) withClients(rdb, rt redis.UniversalClient) *harness {
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: h.store, PG: h.pool, Redis: rdb, Realtime: rt, Verifier: v})
+		Logger: logger, Store: h.store, Redis: rdb, Realtime: rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package restapi
 
 import (
-	"errors"
 	"net/http"
 	"strings"
 
@@ -28,33 +27,34 @@ func newFailureMetrics(reg prometheus.Registerer, errs *prometheus.CounterVec) *
 	for _, r := range []string{"unsafe_eviction_policy", "redis_oom", "redis_expiry_denied"} {
 		f.refused.WithLabelValues(r)
 	}
-	for _, dk := range [][2]string{{"redis", "unavailable"}, {"redis", "oom"}, {"redis", "expiry_denied"},
-		{"redis", "noperm"}, {"redis", "data_state_invalid"}, {"postgres", "unavailable"}, {"postgres", "busy"}} {
-		errs.WithLabelValues(dk[0], dk[1])
+	for _, l := range dependencyLabels {
+		errs.WithLabelValues(l[0], l[1])
 	}
+	errs.WithLabelValues("postgres", "unavailable")
 	return f
 }
 
-// dependencyKind classifies err for han_dependency_errors_total; ok is
-// false for errors that are not a dependency failure.
-func dependencyKind(err error) (dependency, kind string, ok bool) {
-	switch {
-	case errors.Is(err, store.ErrRedisOOM):
-		return "redis", "oom", true
-	case errors.Is(err, store.ErrExpiryDenied):
-		return "redis", "expiry_denied", true
-	case errors.Is(err, store.ErrRedisNoPerm):
-		return "redis", "noperm", true
-	case errors.Is(err, store.ErrRedisUnavailable):
-		return "redis", "unavailable", true
-	case errors.Is(err, store.ErrDataStateInvalid):
-		return "redis", "data_state_invalid", true
-	case store.IsDatabaseBusy(err):
-		return "postgres", "busy", true
-	case isPGUnavailable(err):
-		return "postgres", "unavailable", true
+// dependencyLabels are the han_dependency_errors_total labels of the error
+// kinds (store.Kind) that mean a dependency failed.
+var dependencyLabels = map[string][2]string{
+	"redis_oom":                {"redis", "oom"},
+	"redis_expiry_denied":      {"redis", "expiry_denied"},
+	"redis_noperm":             {"redis", "noperm"},
+	"redis_unavailable":        {"redis", "unavailable"},
+	"redis_data_state_invalid": {"redis", "data_state_invalid"},
+	"pg_busy":                  {"postgres", "busy"},
+}
+
+// dependencyFailure returns err's han_dependency_errors_total labels; ok
+// is false for errors that are not a dependency failure.
+func dependencyFailure(err error) (labels [2]string, ok bool) {
+	if labels, ok = dependencyLabels[store.Kind(err)]; ok {
+		return labels, true
 	}
-	return "", "", false
+	if store.IsPGUnavailable(err) {
+		return [2]string{"postgres", "unavailable"}, true
+	}
+	return labels, false
 }
 
 // countFailure records what Server.fail answered.
@@ -62,8 +62,8 @@ func (m *Metrics) countFailure(r *http.Request, err error, e *Error) {
 	if m == nil || m.failures == nil {
 		return
 	}
-	if dep, kind, ok := dependencyKind(err); ok {
-		m.errors.WithLabelValues(dep, kind).Inc()
+	if l, ok := dependencyFailure(err); ok {
+		m.errors.WithLabelValues(l[0], l[1]).Inc()
 	}
 	if r.Method == http.MethodGet || !strings.HasPrefix(r.URL.Path, "/projects/") {
 		return

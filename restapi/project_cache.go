@@ -257,7 +257,7 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 		// client sees a failure instead of a short, valid-looking page.
 		s.metrics.errors.WithLabelValues("redis", "project_cache_list").Inc()
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "project cache listing aborted",
-			slog.String("request_id", requestID(ctx)), slog.String("kind", errorKind(err)))
+			slog.String("request_id", requestID(ctx)), slog.String("kind", store.Kind(err)))
 		panic(http.ErrAbortHandler)
 	}
 	_, _ = bw.WriteString(`],"nextCursor":`)

@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // prjEnv is the HAN_ENV the project API tests run with, so the tests see it
@@ -64,7 +65,7 @@ func newPrjHarness(t *testing.T) *prjHarness {
 func newPrjHarnessOn(t *testing.T, rs *testenv.RedisServer, url string) *prjHarness {
 	t.Helper()
 	base := newHarness(t)
-	rdb, err := store.NewRedis(url, store.RedisConfig{})
+	rdb, err := rds.NewRedis(url, rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func (h *harness) projectServer(rdb redis.UniversalClient, rs *testenv.RedisServ
 	}
 	api, err := restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Env: prjEnv, EvictionPolicyTTL: time.Millisecond},
-		Logger: logger, Store: h.store, PG: h.pool, Redis: rdb, Realtime: h.rt, Verifier: v})
+		Logger: logger, Store: h.store, Redis: rdb, Realtime: h.rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

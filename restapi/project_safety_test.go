@@ -9,6 +9,7 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 type runtimeSnap struct {
@@ -88,7 +89,7 @@ func TestProjectEvictionPolicyGate(t *testing.T) {
 // refused before anything is written, so no entry is left without a TTL.
 func TestProjectExpiryDeniedByACL(t *testing.T) {
 	const pw = "noexp-password-0123456789"
-	line := strings.Replace(store.APIBackendRule(pw, false), "user "+store.APIBackendUser+" ", "user api_noexp ", 1) + " -pexpireat"
+	line := strings.Replace(rds.APIBackendRule(pw, false), "user "+rds.APIBackendUser+" ", "user api_noexp ", 1) + " -pexpireat"
 	rs, err := testenv.StartRedis(testenv.RedisOptions{ExtraACL: []string{line}})
 	if err != nil {
 		t.Fatal(err)

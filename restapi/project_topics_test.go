@@ -16,6 +16,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // qHarness serves the project API with a queue configuration of its own
@@ -33,7 +34,7 @@ func newQueueHarness(t *testing.T, cfg restapi.ProjectQueueConfig, rs *testenv.R
 	if rs == nil {
 		rs = env.Redis
 	} else {
-		c, err := store.NewRedis(rs.URL(0), store.RedisConfig{})
+		c, err := rds.NewRedis(rs.URL(0), rds.RedisConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +50,7 @@ func newQueueHarness(t *testing.T, cfg restapi.ProjectQueueConfig, rs *testenv.R
 	api, err := restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Env: prjEnv, EvictionPolicyTTL: time.Millisecond,
 			ProjectQueue: cfg},
-		Logger: logger, Store: base.store, PG: base.pool, Redis: rdb, Realtime: base.rt, Verifier: v})
+		Logger: logger, Store: base.store, Redis: rdb, Realtime: base.rt, Verifier: v})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // limited is a server whose RateLimits uses the given route policies.
@@ -59,7 +59,7 @@ func newLimited(t *testing.T, base *harness, rdb redis.UniversalClient, routes m
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: base.store, PG: base.pool, Redis: rdb, Realtime: base.rt, Verifier: v,
+		Logger: logger, Store: base.store, Redis: rdb, Realtime: base.rt, Verifier: v,
 		Metrics: metrics, RateLimits: lim})
 	if err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func TestHTTPDegradedRateLimiting(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(r.Stop)
-		rdb, err := store.NewRedis(r.URL(0), store.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget})
+		rdb, err := rds.NewRedis(r.URL(0), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/ratelimit"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // redisRateLimiter is the RateLimiter NewServer builds from Deps.RateLimits:
@@ -56,7 +56,7 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 	if err != nil {
 		// The limiter keeps its own breaker; tell the server's DB0 health
 		// too, so idempotency fails fast and the degraded gauge shows it.
-		if h := a.s.RedisHealth(); h != nil && errors.Is(err, store.ErrRedisUnavailable) {
+		if h := a.s.RedisHealth(); h != nil && errors.Is(err, rds.ErrRedisUnavailable) {
 			h.MarkDown()
 		}
 		// Send, attachment init and download URL may still replay a

@@ -33,8 +33,8 @@ func (s *Server) realtimeRoutes(r *mux.Router) {
 // realtimeUserRoutes adds the ticket and presence endpoints (relative to /v1).
 func (s *Server) realtimeUserRoutes(user *mux.Router) {
 	if s.gw != nil {
-		user.HandleFunc("/realtime/tickets", s.issueTicket).Methods(http.MethodPost)
-		user.HandleFunc("/users/{id}/presence", s.userPresence).Methods(http.MethodGet)
+		user.HandleFunc("/realtime/tickets", s.handle(s.issueTicket)).Methods(http.MethodPost)
+		user.HandleFunc("/users/{id}/presence", s.handle(s.userPresence)).Methods(http.MethodGet)
 	}
 }
 
@@ -47,15 +47,15 @@ type ticketDTO struct {
 // ticket is good for one WebSocket connection within 30 s, and that
 // connection ends when the caller's token expires; Redis DB1 down → 503
 // redis_unavailable.
-func (s *Server) issueTicket(w http.ResponseWriter, r *http.Request) {
+func (s *Server) issueTicket(w http.ResponseWriter, r *http.Request) error {
 	p := principal(r)
 	t, exp, err := s.gw.IssueTicket(r.Context(), p.UserID, p.Expires)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusCreated, ticketDTO{Ticket: t, ExpiresAt: exp.UnixMilli()})
+	return nil
 }
 
 type presenceDTO struct {
@@ -68,21 +68,18 @@ type presenceDTO struct {
 // lastSeenAt}. Visible to the user and to users sharing a dialog with them
 // (anyone else: 404 user_not_found). lastSeenAt is the end of the user's
 // latest connection, persisted in PostgreSQL (null before the first).
-func (s *Server) userPresence(w http.ResponseWriter, r *http.Request) {
+func (s *Server) userPresence(w http.ResponseWriter, r *http.Request) error {
 	target, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	lastSeen, err := s.store.PresenceVisible(r.Context(), principal(r).UserID, target)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	n, err := s.gw.OnlineConnections(r.Context(), target)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	dto := presenceDTO{Online: n > 0, Connections: n}
 	if lastSeen != nil {
@@ -90,4 +87,5 @@ func (s *Server) userPresence(w http.ResponseWriter, r *http.Request) {
 		dto.LastSeenAt = &ms
 	}
 	writeJSON(w, http.StatusOK, dto)
+	return nil
 }

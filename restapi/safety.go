@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/store"
@@ -32,23 +31,7 @@ func (s *Server) safetyRoutes(user *mux.Router) {
 	if s.stub == nil {
 		return
 	}
-	user.HandleFunc("/messages/{id}/safety", s.messageSafety).Methods(http.MethodGet)
-}
-
-// withSafetyTask chains the stub's task insert into a send transaction.
-func (s *Server) withSafetyTask(next func(ctx context.Context, tx pgx.Tx, m store.Message) error) func(ctx context.Context, tx pgx.Tx, m store.Message) error {
-	if s.stub == nil {
-		return next
-	}
-	return func(ctx context.Context, tx pgx.Tx, m store.Message) error {
-		if err := s.stub.RecordTx(ctx, tx, m.ID); err != nil {
-			return err
-		}
-		if next != nil {
-			return next(ctx, tx, m)
-		}
-		return nil
-	}
+	user.HandleFunc("/messages/{id}/safety", s.handle(s.messageSafety)).Methods(http.MethodGet)
 }
 
 // startSafetyTask writes a new message's task into DB2 after the commit.
@@ -84,35 +67,30 @@ func (s *Server) sentMessageDTO(ctx context.Context, m store.Message, fresh bool
 // messageSafety polls a message's safety task: members of the message's
 // dialog only (anyone else gets 404 message_not_found, as for a message that
 // does not exist).
-func (s *Server) messageSafety(w http.ResponseWriter, r *http.Request) {
+func (s *Server) messageSafety(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathUUID(r, "id")
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	m, err := s.store.GetMessage(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		s.fail(w, r, errMessageNotFound)
-		return
+		return errMessageNotFound
 	}
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	member, err := s.store.IsMember(ctx, m.DialogID, principal(r).UserID)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	if !member {
-		s.fail(w, r, errMessageNotFound)
-		return
+		return errMessageNotFound
 	}
 	state, err := s.stub.Poll(ctx, id)
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, safetyDTO{MessageID: id, Safety: state})
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // stubServer is an API server with the legacy safety stub on, on a private
@@ -29,7 +30,7 @@ func (h *harness) stubServer(rs *testenv.RedisServer, db2 redis.UniversalClient)
 	t := h.t
 	t.Helper()
 	open := func(url string) redis.UniversalClient {
-		c, err := store.NewRedis(url, store.RedisConfig{})
+		c, err := rds.NewRedis(url, rds.RedisConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +51,7 @@ func (h *harness) stubServer(rs *testenv.RedisServer, db2 redis.UniversalClient)
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: h.store, PG: h.pool, Redis: rdb, Realtime: rt, Verifier: v, LegacyStub: stub})
+		Logger: logger, Store: h.store, Redis: rdb, Realtime: rt, Verifier: v, LegacyStub: stub})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func TestLegacyStubOffKeepsTheMessageDTO(t *testing.T) {
 func TestLegacyStubWithDB2Down(t *testing.T) {
 	base := newHarness(t)
 	rs := startStubRedis(t)
-	dead, err := store.NewRedis("redis://legacy_stub:x@127.0.0.1:1/2", store.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	dead, err := rds.NewRedis("redis://legacy_stub:x@127.0.0.1:1/2", rds.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

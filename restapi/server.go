@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Version is the build's version, reported by /v1/public/config.
@@ -67,16 +67,20 @@ type Config struct {
 	ProjectQueue ProjectQueueConfig
 }
 
+// Pinger is a PostgreSQL connection the readiness probe pings.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Deps are the collaborators of the API server.
 type Deps struct {
 	Config Config
 	Logger *slog.Logger
 	Store  *store.Store
-	PG     *pgxpool.Pool
 	// ReadyPG is the readiness probe's own PostgreSQL connection
 	// (store.OpenReadinessPG), so a saturated request pool never reads as
-	// "down"; nil: the probe pings through PG.
-	ReadyPG  *pgxpool.Pool
+	// "down"; nil: the probe pings through Store's request pool.
+	ReadyPG  Pinger
 	Redis    redis.UniversalClient // DB0
 	Realtime redis.UniversalClient // DB1
 	Verifier TokenVerifier
@@ -88,7 +92,7 @@ type Deps struct {
 	RateLimiter RateLimiter
 	// RedisHealth is DB0's fast-failure state; nil: NewServer makes one
 	// (closed by Server.Close).
-	RedisHealth *store.RedisHealth
+	RedisHealth *rds.RedisHealth
 	// Blobs stores attachment bytes; nil: a local folder
 	// (Config.Attachments.BlobDir).
 	Blobs store.BlobStore
@@ -108,8 +112,7 @@ type Server struct {
 	cfg        Config
 	logger     *slog.Logger
 	store      *store.Store
-	pg         *pgxpool.Pool
-	readyPG    *pgxpool.Pool // readiness probe's own connection
+	readyPG    Pinger // readiness probe's own connection
 	rdb        redis.UniversalClient
 	rt         redis.UniversalClient
 	verifier   TokenVerifier
@@ -134,7 +137,7 @@ type Server struct {
 type redisPublisher struct{ c redis.UniversalClient }
 
 func (p redisPublisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	return store.ClassifyRedisError(p.c.Publish(ctx, channel, payload).Err())
+	return rds.ClassifyRedisError(p.c.Publish(ctx, channel, payload).Err())
 }
 
 // NewServer builds the router with every route of the foundation.
@@ -155,16 +158,12 @@ func NewServer(d Deps) (*Server, error) {
 		d.Config.ReadyTimeout = 500 * time.Millisecond
 	}
 	s := &Server{
-		cfg: d.Config, logger: d.Logger, store: d.Store, pg: d.PG, rdb: d.Redis, rt: d.Realtime,
+		cfg: d.Config, logger: d.Logger, store: d.Store, readyPG: d.ReadyPG, rdb: d.Redis, rt: d.Realtime,
 		verifier: d.Verifier, metrics: d.Metrics, publisher: d.Publisher, limiter: d.RateLimiter,
 		hmacSecret: d.Config.HMACSecret,
 	}
-	if s.pg == nil {
-		s.pg = d.Store.Pool()
-	}
-	s.readyPG = d.ReadyPG
 	if s.readyPG == nil {
-		s.readyPG = s.pg
+		s.readyPG = d.Store
 	}
 	if s.limiter == nil && d.RateLimits != nil {
 		s.limiter = &redisRateLimiter{s: s, l: d.RateLimits}
@@ -225,10 +224,10 @@ func (s *Server) routes() {
 	user.Use(s.deferDB0Failures) // before rateLimit: see DeferDB0Failure
 	user.Use(s.rateLimit)
 	user.HandleFunc("/me", s.me).Methods(http.MethodGet)
-	user.HandleFunc("/dialogs", s.createDialog).Methods(http.MethodPost)
-	user.HandleFunc("/dialogs", s.listDialogs).Methods(http.MethodGet)
-	user.HandleFunc("/dialogs/{id}/messages", s.sendMessage).Methods(http.MethodPost)
-	user.HandleFunc("/dialogs/{id}/messages", s.listMessages).Methods(http.MethodGet)
+	user.HandleFunc("/dialogs", s.handle(s.createDialog)).Methods(http.MethodPost)
+	user.HandleFunc("/dialogs", s.handle(s.listDialogs)).Methods(http.MethodGet)
+	user.HandleFunc("/dialogs/{id}/messages", s.handle(s.sendMessage)).Methods(http.MethodPost)
+	user.HandleFunc("/dialogs/{id}/messages", s.handle(s.listMessages)).Methods(http.MethodGet)
 	s.attachmentRoutes(user)
 	s.realtimeUserRoutes(user)
 	s.safetyRoutes(user)
@@ -323,10 +322,8 @@ type poolDTO struct {
 	Saturated bool `json:"saturated"`
 }
 
-func poolStat(p *pgxpool.Pool) *poolDTO {
-	st := p.Stat()
-	return &poolDTO{Max: st.MaxConns(), Total: st.TotalConns(), Acquired: st.AcquiredConns(), Idle: st.IdleConns(),
-		Saturated: st.AcquiredConns() >= st.MaxConns()}
+func poolStat(l store.PoolLoad) *poolDTO {
+	return &poolDTO{Max: l.Max, Total: l.Total, Acquired: l.Acquired, Idle: l.Idle, Saturated: l.Acquired >= l.Max}
 }
 
 // readyz: PostgreSQL down or draining → 503; a Redis outage → 200
@@ -367,7 +364,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	} else if s.gw != nil {
 		checks["pubsub"] = "ok"
 	}
-	dto := readyDTO{Status: "ok", Checks: checks, PostgresPool: poolStat(s.pg)}
+	dto := readyDTO{Status: "ok", Checks: checks, PostgresPool: poolStat(s.store.PoolLoad())}
 	checks["postgresPool"] = "ok"
 	if dto.PostgresPool.Saturated {
 		checks["postgresPool"] = "saturated"

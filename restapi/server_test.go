@@ -16,7 +16,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func TestAuthRejections(t *testing.T) {
@@ -167,7 +167,7 @@ func TestReadinessDegradedWhenRedisIsDown(t *testing.T) {
 	}
 	defer r.Stop()
 	h := newHarness(t)
-	rdb, _ := store.NewRedis(r.URL(0), store.RedisConfig{})
+	rdb, _ := rds.NewRedis(r.URL(0), rds.RedisConfig{})
 	defer rdb.Close()
 	h2 := h.withClients(rdb, rdb)
 	r.Kill()

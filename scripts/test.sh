@@ -14,8 +14,9 @@
 #      when missing (apt-get; sudo when not root), and gcc when cgo has no C
 #      compiler (-race);
 #   2. `go vet ./...`, a gofmt check (lists unformatted files, fails) and
-#      scripts/check-refs.sh (no citation of a document outside the repository)
-#      and scripts/deadcode.sh (unreachable functions outside its allow-list;
+#      scripts/check-refs.sh (no citation of a document outside the repository),
+#      scripts/check-kinds.sh (no error-kind classifier outside rds.Kind and
+#      store.Kind) and scripts/deadcode.sh (unreachable functions outside its allow-list;
 #      the pinned tool comes through the module proxy);
 #   3. `go test -race -count=1 -timeout 20m <ARGS>` through
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
@@ -98,6 +99,12 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 		lint="$lint, check-refs ok"
 	else
 		lint="$lint, check-refs FAILED"
+		status=1
+	fi
+	if "$HAN_ROOT/scripts/check-kinds.sh"; then
+		lint="$lint, check-kinds ok"
+	else
+		lint="$lint, check-kinds FAILED"
 		status=1
 	fi
 	if "$HAN_ROOT/scripts/deadcode.sh"; then

@@ -20,6 +20,7 @@ import (
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/settings"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -58,11 +59,11 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := pool.Exec(ctx, "DELETE FROM rate_limit_policies; DELETE FROM runtime_settings"); err != nil {
 		t.Fatal(err)
 	}
-	db0, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	db0, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	db1, err := store.NewRedis(env.Redis.URL(1), store.RedisConfig{})
+	db1, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func (f *fixture) instance(p *settings.Provider) *httptest.Server {
 		f.t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: f.store, PG: f.pool, Redis: f.db0, Realtime: f.db1, Verifier: v, RateLimits: lim})
+		Logger: logger, Store: f.store, Redis: f.db0, Realtime: f.db1, Verifier: v, RateLimits: lim})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -10,13 +10,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // SnapshotTTL is the life of a shared snapshot in Redis (docs/redis-keys.md).
@@ -67,7 +67,7 @@ type Provider struct {
 	cfg    Config
 	store  *store.Store
 	db1    redis.UniversalClient
-	locker *store.Locker
+	locker *rds.Locker
 	logger *slog.Logger
 
 	cur      atomic.Pointer[current]
@@ -112,7 +112,7 @@ func New(cfg Config, st *store.Store, db1 redis.UniversalClient) (*Provider, err
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Provider{cfg: cfg, store: st, db1: db1, locker: store.NewLocker(db1), logger: cfg.Logger,
+	p := &Provider{cfg: cfg, store: st, db1: db1, locker: rds.NewLocker(db1), logger: cfg.Logger,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	p.cur.Store(&current{policies: cfg.Base, tunables: map[string]json.RawMessage{}})
 	p.rejected.Store(-1)
@@ -170,7 +170,7 @@ func (p *Provider) Refresh(ctx context.Context) error {
 		return p.apply(ctx, snap, "redis")
 	}
 	lctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
-	lk, _, err := p.locker.Acquire(lctx, store.LockSettingsRefresh, p.cfg.Scope, store.DefaultLockTTL)
+	lk, _, err := p.locker.Acquire(lctx, rds.LockSettingsRefresh, p.cfg.Scope, rds.DefaultLockTTL)
 	cancel()
 	switch {
 	case err == nil:
@@ -187,7 +187,7 @@ func (p *Provider) Refresh(ctx context.Context) error {
 			return p.apply(ctx, snap, "redis")
 		}
 		return p.loadAndApply(ctx, true)
-	case errors.Is(err, store.ErrLockHeld):
+	case errors.Is(err, rds.ErrLockHeld):
 		if snap, ok := p.waitForPeer(ctx, v); ok {
 			return p.apply(ctx, snap, "redis")
 		}
@@ -203,7 +203,7 @@ func (p *Provider) fetch(ctx context.Context, v int64) (Snapshot, bool) {
 	b, err := p.db1.Get(ctx, SnapshotKey(v)).Bytes()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
-			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", errKind(store.ClassifyRedisError(err))))
+			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
 		}
 		return Snapshot{}, false
 	}
@@ -260,7 +260,7 @@ func (p *Provider) loadAndApply(ctx context.Context, publish bool) error {
 		err = p.db1.Set(pctx, SnapshotKey(snap.Version), b, SnapshotTTL).Err()
 		cancel()
 		if err != nil {
-			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", errKind(store.ClassifyRedisError(err))))
+			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
 		} else {
 			source = "postgres_published"
 			if p.cfg.OnPublish != nil {
@@ -307,7 +307,7 @@ func (p *Provider) reject(ctx context.Context, v int64, cause error) error {
 func (p *Provider) fail(ctx context.Context, what string, err error) {
 	p.refreshes.WithLabelValues("error").Inc()
 	p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: refresh failed; previous settings stay in force",
-		slog.String("step", what), slog.String("kind", errKind(err)))
+		slog.String("step", what), slog.String("kind", store.Kind(err)))
 }
 
 // Start refreshes every RefreshInterval until Close.
@@ -371,21 +371,4 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 		}
 	}
 	return c, fmt.Errorf("settings: register metrics: %w", err)
-}
-
-func errKind(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return "pg:" + pe.Code
-	}
-	for _, sentinel := range []error{store.ErrRedisUnavailable, store.ErrRedisOOM, store.ErrRedisNoPerm,
-		context.DeadlineExceeded, context.Canceled} {
-		if errors.Is(err, sentinel) {
-			return sentinel.Error()
-		}
-	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/settings"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func userLimit(t *testing.T, p *settings.Provider, method, template string) int {
@@ -106,7 +106,7 @@ func TestRefreshLockIsHeldByOneInstanceAtATime(t *testing.T) {
 
 	f.exec(`INSERT INTO runtime_settings(name, value) VALUES ('legacy_stub.verdict_after_polls', '5')`)
 	v := f.version()
-	lockKey := store.LockKey(store.LockSettingsRefresh, "test")
+	lockKey := rds.LockKey(rds.LockSettingsRefresh, "test")
 
 	inLock, release := make(chan struct{}), make(chan struct{})
 	settings.SetInLock(a, func() {
@@ -117,7 +117,7 @@ func TestRefreshLockIsHeldByOneInstanceAtATime(t *testing.T) {
 	go func() { aDone <- a.Refresh(ctx) }()
 	<-inLock
 	holder := f.db1.Get(ctx, lockKey).Val()
-	if ttl := f.db1.PTTL(ctx, lockKey).Val(); holder == "" || ttl <= 0 || ttl > store.DefaultLockTTL {
+	if ttl := f.db1.PTTL(ctx, lockKey).Val(); holder == "" || ttl <= 0 || ttl > rds.DefaultLockTTL {
 		t.Fatalf("refresh lock while A builds: owner %q PTTL %s", holder, ttl)
 	}
 	if err := b.Refresh(ctx); err != nil {
@@ -198,7 +198,7 @@ func TestInvalidVersionKeepsThePreviousSettings(t *testing.T) {
 func TestSettingsWithoutRedis(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	dead, err := store.NewRedis("redis://127.0.0.1:1/1", store.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	dead, err := rds.NewRedis("redis://127.0.0.1:1/1", rds.RedisConfig{MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -115,9 +115,9 @@ type CreateAttachment struct {
 	SizeBytes   int64
 	// UploadTTL is the upload URL's lifetime from the insert's now().
 	UploadTTL time.Duration
-	// InTx, when set, runs inside the transaction after the insert (the
-	// idempotency record is written there).
-	InTx func(ctx context.Context, tx pgx.Tx, a Attachment) error
+	// Idem, when set, is the request's idempotency record, written in the
+	// same transaction.
+	Idem *IdemWrite[Attachment]
 }
 
 // CreateAttachment records a pending attachment of a dialog the uploader is
@@ -141,10 +141,7 @@ func (s *Store) CreateAttachment(ctx context.Context, in CreateAttachment) (Atta
 		if a, err = scanAttachment(row); err != nil {
 			return err
 		}
-		if in.InTx != nil {
-			return in.InTx(ctx, tx, a)
-		}
-		return nil
+		return in.Idem.insert(ctx, tx, a)
 	})
 	if err != nil {
 		if errors.Is(err, ErrDialogNotFound) || errors.Is(err, ErrIdemExists) {

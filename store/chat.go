@@ -35,6 +35,20 @@ func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, reqTimeout: Defa
 // Pool exposes the pool for health checks and other stores.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// Ping checks that PostgreSQL answers over the request pool.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// PoolLoad is the request pool's load at one moment.
+type PoolLoad struct {
+	Max, Total, Acquired, Idle int32
+}
+
+// PoolLoad reports the request pool's load.
+func (s *Store) PoolLoad() PoolLoad {
+	st := s.pool.Stat()
+	return PoolLoad{Max: st.MaxConns(), Total: st.TotalConns(), Acquired: st.AcquiredConns(), Idle: st.IdleConns()}
+}
+
 // Dialog is a conversation between members.
 type Dialog struct {
 	ID        string
@@ -86,9 +100,9 @@ func (s *Store) UserExists(ctx context.Context, id string) (bool, error) {
 
 // CreateDialog creates a dialog whose members are the creator plus
 // memberIDs (deduplicated). Every member must be a known user
-// (ErrUserNotFound otherwise). inTx hooks run inside the transaction after
-// the inserts (the idempotency record is written there).
-func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, memberIDs []string, inTx ...func(ctx context.Context, tx pgx.Tx, d Dialog) error) (Dialog, error) {
+// (ErrUserNotFound otherwise). The idempotency records in idem are written
+// in the same transaction.
+func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, memberIDs []string, idem ...*IdemWrite[Dialog]) (Dialog, error) {
 	members := []string{creator}
 	seen := map[string]bool{creator: true}
 	for _, m := range memberIDs {
@@ -116,8 +130,8 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 			return err
 		}
 		d.ID, d.Title, d.MemberIDs = id, title, members
-		for _, f := range inTx {
-			if err := f(ctx, tx, d); err != nil {
+		for _, w := range idem {
+			if err := w.insert(ctx, tx, d); err != nil {
 				return err
 			}
 		}
@@ -231,12 +245,16 @@ type SendMessage struct {
 	// AttachmentIDs are uploaded, unlinked attachments of this dialog by this
 	// sender, linked in this order (ErrInvalidAttachment otherwise).
 	AttachmentIDs []string
-	// Event builds the realtime event for the committed message; it is
-	// written to the outbox in the same transaction.
-	Event func(Message) (OutboxEvent, error)
-	// InTx, when set, runs inside the transaction after the message insert
-	// (the idempotency record is written there).
-	InTx func(ctx context.Context, tx pgx.Tx, m Message) error
+	// Event writes the message.created event (the frame pubsub builds) to
+	// the outbox in the same transaction; SendMessage returns it for the
+	// publish after the commit.
+	Event bool
+	// SafetyTask records the message's pending legacy safety task in the
+	// same transaction.
+	SafetyTask bool
+	// Idem, when set, is the request's idempotency record, written in the
+	// same transaction.
+	Idem *IdemWrite[Message]
 }
 
 // SendMessage inserts a message with the next seq of its dialog and its
@@ -284,8 +302,8 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 				return err
 			}
 		}
-		if in.Event != nil {
-			e, err := in.Event(m)
+		if in.Event {
+			e, err := messageCreatedEvent(m)
 			if err != nil {
 				return err
 			}
@@ -295,10 +313,13 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 			}
 			ev = e
 		}
-		if in.InTx != nil {
-			if err := in.InTx(ctx, tx, m); err != nil {
+		if in.SafetyTask {
+			if err := InsertStubTaskTx(ctx, tx, m.ID); err != nil {
 				return err
 			}
+		}
+		if err := in.Idem.insert(ctx, tx, m); err != nil {
+			return err
 		}
 		created = true
 		return nil

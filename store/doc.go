@@ -1,15 +1,16 @@
-// Package store is the data access of the service: PostgreSQL (the source of
-// truth: users, dialogs, messages with per-dialog seq, idempotency records,
-// the outbox, projects, attachments, internal inbox receipts) through a pgx
-// pool, the attachment blob store (BlobStore, LocalBlobs), the DB0
-// fast-failure state (RedisHealth), the idempotency scripts' data access,
-// the embedded SQL migrations, the go-redis clients for DB0 and DB1 (and the
-// routing of go-redis's own log lines into the service's JSON logger,
-// SetRedisLogger), the classification of Redis failures into stable
-// sentinel errors, and the rendering of the Redis ACL file.
+// Package store is the PostgreSQL side of the service's data access: the
+// source of truth (users, dialogs, messages with per-dialog seq,
+// idempotency records, the outbox, projects, attachments, internal inbox
+// receipts) through a pgx pool, the attachment blob store (BlobStore,
+// LocalBlobs), the idempotency scripts' data access, the project Redis
+// API's data, the embedded SQL migrations, and the mapping of PostgreSQL
+// errors (Kind, IsPGUnavailable). The Redis plumbing it builds on (clients,
+// health, locks, ACL, Redis error sentinels) is the subpackage store/rds,
+// which links no PostgreSQL driver.
 //
-// Redis clients are returned as redis.UniversalClient so a Cluster client can
-// replace a standalone one; every key the service writes carries a hash tag.
+// Callers never see a transaction: every write that must commit together
+// (a message with its seq, outbox event, idempotency record and safety
+// task) is composed here from store operations.
 //
 // Every transaction of a request path runs through one helper
 // (Store.requestTx): the pool wait is bounded by the request budget

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ErrIdemExists is returned by InsertIdempotencyTx when a live (unexpired)
@@ -80,12 +81,12 @@ type IdempotencyConfig struct {
 // a dead DB0 fails at once. It is safe for concurrent use.
 type Idempotency struct {
 	rdb    redis.Scripter
-	health *RedisHealth
+	health *rds.RedisHealth
 	cfg    IdempotencyConfig
 }
 
 // NewIdempotency builds the idempotency store on DB0. health may be nil.
-func NewIdempotency(rdb redis.Scripter, health *RedisHealth, cfg IdempotencyConfig) *Idempotency {
+func NewIdempotency(rdb redis.Scripter, health *rds.RedisHealth, cfg IdempotencyConfig) *Idempotency {
 	if cfg.RecordTTL <= 0 {
 		cfg.RecordTTL = 24 * time.Hour
 	}
@@ -99,7 +100,7 @@ func NewIdempotency(rdb redis.Scripter, health *RedisHealth, cfg IdempotencyConf
 func (i *Idempotency) Config() IdempotencyConfig { return i.cfg }
 
 // Health returns the DB0 health state (may be nil).
-func (i *Idempotency) Health() *RedisHealth { return i.health }
+func (i *Idempotency) Health() *rds.RedisHealth { return i.health }
 
 func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, args ...any) (*redis.Cmd, error) {
 	if err := i.health.Check(); err != nil {
@@ -139,7 +140,7 @@ func (i *Idempotency) TakeOver(ctx context.Context, k IdemKey, fp, seen, owner s
 func reservation(cmd *redis.Cmd, fp, op string) (IdemReservation, error) {
 	v, err := cmd.Slice()
 	if err != nil || len(v) == 0 {
-		return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, ErrRedisUnavailable)
+		return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, rds.ErrRedisUnavailable)
 	}
 	switch v[0] {
 	case "acquired":
@@ -162,7 +163,7 @@ func reservation(cmd *redis.Cmd, fp, op string) (IdemReservation, error) {
 			return IdemReservation{Outcome: IdemReplay, Record: IdemRecord{Fingerprint: fp, Status: int(st), ResourceID: rid, Version: ver, Meta: meta}}, nil
 		}
 	}
-	return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, ErrRedisUnavailable)
+	return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, rds.ErrRedisUnavailable)
 }
 
 // Complete stores rec as completed and releases the lock, only if owner
@@ -211,6 +212,28 @@ func (s *Store) LookupIdempotency(ctx context.Context, k IdemKey) (rec IdemRecor
 		return IdemRecord{}, false, fmt.Errorf("lookup idempotency record: %w", err)
 	}
 	return rec, true, nil
+}
+
+// IdemWrite is the durable idempotency record of a request, written in the
+// same transaction as the effect it records, so the two commit or roll
+// back together: Key and Fingerprint name the request, TTL is the record's
+// lifetime, and Record derives its outcome (status, resource, version,
+// meta) from the entity the transaction wrote. A live record with the same
+// key makes the transaction fail with ErrIdemExists.
+type IdemWrite[T any] struct {
+	Key         IdemKey
+	Fingerprint string
+	TTL         time.Duration
+	Record      func(T) IdemRecord
+}
+
+func (w *IdemWrite[T]) insert(ctx context.Context, tx pgx.Tx, v T) error {
+	if w == nil {
+		return nil
+	}
+	rec := w.Record(v)
+	rec.Fingerprint = w.Fingerprint
+	return InsertIdempotencyTx(ctx, tx, w.Key, rec, w.TTL)
 }
 
 // InsertIdempotencyTx writes the durable record inside the business

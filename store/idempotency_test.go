@@ -15,6 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func insertIdem(t *testing.T, pool *pgxpool.Pool, k store.IdemKey, rec store.IdemRecord, ttl time.Duration) error {
@@ -110,13 +111,13 @@ func TestRedisHealthFailsFastAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	rdb, err := store.NewRedis(r.URL(0), store.RedisConfig{})
+	rdb, err := rds.NewRedis(r.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rdb.Close()
 	changes := make(chan bool, 4)
-	h := store.NewRedisHealth(rdb, store.HealthConfig{ProbeInterval: 20 * time.Millisecond, OnChange: func(down bool) { changes <- down }}, nil)
+	h := rds.NewRedisHealth(rdb, rds.HealthConfig{ProbeInterval: 20 * time.Millisecond, OnChange: func(down bool) { changes <- down }}, nil)
 	defer h.Close()
 	ctx := context.Background()
 	if err := h.Ping(ctx); err != nil || h.Down() {
@@ -129,13 +130,13 @@ func TestRedisHealthFailsFastAndRecovers(t *testing.T) {
 		}
 	}
 	r.Kill()
-	if err := h.Ping(ctx); !errors.Is(err, store.ErrRedisUnavailable) {
+	if err := h.Ping(ctx); !errors.Is(err, rds.ErrRedisUnavailable) {
 		t.Fatalf("ping of a killed server: %v", err)
 	}
 	if !h.Down() || !<-changes {
 		t.Fatal("not marked down")
 	}
-	if err := h.Check(); !errors.Is(err, store.ErrRedisUnavailable) {
+	if err := h.Check(); !errors.Is(err, rds.ErrRedisUnavailable) {
 		t.Fatalf("check while down: %v", err)
 	}
 	if err := r.Restart(); err != nil {

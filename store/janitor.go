@@ -2,13 +2,9 @@ package store
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // JanitorConfig tunes the Janitor.
@@ -92,12 +88,12 @@ func (j *Janitor) Start() {
 func (j *Janitor) RunOnce(ctx context.Context) (int64, error) {
 	n, err := j.store.PurgeExpiredIdempotency(ctx, j.cfg.Batch)
 	if err != nil {
-		j.logger.Warn("janitor: purge idempotency records failed", slog.String("kind", errKind(err)))
+		j.logger.Warn("janitor: purge idempotency records failed", slog.String("kind", Kind(err)))
 		return n, err
 	}
 	m, err := j.store.PurgeAbandonedAttachments(ctx, j.cfg.PendingRetention, j.cfg.Batch)
 	if err != nil {
-		j.logger.Warn("janitor: purge pending attachments failed", slog.String("kind", errKind(err)))
+		j.logger.Warn("janitor: purge pending attachments failed", slog.String("kind", Kind(err)))
 	}
 	if n+m > 0 {
 		j.logger.Info("janitor: purged", slog.Int64("idempotency_records", n), slog.Int64("attachments", m))
@@ -118,17 +114,4 @@ func (j *Janitor) Close() {
 	if started {
 		<-j.done
 	}
-}
-
-// errKind names an error's class for logs without its text, which may quote
-// values.
-func errKind(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return "pg:" + pe.Code
-	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
 }

@@ -7,29 +7,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store/rds"
 )
 
-// OutboxRow is an undelivered outbox event claimed by the relay.
-type OutboxRow struct {
-	ID       int64
-	EventID  string
-	Channel  string
-	EntityID string
-	Payload  []byte
-	Attempts int
-}
-
-// RelayOutbox claims up to limit undelivered outbox rows older than grace
+// RelayOutbox (the pubsub.Outbox of the relay) claims up to limit undelivered outbox rows older than grace
 // with FOR UPDATE SKIP LOCKED (so concurrent relays on other instances
 // never take the same row at the same time) and calls publish for each in
 // id order. In the same transaction it marks the rows publish succeeded on
-// as delivered. A publish error wrapping ErrLockHeld skips that row; any
+// as delivered. A publish error wrapping rds.ErrLockHeld skips that row; any
 // other error counts an attempt on the row and ends the batch (Redis is
 // likely down: the rest stay untouched for the next run). It returns how
 // many rows it claimed and delivered; publish runs while the row locks are
 // held, so it must be bounded in time.
 func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
-	publish func(ctx context.Context, row OutboxRow) error) (claimed, delivered int, err error) {
+	publish func(ctx context.Context, row pubsub.OutboxRow) error) (claimed, delivered int, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT id, event_id::text, channel, entity_id, payload, attempts FROM outbox
 			WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => $1)
@@ -37,8 +30,8 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 		if err != nil {
 			return err
 		}
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxRow, error) {
-			var o OutboxRow
+		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pubsub.OutboxRow, error) {
+			var o pubsub.OutboxRow
 			err := r.Scan(&o.ID, &o.EventID, &o.Channel, &o.EntityID, &o.Payload, &o.Attempts)
 			return o, err
 		})
@@ -56,7 +49,7 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 				ok = append(ok, row.ID)
 				continue
 			}
-			if errors.Is(err, ErrLockHeld) {
+			if errors.Is(err, rds.ErrLockHeld) {
 				continue
 			}
 			failed = append(failed, row.ID)
@@ -89,4 +82,19 @@ func (s *Store) OutboxPending(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("outbox pending: %w", err)
 	}
 	return n, nil
+}
+
+// messageCreatedEvent is the outbox event of a committed message: the
+// message.created frame as pubsub builds it, on the dialog's channel.
+func messageCreatedEvent(m Message) (OutboxEvent, error) {
+	atts := make([]pubsub.Attachment, len(m.Attachments))
+	for i, a := range m.Attachments {
+		atts[i] = pubsub.Attachment{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
+	}
+	id, frame, err := pubsub.MessageCreated(pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID,
+		Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli(), Attachments: atts})
+	if err != nil {
+		return OutboxEvent{}, err
+	}
+	return OutboxEvent{EventID: id, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: frame}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // budgetEnv is one isolated module budget (its own HAN_ENV) with one
@@ -29,7 +30,7 @@ type budgetEnv struct {
 
 func newBudgetEnv(t *testing.T) *budgetEnv {
 	t.Helper()
-	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Project cache errors, each mapped to one stable code (docs/errors.md).
@@ -108,7 +109,7 @@ func classifyProject(err error) error {
 	if strings.Contains(msg, "data_state_invalid") || strings.HasPrefix(msg, "WRONGTYPE") {
 		return ErrDataStateInvalid
 	}
-	return ClassifyRedisError(err)
+	return rds.ClassifyRedisError(err)
 }
 
 func b01(b bool) int {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // BenchmarkProjectCache compares the project cache paths with the cheapest
@@ -22,7 +23,7 @@ import (
 //	go run ./internal/testenv/cmd/withpg -- go test -run '^$' -bench BenchmarkProjectCache ./store/
 func BenchmarkProjectCache(b *testing.B) {
 	ctx := context.Background()
-	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{})
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/store/rds"
 )
 
 // LegacyEntry is one cache entry in the legacy v1 format: a field of the
@@ -39,7 +41,7 @@ func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k Project
 		}
 		return nil
 	}); err != nil {
-		return ClassifyRedisError(err)
+		return rds.ClassifyRedisError(err)
 	}
 	for i, c := range exists {
 		if c.Val() > 0 {

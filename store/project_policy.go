@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ErrUnsafeEvictionPolicy means Redis runs under an eviction policy that may
@@ -59,7 +61,7 @@ func (g *EvictionGate) Policy(ctx context.Context) (string, error) {
 	}
 	info, err := g.rdb.Info(ctx, "memory").Result()
 	if err != nil {
-		return "", ClassifyRedisError(err)
+		return "", rds.ClassifyRedisError(err)
 	}
 	p := parseMaxmemoryPolicy(info)
 	if p == "" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // benchQueue is one queue implementation driven by runQueueBench.
@@ -35,7 +36,7 @@ type benchQueue interface {
 //
 //	go run ./internal/testenv/cmd/withpg -- go test -run '^$' -bench BenchmarkProjectQueue -benchtime 5000x -count 3 ./store/
 func BenchmarkProjectQueue(b *testing.B) {
-	rdb, err := store.NewRedis(env.Redis.URL(0), store.RedisConfig{PoolSize: 64})
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{PoolSize: 64})
 	if err != nil {
 		b.Fatal(err)
 	}

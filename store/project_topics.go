@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Project queue errors. Each maps to one stable code (docs/errors.md).
@@ -286,7 +287,7 @@ func (q *ProjectQueue) DeleteTopic(ctx context.Context, k ProjectKeys, projectID
 			return ErrDataStateInvalid
 		}
 	}
-	return ErrRedisUnavailable
+	return rds.ErrRedisUnavailable
 }
 
 // Fingerprint is the hex SHA-256 of a canonical payload.
@@ -385,7 +386,7 @@ func (q *ProjectQueue) Publish(ctx context.Context, k ProjectKeys, projectID, to
 		}
 	}
 	// The topic's subscriptions kept changing under us.
-	return TopicMessage{}, false, ErrRedisUnavailable
+	return TopicMessage{}, false, rds.ErrRedisUnavailable
 }
 
 // ListMessages returns one page of a topic's messages after the cursor (""

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -82,22 +84,28 @@ func TestSendMessageOutboxInSameTransaction(t *testing.T) {
 	if len(d.MemberIDs) != 2 {
 		t.Fatalf("members must be deduplicated: %v", d.MemberIDs)
 	}
-	failing := errors.New("event build failed")
-	_, _, _, err = st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "x",
-		Event: func(store.Message) (store.OutboxEvent, error) { return store.OutboxEvent{}, failing }})
-	if !errors.Is(err, failing) {
-		t.Fatalf("want the event error, got %v", err)
+	// A write of the send transaction that fails (here the idempotency
+	// record, whose key already holds a live record) rolls back the
+	// message, its seq and its outbox event.
+	k := store.IdemKey{Scope: "msg_send", UserID: a, KeyHMAC: "taken"}
+	if err := insertIdem(t, pool, k, store.IdemRecord{Fingerprint: "fp", Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err = st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "x", Event: true,
+		Idem: &store.IdemWrite[store.Message]{Key: k, Fingerprint: "fp2", TTL: time.Hour,
+			Record: func(m store.Message) store.IdemRecord { return store.IdemRecord{Status: 201, ResourceID: m.ID} }}})
+	if !errors.Is(err, store.ErrIdemExists) {
+		t.Fatalf("want ErrIdemExists, got %v", err)
 	}
 	var msgs, seq int64
 	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", d.ID).Scan(&msgs)
 	_ = pool.QueryRow(ctx, "SELECT last_seq FROM dialogs WHERE id=$1", d.ID).Scan(&seq)
-	if msgs != 0 || seq != 0 {
-		t.Fatalf("a failed outbox write must roll the message back: %d messages, last_seq %d", msgs, seq)
+	var events int64
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE channel=$1", "han:rt:dialog:"+d.ID).Scan(&events)
+	if msgs != 0 || seq != 0 || events != 0 {
+		t.Fatalf("a failed write must roll the send back: %d messages, last_seq %d, %d events", msgs, seq, events)
 	}
-	m, ev, created, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "y",
-		Event: func(m store.Message) (store.OutboxEvent, error) {
-			return store.OutboxEvent{EventID: ids.New(), Channel: "han:rt:dialog:" + m.DialogID, EntityID: m.ID, Payload: []byte("{}")}, nil
-		}})
+	m, ev, created, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "y", Event: true})
 	if err != nil || !created || m.Seq != 1 || ev.EntityID != m.ID {
 		t.Fatalf("send: %+v %+v %v %v", m, ev, created, err)
 	}
@@ -144,22 +152,88 @@ func TestClassifyRedisError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := store.NewRedis(r.URL(0), store.RedisConfig{ReadTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	c, err := rds.NewRedis(r.URL(0), rds.RedisConfig{ReadTimeout: 200 * time.Millisecond, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Set(ctx, "outside", "v", 0).Err(); !errors.Is(store.ClassifyRedisError(err), store.ErrRedisNoPerm) {
+	if err := c.Set(ctx, "outside", "v", 0).Err(); !errors.Is(rds.ClassifyRedisError(err), rds.ErrRedisNoPerm) {
 		t.Fatalf("NOPERM: %v", err)
 	}
 	r.Stop()
 
 	err = c.Get(ctx, "han:api:x").Err()
-	if !errors.Is(store.ClassifyRedisError(err), store.ErrRedisUnavailable) {
+	if !errors.Is(rds.ClassifyRedisError(err), rds.ErrRedisUnavailable) {
 		t.Fatalf("a stopped server must classify as unavailable, got %v", err)
 	}
-	if _, err := store.NewRedis("redis://api_backend:hunter2@[bad", store.RedisConfig{}); err == nil || strings.Contains(err.Error(), "hunter2") {
+	if _, err := rds.NewRedis("redis://api_backend:hunter2@[bad", rds.RedisConfig{}); err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("a bad URL must fail without echoing it: %v", err)
 	}
 
+}
+
+// The send writes the message, its seq, the message.created event, the
+// safety task and the idempotency record in one transaction the caller
+// only describes: all of them commit together, and a failing part (a key
+// that already holds a live record) leaves none of them behind.
+func TestSendMessageComposesItsTransaction(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	a, b := ids.New(), ids.New()
+	for _, u := range []string{a, b} {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := store.IdemKey{Scope: "msg_send", UserID: a, KeyHMAC: "composed"}
+	send := func(id string) (store.Message, store.OutboxEvent, error) {
+		m, ev, _, err := st.SendMessage(ctx, store.SendMessage{ID: id, DialogID: d.ID, SenderID: a, Body: "hello",
+			Event: true, SafetyTask: true,
+			Idem: &store.IdemWrite[store.Message]{Key: k, Fingerprint: "fp", TTL: time.Hour,
+				Record: func(m store.Message) store.IdemRecord {
+					return store.IdemRecord{Status: 201, ResourceID: m.ID, Version: m.Seq}
+				}}})
+		return m, ev, err
+	}
+	m, ev, err := send(ids.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frame struct {
+		Type, Event, EntityID, DialogID string
+		Seq                             int64
+		Data                            struct{ ID, Body string }
+	}
+	if err := json.Unmarshal(ev.Payload, &frame); err != nil || frame.Type != "event" || frame.Event != "message.created" ||
+		frame.EntityID != m.ID || frame.DialogID != d.ID || frame.Seq != m.Seq || frame.Data.ID != m.ID || frame.Data.Body != "hello" {
+		t.Fatalf("event frame %s (%v)", ev.Payload, err)
+	}
+	if ev.Channel != "han:rt:dialog:"+d.ID {
+		t.Fatalf("event channel %q", ev.Channel)
+	}
+	if _, err := st.StubTask(ctx, m.ID); err != nil {
+		t.Fatalf("safety task of the sent message: %v", err)
+	}
+	rec, found, err := st.LookupIdempotency(ctx, k)
+	if err != nil || !found || rec.ResourceID != m.ID || rec.Version != m.Seq || rec.Fingerprint != "fp" {
+		t.Fatalf("idempotency record %+v found=%v: %v", rec, found, err)
+	}
+
+	second := ids.New()
+	if _, _, err := send(second); !errors.Is(err, store.ErrIdemExists) {
+		t.Fatalf("a second send under a live key: %v", err)
+	}
+	var msgs, events int64
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", d.ID).Scan(&msgs)
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE entity_id=$1", second).Scan(&events)
+	if msgs != 1 || events != 0 {
+		t.Fatalf("the refused send left %d messages (want 1) and %d events", msgs, events)
+	}
+	if _, err := st.StubTask(ctx, second); !errors.Is(err, store.ErrStubTaskNotFound) {
+		t.Fatalf("the refused send left a safety task: %v", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Legacy DB2 safety stub data (docs/legacy-stub.md):
@@ -166,7 +167,7 @@ type StubTaskState struct {
 func CreateStubTask(ctx context.Context, rdb redis.Scripter, taskID string, ttl time.Duration) (created bool, err error) {
 	v, err := lua.StubTaskCreate.Run(ctx, rdb, []string{StubTaskKey(taskID)}, ttl.Milliseconds()).Slice()
 	if err != nil {
-		return false, fmt.Errorf("create safety task: %w", ClassifyRedisError(err))
+		return false, fmt.Errorf("create safety task: %w", rds.ClassifyRedisError(err))
 	}
 	n, _ := v[0].(int64)
 	return n == 1, nil
@@ -181,7 +182,7 @@ func PollStubTask(ctx context.Context, rdb redis.Scripter, taskID string, verdic
 		return StubTaskState{}, false, nil
 	}
 	if err != nil {
-		return StubTaskState{}, false, fmt.Errorf("poll safety task: %w", ClassifyRedisError(err))
+		return StubTaskState{}, false, fmt.Errorf("poll safety task: %w", rds.ClassifyRedisError(err))
 	}
 	if len(v) < 4 {
 		return StubTaskState{}, false, errors.New("store: poll safety task: unexpected reply")
@@ -197,7 +198,7 @@ func PollStubTask(ctx context.Context, rdb redis.Scripter, taskID string, verdic
 func ReadStubTask(ctx context.Context, rdb redis.Cmdable, taskID string) (st StubTaskState, found bool, err error) {
 	v, err := rdb.HMGet(ctx, StubTaskKey(taskID), "state", "verdict").Result()
 	if err != nil {
-		return StubTaskState{}, false, fmt.Errorf("read safety task: %w", ClassifyRedisError(err))
+		return StubTaskState{}, false, fmt.Errorf("read safety task: %w", rds.ClassifyRedisError(err))
 	}
 	state, _ := v[0].(string)
 	if state == "" {

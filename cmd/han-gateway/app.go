@@ -24,6 +24,7 @@ import (
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 	"github.com/han-app/gateway/web"
 )
 
@@ -120,7 +121,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Logger == nil {
 		m.Logger = newLogger(cfg.LogLevel)
 	}
-	store.SetRedisLogger(m.Logger)
+	rds.SetRedisLogger(m.Logger)
 	if err := m.checkLegacyStub(); err != nil {
 		return err
 	}
@@ -140,12 +141,12 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	rc := store.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
+	rc := rds.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
 		DialTimeout: cfg.RedisTimeout, ClientName: "han-gateway:" + cfg.InstanceID}
-	if m.rdb, err = store.NewRedis(cfg.RedisURL, rc); err != nil {
+	if m.rdb, err = rds.NewRedis(cfg.RedisURL, rc); err != nil {
 		return fmt.Errorf("REDIS_URL: %w", err)
 	}
-	if m.rt, err = store.NewRedis(cfg.RedisRealtimeURL, rc); err != nil {
+	if m.rt, err = rds.NewRedis(cfg.RedisRealtimeURL, rc); err != nil {
 		return fmt.Errorf("REDIS_REALTIME_URL: %w", err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
@@ -196,7 +197,7 @@ func (m *Main) Run(ctx context.Context) error {
 			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout,
 			Idempotency: restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID},
 			Attachments: restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir}},
-		Logger: m.Logger, Store: apiStore, PG: m.pg, ReadyPG: m.readyPG, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
+		Logger: m.Logger, Store: apiStore, ReadyPG: m.readyPG, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,
 		Metrics: metrics, RateLimits: limits, Gateway: m.realtime, Publisher: m.realtime.Publisher(), LegacyStub: m.ops.stub,
 	})
 	if err != nil {

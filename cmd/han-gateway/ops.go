@@ -13,6 +13,7 @@ import (
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/settings"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // opsParts are the runtime settings provider and the legacy DB2 safety
@@ -69,7 +70,7 @@ func (m *Main) startLegacyStub(metrics *restapi.Metrics) error {
 	if !cfg.LegacyStubEnabled {
 		return nil
 	}
-	db2, err := store.NewRedis(cfg.LegacyStubURL, store.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout,
+	db2, err := rds.NewRedis(cfg.LegacyStubURL, rds.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout,
 		PoolTimeout: cfg.RedisTimeout, DialTimeout: cfg.RedisTimeout, ClientName: "han-gateway-stub:" + cfg.InstanceID})
 	if err != nil {
 		return fmt.Errorf("HAN_LEGACY_STUB_URL: %w", err)

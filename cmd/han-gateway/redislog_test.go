@@ -15,7 +15,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // captureStderr points the process's file descriptor 2 at a pipe (so the
@@ -133,8 +133,8 @@ func TestRedisOutageLogsOnlyJSON(t *testing.T) {
 		t.Fatalf("no go-redis line went through the service's logger during the outage (%d lines)", len(lines))
 	}
 	// At most RedisLogLinesPerSecond in each one-second window of the run.
-	if most := store.RedisLogLinesPerSecond * (int(elapsed/time.Second) + 2); redisLines > most {
-		t.Fatalf("%d go-redis lines in %v, over the limit of %d a second", redisLines, elapsed, store.RedisLogLinesPerSecond)
+	if most := rds.RedisLogLinesPerSecond * (int(elapsed/time.Second) + 2); redisLines > most {
+		t.Fatalf("%d go-redis lines in %v, over the limit of %d a second", redisLines, elapsed, rds.RedisLogLinesPerSecond)
 	}
 	t.Logf("%d stderr lines, %d from go-redis", len(lines), redisLines)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/han-app/gateway/internal/config"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 type multi []string
@@ -246,7 +247,7 @@ func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error
 	if !sep && getenv("REDIS_URL") != "" && getenv("REDIS_REALTIME_URL") != "" {
 		sep = !config.SameRedisInstance(getenv("REDIS_URL"), getenv("REDIS_REALTIME_URL"))
 	}
-	text := store.RenderACL(store.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep,
+	text := rds.RenderACL(rds.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep,
 		LegacyStubPassword: getenv("HAN_LEGACY_STUB_PASSWORD")})
 	if *outFile != "" {
 		return os.WriteFile(*outFile, []byte(text), 0o600)

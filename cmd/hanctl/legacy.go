@@ -15,6 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // cmdLegacyImport writes cache entries in the legacy v1 format (fields of
@@ -59,7 +60,7 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	if err != nil {
 		return err
 	}
-	rdb, err := store.NewRedis(getenv("REDIS_URL"), store.RedisConfig{})
+	rdb, err := rds.NewRedis(getenv("REDIS_URL"), rds.RedisConfig{})
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ttlPatterns are the key families that must always carry a TTL
@@ -102,7 +103,7 @@ func (a *adminRedis) stubClients(ctx context.Context) (int, error) {
 	n := 0
 	for _, line := range strings.Split(list, "\n") {
 		for _, f := range strings.Fields(line) {
-			if f == "user="+store.LegacyStubUser {
+			if f == "user="+rds.LegacyStubUser {
 				n++
 			}
 		}
@@ -117,7 +118,7 @@ func (a *adminRedis) stubUserExists(ctx context.Context) (bool, error) {
 		return false, redactErr(err)
 	}
 	for _, u := range users {
-		if u == store.LegacyStubUser {
+		if u == rds.LegacyStubUser {
 			return true, nil
 		}
 	}
@@ -135,7 +136,7 @@ func redactErr(err error) error {
 			return errors.New(prefix)
 		}
 	}
-	return store.ClassifyRedisError(err)
+	return rds.ClassifyRedisError(err)
 }
 
 // cmdRedisCutover removes the legacy DB2 safety stub from a Redis instance
@@ -160,7 +161,7 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 	}
 	if n > 0 && !*force {
 		return fmt.Errorf("%d connection(s) still authenticated as %s: set HAN_LEGACY_STUB_ENABLED=false on every instance and restart them first (or pass --force)",
-			n, store.LegacyStubUser)
+			n, rds.LegacyStubUser)
 	}
 	deleted := 0
 	for db := 0; db < a.dbs; db++ {
@@ -174,14 +175,14 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 		}
 	}
 	fmt.Fprintf(out, "deleted %d %s key(s) in %d database(s)\n", deleted, store.StubKeyPattern, a.dbs)
-	removed, err := a.db(0).Do(ctx, "acl", "deluser", store.LegacyStubUser).Int()
+	removed, err := a.db(0).Do(ctx, "acl", "deluser", rds.LegacyStubUser).Int()
 	if err != nil {
 		return fmt.Errorf("ACL DELUSER: %w", redactErr(err))
 	}
 	if removed > 0 {
-		fmt.Fprintf(out, "deleted ACL user %s (its connections were closed)\n", store.LegacyStubUser)
+		fmt.Fprintf(out, "deleted ACL user %s (its connections were closed)\n", rds.LegacyStubUser)
 	} else {
-		fmt.Fprintf(out, "ACL user %s: already absent\n", store.LegacyStubUser)
+		fmt.Fprintf(out, "ACL user %s: already absent\n", rds.LegacyStubUser)
 	}
 	if err := a.db(0).Do(ctx, "acl", "save").Err(); err != nil {
 		return fmt.Errorf("ACL SAVE failed (%w): the user would come back on restart; render the ACL file again "+
@@ -229,7 +230,7 @@ func cmdRedisVerify(ctx context.Context, args []string, getenv func(string) stri
 	if err != nil {
 		return fmt.Errorf("ACL USERS: %w", err)
 	}
-	report(!exists, "no ACL user %s", store.LegacyStubUser)
+	report(!exists, "no ACL user %s", rds.LegacyStubUser)
 
 	if a.dbs > legacyDB {
 		n, err := a.db(legacyDB).DBSize(ctx).Result()

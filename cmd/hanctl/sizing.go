@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // sizingInputs are the terms of the Redis memory sizing formula
@@ -137,12 +137,12 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 		if db0 == "" || db1 == "" {
 			return errors.New("--sample needs REDIS_URL and REDIS_REALTIME_URL")
 		}
-		c0, err := store.NewRedis(db0, store.RedisConfig{ReadTimeout: 5 * time.Second})
+		c0, err := rds.NewRedis(db0, rds.RedisConfig{ReadTimeout: 5 * time.Second})
 		if err != nil {
 			return err
 		}
 		defer c0.Close()
-		c1, err := store.NewRedis(db1, store.RedisConfig{ReadTimeout: 5 * time.Second})
+		c1, err := rds.NewRedis(db1, rds.RedisConfig{ReadTimeout: 5 * time.Second})
 		if err != nil {
 			return err
 		}
@@ -155,7 +155,7 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 			}
 			avg, n, err := sampleBytes(ctx, c, f.pattern, *sampleMax)
 			if err != nil {
-				return fmt.Errorf("sample %s: %w", f.pattern, store.ClassifyRedisError(err))
+				return fmt.Errorf("sample %s: %w", f.pattern, rds.ClassifyRedisError(err))
 			}
 			notes = append(notes, fmt.Sprintf("sampled %s: %d keys, %.0f bytes/key", f.pattern, n, avg))
 			if n > 0 {

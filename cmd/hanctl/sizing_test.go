@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func TestSizingFormula(t *testing.T) {
@@ -37,8 +37,8 @@ func TestSizingSamplesALiveInstance(t *testing.T) {
 	}
 	defer r.Stop()
 	ctx := context.Background()
-	c0, _ := store.NewRedis(r.URL(0), store.RedisConfig{})
-	c1, _ := store.NewRedis(r.URL(1), store.RedisConfig{})
+	c0, _ := rds.NewRedis(r.URL(0), rds.RedisConfig{})
+	c1, _ := rds.NewRedis(r.URL(1), rds.RedisConfig{})
 	defer c0.Close()
 	defer c1.Close()
 	for i := 0; i < 50; i++ {

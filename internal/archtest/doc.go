@@ -3,7 +3,10 @@
 // module, its job and the project packages it may import; the test reads the
 // table and the real import graph (`go list -json ./...`) and fails on an
 // import the table does not allow, on a package the table does not list and
-// on a row naming a package that no longer exists.
+// on a row naming a package that no longer exists. A second test keeps the
+// PostgreSQL driver (github.com/jackc/...) out of the packages that must not
+// reach it: presence, ratelimit, pubsub and store/rds do not link it, no
+// restapi package imports it (the rule is stated in docs/architecture.md).
 //
 // Production imports are checked against the "may import" column. Test
 // imports (in-package and external _test.go files) may reach that set, the

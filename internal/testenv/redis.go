@@ -16,11 +16,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // AdminUser is the unrestricted ACL user that only the test harness has; the
-// code under test always connects as store.APIBackendUser.
+// code under test always connects as rds.APIBackendUser.
 const AdminUser = "han_admin"
 
 // RedisOptions configures a private redis-server.
@@ -71,7 +71,7 @@ func StartRedis(opts RedisOptions) (*RedisServer, error) {
 		}
 		s.Dir, s.own = d, true
 	}
-	acl := store.RenderACL(store.ACLOptions{
+	acl := rds.RenderACL(rds.ACLOptions{
 		APIBackendPassword: s.Password,
 		SeparateInstances:  opts.SeparateInstances,
 		LegacyStubPassword: opts.LegacyStubPassword,
@@ -163,14 +163,14 @@ func (s *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port)
 
 // URL is the api_backend URL of database db (the form REDIS_URL takes).
 func (s *RedisServer) URL(db int) string {
-	return fmt.Sprintf("redis://%s:%s@%s/%d", store.APIBackendUser, s.Password, s.Addr(), db)
+	return fmt.Sprintf("redis://%s:%s@%s/%d", rds.APIBackendUser, s.Password, s.Addr(), db)
 }
 
 // LegacyStubURL is the legacy_stub URL of database db (the form
 // HAN_LEGACY_STUB_URL takes); the server must have been started with
 // RedisOptions.LegacyStubPassword.
 func (s *RedisServer) LegacyStubURL(db int) string {
-	return fmt.Sprintf("redis://%s:%s@%s/%d", store.LegacyStubUser, s.Opts.LegacyStubPassword, s.Addr(), db)
+	return fmt.Sprintf("redis://%s:%s@%s/%d", rds.LegacyStubUser, s.Opts.LegacyStubPassword, s.Addr(), db)
 }
 
 // AdminURL is the unrestricted URL of database db (test setup and faults only).

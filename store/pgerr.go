@@ -1,17 +1,18 @@
-package restapi
+package store
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/han-app/gateway/store/rds"
 )
 
-// isPGUnavailable reports whether err means PostgreSQL could not be reached
+// IsPGUnavailable reports whether err means PostgreSQL could not be reached
 // (as opposed to a query that failed).
-func isPGUnavailable(err error) bool {
+func IsPGUnavailable(err error) bool {
 	var ne net.Error
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
@@ -25,25 +26,30 @@ func isPGUnavailable(err error) bool {
 	return pgconn.SafeToRetry(err)
 }
 
-// isPGUnstorableText reports whether PostgreSQL refused a value because
+// IsPGUnstorableText reports whether PostgreSQL refused a value because
 // text or jsonb cannot hold it: U+0000 in text (22021) or "\u0000" in a
 // jsonb string (22P05). That is the request's fault, never a server error;
 // handlers refuse such values with the field's own code before they get
 // here, so this is the last resort for a field that lacks that check.
-func isPGUnstorableText(err error) bool {
+func IsPGUnstorableText(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && (pe.Code == "22021" || pe.Code == "22P05")
 }
 
-// errorKind names an error's class for logs without its message text, which
-// may quote values (a constraint's key, a Redis argument).
-func errorKind(err error) string {
+// Kind names err's class for logs and metric labels without its message
+// text, which may quote values (a constraint's key, a Redis argument): a
+// request that ran out of its database budget is "pg_busy", another
+// PostgreSQL error "pg:" and its SQLSTATE, a project data-state refusal
+// "redis_data_state_invalid", anything else what rds.Kind names it.
+func Kind(err error) string {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
+	switch {
+	case IsDatabaseBusy(err):
+		return "pg_busy"
+	case errors.As(err, &pe):
 		return "pg:" + pe.Code
+	case errors.Is(err, ErrDataStateInvalid):
+		return "redis_data_state_invalid"
 	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
+	return rds.Kind(err)
 }

@@ -1,16 +1,14 @@
-package store
+package rds
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -164,7 +162,7 @@ func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
 	attrs := []slog.Attr{slog.String("event", strings.TrimSpace(format))}
 	for _, a := range v {
 		if err, ok := a.(error); ok {
-			attrs = append(attrs, slog.String("kind", redisErrKind(err)))
+			attrs = append(attrs, slog.String("kind", Kind(err)))
 			break
 		}
 	}
@@ -172,24 +170,4 @@ func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
 		attrs = append(attrs, slog.Int64("suppressed", dropped))
 	}
 	l.logger.LogAttrs(context.Background(), slog.LevelWarn, "redis client", attrs...)
-}
-
-// redisErrKind names an error's class without its text: "timeout", "EOF",
-// the system error ("connection refused") or the innermost error's type.
-func redisErrKind(err error) string {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return "timeout"
-	}
-	if errors.Is(err, io.EOF) {
-		return "EOF"
-	}
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		return errno.Error()
-	}
-	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
-		err = u
-	}
-	return fmt.Sprintf("%T", err)
 }

@@ -1,4 +1,4 @@
-package store_test
+package rds_test
 
 import (
 	"context"
@@ -8,27 +8,27 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func TestLockOwnershipAndFencing(t *testing.T) {
 	ctx := context.Background()
-	l := store.NewLocker(apiClient(t, env.Redis.URL(1)))
-	a, _, err := l.Acquire(ctx, store.LockDelivery, "m-owner", time.Minute)
+	l := rds.NewLocker(apiClient(t, env.Redis.URL(1)))
+	a, _, err := l.Acquire(ctx, rds.LockDelivery, "m-owner", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, wait, err := l.Acquire(ctx, store.LockDelivery, "m-owner", time.Minute); !errors.Is(err, store.ErrLockHeld) || wait <= 0 {
+	if _, wait, err := l.Acquire(ctx, rds.LockDelivery, "m-owner", time.Minute); !errors.Is(err, rds.ErrLockHeld) || wait <= 0 {
 		t.Fatalf("a second owner must be refused with the holder's TTL: %v %v", wait, err)
 	}
 	// Only the owner extends and releases: a forged acquisition with
 	// another owner token is refused and changes nothing.
 	forged := *a
 	forged.Owner = "someone-else"
-	if err := forged.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLockLost) {
+	if err := forged.Extend(ctx, time.Minute); !errors.Is(err, rds.ErrLockLost) {
 		t.Fatalf("non-owner extend: %v", err)
 	}
-	if err := forged.Release(ctx); !errors.Is(err, store.ErrLockLost) {
+	if err := forged.Release(ctx); !errors.Is(err, rds.ErrLockLost) {
 		t.Fatalf("non-owner release: %v", err)
 	}
 	if err := a.Extend(ctx, time.Minute); err != nil {
@@ -37,39 +37,39 @@ func TestLockOwnershipAndFencing(t *testing.T) {
 	if err := a.Release(ctx); err != nil {
 		t.Fatalf("owner release: %v", err)
 	}
-	if err := a.Release(ctx); !errors.Is(err, store.ErrLockExpired) {
+	if err := a.Release(ctx); !errors.Is(err, rds.ErrLockExpired) {
 		t.Fatalf("a released lock is gone: %v", err)
 	}
 
 	// A late owner: its lock expired and another owner took it. It can
 	// neither extend nor release the new owner's lock, and the new fence is
 	// larger.
-	late, _, err := l.Acquire(ctx, store.LockDelivery, "m-late", 50*time.Millisecond)
+	late, _, err := l.Acquire(ctx, rds.LockDelivery, "m-late", 50*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rdb := apiClient(t, env.Redis.URL(1))
 	testenv.Eventually(t, 5*time.Second, func() bool { return rdb.Exists(ctx, late.Key).Val() == 0 }, "lock did not expire")
-	if err := late.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLockExpired) {
+	if err := late.Extend(ctx, time.Minute); !errors.Is(err, rds.ErrLockExpired) {
 		t.Fatalf("extend after expiry: %v", err)
 	}
-	next, _, err := l.Acquire(ctx, store.LockDelivery, "m-late", time.Minute)
+	next, _, err := l.Acquire(ctx, rds.LockDelivery, "m-late", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if next.Fence <= late.Fence {
 		t.Fatalf("fencing token must grow: %d then %d", late.Fence, next.Fence)
 	}
-	if err := late.Release(ctx); !errors.Is(err, store.ErrLockLost) {
+	if err := late.Release(ctx); !errors.Is(err, rds.ErrLockLost) {
 		t.Fatalf("late owner release: %v", err)
 	}
-	if err := late.Extend(ctx, time.Minute); !errors.Is(err, store.ErrLockLost) {
+	if err := late.Extend(ctx, time.Minute); !errors.Is(err, rds.ErrLockLost) {
 		t.Fatalf("late owner extend: %v", err)
 	}
 	if owner := rdb.Get(ctx, next.Key).Val(); owner != next.Owner {
 		t.Fatal("the late owner changed the new owner's lock")
 	}
-	if ttl := rdb.PTTL(ctx, store.FenceKey(store.LockDelivery, "m-late")).Val(); ttl <= 0 {
+	if ttl := rdb.PTTL(ctx, rds.FenceKey(rds.LockDelivery, "m-late")).Val(); ttl <= 0 {
 		t.Fatalf("fence counter without TTL: %v", ttl)
 	}
 	_ = next.Release(ctx)
@@ -79,22 +79,22 @@ func TestLockOwnershipAndFencing(t *testing.T) {
 // of the winners strictly increase.
 func TestLockFencesStrictlyIncrease(t *testing.T) {
 	ctx := context.Background()
-	l := store.NewLocker(apiClient(t, env.Redis.URL(1)))
+	l := rds.NewLocker(apiClient(t, env.Redis.URL(1)))
 	var last int64
 	for round := 0; round < 20; round++ {
 		var mu sync.Mutex
-		var wins []*store.Lock
+		var wins []*rds.Lock
 		var wg sync.WaitGroup
 		for i := 0; i < 8; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				lk, _, err := l.Acquire(ctx, store.LockSafetyRecovery, "task-1", time.Minute)
+				lk, _, err := l.Acquire(ctx, rds.LockSafetyRecovery, "task-1", time.Minute)
 				if err == nil {
 					mu.Lock()
 					wins = append(wins, lk)
 					mu.Unlock()
-				} else if !errors.Is(err, store.ErrLockHeld) {
+				} else if !errors.Is(err, rds.ErrLockHeld) {
 					t.Error(err)
 				}
 			}()

@@ -1,4 +1,4 @@
-package store_test
+package rds_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 func apiClient(t *testing.T, url string) *redis.Client {
@@ -106,7 +106,7 @@ func TestSelectAllowedOnlyWhenDBsShareAnInstance(t *testing.T) {
 }
 
 func TestRenderACLNeverHoldsThePassword(t *testing.T) {
-	text := store.RenderACL(store.ACLOptions{APIBackendPassword: "s3cret-password", LegacyStubPassword: "stub-password"})
+	text := rds.RenderACL(rds.ACLOptions{APIBackendPassword: "s3cret-password", LegacyStubPassword: "stub-password"})
 	if strings.Contains(text, "s3cret-password") || strings.Contains(text, "stub-password") {
 		t.Fatal("the ACL file must store password digests only")
 	}
@@ -115,7 +115,7 @@ func TestRenderACLNeverHoldsThePassword(t *testing.T) {
 			t.Errorf("ACL lacks %q", want)
 		}
 	}
-	if strings.Contains(store.APIBackendRule("p", false), "-select") || !strings.Contains(store.APIBackendRule("p", true), "-select") {
+	if strings.Contains(rds.APIBackendRule("p", false), "-select") || !strings.Contains(rds.APIBackendRule("p", true), "-select") {
 		t.Error("-select must appear exactly when DB0 and DB1 are separate instances")
 	}
 }

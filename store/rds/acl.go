@@ -1,4 +1,4 @@
-package store
+package rds
 
 import (
 	"crypto/sha256"
