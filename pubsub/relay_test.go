@@ -209,8 +209,19 @@ func TestRelayDeliversWhatThePublishMissed(t *testing.T) {
 		WHERE id = (SELECT min(id) FROM outbox WHERE channel=$1) RETURNING event_id::text`, ch).Scan(&dup); err != nil {
 		t.Fatal(err)
 	}
-	if _, published, err := relays[0].RunOnce(context.Background()); err != nil || published != 1 {
-		t.Fatalf("re-publish: %d %v", published, err)
+	// RunOnce publishes nothing while another relay's lock is still held
+	// (its release can lag on a loaded machine), so it is retried.
+	var published int
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		_, n, err := relays[0].RunOnce(context.Background())
+		if err != nil {
+			t.Fatalf("re-publish: %v", err)
+		}
+		published += n
+		return published > 0
+	}, "the unmarked row was not published again")
+	if published != 1 {
+		t.Fatalf("re-publish: %d rows, want 1", published)
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool { return len(rec.snapshot()[dup]) == 2 }, "duplicate not received")
 	if c := rec.snapshot()[dup]; c[0] != c[1] {
