@@ -243,6 +243,7 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	dialogID := strings.TrimPrefix(mustEval[string](a, "location.hash"), "#/chat/")
 
 	// Bob pastes his token on instance Y.
+	bobFrames := bp.recordWebSocket()
 	bp.do("open", chromedp.Navigate((*my).URL()+"/"))
 	bp.waitSel(deliveryBound, "sign-in form", "#token")
 	bp.shot("sign-in")
@@ -257,7 +258,11 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bobDot := fmt.Sprintf(`document.querySelector('.member[data-user=%q] .dot')?.dataset.online`, bob)
 	a.waitJS(deliveryBound, "bob's presence dot on", bobDot+` === "true"`)
 
-	// Typing: bob sees alice typing.
+	// Typing: bob sees alice typing. Typing is ephemeral (never replayed),
+	// so bob's subscription to the dialog must be in place before alice types.
+	testenv.Eventually(t, deliveryBound, func() bool {
+		return bobFrames.has(false, `{"type":"subscribed","dialogId":"`+dialogID+`"`)
+	}, "bob: no subscribed frame for the dialog")
 	a.typeInto("#composer-input", "Hello")
 	bp.waitJS(deliveryBound, "bob sees alice typing", fmt.Sprintf(`document.querySelector("#typing").dataset.users.includes(%q) && document.querySelector("#typing").textContent.includes("typing")`, alice))
 	bp.shot("sees-typing")
