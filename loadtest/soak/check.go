@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -83,7 +84,13 @@ func (c *Checker) Messages(ctx context.Context, dialogs []string, sends []SendRe
 	now := time.Now()
 	rows := map[string][]Row{}
 	var vs []Violation
-	res, err := c.DB.Query(ctx, `SELECT dialog_id::text, id::text, seq, body FROM messages WHERE dialog_id = ANY($1::uuid[]) ORDER BY dialog_id, seq`, dialogs)
+	// One snapshot for the rows and last_seq: sends commit meanwhile.
+	tx, err := c.DB.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	res, err := tx.Query(ctx, `SELECT dialog_id::text, id::text, seq, body FROM messages WHERE dialog_id = ANY($1::uuid[]) ORDER BY dialog_id, seq`, dialogs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -105,7 +112,7 @@ func (c *Checker) Messages(ctx context.Context, dialogs []string, sends []SendRe
 		return nil, nil, err
 	}
 	last := map[string]int64{}
-	lres, err := c.DB.Query(ctx, `SELECT id::text, last_seq FROM dialogs WHERE id = ANY($1::uuid[])`, dialogs)
+	lres, err := tx.Query(ctx, `SELECT id::text, last_seq FROM dialogs WHERE id = ANY($1::uuid[])`, dialogs)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -181,6 +181,10 @@ func (s *Stack) startPG(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	// The "postgres" user below must traverse the working directory.
+	if err := os.Chmod(s.cfg.Dir, 0o711); err != nil {
+		return err
+	}
 	// PostgreSQL refuses to run as root: as root, it runs as "postgres".
 	var cred *syscall.Credential
 	if os.Geteuid() == 0 {
