@@ -238,9 +238,14 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	// Drain: an ack lost in a fault leaves its lease to expire (60 s) before
 	// the message is claimed again.
 	for deadline := time.Now().Add(90 * time.Second); q.unacked() > 0 && time.Now().Before(deadline); {
-		sleepCtx(ctx, 500*time.Millisecond)
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			break
+		}
 	}
-	for i := 0; i < 30 && !q.trim(ctx, i%2); i++ {
+	for i := 0; i < 30 && ctx.Err() == nil; i++ {
+		if q.trim(ctx, i%2) {
+			break
+		}
 		sleepCtx(ctx, time.Second)
 	}
 	ccancel()
