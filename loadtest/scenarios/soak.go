@@ -89,6 +89,7 @@ func (s *Soak) Run(ctx context.Context, t *loadtest.T) error {
 		t.Info("queue", fmt.Sprintf("%d published, %d acknowledged", rep.QueuePublished, rep.QueueAcked))
 		t.Info("socket_outages", rep.Reconnects)
 		t.Info("raw_duplicate_events", rep.RawDuplicates)
+		t.Info("queue_lost_in_aof_window", rep.AOFWindowLosses)
 		t.Info("resources", soak.ResourceTable(rep.Resources))
 		t.Info("faults", soak.FaultTable(rep.Faults))
 		t.Info("violations", soak.ViolationList(rep.Violations))

@@ -29,11 +29,24 @@ type queue struct {
 	subID              string
 
 	mu          sync.Mutex
-	published   map[string]bool // message id → acked
-	confirmedDD int64           // dedupe bytes of confirmed publishes
-	unsureDD    int64           // dedupe bytes of publishes whose answer was lost
-	violations  []Violation
+	published   map[string]*pubState // by message id
+	confirmedDD int64                // dedupe bytes of confirmed publishes
+	unsureDD    int64                // dedupe bytes of publishes whose answer was lost
+	redelivered []redelivery
 	acks        int
+}
+
+// pubState is what the soak knows of one published message.
+type pubState struct {
+	publishedAt time.Time // the 201/200 arrived (zero: claimed before the answer was read)
+	ackedAt     time.Time // zero: not acknowledged
+	dedupe      int64     // its dedupe record's bytes
+}
+
+// redelivery is a claim of a message after its acknowledgement.
+type redelivery struct {
+	id              string
+	ackedAt, seenAt time.Time
 }
 
 func (q *queue) setup(ctx context.Context) error {
@@ -81,9 +94,8 @@ func (q *queue) publish(ctx context.Context, rng *rand.Rand) {
 				id = out.Message.ID
 			}
 			q.mu.Lock()
-			if _, ok := q.published[id]; !ok {
-				q.published[id] = false
-			}
+			st := q.state(id)
+			st.publishedAt, st.dedupe = time.Now(), rec
 			q.confirmedDD += rec
 			q.mu.Unlock()
 			return
@@ -137,8 +149,8 @@ func (q *queue) consume(ctx context.Context, rng *rand.Rand, gw int) {
 		}
 		for _, it := range res.Items {
 			q.mu.Lock()
-			if q.published[it.Message.ID] {
-				q.violations = append(q.violations, Violation{InvQueueRedelivered, "message " + it.Message.ID + " claimed again after its ack", time.Now()})
+			if st := q.state(it.Message.ID); !st.ackedAt.IsZero() {
+				q.redelivered = append(q.redelivered, redelivery{it.Message.ID, st.ackedAt, time.Now()})
 			}
 			q.mu.Unlock()
 			q.ack(ctx, rng, gw, it.Message.ID, it.Token)
@@ -158,7 +170,9 @@ func (q *queue) ack(ctx context.Context, rng *rand.Rand, gw int, msgID, token st
 		cancel()
 		if err == nil {
 			q.mu.Lock()
-			q.published[msgID] = true
+			if st := q.state(msgID); st.ackedAt.IsZero() {
+				st.ackedAt = time.Now()
+			}
 			q.acks++
 			q.mu.Unlock()
 			return
@@ -188,15 +202,25 @@ func (q *queue) trim(ctx context.Context, gw int) bool {
 	return err == nil
 }
 
-// unacked counts published messages without an ack.
-func (q *queue) unacked() int {
+// state returns the message's record, creating it; q.mu must be held.
+func (q *queue) state(id string) *pubState {
+	st, ok := q.published[id]
+	if !ok {
+		st = &pubState{}
+		q.published[id] = st
+	}
+	return st
+}
+
+// unacked lists the published messages without an ack.
+func (q *queue) unacked() []*pubState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := 0
-	for _, a := range q.published {
-		if !a {
-			n++
+	var out []*pubState
+	for _, st := range q.published {
+		if st.ackedAt.IsZero() {
+			out = append(out, st)
 		}
 	}
-	return n
+	return out
 }
