@@ -41,6 +41,9 @@ mkdir -p "$(dirname "$SUMMARY")"
 
 han_ensure_packages
 W="$(mktemp -d /tmp/han-soak-XXXXXX)"
+# PostgreSQL runs as the "postgres" user when this runs as root: it must
+# traverse the folder.
+chmod 711 "$W"
 lt_pid=""
 # shellcheck disable=SC2317 # the EXIT trap
 cleanup() {
@@ -57,7 +60,7 @@ cleanup() {
 	# The soak's children die with it (parent-death signal); this only
 	# reaps a straggler whose command line names our own folder.
 	for p in /proc/[0-9]*; do
-		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$W/"; then
+		if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qF -- "$W/"; then
 			kill -KILL "${p#/proc/}" 2>/dev/null || true
 		fi
 	done

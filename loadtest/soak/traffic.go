@@ -270,7 +270,7 @@ func (l *listener) reconcile(ctx context.Context, gw, d string) error {
 	return nil
 }
 
-// FinalReconcile closes every gap over REST after traffic stopped.
+// finalReconcile closes every gap over REST after traffic stopped.
 func (l *listener) finalReconcile(ctx context.Context) {
 	for _, d := range l.dialogs {
 		for attempt := 0; attempt < 20 && ctx.Err() == nil; attempt++ {
