@@ -40,7 +40,7 @@ func (s *Soak) Flags(fs *flag.FlagSet, _ func(string) string) {
 	fs.IntVar(&s.cfg.Dialogs, "dialogs", 4, "dialogs (each user is a member of two)")
 	fs.IntVar(&s.cfg.Senders, "senders", 4, "chat sender loops")
 	fs.DurationVar(&s.cfg.SendEvery, "send-every", 400*time.Millisecond, "time between sends of one sender loop")
-	fs.DurationVar(&s.cfg.PublishEvry, "publish-every", 333*time.Millisecond, "time between project-queue publishes")
+	fs.DurationVar(&s.cfg.PublishEvery, "publish-every", 333*time.Millisecond, "time between project-queue publishes")
 	fs.DurationVar(&s.cfg.RetryFor, "retry-for", 30*time.Second, "how long a send or publish is retried with the same key")
 	fs.DurationVar(&s.cfg.Recovery, "recovery-bound", 5*time.Second, "bound on each fault's recovery")
 	fs.DurationVar(&s.cfg.LivenessTTL, "liveness-ttl", 2*time.Second, "HAN_INSTANCE_LIVENESS_TTL of the gateways")
@@ -54,7 +54,7 @@ func (s *Soak) DeclareMetrics(reg *loadtest.Registry) {
 
 // Run implements loadtest.Scenario.
 func (s *Soak) Run(ctx context.Context, t *loadtest.T) error {
-	if s.cfg.Users < 4 || s.cfg.Dialogs < 2 || s.cfg.Dialogs*2 > s.cfg.Users || s.cfg.Senders < 1 || s.cfg.SendEvery <= 0 || s.cfg.PublishEvry <= 0 {
+	if s.cfg.Users < 4 || s.cfg.Dialogs < 2 || s.cfg.Dialogs*2 > s.cfg.Users || s.cfg.Senders < 1 || s.cfg.SendEvery <= 0 || s.cfg.PublishEvery <= 0 {
 		return errors.New("soak: want -users ≥ 4, 2 ≤ -dialogs ≤ users/2, -senders ≥ 1 and positive intervals")
 	}
 	if s.cfg.BinDir == "" {

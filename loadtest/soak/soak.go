@@ -24,20 +24,20 @@ import (
 
 // Config is one soak run.
 type Config struct {
-	BinDir, Dir string
-	Duration    time.Duration // traffic and faults; the drain and checks follow
-	Seed        uint64
-	Users       int           // each with one WebSocket client
-	Dialogs     int           // each user is a member of two
-	Senders     int           // chat sender loops
-	SendEvery   time.Duration // per sender
-	PublishEvry time.Duration // project-queue producer
-	RetryFor    time.Duration // how long a send or publish is retried
-	Recovery    time.Duration // bound on every fault's recovery
-	LivenessTTL time.Duration // HAN_INSTANCE_LIVENESS_TTL of the gateways
-	Reg         *loadtest.Registry
-	Src         *loadtest.SourceAddrs
-	Logf        func(format string, args ...any)
+	BinDir, Dir  string
+	Duration     time.Duration // traffic and faults; the drain and checks follow
+	Seed         uint64
+	Users        int           // each with one WebSocket client
+	Dialogs      int           // each user is a member of two
+	Senders      int           // chat sender loops
+	SendEvery    time.Duration // per sender
+	PublishEvery time.Duration // project-queue producer
+	RetryFor     time.Duration // how long a send or publish is retried
+	Recovery     time.Duration // bound on every fault's recovery
+	LivenessTTL  time.Duration // HAN_INSTANCE_LIVENESS_TTL of the gateways
+	Reg          *loadtest.Registry
+	Src          *loadtest.SourceAddrs
+	Logf         func(format string, args ...any)
 }
 
 // runner is one soak in progress.
@@ -190,7 +190,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	}
 	twg.Go(func() {
 		rng := rand.New(rand.NewPCG(cfg.Seed, 500))
-		tick := time.NewTicker(cfg.PublishEvry)
+		tick := time.NewTicker(cfg.PublishEvery)
 		defer tick.Stop()
 		for {
 			select {
