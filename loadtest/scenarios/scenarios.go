@@ -26,6 +26,7 @@ var registry = map[string]func() Scenario{
 	"connect-storm":    func() Scenario { return &ConnectStorm{} },
 	"rate-limit":       func() Scenario { return &RateLimit{} },
 	"project-queue":    func() Scenario { return &ProjectQueue{} },
+	"soak":             func() Scenario { return &Soak{} },
 }
 
 // New returns a fresh scenario by name.
