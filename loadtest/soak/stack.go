@@ -22,11 +22,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/faultproxy"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // adminUser is the unrestricted ACL user only the soak's fault injector and
-// checker use; the gateways connect as store.APIBackendUser.
+// checker use; the gateways connect as rds.APIBackendUser.
 const adminUser = "han_soak_admin"
 
 // StackConfig configures the local stack a soak drives.
@@ -119,7 +119,7 @@ func (s *Stack) startRedis(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	acl := store.RenderACL(store.ACLOptions{APIBackendPassword: s.apiPassword,
+	acl := rds.RenderACL(rds.ACLOptions{APIBackendPassword: s.apiPassword,
 		Extra: []string{fmt.Sprintf("user %s on >%s ~* &* +@all", adminUser, s.adminPassword)}})
 	if err := os.WriteFile(filepath.Join(dir, "users.acl"), []byte(acl), 0o600); err != nil {
 		return err
@@ -252,7 +252,7 @@ func (s *Stack) startGateway(ctx context.Context, i int) error {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	s.GWAddr[i] = addr
 	redisURL := func(db int) string {
-		return fmt.Sprintf("redis://%s:%s@%s/%d", store.APIBackendUser, s.apiPassword, s.Proxy.Addr(), db)
+		return fmt.Sprintf("redis://%s:%s@%s/%d", rds.APIBackendUser, s.apiPassword, s.Proxy.Addr(), db)
 	}
 	env := append(os.Environ(),
 		"HAN_HTTP_ADDR="+addr, "DATABASE_URL="+s.DatabaseURL, "REDIS_URL="+redisURL(0), "REDIS_REALTIME_URL="+redisURL(1),
