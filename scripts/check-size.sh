@@ -29,5 +29,4 @@ loadtest/scenarios/broadcast.go:Broadcast.phase a scenario script read top to bo
 loadtest/scenarios/chat_fanout.go:ChatFanout.Run a scenario script read top to bottom (the soak scenario is being added beside it)
 loadtest/scenarios/connect_storm.go:ConnectStorm.Run a scenario script read top to bottom (the soak scenario is being added beside it)
 loadtest/scenarios/project_queue.go:ProjectQueue.Run a scenario script read top to bottom (the soak scenario is being added beside it)
-pubsub/subscriber.go:Subscriber.session one subscription's lifetime: subscribe, confirm, receive, resubscribe on loss
 ALLOW
