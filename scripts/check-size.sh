@@ -22,7 +22,6 @@ restapi/project*.go being moved into the project packages
 store/project_*.go being moved into the project packages
 cmd/han-gateway/app.go:Main.Run the service's start-up order read top to bottom: each step needs the one before
 cmd/hanctl/sizing.go:cmdSizing one flag set and one printed report of the sizing formula, no branch to split out
-internal/auth/verifier.go:NewVerifier option validation and the key sources chosen from them, one linear setup
 internal/config/config.go:Load one read and check per environment variable, a table in code form
 internal/jsonx/jsonx.go:scanner.object the object state machine of the raw-body scanner; splitting it costs a call per key on the hot path
 loadtest/scenarios/broadcast.go:Broadcast.phase a scenario script read top to bottom (the soak scenario is being added beside it)
