@@ -38,7 +38,6 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := hd.s
 	h := s.hub
 	origin := r.Header.Get("Origin")
-	_, originAllowed := hd.origins[origin]
 	ticket := r.URL.Query().Get("ticket")
 	token, hasBearer := auth.BearerToken(r)
 
@@ -56,54 +55,16 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.countClose(code)
 		_ = ws.Close(code, reason)
 	}
-	switch {
-	case origin != "" && !originAllowed:
-		refuse(ClosePolicy, "origin not allowed", "origin")
-		return
-	case ticket != "" && origin == "":
-		refuse(ClosePolicy, "origin required with a ticket", "origin")
-		return
-	case ws.Subprotocol() != Subprotocol:
-		refuse(ClosePolicy, "subprotocol han.v1 required", "subprotocol")
-		return
-	}
-	if h.isDraining() {
-		refuse(CloseGoingAway, h.retryReason(), "draining")
+	if ref := hd.admit(origin, ticket, ws.Subprotocol()); ref.metric != "" {
+		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var userID string
-	var expires time.Time // the exp of the token (or of the token that issued the ticket)
-	switch {
-	case ticket != "":
-		userID, expires, err = s.tickets.Redeem(ctx, ticket)
-		if errors.Is(err, ErrTicketInvalid) {
-			refuse(CloseUnauthorized, "unauthorized", "unauthorized")
-			return
-		}
-		if err != nil {
-			refuse(CloseTryAgainLater, "try again later", "unavailable")
-			return
-		}
-	case hasBearer:
-		p, err := s.verifier.Verify(ctx, token)
-		if err != nil {
-			refuse(CloseUnauthorized, "unauthorized", "unauthorized")
-			return
-		}
-		if p.Kind != auth.KindUser {
-			refuse(CloseForbidden, CloseReasonUserSession, "forbidden")
-			return
-		}
-		userID, expires = p.UserID, p.Expires
-		if err := s.store.EnsureUser(ctx, userID); err != nil {
-			refuse(CloseTryAgainLater, "try again later", "unavailable")
-			return
-		}
-	default:
-		refuse(CloseUnauthorized, "unauthorized", "unauthorized")
+	userID, expires, ref := s.authenticate(ctx, ticket, token, hasBearer)
+	if ref.metric != "" {
+		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
 
@@ -142,6 +103,68 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// its grown stack) end: an idle connection then costs two small
 	// goroutines.
 	go c.readLoop()
+}
+
+// refusal is why a handshake ends in a close frame: code and reason go to
+// the client, metric names the rejection counted. The zero value refuses
+// nothing.
+type refusal struct {
+	code   websocket.StatusCode
+	reason string
+	metric string
+}
+
+var (
+	refuseUnauthorized = refusal{CloseUnauthorized, "unauthorized", "unauthorized"}
+	refuseUnavailable  = refusal{CloseTryAgainLater, "try again later", "unavailable"}
+)
+
+// admit checks what the handshake itself carries (Origin, subprotocol)
+// and whether the instance still takes connections.
+func (hd *handler) admit(origin, ticket, subprotocol string) refusal {
+	_, originAllowed := hd.origins[origin]
+	switch {
+	case origin != "" && !originAllowed:
+		return refusal{ClosePolicy, "origin not allowed", "origin"}
+	case ticket != "" && origin == "":
+		return refusal{ClosePolicy, "origin required with a ticket", "origin"}
+	case subprotocol != Subprotocol:
+		return refusal{ClosePolicy, "subprotocol han.v1 required", "subprotocol"}
+	case hd.s.hub.isDraining():
+		return refusal{CloseGoingAway, hd.s.hub.retryReason(), "draining"}
+	}
+	return refusal{}
+}
+
+// authenticate names the user of a handshake and the exp of its token (or
+// of the token that issued the ticket), from the one-time ticket or else the
+// bearer token.
+func (s *Service) authenticate(ctx context.Context, ticket, token string, hasBearer bool) (string, time.Time, refusal) {
+	switch {
+	case ticket != "":
+		userID, expires, err := s.tickets.Redeem(ctx, ticket)
+		if errors.Is(err, ErrTicketInvalid) {
+			return "", time.Time{}, refuseUnauthorized
+		}
+		if err != nil {
+			return "", time.Time{}, refuseUnavailable
+		}
+		return userID, expires, refusal{}
+	case hasBearer:
+		p, err := s.verifier.Verify(ctx, token)
+		if err != nil {
+			return "", time.Time{}, refuseUnauthorized
+		}
+		if p.Kind != auth.KindUser {
+			return "", time.Time{}, refusal{CloseForbidden, CloseReasonUserSession, "forbidden"}
+		}
+		if err := s.store.EnsureUser(ctx, p.UserID); err != nil {
+			return "", time.Time{}, refuseUnavailable
+		}
+		return p.UserID, p.Expires, refusal{}
+	default:
+		return "", time.Time{}, refuseUnauthorized
+	}
 }
 
 func (h *Hub) isDraining() bool {

@@ -6,11 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/loop"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -33,11 +33,7 @@ type Recoverer struct {
 
 	afterLease func(taskID string) // test hook: runs while the lease is held
 
-	mu      sync.Mutex // guards started, stopped
-	started bool
-	stopped bool
-	stop    chan struct{}
-	done    chan struct{}
+	loop *loop.Loop
 }
 
 // NewRecoverer builds a stopped Recoverer. db1 is the DB1 client (api_backend)
@@ -45,55 +41,19 @@ type Recoverer struct {
 func (s *Stub) NewRecoverer(db1 redis.Scripter, instanceID string) *Recoverer {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return &Recoverer{stub: s, locker: rds.NewLocker(db1), owner: instanceID + "-" + hex.EncodeToString(b),
-		stop: make(chan struct{}), done: make(chan struct{})}
+	r := &Recoverer{stub: s, locker: rds.NewLocker(db1), owner: instanceID + "-" + hex.EncodeToString(b)}
+	r.loop = loop.New(loop.Config{Interval: s.cfg.RecoveryInterval}, func(ctx context.Context) bool {
+		_, _ = r.RunOnce(ctx)
+		return true
+	})
+	return r
 }
 
 // Start runs a round every RecoveryInterval until Close.
-func (r *Recoverer) Start() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.started || r.stopped {
-		return
-	}
-	r.started = true
-	go func() {
-		defer close(r.done)
-		t := time.NewTicker(r.stub.cfg.RecoveryInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-r.stop:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				select {
-				case <-r.stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			_, _ = r.RunOnce(ctx)
-			cancel()
-		}
-	}()
-}
+func (r *Recoverer) Start() { r.loop.Start() }
 
 // Close stops the loop and waits for a round in progress. Idempotent.
-func (r *Recoverer) Close() {
-	r.mu.Lock()
-	started := r.started
-	if !r.stopped {
-		r.stopped = true
-		close(r.stop)
-	}
-	r.mu.Unlock()
-	if started {
-		<-r.done
-	}
-}
+func (r *Recoverer) Close() { r.loop.Close() }
 
 // RunOnce recovers the stuck tasks it can and returns how many it decided.
 func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {

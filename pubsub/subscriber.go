@@ -341,6 +341,26 @@ func (s *Subscriber) run(ctx context.Context) {
 	}
 }
 
+// attach makes ps the session's connection and returns the channels it
+// must subscribe to again: every one still referenced, marked as sent and
+// unconfirmed; channels nobody holds any more are dropped.
+func (s *Subscriber) attach(ps *redis.PubSub) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ps = ps
+	initial := make([]string, 0, len(s.chans)+1)
+	for ch, st := range s.chans {
+		if st.refs == 0 {
+			delete(s.chans, ch)
+			continue
+		}
+		st.sent, st.pendingSubs, st.confirmed = sentSubscribe, 1, false
+		initial = append(initial, ch)
+	}
+	clear(s.dirty)
+	return initial
+}
+
 // session runs one Pub/Sub connection until it fails. wasUp reports
 // whether its subscriptions had been confirmed (a drop after that is a
 // reconnect the sockets must hear about).
@@ -353,20 +373,7 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 	stop := context.AfterFunc(sctx, func() { _ = ps.Close() })
 	defer stop()
 
-	s.mu.Lock()
-	s.ps = ps
-	initial := make([]string, 0, len(s.chans)+1)
-	for ch, st := range s.chans {
-		if st.refs == 0 {
-			delete(s.chans, ch)
-			continue
-		}
-		st.sent, st.pendingSubs, st.confirmed = sentSubscribe, 1, false
-		initial = append(initial, ch)
-	}
-	clear(s.dirty)
-	s.mu.Unlock()
-
+	initial := s.attach(ps)
 	awaiting := make(map[string]struct{}, len(initial)+1)
 	awaiting[s.canary] = struct{}{}
 	for _, ch := range initial {

@@ -251,40 +251,55 @@ type idemOp struct {
 // (docs/degraded-mode.md). Only successes are stored: every failure gives the key
 // back, so a retry runs again.
 func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idemOp) {
-	ctx := r.Context()
 	key, present, err := idemKeyHeader(r)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	if !present {
-		if op.required && !s.idem.keyOptional {
-			s.fail(w, r, errIdemKeyRequired)
-			return
-		}
-		res, err := op.exec(ctx, nil)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		if res.after != nil {
-			res.after()
-		}
-		writeRawJSON(w, res.rec.Status, res.body)
+		s.serveUnkeyed(w, r, op)
 		return
 	}
 	k := store.IdemKey{Scope: op.scope, UserID: principal(r).UserID, KeyHMAC: HMACHex(s.hmacSecret, idemKeyHMACDomain+key)}
 	fp := idemFingerprint(r, op.canon)
-	count := func(outcome string) { s.idem.requests.WithLabelValues(op.scope, outcome).Inc() }
+	owner, acquired := s.idemReserve(w, r, op, k, fp)
+	if acquired {
+		s.idemRun(w, r, op, k, fp, owner)
+	}
+}
 
+// serveUnkeyed runs op for a request without an Idempotency-Key: refused
+// where the key is required, else run once with nothing recorded.
+func (s *Server) serveUnkeyed(w http.ResponseWriter, r *http.Request, op idemOp) {
+	if op.required && !s.idem.keyOptional {
+		s.fail(w, r, errIdemKeyRequired)
+		return
+	}
+	res, err := op.exec(r.Context(), nil)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if res.after != nil {
+		res.after()
+	}
+	writeRawJSON(w, res.rec.Status, res.body)
+}
+
+// idemReserve is the reserve phase: it takes the key's lock for a fresh
+// owner and reports the owner and true, or answers the request itself
+// (replay, conflict, in progress, or the fallback when DB0 cannot be used)
+// and reports false.
+func (s *Server) idemReserve(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp string) (string, bool) {
+	ctx := r.Context()
 	if s.idem.store == nil {
 		s.idemFallback(w, r, op, k, fp, rds.ErrRedisUnavailable)
-		return
+		return "", false
 	}
 	if err := deferredDB0(ctx); err != nil {
 		// The limit could not be applied: no new effect, only a replay.
 		s.idemFallback(w, r, op, k, fp, err)
-		return
+		return "", false
 	}
 	owner := s.idemOwner()
 	rctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
@@ -292,30 +307,36 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	cancel()
 	if err != nil {
 		s.idemFallback(w, r, op, k, fp, err)
-		return
+		return "", false
 	}
 	if res.Outcome == store.IdemInProgress {
 		if s.idemDurableAnswer(w, r, op, k, fp) {
-			return
+			return "", false
 		}
 		res = s.idemTakeOver(ctx, k, fp, owner, res)
 	}
 	switch res.Outcome {
 	case store.IdemReplay:
-		count(idemOutcomeReplay)
+		s.idemCount(op, idemOutcomeReplay)
 		s.idemReplay(w, r, op, res.Record)
-		return
+		return "", false
 	case store.IdemConflict:
-		count(idemOutcomeConflict)
+		s.idemCount(op, idemOutcomeConflict)
 		s.fail(w, r, errIdemKeyReused)
-		return
+		return "", false
 	case store.IdemInProgress:
-		count(idemOutcomeBusy)
+		s.idemCount(op, idemOutcomeBusy)
 		s.fail(w, r, errIdemInProgress)
-		return
+		return "", false
 	}
+	return owner, true
+}
 
-	// Acquired: this request runs; keep the lock alive meanwhile.
+// idemRun is the run phase: op runs under owner's lock, kept alive by a
+// heartbeat; a success completes the record and is answered, a failure
+// gives the key back.
+func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp, owner string) {
+	ctx := r.Context()
 	stop := s.idemHeartbeat(k, owner)
 	s.idemStage("locked")
 	out, err := op.exec(ctx, &idemTarget{key: k, fp: fp, ttl: s.idem.cfg.RecordTTL})
@@ -325,32 +346,11 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	stop()
 	switch {
 	case errors.Is(err, store.ErrIdemExists):
-		// PostgreSQL holds a live record that Redis lost (eviction, restart,
-		// empty restore): answer from it and re-warm Redis. The business
-		// transaction rolled back, so nothing happened twice.
-		rec, found, lerr := s.store.LookupIdempotency(ctx, k)
-		switch {
-		case lerr != nil:
-			s.idemRelease(ctx, k, owner)
-			s.fail(w, r, lerr)
-		case !found:
-			// It expired between the insert and the lookup: try again.
-			s.idemRelease(ctx, k, owner)
-			count(idemOutcomeBusy)
-			s.fail(w, r, errIdemInProgress)
-		case rec.Fingerprint != fp:
-			s.idemRelease(ctx, k, owner)
-			count(idemOutcomeConflict)
-			s.fail(w, r, errIdemKeyReused)
-		default:
-			s.idemComplete(ctx, k, owner, rec)
-			count(idemOutcomeReplayPG)
-			s.idemReplay(w, r, op, rec)
-		}
+		s.idemRecover(w, r, op, k, fp, owner)
 		return
 	case err != nil:
 		s.idemRelease(ctx, k, owner)
-		count(idemOutcomeFailed)
+		s.idemCount(op, idemOutcomeFailed)
 		s.fail(w, r, err)
 		return
 	}
@@ -359,8 +359,40 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 	if out.after != nil {
 		out.after()
 	}
-	count(idemOutcomeCreated)
+	s.idemCount(op, idemOutcomeCreated)
 	writeRawJSON(w, out.rec.Status, out.body)
+}
+
+// idemRecover is the recover phase: PostgreSQL holds a live record that
+// Redis lost (eviction, restart, empty restore), so the request is answered
+// from it and Redis re-warmed. The business transaction rolled back, so
+// nothing happened twice.
+func (s *Server) idemRecover(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp, owner string) {
+	ctx := r.Context()
+	rec, found, err := s.store.LookupIdempotency(ctx, k)
+	switch {
+	case err != nil:
+		s.idemRelease(ctx, k, owner)
+		s.fail(w, r, err)
+	case !found:
+		// It expired between the insert and the lookup: try again.
+		s.idemRelease(ctx, k, owner)
+		s.idemCount(op, idemOutcomeBusy)
+		s.fail(w, r, errIdemInProgress)
+	case rec.Fingerprint != fp:
+		s.idemRelease(ctx, k, owner)
+		s.idemCount(op, idemOutcomeConflict)
+		s.fail(w, r, errIdemKeyReused)
+	default:
+		s.idemComplete(ctx, k, owner, rec)
+		s.idemCount(op, idemOutcomeReplayPG)
+		s.idemReplay(w, r, op, rec)
+	}
+}
+
+// idemCount counts one keyed request of op by its outcome.
+func (s *Server) idemCount(op idemOp, outcome string) {
+	s.idem.requests.WithLabelValues(op.scope, outcome).Inc()
 }
 
 // idemOwner is a fresh lock owner token, "<random>:<instance id>" when the
@@ -396,10 +428,10 @@ func (s *Server) idemDurableAnswer(w http.ResponseWriter, r *http.Request, op id
 	case err != nil || !found:
 		return false
 	case rec.Fingerprint == fp:
-		s.idem.requests.WithLabelValues(op.scope, idemOutcomeReplayPG).Inc()
+		s.idemCount(op, idemOutcomeReplayPG)
 		s.idemReplay(w, r, op, rec)
 	default:
-		s.idem.requests.WithLabelValues(op.scope, idemOutcomeConflict).Inc()
+		s.idemCount(op, idemOutcomeConflict)
 		s.fail(w, r, errIdemKeyReused)
 	}
 	return true
@@ -448,13 +480,13 @@ func (s *Server) idemFallback(w http.ResponseWriter, r *http.Request, op idemOp,
 	case err != nil:
 		s.fail(w, r, err)
 	case found && rec.Fingerprint == fp:
-		s.idem.requests.WithLabelValues(op.scope, idemOutcomeReplayPG).Inc()
+		s.idemCount(op, idemOutcomeReplayPG)
 		s.idemReplay(w, r, op, rec)
 	case found:
-		s.idem.requests.WithLabelValues(op.scope, idemOutcomeConflict).Inc()
+		s.idemCount(op, idemOutcomeConflict)
 		s.fail(w, r, errIdemKeyReused)
 	default:
-		s.idem.requests.WithLabelValues(op.scope, idemOutcomeFailClose).Inc()
+		s.idemCount(op, idemOutcomeFailClose)
 		if !errors.Is(redisErr, rds.ErrRedisOOM) && !errors.Is(redisErr, rds.ErrExpiryDenied) {
 			redisErr = rds.ErrRedisUnavailable
 		}

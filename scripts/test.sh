@@ -16,8 +16,10 @@
 #   2. `go vet ./...`, a gofmt check (lists unformatted files, fails) and
 #      scripts/check-refs.sh (no citation of a document outside the repository),
 #      scripts/check-kinds.sh (no error-kind classifier outside rds.Kind and
-#      store.Kind) and scripts/deadcode.sh (unreachable functions outside its allow-list;
-#      the pinned tool comes through the module proxy);
+#      store.Kind), scripts/check-size.sh (no non-test Go file over 700 lines,
+#      no function over 80, outside its allow-list) and scripts/deadcode.sh
+#      (unreachable functions outside its allow-list; the pinned tool comes
+#      through the module proxy);
 #   3. `go test -race -count=1 -timeout 20m <ARGS>` through
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
 #      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
@@ -40,7 +42,8 @@
 #     server instead of a private cluster (withpg is skipped; the Go harness
 #     creates its databases there, so the role must be allowed to CREATE
 #     DATABASE). The script says so at the start and in its summary.
-#   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check, check-refs and deadcode.
+#   HAN_TEST_NO_LINT=1: skip go vet, the gofmt check, check-refs, check-kinds,
+#     check-size and deadcode.
 #   HAN_TEST_NO_RACE=1: run without -race.
 #
 # Exit status: 0 when everything passed, non-zero otherwise. The last line is
@@ -105,6 +108,12 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 		lint="$lint, check-kinds ok"
 	else
 		lint="$lint, check-kinds FAILED"
+		status=1
+	fi
+	if "$HAN_ROOT/scripts/check-size.sh"; then
+		lint="$lint, check-size ok"
+	else
+		lint="$lint, check-size FAILED"
 		status=1
 	fi
 	if "$HAN_ROOT/scripts/deadcode.sh"; then

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
 
+	"github.com/han-app/gateway/internal/loop"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
@@ -79,11 +80,7 @@ type Provider struct {
 	refreshes *prometheus.CounterVec
 	version   prometheus.Gauge
 
-	mu      sync.Mutex // guards started, stopped
-	started bool
-	stopped bool
-	stop    chan struct{}
-	done    chan struct{}
+	loop *loop.Loop
 }
 
 var _ ratelimit.PolicyProvider = (*Provider)(nil)
@@ -112,8 +109,12 @@ func New(cfg Config, st *store.Store, db1 redis.UniversalClient) (*Provider, err
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Provider{cfg: cfg, store: st, db1: db1, locker: rds.NewLocker(db1), logger: cfg.Logger,
-		stop: make(chan struct{}), done: make(chan struct{})}
+	p := &Provider{cfg: cfg, store: st, db1: db1, locker: rds.NewLocker(db1), logger: cfg.Logger}
+	p.loop = loop.New(loop.Config{Interval: cfg.RefreshInterval, Timeout: cfg.RefreshInterval + cfg.PeerWait + 5*time.Second},
+		func(ctx context.Context) bool {
+			_ = p.Refresh(ctx)
+			return true
+		})
 	p.cur.Store(&current{policies: cfg.Base, tunables: map[string]json.RawMessage{}})
 	p.rejected.Store(-1)
 	p.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -224,7 +225,7 @@ func (p *Provider) waitForPeer(ctx context.Context, v int64) (Snapshot, bool) {
 		select {
 		case <-ctx.Done():
 			return Snapshot{}, false
-		case <-p.stop:
+		case <-p.loop.Stopped():
 			return Snapshot{}, false
 		case <-t.C:
 		}
@@ -311,51 +312,11 @@ func (p *Provider) fail(ctx context.Context, what string, err error) {
 }
 
 // Start refreshes every RefreshInterval until Close.
-func (p *Provider) Start() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.started || p.stopped {
-		return
-	}
-	p.started = true
-	go func() {
-		defer close(p.done)
-		t := time.NewTicker(p.cfg.RefreshInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), p.cfg.RefreshInterval+p.cfg.PeerWait+5*time.Second)
-			go func() {
-				select {
-				case <-p.stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			_ = p.Refresh(ctx)
-			cancel()
-		}
-	}()
-}
+func (p *Provider) Start() { p.loop.Start() }
 
 // Close stops the refresh loop and waits for a refresh in progress.
 // Idempotent.
-func (p *Provider) Close() {
-	p.mu.Lock()
-	started := p.started
-	if !p.stopped {
-		p.stopped = true
-		close(p.stop)
-	}
-	p.mu.Unlock()
-	if started {
-		<-p.done
-	}
-}
+func (p *Provider) Close() { p.loop.Close() }
 
 // register registers c, or returns the collector already registered under
 // its name (several providers on one registry).

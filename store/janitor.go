@@ -3,8 +3,9 @@ package store
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
+
+	"github.com/han-app/gateway/internal/loop"
 )
 
 // JanitorConfig tunes the Janitor.
@@ -27,12 +28,7 @@ type Janitor struct {
 	store  *Store
 	cfg    JanitorConfig
 	logger *slog.Logger
-
-	mu      sync.Mutex // guards started, stopped
-	started bool
-	stopped bool
-	stop    chan struct{}
-	done    chan struct{}
+	loop   *loop.Loop
 }
 
 // NewJanitor builds a stopped janitor.
@@ -49,40 +45,16 @@ func NewJanitor(s *Store, cfg JanitorConfig, logger *slog.Logger) *Janitor {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Janitor{store: s, cfg: cfg, logger: logger, stop: make(chan struct{}), done: make(chan struct{})}
+	j := &Janitor{store: s, cfg: cfg, logger: logger}
+	j.loop = loop.New(loop.Config{Interval: cfg.Interval, Immediate: true}, func(ctx context.Context) bool {
+		_, _ = j.RunOnce(ctx)
+		return true
+	})
+	return j
 }
 
 // Start runs the janitor until Close: once right away, then every Interval.
-func (j *Janitor) Start() {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.started || j.stopped {
-		return
-	}
-	j.started = true
-	go func() {
-		defer close(j.done)
-		t := time.NewTicker(j.cfg.Interval)
-		defer t.Stop()
-		for {
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				select {
-				case <-j.stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
-			_, _ = j.RunOnce(ctx)
-			cancel()
-			select {
-			case <-j.stop:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-}
+func (j *Janitor) Start() { j.loop.Start() }
 
 // RunOnce purges once and returns how many rows it removed.
 func (j *Janitor) RunOnce(ctx context.Context) (int64, error) {
@@ -103,15 +75,4 @@ func (j *Janitor) RunOnce(ctx context.Context) (int64, error) {
 
 // Close stops the janitor and waits for a run in progress to end. A janitor
 // never started closes at once.
-func (j *Janitor) Close() {
-	j.mu.Lock()
-	started := j.started
-	if !j.stopped {
-		j.stopped = true
-		close(j.stop)
-	}
-	j.mu.Unlock()
-	if started {
-		<-j.done
-	}
-}
+func (j *Janitor) Close() { j.loop.Close() }

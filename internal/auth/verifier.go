@@ -108,49 +108,11 @@ func NewVerifier(ctx context.Context, cfg Config, logger *slog.Logger) (*Verifie
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	prod := strings.EqualFold(cfg.Env, "prod") || strings.EqualFold(cfg.Env, "production")
-	switch {
-	case cfg.JWKSURL != "" && cfg.JWKSFile != "":
-		return nil, errors.New("auth: set JWKSURL or JWKSFile, not both")
-	case cfg.Leeway < 0 || cfg.RefetchInterval < 0 || cfg.NegativeTTL < 0:
-		return nil, errors.New("auth: negative duration in config")
-	}
-	if len(cfg.DevHS256Secret) > 0 {
-		if prod {
-			return nil, errors.New("auth: the dev HS256 secret is refused in prod")
-		}
-		if len(cfg.DevHS256Secret) < minHS256SecretBytes {
-			return nil, fmt.Errorf("auth: the dev HS256 secret must be at least %d bytes", minHS256SecretBytes)
-		}
-	}
-	if cfg.JWKSURL != "" {
-		u, err := url.Parse(cfg.JWKSURL)
-		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			return nil, errors.New("auth: JWKSURL must be an absolute http(s) URL")
-		}
-		if prod && u.Scheme != "https" {
-			return nil, errors.New("auth: JWKSURL must use https in prod")
-		}
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
 	}
 	useJWKS := cfg.JWKSURL != "" || cfg.JWKSFile != ""
-	if !useJWKS && len(cfg.DevHS256Secret) == 0 {
-		return nil, ErrNoKeys
-	}
-	if cfg.Leeway == 0 {
-		cfg.Leeway = defaultInterval
-	}
-	if cfg.RefetchInterval == 0 {
-		cfg.RefetchInterval = defaultInterval
-	}
-	if cfg.NegativeTTL == 0 {
-		cfg.NegativeTTL = defaultInterval
-	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{Timeout: defaultHTTPTimeout}
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg = cfg.withDefaults()
 	v := &Verifier{
 		cfg:          cfg,
 		logger:       logger,
@@ -359,4 +321,58 @@ func (v *Verifier) classify(tok *jwt.Token, err error) error {
 func (v *Verifier) reject(ctx context.Context, reason error) error {
 	v.logger.LogAttrs(ctx, levelDebug, "auth: token rejected", slog.String("reason", reason.Error()))
 	return fmt.Errorf("%w: %w", ErrUnauthorized, reason)
+}
+
+// checkConfig refuses a configuration that cannot verify safely: both key
+// sources, negative durations, a dev secret in prod or too short, a JWKS URL
+// that is not absolute http(s) (https in prod), or no key source at all.
+func checkConfig(cfg Config) error {
+	prod := strings.EqualFold(cfg.Env, "prod") || strings.EqualFold(cfg.Env, "production")
+	switch {
+	case cfg.JWKSURL != "" && cfg.JWKSFile != "":
+		return errors.New("auth: set JWKSURL or JWKSFile, not both")
+	case cfg.Leeway < 0 || cfg.RefetchInterval < 0 || cfg.NegativeTTL < 0:
+		return errors.New("auth: negative duration in config")
+	}
+	if len(cfg.DevHS256Secret) > 0 {
+		if prod {
+			return errors.New("auth: the dev HS256 secret is refused in prod")
+		}
+		if len(cfg.DevHS256Secret) < minHS256SecretBytes {
+			return fmt.Errorf("auth: the dev HS256 secret must be at least %d bytes", minHS256SecretBytes)
+		}
+	}
+	if cfg.JWKSURL != "" {
+		u, err := url.Parse(cfg.JWKSURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return errors.New("auth: JWKSURL must be an absolute http(s) URL")
+		}
+		if prod && u.Scheme != "https" {
+			return errors.New("auth: JWKSURL must use https in prod")
+		}
+	}
+	if cfg.JWKSURL == "" && cfg.JWKSFile == "" && len(cfg.DevHS256Secret) == 0 {
+		return ErrNoKeys
+	}
+	return nil
+}
+
+// withDefaults fills the zero durations, HTTP client and clock.
+func (c Config) withDefaults() Config {
+	if c.Leeway == 0 {
+		c.Leeway = defaultInterval
+	}
+	if c.RefetchInterval == 0 {
+		c.RefetchInterval = defaultInterval
+	}
+	if c.NegativeTTL == 0 {
+		c.NegativeTTL = defaultInterval
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: defaultHTTPTimeout}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
 }

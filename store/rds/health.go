@@ -6,11 +6,12 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/loop"
 )
 
 // HealthConfig tunes a RedisHealth.
@@ -42,13 +43,8 @@ type RedisHealth struct {
 	cfg    HealthConfig
 	logger *slog.Logger
 
-	down atomic.Bool
-
-	mu      sync.Mutex // guards probing, closed
-	probing bool
-	closed  bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	down   atomic.Bool
+	prober *loop.Loop
 }
 
 // NewRedisHealth tracks c. logger may be nil.
@@ -62,7 +58,9 @@ func NewRedisHealth(c redis.UniversalClient, cfg HealthConfig, logger *slog.Logg
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &RedisHealth{c: c, cfg: cfg, logger: logger, stop: make(chan struct{})}
+	h := &RedisHealth{c: c, cfg: cfg, logger: logger}
+	h.prober = loop.New(loop.Config{Interval: cfg.ProbeInterval, Immediate: true, Timeout: cfg.ProbeTimeout}, h.probe)
+	return h
 }
 
 // Down reports whether Redis is currently considered unreachable.
@@ -109,45 +107,22 @@ func (h *RedisHealth) MarkDown() {
 	if h.cfg.OnChange != nil {
 		h.cfg.OnChange(true)
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed || h.probing {
-		return
-	}
-	h.probing = true
-	h.wg.Add(1)
-	go h.probe()
+	h.prober.Start()
 }
 
-func (h *RedisHealth) probe() {
-	defer h.wg.Done()
-	t := time.NewTicker(h.cfg.ProbeInterval)
-	defer t.Stop()
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), h.cfg.ProbeTimeout)
-		err := h.c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			h.mu.Lock()
-			h.probing = false
-			h.mu.Unlock()
-			if h.down.CompareAndSwap(true, false) {
-				h.logger.Info("redis reachable again")
-				if h.cfg.OnChange != nil {
-					h.cfg.OnChange(false)
-				}
-			}
-			return
-		}
-		select {
-		case <-h.stop:
-			h.mu.Lock()
-			h.probing = false
-			h.mu.Unlock()
-			return
-		case <-t.C:
+// probe PINGs once and marks Redis up on an answer; false ends the prober
+// (a later MarkDown starts it again).
+func (h *RedisHealth) probe(ctx context.Context) bool {
+	if err := h.c.Ping(ctx).Err(); err != nil {
+		return true
+	}
+	if h.down.CompareAndSwap(true, false) {
+		h.logger.Info("redis reachable again")
+		if h.cfg.OnChange != nil {
+			h.cfg.OnChange(false)
 		}
 	}
+	return false
 }
 
 // Close stops the prober and waits for it. It is idempotent; the state
@@ -156,13 +131,7 @@ func (h *RedisHealth) Close() {
 	if h == nil {
 		return
 	}
-	h.mu.Lock()
-	if !h.closed {
-		h.closed = true
-		close(h.stop)
-	}
-	h.mu.Unlock()
-	h.wg.Wait()
+	h.prober.Close()
 }
 
 // unreachable reports whether err means no answer came from the server.

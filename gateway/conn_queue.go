@@ -1,0 +1,125 @@
+package gateway
+
+import (
+	"time"
+)
+
+// signal makes sure a writer runs to pick up what was just queued. c.mu must
+// be held.
+func (c *conn) signal() {
+	if c.writing || c.closed {
+		return
+	}
+	c.writing = true
+	c.writer.Add(1)
+	go c.writeLoop()
+}
+
+// deliver queues a fanned-out frame for s (nil: the user's own channel).
+// It never blocks.
+func (c *conn) deliver(s *sub, b []byte, class frameClass) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if s != nil && !s.ready {
+		switch {
+		case class == classEphemeral:
+			c.hub.stats.ephemeralDrops.Add(1)
+		case len(s.pending) >= c.hub.cfg.QueueFrames:
+			s.pending, s.pendingOverflow = nil, true
+		case !s.pendingOverflow:
+			s.pending = append(s.pending, outFrame{b, class})
+		}
+		return
+	}
+	c.enqueueLocked(outFrame{b, class})
+}
+
+// send queues a control frame.
+func (c *conn) send(b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.enqueueLocked(outFrame{b, classControl})
+	}
+}
+
+// enqueueLocked applies the backpressure policy: ephemeral frames are
+// dropped once the queue is half full; a durable event that does not fit
+// replaces every queued event with one resync; durable events arriving
+// while that resync waits are covered by it and dropped.
+func (c *conn) enqueueLocked(f outFrame) {
+	cfg := &c.hub.cfg
+	switch f.class {
+	case classEphemeral:
+		if 2*len(c.q) >= cfg.QueueFrames || 2*(c.qBytes+len(f.b)) > cfg.QueueBytes {
+			c.hub.stats.ephemeralDrops.Add(1)
+			return
+		}
+	case classDurable:
+		if c.resyncQueued {
+			c.hub.stats.coveredDrops.Add(1)
+			return
+		}
+		if len(c.q) >= cfg.QueueFrames || c.qBytes+len(f.b) > cfg.QueueBytes {
+			c.overflowLocked()
+			return
+		}
+	case classControl:
+		// Control frames answer the client's own requests, which the
+		// inbound frame rate bounds; a client that sends requests but never
+		// reads the answers fills this margin and is closed.
+		if len(c.q) >= cfg.QueueFrames+cfg.FrameBurst {
+			c.closeLocked(CloseSlowConsumer, "slow consumer")
+			return
+		}
+	}
+	c.q = append(c.q, f)
+	c.qBytes += len(f.b)
+	c.hub.stats.observeQueue(len(c.q))
+	c.signal()
+}
+
+func (c *conn) overflowLocked() {
+	h := c.hub
+	h.stats.overflows.Add(1)
+	kept := c.q[:0]
+	bytes := 0
+	for _, f := range c.q {
+		if f.class == classControl {
+			kept = append(kept, f)
+			bytes += len(f.b)
+		}
+	}
+	clear(c.q[len(kept):])
+	c.q, c.qBytes = kept, bytes
+	now := time.Now()
+	if now.Sub(c.overflowFrom) > h.cfg.OverflowWindow {
+		c.overflowFrom, c.overflows = now, 0
+	}
+	c.overflows++
+	if c.overflows > h.cfg.MaxOverflows {
+		c.closeLocked(CloseSlowConsumer, "slow consumer")
+		return
+	}
+	c.queueResyncLocked(ResyncSlowConsumer)
+}
+
+func (c *conn) queueResyncLocked(reason string) {
+	if c.resyncQueued || c.closed {
+		return
+	}
+	c.hub.stats.resyncs.Add(1)
+	c.q = append(c.q, outFrame{encodeResync(reason), classControl})
+	c.qBytes += len(c.q[len(c.q)-1].b)
+	c.resyncQueued = true
+	c.signal()
+}
+
+func (c *conn) resync(reason string) {
+	c.mu.Lock()
+	c.queueResyncLocked(reason)
+	c.mu.Unlock()
+}

@@ -1,0 +1,231 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
+)
+
+// readLoop owns the connection: it reads and handles client frames until
+// the connection ends, then tears everything down.
+func (c *conn) readLoop() {
+	h := c.hub
+	defer h.wg.Done()
+	defer c.teardown()
+
+	tokens, last := float64(h.cfg.FrameBurst), time.Now()
+	for {
+		// No cancellable context: closing the socket ends the read (see
+		// opContext).
+		typ, rd, err := c.ws.Reader(context.Background())
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		tokens = min(float64(h.cfg.FrameBurst), tokens+now.Sub(last).Seconds()*h.cfg.FrameRate)
+		last = now
+		if tokens < 1 {
+			c.closeNow(ClosePolicy, "frame rate")
+			return
+		}
+		tokens--
+		if typ != websocket.MessageText {
+			c.closeNow(CloseUnsupported, "text frames only")
+			return
+		}
+		buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
+		n, err := io.ReadFull(rd, *buf)
+		switch {
+		case err == nil:
+			putFrameBuf(buf)
+			c.closeNow(ClosePolicy, "frame too big")
+			return
+		case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		default:
+			putFrameBuf(buf)
+			return
+		}
+		f, ok := parseInFrame((*buf)[:n])
+		putFrameBuf(buf)
+		h.stats.framesIn.Add(1)
+		if !ok {
+			c.send(encodeError(errInvalidFrame))
+			continue
+		}
+		if !c.handle(f) {
+			return
+		}
+	}
+}
+
+// handle answers one client frame; false when it closed the connection.
+func (c *conn) handle(f inFrame) bool {
+	switch f.Type {
+	case "ping":
+		c.send(pongFrame)
+	case "subscribe":
+		c.subscribe(f.DialogID)
+	case "unsubscribe":
+		if id, ok := ids.Canonical(f.DialogID); ok {
+			c.hub.detach(c, id)
+		} else {
+			c.send(encodeError(errInvalidUUID))
+		}
+	case "typing":
+		c.typing(f.DialogID)
+	case "refresh":
+		return c.refresh(f.Token)
+	default:
+		c.send(encodeError(errUnknownType))
+	}
+	return true
+}
+
+// refresh moves the connection's expiry to a new token's exp (plus the
+// leeway) and answers refreshed. A token that fails verification is
+// answered with an error frame and changes nothing; a valid token that is
+// not a session of this connection's user closes it with 4003. It runs on
+// the reader, bounded by AuthTimeout.
+func (c *conn) refresh(token string) bool {
+	h := c.hub
+	ctx, cancel := opContext(h.cfg.AuthTimeout)
+	p, err := h.deps.Verifier.Verify(ctx, token)
+	cancel()
+	switch {
+	case err != nil:
+		c.send(encodeError(errUnauthorized))
+		return true
+	case p.Kind != auth.KindUser:
+		c.closeNow(CloseForbidden, CloseReasonUserSession)
+		return false
+	case p.UserID != c.userID:
+		c.closeNow(CloseForbidden, CloseReasonUserMismatch)
+		return false
+	}
+	c.mu.Lock()
+	c.expires = p.Expires.Add(h.deps.Verifier.Leeway()).UnixNano()
+	c.mu.Unlock()
+	c.send(mustJSON(refreshedFrame{Type: "refreshed", ExpiresAt: p.Expires.UnixMilli()}))
+	return true
+}
+
+func (c *conn) subscribe(raw string) {
+	h := c.hub
+	dialogID, ok := ids.Canonical(raw)
+	if !ok {
+		c.send(encodeError(errInvalidUUID))
+		return
+	}
+	ctx, cancel := opContext(h.cfg.SubscribeTimeout)
+	defer cancel()
+	c.mu.Lock()
+	existing, n := c.subs[dialogID], len(c.subs)
+	c.mu.Unlock()
+	if existing != nil {
+		// Already subscribed: answer again with a fresh lastSeq.
+		seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
+		if err != nil {
+			c.send(encodeError(subscribeErrCode(err)))
+			return
+		}
+		c.send(mustJSON(subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: seq}))
+		return
+	}
+	if n >= h.cfg.MaxSubscriptions {
+		c.send(encodeError(errTooManySubscriptions))
+		return
+	}
+	member, err := h.deps.Store.IsMember(ctx, dialogID, c.userID)
+	if err != nil || !member {
+		c.send(encodeError(subscribeErrCode(errOr(err, store.ErrDialogNotFound))))
+		return
+	}
+	channel := pubsub.DialogChannel(dialogID)
+	if err := h.deps.Subscriber.Subscribe(ctx, channel); err != nil {
+		c.send(encodeError(errUnavailable))
+		return
+	}
+	s := &sub{dialogID: dialogID, channel: channel}
+	if !h.attach(c, s) {
+		h.deps.Subscriber.Unsubscribe(channel)
+		return
+	}
+	// Read after the SUBSCRIBE is confirmed: everything published before
+	// the confirmation has a seq ≤ lastSeq (publishes follow commits).
+	seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
+	if err != nil {
+		h.detach(c, dialogID)
+		c.send(encodeError(subscribeErrCode(err)))
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.enqueueLocked(outFrame{mustJSON(subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: seq}), classControl})
+	for _, f := range s.pending {
+		c.enqueueLocked(f)
+	}
+	if s.pendingOverflow {
+		c.queueResyncLocked(ResyncSlowConsumer)
+	}
+	s.pending, s.pendingOverflow, s.ready = nil, false, true
+}
+
+func errOr(err, def error) error {
+	if err != nil {
+		return err
+	}
+	return def
+}
+
+func subscribeErrCode(err error) string {
+	if errors.Is(err, store.ErrDialogNotFound) {
+		return errDialogNotFound
+	}
+	return errUnavailable
+}
+
+// typing publishes an ephemeral typing event to a subscribed dialog, at
+// most once per TypingInterval per dialog; extra frames are dropped.
+func (c *conn) typing(raw string) {
+	h := c.hub
+	dialogID, ok := ids.Canonical(raw)
+	if !ok {
+		c.send(encodeError(errInvalidUUID))
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	s := c.subs[dialogID]
+	allowed := s != nil && s.ready && now.Sub(s.lastTyping) >= h.cfg.TypingInterval
+	if allowed {
+		s.lastTyping = now
+	}
+	c.mu.Unlock()
+	if s == nil || !s.ready {
+		c.send(encodeError(errNotSubscribed))
+		return
+	}
+	if !allowed {
+		h.stats.typingDrops.Add(1)
+		return
+	}
+	data := mustJSON(typingData{UserID: c.userID})
+	payload, err := pubsub.NewDialogEvent(ids.New(), EventTyping, c.userID, dialogID, 0, data).Encode()
+	if err != nil {
+		return
+	}
+	ctx, cancel := opContext(time.Second)
+	defer cancel()
+	_ = h.deps.Publisher.Publish(ctx, pubsub.DialogChannel(dialogID), payload)
+}

@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"github.com/han-app/gateway/store"
+)
+
+// writeLoop drains the queue: it takes everything queued, writes it as one
+// batch (one syscall through the cork), and exits when the queue is empty
+// (signal starts the next writer). It also sends the WebSocket pings the
+// hub asks for and performs the closes the hub decides on (drain, slow
+// consumer). A writer that stops on an error leaves writing set, so no
+// other writer starts on the failed connection.
+func (c *conn) writeLoop() {
+	defer c.writer.Done()
+	for {
+		c.mu.Lock()
+		if c.ctx.Err() != nil {
+			c.mu.Unlock()
+			return
+		}
+		if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
+		batch := c.q
+		c.q, c.qBytes, c.resyncQueued = c.spare, 0, false
+		c.spare = nil
+		ping := c.pingDue
+		c.pingDue = false
+		code, reason := c.closeCode, c.closeReason
+		c.mu.Unlock()
+		if err := c.writeBatch(batch); err != nil {
+			c.abort(err)
+			return
+		}
+		clear(batch)
+		// Keep a small buffer for the next batch; let a large one go so
+		// an idle connection holds little memory.
+		if cap(batch) <= 16 {
+			c.mu.Lock()
+			if c.spare == nil && !c.closed {
+				c.spare = batch[:0]
+			}
+			c.mu.Unlock()
+		}
+		if code != 0 {
+			c.hub.countClose(code)
+			_ = c.ws.Close(code, reason)
+			c.cancel()
+			return
+		}
+		if ping {
+			pctx, cancel := opContext(c.hub.cfg.PongTimeout)
+			err := c.ws.Ping(pctx)
+			cancel()
+			if err != nil {
+				c.abort(err)
+				return
+			}
+		}
+	}
+}
+
+func (c *conn) writeBatch(batch []outFrame) error {
+	if len(batch) == 0 {
+		return nil
+	}
+	ctx, cancel := opContext(c.hub.cfg.WriteTimeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	if c.cork != nil {
+		c.cork.cork()
+	}
+	for _, f := range batch {
+		err := c.ws.Write(ctx, websocket.MessageText, f.b)
+		if err == nil && c.cork != nil && c.cork.buffered() >= corkFlushBytes {
+			err = c.cork.flush(deadline)
+		}
+		if err != nil {
+			if c.cork != nil {
+				c.cork.discard()
+			}
+			if c.ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
+				c.hub.stats.slowCloses.Add(1)
+			}
+			return err
+		}
+	}
+	if c.cork != nil {
+		if err := c.cork.uncork(deadline); err != nil {
+			if c.ctx.Err() == nil && isTimeout(err) {
+				c.hub.stats.slowCloses.Add(1)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// abort ends a connection whose writer failed (write timeout, dead peer).
+func (c *conn) abort(err error) {
+	if c.ctx.Err() == nil {
+		c.hub.logger.Debug("websocket writer stopped", slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
+	}
+	_ = c.ws.CloseNow()
+	c.cancel()
+}
+
+var frameBufs sync.Pool
+
+func getFrameBuf(n int) *[]byte {
+	if b, ok := frameBufs.Get().(*[]byte); ok && cap(*b) >= n {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]byte, n)
+	return &b
+}
+
+func putFrameBuf(b *[]byte) { frameBufs.Put(b) }
