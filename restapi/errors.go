@@ -9,6 +9,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -89,21 +90,21 @@ var errorTable = []errorAnswer{
 	{match: is(store.ErrAttachmentUploaded), e: apiErr(http.StatusConflict, "attachment_already_uploaded")},
 	{match: is(store.ErrStubTaskNotFound), e: apiErr(http.StatusNotFound, "safety_task_not_found")},
 	{match: is(store.ErrInboxConflict), e: apiErr(http.StatusConflict, "inbox_conflict")},
-	{match: is(store.ErrCacheKeyNotFound), e: errCacheKeyNotFound},
-	{match: is(store.ErrCacheKeyExists), e: errCacheKeyExists},
-	{match: is(store.ErrTopicNotFound), e: errTopicNotFound},
-	{match: is(store.ErrSubscriptionNotFound), e: errSubscriptionNotFound},
-	{match: is(store.ErrMessageNotFound), e: apiErr(http.StatusNotFound, "message_not_found")},
-	{match: is(store.ErrTopicNameTaken), e: apiErr(http.StatusConflict, "topic_name_taken")},
-	{match: is(store.ErrPublishConflict), e: apiErr(http.StatusConflict, "publish_conflict")},
-	{match: is(store.ErrSubscriptionPaused), e: apiErr(http.StatusConflict, "subscription_paused")},
-	{match: is(store.ErrDeliveryPaused), e: apiErr(http.StatusConflict, "delivery_paused")},
-	{match: is(store.ErrLeaseExpired), e: apiErr(http.StatusConflict, "lease_expired")},
-	{match: is(store.ErrLeaseTokenMismatch), e: apiErr(http.StatusConflict, "lease_token_mismatch")},
-	{match: is(store.ErrReceiptConflict), e: apiErr(http.StatusConflict, "receipt_conflict")},
-	{match: is(store.ErrBudgetExhausted), e: apiErr(http.StatusConflict, "budget_exhausted")},
-	{match: is(store.ErrUnsafeEvictionPolicy), e: errUnsafeEviction},
-	{match: is(store.ErrDataStateInvalid), e: errDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
+	{match: is(project.ErrCacheKeyNotFound), e: errCacheKeyNotFound},
+	{match: is(project.ErrCacheKeyExists), e: errCacheKeyExists},
+	{match: is(project.ErrTopicNotFound), e: errTopicNotFound},
+	{match: is(project.ErrSubscriptionNotFound), e: errSubscriptionNotFound},
+	{match: is(project.ErrMessageNotFound), e: apiErr(http.StatusNotFound, "message_not_found")},
+	{match: is(project.ErrTopicNameTaken), e: apiErr(http.StatusConflict, "topic_name_taken")},
+	{match: is(project.ErrPublishConflict), e: apiErr(http.StatusConflict, "publish_conflict")},
+	{match: is(project.ErrSubscriptionPaused), e: apiErr(http.StatusConflict, "subscription_paused")},
+	{match: is(project.ErrDeliveryPaused), e: apiErr(http.StatusConflict, "delivery_paused")},
+	{match: is(project.ErrLeaseExpired), e: apiErr(http.StatusConflict, "lease_expired")},
+	{match: is(project.ErrLeaseTokenMismatch), e: apiErr(http.StatusConflict, "lease_token_mismatch")},
+	{match: is(project.ErrReceiptConflict), e: apiErr(http.StatusConflict, "receipt_conflict")},
+	{match: is(project.ErrBudgetExhausted), e: apiErr(http.StatusConflict, "budget_exhausted")},
+	{match: is(project.ErrUnsafeEvictionPolicy), e: errUnsafeEviction},
+	{match: is(project.ErrDataStateInvalid), e: errDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
 	{match: is(rds.ErrRedisOOM), e: errRedisOOM},
 	{match: is(rds.ErrExpiryDenied), e: errRedisExpiryDenied},
 	{match: is(rds.ErrRedisUnavailable), e: errRedisUnavailable},

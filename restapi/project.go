@@ -15,12 +15,13 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // Project Redis API limits (docs/project-redis-api.md); the snapshot reports
 // every one of them.
 const (
-	CacheKeyMaxBytes        = store.CacheKeyMaxBytes
+	CacheKeyMaxBytes        = project.CacheKeyMaxBytes
 	CacheTTLMinSeconds      = 1
 	CacheTTLMaxSeconds      = 2592000
 	CacheTTLDefaultSeconds  = 86400
@@ -64,9 +65,9 @@ var (
 // projectAPI holds the collaborators of the project Redis API.
 type projectAPI struct {
 	env   string // HAN_ENV, part of every physical key
-	cache *store.ProjectCache
-	gate  *store.EvictionGate
-	queue *store.ProjectQueue // topics, subscriptions, claims, budgets (project_topics.go)
+	cache *project.Cache
+	gate  *project.EvictionGate
+	queue *project.Queue // topics, subscriptions, claims, budgets (project_topics.go)
 	// dataState counts requests refused because a project's structure was
 	// found inconsistent.
 	dataState prometheus.Counter
@@ -81,8 +82,8 @@ func (s *Server) projectRoutes(r *mux.Router) {
 	}
 	s.prj = &projectAPI{env: env}
 	if s.rdb != nil {
-		s.prj.cache = store.NewProjectCache(s.rdb)
-		s.prj.gate = store.NewEvictionGate(s.rdb, s.cfg.EvictionPolicyTTL)
+		s.prj.cache = project.NewCache(s.rdb)
+		s.prj.gate = project.NewEvictionGate(s.rdb, s.cfg.EvictionPolicyTTL)
 		s.prj.queue = s.newProjectQueue()
 	}
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: projectMetricsNamespace,
@@ -130,7 +131,7 @@ var roleRank = map[string]int{store.RoleRead: 1, store.RoleWrite: 2, store.RoleA
 // projectReq is an authorised request on one project.
 type projectReq struct {
 	info store.ProjectInfo
-	keys store.ProjectKeys
+	keys project.Keys
 }
 
 // projectAccess loads the project and the caller's role from PostgreSQL:
@@ -154,13 +155,13 @@ func (s *Server) projectAccess(r *http.Request, need string) (projectReq, error)
 	if s.prj.cache == nil {
 		return projectReq{}, errRedisUnavailable
 	}
-	return projectReq{info: info, keys: store.NewProjectKeys(s.prj.env, id)}, nil
+	return projectReq{info: info, keys: project.NewKeys(s.prj.env, id)}, nil
 }
 
 // projectMirror writes a project's mirrored metadata into Redis, for the
 // store's writes that change both stores together.
-func (s *Server) projectMirror(k store.ProjectKeys) store.MirrorFunc {
-	return func(ctx context.Context, m store.ProjectMirror) error {
+func (s *Server) projectMirror(k project.Keys) store.MirrorFunc {
+	return func(ctx context.Context, m project.Mirror) error {
 		return s.prj.cache.SyncMeta(ctx, k, m)
 	}
 }
@@ -168,7 +169,7 @@ func (s *Server) projectMirror(k store.ProjectKeys) store.MirrorFunc {
 // projectFail counts data-state failures, then maps the error like every
 // other failure.
 func (s *Server) projectFail(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, store.ErrDataStateInvalid) {
+	if errors.Is(err, project.ErrDataStateInvalid) {
 		s.prj.dataState.Inc()
 	}
 	if errors.Is(err, store.ErrMirrorRestore) {
@@ -286,7 +287,7 @@ func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
 		Cache:       cacheSummaryDTO{QuotaBytes: m.CacheQuotaBytes, UsageBytes: st.UsageBytes, Entries: st.Entries},
 		Topics:      []any{}, Subscriptions: []any{},
 		Budget:  budgetDTO{LimitBytes: ProjectBudgetBytes, ModuleLimitBytes: ModuleBudgetBytes},
-		Runtime: runtimeDTO{EvictionPolicy: policy, WritesAllowed: store.WritesAllowedUnder(policy), DeliveryPaused: m.DeliveryPaused},
+		Runtime: runtimeDTO{EvictionPolicy: policy, WritesAllowed: project.WritesAllowedUnder(policy), DeliveryPaused: m.DeliveryPaused},
 		Limits:  projectLimits,
 	}
 	if lv := st.Legacy(m); lv.Entries > 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // cacheItemDTO is a cache item (docs/project-redis-api.md). updatedAt is null for legacy
@@ -27,7 +28,7 @@ type cacheItemDTO struct {
 	LegacyDeadlinePending bool   `json:"legacyDeadlinePending,omitempty"`
 }
 
-func toCacheItemDTO(it store.CacheItem) cacheItemDTO {
+func toCacheItemDTO(it project.CacheItem) cacheItemDTO {
 	d := cacheItemDTO{Key: it.Key, Type: it.Type, Value: it.Value, SizeBytes: it.SizeBytes, ExpiresAt: it.ExpiresAt,
 		LegacyNoExpiry: it.LegacyNoExpiry, LegacyDeadlinePending: it.LegacyDeadlinePending}
 	if !it.LegacyNoExpiry {
@@ -82,8 +83,8 @@ func projectStringToken(raw []byte) (string, bool) {
 // parseCachePut validates a PUT /cache body completely before anything is
 // written: raw-body checks first (jsonx), then key, type, value, ttlSeconds
 // and createOnly in that order.
-func parseCachePut(b []byte) (store.CachePut, error) {
-	var p store.CachePut
+func parseCachePut(b []byte) (project.CachePut, error) {
+	var p project.CachePut
 	members, err := jsonx.TopLevel(b)
 	if err != nil {
 		if e, ok := cacheFieldErrors[projectFieldProblem(err, len(b))]; ok {
@@ -92,7 +93,7 @@ func parseCachePut(b []byte) (store.CachePut, error) {
 		return p, errInvalidJSON
 	}
 	var ok bool
-	if p.Key, ok = projectStringToken(members["key"]); !ok || !store.ValidCacheKey(p.Key) {
+	if p.Key, ok = projectStringToken(members["key"]); !ok || !project.ValidCacheKey(p.Key) {
 		return p, errInvalidCacheKey
 	}
 	if p.Type, ok = projectStringToken(members["type"]); !ok || (p.Type != "json" && p.Type != "string") {
@@ -141,7 +142,7 @@ func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	if store.CacheItemSize(put.Key, put.Value) > pr.info.CacheQuotaBytes {
+	if project.CacheItemSize(put.Key, put.Value) > pr.info.CacheQuotaBytes {
 		s.projectFail(w, r, errCacheQuotaExceeded)
 		return
 	}
@@ -163,7 +164,7 @@ func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
 	}
 	item, created, err := s.prj.cache.Put(ctx, pr.keys, m, put)
 	if err != nil {
-		if errors.Is(err, store.ErrCacheKeyExists) {
+		if errors.Is(err, project.ErrCacheKeyExists) {
 			err = errCacheKeyExists
 		}
 		s.projectFail(w, r, err)
@@ -183,7 +184,7 @@ func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	keys := r.URL.Query()["key"]
-	if len(keys) != 1 || !store.ValidCacheKey(keys[0]) {
+	if len(keys) != 1 || !project.ValidCacheKey(keys[0]) {
 		s.projectFail(w, r, errInvalidCacheKey)
 		return
 	}
@@ -193,7 +194,7 @@ func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.prj.cache.Delete(ctx, pr.keys, pr.info.Mirror(), keys[0]); err != nil {
-		if errors.Is(err, store.ErrCacheKeyNotFound) {
+		if errors.Is(err, project.ErrCacheKeyNotFound) {
 			err = errCacheKeyNotFound
 		}
 		s.projectFail(w, r, err)
@@ -220,14 +221,14 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	cur, err := store.ParseCacheCursor(q.Get("cursor"))
+	cur, err := project.ParseCacheCursor(q.Get("cursor"))
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
 	}
 	ctx := r.Context()
 	m := pr.info.Mirror()
-	page, err := s.prj.cache.PlanPage(ctx, pr.keys, m, store.CacheQuery{
+	page, err := s.prj.cache.PlanPage(ctx, pr.keys, m, project.CacheQuery{
 		Search: q.Get("search"), Prefix: q.Get("prefix"), Cursor: cur, Limit: limit, MaxValueBytes: CachePageValueBytes})
 	if err != nil {
 		s.projectFail(w, r, err)
@@ -240,7 +241,7 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	_, _ = bw.WriteString(`{"items":[`)
 	n := 0
-	err = s.prj.cache.EachItem(ctx, pr.keys, page, func(it store.CacheItem) error {
+	err = s.prj.cache.EachItem(ctx, pr.keys, page, func(it project.CacheItem) error {
 		b, err := json.Marshal(toCacheItemDTO(it))
 		if err != nil {
 			return err

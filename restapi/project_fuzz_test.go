@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/jsonx"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // FuzzParseCachePut: whatever the body, parseCachePut either refuses it with
@@ -38,7 +38,7 @@ func FuzzParseCachePut(f *testing.F) {
 		if jsonx.Check(b) != nil {
 			t.Fatalf("accepted a body that is not strict JSON: %q", b)
 		}
-		if !store.ValidCacheKey(p.Key) || (p.Type != "json" && p.Type != "string") {
+		if !project.ValidCacheKey(p.Key) || (p.Type != "json" && p.Type != "string") {
 			t.Fatalf("accepted key %q type %q", p.Key, p.Type)
 		}
 		if p.TTL < time.Second || p.TTL > CacheTTLMaxSeconds*time.Second || p.TTL%time.Second != 0 {

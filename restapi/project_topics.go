@@ -15,6 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/jcs"
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // ProjectQueueConfig tunes topics, claims and budgets of the project Redis
@@ -55,13 +56,13 @@ var (
 
 // newProjectQueue builds the Redis side of topics and subscriptions and
 // its metrics.
-func (s *Server) newProjectQueue() *store.ProjectQueue {
+func (s *Server) newProjectQueue() *project.Queue {
 	c := s.cfg.ProjectQueue
 	module := c.ModuleBudgetBytes
 	if module <= 0 {
 		module = ModuleBudgetBytes
 	}
-	q := store.NewProjectQueue(s.rdb, store.NewModuleBudget(s.rdb, s.prj.env, module), store.QueueConfig{
+	q := project.NewQueue(s.rdb, project.NewModuleBudget(s.rdb, s.prj.env, module), project.QueueConfig{
 		Lease: c.Lease, DedupeWindow: c.DedupeWindow, ProjectBudgetBytes: c.ProjectBudgetBytes,
 		MaxTopics: c.MaxTopics, MaxSubscriptions: c.MaxSubscriptions})
 	f := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: projectMetricsNamespace, Name: "module_budget_settle_failures_total",
@@ -89,9 +90,9 @@ func (s *Server) projectQueueRoutes(p *mux.Router) {
 
 // DTOs (docs/project-redis-api.md; timestamps epoch ms).
 
-type topicDTO = store.Topic
+type topicDTO = project.Topic
 
-type subscriptionDTO = store.Subscription
+type subscriptionDTO = project.Subscription
 
 type messageDTO struct {
 	ID            string          `json:"id"`
@@ -103,7 +104,7 @@ type messageDTO struct {
 	PublishedAt   int64           `json:"publishedAt"`
 }
 
-func toMessageDTO(m store.TopicMessage) messageDTO {
+func toMessageDTO(m project.TopicMessage) messageDTO {
 	return messageDTO{ID: m.ID, TopicID: m.TopicID, ProducerID: m.ProducerID, ClientEventID: m.ClientEventID,
 		Payload: json.RawMessage(m.Payload), SizeBytes: m.SizeBytes, PublishedAt: m.PublishedAt}
 }
@@ -118,7 +119,7 @@ type receiptDTO struct {
 	UpdatedAt      int64   `json:"updatedAt"`
 }
 
-func toReceiptDTO(r store.Receipt) receiptDTO {
+func toReceiptDTO(r project.Receipt) receiptDTO {
 	d := receiptDTO{MessageID: r.MessageID, SubscriptionID: r.SubscriptionID, Status: r.Status, Attempts: r.Attempts,
 		Result: r.Result, UpdatedAt: r.UpdatedAt}
 	if r.LeaseUntil > 0 {
@@ -280,7 +281,7 @@ func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
 // deleteProjectItem is DELETE of a topic or subscription: write role, the
 // eviction-policy gate, then the delete script; 204.
 func (s *Server) deleteProjectItem(w http.ResponseWriter, r *http.Request, name string, notFound *Error,
-	del func(ctx context.Context, k store.ProjectKeys, projectID, id string) error) {
+	del func(ctx context.Context, k project.Keys, projectID, id string) error) {
 	pr, id, err := s.projectItem(r, store.RoleWrite, name, notFound)
 	if err != nil {
 		s.projectFail(w, r, err)
@@ -327,8 +328,8 @@ func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
 // otherwise: they have no code of their own), payload a JSON object
 // (invalid_payload) whose RFC 8785 canonical form is at most 16 KiB
 // (message_too_large).
-func parsePublish(m map[string]json.RawMessage) (store.PublishInput, error) {
-	var in store.PublishInput
+func parsePublish(m map[string]json.RawMessage) (project.PublishInput, error) {
+	var in project.PublishInput
 	var ok bool
 	if in.ProducerID, ok = projectStringToken(m["producerId"]); !ok || !validName(in.ProducerID, ProducerIDMaxBytes) {
 		return in, errInvalidJSON

@@ -11,14 +11,14 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // receiptBytes is what every receipt reserves of the budget.
-const receiptBytes = store.ReceiptReserveBytes
+const receiptBytes = project.ReceiptReserveBytes
 
 func ddBytes(topicID, producer, event string) int64 {
-	return store.DedupeRecordBytes(topicID, producer, event)
+	return project.DedupeRecordBytes(topicID, producer, event)
 }
 
 // Trim removes only messages terminal for every subscription (and those
@@ -352,7 +352,7 @@ func (h *prjHarness) assertModuleMatches(rs *testenv.RedisServer, ps ...testProj
 			sum += v
 		}
 	}
-	mk := store.NewModuleKeys(prjEnv)
+	mk := project.NewModuleKeys(prjEnv)
 	committed, _ := h.admin.HGet(ctx, mk.Budget(), "committed").Int64()
 	reserved, _ := h.admin.HGet(ctx, mk.Budget(), "reserved").Int64()
 	if committed != sum || reserved != 0 || h.admin.HLen(ctx, mk.Reservations()).Val() != 0 {
@@ -387,7 +387,7 @@ func TestQueueModuleBudgetConcurrentProjects(t *testing.T) {
 		ps = append(ps, proj{p, top, h.qSub(p, top.ID, "s")})
 		tps = append(tps, p)
 	}
-	mk := store.NewModuleKeys(prjEnv)
+	mk := project.NewModuleKeys(prjEnv)
 	projectSum := func() int64 {
 		var sum int64
 		for _, x := range ps {
@@ -445,7 +445,7 @@ func TestQueueModuleBudgetConcurrentProjects(t *testing.T) {
 	t.Logf("phase 1: %d publishes admitted, %d bytes", admitted.Load(), sum)
 
 	// Phase 2: trims and publishes race a reconcile loop.
-	mb := store.NewModuleBudget(h.rdb, prjEnv, module)
+	mb := project.NewModuleBudget(h.rdb, prjEnv, module)
 	stop.Store(false)
 	maxSeen.Store(0)
 	sampler.Go(func() {
@@ -511,7 +511,7 @@ func TestQueueModuleBudgetReconcileDropsDeadReservations(t *testing.T) {
 	p := h.project()
 	top := h.qTopic(p, "t")
 	h.qPublish(p, top.ID, "one", `{}`)
-	mb := store.NewModuleBudget(h.rdb, prjEnv, module)
+	mb := project.NewModuleBudget(h.rdb, prjEnv, module)
 	ctx := context.Background()
 	if _, ok, err := mb.Reserve(ctx, p.id, module-1000); err != nil || !ok {
 		t.Fatalf("reserve: %v %v", ok, err)
@@ -534,7 +534,7 @@ func TestQueueModuleBudgetReconcileDropsDeadReservations(t *testing.T) {
 	}
 	// Drift upward (a crash after the project script, before settling) is
 	// corrected too.
-	h.admin.HIncrBy(ctx, store.NewModuleKeys(prjEnv).Budget(), "committed", 777)
+	h.admin.HIncrBy(ctx, project.NewModuleKeys(prjEnv).Budget(), "committed", 777)
 	if res, err := mb.Reconcile(ctx, time.Hour); err != nil || res.Before-res.After != 777 {
 		t.Fatalf("reconcile: %+v %v", res, err)
 	}

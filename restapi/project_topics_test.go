@@ -15,7 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -726,7 +726,7 @@ func TestQueueReceiptsListingHasNoUsableToken(t *testing.T) {
 		t.Fatalf("receipts: %s", body)
 	}
 	for _, it := range items {
-		if strings.Contains(string(body), it.Token) || strings.Contains(string(body), store.LeaseTokenHash(it.Token)) {
+		if strings.Contains(string(body), it.Token) || strings.Contains(string(body), project.LeaseTokenHash(it.Token)) {
 			t.Fatalf("listing leaks a token: %s", body)
 		}
 	}

@@ -1,4 +1,4 @@
-package store
+package project
 
 import (
 	"context"
@@ -23,19 +23,22 @@ import (
 
 // Project queue errors. Each maps to one stable code (docs/errors.md).
 var (
-	ErrTopicNotFound        = errors.New("store: topic not found")
-	ErrTopicNameTaken       = errors.New("store: topic name taken")
-	ErrSubscriptionNotFound = errors.New("store: subscription not found")
-	ErrMessageNotFound      = errors.New("store: message not found")
-	ErrPublishConflict      = errors.New("store: publish conflict")
-	ErrSubscriptionPaused   = errors.New("store: subscription paused")
-	ErrDeliveryPaused       = errors.New("store: delivery paused")
-	ErrLeaseExpired         = errors.New("store: lease expired")
-	ErrLeaseTokenMismatch   = errors.New("store: lease token mismatch")
-	ErrReceiptConflict      = errors.New("store: receipt conflict")
+	ErrTopicNotFound        = errors.New("project: topic not found")
+	ErrTopicNameTaken       = errors.New("project: topic name taken")
+	ErrSubscriptionNotFound = errors.New("project: subscription not found")
+	ErrMessageNotFound      = errors.New("project: message not found")
+	ErrPublishConflict      = errors.New("project: publish conflict")
+	ErrSubscriptionPaused   = errors.New("project: subscription paused")
+	ErrDeliveryPaused       = errors.New("project: delivery paused")
+	ErrLeaseExpired         = errors.New("project: lease expired")
+	ErrLeaseTokenMismatch   = errors.New("project: lease token mismatch")
+	ErrReceiptConflict      = errors.New("project: receipt conflict")
+	// ErrInvalidCursor: a page cursor (topic messages, cache listing) that
+	// this service did not hand out.
+	ErrInvalidCursor = errors.New("project: invalid cursor")
 	// ErrBudgetExhausted: the project budget, the module budget or a
 	// count limit (topics, subscriptions per project) would be passed.
-	ErrBudgetExhausted = errors.New("store: budget exhausted")
+	ErrBudgetExhausted = errors.New("project: budget exhausted")
 )
 
 // Project queue constants (docs/project-redis-api.md).
@@ -160,13 +163,13 @@ type QueueState struct {
 // UsedBytes is the project's reliable bytes.
 func (s QueueState) UsedBytes() int64 { return s.MessageBytes + s.ReceiptBytes + s.DedupeBytes }
 
-// ProjectQueue is the Redis side of topics, subscriptions, claims, receipts
+// Queue is the Redis side of topics, subscriptions, claims, receipts
 // and budgets. Messages live in one STREAM per topic (XADD without MAXLEN,
 // XDEL on trim); a subscription is this package's own consumer group: a
 // delivery position in the stream, a receipt per message and a lease index,
 // because acks must be fenced by the lease token and attempts capped, which
 // XREADGROUP/XCLAIM/XACK cannot express. Safe for concurrent use.
-type ProjectQueue struct {
+type Queue struct {
 	rdb    redis.UniversalClient
 	module *ModuleBudget
 	cfg    QueueConfig
@@ -178,25 +181,25 @@ type ProjectQueue struct {
 	settleFailures atomic.Int64
 }
 
-// NewProjectQueue returns the project queue over the DB0 client.
-func NewProjectQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *ProjectQueue {
-	return &ProjectQueue{rdb: rdb, module: module, cfg: cfg.withDefaults(), subTopic: map[string]string{},
+// NewQueue returns the project queue over the DB0 client.
+func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
+	return &Queue{rdb: rdb, module: module, cfg: cfg.withDefaults(), subTopic: map[string]string{},
 		subsOf: map[string][]string{}}
 }
 
 // Config is the configuration in force (defaults filled in).
-func (q *ProjectQueue) Config() QueueConfig { return q.cfg }
+func (q *Queue) Config() QueueConfig { return q.cfg }
 
 // Module is the module budget the queue reserves on.
-func (q *ProjectQueue) Module() *ModuleBudget { return q.module }
+func (q *Queue) Module() *ModuleBudget { return q.module }
 
 // SettleFailures counts module budget settlements that failed (the module
 // counter then over-counts until the next reconcile).
-func (q *ProjectQueue) SettleFailures() int64 { return q.settleFailures.Load() }
+func (q *Queue) SettleFailures() int64 { return q.settleFailures.Load() }
 
 // settle runs phase two of the module budget protocol with a context the
 // client cannot cancel: a refund must not be lost to a closed connection.
-func (q *ProjectQueue) settle(ctx context.Context, r Reservation, added, released int64) {
+func (q *Queue) settle(ctx context.Context, r Reservation, added, released int64) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := q.module.Settle(sctx, r, added, released); err != nil {
@@ -206,7 +209,7 @@ func (q *ProjectQueue) settle(ctx context.Context, r Reservation, added, release
 
 // CreateTopic creates a topic; ErrTopicNameTaken when the name is in use,
 // ErrBudgetExhausted beyond MaxTopics.
-func (q *ProjectQueue) CreateTopic(ctx context.Context, k ProjectKeys, id, name, description string) (Topic, error) {
+func (q *Queue) CreateTopic(ctx context.Context, k Keys, id, name, description string) (Topic, error) {
 	res, err := lua.ProjectTopicCreate.Run(ctx, q.rdb, []string{k.Topics(), k.TopicNames()}, id, name, description, q.cfg.MaxTopics).Slice()
 	if err != nil {
 		return Topic{}, classifyProject(err)
@@ -223,7 +226,7 @@ func (q *ProjectQueue) CreateTopic(ctx context.Context, k ProjectKeys, id, name,
 }
 
 // topicSubs returns the topic's subscription ids, sorted.
-func (q *ProjectQueue) topicSubs(ctx context.Context, k ProjectKeys, topicID string) ([]string, error) {
+func (q *Queue) topicSubs(ctx context.Context, k Keys, topicID string) ([]string, error) {
 	sids, err := q.rdb.SMembers(ctx, k.TopicSubscriptions(topicID)).Result()
 	if err != nil {
 		return nil, classifyProject(err)
@@ -242,7 +245,7 @@ func (q *ProjectQueue) topicSubs(ctx context.Context, k ProjectKeys, topicID str
 // trip less per publish). The publish script compares the list with the
 // topic's SET and answers 'retry' when it changed; the caller then reads
 // it afresh.
-func (q *ProjectQueue) cachedTopicSubs(ctx context.Context, k ProjectKeys, topicID string) ([]string, error) {
+func (q *Queue) cachedTopicSubs(ctx context.Context, k Keys, topicID string) ([]string, error) {
 	q.mu.Lock()
 	sids, ok := q.subsOf[k.Prefix()+topicID]
 	q.mu.Unlock()
@@ -254,7 +257,7 @@ func (q *ProjectQueue) cachedTopicSubs(ctx context.Context, k ProjectKeys, topic
 
 // DeleteTopic deletes a topic with its messages, subscriptions and receipts
 // and releases their budget (dedupe records stay counted until expiry).
-func (q *ProjectQueue) DeleteTopic(ctx context.Context, k ProjectKeys, projectID, topicID string) error {
+func (q *Queue) DeleteTopic(ctx context.Context, k Keys, projectID, topicID string) error {
 	gen, err := q.module.Gen(ctx)
 	if err != nil {
 		return err
@@ -311,7 +314,7 @@ func DedupeRecordBytes(topicID, producerID, clientEventID string) int64 {
 // published with the same canonical payload within the dedupe window: the
 // stored message is returned (even when trim has removed it since).
 // Errors: ErrTopicNotFound, ErrPublishConflict, ErrBudgetExhausted.
-func (q *ProjectQueue) Publish(ctx context.Context, k ProjectKeys, projectID, topicID string, in PublishInput) (msg TopicMessage, replay bool, err error) {
+func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, in PublishInput) (msg TopicMessage, replay bool, err error) {
 	identity := publishIdentity(topicID, in.ProducerID, in.ClientEventID)
 	fp := Fingerprint(in.Payload)
 	size := int64(len(in.Payload))
@@ -391,7 +394,7 @@ func (q *ProjectQueue) Publish(ctx context.Context, k ProjectKeys, projectID, to
 
 // ListMessages returns one page of a topic's messages after the cursor (""
 // for the first page) and the cursor of the next page ("" at the end).
-func (q *ProjectQueue) ListMessages(ctx context.Context, k ProjectKeys, topicID, cursor string, limit int) ([]TopicMessage, string, error) {
+func (q *Queue) ListMessages(ctx context.Context, k Keys, topicID, cursor string, limit int) ([]TopicMessage, string, error) {
 	after, err := ParseStreamCursor(cursor)
 	if err != nil {
 		return nil, "", err
@@ -479,7 +482,7 @@ type TrimResult struct {
 // Trim removes every message of the topic that is terminal for every
 // subscription, with its receipts, and releases their budget. It works in
 // bounded batches (each one atomic).
-func (q *ProjectQueue) Trim(ctx context.Context, k ProjectKeys, projectID, topicID string) (TrimResult, error) {
+func (q *Queue) Trim(ctx context.Context, k Keys, projectID, topicID string) (TrimResult, error) {
 	gen, err := q.module.Gen(ctx)
 	if err != nil {
 		return TrimResult{}, err
@@ -532,7 +535,7 @@ type subRecord struct {
 }
 
 // CreateSubscription creates a subscription on a topic.
-func (q *ProjectQueue) CreateSubscription(ctx context.Context, k ProjectKeys, id, topicID, name string) (Subscription, error) {
+func (q *Queue) CreateSubscription(ctx context.Context, k Keys, id, topicID, name string) (Subscription, error) {
 	res, err := lua.ProjectTopicSubCreate.Run(ctx, q.rdb, []string{k.Topics(), k.Subscriptions(), k.TopicSubscriptions(topicID), k.TopicStream(topicID)},
 		id, topicID, name, q.cfg.MaxSubscriptions).Slice()
 	if err != nil {
@@ -551,7 +554,7 @@ func (q *ProjectQueue) CreateSubscription(ctx context.Context, k ProjectKeys, id
 }
 
 // SetSubscriptionStatus sets online | paused.
-func (q *ProjectQueue) SetSubscriptionStatus(ctx context.Context, k ProjectKeys, id, status string) (Subscription, error) {
+func (q *Queue) SetSubscriptionStatus(ctx context.Context, k Keys, id, status string) (Subscription, error) {
 	res, err := lua.ProjectTopicSubStatus.Run(ctx, q.rdb, []string{k.Subscriptions()}, id, status).Slice()
 	if err != nil {
 		return Subscription{}, classifyProject(err)
@@ -570,7 +573,7 @@ func (q *ProjectQueue) SetSubscriptionStatus(ctx context.Context, k ProjectKeys,
 	return Subscription{}, ErrDataStateInvalid
 }
 
-func (q *ProjectQueue) rememberTopic(k ProjectKeys, subID, topicID string) {
+func (q *Queue) rememberTopic(k Keys, subID, topicID string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.subTopic) >= 1<<16 {
@@ -581,7 +584,7 @@ func (q *ProjectQueue) rememberTopic(k ProjectKeys, subID, topicID string) {
 
 // topicOf returns the topic of a subscription (cached: it never changes;
 // every script checks the subscription still exists).
-func (q *ProjectQueue) topicOf(ctx context.Context, k ProjectKeys, subID string) (string, error) {
+func (q *Queue) topicOf(ctx context.Context, k Keys, subID string) (string, error) {
 	q.mu.Lock()
 	tid, ok := q.subTopic[k.Prefix()+subID]
 	q.mu.Unlock()
@@ -605,7 +608,7 @@ func (q *ProjectQueue) topicOf(ctx context.Context, k ProjectKeys, subID string)
 
 // DeleteSubscription deletes a subscription with its receipts and releases
 // their budget.
-func (q *ProjectQueue) DeleteSubscription(ctx context.Context, k ProjectKeys, projectID, subID string) error {
+func (q *Queue) DeleteSubscription(ctx context.Context, k Keys, projectID, subID string) error {
 	tid, err := q.topicOf(ctx, k, subID)
 	if err != nil {
 		return err
@@ -663,7 +666,7 @@ func (r receiptRecord) view(msgID, subID string, nowMs int64) Receipt {
 
 // ListReceipts returns one page of a subscription's receipts (message
 // order) and the next cursor ("" at the end). No token, not even its hash.
-func (q *ProjectQueue) ListReceipts(ctx context.Context, k ProjectKeys, subID, cursor string, limit int) ([]Receipt, string, error) {
+func (q *Queue) ListReceipts(ctx context.Context, k Keys, subID, cursor string, limit int) ([]Receipt, string, error) {
 	after, err := ParseStreamCursor(cursor)
 	if err != nil {
 		return nil, "", err
@@ -726,7 +729,7 @@ func LeaseTokenHash(token string) string {
 // Claim leases up to count messages of a subscription. projectPaused is
 // the project's deliveryPaused (PostgreSQL). Errors:
 // ErrSubscriptionNotFound, ErrDeliveryPaused, ErrSubscriptionPaused.
-func (q *ProjectQueue) Claim(ctx context.Context, k ProjectKeys, subID string, count int, projectPaused bool) ([]ClaimItem, error) {
+func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, projectPaused bool) ([]ClaimItem, error) {
 	tid, err := q.topicOf(ctx, k, subID)
 	if err != nil {
 		return nil, err
@@ -790,7 +793,7 @@ func (q *ProjectQueue) Claim(ctx context.Context, k ProjectKeys, subID string, c
 // applied is false for an idempotent replay. Errors:
 // ErrSubscriptionNotFound, ErrMessageNotFound, ErrLeaseExpired,
 // ErrLeaseTokenMismatch, ErrReceiptConflict.
-func (q *ProjectQueue) Ack(ctx context.Context, k ProjectKeys, subID, messageID, token, status, result string) (r Receipt, applied bool, err error) {
+func (q *Queue) Ack(ctx context.Context, k Keys, subID, messageID, token, status, result string) (r Receipt, applied bool, err error) {
 	if !validStreamID(messageID) {
 		if _, err := q.topicOf(ctx, k, subID); err != nil {
 			return Receipt{}, false, err
@@ -831,7 +834,7 @@ func (q *ProjectQueue) Ack(ctx context.Context, k ProjectKeys, subID, messageID,
 
 // State reads topics, subscriptions and the project budget (a no-writes
 // script: works under OOM).
-func (q *ProjectQueue) State(ctx context.Context, k ProjectKeys) (QueueState, error) {
+func (q *Queue) State(ctx context.Context, k Keys) (QueueState, error) {
 	res, err := lua.ProjectTopicState.Run(ctx, q.rdb, []string{k.Topics(), k.Subscriptions(), k.Budget(), k.Dedupe(), k.DedupeExpiry()},
 		dedupePurgeBatch*4).Slice()
 	if err != nil {
