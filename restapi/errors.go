@@ -74,6 +74,10 @@ func is(target error) func(error) bool {
 	return func(err error) bool { return errors.Is(err, target) }
 }
 
+// errInvalidCursor answers a page cursor the service did not hand out, of a
+// chat history or of a project listing.
+var errInvalidCursor = apiErr(http.StatusBadRequest, "invalid_cursor")
+
 // errorTable maps every error class a handler may return to its status and
 // code; the first matching row wins, so a narrower class comes before a
 // wider one it is part of. Errors no row matches are 500 internal.
@@ -81,7 +85,8 @@ var errorTable = []errorAnswer{
 	{match: is(auth.ErrUnauthorized), e: errUnauthorized},
 	{match: is(store.ErrDialogNotFound), e: apiErr(http.StatusNotFound, "dialog_not_found")},
 	{match: is(store.ErrUserNotFound), e: apiErr(http.StatusNotFound, "user_not_found")},
-	{match: is(store.ErrInvalidCursor), e: apiErr(http.StatusBadRequest, "invalid_cursor")},
+	{match: is(store.ErrInvalidCursor), e: errInvalidCursor},
+	{match: is(project.ErrInvalidCursor), e: errInvalidCursor},
 	// Logged because a field reached PostgreSQL without its own check.
 	{match: store.IsPGUnstorableText, e: errInvalidJSON, log: "text refused by the database", level: slog.LevelWarn},
 	{match: is(store.ErrAttachmentNotFound), e: apiErr(http.StatusNotFound, "attachment_not_found")},
