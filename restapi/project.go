@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,29 +19,9 @@ import (
 	"github.com/han-app/gateway/store/project"
 )
 
-// Project Redis API limits (docs/project-redis-api.md); the snapshot reports
-// every one of them.
+// The project Redis API's limits are package project's (limits.go); the
+// snapshot reports every one of them.
 const (
-	CacheKeyMaxBytes        = project.CacheKeyMaxBytes
-	CacheTTLMinSeconds      = 1
-	CacheTTLMaxSeconds      = 2592000
-	CacheTTLDefaultSeconds  = 86400
-	CachePageDefault        = 50
-	CachePageMax            = 100
-	CachePageValueBytes     = 4 << 20
-	CacheQuotaDefaultBytes  = 1 << 20
-	CacheQuotaMaxBytes      = 16 << 20
-	LegacyGraceSeconds      = 30 * 86400
-	ProjectMessageMaxBytes  = 16 << 10
-	ProjectResultMaxBytes   = 256
-	ReceiptReserveBytes     = 4096
-	ReceiptMaxAttempts      = 10
-	ProjectBudgetBytes      = 2 << 20
-	ModuleBudgetBytes       = 64 << 20
-	ClaimCountMin           = 1
-	ClaimCountMax           = 20
-	ClaimLeaseSeconds       = 60
-	PublishDedupeSeconds    = 86400
 	projectPathPrefix       = "/projects/{projectId}/redis"
 	defaultProjectKeyEnv    = "dev"
 	projectMetricsNamespace = "han_project"
@@ -239,15 +220,15 @@ type projectLimitsDTO struct {
 }
 
 var projectLimits = projectLimitsDTO{
-	CacheKeyMaxBytes: CacheKeyMaxBytes, CacheTTLMinSeconds: CacheTTLMinSeconds, CacheTTLMaxSeconds: CacheTTLMaxSeconds,
-	CacheTTLDefaultSeconds: CacheTTLDefaultSeconds, CachePageDefault: CachePageDefault, CachePageMax: CachePageMax,
-	CachePageValueBytes: CachePageValueBytes, CacheQuotaDefaultBytes: CacheQuotaDefaultBytes,
-	CacheQuotaMaxBytes: CacheQuotaMaxBytes, LegacyGraceSeconds: LegacyGraceSeconds, BodyMaxBytes: ProjectBodyLimit,
-	MessageMaxBytes: ProjectMessageMaxBytes, ResultMaxBytes: ProjectResultMaxBytes,
-	ReceiptReserveBytes: ReceiptReserveBytes, ReceiptMaxAttempts: ReceiptMaxAttempts,
-	ProjectBudgetBytes: ProjectBudgetBytes, ModuleBudgetBytes: ModuleBudgetBytes,
-	ClaimCountMin: ClaimCountMin, ClaimCountMax: ClaimCountMax, LeaseSeconds: ClaimLeaseSeconds,
-	PublishDedupeSeconds: PublishDedupeSeconds, PageMax: CachePageMax,
+	CacheKeyMaxBytes: project.CacheKeyMaxBytes, CacheTTLMinSeconds: project.CacheTTLMinSeconds, CacheTTLMaxSeconds: project.CacheTTLMaxSeconds,
+	CacheTTLDefaultSeconds: project.CacheTTLDefaultSeconds, CachePageDefault: project.CachePageDefault, CachePageMax: project.CachePageMax,
+	CachePageValueBytes: project.CachePageValueBytes, CacheQuotaDefaultBytes: project.CacheQuotaDefaultBytes,
+	CacheQuotaMaxBytes: project.CacheQuotaMaxBytes, LegacyGraceSeconds: int(project.LegacyGrace / time.Second), BodyMaxBytes: ProjectBodyLimit,
+	MessageMaxBytes: project.MessageMaxBytes, ResultMaxBytes: project.ResultMaxBytes,
+	ReceiptReserveBytes: project.ReceiptReserveBytes, ReceiptMaxAttempts: project.ReceiptMaxAttempts,
+	ProjectBudgetBytes: project.ProjectBudgetBytes, ModuleBudgetBytes: project.ModuleBudgetBytes,
+	ClaimCountMin: project.ClaimCountMin, ClaimCountMax: project.ClaimCountMax, LeaseSeconds: int(project.LeaseDefault / time.Second),
+	PublishDedupeSeconds: int(project.DedupeWindowDefault / time.Second), PageMax: project.CachePageMax,
 }
 
 // projectSnapshotDTO is GET /projects/{projectId}/redis.
@@ -286,7 +267,7 @@ func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
 		Permissions: permissionsDTO{Role: pr.info.Role, Read: rank >= 1, Write: rank >= 2, Admin: rank >= 3},
 		Cache:       cacheSummaryDTO{QuotaBytes: m.CacheQuotaBytes, UsageBytes: st.UsageBytes, Entries: st.Entries},
 		Topics:      []any{}, Subscriptions: []any{},
-		Budget:  budgetDTO{LimitBytes: ProjectBudgetBytes, ModuleLimitBytes: ModuleBudgetBytes},
+		Budget:  budgetDTO{LimitBytes: project.ProjectBudgetBytes, ModuleLimitBytes: project.ModuleBudgetBytes},
 		Runtime: runtimeDTO{EvictionPolicy: policy, WritesAllowed: project.WritesAllowedUnder(policy), DeliveryPaused: m.DeliveryPaused},
 		Limits:  projectLimits,
 	}
@@ -371,7 +352,7 @@ func (s *Server) readSettings(w http.ResponseWriter, r *http.Request, pr project
 		if roleRank[pr.info.Role] < roleRank[store.RoleAdmin] {
 			return set, errForbidden
 		}
-		n, ok := projectPositiveInt(q, CacheQuotaMaxBytes)
+		n, ok := projectPositiveInt(q, project.CacheQuotaMaxBytes)
 		if !ok {
 			return set, errInvalidSettings
 		}

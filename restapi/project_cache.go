@@ -45,12 +45,12 @@ func toCacheItemDTO(it project.CacheItem) cacheItemDTO {
 // 1.5, 1e400, strings, booleans, objects, arrays) → invalid_cache_ttl.
 func parseCacheTTL(raw []byte, present bool) (time.Duration, error) {
 	if !present {
-		return CacheTTLDefaultSeconds * time.Second, nil
+		return project.CacheTTLDefaultSeconds * time.Second, nil
 	}
 	if string(raw) == "null" {
 		return 0, errCacheNoExpiry
 	}
-	n, ok := projectPositiveInt(raw, CacheTTLMaxSeconds)
+	n, ok := projectPositiveInt(raw, project.CacheTTLMaxSeconds)
 	if !ok {
 		return 0, errInvalidCacheTTL
 	}
@@ -216,7 +216,7 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit, err := parseLimit(r, CachePageDefault, CachePageMax)
+	limit, err := parseLimit(r, project.CachePageDefault, project.CachePageMax)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -229,7 +229,7 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	m := pr.info.Mirror()
 	page, err := s.prj.cache.PlanPage(ctx, pr.keys, m, project.CacheQuery{
-		Search: q.Get("search"), Prefix: q.Get("prefix"), Cursor: cur, Limit: limit, MaxValueBytes: CachePageValueBytes})
+		Search: q.Get("search"), Prefix: q.Get("prefix"), Cursor: cur, Limit: limit, MaxValueBytes: project.CachePageValueBytes})
 	if err != nil {
 		s.projectFail(w, r, err)
 		return

@@ -18,30 +18,6 @@ import (
 	"github.com/han-app/gateway/store/project"
 )
 
-// ProjectQueueConfig tunes topics, claims and budgets of the project Redis
-// API (defaults: 60 s lease, 24 h dedupe window, 2 MiB per project, 64 MiB
-// module; tests shorten them).
-type ProjectQueueConfig struct {
-	Lease              time.Duration // zero value means 60s
-	DedupeWindow       time.Duration // zero value means 24h
-	ProjectBudgetBytes int64         // zero value means 2 MiB
-	ModuleBudgetBytes  int64         // zero value means 64 MiB
-	// MaxTopics and MaxSubscriptions cap what one project holds; zero
-	// value means 256 each.
-	MaxTopics        int
-	MaxSubscriptions int
-}
-
-// Limits of topics, subscriptions and receipts (decisions in
-// docs/project-redis-api.md).
-const (
-	TopicNameMaxBytes        = 128
-	TopicDescriptionMaxBytes = 1024
-	ProducerIDMaxBytes       = 256
-	ClientEventIDMaxBytes    = 256
-	MessagePageDefault       = 50
-)
-
 var (
 	errTopicNotFound        = apiErr(http.StatusNotFound, "topic_not_found")
 	errSubscriptionNotFound = apiErr(http.StatusNotFound, "subscription_not_found")
@@ -58,13 +34,7 @@ var (
 // its metrics.
 func (s *Server) newProjectQueue() *project.Queue {
 	c := s.cfg.ProjectQueue
-	module := c.ModuleBudgetBytes
-	if module <= 0 {
-		module = ModuleBudgetBytes
-	}
-	q := project.NewQueue(s.rdb, project.NewModuleBudget(s.rdb, s.prj.env, module), project.QueueConfig{
-		Lease: c.Lease, DedupeWindow: c.DedupeWindow, ProjectBudgetBytes: c.ProjectBudgetBytes,
-		MaxTopics: c.MaxTopics, MaxSubscriptions: c.MaxSubscriptions})
+	q := project.NewQueue(s.rdb, project.NewModuleBudget(s.rdb, s.prj.env, c.ModuleCap()), c)
 	f := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: projectMetricsNamespace, Name: "module_budget_settle_failures_total",
 		Help: "Module budget settlements that failed (the module counter over-counts until the next reconcile)."},
 		func() float64 { return float64(q.SettleFailures()) })
@@ -90,9 +60,20 @@ func (s *Server) projectQueueRoutes(p *mux.Router) {
 
 // DTOs (docs/project-redis-api.md; timestamps epoch ms).
 
-type topicDTO = project.Topic
+type topicDTO struct {
+	ID          string `json:"id"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	CreatedAt   int64  `json:"createdAt"`
+}
 
-type subscriptionDTO = project.Subscription
+type subscriptionDTO struct {
+	ID        string `json:"id"`
+	TopicID   string `json:"topicId"`
+	Name      string `json:"name"`
+	Status    string `json:"status"`
+	CreatedAt int64  `json:"createdAt"`
+}
 
 type messageDTO struct {
 	ID            string          `json:"id"`
@@ -251,13 +232,13 @@ func (s *Server) createTopic(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, ok := projectStringToken(m["name"])
-	if !ok || !validName(name, TopicNameMaxBytes) {
+	if !ok || !validName(name, project.TopicNameMaxBytes) {
 		s.projectFail(w, r, errInvalidTopicName)
 		return
 	}
 	desc, present := m["description"]
 	description, ok := optionalString(desc, present)
-	if !ok || len(description) > TopicDescriptionMaxBytes {
+	if !ok || len(description) > project.TopicDescriptionMaxBytes {
 		s.projectFail(w, r, errInvalidJSON)
 		return
 	}
@@ -306,7 +287,7 @@ func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	limit, err := parseLimit(r, MessagePageDefault, CachePageMax)
+	limit, err := parseLimit(r, project.MessagePageDefault, project.CachePageMax)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -331,10 +312,10 @@ func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
 func parsePublish(m map[string]json.RawMessage) (project.PublishInput, error) {
 	var in project.PublishInput
 	var ok bool
-	if in.ProducerID, ok = projectStringToken(m["producerId"]); !ok || !validName(in.ProducerID, ProducerIDMaxBytes) {
+	if in.ProducerID, ok = projectStringToken(m["producerId"]); !ok || !validName(in.ProducerID, project.ProducerIDMaxBytes) {
 		return in, errInvalidJSON
 	}
-	if in.ClientEventID, ok = projectStringToken(m["clientEventId"]); !ok || !validName(in.ClientEventID, ClientEventIDMaxBytes) {
+	if in.ClientEventID, ok = projectStringToken(m["clientEventId"]); !ok || !validName(in.ClientEventID, project.ClientEventIDMaxBytes) {
 		return in, errInvalidJSON
 	}
 	raw, present := m["payload"]
@@ -345,7 +326,7 @@ func parsePublish(m map[string]json.RawMessage) (project.PublishInput, error) {
 	if err != nil {
 		return in, errInvalidPayload
 	}
-	if len(canon) > ProjectMessageMaxBytes {
+	if len(canon) > project.MessageMaxBytes {
 		return in, errMessageTooLarge
 	}
 	in.Payload = canon
@@ -434,7 +415,7 @@ func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, ok := projectStringToken(m["name"])
-	if !ok || !validName(name, TopicNameMaxBytes) {
+	if !ok || !validName(name, project.TopicNameMaxBytes) {
 		s.projectFail(w, r, errInvalidJSON)
 		return
 	}
@@ -495,7 +476,7 @@ func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	limit, err := parseLimit(r, MessagePageDefault, CachePageMax)
+	limit, err := parseLimit(r, project.MessagePageDefault, project.CachePageMax)
 	if err != nil {
 		s.projectFail(w, r, err)
 		return
@@ -523,7 +504,7 @@ func (s *Server) claim(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, err)
 		return
 	}
-	count, ok := projectPositiveInt(m["count"], ClaimCountMax)
+	count, ok := projectPositiveInt(m["count"], project.ClaimCountMax)
 	if !ok {
 		s.projectFail(w, r, errInvalidCount)
 		return
@@ -575,7 +556,7 @@ func (s *Server) postReceipt(w http.ResponseWriter, r *http.Request) {
 		s.projectFail(w, r, errInvalidJSON)
 		return
 	}
-	if len(result) > ProjectResultMaxBytes {
+	if len(result) > project.ResultMaxBytes {
 		s.projectFail(w, r, errResultTooLarge)
 		return
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store/project"
 )
 
@@ -179,7 +178,7 @@ func TestQueueProjectBudget(t *testing.T) {
 // is gone; then they are no longer counted and the next budget-touching
 // script purges them.
 func TestQueueDedupeHeldUntilExpiry(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 2 * time.Second}, nil)
+	h := newQueueHarness(t, project.QueueConfig{DedupeWindow: 2 * time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "d")
 	m := h.qPublish(p, top.ID, "x", `{}`)
@@ -304,7 +303,7 @@ func TestQueueModuleBudgetAcrossProjects(t *testing.T) {
 	}
 	defer rs.Stop()
 	const module = 100_000
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{ModuleBudgetBytes: module}, rs)
+	h := newQueueHarness(t, project.QueueConfig{ModuleBudgetBytes: module}, rs)
 	pa, pb := h.project(), h.project()
 	ta, tb := h.qTopic(pa, "a"), h.qTopic(pb, "b")
 	sa := h.qSub(pa, ta.ID, "s")
@@ -372,7 +371,7 @@ func TestQueueModuleBudgetConcurrentProjects(t *testing.T) {
 	}
 	defer rs.Stop()
 	const module = 256 << 10
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{ModuleBudgetBytes: module}, rs)
+	h := newQueueHarness(t, project.QueueConfig{ModuleBudgetBytes: module}, rs)
 	ctx := context.Background()
 	type proj struct {
 		p   testProject
@@ -507,7 +506,7 @@ func TestQueueModuleBudgetReconcileDropsDeadReservations(t *testing.T) {
 	}
 	defer rs.Stop()
 	const module = 50_000
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{ModuleBudgetBytes: module}, rs)
+	h := newQueueHarness(t, project.QueueConfig{ModuleBudgetBytes: module}, rs)
 	p := h.project()
 	top := h.qTopic(p, "t")
 	h.qPublish(p, top.ID, "one", `{}`)

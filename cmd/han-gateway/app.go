@@ -207,7 +207,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.api.MountWeb(web.Handler())
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
 	m.janitor.Start()
-	m.budgets = project.NewBudgetReconciler(project.NewModuleBudget(m.rdb, cfg.Env, restapi.ModuleBudgetBytes),
+	m.budgets = project.NewBudgetReconciler(project.NewModuleBudget(m.rdb, cfg.Env, project.ModuleBudgetBytes),
 		project.BudgetReconcilerConfig{}, m.Logger)
 	m.budgets.Start()
 

@@ -28,10 +28,6 @@ var (
 
 // Project cache constants (docs/project-redis-api.md).
 const (
-	// LegacyGrace is how long legacy entries live after the upgrade when
-	// their container has no TTL: query time + 30 days while pending, write
-	// time + 30 days once a PUT fixes it.
-	LegacyGrace = 30 * 24 * time.Hour
 	// cachePurgeBatch bounds how many expired index members one write
 	// script forgets on the way.
 	cachePurgeBatch = 64
@@ -61,9 +57,6 @@ type CacheItem struct {
 	LegacyNoExpiry        bool
 	LegacyDeadlinePending bool
 }
-
-// CacheKeyMaxBytes is the longest relative cache key, in UTF-8 bytes.
-const CacheKeyMaxBytes = 256
 
 // ValidCacheKey reports whether k is a valid relative cache key: 1..256
 // bytes of UTF-8 without control characters (Unicode category Cc).

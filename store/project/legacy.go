@@ -16,9 +16,9 @@ import (
 // project's cache container HASH whose value is {"type","value"}, without
 // any per-field expiry (docs/project-redis-api.md).
 type LegacyEntry struct {
-	Key   string `json:"key"`
-	Type  string `json:"type"`
-	Value string `json:"value"`
+	Key   string
+	Type  string
+	Value string
 }
 
 // ErrLegacyKeyIsNormal means an imported key already exists as a normal

@@ -43,16 +43,6 @@ var (
 
 // Project queue constants (docs/project-redis-api.md).
 const (
-	// ReceiptReserveBytes is what every receipt reserves of the budget at
-	// publish time (it holds up to 10 token hashes and a 256-byte result).
-	ReceiptReserveBytes = 4096
-	// ReceiptMaxAttempts is how many leases a receipt gets before it is
-	// terminal `exhausted`.
-	ReceiptMaxAttempts = 10
-	// DedupeRecordOverhead is what a dedupe record costs beyond the bytes
-	// of its identity (topic id, producerId, clientEventId): message id,
-	// fingerprint, timestamps.
-	DedupeRecordOverhead = 128
 	// dedupePurgeBatch bounds how many expired dedupe records one script
 	// purges on the way.
 	dedupePurgeBatch = 256
@@ -62,52 +52,74 @@ const (
 	trimBatch = 256
 )
 
-// QueueConfig tunes the project queue. Every zero value picks the
-// default.
+// QueueConfig tunes the project queue. Every zero value picks the default
+// of limits.go named after it (tests shorten them).
 type QueueConfig struct {
-	Lease              time.Duration // zero value means 60s
-	DedupeWindow       time.Duration // zero value means 24h
-	ProjectBudgetBytes int64         // zero value means 2 MiB
+	Lease              time.Duration // zero value means LeaseDefault
+	DedupeWindow       time.Duration // zero value means DedupeWindowDefault
+	ProjectBudgetBytes int64         // zero value means ProjectBudgetBytes
+	// ModuleBudgetBytes caps every project's reliable bytes together: the
+	// cap (ModuleCap) of the ModuleBudget the queue is built with. Zero
+	// value means ModuleBudgetBytes.
+	ModuleBudgetBytes int64
 	// MaxTopics and MaxSubscriptions cap how many a project holds (409
-	// budget_exhausted beyond); zero value means 256 each.
+	// budget_exhausted beyond); zero value means MaxTopicsDefault and
+	// MaxSubscriptionsDefault.
 	MaxTopics        int
 	MaxSubscriptions int
 }
 
+// ModuleCap is the module budget's cap under c.
+func (c QueueConfig) ModuleCap() int64 {
+	if c.ModuleBudgetBytes <= 0 {
+		return ModuleBudgetBytes
+	}
+	return c.ModuleBudgetBytes
+}
+
 func (c QueueConfig) withDefaults() QueueConfig {
 	if c.Lease <= 0 {
-		c.Lease = 60 * time.Second
+		c.Lease = LeaseDefault
 	}
 	if c.DedupeWindow <= 0 {
-		c.DedupeWindow = 24 * time.Hour
+		c.DedupeWindow = DedupeWindowDefault
 	}
 	if c.ProjectBudgetBytes <= 0 {
-		c.ProjectBudgetBytes = 2 << 20
+		c.ProjectBudgetBytes = ProjectBudgetBytes
 	}
 	if c.MaxTopics <= 0 {
-		c.MaxTopics = 256
+		c.MaxTopics = MaxTopicsDefault
 	}
 	if c.MaxSubscriptions <= 0 {
-		c.MaxSubscriptions = 256
+		c.MaxSubscriptions = MaxSubscriptionsDefault
 	}
 	return c
 }
 
-// Topic is a topic as the API shows it. Timestamps are epoch ms.
+// Topic is one topic of a project. Timestamps are epoch ms.
 type Topic struct {
+	ID          string
+	Name        string
+	Description string
+	CreatedAt   int64
+}
+
+// topicRecord is a topic as stored: its JSON in q:topics, written by the
+// create script.
+type topicRecord struct {
 	ID          string `json:"id"`
 	Name        string `json:"name"`
 	Description string `json:"description"`
 	CreatedAt   int64  `json:"createdAt"`
 }
 
-// Subscription is a subscription as the API shows it.
+// Subscription is one subscription of a topic.
 type Subscription struct {
-	ID        string `json:"id"`
-	TopicID   string `json:"topicId"`
-	Name      string `json:"name"`
-	Status    string `json:"status"` // online | paused
-	CreatedAt int64  `json:"createdAt"`
+	ID        string
+	TopicID   string
+	Name      string
+	Status    string // online | paused
+	CreatedAt int64
 }
 
 // TopicMessage is one published message; Payload is its RFC 8785 canonical JSON.
@@ -527,11 +539,20 @@ func (q *Queue) Trim(ctx context.Context, k Keys, projectID, topicID string) (Tr
 	return total, nil
 }
 
-// subRecord is a subscription as stored (its JSON in q:subs).
+// subRecord is a subscription as stored: its JSON in q:subs, written by
+// the scripts, with the stream position its deliveries start from.
 type subRecord struct {
-	Subscription
-	From string `json:"from"`
-	Pos  string `json:"pos"`
+	ID        string `json:"id"`
+	TopicID   string `json:"topicId"`
+	Name      string `json:"name"`
+	Status    string `json:"status"`
+	CreatedAt int64  `json:"createdAt"`
+	From      string `json:"from"`
+	Pos       string `json:"pos"`
+}
+
+func (r subRecord) subscription() Subscription {
+	return Subscription{ID: r.ID, TopicID: r.TopicID, Name: r.Name, Status: r.Status, CreatedAt: r.CreatedAt}
 }
 
 // CreateSubscription creates a subscription on a topic.
@@ -566,7 +587,7 @@ func (q *Queue) SetSubscriptionStatus(ctx context.Context, k Keys, id, status st
 		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
 			return Subscription{}, ErrDataStateInvalid
 		}
-		return rec.Subscription, nil
+		return rec.subscription(), nil
 	case "subscription_not_found":
 		return Subscription{}, ErrSubscriptionNotFound
 	}
@@ -851,11 +872,11 @@ func (q *Queue) State(ctx context.Context, k Keys) (QueueState, error) {
 	}
 	for i := 1; i < len(topics); i += 2 {
 		raw, _ := topics[i].(string)
-		var t Topic
+		var t topicRecord
 		if err := json.Unmarshal([]byte(raw), &t); err != nil {
 			return QueueState{}, ErrDataStateInvalid
 		}
-		st.Topics = append(st.Topics, t)
+		st.Topics = append(st.Topics, Topic(t))
 	}
 	for i := 1; i < len(subs); i += 2 {
 		raw, _ := subs[i].(string)
@@ -863,7 +884,7 @@ func (q *Queue) State(ctx context.Context, k Keys) (QueueState, error) {
 		if err := json.Unmarshal([]byte(raw), &s); err != nil {
 			return QueueState{}, ErrDataStateInvalid
 		}
-		st.Subscriptions = append(st.Subscriptions, s.Subscription)
+		st.Subscriptions = append(st.Subscriptions, s.subscription())
 	}
 	slices.SortFunc(st.Topics, func(a, b Topic) int {
 		if a.CreatedAt != b.CreatedAt {
