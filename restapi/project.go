@@ -79,18 +79,22 @@ func (s *Server) projectRoutes(r *mux.Router) {
 	p := r.PathPrefix(projectPathPrefix).Subrouter()
 	p.Use(s.authenticate(true))
 	p.Use(s.rateLimit)
-	p.HandleFunc("", projectByMethod(map[string]http.HandlerFunc{http.MethodGet: s.projectSnapshot}))
-	p.HandleFunc("/", projectByMethod(map[string]http.HandlerFunc{http.MethodGet: s.projectSnapshot}))
-	p.HandleFunc("/cache", projectByMethod(map[string]http.HandlerFunc{
+	p.HandleFunc("", s.projectByMethod(map[string]projectHandler{http.MethodGet: s.projectSnapshot}))
+	p.HandleFunc("/", s.projectByMethod(map[string]projectHandler{http.MethodGet: s.projectSnapshot}))
+	p.HandleFunc("/cache", s.projectByMethod(map[string]projectHandler{
 		http.MethodGet: s.listCache, http.MethodPut: s.putCache, http.MethodDelete: s.deleteCache}))
-	p.HandleFunc("/settings", projectByMethod(map[string]http.HandlerFunc{http.MethodPut: s.putProjectSettings}))
+	p.HandleFunc("/settings", s.projectByMethod(map[string]projectHandler{http.MethodPut: s.putProjectSettings}))
 	s.projectQueueRoutes(p)
 }
+
+// projectHandler is a project route's handler: it writes its success and
+// returns its failure, which projectFail answers.
+type projectHandler func(http.ResponseWriter, *http.Request) error
 
 // projectByMethod dispatches one path by method and answers 405 for the others.
 // (gorilla/mux v1.8.1 loses a method mismatch inside a subrouter once a
 // later route of it fails on the path, and answers 404 instead.)
-func projectByMethod(hs map[string]http.HandlerFunc) http.HandlerFunc {
+func (s *Server) projectByMethod(hs map[string]projectHandler) http.HandlerFunc {
 	allow := make([]string, 0, len(hs))
 	for m := range hs {
 		allow = append(allow, m)
@@ -99,7 +103,9 @@ func projectByMethod(hs map[string]http.HandlerFunc) http.HandlerFunc {
 	allowed := strings.Join(allow, ", ")
 	return func(w http.ResponseWriter, r *http.Request) {
 		if h, ok := hs[r.Method]; ok {
-			h(w, r)
+			if err := h(w, r); err != nil {
+				s.projectFail(w, r, err)
+			}
 			return
 		}
 		w.Header().Set("Allow", allowed)
@@ -243,22 +249,19 @@ type projectSnapshotDTO struct {
 	Limits        projectLimitsDTO `json:"limits"`
 }
 
-func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
+func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleRead)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	st, err := s.prj.cache.State(ctx, pr.keys)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	policy, err := s.prj.gate.Policy(ctx)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m := pr.info.Mirror()
 	rank := roleRank[pr.info.Role]
@@ -275,10 +278,10 @@ func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
 		dto.Cache.LegacyEntries, dto.Cache.LegacyExpiresAt, dto.Cache.LegacyDeadlinePending = lv.Entries, &lv.ExpiresAt, lv.Pending
 	}
 	if err := s.snapshotReliable(ctx, pr, &dto); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dto)
+	return nil
 }
 
 // snapshotReliable fills topics, subscriptions and the budget
@@ -294,27 +297,23 @@ type settingsDTO struct {
 
 // putProjectSettings: exactly one of cacheQuotaBytes (admin; a positive
 // integer ≤ 16 MiB) or deliveryPaused (write; a boolean).
-func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) {
+func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	set, err := s.readSettings(w, r, pr)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	// An inconsistent structure refuses the request before PostgreSQL
 	// changes (the mirror could not follow).
 	if _, err := s.prj.cache.State(ctx, pr.keys); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	// The Redis mirror is written inside the PostgreSQL transaction, which
 	// commits only once it succeeded: a refused mirror write (OOM, outage)
@@ -324,10 +323,10 @@ func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) {
 		err = errProjectNotFound
 	}
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, settingsDTO{CacheQuotaBytes: info.CacheQuotaBytes, DeliveryPaused: info.DeliveryPaused})
+	return nil
 }
 
 func (s *Server) readSettings(w http.ResponseWriter, r *http.Request, pr projectReq) (store.ProjectSettings, error) {

@@ -121,30 +121,25 @@ func parseCachePut(b []byte) (project.CachePut, error) {
 	return p, nil
 }
 
-func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
+func (s *Server) putCache(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	b, err := readProjectBody(w, r)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	put, err := parseCachePut(b)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	if project.CacheItemSize(put.Key, put.Value) > pr.info.CacheQuotaBytes {
-		s.projectFail(w, r, errCacheQuotaExceeded)
-		return
+		return errCacheQuotaExceeded
 	}
 	m := pr.info.Mirror()
 	if m.LegacyDeadlineMs == 0 {
@@ -152,13 +147,11 @@ func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
 		// PostgreSQL (the truth) and its Redis mirror together.
 		exists, candidate, err := s.prj.cache.LegacyDeadlineCandidate(ctx, pr.keys)
 		if err != nil {
-			s.projectFail(w, r, err)
-			return
+			return err
 		}
 		if exists {
 			if m.LegacyDeadlineMs, err = s.store.FixLegacyDeadline(ctx, pr.info.ID, candidate, s.projectMirror(pr.keys)); err != nil {
-				s.projectFail(w, r, err)
-				return
+				return err
 			}
 		}
 	}
@@ -167,41 +160,38 @@ func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, project.ErrCacheKeyExists) {
 			err = errCacheKeyExists
 		}
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 	}
 	writeJSON(w, status, toCacheItemDTO(item))
+	return nil
 }
 
-func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) {
+func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	keys := r.URL.Query()["key"]
 	if len(keys) != 1 || !project.ValidCacheKey(keys[0]) {
-		s.projectFail(w, r, errInvalidCacheKey)
-		return
+		return errInvalidCacheKey
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	if err := s.prj.cache.Delete(ctx, pr.keys, pr.info.Mirror(), keys[0]); err != nil {
 		if errors.Is(err, project.ErrCacheKeyNotFound) {
 			err = errCacheKeyNotFound
 		}
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // listCache streams one page: the plan (structure checks, which items,
@@ -209,30 +199,26 @@ func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) {
 // proper error; normal values are then read in pipelined batches and
 // written as they arrive, so a page of up to 4 MiB of values is never
 // encoded as one buffer.
-func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listCache(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleRead)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	q := r.URL.Query()
 	limit, err := parseLimit(r, project.CachePageDefault, project.CachePageMax)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	cur, err := project.ParseCacheCursor(q.Get("cursor"))
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	m := pr.info.Mirror()
 	page, err := s.prj.cache.PlanPage(ctx, pr.keys, m, project.CacheQuery{
 		Search: q.Get("search"), Prefix: q.Get("prefix"), Cursor: cur, Limit: limit, MaxValueBytes: project.CachePageValueBytes})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -277,4 +263,5 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 	if err := s.prj.cache.PruneAfter(pctx, pr.keys, m, page); err != nil {
 		s.metrics.errors.WithLabelValues("redis", "project_cache_prune").Inc()
 	}
+	return nil
 }
