@@ -4,6 +4,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"io/fs"
+	"path"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -47,14 +48,19 @@ func TestComposedScriptsAreStable(t *testing.T) {
 // The shared text lives once: the function a fragment defines appears in no
 // script file, only in the composed texts of the scripts that include it.
 func TestFragmentsAreNotCopied(t *testing.T) {
-	frags, err := fs.Glob(files, "lib/*.lua")
+	frags, err := fs.Glob(files, "*/lib/*.lua")
 	if err != nil || len(frags) == 0 {
 		t.Fatalf("no fragments: %v", err)
 	}
-	scripts, err := fs.Glob(files, "*.lua")
+	top, err := fs.Glob(files, "*.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
+	nested, err := fs.Glob(files, "*/*.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts := append(top, nested...)
 	for _, f := range frags {
 		text, _ := files.ReadFile(f)
 		_, def, ok := strings.Cut(string(text), "\nlocal function ")
@@ -62,7 +68,7 @@ func TestFragmentsAreNotCopied(t *testing.T) {
 			t.Fatalf("%s defines no local function", f)
 		}
 		def, _, _ = strings.Cut(def, "(")
-		name := strings.TrimSuffix(strings.TrimPrefix(f, "lib/"), ".lua")
+		name := strings.TrimSuffix(path.Base(f), ".lua")
 		users := 0
 		for _, p := range scripts {
 			raw, _ := files.ReadFile(p)

@@ -1,5 +1,7 @@
 // Package lua holds every Redis Lua script of the service as a file in this
-// folder, embedded with go:embed, and exports each one ready to run.
+// folder, embedded with go:embed, and exports each one ready to run. The
+// project Redis API's scripts live in project/ (named "project/<file>"), with
+// the fragments only they share in project/lib/.
 //
 // Each script starts with a "#!lua" shebang that declares its flags: write
 // scripts are refused up front when Redis is out of memory, and read-only
@@ -13,9 +15,10 @@
 // # Shared text
 //
 // Checks and purges that several scripts need are written once, as
-// fragments in lib/. A script names a fragment on a line of its own,
-// "--#include <name>", after its KEYS/ARGV header; at package init that line
-// is replaced by the text of lib/<name>.lua (see compose). A fragment only
+// fragments in the lib/ folder next to them. A script names a fragment on a
+// line of its own, "--#include <name>", after its KEYS/ARGV header; at
+// package init that line is replaced by the text of lib/<name>.lua from the
+// script's folder (see compose). A fragment only
 // defines local functions, and they take every key as an argument: the
 // script passes its own KEYS, so it still touches only the keys it declares,
 // on its one hash tag. Composition is plain text substitution of embedded
@@ -59,9 +62,9 @@
 //     the same three outcomes for every caller to branch on again.
 //   - the call sites of dedupeExpired and readSubscription: TIME plus the
 //     call and the caller's own reply for each outcome.
-//   - project_cache_delete/prune/state: the clock read and the PEXPIREAT ACL
+//   - project/cache_delete, cache_prune, cache_state: the clock read and the PEXPIREAT ACL
 //     probe heading each script.
-//   - project_topic_trim and project_topic_sub_delete: the 4-line "last open
+//   - project/topic_trim and project/topic_sub_delete: the 4-line "last open
 //     receipt of a message" write, inside each script's own write loop.
 //
 // Scripts are immutable after package init and safe for concurrent use.

@@ -5,17 +5,18 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"path"
 	"sort"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed *.lua lib/*.lua
+//go:embed *.lua project/*.lua project/lib/*.lua
 var files embed.FS
 
 // includeMarker starts a script line that compose replaces with the text of
-// the fragment lib/<name>.lua. A fragment defines local functions that take
+// the fragment lib/<name>.lua in the script's own folder. A fragment defines local functions that take
 // their keys as arguments, so the script passes its own KEYS and stays on its
 // one hash tag.
 const includeMarker = "--#include "
@@ -68,7 +69,8 @@ func mustLoad(name string) *Script {
 }
 
 // compose returns the script name.lua of fsys with every include line
-// replaced, in place, by its fragment from lib/. Any other line starting with
+// replaced, in place, by its fragment from the lib/ folder next to the script
+// (the project scripts' fragments are theirs alone, in project/lib/). Any other line starting with
 // "--#" is refused (a mistyped include would otherwise load as a comment and
 // fail only when Redis runs the script), as are a fragment included twice and
 // a fragment that includes another: one level keeps the composed text easy to
@@ -93,7 +95,7 @@ func compose(fsys fs.FS, name string) (string, error) {
 			return "", fmt.Errorf("script %s includes %s twice", name, frag)
 		}
 		included[frag] = true
-		text, err := fs.ReadFile(fsys, "lib/"+frag+".lua")
+		text, err := fs.ReadFile(fsys, fragmentPath(name, frag))
 		if err != nil {
 			return "", fmt.Errorf("script %s: missing fragment %s: %w", name, frag, err)
 		}
@@ -108,6 +110,16 @@ func compose(fsys fs.FS, name string) (string, error) {
 		out.Write(text)
 	}
 	return out.String(), nil
+}
+
+// fragmentPath is lib/<frag>.lua in the folder of the script name. It is not
+// cleaned, so an include naming ".." stays an invalid fs path and is refused
+// instead of reaching outside lib/.
+func fragmentPath(name, frag string) string {
+	if dir := path.Dir(name); dir != "." {
+		return dir + "/lib/" + frag + ".lua"
+	}
+	return "lib/" + frag + ".lua"
 }
 
 // All returns every embedded script, sorted by name.

@@ -4,9 +4,9 @@ package lua
 // only the keys of one project, which share the hash tag
 // {<env>:<project_id>}.
 var (
-	ProjectCachePut    = mustLoad("project_cache_put")
-	ProjectCacheDelete = mustLoad("project_cache_delete")
-	ProjectCachePrune  = mustLoad("project_cache_prune")
-	ProjectCacheState  = mustLoad("project_cache_state")
-	ProjectMetaSync    = mustLoad("project_meta_sync")
+	ProjectCachePut    = mustLoad("project/cache_put")
+	ProjectCacheDelete = mustLoad("project/cache_delete")
+	ProjectCachePrune  = mustLoad("project/cache_prune")
+	ProjectCacheState  = mustLoad("project/cache_state")
+	ProjectMetaSync    = mustLoad("project/meta_sync")
 )

@@ -18,18 +18,18 @@ func init() {
 	t, s := p+"t:"+tid+":", p+"s:"+sid+":"
 	topics, names, subs, budget, dd, ddx := p+"q:topics", p+"q:tnames", p+"q:subs", p+"q:budget", p+"q:dd", p+"q:ddx"
 	hash := "0123456789abcdef0123456789abcdef"
-	invocations["project_topic_create"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_create"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicCreate.Run(ctx, c, []string{topics, names}, tid, "orders", "", 100).Err()
 	}
-	invocations["project_topic_sub_create"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_sub_create"] = func(ctx context.Context, c redis.Scripter) error {
 		_ = lua.ProjectTopicCreate.Run(ctx, c, []string{topics, names}, tid, "orders", "", 100).Err()
 		return lua.ProjectTopicSubCreate.Run(ctx, c, []string{topics, subs, t + "subs", t + "s"}, sid, tid, "billing", 100).Err()
 	}
-	invocations["project_topic_sub_status"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_sub_status"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicSubStatus.Run(ctx, c, []string{subs}, sid, "online").Err()
 	}
-	invocations["project_topic_publish"] = func(ctx context.Context, c redis.Scripter) error {
-		if err := invocations["project_topic_sub_create"](ctx, c); err != nil {
+	invocations["project/topic_publish"] = func(ctx context.Context, c redis.Scripter) error {
+		if err := invocations["project/topic_sub_create"](ctx, c); err != nil {
 			return err
 		}
 		res, err := lua.ProjectTopicPublish.Run(ctx, c, []string{topics, budget, dd, ddx, t + "s", t + "subs", t + "o", t + "d", s + "r"},
@@ -39,42 +39,42 @@ func init() {
 		}
 		return err
 	}
-	invocations["project_topic_messages"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_messages"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicMessages.Run(ctx, c, []string{topics, t + "s"}, tid, "", 10).Err()
 	}
-	invocations["project_topic_claim"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_claim"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicClaim.Run(ctx, c, []string{topics, subs, t + "s", t + "o", t + "d", s + "r", s + "l"},
 			sid, tid, 1, 60000, 10, 0, 100, hash).Err()
 	}
-	invocations["project_topic_ack"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_ack"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicAck.Run(ctx, c, []string{subs, t + "o", t + "d", s + "r", s + "l"},
 			sid, tid, "0-1", hash, "processed", "").Err()
 	}
-	invocations["project_topic_receipts"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_receipts"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicReceipts.Run(ctx, c, []string{subs, t + "s", s + "r"}, sid, tid, "", 10).Err()
 	}
-	invocations["project_topic_state"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_state"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicState.Run(ctx, c, []string{topics, subs, budget, dd, ddx}, 100).Err()
 	}
-	invocations["project_topic_trim"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_trim"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicTrim.Run(ctx, c, []string{topics, budget, dd, ddx, t + "s", t + "subs", t + "o", t + "d", s + "r", s + "l"},
 			tid, 10, 10, 4096, 16, 1, sid).Err()
 	}
-	invocations["project_topic_sub_delete"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_sub_delete"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicSubDelete.Run(ctx, c, []string{subs, budget, dd, ddx, t + "subs", t + "o", t + "d", s + "r", s + "l"},
 			sid, tid, 4096, 16).Err()
 	}
-	invocations["project_topic_delete"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_delete"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicDelete.Run(ctx, c, []string{topics, names, subs, budget, dd, ddx, t + "s", t + "subs", t + "o", t + "d"},
 			tid, 4096, 16, 0).Err()
 	}
-	invocations["project_topic_budget_reserve"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_budget_reserve"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicBudgetReserve.Run(ctx, c, []string{m + "budget", m + "resv", m + "projects"}, "r1", 100, 1<<20, "p").Err()
 	}
-	invocations["project_topic_budget_settle"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_budget_settle"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicBudgetSettle.Run(ctx, c, []string{m + "budget", m + "resv"}, "r1", 100, 0, 0).Err()
 	}
-	invocations["project_topic_budget_reconcile"] = func(ctx context.Context, c redis.Scripter) error {
+	invocations["project/topic_budget_reconcile"] = func(ctx context.Context, c redis.Scripter) error {
 		res, err := lua.ProjectTopicBudgetReconcile.Run(ctx, c, []string{m + "budget", m + "resv"}, "begin", 60000, 60000).Int64Slice()
 		if err != nil || res[0] != 1 {
 			return fmt.Errorf("begin: %v %v", res, err)

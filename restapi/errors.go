@@ -9,6 +9,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -73,6 +74,10 @@ func is(target error) func(error) bool {
 	return func(err error) bool { return errors.Is(err, target) }
 }
 
+// errInvalidCursor answers a page cursor the service did not hand out, of a
+// chat history or of a project listing.
+var errInvalidCursor = apiErr(http.StatusBadRequest, "invalid_cursor")
+
 // errorTable maps every error class a handler may return to its status and
 // code; the first matching row wins, so a narrower class comes before a
 // wider one it is part of. Errors no row matches are 500 internal.
@@ -80,7 +85,8 @@ var errorTable = []errorAnswer{
 	{match: is(auth.ErrUnauthorized), e: errUnauthorized},
 	{match: is(store.ErrDialogNotFound), e: apiErr(http.StatusNotFound, "dialog_not_found")},
 	{match: is(store.ErrUserNotFound), e: apiErr(http.StatusNotFound, "user_not_found")},
-	{match: is(store.ErrInvalidCursor), e: apiErr(http.StatusBadRequest, "invalid_cursor")},
+	{match: is(store.ErrInvalidCursor), e: errInvalidCursor},
+	{match: is(project.ErrInvalidCursor), e: errInvalidCursor},
 	// Logged because a field reached PostgreSQL without its own check.
 	{match: store.IsPGUnstorableText, e: errInvalidJSON, log: "text refused by the database", level: slog.LevelWarn},
 	{match: is(store.ErrAttachmentNotFound), e: apiErr(http.StatusNotFound, "attachment_not_found")},
@@ -89,21 +95,21 @@ var errorTable = []errorAnswer{
 	{match: is(store.ErrAttachmentUploaded), e: apiErr(http.StatusConflict, "attachment_already_uploaded")},
 	{match: is(store.ErrStubTaskNotFound), e: apiErr(http.StatusNotFound, "safety_task_not_found")},
 	{match: is(store.ErrInboxConflict), e: apiErr(http.StatusConflict, "inbox_conflict")},
-	{match: is(store.ErrCacheKeyNotFound), e: errCacheKeyNotFound},
-	{match: is(store.ErrCacheKeyExists), e: errCacheKeyExists},
-	{match: is(store.ErrTopicNotFound), e: errTopicNotFound},
-	{match: is(store.ErrSubscriptionNotFound), e: errSubscriptionNotFound},
-	{match: is(store.ErrMessageNotFound), e: apiErr(http.StatusNotFound, "message_not_found")},
-	{match: is(store.ErrTopicNameTaken), e: apiErr(http.StatusConflict, "topic_name_taken")},
-	{match: is(store.ErrPublishConflict), e: apiErr(http.StatusConflict, "publish_conflict")},
-	{match: is(store.ErrSubscriptionPaused), e: apiErr(http.StatusConflict, "subscription_paused")},
-	{match: is(store.ErrDeliveryPaused), e: apiErr(http.StatusConflict, "delivery_paused")},
-	{match: is(store.ErrLeaseExpired), e: apiErr(http.StatusConflict, "lease_expired")},
-	{match: is(store.ErrLeaseTokenMismatch), e: apiErr(http.StatusConflict, "lease_token_mismatch")},
-	{match: is(store.ErrReceiptConflict), e: apiErr(http.StatusConflict, "receipt_conflict")},
-	{match: is(store.ErrBudgetExhausted), e: apiErr(http.StatusConflict, "budget_exhausted")},
-	{match: is(store.ErrUnsafeEvictionPolicy), e: errUnsafeEviction},
-	{match: is(store.ErrDataStateInvalid), e: errDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
+	{match: is(project.ErrCacheKeyNotFound), e: errCacheKeyNotFound},
+	{match: is(project.ErrCacheKeyExists), e: errCacheKeyExists},
+	{match: is(project.ErrTopicNotFound), e: errTopicNotFound},
+	{match: is(project.ErrSubscriptionNotFound), e: errSubscriptionNotFound},
+	{match: is(project.ErrMessageNotFound), e: apiErr(http.StatusNotFound, "message_not_found")},
+	{match: is(project.ErrTopicNameTaken), e: apiErr(http.StatusConflict, "topic_name_taken")},
+	{match: is(project.ErrPublishConflict), e: apiErr(http.StatusConflict, "publish_conflict")},
+	{match: is(project.ErrSubscriptionPaused), e: apiErr(http.StatusConflict, "subscription_paused")},
+	{match: is(project.ErrDeliveryPaused), e: apiErr(http.StatusConflict, "delivery_paused")},
+	{match: is(project.ErrLeaseExpired), e: apiErr(http.StatusConflict, "lease_expired")},
+	{match: is(project.ErrLeaseTokenMismatch), e: apiErr(http.StatusConflict, "lease_token_mismatch")},
+	{match: is(project.ErrReceiptConflict), e: apiErr(http.StatusConflict, "receipt_conflict")},
+	{match: is(project.ErrBudgetExhausted), e: apiErr(http.StatusConflict, "budget_exhausted")},
+	{match: is(project.ErrUnsafeEvictionPolicy), e: errUnsafeEviction},
+	{match: is(project.ErrDataStateInvalid), e: errDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
 	{match: is(rds.ErrRedisOOM), e: errRedisOOM},
 	{match: is(rds.ErrExpiryDenied), e: errRedisExpiryDenied},
 	{match: is(rds.ErrRedisUnavailable), e: errRedisUnavailable},

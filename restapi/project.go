@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,31 +16,12 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
-// Project Redis API limits (docs/project-redis-api.md); the snapshot reports
-// every one of them.
+// The project Redis API's limits are package project's (limits.go); the
+// snapshot reports every one of them.
 const (
-	CacheKeyMaxBytes        = store.CacheKeyMaxBytes
-	CacheTTLMinSeconds      = 1
-	CacheTTLMaxSeconds      = 2592000
-	CacheTTLDefaultSeconds  = 86400
-	CachePageDefault        = 50
-	CachePageMax            = 100
-	CachePageValueBytes     = 4 << 20
-	CacheQuotaDefaultBytes  = 1 << 20
-	CacheQuotaMaxBytes      = 16 << 20
-	LegacyGraceSeconds      = 30 * 86400
-	ProjectMessageMaxBytes  = 16 << 10
-	ProjectResultMaxBytes   = 256
-	ReceiptReserveBytes     = 4096
-	ReceiptMaxAttempts      = 10
-	ProjectBudgetBytes      = 2 << 20
-	ModuleBudgetBytes       = 64 << 20
-	ClaimCountMin           = 1
-	ClaimCountMax           = 20
-	ClaimLeaseSeconds       = 60
-	PublishDedupeSeconds    = 86400
 	projectPathPrefix       = "/projects/{projectId}/redis"
 	defaultProjectKeyEnv    = "dev"
 	projectMetricsNamespace = "han_project"
@@ -64,9 +46,9 @@ var (
 // projectAPI holds the collaborators of the project Redis API.
 type projectAPI struct {
 	env   string // HAN_ENV, part of every physical key
-	cache *store.ProjectCache
-	gate  *store.EvictionGate
-	queue *store.ProjectQueue // topics, subscriptions, claims, budgets (project_topics.go)
+	cache *project.Cache
+	gate  *project.EvictionGate
+	queue *project.Queue // topics, subscriptions, claims, budgets (project_topics.go)
 	// dataState counts requests refused because a project's structure was
 	// found inconsistent.
 	dataState prometheus.Counter
@@ -81,8 +63,8 @@ func (s *Server) projectRoutes(r *mux.Router) {
 	}
 	s.prj = &projectAPI{env: env}
 	if s.rdb != nil {
-		s.prj.cache = store.NewProjectCache(s.rdb)
-		s.prj.gate = store.NewEvictionGate(s.rdb, s.cfg.EvictionPolicyTTL)
+		s.prj.cache = project.NewCache(s.rdb)
+		s.prj.gate = project.NewEvictionGate(s.rdb, s.cfg.EvictionPolicyTTL)
 		s.prj.queue = s.newProjectQueue()
 	}
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: projectMetricsNamespace,
@@ -97,18 +79,22 @@ func (s *Server) projectRoutes(r *mux.Router) {
 	p := r.PathPrefix(projectPathPrefix).Subrouter()
 	p.Use(s.authenticate(true))
 	p.Use(s.rateLimit)
-	p.HandleFunc("", projectByMethod(map[string]http.HandlerFunc{http.MethodGet: s.projectSnapshot}))
-	p.HandleFunc("/", projectByMethod(map[string]http.HandlerFunc{http.MethodGet: s.projectSnapshot}))
-	p.HandleFunc("/cache", projectByMethod(map[string]http.HandlerFunc{
+	p.HandleFunc("", s.projectByMethod(map[string]projectHandler{http.MethodGet: s.projectSnapshot}))
+	p.HandleFunc("/", s.projectByMethod(map[string]projectHandler{http.MethodGet: s.projectSnapshot}))
+	p.HandleFunc("/cache", s.projectByMethod(map[string]projectHandler{
 		http.MethodGet: s.listCache, http.MethodPut: s.putCache, http.MethodDelete: s.deleteCache}))
-	p.HandleFunc("/settings", projectByMethod(map[string]http.HandlerFunc{http.MethodPut: s.putProjectSettings}))
+	p.HandleFunc("/settings", s.projectByMethod(map[string]projectHandler{http.MethodPut: s.putProjectSettings}))
 	s.projectQueueRoutes(p)
 }
+
+// projectHandler is a project route's handler: it writes its success and
+// returns its failure, which projectFail answers.
+type projectHandler func(http.ResponseWriter, *http.Request) error
 
 // projectByMethod dispatches one path by method and answers 405 for the others.
 // (gorilla/mux v1.8.1 loses a method mismatch inside a subrouter once a
 // later route of it fails on the path, and answers 404 instead.)
-func projectByMethod(hs map[string]http.HandlerFunc) http.HandlerFunc {
+func (s *Server) projectByMethod(hs map[string]projectHandler) http.HandlerFunc {
 	allow := make([]string, 0, len(hs))
 	for m := range hs {
 		allow = append(allow, m)
@@ -117,7 +103,9 @@ func projectByMethod(hs map[string]http.HandlerFunc) http.HandlerFunc {
 	allowed := strings.Join(allow, ", ")
 	return func(w http.ResponseWriter, r *http.Request) {
 		if h, ok := hs[r.Method]; ok {
-			h(w, r)
+			if err := h(w, r); err != nil {
+				s.projectFail(w, r, err)
+			}
 			return
 		}
 		w.Header().Set("Allow", allowed)
@@ -130,7 +118,7 @@ var roleRank = map[string]int{store.RoleRead: 1, store.RoleWrite: 2, store.RoleA
 // projectReq is an authorised request on one project.
 type projectReq struct {
 	info store.ProjectInfo
-	keys store.ProjectKeys
+	keys project.Keys
 }
 
 // projectAccess loads the project and the caller's role from PostgreSQL:
@@ -154,13 +142,13 @@ func (s *Server) projectAccess(r *http.Request, need string) (projectReq, error)
 	if s.prj.cache == nil {
 		return projectReq{}, errRedisUnavailable
 	}
-	return projectReq{info: info, keys: store.NewProjectKeys(s.prj.env, id)}, nil
+	return projectReq{info: info, keys: project.NewKeys(s.prj.env, id)}, nil
 }
 
 // projectMirror writes a project's mirrored metadata into Redis, for the
 // store's writes that change both stores together.
-func (s *Server) projectMirror(k store.ProjectKeys) store.MirrorFunc {
-	return func(ctx context.Context, m store.ProjectMirror) error {
+func (s *Server) projectMirror(k project.Keys) store.MirrorFunc {
+	return func(ctx context.Context, m project.Mirror) error {
 		return s.prj.cache.SyncMeta(ctx, k, m)
 	}
 }
@@ -168,7 +156,7 @@ func (s *Server) projectMirror(k store.ProjectKeys) store.MirrorFunc {
 // projectFail counts data-state failures, then maps the error like every
 // other failure.
 func (s *Server) projectFail(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, store.ErrDataStateInvalid) {
+	if errors.Is(err, project.ErrDataStateInvalid) {
 		s.prj.dataState.Inc()
 	}
 	if errors.Is(err, store.ErrMirrorRestore) {
@@ -238,15 +226,15 @@ type projectLimitsDTO struct {
 }
 
 var projectLimits = projectLimitsDTO{
-	CacheKeyMaxBytes: CacheKeyMaxBytes, CacheTTLMinSeconds: CacheTTLMinSeconds, CacheTTLMaxSeconds: CacheTTLMaxSeconds,
-	CacheTTLDefaultSeconds: CacheTTLDefaultSeconds, CachePageDefault: CachePageDefault, CachePageMax: CachePageMax,
-	CachePageValueBytes: CachePageValueBytes, CacheQuotaDefaultBytes: CacheQuotaDefaultBytes,
-	CacheQuotaMaxBytes: CacheQuotaMaxBytes, LegacyGraceSeconds: LegacyGraceSeconds, BodyMaxBytes: ProjectBodyLimit,
-	MessageMaxBytes: ProjectMessageMaxBytes, ResultMaxBytes: ProjectResultMaxBytes,
-	ReceiptReserveBytes: ReceiptReserveBytes, ReceiptMaxAttempts: ReceiptMaxAttempts,
-	ProjectBudgetBytes: ProjectBudgetBytes, ModuleBudgetBytes: ModuleBudgetBytes,
-	ClaimCountMin: ClaimCountMin, ClaimCountMax: ClaimCountMax, LeaseSeconds: ClaimLeaseSeconds,
-	PublishDedupeSeconds: PublishDedupeSeconds, PageMax: CachePageMax,
+	CacheKeyMaxBytes: project.CacheKeyMaxBytes, CacheTTLMinSeconds: project.CacheTTLMinSeconds, CacheTTLMaxSeconds: project.CacheTTLMaxSeconds,
+	CacheTTLDefaultSeconds: project.CacheTTLDefaultSeconds, CachePageDefault: project.CachePageDefault, CachePageMax: project.CachePageMax,
+	CachePageValueBytes: project.CachePageValueBytes, CacheQuotaDefaultBytes: project.CacheQuotaDefaultBytes,
+	CacheQuotaMaxBytes: project.CacheQuotaMaxBytes, LegacyGraceSeconds: int(project.LegacyGrace / time.Second), BodyMaxBytes: ProjectBodyLimit,
+	MessageMaxBytes: project.MessageMaxBytes, ResultMaxBytes: project.ResultMaxBytes,
+	ReceiptReserveBytes: project.ReceiptReserveBytes, ReceiptMaxAttempts: project.ReceiptMaxAttempts,
+	ProjectBudgetBytes: project.ProjectBudgetBytes, ModuleBudgetBytes: project.ModuleBudgetBytes,
+	ClaimCountMin: project.ClaimCountMin, ClaimCountMax: project.ClaimCountMax, LeaseSeconds: int(project.LeaseDefault / time.Second),
+	PublishDedupeSeconds: int(project.DedupeWindowDefault / time.Second), PageMax: project.CachePageMax,
 }
 
 // projectSnapshotDTO is GET /projects/{projectId}/redis.
@@ -261,22 +249,19 @@ type projectSnapshotDTO struct {
 	Limits        projectLimitsDTO `json:"limits"`
 }
 
-func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
+func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleRead)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	st, err := s.prj.cache.State(ctx, pr.keys)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	policy, err := s.prj.gate.Policy(ctx)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m := pr.info.Mirror()
 	rank := roleRank[pr.info.Role]
@@ -285,18 +270,18 @@ func (s *Server) projectSnapshot(w http.ResponseWriter, r *http.Request) {
 		Permissions: permissionsDTO{Role: pr.info.Role, Read: rank >= 1, Write: rank >= 2, Admin: rank >= 3},
 		Cache:       cacheSummaryDTO{QuotaBytes: m.CacheQuotaBytes, UsageBytes: st.UsageBytes, Entries: st.Entries},
 		Topics:      []any{}, Subscriptions: []any{},
-		Budget:  budgetDTO{LimitBytes: ProjectBudgetBytes, ModuleLimitBytes: ModuleBudgetBytes},
-		Runtime: runtimeDTO{EvictionPolicy: policy, WritesAllowed: store.WritesAllowedUnder(policy), DeliveryPaused: m.DeliveryPaused},
+		Budget:  budgetDTO{LimitBytes: project.ProjectBudgetBytes, ModuleLimitBytes: project.ModuleBudgetBytes},
+		Runtime: runtimeDTO{EvictionPolicy: policy, WritesAllowed: project.WritesAllowedUnder(policy), DeliveryPaused: m.DeliveryPaused},
 		Limits:  projectLimits,
 	}
 	if lv := st.Legacy(m); lv.Entries > 0 {
 		dto.Cache.LegacyEntries, dto.Cache.LegacyExpiresAt, dto.Cache.LegacyDeadlinePending = lv.Entries, &lv.ExpiresAt, lv.Pending
 	}
 	if err := s.snapshotReliable(ctx, pr, &dto); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dto)
+	return nil
 }
 
 // snapshotReliable fills topics, subscriptions and the budget
@@ -312,27 +297,23 @@ type settingsDTO struct {
 
 // putProjectSettings: exactly one of cacheQuotaBytes (admin; a positive
 // integer ≤ 16 MiB) or deliveryPaused (write; a boolean).
-func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) {
+func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	set, err := s.readSettings(w, r, pr)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	// An inconsistent structure refuses the request before PostgreSQL
 	// changes (the mirror could not follow).
 	if _, err := s.prj.cache.State(ctx, pr.keys); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	// The Redis mirror is written inside the PostgreSQL transaction, which
 	// commits only once it succeeded: a refused mirror write (OOM, outage)
@@ -342,10 +323,10 @@ func (s *Server) putProjectSettings(w http.ResponseWriter, r *http.Request) {
 		err = errProjectNotFound
 	}
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, settingsDTO{CacheQuotaBytes: info.CacheQuotaBytes, DeliveryPaused: info.DeliveryPaused})
+	return nil
 }
 
 func (s *Server) readSettings(w http.ResponseWriter, r *http.Request, pr projectReq) (store.ProjectSettings, error) {
@@ -370,7 +351,7 @@ func (s *Server) readSettings(w http.ResponseWriter, r *http.Request, pr project
 		if roleRank[pr.info.Role] < roleRank[store.RoleAdmin] {
 			return set, errForbidden
 		}
-		n, ok := projectPositiveInt(q, CacheQuotaMaxBytes)
+		n, ok := projectPositiveInt(q, project.CacheQuotaMaxBytes)
 		if !ok {
 			return set, errInvalidSettings
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // cacheItemDTO is a cache item (docs/project-redis-api.md). updatedAt is null for legacy
@@ -27,7 +28,7 @@ type cacheItemDTO struct {
 	LegacyDeadlinePending bool   `json:"legacyDeadlinePending,omitempty"`
 }
 
-func toCacheItemDTO(it store.CacheItem) cacheItemDTO {
+func toCacheItemDTO(it project.CacheItem) cacheItemDTO {
 	d := cacheItemDTO{Key: it.Key, Type: it.Type, Value: it.Value, SizeBytes: it.SizeBytes, ExpiresAt: it.ExpiresAt,
 		LegacyNoExpiry: it.LegacyNoExpiry, LegacyDeadlinePending: it.LegacyDeadlinePending}
 	if !it.LegacyNoExpiry {
@@ -44,12 +45,12 @@ func toCacheItemDTO(it store.CacheItem) cacheItemDTO {
 // 1.5, 1e400, strings, booleans, objects, arrays) → invalid_cache_ttl.
 func parseCacheTTL(raw []byte, present bool) (time.Duration, error) {
 	if !present {
-		return CacheTTLDefaultSeconds * time.Second, nil
+		return project.CacheTTLDefaultSeconds * time.Second, nil
 	}
 	if string(raw) == "null" {
 		return 0, errCacheNoExpiry
 	}
-	n, ok := projectPositiveInt(raw, CacheTTLMaxSeconds)
+	n, ok := projectPositiveInt(raw, project.CacheTTLMaxSeconds)
 	if !ok {
 		return 0, errInvalidCacheTTL
 	}
@@ -82,8 +83,8 @@ func projectStringToken(raw []byte) (string, bool) {
 // parseCachePut validates a PUT /cache body completely before anything is
 // written: raw-body checks first (jsonx), then key, type, value, ttlSeconds
 // and createOnly in that order.
-func parseCachePut(b []byte) (store.CachePut, error) {
-	var p store.CachePut
+func parseCachePut(b []byte) (project.CachePut, error) {
+	var p project.CachePut
 	members, err := jsonx.TopLevel(b)
 	if err != nil {
 		if e, ok := cacheFieldErrors[projectFieldProblem(err, len(b))]; ok {
@@ -92,7 +93,7 @@ func parseCachePut(b []byte) (store.CachePut, error) {
 		return p, errInvalidJSON
 	}
 	var ok bool
-	if p.Key, ok = projectStringToken(members["key"]); !ok || !store.ValidCacheKey(p.Key) {
+	if p.Key, ok = projectStringToken(members["key"]); !ok || !project.ValidCacheKey(p.Key) {
 		return p, errInvalidCacheKey
 	}
 	if p.Type, ok = projectStringToken(members["type"]); !ok || (p.Type != "json" && p.Type != "string") {
@@ -120,30 +121,25 @@ func parseCachePut(b []byte) (store.CachePut, error) {
 	return p, nil
 }
 
-func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
+func (s *Server) putCache(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	b, err := readProjectBody(w, r)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	put, err := parseCachePut(b)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
-	if store.CacheItemSize(put.Key, put.Value) > pr.info.CacheQuotaBytes {
-		s.projectFail(w, r, errCacheQuotaExceeded)
-		return
+	if project.CacheItemSize(put.Key, put.Value) > pr.info.CacheQuotaBytes {
+		return errCacheQuotaExceeded
 	}
 	m := pr.info.Mirror()
 	if m.LegacyDeadlineMs == 0 {
@@ -151,56 +147,51 @@ func (s *Server) putCache(w http.ResponseWriter, r *http.Request) {
 		// PostgreSQL (the truth) and its Redis mirror together.
 		exists, candidate, err := s.prj.cache.LegacyDeadlineCandidate(ctx, pr.keys)
 		if err != nil {
-			s.projectFail(w, r, err)
-			return
+			return err
 		}
 		if exists {
 			if m.LegacyDeadlineMs, err = s.store.FixLegacyDeadline(ctx, pr.info.ID, candidate, s.projectMirror(pr.keys)); err != nil {
-				s.projectFail(w, r, err)
-				return
+				return err
 			}
 		}
 	}
 	item, created, err := s.prj.cache.Put(ctx, pr.keys, m, put)
 	if err != nil {
-		if errors.Is(err, store.ErrCacheKeyExists) {
+		if errors.Is(err, project.ErrCacheKeyExists) {
 			err = errCacheKeyExists
 		}
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 	}
 	writeJSON(w, status, toCacheItemDTO(item))
+	return nil
 }
 
-func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) {
+func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	keys := r.URL.Query()["key"]
-	if len(keys) != 1 || !store.ValidCacheKey(keys[0]) {
-		s.projectFail(w, r, errInvalidCacheKey)
-		return
+	if len(keys) != 1 || !project.ValidCacheKey(keys[0]) {
+		return errInvalidCacheKey
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	if err := s.prj.cache.Delete(ctx, pr.keys, pr.info.Mirror(), keys[0]); err != nil {
-		if errors.Is(err, store.ErrCacheKeyNotFound) {
+		if errors.Is(err, project.ErrCacheKeyNotFound) {
 			err = errCacheKeyNotFound
 		}
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // listCache streams one page: the plan (structure checks, which items,
@@ -208,30 +199,26 @@ func (s *Server) deleteCache(w http.ResponseWriter, r *http.Request) {
 // proper error; normal values are then read in pipelined batches and
 // written as they arrive, so a page of up to 4 MiB of values is never
 // encoded as one buffer.
-func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listCache(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleRead)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	q := r.URL.Query()
-	limit, err := parseLimit(r, CachePageDefault, CachePageMax)
+	limit, err := parseLimit(r, project.CachePageDefault, project.CachePageMax)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
-	cur, err := store.ParseCacheCursor(q.Get("cursor"))
+	cur, err := project.ParseCacheCursor(q.Get("cursor"))
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	m := pr.info.Mirror()
-	page, err := s.prj.cache.PlanPage(ctx, pr.keys, m, store.CacheQuery{
-		Search: q.Get("search"), Prefix: q.Get("prefix"), Cursor: cur, Limit: limit, MaxValueBytes: CachePageValueBytes})
+	page, err := s.prj.cache.PlanPage(ctx, pr.keys, m, project.CacheQuery{
+		Search: q.Get("search"), Prefix: q.Get("prefix"), Cursor: cur, Limit: limit, MaxValueBytes: project.CachePageValueBytes})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -240,7 +227,7 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	_, _ = bw.WriteString(`{"items":[`)
 	n := 0
-	err = s.prj.cache.EachItem(ctx, pr.keys, page, func(it store.CacheItem) error {
+	err = s.prj.cache.EachItem(ctx, pr.keys, page, func(it project.CacheItem) error {
 		b, err := json.Marshal(toCacheItemDTO(it))
 		if err != nil {
 			return err
@@ -276,4 +263,5 @@ func (s *Server) listCache(w http.ResponseWriter, r *http.Request) {
 	if err := s.prj.cache.PruneAfter(pctx, pr.keys, m, page); err != nil {
 		s.metrics.errors.WithLabelValues("redis", "project_cache_prune").Inc()
 	}
+	return nil
 }

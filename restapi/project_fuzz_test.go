@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/jsonx"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // FuzzParseCachePut: whatever the body, parseCachePut either refuses it with
@@ -38,10 +38,10 @@ func FuzzParseCachePut(f *testing.F) {
 		if jsonx.Check(b) != nil {
 			t.Fatalf("accepted a body that is not strict JSON: %q", b)
 		}
-		if !store.ValidCacheKey(p.Key) || (p.Type != "json" && p.Type != "string") {
+		if !project.ValidCacheKey(p.Key) || (p.Type != "json" && p.Type != "string") {
 			t.Fatalf("accepted key %q type %q", p.Key, p.Type)
 		}
-		if p.TTL < time.Second || p.TTL > CacheTTLMaxSeconds*time.Second || p.TTL%time.Second != 0 {
+		if p.TTL < time.Second || p.TTL > project.CacheTTLMaxSeconds*time.Second || p.TTL%time.Second != 0 {
 			t.Fatalf("accepted TTL %v", p.TTL)
 		}
 		if p.Type == "json" && jsonx.Check([]byte(p.Value)) != nil {
@@ -54,7 +54,7 @@ func FuzzParseCachePut(f *testing.F) {
 					t.Fatalf("accepted TTL token %s", raw)
 				}
 			}
-		} else if p.TTL != CacheTTLDefaultSeconds*time.Second {
+		} else if p.TTL != project.CacheTTLDefaultSeconds*time.Second {
 			t.Fatalf("absent TTL became %v", p.TTL)
 		}
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -100,7 +101,7 @@ func (h *harness) projectServer(rdb redis.UniversalClient, rs *testenv.RedisServ
 // testProject is a project with one member per role and an outsider.
 type testProject struct {
 	id                              string
-	keys                            store.ProjectKeys
+	keys                            project.Keys
 	read, write, admin, outsider    string // user tokens
 	readID, writeID, adminID, outID string
 	service                         string // a valid service token
@@ -123,7 +124,7 @@ func (h *prjHarness) project() testProject {
 	t := h.t
 	t.Helper()
 	p := testProject{id: ids.New(), readID: ids.New(), writeID: ids.New(), adminID: ids.New(), outID: ids.New()}
-	p.keys = store.NewProjectKeys(prjEnv, p.id)
+	p.keys = project.NewKeys(prjEnv, p.id)
 	if err := h.store.CreateProject(context.Background(), p.id, "test project", []store.ProjectMember{
 		{UserID: p.readID, Role: store.RoleRead}, {UserID: p.writeID, Role: store.RoleWrite},
 		{UserID: p.adminID, Role: store.RoleAdmin}}); err != nil {

@@ -7,18 +7,18 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // importLegacy writes legacy v1 entries as the pre-upgrade service did (the
 // same function hanctl project legacy-import calls).
 func (h *prjHarness) importLegacy(p testProject, ttl time.Duration, kv ...string) {
 	h.t.Helper()
-	var es []store.LegacyEntry
+	var es []project.LegacyEntry
 	for i := 0; i+2 < len(kv); i += 3 {
-		es = append(es, store.LegacyEntry{Key: kv[i], Type: kv[i+1], Value: kv[i+2]})
+		es = append(es, project.LegacyEntry{Key: kv[i], Type: kv[i+1], Value: kv[i+2]})
 	}
-	if err := store.ImportLegacyCache(context.Background(), h.rdb, p.keys, es, ttl); err != nil {
+	if err := project.ImportLegacyCache(context.Background(), h.rdb, p.keys, es, ttl); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -277,7 +277,7 @@ func TestProjectLegacyDeadlineSurvivesEmptyRestore(t *testing.T) {
 	}
 	// The old dump's container comes back (without a TTL).
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		return store.ImportLegacyCache(ctx, h.rdb, p.keys, []store.LegacyEntry{{Key: "a", Type: "string", Value: "1"}}, 0) == nil
+		return project.ImportLegacyCache(ctx, h.rdb, p.keys, []project.LegacyEntry{{Key: "a", Type: "string", Value: "1"}}, 0) == nil
 	}, "client did not reconnect")
 	items := h.list(p.read, p, "").Items
 	if len(items) != 1 || items[0].ExpiresAt != d || items[0].LegacyDeadlinePending {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -36,8 +36,8 @@ func TestProjectEvictionPolicyGate(t *testing.T) {
 			h := newPrjHarnessOn(t, rs, rs.URL(0))
 			p := h.project()
 			// Data written before the policy changed still reads.
-			if _, _, err := store.NewProjectCache(h.rdb).Put(context.Background(), p.keys,
-				store.ProjectMirror{CacheQuotaBytes: 1 << 20}, store.CachePut{Key: "old", Type: "string", Value: "v", TTL: time.Hour}); err != nil {
+			if _, _, err := project.NewCache(h.rdb).Put(context.Background(), p.keys,
+				project.Mirror{CacheQuotaBytes: 1 << 20}, project.CachePut{Key: "old", Type: "string", Value: "v", TTL: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
 			before := h.projectKeys(p)

@@ -14,7 +14,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 func TestProjectCacheTTLTable(t *testing.T) {
@@ -542,11 +542,11 @@ func TestProjectCacheListingCapsValueBytes(t *testing.T) {
 	}
 	// Written through the store (the same script as PUT) to keep the test
 	// fast under -race; the listing is what is under test.
-	cache := store.NewProjectCache(h.rdb)
-	mirror := store.ProjectMirror{CacheQuotaBytes: 16 << 20}
+	cache := project.NewCache(h.rdb)
+	mirror := project.Mirror{CacheQuotaBytes: 16 << 20}
 	putDirect := func(key, value string) {
 		t.Helper()
-		if _, _, err := cache.Put(context.Background(), p.keys, mirror, store.CachePut{Key: key, Type: "string", Value: value, TTL: 10 * time.Minute}); err != nil {
+		if _, _, err := cache.Put(context.Background(), p.keys, mirror, project.CachePut{Key: key, Type: "string", Value: value, TTL: 10 * time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -15,30 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/jcs"
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
-)
-
-// ProjectQueueConfig tunes topics, claims and budgets of the project Redis
-// API (defaults: 60 s lease, 24 h dedupe window, 2 MiB per project, 64 MiB
-// module; tests shorten them).
-type ProjectQueueConfig struct {
-	Lease              time.Duration // zero value means 60s
-	DedupeWindow       time.Duration // zero value means 24h
-	ProjectBudgetBytes int64         // zero value means 2 MiB
-	ModuleBudgetBytes  int64         // zero value means 64 MiB
-	// MaxTopics and MaxSubscriptions cap what one project holds; zero
-	// value means 256 each.
-	MaxTopics        int
-	MaxSubscriptions int
-}
-
-// Limits of topics, subscriptions and receipts (decisions in
-// docs/project-redis-api.md).
-const (
-	TopicNameMaxBytes        = 128
-	TopicDescriptionMaxBytes = 1024
-	ProducerIDMaxBytes       = 256
-	ClientEventIDMaxBytes    = 256
-	MessagePageDefault       = 50
+	"github.com/han-app/gateway/store/project"
 )
 
 var (
@@ -55,15 +32,9 @@ var (
 
 // newProjectQueue builds the Redis side of topics and subscriptions and
 // its metrics.
-func (s *Server) newProjectQueue() *store.ProjectQueue {
+func (s *Server) newProjectQueue() *project.Queue {
 	c := s.cfg.ProjectQueue
-	module := c.ModuleBudgetBytes
-	if module <= 0 {
-		module = ModuleBudgetBytes
-	}
-	q := store.NewProjectQueue(s.rdb, store.NewModuleBudget(s.rdb, s.prj.env, module), store.QueueConfig{
-		Lease: c.Lease, DedupeWindow: c.DedupeWindow, ProjectBudgetBytes: c.ProjectBudgetBytes,
-		MaxTopics: c.MaxTopics, MaxSubscriptions: c.MaxSubscriptions})
+	q := project.NewQueue(s.rdb, project.NewModuleBudget(s.rdb, s.prj.env, c.ModuleCap()), c)
 	f := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: projectMetricsNamespace, Name: "module_budget_settle_failures_total",
 		Help: "Module budget settlements that failed (the module counter over-counts until the next reconcile)."},
 		func() float64 { return float64(q.SettleFailures()) })
@@ -74,24 +45,35 @@ func (s *Server) newProjectQueue() *store.ProjectQueue {
 // projectQueueRoutes mounts the topic, subscription, claim and receipt
 // routes on the project subrouter.
 func (s *Server) projectQueueRoutes(p *mux.Router) {
-	p.HandleFunc("/topics", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.createTopic}))
-	p.HandleFunc("/topics/{topicId}", projectByMethod(map[string]http.HandlerFunc{http.MethodDelete: s.deleteTopic}))
-	p.HandleFunc("/topics/{topicId}/messages", projectByMethod(map[string]http.HandlerFunc{
+	p.HandleFunc("/topics", s.projectByMethod(map[string]projectHandler{http.MethodPost: s.createTopic}))
+	p.HandleFunc("/topics/{topicId}", s.projectByMethod(map[string]projectHandler{http.MethodDelete: s.deleteTopic}))
+	p.HandleFunc("/topics/{topicId}/messages", s.projectByMethod(map[string]projectHandler{
 		http.MethodGet: s.listTopicMessages, http.MethodPost: s.publishMessage}))
-	p.HandleFunc("/topics/{topicId}/trim", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.trimTopic}))
-	p.HandleFunc("/subscriptions", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.createSubscription}))
-	p.HandleFunc("/subscriptions/{subscriptionId}", projectByMethod(map[string]http.HandlerFunc{
+	p.HandleFunc("/topics/{topicId}/trim", s.projectByMethod(map[string]projectHandler{http.MethodPost: s.trimTopic}))
+	p.HandleFunc("/subscriptions", s.projectByMethod(map[string]projectHandler{http.MethodPost: s.createSubscription}))
+	p.HandleFunc("/subscriptions/{subscriptionId}", s.projectByMethod(map[string]projectHandler{
 		http.MethodPatch: s.patchSubscription, http.MethodDelete: s.deleteSubscription}))
-	p.HandleFunc("/subscriptions/{subscriptionId}/receipts", projectByMethod(map[string]http.HandlerFunc{
+	p.HandleFunc("/subscriptions/{subscriptionId}/receipts", s.projectByMethod(map[string]projectHandler{
 		http.MethodGet: s.listReceipts, http.MethodPost: s.postReceipt}))
-	p.HandleFunc("/subscriptions/{subscriptionId}/claim", projectByMethod(map[string]http.HandlerFunc{http.MethodPost: s.claim}))
+	p.HandleFunc("/subscriptions/{subscriptionId}/claim", s.projectByMethod(map[string]projectHandler{http.MethodPost: s.claim}))
 }
 
 // DTOs (docs/project-redis-api.md; timestamps epoch ms).
 
-type topicDTO = store.Topic
+type topicDTO struct {
+	ID          string `json:"id"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	CreatedAt   int64  `json:"createdAt"`
+}
 
-type subscriptionDTO = store.Subscription
+type subscriptionDTO struct {
+	ID        string `json:"id"`
+	TopicID   string `json:"topicId"`
+	Name      string `json:"name"`
+	Status    string `json:"status"`
+	CreatedAt int64  `json:"createdAt"`
+}
 
 type messageDTO struct {
 	ID            string          `json:"id"`
@@ -103,7 +85,7 @@ type messageDTO struct {
 	PublishedAt   int64           `json:"publishedAt"`
 }
 
-func toMessageDTO(m store.TopicMessage) messageDTO {
+func toMessageDTO(m project.TopicMessage) messageDTO {
 	return messageDTO{ID: m.ID, TopicID: m.TopicID, ProducerID: m.ProducerID, ClientEventID: m.ClientEventID,
 		Payload: json.RawMessage(m.Payload), SizeBytes: m.SizeBytes, PublishedAt: m.PublishedAt}
 }
@@ -118,7 +100,7 @@ type receiptDTO struct {
 	UpdatedAt      int64   `json:"updatedAt"`
 }
 
-func toReceiptDTO(r store.Receipt) receiptDTO {
+func toReceiptDTO(r project.Receipt) receiptDTO {
 	d := receiptDTO{MessageID: r.MessageID, SubscriptionID: r.SubscriptionID, Status: r.Status, Attempts: r.Attempts,
 		Result: r.Result, UpdatedAt: r.UpdatedAt}
 	if r.LeaseUntil > 0 {
@@ -238,88 +220,79 @@ func optionalString(raw json.RawMessage, present bool) (string, bool) {
 	return projectStringToken(raw)
 }
 
-func (s *Server) createTopic(w http.ResponseWriter, r *http.Request) {
+func (s *Server) createTopic(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m, err := readMembers(w, r, map[string]*Error{"name": errInvalidTopicName})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	name, ok := projectStringToken(m["name"])
-	if !ok || !validName(name, TopicNameMaxBytes) {
-		s.projectFail(w, r, errInvalidTopicName)
-		return
+	if !ok || !validName(name, project.TopicNameMaxBytes) {
+		return errInvalidTopicName
 	}
 	desc, present := m["description"]
 	description, ok := optionalString(desc, present)
-	if !ok || len(description) > TopicDescriptionMaxBytes {
-		s.projectFail(w, r, errInvalidJSON)
-		return
+	if !ok || len(description) > project.TopicDescriptionMaxBytes {
+		return errInvalidJSON
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	t, err := s.prj.queue.CreateTopic(ctx, pr.keys, ids.New(), name, description)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusCreated, topicDTO(t))
+	return nil
 }
 
-func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) {
-	s.deleteProjectItem(w, r, "topicId", errTopicNotFound, s.prj.queue.DeleteTopic)
+func (s *Server) deleteTopic(w http.ResponseWriter, r *http.Request) error {
+	return s.deleteProjectItem(w, r, "topicId", errTopicNotFound, s.prj.queue.DeleteTopic)
 }
 
 // deleteProjectItem is DELETE of a topic or subscription: write role, the
 // eviction-policy gate, then the delete script; 204.
 func (s *Server) deleteProjectItem(w http.ResponseWriter, r *http.Request, name string, notFound *Error,
-	del func(ctx context.Context, k store.ProjectKeys, projectID, id string) error) {
+	del func(ctx context.Context, k project.Keys, projectID, id string) error) error {
 	pr, id, err := s.projectItem(r, store.RoleWrite, name, notFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	if err := del(ctx, pr.keys, pr.info.ID, id); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
-func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) error {
 	pr, tid, err := s.projectItem(r, store.RoleRead, "topicId", errTopicNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
-	limit, err := parseLimit(r, MessagePageDefault, CachePageMax)
+	limit, err := parseLimit(r, project.MessagePageDefault, project.CachePageMax)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	msgs, next, err := s.prj.queue.ListMessages(r.Context(), pr.keys, tid, r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	items := make([]messageDTO, 0, len(msgs))
 	for _, m := range msgs {
 		items = append(items, toMessageDTO(m))
 	}
 	writeJSON(w, http.StatusOK, newList(items, next))
+	return nil
 }
 
 // parsePublish validates a publish body: producerId and clientEventId are
@@ -327,13 +300,13 @@ func (s *Server) listTopicMessages(w http.ResponseWriter, r *http.Request) {
 // otherwise: they have no code of their own), payload a JSON object
 // (invalid_payload) whose RFC 8785 canonical form is at most 16 KiB
 // (message_too_large).
-func parsePublish(m map[string]json.RawMessage) (store.PublishInput, error) {
-	var in store.PublishInput
+func parsePublish(m map[string]json.RawMessage) (project.PublishInput, error) {
+	var in project.PublishInput
 	var ok bool
-	if in.ProducerID, ok = projectStringToken(m["producerId"]); !ok || !validName(in.ProducerID, ProducerIDMaxBytes) {
+	if in.ProducerID, ok = projectStringToken(m["producerId"]); !ok || !validName(in.ProducerID, project.ProducerIDMaxBytes) {
 		return in, errInvalidJSON
 	}
-	if in.ClientEventID, ok = projectStringToken(m["clientEventId"]); !ok || !validName(in.ClientEventID, ClientEventIDMaxBytes) {
+	if in.ClientEventID, ok = projectStringToken(m["clientEventId"]); !ok || !validName(in.ClientEventID, project.ClientEventIDMaxBytes) {
 		return in, errInvalidJSON
 	}
 	raw, present := m["payload"]
@@ -344,198 +317,173 @@ func parsePublish(m map[string]json.RawMessage) (store.PublishInput, error) {
 	if err != nil {
 		return in, errInvalidPayload
 	}
-	if len(canon) > ProjectMessageMaxBytes {
+	if len(canon) > project.MessageMaxBytes {
 		return in, errMessageTooLarge
 	}
 	in.Payload = canon
 	return in, nil
 }
 
-func (s *Server) publishMessage(w http.ResponseWriter, r *http.Request) {
+func (s *Server) publishMessage(w http.ResponseWriter, r *http.Request) error {
 	pr, tid, err := s.projectItem(r, store.RoleWrite, "topicId", errTopicNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m, err := readMembers(w, r, map[string]*Error{"payload": errInvalidPayload})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	in, err := parsePublish(m)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	msg, replay, err := s.prj.queue.Publish(ctx, pr.keys, pr.info.ID, tid, in)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	status := http.StatusCreated
 	if replay {
 		status = http.StatusOK
 	}
 	writeJSON(w, status, toMessageDTO(msg))
+	return nil
 }
 
-func (s *Server) trimTopic(w http.ResponseWriter, r *http.Request) {
+func (s *Server) trimTopic(w http.ResponseWriter, r *http.Request) error {
 	pr, tid, err := s.projectItem(r, store.RoleWrite, "topicId", errTopicNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	// The body is {}; its members are ignored, but it must be
 	// JSON when present.
 	b, err := readProjectBody(w, r)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	if len(b) > 0 {
 		if _, err := jsonx.TopLevel(b); err != nil {
-			s.projectFail(w, r, errInvalidJSON)
-			return
+			return errInvalidJSON
 		}
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	res, err := s.prj.queue.Trim(ctx, pr.keys, pr.info.ID, tid)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, trimDTO{Trimmed: res.Trimmed, ReleasedBytes: res.ReleasedBytes})
+	return nil
 }
 
-func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) {
+func (s *Server) createSubscription(w http.ResponseWriter, r *http.Request) error {
 	pr, err := s.projectAccess(r, store.RoleWrite)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m, err := readMembers(w, r, nil)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	rawTopic, ok := projectStringToken(m["topicId"])
 	if !ok {
-		s.projectFail(w, r, errInvalidJSON)
-		return
+		return errInvalidJSON
 	}
 	name, ok := projectStringToken(m["name"])
-	if !ok || !validName(name, TopicNameMaxBytes) {
-		s.projectFail(w, r, errInvalidJSON)
-		return
+	if !ok || !validName(name, project.TopicNameMaxBytes) {
+		return errInvalidJSON
 	}
 	tid, ok := ids.Canonical(rawTopic)
 	if !ok {
-		s.projectFail(w, r, errTopicNotFound)
-		return
+		return errTopicNotFound
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	sub, err := s.prj.queue.CreateSubscription(ctx, pr.keys, ids.New(), tid, name)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusCreated, subscriptionDTO(sub))
+	return nil
 }
 
-func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) {
+func (s *Server) patchSubscription(w http.ResponseWriter, r *http.Request) error {
 	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m, err := readMembers(w, r, map[string]*Error{"status": errInvalidSubStatus})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	status, ok := projectStringToken(m["status"])
 	if !ok || (status != "online" && status != "paused") {
-		s.projectFail(w, r, errInvalidSubStatus)
-		return
+		return errInvalidSubStatus
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	sub, err := s.prj.queue.SetSubscriptionStatus(ctx, pr.keys, sid, status)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, subscriptionDTO(sub))
+	return nil
 }
 
-func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) {
-	s.deleteProjectItem(w, r, "subscriptionId", errSubscriptionNotFound, s.prj.queue.DeleteSubscription)
+func (s *Server) deleteSubscription(w http.ResponseWriter, r *http.Request) error {
+	return s.deleteProjectItem(w, r, "subscriptionId", errSubscriptionNotFound, s.prj.queue.DeleteSubscription)
 }
 
-func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listReceipts(w http.ResponseWriter, r *http.Request) error {
 	pr, sid, err := s.projectItem(r, store.RoleRead, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
-	limit, err := parseLimit(r, MessagePageDefault, CachePageMax)
+	limit, err := parseLimit(r, project.MessagePageDefault, project.CachePageMax)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	recs, next, err := s.prj.queue.ListReceipts(r.Context(), pr.keys, sid, r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	items := make([]receiptDTO, 0, len(recs))
 	for _, rc := range recs {
 		items = append(items, toReceiptDTO(rc))
 	}
 	writeJSON(w, http.StatusOK, newList(items, next))
+	return nil
 }
 
-func (s *Server) claim(w http.ResponseWriter, r *http.Request) {
+func (s *Server) claim(w http.ResponseWriter, r *http.Request) error {
 	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m, err := readMembers(w, r, map[string]*Error{"count": errInvalidCount})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
-	count, ok := projectPositiveInt(m["count"], ClaimCountMax)
+	count, ok := projectPositiveInt(m["count"], project.ClaimCountMax)
 	if !ok {
-		s.projectFail(w, r, errInvalidCount)
-		return
+		return errInvalidCount
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	items, err := s.prj.queue.Claim(ctx, pr.keys, sid, int(count), pr.info.DeliveryPaused)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	out := claimDTO{Items: make([]claimItemDTO, 0, len(items))}
 	for _, it := range items {
@@ -544,49 +492,43 @@ func (s *Server) claim(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
-func (s *Server) postReceipt(w http.ResponseWriter, r *http.Request) {
+func (s *Server) postReceipt(w http.ResponseWriter, r *http.Request) error {
 	pr, sid, err := s.projectItem(r, store.RoleWrite, "subscriptionId", errSubscriptionNotFound)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	m, err := readMembers(w, r, map[string]*Error{"status": errInvalidReceiptStatus})
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	msgID, ok1 := projectStringToken(m["messageId"])
 	token, ok2 := projectStringToken(m["token"])
 	if !ok1 || !ok2 {
-		s.projectFail(w, r, errInvalidJSON)
-		return
+		return errInvalidJSON
 	}
 	status, ok := projectStringToken(m["status"])
 	if !ok || (status != "processed" && status != "failed") {
-		s.projectFail(w, r, errInvalidReceiptStatus)
-		return
+		return errInvalidReceiptStatus
 	}
 	res, present := m["result"]
 	result, ok := optionalString(res, present)
 	if !ok {
-		s.projectFail(w, r, errInvalidJSON)
-		return
+		return errInvalidJSON
 	}
-	if len(result) > ProjectResultMaxBytes {
-		s.projectFail(w, r, errResultTooLarge)
-		return
+	if len(result) > project.ResultMaxBytes {
+		return errResultTooLarge
 	}
 	ctx := r.Context()
 	if err := s.prj.gate.CheckWrite(ctx); err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	rc, _, err := s.prj.queue.Ack(ctx, pr.keys, sid, msgID, token, status, result)
 	if err != nil {
-		s.projectFail(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, toReceiptDTO(rc))
+	return nil
 }

@@ -10,15 +10,14 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // receiptBytes is what every receipt reserves of the budget.
-const receiptBytes = store.ReceiptReserveBytes
+const receiptBytes = project.ReceiptReserveBytes
 
 func ddBytes(topicID, producer, event string) int64 {
-	return store.DedupeRecordBytes(topicID, producer, event)
+	return project.DedupeRecordBytes(topicID, producer, event)
 }
 
 // Trim removes only messages terminal for every subscription (and those
@@ -179,7 +178,7 @@ func TestQueueProjectBudget(t *testing.T) {
 // is gone; then they are no longer counted and the next budget-touching
 // script purges them.
 func TestQueueDedupeHeldUntilExpiry(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 2 * time.Second}, nil)
+	h := newQueueHarness(t, project.QueueConfig{DedupeWindow: 2 * time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "d")
 	m := h.qPublish(p, top.ID, "x", `{}`)
@@ -304,7 +303,7 @@ func TestQueueModuleBudgetAcrossProjects(t *testing.T) {
 	}
 	defer rs.Stop()
 	const module = 100_000
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{ModuleBudgetBytes: module}, rs)
+	h := newQueueHarness(t, project.QueueConfig{ModuleBudgetBytes: module}, rs)
 	pa, pb := h.project(), h.project()
 	ta, tb := h.qTopic(pa, "a"), h.qTopic(pb, "b")
 	sa := h.qSub(pa, ta.ID, "s")
@@ -352,7 +351,7 @@ func (h *prjHarness) assertModuleMatches(rs *testenv.RedisServer, ps ...testProj
 			sum += v
 		}
 	}
-	mk := store.NewModuleKeys(prjEnv)
+	mk := project.NewModuleKeys(prjEnv)
 	committed, _ := h.admin.HGet(ctx, mk.Budget(), "committed").Int64()
 	reserved, _ := h.admin.HGet(ctx, mk.Budget(), "reserved").Int64()
 	if committed != sum || reserved != 0 || h.admin.HLen(ctx, mk.Reservations()).Val() != 0 {
@@ -372,7 +371,7 @@ func TestQueueModuleBudgetConcurrentProjects(t *testing.T) {
 	}
 	defer rs.Stop()
 	const module = 256 << 10
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{ModuleBudgetBytes: module}, rs)
+	h := newQueueHarness(t, project.QueueConfig{ModuleBudgetBytes: module}, rs)
 	ctx := context.Background()
 	type proj struct {
 		p   testProject
@@ -387,7 +386,7 @@ func TestQueueModuleBudgetConcurrentProjects(t *testing.T) {
 		ps = append(ps, proj{p, top, h.qSub(p, top.ID, "s")})
 		tps = append(tps, p)
 	}
-	mk := store.NewModuleKeys(prjEnv)
+	mk := project.NewModuleKeys(prjEnv)
 	projectSum := func() int64 {
 		var sum int64
 		for _, x := range ps {
@@ -445,7 +444,7 @@ func TestQueueModuleBudgetConcurrentProjects(t *testing.T) {
 	t.Logf("phase 1: %d publishes admitted, %d bytes", admitted.Load(), sum)
 
 	// Phase 2: trims and publishes race a reconcile loop.
-	mb := store.NewModuleBudget(h.rdb, prjEnv, module)
+	mb := project.NewModuleBudget(h.rdb, prjEnv, module)
 	stop.Store(false)
 	maxSeen.Store(0)
 	sampler.Go(func() {
@@ -507,11 +506,11 @@ func TestQueueModuleBudgetReconcileDropsDeadReservations(t *testing.T) {
 	}
 	defer rs.Stop()
 	const module = 50_000
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{ModuleBudgetBytes: module}, rs)
+	h := newQueueHarness(t, project.QueueConfig{ModuleBudgetBytes: module}, rs)
 	p := h.project()
 	top := h.qTopic(p, "t")
 	h.qPublish(p, top.ID, "one", `{}`)
-	mb := store.NewModuleBudget(h.rdb, prjEnv, module)
+	mb := project.NewModuleBudget(h.rdb, prjEnv, module)
 	ctx := context.Background()
 	if _, ok, err := mb.Reserve(ctx, p.id, module-1000); err != nil || !ok {
 		t.Fatalf("reserve: %v %v", ok, err)
@@ -534,7 +533,7 @@ func TestQueueModuleBudgetReconcileDropsDeadReservations(t *testing.T) {
 	}
 	// Drift upward (a crash after the project script, before settling) is
 	// corrected too.
-	h.admin.HIncrBy(ctx, store.NewModuleKeys(prjEnv).Budget(), "committed", 777)
+	h.admin.HIncrBy(ctx, project.NewModuleKeys(prjEnv).Budget(), "committed", 777)
 	if res, err := mb.Reconcile(ctx, time.Hour); err != nil || res.Before-res.After != 777 {
 		t.Fatalf("reconcile: %+v %v", res, err)
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/restapi"
+	"github.com/han-app/gateway/store/project"
 )
 
 // queueFixture is a project with a topic, a subscription, a processed, a
@@ -94,7 +94,7 @@ func TestQueueWritesRefusedUnderUnsafeEvictionPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rs.Stop()
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{}, rs)
+	h := newQueueHarness(t, project.QueueConfig{}, rs)
 	f := h.queueFixture()
 	ctx := context.Background()
 	for _, policy := range []string{"allkeys-lru", "allkeys-lfu", "allkeys-random"} {
@@ -133,7 +133,7 @@ func TestQueueWritesRefusedUnderOOM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rs.Stop()
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{}, rs)
+	h := newQueueHarness(t, project.QueueConfig{}, rs)
 	f := h.queueFixture()
 	ctx := context.Background()
 	if err := h.admin.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
@@ -170,7 +170,7 @@ func TestQueueWritesRefusedUnderOOM(t *testing.T) {
 func TestQueueDataStateInvalid(t *testing.T) {
 	// Leases long enough for the fixture's claim → ack under -race on a
 	// loaded machine; one case waits for a lease to end.
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: time.Second}, nil)
+	h := newQueueHarness(t, project.QueueConfig{Lease: time.Second}, nil)
 	ctx := context.Background()
 	metric := func() string {
 		_, b := h.do("", "GET", "/metrics", "")

@@ -15,7 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -27,7 +27,7 @@ type qHarness struct {
 
 // newQueueHarness serves the project API with cfg on the package's
 // redis-server (rs nil) or a private one.
-func newQueueHarness(t *testing.T, cfg restapi.ProjectQueueConfig, rs *testenv.RedisServer) *qHarness {
+func newQueueHarness(t *testing.T, cfg project.QueueConfig, rs *testenv.RedisServer) *qHarness {
 	t.Helper()
 	base := newHarness(t)
 	rdb := base.rdb
@@ -303,7 +303,7 @@ func TestQueueTopicsAndSubscriptions(t *testing.T) {
 }
 
 func TestQueuePublishIdempotency(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{DedupeWindow: 2 * time.Second}, nil)
+	h := newQueueHarness(t, project.QueueConfig{DedupeWindow: 2 * time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "events")
 	first := h.qPublish(p, top.ID, "evt-1", `{"b":[1,2.0,{"y":true,"x":null}],"a":"\u00e9"}`)
@@ -498,7 +498,7 @@ func TestQueueConcurrentClaimers(t *testing.T) {
 // starts only after the previous one ended (Redis clock) — never two leases
 // of one message at a time.
 func TestQueueConcurrentClaimersWithExpiry(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: 200 * time.Millisecond}, nil)
+	h := newQueueHarness(t, project.QueueConfig{Lease: 200 * time.Millisecond}, nil)
 	p := h.project()
 	top := h.qTopic(p, "expiry")
 	sub := h.qSub(p, top.ID, "workers")
@@ -572,7 +572,7 @@ func TestQueueConcurrentClaimersWithExpiry(t *testing.T) {
 }
 
 func TestQueueAckFencing(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: time.Second}, nil)
+	h := newQueueHarness(t, project.QueueConfig{Lease: time.Second}, nil)
 	p := h.project()
 	top := h.qTopic(p, "fence")
 	sub := h.qSub(p, top.ID, "s")
@@ -663,7 +663,7 @@ func TestQueueAckFencing(t *testing.T) {
 // After ten leases that all expired, the receipt is exhausted: terminal,
 // never claimed again, and every token it issued is lease_expired.
 func TestQueueAttemptsExhausted(t *testing.T) {
-	h := newQueueHarness(t, restapi.ProjectQueueConfig{Lease: 50 * time.Millisecond}, nil)
+	h := newQueueHarness(t, project.QueueConfig{Lease: 50 * time.Millisecond}, nil)
 	p := h.project()
 	top := h.qTopic(p, "retry")
 	sub := h.qSub(p, top.ID, "s")
@@ -726,7 +726,7 @@ func TestQueueReceiptsListingHasNoUsableToken(t *testing.T) {
 		t.Fatalf("receipts: %s", body)
 	}
 	for _, it := range items {
-		if strings.Contains(string(body), it.Token) || strings.Contains(string(body), store.LeaseTokenHash(it.Token)) {
+		if strings.Contains(string(body), it.Token) || strings.Contains(string(body), project.LeaseTokenHash(it.Token)) {
 			t.Fatalf("listing leaks a token: %s", body)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -64,7 +65,7 @@ type Config struct {
 	EvictionPolicyTTL time.Duration
 	// ProjectQueue tunes topics, claims and budgets of the project API
 	// (project_topics.go); zero values mean the defaults.
-	ProjectQueue ProjectQueueConfig
+	ProjectQueue project.QueueConfig
 }
 
 // Pinger is a PostgreSQL connection the readiness probe pings.

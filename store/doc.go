@@ -2,11 +2,13 @@
 // source of truth (users, dialogs, messages with per-dialog seq,
 // idempotency records, the outbox, projects, attachments, internal inbox
 // receipts) through a pgx pool, the attachment blob store (BlobStore,
-// LocalBlobs), the idempotency scripts' data access, the project Redis
-// API's data, the embedded SQL migrations, and the mapping of PostgreSQL
-// errors (Kind, IsPGUnavailable). The Redis plumbing it builds on (clients,
-// health, locks, ACL, Redis error sentinels) is the subpackage store/rds,
-// which links no PostgreSQL driver.
+// LocalBlobs), the idempotency scripts' data access, the project rows
+// (members, settings, the legacy deadline) whose Redis mirror the project
+// Redis API keeps, the embedded SQL migrations, and the mapping of
+// PostgreSQL errors (Kind, IsPGUnavailable). The Redis plumbing it builds on
+// (clients, health, locks, ACL, Redis error sentinels) is the subpackage
+// store/rds; the project Redis API's own data (cache, topics, budgets) is
+// store/project. Neither links a PostgreSQL driver.
 //
 // Callers never see a transaction: every write that must commit together
 // (a message with its seq, outbox event, idempotency record and safety

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -48,7 +49,7 @@ func Kind(err error) string {
 		return "pg_busy"
 	case errors.As(err, &pe):
 		return "pg:" + pe.Code
-	case errors.Is(err, ErrDataStateInvalid):
+	case errors.Is(err, project.ErrDataStateInvalid):
 		return "redis_data_state_invalid"
 	}
 	return rds.Kind(err)

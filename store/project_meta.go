@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/han-app/gateway/store/project"
 )
 
 // ProjectInfo is what one request of the project Redis API needs from
@@ -25,8 +27,8 @@ type ProjectInfo struct {
 }
 
 // Mirror is the part of the metadata that Redis mirrors.
-func (p ProjectInfo) Mirror() ProjectMirror {
-	return ProjectMirror{CacheQuotaBytes: p.CacheQuotaBytes, DeliveryPaused: p.DeliveryPaused, LegacyDeadlineMs: p.LegacyDeadlineMs}
+func (p ProjectInfo) Mirror() project.Mirror {
+	return project.Mirror{CacheQuotaBytes: p.CacheQuotaBytes, DeliveryPaused: p.DeliveryPaused, LegacyDeadlineMs: p.LegacyDeadlineMs}
 }
 
 // ProjectAccess returns the project's metadata and userID's role in it in
@@ -66,7 +68,7 @@ type ProjectSettings struct {
 var ErrMirrorRestore = errors.New("store: project mirror not restored")
 
 // MirrorFunc writes the project metadata that Redis mirrors.
-type MirrorFunc func(ctx context.Context, m ProjectMirror) error
+type MirrorFunc func(ctx context.Context, m project.Mirror) error
 
 // mirrorRestoreTimeout bounds putting a mirror back after a failed commit;
 // the request's own context may be what failed.
@@ -84,7 +86,7 @@ const mirrorRestoreTimeout = time.Second
 // the error when that fails as well). A nil mirror writes PostgreSQL only.
 func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set ProjectSettings, mirror MirrorFunc) (ProjectInfo, error) {
 	p, before := ProjectInfo{ID: projectID}, ProjectInfo{ID: projectID}
-	err := s.mirroredTx(ctx, mirror, func(tx pgx.Tx) (ProjectMirror, ProjectMirror, error) {
+	err := s.mirroredTx(ctx, mirror, func(tx pgx.Tx) (project.Mirror, project.Mirror, error) {
 		var deadline *int64
 		// The sub-select locks the row and reads the values from before
 		// the change (restored into Redis should the commit fail).
@@ -97,7 +99,7 @@ func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set
 			projectID, set.CacheQuotaBytes, set.DeliveryPaused).Scan(&p.CacheQuotaBytes, &p.DeliveryPaused, &deadline,
 			&before.CacheQuotaBytes, &before.DeliveryPaused)
 		if err != nil {
-			return ProjectMirror{}, ProjectMirror{}, err
+			return project.Mirror{}, project.Mirror{}, err
 		}
 		if deadline != nil {
 			p.LegacyDeadlineMs, before.LegacyDeadlineMs = *deadline, *deadline
@@ -116,8 +118,8 @@ func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set
 // mirroredTx runs change in a request transaction; change returns the
 // mirrored metadata before and after it. mirror(after) runs before the
 // commit; when the commit fails, mirror(before) puts Redis back.
-func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(tx pgx.Tx) (before, after ProjectMirror, err error)) error {
-	var before ProjectMirror
+func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(tx pgx.Tx) (before, after project.Mirror, err error)) error {
+	var before project.Mirror
 	mirrored := false
 	err := s.requestTx(ctx, func(tx pgx.Tx) error {
 		b, a, err := change(tx)
@@ -150,8 +152,8 @@ func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(t
 // metadata (with the deadline in force) to Redis.
 func (s *Store) FixLegacyDeadline(ctx context.Context, projectID string, candidateMs int64, mirror MirrorFunc) (int64, error) {
 	var d int64
-	err := s.mirroredTx(ctx, mirror, func(tx pgx.Tx) (ProjectMirror, ProjectMirror, error) {
-		var after ProjectMirror
+	err := s.mirroredTx(ctx, mirror, func(tx pgx.Tx) (project.Mirror, project.Mirror, error) {
+		var after project.Mirror
 		var old *int64
 		err := tx.QueryRow(ctx, `UPDATE projects p SET legacy_deadline_ms = COALESCE(old.legacy_deadline_ms, $2)
 			FROM (SELECT id, legacy_deadline_ms FROM projects WHERE id = $1 FOR UPDATE) old

@@ -24,6 +24,7 @@ import (
 	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 	"github.com/han-app/gateway/web"
 )
@@ -46,9 +47,9 @@ type Main struct {
 	rt       redis.UniversalClient
 	api      *restapi.Server
 	realtime *gateway.Service
-	janitor  *store.Janitor          // purges expired idempotency records
-	budgets  *store.BudgetReconciler // reconciles the project API's module budget
-	ops      opsParts                // runtime settings and the legacy stub (ops.go)
+	janitor  *store.Janitor            // purges expired idempotency records
+	budgets  *project.BudgetReconciler // reconciles the project API's module budget
+	ops      opsParts                  // runtime settings and the legacy stub (ops.go)
 	httpSrv  *http.Server
 	serveErr chan error
 	metrics  metricsListener // HAN_METRICS_ADDR (metrics_listener.go)
@@ -206,8 +207,8 @@ func (m *Main) Run(ctx context.Context) error {
 	m.api.MountWeb(web.Handler())
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
 	m.janitor.Start()
-	m.budgets = store.NewBudgetReconciler(store.NewModuleBudget(m.rdb, cfg.Env, restapi.ModuleBudgetBytes),
-		store.BudgetReconcilerConfig{}, m.Logger)
+	m.budgets = project.NewBudgetReconciler(project.NewModuleBudget(m.rdb, cfg.Env, project.ModuleBudgetBytes),
+		project.BudgetReconcilerConfig{}, m.Logger)
 	m.budgets.Start()
 
 	if err := m.metrics.start(cfg.MetricsAddr, metrics.Handler(), m.Logger); err != nil {

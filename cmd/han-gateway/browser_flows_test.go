@@ -20,6 +20,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // deliveryBound is how long a user may wait for something another user did
@@ -410,8 +411,8 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 		t.Fatal(err)
 	}
 	// An entry saved as "never expire" before the upgrade (legacy v1 container without a TTL).
-	if err := store.ImportLegacyCache(ctx, mx.rdb, store.NewProjectKeys(mx.Config.Env, pid),
-		[]store.LegacyEntry{{Key: "legacy:banner", Type: "string", Value: "Welcome back"}}, 0); err != nil {
+	if err := project.ImportLegacyCache(ctx, mx.rdb, project.NewKeys(mx.Config.Env, pid),
+		[]project.LegacyEntry{{Key: "legacy:banner", Type: "string", Value: "Welcome back"}}, 0); err != nil {
 		t.Fatal(err)
 	}
 	p := b.newPage(t, "console")

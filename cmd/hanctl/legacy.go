@@ -14,7 +14,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/jsonx"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -26,13 +26,13 @@ import (
 // REDIS_URL and HAN_ENV (default dev).
 func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("project legacy-import", flag.ContinueOnError)
-	project := fs.String("project", "", "project id (UUID)")
+	projectID := fs.String("project", "", "project id (UUID)")
 	file := fs.String("file", "", "JSON array of {key, type, value}")
 	ttl := fs.Duration("container-ttl", 0, "give the container a physical TTL (default: none, as legacy data had)")
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
-	id, ok := ids.Canonical(*project)
+	id, ok := ids.Canonical(*projectID)
 	if !ok {
 		return errors.New("--project must be a UUID")
 	}
@@ -67,8 +67,8 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	defer rdb.Close()
 	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	keys := store.NewProjectKeys(env, id)
-	if err := store.ImportLegacyCache(ictx, rdb, keys, entries, *ttl); err != nil {
+	keys := project.NewKeys(env, id)
+	if err := project.ImportLegacyCache(ictx, rdb, keys, entries, *ttl); err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
 	fmt.Fprintf(out, "imported %d legacy entries into %s\n", len(entries), keys.CacheContainer())
@@ -77,7 +77,7 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 
 // parseLegacyFile checks the file strictly and every entry by the rules
 // the API applies to a PUT (key, type, JSON text for type json).
-func parseLegacyFile(b []byte) ([]store.LegacyEntry, error) {
+func parseLegacyFile(b []byte) ([]project.LegacyEntry, error) {
 	var raw []struct {
 		Key   *string `json:"key"`
 		Type  *string `json:"type"`
@@ -95,11 +95,11 @@ func parseLegacyFile(b []byte) ([]store.LegacyEntry, error) {
 	if len(raw) == 0 {
 		return nil, errors.New("--file: no entries")
 	}
-	out := make([]store.LegacyEntry, 0, len(raw))
+	out := make([]project.LegacyEntry, 0, len(raw))
 	seen := map[string]bool{}
 	for i, e := range raw {
 		switch {
-		case e.Key == nil || !store.ValidCacheKey(*e.Key):
+		case e.Key == nil || !project.ValidCacheKey(*e.Key):
 			return nil, fmt.Errorf("entry %d: key must be 1..256 UTF-8 bytes without control characters", i)
 		case seen[*e.Key]:
 			return nil, fmt.Errorf("entry %d: duplicate key", i)
@@ -111,7 +111,7 @@ func parseLegacyFile(b []byte) ([]store.LegacyEntry, error) {
 			return nil, fmt.Errorf("entry %d: value is not valid JSON text", i)
 		}
 		seen[*e.Key] = true
-		out = append(out, store.LegacyEntry{Key: *e.Key, Type: *e.Type, Value: *e.Value})
+		out = append(out, project.LegacyEntry{Key: *e.Key, Type: *e.Type, Value: *e.Value})
 	}
 	return out, nil
 }

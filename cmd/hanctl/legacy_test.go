@@ -10,7 +10,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 func TestProjectLegacyImport(t *testing.T) {
@@ -30,12 +30,12 @@ func TestProjectLegacyImport(t *testing.T) {
 		}
 		return f
 	}
-	project := ids.New()
-	keys := store.NewProjectKeys("stage", project)
+	projectID := ids.New()
+	keys := project.NewKeys("stage", projectID)
 
 	f := write(`[{"key":"a","type":"string","value":"1"},{"key":"b/ü","type":"json","value":"{\"x\":[1]}"}]`)
-	out, err := run(t, envs, "project", "legacy-import", "--project", project, "--file", f)
-	if err != nil || !strings.Contains(out, "imported 2 legacy entries into han:prj:{stage:"+project+"}:cache") {
+	out, err := run(t, envs, "project", "legacy-import", "--project", projectID, "--file", f)
+	if err != nil || !strings.Contains(out, "imported 2 legacy entries into han:prj:{stage:"+projectID+"}:cache") {
 		t.Fatalf("import: %q %v", out, err)
 	}
 	got := admin.HGetAll(ctx, keys.CacheContainer()).Val()
@@ -51,7 +51,7 @@ func TestProjectLegacyImport(t *testing.T) {
 	if _, err := run(t, envs, "project", "legacy-import", "--project", other, "--file", f, "--container-ttl", "1h"); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := admin.PTTL(ctx, store.NewProjectKeys("stage", other).CacheContainer()).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
+	if ttl := admin.PTTL(ctx, project.NewKeys("stage", other).CacheContainer()).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
 		t.Fatalf("container TTL %v", ttl)
 	}
 
@@ -80,7 +80,7 @@ func TestProjectLegacyImport(t *testing.T) {
 	if _, err := run(t, envs, "project", "legacy-import", "--project", "nope", "--file", f); err == nil {
 		t.Error("a non-UUID project was accepted")
 	}
-	if n := admin.Exists(ctx, store.NewProjectKeys("stage", bad).CacheContainer()).Val(); n != 0 {
+	if n := admin.Exists(ctx, project.NewKeys("stage", bad).CacheContainer()).Val(); n != 0 {
 		t.Fatal("a refused import wrote the container")
 	}
 	// A key that already exists as a normal entry cannot be legacy data.
@@ -88,7 +88,7 @@ func TestProjectLegacyImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin.Expire(ctx, keys.CacheEntry("c"), time.Minute)
-	if _, err := run(t, envs, "project", "legacy-import", "--project", project, "--file", write(`[{"key":"c","type":"string","value":"1"}]`)); err == nil {
+	if _, err := run(t, envs, "project", "legacy-import", "--project", projectID, "--file", write(`[{"key":"c","type":"string","value":"1"}]`)); err == nil {
 		t.Fatal("imported over a normal entry")
 	}
 }

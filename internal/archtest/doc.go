@@ -5,7 +5,8 @@
 // import the table does not allow, on a package the table does not list and
 // on a row naming a package that no longer exists. A second test keeps the
 // PostgreSQL driver (github.com/jackc/...) out of the packages that must not
-// reach it: presence, ratelimit, pubsub and store/rds do not link it, no
+// reach it: presence, ratelimit, pubsub, store/rds and store/project do not
+// link it, no
 // restapi package imports it (the rule is stated in docs/architecture.md).
 //
 // Production imports are checked against the "may import" column. Test

@@ -27,6 +27,7 @@ var driverRules = []driverRule{
 	{"./ratelimit", true},
 	{"./pubsub", true},
 	{"./store/rds", true},
+	{"./store/project", true},
 	{"./restapi/...", false},
 }
 
@@ -46,9 +47,9 @@ func driverBreaches(r driverRule, pkgPath string, paths []string) []string {
 	return bad
 }
 
-// TestPostgresDriverStaysInTheStore: presence, ratelimit, pubsub and the
-// Redis plumbing link no PostgreSQL driver, and no restapi package imports
-// it.
+// TestPostgresDriverStaysInTheStore: presence, ratelimit, pubsub, the
+// Redis plumbing and the project Redis API's data link no PostgreSQL driver,
+// and no restapi package imports it.
 func TestPostgresDriverStaysInTheStore(t *testing.T) {
 	root := moduleRoot(t)
 	for _, r := range driverRules {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/store"
+	prj "github.com/han-app/gateway/store/project"
 )
 
 // BodyPrefix starts every message body the soak sends; the Idempotency-Key
@@ -202,9 +202,9 @@ func CheckClients(rows map[string][]Row, members map[string][]string, views []Cl
 func (c *Checker) Budgets(ctx context.Context) ([]Violation, map[string]int64, error) {
 	now := time.Now()
 	var vs []Violation
-	keys := []string{store.NewModuleKeys(c.Env).Budget()}
+	keys := []string{prj.NewModuleKeys(c.Env).Budget()}
 	if c.ProjectID != "" {
-		keys = append(keys, store.NewProjectKeys(c.Env, c.ProjectID).Budget())
+		keys = append(keys, prj.NewKeys(c.Env, c.ProjectID).Budget())
 	}
 	project := map[string]int64{}
 	for i, k := range keys {

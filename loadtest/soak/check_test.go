@@ -12,6 +12,7 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/loadtest/soak"
 	"github.com/han-app/gateway/store"
+	prj "github.com/han-app/gateway/store/project"
 )
 
 var env *testenv.Env
@@ -155,7 +156,7 @@ func TestCheckerCatchesBudgetViolations(t *testing.T) {
 	ctx := context.Background()
 	project := ids.New()
 	w.checker.ProjectID = project
-	k := store.NewProjectKeys("dev", project).Budget()
+	k := prj.NewKeys("dev", project).Budget()
 	rec := soak.DedupeRecordBytes(ids.New(), "p", ids.New())
 	if err := w.checker.Redis0.HSet(ctx, k, "msg", 0, "rcpt", 0, "dd", rec).Err(); err != nil {
 		t.Fatal(err)

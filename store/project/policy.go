@@ -1,4 +1,4 @@
-package store
+package project
 
 import (
 	"bufio"
@@ -16,7 +16,7 @@ import (
 // ErrUnsafeEvictionPolicy means Redis runs under an eviction policy that may
 // evict keys without a TTL (allkeys-*) or one this service does not know, so
 // project API writes are refused (503 unsafe_eviction_policy).
-var ErrUnsafeEvictionPolicy = errors.New("store: unsafe redis eviction policy")
+var ErrUnsafeEvictionPolicy = errors.New("project: unsafe redis eviction policy")
 
 // WritesAllowedUnder reports whether project writes are safe under a
 // maxmemory-policy: noeviction and volatile-lru|lfu|random|ttl only evict

@@ -1,6 +1,6 @@
-package store
+package project
 
-// ProjectKeys builds every physical Redis key of one project of the project
+// Keys builds every physical Redis key of one project of the project
 // Redis API (docs/project-redis-api.md). It is the only place that does: handlers and
 // clients deal in relative keys and resource ids.
 //
@@ -38,90 +38,90 @@ package store
 //	…:s:<sid>:l        ZSET  leaseUntil ms → messageId (leased receipts)
 //
 // The module-wide budget lives under its own tag (ModuleKeys).
-type ProjectKeys struct {
+type Keys struct {
 	prefix string // han:prj:{<env>:<project_id>}:
 }
 
-// NewProjectKeys returns the key builder of one project. env is HAN_ENV
+// NewKeys returns the key builder of one project. env is HAN_ENV
 // (validated by config: no braces, colons or spaces); projectID is a
 // canonical UUID.
-func NewProjectKeys(env, projectID string) ProjectKeys {
-	return ProjectKeys{prefix: "han:prj:{" + env + ":" + projectID + "}:"}
+func NewKeys(env, projectID string) Keys {
+	return Keys{prefix: "han:prj:{" + env + ":" + projectID + "}:"}
 }
 
 // Prefix is han:prj:{<env>:<project_id>}: (for scans in tests and tools).
-func (k ProjectKeys) Prefix() string { return k.prefix }
+func (k Keys) Prefix() string { return k.prefix }
 
 // Meta is the project's metadata HASH.
-func (k ProjectKeys) Meta() string { return k.prefix + "meta" }
+func (k Keys) Meta() string { return k.prefix + "meta" }
 
 // CacheContainer is the legacy v1 cache container HASH.
-func (k ProjectKeys) CacheContainer() string { return k.prefix + "cache" }
+func (k Keys) CacheContainer() string { return k.prefix + "cache" }
 
 // CacheIndex is the write-sequence index ZSET.
-func (k ProjectKeys) CacheIndex() string { return k.prefix + "cache:idx" }
+func (k Keys) CacheIndex() string { return k.prefix + "cache:idx" }
 
 // CacheExpiry is the ZSET of entry deadlines.
-func (k ProjectKeys) CacheExpiry() string { return k.prefix + "cache:exp" }
+func (k Keys) CacheExpiry() string { return k.prefix + "cache:exp" }
 
 // CacheSizes is the HASH of entry sizes.
-func (k ProjectKeys) CacheSizes() string { return k.prefix + "cache:sz" }
+func (k Keys) CacheSizes() string { return k.prefix + "cache:sz" }
 
 // CacheEntry is the HASH of one cache entry.
-func (k ProjectKeys) CacheEntry(rel string) string { return k.prefix + "cache:e:" + rel }
+func (k Keys) CacheEntry(rel string) string { return k.prefix + "cache:e:" + rel }
 
 // CacheEntryPrefix is the common prefix of every cache entry key.
-func (k ProjectKeys) CacheEntryPrefix() string { return k.prefix + "cache:e:" }
+func (k Keys) CacheEntryPrefix() string { return k.prefix + "cache:e:" }
 
 // cacheScriptKeys are KEYS[1..5] of the cache scripts (meta, index, expiry,
 // sizes, container); put and delete append the entry as KEYS[6].
-func (k ProjectKeys) cacheScriptKeys(extra ...string) []string {
+func (k Keys) cacheScriptKeys(extra ...string) []string {
 	return append([]string{k.Meta(), k.CacheIndex(), k.CacheExpiry(), k.CacheSizes(), k.CacheContainer()}, extra...)
 }
 
 // Topics is the HASH of the project's topics.
-func (k ProjectKeys) Topics() string { return k.prefix + "q:topics" }
+func (k Keys) Topics() string { return k.prefix + "q:topics" }
 
 // TopicNames is the HASH topic name → topic id.
-func (k ProjectKeys) TopicNames() string { return k.prefix + "q:tnames" }
+func (k Keys) TopicNames() string { return k.prefix + "q:tnames" }
 
 // Subscriptions is the HASH of the project's subscriptions.
-func (k ProjectKeys) Subscriptions() string { return k.prefix + "q:subs" }
+func (k Keys) Subscriptions() string { return k.prefix + "q:subs" }
 
 // Budget is the HASH of the project's reliable-byte counters.
-func (k ProjectKeys) Budget() string { return k.prefix + "q:budget" }
+func (k Keys) Budget() string { return k.prefix + "q:budget" }
 
 // Dedupe is the HASH publish identity → dedupe record.
-func (k ProjectKeys) Dedupe() string { return k.prefix + "q:dd" }
+func (k Keys) Dedupe() string { return k.prefix + "q:dd" }
 
 // DedupeExpiry is the ZSET publish identity → expiry.
-func (k ProjectKeys) DedupeExpiry() string { return k.prefix + "q:ddx" }
+func (k Keys) DedupeExpiry() string { return k.prefix + "q:ddx" }
 
 // TopicStream is the STREAM of a topic's messages.
-func (k ProjectKeys) TopicStream(topicID string) string { return k.prefix + "t:" + topicID + ":s" }
+func (k Keys) TopicStream(topicID string) string { return k.prefix + "t:" + topicID + ":s" }
 
 // TopicSubscriptions is the SET of a topic's subscription ids.
-func (k ProjectKeys) TopicSubscriptions(topicID string) string {
+func (k Keys) TopicSubscriptions(topicID string) string {
 	return k.prefix + "t:" + topicID + ":subs"
 }
 
 // TopicOpen is the HASH messageId → receipts of it not yet terminal.
-func (k ProjectKeys) TopicOpen(topicID string) string { return k.prefix + "t:" + topicID + ":o" }
+func (k Keys) TopicOpen(topicID string) string { return k.prefix + "t:" + topicID + ":o" }
 
 // TopicDone is the ZSET of messages terminal for every subscription.
-func (k ProjectKeys) TopicDone(topicID string) string { return k.prefix + "t:" + topicID + ":d" }
+func (k Keys) TopicDone(topicID string) string { return k.prefix + "t:" + topicID + ":d" }
 
 // TopicPrefix is the common prefix of a topic's keys.
-func (k ProjectKeys) TopicPrefix(topicID string) string { return k.prefix + "t:" + topicID + ":" }
+func (k Keys) TopicPrefix(topicID string) string { return k.prefix + "t:" + topicID + ":" }
 
 // Receipts is the HASH of a subscription's receipts.
-func (k ProjectKeys) Receipts(subID string) string { return k.prefix + "s:" + subID + ":r" }
+func (k Keys) Receipts(subID string) string { return k.prefix + "s:" + subID + ":r" }
 
 // Leases is the ZSET of a subscription's leased receipts by deadline.
-func (k ProjectKeys) Leases(subID string) string { return k.prefix + "s:" + subID + ":l" }
+func (k Keys) Leases(subID string) string { return k.prefix + "s:" + subID + ":l" }
 
 // SubscriptionPrefix is the common prefix of a subscription's keys.
-func (k ProjectKeys) SubscriptionPrefix(subID string) string { return k.prefix + "s:" + subID + ":" }
+func (k Keys) SubscriptionPrefix(subID string) string { return k.prefix + "s:" + subID + ":" }
 
 // ModuleKeys builds the keys of the module-wide budget of one environment:
 // han:prj:{<env>:module}:…, a hash tag no project can have (project ids are

@@ -1,4 +1,4 @@
-package store
+package project
 
 import (
 	"context"
@@ -106,7 +106,7 @@ const listBatch = 128
 // PlanPage plans one listing page: the state and structure checks, the
 // legacy part (ordered by key) and the normal part (write-sequence order),
 // stopping at q.Limit items or q.MaxValueBytes of values.
-func (c *ProjectCache) PlanPage(ctx context.Context, k ProjectKeys, m ProjectMirror, q CacheQuery) (*CachePage, error) {
+func (c *Cache) PlanPage(ctx context.Context, k Keys, m Mirror, q CacheQuery) (*CachePage, error) {
 	if q.MaxScan <= 0 {
 		q.MaxScan = 1000
 	}
@@ -130,7 +130,7 @@ func (c *ProjectCache) PlanPage(ctx context.Context, k ProjectKeys, m ProjectMir
 
 // planLegacy adds legacy entries; full is true when the page ended inside
 // them (page.Next is then set).
-func (c *ProjectCache) planLegacy(ctx context.Context, k ProjectKeys, q CacheQuery, lv LegacyView, page *CachePage, budget *int64) (full bool, err error) {
+func (c *Cache) planLegacy(ctx context.Context, k Keys, q CacheQuery, lv LegacyView, page *CachePage, budget *int64) (full bool, err error) {
 	fields, err := c.rdb.HKeys(ctx, k.CacheContainer()).Result()
 	if err != nil {
 		return false, classifyProject(err)
@@ -221,7 +221,7 @@ type normalInfo struct {
 }
 
 // planNormal adds normal entries in write-sequence order after the cursor.
-func (c *ProjectCache) planNormal(ctx context.Context, k ProjectKeys, q CacheQuery, page *CachePage, budget *int64) error {
+func (c *Cache) planNormal(ctx context.Context, k Keys, q CacheQuery, page *CachePage, budget *int64) error {
 	after := int64(0)
 	if !q.Cursor.inLegacy() {
 		after = q.Cursor.Seq
@@ -294,7 +294,7 @@ func (c *ProjectCache) planNormal(ctx context.Context, k ProjectKeys, q CacheQue
 // 1 MiB. An entry that expired or was rewritten since planning is skipped.
 // A Redis failure midway is returned (the caller has streamed part of the
 // page and must abort the response).
-func (c *ProjectCache) EachItem(ctx context.Context, k ProjectKeys, page *CachePage, fn func(CacheItem) error) error {
+func (c *Cache) EachItem(ctx context.Context, k Keys, page *CachePage, fn func(CacheItem) error) error {
 	items := page.items
 	for len(items) > 0 {
 		if items[0].legacy {
@@ -341,7 +341,7 @@ func (c *ProjectCache) EachItem(ctx context.Context, k ProjectKeys, page *CacheP
 // without their entry, expired members and a legacy container past its
 // fixed deadline. It only runs when there is something to do; callers
 // ignore its failure (under OOM the listing has still been served).
-func (c *ProjectCache) PruneAfter(ctx context.Context, k ProjectKeys, m ProjectMirror, page *CachePage) error {
+func (c *Cache) PruneAfter(ctx context.Context, k Keys, m Mirror, page *CachePage) error {
 	st := page.State
 	legacyDue := false
 	if d := m.LegacyDeadlineMs; d > 0 && st.LegacyEntries > 0 {

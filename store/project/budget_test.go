@@ -1,4 +1,4 @@
-package store_test
+package project_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -22,9 +22,9 @@ type budgetEnv struct {
 	t       *testing.T
 	rdb     redis.UniversalClient
 	admin   *redis.Client
-	mb      *store.ModuleBudget
-	mk      store.ModuleKeys
-	project store.ProjectKeys
+	mb      *project.ModuleBudget
+	mk      project.ModuleKeys
+	project project.Keys
 	pid     string
 }
 
@@ -39,8 +39,8 @@ func newBudgetEnv(t *testing.T) *budgetEnv {
 	t.Cleanup(func() { admin.Close() })
 	e := "mb" + ids.New()[24:]
 	pid := ids.New()
-	return &budgetEnv{t: t, rdb: rdb, admin: admin, mb: store.NewModuleBudget(rdb, e, 1<<20), mk: store.NewModuleKeys(e),
-		project: store.NewProjectKeys(e, pid), pid: pid}
+	return &budgetEnv{t: t, rdb: rdb, admin: admin, mb: project.NewModuleBudget(rdb, e, 1<<20), mk: project.NewModuleKeys(e),
+		project: project.NewKeys(e, pid), pid: pid}
 }
 
 // projectBytes sets the project's reliable bytes (what its scripts keep).
@@ -85,13 +85,13 @@ func TestModuleBudgetProtocolAroundReconcile(t *testing.T) {
 	if res, err := e.mb.Reconcile(ctx, time.Hour); err != nil || !res.Ran || res.After != 600 {
 		t.Fatalf("reconcile: %+v %v", res, err)
 	}
-	if err := e.mb.Settle(ctx, store.Reservation{Gen: g0}, 0, 400); err != nil || e.committed() != 600 {
+	if err := e.mb.Settle(ctx, project.Reservation{Gen: g0}, 0, 400); err != nil || e.committed() != 600 {
 		t.Fatalf("late release: %v, committed %d, want 600", err, e.committed())
 	}
 	// The same release without a reconcile in between is applied.
 	g1, _ := e.mb.Gen(ctx)
 	e.projectBytes(500)
-	if err := e.mb.Settle(ctx, store.Reservation{Gen: g1}, 0, 100); err != nil || e.committed() != 500 {
+	if err := e.mb.Settle(ctx, project.Reservation{Gen: g1}, 0, 100); err != nil || e.committed() != 500 {
 		t.Fatalf("release: %v, committed %d, want 500", err, e.committed())
 	}
 
@@ -138,7 +138,7 @@ func TestBudgetReconcilerRunsPeriodically(t *testing.T) {
 	_ = e.mb.Settle(ctx, r, 100, 0)
 	// Leaked bytes: a writer died between its project script and settle.
 	e.admin.HIncrBy(ctx, e.mk.Budget(), "committed", 5000)
-	rc := store.NewBudgetReconciler(e.mb, store.BudgetReconcilerConfig{Interval: 20 * time.Millisecond}, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	rc := project.NewBudgetReconciler(e.mb, project.BudgetReconcilerConfig{Interval: 20 * time.Millisecond}, slog.New(slog.NewJSONHandler(io.Discard, nil)))
 	rc.Start()
 	testenv.Eventually(t, 5*time.Second, func() bool { return e.committed() == 100 }, "not reconciled: %d", e.committed())
 	rc.Close()

@@ -1,4 +1,4 @@
-package store
+package project
 
 import (
 	"context"
@@ -17,21 +17,17 @@ import (
 
 // Project cache errors, each mapped to one stable code (docs/errors.md).
 var (
-	ErrCacheKeyNotFound = errors.New("store: cache key not found")
-	ErrCacheKeyExists   = errors.New("store: cache key exists")
+	ErrCacheKeyNotFound = errors.New("project: cache key not found")
+	ErrCacheKeyExists   = errors.New("project: cache key exists")
 	// ErrDataStateInvalid means a project's Redis structure is inconsistent
 	// (a key of the wrong type, metadata missing while data keys exist, a
 	// counter below zero, a write sequence behind its index, an unreadable
 	// legacy entry). The request fails without writing.
-	ErrDataStateInvalid = errors.New("store: project data state invalid")
+	ErrDataStateInvalid = errors.New("project: project data state invalid")
 )
 
 // Project cache constants (docs/project-redis-api.md).
 const (
-	// LegacyGrace is how long legacy entries live after the upgrade when
-	// their container has no TTL: query time + 30 days while pending, write
-	// time + 30 days once a PUT fixes it.
-	LegacyGrace = 30 * 24 * time.Hour
 	// cachePurgeBatch bounds how many expired index members one write
 	// script forgets on the way.
 	cachePurgeBatch = 64
@@ -40,9 +36,9 @@ const (
 	stateExpiredBound = 1000
 )
 
-// ProjectMirror is the PostgreSQL metadata that project scripts mirror into
+// Mirror is the PostgreSQL metadata that project scripts mirror into
 // the project's Redis metadata HASH.
-type ProjectMirror struct {
+type Mirror struct {
 	CacheQuotaBytes  int64
 	DeliveryPaused   bool
 	LegacyDeadlineMs int64 // 0: not fixed
@@ -61,9 +57,6 @@ type CacheItem struct {
 	LegacyNoExpiry        bool
 	LegacyDeadlinePending bool
 }
-
-// CacheKeyMaxBytes is the longest relative cache key, in UTF-8 bytes.
-const CacheKeyMaxBytes = 256
 
 // ValidCacheKey reports whether k is a valid relative cache key: 1..256
 // bytes of UTF-8 without control characters (Unicode category Cc).
@@ -89,14 +82,14 @@ type CachePut struct {
 	CreateOnly       bool
 }
 
-// ProjectCache is the Redis side of the project cache. Safe for concurrent
+// Cache is the Redis side of the project cache. Safe for concurrent
 // use.
-type ProjectCache struct {
+type Cache struct {
 	rdb redis.UniversalClient
 }
 
-// NewProjectCache returns the project cache over the DB0 client.
-func NewProjectCache(rdb redis.UniversalClient) *ProjectCache { return &ProjectCache{rdb: rdb} }
+// NewCache returns the project cache over the DB0 client.
+func NewCache(rdb redis.UniversalClient) *Cache { return &Cache{rdb: rdb} }
 
 // classifyProject maps script and read failures: a structure problem
 // becomes ErrDataStateInvalid, everything else goes through
@@ -122,7 +115,7 @@ func b01(b bool) int {
 // Put writes one entry and its physical expiry in one script. created is
 // true for a new key (201), false for a replaced one (200).
 // ErrCacheKeyExists when CreateOnly finds the key (normal or legacy).
-func (c *ProjectCache) Put(ctx context.Context, k ProjectKeys, m ProjectMirror, p CachePut) (item CacheItem, created bool, err error) {
+func (c *Cache) Put(ctx context.Context, k Keys, m Mirror, p CachePut) (item CacheItem, created bool, err error) {
 	size := CacheItemSize(p.Key, p.Value)
 	res, err := lua.ProjectCachePut.Run(ctx, c.rdb, k.cacheScriptKeys(k.CacheEntry(p.Key)),
 		p.Key, p.Type, p.Value, p.TTL.Milliseconds(), b01(p.CreateOnly), size,
@@ -142,7 +135,7 @@ func (c *ProjectCache) Put(ctx context.Context, k ProjectKeys, m ProjectMirror, 
 
 // Delete removes one entry (normal or legacy); ErrCacheKeyNotFound when
 // there is none.
-func (c *ProjectCache) Delete(ctx context.Context, k ProjectKeys, m ProjectMirror, key string) error {
+func (c *Cache) Delete(ctx context.Context, k Keys, m Mirror, key string) error {
 	res, err := lua.ProjectCacheDelete.Run(ctx, c.rdb, k.cacheScriptKeys(k.CacheEntry(key)),
 		key, m.LegacyDeadlineMs, cachePurgeBatch).Int64Slice()
 	if err != nil {
@@ -158,7 +151,7 @@ func (c *ProjectCache) Delete(ctx context.Context, k ProjectKeys, m ProjectMirro
 }
 
 // SyncMeta mirrors PostgreSQL metadata into the metadata HASH.
-func (c *ProjectCache) SyncMeta(ctx context.Context, k ProjectKeys, m ProjectMirror) error {
+func (c *Cache) SyncMeta(ctx context.Context, k Keys, m Mirror) error {
 	err := lua.ProjectMetaSync.Run(ctx, c.rdb, k.cacheScriptKeys()[:4],
 		m.CacheQuotaBytes, b01(m.DeliveryPaused), m.LegacyDeadlineMs).Err()
 	return classifyProject(err)
@@ -173,7 +166,7 @@ type CacheRef struct {
 // Prune forgets index members whose entries were found gone, purges expired
 // members and applies a fixed legacy deadline to the container. Callers
 // treat it as best effort.
-func (c *ProjectCache) Prune(ctx context.Context, k ProjectKeys, m ProjectMirror, stale []CacheRef) error {
+func (c *Cache) Prune(ctx context.Context, k Keys, m Mirror, stale []CacheRef) error {
 	args := make([]any, 0, 2+2*len(stale))
 	args = append(args, m.LegacyDeadlineMs, cachePurgeBatch)
 	for _, s := range stale {
@@ -197,7 +190,7 @@ type CacheState struct {
 
 // State reads the project's cache state with the structure checks (a
 // no-writes script: works under OOM).
-func (c *ProjectCache) State(ctx context.Context, k ProjectKeys) (CacheState, error) {
+func (c *Cache) State(ctx context.Context, k Keys) (CacheState, error) {
 	res, err := lua.ProjectCacheState.Run(ctx, c.rdb, k.cacheScriptKeys(), stateExpiredBound).Slice()
 	if err != nil {
 		return CacheState{}, classifyProject(err)
@@ -220,7 +213,7 @@ func (c *ProjectCache) State(ctx context.Context, k ProjectKeys) (CacheState, er
 // LegacyDeadlineCandidate looks at the legacy container before a PUT: when
 // one exists it returns the deadline that PUT fixes (the container's
 // physical reclaim time if it has a TTL, else Redis time + 30 days).
-func (c *ProjectCache) LegacyDeadlineCandidate(ctx context.Context, k ProjectKeys) (exists bool, candidateMs int64, err error) {
+func (c *Cache) LegacyDeadlineCandidate(ctx context.Context, k Keys) (exists bool, candidateMs int64, err error) {
 	var typ *redis.StatusCmd
 	var pttl *redis.DurationCmd
 	var now *redis.TimeCmd
@@ -250,7 +243,7 @@ func (c *ProjectCache) LegacyDeadlineCandidate(ctx context.Context, k ProjectKey
 // legacyExpiry is when legacy entries expire as of a read: the fixed
 // deadline, else the container's reclaim time, else read time + 30 days
 // (pending: it moves with every read until a PUT fixes it).
-func legacyExpiry(m ProjectMirror, st CacheState) (expiresAt int64, pending bool) {
+func legacyExpiry(m Mirror, st CacheState) (expiresAt int64, pending bool) {
 	switch {
 	case m.LegacyDeadlineMs > 0:
 		return m.LegacyDeadlineMs, false
@@ -269,7 +262,7 @@ type LegacyView struct {
 }
 
 // Legacy summarises the legacy entries visible in st.
-func (st CacheState) Legacy(m ProjectMirror) LegacyView {
+func (st CacheState) Legacy(m Mirror) LegacyView {
 	if st.LegacyEntries == 0 || (m.LegacyDeadlineMs > 0 && m.LegacyDeadlineMs <= st.NowMs) {
 		return LegacyView{}
 	}

@@ -1,4 +1,4 @@
-package store
+package project
 
 import (
 	"context"
@@ -159,7 +159,7 @@ func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) 
 		}
 		cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, id := range ids {
-				p.HMGet(ctx, NewProjectKeys(b.env, id).Budget(), "msg", "rcpt", "dd")
+				p.HMGet(ctx, NewKeys(b.env, id).Budget(), "msg", "rcpt", "dd")
 			}
 			return nil
 		})

@@ -1,4 +1,4 @@
-package store
+package project
 
 import (
 	"context"
@@ -16,23 +16,23 @@ import (
 // project's cache container HASH whose value is {"type","value"}, without
 // any per-field expiry (docs/project-redis-api.md).
 type LegacyEntry struct {
-	Key   string `json:"key"`
-	Type  string `json:"type"`
-	Value string `json:"value"`
+	Key   string
+	Type  string
+	Value string
 }
 
 // ErrLegacyKeyIsNormal means an imported key already exists as a normal
 // entry; legacy data predates normal entries, so that cannot be legacy.
-var ErrLegacyKeyIsNormal = errors.New("store: key already exists as a normal cache entry")
+var ErrLegacyKeyIsNormal = errors.New("project: key already exists as a normal cache entry")
 
 // ImportLegacyCache writes entries into the project's legacy cache
 // container exactly as the pre-upgrade service stored them (hanctl project
 // legacy-import). containerTTL > 0 also gives the container a physical TTL
 // (the "container with a TTL" case); zero leaves it without one. Each
 // entry's key and type must already be valid.
-func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k ProjectKeys, entries []LegacyEntry, containerTTL time.Duration) error {
+func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k Keys, entries []LegacyEntry, containerTTL time.Duration) error {
 	if len(entries) == 0 {
-		return errors.New("store: nothing to import")
+		return errors.New("project: nothing to import")
 	}
 	exists := make([]*redis.IntCmd, len(entries))
 	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {

@@ -1,4 +1,4 @@
-package store_test
+package project_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -28,9 +28,9 @@ func BenchmarkProjectCache(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer rdb.Close()
-	cache := store.NewProjectCache(rdb)
-	keys := store.NewProjectKeys("bench", ids.New())
-	m := store.ProjectMirror{CacheQuotaBytes: 1 << 20}
+	cache := project.NewCache(rdb)
+	keys := project.NewKeys("bench", ids.New())
+	m := project.Mirror{CacheQuotaBytes: 1 << 20}
 	value := string(make([]byte, 256))
 	const n = 100
 	names := make([]string, n)
@@ -52,7 +52,7 @@ func BenchmarkProjectCache(b *testing.B) {
 	})
 	b.Run("put/script", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			if _, _, err := cache.Put(ctx, keys, m, store.CachePut{Key: names[i%n], Type: "string", Value: value, TTL: time.Hour}); err != nil {
+			if _, _, err := cache.Put(ctx, keys, m, project.CachePut{Key: names[i%n], Type: "string", Value: value, TTL: time.Hour}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -71,12 +71,12 @@ func BenchmarkProjectCache(b *testing.B) {
 	})
 	b.Run("page100/plan-and-read", func(b *testing.B) {
 		for b.Loop() {
-			page, err := cache.PlanPage(ctx, keys, m, store.CacheQuery{Limit: n, MaxValueBytes: 4 << 20})
+			page, err := cache.PlanPage(ctx, keys, m, project.CacheQuery{Limit: n, MaxValueBytes: 4 << 20})
 			if err != nil {
 				b.Fatal(err)
 			}
 			got := 0
-			if err := cache.EachItem(ctx, keys, page, func(store.CacheItem) error { got++; return nil }); err != nil || got != n {
+			if err := cache.EachItem(ctx, keys, page, func(project.CacheItem) error { got++; return nil }); err != nil || got != n {
 				b.Fatalf("%d items, %v", got, err)
 			}
 		}

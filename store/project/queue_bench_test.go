@@ -1,4 +1,4 @@
-package store_test
+package project_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
-	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -53,8 +53,8 @@ func BenchmarkProjectQueue(b *testing.B) {
 
 	env := "bench" + ids.New()[24:]
 	pid := ids.New()
-	k := store.NewProjectKeys(env, pid)
-	q := store.NewProjectQueue(rdb, store.NewModuleBudget(rdb, env, 1<<40), store.QueueConfig{ProjectBudgetBytes: 1 << 40})
+	k := project.NewKeys(env, pid)
+	q := project.NewQueue(rdb, project.NewModuleBudget(rdb, env, 1<<40), project.QueueConfig{ProjectBudgetBytes: 1 << 40})
 	top, err := q.CreateTopic(ctx, k, ids.New(), "bench", "")
 	if err != nil {
 		b.Fatal(err)
@@ -174,8 +174,8 @@ func (r rawStreams) ack(ctx context.Context, id, _ string) error {
 }
 
 type projectQueue struct {
-	q          *store.ProjectQueue
-	k          store.ProjectKeys
+	q          *project.Queue
+	k          project.Keys
 	pid        string
 	topic, sub string
 	payload    []byte
@@ -183,7 +183,7 @@ type projectQueue struct {
 }
 
 func (p projectQueue) publish(ctx context.Context, i int) error {
-	_, _, err := p.q.Publish(ctx, p.k, p.pid, p.topic, store.PublishInput{ProducerID: "producer", ClientEventID: p.run + strconv.Itoa(i), Payload: p.payload})
+	_, _, err := p.q.Publish(ctx, p.k, p.pid, p.topic, project.PublishInput{ProducerID: "producer", ClientEventID: p.run + strconv.Itoa(i), Payload: p.payload})
 	return err
 }
 

@@ -1,0 +1,234 @@
+package project
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// Receipt is one subscription's state of one message. Status is pending
+// (never claimed), leased, processed, failed or exhausted; LeaseUntil is 0
+// unless leased; Result is nil unless processed or failed.
+type Receipt struct {
+	MessageID      string
+	SubscriptionID string
+	Status         string
+	Attempts       int
+	LeaseUntil     int64
+	Result         *string
+	UpdatedAt      int64
+}
+
+// ClaimItem is one lease: the message, its receipt, and the token that
+// acknowledges it (shown once; only its hash is stored).
+type ClaimItem struct {
+	Message    TopicMessage
+	Receipt    Receipt
+	Token      string
+	LeaseUntil int64
+}
+
+// receiptRecord is a receipt as stored (JSON in …:s:<sid>:r).
+type receiptRecord struct {
+	S string  `json:"s"`
+	A int     `json:"a"`
+	L int64   `json:"l"`
+	U int64   `json:"u"`
+	R *string `json:"r"`
+}
+
+// view is the receipt as the API shows it at nowMs: a receipt whose last
+// allowed lease has expired is exhausted even before a claim or trim
+// records it.
+func (r receiptRecord) view(msgID, subID string, nowMs int64) Receipt {
+	out := Receipt{MessageID: msgID, SubscriptionID: subID, Status: r.S, Attempts: r.A, UpdatedAt: r.U}
+	switch r.S {
+	case "leased":
+		if r.L <= nowMs && r.A >= ReceiptMaxAttempts {
+			out.Status, out.UpdatedAt = "exhausted", r.L
+		} else {
+			out.LeaseUntil = r.L
+		}
+	case "processed", "failed":
+		res := ""
+		if r.R != nil {
+			res = *r.R
+		}
+		out.Result = &res
+	}
+	return out
+}
+
+// ListReceipts returns one page of a subscription's receipts (message
+// order) and the next cursor ("" at the end). No token, not even its hash.
+func (q *Queue) ListReceipts(ctx context.Context, k Keys, subID, cursor string, limit int) ([]Receipt, string, error) {
+	after, err := ParseStreamCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	tid, err := q.topicOf(ctx, k, subID)
+	if err != nil {
+		return nil, "", err
+	}
+	res, err := lua.ProjectTopicReceipts.Run(ctx, q.rdb, []string{k.Subscriptions(), k.TopicStream(tid), k.Receipts(subID)},
+		subID, tid, after, limit).Slice()
+	if err != nil {
+		return nil, "", classifyProject(err)
+	}
+	switch outcome(res) {
+	case "ok":
+	case "subscription_not_found":
+		return nil, "", ErrSubscriptionNotFound
+	default:
+		return nil, "", ErrDataStateInvalid
+	}
+	now := int64At(res, 1)
+	flat, ok1 := res[2].([]any)
+	more, ok2 := res[3].(int64)
+	if !ok1 || !ok2 || len(flat)%2 != 0 {
+		return nil, "", ErrDataStateInvalid
+	}
+	out := make([]Receipt, 0, len(flat)/2)
+	for i := 0; i < len(flat); i += 2 {
+		id, _ := flat[i].(string)
+		raw, _ := flat[i+1].(string)
+		var rec receiptRecord
+		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+			return nil, "", ErrDataStateInvalid
+		}
+		out = append(out, rec.view(id, subID, now))
+	}
+	next := ""
+	if more == 1 && len(out) > 0 {
+		next = StreamCursor(out[len(out)-1].MessageID)
+	}
+	return out, next, nil
+}
+
+// NewLeaseToken returns a fresh random lease token and the hash stored in
+// its place.
+func NewLeaseToken() (token, hash string) {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	token = base64.RawURLEncoding.EncodeToString(b[:])
+	return token, LeaseTokenHash(token)
+}
+
+// LeaseTokenHash is the stored form of a lease token: 128 bits of its
+// SHA-256, hex.
+func LeaseTokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:16])
+}
+
+// Claim leases up to count messages of a subscription. projectPaused is
+// the project's deliveryPaused (PostgreSQL). Errors:
+// ErrSubscriptionNotFound, ErrDeliveryPaused, ErrSubscriptionPaused.
+func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, projectPaused bool) ([]ClaimItem, error) {
+	tid, err := q.topicOf(ctx, k, subID)
+	if err != nil {
+		return nil, err
+	}
+	tokens := make([]string, count)
+	args := make([]any, 0, 7+count)
+	args = append(args, subID, tid, count, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan)
+	for i := range tokens {
+		var h string
+		tokens[i], h = NewLeaseToken()
+		args = append(args, h)
+	}
+	res, err := lua.ProjectTopicClaim.Run(ctx, q.rdb, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),
+		k.TopicDone(tid), k.Receipts(subID), k.Leases(subID)}, args...).Slice()
+	if err != nil {
+		return nil, classifyProject(err)
+	}
+	switch outcome(res) {
+	case "ok":
+	case "subscription_not_found":
+		return nil, ErrSubscriptionNotFound
+	case "delivery_paused":
+		return nil, ErrDeliveryPaused
+	case "subscription_paused":
+		return nil, ErrSubscriptionPaused
+	default:
+		return nil, ErrDataStateInvalid
+	}
+	now := int64At(res, 1)
+	rows, ok := res[2].([]any)
+	if !ok {
+		return nil, ErrDataStateInvalid
+	}
+	out := make([]ClaimItem, 0, len(rows))
+	for _, row := range rows {
+		f, ok := row.([]any)
+		if !ok || len(f) != 9 {
+			return nil, ErrDataStateInvalid
+		}
+		id, _ := f[0].(string)
+		p, _ := f[3].(string)
+		c, _ := f[4].(string)
+		d, _ := f[5].(string)
+		idx := int64At(f, 8)
+		if idx < 1 || idx > int64(count) {
+			return nil, ErrDataStateInvalid
+		}
+		lease := int64At(f, 2)
+		out = append(out, ClaimItem{
+			Message: TopicMessage{ID: id, TopicID: tid, ProducerID: p, ClientEventID: c, Payload: []byte(d),
+				SizeBytes: int64At(f, 6), PublishedAt: int64At(f, 7)},
+			Receipt: Receipt{MessageID: id, SubscriptionID: subID, Status: "leased", Attempts: int(int64At(f, 1)),
+				LeaseUntil: lease, UpdatedAt: now},
+			Token: tokens[idx-1], LeaseUntil: lease,
+		})
+	}
+	return out, nil
+}
+
+// Ack records the outcome of a leased message (status processed | failed).
+// applied is false for an idempotent replay. Errors:
+// ErrSubscriptionNotFound, ErrMessageNotFound, ErrLeaseExpired,
+// ErrLeaseTokenMismatch, ErrReceiptConflict.
+func (q *Queue) Ack(ctx context.Context, k Keys, subID, messageID, token, status, result string) (r Receipt, applied bool, err error) {
+	if !validStreamID(messageID) {
+		if _, err := q.topicOf(ctx, k, subID); err != nil {
+			return Receipt{}, false, err
+		}
+		return Receipt{}, false, ErrMessageNotFound
+	}
+	tid, err := q.topicOf(ctx, k, subID)
+	if err != nil {
+		return Receipt{}, false, err
+	}
+	res, err := lua.ProjectTopicAck.Run(ctx, q.rdb, []string{k.Subscriptions(), k.TopicOpen(tid), k.TopicDone(tid),
+		k.Receipts(subID), k.Leases(subID)}, subID, tid, messageID, LeaseTokenHash(token), status, result).Slice()
+	if err != nil {
+		return Receipt{}, false, classifyProject(err)
+	}
+	switch outcome(res) {
+	case "ok":
+	case "subscription_not_found":
+		return Receipt{}, false, ErrSubscriptionNotFound
+	case "message_not_found":
+		return Receipt{}, false, ErrMessageNotFound
+	case "lease_expired":
+		return Receipt{}, false, ErrLeaseExpired
+	case "lease_token_mismatch":
+		return Receipt{}, false, ErrLeaseTokenMismatch
+	case "receipt_conflict":
+		return Receipt{}, false, ErrReceiptConflict
+	default:
+		return Receipt{}, false, ErrDataStateInvalid
+	}
+	raw, _ := res[1].(string)
+	var rec receiptRecord
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		return Receipt{}, false, ErrDataStateInvalid
+	}
+	return rec.view(messageID, subID, 0), int64At(res, 2) == 1, nil
+}
