@@ -144,29 +144,19 @@ logfile = %s
 		gid, _ := strconv.Atoi(runAs.Gid)
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start pgbouncer: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-done:
-			log, _ := os.ReadFile(filepath.Join(b.Dir, "pgbouncer.log"))
-			return fmt.Errorf("pgbouncer exited: %s", lastLines(log, 3))
-		default:
+	done, err := startServer(cmd, "pgbouncer", filepath.Join(b.Dir, "pgbouncer.log"), func() bool {
+		c, err := net.DialTimeout("tcp", b.Addr(), 100*time.Millisecond)
+		if err != nil {
+			return false
 		}
-		if c, err := net.DialTimeout("tcp", b.Addr(), 100*time.Millisecond); err == nil {
-			c.Close()
-			b.cmd, b.done = cmd, done
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
+		c.Close()
+		return true
+	})
+	if err != nil {
+		return err
 	}
-	_ = cmd.Process.Kill()
-	<-done
-	return errors.New("pgbouncer did not start listening")
+	b.cmd, b.done = cmd, done
+	return nil
 }
 
 // Pid is the bouncer's process id (its CPU time in benchmarks).

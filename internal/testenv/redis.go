@@ -120,8 +120,29 @@ func (s *RedisServer) args() []string {
 func (s *RedisServer) start() error {
 	cmd := exec.Command("redis-server", s.args()...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	done, err := startServer(cmd, "redis-server", filepath.Join(s.Dir, "redis.log"), func() bool {
+		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return s.ping() == nil
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	return nil
+}
+
+// startServer starts cmd and waits up to 10 s until ready reports true. It
+// returns a channel closed when the process exits; a process that exits or
+// never becomes ready is an error naming the last lines of its log.
+func startServer(cmd *exec.Cmd, name, logPath string, ready func() bool) (chan struct{}, error) {
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -129,25 +150,18 @@ func (s *RedisServer) start() error {
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
-			log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
-			return fmt.Errorf("redis-server exited: %s", lastLines(log, 3))
+			log, _ := os.ReadFile(logPath)
+			return nil, fmt.Errorf("%s exited: %s", name, lastLines(log, 3))
 		default:
 		}
-		c, err := net.DialTimeout("tcp", s.Addr(), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			if s.ping() == nil {
-				s.mu.Lock()
-				s.cmd, s.done = cmd, done
-				s.mu.Unlock()
-				return nil
-			}
+		if ready() {
+			return done, nil
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	_ = cmd.Process.Kill()
 	<-done
-	return errors.New("redis-server did not become ready")
+	return nil, fmt.Errorf("%s did not become ready", name)
 }
 
 func (s *RedisServer) ping() error {
