@@ -98,17 +98,21 @@ func (l *Loop) loop() {
 	}
 }
 
-// tick waits for the next tick; false when Close came first.
+// tick waits for the next tick; false when Close came first. A tick that
+// is ready together with Close loses: select picks at random, so the
+// context is checked again after a tick, and no run starts after Close.
 func (l *Loop) tick(t *time.Ticker) bool {
 	select {
 	case <-l.ctx.Done():
-		l.mu.Lock()
-		l.running = false
-		l.mu.Unlock()
-		return false
 	case <-t.C:
-		return true
+		if l.ctx.Err() == nil {
+			return true
+		}
 	}
+	l.mu.Lock()
+	l.running = false
+	l.mu.Unlock()
+	return false
 }
 
 func (l *Loop) once() bool {
