@@ -5,15 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/loop"
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ModuleBudget is the module-wide budget of reliable bytes across every
@@ -217,10 +217,7 @@ type BudgetReconciler struct {
 	b      *ModuleBudget
 	cfg    BudgetReconcilerConfig
 	logger *slog.Logger
-
-	stop chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	loop   *loop.Loop
 }
 
 // NewBudgetReconciler returns a stopped reconciler for b.
@@ -234,44 +231,30 @@ func NewBudgetReconciler(b *ModuleBudget, cfg BudgetReconcilerConfig, logger *sl
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	return &BudgetReconciler{b: b, cfg: cfg, logger: logger, stop: make(chan struct{})}
+	r := &BudgetReconciler{b: b, cfg: cfg, logger: logger}
+	r.loop = loop.New(loop.Config{Interval: cfg.Interval, Timeout: cfg.Timeout}, func(ctx context.Context) bool {
+		r.runOnce(ctx)
+		return true
+	})
+	return r
 }
 
-// Start starts the loop.
-func (r *BudgetReconciler) Start() {
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		t := time.NewTicker(r.cfg.Interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-r.stop:
-				return
-			case <-t.C:
-				r.runOnce()
-			}
-		}
-	}()
-}
+// Start starts the loop; the first run is one Interval later.
+func (r *BudgetReconciler) Start() { r.loop.Start() }
 
-func (r *BudgetReconciler) runOnce() {
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timeout)
-	defer cancel()
+func (r *BudgetReconciler) runOnce(ctx context.Context) {
 	res, err := r.b.Reconcile(ctx, r.cfg.StaleReservation)
 	switch {
-	case err != nil:
-		r.logger.LogAttrs(ctx, slog.LevelWarn, "module budget reconcile failed", slog.String("kind", fmt.Sprintf("%T", err)),
-			slog.String("error", err.Error()))
-	case res.Ran && res.Before != res.After:
+	case err != nil && ctx.Err() == nil:
+		// The error's kind only: Redis error text may carry key names.
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "module budget reconcile failed", slog.String("kind", rds.Kind(err)))
+	case err == nil && res.Ran && res.Before != res.After:
 		r.logger.LogAttrs(ctx, slog.LevelInfo, "module budget reconciled", slog.Int64("before", res.Before),
 			slog.Int64("after", res.After), slog.Int("projects", res.Projects),
 			slog.String("dropped_reservations", strconv.FormatInt(res.DroppedReservations, 10)))
 	}
 }
 
-// Close stops the loop and waits for a run in progress. Idempotent.
-func (r *BudgetReconciler) Close() {
-	r.once.Do(func() { close(r.stop) })
-	r.wg.Wait()
-}
+// Close stops the loop and waits for a run in progress, whose context it
+// cancels. Idempotent.
+func (r *BudgetReconciler) Close() { r.loop.Close() }
