@@ -36,18 +36,19 @@ han_pg_bindir() {
 	return 1
 }
 
-# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq] [--pgbouncer]:
+# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq] [--pgbouncer] [--systemd]:
 # installs, from the OS packages, redis-server and PostgreSQL when missing,
 # plus curl / a C compiler (go test -race needs cgo) / make / headless
 # Chromium with a font (the web client's browser tests) / promtool (Debian
 # package prometheus: the alert-rule tests) / jq (the README's walk-through)
-# / pgbouncer (the tests behind a transaction-pooling proxy) when asked for
-# and missing.
+# / pgbouncer (the tests behind a transaction-pooling proxy) / systemd-analyze
+# (the unit file's hardening score) when asked for and missing.
 han_ensure_packages() {
-	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 want_pgbouncer=0 a
+	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 want_pgbouncer=0 want_systemd=0 a
 	for a in "$@"; do
 		case "$a" in
 		--pgbouncer) want_pgbouncer=1 ;;
+		--systemd) want_systemd=1 ;;
 		--curl) want_curl=1 ;;
 		--cc) want_cc=1 ;;
 		--make) want_make=1 ;;
@@ -65,6 +66,7 @@ han_ensure_packages() {
 	if [ "$want_promtool" = 1 ] && ! command -v promtool >/dev/null 2>&1; then pkgs+=(prometheus); fi
 	if [ "$want_jq" = 1 ] && ! command -v jq >/dev/null 2>&1; then pkgs+=(jq); fi
 	if [ "$want_pgbouncer" = 1 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then pkgs+=(pgbouncer); fi
+	if [ "$want_systemd" = 1 ] && ! command -v systemd-analyze >/dev/null 2>&1; then pkgs+=(systemd); fi
 	[ "${#pkgs[@]}" -eq 0 ] && return 0
 	command -v apt-get >/dev/null 2>&1 || han_die "missing ${pkgs[*]} and no apt-get to install them; install them by hand"
 	han_log "installing missing OS packages: ${pkgs[*]}"
