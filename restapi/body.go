@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/restapi/apierr"
 )
 
 // Body limits (413 payload_too_large), enforced while reading: chat endpoints
@@ -60,7 +61,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	ct := r.Header.Get("Content-Type")
 	if ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
-		return apiErr(http.StatusUnsupportedMediaType, "unsupported_media_type")
+		return apierr.UnsupportedMediaType
 	}
 	b, err := readBody(w, r, limit)
 	if err != nil {

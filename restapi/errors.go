@@ -8,41 +8,38 @@ import (
 	"strconv"
 
 	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/restapi/apierr"
+	projectapi "github.com/han-app/gateway/restapi/project"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
 
-// Error is an API failure with its HTTP status and stable code. Handlers
-// return it (or a domain error) and Server.fail renders it; every error body
-// goes through writeError (its other callers are listed in
+// Error is an API failure with its HTTP status and stable code (package
+// apierr, shared with the handler packages mounted here). Handlers return
+// it (or a domain error) and Server.fail renders it; every error body goes
+// through writeError (its other callers are listed in
 // docs/architecture.md).
-type Error struct {
-	Status     int
-	Code       string
-	RetryAfter int // seconds; 0 means no Retry-After header
-}
+type Error = apierr.Error
 
-func (e *Error) Error() string { return "restapi: " + e.Code }
-
-func apiErr(status int, code string) *Error { return &Error{Status: status, Code: code} }
+func apiErr(status int, code string) *Error { return apierr.New(status, code) }
 
 // Common errors.
 var (
 	errUnauthorized        = apiErr(http.StatusUnauthorized, "unauthorized")
 	errUserSessionRequired = apiErr(http.StatusForbidden, "user_session_required")
-	errForbidden           = apiErr(http.StatusForbidden, "forbidden")
-	errInvalidJSON         = apiErr(http.StatusBadRequest, "invalid_json")
+	errForbidden           = apierr.Forbidden
+	errInvalidJSON         = apierr.InvalidJSON
 	errPayloadTooLarge     = apiErr(http.StatusRequestEntityTooLarge, "payload_too_large")
 	errRequestTimeout      = apiErr(http.StatusRequestTimeout, "request_timeout")
 	errNotFound            = apiErr(http.StatusNotFound, "not_found")
-	errMethodNotAllowed    = apiErr(http.StatusMethodNotAllowed, "method_not_allowed")
+	errMethodNotAllowed    = apierr.MethodNotAllowed
 	errDatabaseUnavailable = apiErr(http.StatusServiceUnavailable, "database_unavailable")
 	// errDatabaseBusy: PostgreSQL answers but the request's budget ran out
 	// (pool wait, lock wait or statement); a retry a moment later usually
 	// succeeds.
 	errDatabaseBusy      = &Error{Status: http.StatusServiceUnavailable, Code: "database_busy", RetryAfter: 1}
-	errRedisUnavailable  = apiErr(http.StatusServiceUnavailable, "redis_unavailable")
+	errRedisUnavailable  = apierr.RedisUnavailable
 	errRedisOOM          = apiErr(http.StatusServiceUnavailable, "redis_oom")
 	errRedisExpiryDenied = apiErr(http.StatusServiceUnavailable, "redis_expiry_denied")
 	errInternal          = apiErr(http.StatusInternalServerError, "internal")
@@ -95,21 +92,21 @@ var errorTable = []errorAnswer{
 	{match: is(store.ErrAttachmentUploaded), e: apiErr(http.StatusConflict, "attachment_already_uploaded")},
 	{match: is(store.ErrStubTaskNotFound), e: apiErr(http.StatusNotFound, "safety_task_not_found")},
 	{match: is(store.ErrInboxConflict), e: apiErr(http.StatusConflict, "inbox_conflict")},
-	{match: is(project.ErrCacheKeyNotFound), e: errCacheKeyNotFound},
-	{match: is(project.ErrCacheKeyExists), e: errCacheKeyExists},
-	{match: is(project.ErrTopicNotFound), e: errTopicNotFound},
-	{match: is(project.ErrSubscriptionNotFound), e: errSubscriptionNotFound},
-	{match: is(project.ErrMessageNotFound), e: apiErr(http.StatusNotFound, "message_not_found")},
-	{match: is(project.ErrTopicNameTaken), e: apiErr(http.StatusConflict, "topic_name_taken")},
-	{match: is(project.ErrPublishConflict), e: apiErr(http.StatusConflict, "publish_conflict")},
-	{match: is(project.ErrSubscriptionPaused), e: apiErr(http.StatusConflict, "subscription_paused")},
-	{match: is(project.ErrDeliveryPaused), e: apiErr(http.StatusConflict, "delivery_paused")},
-	{match: is(project.ErrLeaseExpired), e: apiErr(http.StatusConflict, "lease_expired")},
-	{match: is(project.ErrLeaseTokenMismatch), e: apiErr(http.StatusConflict, "lease_token_mismatch")},
-	{match: is(project.ErrReceiptConflict), e: apiErr(http.StatusConflict, "receipt_conflict")},
-	{match: is(project.ErrBudgetExhausted), e: apiErr(http.StatusConflict, "budget_exhausted")},
-	{match: is(project.ErrUnsafeEvictionPolicy), e: errUnsafeEviction},
-	{match: is(project.ErrDataStateInvalid), e: errDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
+	{match: is(project.ErrCacheKeyNotFound), e: projectapi.ErrCacheKeyNotFound},
+	{match: is(project.ErrCacheKeyExists), e: projectapi.ErrCacheKeyExists},
+	{match: is(project.ErrTopicNotFound), e: projectapi.ErrTopicNotFound},
+	{match: is(project.ErrSubscriptionNotFound), e: projectapi.ErrSubscriptionNotFound},
+	{match: is(project.ErrMessageNotFound), e: projectapi.ErrMessageNotFound},
+	{match: is(project.ErrTopicNameTaken), e: projectapi.ErrTopicNameTaken},
+	{match: is(project.ErrPublishConflict), e: projectapi.ErrPublishConflict},
+	{match: is(project.ErrSubscriptionPaused), e: projectapi.ErrSubscriptionPaused},
+	{match: is(project.ErrDeliveryPaused), e: projectapi.ErrDeliveryPaused},
+	{match: is(project.ErrLeaseExpired), e: projectapi.ErrLeaseExpired},
+	{match: is(project.ErrLeaseTokenMismatch), e: projectapi.ErrLeaseTokenMismatch},
+	{match: is(project.ErrReceiptConflict), e: projectapi.ErrReceiptConflict},
+	{match: is(project.ErrBudgetExhausted), e: projectapi.ErrBudgetExhausted},
+	{match: is(project.ErrUnsafeEvictionPolicy), e: projectapi.ErrUnsafeEviction},
+	{match: is(project.ErrDataStateInvalid), e: projectapi.ErrDataStateInvalid, log: "project data state invalid", level: slog.LevelWarn},
 	{match: is(rds.ErrRedisOOM), e: errRedisOOM},
 	{match: is(rds.ErrExpiryDenied), e: errRedisExpiryDenied},
 	{match: is(rds.ErrRedisUnavailable), e: errRedisUnavailable},

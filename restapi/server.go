@@ -17,6 +17,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/ratelimit"
+	projectapi "github.com/han-app/gateway/restapi/project"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
@@ -64,7 +65,7 @@ type Config struct {
 	// maxmemory-policy (INFO memory); zero value means 3s.
 	EvictionPolicyTTL time.Duration
 	// ProjectQueue tunes topics, claims and budgets of the project API
-	// (project_topics.go); zero values mean the defaults.
+	// (package store/project); zero values mean the defaults.
 	ProjectQueue project.QueueConfig
 }
 
@@ -125,9 +126,9 @@ type Server struct {
 	router   *mux.Router
 	v1       *mux.Router
 	draining atomic.Bool
-	idem     *idempotency // idempotency keys and DB0 health (idempotency.go)
-	att      *attachments // attachment settings and blob store (attachments.go)
-	prj      *projectAPI  // the project Redis API (project.go)
+	idem     *idempotency    // idempotency keys and DB0 health (idempotency.go)
+	att      *attachments    // attachment settings and blob store (attachments.go)
+	prj      *projectapi.API // the project Redis API (restapi/project)
 	gw       RealtimeGateway
 	stub     *legacystub.Stub // nil: the legacy safety stub is off (safety.go)
 

@@ -2,7 +2,7 @@
 # scripts/fuzz.sh — run every fuzz target of the network-facing decoders
 # briefly (CI) or longer (FUZZTIME=5m scripts/fuzz.sh).
 #
-#   FuzzParseCachePut  restapi        cache PUT body and TTL token
+#   FuzzParseCachePut  restapi/project cache PUT body and TTL token
 #   FuzzCheck          internal/jsonx strict JSON (request bodies, frames)
 #   FuzzCanonicalize   internal/jcs   publish payload normalisation
 #   FuzzParseInFrame   gateway        WebSocket client frames
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FUZZTIME="${FUZZTIME:-5s}"
 targets=(
-	"FuzzParseCachePut ./restapi/"
+	"FuzzParseCachePut ./restapi/project/"
 	"FuzzCheck ./internal/jsonx/"
 	"FuzzCanonicalize ./internal/jcs/"
 	"FuzzParseInFrame ./gateway/"

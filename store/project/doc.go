@@ -8,7 +8,7 @@
 //
 // Its limits are defined here once (limits.go) and every other place, the
 // handlers and the scripts' arguments, refers to them. Types here carry no
-// wire JSON: the handlers in restapi own the shapes the API shows; the JSON
+// wire JSON: the handlers in restapi/project own the shapes the API shows; the JSON
 // tags that remain are the encodings of records stored in Redis.
 //
 // The PostgreSQL side of a project (members, settings, the legacy

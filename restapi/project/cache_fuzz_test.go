@@ -1,4 +1,4 @@
-package restapi
+package projectapi
 
 import (
 	"errors"
@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/restapi/apierr"
 	"github.com/han-app/gateway/store/project"
 )
 
-// FuzzParseCachePut: whatever the body, parseCachePut either refuses it with
-// a 400 or returns a PUT that satisfies every cache PUT rule of
-// docs/project-redis-api.md, from a
-// body that is strict JSON.
+// FuzzParseCachePut: whatever the body, the cache PUT's parsing (members
+// with the cache fields' codes, then parseCachePut) either refuses it with a
+// 400 or returns a PUT that satisfies every cache PUT rule of
+// docs/project-redis-api.md, from a body that is strict JSON.
 func FuzzParseCachePut(f *testing.F) {
 	for _, s := range []string{
 		`{"key":"k","type":"string","value":"v"}`,
@@ -27,9 +28,13 @@ func FuzzParseCachePut(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := parseCachePut(b)
+		m, err := members(b, cacheFields)
+		var p project.CachePut
+		if err == nil {
+			p, err = parseCachePut(m)
+		}
 		if err != nil {
-			var e *Error
+			var e *apierr.Error
 			if !errors.As(err, &e) || e.Status != 400 {
 				t.Fatalf("refusal %v is not a 400", err)
 			}

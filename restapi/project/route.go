@@ -1,0 +1,171 @@
+package projectapi
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"github.com/gorilla/mux"
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/restapi/apierr"
+)
+
+// bodyMode says what a route reads from the request body.
+type bodyMode int
+
+const (
+	noBody       bodyMode = iota
+	objectBody            // a JSON object, required
+	optionalBody          // a JSON object or nothing at all; its members are ignored
+)
+
+// fieldCodes are the codes that take precedence over invalid_json for a
+// problem inside that top-level member, so a client learns which field is
+// wrong.
+type fieldCodes map[string]*apierr.Error
+
+// spec is what every route checks before its own work: the caller's role,
+// the resource named in the path, the body.
+type spec struct {
+	need string // the role the caller needs on the project
+	// item is the path variable naming one resource of the project ("":
+	// none); an id that is no UUID names nothing: notFound.
+	item     string
+	notFound *apierr.Error
+	body     bodyMode
+	fields   fieldCodes
+	// write passes the eviction-policy gate after the input is valid and
+	// before the domain call.
+	write bool
+}
+
+// route is one project route: spec, then parse turns the request into In
+// (nil: In's zero value), then do calls the domain and says the answer.
+type route[In any] struct {
+	spec
+	parse func(c *call) (In, error)
+	do    func(a *API, ctx context.Context, c *call, in In) (reply, error)
+}
+
+// call is one authorised request: the project, the id of the resource in
+// the path and the body's top-level members.
+type call struct {
+	access
+	r    *http.Request
+	id   string
+	body map[string]json.RawMessage
+	host Host
+}
+
+// limit reads ?limit= (absent: def; 1..max, else invalid_limit).
+func (c *call) limit(def, max int) (int, error) { return c.host.ParseLimit(c.r, def, max) }
+
+// reply is a route's success: status and body (nil: none), or a writer of
+// its own that streams it.
+type reply struct {
+	status  int
+	body    any
+	noStore bool
+	stream  func(w http.ResponseWriter)
+}
+
+// serve runs a route's phases in the order every project route keeps:
+// access (role, then path id), body, parse, gate, domain call, answer. The
+// first failure is returned for fail to answer.
+func serve[In any](a *API, rt route[In]) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		c, err := a.begin(w, r, rt.spec)
+		if err != nil {
+			return err
+		}
+		var in In
+		if rt.parse != nil {
+			if in, err = rt.parse(c); err != nil {
+				return err
+			}
+		}
+		ctx := r.Context()
+		if rt.write {
+			if err := a.gate.CheckWrite(ctx); err != nil {
+				return err
+			}
+		}
+		out, err := rt.do(a, ctx, c, in)
+		if err != nil {
+			return err
+		}
+		a.answer(w, out)
+		return nil
+	}
+}
+
+// begin checks the caller's access, reads the path's resource id and the
+// body as the spec says.
+func (a *API) begin(w http.ResponseWriter, r *http.Request, sp spec) (*call, error) {
+	acc, err := a.access(r, sp.need)
+	if err != nil {
+		return nil, err
+	}
+	c := &call{access: acc, r: r, host: a.d.Host}
+	if sp.item != "" {
+		var ok bool
+		if c.id, ok = ids.Canonical(mux.Vars(r)[sp.item]); !ok {
+			return nil, sp.notFound
+		}
+	}
+	if sp.body == noBody {
+		return c, nil
+	}
+	b, err := a.readBody(w, r)
+	if err != nil {
+		return nil, err
+	}
+	if sp.body == optionalBody && len(b) == 0 {
+		return c, nil
+	}
+	c.body, err = members(b, sp.fields)
+	return c, err
+}
+
+func (a *API) answer(w http.ResponseWriter, out reply) {
+	if out.noStore {
+		w.Header().Set("Cache-Control", "no-store")
+	}
+	switch {
+	case out.stream != nil:
+		out.stream(w)
+	case out.body == nil:
+		w.WriteHeader(out.status)
+	default:
+		a.d.Host.WriteJSON(w, out.status, out.body)
+	}
+}
+
+// readBody reads a JSON body under the body limit (enforced while
+// reading); a Content-Type other than application/json is refused.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		return nil, apierr.UnsupportedMediaType
+	}
+	return a.d.Host.ReadBody(w, r, a.d.BodyLimit)
+}
+
+// pageDTO is one page of a listing.
+type pageDTO[T any] struct {
+	Items      []T     `json:"items"`
+	NextCursor *string `json:"nextCursor"`
+}
+
+// newPage converts a page of domain values; next "" is the last page.
+func newPage[S, T any](src []S, next string, conv func(S) T) pageDTO[T] {
+	p := pageDTO[T]{Items: make([]T, 0, len(src))}
+	for _, s := range src {
+		p.Items = append(p.Items, conv(s))
+	}
+	if next != "" {
+		p.NextCursor = &next
+	}
+	return p
+}
