@@ -98,7 +98,7 @@ func parseCachePut(m map[string]json.RawMessage) (project.CachePut, error) {
 }
 
 var cachePutRoute = route[project.CachePut]{
-	spec:  spec{need: store.RoleWrite, body: objectBody, fields: cacheFields, write: true},
+	spec:  wholeProject.with(store.RoleWrite, objectBody, cacheFields),
 	parse: func(c *call) (project.CachePut, error) { return parseCachePut(c.body) },
 	do:    (*API).putCache,
 }
@@ -136,7 +136,7 @@ func (a *API) putCache(ctx context.Context, c *call, put project.CachePut) (repl
 }
 
 var cacheDeleteRoute = route[string]{
-	spec:  spec{need: store.RoleWrite, write: true},
+	spec:  wholeProject.with(store.RoleWrite, noBody, nil),
 	parse: parseCacheKeyParam, do: (*API).deleteCache,
 }
 
@@ -157,7 +157,7 @@ func (a *API) deleteCache(ctx context.Context, c *call, key string) (reply, erro
 	return reply{status: http.StatusNoContent, noStore: true}, err
 }
 
-var cacheListRoute = route[project.CacheQuery]{spec: spec{need: store.RoleRead}, parse: parseCacheQuery, do: (*API).listCache}
+var cacheListRoute = route[project.CacheQuery]{spec: wholeProject.with(store.RoleRead, noBody, nil), parse: parseCacheQuery, do: (*API).listCache}
 
 func parseCacheQuery(c *call) (project.CacheQuery, error) {
 	q := c.r.URL.Query()

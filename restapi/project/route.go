@@ -10,6 +10,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/restapi/apierr"
+	"github.com/han-app/gateway/store"
 )
 
 // bodyMode says what a route reads from the request body.
@@ -39,6 +40,18 @@ type spec struct {
 	// write passes the eviction-policy gate after the input is valid and
 	// before the domain call.
 	write bool
+}
+
+// wholeProject is the spec of a route on the project itself (no resource
+// in the path).
+var wholeProject = spec{}
+
+// with completes a spec for a caller with role need and the body it reads;
+// a route for any role above read writes, so it passes the eviction-policy
+// gate.
+func (sp spec) with(need string, body bodyMode, fields fieldCodes) spec {
+	sp.need, sp.body, sp.fields, sp.write = need, body, fields, need != store.RoleRead
+	return sp
 }
 
 // route is one project route: spec, then parse turns the request into In

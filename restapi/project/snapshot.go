@@ -98,7 +98,7 @@ type snapshotDTO struct {
 	Limits        limitsDTO         `json:"limits"`
 }
 
-var snapshotRoute = route[struct{}]{spec: spec{need: store.RoleRead}, do: (*API).snapshot}
+var snapshotRoute = route[struct{}]{spec: wholeProject.with(store.RoleRead, noBody, nil), do: (*API).snapshot}
 
 func (a *API) snapshot(ctx context.Context, c *call, _ struct{}) (reply, error) {
 	st, err := a.cache.State(ctx, c.keys)
@@ -166,8 +166,8 @@ type settingsDTO struct {
 // settingsRoute: exactly one of cacheQuotaBytes (admin; a positive integer
 // ≤ 16 MiB) or deliveryPaused (write; a boolean).
 var settingsRoute = route[store.ProjectSettings]{
-	spec: spec{need: store.RoleWrite, body: objectBody, write: true,
-		fields: fieldCodes{"cacheQuotaBytes": errInvalidSettings, "deliveryPaused": errInvalidSettings}},
+	spec: wholeProject.with(store.RoleWrite, objectBody,
+		fieldCodes{"cacheQuotaBytes": errInvalidSettings, "deliveryPaused": errInvalidSettings}),
 	parse: parseSettings, do: (*API).putSettings,
 }
 

@@ -87,33 +87,33 @@ type trimDTO struct {
 var (
 	topicItem = spec{item: "topicId", notFound: ErrTopicNotFound}
 	subItem   = spec{item: "subscriptionId", notFound: ErrSubscriptionNotFound}
-)
 
-// on is the item spec for a caller with role need, reading body.
-func (sp spec) on(need string, body bodyMode, fields fieldCodes) spec {
-	sp.need, sp.body, sp.fields, sp.write = need, body, fields, need != store.RoleRead
-	return sp
-}
-
-var (
-	topicCreateRoute = route[topicIn]{spec: spec{need: store.RoleWrite, body: objectBody, write: true,
-		fields: fieldCodes{"name": errInvalidTopicName}}, parse: parseTopic, do: (*API).createTopic}
+	topicCreateRoute = route[topicIn]{spec: wholeProject.with(store.RoleWrite, objectBody, fieldCodes{"name": errInvalidTopicName}),
+		parse: parseTopic, do: (*API).createTopic}
 	topicDeleteRoute = deleteRoute(topicItem, (*project.Queue).DeleteTopic)
-	messageListRoute = route[pageIn]{spec: topicItem.on(store.RoleRead, noBody, nil), parse: parsePage, do: (*API).listMessages}
-	publishRoute     = route[project.PublishInput]{spec: topicItem.on(store.RoleWrite, objectBody, fieldCodes{"payload": errInvalidPayload}), parse: parsePublish, do: (*API).publish}
-	trimRoute        = route[struct{}]{spec: topicItem.on(store.RoleWrite, optionalBody, nil), do: (*API).trim}
-	subCreateRoute   = route[subIn]{spec: spec{need: store.RoleWrite, body: objectBody, write: true}, parse: parseSubscription, do: (*API).createSubscription}
-	subPatchRoute    = route[string]{spec: subItem.on(store.RoleWrite, objectBody, fieldCodes{"status": errInvalidSubStatus}), parse: parseSubStatus, do: (*API).patchSubscription}
+	messageListRoute = route[pageIn]{spec: topicItem.with(store.RoleRead, noBody, nil),
+		parse: parsePage, do: (*API).listMessages}
+	publishRoute = route[project.PublishInput]{spec: topicItem.with(store.RoleWrite, objectBody, fieldCodes{"payload": errInvalidPayload}),
+		parse: parsePublish, do: (*API).publish}
+	trimRoute = route[struct{}]{spec: topicItem.with(store.RoleWrite, optionalBody, nil),
+		do: (*API).trim}
+	subCreateRoute = route[subIn]{spec: wholeProject.with(store.RoleWrite, objectBody, nil),
+		parse: parseSubscription, do: (*API).createSubscription}
+	subPatchRoute = route[string]{spec: subItem.with(store.RoleWrite, objectBody, fieldCodes{"status": errInvalidSubStatus}),
+		parse: parseSubStatus, do: (*API).patchSubscription}
 	subDeleteRoute   = deleteRoute(subItem, (*project.Queue).DeleteSubscription)
-	receiptListRoute = route[pageIn]{spec: subItem.on(store.RoleRead, noBody, nil), parse: parsePage, do: (*API).listReceipts}
-	claimRoute       = route[int64]{spec: subItem.on(store.RoleWrite, objectBody, fieldCodes{"count": errInvalidCount}), parse: parseClaimCount, do: (*API).claim}
-	receiptPostRoute = route[ackIn]{spec: subItem.on(store.RoleWrite, objectBody, fieldCodes{"status": errInvalidReceiptStatus}), parse: parseAck, do: (*API).ack}
+	receiptListRoute = route[pageIn]{spec: subItem.with(store.RoleRead, noBody, nil),
+		parse: parsePage, do: (*API).listReceipts}
+	claimRoute = route[int64]{spec: subItem.with(store.RoleWrite, objectBody, fieldCodes{"count": errInvalidCount}),
+		parse: parseClaimCount, do: (*API).claim}
+	receiptPostRoute = route[ackIn]{spec: subItem.with(store.RoleWrite, objectBody, fieldCodes{"status": errInvalidReceiptStatus}),
+		parse: parseAck, do: (*API).ack}
 )
 
 // deleteRoute is DELETE of a topic or subscription: write role, the
 // eviction-policy gate, then the delete script; 204.
 func deleteRoute(item spec, del func(q *project.Queue, ctx context.Context, k project.Keys, projectID, id string) error) route[struct{}] {
-	return route[struct{}]{spec: item.on(store.RoleWrite, noBody, nil),
+	return route[struct{}]{spec: item.with(store.RoleWrite, noBody, nil),
 		do: func(a *API, ctx context.Context, c *call, _ struct{}) (reply, error) {
 			return reply{status: http.StatusNoContent, noStore: true}, del(a.queue, ctx, c.keys, c.info.ID, c.id)
 		}}
