@@ -123,6 +123,14 @@ func (p *OutboxPurger) RunOnce(ctx context.Context) (int64, error) {
 	return total, nil
 }
 
+// purgeOutboxSQL deletes one batch ($2) of rows delivered more than $1
+// seconds ago: the oldest deliveries through outbox_delivered_idx, then the
+// rows by primary key.
+const purgeOutboxSQL = `DELETE FROM outbox WHERE id = ANY(ARRAY(
+	SELECT id FROM outbox
+	WHERE delivered_at IS NOT NULL AND delivered_at < now() - make_interval(secs => $1)
+	ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+
 // PurgeDeliveredOutbox deletes at most batch outbox rows delivered more than
 // retention ago, oldest delivery first, and returns how many it deleted. A
 // row is delivered after it was created, so no row younger than the
@@ -131,11 +139,7 @@ func (p *OutboxPurger) RunOnce(ctx context.Context) (int64, error) {
 // delivered rows), so a batch reads only rows it deletes; rows another
 // instance is deleting at the same time are skipped, not waited for.
 func (s *Store) PurgeDeliveredOutbox(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `WITH doomed AS (
-			SELECT id FROM outbox
-			WHERE delivered_at IS NOT NULL AND delivered_at < now() - make_interval(secs => $1)
-			ORDER BY delivered_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-		DELETE FROM outbox o USING doomed d WHERE o.id = d.id`, retention.Seconds(), batch)
+	tag, err := s.pool.Exec(ctx, purgeOutboxSQL, retention.Seconds(), batch)
 	if err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	}
