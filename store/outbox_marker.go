@@ -84,7 +84,7 @@ func NewOutboxMarker(s *Store, cfg OutboxMarkerConfig, logger *slog.Logger) (*Ou
 	}
 	m := &OutboxMarker{store: s, cfg: cfg, logger: logger, kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		marked: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_marks_total",
-			Help: "Outbox rows the request path published and the batched marker recorded as delivered."}),
+			Help: "Outbox rows the request path published and the batched marker updated (one UPDATE per batch)."}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "han_outbox_marks_dropped_total",
 			Help: "Delivered marks lost (the relay publishes those rows again after the grace), by reason: queue_full, flush_failed, closed."},
 			[]string{"reason"}),
@@ -231,15 +231,23 @@ func (m *OutboxMarker) Close() {
 
 // MarkOutboxDeliveredBatch records that the request path published the
 // events with these ids, in one statement, and returns how many rows it
-// changed. Rows already delivered (by the relay) are left as they are. The
+// found. A row the relay delivered first keeps its delivered_at and its
+// attempts. The statement filters on event_id alone so that PostgreSQL
+// finds the rows through the event_id index, one probe per id: a filter on
+// delivered_at IS NULL would let the planner walk the partial index of
+// undelivered rows instead, a cost that grows with the relay's backlog. The
 // ids are sorted so that concurrent batches lock rows in the same order.
 func (s *Store) MarkOutboxDeliveredBatch(ctx context.Context, eventIDs []string) (int64, error) {
 	ids := slices.Clone(eventIDs)
 	slices.Sort(ids)
-	tag, err := s.pool.Exec(ctx, `UPDATE outbox SET delivered_at = now(), attempts = attempts + 1
-		WHERE event_id = ANY($1::uuid[]) AND delivered_at IS NULL`, ids)
+	tag, err := s.pool.Exec(ctx, markOutboxSQL, ids)
 	if err != nil {
 		return 0, fmt.Errorf("mark outbox delivered: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
+
+// markOutboxSQL marks the rows of the event ids in $1 delivered.
+const markOutboxSQL = `UPDATE outbox SET delivered_at = coalesce(delivered_at, now()),
+	attempts = attempts + CASE WHEN delivered_at IS NULL THEN 1 ELSE 0 END
+	WHERE event_id = ANY($1::uuid[])`

@@ -118,20 +118,8 @@ func TestPurgeUsesTheDeliveredIndex(t *testing.T) {
 	if _, err := tx.Exec(ctx, "ANALYZE outbox"); err != nil {
 		t.Fatal(err)
 	}
-	var plan strings.Builder
-	rows, err := tx.Query(ctx, "EXPLAIN "+store.PurgeOutboxSQL, 60, 5000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
-	}
-	t.Logf("plan:\n%s", plan.String())
-	if !strings.Contains(plan.String(), "outbox_delivered_idx") || strings.Contains(plan.String(), "Seq Scan on outbox") {
-		t.Fatalf("the purge does not use outbox_delivered_idx:\n%s", plan.String())
+	plan := explain(t, tx, store.PurgeOutboxSQL, 60, 5000)
+	if !strings.Contains(plan, "outbox_delivered_idx") || strings.Contains(plan, "Seq Scan") {
+		t.Fatalf("the purge does not use outbox_delivered_idx:\n%s", plan)
 	}
 }
