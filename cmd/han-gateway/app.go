@@ -296,18 +296,7 @@ func (m *Main) Close() error {
 		m.realtime.Close()
 		m.realtime = nil
 	}
-	if m.janitor != nil {
-		m.janitor.Close()
-		m.janitor = nil
-	}
-	if m.purger != nil {
-		m.purger.Close()
-		m.purger = nil
-	}
-	if m.budgets != nil {
-		m.budgets.Close()
-		m.budgets = nil
-	}
+	m.closeJobs()
 	if m.api != nil {
 		m.api.Close() // the DB0 health prober; flushes the outbox delivered marks
 	}
@@ -331,6 +320,24 @@ func (m *Main) Close() error {
 		m.Logger.Info("drain: Redis and PostgreSQL connections closed")
 	}
 	return errors.Join(errs...)
+}
+
+// closeJobs stops the background jobs that run on their own timers (the
+// janitor, the outbox purge, the budget reconciler) and waits for a run in
+// progress.
+func (m *Main) closeJobs() {
+	if m.janitor != nil {
+		m.janitor.Close()
+		m.janitor = nil
+	}
+	if m.purger != nil {
+		m.purger.Close()
+		m.purger = nil
+	}
+	if m.budgets != nil {
+		m.budgets.Close()
+		m.budgets = nil
+	}
 }
 
 func newLogger(level string) *slog.Logger {
