@@ -39,8 +39,9 @@ type OutboxMarkerConfig struct {
 // OutboxMarker records that the request path published outbox events: it
 // queues their event ids and marks the rows delivered with one
 // UPDATE … WHERE event_id = ANY($1) per flush, instead of one UPDATE and
-// commit per message. A flush runs when Batch ids are queued or Interval
-// after the first id queued. A mark that is lost (queue full, flush failed,
+// commit per message. A flush runs as soon as Batch ids are queued, else
+// Interval after the marker woke up or after its previous flush, so no id
+// waits longer than Interval plus a flush in progress. A mark that is lost (queue full, flush failed,
 // instance crashed) only means the relay publishes the row once more after
 // HAN_OUTBOX_GRACE: delivery is at least once and clients drop a
 // duplicate by its event id.
