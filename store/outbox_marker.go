@@ -41,10 +41,10 @@ type OutboxMarkerConfig struct {
 // UPDATE … WHERE event_id = ANY($1) per flush, instead of one UPDATE and
 // commit per message. A flush runs as soon as Batch ids are queued, else
 // Interval after the marker woke up or after its previous flush, so no id
-// waits longer than Interval plus a flush in progress. A mark that is lost (queue full, flush failed,
-// instance crashed) only means the relay publishes the row once more after
-// HAN_OUTBOX_GRACE: delivery is at least once and clients drop a
-// duplicate by its event id.
+// waits longer than Interval plus a flush in progress. A mark that is lost
+// (queue full, flush failed, instance crashed) only means the relay
+// publishes the row once more after HAN_OUTBOX_GRACE: delivery is at least
+// once and clients drop a duplicate by its event id.
 //
 // Its goroutine runs only while ids are queued, so an idle marker holds
 // none. Close flushes what is queued and waits; marks after Close are
