@@ -208,9 +208,10 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// publishAfterCommit publishes the event right after the commit and marks
-// the outbox row delivered. A failure is not the client's: the row stays
-// pending for the outbox relay, and clients reconcile over REST anyway.
+// publishAfterCommit publishes the event right after the commit and queues
+// the outbox row's delivered mark (one batched UPDATE for many messages). A
+// failure is not the client's: the row stays pending for the outbox relay,
+// and clients reconcile over REST anyway.
 func (s *Server) publishAfterCommit(ctx context.Context, ev store.OutboxEvent) {
 	if s.publisher == nil || ev.EventID == "" {
 		return
@@ -223,9 +224,7 @@ func (s *Server) publishAfterCommit(ctx context.Context, ev store.OutboxEvent) {
 			slog.String("event_id", ev.EventID))
 		return
 	}
-	if err := s.store.MarkOutboxDelivered(ctx, ev.EventID); err != nil {
-		s.metrics.errors.WithLabelValues("postgres", "outbox_mark").Inc()
-	}
+	s.marker.Mark(ev.EventID)
 }
 
 func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) error {

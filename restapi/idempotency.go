@@ -149,8 +149,11 @@ func registerOrReuse[T prometheus.Collector](reg *prometheus.Registry, c T) T {
 }
 
 // Close stops the server's background work (the DB0 health prober it
-// created). It is idempotent; the caller closes what it passed in Deps.
+// created) and marks the outbox rows it published delivered (call it after
+// the last request ended, before the PostgreSQL pool closes). It is
+// idempotent; the caller closes what it passed in Deps.
 func (s *Server) Close() {
+	s.marker.Close()
 	if s.idem != nil && s.idem.ownHealth {
 		s.idem.health.Close()
 	}

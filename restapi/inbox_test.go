@@ -10,6 +10,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 )
 
 type inboxResp struct {
@@ -59,9 +60,9 @@ func TestInternalInbox(t *testing.T) {
 	if msg.Payload != want {
 		t.Fatalf("event frame:\n%s\nwant\n%s", msg.Payload, want)
 	}
-	if n := h.count("SELECT count(*) FROM outbox WHERE event_id=$1 AND delivered_at IS NOT NULL", rc.EventID); n != 1 {
-		t.Fatal("the outbox row was not marked delivered")
-	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return h.count("SELECT count(*) FROM outbox WHERE event_id=$1 AND delivered_at IS NOT NULL", rc.EventID) == 1
+	}, "the outbox row was not marked delivered")
 
 	// A retry (whitespace aside, the same content): 200 and the same receipt,
 	// no second event.

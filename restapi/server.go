@@ -122,6 +122,9 @@ type Server struct {
 	publisher  Publisher
 	limiter    RateLimiter
 	hmacSecret []byte
+	// marker records published outbox rows as delivered in batches;
+	// created by NewServer, flushed and stopped by Close.
+	marker *store.OutboxMarker
 
 	router   *mux.Router
 	v1       *mux.Router
@@ -175,6 +178,10 @@ func NewServer(d Deps) (*Server, error) {
 	}
 	s.gw = d.Gateway
 	s.stub = d.LegacyStub
+	var err error
+	if s.marker, err = store.NewOutboxMarker(d.Store, store.OutboxMarkerConfig{Registerer: s.metrics.Registry}, d.Logger); err != nil {
+		return nil, err
+	}
 	s.initIdempotency(d)
 	if err := s.initAttachments(d); err != nil {
 		return nil, err

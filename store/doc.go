@@ -10,6 +10,11 @@
 // store/rds; the project Redis API's own data (cache, topics, budgets) is
 // store/project. Neither links a PostgreSQL driver.
 //
+// Outbox rows the request path published are marked delivered in batches
+// by an OutboxMarker (one UPDATE per batch, off the request path), and
+// delivered rows past their retention are deleted by an OutboxPurger; the
+// relay's own claim-publish-mark transaction is RelayOutbox.
+//
 // Callers never see a transaction: every write that must commit together
 // (a message with its seq, outbox event, idempotency record and safety
 // task) is composed here from store operations.

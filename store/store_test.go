@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
 }
 
-func openStore(t *testing.T) (*store.Store, *pgxpool.Pool) {
+func openStore(t testing.TB) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 30})

@@ -48,6 +48,7 @@ type Main struct {
 	api      *restapi.Server
 	realtime *gateway.Service
 	janitor  *store.Janitor            // purges expired idempotency records
+	purger   *store.OutboxPurger       // purges delivered outbox rows past HAN_OUTBOX_RETENTION
 	budgets  *project.BudgetReconciler // reconciles the project API's module budget
 	ops      opsParts                  // runtime settings and the legacy stub (ops.go)
 	httpSrv  *http.Server
@@ -207,6 +208,11 @@ func (m *Main) Run(ctx context.Context) error {
 	m.api.MountWeb(web.Handler())
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
 	m.janitor.Start()
+	if m.purger, err = store.NewOutboxPurger(store.New(m.pg), store.OutboxPurgerConfig{Retention: cfg.OutboxRetention,
+		Registerer: metrics.Registry}, m.Logger); err != nil {
+		return err
+	}
+	m.purger.Start()
 	m.budgets = project.NewBudgetReconciler(project.NewModuleBudget(m.rdb, cfg.Env, project.ModuleBudgetBytes),
 		project.BudgetReconcilerConfig{}, m.Logger)
 	m.budgets.Start()
@@ -290,16 +296,9 @@ func (m *Main) Close() error {
 		m.realtime.Close()
 		m.realtime = nil
 	}
-	if m.janitor != nil {
-		m.janitor.Close()
-		m.janitor = nil
-	}
-	if m.budgets != nil {
-		m.budgets.Close()
-		m.budgets = nil
-	}
+	m.closeJobs()
 	if m.api != nil {
-		m.api.Close() // the DB0 health prober
+		m.api.Close() // the DB0 health prober; flushes the outbox delivered marks
 	}
 	if err := m.closeOps(); err != nil {
 		errs = append(errs, err)
@@ -321,6 +320,24 @@ func (m *Main) Close() error {
 		m.Logger.Info("drain: Redis and PostgreSQL connections closed")
 	}
 	return errors.Join(errs...)
+}
+
+// closeJobs stops the background jobs that run on their own timers (the
+// janitor, the outbox purge, the budget reconciler) and waits for a run in
+// progress.
+func (m *Main) closeJobs() {
+	if m.janitor != nil {
+		m.janitor.Close()
+		m.janitor = nil
+	}
+	if m.purger != nil {
+		m.purger.Close()
+		m.purger = nil
+	}
+	if m.budgets != nil {
+		m.budgets.Close()
+		m.budgets = nil
+	}
 }
 
 func newLogger(level string) *slog.Logger {

@@ -64,11 +64,17 @@ type Config struct {
 	DBExecMode string
 	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
 	// (default 5s) bound how long a crashed instance's users stay online;
-	// HAN_OUTBOX_GRACE (default 5s) is how old an unpublished outbox row must
-	// be before the relay publishes it.
+	// HAN_OUTBOX_GRACE (default 5s, at least 1s) is how old an unpublished
+	// outbox row must be before the relay publishes it; the request path
+	// marks its published rows delivered in batches within 50 ms
+	// (store.MarkFlushInterval), so the grace stays at twenty times that or
+	// more and the relay does not publish those rows again.
+	// HAN_OUTBOX_RETENTION (default 15m) is how long a delivered outbox row
+	// is kept after its delivery before the purge deletes it.
 	InstanceLivenessTTL time.Duration
 	SweepInterval       time.Duration
 	OutboxGrace         time.Duration
+	OutboxRetention     time.Duration
 	// Idempotency and attachments: HAN_IDEMPOTENCY_TTL (default 24h) is the
 	// life of idempotency records in Redis and PostgreSQL; HAN_BLOB_DIR
 	// (default <temp dir>/han-blobs) the local attachment folder;
@@ -171,8 +177,11 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil {
 		bad("HAN_PRESENCE_SWEEP_INTERVAL: %v", err)
 	}
-	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil {
-		bad("HAN_OUTBOX_GRACE: %v", err)
+	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil || c.OutboxGrace < time.Second {
+		bad("HAN_OUTBOX_GRACE: must be a duration of at least 1s like 5s")
+	}
+	if c.OutboxRetention, err = duration(getenv("HAN_OUTBOX_RETENTION"), 15*time.Minute); err != nil {
+		bad("HAN_OUTBOX_RETENTION: %v", err)
 	}
 	if c.IdempotencyTTL, err = duration(getenv("HAN_IDEMPOTENCY_TTL"), 24*time.Hour); err != nil {
 		bad("HAN_IDEMPOTENCY_TTL: %v", err)

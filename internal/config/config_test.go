@@ -196,3 +196,32 @@ func TestDatabaseDirectURLAndExecMode(t *testing.T) {
 		}
 	}
 }
+
+// The outbox grace stays far above the 50 ms in which the request path's
+// published rows are marked delivered, so the relay does not publish them
+// again; the retention of delivered rows defaults to 15m.
+func TestOutboxGraceAndRetention(t *testing.T) {
+	m := base()
+	c, err := Load(env(m))
+	if err != nil || c.OutboxGrace != 5*time.Second || c.OutboxRetention != 15*time.Minute {
+		t.Fatalf("defaults: grace %v retention %v %v", c.OutboxGrace, c.OutboxRetention, err)
+	}
+	m["HAN_OUTBOX_GRACE"], m["HAN_OUTBOX_RETENTION"] = "1s", "2h"
+	if c, err := Load(env(m)); err != nil || c.OutboxGrace != time.Second || c.OutboxRetention != 2*time.Hour {
+		t.Fatalf("set: grace %v retention %v %v", c.OutboxGrace, c.OutboxRetention, err)
+	}
+	for _, v := range []string{"999ms", "50ms", "0", "soon"} {
+		m := base()
+		m["HAN_OUTBOX_GRACE"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_OUTBOX_GRACE") {
+			t.Errorf("HAN_OUTBOX_GRACE=%q: %v", v, err)
+		}
+	}
+	for _, v := range []string{"0", "-1m", "soon"} {
+		m := base()
+		m["HAN_OUTBOX_RETENTION"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_OUTBOX_RETENTION") {
+			t.Errorf("HAN_OUTBOX_RETENTION=%q: %v", v, err)
+		}
+	}
+}

@@ -1,0 +1,14 @@
+-- Delivered outbox rows are deleted once older than HAN_OUTBOX_RETENTION,
+-- oldest delivery first (store.PurgeDeliveredOutbox). This partial index
+-- holds exactly the rows the purge may delete, in delivered_at order, so a
+-- DELETE batch reads only the rows it removes: it never walks the young or
+-- the undelivered rows. A row enters it when it is marked delivered; that
+-- UPDATE already writes new entries in every index (delivered_at is in the
+-- predicate of outbox_pending_idx, so it is never a HOT update), so the
+-- index costs one more entry per message and nothing at insert.
+--
+-- On a large outbox (before this migration delivered rows were never
+-- deleted) build it first by hand without blocking writes:
+--   CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_delivered_idx
+--       ON outbox (delivered_at) WHERE delivered_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS outbox_delivered_idx ON outbox (delivered_at) WHERE delivered_at IS NOT NULL;
