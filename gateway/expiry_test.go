@@ -10,7 +10,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/auth"
@@ -55,10 +54,11 @@ func (c *client) ping() {
 
 func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
 
-// A socket lives exactly as long as its bearer token is accepted over REST:
-// open past exp while within the verifier's leeway, closed with 4001
-// token_expired once exp + leeway passed, and by then REST answers the same
-// token with 401.
+// A socket lives exactly as long as its bearer token is accepted by the
+// verifier the REST API authenticates with: open past exp while within the
+// verifier's leeway, closed with 4001 token_expired once exp + leeway
+// passed, and by then the verifier refuses the same token (REST answers
+// it with 401).
 func TestTokenExpiryClosesSocket(t *testing.T) {
 	const leeway = 3 * time.Second
 	pool := openPool(t)
@@ -72,13 +72,13 @@ func TestTokenExpiryClosesSocket(t *testing.T) {
 
 	sleepUntil(exp.Add(100 * time.Millisecond))
 	c.ping() // exp passed, the leeway has not
-	if code, body := in.doAs(tok, "GET", "/v1/me", ""); code != 200 {
-		t.Fatalf("REST within the leeway: %d %s", code, body)
+	if _, err := in.verifier.Verify(context.Background(), tok); err != nil {
+		t.Fatalf("the token is refused within the leeway: %v", err)
 	}
 
 	wantExpired(t, c, exp.Add(leeway))
-	if code, body := in.doAs(tok, "GET", "/v1/me", ""); code != 401 {
-		t.Fatalf("REST after exp + leeway: %d %s", code, body)
+	if _, err := in.verifier.Verify(context.Background(), tok); err == nil {
+		t.Fatal("the token is still accepted after exp + leeway")
 	}
 	if n := in.svc.Stats().Closes[int(gateway.CloseUnauthorized)]; n != 1 {
 		t.Fatalf("4001 closes counted: %d", n)
@@ -165,7 +165,8 @@ func TestRefreshRefusals(t *testing.T) {
 }
 
 // A socket opened with a ticket inherits the exp of the token that asked
-// for the ticket; a ticket redeemed after that token expired opens nothing.
+// for the ticket (the ticket endpoint passes the verified token's exp to
+// IssueTicket); a ticket redeemed after that token expired opens nothing.
 func TestTicketSocketInheritsTokenExpiry(t *testing.T) {
 	const leeway = time.Second
 	pool := openPool(t)
@@ -173,15 +174,16 @@ func TestTicketSocketInheritsTokenExpiry(t *testing.T) {
 	u := in.users(1)[0]
 	issue := func(tok string) string {
 		t.Helper()
-		code, b := in.doAs(tok, "POST", "/v1/realtime/tickets", "")
-		if code != 201 {
-			t.Fatalf("ticket: %d %s", code, b)
+		ctx := context.Background()
+		p, err := in.verifier.Verify(ctx, tok)
+		if err != nil {
+			t.Fatalf("ticket: %v", err)
 		}
-		var v struct{ Ticket string }
-		if err := json.Unmarshal(b, &v); err != nil {
-			t.Fatal(err)
+		tk, _, err := in.svc.IssueTicket(ctx, p.UserID, p.Expires)
+		if err != nil {
+			t.Fatalf("ticket: %v", err)
 		}
-		return v.Ticket
+		return tk
 	}
 
 	tok, exp := mint(t, u, auth.KindUser, 3*time.Second)

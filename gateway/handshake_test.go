@@ -7,29 +7,11 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 )
-
-// ticket issues a ticket over REST.
-func (in *instance) ticket(userID string) (string, int64) {
-	in.t.Helper()
-	code, b := in.do(userID, "POST", "/v1/realtime/tickets", "")
-	if code != 201 {
-		in.t.Fatalf("ticket: %d %s", code, b)
-	}
-	var v struct {
-		Ticket    string `json:"ticket"`
-		ExpiresAt int64  `json:"expiresAt"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		in.t.Fatal(err)
-	}
-	return v.Ticket, v.ExpiresAt
-}
 
 func TestHandshakeAuthAndOrigin(t *testing.T) {
 	pool := openPool(t)
@@ -140,82 +122,4 @@ func TestHandshakeAuthAndOrigin(t *testing.T) {
 	if st.Rejects["origin"] < 3 || st.Rejects["unauthorized"] < 4 || st.Closes[int(gateway.ClosePolicy)] == 0 {
 		t.Fatalf("rejection metrics: %+v", st)
 	}
-}
-
-func TestTicketAndPresenceEndpoints(t *testing.T) {
-	pool := openPool(t)
-	in := newInstance(t, pool, opts{})
-	u := in.users(3)
-	a, b, stranger := u[0], u[1], u[2]
-	d := in.dialog(a, b)
-	type presenceDTO struct {
-		Online      bool   `json:"online"`
-		Connections int    `json:"connections"`
-		LastSeenAt  *int64 `json:"lastSeenAt"`
-	}
-	get := func(viewer, target string) (int, presenceDTO, string) {
-		code, body := in.do(viewer, "GET", "/v1/users/"+target+"/presence", "")
-		var p presenceDTO
-		if code == 200 {
-			if err := json.Unmarshal(body, &p); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return code, p, string(body)
-	}
-	if code, p, body := get(a, b); code != 200 || p.Online || p.Connections != 0 || p.LastSeenAt != nil || body != `{"online":false,"connections":0,"lastSeenAt":null}` {
-		t.Fatalf("offline presence: %d %s", code, body)
-	}
-	if code, _, body := get(stranger, b); code != 404 || body != `{"error":"user_not_found"}` {
-		t.Fatalf("a stranger must not see presence: %d %s", code, body)
-	}
-	if code, _, body := get(a, "nope"); code != 400 || body != `{"error":"invalid_uuid"}` {
-		t.Fatalf("bad id: %d %s", code, body)
-	}
-
-	// a watches the dialog; b comes online with two connections.
-	ca := in.connect(a)
-	ca.subscribe(d)
-	b1, b2 := in.connect(b), in.connect(b)
-	if code, p, _ := get(a, b); code != 200 || !p.Online || p.Connections != 2 {
-		t.Fatalf("online presence: %d %+v", code, p)
-	}
-	presenceEvent := func() (online bool, lastSeen *int64) {
-		t.Helper()
-		for {
-			f := ca.next(10 * time.Second)
-			if f.Type == "event" && f.Event == gateway.EventPresenceChanged && f.EntityID == b {
-				var v struct {
-					UserID     string `json:"userId"`
-					Online     bool   `json:"online"`
-					LastSeenAt *int64 `json:"lastSeenAt"`
-				}
-				if err := json.Unmarshal(f.Data, &v); err != nil || v.UserID != b || f.DialogID != d {
-					t.Fatalf("presence event: %s", f.raw)
-				}
-				return v.Online, v.LastSeenAt
-			}
-		}
-	}
-	if online, _ := presenceEvent(); !online {
-		t.Fatal("first presence event must be online")
-	}
-	// Closing one of two connections is no transition; closing the last is
-	// one offline transition, published once.
-	b1.ws.Close(websocket.StatusNormalClosure, "")
-	b2.ws.Close(websocket.StatusNormalClosure, "")
-	online, lastSeen := presenceEvent()
-	if online || lastSeen == nil {
-		t.Fatal("the second presence event must be offline with lastSeenAt")
-	}
-	code, p, _ := get(a, b)
-	if code != 200 || p.Online || p.Connections != 0 || p.LastSeenAt == nil || *p.LastSeenAt < time.Now().Add(-time.Minute).UnixMilli() {
-		t.Fatalf("presence after disconnect: %d %+v", code, p)
-	}
-	// Exactly one transition each way: b's next connection is the next event.
-	b3 := in.connect(b)
-	if online, _ := presenceEvent(); !online {
-		t.Fatal("reconnect must publish online")
-	}
-	_ = b3
 }

@@ -25,7 +25,6 @@ import (
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -70,18 +69,21 @@ type opts struct {
 	leeway   time.Duration // the verifier's leeway on exp; zero value: its default (30s)
 }
 
-// instance is one gateway instance: the real restapi + gateway wiring on
-// real Redis and PostgreSQL, served by httptest.
+// instance is one gateway instance: the real gateway.Service on real Redis
+// and PostgreSQL, its handler served by httptest on GET /v1/realtime.
+// Events come the way the send path produces them: store.SendMessage with
+// Event set, then the service's Publisher (post below). The REST API in
+// front of it is tested in restapi and, end to end, in cmd/han-gateway.
 type instance struct {
-	t     testing.TB
-	id    string
-	svc   *gateway.Service
-	api   *restapi.Server
-	srv   *httptest.Server
-	store *store.Store
-	pool  *pgxpool.Pool
-	rt    redis.UniversalClient
-	reg   *prometheus.Registry
+	t        testing.TB
+	id       string
+	svc      *gateway.Service
+	srv      *httptest.Server
+	store    *store.Store
+	pool     *pgxpool.Pool
+	rt       redis.UniversalClient
+	reg      *prometheus.Registry
+	verifier *auth.Verifier
 }
 
 func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
@@ -137,17 +139,12 @@ func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 		t.Fatal(err)
 	}
 	svc.Start()
-	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: st, Redis: rdb, Realtime: rt, Verifier: v,
-		Gateway: svc, Publisher: svc.Publisher()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(api.Close)
-	srv := httptest.NewServer(api.Handler())
+	mux := http.NewServeMux()
+	mux.Handle("GET /v1/realtime", svc.Handler())
+	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	t.Cleanup(svc.Close)
-	in := &instance{t: t, id: o.id, svc: svc, api: api, srv: srv, store: st, pool: pool, rt: rt, reg: reg}
+	in := &instance{t: t, id: o.id, svc: svc, srv: srv, store: st, pool: pool, rt: rt, reg: reg, verifier: v}
 	testenv.Eventually(t, 10*time.Second, svc.PubSubHealthy, "pubsub link of %s never came up", o.id)
 	return in
 }
@@ -189,36 +186,6 @@ func (in *instance) dialog(members ...string) string {
 	return d.ID
 }
 
-// do makes a REST call with a user's token; body "" sends none.
-func (in *instance) do(userID, method, path, body string) (int, []byte) {
-	in.t.Helper()
-	return in.doAs(token(in.t, userID), method, path, body)
-}
-
-// doAs makes a REST call with the given bearer token.
-func (in *instance) doAs(tok, method, path, body string) (int, []byte) {
-	in.t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, _ := http.NewRequest(method, in.srv.URL+path, rd)
-	req.Header.Set("Authorization", "Bearer "+tok)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if method == http.MethodPost {
-		req.Header.Set("Idempotency-Key", ids.New())
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		in.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
-}
-
 type messageDTO struct {
 	ID        string `json:"id"`
 	DialogID  string `json:"dialogId"`
@@ -228,45 +195,59 @@ type messageDTO struct {
 	CreatedAt int64  `json:"createdAt"`
 }
 
-// post sends a message over REST and returns its DTO.
-func (in *instance) post(userID, dialogID, body string) messageDTO {
-	in.t.Helper()
-	b, _ := json.Marshal(map[string]string{"body": body})
-	code, resp := in.do(userID, "POST", "/v1/dialogs/"+dialogID+"/messages", string(b))
-	if code != 201 {
-		in.t.Fatalf("post: %d %s", code, resp)
-	}
-	var m messageDTO
-	if err := json.Unmarshal(resp, &m); err != nil {
-		in.t.Fatal(err)
-	}
-	return m
+func dtoOf(m store.Message) messageDTO {
+	return messageDTO{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli()}
 }
 
-// history returns every message after afterSeq, following nextCursor.
-func (in *instance) history(userID, dialogID string, afterSeq int64) []messageDTO {
+// post sends a message the way the send path does: the message and its
+// message.created outbox event in one transaction, then the publish after
+// the commit through this instance's Publisher (a failed publish is left
+// to the outbox relay, as on the send path). It returns the stored message.
+func (in *instance) post(userID, dialogID, body string) messageDTO {
+	in.t.Helper()
+	ctx := context.Background()
+	m, ev, created, err := in.store.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: dialogID, SenderID: userID,
+		Body: body, Event: true})
+	if err != nil || !created {
+		in.t.Fatalf("send: created %v: %v", created, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_ = in.svc.Publisher().Publish(pctx, ev.Channel, ev.Payload)
+	return dtoOf(m)
+}
+
+// history returns every stored message after afterSeq (the reconciliation
+// a client makes after a resync), page by page.
+func (in *instance) history(dialogID string, afterSeq int64) []messageDTO {
 	in.t.Helper()
 	var out []messageDTO
 	for i := 0; i < 100; i++ {
-		code, b := in.do(userID, "GET", fmt.Sprintf("/v1/dialogs/%s/messages?afterSeq=%d&limit=100", dialogID, afterSeq), "")
-		if code != 200 {
-			in.t.Fatalf("history: %d %s", code, b)
-		}
-		var page struct {
-			Items      []messageDTO `json:"items"`
-			NextCursor *string      `json:"nextCursor"`
-		}
-		if err := json.Unmarshal(b, &page); err != nil {
+		page, more, err := in.store.ListMessages(context.Background(), dialogID, afterSeq, 100)
+		if err != nil {
 			in.t.Fatal(err)
 		}
-		out = append(out, page.Items...)
-		if page.NextCursor == nil {
+		for _, m := range page {
+			out = append(out, dtoOf(m))
+		}
+		if !more {
 			return out
 		}
-		afterSeq = page.Items[len(page.Items)-1].Seq
+		afterSeq = page[len(page)-1].Seq
 	}
 	in.t.Fatal("history does not end")
 	return nil
+}
+
+// ticket issues a ticket for userID as the ticket endpoint does, for a
+// token that expires in an hour.
+func (in *instance) ticket(userID string) (string, int64) {
+	in.t.Helper()
+	tk, exp, err := in.svc.IssueTicket(context.Background(), userID, time.Now().Add(time.Hour))
+	if err != nil {
+		in.t.Fatalf("ticket: %v", err)
+	}
+	return tk, exp.UnixMilli()
 }
 
 // frame is any server → client frame.

@@ -3,9 +3,6 @@ package pubsub_test
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,16 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/encoding/json"
 
-	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
-
-var devSecret = []byte("pubsub-test-secret-0123456789abcdef")
 
 func openStore(t *testing.T) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
@@ -79,9 +72,11 @@ func (r *received) snapshot() map[string][]string {
 	return out
 }
 
-// postWithDeadRedis posts n messages through the real REST API whose DB1
-// (the publish after commit) is a stopped Redis: every publish fails and
-// every outbox row stays pending.
+// postWithDeadRedis sends n messages the way the send path does — the
+// message and its outbox event in one transaction (store.SendMessage with
+// Event), then the publish after commit — with DB1 a stopped Redis: every
+// publish fails, so no row is marked delivered and every outbox row stays
+// pending.
 func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int) (dialogID string) {
 	t.Helper()
 	ctx := context.Background()
@@ -95,23 +90,7 @@ func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int)
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	v, err := auth.NewVerifier(ctx, auth.Config{DevHS256Secret: devSecret, Redis: rdb}, discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: discard, Store: st, Redis: rdb, Realtime: rt, Verifier: v})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer api.Close()
-	srv := httptest.NewServer(api.Handler())
-	defer srv.Close()
+	pub := pubsub.NewPublisher(rt, nil, nil)
 	a, b := ids.New(), ids.New()
 	for _, u := range []string{a, b} {
 		if err := st.EnsureUser(ctx, u); err != nil {
@@ -122,19 +101,14 @@ func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _ := auth.MintDevToken(devSecret, auth.DevClaims{Subject: a, Kind: auth.KindUser, TTL: time.Hour})
 	for i := 0; i < n; i++ {
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/dialogs/"+d.ID+"/messages", strings.NewReader(fmt.Sprintf(`{"body":"m%d"}`, i)))
-		req.Header.Set("Authorization", "Bearer "+tok)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", ids.New())
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		_, ev, created, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a,
+			Body: fmt.Sprintf("m%d", i), Event: true})
+		if err != nil || !created || ev.EventID == "" {
+			t.Fatalf("send %d: created %v event %q: %v", i, created, ev.EventID, err)
 		}
-		resp.Body.Close()
-		if resp.StatusCode != 201 {
-			t.Fatalf("post %d: %d", i, resp.StatusCode)
+		if err := pub.Publish(ctx, ev.Channel, ev.Payload); err == nil {
+			t.Fatalf("send %d: the publish to a stopped Redis succeeded", i)
 		}
 	}
 	return d.ID

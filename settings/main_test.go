@@ -2,22 +2,14 @@ package settings_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/internal/auth"
-	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/ratelimit"
-	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/settings"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
@@ -115,49 +107,34 @@ func (f *fixture) version() int64 {
 	return v
 }
 
-var devSecret = []byte("settings-test-secret-0123456789ab")
-
-// instance is one API server whose rate limiter takes its policies from p.
-func (f *fixture) instance(p *settings.Provider) *httptest.Server {
+// instance is one instance's rate limiter taking its policies from p, on
+// the shared DB0: the limiter the REST API asks before every request.
+func (f *fixture) instance(p *settings.Provider) *ratelimit.Limiter {
 	f.t.Helper()
-	logger := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: f.db0}, logger)
-	if err != nil {
-		f.t.Fatal(err)
-	}
 	lim, err := ratelimit.New(ratelimit.Config{Redis: f.db0, Policies: p})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: f.store, Redis: f.db0, Realtime: f.db1, Verifier: v, RateLimits: lim})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(api.Close)
-	srv := httptest.NewServer(api.Handler())
-	f.t.Cleanup(srv.Close)
-	return srv
+	return lim
 }
 
-func token(t *testing.T) string {
+// decision is what the limiter answered one request: whether it is
+// admitted, the RateLimit-Policy field the API sends with it and, for a
+// denial, the Retry-After seconds.
+type decision struct {
+	allowed    bool
+	policy     string
+	retryAfter int
+}
+
+// get asks lim about one request of user to method template, as the REST
+// API's rate-limit step does (the route's policy, the user as subject).
+func get(t *testing.T, lim *ratelimit.Limiter, user, method, template string) decision {
 	t.Helper()
-	tok, err := auth.MintDevToken(devSecret, auth.DevClaims{Subject: ids.New(), Kind: auth.KindUser, TTL: time.Hour})
+	label, pol := lim.Policies().Lookup(method, template)
+	d, err := lim.Decide(context.Background(), label, pol, ratelimit.Subject{UserID: user})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tok
-}
-
-func get(t *testing.T, srv *httptest.Server, tok, path string) (int, http.Header) {
-	t.Helper()
-	req, _ := http.NewRequest("GET", srv.URL+path, nil)
-	req.Header.Set("Authorization", "Bearer "+tok)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, resp.Header
+	return decision{allowed: d.Allowed, policy: ratelimit.PolicyField(d), retryAfter: d.RetryAfterSeconds()}
 }

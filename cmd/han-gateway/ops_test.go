@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -135,13 +136,17 @@ func TestLegacyStubAndRuntimeSettingsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return m.ops.settings.Version() == v }, "settings version %d not applied", v)
+	// The API answers with the new policy's decisions: its RateLimit-Policy
+	// field, then 429 rate_limited with Retry-After.
 	carol := tok(ids.New())
 	for i := 0; i < 2; i++ {
-		if code, _ := call(t, "GET", m.URL()+"/v1/me", carol, ""); code != 200 {
-			t.Fatalf("request %d: %d", i+1, code)
+		resp, body := do(t, http.DefaultClient, "GET", m.URL()+"/v1/me", carol, "", nil)
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != `"user";q=2;w=60` {
+			t.Fatalf("request %d: %d %q %s", i+1, resp.StatusCode, resp.Header.Get("RateLimit-Policy"), body)
 		}
 	}
-	if code, body := call(t, "GET", m.URL()+"/v1/me", carol, ""); code != 429 {
-		t.Fatalf("third request under the new policy: %d %s", code, body)
+	resp, body := do(t, http.DefaultClient, "GET", m.URL()+"/v1/me", carol, "", nil)
+	if resp.StatusCode != 429 || body != `{"error":"rate_limited"}` || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("third request under the new policy: %d %s (Retry-After %q)", resp.StatusCode, body, resp.Header.Get("Retry-After"))
 	}
 }

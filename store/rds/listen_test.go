@@ -1,4 +1,4 @@
-package resilience_test
+package rds_test
 
 import (
 	"bufio"
@@ -105,7 +105,7 @@ func TestRedisListensOnlyOnLoopback(t *testing.T) {
 		t.Fatalf("no listening socket for redis-server's port %d", env.Redis.Port)
 	}
 
-	dev, err := os.ReadFile("../scripts/dev.sh")
+	dev, err := os.ReadFile("../../scripts/dev.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestRedisListensOnlyOnLoopback(t *testing.T) {
 		t.Error("scripts/dev.sh turns protected mode off")
 	}
 
-	conf, err := os.ReadFile("../deploy/redis.conf")
+	conf, err := os.ReadFile("../../deploy/redis.conf")
 	if err != nil {
 		t.Fatal(err)
 	}
