@@ -47,6 +47,9 @@ type lease struct {
 	released int64     // bytes the scripts released
 	inflight int       // scripts drawing on it now
 	retired  bool      // replaced: returned when the last script is done
+	// drained, when set, is closed by the last script instead of
+	// returning the lease itself: the renewal waiting on it returns it.
+	drained chan struct{}
 }
 
 // moduleLeases is one instance's lease on the module budget. Safe for
@@ -104,20 +107,51 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 				return grant{}, ctx.Err()
 			}
 		}
-		// This write renews: it retires the current lease (returned in the
-		// same call when no script draws on it any more) and asks for the
-		// next one, or an exact reservation for itself.
+		// This write renews: it retires the current lease, waits for the
+		// scripts still drawing on it (one round trip at most) so it is
+		// returned in the same call, and asks for the next lease, or an
+		// exact reservation for itself.
+		old := m.cur
 		ret := m.retireLocked()
+		var drained chan struct{}
+		if old != nil && ret == nil {
+			drained = make(chan struct{})
+			old.drained = drained
+		}
 		ch := make(chan struct{})
 		m.renewing = ch
 		m.mu.Unlock()
-		g, err := m.renew(ctx, ret, projectID, need, now)
+		if drained != nil {
+			ret = m.awaitDrained(ctx, old, drained)
+		}
+		// The renewal also returns a lease: the client may not cancel it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		g, err := m.renew(rctx, ret, projectID, need, now)
+		cancel()
 		m.mu.Lock()
 		m.renewing = nil
 		close(ch)
 		m.mu.Unlock()
 		return g, err
 	}
+}
+
+// awaitDrained waits until no script draws on the retired lease l and
+// returns it for the renewal to return. When ctx ends first, the last
+// script returns l itself (nil is returned) unless it is already done.
+func (m *moduleLeases) awaitDrained(ctx context.Context, l *lease, drained chan struct{}) *lease {
+	select {
+	case <-drained:
+		return l
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l.inflight == 0 {
+		return l // closed meanwhile
+	}
+	l.drained = nil
+	return nil
 }
 
 // retireLocked takes the current lease out of use and returns it when it
@@ -193,7 +227,16 @@ func (m *moduleLeases) done(ctx context.Context, g grant, added, released int64)
 		l.released += released
 		l.inflight--
 		last := l.retired && l.inflight == 0
+		drained := l.drained
+		if last && drained != nil {
+			l.drained, last = nil, false
+		} else {
+			drained = nil
+		}
 		m.mu.Unlock()
+		if drained != nil {
+			close(drained) // the waiting renewal returns it
+		}
 		if last {
 			return m.giveBack(ctx, l)
 		}

@@ -143,3 +143,29 @@ func plant(t *testing.T, e *leaseEnv, key string) {
 		t.Fatal(err)
 	}
 }
+
+// Claim's batch of tokens has the form and hashes of NewLeaseToken's.
+func TestClaimTokensHashAsAcked(t *testing.T) {
+	e := newLeaseEnv(t, 64<<20)
+	q := e.queue(project.QueueConfig{})
+	tp := e.topic(q)
+	for _, ev := range []string{"a", "b", "c"} {
+		if err := publishOne(q, tp, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	items, err := q.Claim(context.Background(), tp.k, tp.sid, project.ClaimCountMax, false)
+	if err != nil || len(items) != 3 {
+		t.Fatal(items, err)
+	}
+	seen := map[string]bool{}
+	for _, it := range items {
+		if len(it.Token) != 43 || seen[it.Token] {
+			t.Fatalf("token %q", it.Token)
+		}
+		seen[it.Token] = true
+		if _, _, err := q.Ack(context.Background(), tp.k, tp.sid, it.Message.ID, it.Token, "processed", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
