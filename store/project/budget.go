@@ -22,8 +22,10 @@ import (
 // the reservation becomes what the project script really added, or is
 // refunded. A crash between the phases leaves bytes counted — the counter
 // only ever drifts upward, so the budget never over-admits — and
-// Reconcile brings it back to the sum of the project budgets. The same
-// protocol runs in standalone and Cluster mode. Safe for concurrent use.
+// Reconcile brings it back to the sum of the project budgets. A Queue may
+// instead draw its publishes' bytes on a lease of this budget (lease.go),
+// which the same counters account for. The same protocol runs in
+// standalone and Cluster mode. Safe for concurrent use.
 type ModuleBudget struct {
 	rdb  redis.UniversalClient
 	env  string

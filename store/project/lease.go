@@ -125,7 +125,7 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 			ret = m.awaitDrained(ctx, old, drained)
 		}
 		// The renewal also returns a lease: the client may not cancel it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		rctx, cancel := uncancelable(ctx)
 		g, err := m.renew(rctx, ret, projectID, need, now)
 		cancel()
 		m.mu.Lock()
@@ -218,8 +218,10 @@ func (m *moduleLeases) exact(ctx context.Context, projectID string, need int64) 
 
 // done ends a write: added bytes of its grant were kept by the project
 // script, released bytes it freed. A lease takes both locally (the bytes
-// not kept are free again); an exact reservation settles now. It reports
-// whether a module call failed.
+// not kept are free again); an exact reservation settles now. The module
+// calls it makes (a settle, the return of a retired lease) run with a
+// context the client cannot cancel: a refund must not be lost to a closed
+// connection. It reports whether such a call failed.
 func (m *moduleLeases) done(ctx context.Context, g grant, added, released int64) error {
 	if l := g.l; l != nil {
 		m.mu.Lock()
@@ -245,13 +247,23 @@ func (m *moduleLeases) done(ctx context.Context, g grant, added, released int64)
 	if !g.granted && released == 0 {
 		return nil
 	}
-	return m.mb.Settle(ctx, g.r, added, released)
+	sctx, cancel := uncancelable(ctx)
+	defer cancel()
+	return m.mb.Settle(sctx, g.r, added, released)
 }
 
 // giveBack returns a retired lease nothing draws on any more.
 func (m *moduleLeases) giveBack(ctx context.Context, l *lease) error {
-	_, err := m.mb.lease(ctx, l, leaseAsk{})
+	sctx, cancel := uncancelable(ctx)
+	defer cancel()
+	_, err := m.mb.lease(sctx, l, leaseAsk{})
 	return err
+}
+
+// uncancelable is ctx without its cancellation, bounded to 2 s, for the
+// module calls that return bytes.
+func uncancelable(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 }
 
 // leaseAsk is the new lease (or exact reservation) a lease call asks for;

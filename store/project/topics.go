@@ -180,12 +180,10 @@ func (q *Queue) settle(ctx context.Context, r Reservation, added, released int64
 	}
 }
 
-// done ends a write's grant on the module budget (lease.go) with a context
-// the client cannot cancel, like settle.
+// done ends a write's grant on the module budget (lease.go); its module
+// calls, if any, run with a context the client cannot cancel, like settle.
 func (q *Queue) done(ctx context.Context, g grant, added, released int64) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := q.leases.done(sctx, g, added, released); err != nil {
+	if err := q.leases.done(ctx, g, added, released); err != nil {
 		q.settleFailures.Add(1)
 	}
 }
