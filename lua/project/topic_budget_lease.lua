@@ -1,4 +1,4 @@
-#!lua flags=allow-oom
+#!lua
 -- project_topic_budget_lease: one instance's lease on the module budget, so
 -- that most publishes need no module call of their own. In one call it
 -- returns the caller's previous lease (if any) and takes the next one:
@@ -17,8 +17,9 @@
 -- The lease lives `ttl` ms; the instance stops using it well before, and
 -- the reconcile drops an expired one (its instance died or went idle). Used
 -- bytes of an unreturned lease stay inside `leased`, so the module counter
--- never under-counts. allow-oom: it only moves counters and one small
--- entry; the project script that would fill memory is refused under OOM.
+-- never under-counts. Not allow-oom: under OOM a publish leaves the module
+-- untouched like every other write; a lease it could not return stays
+-- counted until the reconcile drops it, which only over-counts.
 -- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, leased, gen, rstart, rpos
 -- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
 -- KEYS[3] leases    han:prj:{<env>:module}:leases    HASH lease id -> "<amount>:<expires ms>"

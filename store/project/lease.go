@@ -104,7 +104,7 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return grant{}, ctx.Err()
+				return grant{}, classifyProject(ctx.Err())
 			}
 		}
 		// This write renews: it retires the current lease, waits for the

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -307,4 +308,54 @@ func dumpKeys(t *testing.T, admin *redis.Client, prefixes ...string) string {
 		fmt.Fprintf(&sb, "%s=%x;", k, admin.Dump(ctx, k).Val())
 	}
 	return sb.String()
+}
+
+// Out of memory a publish leaves Redis untouched, the module budget
+// included, whether it draws on a lease it holds or would renew one; once
+// memory is back it publishes again.
+func TestModuleLeaseUnderOOM(t *testing.T) {
+	rs, err := testenv.StartRedis(testenv.RedisOptions{MaxMemory: "64mb", EvictionPolicy: "noeviction"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Stop()
+	rdb, err := rds.NewRedis(rs.URL(0), rds.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	admin := rs.AdminClient(0)
+	defer admin.Close()
+	e := &leaseEnv{t: t, rdb: rdb, admin: admin, env: "oom" + ids.New()[24:], cap: 64 << 20}
+	e.mk = project.NewModuleKeys(e.env)
+	q := e.queue(project.QueueConfig{})
+	held, other := e.topic(q), e.topic(q)
+	if err := publishOne(q, held, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := admin.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Set(ctx, "filler", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
+		t.Fatalf("the server is not out of memory: %v", err)
+	}
+	before := dumpKeys(t, admin, "han:prj:")
+	// other's first publish on this instance renews the lease.
+	for _, tp := range []leaseTopic{held, other} {
+		if err := publishOne(q, tp, "oom"); !errors.Is(err, rds.ErrRedisOOM) {
+			t.Fatalf("publish under OOM: %v", err)
+		}
+	}
+	if dumpKeys(t, admin, "han:prj:") != before {
+		t.Fatal("a publish refused under OOM wrote to Redis")
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory", "64mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range []leaseTopic{held, other} {
+		if err := publishOne(q, tp, "after"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

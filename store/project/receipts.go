@@ -111,18 +111,10 @@ func (q *Queue) ListReceipts(ctx context.Context, k Keys, subID, cursor string, 
 	return out, next, nil
 }
 
-// NewLeaseToken returns a fresh random lease token and the hash stored in
-// its place.
-func NewLeaseToken() (token, hash string) {
-	var b [32]byte
-	_, _ = rand.Read(b[:])
-	token = base64.RawURLEncoding.EncodeToString(b[:])
-	return token, LeaseTokenHash(token)
-}
-
-// newLeaseTokens returns n fresh tokens and their hashes as NewLeaseToken
-// does, from one random read and two string allocations (a claim asks for
-// up to ClaimCountMax at once, most of them unused when little is pending).
+// newLeaseTokens returns n fresh random lease tokens (32 random bytes,
+// base64url) and the hashes stored in their place (LeaseTokenHash), from
+// one random read and two string allocations (a claim asks for up to
+// ClaimCountMax at once, most of them unused when little is pending).
 func newLeaseTokens(n int) (tokens, hashes []string) {
 	const rawLen, tokLen, hashLen = 32, 43, 32
 	raw := make([]byte, n*rawLen)

@@ -144,7 +144,8 @@ func plant(t *testing.T, e *leaseEnv, key string) {
 	}
 }
 
-// Claim's batch of tokens has the form and hashes of NewLeaseToken's.
+// Claim's tokens are distinct, 43 characters long, and each one acknowledges
+// its own message (its hash, LeaseTokenHash, is what the receipt holds).
 func TestClaimTokensHashAsAcked(t *testing.T) {
 	e := newLeaseEnv(t, 64<<20)
 	q := e.queue(project.QueueConfig{})
