@@ -19,5 +19,6 @@ var (
 	ProjectTopicState           = mustLoad("project/topic_state")
 	ProjectTopicBudgetReserve   = mustLoad("project/topic_budget_reserve")
 	ProjectTopicBudgetSettle    = mustLoad("project/topic_budget_settle")
+	ProjectTopicBudgetLease     = mustLoad("project/topic_budget_lease")
 	ProjectTopicBudgetReconcile = mustLoad("project/topic_budget_reconcile")
 )

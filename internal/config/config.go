@@ -82,7 +82,12 @@ type Config struct {
 	IdempotencyTTL     time.Duration
 	BlobDir            string
 	AttachmentMaxBytes int64
-	LogLevel           string // HAN_LOG_LEVEL: debug|info|warn|error, default info
+	// ProjectModuleLeaseBytes (HAN_PROJECT_MODULE_LEASE_BYTES, default and
+	// most 65536, 0 turns leases off) is the lease this instance takes on
+	// the project API's module budget so most publishes make one Redis
+	// call; near the module cap publishes reserve exactly either way.
+	ProjectModuleLeaseBytes int64
+	LogLevel                string // HAN_LOG_LEVEL: debug|info|warn|error, default info
 	// Legacy safety stub budgets (only while HAN_LEGACY_STUB_ENABLED; zero
 	// values mean the defaults of package legacystub, which refuses a task
 	// TTL that does not cover poll interval × max polls + recovery budget):
@@ -191,6 +196,13 @@ func Load(getenv func(string) string) (Config, error) {
 	if v := getenv("HAN_ATTACHMENT_MAX_BYTES"); v != "" {
 		if c.AttachmentMaxBytes, err = strconv.ParseInt(v, 10, 64); err != nil || c.AttachmentMaxBytes < 1 {
 			bad("HAN_ATTACHMENT_MAX_BYTES: must be a positive number of bytes")
+		}
+	}
+	c.ProjectModuleLeaseBytes = 64 << 10
+	if v := getenv("HAN_PROJECT_MODULE_LEASE_BYTES"); v != "" {
+		if c.ProjectModuleLeaseBytes, err = strconv.ParseInt(v, 10, 64); err != nil || c.ProjectModuleLeaseBytes < 0 ||
+			c.ProjectModuleLeaseBytes > 64<<10 {
+			bad("HAN_PROJECT_MODULE_LEASE_BYTES: must be 0..65536 bytes")
 		}
 	}
 	if v := getenv("HAN_LEGACY_STUB_ENABLED"); v != "" {

@@ -21,12 +21,13 @@
 -- Returns {'ok', receipt JSON, applied (1 | 0 for a replay)} or, with
 -- nothing written, {'subscription_not_found' | 'message_not_found' |
 -- 'lease_expired' | 'lease_token_mismatch' | 'receipt_conflict'}.
--- Errors: "ERR data_state_invalid" (nothing written).
---#include key_types
+-- Structure: the subs, receipts and open keys are read before any write,
+-- the done key is checked with TYPE when the ack will write it, and the
+-- first write is the ZREM of the leases key; on a key of the wrong type
+-- that command fails (WRONGTYPE, which the caller maps to
+-- data_state_invalid) with nothing written.
+-- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
-if not keyTypesMatch({'hash', 'hash', 'zset', 'hash', 'zset'}) then
-  return redis.error_reply('ERR data_state_invalid')
-end
 local sub = readSubscription(KEYS[1], ARGV[1])
 if sub == nil then
   return redis.error_reply('ERR data_state_invalid')
@@ -89,12 +90,18 @@ local c = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
 if c == nil or c < 1 then
   return redis.error_reply('ERR data_state_invalid')
 end
+if c <= 1 then
+  local kt = redis.call('TYPE', KEYS[3])['ok']
+  if kt ~= 'none' and kt ~= 'zset' then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
 
--- Writes.
+-- Writes; the first one fails on a leases key of another type.
+redis.call('ZREM', KEYS[5], ARGV[3])
 rec.s, rec.r, rec.u = ARGV[5], ARGV[6], now
 r = cjson.encode(rec)
 redis.call('HSET', KEYS[4], ARGV[3], r)
-redis.call('ZREM', KEYS[5], ARGV[3])
 if c <= 1 then
   redis.call('HDEL', KEYS[2], ARGV[3])
   redis.call('ZADD', KEYS[3], now, ARGV[3])

@@ -4,7 +4,11 @@
 -- only: a crash between the phases leaves bytes counted). Two steps around
 -- the caller's scan of the project budgets:
 --   begin: refuse when another reconcile is running (younger than ARGV[3]);
---          drop reservations older than ARGV[2] (their instance died);
+--          drop reservations older than ARGV[2] (their instance died) and
+--          leases past their expiry (their instance died or went idle; the
+--          bytes its scripts added are in the project budgets the scan
+--          sums, and a live instance commits them again when it returns the
+--          lease, which only over-counts);
 --          bump gen, open the window (rstart = now, rpos = 0).
 --   end:   if the window is still ours (gen = ARGV[2]), committed = the
 --          scanned sum + every byte committed during the window (rpos:
@@ -12,22 +16,23 @@
 --          sum; counting it twice only over-counts), close the window,
 --          bump gen (so releases read before it are not subtracted again).
 -- Never under-counts, so the budget never over-admits.
--- KEYS[1] budget  han:prj:{<env>:module}:budget  HASH committed, reserved, gen, rstart, rpos
+-- KEYS[1] budget  han:prj:{<env>:module}:budget  HASH committed, reserved, leased, gen, rstart, rpos
 -- KEYS[2] resv    han:prj:{<env>:module}:resv    HASH reservation id -> "<amount>:<created ms>"
+-- KEYS[3] leases  han:prj:{<env>:module}:leases  HASH lease id -> "<amount>:<expires ms>"
 -- ARGV[1] 'begin' | 'end'
 -- begin: ARGV[2] reservation age in ms after which it is dropped,
 --        ARGV[3] window age in ms after which a running reconcile is presumed dead
 -- end:   ARGV[2] gen returned by begin, ARGV[3] the scanned sum in bytes
--- Returns begin: {1, gen, dropped reservations} | {0}; end: {1, committed before, committed after} | {0}.
+-- Returns begin: {1, gen, dropped reservations and leases} | {0}; end: {1, committed before, committed after} | {0}.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
-if not keyTypesMatch({'hash', 'hash'}) then
+if not keyTypesMatch({'hash', 'hash', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart', 'rpos')
+local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart', 'rpos', 'leased')
 local committed, reserved = tonumber(b[1] or '0'), tonumber(b[2] or '0')
-local gen, rstart, rpos = tonumber(b[3] or '0'), tonumber(b[4] or '0'), tonumber(b[5] or '0')
-if not (committed and reserved and gen and rstart and rpos) then
+local gen, rstart, rpos, leased = tonumber(b[3] or '0'), tonumber(b[4] or '0'), tonumber(b[5] or '0'), tonumber(b[6] or '0')
+if not (committed and reserved and gen and rstart and rpos and leased) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local t = redis.call('TIME')
@@ -50,8 +55,21 @@ if ARGV[1] == 'begin' then
   if reserved < 0 then
     reserved = 0
   end
+  local leases = redis.call('HGETALL', KEYS[3])
+  for i = 1, #leases, 2 do
+    local amount, expires = string.match(leases[i + 1], '^(%d+):(%d+)$')
+    if not amount or tonumber(expires) < now then
+      redis.call('HDEL', KEYS[3], leases[i])
+      leased = leased - (tonumber(amount) or 0)
+      dropped = dropped + 1
+    end
+  end
+  if leased < 0 then
+    leased = 0
+  end
   gen = gen + 1
-  redis.call('HSET', KEYS[1], 'reserved', reserved, 'gen', gen, 'rstart', now, 'rpos', 0, 'committed', committed)
+  redis.call('HSET', KEYS[1], 'reserved', reserved, 'leased', leased, 'gen', gen, 'rstart', now, 'rpos', 0,
+    'committed', committed)
   return {1, gen, dropped}
 end
 if rstart == 0 or gen ~= tonumber(ARGV[2]) then

@@ -1,12 +1,13 @@
 #!lua
 -- project_topic_budget_reserve: phase one of a write that adds reliable bytes:
 -- reserve `amount` on the module-wide budget (64 MiB across projects), a capped
--- increment that never lets committed + reserved pass the cap. The project
+-- increment that never lets committed + reserved + leased pass the cap
+-- (leased: what instances hold as leases, project_topic_budget_lease). The project
 -- script runs next; phase two (project_topic_budget_settle) turns the
 -- reservation into committed bytes or refunds it. A reservation never settled
 -- (the instance died) is dropped by the reconcile job. The keys sit under their
 -- own hash tag {<env>:module}, outside every project's slot.
--- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, gen, rstart, rpos
+-- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, leased, gen, rstart, rpos
 -- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
 -- KEYS[3] projects  han:prj:{<env>:module}:projects  SET project ids holding reliable bytes (for reconcile)
 -- ARGV[1] reservation id (random)
@@ -19,13 +20,14 @@
 if not keyTypesMatch({'hash', 'hash', 'set'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
-local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen')
+local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'leased')
 local committed, reserved, gen = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
-if not (committed and reserved and gen) or committed < 0 or reserved < 0 then
+local leased = tonumber(b[4] or '0')
+if not (committed and reserved and gen and leased) or committed < 0 or reserved < 0 or leased < 0 then
   return redis.error_reply('ERR data_state_invalid')
 end
 local amount = tonumber(ARGV[2])
-if committed + reserved + amount > tonumber(ARGV[3]) then
+if committed + reserved + leased + amount > tonumber(ARGV[3]) then
   return {0, gen, committed, reserved}
 end
 local t = redis.call('TIME')

@@ -6,7 +6,11 @@
 -- Every lease gets the next of the caller's fresh token hashes; the hashes
 -- of every token a receipt issued are kept, so an ack can tell an earlier
 -- lease's token (lease_expired) from a foreign one (lease_token_mismatch).
--- Reads and checks come first, then the writes.
+-- Reads and checks come first, then the writes. Structure: every key the
+-- script writes is read before the first write (the done key, otherwise
+-- only written, with TYPE), so a key of the wrong type fails that read
+-- (WRONGTYPE, which the caller maps to data_state_invalid) with nothing
+-- written; the stream is always read when count >= 1.
 -- KEYS[1] topics    han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
 -- KEYS[2] subs      han:prj:{<env>:<pid>}:q:subs       HASH subscriptionId -> subscription JSON
 -- KEYS[3] stream    han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a}
@@ -26,12 +30,8 @@
 -- producerId, clientEventId, payload, sizeBytes, publishedAt, token index}},
 -- or {'subscription_not_found' | 'delivery_paused' | 'subscription_paused'}
 -- (nothing written).
--- Errors: "ERR data_state_invalid" (nothing written).
---#include key_types
+-- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
-if not keyTypesMatch({'hash', 'hash', 'stream', 'hash', 'zset', 'hash', 'zset'}) then
-  return redis.error_reply('ERR data_state_invalid')
-end
 local sub = readSubscription(KEYS[2], ARGV[1], 'pos')
 if sub == nil then
   return redis.error_reply('ERR data_state_invalid')
@@ -104,6 +104,13 @@ if #lease < count then
     end
     table.insert(lease, {e[1], rec, fields(e)})
     newPos = e[1]
+  end
+end
+
+if #exhaust > 0 then
+  local kt = redis.call('TYPE', KEYS[5])['ok']
+  if kt ~= 'none' and kt ~= 'zset' then
+    return redis.error_reply('ERR data_state_invalid')
   end
 end
 

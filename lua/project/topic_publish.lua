@@ -4,9 +4,15 @@
 -- dedupe window: the same canonical payload returns the stored message, a
 -- different one is a conflict. Every subscription existing now gets a
 -- pending receipt, and its reservation is charged now, so a claim never
--- fails on budget. Reads and checks come first; the only write before the
--- outcome is known is the purge of expired dedupe records (they are gone
--- whatever happens), reported in `purged` on every path after the checks.
+-- fails on budget. Reads and checks come first, then the writes: the purge
+-- of expired dedupe records (they are gone whatever the outcome), reported
+-- in `purged` on every path after the checks, and for a new message the
+-- message, its receipts, its dedupe record and the counters.
+-- Structure: the first access of every key is a read, or for the stream
+-- the XADD that is the first write, so a key of the wrong type fails that
+-- command (WRONGTYPE, which the caller maps to data_state_invalid) before
+-- anything is written; the open or done key and each receipts key, which
+-- are otherwise only written, are checked with TYPE before the first write.
 -- KEYS[1] topics   han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
 -- KEYS[2] budget   han:prj:{<env>:<pid>}:q:budget     HASH msg, rcpt, dd (reliable bytes), tb:<tid> (message bytes of a topic)
 -- KEYS[3] dd       han:prj:{<env>:<pid>}:q:dd         HASH identity -> dedupe JSON {m, f, a, z, b, x}
@@ -36,22 +42,15 @@
 -- stored message), 'conflict', 'budget' (project budget), 'module' (needs
 -- more than reserved), or, with nothing written, 'topic_not_found' and
 -- 'retry' (the subscriptions changed).
--- Errors: "ERR data_state_invalid" (nothing written).
---#include key_types
+-- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
 --#include same_subscriptions
 local n = tonumber(ARGV[14])
-if not keyTypesMatch({'hash', 'hash', 'hash', 'zset', 'stream', 'set', 'hash', 'zset'}, 8 + n, {'hash'}) then
-  return redis.error_reply('ERR data_state_invalid')
-end
 local tid = ARGV[1]
 local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)
 if not msg then
-  return redis.error_reply('ERR data_state_invalid')
-end
-if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('XLEN', KEYS[5]) > 0 then
   return redis.error_reply('ERR data_state_invalid')
 end
 if redis.call('HEXISTS', KEYS[1], tid) == 0 then
@@ -59,6 +58,11 @@ if redis.call('HEXISTS', KEYS[1], tid) == 0 then
     return redis.error_reply('ERR data_state_invalid')
   end
   return {'topic_not_found', '', 0, 0, 0}
+end
+-- Every message holds at least 2 bytes, so messages without counted bytes
+-- (the budget missing or emptied) are data the script did not write.
+if msg == 0 and redis.call('XLEN', KEYS[5]) > 0 then
+  return redis.error_reply('ERR data_state_invalid')
 end
 if not sameSubscriptions(KEYS[6], n, 14) then
   return {'retry', '', 0, 0, 0}
@@ -81,28 +85,44 @@ if raw then
     live = rec
   end
 end
-
--- Writes from here on: first the purge.
-dedupePurge(KEYS[3], KEYS[4], expired)
-if purged > 0 then
-  redis.call('HINCRBY', KEYS[2], 'dd', -purged)
-end
-if live then
-  if live.f == ARGV[3] then
-    return {'replay', live.m, live.a, 0, purged}
-  end
-  return {'conflict', '', 0, 0, purged}
-end
 local size, ddBytes, per = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[11])
 local need = size + ddBytes + n * per
-if msg + rcpt + dd - purged + need > tonumber(ARGV[10]) then
-  return {'budget', '', 0, 0, purged}
+local outcome
+if live then
+  outcome = live.f == ARGV[3] and 'replay' or 'conflict'
+elseif msg + rcpt + dd - purged + need > tonumber(ARGV[10]) then
+  outcome = 'budget'
+elseif need > tonumber(ARGV[9]) then
+  outcome = 'module'
 end
-if need > tonumber(ARGV[9]) then
-  return {'module', '', 0, 0, purged}
+if outcome then
+  -- The only writes: the purge.
+  dedupePurge(KEYS[3], KEYS[4], expired)
+  if purged > 0 then
+    redis.call('HINCRBY', KEYS[2], 'dd', -purged)
+  end
+  if outcome == 'replay' then
+    return {'replay', live.m, live.a, 0, purged}
+  end
+  return {outcome, '', 0, 0, purged}
 end
+
+-- A new message. The keys only written below are checked first.
+local want = n > 0 and {KEYS[7], 'hash'} or {KEYS[8], 'zset'}
+local kt = redis.call('TYPE', want[1])['ok']
+if kt ~= 'none' and kt ~= want[2] then
+  return redis.error_reply('ERR data_state_invalid')
+end
+for i = 1, n do
+  kt = redis.call('TYPE', KEYS[8 + i])['ok']
+  if kt ~= 'none' and kt ~= 'hash' then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+-- The first write: on a stream key of another type it fails, writing nothing.
 local id = redis.call('XADD', KEYS[5], '*', 'p', ARGV[4], 'c', ARGV[5], 'd', ARGV[6], 'z', size, 'a', now)
-local pending = cjson.encode({s = 'pending', a = 0, l = 0, u = now, h = ''})
+dedupePurge(KEYS[3], KEYS[4], expired)
+local pending = '{"s":"pending","a":0,"l":0,"u":' .. now .. ',"h":""}'
 for i = 1, n do
   redis.call('HSET', KEYS[8 + i], id, pending)
 end
@@ -114,8 +134,6 @@ end
 local x = now + tonumber(ARGV[12])
 redis.call('HSET', KEYS[3], ARGV[2], cjson.encode({m = id, f = ARGV[3], a = now, z = size, b = ddBytes, x = x}))
 redis.call('ZADD', KEYS[4], x, ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'msg', size)
-redis.call('HINCRBY', KEYS[2], 'tb:' .. tid, size)
-redis.call('HINCRBY', KEYS[2], 'rcpt', n * per)
-redis.call('HINCRBY', KEYS[2], 'dd', ddBytes)
+redis.call('HSET', KEYS[2], 'msg', msg + size, 'tb:' .. tid, tb + size, 'rcpt', rcpt + n * per,
+  'dd', dd - purged + ddBytes)
 return {'created', id, now, need, purged}

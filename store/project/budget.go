@@ -2,8 +2,6 @@ package project
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -24,8 +22,10 @@ import (
 // the reservation becomes what the project script really added, or is
 // refunded. A crash between the phases leaves bytes counted — the counter
 // only ever drifts upward, so the budget never over-admits — and
-// Reconcile brings it back to the sum of the project budgets. The same
-// protocol runs in standalone and Cluster mode. Safe for concurrent use.
+// Reconcile brings it back to the sum of the project budgets. A Queue may
+// instead draw its publishes' bytes on a lease of this budget (lease.go),
+// which the same counters account for. The same protocol runs in
+// standalone and Cluster mode. Safe for concurrent use.
 type ModuleBudget struct {
 	rdb  redis.UniversalClient
 	env  string
@@ -54,10 +54,9 @@ type Reservation struct {
 // cap would be passed; the returned Reservation still carries Gen (for the
 // release a refused write may cause, e.g. its dedupe purge).
 func (b *ModuleBudget) Reserve(ctx context.Context, projectID string, amount int64) (r Reservation, granted bool, err error) {
-	var id [12]byte
-	_, _ = rand.Read(id[:])
+	id := newBudgetID()
 	res, err := lua.ProjectTopicBudgetReserve.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Projects()},
-		hex.EncodeToString(id[:]), amount, b.cap, projectID).Int64Slice()
+		id, amount, b.cap, projectID).Int64Slice()
 	if err != nil {
 		return Reservation{}, false, classifyProject(err)
 	}
@@ -68,7 +67,7 @@ func (b *ModuleBudget) Reserve(ctx context.Context, projectID string, amount int
 	if res[0] != 1 {
 		return r, false, nil
 	}
-	r.ID, r.Amount = hex.EncodeToString(id[:]), amount
+	r.ID, r.Amount = id, amount
 	return r, true, nil
 }
 
@@ -102,17 +101,20 @@ func (b *ModuleBudget) Settle(ctx context.Context, r Reservation, added, release
 // ModuleUsage is the module budget's state.
 type ModuleUsage struct {
 	Committed int64 // bytes the projects hold, as last settled or reconciled
-	Reserved  int64 // bytes of reservations not yet settled
+	// Reserved is what counts against the cap beyond Committed: open
+	// reservations and leases (Leased, part of it) not yet returned.
+	Reserved int64
+	Leased   int64
 }
 
 // Usage reads the module counters.
 func (b *ModuleBudget) Usage(ctx context.Context) (ModuleUsage, error) {
-	v, err := b.rdb.HMGet(ctx, b.keys.Budget(), "committed", "reserved").Result()
+	v, err := b.rdb.HMGet(ctx, b.keys.Budget(), "committed", "reserved", "leased").Result()
 	if err != nil {
 		return ModuleUsage{}, classifyProject(err)
 	}
 	var u ModuleUsage
-	for i, p := range []*int64{&u.Committed, &u.Reserved} {
+	for i, p := range []*int64{&u.Committed, &u.Reserved, &u.Leased} {
 		if v[i] == nil {
 			continue
 		}
@@ -122,6 +124,7 @@ func (b *ModuleBudget) Usage(ctx context.Context) (ModuleUsage, error) {
 		}
 		*p = n
 	}
+	u.Reserved += u.Leased
 	return u, nil
 }
 
@@ -130,14 +133,15 @@ type ReconcileResult struct {
 	Ran                 bool // false: another instance was reconciling
 	Projects            int  // project budgets summed
 	Before, After       int64
-	DroppedReservations int64
+	DroppedReservations int64 // reservations and expired leases dropped
 }
 
 // Reconcile sets the module counter to the sum of the project budgets
 // (plus what was committed while it scanned). Reservations older than
-// staleAfter are dropped first: their writer is gone.
+// staleAfter are dropped first: their writer is gone; so are expired
+// leases.
 func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) (ReconcileResult, error) {
-	keys := []string{b.keys.Budget(), b.keys.Reservations()}
+	keys := []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases()}
 	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "begin", staleAfter.Milliseconds(),
 		reconcileWindow.Milliseconds()).Int64Slice()
 	if err != nil {

@@ -96,7 +96,7 @@ func TestModuleBudgetProtocolAroundReconcile(t *testing.T) {
 	}
 
 	// A write settled while the reconcile scans is counted by its end.
-	keys := []string{e.mk.Budget(), e.mk.Reservations()}
+	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases()}
 	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", time.Hour.Milliseconds(), time.Minute.Milliseconds()).Int64Slice()
 	if err != nil || begin[0] != 1 {
 		t.Fatalf("begin: %v %v", begin, err)

@@ -2,7 +2,8 @@
 // API (docs/project-redis-api.md) on Redis alone: the physical keys of a
 // project (Keys, ModuleKeys), the cache and its listing (Cache), topics,
 // subscriptions, claims, acks and receipts (Queue), the project and module
-// byte budgets and their reconciler (ModuleBudget, BudgetReconciler), the
+// byte budgets, the instance's lease on the module budget and the
+// reconciler (ModuleBudget, BudgetReconciler), the
 // eviction-policy gate (EvictionGate) and the import of legacy cache
 // entries (ImportLegacyCache).
 //

@@ -127,8 +127,9 @@ func (k Keys) SubscriptionPrefix(subID string) string { return k.prefix + "s:" +
 // han:prj:{<env>:module}:…, a hash tag no project can have (project ids are
 // UUIDs), so it sits outside every project's slot.
 //
-//	…:budget    HASH committed, reserved, gen, rstart, rpos
+//	…:budget    HASH committed, reserved, leased, gen, rstart, rpos
 //	…:resv      HASH reservation id → "<amount>:<created ms>"
+//	…:leases    HASH lease id → "<amount>:<expires ms>"
 //	…:projects  SET  project ids that ever reserved bytes (the reconcile scan)
 type ModuleKeys struct {
 	prefix string
@@ -142,6 +143,9 @@ func (m ModuleKeys) Budget() string { return m.prefix + "budget" }
 
 // Reservations is the HASH of open reservations.
 func (m ModuleKeys) Reservations() string { return m.prefix + "resv" }
+
+// Leases is the HASH of the leases instances hold.
+func (m ModuleKeys) Leases() string { return m.prefix + "leases" }
 
 // Projects is the SET of project ids the reconcile job sums.
 func (m ModuleKeys) Projects() string { return m.prefix + "projects" }

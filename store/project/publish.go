@@ -71,39 +71,34 @@ func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, 
 			return TopicMessage{}, false, err
 		}
 		need := size + ddBytes + int64(len(sids))*ReceiptReserveBytes
-		r, granted, err := q.module.Reserve(ctx, projectID, need)
+		g, err := q.leases.acquire(ctx, projectID, need)
 		if err != nil {
 			return TopicMessage{}, false, err
 		}
 		reserved := int64(0)
-		if granted {
+		if g.granted {
 			reserved = need
 		}
-		keys := []string{k.Topics(), k.Budget(), k.Dedupe(), k.DedupeExpiry(), k.TopicStream(topicID),
-			k.TopicSubscriptions(topicID), k.TopicOpen(topicID), k.TopicDone(topicID)}
-		args := []any{topicID, identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved,
-			q.cfg.ProjectBudgetBytes, ReceiptReserveBytes, q.cfg.DedupeWindow.Milliseconds(), dedupePurgeBatch, len(sids)}
+		keys := make([]string, 0, 8+len(sids))
+		keys = append(keys, k.Topics(), k.Budget(), k.Dedupe(), k.DedupeExpiry(), k.TopicStream(topicID),
+			k.TopicSubscriptions(topicID), k.TopicOpen(topicID), k.TopicDone(topicID))
+		args := make([]any, 0, 14+len(sids))
+		args = append(args, topicID, identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved,
+			q.cfg.ProjectBudgetBytes, ReceiptReserveBytes, q.cfg.DedupeWindow.Milliseconds(), dedupePurgeBatch, len(sids))
 		for _, sid := range sids {
 			keys = append(keys, k.Receipts(sid))
 			args = append(args, sid)
 		}
 		res, err := lua.ProjectTopicPublish.Run(ctx, q.rdb, keys, args...).Slice()
 		if err != nil {
-			if granted {
-				q.settle(ctx, r, 0, 0)
-			}
+			q.done(ctx, g, 0, 0)
 			return TopicMessage{}, false, classifyProject(err)
 		}
 		if len(res) != 5 {
-			if granted {
-				q.settle(ctx, r, 0, 0)
-			}
+			q.done(ctx, g, 0, 0)
 			return TopicMessage{}, false, ErrDataStateInvalid
 		}
-		added, purged := int64At(res, 3), int64At(res, 4)
-		if granted || purged > 0 {
-			q.settle(ctx, r, added, purged)
-		}
+		q.done(ctx, g, int64At(res, 3), int64At(res, 4))
 		switch outcome(res) {
 		case "created":
 			msg.ID, _ = res[1].(string)

@@ -54,7 +54,7 @@ func BenchmarkProjectQueue(b *testing.B) {
 	env := "bench" + ids.New()[24:]
 	pid := ids.New()
 	k := project.NewKeys(env, pid)
-	q := project.NewQueue(rdb, project.NewModuleBudget(rdb, env, 1<<40), project.QueueConfig{ProjectBudgetBytes: 1 << 40})
+	q := project.NewQueue(rdb, project.NewModuleBudget(rdb, env, 1<<40), project.QueueConfig{ProjectBudgetBytes: 1 << 40, ModuleLeaseBytes: project.ModuleLeaseMaxBytes})
 	top, err := q.CreateTopic(ctx, k, ids.New(), "bench", "")
 	if err != nil {
 		b.Fatal(err)

@@ -111,13 +111,31 @@ func (q *Queue) ListReceipts(ctx context.Context, k Keys, subID, cursor string, 
 	return out, next, nil
 }
 
-// NewLeaseToken returns a fresh random lease token and the hash stored in
-// its place.
-func NewLeaseToken() (token, hash string) {
-	var b [32]byte
-	_, _ = rand.Read(b[:])
-	token = base64.RawURLEncoding.EncodeToString(b[:])
-	return token, LeaseTokenHash(token)
+// newLeaseTokens returns n fresh random lease tokens (32 random bytes,
+// base64url) and the hashes stored in their place (LeaseTokenHash), from
+// one random read and two string allocations (a claim asks for up to
+// ClaimCountMax at once, most of them unused when little is pending).
+func newLeaseTokens(n int) (tokens, hashes []string) {
+	const rawLen, tokLen, hashLen = 32, 43, 32
+	raw := make([]byte, n*rawLen)
+	_, _ = rand.Read(raw)
+	tb := make([]byte, n*tokLen)
+	for i := range n {
+		base64.RawURLEncoding.Encode(tb[i*tokLen:], raw[i*rawLen:(i+1)*rawLen])
+	}
+	all := string(tb)
+	hb := make([]byte, n*hashLen)
+	tokens, hashes = make([]string, n), make([]string, n)
+	for i := range n {
+		tokens[i] = all[i*tokLen : (i+1)*tokLen]
+		sum := sha256.Sum256(tb[i*tokLen : (i+1)*tokLen])
+		hex.Encode(hb[i*hashLen:], sum[:hashLen/2])
+	}
+	hs := string(hb)
+	for i := range n {
+		hashes[i] = hs[i*hashLen : (i+1)*hashLen]
+	}
+	return tokens, hashes
 }
 
 // LeaseTokenHash is the stored form of a lease token: 128 bits of its
@@ -135,12 +153,10 @@ func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, proj
 	if err != nil {
 		return nil, err
 	}
-	tokens := make([]string, count)
+	tokens, hashes := newLeaseTokens(count)
 	args := make([]any, 0, 7+count)
 	args = append(args, subID, tid, count, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan)
-	for i := range tokens {
-		var h string
-		tokens[i], h = NewLeaseToken()
+	for _, h := range hashes {
 		args = append(args, h)
 	}
 	res, err := lua.ProjectTopicClaim.Run(ctx, q.rdb, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),

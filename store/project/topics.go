@@ -63,6 +63,11 @@ type QueueConfig struct {
 	// MaxSubscriptionsDefault.
 	MaxTopics        int
 	MaxSubscriptions int
+	// ModuleLeaseBytes is the lease this instance takes on the module
+	// budget so its publishes skip the module calls (lease.go); at most
+	// ModuleLeaseMaxBytes. Unlike the other fields its zero value means no
+	// leases: every publish reserves its bytes exactly.
+	ModuleLeaseBytes int64
 }
 
 // ModuleCap is the module budget's cap under c.
@@ -139,6 +144,7 @@ func (s QueueState) UsedBytes() int64 { return s.MessageBytes + s.ReceiptBytes +
 type Queue struct {
 	rdb    redis.UniversalClient
 	module *ModuleBudget
+	leases *moduleLeases
 	cfg    QueueConfig
 
 	mu       sync.Mutex          // guards subTopic and subsOf
@@ -150,8 +156,8 @@ type Queue struct {
 
 // NewQueue returns the project queue over the DB0 client.
 func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
-	return &Queue{rdb: rdb, module: module, cfg: cfg.withDefaults(), subTopic: map[string]string{},
-		subsOf: map[string][]string{}}
+	return &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), cfg: cfg.withDefaults(),
+		subTopic: map[string]string{}, subsOf: map[string][]string{}}
 }
 
 // Config is the configuration in force (defaults filled in).
@@ -170,6 +176,14 @@ func (q *Queue) settle(ctx context.Context, r Reservation, added, released int64
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := q.module.Settle(sctx, r, added, released); err != nil {
+		q.settleFailures.Add(1)
+	}
+}
+
+// done ends a write's grant on the module budget (lease.go); its module
+// calls, if any, run with a context the client cannot cancel, like settle.
+func (q *Queue) done(ctx context.Context, g grant, added, released int64) {
+	if err := q.leases.done(ctx, g, added, released); err != nil {
 		q.settleFailures.Add(1)
 	}
 }

@@ -1,0 +1,93 @@
+#!lua
+-- project_topic_budget_lease: one instance's lease on the module budget, so
+-- that most publishes need no module call of their own. In one call it
+-- returns the caller's previous lease (if any) and takes the next one:
+--   return: the lease's entry is dropped (leased - its amount), the bytes
+--           the instance's project scripts added under it are committed
+--           (and counted in rpos while a reconcile scans), the bytes they
+--           released are subtracted when no reconcile started or finished
+--           since the lease was taken (gen unchanged; else they stay
+--           counted until the next reconcile, which only over-counts). A
+--           lease the reconcile already dropped (it expired) still commits
+--           its added bytes: counting them twice only over-counts.
+--   take:   a lease of `amount` bytes is granted only when the module keeps
+--           `keep` bytes free after it (near the cap every write reserves
+--           exactly); otherwise, when `exact` > 0, an exact reservation of
+--           that many bytes (as project_topic_budget_reserve) is made.
+-- The lease lives `ttl` ms; the instance stops using it well before, and
+-- the reconcile drops an expired one (its instance died or went idle). Used
+-- bytes of an unreturned lease stay inside `leased`, so the module counter
+-- never under-counts. Not allow-oom: under OOM a publish leaves the module
+-- untouched like every other write; a lease it could not return stays
+-- counted until the reconcile drops it, which only over-counts.
+-- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, leased, gen, rstart, rpos
+-- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
+-- KEYS[3] leases    han:prj:{<env>:module}:leases    HASH lease id -> "<amount>:<expires ms>"
+-- KEYS[4] projects  han:prj:{<env>:module}:projects  SET project ids holding reliable bytes (for reconcile)
+-- ARGV[1] id of the lease returned, '' for none
+-- ARGV[2] bytes the project scripts added under it (>= 0)
+-- ARGV[3] bytes they released under it (>= 0)
+-- ARGV[4] gen returned when it was taken
+-- ARGV[5] id of the new lease or reservation, '' to only return
+-- ARGV[6] lease amount in bytes (> 0)
+-- ARGV[7] lease lifetime in ms
+-- ARGV[8] module budget (cap) in bytes
+-- ARGV[9] bytes no lease may take: the last part of the cap is reserved exactly
+-- ARGV[10] exact reservation to make when no lease is granted (0: none)
+-- ARGV[11] project id of the write that asks
+-- Returns {outcome, gen, committed, reserved, leased}: outcome 2 = lease
+-- granted, 1 = exact reservation made, 0 = neither.
+-- Errors: "ERR data_state_invalid" (nothing written).
+--#include key_types
+if not keyTypesMatch({'hash', 'hash', 'hash', 'set'}) then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'leased', 'gen', 'rstart')
+local committed, reserved, leased = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
+local gen, rstart = tonumber(b[4] or '0'), tonumber(b[5] or '0')
+if not (committed and reserved and leased and gen and rstart) or committed < 0 or reserved < 0 or leased < 0 then
+  return redis.error_reply('ERR data_state_invalid')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+if ARGV[1] ~= '' then
+  local l = redis.call('HGET', KEYS[3], ARGV[1])
+  if l then
+    redis.call('HDEL', KEYS[3], ARGV[1])
+    leased = leased - (tonumber(string.match(l, '^(%d+):')) or 0)
+    if leased < 0 then
+      leased = 0
+    end
+  end
+  local add, release = tonumber(ARGV[2]), tonumber(ARGV[3])
+  committed = committed + add
+  if add > 0 and rstart > 0 then
+    redis.call('HINCRBY', KEYS[1], 'rpos', add)
+  end
+  if release > 0 and gen == tonumber(ARGV[4]) then
+    committed = committed - release
+  end
+  if committed < 0 then
+    committed = 0
+  end
+end
+
+local outcome = 0
+if ARGV[5] ~= '' then
+  local cap, amount, exact = tonumber(ARGV[8]), tonumber(ARGV[6]), tonumber(ARGV[10])
+  if committed + reserved + leased + amount <= cap - tonumber(ARGV[9]) then
+    redis.call('HSET', KEYS[3], ARGV[5], amount .. ':' .. (now + tonumber(ARGV[7])))
+    leased = leased + amount
+    outcome = 2
+  elseif exact > 0 and committed + reserved + leased + exact <= cap then
+    redis.call('HSET', KEYS[2], ARGV[5], exact .. ':' .. now)
+    reserved = reserved + exact
+    outcome = 1
+  end
+  if outcome > 0 then
+    redis.call('SADD', KEYS[4], ARGV[11])
+  end
+end
+redis.call('HSET', KEYS[1], 'committed', committed, 'reserved', reserved, 'leased', leased)
+return {outcome, gen, committed, reserved, leased}

@@ -1,0 +1,306 @@
+package project
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// Module budget leases. Reserving every publish's bytes on the module
+// budget costs two module calls (reserve, settle) around the project
+// script. Instead an instance leases a small chunk of the module budget
+// (ModuleLeaseMaxBytes at most) and lets its publishes draw on it locally:
+// most publishes then make one call, the project script. The lease's
+// bytes count against the cap (field leased) from the moment it is granted
+// until the instance returns it, with what its scripts added committed;
+// so the module counter never under-counts. Near the cap (less than
+// cap/ModuleLeaseKeepDivisor free after a lease) no lease is granted and
+// every publish reserves exactly, as without leases.
+const (
+	// ModuleLeaseMaxBytes is the largest lease an instance takes.
+	ModuleLeaseMaxBytes = 64 << 10
+	// moduleLeaseTTL is how long a lease lives in Redis: past it the
+	// reconcile drops it. moduleLeaseUse is how long the instance draws on
+	// it after asking, well inside the TTL, so no script that draws on a
+	// lease runs after the reconcile dropped it.
+	moduleLeaseTTL = 10 * time.Second
+	moduleLeaseUse = moduleLeaseTTL / 2
+	// ModuleLeaseKeepDivisor: no lease is granted into the last
+	// cap/ModuleLeaseKeepDivisor bytes of the module budget.
+	ModuleLeaseKeepDivisor = 16
+	// moduleLeaseBackoff is how long an instance reserves exactly after a
+	// lease was refused, before it asks for one again.
+	moduleLeaseBackoff = time.Second
+)
+
+// lease is one lease this instance holds; guarded by moduleLeases.mu.
+type lease struct {
+	id       string
+	size     int64
+	gen      int64     // module gen when it was granted
+	deadline time.Time // no new draw after it
+	used     int64     // bytes drawn by scripts in flight or added by them
+	released int64     // bytes the scripts released
+	inflight int       // scripts drawing on it now
+	retired  bool      // replaced: returned when the last script is done
+	// drained, when set, is closed by the last script instead of
+	// returning the lease itself: the renewal waiting on it returns it.
+	drained chan struct{}
+}
+
+// moduleLeases is one instance's lease on the module budget. Safe for
+// concurrent use.
+type moduleLeases struct {
+	mb   *ModuleBudget
+	size int64 // 0: no leases
+
+	mu         sync.Mutex
+	cur        *lease
+	renewing   chan struct{}       // closed when the renewal in progress ends
+	exactUntil time.Time           // a lease was refused: reserve exactly until then
+	known      map[string]struct{} // projects this instance added to the module's projects SET
+}
+
+func newModuleLeases(mb *ModuleBudget, size int64) *moduleLeases {
+	return &moduleLeases{mb: mb, size: min(max(size, 0), ModuleLeaseMaxBytes), known: map[string]struct{}{}}
+}
+
+// grant is what one write holds of the module budget while its project
+// script runs: amount bytes of a lease, or an exact reservation, or
+// nothing (granted false; r.Gen still serves a release).
+type grant struct {
+	l       *lease
+	r       Reservation
+	amount  int64
+	granted bool
+}
+
+// acquire grants need bytes to a write of projectID.
+func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64) (grant, error) {
+	if m.size == 0 || need > m.size {
+		return m.exact(ctx, projectID, need)
+	}
+	for {
+		m.mu.Lock()
+		now := time.Now()
+		_, known := m.known[projectID]
+		if l := m.cur; l != nil && known && now.Before(l.deadline) && l.size-l.used >= need {
+			l.used += need
+			l.inflight++
+			m.mu.Unlock()
+			return grant{l: l, amount: need, granted: true}, nil
+		}
+		if m.cur == nil && now.Before(m.exactUntil) {
+			m.mu.Unlock()
+			return m.exact(ctx, projectID, need)
+		}
+		if ch := m.renewing; ch != nil {
+			m.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return grant{}, classifyProject(ctx.Err())
+			}
+		}
+		// This write renews: it retires the current lease, waits for the
+		// scripts still drawing on it (one round trip at most) so it is
+		// returned in the same call, and asks for the next lease, or an
+		// exact reservation for itself.
+		old := m.cur
+		ret := m.retireLocked()
+		var drained chan struct{}
+		if old != nil && ret == nil {
+			drained = make(chan struct{})
+			old.drained = drained
+		}
+		ch := make(chan struct{})
+		m.renewing = ch
+		m.mu.Unlock()
+		if drained != nil {
+			ret = m.awaitDrained(ctx, old, drained)
+		}
+		// The renewal also returns a lease: the client may not cancel it.
+		rctx, cancel := uncancelable(ctx)
+		g, err := m.renew(rctx, ret, projectID, need, now)
+		cancel()
+		m.mu.Lock()
+		m.renewing = nil
+		close(ch)
+		m.mu.Unlock()
+		return g, err
+	}
+}
+
+// awaitDrained waits until no script draws on the retired lease l and
+// returns it for the renewal to return. When ctx ends first, the last
+// script returns l itself (nil is returned) unless it is already done.
+func (m *moduleLeases) awaitDrained(ctx context.Context, l *lease, drained chan struct{}) *lease {
+	select {
+	case <-drained:
+		return l
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l.inflight == 0 {
+		return l // closed meanwhile
+	}
+	l.drained = nil
+	return nil
+}
+
+// retireLocked takes the current lease out of use and returns it when it
+// can be returned now (no script draws on it).
+func (m *moduleLeases) retireLocked() *lease {
+	old := m.cur
+	m.cur = nil
+	if old == nil {
+		return nil
+	}
+	old.retired = true
+	if old.inflight == 0 {
+		return old
+	}
+	return nil
+}
+
+// renew returns ret (if any) and takes a new lease drawing need for the
+// caller, or an exact reservation of need when the module is near its cap.
+func (m *moduleLeases) renew(ctx context.Context, ret *lease, projectID string, need int64, asked time.Time) (grant, error) {
+	id := newBudgetID()
+	res, err := m.mb.lease(ctx, ret, leaseAsk{id: id, amount: m.size, exact: need, projectID: projectID})
+	if err != nil {
+		// ret stays unreturned: its bytes stay counted until the
+		// reconcile drops it, which only over-counts.
+		return grant{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch res.outcome {
+	case 2:
+		m.remember(projectID)
+		// Renewals run one at a time, so m.cur is nil here.
+		l := &lease{id: id, size: m.size, gen: res.gen, deadline: asked.Add(moduleLeaseUse), used: need, inflight: 1}
+		m.cur = l
+		return grant{l: l, amount: need, granted: true}, nil
+	case 1:
+		m.remember(projectID)
+		m.exactUntil = time.Now().Add(moduleLeaseBackoff)
+		return grant{r: Reservation{ID: id, Amount: need, Gen: res.gen}, amount: need, granted: true}, nil
+	}
+	m.exactUntil = time.Now().Add(moduleLeaseBackoff)
+	return grant{r: Reservation{Gen: res.gen}}, nil
+}
+
+// remember notes that projectID is in the module's projects SET (the
+// reconcile sums its budget), so its writes may draw on a lease. Called
+// with m.mu held.
+func (m *moduleLeases) remember(projectID string) {
+	if len(m.known) >= 1<<16 {
+		clear(m.known)
+	}
+	m.known[projectID] = struct{}{}
+}
+
+// exact reserves need bytes for this write alone.
+func (m *moduleLeases) exact(ctx context.Context, projectID string, need int64) (grant, error) {
+	r, ok, err := m.mb.Reserve(ctx, projectID, need)
+	if err != nil {
+		return grant{}, err
+	}
+	return grant{r: r, amount: need, granted: ok}, nil
+}
+
+// done ends a write: added bytes of its grant were kept by the project
+// script, released bytes it freed. A lease takes both locally (the bytes
+// not kept are free again); an exact reservation settles now. The module
+// calls it makes (a settle, the return of a retired lease) run with a
+// context the client cannot cancel: a refund must not be lost to a closed
+// connection. It reports whether such a call failed.
+func (m *moduleLeases) done(ctx context.Context, g grant, added, released int64) error {
+	if l := g.l; l != nil {
+		m.mu.Lock()
+		l.used -= g.amount - added
+		l.released += released
+		l.inflight--
+		last := l.retired && l.inflight == 0
+		drained := l.drained
+		if last && drained != nil {
+			l.drained, last = nil, false
+		} else {
+			drained = nil
+		}
+		m.mu.Unlock()
+		if drained != nil {
+			close(drained) // the waiting renewal returns it
+		}
+		if last {
+			return m.giveBack(ctx, l)
+		}
+		return nil
+	}
+	if !g.granted && released == 0 {
+		return nil
+	}
+	sctx, cancel := uncancelable(ctx)
+	defer cancel()
+	return m.mb.Settle(sctx, g.r, added, released)
+}
+
+// giveBack returns a retired lease nothing draws on any more.
+func (m *moduleLeases) giveBack(ctx context.Context, l *lease) error {
+	sctx, cancel := uncancelable(ctx)
+	defer cancel()
+	_, err := m.mb.lease(sctx, l, leaseAsk{})
+	return err
+}
+
+// uncancelable is ctx without its cancellation, bounded to 2 s, for the
+// module calls that return bytes.
+func uncancelable(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+}
+
+// leaseAsk is the new lease (or exact reservation) a lease call asks for;
+// a zero value asks for none.
+type leaseAsk struct {
+	id        string
+	amount    int64
+	exact     int64
+	projectID string
+}
+
+type leaseResult struct {
+	outcome int64 // 2 lease, 1 exact reservation, 0 neither
+	gen     int64
+}
+
+// lease returns ret (if not nil) and takes what ask asks for, in one call.
+func (b *ModuleBudget) lease(ctx context.Context, ret *lease, ask leaseAsk) (leaseResult, error) {
+	retID, used, released, gen := "", int64(0), int64(0), int64(0)
+	if ret != nil {
+		retID, used, released, gen = ret.id, ret.used, ret.released, ret.gen
+	}
+	res, err := lua.ProjectTopicBudgetLease.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases(), b.keys.Projects()},
+		retID, used, released, gen, ask.id, ask.amount, moduleLeaseTTL.Milliseconds(), b.cap, b.cap/ModuleLeaseKeepDivisor,
+		ask.exact, ask.projectID).Int64Slice()
+	if err != nil {
+		return leaseResult{}, classifyProject(err)
+	}
+	if len(res) != 5 {
+		return leaseResult{}, ErrDataStateInvalid
+	}
+	return leaseResult{outcome: res[0], gen: res[1]}, nil
+}
+
+// newBudgetID is a random reservation or lease id.
+func newBudgetID() string {
+	var id [12]byte
+	_, _ = rand.Read(id[:])
+	return hex.EncodeToString(id[:])
+}
