@@ -214,9 +214,11 @@ ticks() { # PID...: utime + stime (+ cutime + cstime) in clock ticks
 	echo "$t"
 }
 pg_ticks() { ticks "$postmaster" $(pgrep -P "$postmaster" || true); }
-children_secs() { # the shell's reaped children: user + sys seconds
-	times >"$work/times"
-	tail -n 1 "$work/times" | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
+# children_secs FILE: user + sys seconds of the shell's reaped children, from
+# the output of `times` (run in this shell, not a subshell, which would
+# report its own children).
+children_secs() {
+	tail -n 1 "$1" | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
 }
 
 results="$work/results.tsv" # fsync shape arm round held sends gw pg redis gen load0 load1
@@ -237,11 +239,13 @@ phase() { # FSYNC SHAPE ARM ROUND
 	fi
 	local l0 g0 p0 r0 c0 l1
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
-	g0="$(ticks $gw)" p0="$(pg_ticks)" r0="$(ticks "$redis_pid")" c0="$(children_secs)"
+	g0="$(ticks $gw)" p0="$(pg_ticks)" r0="$(ticks "$redis_pid")"
+	times >"$work/times0"
 	"$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
+	times >"$work/times1"
 	local dg dp dr dc
-	dc="$(awk -v a="$(children_secs)" -v b="$c0" 'BEGIN { print a - b }')"
+	dc="$(awk -v a="$(children_secs "$work/times1")" -v b="$(children_secs "$work/times0")" 'BEGIN { print a - b }')"
 	dg=$(($(ticks $gw) - g0)) dp=$(($(pg_ticks) - p0)) dr=$(($(ticks "$redis_pid") - r0))
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
 	[ -s "$sum" ] || han_die "$arm $shape: no summary: $(tail -n 5 "$work/$fs-$shape-$arm-$round.out")"
@@ -274,11 +278,11 @@ done
 
 # --- the table -------------------------------------------------------------------
 gw_pool="$(jq -r '.info.pool_max_conns // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
-mode="$(jq -r '.info.exec_mode // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
+mode="${exec_mode:-cache_statement (pgx default)}"
 echo
 echo "Send path, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, median of $reps rounds (A/B interleaved), steps of $duration, held = ≥ 99 % accepted and p99 ≤ $step_p99."
 for l in "${settings_lines[@]}"; do echo "PostgreSQL $l."; done
-echo "Pools: gateway and send-sql ${gw_pool:-20} connections (DATABASE_URL default), exec mode ${mode:-cache_statement}; -old: ${old:-none}."
+echo "Pools: gateway and send-sql ${gw_pool:-20} connections (DATABASE_URL default), HAN_DB_EXEC_MODE $mode; -old: ${old:-none}."
 echo
 echo "| fsync | shape | arm | highest held sends/s (median; rounds) | CPU-s per 1,000 sends: gateway | postgres | redis | generator | load avg |"
 echo "|---|---|---|---|---|---|---|---|---|"
