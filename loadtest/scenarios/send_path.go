@@ -228,6 +228,9 @@ func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, label st
 		}
 		return nil
 	})
+	// The executor counted into the step's registry; the run's totals too.
+	t.Reg.Counter(loadtest.MetricIterations).Add(stats.Iterations)
+	t.Reg.Counter(loadtest.MetricDroppedIterations).Add(stats.Dropped)
 	res := stepResult{rate: rate, offered: exec.Planned(), ok: ok.Load(), errs: errsC, droppedIterations: stats.Dropped}
 	if err != nil {
 		return res, err

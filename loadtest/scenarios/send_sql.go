@@ -209,15 +209,13 @@ func randomHex64() string {
 
 // sqlStatusOf labels a failed send with the status the gateway would
 // answer: 503 when the database was busy (the request budget ran out), 404
-// for a dialog the sender is not in, else "error".
+// for a dialog the sender is not in, else the error's kind (store.Kind).
 func sqlStatusOf(err error) string {
 	switch {
 	case store.IsDatabaseBusy(err):
 		return "503"
 	case errors.Is(err, store.ErrDialogNotFound):
 		return "404"
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return "timeout"
 	}
-	return "error"
+	return store.Kind(err)
 }

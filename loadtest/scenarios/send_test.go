@@ -137,6 +137,9 @@ func TestChatFanoutSendOnlySteps(t *testing.T) {
 	if got := count(sum, MetricSendsOK); got != 12 {
 		t.Errorf("sends_ok = %d, want 4 + 8", got)
 	}
+	if it, dr := count(sum, loadtest.MetricIterations), count(sum, loadtest.MetricDroppedIterations); it != 12 || dr != 0 {
+		t.Errorf("iterations/dropped = %d/%d over the steps, want 12/0", it, dr)
+	}
 	if v := sum.Snapshot.Metrics[MetricMaxSendRate].Value; v != 8 {
 		t.Errorf("max_send_rate = %v, want 8 (both steps held): %+v", v, sum.Info)
 	}
