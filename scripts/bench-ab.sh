@@ -25,7 +25,8 @@
 #
 # Options: -reps N (3), -count N (benchmark runs per round, 1), -short
 # (Go benchmarks with a shorter -benchtime, load phases of 4 s), -budget
-# MINUTES (15: refuse a longer estimate), -no-go / -no-load (skip a half).
+# MINUTES (15: refuse a longer estimate; the builds come on top), -no-go /
+# -no-load (skip a half), -keep (keep the work folder: summaries and logs).
 set -euo pipefail
 
 HAN_SCRIPT=bench-ab.sh
@@ -33,7 +34,7 @@ HAN_SCRIPT=bench-ab.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$HAN_ROOT"
 
-reps=3 count=1 short=0 budget=15 do_go=1 do_load=1
+reps=3 count=1 short=0 budget=15 do_go=1 do_load=1 keep=0
 args=()
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -43,6 +44,7 @@ while [ $# -gt 0 ]; do
 	-budget) budget=$2 && shift ;;
 	-no-go) do_go=0 ;;
 	-no-load) do_load=0 ;;
+	-keep) keep=1 ;;
 	--inner) break ;;
 	-h | --help)
 		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -68,7 +70,7 @@ if [ "${1:-}" != --inner ]; then
 	cleanup() {
 		git worktree remove --force "$work/old" >/dev/null 2>&1 || true
 		git worktree remove --force "$work/new" >/dev/null 2>&1 || true
-		rm -rf "$work"
+		if [ "$keep" = 1 ]; then han_log "kept $work (summaries, logs)"; else rm -rf "$work"; fi
 	}
 	trap cleanup EXIT
 	for side in old new; do
@@ -117,7 +119,9 @@ if [ "$HAN_AB_GO" = 1 ]; then
 				han_log "go round $round: $name ($side)"
 				(cd "$work/$side/${dir[$pkg]}" && "$work/bin-$side/$pkg.test" -test.run '^$' -test.bench "$name" \
 					-test.benchtime "$bt" -test.count "$count" 2>&1) >"$work/go-$pkg-$side-$round.out" || true
-				awk -v s="$side" -v r="$round" '/^Benchmark/ && / ns\/op/ { for (i = 1; i < NF; i++) if ($(i + 1) == "ns/op") print "go\t" $1 "\t" s "\t" r "\t" $i }' \
+				# every "value unit" pair after the iteration count (ns/op and the
+				# benchmark's own metrics, e.g. µs/send-key)
+				awk -v s="$side" -v r="$round" '/^Benchmark/ && NF >= 4 { for (i = 3; i < NF; i += 2) print "go\t" $1 " " $(i + 1) "\t" s "\t" r "\t" $i }' \
 					"$work/go-$pkg-$side-$round.out" >>"$results"
 			done
 		done
@@ -167,11 +171,13 @@ EOF
 	LT="$work/bin-new/han-loadtest"
 	# load NAME SIDE ROUND METRIC-JQ SCENARIO ARGS...
 	load() {
-		local name=$1 side=$2 round=$3 q=$4 sc=$5 sum="$work/$1-$2-$3.json" pid g0 g1 v
+		local name=$1 side=$2 round=$3 q=$4 sc=$5 pid g0 g1 v
+		local out="$work/$sc-$side-$round"
+		local sum="$out.json"
 		shift 5
 		pid="$(cat "$work/gw-$side.pid")" g0="$(ticks "$pid")"
 		"$LT" run "$sc" -target "${url[$side]}" -quiet -summary-export "$sum" -max-duration 60s "$@" \
-			>"$work/$name-$side-$round.out" 2>&1 || han_log "$name $side round $round failed: $(grep -E '✗|error' "$work/$name-$side-$round.out" | head -n 2 | tr '\n' ' ')"
+			>"$out.out" 2>&1 || han_log "$name $side round $round failed: $(grep -E '✗|error' "$out.out" | head -n 2 | tr '\n' ' ')"
 		[ "$sc" = connect-storm ] && pid="$(cat "$work/gw-$side.pid")" g0=0 # a new process: its CPU since start
 		g1="$(ticks "$pid")"
 		v="$(jq -r "$q // empty" "$sum" 2>/dev/null || true)"

@@ -42,7 +42,8 @@
 # -rates-many (100,200,400,800), -rates-hot (100,200,400,800), -step-p99
 # (100ms), -reps (3), -budget MINUTES (15: refuse a longer estimate),
 # -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's; default
-# pgx's cache_statement). Output: a markdown table on stdout (logs on
+# pgx's cache_statement), -keep (keep the work folder: each phase's summary
+# and output, the servers' logs). Output: a markdown table on stdout (logs on
 # stderr), ready for docs/benchmarks.md.
 set -euo pipefail
 
@@ -51,7 +52,7 @@ HAN_SCRIPT=bench-send.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$HAN_ROOT"
 
-fsync=on old="" duration=5s rates_many=100,200,400,800 rates_hot=100,200,400,800 step_p99=100ms reps=3 budget=15 exec_mode=""
+keep=0 fsync=on old="" duration=5s rates_many=100,200,400,800 rates_hot=100,200,400,800 step_p99=100ms reps=3 budget=15 exec_mode=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-fsync) fsync=$2 ;;
@@ -63,6 +64,7 @@ while [ $# -gt 0 ]; do
 	-reps) reps=$2 ;;
 	-budget) budget=$2 ;;
 	-exec-mode) exec_mode=$2 ;;
+	-keep) keep=1 && shift && continue ;;
 	-h | --help)
 		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 		exit 0
@@ -102,7 +104,7 @@ cleanup() {
 	done
 	[ -n "$pg_ctl_stop" ] && eval "$pg_ctl_stop" >/dev/null 2>&1
 	[ -n "$oldtree" ] && git worktree remove --force "$oldtree" >/dev/null 2>&1
-	rm -rf "$work"
+	if [ "$keep" = 1 ]; then han_log "kept $work (summaries, logs)"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
