@@ -19,7 +19,8 @@
 #   3. chat-fanout -hot-dialog: 20 users in one dialog, every one sending,
 #      5 messages/s for 8 s: concurrent sends into one dialog, whose history
 #      must hold every accepted message once and in the order the sends were
-#      answered (history_missing, history_duplicates, history_reordered == 0).
+#      answered (history_missing, history_duplicates, history_reordered == 0;
+#      delivery p99 < 3 s there: one slow send is 20 members' deliveries).
 # Thresholds: delivery_lost==0, no duplicates, delivery_p99 < 1 s,
 # publish_failed / http_req_failed < 1 %, ws_connect_p95 < 2 s. Each scenario
 # is bounded (-max-duration 40s); the stack start is bounded by 5 min.
@@ -121,8 +122,12 @@ if [ "$rc" = 0 ]; then
 fi
 if [ "$rc" = 0 ]; then
 	han_log "smoke 3/3: chat-fanout -hot-dialog (20 senders into one dialog; history once and in order)"
-	"${LT[@]}" chat-fanout "${common[@]}" -hot-dialog -users 20 -rate 5 -duration 8s \
-		-threshold 'http_req_failed<1%' "${history[@]}" \
+	# Its point is loss, duplicates and order: one slow send reaches all 20
+	# members, so with 40 sends its delivery p99 is one request's latency —
+	# bounded more loosely than the other runs'.
+	"${LT[@]}" chat-fanout -target "$HAN_BASE_URL" -max-duration 40s -hot-dialog -users 20 -rate 5 -duration 8s \
+		-threshold 'delivery_lost==0' -threshold 'delivery_duplicates==0' -threshold 'delivery_p99<3s' \
+		-threshold 'ws_connect_p95<2s' -threshold 'http_req_failed<1%' "${history[@]}" \
 		-summary-export "$SUMMARIES/smoke-chat-fanout-hot.json" || rc=$?
 fi
 if [ "$rc" = 0 ]; then

@@ -165,6 +165,7 @@ type stepResult struct {
 	p50, p99          time.Duration
 	throughput        float64 // accepted sends per second
 	held              bool
+	stepped           bool // measured as a step: held applies
 	droppedIterations int64
 }
 
@@ -182,8 +183,12 @@ func (s stepResult) String() string {
 	if len(errs) > 0 {
 		e = strings.Join(errs, ",")
 	}
-	return fmt.Sprintf("offered %d, ok %d, errors %s, dropped %d, p50 %s, p99 %s, %.1f sends/s, held %v",
-		s.offered, s.ok, e, s.droppedIterations, s.p50.Round(10*time.Microsecond), s.p99.Round(10*time.Microsecond), s.throughput, s.held)
+	out := fmt.Sprintf("offered %d, ok %d, errors %s, dropped %d, p50 %s, p99 %s, %.1f sends/s",
+		s.offered, s.ok, e, s.droppedIterations, s.p50.Round(10*time.Microsecond), s.p99.Round(10*time.Microsecond), s.throughput)
+	if s.stepped {
+		out += fmt.Sprintf(", held %v", s.held)
+	}
+	return out
 }
 
 // measure sends at rate for the run's duration. Latency, accepted and
@@ -238,6 +243,7 @@ func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, label st
 	m := sreg.Snapshot().Metrics[MetricSendLatency]
 	res.p50, res.p99 = time.Duration(m.Percentile(50)), time.Duration(m.Percentile(99))
 	res.throughput = float64(res.ok) / t.Opts.Duration.Seconds()
+	res.stepped = len(f.steps) > 0
 	res.held = res.ok > 0 && float64(res.ok) >= math.Ceil(HeldFraction*float64(res.offered)) && res.p99 <= f.stepP99
 	return res, ctx.Err()
 }
