@@ -178,13 +178,17 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 
 // open connects the shape's fleet to spec and the publisher; closeAll
 // tears both down.
-func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, dl *loadtest.Deliveries, label string) (st *stepper, closeAll func(), err error) {
+func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, dl *loadtest.Deliveries, label string) (*stepper, func(), error) {
 	tg, err := openTarget(ctx, spec)
 	if err != nil {
 		return nil, nil, err
 	}
-	var fl *fleet
-	var pub publisher
+	var (
+		fl       *fleet
+		pub      publisher
+		st       *stepper // set once everything is up
+		closeAll func()
+	)
 	closeAll = func() {
 		if st != nil { // set up completely: report what the run lost
 			if open := fl.stillOpen(); open < b.conns {
@@ -200,8 +204,9 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 		}
 		tg.close()
 	}
+	ok := false
 	defer func() {
-		if err != nil {
+		if !ok {
 			closeAll()
 		}
 	}()
@@ -239,6 +244,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	for d, id := range fl.dialogIDs {
 		st.channels[d] = loadtest.DialogChannelPrefix + id
 	}
+	ok = true
 	return st, closeAll, nil
 }
 
