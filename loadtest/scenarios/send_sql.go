@@ -20,8 +20,9 @@ import (
 )
 
 // SendSQL is the raw baseline of the send path: the store's own send
-// function (store.Store.SendMessage, then MarkOutboxDelivered as the
-// gateway does after publishing) with the inputs the REST handler gives it
+// function (store.Store.SendMessage, then the delivered mark queued on a
+// store.OutboxMarker with the server's defaults, as the gateway does after
+// publishing) with the inputs the REST handler gives it
 // — the message.created event, the idempotency record, the safety task when
 // the legacy stub is on — called directly on a pgx pool opened as the
 // gateway opens its own (DATABASE_URL's pool size, HAN_DB_EXEC_MODE,
@@ -58,7 +59,7 @@ func (s *SendSQL) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.DurationVar(&s.idemTTL, "idempotency-ttl", envDuration(getenv, "HAN_IDEMPOTENCY_TTL", 24*time.Hour), "idempotency record lifetime, as the gateway's HAN_IDEMPOTENCY_TTL (env)")
 	stub, _ := strconv.ParseBool(getenv("HAN_LEGACY_STUB_ENABLED"))
 	fs.BoolVar(&s.safetyTask, "safety-task", stub, "record each message's safety task, as the gateway does while HAN_LEGACY_STUB_ENABLED (env)")
-	fs.BoolVar(&s.markDelivered, "mark-delivered", true, "mark the outbox row delivered after the send, as the gateway does after its publish")
+	fs.BoolVar(&s.markDelivered, "mark-delivered", true, "queue the outbox row's delivered mark on a batching store.OutboxMarker after the send, as the gateway does after its publish")
 }
 
 func envDuration(getenv func(string) string, name string, def time.Duration) time.Duration {
@@ -87,12 +88,22 @@ func (s *SendSQL) Run(ctx context.Context, t *loadtest.T) error {
 	if err != nil {
 		return err
 	}
-	r := newSendRun(&s.sf, s.sender(st, users, dialogs), sqlStatusOf)
+	var marker *store.OutboxMarker
+	if s.markDelivered {
+		if marker, err = store.NewOutboxMarker(st, store.OutboxMarkerConfig{}, nil); err != nil {
+			return err
+		}
+	}
+	r := newSendRun(&s.sf, s.sender(st, marker, users, dialogs), sqlStatusOf)
 	t.Reg.ResetClock()
-	if err := r.measureAll(ctx, t, "send-sql"); err != nil {
-		return err
+	err = r.measureAll(ctx, t, "send-sql")
+	if marker != nil {
+		marker.Close() // flushes the marks still queued, inside the measured phase
 	}
 	t.Reg.StopClock()
+	if err != nil {
+		return err
+	}
 	return r.reconcile(ctx, t, func(ctx context.Context, d int, after int64) ([]stored, bool, error) {
 		items, more, err := st.ListMessages(ctx, dialogs[d], after, 100)
 		if err != nil {
@@ -177,7 +188,7 @@ func (s *SendSQL) prepare(ctx context.Context, t *loadtest.T, st *store.Store) (
 // sender is the send as the REST handler makes it: a fresh message id, the
 // message.created event, the idempotency record of a fresh key (the key's
 // HMAC and the request fingerprint are 64 hex digits, as the handler's).
-func (s *SendSQL) sender(st *store.Store, users, dialogs []string) sendFunc {
+func (s *SendSQL) sender(st *store.Store, marker *store.OutboxMarker, users, dialogs []string) sendFunc {
 	return func(ctx context.Context, d, sender int, body string) (string, int64, error) {
 		in := store.SendMessage{ID: ids.New(), DialogID: dialogs[d], SenderID: users[sender], Body: body, Event: true,
 			SafetyTask: s.safetyTask,
@@ -192,10 +203,8 @@ func (s *SendSQL) sender(st *store.Store, users, dialogs []string) sendFunc {
 		if err != nil {
 			return "", 0, err
 		}
-		if s.markDelivered && ev.EventID != "" {
-			if err := st.MarkOutboxDelivered(ctx, ev.EventID); err != nil {
-				return "", 0, err
-			}
+		if marker != nil && ev.EventID != "" {
+			marker.Mark(ev.EventID)
 		}
 		return m.ID, m.Seq, nil
 	}
