@@ -22,9 +22,6 @@ cmd/han-gateway/app.go:Main.Run the service's start-up order read top to bottom:
 cmd/hanctl/sizing.go:cmdSizing one flag set and one printed report of the sizing formula, no branch to split out
 internal/config/config.go:Load one read and check per environment variable, a table in code form
 internal/jsonx/jsonx.go:scanner.object the object state machine of the raw-body scanner; splitting it costs a call per key on the hot path
-loadtest/scenarios/broadcast.go:Broadcast.phase a scenario script read top to bottom (to split together with the soak functions below)
-loadtest/scenarios/chat_fanout.go:ChatFanout.Run a scenario script read top to bottom (to split together with the soak functions below)
-loadtest/scenarios/connect_storm.go:ConnectStorm.Run a scenario script read top to bottom (to split together with the soak functions below)
 loadtest/scenarios/project_queue.go:ProjectQueue.Run a scenario script read top to bottom (to split together with the soak functions below)
 loadtest/soak/soak.go:runner.run the soak's phases in order (stack, traffic, fault schedule, final check), one linear script
 loadtest/soak/soak.go:runner.finalCheck one invariant after another at the end of a run, each a few lines

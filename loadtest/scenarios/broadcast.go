@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -84,14 +82,11 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 		b.publisherConns < 1 || b.publisherConns > 64 || b.concurrency < 1 {
 		return fmt.Errorf("-rate, -publishers, -connect-concurrency must be positive, -publishers ≤ -max-publishers ≤ %d, -publisher-conns 1..64", maxAuxConns)
 	}
-	b.steps = nil
-	for _, f := range strings.FieldsFunc(b.stepRates, func(r rune) bool { return r == ',' || r == ' ' }) {
-		r, err := strconv.Atoi(f)
-		if err != nil || r < 1 || r > loadtest.MaxArrivalRate {
-			return fmt.Errorf("-step-rates: %q is not a rate in 1..%d", f, loadtest.MaxArrivalRate)
-		}
-		b.steps = append(b.steps, r)
+	steps, err := parseRates(b.stepRates)
+	if err != nil {
+		return err
 	}
+	b.steps = steps
 	if len(b.steps) > 0 && b.stepP99 <= 0 {
 		return fmt.Errorf("-step-p99 must be positive")
 	}
@@ -125,7 +120,6 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 		}
 		breg := loadtest.NewRegistry()
 		t.Logf("broadcast: baseline phase (%s)", b.compare)
-		var err error
 		if baseRate, err = b.phase(ctx, t, b.compare, breg, "baseline"); err != nil {
 			return fmt.Errorf("baseline phase: %w", err)
 		}
@@ -164,67 +158,101 @@ type stepper struct {
 // It returns the delivery rate the comparison uses: the measured one, or
 // the highest step that held.
 func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, label string) (float64, error) {
-	tg, err := openTarget(ctx, spec)
-	if err != nil {
-		return 0, err
-	}
-	defer tg.close()
-	t.Info(label, tg.describe())
-	sh := b.shape()
-	if err := sh.validate(tg.gateway); err != nil {
-		return 0, err
-	}
-	// Publisher sockets and Redis connections (≤ -max-publishers) come out
-	// of loadtest.FileReserve.
-	if err := t.NeedFiles(b.conns, tg.perConnFiles()); err != nil {
-		return 0, err
-	}
-	if tg.gateway {
-		if err := b.gw.check(); err != nil {
-			return 0, err
-		}
-	}
 	var dl *loadtest.Deliveries
 	if len(b.steps) == 0 {
 		dl = loadtest.NewDeliveries(reg)
 	}
-	cfg := fleetConfig{shape: sh, concurrency: b.concurrency, gw: &b.gw, reg: reg, deliveries: dl}
-	fl, err := prepare(ctx, t, tg, cfg)
+	st, closeAll, err := b.open(ctx, t, spec, reg, dl, label)
 	if err != nil {
 		return 0, err
 	}
-	defer fl.close(b.concurrency)
-	if err := fl.connect(ctx, t, tg, cfg); err != nil {
-		return 0, err
-	}
-
-	var pub publisher
-	if tg.gateway {
-		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.maxPublishers)
-	} else {
-		pub, err = newBaselinePublisher(ctx, t, tg.base, b.publisherConns)
-	}
-	if err != nil {
-		return 0, err
-	}
-	defer pub.Close()
-	st := &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs)}
-	for d, id := range fl.dialogIDs {
-		st.channels[d] = loadtest.DialogChannelPrefix + id
-	}
-	defer func() {
-		if open := fl.stillOpen(); open < b.conns {
-			t.Info(label+"_connections_dropped", b.conns-open)
-		}
-		t.SetPhase(label + ": closing")
-	}()
-
+	defer closeAll()
 	if len(b.steps) == 0 {
 		if err := st.measure(ctx, t, reg, dl, b.rate, label); err != nil {
 			return 0, err
 		}
 		return reg.Gauge(loadtest.MetricDeliveryRate, loadtest.UnitPerSecond).Value(), nil
 	}
+	return st.climb(ctx, t, label)
+}
+
+// open connects the shape's fleet to spec and the publisher; closeAll
+// tears both down.
+func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, dl *loadtest.Deliveries, label string) (*stepper, func(), error) {
+	tg, err := openTarget(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		fl       *fleet
+		pub      publisher
+		st       *stepper // set once everything is up
+		closeAll func()
+	)
+	closeAll = func() {
+		if st != nil { // set up completely: report what the run lost
+			if open := fl.stillOpen(); open < b.conns {
+				t.Info(label+"_connections_dropped", b.conns-open)
+			}
+			t.SetPhase(label + ": closing")
+		}
+		if pub != nil {
+			pub.Close()
+		}
+		if fl != nil {
+			fl.close(b.concurrency)
+		}
+		tg.close()
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			closeAll()
+		}
+	}()
+	t.Info(label, tg.describe())
+	sh := b.shape()
+	if err := sh.validate(tg.gateway); err != nil {
+		return nil, nil, err
+	}
+	// Publisher sockets and Redis connections (≤ -max-publishers) come out
+	// of loadtest.FileReserve.
+	if err := t.NeedFiles(b.conns, tg.perConnFiles()); err != nil {
+		return nil, nil, err
+	}
+	if tg.gateway {
+		if err := b.gw.check(); err != nil {
+			return nil, nil, err
+		}
+	}
+	cfg := fleetConfig{shape: sh, concurrency: b.concurrency, gw: &b.gw, reg: reg, deliveries: dl}
+	if fl, err = prepare(ctx, t, tg, cfg); err != nil {
+		return nil, nil, err
+	}
+	if err := fl.connect(ctx, t, tg, cfg); err != nil {
+		return nil, nil, err
+	}
+	if tg.gateway {
+		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.maxPublishers)
+	} else {
+		pub, err = newBaselinePublisher(ctx, t, tg.base, b.publisherConns)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	st = &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs)}
+	for d, id := range fl.dialogIDs {
+		st.channels[d] = loadtest.DialogChannelPrefix + id
+	}
+	ok = true
+	return st, closeAll, nil
+}
+
+// climb measures each of -step-rates on the same connections until one
+// does not hold p99 with no loss, and returns the highest step's
+// deliveries/s that held.
+func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (float64, error) {
+	b, fl := st.b, st.fl
 	best := 0.0
 	for i, rate := range b.steps {
 		sreg := loadtest.NewRegistry()

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"sync/atomic"
+	"strconv"
 	"time"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -14,30 +14,29 @@ import (
 
 // ChatFanout is the REST send path end to end: N users in M dialogs, all
 // connected and subscribed, senders posting messages over REST
-// (Idempotency-Key on every send) at a fixed aggregate rate. Delivery
-// latency runs from each message's scheduled send time to its arrival on
-// every member's socket; afterwards the history of every dialog is read
-// back to check that PostgreSQL holds every accepted message.
+// (Idempotency-Key on every send) at a fixed aggregate rate (open model:
+// constant arrival rate). Delivery latency runs from each message's
+// scheduled send time to its arrival on every member's socket; afterwards
+// the history of every dialog is read back to check that PostgreSQL holds
+// every accepted message once, in order.
+//
+// -send-only connects no socket (the figure leaves fan-out out),
+// -hot-dialog puts every user in one dialog, and -step-rates measures
+// rising rates with the same users until one does not hold (≥ 99 % of the
+// offered sends accepted and send_latency p99 ≤ -step-p99).
 //
 // Gateway only. The default rate limits of POST /v1/dialogs/{id}/messages
 // (30 per user and 60 per dialog per 10 s) cap what this measures; 429s are
-// counted in errors{status=429,…}.
+// counted in errors{status=429,…} and fail a step.
 type ChatFanout struct {
-	users, dialogs, dialogsPerUser int
-	rate, bodySize, senders        int
-	maxSenders                     int
-	concurrency                    int
-	drain                          time.Duration
-	reconcile                      bool
-	gw                             gatewayFlags
+	sf    sendFlags
+	drain time.Duration
+	gw    gatewayFlags
 }
-
-// MetricHistoryMissing counts accepted messages absent from the history.
-const MetricHistoryMissing = "history_missing"
 
 // Describe implements Scenario.
 func (s *ChatFanout) Describe() string {
-	return "users in dialogs, all connected; senders POST messages at a fixed rate; delivery to every member (gateway)"
+	return "users in dialogs, all connected; senders POST messages at a fixed rate (or rising steps); delivery to every member, history check (gateway)"
 }
 
 // Name implements loadtest.Scenario.
@@ -45,26 +44,19 @@ func (s *ChatFanout) Name() string { return "chat-fanout" }
 
 // Flags implements Scenario.
 func (s *ChatFanout) Flags(fs *flag.FlagSet, getenv func(string) string) {
-	fs.IntVar(&s.users, "users", 100, "users, each with one connection")
-	fs.IntVar(&s.dialogs, "dialogs", 10, "dialogs")
-	fs.IntVar(&s.dialogsPerUser, "dialogs-per-user", 1, "dialogs each user is a member of")
-	fs.IntVar(&s.rate, "rate", 20, "messages sent per second, all dialogs together")
-	fs.IntVar(&s.bodySize, "body", 128, "message body size in bytes")
-	fs.IntVar(&s.senders, "senders", 16, "sender VUs started up front")
-	fs.IntVar(&s.maxSenders, "max-senders", 512, "most sender VUs (a due send with every VU busy gets a new one up to this, else it is dropped)")
-	fs.IntVar(&s.concurrency, "connect-concurrency", 32, "users/dialogs/connections set up at a time")
+	s.sf.register(fs, true)
+	fs.BoolVar(&s.sf.sendOnly, "send-only", false, "connect no socket: measure the send path without fan-out (users and dialogs are still created, the history still checked)")
 	fs.DurationVar(&s.drain, "drain", 3*time.Second, "how long to wait for in-flight deliveries after the last send")
-	fs.BoolVar(&s.reconcile, "reconcile", true, "read every dialog's history afterwards and count accepted messages it lacks")
 	s.gw.register(fs, getenv, false)
 }
 
 // DeclareMetrics implements loadtest.MetricDeclarer.
-func (s *ChatFanout) DeclareMetrics(reg *loadtest.Registry) { reg.Counter(MetricHistoryMissing) }
+func (s *ChatFanout) DeclareMetrics(reg *loadtest.Registry) { declareSendMetrics(reg) }
 
 // Run implements loadtest.Scenario.
 func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
-	if s.rate < 1 || s.senders < 1 || s.maxSenders < s.senders || s.maxSenders > maxAuxConns || s.concurrency < 1 || s.bodySize < 32 || s.bodySize > 4000 {
-		return fmt.Errorf("-rate, -senders, -connect-concurrency must be positive, -senders ≤ -max-senders ≤ %d and -body 32..4000", maxAuxConns)
+	if err := s.sf.check(); err != nil {
+		return err
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -77,93 +69,107 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	if err := s.gw.check(); err != nil {
 		return err
 	}
-	sh := shape{s.users, s.dialogs, s.dialogsPerUser}
-	if err := sh.validate(true); err != nil {
-		return err
-	}
 	// Sender connections (≤ -max-senders) come out of loadtest.FileReserve.
-	if err := t.NeedFiles(s.users, 1); err != nil {
+	if err := t.NeedFiles(s.sf.users, 1); err != nil {
 		return err
 	}
 	t.Info("target", tg.describe())
-	dl := loadtest.NewDeliveries(t.Reg)
-	cfg := fleetConfig{shape: sh, concurrency: s.concurrency, gw: &s.gw, reg: t.Reg, deliveries: dl}
+	s.describe(t)
+	var dl *loadtest.Deliveries
+	if !s.sf.sendOnly {
+		dl = loadtest.NewDeliveries(t.Reg)
+	}
+	cfg := fleetConfig{shape: s.sf.shape(), concurrency: s.sf.concurrency, gw: &s.gw, reg: t.Reg, deliveries: dl}
 	fl, err := prepare(ctx, t, tg, cfg)
 	if err != nil {
 		return err
 	}
-	defer fl.close(s.concurrency)
-	if err := fl.connect(ctx, t, tg, cfg); err != nil {
-		return err
+	defer fl.close(s.sf.concurrency)
+	if dl != nil {
+		if err := fl.connect(ctx, t, tg, cfg); err != nil {
+			return err
+		}
 	}
-	api, err := loadtest.NewAPI(tg.base, loadtest.NewHTTPClient(t.Src, s.maxSenders, 30*time.Second), t.Reg)
+	api, err := loadtest.NewAPI(tg.base, loadtest.NewHTTPClient(t.Src, s.sf.maxSenders, 30*time.Second), t.Reg)
 	if err != nil {
 		return err
 	}
 	defer api.Close()
-	members := sh.members()
-	accepted := make([]atomic.Int64, s.dialogs)
-	exec := loadtest.ConstantArrivalRate{Rate: s.rate, Duration: t.Opts.Duration, PreAllocatedVUs: s.senders, MaxVUs: s.maxSenders}
-	t.SetPhase("sending")
-	t.Reg.ResetClock()
-	_, err = exec.Run(ctx, t.Reg, func(ctx context.Context, it loadtest.Iter) error {
-		d := int(it.N % int64(s.dialogs))
-		m := members[d]
-		sender := fl.users[m[int(it.N/int64(s.dialogs))%len(m)]]
-		_, err := api.SendMessage(ctx, sender, fl.dialogIDs[d], loadtest.ChatBody(it.Scheduled.UnixNano(), s.bodySize), ids.New())
-		if err != nil {
-			dl.PublishFailed()
-			return err
-		}
-		accepted[d].Add(1)
-		dl.Published(fl.subs[d])
-		return nil
-	})
-	if err != nil {
+	r := s.sendRunOf(fl, api, dl)
+	if err := s.send(ctx, t, r, fl, dl); err != nil {
 		return err
 	}
-	t.SetPhase("draining")
-	dl.Drain(ctx, s.drain)
-	t.Reg.StopClock()
-	dl.Finish(t.Reg.Elapsed())
-	if open := fl.stillOpen(); open < s.users {
-		t.Info("connections_dropped", s.users-open)
-	}
-	if !s.reconcile {
-		return nil
-	}
-	t.SetPhase("reconciling history")
-	missing := t.Reg.Counter(MetricHistoryMissing)
-	return forEach(ctx, s.dialogs, s.concurrency, func(ctx context.Context, d int) error {
-		n, err := countHistory(ctx, fl.setupAPI, fl.users[members[d][0]], fl.dialogIDs[d])
-		if err != nil {
-			return fmt.Errorf("history: %w", err)
-		}
-		if want := accepted[d].Load(); n < want {
-			missing.Add(want - n)
-		}
-		return nil
-	})
+	return r.reconcile(ctx, t, gatewayHistory(fl))
 }
 
-// countHistory pages through a dialog's history and counts the messages
-// the load generator sent (their bodies carry its marker).
-func countHistory(ctx context.Context, api *loadtest.API, u loadtest.User, dialogID string) (int64, error) {
-	var n, after int64
-	for range 100_000 {
-		items, next, err := api.History(ctx, u, dialogID, after, 100)
-		if err != nil {
-			return n, err
-		}
-		for _, m := range items {
-			if _, ok := loadtest.ScheduledNanosFromBody(m.Body); ok {
-				n++
-			}
-			after = max(after, m.Seq)
-		}
-		if next == nil || len(items) == 0 {
-			return n, nil
+// describe records the shape in the summary.
+func (s *ChatFanout) describe(t *loadtest.T) {
+	sh := s.sf.shape()
+	t.Info("users", sh.conns)
+	t.Info("dialogs", sh.dialogs)
+	t.Info("hot_dialog", s.sf.hot)
+	t.Info("send_only", s.sf.sendOnly)
+}
+
+// sendRunOf binds the send path to the gateway's REST API; each send has
+// an Idempotency-Key of its own.
+func (s *ChatFanout) sendRunOf(fl *fleet, api *loadtest.API, dl *loadtest.Deliveries) *sendRun {
+	r := newSendRun(&s.sf, func(ctx context.Context, d, sender int, body string) (string, int64, error) {
+		m, err := api.SendMessage(ctx, fl.users[sender], fl.dialogIDs[d], body, ids.New())
+		return m.ID, m.Seq, err
+	}, httpStatusOf)
+	if dl != nil {
+		r.onOK = func(d int) { dl.Published(fl.subs[d]) }
+		r.onFail = dl.PublishFailed
+	}
+	return r
+}
+
+// send measures the send path, then waits for the deliveries in flight.
+func (s *ChatFanout) send(ctx context.Context, t *loadtest.T, r *sendRun, fl *fleet, dl *loadtest.Deliveries) error {
+	t.Reg.ResetClock()
+	if err := r.measureAll(ctx, t, "chat-fanout"); err != nil {
+		return err
+	}
+	if dl != nil {
+		t.SetPhase("draining")
+		dl.Drain(ctx, s.drain)
+	}
+	t.Reg.StopClock()
+	if dl != nil {
+		dl.Finish(t.Reg.Elapsed())
+		if open := fl.stillOpen(); open < s.sf.users {
+			t.Info("connections_dropped", s.sf.users-open)
 		}
 	}
-	return n, errors.New("history: too many pages")
+	return ctx.Err()
+}
+
+// httpStatusOf labels a failed send: its HTTP status, or timeout/transport.
+func httpStatusOf(err error) string {
+	var ae *loadtest.APIError
+	switch {
+	case errors.As(err, &ae):
+		return strconv.Itoa(ae.Status)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return "timeout"
+	}
+	return "transport"
+}
+
+// gatewayHistory reads a dialog's history over REST as its first member.
+func gatewayHistory(fl *fleet) historyReader {
+	members := fl.shape.members()
+	return func(ctx context.Context, d int, after int64) ([]stored, bool, error) {
+		items, next, err := fl.setupAPI.History(ctx, fl.users[members[d][0]], fl.dialogIDs[d], after, 100)
+		if err != nil {
+			return nil, false, fmt.Errorf("dialog %d: %w", d, err)
+		}
+		out := make([]stored, len(items))
+		for i, m := range items {
+			marker, _ := loadtest.ScheduledNanosFromBody(m.Body)
+			out[i] = stored{id: m.ID, seq: m.Seq, marker: marker}
+		}
+		return out, next != nil, nil
+	}
 }

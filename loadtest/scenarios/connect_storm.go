@@ -122,14 +122,40 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 		t.SetPhase("waiting for the instance restart")
 	}
 
-	var (
-		mu        sync.Mutex // guards firstLoss, lastBack
-		firstLoss time.Time
-		lastBack  time.Time
-		lost      atomic.Int64
-		back      atomic.Int64
-		wg        sync.WaitGroup
-	)
+	st := s.watch(wctx, t, tg, fl, cfg)
+	t.Reg.StopClock()
+	lost, back := st.lost.Load(), st.back.Load()
+	t.Reg.Gauge(MetricStormResubscribed, loadtest.UnitNone).Set(float64(back))
+	t.Info("clients_lost", lost)
+	t.Info("clients_resubscribed", back)
+	if !st.firstLoss.IsZero() && !st.lastBack.IsZero() {
+		t.Reg.Gauge(MetricStormDuration, loadtest.UnitNone).Set(float64(st.lastBack.Sub(st.firstLoss)))
+		t.Info("storm_duration", st.lastBack.Sub(st.firstLoss))
+	}
+	switch {
+	case lost == 0:
+		return errors.New("no client lost its connection within -wait: was the instance restarted?")
+	case back < lost:
+		return fmt.Errorf("%d of %d clients did not resubscribe within -wait", lost-back, lost)
+	}
+	return nil
+}
+
+// stormWatch is what watch saw: clients lost and back, the first loss and
+// the last resubscription.
+type stormWatch struct {
+	mu        sync.Mutex // guards firstLoss, lastBack while watching
+	firstLoss time.Time
+	lastBack  time.Time
+	lost      atomic.Int64
+	back      atomic.Int64
+}
+
+// watch waits, for every client, for its connection to end and then
+// reconnects and resubscribes it, until each is back or wctx ends.
+func (s *ConnectStorm) watch(wctx context.Context, t *loadtest.T, tg *target, fl *fleet, cfg fleetConfig) *stormWatch {
+	st := &stormWatch{}
+	var wg sync.WaitGroup
 	recDur := t.Reg.Trend(MetricReconnectDuration)
 	for c := range fl.conns {
 		wg.Go(func() {
@@ -140,40 +166,26 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 				return
 			}
 			lostAt := time.Now()
-			n := lost.Add(1)
-			mu.Lock()
-			if firstLoss.IsZero() {
-				firstLoss = lostAt
+			n := st.lost.Add(1)
+			st.mu.Lock()
+			if st.firstLoss.IsZero() {
+				st.firstLoss = lostAt
 			}
-			mu.Unlock()
-			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", n, back.Load()))
+			st.mu.Unlock()
+			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", n, st.back.Load()))
 			if err := s.reconnect(wctx, t, tg, fl, cfg, c, conn.Err()); err != nil {
 				return
 			}
 			recDur.Add(time.Since(lostAt))
-			b := back.Add(1)
-			mu.Lock()
-			lastBack = time.Now()
-			mu.Unlock()
-			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", lost.Load(), b))
+			b := st.back.Add(1)
+			st.mu.Lock()
+			st.lastBack = time.Now()
+			st.mu.Unlock()
+			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", st.lost.Load(), b))
 		})
 	}
 	wg.Wait()
-	t.Reg.StopClock()
-	t.Reg.Gauge(MetricStormResubscribed, loadtest.UnitNone).Set(float64(back.Load()))
-	t.Info("clients_lost", lost.Load())
-	t.Info("clients_resubscribed", back.Load())
-	if !firstLoss.IsZero() && !lastBack.IsZero() {
-		t.Reg.Gauge(MetricStormDuration, loadtest.UnitNone).Set(float64(lastBack.Sub(firstLoss)))
-		t.Info("storm_duration", lastBack.Sub(firstLoss))
-	}
-	switch {
-	case lost.Load() == 0:
-		return errors.New("no client lost its connection within -wait: was the instance restarted?")
-	case back.Load() < lost.Load():
-		return fmt.Errorf("%d of %d clients did not resubscribe within -wait", lost.Load()-back.Load(), lost.Load())
-	}
-	return nil
+	return st
 }
 
 // reconnect brings client c back: wait as advised, then ticket → dial →

@@ -23,6 +23,7 @@ var registry = map[string]func() Scenario{
 	"broadcast":        func() Scenario { return &Broadcast{} },
 	"idle-connections": func() Scenario { return &Idle{} },
 	"chat-fanout":      func() Scenario { return &ChatFanout{} },
+	"send-sql":         func() Scenario { return &SendSQL{} },
 	"connect-storm":    func() Scenario { return &ConnectStorm{} },
 	"rate-limit":       func() Scenario { return &RateLimit{} },
 	"project-queue":    func() Scenario { return &ProjectQueue{} },

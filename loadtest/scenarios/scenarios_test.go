@@ -17,7 +17,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{}, &env)
+	testenv.Main(m, testenv.Options{Postgres: true, Redis: true}, &env)
 }
 
 // newScenario builds a scenario with its flags parsed from args.
