@@ -60,7 +60,7 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 // it waits for the outcome, which its idempotency record and
 // clientMessageId cover anyway.
 func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
-	r := &sendReq{in: in, done: make(chan struct{})}
+	r := &sendReq{in: in, deadline: time.Now().Add(s.reqTimeout), done: make(chan struct{})}
 	if in.Event {
 		r.eventID = ids.New()
 	}
@@ -80,7 +80,10 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 // sendReq is one send waiting in, or written by, the combiner.
 type sendReq struct {
 	in      SendMessage
-	eventID string     // "" without an event
+	eventID string // "" without an event
+	// deadline ends the send's request budget, counted from its arrival:
+	// the time it waits in the queue is part of it.
+	deadline time.Time
 	idem    IdemRecord // Status and Meta of in.Idem's record
 	taken   bool       // in a batch being written (guarded by the combiner's mutex)
 	res     sendResult
@@ -139,41 +142,61 @@ type sendRow struct {
 }
 
 // writeBatch writes a batch of sends into one dialog in one statement and
-// answers each of them. When the statement fails as a whole for a reason
-// that may lie in one message's data (a value PostgreSQL refuses), nothing
-// was committed and each send is written again on its own, so that message
-// fails alone; a busy or unreachable database fails the whole batch.
+// answers each of them. A send whose budget ran out while it waited is
+// answered ErrDatabaseBusy unwritten; the statement gets what is left of the
+// earliest budget of the others. When the statement fails as a whole for a
+// reason that may lie in one message's data (a value PostgreSQL refuses),
+// nothing was committed and each send is written again on its own, so that
+// message fails alone; a busy or unreachable database fails the whole batch.
 func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
-	rows, err := s.execSendBatch(dialogID, batch)
+	now := time.Now()
+	live := make([]*sendReq, 0, len(batch))
+	var deadline time.Time
+	for _, r := range batch {
+		if !now.Before(r.deadline) {
+			r.finish(sendResult{err: fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)})
+			continue
+		}
+		if deadline.IsZero() || r.deadline.Before(deadline) {
+			deadline = r.deadline
+		}
+		live = append(live, r)
+	}
+	if len(live) == 0 {
+		return
+	}
+	rows, err := s.execSendBatch(dialogID, time.Until(deadline), live)
 	if err != nil {
 		var pe *pgconn.PgError
-		if len(batch) > 1 && errors.As(err, &pe) && !IsDatabaseBusy(err) {
-			for _, r := range batch {
+		if len(live) > 1 && errors.As(err, &pe) && !IsDatabaseBusy(err) {
+			for _, r := range live {
 				s.writeBatch(dialogID, []*sendReq{r})
 			}
 			return
 		}
-		for _, r := range batch {
+		for _, r := range live {
 			r.finish(sendResult{err: err})
 		}
 		return
 	}
-	answerBatch(batch, rows)
+	answerBatch(live, rows)
 }
 
-// execSendBatch runs send_messages within the request budget: the pool
-// wait and each lock wait are bounded by it (lock_timeout, set by the
-// function for its own transaction only), and the whole call by twice it.
-func (s *Store) execSendBatch(dialogID string, batch []*sendReq) ([]sendRow, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*s.reqTimeout)
+// execSendBatch runs send_messages within budget: the pool wait and each
+// lock wait are bounded by it (lock_timeout, set by the function for its
+// own transaction only); the client gives the call one request budget more
+// before it gives up on the connection.
+func (s *Store) execSendBatch(dialogID string, budget time.Duration, batch []*sendReq) ([]sendRow, error) {
+	budget = max(budget, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
 	defer cancel()
-	conn, err := s.acquire(ctx)
+	conn, err := s.acquireWithin(ctx, budget)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
 	out := make([]sendRow, 0, len(batch))
-	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, s.reqTimeout, batch)...)
+	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, budget, batch)...)
 	if err == nil {
 		for rows.Next() {
 			var r sendRow
