@@ -84,10 +84,10 @@ type sendReq struct {
 	// deadline ends the send's request budget, counted from its arrival:
 	// the time it waits in the queue is part of it.
 	deadline time.Time
-	idem    IdemRecord // Status and Meta of in.Idem's record
-	taken   bool       // in a batch being written (guarded by the combiner's mutex)
-	res     sendResult
-	done    chan struct{} // closed once res is set
+	idem     IdemRecord // Status and Meta of in.Idem's record
+	taken    bool       // in a batch being written (guarded by the combiner's mutex)
+	res      sendResult
+	done     chan struct{} // closed once res is set
 }
 
 type sendResult struct {
