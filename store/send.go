@@ -61,6 +61,9 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 // clientMessageId cover anyway.
 func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
 	r := &sendReq{in: in, deadline: time.Now().Add(s.reqTimeout), done: make(chan struct{})}
+	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
+		r.deadline = d
+	}
 	if in.Event {
 		r.eventID = ids.New()
 	}
@@ -81,8 +84,9 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 type sendReq struct {
 	in      SendMessage
 	eventID string // "" without an event
-	// deadline ends the send's request budget, counted from its arrival:
-	// the time it waits in the queue is part of it.
+	// deadline ends the send's request budget, counted from its arrival
+	// (or the caller's earlier deadline): the time it waits in the queue is
+	// part of it.
 	deadline time.Time
 	idem     IdemRecord // Status and Meta of in.Idem's record
 	taken    bool       // in a batch being written (guarded by the combiner's mutex)
