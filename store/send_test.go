@@ -297,8 +297,10 @@ func TestABatchFailsOnlyItsBadSends(t *testing.T) {
 			t.Fatalf("%s: %v, want %v", name, o.err, c.want)
 		}
 	}
-	if o := get(nul); !store.IsPGUnstorableText(o.err) {
-		t.Fatalf("NUL body: %v", o.err)
+	// PostgreSQL refuses the NUL byte (22021 for a parameter; with the
+	// simple protocol the query text itself is refused, 08P01).
+	if o := get(nul); o.err == nil || o.created {
+		t.Fatalf("NUL body: created %v: %v", o.created, o.err)
 	}
 	for name, c := range map[string]struct {
 		ch   <-chan sendOutcome
