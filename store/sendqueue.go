@@ -119,15 +119,3 @@ func (c *sendCombiner) drain(id string, q *dialogQueue) {
 		c.write(id, batch)
 	}
 }
-
-// queueDepth is how many sends into the dialog this instance holds,
-// waiting and being written.
-func (c *sendCombiner) queueDepth(dialogID string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	q := c.queues[dialogID]
-	if q == nil {
-		return 0
-	}
-	return len(q.waiting) + q.inFlight
-}

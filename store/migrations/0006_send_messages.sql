@@ -102,12 +102,16 @@ BEGIN
         END IF;
         v_json := '[]';
         IF cardinality(v_atts) > 0 THEN
-            SELECT count(DISTINCT a.id), COALESCE(jsonb_agg(jsonb_build_object('id', a.id::text, 'filename', a.filename,
-                    'contentType', a.content_type, 'sizeBytes', a.size_bytes) ORDER BY x.ord), '[]'::jsonb)::text
+            -- The rows are locked so that a concurrent delete either waits
+            -- for this transaction or, committed first, leaves the row out.
+            SELECT count(DISTINCT l.id), COALESCE(jsonb_agg(jsonb_build_object('id', l.id::text, 'filename', l.filename,
+                    'contentType', l.content_type, 'sizeBytes', l.size_bytes) ORDER BY l.ord), '[]'::jsonb)::text
                 INTO v_cnt, v_json
-                FROM unnest(v_atts) WITH ORDINALITY AS x(id, ord) JOIN attachments a ON a.id = x.id
-                WHERE a.dialog_id = p_dialog AND a.uploader_id = p_senders[i] AND a.status = 'uploaded'
-                    AND a.message_id IS NULL AND NOT (a.id = ANY (v_claimed));
+                FROM (SELECT a.id, a.filename, a.content_type, a.size_bytes, x.ord
+                    FROM unnest(v_atts) WITH ORDINALITY AS x(id, ord) JOIN attachments a ON a.id = x.id
+                    WHERE a.dialog_id = p_dialog AND a.uploader_id = p_senders[i] AND a.status = 'uploaded'
+                        AND a.message_id IS NULL AND NOT (a.id = ANY (v_claimed))
+                    FOR NO KEY UPDATE OF a) AS l;
             IF v_cnt <> cardinality(v_atts) THEN
                 RETURN QUERY SELECT i, 'invalid_attachment', 0, '', 0::bigint, '', '', '', v_now, '[]';
                 CONTINUE;
