@@ -1,12 +1,5 @@
 package store
 
-// PurgeOutboxSQL is the purge's DELETE, for the test that checks its plan.
-const PurgeOutboxSQL = purgeOutboxSQL
-
-// MarkOutboxSQL is the batched delivered mark, for the test that checks its
-// plan.
-const MarkOutboxSQL = markOutboxSQL
-
 // SendQueueDepth is how many sends into the dialog this instance holds,
 // waiting and being written (tests order sends through it).
 func (s *Store) SendQueueDepth(dialogID string) int {
