@@ -2,8 +2,6 @@ package pubsub
 
 import (
 	"github.com/segmentio/encoding/json"
-
-	"github.com/han-app/gateway/internal/ids"
 )
 
 // Redis Pub/Sub channel names (docs/redis-keys.md).
@@ -65,13 +63,14 @@ type Attachment struct {
 }
 
 // MessageCreated builds the message.created frame of a committed message
-// under a new event id: the bytes clients receive, encoded once.
-func MessageCreated(m Message) (eventID string, frame []byte, err error) {
+// under its event id: the bytes clients receive, encoded once. It is the
+// only builder of that frame, and the frame depends on nothing but its
+// arguments, so building it again from the stored message (the outbox
+// relay does) gives the same bytes as the request path's first build.
+func MessageCreated(eventID string, m Message) ([]byte, error) {
 	data, err := json.Marshal(m)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	eventID = ids.New()
-	frame, err = NewDialogEvent(eventID, EventMessageCreated, m.ID, m.DialogID, m.Seq, data).Encode()
-	return eventID, frame, err
+	return NewDialogEvent(eventID, EventMessageCreated, m.ID, m.DialogID, m.Seq, data).Encode()
 }

@@ -153,26 +153,38 @@ func TestRelayDeliversWhatThePublishMissed(t *testing.T) {
 		r.Close()
 	}
 	got := rec.snapshot()
-	rows, err := pool.Query(context.Background(), "SELECT event_id::text, payload FROM outbox WHERE channel=$1", ch)
+	// Each event is the message.created frame of its stored message under
+	// the outbox row's event id.
+	rows, err := pool.Query(context.Background(), `SELECT o.event_id::text, m.id::text, m.dialog_id::text, m.seq,
+		m.sender_id::text, m.body, m.created_at FROM outbox o JOIN messages m ON m.id = o.message_id WHERE o.channel=$1`, ch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{}
 	for rows.Next() {
 		var id string
-		var p []byte
-		if err := rows.Scan(&id, &p); err != nil {
+		var m pubsub.Message
+		var at time.Time
+		if err := rows.Scan(&id, &m.ID, &m.DialogID, &m.Seq, &m.SenderID, &m.Body, &at); err != nil {
 			t.Fatal(err)
 		}
-		want[id] = string(p)
+		m.CreatedAt, m.Attachments = at.UnixMilli(), []pubsub.Attachment{}
+		frame, err := pubsub.MessageCreated(id, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[id] = string(frame)
 	}
 	rows.Close()
+	if len(want) != n {
+		t.Fatalf("%d message.created rows, want %d", len(want), n)
+	}
 	for id, p := range want {
 		if len(got[id]) != 1 {
 			t.Fatalf("event %s published %d times by 3 relays, want once", id, len(got[id]))
 		}
 		if got[id][0] != p {
-			t.Fatalf("published bytes differ from the outbox payload")
+			t.Fatalf("published bytes differ from the stored message's frame:\n%s\n%s", got[id][0], p)
 		}
 	}
 

@@ -38,7 +38,10 @@ var (
 	// errDatabaseBusy: PostgreSQL answers but the request's budget ran out
 	// (pool wait, lock wait or statement); a retry a moment later usually
 	// succeeds.
-	errDatabaseBusy      = &Error{Status: http.StatusServiceUnavailable, Code: "database_busy", RetryAfter: 1}
+	errDatabaseBusy = &Error{Status: http.StatusServiceUnavailable, Code: "database_busy", RetryAfter: 1}
+	// errDialogBusy: this instance already holds as many sends into the
+	// dialog as its queue allows (HAN_SEND_DIALOG_QUEUE); nothing written.
+	errDialogBusy        = &Error{Status: http.StatusServiceUnavailable, Code: "dialog_busy", RetryAfter: 1}
 	errRedisUnavailable  = apierr.RedisUnavailable
 	errRedisOOM          = apiErr(http.StatusServiceUnavailable, "redis_oom")
 	errRedisExpiryDenied = apiErr(http.StatusServiceUnavailable, "redis_expiry_denied")
@@ -81,6 +84,7 @@ var errInvalidCursor = apiErr(http.StatusBadRequest, "invalid_cursor")
 var errorTable = []errorAnswer{
 	{match: is(auth.ErrUnauthorized), e: errUnauthorized},
 	{match: is(store.ErrDialogNotFound), e: apiErr(http.StatusNotFound, "dialog_not_found")},
+	{match: is(store.ErrDialogBusy), e: errDialogBusy},
 	{match: is(store.ErrUserNotFound), e: apiErr(http.StatusNotFound, "user_not_found")},
 	{match: is(store.ErrInvalidCursor), e: errInvalidCursor},
 	{match: is(project.ErrInvalidCursor), e: errInvalidCursor},

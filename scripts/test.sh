@@ -63,7 +63,7 @@ if [ "${1:-}" = --pgbouncer ]; then
 	shift
 	export HAN_TEST_PGBOUNCER=1 HAN_TEST_NO_RACE=1 HAN_TEST_NO_LINT=1
 	han_log "bouncer suite: PostgreSQL through a private PgBouncer (transaction pooling), exec mode ${HAN_TEST_DB_EXEC_MODE:-exec}"
-	bouncer_suite=(-run '^(TestChat|TestDialog|TestNonMember|TestConcurrent|TestClientMessage|TestHistory|TestIdempot|TestExpiredIdempotency|TestRedisLoss|TestCrashedOwner|TestProject|TestQueue|TestRequestPathInEveryExecMode|TestRunsBehindPgBouncer|TestEndToEndDialogRoundTrip)' ./restapi/ ./store/ ./cmd/han-gateway/)
+	bouncer_suite=(-run '^(TestChat|TestDialog|TestNonMember|TestConcurrent|TestClientMessage|TestHistory|TestIdempot|TestExpiredIdempotency|TestRedisLoss|TestCrashedOwner|TestProject|TestQueue|TestRequestPathInEveryExecMode|TestSend|TestHundredMembers|TestABatch|TestASend|TestRelayPublishes|TestRunsBehindPgBouncer|TestEndToEndDialogRoundTrip)' ./restapi/ ./store/ ./cmd/han-gateway/)
 fi
 
 race=(-race)

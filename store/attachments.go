@@ -69,42 +69,6 @@ func decodeAttachmentRefs(raw string) ([]AttachmentRef, error) {
 	return refs, nil
 }
 
-// linkAttachments links the uploaded, unlinked attachments ids (of dialogID,
-// uploaded by senderID) to messageID inside the send transaction, keeping
-// the given order. Any id that does not qualify fails the whole send with
-// ErrInvalidAttachment.
-func linkAttachments(ctx context.Context, tx pgx.Tx, messageID, dialogID, senderID string, ids []string) ([]AttachmentRef, error) {
-	rows, err := tx.Query(ctx, `UPDATE attachments a SET message_id = $1, position = x.ord
-		FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord)
-		WHERE a.id = x.id AND a.dialog_id = $3 AND a.uploader_id = $4 AND a.status = 'uploaded' AND a.message_id IS NULL
-		RETURNING a.id::text, a.filename, a.content_type, a.size_bytes, x.ord`, messageID, ids, dialogID, senderID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	refs := make([]AttachmentRef, len(ids))
-	n := 0
-	for rows.Next() {
-		var r AttachmentRef
-		var ord int64
-		if err := rows.Scan(&r.ID, &r.Filename, &r.ContentType, &r.SizeBytes, &ord); err != nil {
-			return nil, err
-		}
-		if ord < 1 || int(ord) > len(ids) {
-			return nil, ErrInvalidAttachment
-		}
-		refs[ord-1] = r
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if n != len(ids) {
-		return nil, ErrInvalidAttachment
-	}
-	return refs, nil
-}
-
 // CreateAttachment is the input of Store.CreateAttachment.
 type CreateAttachment struct {
 	ID          string

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -27,10 +26,17 @@ type Store struct {
 	pool *pgxpool.Pool
 	// reqTimeout is the budget of a request transaction (requestTx).
 	reqTimeout time.Duration
+	// sends combines concurrent sends into one dialog (SendMessage).
+	sends *sendCombiner
 }
 
-// New wraps a pool; request transactions get DefaultRequestTimeout.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool, reqTimeout: DefaultRequestTimeout} }
+// New wraps a pool; request transactions get DefaultRequestTimeout, and a
+// dialog's send queue holds DefaultSendQueue sends.
+func New(pool *pgxpool.Pool) *Store {
+	s := &Store{pool: pool, reqTimeout: DefaultRequestTimeout}
+	s.sends = newSendCombiner(s.writeBatch)
+	return s
+}
 
 // Pool exposes the pool for health checks and other stores.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -233,119 +239,6 @@ func decodeDialogCursor(c string) (time.Time, string, error) {
 		return time.Time{}, "", ErrInvalidCursor
 	}
 	return time.UnixMicro(us), id, nil
-}
-
-// SendMessage is the input of Store.SendMessage.
-type SendMessage struct {
-	ID              string
-	DialogID        string
-	SenderID        string
-	Body            string
-	ClientMessageID string
-	// AttachmentIDs are uploaded, unlinked attachments of this dialog by this
-	// sender, linked in this order (ErrInvalidAttachment otherwise).
-	AttachmentIDs []string
-	// Event writes the message.created event (the frame pubsub builds) to
-	// the outbox in the same transaction; SendMessage returns it for the
-	// publish after the commit.
-	Event bool
-	// SafetyTask records the message's pending legacy safety task in the
-	// same transaction.
-	SafetyTask bool
-	// Idem, when set, is the request's idempotency record, written in the
-	// same transaction.
-	Idem *IdemWrite[Message]
-}
-
-// SendMessage inserts a message with the next seq of its dialog and its
-// outbox event in one transaction. Incrementing dialogs.last_seq takes the
-// dialog's row lock, so concurrent sends get gapless, unique seqs. A repeat
-// of the same sender's clientMessageId returns the stored message with
-// created=false and writes nothing.
-func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
-	err = s.requestTx(ctx, func(tx pgx.Tx) error {
-		var member bool
-		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
-			in.DialogID, in.SenderID).Scan(&member); err != nil {
-			return err
-		}
-		if !member {
-			return ErrDialogNotFound
-		}
-		if in.ClientMessageID != "" {
-			existing, err := scanMessage(tx.QueryRow(ctx, `SELECT `+messageColumns+` FROM messages
-				WHERE dialog_id=$1 AND sender_id=$2 AND client_message_id=$3`, in.DialogID, in.SenderID, in.ClientMessageID))
-			if err == nil {
-				m = existing
-				return nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-		}
-		var seq int64
-		if err := tx.QueryRow(ctx, "UPDATE dialogs SET last_seq = last_seq + 1 WHERE id=$1 RETURNING last_seq", in.DialogID).Scan(&seq); err != nil {
-			return err
-		}
-		var cmid *string
-		if in.ClientMessageID != "" {
-			cmid = &in.ClientMessageID
-		}
-		m = Message{ID: in.ID, DialogID: in.DialogID, Seq: seq, SenderID: in.SenderID, Body: in.Body, ClientMessageID: in.ClientMessageID}
-		if err := tx.QueryRow(ctx, `INSERT INTO messages(id, dialog_id, seq, sender_id, body, client_message_id)
-			VALUES ($1,$2,$3,$4,$5,$6) RETURNING created_at`, in.ID, in.DialogID, seq, in.SenderID, in.Body, cmid).Scan(&m.CreatedAt); err != nil {
-			return err
-		}
-		if len(in.AttachmentIDs) > 0 {
-			var err error
-			if m.Attachments, err = linkAttachments(ctx, tx, m.ID, in.DialogID, in.SenderID, in.AttachmentIDs); err != nil {
-				return err
-			}
-		}
-		if in.Event {
-			e, err := messageCreatedEvent(m)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO outbox(event_id, channel, payload, entity_id) VALUES ($1,$2,$3,$4)",
-				e.EventID, e.Channel, e.Payload, e.EntityID); err != nil {
-				return err
-			}
-			ev = e
-		}
-		if in.SafetyTask {
-			if err := InsertStubTaskTx(ctx, tx, m.ID); err != nil {
-				return err
-			}
-		}
-		if err := in.Idem.insert(ctx, tx, m); err != nil {
-			return err
-		}
-		created = true
-		return nil
-	})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		switch {
-		case errors.Is(err, ErrDialogNotFound), errors.Is(err, ErrInvalidAttachment), errors.Is(err, ErrIdemExists):
-			return Message{}, OutboxEvent{}, false, err
-		case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "messages_client_id_idx":
-			// A concurrent send with the same clientMessageId won: return it.
-			m, err := s.messageByClientID(ctx, in.DialogID, in.SenderID, in.ClientMessageID)
-			return m, OutboxEvent{}, false, err
-		}
-		return Message{}, OutboxEvent{}, false, fmt.Errorf("send message: %w", err)
-	}
-	return m, ev, created, nil
-}
-
-func (s *Store) messageByClientID(ctx context.Context, dialogID, senderID, cmid string) (Message, error) {
-	m, err := scanMessage(s.reqQueryRow(ctx, `SELECT `+messageColumns+` FROM messages
-		WHERE dialog_id=$1 AND sender_id=$2 AND client_message_id=$3`, dialogID, senderID, cmid))
-	if err != nil {
-		return Message{}, fmt.Errorf("load message: %w", err)
-	}
-	return m, nil
 }
 
 const messageColumns = `id::text, dialog_id::text, seq, sender_id::text, body, COALESCE(client_message_id, ''), created_at, ` + attachmentsColumn

@@ -26,6 +26,12 @@
 // the BEGIN round trip, never a session setting); overruns come back as
 // ErrDatabaseBusy. Single statements of request paths (reqQueryRow,
 // reqQuery, reqExec) wait for a pool connection at most the same budget.
+// The message send is the exception that keeps the same budget another
+// way: its transaction is one statement, the send_messages function, which
+// sets lock_timeout for its own transaction (set_config, local), so the
+// dialog's row lock is never held across a client round trip; concurrent
+// sends into one dialog are combined into one such statement (send.go,
+// sendqueue.go).
 // Background jobs and migrations keep their own budgets.
 //
 // Nothing relies on session state between transactions, so the pool may sit

@@ -24,17 +24,15 @@ import (
 func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 	publish func(ctx context.Context, row pubsub.OutboxRow) error) (claimed, delivered int, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT id, event_id::text, channel, entity_id, payload, attempts FROM outbox
-			WHERE delivered_at IS NULL AND created_at < now() - make_interval(secs => $1)
-			ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, grace.Seconds(), limit)
+		rows, err := tx.Query(ctx, `SELECT o.id, o.event_id::text, o.channel, o.entity_id, o.payload, o.attempts, `+outboxMessageColumns+`
+			FROM outbox o LEFT JOIN messages ON messages.id = o.message_id
+			WHERE o.delivered_at IS NULL AND o.created_at < now() - make_interval(secs => $1)
+				AND (o.message_id IS NULL OR messages.id IS NOT NULL)
+			ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED`, grace.Seconds(), limit)
 		if err != nil {
 			return err
 		}
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pubsub.OutboxRow, error) {
-			var o pubsub.OutboxRow
-			err := r.Scan(&o.ID, &o.EventID, &o.Channel, &o.EntityID, &o.Payload, &o.Attempts)
-			return o, err
-		})
+		batch, err := pgx.CollectRows(rows, scanOutboxRow)
 		if err != nil {
 			return err
 		}
@@ -75,6 +73,38 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 	return claimed, delivered, nil
 }
 
+// outboxMessageColumns is the message of a message.created outbox row
+// (message_id set), whose frame is built from it: messageColumns of the
+// joined messages row, NULL when the row has no message.
+const outboxMessageColumns = `messages.id IS NOT NULL, COALESCE(messages.id::text, ''), COALESCE(messages.dialog_id::text, ''),
+	COALESCE(messages.seq, 0), COALESCE(messages.sender_id::text, ''), COALESCE(messages.body, ''),
+	COALESCE(messages.client_message_id, ''), COALESCE(messages.created_at, now()), ` + attachmentsColumn
+
+// scanOutboxRow reads a claimed outbox row. A message.created row's frame is
+// built from its message under the row's event id, the same bytes the
+// request path published (pubsub.MessageCreated depends on nothing else);
+// other rows carry their frame in payload.
+func scanOutboxRow(r pgx.CollectableRow) (pubsub.OutboxRow, error) {
+	var o pubsub.OutboxRow
+	var m Message
+	var hasMessage bool
+	var atts string
+	if err := r.Scan(&o.ID, &o.EventID, &o.Channel, &o.EntityID, &o.Payload, &o.Attempts, &hasMessage,
+		&m.ID, &m.DialogID, &m.Seq, &m.SenderID, &m.Body, &m.ClientMessageID, &m.CreatedAt, &atts); err != nil {
+		return o, err
+	}
+	if !hasMessage {
+		return o, nil
+	}
+	var err error
+	if m.Attachments, err = decodeAttachmentRefs(atts); err != nil {
+		return o, err
+	}
+	ev, err := messageCreatedEvent(o.EventID, m)
+	o.Payload = ev.Payload
+	return o, err
+}
+
 // OutboxPending counts undelivered outbox rows (metrics and tests).
 func (s *Store) OutboxPending(ctx context.Context) (int64, error) {
 	var n int64
@@ -85,16 +115,17 @@ func (s *Store) OutboxPending(ctx context.Context) (int64, error) {
 }
 
 // messageCreatedEvent is the outbox event of a committed message: the
-// message.created frame as pubsub builds it, on the dialog's channel.
-func messageCreatedEvent(m Message) (OutboxEvent, error) {
+// message.created frame as pubsub builds it under eventID, on the dialog's
+// channel.
+func messageCreatedEvent(eventID string, m Message) (OutboxEvent, error) {
 	atts := make([]pubsub.Attachment, len(m.Attachments))
 	for i, a := range m.Attachments {
 		atts[i] = pubsub.Attachment{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
 	}
-	id, frame, err := pubsub.MessageCreated(pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID,
+	frame, err := pubsub.MessageCreated(eventID, pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID,
 		Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli(), Attachments: atts})
 	if err != nil {
 		return OutboxEvent{}, err
 	}
-	return OutboxEvent{EventID: id, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: frame}, nil
+	return OutboxEvent{EventID: eventID, Channel: pubsub.DialogChannel(m.DialogID), EntityID: m.ID, Payload: frame}, nil
 }

@@ -76,13 +76,18 @@ func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 // connection to be dialled: an unreachable server, which stays
 // database_unavailable.
 func (s *Store) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	return s.acquireWithin(ctx, s.reqTimeout)
+}
+
+// acquireWithin is acquire with the budget left to a request.
+func (s *Store) acquireWithin(ctx context.Context, budget time.Duration) (*pgxpool.Conn, error) {
 	inUse := s.poolInUse()
-	actx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	actx, cancel := context.WithTimeout(ctx, budget)
 	conn, err := s.pool.Acquire(actx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && (inUse || s.poolInUse()) {
-			return nil, fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, s.reqTimeout)
+			return nil, fmt.Errorf("%w: no pool connection within %v", ErrDatabaseBusy, budget)
 		}
 		return nil, err
 	}

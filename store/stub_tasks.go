@@ -53,15 +53,6 @@ type StubTask struct {
 	Recoveries int
 }
 
-// InsertStubTaskTx records a pending task for a message inside its send
-// transaction (a repeat is a no-op).
-func InsertStubTaskTx(ctx context.Context, tx pgx.Tx, messageID string) error {
-	if _, err := tx.Exec(ctx, "INSERT INTO stub_tasks(message_id) VALUES ($1) ON CONFLICT DO NOTHING", messageID); err != nil {
-		return fmt.Errorf("insert safety task: %w", err)
-	}
-	return nil
-}
-
 const stubTaskColumns = `message_id::text, state, COALESCE(verdict, ''), COALESCE(decided_by, ''), created_at, recoveries`
 
 func scanStubTask(row pgx.Row) (StubTask, error) {

@@ -194,6 +194,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	apiStore := store.New(m.pg)
 	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
+	apiStore.SetSendQueue(cfg.SendDialogQueue)
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout,

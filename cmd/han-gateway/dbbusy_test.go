@@ -62,7 +62,14 @@ func TestBusyDatabaseIsNotDown(t *testing.T) {
 		}
 		return body[strings.Index(body, `"id":"`)+6:][:36]
 	}
-	busyDialog, otherDialog := dialog(alice, bob), dialog(carol, dave)
+	// Sends into one dialog on one instance are written one batch at a
+	// time (one pool connection), so six locked dialogs are what keeps a
+	// pool of four saturated.
+	busyDialogs := make([]string, 6)
+	for i := range busyDialogs {
+		busyDialogs[i] = dialog(alice, bob)
+	}
+	busyDialog, otherDialog := busyDialogs[0], dialog(carol, dave)
 
 	// Someone else holds the dialog's row lock (the one every send takes).
 	ctx := context.Background()
@@ -76,7 +83,7 @@ func TestBusyDatabaseIsNotDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = lockTx.Rollback(ctx) }()
-	if _, err := lockTx.Exec(ctx, "SELECT 1 FROM dialogs WHERE id = $1 FOR UPDATE", busyDialog); err != nil {
+	if _, err := lockTx.Exec(ctx, "SELECT 1 FROM dialogs WHERE id = ANY($1::uuid[]) FOR UPDATE", busyDialogs); err != nil {
 		t.Fatal(err)
 	}
 
@@ -126,7 +133,7 @@ func TestBusyDatabaseIsNotDown(t *testing.T) {
 	}
 	defer stopPolling()
 
-	// 40 sends queue behind the lock (two senders, under the rate limits).
+	// 40 sends queue behind the locks (two senders, under the rate limits).
 	client := &http.Client{Timeout: 20 * time.Second}
 	send := func(u, dialogID, key string) sendResult {
 		req, _ := http.NewRequest("POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", strings.NewReader(`{"body":"queued"}`))
@@ -151,7 +158,7 @@ func TestBusyDatabaseIsNotDown(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = send(u, busyDialog, fmt.Sprintf("busy-%d-%s", i, ids.New()))
+			results[i] = send(u, busyDialogs[i%len(busyDialogs)], fmt.Sprintf("busy-%d-%s", i, ids.New()))
 		}()
 	}
 	wg.Wait()

@@ -53,6 +53,11 @@ type Config struct {
 	// statement of its transaction; past it the request answers 503
 	// database_busy. At least 1ms (PostgreSQL counts in milliseconds).
 	DBRequestTimeout time.Duration
+	// SendDialogQueue (HAN_SEND_DIALOG_QUEUE, default 256) is how many
+	// sends into one dialog an instance holds at once, waiting and being
+	// written; they are combined into one transaction per batch, and one
+	// more send answers 503 dialog_busy.
+	SendDialogQueue int
 	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
 	// connection straight to PostgreSQL, for migrations, when DatabaseURL
 	// goes through a transaction-pooling proxy such as PgBouncer.
@@ -226,6 +231,12 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.SettingsRefreshInterval, err = duration(getenv("HAN_SETTINGS_REFRESH_INTERVAL"), 5*time.Second); err != nil {
 		bad("HAN_SETTINGS_REFRESH_INTERVAL: %v", err)
+	}
+	c.SendDialogQueue = 256
+	if v := getenv("HAN_SEND_DIALOG_QUEUE"); v != "" {
+		if c.SendDialogQueue, err = strconv.Atoi(v); err != nil || c.SendDialogQueue < 1 {
+			bad("HAN_SEND_DIALOG_QUEUE: must be a positive number")
+		}
 	}
 	c.WSMaxConnsPerUser = 16
 	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {

@@ -94,6 +94,25 @@ func TestWSMaxConnsPerUser(t *testing.T) {
 	}
 }
 
+// HAN_SEND_DIALOG_QUEUE bounds the sends one instance holds per dialog:
+// 256 by default, a positive number when set.
+func TestSendDialogQueue(t *testing.T) {
+	m := base()
+	if c, err := Load(env(m)); err != nil || c.SendDialogQueue != 256 {
+		t.Fatalf("default: %d %v", c.SendDialogQueue, err)
+	}
+	m["HAN_SEND_DIALOG_QUEUE"] = "8"
+	if c, err := Load(env(m)); err != nil || c.SendDialogQueue != 8 {
+		t.Fatalf("set: %d %v", c.SendDialogQueue, err)
+	}
+	for _, v := range []string{"0", "-2", "lots"} {
+		m["HAN_SEND_DIALOG_QUEUE"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_SEND_DIALOG_QUEUE: must be a positive number") {
+			t.Fatalf("%q: %v", v, err)
+		}
+	}
+}
+
 func TestHTTPEdgeSettings(t *testing.T) {
 	c, err := Load(env(base()))
 	if err != nil {

@@ -1,0 +1,155 @@
+package restapi_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// 100 members send two messages each into one dialog at once over HTTP,
+// each member its second after its first answered: the answers carry seqs
+// 1..200 without a gap, each answer is the message the history holds, and
+// each member's second message comes after its first. A replay of a send
+// under its Idempotency-Key answers the same bytes.
+func TestHundredMembersSendingAtOnceGetGaplessSeqs(t *testing.T) {
+	h := newHarness(t)
+	const members = 100
+	ids := make([]string, members)
+	toks := make([]string, members)
+	for i := range ids {
+		ids[i], toks[i] = h.user()
+		if code, b := h.do(toks[i], "GET", "/v1/me", ""); code != 200 {
+			t.Fatalf("first request: %d %s", code, b)
+		}
+	}
+	d := h.dialog(toks[0], ids[1:]...)
+	path := "/v1/dialogs/" + d.ID + "/messages"
+	type sent struct {
+		m    [2]messageResp
+		raw  []byte
+		keys [2]map[string]string
+	}
+	out := make([]sent, members)
+	var wg sync.WaitGroup
+	errs := make(chan string, members)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; k < 2; k++ {
+				key := idemKey()
+				code, b, _ := h.doH(toks[i], "POST", path, fmt.Sprintf(`{"body":"m %d/%d"}`, i, k), key)
+				if code != 201 {
+					errs <- fmt.Sprintf("member %d send %d: %d %s", i, k, code, b)
+					return
+				}
+				out[i].m[k], out[i].keys[k] = decode[messageResp](t, b), key
+				if k == 1 {
+					out[i].raw = b
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatal(e)
+	}
+	var history []messageResp
+	for after := int64(0); ; {
+		_, b := h.do(toks[0], "GET", fmt.Sprintf("%s?limit=100&afterSeq=%d", path, after), "")
+		page := decode[listResp[messageResp]](t, b)
+		history = append(history, page.Items...)
+		if page.NextCursor == nil {
+			break
+		}
+		after = page.Items[len(page.Items)-1].Seq
+	}
+	if len(history) != 2*members {
+		t.Fatalf("history holds %d messages, want %d", len(history), 2*members)
+	}
+	for i, m := range history {
+		if m.Seq != int64(i+1) {
+			t.Fatalf("history seq %d at position %d: not gapless", m.Seq, i+1)
+		}
+	}
+	for i, s := range out {
+		if s.m[1].Seq <= s.m[0].Seq {
+			t.Fatalf("member %d: second message seq %d not after the first %d", i, s.m[1].Seq, s.m[0].Seq)
+		}
+		for _, m := range s.m {
+			if history[m.Seq-1] != m || m.SenderID != ids[i] {
+				t.Fatalf("answer %+v, history %+v", m, history[m.Seq-1])
+			}
+		}
+	}
+	code, replay, _ := h.doH(toks[7], "POST", path, `{"body":"m 7/1"}`, out[7].keys[1])
+	if code != 201 || string(replay) != string(out[7].raw) {
+		t.Fatalf("replay: %d %s, first answer %s", code, replay, out[7].raw)
+	}
+}
+
+// Over HAN_SEND_DIALOG_QUEUE sends into one dialog on one instance, a send
+// is answered 503 dialog_busy with Retry-After at once, nothing written;
+// retried under the same Idempotency-Key once the dialog is free, it
+// succeeds.
+func TestSendOverTheDialogQueueAnswersDialogBusy(t *testing.T) {
+	h := newHarness(t)
+	h.store.SetSendQueue(1)
+	h.store.SetRequestTimeout(20 * time.Second) // the held lock must not end the queued send
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	path := "/v1/dialogs/" + d.ID + "/messages"
+
+	ctx := context.Background()
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM dialogs WHERE id=$1 FOR UPDATE", d.ID); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		code  int
+		body  string
+		retry string
+		sent  string
+		key   map[string]string
+	}
+	answers := make(chan answer, 3)
+	for i := 0; i < 3; i++ {
+		go func() {
+			key, body := idemKey(), fmt.Sprintf(`{"body":"b%d"}`, i)
+			code, b, hdr := h.doH(aTok, "POST", path, body, key)
+			answers <- answer{code, string(b), hdr.Get("Retry-After"), body, key}
+		}()
+	}
+	// The queue holds one send (waiting for the lock); the other two are
+	// refused while the lock is still held.
+	var busy []answer
+	for len(busy) < 2 {
+		a := <-answers
+		if a.code != 503 || a.body != `{"error":"dialog_busy"}` || a.retry != "1" {
+			t.Fatalf("send over the queue: %d %s Retry-After=%q", a.code, a.body, a.retry)
+		}
+		busy = append(busy, a)
+	}
+	_ = tx.Rollback(ctx)
+	conn.Release()
+	if a := <-answers; a.code != 201 {
+		t.Fatalf("queued send: %d %s", a.code, a.body)
+	}
+	for i, a := range busy {
+		code, b, _ := h.doH(aTok, "POST", path, a.sent, a.key)
+		if code != 201 || decode[messageResp](t, b).Seq != int64(i+2) {
+			t.Fatalf("retry of a refused send: %d %s", code, b)
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package store
+
+import (
+	"context"
+	"sync"
+)
+
+// DefaultSendQueue is how many sends into one dialog an instance holds at
+// once when HAN_SEND_DIALOG_QUEUE is not set.
+const DefaultSendQueue = 256
+
+// sendCombiner is the instance-wide write combiner of message sends: one
+// queue per dialog with sends in it, and at most one writer per queue.
+// The writer takes every send waiting in its queue and writes them in one
+// transaction (write), in the order they arrived; sends that arrive
+// meanwhile wait for the next one. A lone send is a batch of one, written
+// at once: nothing waits for company.
+//
+// A queue holds at most bound sends, waiting and being written; one more is
+// refused with ErrDialogBusy. A caller whose context ends while its send is
+// waiting takes it out of the queue (nothing of it is written); once the
+// send is being written, the caller waits for the outcome, which the write's
+// own budget bounds.
+type sendCombiner struct {
+	write func(dialogID string, batch []*sendReq)
+
+	mu     sync.Mutex
+	bound  int
+	queues map[string]*dialogQueue
+}
+
+type dialogQueue struct {
+	waiting  []*sendReq
+	inFlight int  // sends of the batch being written
+	writing  bool // the queue has its writer (drain)
+}
+
+func newSendCombiner(write func(string, []*sendReq)) *sendCombiner {
+	return &sendCombiner{write: write, bound: DefaultSendQueue, queues: map[string]*dialogQueue{}}
+}
+
+// SetSendQueue sets how many sends into one dialog this instance holds at
+// once, waiting and being written (n ≥ 1; smaller values are ignored); a
+// send over it fails with ErrDialogBusy. It is also the most sends one
+// transaction writes.
+func (s *Store) SetSendQueue(n int) {
+	if n >= 1 {
+		s.sends.mu.Lock()
+		s.sends.bound = n
+		s.sends.mu.Unlock()
+	}
+}
+
+// send queues r and waits until it is answered (r.res), or returns
+// ErrDialogBusy or the context's error without having written anything.
+func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	id := r.in.DialogID
+	c.mu.Lock()
+	q := c.queues[id]
+	if q == nil {
+		q = &dialogQueue{}
+		c.queues[id] = q
+	}
+	if len(q.waiting)+q.inFlight >= c.bound {
+		c.mu.Unlock()
+		return ErrDialogBusy
+	}
+	q.waiting = append(q.waiting, r)
+	// The queue has a writer while it has a batch in flight or sends
+	// waiting; the first send into an idle queue starts one.
+	if !q.writing {
+		q.writing = true
+		go c.drain(id, q)
+	}
+	c.mu.Unlock()
+
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if !r.taken {
+		for i, w := range q.waiting {
+			if w == r {
+				q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+				break
+			}
+		}
+		c.mu.Unlock()
+		return ctx.Err()
+	}
+	c.mu.Unlock()
+	<-r.done
+	return nil
+}
+
+// drain is the queue's writer: it writes batches until no send waits, then
+// removes the idle queue.
+func (c *sendCombiner) drain(id string, q *dialogQueue) {
+	for {
+		c.mu.Lock()
+		if len(q.waiting) == 0 {
+			q.inFlight, q.writing = 0, false
+			delete(c.queues, id)
+			c.mu.Unlock()
+			return
+		}
+		batch := q.waiting
+		q.waiting = nil
+		for _, r := range batch {
+			r.taken = true
+		}
+		q.inFlight = len(batch)
+		c.mu.Unlock()
+		c.write(id, batch)
+	}
+}
