@@ -178,9 +178,11 @@ func (s *Store) MarkAttachmentUploaded(ctx context.Context, id, blobKey, sha256 
 func (s *Store) PurgeAbandonedAttachments(ctx context.Context, retention time.Duration, batch int) (int64, error) {
 	var total int64
 	for {
+		// The outer conditions repeat the inner ones: a row whose state
+		// changed after the subquery read it is re-checked, not deleted.
 		tag, err := s.pool.Exec(ctx, `DELETE FROM attachments WHERE id = ANY(ARRAY(
 			SELECT id FROM attachments WHERE status='pending' AND upload_expires_at < now() - $1 * interval '1 millisecond'
-			LIMIT $2))`, retention.Milliseconds(), batch)
+			LIMIT $2)) AND status='pending' AND upload_expires_at < now() - $1 * interval '1 millisecond'`, retention.Milliseconds(), batch)
 		if err != nil {
 			return total, fmt.Errorf("purge attachments: %w", err)
 		}
