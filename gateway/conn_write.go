@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -69,34 +70,45 @@ func (c *conn) writeLoop() {
 	}
 }
 
+// writeBatch writes a batch through the cork: one write deadline on the
+// socket for the whole batch (set by cork), frames written with a context
+// that never ends, so coder/websocket arms no timer per frame, and one
+// write syscall per corkFlushBytes. A batch that misses its deadline is a
+// slow consumer.
 func (c *conn) writeBatch(batch []outFrame) error {
 	if len(batch) == 0 {
 		return nil
 	}
+	if c.cork == nil {
+		return c.writeBatchUncorked(batch)
+	}
+	err := c.cork.cork(time.Now().Add(c.hub.cfg.WriteTimeout))
+	for i := 0; err == nil && i < len(batch); i++ {
+		err = c.ws.Write(context.Background(), websocket.MessageText, batch[i].b)
+		if err == nil && c.cork.buffered() >= corkFlushBytes {
+			err = c.cork.flush()
+		}
+	}
+	if err != nil {
+		c.cork.discard()
+	} else {
+		err = c.cork.uncork()
+	}
+	if err != nil && c.ctx.Err() == nil && isTimeout(err) {
+		c.hub.stats.slowCloses.Add(1)
+	}
+	return err
+}
+
+// writeBatchUncorked bounds the batch by a context instead: the connection
+// was not hijacked through hijackWriter, so there is no socket to set a
+// deadline on.
+func (c *conn) writeBatchUncorked(batch []outFrame) error {
 	ctx, cancel := opContext(c.hub.cfg.WriteTimeout)
 	defer cancel()
-	deadline, _ := ctx.Deadline()
-	if c.cork != nil {
-		c.cork.cork()
-	}
 	for _, f := range batch {
-		err := c.ws.Write(ctx, websocket.MessageText, f.b)
-		if err == nil && c.cork != nil && c.cork.buffered() >= corkFlushBytes {
-			err = c.cork.flush(deadline)
-		}
-		if err != nil {
-			if c.cork != nil {
-				c.cork.discard()
-			}
+		if err := c.ws.Write(ctx, websocket.MessageText, f.b); err != nil {
 			if c.ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
-				c.hub.stats.slowCloses.Add(1)
-			}
-			return err
-		}
-	}
-	if c.cork != nil {
-		if err := c.cork.uncork(deadline); err != nil {
-			if c.ctx.Err() == nil && isTimeout(err) {
 				c.hub.stats.slowCloses.Add(1)
 			}
 			return err

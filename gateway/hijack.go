@@ -64,10 +64,18 @@ type corkConn struct {
 	// reader touches it.
 	early []byte
 
-	mu     sync.Mutex // guards corked, sealed, buf; held across a write so bytes never interleave
+	mu     sync.Mutex // guards the fields below; held across a write so bytes never interleave
 	corked bool
 	sealed bool // closing: every later write goes straight out
-	buf    *[]byte
+	// batch is true from cork to uncork or discard: the write deadline set
+	// by cork bounds every write of the batch, buffered or not.
+	batch bool
+	// armed: the socket has a write deadline. It is left set after a
+	// batch (clearing it would be a second deadline call per batch) and
+	// cleared by the first direct write outside a batch (a pong or close
+	// frame coder/websocket writes, bounded by its own context).
+	armed bool
+	buf   *[]byte
 }
 
 func (c *corkConn) Read(p []byte) (int, error) {
@@ -91,16 +99,31 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		*c.buf = append(*c.buf, p...)
 		return len(p), nil
 	}
+	if c.armed && !c.batch {
+		if err := c.Conn.SetWriteDeadline(time.Time{}); err != nil {
+			return 0, err
+		}
+		c.armed = false
+	}
 	return c.Conn.Write(p)
 }
 
-func (c *corkConn) cork() {
+// cork starts a batch: it sets the socket's write deadline once for the
+// whole batch and collects writes until uncork (unless sealed: then writes
+// go straight out, still under the deadline).
+func (c *corkConn) cork(deadline time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.batch = true
+	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
+		return err
+	}
+	c.armed = true
 	if !c.corked && !c.sealed {
 		c.corked = true
 		c.buf = corkBufs.Get().(*[]byte)
 	}
+	return nil
 }
 
 func (c *corkConn) buffered() int {
@@ -112,38 +135,49 @@ func (c *corkConn) buffered() int {
 	return len(*c.buf)
 }
 
-// flush writes what is collected and stays corked.
-func (c *corkConn) flush(deadline time.Time) error {
+// flush writes what is collected (under the batch's deadline) and stays
+// corked.
+func (c *corkConn) flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.flushLocked(deadline)
+	return c.flushLocked()
 }
 
-// uncork writes what is collected and returns to direct writes.
-func (c *corkConn) uncork(deadline time.Time) error {
+// uncork writes what is collected and ends the batch.
+func (c *corkConn) uncork() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	err := c.flushLocked(deadline)
+	err := c.flushLocked()
 	c.release()
+	c.batch = false
 	return err
 }
 
-// seal writes what is collected and turns corking off for good, so a close
-// frame written next cannot sit in (and be discarded with) a writer's batch.
+// seal writes what is collected, bounded by deadline, and turns corking off
+// for good, so a close frame written next cannot sit in (and be discarded
+// with) a writer's batch.
 func (c *corkConn) seal(deadline time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sealed = true
-	err := c.flushLocked(deadline)
+	var err error
+	if c.buf != nil && len(*c.buf) > 0 {
+		if err = c.Conn.SetWriteDeadline(deadline); err == nil {
+			c.armed = true
+			err = c.flushLocked()
+		}
+	}
 	c.release()
 	return err
 }
 
-// discard drops what is collected (the connection is being torn down).
+// discard drops what is collected and ends the batch (the connection is
+// being torn down).
 func (c *corkConn) discard() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.release()
+	c.batch = false
 }
 
 func (c *corkConn) release() {
@@ -157,18 +191,14 @@ func (c *corkConn) release() {
 	}
 }
 
-func (c *corkConn) flushLocked(deadline time.Time) error {
+// flushLocked writes what is collected under the deadline already set on
+// the socket (by cork or seal).
+func (c *corkConn) flushLocked() error {
 	if c.buf == nil || len(*c.buf) == 0 {
 		return nil
 	}
-	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
-		return err
-	}
 	_, err := c.Conn.Write(*c.buf)
 	*c.buf = (*c.buf)[:0]
-	if err2 := c.Conn.SetWriteDeadline(time.Time{}); err == nil {
-		err = err2
-	}
 	return err
 }
 
