@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -13,13 +14,14 @@ import (
 )
 
 // writeLoop drains the queue: it takes everything queued, writes it as one
-// batch (one syscall through the cork), and exits when the queue is empty
-// (signal starts the next writer). It also sends the WebSocket pings the
+// batch (one syscall through the cork), and exits when the queue is still
+// empty after one yield (signal starts the next writer). It also sends the WebSocket pings the
 // hub asks for and performs the closes the hub decides on (drain, slow
 // consumer). A writer that stops on an error leaves writing set, so no
 // other writer starts on the failed connection.
 func (c *conn) writeLoop() {
 	defer c.writer.Done()
+	yielded := false
 	for {
 		c.mu.Lock()
 		if c.ctx.Err() != nil {
@@ -27,10 +29,21 @@ func (c *conn) writeLoop() {
 			return
 		}
 		if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
+			if !yielded {
+				// During a fan-out burst the next frame is usually being
+				// queued right now: yield once and look again before
+				// exiting, so a burst does not start and end a writer per
+				// frame. It holds no memory an exit would free.
+				yielded = true
+				c.mu.Unlock()
+				runtime.Gosched()
+				continue
+			}
 			c.writing = false
 			c.mu.Unlock()
 			return
 		}
+		yielded = false
 		batch := c.q
 		c.q, c.qBytes, c.resyncQueued = c.spare, 0, false
 		c.spare = nil
@@ -71,10 +84,10 @@ func (c *conn) writeLoop() {
 }
 
 // writeBatch writes a batch through the cork: one write deadline on the
-// socket for the whole batch (set by cork), frames written with a context
-// that never ends, so coder/websocket arms no timer per frame, and one
-// write syscall per corkFlushBytes. A batch that misses its deadline is a
-// slow consumer.
+// socket for the whole batch (set by cork), the frames encoded straight
+// into the cork's buffer (no per-frame locking, context or timer in
+// coder/websocket), and one write syscall per corkFlushBytes. A batch that
+// misses its deadline is a slow consumer.
 func (c *conn) writeBatch(batch []outFrame) error {
 	if len(batch) == 0 {
 		return nil
@@ -84,7 +97,7 @@ func (c *conn) writeBatch(batch []outFrame) error {
 	}
 	err := c.cork.cork(time.Now().Add(c.hub.cfg.WriteTimeout))
 	for i := 0; err == nil && i < len(batch); i++ {
-		err = c.ws.Write(context.Background(), websocket.MessageText, batch[i].b)
+		err = c.cork.writeText(batch[i].b)
 		if err == nil && c.cork.buffered() >= corkFlushBytes {
 			err = c.cork.flush()
 		}

@@ -3,7 +3,9 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -75,8 +77,20 @@ type corkConn struct {
 	// cleared by the first direct write outside a batch (a pong or close
 	// frame coder/websocket writes, bounded by its own context).
 	armed bool
-	buf   *[]byte
+	// closeSent: a close frame went through (coder/websocket writes each
+	// control frame in one Write); no data frame may follow it.
+	closeSent bool
+	buf       *[]byte
 }
+
+// First bytes of the frames the cork looks at: FIN + opcode.
+const (
+	frameText  = 0x81
+	frameClose = 0x88
+)
+
+// errDataAfterClose refuses a data frame once the connection is closing.
+var errDataAfterClose = fmt.Errorf("gateway: data frame after close: %w", net.ErrClosed)
 
 func (c *corkConn) Read(p []byte) (int, error) {
 	if len(c.early) > 0 {
@@ -95,8 +109,19 @@ var corkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b
 func (c *corkConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(p) > 0 && p[0] == frameClose {
+		c.closeSent = true
+	}
 	if c.corked {
 		*c.buf = append(*c.buf, p...)
+		if c.closeSent {
+			// coder/websocket answering the client's close: what is
+			// collected and the close frame go out now, nothing after.
+			err := c.flushLocked()
+			c.release()
+			c.sealed = true
+			return len(p), err
+		}
 		return len(p), nil
 	}
 	if c.armed && !c.batch {
@@ -123,6 +148,33 @@ func (c *corkConn) cork(deadline time.Time) error {
 		c.corked = true
 		c.buf = corkBufs.Get().(*[]byte)
 	}
+	return nil
+}
+
+// writeText adds one WebSocket text message to the batch as a single
+// unmasked frame (the server side of RFC 6455: FIN, opcode 1, the payload
+// length in 7, 7+16 or 7+64 bits). The gateway frames its data messages
+// itself: coder/websocket writes only control frames on this connection
+// (ping, pong, close), each whole in one Write, so frames never interleave,
+// and compression is never negotiated. Refused once closing.
+func (c *corkConn) writeText(p []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.corked || c.sealed || c.closeSent {
+		return errDataAfterClose
+	}
+	b := *c.buf
+	switch n := len(p); {
+	case n < 126:
+		b = append(b, frameText, byte(n))
+	case n <= 0xffff:
+		b = append(b, frameText, 126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, frameText, 127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	*c.buf = append(b, p...)
 	return nil
 }
 
