@@ -55,16 +55,7 @@ func (c *conn) writeLoop() {
 			c.abort(err)
 			return
 		}
-		clear(batch)
-		// Keep a small buffer for the next batch; let a large one go so
-		// an idle connection holds little memory.
-		if cap(batch) <= 16 {
-			c.mu.Lock()
-			if c.spare == nil && !c.closed {
-				c.spare = batch[:0]
-			}
-			c.mu.Unlock()
-		}
+		c.recycle(batch)
 		if code != 0 {
 			c.hub.countClose(code)
 			_ = c.ws.Close(code, reason)
@@ -128,6 +119,49 @@ func (c *conn) writeBatchUncorked(batch []outFrame) error {
 		}
 	}
 	return nil
+}
+
+// keptBatch is the largest batch slice a connection keeps for its next
+// batch; larger ones (bursts) go to batchPool, so an idle connection holds
+// little memory and a burst does not grow a new queue frame by frame.
+const keptBatch = 16
+
+// batchPool holds the batch slices of bursts (*[]outFrame, empty).
+var batchPool sync.Pool
+
+// recycle keeps a written batch's slice for the next batch or pools it.
+func (c *conn) recycle(batch []outFrame) {
+	clear(batch)
+	if cap(batch) > keptBatch {
+		b := batch[:0]
+		batchPool.Put(&b)
+		return
+	}
+	c.mu.Lock()
+	if c.spare == nil && !c.closed {
+		c.spare = batch[:0]
+	}
+	c.mu.Unlock()
+}
+
+// growQueueLocked moves a full queue of at least keptBatch frames into a
+// larger pooled slice, if the pool has one; otherwise append grows it.
+// c.mu must be held.
+func (c *conn) growQueueLocked() {
+	p, ok := batchPool.Get().(*[]outFrame)
+	if !ok {
+		return
+	}
+	if cap(*p) <= len(c.q) {
+		batchPool.Put(p) // too small for this queue; another burst may use it
+		return
+	}
+	old := c.q
+	c.q = append((*p)[:0], old...)
+	clear(old)
+	if c.spare == nil && cap(old) <= keptBatch {
+		c.spare = old[:0]
+	}
 }
 
 // abort ends a connection whose writer failed (write timeout, dead peer).
