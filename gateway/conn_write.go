@@ -15,10 +15,13 @@ import (
 
 // writeLoop drains the queue: it takes everything queued, writes it as one
 // batch (one syscall through the cork), and exits when the queue is still
-// empty after one yield (signal starts the next writer). It also sends the WebSocket pings the
-// hub asks for and performs the closes the hub decides on (drain, slow
-// consumer). A writer that stops on an error leaves writing set, so no
-// other writer starts on the failed connection.
+// empty after one yield (signal starts the next writer). It also sends the
+// WebSocket pings the hub asks for and performs the closes the hub decides
+// on (drain, slow consumer). A writer that stops on an error leaves writing
+// set, so no other writer starts on the failed connection. One that stops
+// because the connection is closing (a close frame is being or was
+// written) leaves the close to whoever started it: closing the socket now
+// could cut that close frame off.
 func (c *conn) writeLoop() {
 	defer c.writer.Done()
 	yielded := false
@@ -52,7 +55,9 @@ func (c *conn) writeLoop() {
 		code, reason := c.closeCode, c.closeReason
 		c.mu.Unlock()
 		if err := c.writeBatch(batch); err != nil {
-			c.abort(err)
+			if !errors.Is(err, errDataAfterClose) {
+				c.abort(err)
+			}
 			return
 		}
 		c.recycle(batch)
@@ -88,8 +93,8 @@ func (c *conn) writeBatch(batch []outFrame) error {
 	}
 	err := c.cork.cork(time.Now().Add(c.hub.cfg.WriteTimeout))
 	for i := 0; err == nil && i < len(batch); i++ {
-		err = c.cork.writeText(batch[i].b)
-		if err == nil && c.cork.buffered() >= corkFlushBytes {
+		var n int
+		if n, err = c.cork.writeText(batch[i].b); err == nil && n >= corkFlushBytes {
 			err = c.cork.flush()
 		}
 	}

@@ -156,12 +156,13 @@ func (c *corkConn) cork(deadline time.Time) error {
 // length in 7, 7+16 or 7+64 bits). The gateway frames its data messages
 // itself: coder/websocket writes only control frames on this connection
 // (ping, pong, close), each whole in one Write, so frames never interleave,
-// and compression is never negotiated. Refused once closing.
-func (c *corkConn) writeText(p []byte) error {
+// and compression is never negotiated. It returns how many bytes the batch
+// holds now. Refused once closing.
+func (c *corkConn) writeText(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.corked || c.sealed || c.closeSent {
-		return errDataAfterClose
+		return 0, errDataAfterClose
 	}
 	b := *c.buf
 	switch n := len(p); {
@@ -175,16 +176,7 @@ func (c *corkConn) writeText(p []byte) error {
 		b = binary.BigEndian.AppendUint64(b, uint64(n))
 	}
 	*c.buf = append(b, p...)
-	return nil
-}
-
-func (c *corkConn) buffered() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.buf == nil {
-		return 0
-	}
-	return len(*c.buf)
+	return len(*c.buf), nil
 }
 
 // flush writes what is collected (under the batch's deadline) and stays

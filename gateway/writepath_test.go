@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/pubsub"
 )
@@ -77,4 +79,36 @@ func TestEventsOfEveryFrameLength(t *testing.T) {
 			t.Fatalf("message %d (%d bytes): got %d bytes, id %q", i, len(p), len(f.raw), f.ID)
 		}
 	}
+}
+
+// A connection the server closes for a protocol violation while events are
+// streaming to it gets the close frame with its code, not a cut
+// connection: the writer stops writing data once closing starts and leaves
+// the close handshake alone.
+func TestPolicyCloseDuringFanOutKeepsItsCode(t *testing.T) {
+	pool := openPool(t)
+	in := newInstance(t, pool, opts{})
+	users := in.users(2)
+	d := in.dialog(users...)
+	c := in.connect(users[0])
+	c.subscribe(d)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 300; i++ {
+			p := `{"type":"event","event":"test.stream","id":"` + strconv.Itoa(i) + `","data":{}}`
+			if in.rt.Publish(context.Background(), pubsub.DialogChannel(d), p).Err() != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(5 * time.Millisecond) // let the stream start
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.ws.Write(ctx, websocket.MessageText, []byte(strings.Repeat("x", 8000))) // over the frame limit
+	if code, reason := c.closeStatus(10 * time.Second); code != gateway.ClosePolicy || reason != "frame too big" {
+		t.Fatalf("close %d %q, want 1008 %q", code, reason, "frame too big")
+	}
+	<-done
 }
