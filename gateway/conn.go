@@ -32,8 +32,8 @@ type sub struct {
 // conn is one WebSocket connection. Its reader goroutine owns reads and the
 // connection's lifetime. A writer goroutine runs only while there is
 // something to write: queueing work starts one when none runs, and it exits
-// once the queue is empty, so an idle connection costs one goroutine (the
-// reader) — docs/benchmarks.md. When the reader returns it marks the
+// once the queue is still empty after one yield, so an idle connection costs
+// one goroutine (the reader) — docs/benchmarks.md. When the reader returns it marks the
 // connection closed (no writer starts after that), closes the socket and
 // waits for the running writer.
 type conn struct {

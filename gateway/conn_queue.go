@@ -76,6 +76,9 @@ func (c *conn) enqueueLocked(f outFrame) {
 			return
 		}
 	}
+	if len(c.q) == cap(c.q) && len(c.q) >= keptBatch {
+		c.growQueueLocked()
+	}
 	c.q = append(c.q, f)
 	c.qBytes += len(f.b)
 	c.hub.stats.observeQueue(len(c.q))

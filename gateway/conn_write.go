@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -12,13 +14,17 @@ import (
 )
 
 // writeLoop drains the queue: it takes everything queued, writes it as one
-// batch (one syscall through the cork), and exits when the queue is empty
-// (signal starts the next writer). It also sends the WebSocket pings the
-// hub asks for and performs the closes the hub decides on (drain, slow
-// consumer). A writer that stops on an error leaves writing set, so no
-// other writer starts on the failed connection.
+// batch (one syscall through the cork), and exits when the queue is still
+// empty after one yield (signal starts the next writer). It also sends the
+// WebSocket pings the hub asks for and performs the closes the hub decides
+// on (drain, slow consumer). A writer that stops on an error leaves writing
+// set, so no other writer starts on the failed connection. One that stops
+// because the connection is closing (a close frame is being or was
+// written) leaves the close to whoever started it: closing the socket now
+// could cut that close frame off.
 func (c *conn) writeLoop() {
 	defer c.writer.Done()
+	yielded := false
 	for {
 		c.mu.Lock()
 		if c.ctx.Err() != nil {
@@ -26,10 +32,21 @@ func (c *conn) writeLoop() {
 			return
 		}
 		if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
+			if !yielded {
+				// During a fan-out burst the next frame is usually being
+				// queued right now: yield once and look again before
+				// exiting, so a burst does not start and end a writer per
+				// frame. It holds no memory an exit would free.
+				yielded = true
+				c.mu.Unlock()
+				runtime.Gosched()
+				continue
+			}
 			c.writing = false
 			c.mu.Unlock()
 			return
 		}
+		yielded = false
 		batch := c.q
 		c.q, c.qBytes, c.resyncQueued = c.spare, 0, false
 		c.spare = nil
@@ -38,19 +55,12 @@ func (c *conn) writeLoop() {
 		code, reason := c.closeCode, c.closeReason
 		c.mu.Unlock()
 		if err := c.writeBatch(batch); err != nil {
-			c.abort(err)
+			if !errors.Is(err, errDataAfterClose) {
+				c.abort(err)
+			}
 			return
 		}
-		clear(batch)
-		// Keep a small buffer for the next batch; let a large one go so
-		// an idle connection holds little memory.
-		if cap(batch) <= 16 {
-			c.mu.Lock()
-			if c.spare == nil && !c.closed {
-				c.spare = batch[:0]
-			}
-			c.mu.Unlock()
-		}
+		c.recycle(batch)
 		if code != 0 {
 			c.hub.countClose(code)
 			_ = c.ws.Close(code, reason)
@@ -69,40 +79,94 @@ func (c *conn) writeLoop() {
 	}
 }
 
+// writeBatch writes a batch through the cork: one write deadline on the
+// socket for the whole batch (set by cork), the frames encoded straight
+// into the cork's buffer (no per-frame locking, context or timer in
+// coder/websocket), and one write syscall per corkFlushBytes. A batch that
+// misses its deadline is a slow consumer.
 func (c *conn) writeBatch(batch []outFrame) error {
 	if len(batch) == 0 {
 		return nil
 	}
+	if c.cork == nil {
+		return c.writeBatchUncorked(batch)
+	}
+	err := c.cork.cork(time.Now().Add(c.hub.cfg.WriteTimeout))
+	for i := 0; err == nil && i < len(batch); i++ {
+		var n int
+		if n, err = c.cork.writeText(batch[i].b); err == nil && n >= corkFlushBytes {
+			err = c.cork.flush()
+		}
+	}
+	if err != nil {
+		c.cork.discard()
+	} else {
+		err = c.cork.uncork()
+	}
+	if err != nil && c.ctx.Err() == nil && isTimeout(err) {
+		c.hub.stats.slowCloses.Add(1)
+	}
+	return err
+}
+
+// writeBatchUncorked bounds the batch by a context instead: the connection
+// was not hijacked through hijackWriter, so there is no socket to set a
+// deadline on.
+func (c *conn) writeBatchUncorked(batch []outFrame) error {
 	ctx, cancel := opContext(c.hub.cfg.WriteTimeout)
 	defer cancel()
-	deadline, _ := ctx.Deadline()
-	if c.cork != nil {
-		c.cork.cork()
-	}
 	for _, f := range batch {
-		err := c.ws.Write(ctx, websocket.MessageText, f.b)
-		if err == nil && c.cork != nil && c.cork.buffered() >= corkFlushBytes {
-			err = c.cork.flush(deadline)
-		}
-		if err != nil {
-			if c.cork != nil {
-				c.cork.discard()
-			}
+		if err := c.ws.Write(ctx, websocket.MessageText, f.b); err != nil {
 			if c.ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
 				c.hub.stats.slowCloses.Add(1)
 			}
 			return err
 		}
 	}
-	if c.cork != nil {
-		if err := c.cork.uncork(deadline); err != nil {
-			if c.ctx.Err() == nil && isTimeout(err) {
-				c.hub.stats.slowCloses.Add(1)
-			}
-			return err
-		}
-	}
 	return nil
+}
+
+// keptBatch is the largest batch slice a connection keeps for its next
+// batch; larger ones (bursts) go to batchPool, so an idle connection holds
+// little memory and a burst does not grow a new queue frame by frame.
+const keptBatch = 16
+
+// batchPool holds the batch slices of bursts (*[]outFrame, empty).
+var batchPool sync.Pool
+
+// recycle keeps a written batch's slice for the next batch or pools it.
+func (c *conn) recycle(batch []outFrame) {
+	clear(batch)
+	if cap(batch) > keptBatch {
+		b := batch[:0]
+		batchPool.Put(&b)
+		return
+	}
+	c.mu.Lock()
+	if c.spare == nil && !c.closed {
+		c.spare = batch[:0]
+	}
+	c.mu.Unlock()
+}
+
+// growQueueLocked moves a full queue of at least keptBatch frames into a
+// larger pooled slice, if the pool has one; otherwise append grows it.
+// c.mu must be held.
+func (c *conn) growQueueLocked() {
+	p, ok := batchPool.Get().(*[]outFrame)
+	if !ok {
+		return
+	}
+	if cap(*p) <= len(c.q) {
+		batchPool.Put(p) // too small for this queue; another burst may use it
+		return
+	}
+	old := c.q
+	c.q = append((*p)[:0], old...)
+	clear(old)
+	if c.spare == nil && cap(old) <= keptBatch {
+		c.spare = old[:0]
+	}
 }
 
 // abort ends a connection whose writer failed (write timeout, dead peer).

@@ -26,8 +26,11 @@
 // handles client frames in order, tears down). A writer goroutine runs per
 // burst, not for the connection's life: queueing a frame, a ping or a close
 // starts one when none runs; it drains the bounded outbound queue in batches
-// (corked into one write), sends the WebSocket ping the hub's ping loop marked
-// due, performs the closes the hub decides on, and exits once nothing is left,
+// (each message framed by the gateway straight into the hijacked connection's
+// cork buffer, one write deadline and one write per batch; coder/websocket
+// writes only the control frames), sends the WebSocket ping the hub's ping
+// loop marked due, performs the closes the hub decides on, and exits once
+// nothing is left (after yielding once, so a fan-out burst keeps its writer),
 // so an idle connection costs only its reader. A writer that fails leaves the
 // connection marked as writing, so no other writer starts on it. Fan-out
 // (Hub.Dispatch) never blocks: it appends the shared, pre-encoded event bytes

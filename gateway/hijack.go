@@ -3,7 +3,9 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -64,11 +66,31 @@ type corkConn struct {
 	// reader touches it.
 	early []byte
 
-	mu     sync.Mutex // guards corked, sealed, buf; held across a write so bytes never interleave
+	mu     sync.Mutex // guards the fields below; held across a write so bytes never interleave
 	corked bool
 	sealed bool // closing: every later write goes straight out
-	buf    *[]byte
+	// batch is true from cork to uncork or discard: the write deadline set
+	// by cork bounds every write of the batch, buffered or not.
+	batch bool
+	// armed: the socket has a write deadline. It is left set after a
+	// batch (clearing it would be a second deadline call per batch) and
+	// cleared by the first direct write outside a batch (a pong or close
+	// frame coder/websocket writes, bounded by its own context).
+	armed bool
+	// closeSent: a close frame went through (coder/websocket writes each
+	// control frame in one Write); no data frame may follow it.
+	closeSent bool
+	buf       *[]byte
 }
+
+// First bytes of the frames the cork looks at: FIN + opcode.
+const (
+	frameText  = 0x81
+	frameClose = 0x88
+)
+
+// errDataAfterClose refuses a data frame once the connection is closing.
+var errDataAfterClose = fmt.Errorf("gateway: data frame after close: %w", net.ErrClosed)
 
 func (c *corkConn) Read(p []byte) (int, error) {
 	if len(c.early) > 0 {
@@ -87,63 +109,119 @@ var corkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b
 func (c *corkConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(p) > 0 && p[0] == frameClose {
+		c.closeSent = true
+	}
 	if c.corked {
 		*c.buf = append(*c.buf, p...)
+		if c.closeSent {
+			// coder/websocket answering the client's close: what is
+			// collected and the close frame go out now, nothing after.
+			err := c.flushLocked()
+			c.release()
+			c.sealed = true
+			return len(p), err
+		}
 		return len(p), nil
+	}
+	if c.armed && !c.batch {
+		if err := c.Conn.SetWriteDeadline(time.Time{}); err != nil {
+			return 0, err
+		}
+		c.armed = false
 	}
 	return c.Conn.Write(p)
 }
 
-func (c *corkConn) cork() {
+// cork starts a batch: it sets the socket's write deadline once for the
+// whole batch and collects writes until uncork (unless sealed: then writes
+// go straight out, still under the deadline).
+func (c *corkConn) cork(deadline time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.batch = true
+	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
+		return err
+	}
+	c.armed = true
 	if !c.corked && !c.sealed {
 		c.corked = true
 		c.buf = corkBufs.Get().(*[]byte)
 	}
+	return nil
 }
 
-func (c *corkConn) buffered() int {
+// writeText adds one WebSocket text message to the batch as a single
+// unmasked frame (the server side of RFC 6455: FIN, opcode 1, the payload
+// length in 7, 7+16 or 7+64 bits). The gateway frames its data messages
+// itself: coder/websocket writes only control frames on this connection
+// (ping, pong, close), each whole in one Write, so frames never interleave,
+// and compression is never negotiated. It returns how many bytes the batch
+// holds now. Refused once closing.
+func (c *corkConn) writeText(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.buf == nil {
-		return 0
+	if !c.corked || c.sealed || c.closeSent {
+		return 0, errDataAfterClose
 	}
-	return len(*c.buf)
+	b := *c.buf
+	switch n := len(p); {
+	case n < 126:
+		b = append(b, frameText, byte(n))
+	case n <= 0xffff:
+		b = append(b, frameText, 126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, frameText, 127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	*c.buf = append(b, p...)
+	return len(*c.buf), nil
 }
 
-// flush writes what is collected and stays corked.
-func (c *corkConn) flush(deadline time.Time) error {
+// flush writes what is collected (under the batch's deadline) and stays
+// corked.
+func (c *corkConn) flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.flushLocked(deadline)
+	return c.flushLocked()
 }
 
-// uncork writes what is collected and returns to direct writes.
-func (c *corkConn) uncork(deadline time.Time) error {
+// uncork writes what is collected and ends the batch.
+func (c *corkConn) uncork() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	err := c.flushLocked(deadline)
+	err := c.flushLocked()
 	c.release()
+	c.batch = false
 	return err
 }
 
-// seal writes what is collected and turns corking off for good, so a close
-// frame written next cannot sit in (and be discarded with) a writer's batch.
+// seal writes what is collected, bounded by deadline, and turns corking off
+// for good, so a close frame written next cannot sit in (and be discarded
+// with) a writer's batch.
 func (c *corkConn) seal(deadline time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sealed = true
-	err := c.flushLocked(deadline)
+	var err error
+	if c.buf != nil && len(*c.buf) > 0 {
+		if err = c.Conn.SetWriteDeadline(deadline); err == nil {
+			c.armed = true
+			err = c.flushLocked()
+		}
+	}
 	c.release()
 	return err
 }
 
-// discard drops what is collected (the connection is being torn down).
+// discard drops what is collected and ends the batch (the connection is
+// being torn down).
 func (c *corkConn) discard() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.release()
+	c.batch = false
 }
 
 func (c *corkConn) release() {
@@ -157,18 +235,14 @@ func (c *corkConn) release() {
 	}
 }
 
-func (c *corkConn) flushLocked(deadline time.Time) error {
+// flushLocked writes what is collected under the deadline already set on
+// the socket (by cork or seal).
+func (c *corkConn) flushLocked() error {
 	if c.buf == nil || len(*c.buf) == 0 {
 		return nil
 	}
-	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
-		return err
-	}
 	_, err := c.Conn.Write(*c.buf)
 	*c.buf = (*c.buf)[:0]
-	if err2 := c.Conn.SetWriteDeadline(time.Time{}); err == nil {
-		err = err2
-	}
 	return err
 }
 
