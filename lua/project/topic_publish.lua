@@ -132,7 +132,10 @@ else
   redis.call('ZADD', KEYS[8], now, id)
 end
 local x = now + tonumber(ARGV[12])
-redis.call('HSET', KEYS[3], ARGV[2], cjson.encode({m = id, f = ARGV[3], a = now, z = size, b = ddBytes, x = x}))
+-- The record is built as text: every value is a number, the stream id or
+-- the hex fingerprint, none of which needs escaping in JSON.
+redis.call('HSET', KEYS[3], ARGV[2], '{"m":"' .. id .. '","f":"' .. ARGV[3] .. '","a":' .. now .. ',"z":' .. size ..
+  ',"b":' .. ddBytes .. ',"x":' .. x .. '}')
 redis.call('ZADD', KEYS[4], x, ARGV[2])
 redis.call('HSET', KEYS[2], 'msg', msg + size, 'tb:' .. tid, tb + size, 'rcpt', rcpt + n * per,
   'dd', dd - purged + ddBytes)

@@ -35,6 +35,10 @@ const (
 	// moduleLeaseBackoff is how long an instance reserves exactly after a
 	// lease was refused, before it asks for one again.
 	moduleLeaseBackoff = time.Second
+	// moduleLeaseAheadDivisor: once less than size/moduleLeaseAheadDivisor
+	// of the lease is left, the write that sees it takes the next lease
+	// while the others still draw on the rest.
+	moduleLeaseAheadDivisor = 4
 )
 
 // lease is one lease this instance holds; guarded by moduleLeases.mu.
@@ -91,8 +95,18 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 		if l := m.cur; l != nil && known && now.Before(l.deadline) && l.size-l.used >= need {
 			l.used += need
 			l.inflight++
+			ahead := m.renewing == nil && l.size-l.used < m.size/moduleLeaseAheadDivisor && !now.Before(m.exactUntil)
+			var ch chan struct{}
+			if ahead {
+				ch = make(chan struct{})
+				m.renewing = ch
+			}
 			m.mu.Unlock()
-			return grant{l: l, amount: need, granted: true}, nil
+			g := grant{l: l, amount: need, granted: true}
+			if ahead {
+				m.renewAhead(ctx, projectID, now, ch)
+			}
+			return g, nil
 		}
 		if m.cur == nil && now.Before(m.exactUntil) {
 			m.mu.Unlock()
@@ -152,6 +166,37 @@ func (m *moduleLeases) awaitDrained(ctx context.Context, l *lease, drained chan 
 	}
 	l.drained = nil
 	return nil
+}
+
+// renewAhead takes the next lease while the current one still has room
+// (the caller already drew on it), so the other writes go on drawing on the
+// current lease instead of waiting for a renewal when it runs out. The
+// current lease is retired when the next one is granted, and its last
+// script returns it. Near the cap no lease is granted: the current one
+// serves until it runs out, then writes reserve exactly. A failed call
+// changes nothing: the renewal happens when the lease runs out. ch is the
+// renewal marker the caller set; renewAhead clears and closes it.
+func (m *moduleLeases) renewAhead(ctx context.Context, projectID string, asked time.Time, ch chan struct{}) {
+	id := newBudgetID()
+	rctx, cancel := uncancelable(ctx)
+	res, err := m.mb.lease(rctx, nil, leaseAsk{id: id, amount: m.size, projectID: projectID})
+	cancel()
+	m.mu.Lock()
+	defer func() {
+		m.renewing = nil
+		close(ch)
+		m.mu.Unlock()
+	}()
+	switch {
+	case err != nil:
+	case res.outcome == 2:
+		// The caller's own grant draws on the current lease, so it is
+		// never returnable here: its last script returns it.
+		m.retireLocked()
+		m.cur = &lease{id: id, size: m.size, gen: res.gen, deadline: asked.Add(moduleLeaseUse)}
+	default:
+		m.exactUntil = time.Now().Add(moduleLeaseBackoff)
+	}
 }
 
 // retireLocked takes the current lease out of use and returns it when it

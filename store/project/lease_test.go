@@ -159,6 +159,31 @@ func TestModuleLeaseFallsBackToExactNearTheCap(t *testing.T) {
 	}
 }
 
+// Before a lease runs out the instance takes the next one, and the lease
+// it replaced is returned with the bytes its publishes kept: the module
+// then holds one lease and commits exactly what the project holds beyond
+// it, so a renewal neither loses nor double-counts bytes.
+func TestModuleLeaseRenewedAheadReturnsTheOldOne(t *testing.T) {
+	e := newLeaseEnv(t, 4<<20)
+	q := e.queue(project.QueueConfig{})
+	tp := e.topic(q)
+	// Each publish with one subscription needs a little over 4 KiB, so a
+	// 64 KiB lease serves about 14 of them: 20 cross one renewal.
+	for i := range 20 {
+		if err := publishOne(q, tp, fmt.Sprint("e", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	committed, reserved, leased, resv, leases := e.module()
+	used := e.projectBytes(tp)
+	if leases != 1 || leased != project.ModuleLeaseMaxBytes || reserved != 0 || resv != 0 {
+		t.Fatalf("after a renewal: reserved %d leased %d, %d reservations, %d leases; want one lease", reserved, leased, resv, leases)
+	}
+	if committed <= 0 || committed >= used || used-committed > project.ModuleLeaseMaxBytes {
+		t.Fatalf("committed %d of the project's %d bytes: the replaced lease was not returned with its bytes", committed, used)
+	}
+}
+
 // A lease whose instance died is never returned by it: its bytes stay
 // counted (nothing is over-admitted) until it expires, then the reconcile
 // drops it and the module counter is exact again.
