@@ -80,8 +80,15 @@ if [ "${1:-}" != --inner ]; then
 		han_log "building $side ($rev)"
 		(cd "$work/$side" && go build -o "$work/bin-$side/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest) || han_die "go build of $rev failed"
 		if [ "$do_go" = 1 ]; then
-			for pkg in ratelimit restapi store/project; do
-				(cd "$work/$side" && go test -c -o "$work/bin-$side/$(basename "$pkg").test" "./$pkg/") || han_die "go test -c ./$pkg/ of $rev failed"
+			# The project queue benchmark moved from store to store/project:
+			# take the folder that holds it in this tree.
+			pqdir="$(cd "$work/$side" && grep -rl --include='*_test.go' '^func BenchmarkProjectQueue' store | head -n 1 | xargs dirname)"
+			[ -n "$pqdir" ] || han_die "no BenchmarkProjectQueue in $rev"
+			echo "$pqdir" >"$work/pqdir-$side"
+			for pkg in ratelimit restapi "$pqdir"; do
+				name="$(basename "$pkg")"
+				[ "$pkg" = "$pqdir" ] && name=project
+				(cd "$work/$side" && go test -c -o "$work/bin-$side/$name.test" "./$pkg/") || han_die "go test -c ./$pkg/ of $rev failed"
 			done
 		fi
 	done
@@ -109,7 +116,7 @@ trap cleanup_inner EXIT
 
 if [ "$HAN_AB_GO" = 1 ]; then
 	benches=("ratelimit BenchmarkDecision $bt_dec" "restapi IdempotentSendOverhead $bt_idem" "project BenchmarkProjectQueue $bt_pq")
-	declare -A dir=([ratelimit]=ratelimit [restapi]=restapi [project]=store/project)
+	declare -A pqdir=([old]="$(cat "$work/pqdir-old")" [new]="$(cat "$work/pqdir-new")")
 	for round in $(seq 1 "$reps"); do
 		order=(old new)
 		[ $((round % 2)) = 0 ] && order=(new old)
@@ -117,7 +124,9 @@ if [ "$HAN_AB_GO" = 1 ]; then
 			read -r pkg name bt <<<"$b"
 			for side in "${order[@]}"; do
 				han_log "go round $round: $name ($side)"
-				(cd "$work/$side/${dir[$pkg]}" && "$work/bin-$side/$pkg.test" -test.run '^$' -test.bench "$name" \
+				d="$pkg"
+				[ "$pkg" = project ] && d="${pqdir[$side]}"
+				(cd "$work/$side/$d" && "$work/bin-$side/$pkg.test" -test.run '^$' -test.bench "$name" \
 					-test.benchtime "$bt" -test.count "$count" 2>&1) >"$work/go-$pkg-$side-$round.out" || true
 				# every "value unit" pair after the iteration count (ns/op and the
 				# benchmark's own metrics, e.g. µs/send-key)

@@ -22,7 +22,7 @@ cmd/han-gateway/app.go:Main.Run the service's start-up order read top to bottom:
 cmd/hanctl/sizing.go:cmdSizing one flag set and one printed report of the sizing formula, no branch to split out
 internal/config/config.go:Load one read and check per environment variable, a table in code form
 internal/jsonx/jsonx.go:scanner.object the object state machine of the raw-body scanner; splitting it costs a call per key on the hot path
-loadtest/scenarios/project_queue.go:ProjectQueue.Run a scenario script read top to bottom (to split together with the soak functions below)
+loadtest/scenarios/project_queue.go:ProjectQueue.Run one scenario script read top to bottom (topic set-up, producers, consumers, drain, report), each phase a few lines that share its counters
 loadtest/soak/soak.go:runner.run the soak's phases in order (stack, traffic, fault schedule, final check), one linear script
 loadtest/soak/soak.go:runner.finalCheck one invariant after another at the end of a run, each a few lines
 loadtest/soak/traffic.go:listener.session one client's connect, catch-up and read loop, as the docs tell clients to do it
