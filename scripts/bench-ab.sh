@@ -25,7 +25,8 @@
 #
 # Options: -reps N (3), -count N (benchmark runs per round, 1), -short
 # (Go benchmarks with a shorter -benchtime, load phases of 4 s), -budget
-# MINUTES (15: refuse a longer estimate; the builds come on top), -no-go /
+# MINUTES (15: refuse a longer estimate; the builds come on top), -phase SECONDS
+# (each load phase, 8 by default: longer phases steady the p99s), -no-go /
 # -no-load (skip a half), -keep (keep the work folder: summaries and logs).
 set -euo pipefail
 
@@ -41,6 +42,7 @@ while [ $# -gt 0 ]; do
 	-reps) reps=$2 && shift ;;
 	-count) count=$2 && shift ;;
 	-short) short=1 ;;
+	-phase) phase_arg=$2 && shift ;;
 	-budget) budget=$2 && shift ;;
 	-no-go) do_go=0 ;;
 	-no-load) do_load=0 ;;
@@ -60,6 +62,7 @@ if [ "${1:-}" != --inner ]; then
 	[ "${#args[@]}" = 2 ] || han_die "usage: scripts/bench-ab.sh [options] OLD NEW"
 	phase_s=8 bt_dec=2s bt_idem=500x bt_pq=5000x
 	[ "$short" = 1 ] && phase_s=4 bt_dec=300ms bt_idem=100x bt_pq=500x
+	[ -n "${phase_arg:-}" ] && phase_s="$phase_arg"
 	# Go: ≈ 3 benchmarks × (2 trees × count × ≈ 12 s); load: 4 phases × 2 trees × ≈ 30 s.
 	est=$(((do_go * reps * count * 3 * 2 * 12 + do_load * reps * 4 * 2 * (phase_s + 20) + 120) / 60))
 	han_log "estimate: ≤ $est min ($reps rounds)"
