@@ -41,32 +41,26 @@ if ARGV[1] == 'begin' then
   if rstart > 0 and now - rstart < tonumber(ARGV[3]) then
     return {0}
   end
-  local cutoff = now - tonumber(ARGV[2])
-  local all = redis.call('HGETALL', KEYS[2])
-  local dropped = 0
-  for i = 1, #all, 2 do
-    local amount, created = string.match(all[i + 1], '^(%d+):(%d+)$')
-    if not amount or tonumber(created) < cutoff then
-      redis.call('HDEL', KEYS[2], all[i])
-      reserved = reserved - (tonumber(amount) or 0)
-      dropped = dropped + 1
+  -- Reservations older than the age and leases past their expiry go; both
+  -- are "<bytes>:<ms>" fields, and a malformed one goes too.
+  local function drop(key, before)
+    local all = redis.call('HGETALL', key)
+    local bytes, n = 0, 0
+    for i = 1, #all, 2 do
+      local amount, at = string.match(all[i + 1], '^(%d+):(%d+)$')
+      if not amount or tonumber(at) < before then
+        redis.call('HDEL', key, all[i])
+        bytes = bytes + (tonumber(amount) or 0)
+        n = n + 1
+      end
     end
+    return bytes, n
   end
-  if reserved < 0 then
-    reserved = 0
-  end
-  local leases = redis.call('HGETALL', KEYS[3])
-  for i = 1, #leases, 2 do
-    local amount, expires = string.match(leases[i + 1], '^(%d+):(%d+)$')
-    if not amount or tonumber(expires) < now then
-      redis.call('HDEL', KEYS[3], leases[i])
-      leased = leased - (tonumber(amount) or 0)
-      dropped = dropped + 1
-    end
-  end
-  if leased < 0 then
-    leased = 0
-  end
+  local rbytes, rn = drop(KEYS[2], now - tonumber(ARGV[2]))
+  local lbytes, ln = drop(KEYS[3], now)
+  reserved = math.max(reserved - rbytes, 0)
+  leased = math.max(leased - lbytes, 0)
+  local dropped = rn + ln
   gen = gen + 1
   redis.call('HSET', KEYS[1], 'reserved', reserved, 'leased', leased, 'gen', gen, 'rstart', now, 'rpos', 0,
     'committed', committed)
