@@ -25,26 +25,31 @@
 #            temporary git worktree, its own migrations on its own database).
 # Shapes: many dialogs (200 users in 20 dialogs) and hot dialog (-hot-dialog,
 # 100 users in one dialog, 200 sender VUs: two per member). Every phase is
-# `chat-fanout -send-only` (or send-sql) with -step-rates, each step
-# -duration long: a step is held when ≥ 99 % of its offered sends were
-# accepted (a 429 or 503 is a failure) and send p99 from the scheduled send
-# time ≤ -step-p99; the phase's figure is its highest held step. Each of 3
-# rounds runs every arm once, the first arm rotating from round to round
-# (A/B/A/B); the table shows medians.
-# CPU: user + sys from /proc/<pid>/stat before and after each phase, per
-# process: the arm's gateway, PostgreSQL (the postmaster, every backend,
-# and the reaped ones through the postmaster's cutime), redis-server, and
-# the generator (the shell's `times` around it); divided by the accepted
-# sends (CPU-seconds per 1,000 sends; setup and history read-back
-# included).
+# `chat-fanout -send-only` (or send-sql) with -step-rates after an unmeasured
+# -warmup at the first rate, each step -duration long: a step is held when
+# ≥ 99 % of its offered sends were accepted (a 429 or 503 is a failure) and
+# send p99 from the scheduled send time ≤ -step-p99; the phase's figure is
+# its highest held step. Each of -reps rounds runs every arm once, the first
+# arm rotating from round to round (A/B/A/B); the table shows medians.
+# CPU: the generator samples user + sys from /proc at the start and end of
+# each step (han-loadtest -cpu-pid), per process: the arm's gateway,
+# PostgreSQL (the postmaster, every backend, and the reaped ones through the
+# postmaster's cutime), redis-server, and the generator itself; the table
+# shows CPU-ms per accepted send at the step -cpu-rate (the same offered rate
+# for every arm; setup, warm-up and history read-back are outside it).
+# The cluster logs checkpoints, autovacuum runs and every statement slower
+# than 100 ms; the table's header counts them, to tell PostgreSQL's own
+# stalls from the machine's.
 #
-# Options: -fsync on|off|both (on), -old COMMIT, -duration (5s, per step),
-# -rates-many (100,200,400,800), -rates-hot (100,200,400,800), -step-p99
-# (100ms), -reps (3), -budget MINUTES (15: refuse a longer estimate),
-# -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's; default
-# pgx's cache_statement), -keep (keep the work folder: each phase's summary
-# and output, the servers' logs). Output: a markdown table on stdout (logs on
-# stderr), ready for docs/benchmarks.md.
+# Options: -fsync on|off|both (on), -old COMMIT, -duration (10s, per step),
+# -warmup (5s), -rates-many (300,600,900,1200,1800), -rates-hot (same),
+# -cpu-rate (300: a rate in both step lists), -arms-many (gw-on,gw-off,sql
+# and old-on,old-off with -old), -arms-hot (gw-on,sql, and old-on with
+# -old), -step-p99 (100ms), -reps (3), -budget MINUTES (25: refuse a longer
+# estimate), -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's;
+# default pgx's cache_statement), -keep (keep the work folder: each phase's
+# summary and output, the servers' logs). Output: a markdown table on stdout
+# (logs on stderr), ready for docs/benchmarks.md.
 set -euo pipefail
 
 HAN_SCRIPT=bench-send.sh
@@ -52,7 +57,8 @@ HAN_SCRIPT=bench-send.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$HAN_ROOT"
 
-keep=0 fsync=on old="" duration=5s rates_many=100,200,400,800 rates_hot=100,200,400,800 step_p99=100ms reps=3 budget=15 exec_mode=""
+keep=0 fsync=on old="" duration=10s warmup=5s rates_many=300,600,900,1200,1800 rates_hot=300,600,900,1200,1800 cpu_rate=300
+arms_many="" arms_hot="" step_p99=100ms reps=3 budget=25 exec_mode=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-fsync) fsync=$2 ;;
@@ -60,6 +66,10 @@ while [ $# -gt 0 ]; do
 	-duration) duration=$2 ;;
 	-rates-many) rates_many=$2 ;;
 	-rates-hot) rates_hot=$2 ;;
+	-warmup) warmup=$2 ;;
+	-cpu-rate) cpu_rate=$2 ;;
+	-arms-many) arms_many=$2 ;;
+	-arms-hot) arms_hot=$2 ;;
 	-step-p99) step_p99=$2 ;;
 	-reps) reps=$2 ;;
 	-budget) budget=$2 ;;
@@ -77,13 +87,21 @@ case "$fsync" in on) fsyncs=(on) ;; off) fsyncs=(off) ;; both) fsyncs=(on off) ;
 secs="${duration%s}"
 [[ "$secs" =~ ^[0-9]+$ ]] || han_die "-duration: whole seconds like 5s"
 
-arms=(gw-on gw-off sql)
-[ -n "$old" ] && arms+=(old-on old-off)
+wsecs="${warmup%s}"
+[[ "$wsecs" =~ ^[0-9]+$ ]] || han_die "-warmup: whole seconds like 5s"
+if [ -z "$arms_many" ]; then arms_many=gw-on,gw-off,sql && [ -n "$old" ] && arms_many+=,old-on,old-off; fi
+if [ -z "$arms_hot" ]; then arms_hot=gw-on,sql && [ -n "$old" ] && arms_hot+=,old-on; fi
+IFS=, read -r -a arms_m <<<"$arms_many"
+IFS=, read -r -a arms_h <<<"$arms_hot"
+for a in "${arms_m[@]}" "${arms_h[@]}"; do
+	case "$a" in gw-on | gw-off | sql) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
+done
+case ",$rates_many,$rates_hot," in *",$cpu_rate,"*",$cpu_rate,"*) ;; *) han_die "-cpu-rate $cpu_rate must be a step of -rates-many and -rates-hot" ;; esac
 nsteps() { local IFS=,; set -- $1; echo $#; }
-# A phase: its steps, plus ≈ 10 s of setup and history read-back.
-per_round=$((($(nsteps "$rates_many") + $(nsteps "$rates_hot")) * secs + 20))
-est=$(((${#fsyncs[@]} * reps * ${#arms[@]} * per_round + 90) / 60))
-han_log "estimate: ≤ $est min (${#fsyncs[@]} fsync setting(s) × $reps rounds × ${#arms[@]} arms × 2 shapes; steps stop at the first that does not hold)"
+# A phase: warm-up, its steps, plus ≈ 10 s of setup and history read-back.
+per_round=$((${#arms_m[@]} * ($(nsteps "$rates_many") * secs + wsecs + 10) + ${#arms_h[@]} * ($(nsteps "$rates_hot") * secs + wsecs + 10)))
+est=$(((${#fsyncs[@]} * reps * per_round + 90) / 60))
+han_log "estimate: ≤ $est min (${#fsyncs[@]} fsync setting(s) × $reps rounds × (${#arms_m[@]} + ${#arms_h[@]}) phases; steps stop at the first that does not hold)"
 [ "$est" -le "$budget" ] || han_die "estimate $est min is over -budget $budget: fewer -reps, steps or a shorter -duration"
 
 han_ensure_packages --curl --jq
@@ -131,7 +149,7 @@ as_pg "$PGBIN/initdb" -D "$work/pg/data" -A trust -U postgres -E UTF8 --locale=C
 	han_die "initdb failed: $(tail -n 3 "$work/initdb.log")"
 pg_port="$(han_pick_port 0)"
 as_pg "$PGBIN/pg_ctl" -D "$work/pg/data" -l "$work/pg/log" -w -t 60 \
-	-o "-p $pg_port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300" start >/dev/null ||
+	-o "-p $pg_port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300 -c log_checkpoints=on -c log_autovacuum_min_duration=0 -c log_min_duration_statement=100" start >/dev/null ||
 	han_die "PostgreSQL did not start: $(tail -n 3 "$work/pg/log")"
 pg_ctl_stop="as_pg '$PGBIN/pg_ctl' -D '$work/pg/data' -m fast -w stop"
 postmaster="$(head -n 1 "$work/pg/data/postmaster.pid")"
@@ -176,8 +194,8 @@ start_gateway() { # ARM BIN DB
 	local arm=$1 bin=$2 db=$3 port
 	port="$(han_pick_port 0)"
 	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(dburl "$db")" REDIS_URL="$(redis_url 0)" REDIS_REALTIME_URL="$(redis_url 1)" \
-		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_SETTINGS_REFRESH_INTERVAL=1s \
-		HAN_DB_EXEC_MODE="$exec_mode" "$bin" -migrate=false </dev/null >"$work/$arm.log" 2>&1 &
+		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+		HAN_DB_EXEC_MODE="$exec_mode" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
 	gw_pid[$arm]=$!
 	pids+=("$!")
 	gw_url[$arm]="http://127.0.0.1:$port"
@@ -194,71 +212,55 @@ for db in han_gw_off han_old_off; do psql_ postgres "CREATE DATABASE $db" >/dev/
 DATABASE_URL="$(dburl han_gw_off)" "$work/new/hanctl" migrate >/dev/null
 policy han_gw "$raised"
 policy han_gw_off '[]'
-start_gateway gw-on "$work/new/han-gateway" han_gw
-start_gateway gw-off "$work/new/han-gateway" han_gw_off
 if [ -n "$old" ]; then
 	DATABASE_URL="$(dburl han_old_off)" "$work/old/hanctl" migrate >/dev/null
 	policy han_old "$raised"
 	policy han_old_off '[]'
-	start_gateway old-on "$work/old/han-gateway" han_old
-	start_gateway old-off "$work/old/han-gateway" han_old_off
 fi
-sleep 2 # the settings refresh (1 s) has reached every gateway
+declare -A arm_bin=([gw-on]="$work/new/han-gateway" [gw-off]="$work/new/han-gateway" [old-on]="$work/old/han-gateway" [old-off]="$work/old/han-gateway")
+declare -A arm_db=([gw-on]=han_gw [gw-off]=han_gw_off [old-on]=han_old [old-off]=han_old_off)
+# stop_gateway ARM: SIGTERM (HAN_DRAIN_DELAY=0) and wait for the exit.
+stop_gateway() {
+	local p="${gw_pid[$1]}"
+	kill "$p" 2>/dev/null || true
+	for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
+	kill -9 "$p" 2>/dev/null || true
+}
 
 # --- measuring -------------------------------------------------------------------
-hz="$(getconf CLK_TCK)"
-ticks() { # PID...: utime + stime (+ cutime + cstime) in clock ticks
-	local t=0 p
-	for p in "$@"; do
-		[ -r "/proc/$p/stat" ] || continue
-		t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13 + $14 + $15}')))
-	done
-	echo "$t"
-}
-pg_ticks() { ticks "$postmaster" $(pgrep -P "$postmaster" || true); }
-# children_secs FILE: user + sys seconds of the shell's reaped children, from
-# the output of `times` (run in this shell, not a subshell, which would
-# report its own children).
-children_secs() {
-	tail -n 1 "$1" | awk '{ split($1, u, "m"); split($2, s, "m"); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
-}
-
-results="$work/results.tsv" # fsync shape arm round held sends gw pg redis gen load0 load1
+results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1
 : >"$results"
 phase() { # FSYNC SHAPE ARM ROUND
-	local fs=$1 shape=$2 arm=$3 round=$4 args=() gw="" sum="$work/$1-$2-$3-$4.json" rc=0
+	local fs=$1 shape=$2 arm=$3 round=$4 args=() sum="$work/$1-$2-$3-$4.json" rc=0
 	if [ "$shape" = many ]; then
 		args=(-users 200 -dialogs 20 -senders 32 -step-rates "$rates_many")
 	else
 		args=(-users 100 -hot-dialog -senders 200 -step-rates "$rates_hot")
 	fi
-	args+=(-step-p99 "$step_p99" -duration "$duration" -max-duration "$((secs * 8 + 120))s" -quiet -summary-export "$sum")
+	args+=(-step-p99 "$step_p99" -duration "$duration" -warmup "$warmup" -max-duration "$((secs * 8 + wsecs + 120))s" -quiet -summary-export "$sum")
+	args+=(-cpu-pid "postgres=$postmaster+" -cpu-pid "redis=$redis_pid")
 	if [ "$arm" = sql ]; then
 		args=(send-sql -database-url "$(dburl han_sql)" -exec-mode "$exec_mode" "${args[@]}")
 	else
-		gw="${gw_pid[$arm]}"
-		args=(chat-fanout -send-only -target "${gw_url[$arm]}" "${args[@]}")
+		# A fresh gateway per phase, so no idle gateway of another arm adds
+		# its background work to PostgreSQL's and Redis's CPU.
+		start_gateway "$arm" "${arm_bin[$arm]}" "${arm_db[$arm]}"
+		args=(chat-fanout -send-only -target "${gw_url[$arm]}" -cpu-pid "gateway=${gw_pid[$arm]}" "${args[@]}")
 	fi
-	local l0 g0 p0 r0 c0 l1
+	local l0 l1
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
-	g0="$(ticks $gw)" p0="$(pg_ticks)" r0="$(ticks "$redis_pid")"
-	times >"$work/times0"
 	"$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
-	times >"$work/times1"
-	local dg dp dr dc
-	dc="$(awk -v a="$(children_secs "$work/times1")" -v b="$(children_secs "$work/times0")" 'BEGIN { print a - b }')"
-	dg=$(($(ticks $gw) - g0)) dp=$(($(pg_ticks) - p0)) dr=$(($(ticks "$redis_pid") - r0))
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
+	[ "$arm" = sql ] || stop_gateway "$arm"
 	[ -s "$sum" ] || han_die "$arm $shape: no summary: $(tail -n 5 "$work/$fs-$shape-$arm-$round.out")"
 	[ "$rc" = 0 ] || han_log "$arm $shape round $round: exit $rc (history check or run failed): $(grep -E '✗|error' "$work/$fs-$shape-$arm-$round.out" | head -n 3 | tr '\n' ' ')"
-	local held sends
+	local held cpu
 	held="$(jq -r '.metrics.max_send_rate.values.value // 0' "$sum")"
-	sends="$(jq -r '.metrics.sends_ok.values.count // 0' "$sum")"
-	[ -z "$gw" ] && dg=-1
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$fs" "$shape" "$arm" "$round" "${held%.*}" "${sends%.*}" \
-		"$dg" "$dp" "$dr" "$dc" "$l0" "$l1" >>"$results"
-	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, $sends sends, load $l0→$l1"
+	# CPU-ms per send at -cpu-rate; -1 where the arm did not reach that step.
+	cpu="$(jq -r --arg k "cpu_$cpu_rate" '.info[$k] as $c | [($c.gateway // -1), ($c.postgres // -1), ($c.redis // -1), ($c.generator // -1)] | map(tostring) | join("\t")' "$sum")"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$fs" "$shape" "$arm" "$round" "${held%.*}" "$cpu" "$l0" "$l1" >>"$results"
+	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, CPU-ms/send at $cpu_rate/s (gw pg redis gen): $(echo "$cpu" | tr '\t' ' '), load $l0→$l1"
 }
 
 pg_settings() { psql_ postgres "SELECT current_setting('fsync') || ' / ' || current_setting('synchronous_commit') || ' / ' || current_setting('shared_buffers')"; }
@@ -270,6 +272,7 @@ for fs in "${fsyncs[@]}"; do
 	settings_lines+=("fsync $fs: fsync / synchronous_commit / shared_buffers = $(pg_settings)")
 	for round in $(seq 1 "$reps"); do
 		for shape in many hot; do
+			if [ "$shape" = many ]; then arms=("${arms_m[@]}"); else arms=("${arms_h[@]}"); fi
 			n=${#arms[@]}
 			for k in $(seq 0 $((n - 1))); do
 				phase "$fs" "$shape" "${arms[$(((k + round - 1) % n))]}" "$round"
@@ -282,20 +285,26 @@ done
 gw_pool="$(jq -r '.info.pool_max_conns // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
 mode="${exec_mode:-cache_statement (pgx default)}"
 echo
-echo "Send path, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, median of $reps rounds (A/B interleaved), steps of $duration, held = ≥ 99 % accepted and p99 ≤ $step_p99."
+slow="$(grep -c 'duration: ' "$work/pg/log" || true)"
+ckpt="$(grep -c 'checkpoint complete' "$work/pg/log" || true)"
+avac="$(grep -c 'automatic vacuum\|automatic analyze' "$work/pg/log" || true)"
+echo "Send path, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, median of $reps rounds (A/B interleaved), $warmup warm-up then steps of $duration, held = ≥ 99 % accepted and p99 ≤ $step_p99."
 for l in "${settings_lines[@]}"; do echo "PostgreSQL $l."; done
 echo "Pools: gateway and send-sql ${gw_pool:-20} connections (DATABASE_URL default), HAN_DB_EXEC_MODE $mode; -old: ${old:-none}."
+echo "PostgreSQL's log over the whole run: $slow statements slower than 100 ms, $ckpt checkpoints, $avac autovacuum/analyze runs."
 echo
-echo "| fsync | shape | arm | highest held sends/s (median; rounds) | CPU-s per 1,000 sends: gateway | postgres | redis | generator | load avg |"
-echo "|---|---|---|---|---|---|---|---|---|"
-awk -F'\t' -v hz="$hz" '
-function median(s,   a, n, t, i, j) { n = split(s, a, " "); for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-	return a[int((n + 1) / 2)] }
+echo "| fsync | shape | arm | highest held sends/s (median; rounds) | CPU-ms per send at $cpu_rate/s: gateway | postgres | redis | generator | servers (gw+pg+redis) | load avg |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+awk -F'\t' '
+function median(s,   a, n, t, i, j, m, b) { n = split(s, a, " "); m = 0
+	for (i = 1; i <= n; i++) if (a[i] + 0 >= 0) b[++m] = a[i] + 0
+	if (m == 0) return -1
+	for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (b[j] < b[i]) { t = b[i]; b[i] = b[j]; b[j] = t }
+	return b[int((m + 1) / 2)] }
+function fmt(v) { return v < 0 ? "—" : sprintf("%.3f", v) }
 { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
-  held[k] = held[k] " " $5; n = ($6 > 0 ? $6 : 1)
-  gw[k] = gw[k] " " ($7 < 0 ? -1 : $7 / hz / n * 1000); pg[k] = pg[k] " " $8 / hz / n * 1000
-  rd[k] = rd[k] " " $9 / hz / n * 1000; ge[k] = ge[k] " " $10 / n * 1000; ld[k] = ld[k] " " $11 "→" $12 }
+  held[k] = held[k] " " $5; gw[k] = gw[k] " " $6; pg[k] = pg[k] " " $7; rd[k] = rd[k] " " $8; ge[k] = ge[k] " " $9
+  tot[k] = tot[k] " " ($7 < 0 ? -1 : ($6 < 0 ? 0 : $6) + $7 + ($8 < 0 ? 0 : $8)); ld[k] = ld[k] " " $10 "→" $11 }
 END { for (i = 1; i <= nk; i++) { k = order[i]; split(k, p, SUBSEP)
-	g = median(gw[k]); gs = (g < 0 ? "—" : sprintf("%.3f", g))
-	printf "| %s | %s | %s | **%s** (%s) | %s | %.3f | %.3f | %.3f | %s |\n", p[1], (p[2] == "many" ? "200 users / 20 dialogs" : "hot: 100 users / 1 dialog"), p[3],
-		median(held[k]), substr(held[k], 2), gs, median(pg[k]), median(rd[k]), median(ge[k]), substr(ld[k], 2) } }' "$results"
+	printf "| %s | %s | %s | **%s** (%s) | %s | %s | %s | %s | %s | %s |\n", p[1], (p[2] == "many" ? "200 users / 20 dialogs" : "hot: 100 users / 1 dialog"), p[3],
+		median(held[k]), substr(held[k], 2), (p[3] == "sql" ? "—" : fmt(median(gw[k]))), fmt(median(pg[k])), fmt(median(rd[k])), fmt(median(ge[k])), fmt(median(tot[k])), substr(ld[k], 2) } }' "$results"

@@ -251,4 +251,4 @@ func (s *Store) MarkOutboxDeliveredBatch(ctx context.Context, eventIDs []string)
 // markOutboxSQL marks the rows of the event ids in $1 delivered.
 const markOutboxSQL = `UPDATE outbox SET delivered_at = coalesce(delivered_at, now()),
 	attempts = attempts + CASE WHEN delivered_at IS NULL THEN 1 ELSE 0 END
-	WHERE event_id = ANY($1::uuid[])`
+	WHERE event_id = ANY($1::text[]::uuid[])`

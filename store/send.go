@@ -107,7 +107,7 @@ func (r *sendReq) finish(res sendResult) {
 }
 
 const sendMessagesSQL = `SELECT r_ord, r_outcome, r_ref, r_id, r_seq, r_sender, r_body, r_cmid, r_created_at, r_attachments
-	FROM send_messages($1::uuid, $2::text, $3::bigint, $4::uuid[], $5::uuid[], $6::text[], $7::text[], $8::int[], $9::uuid[],
+	FROM send_messages($1::uuid, $2::text, $3::bigint, $4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], $9::text[]::uuid[],
 		$10::text[], $11::boolean[], $12::text[], $13::text[], $14::text[], $15::int[], $16::text[], $17::bigint[])`
 
 // sendArgs lays the batch out as the parallel arrays send_messages takes.

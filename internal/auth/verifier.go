@@ -85,7 +85,8 @@ type Verifier struct {
 	secret  []byte // nil unless HS256 is enabled
 	useJWKS bool
 
-	keys atomic.Pointer[keySet]
+	keys     atomic.Pointer[keySet]
+	verified verifiedCache
 
 	mu           sync.Mutex           // guards the fields below
 	noFetchUntil map[string]time.Time // kid → no refetch (or marker read) for it before then
@@ -222,6 +223,20 @@ func (v *Verifier) Verify(ctx context.Context, token string) (Principal, error) 
 	if len(token) > maxTokenBytes {
 		return Principal{}, v.reject(ctx, errMalformed)
 	}
+	keys := v.keys.Load()
+	if p, ok := v.verified.get(token, keys, v.cfg.Now()); ok {
+		return p, nil
+	}
+	p, err := v.verify(ctx, token)
+	if err == nil {
+		v.verified.put(token, p, keys, v.cfg.Now(), v.cfg.Leeway)
+	}
+	return p, err
+}
+
+// verify is the full verification of a token: signature, claims, subject
+// and kind.
+func (v *Verifier) verify(ctx context.Context, token string) (Principal, error) {
 	var c claims
 	tok, err := v.parser.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
 		return v.keyFor(ctx, t)

@@ -47,6 +47,8 @@ type sendFlags struct {
 	stepRates                      string
 	steps                          []int
 	stepP99                        time.Duration
+	warmup                         time.Duration
+	cpu                            loadtest.ProcCPU
 	reconcile                      bool
 }
 
@@ -66,6 +68,8 @@ func (f *sendFlags) register(fs *flag.FlagSet, sockets bool) {
 	fs.IntVar(&f.concurrency, "connect-concurrency", 32, "users/dialogs/connections set up at a time")
 	fs.StringVar(&f.stepRates, "step-rates", "", "comma-separated send rates measured one after another with the same users and dialogs (each for -duration) until one does not hold: sets max_send_rate")
 	fs.DurationVar(&f.stepP99, "step-p99", 100*time.Millisecond, "the p99 of send_latency (from the scheduled send time) a step must hold")
+	fs.DurationVar(&f.warmup, "warmup", 0, "with -step-rates: send at the first step's rate this long before the steps, unmeasured (pools, caches and PostgreSQL's buffers warm)")
+	fs.Var(&f.cpu, "cpu-pid", "name=PID (name=PID+: with its children, as PostgreSQL's postmaster): report that process's CPU per send of each measured step (step info cpu_<rate>, ms per send); repeatable; the generator's own is always reported")
 	fs.BoolVar(&f.reconcile, "reconcile", true, "read every dialog's history afterwards: count accepted messages it lacks, holds twice or out of order")
 }
 
@@ -81,6 +85,9 @@ func (f *sendFlags) check() error {
 	f.steps = steps
 	if len(f.steps) > 0 && f.stepP99 <= 0 {
 		return errors.New("-step-p99 must be positive")
+	}
+	if f.warmup < 0 || (f.warmup > 0 && len(f.steps) == 0) {
+		return errors.New("-warmup needs -step-rates and must not be negative")
 	}
 	if f.hot && (f.users < 2 || f.users > maxDialogMembers) {
 		return fmt.Errorf("-hot-dialog needs -users 2..%d (one dialog holds every user)", maxDialogMembers)
@@ -167,6 +174,7 @@ type stepResult struct {
 	held              bool
 	stepped           bool // measured as a step: held applies
 	droppedIterations int64
+	cpu               map[string]float64 // CPU ms per accepted send, per -cpu-pid process and the generator
 }
 
 func (s stepResult) String() string {
@@ -188,12 +196,23 @@ func (s stepResult) String() string {
 	if s.stepped {
 		out += fmt.Sprintf(", held %v", s.held)
 	}
+	if len(s.cpu) > 0 {
+		names := make([]string, 0, len(s.cpu))
+		for n := range s.cpu {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			out += fmt.Sprintf(", %s %.3f CPU-ms/send", n, s.cpu[n])
+		}
+	}
 	return out
 }
 
-// measure sends at rate for the run's duration. Latency, accepted and
-// failed sends go to t.Reg (the whole run) and to the step's own figures.
-func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, label string) (stepResult, error) {
+// measure sends at rate for dur. Latency, accepted and failed sends go to
+// t.Reg (the whole run) and to the step's own figures, with the CPU the
+// -cpu-pid processes used during the sending alone.
+func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, dur time.Duration, label string) (stepResult, error) {
 	f := r.f
 	sreg := loadtest.NewRegistry()
 	lat, runLat := sreg.Trend(MetricSendLatency), t.Reg.Trend(MetricSendLatency)
@@ -203,8 +222,9 @@ func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, label st
 		emu   sync.Mutex
 		errsC = map[string]int64{}
 	)
-	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: t.Opts.Duration, PreAllocatedVUs: f.senders, MaxVUs: f.maxSenders}
+	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: dur, PreAllocatedVUs: f.senders, MaxVUs: f.maxSenders}
 	t.SetPhase(label + ": sending")
+	cpu0 := f.cpu.Sample()
 	stats, err := exec.Run(ctx, sreg, func(ctx context.Context, it loadtest.Iter) error {
 		d, sender := r.pick(it.N)
 		marker := it.Scheduled.UnixNano()
@@ -233,16 +253,18 @@ func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, label st
 		}
 		return nil
 	})
+	cpu1 := f.cpu.Sample()
 	// The executor counted into the step's registry; the run's totals too.
 	t.Reg.Counter(loadtest.MetricIterations).Add(stats.Iterations)
 	t.Reg.Counter(loadtest.MetricDroppedIterations).Add(stats.Dropped)
 	res := stepResult{rate: rate, offered: exec.Planned(), ok: ok.Load(), errs: errsC, droppedIterations: stats.Dropped}
+	res.cpu = cpu1.PerOp(cpu0, res.ok)
 	if err != nil {
 		return res, err
 	}
 	m := sreg.Snapshot().Metrics[MetricSendLatency]
 	res.p50, res.p99 = time.Duration(m.Percentile(50)), time.Duration(m.Percentile(99))
-	res.throughput = float64(res.ok) / t.Opts.Duration.Seconds()
+	res.throughput = float64(res.ok) / dur.Seconds()
 	res.stepped = len(f.steps) > 0
 	res.held = res.ok > 0 && float64(res.ok) >= math.Ceil(HeldFraction*float64(res.offered)) && res.p99 <= f.stepP99
 	return res, ctx.Err()
@@ -253,7 +275,7 @@ func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, label st
 func (r *sendRun) measureAll(ctx context.Context, t *loadtest.T, name string) error {
 	f := r.f
 	if len(f.steps) == 0 {
-		res, err := r.measure(ctx, t, f.rate, name)
+		res, err := r.measure(ctx, t, f.rate, t.Opts.Duration, name)
 		if err != nil {
 			return err
 		}
@@ -263,14 +285,24 @@ func (r *sendRun) measureAll(ctx context.Context, t *loadtest.T, name string) er
 	}
 	t.Info("step_rates", f.stepRates)
 	t.Info("step_p99_limit", f.stepP99)
+	if f.warmup > 0 {
+		res, err := r.measure(ctx, t, f.steps[0], f.warmup, name+" warm-up")
+		if err != nil {
+			return err
+		}
+		t.Info("warmup", res.String())
+	}
 	best := 0
 	bestRate := 0.0
 	for i, rate := range f.steps {
-		res, err := r.measure(ctx, t, rate, fmt.Sprintf("%s step %d/%d (%d sends/s)", name, i+1, len(f.steps), rate))
+		res, err := r.measure(ctx, t, rate, t.Opts.Duration, fmt.Sprintf("%s step %d/%d (%d sends/s)", name, i+1, len(f.steps), rate))
 		if err != nil {
 			return err
 		}
 		t.Info(fmt.Sprintf("step_%d", rate), res.String())
+		if len(res.cpu) > 0 {
+			t.Info(fmt.Sprintf("cpu_%d", rate), res.cpu)
+		}
 		t.Logf("%s: step %d sends/s: %s", name, rate, res)
 		if !res.held {
 			break
