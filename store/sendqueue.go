@@ -70,10 +70,19 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 	}
 	q.waiting = append(q.waiting, r)
 	// The queue has a writer while it has a batch in flight or sends
-	// waiting; the first send into an idle queue starts one.
+	// waiting. The first send into an idle queue is its writer: it writes
+	// the batch it heads at once, on its own goroutine (a lone send costs
+	// no hand-off), and leaves whatever arrived meanwhile to a drain.
 	if !q.writing {
 		q.writing = true
-		go c.drain(id, q)
+		batch := c.take(q)
+		c.mu.Unlock()
+		c.write(id, batch)
+		if c.next(id, q) {
+			go c.drain(id, q)
+		}
+		<-r.done
+		return nil
 	}
 	c.mu.Unlock()
 
@@ -98,24 +107,40 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 	return nil
 }
 
-// drain is the queue's writer: it writes batches until no send waits, then
-// removes the idle queue.
+// drain is the queue's writer after its first batch: it writes batches
+// until no send waits.
 func (c *sendCombiner) drain(id string, q *dialogQueue) {
 	for {
 		c.mu.Lock()
-		if len(q.waiting) == 0 {
-			q.inFlight, q.writing = 0, false
-			delete(c.queues, id)
-			c.mu.Unlock()
-			return
-		}
-		batch := q.waiting
-		q.waiting = nil
-		for _, r := range batch {
-			r.taken = true
-		}
-		q.inFlight = len(batch)
+		batch := c.take(q)
 		c.mu.Unlock()
 		c.write(id, batch)
+		if !c.next(id, q) {
+			return
+		}
 	}
+}
+
+// take removes every waiting send of q as the next batch; c.mu is held.
+func (c *sendCombiner) take(q *dialogQueue) []*sendReq {
+	batch := q.waiting
+	q.waiting = nil
+	for _, r := range batch {
+		r.taken = true
+	}
+	q.inFlight = len(batch)
+	return batch
+}
+
+// next reports whether sends wait in q after a batch was written; when
+// none does, the queue is idle and removed.
+func (c *sendCombiner) next(id string, q *dialogQueue) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(q.waiting) > 0 {
+		return true
+	}
+	q.inFlight, q.writing = 0, false
+	delete(c.queues, id)
+	return false
 }
