@@ -48,7 +48,10 @@
 # -old), -step-p99 (100ms), -reps (3), -budget MINUTES (25: refuse a longer
 # estimate), -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's;
 # default pgx's cache_statement), -keep (keep the work folder: each phase's
-# summary and output, the servers' logs). Output: a markdown table on stdout
+# summary and output, the servers' logs), -profile FILE (after the rounds, one
+# more gw-on phase of the many-dialog shape at its median held rate, with a
+# CPU profile of the gateway taken over that step into FILE, and its top
+# functions printed after the table). Output: a markdown table on stdout
 # (logs on stderr), ready for docs/benchmarks.md.
 set -euo pipefail
 
@@ -58,7 +61,7 @@ HAN_SCRIPT=bench-send.sh
 cd "$HAN_ROOT"
 
 keep=0 fsync=on old="" duration=10s warmup=5s rates_many=300,600,900,1200,1800 rates_hot=300,600,900,1200,1800 cpu_rate=300
-arms_many="" arms_hot="" step_p99=100ms reps=3 budget=25 exec_mode=""
+arms_many="" arms_hot="" profile="" step_p99=100ms reps=3 budget=25 exec_mode=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-fsync) fsync=$2 ;;
@@ -70,6 +73,7 @@ while [ $# -gt 0 ]; do
 	-cpu-rate) cpu_rate=$2 ;;
 	-arms-many) arms_many=$2 ;;
 	-arms-hot) arms_hot=$2 ;;
+	-profile) profile=$2 ;;
 	-step-p99) step_p99=$2 ;;
 	-reps) reps=$2 ;;
 	-budget) budget=$2 ;;
@@ -194,7 +198,7 @@ start_gateway() { # ARM BIN DB
 	local arm=$1 bin=$2 db=$3 port
 	port="$(han_pick_port 0)"
 	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(dburl "$db")" REDIS_URL="$(redis_url 0)" REDIS_REALTIME_URL="$(redis_url 1)" \
-		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
 		HAN_DB_EXEC_MODE="$exec_mode" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
 	gw_pid[$arm]=$!
 	pids+=("$!")
@@ -281,6 +285,20 @@ for fs in "${fsyncs[@]}"; do
 	done
 done
 
+# --- the profile -------------------------------------------------------------------
+if [ -n "$profile" ]; then
+	rate="$(awk -F'\t' '$2 == "many" && $3 == "gw-on" { print $5 }' "$results" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')"
+	[ -n "$rate" ] && [ "$rate" -gt 0 ] || rate="${rates_many%%,*}"
+	debug_endpoints=1 start_gateway gw-on "$work/new/han-gateway" han_gw
+	psecs=$((secs > 4 ? secs - 2 : secs))
+	(sleep $((wsecs + 1)) && curl -fsS "${gw_url[gw-on]}/debug/pprof/profile?seconds=$psecs" -o "$profile") &
+	prof_pid=$!
+	"$LT" run chat-fanout -send-only -target "${gw_url[gw-on]}" -users 200 -dialogs 20 -senders 32 -step-rates "$rate" \
+		-duration "$duration" -warmup "$warmup" -cpu-pid "gateway=${gw_pid[gw-on]}" -quiet -reconcile=false >"$work/profile.out" 2>&1 || true
+	wait "$prof_pid" || han_log "the profile request failed"
+	stop_gateway gw-on
+fi
+
 # --- the table -------------------------------------------------------------------
 gw_pool="$(jq -r '.info.pool_max_conns // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
 mode="${exec_mode:-cache_statement (pgx default)}"
@@ -308,3 +326,11 @@ function fmt(v) { return v < 0 ? "—" : sprintf("%.3f", v) }
 END { for (i = 1; i <= nk; i++) { k = order[i]; split(k, p, SUBSEP)
 	printf "| %s | %s | %s | **%s** (%s) | %s | %s | %s | %s | %s | %s |\n", p[1], (p[2] == "many" ? "200 users / 20 dialogs" : "hot: 100 users / 1 dialog"), p[3],
 		median(held[k]), substr(held[k], 2), (p[3] == "sql" ? "—" : fmt(median(gw[k]))), fmt(median(pg[k])), fmt(median(rd[k])), fmt(median(ge[k])), fmt(median(tot[k])), substr(ld[k], 2) } }' "$results"
+if [ -n "$profile" ] && [ -s "$profile" ]; then
+	echo
+	echo "Gateway CPU profile (gw-on, many dialogs, ${rate}/s; $(grep -o 'step_[0-9]*[.]*: .*' "$work/profile.out" | head -n 1 | sed 's/^step_[0-9]*[.]*: //')):"
+	echo
+	echo '```'
+	go tool pprof -top -cum -nodecount=40 "$work/new/han-gateway" "$profile" 2>/dev/null | sed -n '1,48p'
+	echo '```'
+fi
