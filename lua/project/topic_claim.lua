@@ -32,7 +32,7 @@
 -- (nothing written).
 -- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
-local sub = readSubscription(KEYS[2], ARGV[1], 'pos')
+local sub, subRaw = readSubscription(KEYS[2], ARGV[1], 'pos')
 if sub == nil then
   return redis.error_reply('ERR data_state_invalid')
 end
@@ -59,7 +59,8 @@ local function receipt(id, want)
     return nil
   end
   local ok, rec = pcall(cjson.decode, r)
-  if not ok or type(rec) ~= 'table' or rec.s ~= want or type(rec.a) ~= 'number' then
+  if not ok or type(rec) ~= 'table' or rec.s ~= want or type(rec.a) ~= 'number' or
+    (rec.h ~= nil and (type(rec.h) ~= 'string' or not rec.h:find('^[%x,]*$'))) then
     return nil
   end
   return rec
@@ -135,12 +136,22 @@ for i, x in ipairs(lease) do
   else
     rec.h = rec.h .. ',' .. h
   end
-  redis.call('HSET', KEYS[6], id, cjson.encode(rec))
+  -- Built as text: the numbers and hex hashes need no escaping; a result
+  -- (never set on a receipt that can be leased) would be encoded.
+  redis.call('HSET', KEYS[6], id, '{"s":"leased","a":' .. rec.a .. ',"l":' .. rec.l .. ',"u":' .. now ..
+    (rec.r ~= nil and ',"r":' .. cjson.encode(rec.r) or '') .. ',"h":"' .. rec.h .. '"}')
   redis.call('ZADD', KEYS[7], rec.l, id)
   table.insert(items, {id, rec.a, rec.l, f.p or '', f.c or '', f.d or '', tonumber(f.z or '0'), tonumber(f.a or '0'), i})
 end
 if newPos then
-  sub.pos = newPos
-  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(sub))
+  -- Only the position changes: replace it in the stored text (a JSON
+  -- string value cannot hold an unescaped quote, so the pattern finds only
+  -- the pos field), re-encoding the record when that is not its form.
+  local moved, n = string.gsub(subRaw, '"pos":"[%d%-]*"', '"pos":"' .. newPos .. '"', 1)
+  if n ~= 1 then
+    sub.pos = newPos
+    moved = cjson.encode(sub)
+  end
+  redis.call('HSET', KEYS[2], ARGV[1], moved)
 end
 return {'ok', now, items}
