@@ -28,6 +28,7 @@
 -- data_state_invalid) with nothing written.
 -- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
+--#include clock
 -- A subscription's receipts go with it (the scripts that delete it delete
 -- them), so a receipt shows the subscription exists; its record is decoded
 -- only when there is none, to tell the two outcomes apart.
@@ -60,8 +61,7 @@ for i = 1, #hashes - 1 do
     earlier = true
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, nowText = clockNow()
 
 if rec.s == 'processed' or rec.s == 'failed' then
   if current == ARGV[4] then
@@ -106,13 +106,13 @@ end
 redis.call('ZREM', KEYS[5], ARGV[3])
 -- The record is built as text (as the claim builds it): the hex hashes and
 -- the numbers need no escaping; the status and result are encoded.
-r = '{"s":' .. cjson.encode(ARGV[5]) .. ',"a":' .. rec.a .. ',"l":' .. rec.l .. ',"u":' .. now .. ',"r":' .. cjson.encode(ARGV[6]) ..
+r = '{"s":' .. cjson.encode(ARGV[5]) .. ',"a":' .. decimal(rec.a) .. ',"l":' .. decimal(rec.l) .. ',"u":' .. nowText .. ',"r":' .. cjson.encode(ARGV[6]) ..
   ',"h":"' .. (rec.h or '') .. '"}'
 redis.call('HSET', KEYS[4], ARGV[3], r)
 if c <= 1 then
   redis.call('HDEL', KEYS[2], ARGV[3])
-  redis.call('ZADD', KEYS[3], now, ARGV[3])
+  redis.call('ZADD', KEYS[3], nowText, ARGV[3])
 else
-  redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+  redis.call('HINCRBY', KEYS[2], ARGV[3], '-1')
 end
 return {'ok', r, 1}

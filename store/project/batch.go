@@ -128,7 +128,11 @@ func (b *scriptBatcher) exec(batch []*batchCall) {
 	cmds := make([]*redis.Cmd, len(live))
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, c := range live {
-			cmds[i] = p.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			if c.script.ReadOnly {
+				cmds[i] = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
+			} else {
+				cmds[i] = p.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			}
 		}
 		return nil
 	})
