@@ -106,8 +106,8 @@ end
 redis.call('ZREM', KEYS[5], ARGV[3])
 -- The record is built as text (as the claim builds it): the hex hashes and
 -- the numbers need no escaping; the status and result are encoded.
-r = '{"s":' .. cjson.encode(ARGV[5]) .. ',"a":' .. decimal(rec.a) .. ',"l":' .. decimal(rec.l) .. ',"u":' .. nowText .. ',"r":' .. cjson.encode(ARGV[6]) ..
-  ',"h":"' .. (rec.h or '') .. '"}'
+r = '{"s":' .. cjson.encode(ARGV[5]) .. ',"a":' .. decimal(rec.a) .. ',"l":' .. decimal(rec.l) .. ',"u":' .. nowText ..
+  ',"r":' .. cjson.encode(ARGV[6]) .. ',"h":"' .. (rec.h or '') .. '"}'
 redis.call('HSET', KEYS[4], ARGV[3], r)
 if c <= 1 then
   redis.call('HDEL', KEYS[2], ARGV[3])
