@@ -28,19 +28,25 @@
 -- data_state_invalid) with nothing written.
 -- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
-local sub = readSubscription(KEYS[1], ARGV[1])
-if sub == nil then
-  return redis.error_reply('ERR data_state_invalid')
-end
-if not sub or sub.topicId ~= ARGV[2] then
-  return {'subscription_not_found'}
-end
+--#include clock
+-- A subscription's receipts go with it (the scripts that delete it delete
+-- them), so a receipt shows the subscription exists; its record is decoded
+-- only when there is none, to tell the two outcomes apart.
+local known = redis.call('HEXISTS', KEYS[1], ARGV[1])
 local r = redis.call('HGET', KEYS[4], ARGV[3])
-if not r then
+if not r or known == 0 then
+  local sub = readSubscription(KEYS[1], ARGV[1])
+  if sub == nil then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  if not sub or sub.topicId ~= ARGV[2] then
+    return {'subscription_not_found'}
+  end
   return {'message_not_found'}
 end
 local ok, rec = pcall(cjson.decode, r)
-if not ok or type(rec) ~= 'table' or type(rec.s) ~= 'string' or type(rec.l) ~= 'number' then
+if not ok or type(rec) ~= 'table' or type(rec.s) ~= 'string' or type(rec.l) ~= 'number' or type(rec.a) ~= 'number' or
+  (rec.h ~= nil and (type(rec.h) ~= 'string' or not rec.h:find('^[%x,]*$'))) then
   return redis.error_reply('ERR data_state_invalid')
 end
 
@@ -55,8 +61,7 @@ for i = 1, #hashes - 1 do
     earlier = true
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, nowText = clockNow()
 
 if rec.s == 'processed' or rec.s == 'failed' then
   if current == ARGV[4] then
@@ -99,13 +104,15 @@ end
 
 -- Writes; the first one fails on a leases key of another type.
 redis.call('ZREM', KEYS[5], ARGV[3])
-rec.s, rec.r, rec.u = ARGV[5], ARGV[6], now
-r = cjson.encode(rec)
+-- The record is built as text (as the claim builds it): the hex hashes and
+-- the numbers need no escaping; the status and result are encoded.
+r = '{"s":' .. cjson.encode(ARGV[5]) .. ',"a":' .. decimal(rec.a) .. ',"l":' .. decimal(rec.l) .. ',"u":' .. nowText ..
+  ',"r":' .. cjson.encode(ARGV[6]) .. ',"h":"' .. (rec.h or '') .. '"}'
 redis.call('HSET', KEYS[4], ARGV[3], r)
 if c <= 1 then
   redis.call('HDEL', KEYS[2], ARGV[3])
-  redis.call('ZADD', KEYS[3], now, ARGV[3])
+  redis.call('ZADD', KEYS[3], nowText, ARGV[3])
 else
-  redis.call('HINCRBY', KEYS[2], ARGV[3], -1)
+  redis.call('HINCRBY', KEYS[2], ARGV[3], '-1')
 end
 return {'ok', r, 1}

@@ -32,7 +32,8 @@
 -- (nothing written).
 -- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
-local sub = readSubscription(KEYS[2], ARGV[1], 'pos')
+--#include clock
+local sub, subRaw = readSubscription(KEYS[2], ARGV[1], 'pos')
 if sub == nil then
   return redis.error_reply('ERR data_state_invalid')
 end
@@ -49,8 +50,7 @@ if sub.status == 'paused' then
   return {'subscription_paused'}
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, nowText = clockNow()
 local count, leaseMs, maxAttempts = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
 local function receipt(id, want)
@@ -59,7 +59,8 @@ local function receipt(id, want)
     return nil
   end
   local ok, rec = pcall(cjson.decode, r)
-  if not ok or type(rec) ~= 'table' or rec.s ~= want or type(rec.a) ~= 'number' then
+  if not ok or type(rec) ~= 'table' or rec.s ~= want or type(rec.a) ~= 'number' or
+    (rec.h ~= nil and (type(rec.h) ~= 'string' or not rec.h:find('^[%x,]*$'))) then
     return nil
   end
   return rec
@@ -78,7 +79,7 @@ end
 
 -- Reads: expired leases, then new messages.
 local exhaust, lease = {}, {}
-local expired = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0, tonumber(ARGV[7]))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', nowText, 'LIMIT', '0', ARGV[7])
 for _, id in ipairs(expired) do
   local rec = receipt(id, 'leased')
   if not rec or not openCount(id) then
@@ -96,7 +97,7 @@ for _, id in ipairs(expired) do
 end
 local newPos
 if #lease < count then
-  local fresh = redis.call('XRANGE', KEYS[3], '(' .. sub.pos, '+', 'COUNT', count - #lease)
+  local fresh = redis.call('XRANGE', KEYS[3], '(' .. sub.pos, '+', 'COUNT', #lease == 0 and ARGV[3] or decimal(count - #lease))
   for _, e in ipairs(fresh) do
     local rec = receipt(e[1], 'pending')
     if not rec or not openCount(e[1]) then
@@ -126,6 +127,7 @@ for _, x in ipairs(exhaust) do
   end
 end
 local items = {}
+local leaseUntil = decimal(now + leaseMs)
 for i, x in ipairs(lease) do
   local id, rec, f = x[1], x[2], x[3]
   local h = ARGV[7 + i]
@@ -135,12 +137,22 @@ for i, x in ipairs(lease) do
   else
     rec.h = rec.h .. ',' .. h
   end
-  redis.call('HSET', KEYS[6], id, cjson.encode(rec))
-  redis.call('ZADD', KEYS[7], rec.l, id)
+  -- Built as text: the numbers and hex hashes need no escaping; a result
+  -- (never set on a receipt that can be leased) would be encoded.
+  redis.call('HSET', KEYS[6], id, '{"s":"leased","a":' .. decimal(rec.a) .. ',"l":' .. leaseUntil .. ',"u":' .. nowText ..
+    (rec.r ~= nil and ',"r":' .. cjson.encode(rec.r) or '') .. ',"h":"' .. rec.h .. '"}')
+  redis.call('ZADD', KEYS[7], leaseUntil, id)
   table.insert(items, {id, rec.a, rec.l, f.p or '', f.c or '', f.d or '', tonumber(f.z or '0'), tonumber(f.a or '0'), i})
 end
 if newPos then
-  sub.pos = newPos
-  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(sub))
+  -- Only the position changes: replace it in the stored text (a JSON
+  -- string value cannot hold an unescaped quote, so the pattern finds only
+  -- the pos field), re-encoding the record when that is not its form.
+  local moved, n = string.gsub(subRaw, '"pos":"[%d%-]*"', '"pos":"' .. newPos .. '"', 1)
+  if n ~= 1 then
+    sub.pos = newPos
+    moved = cjson.encode(sub)
+  end
+  redis.call('HSET', KEYS[2], ARGV[1], moved)
 end
 return {'ok', now, items}

@@ -47,6 +47,7 @@
 --#include dedupe_expired
 --#include dedupe_purge
 --#include same_subscriptions
+--#include clock
 local n = tonumber(ARGV[14])
 local tid = ARGV[1]
 local msg, rcpt, dd, tb = topicBudget(KEYS[2], tid)
@@ -68,9 +69,8 @@ if not sameSubscriptions(KEYS[6], n, 14) then
   return {'retry', '', 0, 0, 0}
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired, purged = dedupeExpired(KEYS[3], KEYS[4], now, tonumber(ARGV[13]), dd)
+local now, nowText = clockNow()
+local expired, purged = dedupeExpired(KEYS[3], KEYS[4], nowText, ARGV[13], dd)
 if not expired then
   return redis.error_reply('ERR data_state_invalid')
 end
@@ -120,23 +120,25 @@ for i = 1, n do
   end
 end
 -- The first write: on a stream key of another type it fails, writing nothing.
-local id = redis.call('XADD', KEYS[5], '*', 'p', ARGV[4], 'c', ARGV[5], 'd', ARGV[6], 'z', size, 'a', now)
+-- Numbers go to Redis and into records as text (clockNow); the ARGV ones
+-- as the caller sent them.
+local id = redis.call('XADD', KEYS[5], '*', 'p', ARGV[4], 'c', ARGV[5], 'd', ARGV[6], 'z', ARGV[7], 'a', nowText)
 dedupePurge(KEYS[3], KEYS[4], expired)
-local pending = '{"s":"pending","a":0,"l":0,"u":' .. now .. ',"h":""}'
+local pending = '{"s":"pending","a":0,"l":0,"u":' .. nowText .. ',"h":""}'
 for i = 1, n do
   redis.call('HSET', KEYS[8 + i], id, pending)
 end
 if n > 0 then
-  redis.call('HSET', KEYS[7], id, n)
+  redis.call('HSET', KEYS[7], id, ARGV[14])
 else
-  redis.call('ZADD', KEYS[8], now, id)
+  redis.call('ZADD', KEYS[8], nowText, id)
 end
-local x = now + tonumber(ARGV[12])
+local x = decimal(now + tonumber(ARGV[12]))
 -- The record is built as text: every value is a number, the stream id or
 -- the hex fingerprint, none of which needs escaping in JSON.
-redis.call('HSET', KEYS[3], ARGV[2], '{"m":"' .. id .. '","f":"' .. ARGV[3] .. '","a":' .. now .. ',"z":' .. size ..
-  ',"b":' .. ddBytes .. ',"x":' .. x .. '}')
+redis.call('HSET', KEYS[3], ARGV[2], '{"m":"' .. id .. '","f":"' .. ARGV[3] .. '","a":' .. nowText .. ',"z":' .. ARGV[7] ..
+  ',"b":' .. ARGV[8] .. ',"x":' .. x .. '}')
 redis.call('ZADD', KEYS[4], x, ARGV[2])
-redis.call('HSET', KEYS[2], 'msg', msg + size, 'tb:' .. tid, tb + size, 'rcpt', rcpt + n * per,
-  'dd', dd - purged + ddBytes)
+redis.call('HSET', KEYS[2], 'msg', decimal(msg + size), 'tb:' .. tid, decimal(tb + size), 'rcpt', decimal(rcpt + n * per),
+  'dd', decimal(dd - purged + ddBytes))
 return {'created', id, now, need, purged}

@@ -4,8 +4,9 @@
 -- a record holds none). It returns nil when a record is malformed or the
 -- bytes exceed dd: the data is inconsistent and the caller writes nothing.
 -- It only reads, so read-only scripts use it to leave expired bytes out.
+-- now and limit may be numbers or their decimal text.
 local function dedupeExpired(ddKey, ddxKey, now, limit, dd)
-  local ids = redis.call('ZRANGEBYSCORE', ddxKey, '-inf', now, 'LIMIT', 0, limit)
+  local ids = redis.call('ZRANGEBYSCORE', ddxKey, '-inf', now, 'LIMIT', '0', limit)
   local bytes = 0
   for _, id in ipairs(ids) do
     local raw = redis.call('HGET', ddKey, id)
