@@ -13,7 +13,9 @@
 -- -1 no lock (it expired); nothing is written unless 1.
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- at_ms as integer text from TIME's digits (Lua's number formatting is the
+-- C library's floating-point printf).
+local now = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
 if not redis.acl_check_cmd('pexpire', KEYS[1], ARGV[7]) then
   return redis.error_reply('ERR expiry_denied')
 end
