@@ -228,7 +228,7 @@ func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
 	if s.pendingOverflow {
 		c.queueResyncLocked(ResyncSlowConsumer)
 	}
-	s.pending, s.pendingOverflow, s.ready = nil, false, true
+	s.pending, s.pendingOverflow, s.ready, s.replayedUpTo = nil, false, true, upTo
 }
 
 // subscribedJSON is the subscribed frame; recovered is set only when the

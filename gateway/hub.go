@@ -243,12 +243,16 @@ func (h *Hub) detach(c *conn, dialogID string) {
 // Dispatch forwards an event frame received on a Redis channel to every
 // local subscriber, as is: the same bytes go to every socket.
 func (h *Hub) Dispatch(channel string, payload []byte) {
-	h.rec.observe(channel, payload)
 	class := classify(payload)
+	var seq int64
+	if class == classDurable {
+		seq = createdSeq(payload)
+		h.rec.observe(channel, seq, payload)
+	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	for c, s := range h.channels[channel] {
-		c.deliver(s, payload, class)
+		c.deliver(s, payload, class, seq)
 	}
 }
 

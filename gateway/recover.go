@@ -180,14 +180,11 @@ func (r *recoverer) retireLocked(channel string, f *flight) {
 	}
 }
 
-// observe keeps a message.created frame dispatched on channel beside the
-// dialog's current read. Hub.Dispatch calls it for every frame.
-func (r *recoverer) observe(channel string, payload []byte) {
-	if r.active.Load() == 0 {
-		return
-	}
-	seq := createdSeq(payload)
-	if seq == 0 {
+// observe keeps a message.created frame (seq > 0) dispatched on channel
+// beside the dialog's current read. Hub.Dispatch calls it for every
+// durable frame.
+func (r *recoverer) observe(channel string, seq int64, payload []byte) {
+	if seq == 0 || r.active.Load() == 0 {
 		return
 	}
 	r.mu.Lock()
