@@ -259,6 +259,7 @@ func (h *Hub) Dispatch(channel string, payload []byte) {
 // resyncChannels tells every connection subscribed to one of channels to
 // reconcile (after the Pub/Sub link came back).
 func (h *Hub) resyncChannels(channels []string, reason string) {
+	h.rec.forget(channels)
 	targets := map[*conn]struct{}{}
 	h.mu.RLock()
 	for _, ch := range channels {

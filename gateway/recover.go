@@ -180,6 +180,23 @@ func (r *recoverer) retireLocked(channel string, f *flight) {
 	}
 }
 
+// forget stops the reads of channels serving later subscribes: the
+// Pub/Sub link was down, so their buffers may lack events. Subscribes
+// already served get the link's resync.
+func (r *recoverer) forget(channels []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ch := range channels {
+		if df := r.dialogs[ch]; df != nil && df.cur != nil {
+			if df.cur.ended {
+				r.retireLocked(ch, df.cur)
+			} else {
+				df.cur.bufFull = true // still reading: no new joiner
+			}
+		}
+	}
+}
+
 // observe keeps a message.created frame (seq > 0) dispatched on channel
 // beside the dialog's current read. Hub.Dispatch calls it for every
 // durable frame.
