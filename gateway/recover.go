@@ -173,7 +173,7 @@ func (r *recoverer) retireLocked(channel string, f *flight) {
 	if df == nil || df.cur != f {
 		return
 	}
-	df.cur, f.buf = nil, nil
+	df.cur = nil // its buffer stays for the waiters that joined it
 	if df.next == nil {
 		delete(r.dialogs, channel)
 		r.active.Add(-1)
@@ -228,6 +228,9 @@ func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, 
 	if !res.Complete && (len(evs) == 0 || evs[0].Seq > since) {
 		return fail // more than RecoverMax after since
 	}
+	if !joined && since > res.LastSeq {
+		return fail // seqs the dialog never had
+	}
 	out := recovery{ok: true, upTo: since}
 	size := 0
 	for _, e := range evs {
@@ -263,6 +266,9 @@ func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, 
 	if len(out.frames) > r.cfg.RecoverMax || size > r.cfg.RecoverBytes {
 		return fail
 	}
-	out.lastSeq = max(res.LastSeq, out.upTo)
+	out.lastSeq = fail.lastSeq
+	if len(out.frames) > 0 {
+		out.lastSeq = max(out.lastSeq, out.upTo)
+	}
 	return out
 }
