@@ -411,3 +411,47 @@ func TestRecoverRefusals(t *testing.T) {
 		t.Fatalf("after the refusals: %v %s", seqs(r.events), r.sub.raw)
 	}
 }
+
+// A read serves later subscribes for RecoverLinger: a subscriber that
+// comes after messages were sent past the read's snapshot still gets
+// them, in order, from the events the instance kept beside the read, and
+// no second read is made.
+func TestRecoverLingeringReadServesLaterSubscribes(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.RecoverLinger = time.Minute }})
+	u := in.users(2)
+	d := in.dialog(u[0], u[1])
+	in.post(u[0], d, "1")
+	in.post(u[0], d, "2")
+	before := in.svc.Stats().RecoverReads
+	a := in.connect(u[1])
+	if r := a.subscribeSince(d, 1); fmt.Sprint(seqs(r.events)) != fmt.Sprint(seqRange(2, 2)) || r.sub.LastSeq != 2 {
+		t.Fatalf("first: %v %s", seqs(r.events), r.sub.raw)
+	}
+	in.post(u[0], d, "3")
+	in.post(u[0], d, "4")
+	for want := int64(3); want <= 4; want++ {
+		if f := a.nextCreated(); f.Seq != want {
+			t.Fatalf("live %d, want %d", f.Seq, want)
+		}
+	}
+	b := in.connect(u[1])
+	r := b.subscribeSince(d, 1)
+	if fmt.Sprint(seqs(r.events)) != fmt.Sprint(seqRange(2, 4)) || !*r.sub.Recovered || r.sub.LastSeq != 4 {
+		t.Fatalf("later subscriber: %v %s", seqs(r.events), r.sub.raw)
+	}
+	if reads := in.svc.Stats().RecoverReads - before; reads != 1 {
+		t.Fatalf("%d reads, want 1", reads)
+	}
+	in.post(u[0], d, "5")
+	if f := b.nextCreated(); f.Seq != 5 {
+		t.Fatalf("live after: %d", f.Seq)
+	}
+	// A lower sinceSeq than the read's needs a read of its own.
+	c := in.connect(u[1])
+	if r := c.subscribeSince(d, 0); fmt.Sprint(seqs(r.events)) != fmt.Sprint(seqRange(1, 5)) {
+		t.Fatalf("lower since: %v", seqs(r.events))
+	}
+	if reads := in.svc.Stats().RecoverReads - before; reads != 2 {
+		t.Fatalf("%d reads, want 2", reads)
+	}
+}
