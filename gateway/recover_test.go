@@ -455,3 +455,31 @@ func TestRecoverLingeringReadServesLaterSubscribes(t *testing.T) {
 		t.Fatalf("%d reads, want 2", reads)
 	}
 }
+
+// After the Pub/Sub link was down, a lingering read no longer serves new
+// subscribes (the events it kept may lack what was published meanwhile):
+// the next subscribe reads again.
+func TestRecoverReadAfterPubSubReconnect(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.RecoverLinger = time.Minute }})
+	u := in.users(2)
+	d := in.dialog(u[0], u[1])
+	in.post(u[0], d, "1")
+	before := in.svc.Stats().RecoverReads
+	a := in.connect(u[1])
+	a.subscribeSince(d, 0)
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "client", "kill", "type", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for f := a.next(10 * time.Second); f.Type != "resync"; f = a.next(10 * time.Second) {
+	}
+	in.post(u[0], d, "2")
+	b := in.connect(u[1])
+	if r := b.subscribeSince(d, 0); fmt.Sprint(seqs(r.events)) != fmt.Sprint(seqRange(1, 2)) || !*r.sub.Recovered {
+		t.Fatalf("after the reconnect: %v %s", seqs(r.events), r.sub.raw)
+	}
+	if reads := in.svc.Stats().RecoverReads - before; reads != 2 {
+		t.Fatalf("%d reads, want 2 (one before the link dropped, one after)", reads)
+	}
+}
