@@ -102,6 +102,22 @@ type Config struct {
 
 	// TicketTTL is the lifetime of a one-time ticket. Zero value means 30s.
 	TicketTTL time.Duration
+
+	// Recovery of a subscribe with sinceSeq: the missed message.created
+	// events are replayed over the socket when there are at most
+	// RecoverMax of them (HAN_WS_RECOVER_MAX; zero value means 100), their
+	// frames total at most RecoverBytes (zero value means 256 KiB) and each
+	// was written within RecoverWindow (HAN_WS_RECOVER_WINDOW, which must
+	// not exceed the outbox retention; zero value means 10m). Otherwise the
+	// client gets a resync for that dialog.
+	RecoverWindow time.Duration
+	RecoverMax    int
+	RecoverBytes  int
+	// RecoverLinger is how long one recovery read keeps serving later
+	// subscribes to its dialog on this instance (it keeps the dialog's
+	// events dispatched since the read began, so a later subscriber misses
+	// nothing). Zero value means 2s.
+	RecoverLinger time.Duration
 }
 
 func (c *Config) defaults() {
@@ -139,4 +155,8 @@ func (c *Config) defaults() {
 		c.RetryMax = c.RetryMin
 	}
 	dur(&c.TicketTTL, 30*time.Second)
+	dur(&c.RecoverWindow, 10*time.Minute)
+	num(&c.RecoverMax, 100)
+	num(&c.RecoverBytes, 256<<10)
+	dur(&c.RecoverLinger, 2*time.Second)
 }

@@ -27,6 +27,9 @@ type sub struct {
 	pending         []outFrame
 	pendingOverflow bool
 	lastTyping      time.Time
+	// replayedUpTo: the recovery of this subscription replayed the
+	// message.created events up to this seq; later copies are dropped.
+	replayedUpTo int64
 }
 
 // conn is one WebSocket connection. Its reader goroutine owns reads and the

@@ -15,12 +15,14 @@ func (c *conn) signal() {
 	go c.writeLoop()
 }
 
-// deliver queues a fanned-out frame for s (nil: the user's own channel).
-// It never blocks.
-func (c *conn) deliver(s *sub, b []byte, class frameClass) {
+// deliver queues a fanned-out frame for s (nil: the user's own channel);
+// seq is the frame's seq when it is a message.created event, else 0. A
+// message.created event the subscription's recovery replayed already is
+// dropped: its publish may come after the recovery read. It never blocks.
+func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed || (s != nil && seq > 0 && seq <= s.replayedUpTo) {
 		return
 	}
 	if s != nil && !s.ready {

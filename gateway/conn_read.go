@@ -72,7 +72,7 @@ func (c *conn) handle(f inFrame) bool {
 	case "ping":
 		c.send(pongFrame)
 	case "subscribe":
-		c.subscribe(f.DialogID)
+		c.subscribe(f.DialogID, f.Since.value())
 	case "unsubscribe":
 		if id, ok := ids.Canonical(f.DialogID); ok {
 			c.hub.detach(c, id)
@@ -117,7 +117,10 @@ func (c *conn) refresh(token string) bool {
 	return true
 }
 
-func (c *conn) subscribe(raw string) {
+// subscribe answers a subscribe frame. With sinceSeq (since ≥ 0) the
+// dialog's missed message.created events are replayed before subscribed,
+// or a resync for the dialog is sent when they cannot be.
+func (c *conn) subscribe(raw string, since int64) {
 	h := c.hub
 	dialogID, ok := ids.Canonical(raw)
 	if !ok {
@@ -130,13 +133,18 @@ func (c *conn) subscribe(raw string) {
 	existing, n := c.subs[dialogID], len(c.subs)
 	c.mu.Unlock()
 	if existing != nil {
-		// Already subscribed: answer again with a fresh lastSeq.
+		// Already subscribed: answer again with a fresh lastSeq. The live
+		// subscription has delivered everything since it began; a replay now
+		// would interleave with it, so a sinceSeq is answered with a resync.
 		seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
 		if err != nil {
 			c.send(encodeError(subscribeErrCode(err)))
 			return
 		}
-		c.send(mustJSON(subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: seq}))
+		if since >= 0 {
+			c.send(encodeDialogResync(ResyncRecoveryUnavailable, dialogID))
+		}
+		c.send(subscribedJSON(dialogID, seq, since >= 0, false))
 		return
 	}
 	if n >= h.cfg.MaxSubscriptions {
@@ -158,6 +166,10 @@ func (c *conn) subscribe(raw string) {
 		h.deps.Subscriber.Unsubscribe(channel)
 		return
 	}
+	if since >= 0 {
+		c.recoverSub(s, since)
+		return
+	}
 	// Read after the SUBSCRIBE is confirmed: everything published before
 	// the confirmation has a seq ≤ lastSeq (publishes follow commits).
 	seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
@@ -166,19 +178,67 @@ func (c *conn) subscribe(raw string) {
 		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}
+	c.ready(s, nil, subscribedJSON(dialogID, seq, false, false), 0)
+}
+
+// recoverSub finishes a subscribe with sinceSeq whose channel is attached:
+// the missed events, subscribed, then the live events that arrived
+// meanwhile and are not among the replayed ones.
+func (c *conn) recoverSub(s *sub, since int64) {
+	h := c.hub
+	rec, err := h.rec.recover(s.dialogID, s.channel, since)
+	if err != nil {
+		h.detach(c, s.dialogID)
+		c.send(encodeError(subscribeErrCode(err)))
+		return
+	}
+	if !rec.ok {
+		head := []outFrame{{encodeDialogResync(ResyncRecoveryUnavailable, s.dialogID), classControl}}
+		c.ready(s, head, subscribedJSON(s.dialogID, rec.lastSeq, true, false), 0)
+		return
+	}
+	head := make([]outFrame, len(rec.frames))
+	for i, b := range rec.frames {
+		head[i] = outFrame{b, classDurable}
+	}
+	c.ready(s, head, subscribedJSON(s.dialogID, rec.lastSeq, true, true), rec.upTo)
+}
+
+// ready queues head, the subscribed frame and the subscription's pending
+// events, leaving out message.created events with seq ≤ upTo (replayed in
+// head already), and lets later events through directly.
+func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
-	c.enqueueLocked(outFrame{mustJSON(subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: seq}), classControl})
+	for _, f := range head {
+		c.enqueueLocked(f)
+	}
+	c.enqueueLocked(outFrame{subscribed, classControl})
 	for _, f := range s.pending {
+		if upTo > 0 {
+			if seq := createdSeq(f.b); seq > 0 && seq <= upTo {
+				continue
+			}
+		}
 		c.enqueueLocked(f)
 	}
 	if s.pendingOverflow {
 		c.queueResyncLocked(ResyncSlowConsumer)
 	}
-	s.pending, s.pendingOverflow, s.ready = nil, false, true
+	s.pending, s.pendingOverflow, s.ready, s.replayedUpTo = nil, false, true, upTo
+}
+
+// subscribedJSON is the subscribed frame; recovered is set only when the
+// subscribe carried sinceSeq.
+func subscribedJSON(dialogID string, lastSeq int64, withSince, recovered bool) []byte {
+	f := subscribedFrame{Type: "subscribed", DialogID: dialogID, LastSeq: lastSeq}
+	if withSince {
+		f.Recovered = &recovered
+	}
+	return mustJSON(f)
 }
 
 func errOr(err, def error) error {

@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
+	"strconv"
 
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/pubsub"
 )
 
 // Event names of the realtime protocol that this package produces or
@@ -31,6 +34,10 @@ const (
 const (
 	ResyncSlowConsumer = "slow_consumer"
 	ResyncReconnect    = "pubsub_reconnect"
+	// ResyncRecoveryUnavailable: a subscribe's sinceSeq could not be served
+	// over the socket (too many or too large missed events, or older than
+	// the recovery window); the resync names the dialog.
+	ResyncRecoveryUnavailable = "recovery_unavailable"
 )
 
 // frameClass decides what happens to a frame when a queue is full.
@@ -82,6 +89,10 @@ type subscribedFrame struct {
 	Type     string `json:"type"`
 	DialogID string `json:"dialogId"`
 	LastSeq  int64  `json:"lastSeq"`
+	// Recovered answers a subscribe with sinceSeq: true when the missed
+	// events were sent before this frame, false after a resync. Absent
+	// without sinceSeq.
+	Recovered *bool `json:"recovered,omitempty"`
 }
 
 type errorFrame struct {
@@ -90,8 +101,9 @@ type errorFrame struct {
 }
 
 type resyncFrame struct {
-	Type   string `json:"type"`
-	Reason string `json:"reason"`
+	Type     string `json:"type"`
+	Reason   string `json:"reason"`
+	DialogID string `json:"dialogId,omitempty"` // set when one dialog is concerned
 }
 
 var pongFrame = []byte(`{"type":"pong"}`)
@@ -108,11 +120,45 @@ func encodeError(code string) []byte { return mustJSON(errorFrame{Type: "error",
 
 func encodeResync(reason string) []byte { return mustJSON(resyncFrame{Type: "resync", Reason: reason}) }
 
+func encodeDialogResync(reason, dialogID string) []byte {
+	return mustJSON(resyncFrame{Type: "resync", Reason: reason, DialogID: dialogID})
+}
+
 // inFrame is a client → server frame.
 type inFrame struct {
 	Type     string `json:"type"`
 	DialogID string `json:"dialogId"`
-	Token    string `json:"token"` // refresh
+	Token    string `json:"token"`             // refresh
+	Since    optSeq `json:"sinceSeq,omitzero"` // subscribe
+}
+
+// optSeq is an optional seq: a JSON number made of decimal digits only
+// that fits an int64. Anything else (null, a sign, a fraction, an
+// exponent, a string) fails the decoding of its frame.
+type optSeq struct {
+	n   int64
+	set bool
+}
+
+var errBadSeq = errors.New("gateway: sinceSeq must be an integer ≥ 0")
+
+func (o *optSeq) UnmarshalJSON(b []byte) error {
+	n, ok := parseSeq(b)
+	if !ok {
+		return errBadSeq
+	}
+	*o = optSeq{n: n, set: true}
+	return nil
+}
+
+func (o optSeq) MarshalJSON() ([]byte, error) { return strconv.AppendInt(nil, o.n, 10), nil }
+
+// value is the seq, -1 when absent.
+func (o optSeq) value() int64 {
+	if !o.set {
+		return -1
+	}
+	return o.n
 }
 
 // parseInFrame strictly decodes a client frame (jsonx: invalid UTF-8,
@@ -123,6 +169,49 @@ func parseInFrame(b []byte) (inFrame, bool) {
 		return inFrame{}, false
 	}
 	return f, true
+}
+
+// parseSeq parses a JSON number made of decimal digits only that fits an
+// int64.
+func parseSeq(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 19 {
+		return 0, false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	return n, err == nil
+}
+
+var (
+	seqField         = []byte(`,"seq":`)
+	messageCreatedEv = []byte(`"event":"` + pubsub.EventMessageCreated + `"`)
+)
+
+// createdSeq is the seq of a message.created event frame, read without
+// decoding it (the first "seq" of our frames is the event's own, before
+// its data); 0 for any other frame.
+func createdSeq(payload []byte) int64 {
+	if !bytes.Contains(payload, messageCreatedEv) {
+		return 0
+	}
+	i := bytes.Index(payload, seqField)
+	if i < 0 {
+		return 0
+	}
+	rest := payload[i+len(seqField):]
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	n, ok := parseSeq(rest[:j])
+	if !ok {
+		return 0
+	}
+	return n
 }
 
 type typingData struct {

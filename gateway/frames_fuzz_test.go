@@ -17,6 +17,8 @@ func FuzzParseInFrame(f *testing.F) {
 		`{"type":"pong"}`, `{"type":""}`, `{}`, `[]`, `null`, `"subscribe"`, `{"type":"a","type":"b"}`,
 		`{"type":"\ud800"}`, "{\"type\":\"\xff\"}", `{"type":"ping","extra":{"deep":[1,2,{"x":null}]}}`,
 		`{"type":1}`, `{"type":"ping"} trailing`, `{"type":"ping"`, ``,
+		`{"type":"subscribe","dialogId":"d","sinceSeq":12}`, `{"type":"subscribe","sinceSeq":-1}`,
+		`{"type":"subscribe","sinceSeq":null}`, `{"type":"subscribe","sinceSeq":1e3}`, `{"type":"subscribe","sinceSeq":"3"}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -267,6 +267,7 @@ type frame struct {
 	LastSeq      int64           `json:"lastSeq"`
 	Reason       string          `json:"reason"`
 	Error        string          `json:"error"`
+	Recovered    *bool           `json:"recovered"`
 
 	raw []byte
 }

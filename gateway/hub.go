@@ -24,6 +24,7 @@ type hubDeps struct {
 	Publisher  *pubsub.Publisher
 	Presence   *presence.Presence
 	Verifier   TokenVerifier // refresh frames
+	Recovery   recoveryReader
 }
 
 // Hub holds this instance's WebSocket connections and fans events out to
@@ -35,6 +36,7 @@ type Hub struct {
 	deps   hubDeps
 	logger *slog.Logger
 	stats  hubStats
+	rec    *recoverer
 
 	mu       sync.RWMutex // guards conns, channels, draining
 	conns    map[*conn]struct{}
@@ -47,8 +49,10 @@ type Hub struct {
 }
 
 func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
-	return &Hub{cfg: cfg, deps: deps, logger: logger, conns: map[*conn]struct{}{},
+	h := &Hub{cfg: cfg, deps: deps, logger: logger, conns: map[*conn]struct{}{},
 		channels: map[string]map[*conn]*sub{}, empty: make(chan struct{}, 1)}
+	h.rec = newRecoverer(&h.cfg, deps.Recovery)
+	return h
 }
 
 // hubStats are the hub's counters; Prometheus reads them through
@@ -98,6 +102,12 @@ type Stats struct {
 	MaxQueueFrames     int // the deepest any connection's queue has been
 	Closes             map[int]uint64
 	Rejects            map[string]uint64
+	// Recovery of subscribes with sinceSeq: reads made (and failed), and
+	// subscribes answered recovered true / false.
+	RecoverReads      uint64
+	RecoverReadErrors uint64
+	Recovered         uint64
+	RecoverResyncs    uint64
 }
 
 // Stats returns the current counters.
@@ -107,6 +117,8 @@ func (h *Hub) Stats() Stats {
 		EphemeralDrops: h.stats.ephemeralDrops.Load(), CoveredDrops: h.stats.coveredDrops.Load(),
 		TypingDrops: h.stats.typingDrops.Load(), Resyncs: h.stats.resyncs.Load(), FramesIn: h.stats.framesIn.Load(),
 		MaxQueueFrames: int(h.stats.maxQueue.Load()), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
+		RecoverReadErrors: h.rec.readErrors.Load(),
+		Recovered:         h.rec.recovered.Load(), RecoverResyncs: h.rec.resyncs.Load(),
 	}
 	h.stats.closes.Range(func(k, v any) bool {
 		st.Closes[int(k.(websocket.StatusCode))] = v.(*atomic.Uint64).Load()
@@ -117,6 +129,7 @@ func (h *Hub) Stats() Stats {
 		return true
 	})
 	h.mu.RLock()
+	st.RecoverReads = h.rec.readsOK.Load() + st.RecoverReadErrors
 	st.Connections = len(h.conns)
 	for c := range h.conns {
 		c.mu.Lock()
@@ -231,16 +244,22 @@ func (h *Hub) detach(c *conn, dialogID string) {
 // local subscriber, as is: the same bytes go to every socket.
 func (h *Hub) Dispatch(channel string, payload []byte) {
 	class := classify(payload)
+	var seq int64
+	if class == classDurable {
+		seq = createdSeq(payload)
+		h.rec.observe(channel, seq, payload)
+	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	for c, s := range h.channels[channel] {
-		c.deliver(s, payload, class)
+		c.deliver(s, payload, class, seq)
 	}
 }
 
 // resyncChannels tells every connection subscribed to one of channels to
 // reconcile (after the Pub/Sub link came back).
 func (h *Hub) resyncChannels(channels []string, reason string) {
+	h.rec.forget(channels)
 	targets := map[*conn]struct{}{}
 	h.mu.RLock()
 	for _, ch := range channels {

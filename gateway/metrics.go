@@ -14,6 +14,7 @@ type hubCollector struct {
 	connections, subscriptions, maxQueue      *prometheus.Desc
 	overflows, slowCloses, drops, resyncs, in *prometheus.Desc
 	closes, rejects                           *prometheus.Desc
+	recoverReads, recoveries                  *prometheus.Desc
 }
 
 func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
@@ -28,11 +29,13 @@ func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
 		in:            prometheus.NewDesc("han_ws_frames_received_total", "Client frames received.", nil, nil),
 		closes:        prometheus.NewDesc("han_ws_closes_total", "Connections closed by the server, by close code.", []string{"code"}, nil),
 		rejects:       prometheus.NewDesc("han_ws_rejected_total", "Connection attempts refused, by reason.", []string{"reason"}, nil),
+		recoverReads:  prometheus.NewDesc("han_ws_recover_reads_total", "Recovery reads of subscribes with sinceSeq (one per dialog serves many subscribes), by result.", []string{"result"}, nil),
+		recoveries:    prometheus.NewDesc("han_ws_recoveries_total", "Subscribes with sinceSeq, by outcome (recovered over the socket, or resync).", []string{"outcome"}, nil),
 	})
 }
 
 func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects} {
+	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects, c.recoverReads, c.recoveries} {
 		ch <- d
 	}
 }
@@ -55,6 +58,10 @@ func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
 	n(c.drops, st.TypingDrops, "typing_rate")
 	n(c.resyncs, st.Resyncs)
 	n(c.in, st.FramesIn)
+	n(c.recoverReads, st.RecoverReads-st.RecoverReadErrors, "ok")
+	n(c.recoverReads, st.RecoverReadErrors, "error")
+	n(c.recoveries, st.Recovered, "recovered")
+	n(c.recoveries, st.RecoverResyncs, "resync")
 	for code, v := range st.Closes {
 		n(c.closes, v, strconv.Itoa(code))
 	}

@@ -80,7 +80,7 @@ func NewService(d Deps) (*Service, error) {
 	s := &Service{cfg: cfg, logger: d.Logger, store: d.Store, verifier: d.Verifier,
 		tickets: NewTickets(d.Realtime, cfg.Hub.TicketTTL)}
 	var err error
-	s.hub = newHub(cfg.Hub, hubDeps{Store: d.Store, Verifier: d.Verifier}, d.Logger)
+	s.hub = newHub(cfg.Hub, hubDeps{Store: d.Store, Verifier: d.Verifier, Recovery: d.Store}, d.Logger)
 	delivery, err := newDeliveryObserver(cfg.Registerer) // delivery_metrics.go
 	if err != nil {
 		return nil, err

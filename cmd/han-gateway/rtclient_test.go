@@ -18,17 +18,18 @@ import (
 
 // rtFrame is any server → client frame of the realtime protocol.
 type rtFrame struct {
-	Type     string          `json:"type"`
-	Channel  string          `json:"channel"`
-	ID       string          `json:"id"`
-	Event    string          `json:"event"`
-	EntityID string          `json:"entityId"`
-	DialogID string          `json:"dialogId"`
-	Seq      int64           `json:"seq"`
-	Data     json.RawMessage `json:"data"`
-	Instance string          `json:"instance"`
-	LastSeq  int64           `json:"lastSeq"`
-	Reason   string          `json:"reason"`
+	Type      string          `json:"type"`
+	Channel   string          `json:"channel"`
+	ID        string          `json:"id"`
+	Event     string          `json:"event"`
+	EntityID  string          `json:"entityId"`
+	DialogID  string          `json:"dialogId"`
+	Seq       int64           `json:"seq"`
+	Data      json.RawMessage `json:"data"`
+	Instance  string          `json:"instance"`
+	LastSeq   int64           `json:"lastSeq"`
+	Reason    string          `json:"reason"`
+	Recovered *bool           `json:"recovered"`
 
 	raw []byte
 }

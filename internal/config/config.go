@@ -110,6 +110,14 @@ type Config struct {
 	// WSMaxConnsPerUser (HAN_WS_MAX_CONNS_PER_USER, default 16) caps one
 	// user's open WebSocket connections across all instances.
 	WSMaxConnsPerUser int
+	// WSRecoverWindow (HAN_WS_RECOVER_WINDOW, default 10m, at most
+	// HAN_OUTBOX_RETENTION) is how old a missed message may be for a
+	// subscribe with sinceSeq to replay it over the socket; WSRecoverMax
+	// (HAN_WS_RECOVER_MAX, default 100) is the most events replayed. Beyond
+	// either the client gets a resync for the dialog and reconciles over
+	// REST.
+	WSRecoverWindow time.Duration
+	WSRecoverMax    int
 	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s) is
 	// the base of the per-request body read and response write deadlines;
 	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s) closes idle
@@ -242,6 +250,19 @@ func Load(getenv func(string) string) (Config, error) {
 	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {
 		if c.WSMaxConnsPerUser, err = strconv.Atoi(v); err != nil || c.WSMaxConnsPerUser < 1 {
 			bad("HAN_WS_MAX_CONNS_PER_USER: must be a positive number")
+		}
+	}
+	if c.WSRecoverWindow, err = duration(getenv("HAN_WS_RECOVER_WINDOW"), 10*time.Minute); err != nil {
+		bad("HAN_WS_RECOVER_WINDOW: %v", err)
+	} else if c.WSRecoverWindow > c.OutboxRetention {
+		// Rows older than the retention may be purged: replaying from them
+		// would miss events.
+		bad("HAN_WS_RECOVER_WINDOW: must not exceed HAN_OUTBOX_RETENTION")
+	}
+	c.WSRecoverMax = 100
+	if v := getenv("HAN_WS_RECOVER_MAX"); v != "" {
+		if c.WSRecoverMax, err = strconv.Atoi(v); err != nil || c.WSRecoverMax < 1 {
+			bad("HAN_WS_RECOVER_MAX: must be a positive number")
 		}
 	}
 	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil {

@@ -244,3 +244,32 @@ func TestOutboxGraceAndRetention(t *testing.T) {
 		}
 	}
 }
+
+// HAN_WS_RECOVER_WINDOW (10m) and HAN_WS_RECOVER_MAX (100) bound the
+// replay of a subscribe with sinceSeq; the window may not outlast the
+// outbox rows it replays from (HAN_OUTBOX_RETENTION).
+func TestWSRecover(t *testing.T) {
+	m := base()
+	c, err := Load(env(m))
+	if err != nil || c.WSRecoverWindow != 10*time.Minute || c.WSRecoverMax != 100 {
+		t.Fatalf("defaults: window %v max %d %v", c.WSRecoverWindow, c.WSRecoverMax, err)
+	}
+	m["HAN_WS_RECOVER_WINDOW"], m["HAN_WS_RECOVER_MAX"], m["HAN_OUTBOX_RETENTION"] = "15m", "7", "15m"
+	if c, err := Load(env(m)); err != nil || c.WSRecoverWindow != 15*time.Minute || c.WSRecoverMax != 7 {
+		t.Fatalf("set: window %v max %d %v", c.WSRecoverWindow, c.WSRecoverMax, err)
+	}
+	for _, tc := range []struct{ window, retention string }{{"16m", "15m"}, {"", "5m"}, {"0", ""}, {"soon", ""}} {
+		m := base()
+		m["HAN_WS_RECOVER_WINDOW"], m["HAN_OUTBOX_RETENTION"] = tc.window, tc.retention
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_RECOVER_WINDOW") {
+			t.Errorf("window %q retention %q: %v", tc.window, tc.retention, err)
+		}
+	}
+	for _, v := range []string{"0", "-1", "many"} {
+		m := base()
+		m["HAN_WS_RECOVER_MAX"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_RECOVER_MAX: must be a positive number") {
+			t.Errorf("%q: %v", v, err)
+		}
+	}
+}

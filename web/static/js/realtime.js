@@ -4,7 +4,8 @@
 // server's advised delay (close 1001 {"retryMs":n}), and a liveness check.
 //
 // It only reports what happens; the chat view reconciles over REST after
-// every "open" and "resync" (the server never replays).
+// every "open" and "resync". It subscribes without sinceSeq, so the server
+// replays nothing to it.
 //
 // A connection ends with its token (close 4001 token_expired at the token's
 // exp plus the server's leeway). Before that, the client asks the getToken

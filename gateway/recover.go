@@ -1,0 +1,274 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/han-app/gateway/store"
+)
+
+// recoveryReader reads what a subscribe with sinceSeq replays: the
+// dialog's last seq and the message.created frames of its newest messages
+// after a seq, in one snapshot (store.Store).
+type recoveryReader interface {
+	RecoverDialog(ctx context.Context, dialogID string, afterSeq int64, window time.Duration, limit int) (store.DialogRecovery, error)
+}
+
+var _ recoveryReader = (*store.Store)(nil)
+
+// recoverer serves the recoveries of this instance's subscribes. Per
+// dialog one read runs at a time (single flight), from the lowest sinceSeq
+// waiting for it. A read keeps serving later subscribes for
+// Config.RecoverLinger after it ended: from the moment it starts, the
+// dialog's message.created frames dispatched on this instance are kept
+// beside it, so a subscriber that joins later (its channel attached before
+// it joins) finds every event either in the read, in that buffer, or in
+// its own pending queue. A reconnect storm thus costs one read per dialog.
+type recoverer struct {
+	cfg  *Config
+	read recoveryReader
+
+	readsOK, readErrors atomic.Uint64 // reads made, by result
+	recovered, resyncs  atomic.Uint64 // subscribes answered with recovered true / false
+
+	active  atomic.Int64              // len(dialogs): Dispatch's fast path when zero
+	mu      sync.Mutex                // guards dialogs and every flight's since, buf, bufFull, ended
+	dialogs map[string]*dialogFlights // dialog channel → its flights
+}
+
+// dialogFlights are a dialog's reads: cur is reading or lingering (and
+// buffers dispatched events); next waits for cur's read to end.
+type dialogFlights struct{ cur, next *flight }
+
+// flight is one recovery read. res and err are written before done is
+// closed and read only after.
+type flight struct {
+	dialogID string
+	since    int64   // the lowest sinceSeq it reads from; fixed once it reads
+	prev     *flight // the read it waits for (as next)
+	done     chan struct{}
+	res      store.DialogRecovery
+	err      error
+	ended    bool
+	buf      []bufferedEvent // message.created frames dispatched since it started reading
+	bufFull  bool            // more than RecoverMax were dispatched: no longer joinable
+}
+
+type bufferedEvent struct {
+	seq int64
+	b   []byte
+}
+
+// recovery is what one subscribe with sinceSeq gets.
+type recovery struct {
+	ok      bool     // false: a resync for the dialog, then subscribed recovered=false
+	frames  [][]byte // the missed events in seq order (ok only)
+	lastSeq int64    // subscribed.lastSeq
+	upTo    int64    // pending message.created events with seq ≤ upTo are already covered
+}
+
+func newRecoverer(cfg *Config, read recoveryReader) *recoverer {
+	return &recoverer{cfg: cfg, read: read, dialogs: map[string]*dialogFlights{}}
+}
+
+// recover serves a subscribe to dialogID with sinceSeq since whose channel
+// is attached already (its events wait in the subscription's pending
+// queue).
+func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, error) {
+	f, leader, joined := r.join(dialogID, channel, since)
+	if leader {
+		r.run(channel, f)
+	} else {
+		<-f.done // bounded: at most two reads of SubscribeTimeout each
+	}
+	if f.err != nil {
+		return recovery{}, f.err
+	}
+	var extra []bufferedEvent
+	full := false
+	if joined {
+		r.mu.Lock()
+		extra, full = slices.Clone(f.buf), f.bufFull
+		r.mu.Unlock()
+	}
+	rec := r.outcome(f.res, since, joined, extra, full)
+	if rec.ok {
+		r.recovered.Add(1)
+	} else {
+		r.resyncs.Add(1)
+	}
+	return rec, nil
+}
+
+// join finds the flight that serves since: the current one when it reads
+// from at most since (its buffer covers whatever it read before this
+// subscriber attached), else the next one (lowering its since), else a new
+// one this caller leads.
+func (r *recoverer) join(dialogID, channel string, since int64) (f *flight, leader, joined bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	df := r.dialogs[channel]
+	if df == nil {
+		df = &dialogFlights{}
+		r.dialogs[channel] = df
+		r.active.Add(1)
+	}
+	if cur := df.cur; cur != nil && since >= cur.since && !cur.bufFull && (!cur.ended || cur.err == nil) {
+		return cur, false, true
+	}
+	if df.next != nil {
+		df.next.since = min(df.next.since, since)
+		return df.next, false, false
+	}
+	f = &flight{dialogID: dialogID, since: since, done: make(chan struct{})}
+	if df.cur == nil || df.cur.ended {
+		df.cur = f
+	} else {
+		f.prev, df.next = df.cur, f
+	}
+	return f, true, false
+}
+
+// run makes the read of f (after the one it waits for) and publishes the
+// result to its waiters.
+func (r *recoverer) run(channel string, f *flight) {
+	if f.prev != nil {
+		<-f.prev.done
+		r.mu.Lock()
+		df := r.dialogs[channel] // kept while next is set
+		df.cur, df.next = f, nil
+		r.mu.Unlock()
+	}
+	ctx, cancel := opContext(r.cfg.SubscribeTimeout)
+	res, err := r.read.RecoverDialog(ctx, f.dialogID, f.since, r.cfg.RecoverWindow, r.cfg.RecoverMax+1)
+	cancel()
+	if err != nil {
+		r.readErrors.Add(1)
+	} else {
+		r.readsOK.Add(1)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f.res, f.err, f.ended = res, err, true
+	close(f.done)
+	if err != nil {
+		r.retireLocked(channel, f)
+		return
+	}
+	time.AfterFunc(r.cfg.RecoverLinger, func() {
+		r.mu.Lock()
+		r.retireLocked(channel, f)
+		r.mu.Unlock()
+	})
+}
+
+// retireLocked stops f serving joiners (if it is still the current read)
+// and forgets the dialog once it has no read.
+func (r *recoverer) retireLocked(channel string, f *flight) {
+	df := r.dialogs[channel]
+	if df == nil || df.cur != f {
+		return
+	}
+	df.cur = nil // its buffer stays for the waiters that joined it
+	if df.next == nil {
+		delete(r.dialogs, channel)
+		r.active.Add(-1)
+	}
+}
+
+// forget stops the reads of channels serving later subscribes: the
+// Pub/Sub link was down, so their buffers may lack events. Subscribes
+// already served get the link's resync.
+func (r *recoverer) forget(channels []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ch := range channels {
+		if df := r.dialogs[ch]; df != nil && df.cur != nil {
+			if df.cur.ended {
+				r.retireLocked(ch, df.cur)
+			} else {
+				df.cur.bufFull = true // still reading: no new joiner
+			}
+		}
+	}
+}
+
+// observe keeps a message.created frame (seq > 0) dispatched on channel
+// beside the dialog's current read. Hub.Dispatch calls it for every
+// durable frame.
+func (r *recoverer) observe(channel string, seq int64, payload []byte) {
+	if seq == 0 || r.active.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	if df := r.dialogs[channel]; df != nil && df.cur != nil && !df.cur.bufFull {
+		f := df.cur
+		if len(f.buf) >= r.cfg.RecoverMax {
+			f.buf, f.bufFull = nil, true
+		} else {
+			f.buf = append(f.buf, bufferedEvent{seq, payload})
+		}
+	}
+	r.mu.Unlock()
+}
+
+// outcome decides what a subscriber with sinceSeq since gets from a read
+// (and, when it joined a read already under way, from the events
+// dispatched since that read began).
+func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, extra []bufferedEvent, extraFull bool) recovery {
+	fail := recovery{lastSeq: res.LastSeq}
+	for _, e := range extra {
+		fail.lastSeq = max(fail.lastSeq, e.seq)
+	}
+	evs := res.Events
+	if !res.Complete && (len(evs) == 0 || evs[0].Seq > since) {
+		return fail // more than RecoverMax after since
+	}
+	if !joined && since > res.LastSeq {
+		return fail // seqs the dialog never had
+	}
+	out := recovery{ok: true, upTo: since}
+	size := 0
+	for _, e := range evs {
+		if e.Seq <= since {
+			continue
+		}
+		if e.Frame == nil {
+			return fail // older than the window, or never in the outbox
+		}
+		out.frames = append(out.frames, e.Frame)
+		size += len(e.Frame)
+		out.upTo = e.Seq
+	}
+	if joined {
+		if extraFull {
+			return fail
+		}
+		slices.SortFunc(extra, func(a, b bufferedEvent) int { return cmp.Compare(a.seq, b.seq) })
+		for _, e := range extra {
+			switch {
+			case e.seq <= out.upTo:
+			case e.seq == out.upTo+1:
+				out.frames = append(out.frames, e.b)
+				size += len(e.b)
+				out.upTo = e.seq
+			default:
+				// A gap: the missing event may reach this subscriber
+				// after ones it would already have.
+				return fail
+			}
+		}
+	}
+	if len(out.frames) > r.cfg.RecoverMax || size > r.cfg.RecoverBytes {
+		return fail
+	}
+	out.lastSeq = fail.lastSeq
+	if len(out.frames) > 0 {
+		out.lastSeq = max(out.lastSeq, out.upTo)
+	}
+	return out
+}
