@@ -106,8 +106,8 @@ func (s *Server) observe(next http.Handler) http.Handler {
 			d := time.Since(start)
 			s.metrics.httpRequests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
 			s.metrics.httpDuration.WithLabelValues(route).Observe(d.Seconds())
-			if route == "/metrics" || route == "/healthz" || route == "/readyz" {
-				return
+			if route == "/metrics" || route == "/healthz" || route == "/readyz" || !s.logger.Enabled(ctx, slog.LevelInfo) {
+				return // (the IP HMAC is computed only for a line that is written)
 			}
 			s.logger.LogAttrs(ctx, slog.LevelInfo, "http",
 				slog.String("request_id", id), slog.String("method", r.Method), slog.String("route", route),
