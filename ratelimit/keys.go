@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"hash/fnv"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -24,9 +25,18 @@ const keyPrefix = "han:api:rl:"
 // SHA-256. Labels come from the bounded allow-list (Lookup), so the number of
 // hashes is bounded too.
 func RouteHash(label string) string {
+	if h, ok := routeHashes.Load(label); ok {
+		return h.(string)
+	}
 	sum := sha256.Sum256([]byte(label))
-	return hex.EncodeToString(sum[:8])
+	h := hex.EncodeToString(sum[:8])
+	routeHashes.Store(label, h)
+	return h
 }
+
+// routeHashes memoizes RouteHash: one entry per route label, and labels
+// come from the bounded allow-list.
+var routeHashes sync.Map
 
 func windowID(a Algorithm, w time.Duration) string {
 	return string(a[:1]) + strconv.FormatInt(w.Milliseconds(), 10)
