@@ -100,7 +100,9 @@ IFS=, read -r -a arms_h <<<"$arms_hot"
 for a in "${arms_m[@]}" "${arms_h[@]}"; do
 	case "$a" in gw-on | gw-off | sql) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
 done
-case ",$rates_many,$rates_hot," in *",$cpu_rate,"*",$cpu_rate,"*) ;; *) han_die "-cpu-rate $cpu_rate must be a step of -rates-many and -rates-hot" ;; esac
+for l in "$rates_many" "$rates_hot"; do
+	case ",$l," in *",$cpu_rate,"*) ;; *) han_die "-cpu-rate $cpu_rate must be a step of -rates-many and -rates-hot" ;; esac
+done
 nsteps() { local IFS=,; set -- $1; echo $#; }
 # A phase: warm-up, its steps, plus ≈ 10 s of setup and history read-back.
 per_round=$((${#arms_m[@]} * ($(nsteps "$rates_many") * secs + wsecs + 10) + ${#arms_h[@]} * ($(nsteps "$rates_hot") * secs + wsecs + 10)))
@@ -232,6 +234,9 @@ stop_gateway() {
 }
 
 # --- measuring -------------------------------------------------------------------
+# steal_ticks: the machine's stolen and total CPU ticks so far (/proc/stat):
+# a hypervisor that takes the CPUs away shows up here, not in any process.
+steal_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
 results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1
 : >"$results"
 phase() { # FSYNC SHAPE ARM ROUND
@@ -251,11 +256,14 @@ phase() { # FSYNC SHAPE ARM ROUND
 		start_gateway "$arm" "${arm_bin[$arm]}" "${arm_db[$arm]}"
 		args=(chat-fanout -send-only -target "${gw_url[$arm]}" -cpu-pid "gateway=${gw_pid[$arm]}" "${args[@]}")
 	fi
-	local l0 l1
+	local l0 l1 st0 st1 t0 t1
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
+	read -r st0 t0 < <(steal_ticks)
 	"$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
+	read -r st1 t1 < <(steal_ticks)
+	l1="$l1 (steal $(awk -v s=$((st1 - st0)) -v t=$((t1 - t0)) 'BEGIN { printf "%.0f %%", (t > 0 ? 100 * s / t : 0) }'))"
 	[ "$arm" = sql ] || stop_gateway "$arm"
 	[ -s "$sum" ] || han_die "$arm $shape: no summary: $(tail -n 5 "$work/$fs-$shape-$arm-$round.out")"
 	[ "$rc" = 0 ] || han_log "$arm $shape round $round: exit $rc (history check or run failed): $(grep -E '✗|error' "$work/$fs-$shape-$arm-$round.out" | head -n 3 | tr '\n' ' ')"
