@@ -97,7 +97,17 @@ var ErrTooManyConnections = errors.New("presence: too many connections for this 
 // instances never exceed the cap. A user's first live connection is an
 // online transition, reported to Events.
 func (p *Presence) Connect(ctx context.Context, c Conn) error {
-	v, err := p.heartbeat(ctx, p.rdb, c, p.cfg.MaxConnsPerUser).Slice()
+	// One round trip: the registration and the instance index entry are
+	// pipelined; a refused registration takes its index entry back.
+	member := indexMember(c)
+	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+		p.heartbeat(ctx, pipe, c, p.cfg.MaxConnsPerUser)
+		p.instanceHeartbeat(ctx, pipe, []string{member})
+	})
+	if err != nil {
+		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
+	}
+	v, err := cmds[0].(*redis.Cmd).Slice()
 	if err != nil {
 		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
 	}
@@ -105,10 +115,10 @@ func (p *Presence) Connect(ctx context.Context, c Conn) error {
 		return fmt.Errorf("presence connect: unexpected reply of %d values", len(v))
 	}
 	if refused, _ := v[3].(int64); refused == 1 {
+		if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), member).Err(); err != nil {
+			p.logger.Warn("presence: removing a refused connection's index entry failed", slog.String("kind", rds.Kind(err)))
+		}
 		return ErrTooManyConnections
-	}
-	if err := p.instanceHeartbeat(ctx, p.rdb, []string{indexMember(c)}).Err(); err != nil {
-		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
 	}
 	if becameOnline, _ := v[1].(int64); becameOnline == 1 {
 		p.cancelOffline(c.UserID)

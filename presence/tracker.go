@@ -2,6 +2,7 @@ package presence
 
 import (
 	"context"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -34,11 +35,7 @@ func (p *Presence) Start(conns func() []Conn) {
 	}()
 	go func() {
 		defer p.inflight.Done()
-		p.every(ctx, p.cfg.RefreshInterval, func(ctx context.Context) {
-			if err := p.Refresh(ctx, conns()); err != nil {
-				p.logger.Warn("presence heartbeat failed", slog.String("kind", rds.Kind(err)))
-			}
-		})
+		p.refreshLoop(ctx, conns)
 	}()
 	go func() {
 		defer p.inflight.Done()
@@ -68,6 +65,45 @@ func (p *Presence) livenessLoop(ctx context.Context, conns func() []Conn) {
 		}
 		first = false
 	})
+}
+
+// refreshSlices is how many parts the connections' heartbeats are spread
+// over: every RefreshInterval/refreshSlices one part runs, so each
+// connection's heartbeat still runs once per interval but the scripts never
+// arrive at Redis as one burst (which would queue behind them the Pub/Sub
+// traffic sharing that Redis).
+const refreshSlices = 10
+
+// minRefreshTick bounds how often a part runs (short test intervals get
+// fewer parts).
+const minRefreshTick = 50 * time.Millisecond
+
+// refreshLoop runs the connections' heartbeats, one part of them per tick:
+// a connection belongs to part hash(connection id) mod the number of parts.
+func (p *Presence) refreshLoop(ctx context.Context, conns func() []Conn) {
+	slices := max(1, min(refreshSlices, int(p.cfg.RefreshInterval/minRefreshTick)))
+	tick := 0
+	p.every(ctx, p.cfg.RefreshInterval/time.Duration(slices), func(ctx context.Context) {
+		part := tick % slices
+		tick++
+		all := conns()
+		mine := all[:0:0]
+		for _, c := range all {
+			if refreshPart(c.ConnID, slices) == part {
+				mine = append(mine, c)
+			}
+		}
+		if err := p.Refresh(ctx, mine); err != nil {
+			p.logger.Warn("presence heartbeat failed", slog.String("kind", rds.Kind(err)))
+		}
+	})
+}
+
+// refreshPart is the part of the heartbeat spread connID belongs to.
+func refreshPart(connID string, slices int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(connID))
+	return int(h.Sum32() % uint32(slices))
 }
 
 // every runs fn now and then every interval (±10% jitter) until ctx ends.
