@@ -36,6 +36,8 @@ type Presence struct {
 	started  bool
 	cancel   context.CancelFunc
 	inflight sync.WaitGroup // transition callbacks and loops
+
+	ops opBatcher // connects and disconnects, batched
 }
 
 // New returns a Presence on the DB1 client. events may be nil.
@@ -60,6 +62,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 			}
 		}
 	}
+	p.ops.p = p
 	return p, nil
 }
 
@@ -97,27 +100,18 @@ var ErrTooManyConnections = errors.New("presence: too many connections for this 
 // instances never exceed the cap. A user's first live connection is an
 // online transition, reported to Events.
 func (p *Presence) Connect(ctx context.Context, c Conn) error {
-	// One round trip: the registration and the instance index entry are
-	// pipelined; a refused registration takes its index entry back.
-	member := indexMember(c)
-	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
-		p.heartbeat(ctx, pipe, c, p.cfg.MaxConnsPerUser)
-		p.instanceHeartbeat(ctx, pipe, []string{member})
-	})
-	if err != nil {
-		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
+	// The registration shares a pipeline with other connects and
+	// disconnects in flight, and the instance index entry is one command
+	// for the batch; a refused registration's entry is taken back.
+	op := &presenceOp{kind: opConnect, conn: c, max: p.cfg.MaxConnsPerUser}
+	if err := p.ops.do(ctx, op); err != nil {
+		return fmt.Errorf("presence connect: %w", err)
 	}
-	v, err := cmds[0].(*redis.Cmd).Slice()
-	if err != nil {
-		return fmt.Errorf("presence connect: %w", rds.ClassifyRedisError(err))
-	}
+	v := op.reply
 	if len(v) < 4 {
 		return fmt.Errorf("presence connect: unexpected reply of %d values", len(v))
 	}
 	if refused, _ := v[3].(int64); refused == 1 {
-		if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), member).Err(); err != nil {
-			p.logger.Warn("presence: removing a refused connection's index entry failed", slog.String("kind", rds.Kind(err)))
-		}
 		return ErrTooManyConnections
 	}
 	if becameOnline, _ := v[1].(int64); becameOnline == 1 {
@@ -173,14 +167,11 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 // user has no live connection left, the offline transition is checked
 // after OfflineDebounce. It returns the time Redis recorded.
 func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.Time, error) {
-	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
-		p.disconnect(ctx, pipe, userID, connID)
-		pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), userID+":"+connID)
-	})
-	if err != nil {
-		return time.Now(), fmt.Errorf("presence disconnect: %w", rds.ClassifyRedisError(err))
+	op := &presenceOp{kind: opDisconnect, conn: Conn{UserID: userID, ConnID: connID}}
+	if err := p.ops.do(ctx, op); err != nil {
+		return time.Now(), fmt.Errorf("presence disconnect: %w", err)
 	}
-	return p.afterDisconnect(userID, cmds[0].(*redis.Cmd)), nil
+	return p.afterDisconnect(userID, op.reply), nil
 }
 
 func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, connID string) *redis.Cmd {
@@ -188,9 +179,8 @@ func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, con
 		connID, ms(p.cfg.ConnTTL), p.cfg.StaleBatch)
 }
 
-func (p *Presence) afterDisconnect(userID string, cmd *redis.Cmd) time.Time {
-	v, err := cmd.Slice()
-	if err != nil || len(v) < 3 {
+func (p *Presence) afterDisconnect(userID string, v []any) time.Time {
+	if len(v) < 3 {
 		return time.Now()
 	}
 	live, _ := v[1].(int64)
@@ -337,7 +327,8 @@ func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int)
 			return n, false, err
 		}
 		for i, t := range targets {
-			p.afterDisconnect(t.user, cmds[i].(*redis.Cmd))
+			v, _ := cmds[i].(*redis.Cmd).Slice()
+			p.afterDisconnect(t.user, v)
 		}
 		args := make([]any, len(members))
 		for i, m := range members {

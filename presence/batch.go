@@ -1,0 +1,209 @@
+package presence
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store/rds"
+)
+
+// Registration batching. Connects and disconnects that arrive together
+// share one pipeline: each connection keeps its own atomic script (its
+// user's hash tag), and the instance index gets one command for the whole
+// batch. A lone call goes out at once; while a batch is in flight the next
+// calls queue, so a storm of thousands of handshakes or a drain of
+// thousands of sockets costs one round trip per batch instead of one (or
+// two) per connection, and nothing waits for a pool connection.
+const (
+	// opsInFlight is how many pipelines run at once.
+	opsInFlight = 2
+	// opsBatchMax bounds one pipeline.
+	opsBatchMax = 256
+	// opsTimeout bounds one pipeline; it does not end with any one caller.
+	opsTimeout = 2 * time.Second
+)
+
+type opKind int
+
+const (
+	opConnect opKind = iota
+	opDisconnect
+)
+
+// presenceOp is one connect or disconnect waiting in a batch.
+type presenceOp struct {
+	kind opKind
+	conn Conn
+	max  int // connect: the per-user cap
+
+	reply []any // the connection's script reply
+	err   error
+	done  chan struct{}
+}
+
+// opBatcher runs presence ops in shared pipelines.
+type opBatcher struct {
+	p *Presence
+
+	mu       sync.Mutex
+	queue    []*presenceOp
+	inFlight int
+}
+
+// do runs op and waits for its reply, or returns ctx's error if ctx ends
+// while op still waits in the queue (nothing of it was sent).
+func (b *opBatcher) do(ctx context.Context, op *presenceOp) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	op.done = make(chan struct{})
+	b.mu.Lock()
+	b.queue = append(b.queue, op)
+	if b.inFlight < opsInFlight {
+		// A free pipeline: this caller sends the batch it is in itself (a
+		// lone call costs no hand-off) and leaves the rest to a drain.
+		b.inFlight++
+		batch := b.takeLocked()
+		b.mu.Unlock()
+		b.sendAll(batch)
+		if b.next() {
+			go b.drain()
+		}
+	} else {
+		b.mu.Unlock()
+	}
+	select {
+	case <-op.done:
+		return op.err
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	for i, q := range b.queue {
+		if q == op {
+			b.queue = append(b.queue[:i], b.queue[i+1:]...)
+			b.mu.Unlock()
+			return ctx.Err()
+		}
+	}
+	b.mu.Unlock()
+	<-op.done // already sent: its pipeline's own timeout bounds the wait
+	return op.err
+}
+
+// drain sends batches until the queue is empty.
+func (b *opBatcher) drain() {
+	for {
+		b.mu.Lock()
+		batch := b.takeLocked()
+		b.mu.Unlock()
+		b.sendAll(batch)
+		if !b.next() {
+			return
+		}
+	}
+}
+
+// takeLocked removes the next batch from the queue (b.mu held).
+func (b *opBatcher) takeLocked() []*presenceOp {
+	n := min(len(b.queue), opsBatchMax)
+	batch := b.queue[:n:n]
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	return batch
+}
+
+// next is called after a batch was sent: with ops still queued, a drain
+// goroutine takes them on (its caller's pipeline slot passes to it) and
+// next reports true; otherwise the slot is freed.
+func (b *opBatcher) next() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.inFlight--
+		return false
+	}
+	return true
+}
+
+func (b *opBatcher) sendAll(batch []*presenceOp) {
+	if len(batch) == 0 {
+		return
+	}
+	b.send(batch)
+	for _, op := range batch {
+		close(op.done)
+	}
+}
+
+// send runs batch as one pipeline: every op's script, then one index
+// update per kind. A refused connect takes its index entry back afterwards.
+func (b *opBatcher) send(batch []*presenceOp) {
+	p := b.p
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	var added, removed []string
+	for _, op := range batch {
+		if op.kind == opConnect {
+			added = append(added, indexMember(op.conn))
+		} else {
+			removed = append(removed, indexMember(op.conn))
+		}
+	}
+	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+		for _, op := range batch {
+			if op.kind == opConnect {
+				p.heartbeat(ctx, pipe, op.conn, op.max)
+			} else {
+				p.disconnect(ctx, pipe, op.conn.UserID, op.conn.ConnID)
+			}
+		}
+		if len(added) > 0 {
+			p.instanceHeartbeat(ctx, pipe, added)
+		}
+		if len(removed) > 0 {
+			pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(removed)...)
+		}
+	})
+	var refused []string
+	for i, op := range batch {
+		if i >= len(cmds) {
+			op.err = fmt.Errorf("presence: no reply: %w", rds.ClassifyRedisError(err))
+			continue
+		}
+		op.reply, op.err = cmds[i].(*redis.Cmd).Slice()
+		if op.err == nil && err != nil {
+			// The connection's own script ran, but the index update
+			// of the batch failed.
+			op.err = err
+		}
+		if op.err != nil {
+			op.err = rds.ClassifyRedisError(op.err)
+			continue
+		}
+		if op.kind == opConnect && len(op.reply) >= 4 {
+			if r, _ := op.reply[3].(int64); r == 1 {
+				refused = append(refused, indexMember(op.conn))
+			}
+		}
+	}
+	if len(refused) > 0 {
+		if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(refused)...).Err(); err != nil {
+			p.logger.Warn("presence: removing refused connections' index entries failed", slog.String("kind", rds.Kind(err)))
+		}
+	}
+}
+
+func toAny(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
