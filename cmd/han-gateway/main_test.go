@@ -14,6 +14,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/internal/testenv/apicheck"
 )
 
 var env *testenv.Env
@@ -28,7 +29,13 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
+	// Every answer the tests receive is checked against docs/openapi.yaml.
+	check, err := apicheck.Install()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	testenv.Main(m, testenv.Options{Redis: true, Postgres: true, Check: check.Err}, &env)
 }
 
 const devSecret = "gateway-e2e-secret-0123456789abcdef"
