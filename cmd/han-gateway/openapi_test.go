@@ -120,4 +120,14 @@ func TestOpenAPIServed(t *testing.T) {
 	if !slices.Contains(strings.Split(resp.Header.Get("Cache-Control"), ", "), "public") {
 		t.Errorf("Cache-Control %q: the description is the same for everyone", resp.Header.Get("Cache-Control"))
 	}
+	// A plain GET of the socket endpoint is the documented 426 (checked
+	// against the description like every answer here).
+	resp, err = http.Get(m.URL() + "/v1/realtime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUpgradeRequired {
+		t.Errorf("plain GET /v1/realtime: %d, want 426", resp.StatusCode)
+	}
 }
