@@ -19,6 +19,10 @@ import (
 
 var env *testenv.Env
 
+// apiCheck validates every answer against docs/openapi.yaml: it wraps
+// http.DefaultTransport, and a test with a transport of its own wraps that.
+var apiCheck *apicheck.Checker
+
 // runMainEnv makes this test binary run the program's main() instead of
 // the tests: drain_test.go and help_test.go start it as a child process to
 // signal it and read its exit status.
@@ -30,12 +34,12 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	// Every answer the tests receive is checked against docs/openapi.yaml.
-	check, err := apicheck.Install()
-	if err != nil {
+	var err error
+	if apiCheck, err = apicheck.Install(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	testenv.Main(m, testenv.Options{Redis: true, Postgres: true, Check: check.Err}, &env)
+	testenv.Main(m, testenv.Options{Redis: true, Postgres: true, Check: apiCheck.Err}, &env)
 }
 
 const devSecret = "gateway-e2e-secret-0123456789abcdef"

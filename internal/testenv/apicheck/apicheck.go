@@ -84,18 +84,20 @@ func (c *Checker) Err() error {
 		len(c.failures), c.checked, strings.Join(c.failures, "\n"))
 }
 
-// Checked is how many answers were validated.
-func (c *Checker) Checked() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.checked
-}
-
 // Transport wraps base: an answer that does not match the description is
 // recorded for Err and returned to the caller as an error, so the test that
 // made the request fails at that request.
 func (c *Checker) Transport(base http.RoundTripper) http.RoundTripper {
 	return roundTripper{c: c, base: base}
+}
+
+// netHTTPOwn are the statuses net/http answers itself, in plain text, to a
+// request it could not parse (docs/errors.md): they reach no route.
+var netHTTPOwn = map[int]bool{
+	http.StatusExpectationFailed:           true,
+	http.StatusRequestHeaderFieldsTooLarge: true,
+	http.StatusNotImplemented:              true,
+	http.StatusHTTPVersionNotSupported:     true,
 }
 
 type roundTripper struct {
@@ -107,6 +109,9 @@ func (rt roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := rt.base.RoundTrip(req)
 	if err != nil || resp.StatusCode == http.StatusSwitchingProtocols || req.Header.Get("Upgrade") != "" {
 		return resp, err
+	}
+	if netHTTPOwn[resp.StatusCode] {
+		return resp, nil
 	}
 	route, params, ferr := rt.c.router.FindRoute(req)
 	if ferr != nil {
