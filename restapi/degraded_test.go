@@ -247,7 +247,8 @@ func TestIdempotencyExpiryDenied(t *testing.T) {
 
 // gateLimiter is a fail-closed limiter of this test's own on real Redis: one
 // DB0 write per request, like the Lua limiter. When DB0 fails it defers to
-// the handler where restapi.DeferDB0Failure allows, else it answers 503.
+// the handler where restapi.DeferDB0Failure allows, else it answers 503
+// redis_unavailable as the server's limiter does.
 type gateLimiter struct{ rdb redis.UniversalClient }
 
 func (l gateLimiter) Allow(w http.ResponseWriter, r *http.Request, route string) bool {
@@ -261,7 +262,9 @@ func (l gateLimiter) Allow(w http.ResponseWriter, r *http.Request, route string)
 	if restapi.DeferDB0Failure(r, err) {
 		return true
 	}
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write([]byte(`{"error":"redis_unavailable"}`))
 	return false
 }
 
@@ -293,7 +296,6 @@ func TestDB0FailureDeferredByTheLimiter(t *testing.T) {
 		t.Fatalf("%d messages, want 1", n)
 	}
 	// Other routes are not deferred: the limiter fails closed itself.
-	if code, _ := h.do(aTok, "GET", "/v1/dialogs", ""); code != 503 {
-		t.Fatalf("a route without its own DB0 fallback: %d", code)
-	}
+	code, b = h.do(aTok, "GET", "/v1/dialogs", "")
+	wantError(t, code, b, 503, "redis_unavailable") // a route without its own DB0 fallback
 }

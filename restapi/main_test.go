@@ -3,10 +3,12 @@ package restapi_test
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/internal/testenv/apicheck"
 	"github.com/han-app/gateway/restapi"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
@@ -26,7 +29,13 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
+	// Every answer the tests receive is checked against docs/openapi.yaml.
+	check, err := apicheck.Install()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	testenv.Main(m, testenv.Options{Redis: true, Postgres: true, Check: check.Err}, &env)
 }
 
 var devSecret = []byte("test-dev-secret-0123456789abcdef")

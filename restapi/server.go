@@ -14,6 +14,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/docs"
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/legacystub"
 	"github.com/han-app/gateway/ratelimit"
@@ -67,6 +68,9 @@ type Config struct {
 	// ProjectQueue tunes topics, claims and budgets of the project API
 	// (package store/project); zero values mean the defaults.
 	ProjectQueue project.QueueConfig
+	// CORSOrigins are the exact origins (HAN_CORS_ORIGINS) whose pages may
+	// call the REST API from a browser (cors.go); empty: no CORS headers.
+	CORSOrigins []string
 }
 
 // Pinger is a PostgreSQL connection the readiness probe pings.
@@ -135,6 +139,9 @@ type Server struct {
 	gw       RealtimeGateway
 	stub     *legacystub.Stub // nil: the legacy safety stub is off (safety.go)
 
+	corsOrigins map[string]bool // CORSOrigins as a set
+	openapi     []byte          // docs/openapi.yaml as JSON, built once by NewServer
+
 	users      sync.Map // user ids already recorded in PostgreSQL
 	usersCount atomic.Int64
 }
@@ -179,6 +186,13 @@ func NewServer(d Deps) (*Server, error) {
 	s.gw = d.Gateway
 	s.stub = d.LegacyStub
 	var err error
+	if s.openapi, err = docs.OpenAPIJSON(); err != nil {
+		return nil, err
+	}
+	s.corsOrigins = make(map[string]bool, len(d.Config.CORSOrigins))
+	for _, o := range d.Config.CORSOrigins {
+		s.corsOrigins[o] = true
+	}
 	if s.marker, err = store.NewOutboxMarker(d.Store, store.OutboxMarkerConfig{Registerer: s.metrics.Registry}, d.Logger); err != nil {
 		return nil, err
 	}
@@ -198,7 +212,7 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Handler is the complete HTTP handler, every route under the body and
 // response deadlines.
-func (s *Server) Handler() http.Handler { return s.deadlines(s.observe(s.router)) }
+func (s *Server) Handler() http.Handler { return s.deadlines(s.observe(s.cors(s.router))) }
 
 // SetDraining makes /readyz answer 503 so the load balancer stops sending
 // new traffic while in-flight requests finish.
@@ -220,6 +234,9 @@ func (s *Server) routes() {
 		r.Handle("/metrics", s.metrics.Handler()).Methods(http.MethodGet)
 	}
 	r.Handle("/v1/public/config", s.rateLimit(http.HandlerFunc(s.publicConfig))).Methods(http.MethodGet)
+	// Public like the config: a client reads the description before it
+	// has a token.
+	r.HandleFunc("/v1/openapi.json", s.openAPIDoc).Methods(http.MethodGet)
 
 	// Signed blob URLs and service routes come before the /v1 user
 	// subrouter, which matches the whole /v1 prefix.
@@ -278,6 +295,17 @@ var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, ht
 // notFound answers 405 with Allow when the path exists for other methods,
 // else 404.
 func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	allow := s.servedMethods(r)
+	if len(allow) == 0 {
+		writeError(w, errNotFound)
+		return
+	}
+	MethodNotAllowed(w, allow...)
+}
+
+// servedMethods lists the methods other than r's own that an API route
+// (not the web client's catch-all) serves on r's path.
+func (s *Server) servedMethods(r *http.Request) []string {
 	var allow []string
 	for _, m := range probeMethods {
 		if m == r.Method {
@@ -292,11 +320,7 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 			allow = append(allow, m)
 		}
 	}
-	if len(allow) == 0 {
-		writeError(w, errNotFound)
-		return
-	}
-	MethodNotAllowed(w, allow...)
+	return allow
 }
 
 // MethodNotAllowed answers 405 {"error":"method_not_allowed"} with Allow,
@@ -309,6 +333,12 @@ func MethodNotAllowed(w http.ResponseWriter, allow ...string) {
 // UserRouter is the /v1 subrouter whose routes require a user token; paths
 // added to it are relative to /v1 (later features add endpoints here).
 func (s *Server) UserRouter() *mux.Router { return s.v1 }
+
+// openAPIDoc serves docs/openapi.yaml as JSON.
+func (s *Server) openAPIDoc(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	writeRawJSON(w, http.StatusOK, s.openapi)
+}
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeRawJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))

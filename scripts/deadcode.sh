@@ -29,6 +29,7 @@ ALLOW=(
 	# Test harness packages: only _test.go files (and withpg, for part of
 	# testenv) import them; run 2 still checks they hold no dead code.
 	"internal/testenv *"
+	"internal/testenv/apicheck *"
 	"internal/faultproxy *"
 	# The whole-program tests drive the real Main and need its bound
 	# addresses; the program itself logs them from the fields.

@@ -198,7 +198,7 @@ func (m *Main) Run(ctx context.Context) error {
 	apiStore.SetSendQueue(cfg.SendDialogQueue)
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
-			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout,
+			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout, CORSOrigins: cfg.CORSOrigins,
 			Idempotency:  restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID},
 			Attachments:  restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir},
 			ProjectQueue: project.QueueConfig{ModuleLeaseBytes: cfg.ProjectModuleLeaseBytes}},

@@ -107,7 +107,7 @@ func TestSIGTERMDrainKeepsServingWhileReadyzIs503(t *testing.T) {
 	base := "http://" + next("serving").Addr
 
 	// Fresh connections each time, as a load balancer's probes make them.
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: apiCheck.Transport(&http.Transport{DisableKeepAlives: true})}
 	get := func(path, tok string) (int, string, error) {
 		req, _ := http.NewRequest("GET", base+path, nil)
 		if tok != "" {

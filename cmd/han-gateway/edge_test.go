@@ -37,7 +37,7 @@ func userToken(t *testing.T, sub string) string {
 // from the loopback address src.
 func clientFrom(src string) *http.Client {
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+	return &http.Client{Timeout: 30 * time.Second, Transport: apiCheck.Transport(&http.Transport{DialContext: d.DialContext, DisableKeepAlives: true})}
 }
 
 func do(t *testing.T, c *http.Client, method, url, tok, body string, hdr map[string]string) (*http.Response, string) {

@@ -67,7 +67,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 	tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(clientIP)}}).DialContext}
 	defer tr.CloseIdleConnections()
 	old := http.DefaultClient
-	http.DefaultClient = &http.Client{Transport: forwarded{tr, forwardedIP}}
+	http.DefaultClient = &http.Client{Transport: apiCheck.Transport(forwarded{tr, forwardedIP})}
 	defer func() { http.DefaultClient = old }()
 
 	s := newScenario(t, m)

@@ -14,9 +14,14 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/internal/testenv/apicheck"
 )
 
 var env *testenv.Env
+
+// apiCheck validates every answer against docs/openapi.yaml: it wraps
+// http.DefaultTransport, and a test with a transport of its own wraps that.
+var apiCheck *apicheck.Checker
 
 // runMainEnv makes this test binary run the program's main() instead of
 // the tests: drain_test.go and help_test.go start it as a child process to
@@ -28,7 +33,13 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env)
+	// Every answer the tests receive is checked against docs/openapi.yaml.
+	var err error
+	if apiCheck, err = apicheck.Install(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	testenv.Main(m, testenv.Options{Redis: true, Postgres: true, Check: apiCheck.Err}, &env)
 }
 
 const devSecret = "gateway-e2e-secret-0123456789abcdef"

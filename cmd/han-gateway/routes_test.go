@@ -74,7 +74,7 @@ func TestEveryAPIErrorIsJSON(t *testing.T) {
 	concrete := func(tpl string) string { return routeVar.ReplaceAllString(tpl, ids.New()) }
 	for tpl, ms := range served {
 		path := concrete(tpl)
-		for _, method := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
+		for _, method := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "TRACE"} {
 			if slices.Contains(ms, method) {
 				continue
 			}
@@ -86,12 +86,14 @@ func TestEveryAPIErrorIsJSON(t *testing.T) {
 			}
 		}
 		jsonError(t, m, tok, "GET", strings.TrimSuffix(path, "/")+"/no/such/path", 404, "not_found")
+		noContentOptions(t, m, path)
 	}
 	for tpl := range methodless {
 		path := concrete(tpl)
-		if allow := jsonError(t, m, tok, "OPTIONS", path, 405, "method_not_allowed"); allow == "" {
-			t.Errorf("OPTIONS %s: 405 without Allow", tpl)
+		if allow := jsonError(t, m, tok, "TRACE", path, 405, "method_not_allowed"); allow == "" {
+			t.Errorf("TRACE %s: 405 without Allow", tpl)
 		}
+		noContentOptions(t, m, path)
 		jsonError(t, m, tok, "GET", strings.TrimSuffix(path, "/")+"/no/such/path", 404, "not_found")
 	}
 
@@ -121,5 +123,20 @@ func TestEveryAPIErrorIsJSON(t *testing.T) {
 		if resp.StatusCode != 200 || resp.Header.Get("Content-Security-Policy") == "" {
 			t.Errorf("GET %s: %d, want the web client's page", p, resp.StatusCode)
 		}
+	}
+}
+
+// noContentOptions asserts OPTIONS on a served path is 204 without a body:
+// OPTIONS is no method mismatch (a CORS preflight asks it, cors.go).
+func noContentOptions(t *testing.T, m *Main, path string) {
+	t.Helper()
+	req, _ := http.NewRequest("OPTIONS", m.URL()+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 204 || len(b) != 0 {
+		t.Errorf("OPTIONS %s: %d %q, want 204", path, resp.StatusCode, b)
 	}
 }

@@ -22,18 +22,22 @@ type Config struct {
 	HTTPAddr string // HAN_HTTP_ADDR, default 127.0.0.1:8080
 	// MetricsAddr (HAN_METRICS_ADDR), when set, serves /metrics on its own
 	// listener and not on HTTPAddr. Zero value: /metrics on HTTPAddr.
-	MetricsAddr       string
-	RedisURL          string // REDIS_URL (DB0)
-	RedisRealtimeURL  string // REDIS_REALTIME_URL (DB1)
-	DatabaseURL       string // DATABASE_URL
-	Env               string // HAN_ENV, default dev
-	InstanceID        string // HAN_INSTANCE_ID, default hostname + random suffix
-	JWTIssuer         string // HAN_JWT_ISSUER
-	JWTAudience       string // HAN_JWT_AUDIENCE
-	JWKSURL           string // HAN_JWKS_URL
-	JWKSFile          string // HAN_JWKS_FILE
-	DevHS256Secret    string // HAN_JWT_DEV_HS256_SECRET (refused when HAN_ENV=prod)
-	AllowedOrigins    []string
+	MetricsAddr      string
+	RedisURL         string   // REDIS_URL (DB0)
+	RedisRealtimeURL string   // REDIS_REALTIME_URL (DB1)
+	DatabaseURL      string   // DATABASE_URL
+	Env              string   // HAN_ENV, default dev
+	InstanceID       string   // HAN_INSTANCE_ID, default hostname + random suffix
+	JWTIssuer        string   // HAN_JWT_ISSUER
+	JWTAudience      string   // HAN_JWT_AUDIENCE
+	JWKSURL          string   // HAN_JWKS_URL
+	JWKSFile         string   // HAN_JWKS_FILE
+	DevHS256Secret   string   // HAN_JWT_DEV_HS256_SECRET (refused when HAN_ENV=prod)
+	AllowedOrigins   []string // HAN_ALLOWED_ORIGINS: WebSocket handshakes
+	// CORSOrigins (HAN_CORS_ORIGINS) are the exact origins whose pages may
+	// call the REST API; separate from AllowedOrigins because a page may
+	// call REST from one origin and open sockets from another.
+	CORSOrigins       []string
 	HMACSecret        string // HAN_HMAC_SECRET
 	LegacyStubEnabled bool   // HAN_LEGACY_STUB_ENABLED
 	LegacyStubURL     string // HAN_LEGACY_STUB_URL
@@ -159,16 +163,8 @@ func Load(getenv func(string) string) (Config, error) {
 	var problems []string
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 
-	for _, o := range strings.Split(getenv("HAN_ALLOWED_ORIGINS"), ",") {
-		if o = strings.TrimSpace(o); o != "" {
-			u, err := url.Parse(o)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
-				bad("HAN_ALLOWED_ORIGINS: each entry must be an origin like https://chat.example.com")
-				continue
-			}
-			c.AllowedOrigins = append(c.AllowedOrigins, strings.TrimSuffix(o, "/"))
-		}
-	}
+	c.AllowedOrigins = origins("HAN_ALLOWED_ORIGINS", getenv("HAN_ALLOWED_ORIGINS"), bad)
+	c.CORSOrigins = origins("HAN_CORS_ORIGINS", getenv("HAN_CORS_ORIGINS"), bad)
 	var err error
 	if c.RedisTimeout, err = duration(getenv("HAN_REDIS_TIMEOUT"), time.Second); err != nil {
 		bad("HAN_REDIS_TIMEOUT: %v", err)
@@ -407,4 +403,22 @@ func SameRedisInstance(a, b string) bool {
 	ua, err1 := url.Parse(a)
 	ub, err2 := url.Parse(b)
 	return err1 == nil && err2 == nil && strings.EqualFold(ua.Host, ub.Host)
+}
+
+// origins parses a comma-separated list of exact origins
+// (scheme://host[:port], an optional trailing slash dropped).
+func origins(name, v string, bad func(string, ...any)) []string {
+	var out []string
+	for _, o := range strings.Split(v, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			u, err := url.Parse(o)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") ||
+				u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+				bad("%s: each entry must be an origin like https://chat.example.com", name)
+				continue
+			}
+			out = append(out, strings.TrimSuffix(o, "/"))
+		}
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,8 @@ func TestValidation(t *testing.T) {
 		{"missing realtime", "REDIS_REALTIME_URL", "", "REDIS_REALTIME_URL: required"},
 		{"short hmac", "HAN_HMAC_SECRET", "Zq9marker", "HAN_HMAC_SECRET"},
 		{"bad origin", "HAN_ALLOWED_ORIGINS", "chat.example.com", "HAN_ALLOWED_ORIGINS"},
+		{"bad cors origin", "HAN_CORS_ORIGINS", "https://a.example, Zq9marker.example", "HAN_CORS_ORIGINS: each entry"},
+		{"cors origin with path", "HAN_CORS_ORIGINS", "https://Zq9marker.example/app", "HAN_CORS_ORIGINS: each entry"},
 		{"bad timeout", "HAN_REDIS_TIMEOUT", "-1s", "HAN_REDIS_TIMEOUT"},
 		{"instance with brace", "HAN_INSTANCE_ID", "a{b}", "HAN_INSTANCE_ID"},
 		{"log level", "HAN_LOG_LEVEL", "loud", "HAN_LOG_LEVEL"},
@@ -74,6 +77,15 @@ func TestValidation(t *testing.T) {
 	c, err := Load(env(m))
 	if err != nil || len(c.AllowedOrigins) != 2 || c.AllowedOrigins[1] != "http://localhost:8080" {
 		t.Fatalf("origins: %v %v", c.AllowedOrigins, err)
+	}
+	if len(c.CORSOrigins) != 0 {
+		t.Fatalf("CORS origins without HAN_CORS_ORIGINS: %v", c.CORSOrigins)
+	}
+	// The REST and WebSocket lists are independent.
+	m["HAN_CORS_ORIGINS"] = "https://app.example/ ,http://localhost:5173"
+	c, err = Load(env(m))
+	if err != nil || !slices.Equal(c.CORSOrigins, []string{"https://app.example", "http://localhost:5173"}) || len(c.AllowedOrigins) != 2 {
+		t.Fatalf("CORS origins: %v %v", c.CORSOrigins, err)
 	}
 }
 

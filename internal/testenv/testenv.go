@@ -46,6 +46,9 @@ type Options struct {
 	// redis-server (DB0 and DB1) has no TTL (every key of those families must
 	// carry one, docs/redis-keys.md).
 	SkipTTLAudit bool
+	// Check, when set, runs after the tests; an error fails the run (the
+	// OpenAPI answer check, package apicheck).
+	Check func() error
 }
 
 // TTLPatterns are the key families that must always carry a TTL.
@@ -157,6 +160,12 @@ func Main(m *testing.M, opts Options, env **Env) {
 	}
 	*env = e
 	code := m.Run()
+	if opts.Check != nil {
+		if err := opts.Check(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
 	if code == 0 && e.Redis != nil && !opts.SkipTTLAudit {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		bad, err := e.Redis.KeysWithoutTTL(ctx)
