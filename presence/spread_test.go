@@ -3,10 +3,16 @@ package presence_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
@@ -80,5 +86,100 @@ func TestConnectOverCapLeavesNoIndexEntry(t *testing.T) {
 	}
 	if n, _ := rdb.ZCard(ctx, presence.UserConnsKey(u)).Result(); n != 2 {
 		t.Fatalf("user's connections = %d, want 2", n)
+	}
+}
+
+// wire counts what the client sends: round trips (a command alone or a
+// pipeline) and top-level commands.
+type wire struct{ trips, cmds atomic.Int64 }
+
+func (w *wire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (w *wire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		w.trips.Add(1)
+		w.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (w *wire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		w.trips.Add(1)
+		for _, c := range cmds {
+			switch c.Name() {
+			case "hello", "auth", "client", "select": // a new pool connection's set-up
+			default:
+				w.cmds.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A storm of connects and a drain of disconnects share pipelines: at most
+// one round trip per 50 connections, and one command per connection (its
+// own script) plus one index command per round trip.
+func TestConnectStormAndDrainAreBatched(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	var w wire
+	rdb.AddHook(&w)
+	p, err := presence.New(rdb, presence.Config{InstanceID: "i-" + ids.New()[24:]}, nil, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	const n = 1000
+	conns := make([]presence.Conn, n)
+	for i := range conns {
+		conns[i] = presence.Conn{UserID: ids.New(), ConnID: "c" + strconv.Itoa(i)}
+	}
+	all := func(fn func(c presence.Conn) error) {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for _, c := range conns {
+			wg.Go(func() {
+				<-start
+				if err := fn(c); err != nil {
+					errs <- err
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	// Load the scripts first (a first use also sends SCRIPT LOAD).
+	warm := presence.Conn{UserID: ids.New(), ConnID: "warm"}
+	if err := p.Connect(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Disconnect(ctx, warm.UserID, warm.ConnID); err != nil {
+		t.Fatal(err)
+	}
+	for _, phase := range []struct {
+		name string
+		fn   func(c presence.Conn) error
+	}{
+		{"connect", func(c presence.Conn) error { return p.Connect(ctx, c) }},
+		{"disconnect", func(c presence.Conn) error { _, err := p.Disconnect(ctx, c.UserID, c.ConnID); return err }},
+	} {
+		w.trips.Store(0)
+		w.cmds.Store(0)
+		all(phase.fn)
+		trips, cmds := w.trips.Load(), w.cmds.Load()
+		t.Logf("%s of %d connections: %d round trips, %d commands", phase.name, n, trips, cmds)
+		if trips > n/50 {
+			t.Errorf("%s: %d round trips for %d connections, want ≤ 1 per 50", phase.name, trips, n)
+		}
+		if cmds > n+trips {
+			t.Errorf("%s: %d commands for %d connections in %d round trips, want ≤ one per connection + one per round trip", phase.name, cmds, n, trips)
+		}
+	}
+	if left, _ := rdb.ZCard(ctx, presence.InstanceConnsKey(p.Config().InstanceID)).Result(); left != 0 {
+		t.Fatalf("instance index holds %d entries after every disconnect", left)
 	}
 }
