@@ -5,7 +5,8 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { WebSocket } from "ws";
 import { ApiError, CloseError, HanClient } from "../index.js";
-import { control, env, next, pair, recordMessages, until } from "./helpers.js";
+import { spawn } from "node:child_process";
+import { control, env, token, next, pair, recordMessages, until } from "./helpers.js";
 
 /** @type {import("../index.js").HanClient[]} */
 const open = [];
@@ -80,12 +81,12 @@ test("subscribe with sinceSeq delivers what was missed (recovered or over REST),
 
 test("ticket auth: typing reaches the other member, presence is readable", async () => {
   const { alice, bob, bobId, dialog } = await pair({ auth: "ticket" });
+  const subscribed = [alice, bob].map((c) => next(c, "subscribed", (s) => s.dialogId === dialog.id));
   connect(alice);
   connect(bob);
   alice.subscribe(dialog.id);
   bob.subscribe(dialog.id);
-  await next(alice, "subscribed", (s) => s.dialogId === dialog.id);
-  await next(bob, "subscribed", (s) => s.dialogId === dialog.id);
+  await Promise.all(subscribed);
   const typing = next(alice, "typing", (e) => e.userId === bobId);
   bob.typing(dialog.id);
   assert.equal((await typing).dialogId, dialog.id);
@@ -113,6 +114,26 @@ test("without a token the client stops with unauthorized instead of looping", as
   const e = await err;
   assert.ok(e instanceof ApiError && e.code === "unauthorized" && e.status === 401, String(e));
   assert.equal(c.realtime.state.phase, "stopped");
+});
+
+test("the documented example prints the dialog and sends what is typed", async () => {
+  const { alice, aliceId, dialog } = await pair();
+  await alice.send(dialog.id, "already there");
+  const tok = await token(aliceId);
+  const child = spawn(process.execPath, ["examples/chat.js"], {
+    cwd: new URL("..", import.meta.url),
+    env: { ...process.env, HAN_URL: env.api, HAN_TOKEN: tok, HAN_DIALOG: dialog.id },
+  });
+  let out = "";
+  child.stdout.on("data", (b) => { out += b; });
+  child.stderr.on("data", (b) => { out += b; });
+  await until(() => out.includes("[live]"), 10000, "the example to connect");
+  child.stdin.end("typed in the example\n");
+  const code = await new Promise((r) => child.on("exit", r));
+  assert.equal(code, 0, out);
+  assert.match(out, /#1 [0-9a-f]{8}: already there/);
+  const page = await alice.history(dialog.id);
+  assert.deepEqual(page.items.map((m) => m.body), ["already there", "typed in the example"]);
 });
 
 test("after an instance restart the client reconnects, resubscribes and misses nothing", async () => {
