@@ -30,6 +30,9 @@ ALLOW=(
 	# testenv) import them; run 2 still checks they hold no dead code.
 	"internal/testenv *"
 	"internal/faultproxy *"
+	# The frame-schema checker of the realtime test clients (gateway,
+	# cmd/han-gateway): only their _test.go files import it.
+	"internal/wsschema *"
 	# The whole-program tests drive the real Main and need its bound
 	# addresses; the program itself logs them from the fields.
 	"cmd/han-gateway Main.Addr"

@@ -56,8 +56,12 @@ func (v *Validator) Server(frame []byte) error { return check(v.server, frame) }
 // Client checks a frame a client sends.
 func (v *Validator) Client(frame []byte) error { return check(v.client, frame) }
 
-func check(schemas map[string]*jsonschema.Schema, frame []byte) error {
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(frame))
+func check(schemas map[string]*jsonschema.Schema, b []byte) error {
+	frame := b
+	if len(frame) > 300 {
+		frame = append(frame[:300:300], "…"...)
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
 	if err != nil {
 		return fmt.Errorf("frame %s: not JSON: %w", frame, err)
 	}
