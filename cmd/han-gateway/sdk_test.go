@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
 )
 
 // sdkDir is the JavaScript SDK, relative to this package.
@@ -75,7 +77,8 @@ func (s *sdkInstance) restart() error {
 }
 
 // control serves the Node tests' requests: /token mints a user token,
-// /restart restarts the instance, /drop-next-send arms the cut answer.
+// /restart restarts the instance, /commit-unpublished stores a message
+// without publishing it, /drop-next-send arms the cut answer.
 func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/token":
@@ -96,6 +99,18 @@ func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
+	case "/commit-unpublished":
+		// A message committed without its event: what a subscriber sees
+		// when Pub/Sub loses a publish (a gap in seq).
+		q := r.URL.Query()
+		msg, _, _, err := store.New(s.current().pg).SendMessage(r.Context(), store.SendMessage{
+			ID: ids.New(), DialogID: q.Get("dialog"), SenderID: q.Get("sender"), Body: q.Get("body")})
+		if err != nil {
+			s.t.Errorf("commit unpublished: %v", err)
+			http.Error(w, "commit failed", http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, strconv.FormatInt(msg.Seq, 10))
 	case "/drop-next-send":
 		s.dropNextSend.Store(true)
 		w.WriteHeader(http.StatusNoContent)

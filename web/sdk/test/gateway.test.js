@@ -79,6 +79,24 @@ test("subscribe with sinceSeq delivers what was missed (recovered or over REST),
   assert.equal(got[3].source, "live");
 });
 
+test("a seq gap (a lost publish) is filled over REST after the grace period", async () => {
+  const { alice, aliceId, bob, dialog } = await pair();
+  const got = recordMessages(bob);
+  connect(bob);
+  bob.subscribe(dialog.id);
+  await next(bob, "subscribed", (s) => s.dialogId === dialog.id);
+  await alice.send(dialog.id, "one");
+  await until(() => got.length >= 1, 10000, "the first message");
+  const seq = await control(`/commit-unpublished?dialog=${dialog.id}&sender=${aliceId}&body=two`);
+  assert.equal(seq, "2");
+  await alice.send(dialog.id, "three");
+  await until(() => got.length >= 3, 10000, "the gap filled");
+  assert.deepEqual(got.map((m) => m.body), ["one", "two", "three"]);
+  assert.equal(got[1].source, "rest");
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(got.length, 3, "nothing twice");
+});
+
 test("ticket auth: typing reaches the other member, presence is readable", async () => {
   const { alice, bob, bobId, dialog } = await pair({ auth: "ticket" });
   const subscribed = [alice, bob].map((c) => next(c, "subscribed", (s) => s.dialogId === dialog.id));
