@@ -22,6 +22,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
 )
 
@@ -34,7 +35,8 @@ const sdkDir = "../../web/sdk"
 type sdkInstance struct {
 	t    *testing.T
 	vars map[string]string
-	mu   sync.Mutex // guards m
+	rt   *testenv.RedisServer // the realtime Redis (DB1), private to this test
+	mu   sync.Mutex           // guards m
 	m    *Main
 	// dropNextSend: the proxy forwards the next message send, restarts the
 	// instance once it answered, and cuts the client's connection instead of
@@ -77,7 +79,8 @@ func (s *sdkInstance) restart() error {
 }
 
 // control serves the Node tests' requests: /token mints a user token,
-// /restart restarts the instance, /commit-unpublished stores a message
+// /restart restarts the instance, /restart-realtime-redis restarts its
+// Pub/Sub Redis, /commit-unpublished stores a message
 // without publishing it, /drop-next-send arms the cut answer.
 func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
@@ -111,6 +114,15 @@ func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		_, _ = io.WriteString(w, strconv.FormatInt(msg.Seq, 10))
+	case "/restart-realtime-redis":
+		// The instance's Pub/Sub link drops and comes back: its sockets
+		// get resync pubsub_reconnect.
+		if err := s.rt.Restart(); err != nil {
+			s.t.Errorf("restart realtime redis: %v", err)
+			http.Error(w, "restart failed", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	case "/drop-next-send":
 		s.dropNextSend.Store(true)
 		w.WriteHeader(http.StatusNoContent)
@@ -171,9 +183,15 @@ func TestJavaScriptSDK(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
+	rt, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Stop)
 	vars := baseEnv()
 	vars["HAN_HTTP_ADDR"] = addr
-	s := &sdkInstance{t: t, vars: vars}
+	vars["REDIS_REALTIME_URL"] = rt.URL(1)
+	s := &sdkInstance{t: t, vars: vars, rt: rt}
 	s.m = start(t, vars)
 	t.Cleanup(func() { _ = s.current().Close() })
 	ctl := httptest.NewServer(http.HandlerFunc(s.control))

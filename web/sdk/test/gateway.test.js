@@ -97,6 +97,22 @@ test("a seq gap (a lost publish) is filled over REST after the grace period", as
   assert.equal(got.length, 3, "nothing twice");
 });
 
+test("resync after the server's Pub/Sub link came back: every dialog is reconciled", async () => {
+  const { alice, bob, dialog } = await pair();
+  const got = recordMessages(bob);
+  connect(bob);
+  bob.subscribe(dialog.id);
+  await next(bob, "subscribed", (s) => s.dialogId === dialog.id);
+  await alice.send(dialog.id, "before");
+  await until(() => got.length >= 1, 10000, "the first message");
+  const resync = next(bob, "resync", () => true, 30000);
+  await control("/restart-realtime-redis");
+  assert.equal((await resync).reason, "pubsub_reconnect");
+  await alice.send(dialog.id, "after", { attempts: 10 });
+  await until(() => got.length >= 2, 10000, "the message after the resync");
+  assert.deepEqual(got.map((m) => m.body), ["before", "after"]);
+});
+
 test("ticket auth: typing reaches the other member, presence is readable", async () => {
   const { alice, bob, bobId, dialog } = await pair({ auth: "ticket" });
   const subscribed = [alice, bob].map((c) => next(c, "subscribed", (s) => s.dialogId === dialog.id));
