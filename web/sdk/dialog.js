@@ -14,6 +14,8 @@ export class DialogState {
   ahead = new Map();
   /** @type {ReturnType<typeof setTimeout> | null} */
   gapTimer = null;
+  /** @type {ReturnType<typeof setTimeout> | null} a failed reconciliation's retry */
+  retryTimer = null;
   /** a REST reconciliation is running */
   reconciling = false;
   /** another one was asked for while it ran */
@@ -64,6 +66,8 @@ export class DialogState {
 
   clearGapTimer() {
     if (this.gapTimer) clearTimeout(this.gapTimer);
+    if (this.retryTimer) clearTimeout(this.retryTimer);
     this.gapTimer = null;
+    this.retryTimer = null;
   }
 }

@@ -19,6 +19,7 @@ const MAX_SUBSCRIPTIONS = 200;
 const MAX_ADVISED_MS = 5 * 60000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
+const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
 /** Ask for a new token this long before the connection's credential expires (at once when less is left). */
 export const REFRESH_AHEAD_MS = 60000;
 
@@ -466,6 +467,14 @@ export class Realtime extends Emitter {
       this.#watchGap(dialogId, d);
     } catch (e) {
       this.emit("error", /** @type {Error} */ (e));
+      // REST failed after its own retries: try again later, while the
+      // dialog is still followed.
+      if (!this.#stopped && !d.retryTimer) {
+        d.retryTimer = setTimeout(() => {
+          d.retryTimer = null;
+          if (!this.#stopped && this.#dialogs.get(dialogId) === d) void this.#reconcile(dialogId);
+        }, RECONCILE_RETRY_MS);
+      }
     } finally {
       d.reconciling = false;
     }
@@ -534,10 +543,11 @@ export class Realtime extends Emitter {
       return;
     }
     if (this.#expired) {
+      // Through the backoff: a token the server keeps refusing must not
+      // turn into a reconnect loop (the backoff resets once a connection
+      // stays up).
       this.#expired = false;
-      this.#attempt = 0;
-      clearTimeout(this.#timer);
-      if (!this.#ws) void this.#connect();
+      if (!this.#ws) this.#retry(null, "token_renewed");
       return;
     }
     if (this.live) {
