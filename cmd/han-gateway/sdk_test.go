@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -199,7 +200,9 @@ func TestJavaScriptSDK(t *testing.T) {
 	api := httptest.NewServer(http.HandlerFunc(s.proxy))
 	defer api.Close()
 
-	args := []string{"--test", "--test-reporter=spec"}
+	// Each test has 90 s; a hung one fails with its name instead of the
+	// whole run hitting the context deadline.
+	args := []string{"--test", "--test-reporter=spec", "--test-timeout=90000"}
 	for _, f := range files {
 		args = append(args, filepath.Join("test", filepath.Base(f)))
 	}
@@ -207,6 +210,11 @@ func TestJavaScriptSDK(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, args...)
 	cmd.Dir = sdkDir
+	// node --test runs each file in a child process: on timeout the whole
+	// process group goes, and Wait does not hang on their pipes.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
 	cmd.Env = append(os.Environ(),
 		"HAN_SDK_API_URL="+api.URL,
 		"HAN_SDK_REALTIME_URL=ws://"+addr+"/v1/realtime",

@@ -163,7 +163,10 @@ test("the documented example prints the dialog and sends what is typed", async (
   child.stderr.on("data", (b) => { out += b; });
   await until(() => out.includes("[live]"), 10000, "the example to connect");
   child.stdin.end("typed in the example\n");
-  const code = await new Promise((r) => child.on("exit", r));
+  const code = await new Promise((resolve) => {
+    const timer = setTimeout(() => { child.kill(); resolve("did not exit within 15 s"); }, 15000);
+    child.on("exit", (c) => { clearTimeout(timer); resolve(c); });
+  });
   assert.equal(code, 0, out);
   assert.match(out, /#1 [0-9a-f]{8}: already there/);
   const page = await alice.history(dialog.id);
