@@ -161,13 +161,18 @@ test("the documented example prints the dialog and sends what is typed", async (
   let out = "";
   child.stdout.on("data", (b) => { out += b; });
   child.stderr.on("data", (b) => { out += b; });
-  await until(() => out.includes("[live]"), 10000, "the example to connect");
-  child.stdin.end("typed in the example\n");
-  const code = await new Promise((resolve) => {
-    const timer = setTimeout(() => { child.kill(); resolve("did not exit within 15 s"); }, 15000);
-    child.on("exit", (c) => { clearTimeout(timer); resolve(c); });
-  });
-  assert.equal(code, 0, out);
+  const exited = new Promise((resolve) => child.on("exit", resolve));
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let timer;
+  try {
+    await until(() => out.includes("[live]"), 20000, "the example to connect");
+    child.stdin.end("typed in the example\n");
+    const code = await Promise.race([exited, new Promise((r) => { timer = setTimeout(() => r("did not exit within 15 s"), 15000); })]);
+    assert.equal(code, 0, out);
+  } finally {
+    clearTimeout(timer);
+    child.kill(); // a failed wait must not leave it holding this file's process open
+  }
   assert.match(out, /#1 [0-9a-f]{8}: already there/);
   const page = await alice.history(dialog.id);
   assert.deepEqual(page.items.map((m) => m.body), ["already there", "typed in the example"]);
