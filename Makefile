@@ -24,12 +24,14 @@ test:
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-## lint: go vet, gofmt and deadcode (scripts/deadcode.sh)
+## lint: go vet, gofmt, deadcode (scripts/deadcode.sh) and the JavaScript SDK's type check
 lint:
 	$(GO) vet ./...
 	@source scripts/lib.sh && files="$$(han_gofmt_unformatted)" && \
 	if [ -n "$$files" ]; then echo "gofmt: not formatted (run gofmt -w):"; echo "$$files"; exit 1; fi
 	bash scripts/deadcode.sh
+	@HAN_SCRIPT=make source scripts/lib.sh && han_sdk_deps
+	cd web/sdk && node_modules/.bin/tsc -p jsconfig.json
 
 ## bench: every benchmark, on a private PostgreSQL cluster
 bench:

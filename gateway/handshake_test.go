@@ -89,7 +89,7 @@ func TestHandshakeAuthAndOrigin(t *testing.T) {
 			{`{"type":"subscribe","dialogId":"` + ids.New() + `"}`, "dialog_not_found"},
 			{`{"type":"typing","dialogId":"` + ids.New() + `"}`, "not_subscribed"},
 		} {
-			c.send(tc.in)
+			c.sendRaw(tc.in)
 			if f := c.expect("error"); f.Error != tc.code || string(f.raw) != `{"type":"error","error":"`+tc.code+`"}` {
 				t.Fatalf("%s: got %s, want error %s", tc.in, f.raw, tc.code)
 			}

@@ -23,6 +23,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/internal/wsschema"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
@@ -274,6 +275,22 @@ type frame struct {
 
 // client is a real WebSocket client (coder/websocket Dial) whose frames a
 // goroutine reads into a channel.
+// frameSchemas are the published frame shapes (docs/asyncapi.yaml): every
+// frame a test client sends, and every frame the gateway itself writes, is
+// checked against them.
+var frameSchemas = sync.OnceValues(func() (*wsschema.Validator, error) { return wsschema.Load("../docs/schemas/ws") })
+
+func validFrame(fromClient bool, b []byte) error {
+	v, err := frameSchemas()
+	if err != nil {
+		return err
+	}
+	if fromClient {
+		return v.Client(b)
+	}
+	return v.Server(b)
+}
+
 type client struct {
 	t       testing.TB
 	ws      *websocket.Conn
@@ -342,6 +359,14 @@ func (in *instance) connectWith(o dialOpts) *client {
 				c.err = fmt.Errorf("undecodable frame %q: %w", b, err)
 				return
 			}
+			// Event frames are forwarded byte for byte from what the test
+			// published (often synthetic); cmd/han-gateway checks the
+			// events the real producers publish.
+			if f.Type != "event" {
+				if err := validFrame(false, b); err != nil {
+					c.t.Errorf("server frame does not match docs/schemas/ws: %v", err)
+				}
+			}
 			f.raw = b
 			c.frames <- f
 		}
@@ -386,7 +411,17 @@ func (c *client) expect(typ string) frame {
 	}
 }
 
+// send writes a frame, first checked against its schema in docs/schemas/ws;
+// sendRaw writes a deliberately invalid one.
 func (c *client) send(v string) {
+	c.t.Helper()
+	if err := validFrame(true, []byte(v)); err != nil {
+		c.t.Fatalf("client frame does not match docs/schemas/ws: %v", err)
+	}
+	c.sendRaw(v)
+}
+
+func (c *client) sendRaw(v string) {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

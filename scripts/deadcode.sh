@@ -31,6 +31,9 @@ ALLOW=(
 	"internal/testenv *"
 	"internal/testenv/apicheck *"
 	"internal/faultproxy *"
+	# The frame-schema checker of the realtime test clients (gateway,
+	# cmd/han-gateway): only their _test.go files import it.
+	"internal/wsschema *"
 	# The whole-program tests drive the real Main and need its bound
 	# addresses; the program itself logs them from the fields.
 	"cmd/han-gateway Main.Addr"

@@ -36,19 +36,21 @@ han_pg_bindir() {
 	return 1
 }
 
-# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq] [--pgbouncer] [--systemd]:
+# han_ensure_packages [--curl] [--cc] [--make] [--chromium] [--promtool] [--jq] [--pgbouncer] [--systemd] [--node]:
 # installs, from the OS packages, redis-server and PostgreSQL when missing,
 # plus curl / a C compiler (go test -race needs cgo) / make / headless
 # Chromium with a font (the web client's browser tests) / promtool (Debian
 # package prometheus: the alert-rule tests) / jq (the README's walk-through)
 # / pgbouncer (the tests behind a transaction-pooling proxy) / systemd-analyze
-# (the unit file's hardening score) when asked for and missing.
+# (the unit file's hardening score) / node and npm (the JavaScript SDK's
+# type check and tests) when asked for and missing.
 han_ensure_packages() {
-	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 want_pgbouncer=0 want_systemd=0 a
+	local pkgs=() want_curl=0 want_cc=0 want_make=0 want_chromium=0 want_promtool=0 want_jq=0 want_pgbouncer=0 want_systemd=0 want_node=0 a
 	for a in "$@"; do
 		case "$a" in
 		--pgbouncer) want_pgbouncer=1 ;;
 		--systemd) want_systemd=1 ;;
+		--node) want_node=1 ;;
 		--curl) want_curl=1 ;;
 		--cc) want_cc=1 ;;
 		--make) want_make=1 ;;
@@ -67,6 +69,8 @@ han_ensure_packages() {
 	if [ "$want_jq" = 1 ] && ! command -v jq >/dev/null 2>&1; then pkgs+=(jq); fi
 	if [ "$want_pgbouncer" = 1 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then pkgs+=(pgbouncer); fi
 	if [ "$want_systemd" = 1 ] && ! command -v systemd-analyze >/dev/null 2>&1; then pkgs+=(systemd); fi
+	if [ "$want_node" = 1 ] && ! command -v node >/dev/null 2>&1; then pkgs+=(nodejs); fi
+	if [ "$want_node" = 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 	[ "${#pkgs[@]}" -eq 0 ] && return 0
 	command -v apt-get >/dev/null 2>&1 || han_die "missing ${pkgs[*]} and no apt-get to install them; install them by hand"
 	han_log "installing missing OS packages: ${pkgs[*]}"
@@ -79,6 +83,16 @@ han_ensure_packages() {
 	if [ "$want_pgbouncer" = 1 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
 		han_die "pgbouncer still not found after installing"
 	fi
+}
+
+# han_sdk_deps: installs the JavaScript SDK's pinned npm packages
+# (web/sdk/package-lock.json: TypeScript for the type check, ws for the Node
+# tests) with `npm ci` when web/sdk/node_modules is missing.
+han_sdk_deps() {
+	[ -d "$HAN_ROOT/web/sdk/node_modules" ] && return 0
+	command -v npm >/dev/null 2>&1 || han_die "npm not found: install Node.js 20+ with npm (the SDK's type check and tests need it)"
+	han_log "npm ci in web/sdk (its node_modules is missing)"
+	(cd "$HAN_ROOT/web/sdk" && npm ci --no-audit --no-fund </dev/null >&2) || han_die "npm ci in web/sdk failed"
 }
 
 # han_port_busy PORT: true when something accepts TCP connections on

@@ -69,11 +69,12 @@ fi
 race=(-race)
 [ "${HAN_TEST_NO_RACE:-}" = 1 ] && race=()
 if [ "${#race[@]}" -gt 0 ]; then
-	han_ensure_packages --cc --pgbouncer
+	han_ensure_packages --cc --pgbouncer --node
 	export CGO_ENABLED=1
 else
-	han_ensure_packages --pgbouncer
+	han_ensure_packages --pgbouncer --node
 fi
+han_sdk_deps
 
 start=$(date +%s)
 status=0
@@ -120,6 +121,13 @@ if [ "${HAN_TEST_NO_LINT:-}" != 1 ]; then
 		lint="$lint, deadcode ok"
 	else
 		lint="$lint, deadcode FAILED"
+		status=1
+	fi
+	han_log "tsc --checkJs (web/sdk)"
+	if (cd "$HAN_ROOT/web/sdk" && node_modules/.bin/tsc -p jsconfig.json); then
+		lint="$lint, sdk types ok"
+	else
+		lint="$lint, sdk types FAILED"
 		status=1
 	fi
 fi

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/wsschema"
 )
 
 // rtFrame is any server → client frame of the realtime protocol.
@@ -32,6 +34,21 @@ type rtFrame struct {
 	Recovered *bool           `json:"recovered"`
 
 	raw []byte
+}
+
+// frameSchemas are the published frame shapes (docs/asyncapi.yaml): every
+// frame a test client sends or receives is checked against them.
+var frameSchemas = sync.OnceValues(func() (*wsschema.Validator, error) { return wsschema.Load("../../docs/schemas/ws") })
+
+func validFrame(fromClient bool, b []byte) error {
+	v, err := frameSchemas()
+	if err != nil {
+		return err
+	}
+	if fromClient {
+		return v.Client(b)
+	}
+	return v.Server(b)
 }
 
 // rtClient is a real WebSocket client of a running program's
@@ -80,6 +97,9 @@ func dialRT(t *testing.T, m *Main, bearer, ticket, origin string) *rtClient {
 			if err := json.Unmarshal(b, &f); err != nil {
 				c.err = fmt.Errorf("undecodable frame %q: %w", b, err)
 				return
+			}
+			if err := validFrame(false, b); err != nil {
+				c.t.Errorf("server frame does not match docs/schemas/ws: %v", err)
 			}
 			f.raw = b
 			c.frames <- f
@@ -133,7 +153,17 @@ func (c *rtClient) expect(typ string) rtFrame {
 	}
 }
 
+// send writes a frame, first checked against its schema in docs/schemas/ws;
+// sendRaw writes a deliberately invalid one.
 func (c *rtClient) send(v string) {
+	c.t.Helper()
+	if err := validFrame(true, []byte(v)); err != nil {
+		c.t.Fatalf("client frame does not match docs/schemas/ws: %v", err)
+	}
+	c.sendRaw(v)
+}
+
+func (c *rtClient) sendRaw(v string) {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

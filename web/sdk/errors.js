@@ -1,0 +1,76 @@
+// Typed errors of the SDK. Each carries the API's stable code: the
+// `{"error":"<code>"}` of a REST answer (docs/api.md, docs/errors.md), the
+// `error` of a realtime error frame, or the close code and reason of the
+// socket (docs/realtime-protocol.md).
+
+/** Codes the SDK produces itself when no server code exists. */
+export const CLIENT_CODES = Object.freeze({
+  network: "network_error", // no answer arrived: the outcome is unknown
+  invalidResponse: "invalid_response", // the answer was not the JSON expected
+});
+
+/**
+ * ApiError is a REST failure: `code` is the body's `error`, or `http_<status>`
+ * when the body had none, or `network_error` (status 0) when no answer came.
+ */
+export class ApiError extends Error {
+  /**
+   * @param {string} code
+   * @param {number} status
+   * @param {number} [retryAfterMs] the Retry-After header in ms, 0 when absent
+   */
+  constructor(code, status, retryAfterMs = 0) {
+    super(`${code} (${status})`);
+    this.name = "ApiError";
+    this.code = code;
+    this.status = status;
+    this.retryAfterMs = retryAfterMs;
+  }
+
+  /**
+   * retryable: the outcome is unknown or the server asked to come back later;
+   * repeating the request with the same Idempotency-Key is safe.
+   * @returns {boolean}
+   */
+  get retryable() {
+    return this.status === 0 || this.status === 429 || this.status === 502 || this.status === 503 ||
+      this.status === 504 || this.code === "idempotency_in_progress";
+  }
+}
+
+/** FrameError is a realtime `{"type":"error","error":"<code>"}` frame. */
+export class FrameError extends Error {
+  /** @param {string} code */
+  constructor(code) {
+    super(code);
+    this.name = "FrameError";
+    this.code = code;
+  }
+}
+
+/**
+ * CloseError describes how the socket ended: the WebSocket close code and
+ * reason (1006 when the connection dropped without a close frame).
+ */
+export class CloseError extends Error {
+  /**
+   * @param {number} code
+   * @param {string} reason
+   */
+  constructor(code, reason) {
+    super(`closed ${code}${reason ? ` ${reason}` : ""}`);
+    this.name = "CloseError";
+    this.code = code;
+    this.reason = reason;
+  }
+
+  /** fatal: reconnecting in a loop cannot help (client bug, configuration, wrong session). */
+  get fatal() {
+    return this.code === 1003 || this.code === 1008 || this.code === 4003;
+  }
+
+  /** tokenExpired: the credential is dead; only a new token helps. */
+  get tokenExpired() {
+    return this.code === 4001 && this.reason === "token_expired";
+  }
+}

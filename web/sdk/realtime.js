@@ -1,0 +1,581 @@
+// The realtime connection (docs/realtime-protocol.md, docs/asyncapi.yaml):
+// subprotocol han.v1, ticket or bearer authentication, in-band token
+// refresh, subscriptions kept across reconnects with recovery (sinceSeq),
+// gap detection and REST reconciliation, jittered reconnect honouring the
+// server's retryMs.
+import { CloseError, FrameError } from "./errors.js";
+import { DialogState, GAP_GRACE_MS } from "./dialog.js";
+import { Emitter } from "./emitter.js";
+
+/** @typedef {import("./rest.js").Rest} Rest */
+/** @typedef {import("./rest.js").Tokens} Tokens */
+/** @typedef {import("./rest.js").Message} Message */
+
+export const SUBPROTOCOL = "han.v1";
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_CAP_MS = 30000;
+const STABLE_AFTER_MS = 60000; // a connection up this long resets the backoff
+const MAX_SUBSCRIPTIONS = 200;
+const MAX_ADVISED_MS = 5 * 60000;
+const MAX_TIMER_MS = 2 ** 31 - 1;
+const SEEN_IDS = 2048; // recent event ids kept for dedupe
+const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
+/** Ask for a new token this long before the connection's credential expires (at once when less is left). */
+export const REFRESH_AHEAD_MS = 60000;
+
+/**
+ * @typedef {{type: "hello", connectionId: string, instance: string, heartbeatMs: number, expiresAt: number}} Hello
+ * @typedef {{type: "event", channel: string, id: string, event: string, entityId: string,
+ *   dialogId?: string, seq?: number, data: any}} EventFrame
+ * @typedef {"connecting" | "live" | "reconnecting" | "stopped"} Phase
+ * @typedef {{phase: Phase, retryAt?: number, reason?: string, code?: number}} State
+ * @typedef {"live" | "recovered" | "rest"} MessageSource how a message reached the client
+ */
+
+/**
+ * @typedef {object} RealtimeEvents
+ * @property {State} state the connection's phase changed
+ * @property {Hello} open a connection is up (after every reconnect)
+ * @property {{dialogId: string, message: Message, source: MessageSource}} message
+ *   the next message of a subscribed dialog: per dialog exactly once, in seq order, without gaps
+ * @property {{dialogId: string, lastSeq: number, recovered: boolean}} subscribed
+ * @property {{reason: string, dialogId?: string}} resync the server may have dropped events
+ * @property {{dialogId: string, userId: string}} typing
+ * @property {{userId: string, online: boolean, lastSeenAt: number | null}} presence
+ * @property {EventFrame} event every event frame, unknown events included
+ * @property {{expiresAt: number}} refreshed the connection now ends at this credential expiry
+ * @property {Error} error a refused frame (FrameError), a failed reconciliation (ApiError), a close (CloseError)
+ */
+
+/**
+ * backoffDelay: full jitter, rnd() * min(cap, base * 2^attempt).
+ * @param {number} attempt
+ * @param {() => number} [rnd]
+ */
+export function backoffDelay(attempt, rnd = Math.random) {
+  return Math.round(rnd() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** attempt));
+}
+
+/**
+ * advisedDelay reads {"retryMs":n} from a close reason; null if absent.
+ * @param {string} reason
+ * @returns {number | null}
+ */
+export function advisedDelay(reason) {
+  try {
+    const v = JSON.parse(reason);
+    if (v && Number.isFinite(v.retryMs) && v.retryMs >= 0) return Math.min(v.retryMs, MAX_ADVISED_MS);
+  } catch { /* not JSON */ }
+  return null;
+}
+
+/**
+ * refreshDelay: how long to wait before asking for a new token for a
+ * credential expiring at expiresAt (epoch ms).
+ * @param {number} expiresAt
+ * @param {number} [now]
+ */
+export function refreshDelay(expiresAt, now = Date.now()) {
+  return Math.min(MAX_TIMER_MS, Math.max(0, expiresAt - REFRESH_AHEAD_MS - now));
+}
+
+/**
+ * @typedef {object} WebSocketLike the part of the WebSocket API the client uses
+ * @property {number} readyState
+ * @property {(data: string) => void} send
+ * @property {(code?: number, reason?: string) => void} close
+ * @property {((ev: {data: any}) => void) | null} onmessage
+ * @property {((ev: {code: number, reason: string}) => void) | null} onclose
+ * @property {((ev: any) => void) | null} onerror
+ */
+
+/**
+ * @typedef {new (url: string, protocols: string, options?: {headers: Record<string, string>}) => WebSocketLike} WebSocketCtor
+ * a browser WebSocket, or `ws` in Node; bearer authentication needs one that
+ * takes headers (ws).
+ */
+
+/**
+ * @typedef {object} RealtimeOptions
+ * @property {string} url the WebSocket URL, e.g. "wss://chat.example.com/v1/realtime"
+ * @property {"ticket" | "bearer"} [auth] ticket (default; browsers) or bearer on the upgrade request
+ * @property {WebSocketCtor} [WebSocket] default: globalThis.WebSocket
+ * @property {number} [gapGraceMs] default GAP_GRACE_MS
+ * @property {Record<string, string>} [headers] extra upgrade headers (Node with ws only), e.g. Origin
+ */
+
+/** @extends {Emitter<RealtimeEvents>} */
+export class Realtime extends Emitter {
+  #url;
+  #auth;
+  #WS;
+  #rest;
+  #tokens;
+  #gapGraceMs;
+  #headers;
+  /** @type {WebSocketLike | null} */
+  #ws = null;
+  /** @type {Map<string, DialogState>} */
+  #dialogs = new Map();
+  /** @type {Set<string>} */
+  #seen = new Set();
+  #attempt = 0;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  #timer;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  #refreshTimer;
+  /** @type {ReturnType<typeof setInterval> | undefined} */
+  #pingTimer;
+  #connectedAt = 0;
+  #lastFrameAt = 0;
+  #heartbeatMs = 25000;
+  #stopped = true;
+  #refreshSent = false;
+  #expired = false; // closed with token_expired: no reconnect before a new token
+  /** @type {Map<string, number>} */
+  #typingSent = new Map();
+  /** @type {Set<string>} dialogs whose subscribe with sinceSeq awaits its subscribed frame */
+  #pendingRecovery = new Set();
+  /** @type {State} */
+  state = { phase: "stopped" };
+
+  /**
+   * @param {RealtimeOptions} opts
+   * @param {Rest} rest
+   * @param {Tokens} tokens
+   */
+  constructor(opts, rest, tokens) {
+    super();
+    this.#url = opts.url;
+    this.#auth = opts.auth || "ticket";
+    const WS = opts.WebSocket || /** @type {any} */ (globalThis).WebSocket;
+    if (!WS) throw new TypeError("no WebSocket implementation: pass one (in Node 20: the ws package)");
+    this.#WS = /** @type {WebSocketCtor} */ (WS);
+    this.#rest = rest;
+    this.#tokens = tokens;
+    this.#gapGraceMs = opts.gapGraceMs ?? GAP_GRACE_MS;
+    this.#headers = opts.headers;
+  }
+
+  get live() {
+    return this.state.phase === "live";
+  }
+
+  /** start connects (and keeps reconnecting) until stop. */
+  start() {
+    if (!this.#stopped) return;
+    this.#stopped = false;
+    this.#attempt = 0;
+    void this.#connect();
+  }
+
+  /** stop closes the connection and cancels every timer. */
+  stop() {
+    this.#stopped = true;
+    clearTimeout(this.#timer);
+    clearTimeout(this.#refreshTimer);
+    for (const d of this.#dialogs.values()) d.clearGapTimer();
+    const ws = this.#ws;
+    this.#dropSocket();
+    try { ws?.close(1000, "bye"); } catch { /* already closing */ }
+    this.#setState({ phase: "stopped" });
+  }
+
+  /** reconnectNow skips the wait of a pending reconnect. */
+  reconnectNow() {
+    if (this.#stopped) return;
+    if (this.#expired) {
+      void this.#newToken("expired");
+      return;
+    }
+    clearTimeout(this.#timer);
+    if (!this.#ws) void this.#connect();
+  }
+
+  /**
+   * subscribe follows a dialog until unsubscribe, across reconnects. With
+   * sinceSeq the client delivers every message after it ("message" events),
+   * recovered by the server or read over REST; without it, delivery starts
+   * after the lastSeq of the first subscribed frame.
+   * @param {string} dialogId
+   * @param {{sinceSeq?: number}} [opts]
+   */
+  subscribe(dialogId, opts = {}) {
+    if (this.#dialogs.has(dialogId)) return;
+    if (this.#dialogs.size >= MAX_SUBSCRIPTIONS) throw new RangeError("too_many_subscriptions");
+    this.#dialogs.set(dialogId, new DialogState(Number.isSafeInteger(opts.sinceSeq) ? /** @type {number} */ (opts.sinceSeq) : null));
+    if (this.live) this.#subscribeFrame(dialogId);
+  }
+
+  /** @param {string} dialogId */
+  unsubscribe(dialogId) {
+    const d = this.#dialogs.get(dialogId);
+    if (!d) return;
+    d.clearGapTimer();
+    this.#dialogs.delete(dialogId);
+    if (this.live) this.#send({ type: "unsubscribe", dialogId });
+  }
+
+  /**
+   * known: the highest seq delivered for a dialog with no gap below it.
+   * @param {string} dialogId
+   * @returns {number | null}
+   */
+  known(dialogId) {
+    return this.#dialogs.get(dialogId)?.known ?? null;
+  }
+
+  /**
+   * typing tells the dialog's members the user is typing; at most one frame
+   * per dialog every 2 s (the server drops more than one per second).
+   * @param {string} dialogId
+   */
+  typing(dialogId) {
+    if (!this.live || !this.#dialogs.has(dialogId)) return;
+    const now = Date.now();
+    if (now - (this.#typingSent.get(dialogId) || 0) < 2000) return;
+    this.#typingSent.set(dialogId, now);
+    this.#send({ type: "typing", dialogId });
+  }
+
+  /** @param {State} s */
+  #setState(s) {
+    this.state = s;
+    this.emit("state", s);
+  }
+
+  async #connect() {
+    if (this.#stopped) return;
+    this.#setState({ phase: "connecting" });
+    let ws;
+    try {
+      if (this.#auth === "bearer") {
+        const token = await this.#tokens.current();
+        if (this.#stopped) return;
+        ws = new this.#WS(this.#url, SUBPROTOCOL, { headers: { ...this.#headers, Authorization: `Bearer ${token}` } });
+      } else {
+        const { ticket } = await this.#rest.ticket();
+        if (this.#stopped) return;
+        const url = `${this.#url}${this.#url.includes("?") ? "&" : "?"}ticket=${encodeURIComponent(ticket)}`;
+        ws = this.#headers ? new this.#WS(url, SUBPROTOCOL, { headers: this.#headers }) : new this.#WS(url, SUBPROTOCOL);
+      }
+    } catch (e) {
+      if (this.#stopped) return;
+      const err = /** @type {any} */ (e);
+      if (err && err.status === 401) {
+        // getToken already failed to give a usable token.
+        this.emit("error", err);
+        this.#setState({ phase: "stopped", reason: "unauthorized" });
+        this.#stopped = true;
+        return;
+      }
+      this.#retry(err && err.retryAfterMs > 0 ? err.retryAfterMs : null, (err && err.code) || "network_error");
+      return;
+    }
+    this.#ws = ws;
+    let helloSeen = false;
+    ws.onerror = () => { /* onclose follows */ };
+    ws.onmessage = (m) => {
+      this.#lastFrameAt = Date.now();
+      let f;
+      try { f = JSON.parse(String(m.data)); } catch { return; }
+      if (!f || typeof f !== "object" || typeof f.type !== "string") return;
+      if (f.type === "hello") {
+        helloSeen = true;
+        this.#onHello(f);
+        return;
+      }
+      this.#onFrame(f);
+    };
+    ws.onclose = (ev) => {
+      if (this.#ws !== ws) return;
+      this.#dropSocket();
+      if (this.#stopped) return;
+      this.#onClose(ev.code || 1006, ev.reason || "", helloSeen);
+    };
+  }
+
+  #dropSocket() {
+    this.#ws = null;
+    this.#pendingRecovery.clear();
+    clearInterval(this.#pingTimer);
+  }
+
+  /** @param {Hello} f */
+  #onHello(f) {
+    this.#connectedAt = Date.now();
+    this.#refreshSent = false;
+    this.#setExpiry(f.expiresAt);
+    if (Number.isFinite(f.heartbeatMs) && f.heartbeatMs > 0) this.#heartbeatMs = f.heartbeatMs;
+    this.#typingSent.clear();
+    this.#setState({ phase: "live" });
+    for (const id of this.#dialogs.keys()) this.#subscribeFrame(id);
+    // An application-level ping every heartbeat; no frame at all for two
+    // heartbeats (plus slack) means the connection is dead.
+    this.#pingTimer = setInterval(() => {
+      if (Date.now() - this.#lastFrameAt > 2 * this.#heartbeatMs + 5000) {
+        const ws = this.#ws;
+        try { ws?.close(4000, "no heartbeat"); } catch { /* closing */ }
+        return;
+      }
+      this.#send({ type: "ping" });
+    }, this.#heartbeatMs);
+    this.emit("open", f);
+  }
+
+  /** @param {string} dialogId */
+  #subscribeFrame(dialogId) {
+    const d = this.#dialogs.get(dialogId);
+    /** @type {{type: string, dialogId: string, sinceSeq?: number}} */
+    const f = { type: "subscribe", dialogId };
+    if (d && d.known !== null) {
+      f.sinceSeq = d.known;
+      this.#pendingRecovery.add(dialogId);
+    }
+    this.#send(f);
+  }
+
+  /** @param {any} f */
+  #onFrame(f) {
+    switch (f.type) {
+      case "subscribed":
+        this.#onSubscribed(f.dialogId, Number(f.lastSeq) || 0, f.recovered === true);
+        break;
+      case "event":
+        this.#onEvent(f);
+        break;
+      case "resync":
+        this.emit("resync", f.dialogId ? { reason: String(f.reason), dialogId: f.dialogId } : { reason: String(f.reason) });
+        // With a dialogId (recovery_unavailable) the subscribed frame that
+        // follows says recovered:false and starts the reconciliation.
+        if (!f.dialogId) for (const id of this.#dialogs.keys()) this.#reconcile(id);
+        break;
+      case "refreshed":
+        this.#refreshSent = false;
+        this.#setExpiry(f.expiresAt);
+        this.emit("refreshed", { expiresAt: this.#tokens.expiresAt });
+        break;
+      case "error":
+        if (f.error === "unauthorized" && this.#refreshSent) {
+          // The new token was refused; the connection keeps its old expiry.
+          this.#refreshSent = false;
+          void this.#newToken("refused");
+        }
+        this.emit("error", new FrameError(String(f.error)));
+        break;
+      default: // pong, and frames of later versions
+    }
+  }
+
+  /**
+   * @param {string} dialogId
+   * @param {number} lastSeq
+   * @param {boolean} recovered
+   */
+  #onSubscribed(dialogId, lastSeq, recovered) {
+    const d = this.#dialogs.get(dialogId);
+    if (!d) return;
+    this.#pendingRecovery.delete(dialogId);
+    this.emit("subscribed", { dialogId, lastSeq, recovered });
+    if (d.known === null) {
+      d.known = lastSeq; // first subscribe without sinceSeq: live from here
+      this.#deliver(dialogId, d.drain(), "live");
+    }
+    // A server that did not recover (or does not know sinceSeq) answers
+    // without recovered:true: what was missed comes over REST.
+    if (d.known < lastSeq || (!recovered && d.hasGap)) this.#reconcile(dialogId);
+  }
+
+  /** @param {EventFrame} f */
+  #onEvent(f) {
+    if (typeof f.id === "string") {
+      if (this.#seen.has(f.id)) return;
+      this.#seen.add(f.id);
+      if (this.#seen.size > SEEN_IDS) this.#seen.delete(/** @type {string} */ (this.#seen.values().next().value));
+    }
+    this.emit("event", f);
+    const data = f.data || {};
+    switch (f.event) {
+      case "message.created": {
+        const dialogId = f.dialogId || data.dialogId;
+        const d = this.#dialogs.get(dialogId);
+        if (!d) return;
+        const msg = /** @type {Message} */ ({ ...data, seq: Number.isSafeInteger(f.seq) ? f.seq : data.seq });
+        // Before subscribed answers, events are recovered ones (the server
+        // sends no live event of a dialog before its subscribed frame).
+        this.#deliver(dialogId, d.offer(msg), this.#pendingRecovery.has(dialogId) ? "recovered" : "live");
+        this.#watchGap(dialogId, d);
+        break;
+      }
+      case "typing":
+        if (f.dialogId) this.emit("typing", { dialogId: f.dialogId, userId: String(data.userId) });
+        break;
+      case "presence.changed":
+        this.emit("presence", { userId: String(data.userId), online: data.online === true, lastSeenAt: data.lastSeenAt ?? null });
+        break;
+      default: // unknown events are only reported as "event"
+    }
+  }
+
+  /**
+   * @param {string} dialogId
+   * @param {DialogState} d
+   */
+  #watchGap(dialogId, d) {
+    if (!d.hasGap) {
+      d.clearGapTimer();
+      return;
+    }
+    if (d.gapTimer) return;
+    d.gapTimer = setTimeout(() => {
+      d.gapTimer = null;
+      if (d.hasGap && this.#dialogs.get(dialogId) === d) this.#reconcile(dialogId);
+    }, this.#gapGraceMs);
+  }
+
+  /**
+   * @param {string} dialogId
+   * @param {Message[]} msgs
+   * @param {MessageSource} source
+   */
+  #deliver(dialogId, msgs, source) {
+    for (const message of msgs) this.emit("message", { dialogId, message, source });
+  }
+
+  /**
+   * reconcile reads afterSeq=known over REST to the end and delivers what
+   * was missing; one run per dialog at a time (a request during a run
+   * repeats it once).
+   * @param {string} dialogId
+   */
+  async #reconcile(dialogId) {
+    const d = this.#dialogs.get(dialogId);
+    if (!d || d.known === null) return;
+    if (d.reconciling) {
+      d.again = true;
+      return;
+    }
+    d.reconciling = true;
+    try {
+      do {
+        d.again = false;
+        for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8 })) {
+          if (this.#dialogs.get(dialogId) !== d) return;
+          for (const m of items) this.#deliver(dialogId, d.offer(m), "rest");
+        }
+      } while (d.again && this.#dialogs.get(dialogId) === d);
+      this.#watchGap(dialogId, d);
+    } catch (e) {
+      this.emit("error", /** @type {Error} */ (e));
+      // REST failed after its own retries: try again later, while the
+      // dialog is still followed.
+      if (!this.#stopped && !d.retryTimer) {
+        d.retryTimer = setTimeout(() => {
+          d.retryTimer = null;
+          if (!this.#stopped && this.#dialogs.get(dialogId) === d) void this.#reconcile(dialogId);
+        }, RECONCILE_RETRY_MS);
+      }
+    } finally {
+      d.reconciling = false;
+    }
+  }
+
+  /**
+   * @param {number} code
+   * @param {string} reason
+   * @param {boolean} helloSeen
+   */
+  #onClose(code, reason, helloSeen) {
+    this.#refreshSent = false;
+    const err = new CloseError(code, reason);
+    this.emit("error", err);
+    if (err.tokenExpired) {
+      // Reconnecting with the same token would only be refused.
+      this.#expired = true;
+      clearTimeout(this.#refreshTimer);
+      this.#setState({ phase: "reconnecting", reason: "token_expired", code });
+      void this.#newToken("expired");
+      return;
+    }
+    if (err.fatal) {
+      this.#stopped = true;
+      this.#setState({ phase: "stopped", reason: reason || "policy", code });
+      return;
+    }
+    if (helloSeen && Date.now() - this.#connectedAt >= STABLE_AFTER_MS) this.#attempt = 0;
+    if (code === 1001) {
+      // Draining: the server says when to come back; our own jitter keeps a
+      // whole instance's clients from returning at once.
+      const advised = advisedDelay(reason);
+      this.#retry(advised === null ? null : advised + Math.random() * 1000, "going_away", code);
+      return;
+    }
+    if (code === 4001) {
+      // Unknown/used ticket or a refused token: a ticket is fetched anew per
+      // attempt; a bearer connection needs a new token first.
+      if (this.#auth === "bearer") {
+        this.#expired = true;
+        void this.#newToken("expired");
+        return;
+      }
+    }
+    this.#retry(null, code === 1013 ? "try_again_later" : "connection_lost", code);
+  }
+
+  /** @param {number} ms */
+  #setExpiry(ms) {
+    clearTimeout(this.#refreshTimer);
+    if (!Number.isFinite(ms) || ms <= 0) return;
+    this.#tokens.expiresAt = ms;
+    this.#refreshTimer = setTimeout(() => void this.#newToken("expiring"), refreshDelay(ms));
+  }
+
+  /**
+   * newToken asks getToken for a new token and uses it: in band on a live
+   * connection, or for a new connection after token_expired.
+   * @param {import("./rest.js").TokenReason} reason
+   */
+  async #newToken(reason) {
+    if (this.#stopped) return;
+    const tok = await this.#tokens.renew(reason);
+    if (!tok || this.#stopped) {
+      if (this.#expired && !this.#stopped) this.#setState({ phase: "stopped", reason: "token_expired", code: 4001 });
+      return;
+    }
+    if (this.#expired) {
+      // Through the backoff: a token the server keeps refusing must not
+      // turn into a reconnect loop (the backoff resets once a connection
+      // stays up).
+      this.#expired = false;
+      if (!this.#ws) this.#retry(null, "token_renewed");
+      return;
+    }
+    if (this.live) {
+      this.#refreshSent = true;
+      this.#send({ type: "refresh", token: tok });
+    }
+  }
+
+  /**
+   * @param {number | null} advisedMs
+   * @param {string} reason
+   * @param {number} [code]
+   */
+  #retry(advisedMs, reason, code) {
+    if (this.#stopped) return;
+    const delay = advisedMs !== null ? advisedMs : backoffDelay(this.#attempt);
+    this.#attempt++;
+    /** @type {State} */
+    const s = { phase: "reconnecting", retryAt: Date.now() + delay, reason };
+    if (code !== undefined) s.code = code;
+    this.#setState(s);
+    clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => void this.#connect(), delay);
+  }
+
+  /** @param {object} obj */
+  #send(obj) {
+    const ws = this.#ws;
+    if (ws && ws.readyState === 1) ws.send(JSON.stringify(obj));
+  }
+}

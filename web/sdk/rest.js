@@ -1,0 +1,335 @@
+// REST access to the API (docs/api.md): bearer token from a getToken hook,
+// stable error codes, retries that honour Retry-After and keep the same
+// Idempotency-Key, history paging.
+import { ApiError, CLIENT_CODES } from "./errors.js";
+
+/**
+ * @typedef {"initial" | "expiring" | "refused" | "expired" | "unauthorized"} TokenReason
+ * why the SDK asks for a token: the first one, the connection's credential
+ * expires soon, the server refused the last refresh, the connection was
+ * closed with 4001 token_expired, or REST answered 401.
+ */
+
+/**
+ * @callback GetToken
+ * @param {{reason: TokenReason, expiresAt: number}} info expiresAt: the
+ *   current credential's expiry (epoch ms) when known, else 0
+ * @returns {Promise<string | null> | string | null} a user JWT, or null to give up
+ */
+
+/**
+ * @typedef {{id: string, filename: string, contentType: string, sizeBytes: number}} Attachment
+ * @typedef {{id: string, dialogId: string, seq: number, senderId: string, body: string,
+ *   createdAt: number, attachments: Attachment[]}} Message
+ * @typedef {{id: string, title: string, memberIds: string[], lastSeq: number, createdAt: number}} Dialog
+ * @typedef {{online: boolean, connections: number, lastSeenAt: number | null}} Presence
+ */
+
+/**
+ * A listing page: nextCursor is the cursor of the next page, null on the last.
+ * @template T
+ * @typedef {{items: T[], nextCursor: string | null}} Page
+ */
+
+/**
+ * @typedef {object} RetryOptions
+ * @property {number} [attempts] tries in all (default 5)
+ * @property {AbortSignal} [signal]
+ * @property {(err: ApiError, delayMs: number, attempt: number) => void} [onRetry]
+ */
+
+const MAX_RETRY_WAIT_MS = 60000;
+
+/**
+ * sleep resolves after ms, or rejects when signal aborts.
+ * @param {number} ms
+ * @param {AbortSignal} [signal]
+ * @returns {Promise<void>}
+ */
+export function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal?.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/**
+ * retryDelay is the wait before try attempt+1: the server's Retry-After when
+ * it gave one, else exponential backoff (400 ms doubling, capped at 8 s)
+ * with half of it jittered.
+ * @param {ApiError} err
+ * @param {number} attempt 1 for the first failure
+ * @param {() => number} [rnd]
+ */
+export function retryDelay(err, attempt, rnd = Math.random) {
+  if (err.retryAfterMs > 0) return Math.min(err.retryAfterMs, MAX_RETRY_WAIT_MS);
+  const base = Math.min(8000, 400 * 2 ** (attempt - 1));
+  return Math.round(base / 2 + rnd() * base / 2);
+}
+
+/**
+ * newIdempotencyKey: a random key (UUID v4), 36 printable ASCII characters.
+ * @returns {string}
+ */
+export function newIdempotencyKey() {
+  return globalThis.crypto.randomUUID();
+}
+
+/** Tokens holds the current user token and asks the getToken hook for new ones, one request at a time. */
+export class Tokens {
+  /** @type {string} */
+  #token = "";
+  /** @type {Promise<string | null> | null} */
+  #pending = null;
+  #getToken;
+  expiresAt = 0;
+
+  /** @param {GetToken} getToken */
+  constructor(getToken) {
+    this.#getToken = getToken;
+  }
+
+  /** @returns {Promise<string>} the current token, asking for the first one */
+  async current() {
+    if (this.#token) return this.#token;
+    const t = await this.renew("initial");
+    if (!t) throw new ApiError("unauthorized", 401);
+    return t;
+  }
+
+  /** @param {string} t */
+  set(t) {
+    this.#token = t;
+  }
+
+  /**
+   * renew asks the hook for a new token; concurrent callers share one request.
+   * @param {TokenReason} reason
+   * @returns {Promise<string | null>}
+   */
+  renew(reason) {
+    if (!this.#pending) {
+      this.#pending = (async () => {
+        try {
+          const t = await this.#getToken({ reason, expiresAt: this.expiresAt });
+          if (typeof t === "string" && t) this.#token = t;
+          return typeof t === "string" && t ? t : null;
+        } catch {
+          return null;
+        } finally {
+          this.#pending = null;
+        }
+      })();
+    }
+    return this.#pending;
+  }
+}
+
+/** Rest calls the API under /v1 with the user's bearer token. */
+export class Rest {
+  #base;
+  #tokens;
+  #fetch;
+
+  /**
+   * @param {string} baseUrl e.g. "https://chat.example.com" (no trailing /v1)
+   * @param {Tokens} tokens
+   * @param {typeof fetch} [fetchImpl]
+   */
+  constructor(baseUrl, tokens, fetchImpl) {
+    this.#base = baseUrl.replace(/\/+$/, "");
+    this.#tokens = tokens;
+    this.#fetch = fetchImpl || globalThis.fetch.bind(globalThis);
+  }
+
+  /**
+   * request sends one request with the bearer token; a 401 asks getToken for
+   * a new token once and repeats. Resolves the JSON body; rejects with ApiError.
+   * @param {string} method
+   * @param {string} path starting with /
+   * @param {{body?: unknown, headers?: Record<string, string>, signal?: AbortSignal}} [opts]
+   * @returns {Promise<{status: number, data: any, headers: Headers}>}
+   */
+  async request(method, path, opts = {}) {
+    try {
+      return await this.#once(method, path, await this.#tokens.current(), opts);
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 401) throw e;
+      const t = await this.#tokens.renew("unauthorized");
+      if (!t) throw e;
+      return this.#once(method, path, t, opts);
+    }
+  }
+
+  /**
+   * @param {string} method
+   * @param {string} path
+   * @param {string} token
+   * @param {{body?: unknown, headers?: Record<string, string>, signal?: AbortSignal}} opts
+   */
+  async #once(method, path, token, { body, headers, signal }) {
+    /** @type {Record<string, string>} */
+    const hdrs = { ...headers, Authorization: `Bearer ${token}` };
+    if (body !== undefined) hdrs["Content-Type"] = "application/json";
+    let res;
+    let text;
+    try {
+      res = await this.#fetch(this.#base + path, {
+        method, headers: hdrs, body: body === undefined ? undefined : JSON.stringify(body), signal,
+        cache: "no-store", credentials: "omit",
+      });
+      text = await res.text();
+    } catch (e) {
+      if (signal?.aborted) throw e;
+      // No answer, or it broke off: the outcome is unknown.
+      throw new ApiError(CLIENT_CODES.network, 0);
+    }
+    let data;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      data = undefined;
+    }
+    if (!res.ok) {
+      const code = data && typeof data.error === "string" ? data.error : `http_${res.status}`;
+      const ra = Number.parseInt(res.headers.get("Retry-After") || "0", 10);
+      throw new ApiError(code, res.status, Number.isFinite(ra) && ra > 0 ? ra * 1000 : 0);
+    }
+    if (data === undefined) throw new ApiError(CLIENT_CODES.invalidResponse, res.status);
+    return { status: res.status, data, headers: res.headers };
+  }
+
+  /**
+   * retrying repeats fn while it fails with a retryable ApiError.
+   * @template T
+   * @param {() => Promise<T>} fn
+   * @param {RetryOptions} [opts]
+   * @returns {Promise<T>}
+   */
+  async retrying(fn, { attempts = 5, signal, onRetry } = {}) {
+    for (let i = 1; ; i++) {
+      try {
+        return await fn();
+      } catch (e) {
+        if (!(e instanceof ApiError) || !e.retryable || i >= attempts || signal?.aborted) throw e;
+        const delay = retryDelay(e, i);
+        onRetry?.(e, delay, i);
+        await sleep(delay, signal);
+      }
+    }
+  }
+
+  /** @returns {Promise<{id: string}>} */
+  async me() {
+    return (await this.request("GET", "/v1/me")).data;
+  }
+
+  /**
+   * @param {string[]} memberIds
+   * @param {{title?: string, idempotencyKey?: string} & RetryOptions} [opts]
+   * @returns {Promise<Dialog>}
+   */
+  async createDialog(memberIds, opts = {}) {
+    const key = opts.idempotencyKey || newIdempotencyKey();
+    /** @type {Record<string, unknown>} */
+    const body = { memberIds };
+    if (opts.title !== undefined) body.title = opts.title;
+    return this.retrying(async () => (await this.request("POST", "/v1/dialogs",
+      { body, headers: { "Idempotency-Key": key }, signal: opts.signal })).data, opts);
+  }
+
+  /**
+   * @param {{limit?: number, cursor?: string}} [q]
+   * @returns {Promise<Page<Dialog>>}
+   */
+  async dialogs(q = {}) {
+    return (await this.request("GET", `/v1/dialogs${query(q)}`)).data;
+  }
+
+  /**
+   * send posts a message with an Idempotency-Key (generated unless given) and
+   * retries retryable failures with that same key, so a retry after a lost
+   * answer yields the message once. `replayed` is true when the server
+   * answered a repeat of a request it had already done.
+   * @param {string} dialogId
+   * @param {string} body
+   * @param {{idempotencyKey?: string, clientMessageId?: string, attachmentIds?: string[]} & RetryOptions} [opts]
+   * @returns {Promise<{message: Message, idempotencyKey: string, replayed: boolean}>}
+   */
+  async send(dialogId, body, opts = {}) {
+    const key = opts.idempotencyKey || newIdempotencyKey();
+    /** @type {Record<string, unknown>} */
+    const payload = { body };
+    if (opts.clientMessageId !== undefined) payload.clientMessageId = opts.clientMessageId;
+    if (opts.attachmentIds !== undefined) payload.attachmentIds = opts.attachmentIds;
+    const res = await this.retrying(() => this.request("POST", `/v1/dialogs/${encodeURIComponent(dialogId)}/messages`,
+      { body: payload, headers: { "Idempotency-Key": key }, signal: opts.signal }), opts);
+    return { message: res.data, idempotencyKey: key, replayed: res.headers.get("Idempotent-Replayed") === "true" };
+  }
+
+  /**
+   * history reads one page of a dialog's messages with seq > afterSeq, ascending.
+   * @param {string} dialogId
+   * @param {{afterSeq?: number | string, limit?: number, signal?: AbortSignal}} [q]
+   * @returns {Promise<Page<Message>>}
+   */
+  async history(dialogId, q = {}) {
+    const { signal, ...rest } = q;
+    return (await this.request("GET", `/v1/dialogs/${encodeURIComponent(dialogId)}/messages${query(rest)}`,
+      { signal })).data;
+  }
+
+  /**
+   * historyPages yields every page after afterSeq, following nextCursor until
+   * it is null. Retryable failures are retried (reads are safe to repeat).
+   * @param {string} dialogId
+   * @param {{afterSeq?: number, limit?: number} & RetryOptions} [opts]
+   * @returns {AsyncGenerator<Message[], void, void>}
+   */
+  async *historyPages(dialogId, opts = {}) {
+    /** @type {number | string} */
+    let after = opts.afterSeq || 0;
+    for (;;) {
+      const page = await this.retrying(() => this.history(dialogId,
+        { afterSeq: after, limit: opts.limit || 100, signal: opts.signal }), opts);
+      yield page.items;
+      if (page.nextCursor === null || page.items.length === 0) return;
+      after = page.nextCursor;
+    }
+  }
+
+  /**
+   * @param {string} userId
+   * @returns {Promise<Presence>}
+   */
+  async presence(userId) {
+    return (await this.request("GET", `/v1/users/${encodeURIComponent(userId)}/presence`)).data;
+  }
+
+  /** @returns {Promise<{ticket: string, expiresAt: number}>} a one-use WebSocket ticket (30 s) */
+  async ticket() {
+    return (await this.request("POST", "/v1/realtime/tickets")).data;
+  }
+}
+
+/**
+ * @param {Record<string, string | number | undefined>} q
+ * @returns {string}
+ */
+function query(q) {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(q)) if (v !== undefined && v !== "") p.set(k, String(v));
+  const s = p.toString();
+  return s ? `?${s}` : "";
+}

@@ -1,0 +1,57 @@
+// DialogState: ordering, dedupe and gap detection without a server.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { DialogState } from "../dialog.js";
+import { advisedDelay, backoffDelay, refreshDelay, REFRESH_AHEAD_MS } from "../realtime.js";
+import { ApiError } from "../errors.js";
+import { retryDelay } from "../rest.js";
+
+/** @param {number} seq */
+const msg = (seq) => ({ id: `m${seq}`, dialogId: "d", seq, senderId: "u", body: `b${seq}`, createdAt: 0, attachments: [] });
+
+test("messages in order are delivered at once, duplicates dropped", () => {
+  const d = new DialogState(0);
+  assert.deepEqual(d.offer(msg(1)).map((m) => m.seq), [1]);
+  assert.deepEqual(d.offer(msg(1)), []);
+  assert.deepEqual(d.offer(msg(2)).map((m) => m.seq), [2]);
+  assert.equal(d.known, 2);
+  assert.equal(d.hasGap, false);
+});
+
+test("a seq jump is held back as a gap until the missing seq arrives", () => {
+  const d = new DialogState(3);
+  assert.deepEqual(d.offer(msg(6)), []);
+  assert.equal(d.hasGap, true);
+  assert.deepEqual(d.offer(msg(5)), []);
+  assert.deepEqual(d.offer(msg(4)).map((m) => m.seq), [4, 5, 6]);
+  assert.equal(d.known, 6);
+  assert.equal(d.hasGap, false);
+});
+
+test("before lastSeq is known everything waits; then what follows it is delivered", () => {
+  const d = new DialogState(null);
+  assert.deepEqual(d.offer(msg(7)), []);
+  assert.deepEqual(d.offer(msg(8)), []);
+  d.known = 7;
+  assert.deepEqual(d.drain().map((m) => m.seq), [8]);
+});
+
+test("retry and reconnect delays honour the server's advice", () => {
+  assert.equal(advisedDelay('{"retryMs":1234}'), 1234);
+  assert.equal(advisedDelay("going away"), null);
+  assert.equal(retryDelay(new ApiError("dialog_busy", 503, 1000), 1), 1000);
+  const d = retryDelay(new ApiError("network_error", 0), 3, () => 1);
+  assert.equal(d, 1600);
+  assert.equal(backoffDelay(0, () => 1), 500);
+  assert.equal(backoffDelay(20, () => 1), 30000);
+  assert.equal(refreshDelay(10 * REFRESH_AHEAD_MS, 0), 9 * REFRESH_AHEAD_MS);
+  assert.equal(refreshDelay(1000, 0), 0);
+});
+
+test("retryable errors are the ones a repeat with the same key may fix", () => {
+  assert.equal(new ApiError("network_error", 0).retryable, true);
+  assert.equal(new ApiError("dialog_busy", 503).retryable, true);
+  assert.equal(new ApiError("idempotency_in_progress", 409).retryable, true);
+  assert.equal(new ApiError("idempotency_key_reused", 409).retryable, false);
+  assert.equal(new ApiError("invalid_body", 400).retryable, false);
+});
