@@ -24,6 +24,8 @@ type Env struct {
 	DirectURL string
 	// Bouncer is the private PgBouncer, nil without HAN_TEST_PGBOUNCER=1.
 	Bouncer *PgBouncer
+	// Cluster is the private Redis Cluster, nil unless Options.Cluster.
+	Cluster *RedisCluster
 
 	cluster *PGCluster
 	dropDB  func()
@@ -38,6 +40,10 @@ type Options struct {
 	Postgres bool
 	Redis    bool
 	RedisOpt RedisOptions
+	// Cluster starts a private Redis Cluster (ClusterOpt) for the package.
+	// The end-of-run TTL audit covers only Redis, not the cluster.
+	Cluster    bool
+	ClusterOpt ClusterOptions
 	// IgnoreLeaks lists goroutine top functions goleak may ignore
 	// (third-party background goroutines only).
 	IgnoreLeaks []string
@@ -94,6 +100,14 @@ func Start(opts Options) (*Env, error) {
 		}
 		e.Redis = r
 	}
+	if opts.Cluster {
+		c, err := StartCluster(opts.ClusterOpt)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.Cluster = c
+	}
 	if opts.Postgres {
 		server := os.Getenv(ServerURLEnv)
 		if server == "" {
@@ -145,6 +159,7 @@ func (e *Env) Close() {
 	}
 	e.cluster.Stop()
 	e.Redis.Stop()
+	e.Cluster.Stop()
 }
 
 // Main is the body of a package's TestMain: it starts the environment, runs
