@@ -146,7 +146,12 @@ func (s *RedisServer) args() []string {
 		// default user is off.
 		a = append(a, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(s.BusPort), "--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10),
-			"--masteruser", AdminUser, "--masterauth", s.AdminPwd)
+			"--masteruser", AdminUser, "--masterauth", s.AdminPwd,
+			// A replica's first sync starts at once, not after the
+			// default 5 s wait for more replicas; a replica is listed in
+			// CLUSTER SLOTS only once its replication offset moved, which
+			// on an idle master takes one replica ping period (default 10 s).
+			"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1")
 	}
 	return a
 }

@@ -46,7 +46,9 @@ func NewRedis(url string, c RedisConfig) (redis.UniversalClient, error) {
 			return nil, err
 		}
 		applyClusterDefaults(opt, c)
-		return redis.NewClusterClient(opt), nil
+		cc := redis.NewClusterClient(opt)
+		cc.AddHook(slotMapReloader{cc})
+		return cc, nil
 	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
@@ -103,6 +105,46 @@ func applyClusterDefaults(opt *redis.ClusterOptions, c RedisConfig) {
 	opt.ContextTimeoutEnabled = true
 	if c.ClientName != "" {
 		opt.ClientName = c.ClientName
+	}
+	opt.ClusterStateReloadInterval = ClusterSlotMapMaxAge
+}
+
+// ClusterSlotMapMaxAge is how old a cluster client's slot map may grow
+// before its next command reloads it in the background (go-redis's default
+// is a minute). slotMapReloader reloads it at once when a node stops
+// answering; this bounds the staleness when nothing failed.
+const ClusterSlotMapMaxAge = 5 * time.Second
+
+// slotMapReloader reloads a cluster client's slot map (in the background,
+// at most one reload at a time) whenever a command finds its node
+// unreachable. go-redis follows MOVED on its own, but a master that died
+// answers nothing: without a reload the client keeps sending that master's
+// slots to the dead address until its map is old enough, long after the
+// replica that took over is serving them.
+type slotMapReloader struct{ c *redis.ClusterClient }
+
+func (h slotMapReloader) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h slotMapReloader) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && unreachable(err) {
+			h.c.ReloadState(ctx)
+		}
+		return err
+	}
+}
+
+func (h slotMapReloader) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if e := cmd.Err(); e != nil && unreachable(e) {
+				h.c.ReloadState(ctx)
+				break
+			}
+		}
+		return err
 	}
 }
 
