@@ -18,8 +18,8 @@ type received struct {
 	mu      sync.Mutex // guards got, resyncs
 	got     map[string][]string
 	resyncs int
-	sub  *pubsub.Subscriber
-	name string
+	sub     *pubsub.Subscriber
+	name    string
 }
 
 func subscriber(t *testing.T, c *testenv.RedisCluster, name string) *received {

@@ -32,8 +32,8 @@ func (p place) project() project.Keys {
 	return project.NewKeys(p.env(), p.id(2))
 }
 func (p place) module() project.ModuleKeys { return project.NewModuleKeys(p.env()) }
-func (p place) topic() string               { return p.id(3) }
-func (p place) sub() string                 { return p.id(4) }
+func (p place) topic() string              { return p.id(3) }
+func (p place) sub() string                { return p.id(4) }
 func (p place) idem() store.IdemKey {
 	return store.IdemKey{Scope: "msg_send", UserID: p.user(), KeyHMAC: fmt.Sprintf("%064x", p.n)}
 }

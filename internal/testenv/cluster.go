@@ -181,17 +181,12 @@ func (c *RedisCluster) waitAll(ctx context.Context, cond func(context.Context, *
 
 // URL is api_backend's cluster URL (the form REDIS_URL takes on a cluster):
 // the first node as host, every other node as an addr= seed.
-func (c *RedisCluster) URL() string { return c.url(rds.APIBackendUser, c.Password) }
-
-// AdminURL is the admin user's cluster URL (test setup and faults only).
-func (c *RedisCluster) AdminURL() string { return c.url(AdminUser, c.AdminPwd) }
-
-func (c *RedisCluster) url(user, password string) string {
+func (c *RedisCluster) URL() string {
 	q := url.Values{}
 	for _, s := range c.Nodes[1:] {
 		q.Add("addr", s.Addr())
 	}
-	return fmt.Sprintf("redis://%s:%s@%s?%s", user, password, c.Nodes[0].Addr(), q.Encode())
+	return fmt.Sprintf("redis://%s:%s@%s?%s", rds.APIBackendUser, c.Password, c.Nodes[0].Addr(), q.Encode())
 }
 
 // AdminClient returns an unrestricted cluster client; the caller closes it.
