@@ -9,6 +9,8 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // places is how many identity sets the script test runs on; the test
@@ -89,8 +91,11 @@ func TestKeyBuildersShareOneTagPerCall(t *testing.T) {
 			k.Topics(), k.TopicNames(), k.Subscriptions(), k.Budget(), k.Dedupe(), k.DedupeExpiry(),
 			k.TopicStream(p.topic()), k.TopicSubscriptions(p.topic()), k.TopicOpen(p.topic()), k.TopicDone(p.topic()),
 			k.Receipts(p.sub()), k.Leases(p.sub())},
-		"module": {m.Budget(), m.Reservations(), m.Leases(), m.Projects()},
-		"idem":   idemKeys(p),
+		"module":   {m.Budget(), m.Reservations(), m.Leases(), m.Projects()},
+		"idem":     idemKeys(p),
+		"presence": {presence.ConnKey(p.user(), "c1"), presence.ConnKey(p.user(), "c2"), presence.UserConnsKey(p.user()), presence.OnlineKey(p.user())},
+		"instance": {presence.InstanceKey(p.instance()), presence.InstanceConnsKey(p.instance())},
+		"lock":     {rds.LockKey("outbox", p.id(5)), rds.FenceKey("outbox", p.id(5))},
 	}
 	for family, keys := range groups {
 		tag := ""
