@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/presence"
@@ -155,5 +153,3 @@ func scriptOn(t *testing.T, ctx context.Context, node *testenv.RedisServer, s *l
 	}
 	return ok[0]
 }
-
-var _ redis.Scripter = (*redis.ClusterClient)(nil)
