@@ -5,9 +5,10 @@
 // stops answering) and the routing of go-redis's own log lines into the
 // service's JSON logger (SetRedisLogger), the DB0 fast-failure state
 // (RedisHealth), the fenced coordination locks (Locker), the rendering of
-// the Redis ACL file (standalone or cluster node), the classification of Redis failures into stable sentinel errors
-// (ClassifyRedisError) and Kind, the one classifier that names any error's
-// class for logs and metrics without its text.
+// the Redis ACL file (standalone or cluster node), the classification of
+// Redis failures into stable sentinel errors (ClassifyRedisError) and Kind,
+// the one classifier that names any error's class for logs and metrics
+// without its text.
 //
 // It imports no database driver, so the realtime packages (presence,
 // ratelimit, pubsub) use Redis without linking PostgreSQL; the PostgreSQL
