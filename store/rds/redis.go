@@ -48,6 +48,10 @@ func NewRedis(url string, c RedisConfig) (redis.UniversalClient, error) {
 		applyClusterDefaults(opt, c)
 		cc := redis.NewClusterClient(opt)
 		cc.AddHook(slotMapReloader{cc})
+		// A Pub/Sub connection is dialled outside any command: a node that
+		// refuses it must reload the map too, or a subscriber keeps dialling
+		// the dead master of its first channel's slot.
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(nodeDialReloader{cc}) })
 		return cc, nil
 	}
 	opt, err := redis.ParseURL(url)
@@ -146,6 +150,26 @@ func (h slotMapReloader) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		}
 		return err
 	}
+}
+
+// nodeDialReloader reloads the cluster client's slot map when a dial to
+// one of its nodes fails.
+type nodeDialReloader struct{ c *redis.ClusterClient }
+
+func (h nodeDialReloader) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil && unreachable(err) {
+			h.c.ReloadState(ctx)
+		}
+		return conn, err
+	}
+}
+
+func (h nodeDialReloader) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h nodeDialReloader) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func applyRedisDefaults(opt *redis.Options, c RedisConfig) {
