@@ -226,13 +226,18 @@ func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string,
 // cmdRedisACL renders the ACL file. The api_backend password comes from
 // HAN_REDIS_API_PASSWORD or, failing that, from REDIS_URL's userinfo;
 // whether DB0 and DB1 share an instance is read from the two URLs unless
-// --separate-instances says so.
+// --separate-instances says so. --cluster (or a cluster URL in REDIS_URL or
+// REDIS_REALTIME_URL) renders the file every node of a Redis Cluster loads.
 func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("redis acl", flag.ContinueOnError)
 	separate := fs.Bool("separate-instances", false, "DB0 and DB1 are separate instances: deny SELECT")
+	cluster := fs.Bool("cluster", false, "render the ACL of a Redis Cluster node (load it on every node)")
 	outFile := fs.String("out", "", "write to FILE (mode 0600) instead of stdout")
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
+	}
+	if rds.IsClusterURL(getenv("REDIS_URL")) || rds.IsClusterURL(getenv("REDIS_REALTIME_URL")) {
+		*cluster = true
 	}
 	pw := getenv("HAN_REDIS_API_PASSWORD")
 	if pw == "" && getenv("REDIS_URL") != "" {
@@ -247,7 +252,7 @@ func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error
 	if !sep && getenv("REDIS_URL") != "" && getenv("REDIS_REALTIME_URL") != "" {
 		sep = !config.SameRedisInstance(getenv("REDIS_URL"), getenv("REDIS_REALTIME_URL"))
 	}
-	text := rds.RenderACL(rds.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep,
+	text := rds.RenderACL(rds.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep, Cluster: *cluster,
 		LegacyStubPassword: getenv("HAN_LEGACY_STUB_PASSWORD")})
 	if *outFile != "" {
 		return os.WriteFile(*outFile, []byte(text), 0o600)

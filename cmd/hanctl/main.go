@@ -6,7 +6,7 @@
 //	hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin ...
 //	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
 //	hanctl seed demo
-//	hanctl redis acl [--separate-instances] [--out FILE]
+//	hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
 //	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
 //	hanctl redis verify                (HAN_REDIS_ADMIN_URL)
 //	hanctl sizing [--identities N ...] [--sample]
@@ -42,7 +42,7 @@ const usage = `usage:
   hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin [--member ...]
   hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
   hanctl seed demo
-  hanctl redis acl [--separate-instances] [--out FILE]
+  hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
   hanctl redis cutover [--force]   (HAN_REDIS_ADMIN_URL; removes the legacy DB2 stub)
   hanctl redis verify              (HAN_REDIS_ADMIN_URL; no stub left, TTL rules hold)
   hanctl sizing [--identities N ...] [--sample]
@@ -134,7 +134,8 @@ var commandHelp = map[string]struct{ about, env string }{
 			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims"},
 	"redis acl": {"Renders the Redis ACL file.",
 		"  HAN_REDIS_API_PASSWORD    api_backend password (default: the password in REDIS_URL)\n" +
-			"  REDIS_URL, REDIS_REALTIME_URL  two different servers: SELECT is denied\n" +
+			"  REDIS_URL, REDIS_REALTIME_URL  two different servers: SELECT is denied;\n" +
+			"                            a cluster URL (addr= seeds) implies --cluster\n" +
 			"  HAN_LEGACY_STUB_PASSWORD  adds the legacy_stub user"},
 	"redis cutover": {"Removes the legacy DB2 safety stub: its keys, then the legacy_stub ACL user.",
 		"  HAN_REDIS_ADMIN_URL       required: an admin connection to the Redis server"},

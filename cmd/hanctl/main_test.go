@@ -170,6 +170,24 @@ func TestRedisACL(t *testing.T) {
 	if _, err := run(t, nil, "redis", "acl"); err == nil {
 		t.Fatal("no password anywhere must be an error")
 	}
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+	}{
+		{shared, []string{"redis", "acl", "--cluster"}},
+		{map[string]string{
+			"REDIS_URL":          "redis://api_backend:pw-123@10.0.0.5:6379?addr=10.0.0.6:6379&addr=10.0.0.7:6379",
+			"REDIS_REALTIME_URL": "redis://api_backend:pw-123@10.0.0.8:6379/1",
+		}, []string{"redis", "acl"}},
+	} {
+		out, err = run(t, c.env, c.args...)
+		if err != nil || strings.Contains(out, "pw-123") || !strings.Contains(out, "+cluster|slots +cluster|shards") || !strings.Contains(out, "-select") {
+			t.Fatalf("cluster ACL (%v): %v\n%s", c.args, err, out)
+		}
+	}
+	if out, _ = run(t, shared, "redis", "acl"); strings.Contains(out, "cluster|") {
+		t.Fatalf("a standalone ACL must not grant cluster commands:\n%s", out)
+	}
 }
 
 func TestUnknownCommand(t *testing.T) {

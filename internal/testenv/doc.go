@@ -16,5 +16,10 @@
 // missing pgbouncer fails the package; BouncerFor, used by tests that start
 // a bouncer of their own, skips instead, except under CI=true.
 //
+// StartCluster starts a private Redis Cluster instead (3 masters with one
+// replica each by default, cluster-node-timeout 1 s, every node loaded with
+// the cluster ACL and created through the admin user); only package cluster
+// uses one, every other package keeps its standalone redis-server.
+//
 // A RedisServer is safe for concurrent use; Kill and Restart serialise on it.
 package testenv

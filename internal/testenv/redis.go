@@ -35,6 +35,15 @@ type RedisOptions struct {
 	// LegacyStubPassword, when set, renders the legacy_stub user too
 	// (han:stub:*, DB2 of the legacy safety stub); see LegacyStubURL.
 	LegacyStubPassword string
+	// Cluster starts the server as a Redis Cluster node (cluster-enabled,
+	// its bus on ClusterBusPort) with the cluster ACL; StartCluster sets it.
+	Cluster bool
+	// ClusterNodeTimeout is cluster-node-timeout. Zero value means 1s.
+	ClusterNodeTimeout time.Duration
+	// Password and AdminPassword set api_backend's and the admin user's
+	// passwords (every node of a cluster shares them). Zero value means a
+	// random one.
+	Password, AdminPassword string
 	// Dir, when set, is reused (for restarts that keep the AOF); zero value
 	// means a fresh temporary directory removed by Stop.
 	Dir string
@@ -47,6 +56,8 @@ type RedisServer struct {
 	Password string // api_backend's password
 	AdminPwd string
 	Dir      string
+	// BusPort is the cluster bus port of a cluster node, else 0.
+	BusPort int
 
 	mu   sync.Mutex // guards cmd
 	cmd  *exec.Cmd
@@ -59,7 +70,13 @@ func StartRedis(opts RedisOptions) (*RedisServer, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, errors.New("testenv: redis-server not found; install the redis-server package")
 	}
-	s := &RedisServer{Opts: opts, Password: "api-" + randHex(12), AdminPwd: "admin-" + randHex(12), Dir: opts.Dir}
+	s := &RedisServer{Opts: opts, Password: opts.Password, AdminPwd: opts.AdminPassword, Dir: opts.Dir}
+	if s.Password == "" {
+		s.Password = "api-" + randHex(12)
+	}
+	if s.AdminPwd == "" {
+		s.AdminPwd = "admin-" + randHex(12)
+	}
 	if s.Dir == "" {
 		base := os.Getenv("HAN_TEST_TMPDIR")
 		if base == "" {
@@ -74,6 +91,7 @@ func StartRedis(opts RedisOptions) (*RedisServer, error) {
 	acl := rds.RenderACL(rds.ACLOptions{
 		APIBackendPassword: s.Password,
 		SeparateInstances:  opts.SeparateInstances,
+		Cluster:            opts.Cluster,
 		LegacyStubPassword: opts.LegacyStubPassword,
 		Extra:              append([]string{fmt.Sprintf("user %s on >%s ~* &* +@all", AdminUser, s.AdminPwd)}, opts.ExtraACL...),
 	})
@@ -87,6 +105,11 @@ func StartRedis(opts RedisOptions) (*RedisServer, error) {
 			return nil, err
 		}
 		s.Port = port
+		if opts.Cluster {
+			if s.BusPort, err = FreePort(); err != nil {
+				return nil, err
+			}
+		}
 		if lastErr = s.start(); lastErr == nil {
 			return s, nil
 		}
@@ -114,6 +137,22 @@ func (s *RedisServer) args() []string {
 		policy = "noeviction"
 	}
 	a = append(a, "--maxmemory-policy", policy)
+	if s.Opts.Cluster {
+		timeout := s.Opts.ClusterNodeTimeout
+		if timeout <= 0 {
+			timeout = time.Second
+		}
+		// A replica authenticates to its master as the admin user: the
+		// default user is off.
+		a = append(a, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(s.BusPort), "--cluster-node-timeout", strconv.FormatInt(timeout.Milliseconds(), 10),
+			"--masteruser", AdminUser, "--masterauth", s.AdminPwd,
+			// A replica's first sync starts at once, not after the
+			// default 5 s wait for more replicas; a replica is listed in
+			// CLUSTER SLOTS only once its replication offset moved, which
+			// on an idle master takes one replica ping period (default 10 s).
+			"--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1")
+	}
 	return a
 }
 
@@ -238,4 +277,11 @@ func (s *RedisServer) cleanup() {
 	if s.own && strings.Contains(s.Dir, "han-redis-") {
 		os.RemoveAll(s.Dir)
 	}
+}
+
+// Running reports whether the server process is up (not killed).
+func (s *RedisServer) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd != nil
 }

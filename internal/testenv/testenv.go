@@ -24,6 +24,8 @@ type Env struct {
 	DirectURL string
 	// Bouncer is the private PgBouncer, nil without HAN_TEST_PGBOUNCER=1.
 	Bouncer *PgBouncer
+	// Cluster is the private Redis Cluster, nil unless Options.Cluster.
+	Cluster *RedisCluster
 
 	cluster *PGCluster
 	dropDB  func()
@@ -38,6 +40,10 @@ type Options struct {
 	Postgres bool
 	Redis    bool
 	RedisOpt RedisOptions
+	// Cluster starts a private Redis Cluster (ClusterOpt) for the package.
+	// The end-of-run TTL audit covers only Redis, not the cluster.
+	Cluster    bool
+	ClusterOpt ClusterOptions
 	// IgnoreLeaks lists goroutine top functions goleak may ignore
 	// (third-party background goroutines only).
 	IgnoreLeaks []string
@@ -97,6 +103,14 @@ func Start(opts Options) (*Env, error) {
 		}
 		e.Redis = r
 	}
+	if opts.Cluster {
+		c, err := StartCluster(opts.ClusterOpt)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.Cluster = c
+	}
 	if opts.Postgres {
 		server := os.Getenv(ServerURLEnv)
 		if server == "" {
@@ -148,6 +162,7 @@ func (e *Env) Close() {
 	}
 	e.cluster.Stop()
 	e.Redis.Stop()
+	e.Cluster.Stop()
 }
 
 // Main is the body of a package's TestMain: it starts the environment, runs

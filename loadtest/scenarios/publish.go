@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/loadtest"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // publisher puts an event frame on a dialog's channel.
@@ -23,7 +24,9 @@ type publisher interface {
 // instance subscribed to the dialog's channel picks the frame up and forwards
 // its bytes unchanged: the gateway's fan-out is measured without the REST send
 // path.
-type redisPublisher struct{ c *redis.Client }
+// A cluster URL (addr= seeds) publishes through a cluster client, as the
+// gateway does.
+type redisPublisher struct{ c redis.UniversalClient }
 
 func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPublisher, error) {
 	if rawURL == "" {
@@ -32,13 +35,11 @@ func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPubl
 	if _, err := loadtest.CheckLoopbackURL(rawURL); err != nil {
 		return nil, err
 	}
-	opt, err := redis.ParseURL(rawURL)
+	c, err := rds.NewRedis(rawURL, rds.RedisConfig{PoolSize: pool, ClientName: "han-loadtest",
+		ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second})
 	if err != nil {
-		return nil, errors.New("bad -redis-url")
+		return nil, fmt.Errorf("bad -redis-url: %w", err)
 	}
-	opt.PoolSize = pool
-	opt.ClientName = "han-loadtest"
-	c := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {

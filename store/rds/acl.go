@@ -20,6 +20,12 @@ var APIBackendKeyPatterns = []string{"han:api:*", "han:rt:*", "han:coord:*", "ha
 // APIBackendChannelPatterns are the Pub/Sub channels api_backend may use.
 var APIBackendChannelPatterns = []string{"han:rt:*"}
 
+// ClusterCommands are the subcommands a Redis Cluster client needs beyond
+// what api_backend has on a standalone server: go-redis's ClusterClient
+// reads the slot map with CLUSTER SLOTS, newer clients with CLUSTER SHARDS
+// (Redis 7). Both are in neither @read nor @write.
+var ClusterCommands = []string{"cluster|slots", "cluster|shards"}
+
 // ACLOptions describes one rendered ACL file.
 type ACLOptions struct {
 	// APIBackendPassword is stored as a SHA-256 digest, never in clear text.
@@ -29,6 +35,11 @@ type ACLOptions struct {
 	// database comes only from the URL). Zero value: one shared instance, and
 	// the client's handshake SELECT for DB1 is allowed.
 	SeparateInstances bool
+	// Cluster renders the ACL of a Redis Cluster node: api_backend may also
+	// read the cluster's topology (ClusterCommands), and SELECT is denied,
+	// since a cluster has only database 0. The same file is loaded on every
+	// node. Zero value: a standalone server.
+	Cluster bool
 	// LegacyStubPassword, when set, adds the legacy_stub user (han:stub:*).
 	LegacyStubPassword string
 	// Extra lines appended verbatim (the test harness adds its admin user).
@@ -48,7 +59,12 @@ func RenderACL(o ACLOptions) string {
 	// (redis/redis#14545). TestRestartWithAOFKeepsIdempotencyAndProjectKeys
 	// guards this.
 	b.WriteString("user default off ~* &* +@all\n")
-	b.WriteString(APIBackendRule(o.APIBackendPassword, o.SeparateInstances))
+	b.WriteString(APIBackendRule(o.APIBackendPassword, o.SeparateInstances || o.Cluster))
+	if o.Cluster {
+		for _, c := range ClusterCommands {
+			b.WriteString(" +" + c)
+		}
+	}
 	b.WriteByte('\n')
 	if o.LegacyStubPassword != "" {
 		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels ~han:stub:* -@all +@read +@write +@scripting +@connection -@dangerous +time\n",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	neturl "net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -31,12 +32,28 @@ type RedisConfig struct {
 	ClientName      string        // CLIENT SETNAME-style name for INFO/monitoring
 }
 
-// NewRedis opens a client for a redis:// URL. It returns the
-// redis.UniversalClient interface so a ClusterClient can take its place
-// without changes at the call sites (all keys carry hash tags). The URL's
+// NewRedis opens a client for a redis:// or rediss:// URL: a standalone
+// client, or a Redis Cluster client when IsClusterURL says the URL is a
+// cluster URL. Either way it returns the redis.UniversalClient interface, so
+// the call sites do not change (every key carries a hash tag). The URL's
 // database number is used only through the connection handshake;
-// application code never issues SELECT.
+// application code never issues SELECT. A cluster has only database 0, so a
+// cluster URL naming another database is refused.
 func NewRedis(url string, c RedisConfig) (redis.UniversalClient, error) {
+	if IsClusterURL(url) {
+		opt, err := ParseClusterURL(url)
+		if err != nil {
+			return nil, err
+		}
+		applyClusterDefaults(opt, c)
+		cc := redis.NewClusterClient(opt)
+		cc.AddHook(slotMapReloader{cc})
+		// A Pub/Sub connection is dialled outside any command: a node that
+		// refuses it must reload the map too, or a subscriber keeps dialling
+		// the dead master of its first channel's slot.
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(nodeDialReloader{cc}) })
+		return cc, nil
+	}
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		// The URL holds a password: never echo it.
@@ -44,6 +61,115 @@ func NewRedis(url string, c RedisConfig) (redis.UniversalClient, error) {
 	}
 	applyRedisDefaults(opt, c)
 	return redis.NewClient(opt), nil
+}
+
+// ErrClusterDB refuses a cluster URL whose path names a database other
+// than 0: Redis Cluster has only database 0.
+var ErrClusterDB = errors.New("store: a Redis Cluster URL must use database 0 (the path may be empty, / or /0)")
+
+// IsClusterURL reports whether url is a Redis Cluster URL. The rule is
+// go-redis's own: a URL carrying one or more addr= query parameters is
+// redis.ParseClusterURL's form (the host is the first seed node, each addr=
+// another one), while redis.ParseURL refuses addr=; a universal client
+// likewise becomes a cluster client when it has more than one address. So a
+// cluster URL names at least two seed nodes, e.g.
+// redis://api_backend:pw@10.0.0.1:6379?addr=10.0.0.2:6379&addr=10.0.0.3:6379.
+func IsClusterURL(rawURL string) bool {
+	u, err := neturl.Parse(rawURL)
+	return err == nil && u.Query().Has("addr")
+}
+
+// ParseClusterURL parses a cluster URL (IsClusterURL) into go-redis's
+// options and checks that it names database 0. Its errors never echo the
+// URL, which holds a password.
+func ParseClusterURL(rawURL string) (*redis.ClusterOptions, error) {
+	u, err := neturl.Parse(rawURL)
+	if err != nil {
+		return nil, errors.New("store: invalid redis cluster URL")
+	}
+	if db := strings.TrimPrefix(u.Path, "/"); db != "" && db != "0" {
+		return nil, ErrClusterDB
+	}
+	opt, err := redis.ParseClusterURL(rawURL)
+	if err != nil {
+		return nil, errors.New("store: invalid redis cluster URL")
+	}
+	return opt, nil
+}
+
+func applyClusterDefaults(opt *redis.ClusterOptions, c RedisConfig) {
+	// One set of defaults for both kinds of client: fill a standalone
+	// Options and copy the fields the cluster client shares. PoolSize and
+	// MinIdleConns then apply per node, as go-redis defines them.
+	var o redis.Options
+	applyRedisDefaults(&o, c)
+	opt.PoolSize, opt.MinIdleConns = o.PoolSize, o.MinIdleConns
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout
+	opt.MinRetryBackoff, opt.MaxRetryBackoff, opt.MaxRetries = o.MinRetryBackoff, o.MaxRetryBackoff, o.MaxRetries
+	opt.ContextTimeoutEnabled = true
+	if c.ClientName != "" {
+		opt.ClientName = c.ClientName
+	}
+	opt.ClusterStateReloadInterval = ClusterSlotMapMaxAge
+}
+
+// ClusterSlotMapMaxAge is how old a cluster client's slot map may grow
+// before its next command reloads it in the background (go-redis's default
+// is a minute). slotMapReloader reloads it at once when a node stops
+// answering; this bounds the staleness when nothing failed.
+const ClusterSlotMapMaxAge = 5 * time.Second
+
+// slotMapReloader reloads a cluster client's slot map (in the background,
+// at most one reload at a time) whenever a command finds its node
+// unreachable. go-redis follows MOVED on its own, but a master that died
+// answers nothing: without a reload the client keeps sending that master's
+// slots to the dead address until its map is old enough, long after the
+// replica that took over is serving them.
+type slotMapReloader struct{ c *redis.ClusterClient }
+
+func (h slotMapReloader) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h slotMapReloader) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && unreachable(err) {
+			h.c.ReloadState(ctx)
+		}
+		return err
+	}
+}
+
+func (h slotMapReloader) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if e := cmd.Err(); e != nil && unreachable(e) {
+				h.c.ReloadState(ctx)
+				break
+			}
+		}
+		return err
+	}
+}
+
+// nodeDialReloader reloads the cluster client's slot map when a dial to
+// one of its nodes fails.
+type nodeDialReloader struct{ c *redis.ClusterClient }
+
+func (h nodeDialReloader) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil && unreachable(err) {
+			h.c.ReloadState(ctx)
+		}
+		return conn, err
+	}
+}
+
+func (h nodeDialReloader) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h nodeDialReloader) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func applyRedisDefaults(opt *redis.Options, c RedisConfig) {
