@@ -31,7 +31,7 @@ func mayTestRESTAPI(path string) bool {
 // so): internal/archtest checks the repository as a whole, and cluster runs
 // the code of several packages on a Redis Cluster it starts once, so each
 // belongs beside none of the packages it checks.
-var testOnlyAllowed = []string{"internal/archtest", "cluster"}
+var testOnlyAllowed = []string{"internal/archtest", "internal/clustertest"}
 
 // declaresCode reports whether any of files (names in dir) declares
 // something beyond its package clause and comments.

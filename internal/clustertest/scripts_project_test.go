@@ -1,4 +1,4 @@
-package cluster_test
+package clustertest_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package cluster proves that the service's Redis code runs on a Redis
+// Package clustertest proves that the service's Redis code runs on a Redis
 // Cluster: it holds only tests, run against private clusters of
 // redis-server processes that internal/testenv starts (3 masters, 3
 // replicas, every node loaded with the cluster ACL, the code under test
@@ -10,4 +10,4 @@
 // package keeps its private standalone redis-server: this one is the only
 // place a cluster runs, so its behaviour on a cluster is checked here, next
 // to nothing it could be mistaken for.
-package cluster
+package clustertest
