@@ -369,7 +369,7 @@ func (h *Hub) drain(ctx context.Context) error {
 		n := len(h.conns)
 		h.mu.RUnlock()
 		if n == 0 {
-			return nil
+			return h.waitTeardowns(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -377,6 +377,24 @@ func (h *Hub) drain(ctx context.Context) error {
 		case <-h.empty:
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// waitTeardowns waits until every connection's teardown (its presence
+// removal included) has finished: a connection leaves the hub's set before
+// its presence is removed, so an empty set alone does not mean a drain is
+// done.
+func (h *Hub) waitTeardowns(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gateway drain: connection teardowns not finished: %w", ctx.Err())
 	}
 }
 

@@ -402,7 +402,7 @@ func TestRecoverRefusals(t *testing.T) {
 
 	c := in.connect(u[1])
 	for _, v := range []string{`-1`, `"3"`, `1.5`, `1e2`, `null`, `true`, `99999999999999999999`, `{}`} {
-		c.send(`{"type":"subscribe","dialogId":"` + d + `","sinceSeq":` + v + `}`)
+		c.sendRaw(`{"type":"subscribe","dialogId":"` + d + `","sinceSeq":` + v + `}`)
 		if f := c.expect("error"); string(f.raw) != `{"type":"error","error":"invalid_frame"}` {
 			t.Fatalf("sinceSeq %s answered %s", v, f.raw)
 		}
