@@ -196,10 +196,17 @@ policy() {
 raised='[{"family":"user","limit":100000000,"windowMs":10000},{"family":"ip","limit":100000000,"windowMs":10000},{"family":"dialog","limit":100000000,"windowMs":10000}]'
 
 declare -A gw_pid gw_url
+declare -A arm_redis=([gw-on]=0 [gw-off]=2 [old-on]=4 [old-off]=6)
 start_gateway() { # ARM BIN DB
 	local arm=$1 bin=$2 db=$3 port
 	port="$(han_pick_port 0)"
-	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(dburl "$db")" REDIS_URL="$(redis_url 0)" REDIS_REALTIME_URL="$(redis_url 1)" \
+	# Each arm has Redis databases of its own (gw-on 0/1, gw-off 2/3, old-on
+	# 4/5, old-off 6/7): the runtime-settings snapshot in the realtime
+	# database is keyed by its version alone, and the arms' PostgreSQL
+	# databases count their versions independently, so on shared databases
+	# one arm would load another arm's rate-limit policy.
+	local rdb="${arm_redis[$arm]}"
+	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(dburl "$db")" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
 		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
 		HAN_DB_EXEC_MODE="$exec_mode" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
 	gw_pid[$arm]=$!
