@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# scripts/bench-centrifugo.sh — the gateway beside Centrifugo v6 on the same
+# harness: one small fan-out comparison, runs interleaved, both results printed.
+#
+#   scripts/bench-centrifugo.sh              # 2 rounds × 2 servers of a 10 s broadcast, ≈ 3 min
+#   scripts/bench-centrifugo.sh -reps 3 -conns 5000 -dialogs 500 -rate 3000
+#
+# Centrifugo is a benchmark tool here, not a dependency of the product: it is
+# installed with `GOBIN=<work folder>/bin go install
+# github.com/centrifugal/centrifugo/v6@v6.9.1` into a temporary work folder
+# (the Go build cache makes later installs quick), or taken from -centrifugo
+# PATH (or HAN_CENTRIFUGO_BIN), which must report v6.9.1.
+#
+# Each server runs on loopback with its own private redis-server, so each
+# side's CPU is the server's plus its Redis's:
+#   gateway     a private PostgreSQL (withpg), migrated by hanctl; han-loadtest
+#               PUBLISHes the gateway's event frames on the dialogs' channels of
+#               Redis DB1;
+#   Centrifugo  loadtest/centrifugo/config.json (Redis engine, HMAC JWT;
+#               presence, history, recovery, join/leave off), port and Redis
+#               address filled in per run; han-loadtest PUBLISHes Centrifugo's
+#               publication messages on its engine's channels.
+# han-loadtest broadcast drives both with the same shape, each for -phase
+# seconds (gateway first in odd rounds, Centrifugo first in even ones), with
+# the thresholds delivery_lost==0 and delivery_duplicates==0. Per run it
+# prints deliveries/s, the delivery p99 from schedule, lost and duplicated
+# deliveries, and the CPU-seconds per 1M deliveries of the server, its
+# redis-server and the generator over the publish phase and drain alone
+# (-cpu-pid); then the medians of each side and gateway ÷ Centrifugo.
+# Exit status: 0 every run passed its thresholds, 1 otherwise.
+#
+# Options: -reps N (2), -conns N (200), -dialogs N (20: the gateway needs 2..100
+# members per dialog), -rate N (400 events/s), -payload N (128 bytes), -phase
+# SECONDS (10), -centrifugo PATH, -keep (keep the work folder: summaries and
+# logs). Bounded: each run by -max-duration (phase + 90 s); everything it
+# started is stopped on exit.
+set -euo pipefail
+
+HAN_SCRIPT=bench-centrifugo.sh
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$HAN_ROOT"
+
+CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
+CENTRIFUGO_VERSION=v6.9.1
+
+if [ "${1:-}" != --inner ]; then
+	reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 keep=0
+	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
+	while [ $# -gt 0 ]; do
+		case "$1" in
+		-reps) reps=$2 && shift ;;
+		-conns) conns=$2 && shift ;;
+		-dialogs) dialogs=$2 && shift ;;
+		-rate) rate=$2 && shift ;;
+		-payload) payload=$2 && shift ;;
+		-phase) phase=$2 && shift ;;
+		-centrifugo) cf_bin=$2 && shift ;;
+		-keep) keep=1 ;;
+		-h | --help)
+			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+			exit 0
+			;;
+		*) han_die "unknown argument $1 (try --help)" ;;
+		esac
+		shift
+	done
+	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase"; do
+		case "$v" in '' | *[!0-9]*) han_die "option values must be positive integers, got '$v'" ;; esac
+	done
+	han_ensure_packages --curl --jq
+	work="$(mktemp -d "${TMPDIR:-/tmp}/han-bench-centrifugo.XXXXXX")"
+	# shellcheck disable=SC2317 # the EXIT trap
+	cleanup() {
+		if [ "$keep" = 1 ]; then han_log "kept $work (summaries, logs)"; else rm -rf "$work"; fi
+	}
+	trap cleanup EXIT
+	mkdir -p "$work/bin"
+	if [ -z "$cf_bin" ]; then
+		han_log "installing Centrifugo $CENTRIFUGO_VERSION into $work/bin (go install)"
+		(cd "$work" && GOBIN="$work/bin" go install "$CENTRIFUGO_MODULE@$CENTRIFUGO_VERSION") ||
+			han_die "go install $CENTRIFUGO_MODULE@$CENTRIFUGO_VERSION failed"
+		cf_bin="$work/bin/centrifugo"
+	fi
+	[ -x "$cf_bin" ] || han_die "no Centrifugo binary at $cf_bin"
+	cf_version="$("$cf_bin" version 2>&1 | head -n 1)"
+	case "$cf_version" in
+	*"${CENTRIFUGO_VERSION#v}"*) han_log "Centrifugo: $cf_version" ;;
+	*) han_die "$cf_bin reports '$cf_version', want $CENTRIFUGO_VERSION" ;;
+	esac
+	han_log "building han-gateway, hanctl, han-loadtest"
+	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
+	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$reps $conns $dialogs $rate $payload $phase" \
+		HAN_BC_CF_VERSION="$cf_version" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+	exit $?
+fi
+
+# --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
+work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
+read -r reps conns dialogs rate payload phase <<<"$HAN_BC_SHAPE"
+pids=()
+# shellcheck disable=SC2317 # the EXIT trap
+cleanup_inner() {
+	local p
+	for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
+	for _ in $(seq 1 100); do
+		local alive=0
+		for p in "${pids[@]+"${pids[@]}"}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		[ "$alive" = 0 ] && return 0
+		sleep 0.1
+	done
+	for p in "${pids[@]+"${pids[@]}"}"; do kill -KILL "$p" 2>/dev/null || true; done
+}
+trap cleanup_inner EXIT
+
+wait_port() { # PORT: wait up to 10 s for a listener
+	for _ in $(seq 1 100); do han_port_busy "$1" && return 0; sleep 0.1; done
+	return 1
+}
+start_redis() { # NAME PORT [ARGS...]: a private redis-server; prints its pid
+	local name=$1 port=$2
+	shift 2
+	redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no --daemonize no \
+		--logfile "$work/redis-$name.log" "$@" </dev/null >/dev/null 2>&1 &
+	echo $!
+}
+
+# The gateway, on its own Redis (ACL as in production) and PostgreSQL.
+export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bc-$(han_random_hex 12)"
+export HAN_JWT_DEV_HS256_SECRET="bc-$(han_random_hex 24)" HAN_HMAC_SECRET="bc-$(han_random_hex 12)"
+"$work/bin/hanctl" redis acl --out "$work/users.acl" >/dev/null
+gw_redis_port="$(han_pick_port 0)"
+gw_redis_pid="$(start_redis gateway "$gw_redis_port" --aclfile "$work/users.acl")"
+pids+=("$gw_redis_pid")
+wait_port "$gw_redis_port" || han_die "the gateway's redis-server did not start"
+export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/0"
+export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/1"
+DATABASE_URL="$HAN_TEST_DATABASE_URL" "$work/bin/hanctl" migrate >/dev/null || han_die "hanctl migrate failed"
+gw_port="$(han_pick_port 0)"
+HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_INSTANCE_ID=bench-gw \
+	"$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
+gw_pid=$!
+pids+=("$gw_pid")
+for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 || han_die "the gateway did not become ready: $(tail -n 5 "$work/gateway.log")"
+
+# Centrifugo, on its own Redis, with the repository's configuration.
+cf_secret="bc-$(han_random_hex 24)"
+cf_redis_port="$(han_pick_port 0)"
+cf_redis_pid="$(start_redis centrifugo "$cf_redis_port")"
+pids+=("$cf_redis_pid")
+wait_port "$cf_redis_port" || han_die "Centrifugo's redis-server did not start"
+cf_port="$(han_pick_port 0)"
+jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
+	'.http_server.port = $port | .engine.redis.address = [$redis]' loadtest/centrifugo/config.json >"$work/centrifugo.json"
+CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
+	</dev/null >>"$work/centrifugo.log" 2>&1 &
+cf_pid=$!
+pids+=("$cf_pid")
+for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 || han_die "Centrifugo did not become ready: $(tail -n 5 "$work/centrifugo.log")"
+
+results="$work/results.tsv" # side round rate p99 lost dups server_cpu redis_cpu generator_cpu passed
+: >"$results"
+failed=0
+LT="$work/bin/han-loadtest"
+shape=(-conns "$conns" -dialogs "$dialogs" -rate "$rate" -payload "$payload" -duration "${phase}s"
+	-max-duration "$((phase + 90))s" -quiet -threshold 'delivery_lost==0' -threshold 'delivery_duplicates==0')
+run_one() { # SIDE ROUND
+	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0
+	case "$side" in
+	gateway)
+		"$LT" run broadcast -target "http://127.0.0.1:$gw_port" -redis-url "$REDIS_REALTIME_URL" \
+			-cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid" -summary-export "$sum" "${shape[@]}" \
+			>"$work/$side-$round.out" 2>&1 || rc=$?
+		;;
+	centrifugo)
+		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" \
+			"$LT" run broadcast -target "centrifugo:http://127.0.0.1:$cf_port" -redis-url "redis://127.0.0.1:$cf_redis_port" \
+			-cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid" -summary-export "$sum" "${shape[@]}" \
+			>"$work/$side-$round.out" 2>&1 || rc=$?
+		;;
+	esac
+	if [ "$rc" != 0 ]; then
+		failed=1
+		han_log "$side round $round: exit $rc: $(grep -E '✗|error' "$work/$side-$round.out" | head -n 3 | tr '\n' ' ')"
+	fi
+	jq -r --arg side "$side" --arg round "$round" '[$side, $round,
+		(.metrics.delivery_rate.values.value // "nan"), (.metrics.delivery_latency.values["p(99)"] // "nan"),
+		(.metrics.delivery_lost.values.count // 0), (.metrics.delivery_duplicates.values.count // 0),
+		(.info.target_cpu_s_per_1m_server // "nan"), (.info.target_cpu_s_per_1m_redis // "nan"),
+		(.info.target_cpu_s_per_1m_generator // "nan"), .passed] | @tsv' "$sum" >>"$results" 2>/dev/null ||
+		printf '%s\t%s\tnan\tnan\tnan\tnan\tnan\tnan\tnan\tfalse\n' "$side" "$round" >>"$results"
+	han_log "$side round $round: $(tail -n 1 "$results" | cut -f3-)"
+}
+
+han_log "broadcast: $conns connections, $dialogs dialogs, $rate events/s of $payload B for ${phase}s; $reps rounds"
+for round in $(seq 1 "$reps"); do
+	order=(gateway centrifugo)
+	[ $((round % 2)) = 0 ] && order=(centrifugo gateway)
+	for side in "${order[@]}"; do run_one "$side" "$round"; done
+done
+
+echo
+echo "Gateway vs $HAN_BC_CF_VERSION, $(date -u '+%Y-%m-%d %H:%M UTC'): broadcast, $conns connections over $dialogs dialogs," \
+	"$rate events/s of $payload B for ${phase}s per run, runs interleaved; load avg $(cut -d' ' -f1-3 /proc/loadavg)."
+echo "CPU: seconds per 1M unique deliveries over the publish phase and drain (server, its redis-server, the generator)."
+echo
+echo "| server | round | deliveries/s | p99 ms | lost | dup | server CPU-s/1M | redis CPU-s/1M | server+redis | generator CPU-s/1M | passed |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+awk -F'\t' '{ printf "| %s | %s | %.0f | %.2f | %d | %d | %.3f | %.3f | %.3f | %.3f | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $7 + $8, $9, $10 }' "$results"
+echo
+awk -F'\t' '
+function median(s,   a, n, t, i, j) { n = split(s, a, " "); for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+	return (n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2) }
+{ rate[$1] = rate[$1] " " $3; p99[$1] = p99[$1] " " $4; cpu[$1] = cpu[$1] " " ($7 + $8) }
+END {
+	print "| median | gateway | Centrifugo | gateway ÷ Centrifugo |"
+	print "|---|---|---|---|"
+	g = median(rate["gateway"]); c = median(rate["centrifugo"])
+	printf "| deliveries/s | %.0f | %.0f | %s |\n", g, c, (c + 0 ? sprintf("%.2f", g / c) : "—")
+	g = median(p99["gateway"]); c = median(p99["centrifugo"])
+	printf "| delivery p99 ms | %.2f | %.2f | %s |\n", g, c, (c + 0 ? sprintf("%.2f", g / c) : "—")
+	g = median(cpu["gateway"]); c = median(cpu["centrifugo"])
+	printf "| server+redis CPU-s per 1M deliveries | %.3f | %.3f | %s |\n", g, c, (c + 0 ? sprintf("%.2f", g / c) : "—")
+}' "$results"
+if [ "$failed" = 1 ]; then
+	han_log "some runs failed their thresholds or did not finish (see above; -keep keeps the logs)"
+	exit 1
+fi
