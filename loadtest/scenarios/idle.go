@@ -126,6 +126,17 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	t.Reg.StopClock()
 	open := fl.stillOpen()
+	s.report(t, before, after)
+	t.Info("connections_open_at_end", open)
+	if open < s.conns {
+		return fmt.Errorf("%d of %d connections dropped while idle", s.conns-open, s.conns)
+	}
+	return nil
+}
+
+// report records the server's cost per connection: the difference between
+// the readings before and after connecting.
+func (s *Idle) report(t *loadtest.T, before, after loadtest.ServerStats) {
 	n := float64(s.conns)
 	mem := (float64(after.HeapInuse+after.StackInuse) - float64(before.HeapInuse+before.StackInuse)) / n
 	t.Reg.Gauge(MetricServerMemPerConn, loadtest.UnitBytes).Set(mem)
@@ -137,9 +148,4 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	t.Info("gc_forced", after.GCForced)
 	t.Info("server_heap_inuse_delta", int64(after.HeapInuse)-int64(before.HeapInuse))
 	t.Info("server_stack_inuse_delta", int64(after.StackInuse)-int64(before.StackInuse))
-	t.Info("connections_open_at_end", open)
-	if open < s.conns {
-		return fmt.Errorf("%d of %d connections dropped while idle", s.conns-open, s.conns)
-	}
-	return nil
 }
