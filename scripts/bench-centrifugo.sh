@@ -9,7 +9,7 @@
 # installed with `GOBIN=<work folder>/bin go install
 # github.com/centrifugal/centrifugo/v6@v6.9.1` into a temporary work folder
 # (the Go build cache makes later installs quick), or taken from -centrifugo
-# PATH (or HAN_CENTRIFUGO_BIN), which must report v6.9.1.
+# PATH (or HAN_CENTRIFUGO_BIN), which must be a Go build of v6.9.1.
 #
 # Each server runs on loopback with its own private redis-server, so each
 # side's CPU is the server's plus its Redis's:
@@ -83,11 +83,12 @@ if [ "${1:-}" != --inner ]; then
 		cf_bin="$work/bin/centrifugo"
 	fi
 	[ -x "$cf_bin" ] || han_die "no Centrifugo binary at $cf_bin"
-	cf_version="$("$cf_bin" version 2>&1 | head -n 1)"
-	case "$cf_version" in
-	*"${CENTRIFUGO_VERSION#v}"*) han_log "Centrifugo: $cf_version" ;;
-	*) han_die "$cf_bin reports '$cf_version', want $CENTRIFUGO_VERSION" ;;
-	esac
+	# A go-installed binary reports "v0.0.0" itself (its version is set by
+	# release builds); the module version recorded in the binary is the truth.
+	cf_version="$(go version -m "$cf_bin" 2>/dev/null | awk -v m="$CENTRIFUGO_MODULE" '$1 == "mod" && $2 == m { print $3 }')"
+	[ "$cf_version" = "$CENTRIFUGO_VERSION" ] || han_die "$cf_bin is ${cf_version:-not a Go build of $CENTRIFUGO_MODULE}, want $CENTRIFUGO_VERSION"
+	cf_version="Centrifugo $cf_version"
+	han_log "$cf_version ($cf_bin)"
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$reps $conns $dialogs $rate $payload $phase" \
