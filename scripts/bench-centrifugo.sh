@@ -99,18 +99,23 @@ fi
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
 read -r reps conns dialogs rate payload phase <<<"$HAN_BC_SHAPE"
-pids=()
-# shellcheck disable=SC2317 # the EXIT trap
-cleanup_inner() {
-	local p
-	for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
+servers=() redises=() # pids this script started
+# stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
+stop() {
+	local p alive
+	for p in "$@"; do kill "$p" 2>/dev/null || true; done
 	for _ in $(seq 1 100); do
-		local alive=0
-		for p in "${pids[@]+"${pids[@]}"}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		alive=0
+		for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
 		[ "$alive" = 0 ] && return 0
 		sleep 0.1
 	done
-	for p in "${pids[@]+"${pids[@]}"}"; do kill -KILL "$p" 2>/dev/null || true; done
+	for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; done
+}
+# shellcheck disable=SC2317 # the EXIT trap
+cleanup_inner() { # the servers first, so they do not see their Redis vanish
+	stop "${servers[@]+"${servers[@]}"}"
+	stop "${redises[@]+"${redises[@]}"}"
 }
 trap cleanup_inner EXIT
 
@@ -132,7 +137,7 @@ export HAN_JWT_DEV_HS256_SECRET="bc-$(han_random_hex 24)" HAN_HMAC_SECRET="bc-$(
 "$work/bin/hanctl" redis acl --out "$work/users.acl" >/dev/null
 gw_redis_port="$(han_pick_port 0)"
 gw_redis_pid="$(start_redis gateway "$gw_redis_port" --aclfile "$work/users.acl")"
-pids+=("$gw_redis_pid")
+redises+=("$gw_redis_pid")
 wait_port "$gw_redis_port" || han_die "the gateway's redis-server did not start"
 export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/0"
 export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/1"
@@ -141,7 +146,7 @@ gw_port="$(han_pick_port 0)"
 HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_INSTANCE_ID=bench-gw \
 	"$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
 gw_pid=$!
-pids+=("$gw_pid")
+servers+=("$gw_pid")
 for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 || han_die "the gateway did not become ready: $(tail -n 5 "$work/gateway.log")"
 
@@ -149,7 +154,7 @@ curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 || han_die "the gat
 cf_secret="bc-$(han_random_hex 24)"
 cf_redis_port="$(han_pick_port 0)"
 cf_redis_pid="$(start_redis centrifugo "$cf_redis_port")"
-pids+=("$cf_redis_pid")
+redises+=("$cf_redis_pid")
 wait_port "$cf_redis_port" || han_die "Centrifugo's redis-server did not start"
 cf_port="$(han_pick_port 0)"
 jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
@@ -157,7 +162,7 @@ jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
 CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
 	</dev/null >>"$work/centrifugo.log" 2>&1 &
 cf_pid=$!
-pids+=("$cf_pid")
+servers+=("$cf_pid")
 for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 && break; sleep 0.1; done
 curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 || han_die "Centrifugo did not become ready: $(tail -n 5 "$work/centrifugo.log")"
 
