@@ -4,6 +4,7 @@
 #
 #   scripts/bench-centrifugo.sh              # 2 rounds × 2 servers of a 10 s broadcast, ≈ 3 min
 #   scripts/bench-centrifugo.sh -reps 3 -conns 5000 -dialogs 500 -rate 3000
+#   scripts/bench-centrifugo.sh -scenario idle -conns 10000 -dialogs 1000   # connect rate, memory
 #
 # Centrifugo is a benchmark tool here, not a dependency of the product: it is
 # installed with `GOBIN=<work folder>/bin go install
@@ -12,7 +13,8 @@
 # PATH (or HAN_CENTRIFUGO_BIN), which must be a Go build of v6.9.1.
 #
 # Each server runs on loopback with its own private redis-server, so each
-# side's CPU is the server's plus its Redis's:
+# side's CPU is the server's plus its Redis's, and is started fresh for each
+# run (its Redis stays):
 #   gateway     a private PostgreSQL (withpg), migrated by hanctl; han-loadtest
 #               PUBLISHes the gateway's event frames on the dialogs' channels of
 #               Redis DB1;
@@ -27,13 +29,19 @@
 # deliveries, and the CPU-seconds per 1M deliveries of the server, its
 # redis-server and the generator over the publish phase and drain alone
 # (-cpu-pid); then the medians of each side and gateway ÷ Centrifugo.
+# With -scenario idle it runs idle-connections instead: -conns connections
+# opened -concurrency at a time, each subscribed to one of -dialogs dialogs,
+# held -phase seconds; per run the connections opened per second and the
+# server's heap + stack, RSS and goroutines per connection, read after a
+# forced GC on both (the gateway's /debug/memstats, Centrifugo's pprof).
 # Exit status: 0 every run passed its thresholds, 1 otherwise.
 #
-# Options: -reps N (2), -conns N (200), -dialogs N (20: the gateway needs 2..100
-# members per dialog), -rate N (400 events/s), -payload N (128 bytes), -phase
-# SECONDS (10), -centrifugo PATH, -keep (keep the work folder: summaries and
-# logs). Bounded: each run by -max-duration (phase + 90 s); everything it
-# started is stopped on exit.
+# Options: -scenario broadcast|idle (broadcast), -reps N (2), -conns N (200),
+# -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
+# events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
+# idle), -centrifugo PATH, -keep (keep the work folder: summaries and logs).
+# Bounded: each run by -max-duration (phase + 90 s + 1 s per 50 connections);
+# everything it started is stopped on exit.
 set -euo pipefail
 
 HAN_SCRIPT=bench-centrifugo.sh
@@ -45,16 +53,18 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 keep=0
+	scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
+		-scenario) scenario=$2 && shift ;;
 		-reps) reps=$2 && shift ;;
 		-conns) conns=$2 && shift ;;
 		-dialogs) dialogs=$2 && shift ;;
 		-rate) rate=$2 && shift ;;
 		-payload) payload=$2 && shift ;;
 		-phase) phase=$2 && shift ;;
+		-concurrency) concurrency=$2 && shift ;;
 		-centrifugo) cf_bin=$2 && shift ;;
 		-keep) keep=1 ;;
 		-h | --help)
@@ -65,7 +75,8 @@ if [ "${1:-}" != --inner ]; then
 		esac
 		shift
 	done
-	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase"; do
+	case "$scenario" in broadcast | idle) ;; *) han_die "-scenario $scenario: want broadcast or idle" ;; esac
+	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency"; do
 		case "$v" in '' | *[!0-9]*) han_die "option values must be positive integers, got '$v'" ;; esac
 	done
 	han_ensure_packages --curl --jq
@@ -91,15 +102,15 @@ if [ "${1:-}" != --inner ]; then
 	han_log "$cf_version ($cf_bin)"
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
-	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$reps $conns $dialogs $rate $payload $phase" \
+	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency" \
 		HAN_BC_CF_VERSION="$cf_version" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
-read -r reps conns dialogs rate payload phase <<<"$HAN_BC_SHAPE"
-servers=() redises=() # pids this script started
+read -r scenario reps conns dialogs rate payload phase concurrency <<<"$HAN_BC_SHAPE"
+servers=() redises=() # pids this script started and has not stopped
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
 stop() {
 	local p alive
@@ -123,84 +134,123 @@ wait_port() { # PORT: wait up to 10 s for a listener
 	for _ in $(seq 1 100); do han_port_busy "$1" && return 0; sleep 0.1; done
 	return 1
 }
-start_redis() { # NAME PORT [ARGS...]: a private redis-server; prints its pid
-	local name=$1 port=$2
-	shift 2
-	redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no --daemonize no \
-		--logfile "$work/redis-$name.log" "$@" </dev/null >/dev/null 2>&1 &
-	echo $!
+# launch_redis NAME [ARGS...]: a private redis-server on a free port, on a new
+# one when another process took the port picked; sets redis_port, redis_pid.
+launch_redis() {
+	local name=$1 try
+	shift
+	for try in 1 2 3; do
+		redis_port="$(han_pick_port 0)"
+		redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no --daemonize no \
+			--logfile "$work/redis-$name.log" "$@" </dev/null >/dev/null 2>&1 &
+		redis_pid=$!
+		redises+=("$redis_pid")
+		if wait_port "$redis_port" && sleep 0.2 && kill -0 "$redis_pid" 2>/dev/null; then
+			return 0
+		fi
+		han_log "redis-server ($name) did not start on port $redis_port (try $try): $(tail -n 1 "$work/redis-$name.log" 2>/dev/null)"
+	done
+	return 1
 }
 
 # The gateway, on its own Redis (ACL as in production) and PostgreSQL.
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bc-$(han_random_hex 12)"
 export HAN_JWT_DEV_HS256_SECRET="bc-$(han_random_hex 24)" HAN_HMAC_SECRET="bc-$(han_random_hex 12)"
 "$work/bin/hanctl" redis acl --out "$work/users.acl" >/dev/null
-gw_redis_port="$(han_pick_port 0)"
-gw_redis_pid="$(start_redis gateway "$gw_redis_port" --aclfile "$work/users.acl")"
-redises+=("$gw_redis_pid")
-wait_port "$gw_redis_port" || han_die "the gateway's redis-server did not start"
+launch_redis gateway --aclfile "$work/users.acl" || han_die "the gateway's redis-server did not start"
+gw_redis_port=$redis_port gw_redis_pid=$redis_pid
 export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/0"
 export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/1"
 DATABASE_URL="$HAN_TEST_DATABASE_URL" "$work/bin/hanctl" migrate >/dev/null || han_die "hanctl migrate failed"
 gw_port="$(han_pick_port 0)"
-HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_INSTANCE_ID=bench-gw \
-	"$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
-gw_pid=$!
-servers+=("$gw_pid")
-for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 || han_die "the gateway did not become ready: $(tail -n 5 "$work/gateway.log")"
+# start_gateway: a fresh gateway (sets gw_pid), ready when it returns.
+start_gateway() {
+	HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+		HAN_DEBUG_ENDPOINTS=1 HAN_INSTANCE_ID=bench-gw "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
+	gw_pid=$!
+	servers=("$gw_pid") # one server runs at a time
+	for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	han_die "the gateway did not become ready: $(tail -n 5 "$work/gateway.log")"
+}
 
 # Centrifugo, on its own Redis, with the repository's configuration.
 cf_secret="bc-$(han_random_hex 24)"
-cf_redis_port="$(han_pick_port 0)"
-cf_redis_pid="$(start_redis centrifugo "$cf_redis_port")"
-redises+=("$cf_redis_pid")
-wait_port "$cf_redis_port" || han_die "Centrifugo's redis-server did not start"
+launch_redis centrifugo || han_die "Centrifugo's redis-server did not start"
+cf_redis_port=$redis_port cf_redis_pid=$redis_pid
 cf_port="$(han_pick_port 0)"
 jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
 	'.http_server.port = $port | .engine.redis.address = [$redis]' loadtest/centrifugo/config.json >"$work/centrifugo.json"
-CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
-	</dev/null >>"$work/centrifugo.log" 2>&1 &
-cf_pid=$!
-servers+=("$cf_pid")
-for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 && break; sleep 0.1; done
-curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 || han_die "Centrifugo did not become ready: $(tail -n 5 "$work/centrifugo.log")"
+# start_centrifugo: a fresh Centrifugo (sets cf_pid), ready when it returns.
+start_centrifugo() {
+	CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
+		</dev/null >>"$work/centrifugo.log" 2>&1 &
+	cf_pid=$!
+	servers=("$cf_pid")
+	for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	han_die "Centrifugo did not become ready: $(tail -n 5 "$work/centrifugo.log")"
+}
 
-results="$work/results.tsv" # side round rate p99 lost dups server_cpu redis_cpu generator_cpu passed
+results="$work/results.tsv" # side, round, the figures, passed
 : >"$results"
 failed=0
 LT="$work/bin/han-loadtest"
-shape=(-conns "$conns" -dialogs "$dialogs" -rate "$rate" -payload "$payload" -duration "${phase}s"
-	-max-duration "$((phase + 90))s" -quiet -threshold 'delivery_lost==0' -threshold 'delivery_duplicates==0')
-run_one() { # SIDE ROUND
-	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0
+case "$scenario" in
+broadcast)
+	args=(broadcast -conns "$conns" -dialogs "$dialogs" -rate "$rate" -payload "$payload"
+		-threshold 'delivery_lost==0' -threshold 'delivery_duplicates==0')
+	what="broadcast, $conns connections over $dialogs dialogs, $rate events/s of $payload B for ${phase}s per run"
+	names="deliveries/s|p99 ms|lost|duplicated|server CPU-s/1M|redis CPU-s/1M|server+redis CPU-s/1M|generator CPU-s/1M"
+	figures='.metrics.delivery_rate.values.value, .metrics.delivery_latency.values["p(99)"],
+		(.metrics.delivery_lost.values.count // 0), (.metrics.delivery_duplicates.values.count // 0),
+		.info.target_cpu_s_per_1m_server, .info.target_cpu_s_per_1m_redis,
+		(if .info.target_cpu_s_per_1m_server and .info.target_cpu_s_per_1m_redis
+			then .info.target_cpu_s_per_1m_server + .info.target_cpu_s_per_1m_redis else null end),
+		.info.target_cpu_s_per_1m_generator'
+	;;
+idle)
+	args=(idle-connections -conns "$conns" -dialogs "$dialogs" -connect-concurrency "$concurrency")
+	what="idle-connections, $conns connections ($concurrency at a time) each subscribed to one of $dialogs dialogs, held ${phase}s per run"
+	names="connections/s|heap+stack KiB/conn|RSS KiB/conn|goroutines/conn|after a GC (1 yes)"
+	figures='.metrics.connect_rate.values.value,
+		(.metrics.server_mem_per_conn.values.value | if . then . / 1024 else null end),
+		(.metrics.server_rss_per_conn.values.value | if . then . / 1024 else null end),
+		.metrics.server_goroutines_per_conn.values.value, (if .info.gc_forced then 1 else 0 end)'
+	;;
+esac
+args+=(-duration "${phase}s" -max-duration "$((phase + 90 + conns / 50))s" -quiet)
+run_one() { # SIDE ROUND: on a fresh server, stopped after the run
+	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=()
 	case "$side" in
 	gateway)
-		"$LT" run broadcast -target "http://127.0.0.1:$gw_port" -redis-url "$REDIS_REALTIME_URL" \
-			-cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid" -summary-export "$sum" "${shape[@]}" \
+		start_gateway
+		# broadcast: the publisher's Redis and the processes whose CPU is counted
+		[ "$scenario" = broadcast ] &&
+			more=(-redis-url "$REDIS_REALTIME_URL" -cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid")
+		"$LT" run "${args[@]}" -target "http://127.0.0.1:$gw_port" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
+		stop "$gw_pid" && servers=()
 		;;
 	centrifugo)
+		start_centrifugo
+		[ "$scenario" = broadcast ] &&
+			more=(-redis-url "redis://127.0.0.1:$cf_redis_port" -cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid")
 		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" \
-			"$LT" run broadcast -target "centrifugo:http://127.0.0.1:$cf_port" -redis-url "redis://127.0.0.1:$cf_redis_port" \
-			-cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid" -summary-export "$sum" "${shape[@]}" \
+			"$LT" run "${args[@]}" -target "centrifugo:http://127.0.0.1:$cf_port" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
+		stop "$cf_pid" && servers=()
 		;;
 	esac
 	if [ "$rc" != 0 ]; then
 		failed=1
 		han_log "$side round $round: exit $rc: $(grep -E '✗|error' "$work/$side-$round.out" | head -n 3 | tr '\n' ' ')"
 	fi
-	jq -r --arg side "$side" --arg round "$round" '[$side, $round,
-		(.metrics.delivery_rate.values.value // "nan"), (.metrics.delivery_latency.values["p(99)"] // "nan"),
-		(.metrics.delivery_lost.values.count // 0), (.metrics.delivery_duplicates.values.count // 0),
-		(.info.target_cpu_s_per_1m_server // "nan"), (.info.target_cpu_s_per_1m_redis // "nan"),
-		(.info.target_cpu_s_per_1m_generator // "nan"), .passed] | @tsv' "$sum" >>"$results" 2>/dev/null ||
-		printf '%s\t%s\tnan\tnan\tnan\tnan\tnan\tnan\tnan\tfalse\n' "$side" "$round" >>"$results"
-	han_log "$side round $round: $(tail -n 1 "$results" | cut -f3-)"
+	jq -r --arg side "$side" --arg round "$round" \
+		"[\$side, \$round, $figures, .passed] | map(if . == null then \"nan\" else . end) | @tsv" "$sum" >>"$results" 2>/dev/null ||
+		printf '%s\t%s\tnan\tfalse\n' "$side" "$round" >>"$results"
+	han_log "$side round $round: $(tail -n 1 "$results" | cut -f3- | tr '\t' ' ')"
 }
 
-han_log "broadcast: $conns connections, $dialogs dialogs, $rate events/s of $payload B for ${phase}s; $reps rounds"
+han_log "$what; $reps rounds"
 for round in $(seq 1 "$reps"); do
 	order=(gateway centrifugo)
 	[ $((round % 2)) = 0 ] && order=(centrifugo gateway)
@@ -208,28 +258,24 @@ for round in $(seq 1 "$reps"); do
 done
 
 echo
-echo "Gateway vs $HAN_BC_CF_VERSION, $(date -u '+%Y-%m-%d %H:%M UTC'): broadcast, $conns connections over $dialogs dialogs," \
-	"$rate events/s of $payload B for ${phase}s per run, runs interleaved; load avg $(cut -d' ' -f1-3 /proc/loadavg)."
-echo "CPU: seconds per 1M unique deliveries over the publish phase and drain (server, its redis-server, the generator)."
+echo "Gateway vs $HAN_BC_CF_VERSION, $(date -u '+%Y-%m-%d %H:%M UTC'): $what, runs interleaved;" \
+	"load avg $(cut -d' ' -f1-3 /proc/loadavg)."
+[ "$scenario" = broadcast ] &&
+	echo "CPU: seconds per 1M unique deliveries over the publish phase and drain (server, its redis-server, the generator)."
 echo
-echo "| server | round | deliveries/s | p99 ms | lost | dup | server CPU-s/1M | redis CPU-s/1M | server+redis | generator CPU-s/1M | passed |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
-awk -F'\t' '{ printf "| %s | %s | %.0f | %.2f | %d | %d | %.3f | %.3f | %.3f | %.3f | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $7 + $8, $9, $10 }' "$results"
-echo
-awk -F'\t' '
+awk -F'\t' -v names="$names" '
 function median(s,   a, n, t, i, j) { n = split(s, a, " "); for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
 	return (n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2) }
-{ rate[$1] = rate[$1] " " $3; p99[$1] = p99[$1] " " $4; cpu[$1] = cpu[$1] " " ($7 + $8) }
+BEGIN { nf = split(names, name, "|"); line = "| server | round"; sep = "|---|---"
+	for (k = 1; k <= nf; k++) { line = line " | " name[k]; sep = sep "|---" }
+	print line " | passed |"; print sep "|---|" }
+{ line = "| " $1 " | " $2
+	for (k = 1; k <= nf; k++) { v = $(k + 2); line = line " | " (v == "nan" || v == "" ? "—" : sprintf("%.4g", v)); col[$1, k] = col[$1, k] " " v }
+	print line " | " $NF " |" }
 END {
-	print "| median | gateway | Centrifugo | gateway ÷ Centrifugo |"
-	print "|---|---|---|---|"
-	g = median(rate["gateway"]); c = median(rate["centrifugo"])
-	printf "| deliveries/s | %.0f | %.0f | %s |\n", g, c, (c + 0 ? sprintf("%.2f", g / c) : "—")
-	g = median(p99["gateway"]); c = median(p99["centrifugo"])
-	printf "| delivery p99 ms | %.2f | %.2f | %s |\n", g, c, (c + 0 ? sprintf("%.2f", g / c) : "—")
-	g = median(cpu["gateway"]); c = median(cpu["centrifugo"])
-	printf "| server+redis CPU-s per 1M deliveries | %.3f | %.3f | %s |\n", g, c, (c + 0 ? sprintf("%.2f", g / c) : "—")
-}' "$results"
+	print ""; print "| median | gateway | Centrifugo | gateway ÷ Centrifugo |"; print "|---|---|---|---|"
+	for (k = 1; k <= nf; k++) { g = median(col["gateway", k]); c = median(col["centrifugo", k])
+		printf "| %s | %.4g | %.4g | %s |\n", name[k], g, c, (c + 0 ? sprintf("%.2f", g / c) : "—") } }' "$results"
 if [ "$failed" = 1 ]; then
 	han_log "some runs failed their thresholds or did not finish (see above; -keep keeps the logs)"
 	exit 1
