@@ -162,14 +162,30 @@ gw_redis_port=$redis_port gw_redis_pid=$redis_pid
 export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/0"
 export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/1"
 DATABASE_URL="$HAN_TEST_DATABASE_URL" "$work/bin/hanctl" migrate >/dev/null || han_die "hanctl migrate failed"
-gw_port="$(han_pick_port 0)"
-# start_gateway: a fresh gateway (sets gw_pid), ready when it returns.
+# ready PID URL: wait up to 30 s for URL to answer 2xx; fails early when PID
+# exits (a port another process took meanwhile: the caller picks another).
+ready() {
+	for _ in $(seq 1 300); do
+		curl -fsS "$2" >/dev/null 2>&1 && return 0
+		kill -0 "$1" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+# start_gateway: a fresh gateway on a free port (sets gw_port, gw_pid), ready
+# when it returns.
 start_gateway() {
-	HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
-		HAN_DEBUG_ENDPOINTS=1 HAN_INSTANCE_ID=bench-gw "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
-	gw_pid=$!
-	servers=("$gw_pid") # one server runs at a time
-	for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$gw_port/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	local try
+	for try in 1 2 3; do
+		gw_port="$(han_pick_port 0)"
+		HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+			HAN_DEBUG_ENDPOINTS=1 HAN_INSTANCE_ID=bench-gw "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
+		gw_pid=$!
+		servers=("$gw_pid") # one server runs at a time
+		ready "$gw_pid" "http://127.0.0.1:$gw_port/readyz" && return 0
+		stop "$gw_pid" && servers=()
+		han_log "the gateway did not start on port $gw_port (try $try)"
+	done
 	han_die "the gateway did not become ready: $(tail -n 5 "$work/gateway.log")"
 }
 
@@ -177,16 +193,22 @@ start_gateway() {
 cf_secret="bc-$(han_random_hex 24)"
 launch_redis centrifugo || han_die "Centrifugo's redis-server did not start"
 cf_redis_port=$redis_port cf_redis_pid=$redis_pid
-cf_port="$(han_pick_port 0)"
-jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
-	'.http_server.port = $port | .engine.redis.address = [$redis]' loadtest/centrifugo/config.json >"$work/centrifugo.json"
-# start_centrifugo: a fresh Centrifugo (sets cf_pid), ready when it returns.
+# start_centrifugo: a fresh Centrifugo on a free port (sets cf_port, cf_pid),
+# ready when it returns.
 start_centrifugo() {
-	CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
-		</dev/null >>"$work/centrifugo.log" 2>&1 &
-	cf_pid=$!
-	servers=("$cf_pid")
-	for _ in $(seq 1 300); do curl -fsS "http://127.0.0.1:$cf_port/health" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	local try
+	for try in 1 2 3; do
+		cf_port="$(han_pick_port 0)"
+		jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
+			'.http_server.port = $port | .engine.redis.address = [$redis]' loadtest/centrifugo/config.json >"$work/centrifugo.json"
+		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
+			</dev/null >>"$work/centrifugo.log" 2>&1 &
+		cf_pid=$!
+		servers=("$cf_pid")
+		ready "$cf_pid" "http://127.0.0.1:$cf_port/health" && return 0
+		stop "$cf_pid" && servers=()
+		han_log "Centrifugo did not start on port $cf_port (try $try)"
+	done
 	han_die "Centrifugo did not become ready: $(tail -n 5 "$work/centrifugo.log")"
 }
 
