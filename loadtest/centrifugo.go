@@ -81,7 +81,9 @@ func AppendCentrifugoData(dst []byte, seq, scheduledNanos int64, payload int) []
 }
 
 // centrifugoConnectCommand is the first command on a Centrifugo
-// connection: authenticate with a connection JWT.
+// connection: authenticate with a connection JWT. Tokens and channel names
+// are ASCII (base64url and dots, "dialog:" and a UUID), for which Go's
+// quoting is JSON's.
 func centrifugoConnectCommand(token string) []byte {
 	b := append([]byte(`{"id":`), strconv.Itoa(centrifugoConnectID)...)
 	b = append(b, `,"connect":{"token":`...)
