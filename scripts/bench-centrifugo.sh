@@ -2,7 +2,7 @@
 # scripts/bench-centrifugo.sh — the gateway beside Centrifugo v6 on the same
 # harness: one small fan-out comparison, runs interleaved, both results printed.
 #
-#   scripts/bench-centrifugo.sh              # 2 rounds × 2 servers of a 10 s broadcast, ≈ 3 min
+#   scripts/bench-centrifugo.sh              # 2 rounds × 2 servers of a 10 s broadcast, ≈ 1.5 min
 #   scripts/bench-centrifugo.sh -reps 3 -conns 5000 -dialogs 500 -rate 3000
 #   scripts/bench-centrifugo.sh -scenario idle -conns 10000 -dialogs 1000   # connect rate, memory
 #
