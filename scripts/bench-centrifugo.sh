@@ -4,6 +4,7 @@
 #
 #   scripts/bench-centrifugo.sh              # 2 rounds × 2 servers of a 10 s broadcast, ≈ 1.5 min
 #   scripts/bench-centrifugo.sh -reps 3 -conns 5000 -dialogs 500 -rate 3000
+#   scripts/bench-centrifugo.sh -conns 5000 -dialogs 500 -steps 1000,2000,3000,4000,5000 -phase 6
 #   scripts/bench-centrifugo.sh -scenario idle -conns 10000 -dialogs 1000   # connect rate, memory
 #
 # Centrifugo is a benchmark tool here, not a dependency of the product: it is
@@ -29,6 +30,10 @@
 # deliveries, and the CPU-seconds per 1M deliveries of the server, its
 # redis-server and the generator over the publish phase and drain alone
 # (-cpu-pid); then the medians of each side and gateway ÷ Centrifugo.
+# With -steps R1,R2,… each run climbs those publish rates on the same
+# connections (-phase seconds each) and stops at the first that misses
+# p99 ≤ 100 ms from schedule or loses anything: per run the highest
+# deliveries/s that held, then every step's line (rate, p99, loss, CPU).
 # With -scenario idle it runs idle-connections instead: -conns connections
 # opened -concurrency at a time, each subscribed to one of -dialogs dialogs,
 # held -phase seconds; per run the connections opened per second and the
@@ -39,8 +44,9 @@
 # Options: -scenario broadcast|idle (broadcast), -reps N (2), -conns N (200),
 # -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
 # events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
-# idle), -centrifugo PATH, -keep (keep the work folder: summaries and logs).
-# Bounded: each run by -max-duration (phase + 90 s + 1 s per 50 connections);
+# idle), -steps LIST (broadcast), -centrifugo PATH, -keep (keep the work
+# folder: summaries and logs). Bounded: each run by -max-duration (phase ×
+# steps + 90 s + 1 s per 50 connections);
 # everything it started is stopped on exit.
 set -euo pipefail
 
@@ -53,7 +59,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -65,6 +71,7 @@ if [ "${1:-}" != --inner ]; then
 		-payload) payload=$2 && shift ;;
 		-phase) phase=$2 && shift ;;
 		-concurrency) concurrency=$2 && shift ;;
+		-steps) steps=$2 && shift ;;
 		-centrifugo) cf_bin=$2 && shift ;;
 		-keep) keep=1 ;;
 		-h | --help)
@@ -76,6 +83,7 @@ if [ "${1:-}" != --inner ]; then
 		shift
 	done
 	case "$scenario" in broadcast | idle) ;; *) han_die "-scenario $scenario: want broadcast or idle" ;; esac
+	case "$steps" in *[!0-9,]*) han_die "-steps: want comma-separated rates, got '$steps'" ;; esac
 	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency"; do
 		case "$v" in '' | *[!0-9]*) han_die "option values must be positive integers, got '$v'" ;; esac
 	done
@@ -103,13 +111,14 @@ if [ "${1:-}" != --inner ]; then
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency" \
-		HAN_BC_CF_VERSION="$cf_version" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
 read -r scenario reps conns dialogs rate payload phase concurrency <<<"$HAN_BC_SHAPE"
+steps="$HAN_BC_STEPS"
 servers=() redises=() # pids this script started and has not stopped
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
 stop() {
@@ -228,6 +237,14 @@ broadcast)
 		(if .info.target_cpu_s_per_1m_server and .info.target_cpu_s_per_1m_redis
 			then .info.target_cpu_s_per_1m_server + .info.target_cpu_s_per_1m_redis else null end),
 		.info.target_cpu_s_per_1m_generator'
+	if [ -n "$steps" ]; then
+		# Step mode keeps each step's figures in its own line: the run's
+		# delivery_* metrics stay empty, so no threshold on them.
+		args=(broadcast -conns "$conns" -dialogs "$dialogs" -payload "$payload" -step-rates "$steps" -step-p99 100ms)
+		what="broadcast, $conns connections over $dialogs dialogs, $payload B events at $steps events/s for ${phase}s each while p99 ≤ 100 ms with none lost"
+		names="max deliveries/s held"
+		figures='.metrics.max_delivery_rate.values.value'
+	fi
 	;;
 idle)
 	args=(idle-connections -conns "$conns" -dialogs "$dialogs" -connect-concurrency "$concurrency")
@@ -239,7 +256,8 @@ idle)
 		.metrics.server_goroutines_per_conn.values.value, (if .info.gc_forced then 1 else 0 end)'
 	;;
 esac
-args+=(-duration "${phase}s" -max-duration "$((phase + 90 + conns / 50))s" -quiet)
+nsteps=$(($(tr -cd , <<<"$steps" | wc -c) + 1))
+args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + 90 + conns / 50))s" -quiet)
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=()
 	case "$side" in
@@ -298,6 +316,15 @@ END {
 	print ""; print "| median | gateway | Centrifugo | gateway ÷ Centrifugo |"; print "|---|---|---|---|"
 	for (k = 1; k <= nf; k++) { g = median(col["gateway", k]); c = median(col["centrifugo", k])
 		printf "| %s | %.4g | %.4g | %s |\n", name[k], g, c, (c + 0 ? sprintf("%.2f", g / c) : "—") } }' "$results"
+if [ -n "$steps" ] && [ "$scenario" = broadcast ]; then
+	echo
+	for f in "$work"/gateway-*.json "$work"/centrifugo-*.json; do
+		[ -r "$f" ] || continue
+		echo "$(basename "$f" .json):"
+		jq -r '.info | to_entries | map(select(.key | startswith("target_step_")))
+			| sort_by(.key | ltrimstr("target_step_") | tonumber)[] | "  \(.key | ltrimstr("target_step_")) events/s: \(.value)"' "$f"
+	done
+fi
 if [ "$failed" = 1 ]; then
 	han_log "some runs failed their thresholds or did not finish (see above; -keep keeps the logs)"
 	exit 1
