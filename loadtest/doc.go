@@ -9,8 +9,10 @@
 // worst-case percentile error); thresholds parsed from expressions like
 // delivery_p99<150ms; the end-of-test Summary (k6-like text and JSON); a
 // WebSocket client (WSDialer/WSConn) that speaks the gateway's realtime
-// frames and accounts for deliveries (latency from schedule, loss,
-// duplicates); an API client for the REST endpoints; and the loopback-only
+// frames, or Centrifugo's JSON protocol for comparison runs, and accounts
+// for deliveries (latency from schedule, loss, duplicates); the message
+// Centrifugo's Redis engine publishes (AppendCentrifugoPublication), so a
+// Centrifugo can be fed by raw PUBLISH like the gateway; an API client for the REST endpoints; and the loopback-only
 // networking (CheckLoopbackURL, a pool of 127.0.0.x source addresses,
 // RaiseFileLimit). Run ties them together for one Scenario.
 //

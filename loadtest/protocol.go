@@ -61,9 +61,11 @@ func ParseFrame(b []byte, f *Frame) error {
 
 // eventData is what the load generator reads from an event's data: the
 // scheduled send time of a broadcast event (t) or the body of a chat
-// message DTO that carries it.
+// message DTO that carries it, and the dialog's seq where the frame has no
+// seq of its own (s: a Centrifugo publication).
 type eventData struct {
 	T    int64  `json:"t"`
+	S    int64  `json:"s"`
 	Body string `json:"body"`
 }
 
@@ -71,17 +73,25 @@ type eventData struct {
 // load generator embedded in an event's data; ok is false when there is
 // none (an event some other client caused).
 func ScheduledNanos(data []byte) (int64, bool) {
+	ns, _, ok := eventStamp(data)
+	return ns, ok
+}
+
+// eventStamp is ScheduledNanos plus the seq carried in the data (0 when
+// none).
+func eventStamp(data []byte) (scheduledNanos, seq int64, ok bool) {
 	if len(data) == 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	var d eventData
 	if _, err := json.Parse(data, &d, json.ZeroCopy); err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	if d.T > 0 {
-		return d.T, true
+		return d.T, d.S, true
 	}
-	return parseChatBody(d.Body)
+	ns, ok := parseChatBody(d.Body)
+	return ns, 0, ok
 }
 
 // ChatBody is a message body that carries the scheduled send time and is

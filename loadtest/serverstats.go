@@ -29,12 +29,17 @@ type ServerStats struct {
 // memory after a forced GC) or, failing that, the Go runtime and process
 // gauges of base/metrics (Prometheus text: go_memstats_heap_inuse_bytes,
 // go_memstats_stack_inuse_bytes, go_goroutines,
-// process_resident_memory_bytes).
+// process_resident_memory_bytes). A server that also serves net/http/pprof
+// (Centrifugo with debug on) is made to collect first, through a heap
+// profile taken after a GC, so its gauges are after a GC too (GCForced).
 func ReadServerStats(ctx context.Context, client *http.Client, base string) (ServerStats, error) {
 	if st, err := readMemstats(ctx, client, base+"/debug/memstats"); err == nil {
 		return st, nil
 	}
-	return readPromStats(ctx, client, base+"/metrics")
+	_, gcErr := get(ctx, client, base+"/debug/pprof/heap?gc=1")
+	st, err := readPromStats(ctx, client, base+"/metrics")
+	st.GCForced = err == nil && gcErr == nil
+	return st, err
 }
 
 func get(ctx context.Context, client *http.Client, url string) ([]byte, error) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/http/pprof"
+	"runtime/metrics"
 	"testing"
 
 	"github.com/han-app/gateway/loadtest"
@@ -38,6 +40,35 @@ process_resident_memory_bytes 3.3554432e+07
 	if st != want {
 		t.Fatalf("ReadServerStats = %+v, want %+v", st, want)
 	}
+}
+
+// A server that serves net/http/pprof besides /metrics collects before the
+// reading: the heap profile is asked for after a GC.
+func TestReadServerStatsForcesAGCThroughPprof(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle("/debug/pprof/heap", pprof.Handler("heap"))
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("go_memstats_heap_inuse_bytes 100\ngo_memstats_stack_inuse_bytes 10\n"))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	before := forcedGCs()
+	st, err := loadtest.ReadServerStats(context.Background(), srv.Client(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.GCForced || st.HeapInuse != 100 || st.StackInuse != 10 {
+		t.Fatalf("ReadServerStats = %+v, want the /metrics figures after a forced GC", st)
+	}
+	if after := forcedGCs(); after <= before {
+		t.Fatalf("forced GC cycles %d → %d: no GC was forced", before, after)
+	}
+}
+
+func forcedGCs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // A /metrics without the Go runtime gauges is an error, not zeros.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,13 +20,30 @@ import (
 // MetricWSOpen is the gauge of currently open WebSocket sessions.
 const MetricWSOpen = "ws_open"
 
+// Protocol is the realtime protocol a WSDialer speaks.
+type Protocol int
+
+// The protocols.
+const (
+	// ProtocolGateway is the gateway's han.v1 (docs/realtime-protocol.md):
+	// bearer token on the handshake, hello, subscribe by dialog id.
+	ProtocolGateway Protocol = iota
+	// ProtocolCentrifugo is Centrifugo's JSON protocol: a connect command
+	// carrying the JWT, subscribe commands on the dialogs' channels,
+	// publications as pushes, pings answered with pongs.
+	ProtocolCentrifugo
+)
+
 // WSDialer opens client WebSocket connections from the source address
 // pool, recording ws_connecting, ws_sessions and ws_open. Safe for
 // concurrent use.
 type WSDialer struct {
 	// Origin is sent as the Origin header when non-empty (the gateway
 	// requires it with ticket auth).
-	Origin     string
+	Origin string
+	// Protocol is what the server speaks; the zero value is the gateway's.
+	// Set before the first Dial.
+	Protocol   Protocol
 	reg        *Registry
 	client     *http.Client
 	connecting *Trend
@@ -78,19 +96,24 @@ func (e *DialError) Unwrap() error { return e.Err }
 
 // Dial opens a connection to wsURL (ws://…/v1/realtime[?ticket=…]) with the
 // han.v1 subprotocol and waits for the server's hello. bearer, when set, is
-// sent as Authorization.
+// sent as Authorization. With ProtocolCentrifugo, wsURL is Centrifugo's
+// WebSocket endpoint, bearer goes in the connect command, and its reply
+// stands for hello.
 func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, error) {
+	centrifugo := d.Protocol == ProtocolCentrifugo
 	hdr := http.Header{}
 	if d.Origin != "" {
 		hdr.Set("Origin", d.Origin)
 	}
-	if bearer != "" {
-		hdr.Set("Authorization", "Bearer "+bearer)
+	opts := &websocket.DialOptions{HTTPClient: d.client, HTTPHeader: hdr}
+	if !centrifugo {
+		opts.Subprotocols = []string{Subprotocol}
+		if bearer != "" {
+			hdr.Set("Authorization", "Bearer "+bearer)
+		}
 	}
 	t0 := time.Now()
-	c, resp, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{
-		HTTPClient: d.client, HTTPHeader: hdr, Subprotocols: []string{Subprotocol},
-	})
+	c, resp, err := websocket.Dial(ctx, wsURL, opts)
 	if err != nil {
 		de := &DialError{Err: err}
 		if resp != nil {
@@ -102,7 +125,7 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 		return nil, de
 	}
 	d.connecting.Add(time.Since(t0))
-	if c.Subprotocol() != Subprotocol {
+	if !centrifugo && c.Subprotocol() != Subprotocol {
 		_ = c.Close(websocket.StatusPolicyViolation, "subprotocol")
 		d.errs.add(0, "ws_subprotocol")
 		return nil, errors.New("websocket dial: server did not accept subprotocol " + Subprotocol)
@@ -112,6 +135,12 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 	d.open.Set(float64(d.openN.Add(1)))
 	wc := &WSConn{d: d, c: c, helloCh: make(chan struct{}), done: make(chan struct{}), subs: map[string]*seqTracker{}}
 	go wc.readLoop()
+	if centrifugo {
+		if err := wc.Send(ctx, centrifugoConnectCommand(bearer)); err != nil {
+			wc.CloseNow()
+			return nil, fmt.Errorf("centrifugo connect: %w", err)
+		}
+	}
 	select {
 	case <-wc.helloCh:
 		return wc, nil
@@ -141,7 +170,9 @@ type WSConn struct {
 	ConnectionID, Instance string
 
 	closing atomic.Bool
-	subMu   sync.Mutex // serialises Subscribe round trips
+	subMu   sync.Mutex // serialises Subscribe round trips; guards lastCmd
+	lastCmd uint32     // Centrifugo: the last command id sent
+	pong    bool       // Centrifugo: answer pings (owned by the read loop)
 
 	mu      sync.Mutex             // guards subs, pending
 	subs    map[string]*seqTracker // dialog id → dedupe state
@@ -150,6 +181,7 @@ type WSConn struct {
 
 type pendingSub struct {
 	dialogID string
+	cmdID    uint32 // Centrifugo: the subscribe command's id
 	lastSeq  int64
 	err      error
 	done     chan struct{}
@@ -182,6 +214,12 @@ func (w *WSConn) Subscribe(ctx context.Context, dialogID string) (int64, error) 
 	w.subMu.Lock()
 	defer w.subMu.Unlock()
 	p := &pendingSub{dialogID: dialogID, done: make(chan struct{})}
+	frame := SubscribeFrame(dialogID)
+	if w.d.Protocol == ProtocolCentrifugo {
+		w.lastCmd = max(w.lastCmd, centrifugoConnectID) + 1
+		p.cmdID = w.lastCmd
+		frame = centrifugoSubscribeCommand(p.cmdID, CentrifugoChannel(dialogID))
+	}
 	w.mu.Lock()
 	if _, ok := w.subs[dialogID]; !ok {
 		w.subs[dialogID] = &seqTracker{}
@@ -195,7 +233,7 @@ func (w *WSConn) Subscribe(ctx context.Context, dialogID string) (int64, error) 
 		}
 		w.mu.Unlock()
 	}
-	if err := w.Send(ctx, SubscribeFrame(dialogID)); err != nil {
+	if err := w.Send(ctx, frame); err != nil {
 		drop()
 		return 0, err
 	}
@@ -235,67 +273,133 @@ func (w *WSConn) readLoop() {
 	defer close(w.done)
 	d := w.d
 	received := d.reg.Counter(MetricWSMsgsReceived)
-	var buf bytes.Buffer
-	var f Frame
-	helloSeen := false
+	var (
+		buf       bytes.Buffer
+		f         Frame
+		cr        centrifugoReply
+		helloSeen bool
+	)
 	for {
 		_, r, err := w.c.Reader(context.Background())
 		if err == nil {
 			buf.Reset()
 			_, err = buf.ReadFrom(r)
 		}
-		if err != nil {
-			w.err = err
-			d.open.Set(float64(d.openN.Add(-1)))
-			if !w.closing.Load() {
-				d.closed.Inc()
-				d.errs.add(0, closeCode(err))
-			}
-			w.failPending(err)
-			return
-		}
-		recvAt := time.Now()
-		received.Inc()
-		if err := ParseFrame(buf.Bytes(), &f); err != nil {
-			d.errs.add(0, "ws_bad_frame")
-			continue
-		}
-		switch f.Type {
-		case "event":
-			w.onEvent(&f, recvAt)
-		case "hello":
-			if !helloSeen {
-				w.ConnectionID, w.Instance = string([]byte(f.ConnectionID)), string([]byte(f.Instance))
-				helloSeen = true
-				close(w.helloCh)
-			}
-		case "subscribed":
-			w.mu.Lock()
-			if p := w.pending; p != nil && p.dialogID == f.DialogID {
-				// Events up to lastSeq happened before the subscription:
-				// the first one to expect is lastSeq+1.
-				if tr := w.subs[p.dialogID]; tr != nil && tr.next == 0 {
-					tr.next = f.LastSeq + 1
+		if err == nil {
+			recvAt := time.Now()
+			received.Inc()
+			if d.Protocol != ProtocolCentrifugo {
+				if err := ParseFrame(buf.Bytes(), &f); err != nil {
+					d.errs.add(0, "ws_bad_frame")
+					continue
 				}
-				p.lastSeq = f.LastSeq
-				w.pending = nil
-				close(p.done)
+				w.handle(&f, recvAt, &helloSeen)
+				continue
 			}
-			w.mu.Unlock()
-		case "error":
-			d.errs.add(0, "ws:"+f.Error)
-			w.mu.Lock()
-			if p := w.pending; p != nil {
-				p.err = &ErrSubscribeRefused{Code: string([]byte(f.Error))}
-				delete(w.subs, p.dialogID)
-				w.pending = nil
-				close(p.done)
+			if err = w.centrifugoMessage(buf.Bytes(), &cr, &f, recvAt, &helloSeen); err == nil {
+				continue
 			}
-			w.mu.Unlock()
-		case "resync":
-			d.errs.add(0, "ws_resync")
+			_ = w.c.CloseNow()
 		}
+		w.err = err
+		d.open.Set(float64(d.openN.Add(-1)))
+		if !w.closing.Load() {
+			d.closed.Inc()
+			d.errs.add(0, closeCode(err))
+		}
+		w.failPending(err)
+		return
 	}
+}
+
+// handle acts on one server frame (for Centrifugo: a reply translated to
+// the frame it stands for).
+func (w *WSConn) handle(f *Frame, recvAt time.Time, helloSeen *bool) {
+	d := w.d
+	switch f.Type {
+	case "event":
+		w.onEvent(f, recvAt)
+	case "hello":
+		if !*helloSeen {
+			w.ConnectionID, w.Instance = string([]byte(f.ConnectionID)), string([]byte(f.Instance))
+			*helloSeen = true
+			close(w.helloCh)
+		}
+	case "subscribed":
+		w.mu.Lock()
+		if p := w.pending; p != nil && p.dialogID == f.DialogID {
+			// Events up to lastSeq happened before the subscription:
+			// the first one to expect is lastSeq+1.
+			if tr := w.subs[p.dialogID]; tr != nil && tr.next == 0 {
+				tr.next = f.LastSeq + 1
+			}
+			p.lastSeq = f.LastSeq
+			w.pending = nil
+			close(p.done)
+		}
+		w.mu.Unlock()
+	case "error":
+		d.errs.add(0, "ws:"+f.Error)
+		w.mu.Lock()
+		if p := w.pending; p != nil {
+			p.err = &ErrSubscribeRefused{Code: string([]byte(f.Error))}
+			delete(w.subs, p.dialogID)
+			w.pending = nil
+			close(p.done)
+		}
+		w.mu.Unlock()
+	case "resync":
+		d.errs.add(0, "ws_resync")
+	}
+}
+
+// centrifugoMessage handles the replies of one Centrifugo message. It
+// returns an error only when the connection must end: the connect command
+// was refused.
+func (w *WSConn) centrifugoMessage(msg []byte, r *centrifugoReply, f *Frame, recvAt time.Time, helloSeen *bool) error {
+	var fatal error
+	err := eachCentrifugoReply(msg, r, func(r *centrifugoReply) {
+		*f = Frame{}
+		switch {
+		case r.isPing():
+			if w.pong {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = w.Send(ctx, centrifugoPong)
+				cancel()
+			}
+			return
+		case r.ID == centrifugoConnectID:
+			if r.Error.Code != 0 {
+				code := strconv.FormatUint(uint64(r.Error.Code), 10)
+				w.d.errs.add(0, "centrifugo_connect_"+code)
+				fatal = errors.New("centrifugo connect refused: error " + code)
+				return
+			}
+			w.pong = r.Connect.Pong
+			f.Type, f.ConnectionID = "hello", r.Connect.Client
+		case r.ID > centrifugoConnectID:
+			w.mu.Lock()
+			p := w.pending
+			w.mu.Unlock()
+			if p == nil || p.cmdID != r.ID {
+				return // the reply to a command its caller gave up on
+			}
+			f.Type, f.DialogID = "subscribed", p.dialogID
+			if r.Error.Code != 0 {
+				f.Type, f.Error = "error", "centrifugo_"+strconv.FormatUint(uint64(r.Error.Code), 10)
+			}
+		case len(r.Push.Pub.Data) > 0:
+			f.Type, f.Data = "event", r.Push.Pub.Data
+			f.DialogID = strings.TrimPrefix(r.Push.Channel, CentrifugoDialogNamespace)
+		default:
+			return // join, leave, unsubscribe: not deliveries
+		}
+		w.handle(f, recvAt, helloSeen)
+	})
+	if err != nil && fatal == nil {
+		w.d.errs.add(0, "ws_bad_frame")
+	}
+	return fatal
 }
 
 func (w *WSConn) failPending(err error) {
@@ -315,10 +419,13 @@ func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 	}
 	// Only events the load generator sent carry a scheduled time; others
 	// (presence, typing, someone else's message) are not deliveries.
-	sched, ok := ScheduledNanos(f.Data)
+	sched, seq, ok := eventStamp(f.Data)
 	if !ok {
 		dl.other.Inc()
 		return
+	}
+	if f.Seq == 0 { // a Centrifugo publication: the seq is in the data
+		f.Seq = seq
 	}
 	w.mu.Lock()
 	tr := w.subs[f.DialogID]

@@ -132,7 +132,7 @@ func (m *Main) parseRun(args []string) error {
 	var config string
 	var quiet bool
 	fs.StringVar(&m.opts.Target, "target", scenarios.DefaultTarget,
-		"loopback gateway URL, or baseline (child process), baseline-inprocess, baseline:<url>")
+		"loopback gateway URL, or baseline (child process), baseline-inprocess, baseline:<url>, centrifugo:<url> (a running Centrifugo v6)")
 	fs.DurationVar(&m.opts.Duration, "duration", 10*time.Second, "length of the measured phase")
 	fs.DurationVar(&m.opts.MaxDuration, "max-duration", 0, "hard bound on the whole run, setup included (default duration + 5m)")
 	fs.Var(&ths, "threshold", "pass/fail criterion, repeatable: delivery_p99<150ms, http_req_failed<0.1%, ws_connect_p95<500ms")
@@ -232,6 +232,9 @@ func checkTarget(t string) error {
 		return nil
 	case strings.HasPrefix(t, "baseline:"):
 		_, err := loadtest.CheckLoopbackURL(strings.TrimPrefix(t, "baseline:"))
+		return err
+	case strings.HasPrefix(t, scenarios.CentrifugoURLPrefix):
+		_, err := loadtest.CheckLoopbackURL(strings.TrimPrefix(t, scenarios.CentrifugoURLPrefix))
 		return err
 	}
 	_, err := loadtest.CheckLoopbackURL(t)

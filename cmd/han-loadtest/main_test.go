@@ -129,6 +129,7 @@ func TestUsageErrors(t *testing.T) {
 		"unknown scenario":     {"run", "nope"},
 		"remote target":        {"run", "broadcast", "-target", "http://10.0.0.1:8080"},
 		"remote baseline":      {"run", "broadcast", "-target", "baseline:http://8.8.8.8:80"},
+		"remote centrifugo":    {"run", "broadcast", "-target", "centrifugo:http://8.8.8.8:8000"},
 		"bad threshold":        {"run", "broadcast", "-threshold", "delivery_p99"},
 		"unknown metric":       {"run", "broadcast", "-target", "baseline-inprocess", "-threshold", "nosuch_p99<1ms"},
 		"stray argument":       {"run", "broadcast", "extra"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"sort"
 	"sync/atomic"
 	"time"
 
@@ -12,10 +13,12 @@ import (
 )
 
 // Broadcast measures fan-out alone: connections subscribe to dialogs and a
-// publisher puts event frames (the gateway's frame format, payload-byte data)
-// straight onto the dialogs' channels at a fixed aggregate rate — Redis
-// Pub/Sub for the gateway, the /publish socket for the baseline. Latency is
-// measured on every subscriber from each event's scheduled send time.
+// publisher puts events (payload-byte data) straight onto the dialogs'
+// channels at a fixed aggregate rate — the gateway's event frames by Redis
+// PUBLISH for the gateway, Centrifugo's publication messages by PUBLISH into
+// its Redis engine's channels for Centrifugo, the /publish socket for the
+// baseline. Latency is measured on every subscriber from each event's
+// scheduled send time.
 type Broadcast struct {
 	conns, dialogs, subsPerConn int
 	rate, payload, publishers   int
@@ -27,6 +30,7 @@ type Broadcast struct {
 	stepRates                   string
 	steps                       []int
 	stepP99                     time.Duration
+	cpu                         loadtest.ProcCPU
 	gw                          gatewayFlags
 }
 
@@ -53,8 +57,10 @@ func (b *Broadcast) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&b.compare, "compare", "", "run the same shape against this baseline first (baseline or baseline-inprocess) and report the ratio")
 	fs.StringVar(&b.stepRates, "step-rates", "", "comma-separated publish rates measured one after another on the same connections (each for -duration) while p99 ≤ -step-p99 with no loss: sets max_delivery_rate")
 	fs.DurationVar(&b.stepP99, "step-p99", 100*time.Millisecond, "the p99 (from schedule) a step must hold")
+	fs.Var(&b.cpu, "cpu-pid", "name=PID (name=PID+: with its children): report that process's CPU-seconds per 1M unique deliveries of each measured phase (info <label>_cpu_s_per_1m_<name>); repeatable; the generator's own is always reported")
 	fs.Int64Var(&b.faultDropEvery, "fault-drop-every", 0, "fault injection: a baseline this run starts drops every n-th delivery (proves the thresholds catch loss)")
 	b.gw.register(fs, getenv, true)
+	b.gw.registerCentrifugo(fs)
 }
 
 // Metrics of the comparison.
@@ -151,6 +157,9 @@ type stepper struct {
 	pub      publisher
 	seqs     []atomic.Int64
 	channels []string
+	// centrifugo: publish Centrifugo publications instead of gateway
+	// event frames.
+	centrifugo bool
 }
 
 // phase sets the shape up against spec and measures it: once at -rate
@@ -168,8 +177,12 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 	}
 	defer closeAll()
 	if len(b.steps) == 0 {
-		if err := st.measure(ctx, t, reg, dl, b.rate, label); err != nil {
+		cpu, err := st.measure(ctx, t, reg, dl, b.rate, label)
+		if err != nil {
 			return 0, err
+		}
+		for _, name := range sortedKeys(cpu) {
+			t.Info(label+"_cpu_s_per_1m_"+name, cpu[name])
 		}
 		return reg.Gauge(loadtest.MetricDeliveryRate, loadtest.UnitPerSecond).Value(), nil
 	}
@@ -220,10 +233,14 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	if err := t.NeedFiles(b.conns, tg.perConnFiles()); err != nil {
 		return nil, nil, err
 	}
-	if tg.gateway {
-		if err := b.gw.check(); err != nil {
-			return nil, nil, err
-		}
+	switch {
+	case tg.gateway:
+		err = b.gw.check()
+	case tg.centrifugo:
+		err = b.gw.checkCentrifugo()
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	cfg := fleetConfig{shape: sh, concurrency: b.concurrency, gw: &b.gw, reg: reg, deliveries: dl}
 	if fl, err = prepare(ctx, t, tg, cfg); err != nil {
@@ -232,7 +249,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	if err := fl.connect(ctx, t, tg, cfg); err != nil {
 		return nil, nil, err
 	}
-	if tg.gateway {
+	if tg.gateway || tg.centrifugo {
 		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.maxPublishers)
 	} else {
 		pub, err = newBaselinePublisher(ctx, t, tg.base, b.publisherConns)
@@ -240,9 +257,13 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	if err != nil {
 		return nil, nil, err
 	}
-	st = &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs)}
+	st = &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs),
+		centrifugo: tg.centrifugo}
 	for d, id := range fl.dialogIDs {
 		st.channels[d] = loadtest.DialogChannelPrefix + id
+		if tg.centrifugo {
+			st.channels[d] = loadtest.CentrifugoRedisChannel(b.gw.cfPrefix, loadtest.CentrifugoChannel(id))
+		}
 	}
 	ok = true
 	return st, closeAll, nil
@@ -258,7 +279,8 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (floa
 		sreg := loadtest.NewRegistry()
 		sdl := loadtest.NewDeliveries(sreg)
 		fl.dialer.SetDeliveries(sdl)
-		if err := st.measure(ctx, t, sreg, sdl, rate, fmt.Sprintf("%s step %d/%d (%d events/s)", label, i+1, len(b.steps), rate)); err != nil {
+		cpu, err := st.measure(ctx, t, sreg, sdl, rate, fmt.Sprintf("%s step %d/%d (%d events/s)", label, i+1, len(b.steps), rate))
+		if err != nil {
 			return best, err
 		}
 		m := sreg.Snapshot().Metrics
@@ -266,8 +288,12 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (floa
 		p99 := time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99))
 		lost, dropped := m[loadtest.MetricDeliveryLost].Count, m[loadtest.MetricDroppedIterations].Count
 		held := p99 <= b.stepP99 && lost == 0 && dropped == 0 && m[loadtest.MetricDeliveryLatency].Count > 0
-		t.Info(fmt.Sprintf("%s_step_%d", label, rate), fmt.Sprintf("%.0f deliveries/s, p99 %s, lost %d, dropped %d, held %v",
-			got, p99.Round(10*time.Microsecond), lost, dropped, held))
+		line := fmt.Sprintf("%.0f deliveries/s, p99 %s, lost %d, dropped %d, held %v",
+			got, p99.Round(10*time.Microsecond), lost, dropped, held)
+		for _, name := range sortedKeys(cpu) {
+			line += fmt.Sprintf(", %s %.3f CPU-s/1M deliveries", name, cpu[name])
+		}
+		t.Info(fmt.Sprintf("%s_step_%d", label, rate), line)
 		if !held {
 			break
 		}
@@ -278,18 +304,27 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (floa
 }
 
 // measure publishes at rate for the run's duration, drains and records the
-// deliveries into reg.
-func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, dl *loadtest.Deliveries, rate int, label string) error {
+// deliveries into reg. It returns the CPU-seconds per 1M unique deliveries
+// each -cpu-pid process (and the generator) used from the first publish to
+// the end of the drain.
+func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, dl *loadtest.Deliveries, rate int, label string) (map[string]float64, error) {
 	b := st.b
 	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: t.Opts.Duration,
 		PreAllocatedVUs: b.publishers, MaxVUs: b.maxPublishers}
 	bufs := make([][]byte, exec.PeakVUs())
+	data := make([][]byte, len(bufs)) // Centrifugo: the publication's data
 	t.SetPhase(label + ": publishing")
+	cpu0 := b.cpu.Sample()
 	reg.ResetClock()
 	_, err := exec.Run(ctx, reg, func(ctx context.Context, it loadtest.Iter) error {
 		d := int(it.N % int64(b.dialogs))
 		seq := st.seqs[d].Add(1)
-		bufs[it.VU] = loadtest.AppendEvent(bufs[it.VU][:0], st.fl.dialogIDs[d], ids.New(), seq, it.Scheduled.UnixNano(), b.payload)
+		if st.centrifugo {
+			data[it.VU] = loadtest.AppendCentrifugoData(data[it.VU][:0], seq, it.Scheduled.UnixNano(), b.payload)
+			bufs[it.VU] = loadtest.AppendCentrifugoPublication(bufs[it.VU][:0], data[it.VU], time.Now().UnixMilli())
+		} else {
+			bufs[it.VU] = loadtest.AppendEvent(bufs[it.VU][:0], st.fl.dialogIDs[d], ids.New(), seq, it.Scheduled.UnixNano(), b.payload)
+		}
 		if err := st.pub.Publish(ctx, st.channels[d], bufs[it.VU]); err != nil {
 			dl.PublishFailed()
 			return err
@@ -298,11 +333,25 @@ func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Reg
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	t.SetPhase(label + ": draining")
 	dl.Drain(ctx, b.drain)
 	reg.StopClock()
+	// ms per delivery × 1000 = seconds per 1M deliveries
+	cpu := b.cpu.Sample().PerOp(cpu0, dl.Received())
+	for name := range cpu {
+		cpu[name] *= 1000
+	}
 	dl.Finish(reg.Elapsed())
-	return ctx.Err()
+	return cpu, ctx.Err()
+}
+
+func sortedKeys(m map[string]float64) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

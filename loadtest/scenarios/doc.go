@@ -1,5 +1,6 @@
 // Package scenarios holds the load tests han-loadtest runs: broadcast and
-// idle-connections (against the gateway or the baseline server), and
+// idle-connections (against the gateway, the baseline server or a
+// Centrifugo v6 to compare with), and
 // chat-fanout, connect-storm, rate-limit and project-queue against the
 // gateway, and send-sql: the send path's raw SQL baseline, the store's
 // own send function on a pgx pool like the gateway's (no HTTP, no Redis),

@@ -109,7 +109,7 @@ type fleet struct {
 	shape     shape
 	dialogIDs []string
 	subs      []int           // subscribers per dialog
-	users     []loadtest.User // gateway only: user c owns connection c
+	users     []loadtest.User // gateway and Centrifugo: user c owns connection c
 	conns     []*loadtest.WSConn
 	dialer    *loadtest.WSDialer
 	setupAPI  *loadtest.API // gateway only
@@ -123,15 +123,23 @@ type fleetConfig struct {
 	deliveries  *loadtest.Deliveries
 }
 
-// prepare creates the users and dialogs (gateway) or picks dialog ids
-// (baseline). Setup traffic is recorded in a registry of its own so it does
-// not mix with the measured requests.
+// prepare creates the users and dialogs (gateway), or picks dialog ids
+// (baseline) and mints connection tokens (Centrifugo, which knows neither
+// users nor dialogs beforehand). Setup traffic is recorded in a registry of
+// its own so it does not mix with the measured requests.
 func prepare(ctx context.Context, t *loadtest.T, tg *target, cfg fleetConfig) (*fleet, error) {
 	fl := &fleet{shape: cfg.shape, subs: cfg.shape.subscribers(), dialogIDs: make([]string, cfg.shape.dialogs)}
 	fl.dialer = loadtest.NewWSDialer(cfg.reg, t.Src, cfg.deliveries)
 	if !tg.gateway {
 		for d := range fl.dialogIDs {
 			fl.dialogIDs[d] = ids.New()
+		}
+		if tg.centrifugo {
+			fl.dialer.Protocol = loadtest.ProtocolCentrifugo
+			var err error
+			if fl.users, err = loadtest.MintUsers([]byte(cfg.gw.cfSecret), cfg.shape.conns, cfg.gw.tokenTTL); err != nil {
+				return nil, err
+			}
 		}
 		return fl, nil
 	}
@@ -182,6 +190,9 @@ func prepare(ctx context.Context, t *loadtest.T, tg *target, cfg fleetConfig) (*
 // gateway wants one) and the bearer token to send, if any.
 func (fl *fleet) wsURL(ctx context.Context, tg *target, gw *gatewayFlags, c int) (string, string, error) {
 	base := "ws" + tg.base[len("http"):] + loadtest.RealtimePath
+	if tg.centrifugo {
+		return "ws" + tg.base[len("http"):] + loadtest.CentrifugoPath, fl.users[c].Token, nil
+	}
 	if !tg.gateway {
 		return base, "", nil
 	}

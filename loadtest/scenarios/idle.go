@@ -11,7 +11,9 @@ import (
 
 // Idle holds N connections open and reports what each costs the server:
 // (HeapInuse + StackInuse) delta, goroutines and RSS per connection, read
-// from the target's /debug/memstats (after a forced GC) or /metrics.
+// from the target's /debug/memstats (after a forced GC) or /metrics (the
+// gateway, Centrifugo with Prometheus on). It also reports how fast the
+// connections opened (connect_rate).
 type Idle struct {
 	conns, dialogs, concurrency int
 	settle                      time.Duration
@@ -23,6 +25,7 @@ const (
 	MetricServerMemPerConn        = "server_mem_per_conn"        // gauge, bytes: (HeapInuse+StackInuse) delta / connections
 	MetricServerRSSPerConn        = "server_rss_per_conn"        // gauge, bytes
 	MetricServerGoroutinesPerConn = "server_goroutines_per_conn" // gauge
+	MetricConnectRate             = "connect_rate"               // gauge: connections opened (and subscribed) per second of setup
 )
 
 // Describe implements Scenario.
@@ -40,6 +43,7 @@ func (s *Idle) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.IntVar(&s.concurrency, "connect-concurrency", 64, "connections set up at a time")
 	fs.DurationVar(&s.settle, "settle", time.Second, "pause after connecting before the first reading")
 	s.gw.register(fs, getenv, false)
+	s.gw.registerCentrifugo(fs)
 }
 
 // DeclareMetrics implements loadtest.MetricDeclarer.
@@ -47,6 +51,7 @@ func (s *Idle) DeclareMetrics(reg *loadtest.Registry) {
 	reg.Gauge(MetricServerMemPerConn, loadtest.UnitBytes)
 	reg.Gauge(MetricServerRSSPerConn, loadtest.UnitBytes)
 	reg.Gauge(MetricServerGoroutinesPerConn, loadtest.UnitNone)
+	reg.Gauge(MetricConnectRate, loadtest.UnitPerSecond)
 }
 
 // Run implements loadtest.Scenario.
@@ -73,10 +78,14 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 			return err
 		}
 	}
-	if tg.gateway {
-		if err := s.gw.check(); err != nil {
-			return err
-		}
+	switch {
+	case tg.gateway:
+		err = s.gw.check()
+	case tg.centrifugo:
+		err = s.gw.checkCentrifugo()
+	}
+	if err != nil {
+		return err
 	}
 	client := loadtest.NewHTTPClient(nil, 2, 30*time.Second)
 	defer client.CloseIdleConnections()
@@ -97,9 +106,13 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 			return fmt.Errorf("server stats before: %w", err)
 		}
 	}
+	connectStart := time.Now()
 	if err := fl.connect(ctx, t, tg, cfg); err != nil {
 		return err
 	}
+	connectTook := time.Since(connectStart)
+	t.Reg.Gauge(MetricConnectRate, loadtest.UnitPerSecond).Set(float64(s.conns) / connectTook.Seconds())
+	t.Info("connect_duration", connectTook.Round(time.Millisecond))
 	t.Reg.ResetClock()
 	t.SetPhase(fmt.Sprintf("holding %d connections", s.conns))
 	select {
@@ -113,6 +126,17 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	t.Reg.StopClock()
 	open := fl.stillOpen()
+	s.report(t, before, after)
+	t.Info("connections_open_at_end", open)
+	if open < s.conns {
+		return fmt.Errorf("%d of %d connections dropped while idle", s.conns-open, s.conns)
+	}
+	return nil
+}
+
+// report records the server's cost per connection: the difference between
+// the readings before and after connecting.
+func (s *Idle) report(t *loadtest.T, before, after loadtest.ServerStats) {
 	n := float64(s.conns)
 	mem := (float64(after.HeapInuse+after.StackInuse) - float64(before.HeapInuse+before.StackInuse)) / n
 	t.Reg.Gauge(MetricServerMemPerConn, loadtest.UnitBytes).Set(mem)
@@ -124,9 +148,4 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	t.Info("gc_forced", after.GCForced)
 	t.Info("server_heap_inuse_delta", int64(after.HeapInuse)-int64(before.HeapInuse))
 	t.Info("server_stack_inuse_delta", int64(after.StackInuse)-int64(before.StackInuse))
-	t.Info("connections_open_at_end", open)
-	if open < s.conns {
-		return fmt.Errorf("%d of %d connections dropped while idle", s.conns-open, s.conns)
-	}
-	return nil
 }

@@ -23,14 +23,14 @@ type publisher interface {
 // redisPublisher PUBLISHes straight into Redis Pub/Sub, where every gateway
 // instance subscribed to the dialog's channel picks the frame up and forwards
 // its bytes unchanged: the gateway's fan-out is measured without the REST send
-// path.
-// A cluster URL (addr= seeds) publishes through a cluster client, as the
-// gateway does.
+// path. Centrifugo is fed the same way, with its Redis engine's publication
+// messages on its own channels. A cluster URL (addr= seeds) publishes
+// through a cluster client, as the gateway does.
 type redisPublisher struct{ c redis.UniversalClient }
 
 func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPublisher, error) {
 	if rawURL == "" {
-		return nil, errors.New("the gateway target needs -redis-url (or REDIS_REALTIME_URL): broadcast publishes straight into Redis Pub/Sub")
+		return nil, errors.New("broadcast publishes straight into Redis Pub/Sub: the gateway target needs -redis-url (or REDIS_REALTIME_URL), the centrifugo target -redis-url (or " + envCentrifugoRedisURL + ")")
 	}
 	if _, err := loadtest.CheckLoopbackURL(rawURL); err != nil {
 		return nil, err

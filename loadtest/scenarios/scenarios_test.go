@@ -111,7 +111,8 @@ func TestIdleReportsServerCostPerConnection(t *testing.T) {
 
 func TestTargetsAndGatewaySettingsAreChecked(t *testing.T) {
 	ctx := context.Background()
-	for _, bad := range []string{"http://10.0.0.1:8080", "baseline:http://192.168.0.1:9090", "ftp://127.0.0.1/", "https://example.com"} {
+	for _, bad := range []string{"http://10.0.0.1:8080", "baseline:http://192.168.0.1:9090", "ftp://127.0.0.1/", "https://example.com",
+		"centrifugo:http://10.0.0.1:8000", "centrifugo:ws://127.0.0.1:8000"} {
 		if tg, err := openTarget(ctx, bad); err == nil {
 			tg.close()
 			t.Errorf("target %q accepted", bad)
@@ -134,6 +135,45 @@ func TestTargetsAndGatewaySettingsAreChecked(t *testing.T) {
 		if sum.Err == nil {
 			t.Errorf("%s ran against the baseline", name)
 		}
+		if name == "project-queue" { // refused for its missing flags before the target is looked at
+			continue
+		}
+		sum = run(t, newScenario(t, name), loadtest.Options{Target: CentrifugoURLPrefix + "http://127.0.0.1:1", Duration: time.Second})
+		if sum.Err == nil || !strings.Contains(sum.Err.Error(), "must be a gateway URL") {
+			t.Errorf("%s against Centrifugo: err = %v, want the target refused", name, sum.Err)
+		}
+	}
+}
+
+// A Centrifugo target needs its HMAC secret (to mint connection tokens) and
+// the Redis of its engine; the publisher's channels are Centrifugo's.
+func TestCentrifugoTargetSettings(t *testing.T) {
+	ctx := context.Background()
+	tg, err := openTarget(ctx, CentrifugoURLPrefix+"http://127.0.0.1:8000")
+	if err != nil || !tg.centrifugo || tg.gateway || tg.base != "http://127.0.0.1:8000" {
+		t.Fatalf("openTarget: %+v, %v", tg, err)
+	}
+	tg.close()
+	for _, name := range []string{"broadcast", "idle-connections"} {
+		sum := run(t, newScenario(t, name, "-conns", "4", "-dialogs", "2"),
+			loadtest.Options{Target: CentrifugoURLPrefix + "http://127.0.0.1:1", Duration: time.Second})
+		if sum.Err == nil || !strings.Contains(sum.Err.Error(), "centrifugo-secret") {
+			t.Errorf("%s: err = %v, want the missing Centrifugo secret named", name, sum.Err)
+		}
+	}
+	env := map[string]string{
+		envCentrifugoSecret:   strings.Repeat("s", 32),
+		envCentrifugoRedisURL: "redis://127.0.0.1:6390",
+	}
+	var g gatewayFlags
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	g.register(fs, func(k string) string { return env[k] }, true)
+	g.registerCentrifugo(fs)
+	if err := g.checkCentrifugo(); err != nil {
+		t.Fatal(err)
+	}
+	if g.cfSecret != env[envCentrifugoSecret] || g.redisURL != env[envCentrifugoRedisURL] || g.cfPrefix != loadtest.CentrifugoRedisPrefix {
+		t.Fatalf("settings from the environment: %+v", g)
 	}
 }
 

@@ -28,6 +28,9 @@ const (
 	// baselineURLPrefix names an already running baseline server:
 	// baseline:http://127.0.0.1:9090.
 	baselineURLPrefix = "baseline:"
+	// CentrifugoURLPrefix names a running Centrifugo v6 to compare with:
+	// centrifugo:http://127.0.0.1:8000 (loadtest/centrifugo/config.json).
+	CentrifugoURLPrefix = "centrifugo:"
 	// DefaultTarget is the local stack's gateway.
 	DefaultTarget = "http://127.0.0.1:8080"
 )
@@ -42,12 +45,13 @@ var BaselineConfig baseline.Config
 
 // target is what a fan-out scenario loads.
 type target struct {
-	spec    string
-	gateway bool
-	base    string // http://host:port
-	inproc  *baseline.Server
-	child   *exec.Cmd
-	stdin   io.Closer
+	spec       string
+	gateway    bool
+	centrifugo bool
+	base       string // http://host:port
+	inproc     *baseline.Server
+	child      *exec.Cmd
+	stdin      io.Closer
 }
 
 // perConnFiles is how many descriptors one load connection costs in this
@@ -65,6 +69,8 @@ func (tg *target) describe() string {
 		return "baseline (in-process) " + tg.base
 	case tg.child != nil:
 		return "baseline (child process) " + tg.base
+	case tg.centrifugo:
+		return "centrifugo " + tg.base
 	case !tg.gateway:
 		return "baseline " + tg.base
 	}
@@ -91,13 +97,23 @@ func openTarget(ctx context.Context, spec string) (*target, error) {
 			return nil, err
 		}
 		tg.base = u.Scheme + "://" + u.Host
+	case strings.HasPrefix(spec, CentrifugoURLPrefix):
+		u, err := loadtest.CheckLoopbackURL(strings.TrimPrefix(spec, CentrifugoURLPrefix))
+		if err != nil {
+			return nil, err
+		}
+		if u.Scheme != "http" {
+			return nil, fmt.Errorf("target %q: want %shttp://<loopback>:<port>", spec, CentrifugoURLPrefix)
+		}
+		tg.centrifugo, tg.base = true, u.Scheme+"://"+u.Host
 	default:
 		u, err := loadtest.CheckLoopbackURL(spec)
 		if err != nil {
 			return nil, err
 		}
 		if u.Scheme != "http" {
-			return nil, fmt.Errorf("target %q: want http://<loopback>:<port>, %s, %s or %s<url>", spec, TargetBaseline, TargetBaselineInProcess, baselineURLPrefix)
+			return nil, fmt.Errorf("target %q: want http://<loopback>:<port>, %s, %s, %s<url> or %s<url>",
+				spec, TargetBaseline, TargetBaselineInProcess, baselineURLPrefix, CentrifugoURLPrefix)
 		}
 		tg.gateway, tg.base = true, u.Scheme+"://"+u.Host
 	}
@@ -176,9 +192,9 @@ func (tg *target) close() {
 	}
 }
 
-// gatewayFlags are the settings scenarios that talk to the gateway share.
-// Secrets default from the environment but are never flag defaults, so
-// -h does not print them.
+// gatewayFlags are the settings scenarios that talk to the gateway (or to
+// Centrifugo) share. Secrets default from the environment but are never
+// flag defaults, so -h does not print them.
 type gatewayFlags struct {
 	devSecret string
 	origin    string
@@ -186,7 +202,18 @@ type gatewayFlags struct {
 	auth      string
 	tokenTTL  time.Duration
 	getenv    func(string) string
+
+	cfSecret string // Centrifugo's HMAC secret for connection JWTs
+	cfPrefix string // Centrifugo's Redis prefix
 }
+
+// Environment defaults of a Centrifugo target: the variables Centrifugo
+// itself reads for the same settings.
+const (
+	envCentrifugoSecret   = "CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY"
+	envCentrifugoRedisURL = "CENTRIFUGO_ENGINE_REDIS_ADDRESS"
+	envCentrifugoPrefix   = "CENTRIFUGO_ENGINE_REDIS_PREFIX"
+)
 
 func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, needRedis bool) {
 	g.getenv = getenv
@@ -198,8 +225,43 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, ne
 	fs.DurationVar(&g.tokenTTL, "token-ttl", 2*time.Hour, "lifetime of the minted tokens")
 	if needRedis {
 		fs.StringVar(&g.redisURL, "redis-url", "",
-			"Redis DB1 URL the broadcast publisher PUBLISHes to when the target is the gateway (default: env REDIS_REALTIME_URL)")
+			"Redis URL the broadcast publisher PUBLISHes to: the gateway's DB1 (default: env REDIS_REALTIME_URL), or Centrifugo's engine Redis (default: env "+envCentrifugoRedisURL+")")
 	}
+}
+
+// registerCentrifugo adds the settings of a centrifugo: target.
+func (g *gatewayFlags) registerCentrifugo(fs *flag.FlagSet) {
+	fs.StringVar(&g.cfSecret, "centrifugo-secret", "",
+		"Centrifugo's HMAC secret, to mint connection JWTs (default: env "+envCentrifugoSecret+")")
+	fs.StringVar(&g.cfPrefix, "centrifugo-prefix", "",
+		"Centrifugo's Redis prefix (default: env "+envCentrifugoPrefix+", else "+loadtest.CentrifugoRedisPrefix+")")
+}
+
+// checkCentrifugo fills the Centrifugo settings from the environment and
+// checks them; the publisher's Redis URL defaults to Centrifugo's.
+func (g *gatewayFlags) checkCentrifugo() error {
+	env := func(k string) string {
+		if g.getenv == nil {
+			return ""
+		}
+		return g.getenv(k)
+	}
+	if g.cfSecret == "" {
+		g.cfSecret = env(envCentrifugoSecret)
+	}
+	if g.cfPrefix == "" {
+		g.cfPrefix = env(envCentrifugoPrefix)
+	}
+	if g.cfPrefix == "" {
+		g.cfPrefix = loadtest.CentrifugoRedisPrefix
+	}
+	if g.redisURL == "" {
+		g.redisURL = env(envCentrifugoRedisURL)
+	}
+	if len(g.cfSecret) < 32 {
+		return errors.New("the centrifugo target needs -centrifugo-secret (or " + envCentrifugoSecret + "), at least 32 bytes")
+	}
+	return nil
 }
 
 // fromEnv fills unset secrets from the environment.
