@@ -1,0 +1,497 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/store/rds"
+)
+
+// On a Redis Cluster the subscriber uses sharded Pub/Sub: a channel lives
+// on the master that owns its slot, SPUBLISH sends a message to that shard
+// only, and the subscriber keeps one SSUBSCRIBE connection per master that
+// owns one of its channels. A router assigns every channel to the master
+// owning its slot; each shard connection sends SSUBSCRIBE/SUNSUBSCRIBE in
+// commands of one slot each (Redis refuses a command whose channels hash
+// to several slots). When a shard connection fails (its master died) the
+// channels it carried, and only those, go back to the router, which
+// reloads the slot map and subscribes them on the new owner; when the
+// server ends a subscription itself (the slot moved away: it sends
+// SUNSUBSCRIBE) or answers MOVED, only that slot's channels move. A
+// channel that was confirmed before and is confirmed again after such a
+// move is handed to OnResync: its traffic may have been lost meanwhile.
+
+// shard is the subscriber's connection to one master.
+type shard struct {
+	addr   string
+	client *redis.Client
+	// subs and unsubs are the channels the connection must send next;
+	// up is set once the connection answered its first PING. All three
+	// are guarded by Subscriber.mu.
+	subs, unsubs []string
+	up           bool
+	kick         chan struct{}
+	lastPong     atomic.Int64 // unix ns
+}
+
+func (sh *shard) wake() {
+	select {
+	case sh.kick <- struct{}{}:
+	default:
+	}
+}
+
+// runSharded is Start's loop on a cluster: it routes dirty channels to
+// shards until ctx ends, then waits for the shard goroutines.
+func (s *Subscriber) runSharded(ctx context.Context) {
+	var shards sync.WaitGroup
+	defer shards.Wait()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.canaryLoop(ctx)
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+		}
+		s.mu.Lock()
+		d := s.routeDelay
+		s.routeDelay = 0
+		s.mu.Unlock()
+		if d > 0 && !sleepCtx(ctx, d) {
+			return
+		}
+		if !s.route(ctx, &shards) {
+			// The slot map could not be read: try again after a while.
+			s.mu.Lock()
+			s.routeDelay = s.nextBackoffLocked(true)
+			s.mu.Unlock()
+			s.wake()
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// nextBackoffLocked returns the jittered delay before the next routing
+// after a failure; grow is false after a link that had been up.
+func (s *Subscriber) nextBackoffLocked(grow bool) time.Duration {
+	if grow && s.backoff > 0 {
+		s.backoff = min(2*s.backoff, s.cfg.ReconnectMax)
+	} else {
+		s.backoff = s.cfg.ReconnectMin
+	}
+	return s.backoff/2 + rand.N(s.backoff/2+1)
+}
+
+// route assigns the dirty channels: a channel to subscribe goes to the
+// shard of the master owning its slot, a channel to release to the shard
+// it is on. It reports false if a channel's owner could not be found.
+func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) bool {
+	s.mu.Lock()
+	reload := s.reload
+	s.reload = false
+	names := make([]string, 0, len(s.dirty))
+	for ch := range s.dirty {
+		names = append(names, ch)
+	}
+	clear(s.dirty)
+	s.mu.Unlock()
+	if len(names) == 0 {
+		return true
+	}
+	if reload {
+		// ForEachMaster reads the slot map afresh before it iterates.
+		_ = s.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
+	}
+	owners := make(map[string]*redis.Client, len(names))
+	ok := true
+	for _, ch := range names {
+		if c, err := s.cluster.MasterForKey(ctx, ch); err == nil {
+			owners[ch] = c
+		} else {
+			ok = false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return true
+	}
+	touched := map[*shard]struct{}{}
+	for _, ch := range names {
+		st := s.chans[ch]
+		switch {
+		case st == nil:
+		case st.refs > 0 && st.sent == sentUnsubscribe:
+			// Subscribed again once its SUNSUBSCRIBE is confirmed, so
+			// that confirmation is never taken for the server's own.
+		case st.refs > 0 && st.sent == sentNone:
+			c := owners[ch]
+			if c == nil {
+				s.dirty[ch] = struct{}{}
+				s.reload = true
+				continue
+			}
+			sh := s.shardLocked(ctx, shards, c)
+			st.sent, st.confirmed, st.shard = sentSubscribe, false, sh
+			st.pendingSubs++
+			sh.subs = append(sh.subs, ch)
+			touched[sh] = struct{}{}
+		case st.refs == 0 && st.sent == sentSubscribe:
+			st.sent, st.confirmed = sentUnsubscribe, false
+			st.shard.unsubs = append(st.shard.unsubs, ch)
+			touched[st.shard] = struct{}{}
+		case st.refs == 0 && st.sent == sentNone:
+			s.dropLocked(ch, st)
+		}
+	}
+	for sh := range touched {
+		sh.wake()
+	}
+	return ok
+}
+
+// shardLocked returns the shard of c's master, starting its connection
+// if there is none.
+func (s *Subscriber) shardLocked(ctx context.Context, shards *sync.WaitGroup, c *redis.Client) *shard {
+	addr := c.Options().Addr
+	if sh := s.shards[addr]; sh != nil {
+		return sh
+	}
+	sh := &shard{addr: addr, client: c, kick: make(chan struct{}, 1)}
+	s.shards[addr] = sh
+	shards.Add(1)
+	go func() {
+		defer shards.Done()
+		wasUp, err := s.shardSession(ctx, sh)
+		s.shardLost(sh, wasUp, err)
+	}()
+	return sh
+}
+
+// dropLocked forgets a channel nobody holds any more.
+func (s *Subscriber) dropLocked(ch string, st *chanState) {
+	if st.lost {
+		s.lostN--
+	}
+	delete(s.chans, ch)
+}
+
+// detachLocked takes a channel off its shard: the router subscribes it
+// again (on the slot's owner now) if it is still referenced. A channel
+// that had been confirmed is marked lost, so its sockets resync once it
+// is confirmed again.
+func (s *Subscriber) detachLocked(ch string, st *chanState) {
+	wasConfirmed := st.confirmed && st.sent == sentSubscribe
+	st.shard, st.sent, st.pendingSubs, st.confirmed = nil, sentNone, 0, false
+	if st.refs == 0 {
+		s.dropLocked(ch, st)
+		return
+	}
+	if wasConfirmed && !st.lost {
+		st.lost = true
+		s.lostN++
+	}
+	s.dirty[ch] = struct{}{}
+}
+
+// shardLost hands the channels of a failed shard connection back to the
+// router.
+func (s *Subscriber) shardLost(sh *shard, wasUp bool, err error) {
+	s.mu.Lock()
+	if s.shards[sh.addr] == sh {
+		delete(s.shards, sh.addr)
+	}
+	n := 0
+	for ch, st := range s.chans {
+		if st.shard == sh {
+			s.detachLocked(ch, st)
+			n++
+		}
+	}
+	s.reload = true
+	s.routeDelay = s.nextBackoffLocked(!wasUp)
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return
+	}
+	s.metrics.linkUp.Set(0)
+	if wasUp {
+		s.metrics.reconnects.Inc()
+		s.shardReconnects.WithLabelValues(sh.addr).Inc()
+	}
+	s.logger.Warn("pubsub shard link lost; moving its channels", slog.String("shard", sh.addr),
+		slog.Int("channels", n), slog.String("kind", rds.Kind(err)))
+	s.wake()
+}
+
+// moveSlot hands the channels of one slot on sh back to the router (the
+// server said the slot is elsewhere now). With slot < 0 it moves the
+// channels on sh whose subscription is not confirmed yet.
+func (s *Subscriber) moveSlot(sh *shard, slot int) {
+	s.mu.Lock()
+	for ch, st := range s.chans {
+		if st.shard != sh || (slot >= 0 && rds.Slot(ch) != slot) || (slot < 0 && st.confirmed) {
+			continue
+		}
+		s.detachLocked(ch, st)
+	}
+	s.reload = true
+	s.routeDelay = s.nextBackoffLocked(false)
+	s.mu.Unlock()
+	s.wake()
+}
+
+// shardSession runs sh's connection until it fails. wasUp reports whether
+// it had answered a PING.
+func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ps := sh.client.SSubscribe(sctx)
+	defer ps.Close()
+	stop := context.AfterFunc(sctx, func() { _ = ps.Close() })
+	defer stop()
+	if err := ps.Ping(sctx, strconv.FormatInt(time.Now().UnixNano(), 10)); err != nil {
+		return false, err
+	}
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer cancel()
+	bg.Add(2)
+	go func() {
+		defer bg.Done()
+		s.shardFlushLoop(sctx, sh, ps)
+	}()
+	go func() {
+		defer bg.Done()
+		s.shardPingLoop(sctx, ps)
+	}()
+	for {
+		msg, err := ps.ReceiveTimeout(sctx, s.cfg.CanaryInterval)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && sctx.Err() == nil {
+				if wasUp && time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline {
+					return wasUp, errCanaryLost
+				}
+				continue
+			}
+			var rerr redis.Error
+			if errors.As(err, &rerr) && sctx.Err() == nil {
+				// The answer to one SSUBSCRIBE: MOVED names the slot
+				// that is elsewhere now; anything else (CLUSTERDOWN
+				// while a failover runs) concerns the commands not yet
+				// confirmed.
+				s.moveSlot(sh, movedSlot(rerr.Error()))
+				continue
+			}
+			return wasUp, err
+		}
+		switch m := msg.(type) {
+		case *redis.Message:
+			if m.Channel == s.canary {
+				s.canaryReceived(m.Payload)
+				continue
+			}
+			s.metrics.messages.Inc()
+			s.onMessage(m.Channel, []byte(m.Payload))
+		case *redis.Subscription:
+			s.confirmShard(sh, m.Kind, m.Channel)
+		case *redis.Pong:
+			s.pongReceived(sh, m.Payload)
+			if !wasUp {
+				wasUp = true
+				s.mu.Lock()
+				sh.up = true
+				s.backoff = 0
+				whole := s.lostN == 0
+				s.mu.Unlock()
+				if whole {
+					s.metrics.linkUp.Set(1)
+				}
+				sh.wake()
+			}
+		}
+	}
+}
+
+// movedSlot is the slot of a "MOVED <slot> <addr>" or "ASK <slot> <addr>"
+// error, or -1.
+func movedSlot(msg string) int {
+	f := strings.Fields(msg)
+	if len(f) >= 2 && (f[0] == "MOVED" || f[0] == "ASK") {
+		if n, err := strconv.Atoi(f[1]); err == nil {
+			return n
+		}
+	}
+	return -1
+}
+
+func (s *Subscriber) pongReceived(sh *shard, payload string) {
+	now := time.Now()
+	sh.lastPong.Store(now.UnixNano())
+	if sent, err := strconv.ParseInt(payload, 10, 64); err == nil {
+		lag := max(now.Sub(time.Unix(0, sent)), 0)
+		s.shardLag.WithLabelValues(sh.addr).Set(lag.Seconds())
+	}
+}
+
+// confirmShard applies an SSUBSCRIBE/SUNSUBSCRIBE from sh's master. An
+// SUNSUBSCRIBE nobody asked for is the server dropping the channel because
+// its slot moved away.
+func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
+	s.mu.Lock()
+	st := s.chans[channel]
+	if st == nil || st.shard != sh {
+		s.mu.Unlock()
+		return
+	}
+	resync := false
+	switch kind {
+	case "ssubscribe":
+		if st.pendingSubs > 0 {
+			st.pendingSubs--
+		}
+		if st.pendingSubs == 0 && st.sent == sentSubscribe {
+			st.confirmed = true
+			for _, w := range st.waiters {
+				close(w)
+			}
+			st.waiters = nil
+			if st.lost {
+				st.lost, resync = false, true
+				s.lostN--
+				if s.lostN == 0 {
+					s.metrics.linkUp.Set(1)
+				}
+			}
+		}
+	case "sunsubscribe":
+		switch {
+		case st.sent == sentUnsubscribe && st.pendingSubs == 0:
+			st.shard, st.sent = nil, sentNone
+			if st.refs == 0 {
+				s.dropLocked(channel, st)
+			} else {
+				s.dirty[channel] = struct{}{}
+			}
+		case st.sent == sentSubscribe:
+			s.detachLocked(channel, st)
+			s.reload = true
+		}
+	}
+	s.mu.Unlock()
+	s.wake()
+	if resync && channel != s.canary {
+		s.onResync([]string{channel})
+	}
+}
+
+// shardFlushLoop sends the SSUBSCRIBE/SUNSUBSCRIBE commands the router
+// queued on sh, one command per slot.
+func (s *Subscriber) shardFlushLoop(ctx context.Context, sh *shard, ps *redis.PubSub) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sh.kick:
+		}
+		s.mu.Lock()
+		if !sh.up {
+			s.mu.Unlock()
+			continue
+		}
+		subs, unsubs := sh.subs, sh.unsubs
+		sh.subs, sh.unsubs = nil, nil
+		s.mu.Unlock()
+		err := s.sendBySlot(ctx, ps, false, unsubs)
+		if err == nil {
+			err = s.sendBySlot(ctx, ps, true, subs)
+		}
+		if err != nil {
+			_ = ps.Close()
+			return
+		}
+	}
+}
+
+func (s *Subscriber) sendBySlot(ctx context.Context, ps *redis.PubSub, sub bool, channels []string) error {
+	bySlot := map[int][]string{}
+	for _, ch := range channels {
+		slot := rds.Slot(ch)
+		bySlot[slot] = append(bySlot[slot], ch)
+	}
+	for _, group := range bySlot {
+		for len(group) > 0 {
+			n := min(len(group), s.cfg.BatchSize)
+			var err error
+			if sub {
+				err = ps.SSubscribe(ctx, group[:n]...)
+			} else {
+				err = ps.SUnsubscribe(ctx, group[:n]...)
+			}
+			if err != nil {
+				return err
+			}
+			group = group[n:]
+		}
+	}
+	return nil
+}
+
+func (s *Subscriber) shardPingLoop(ctx context.Context, ps *redis.PubSub) {
+	t := time.NewTicker(s.cfg.CanaryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_ = ps.Ping(ctx, strconv.FormatInt(time.Now().UnixNano(), 10))
+	}
+}
+
+// shardedHealthy: the canary came back recently, every shard connection
+// answers its PINGs, and no channel waits to be subscribed again after a
+// shard failure or a slot move.
+func (s *Subscriber) shardedHealthy() bool {
+	if time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lostN > 0 {
+		return false
+	}
+	for _, sh := range s.shards {
+		if !sh.up || time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline {
+			return false
+		}
+	}
+	return true
+}
