@@ -40,8 +40,12 @@ type shard struct {
 	// are guarded by Subscriber.mu.
 	subs, unsubs []string
 	up           bool
-	kick         chan struct{}
-	lastPong     atomic.Int64 // unix ns
+	// resync holds the lost channels confirmed again, handed to OnResync
+	// together at the next PONG (a PING follows every SSUBSCRIBE batch,
+	// so it answers after the whole batch is confirmed).
+	resync   []string
+	kick     chan struct{}
+	lastPong atomic.Int64 // unix ns
 }
 
 func (sh *shard) wake() {
@@ -323,6 +327,13 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 			s.confirmShard(sh, m.Kind, m.Channel)
 		case *redis.Pong:
 			s.pongReceived(sh, m.Payload)
+			s.mu.Lock()
+			batch := sh.resync
+			sh.resync = nil
+			s.mu.Unlock()
+			if len(batch) > 0 {
+				s.onResync(batch)
+			}
 			if !wasUp {
 				wasUp = true
 				s.mu.Lock()
@@ -370,7 +381,6 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 		s.mu.Unlock()
 		return
 	}
-	resync := false
 	switch kind {
 	case "ssubscribe":
 		if st.pendingSubs > 0 {
@@ -383,7 +393,10 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 			}
 			st.waiters = nil
 			if st.lost {
-				st.lost, resync = false, true
+				st.lost = false
+				if channel != s.canary {
+					sh.resync = append(sh.resync, channel)
+				}
 				s.lostN--
 				if s.lostN == 0 {
 					s.metrics.linkUp.Set(1)
@@ -406,9 +419,6 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 	}
 	s.mu.Unlock()
 	s.wake()
-	if resync && channel != s.canary {
-		s.onResync([]string{channel})
-	}
 }
 
 // shardFlushLoop sends the SSUBSCRIBE/SUNSUBSCRIBE commands the router
@@ -429,8 +439,11 @@ func (s *Subscriber) shardFlushLoop(ctx context.Context, sh *shard, ps *redis.Pu
 		sh.subs, sh.unsubs = nil, nil
 		s.mu.Unlock()
 		err := s.sendBySlot(ctx, ps, false, unsubs)
-		if err == nil {
+		if err == nil && len(subs) > 0 {
 			err = s.sendBySlot(ctx, ps, true, subs)
+			if err == nil {
+				err = ps.Ping(ctx, strconv.FormatInt(time.Now().UnixNano(), 10))
+			}
 		}
 		if err != nil {
 			_ = ps.Close()

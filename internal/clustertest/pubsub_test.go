@@ -224,6 +224,13 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 		if got := r.resyncedChannels(); !slices.Equal(got, want) {
 			t.Fatalf("%s resynced %v, want exactly the dead master's channels %v", r.name, got, want)
 		}
+		r.mu.Lock()
+		for _, ch := range want {
+			if n := r.resynced[ch]; n != 1 {
+				t.Errorf("%s: %s resynced %d times, want once", r.name, ch, n)
+			}
+		}
+		r.mu.Unlock()
 	}
 	publishAll(t, pub, channels, 2, a, b)
 	testenv.Eventually(t, 10*time.Second, func() bool { return a.sub.Healthy() && b.sub.Healthy() },
