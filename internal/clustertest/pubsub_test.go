@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
 )
@@ -24,8 +26,13 @@ type received struct {
 
 func subscriber(t *testing.T, c *testenv.RedisCluster, name string) *received {
 	t.Helper()
+	return subscriberWithMetrics(t, c, name, nil)
+}
+
+func subscriberWithMetrics(t *testing.T, c *testenv.RedisCluster, name string, reg prometheus.Registerer) *received {
+	t.Helper()
 	r := &received{got: map[string][]string{}, resynced: map[string]int{}, name: name}
-	sub, err := pubsub.NewSubscriber(open(t, c), pubsub.SubscriberConfig{InstanceID: name, CanaryInterval: 200 * time.Millisecond},
+	sub, err := pubsub.NewSubscriber(open(t, c), pubsub.SubscriberConfig{InstanceID: name, CanaryInterval: 200 * time.Millisecond, Registerer: reg},
 		slog.New(slog.DiscardHandler), func(channel string, payload []byte) {
 			r.mu.Lock()
 			r.got[channel] = append(r.got[channel], string(payload))
@@ -158,9 +165,11 @@ func publishAll(t *testing.T, pub *pubsub.Publisher, channels []string, want int
 // masters, exactly once.
 func TestShardedPubSubAcrossMasters(t *testing.T) {
 	rdb := shared(t)
-	a, b := subscriber(t, env.Cluster, "inst-a"), subscriber(t, env.Cluster, "inst-b")
+	reg := prometheus.NewRegistry()
+	a, b := subscriberWithMetrics(t, env.Cluster, "inst-a", reg), subscriber(t, env.Cluster, "inst-b")
+	byMaster := channelsByMaster(t, env.Cluster, 3)
 	var channels []string
-	for _, chs := range channelsByMaster(t, env.Cluster, 3) {
+	for _, chs := range byMaster {
 		channels = append(channels, chs...)
 	}
 	a.subscribe(t, channels...)
@@ -173,6 +182,16 @@ func TestShardedPubSubAcrossMasters(t *testing.T) {
 	publishAll(t, pubsub.NewPublisher(rdb, nil, nil), channels, 1, a, b)
 	testenv.Eventually(t, 5*time.Second, func() bool { return a.sub.Healthy() && b.sub.Healthy() },
 		"the subscribers never reported healthy (canary over SPUBLISH)")
+	// One connection per master, each carrying that master's channels.
+	up, perShard := shardMetrics(t, reg)
+	for addr, chs := range byMaster {
+		if up[addr] != 1 || perShard[addr] != len(chs) {
+			t.Errorf("shard %s: link up %v, %d channels; want 1 and %d", addr, up[addr], perShard[addr], len(chs))
+		}
+	}
+	if len(up) != 3 {
+		t.Errorf("%d shards reported, want 3: %v", len(up), up)
+	}
 	// The last reference gone, the channel is released on its shard.
 	a.sub.Unsubscribe(channels[0])
 	testenv.Eventually(t, 5*time.Second, func() bool {
@@ -280,4 +299,32 @@ func TestShardedPubSubSlotMove(t *testing.T) {
 		t.Fatalf("the new owner holds %d sharded subscriptions of the moved channel, want 1", s)
 	}
 	publishAll(t, pub, channels, 2, a)
+}
+
+// shardMetrics reads han_pubsub_shard_link_up and han_pubsub_shard_channels
+// by shard address. The canary's channel is not counted.
+func shardMetrics(t *testing.T, reg *prometheus.Registry) (up map[string]float64, channels map[string]int) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, channels = map[string]float64{}, map[string]int{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			shard := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "shard" {
+					shard = l.GetValue()
+				}
+			}
+			switch mf.GetName() {
+			case "han_pubsub_shard_link_up":
+				up[shard] = m.GetGauge().GetValue()
+			case "han_pubsub_shard_channels":
+				channels[shard] = int(m.GetGauge().GetValue())
+			}
+		}
+	}
+	return up, channels
 }
