@@ -159,28 +159,29 @@ func publishAll(t *testing.T, pub *pubsub.Publisher, channels []string, want int
 	}
 }
 
-// On a cluster the fan-out is sharded: each instance SSUBSCRIBEs a channel
-// on the master owning its slot (no classic subscription anywhere), the
-// publisher's SPUBLISH reaches both instances on channels of all three
-// masters, exactly once.
+// On a cluster the fan-out is sharded: each of three instances
+// SSUBSCRIBEs a channel on the master owning its slot (no classic
+// subscription anywhere), and the publisher's SPUBLISH reaches every
+// instance on channels of all three masters, exactly once.
 func TestShardedPubSubAcrossMasters(t *testing.T) {
 	rdb := shared(t)
 	reg := prometheus.NewRegistry()
-	a, b := subscriberWithMetrics(t, env.Cluster, "inst-a", reg), subscriber(t, env.Cluster, "inst-b")
+	a, b, c := subscriberWithMetrics(t, env.Cluster, "inst-a", reg), subscriber(t, env.Cluster, "inst-b"), subscriber(t, env.Cluster, "inst-c")
 	byMaster := channelsByMaster(t, env.Cluster, 3)
 	var channels []string
 	for _, chs := range byMaster {
 		channels = append(channels, chs...)
 	}
-	a.subscribe(t, channels...)
-	b.subscribe(t, channels...)
+	for _, r := range []*received{a, b, c} {
+		r.subscribe(t, channels...)
+	}
 	for _, ch := range channels {
-		if s, n := shardSubscribers(t, env.Cluster, ch); s != 2 || n != 0 {
-			t.Fatalf("%s on its master: %d sharded and %d classic subscribers, want 2 and 0", ch, s, n)
+		if s, n := shardSubscribers(t, env.Cluster, ch); s != 3 || n != 0 {
+			t.Fatalf("%s on its master: %d sharded and %d classic subscribers, want 3 and 0", ch, s, n)
 		}
 	}
-	publishAll(t, pubsub.NewPublisher(rdb, nil, nil), channels, 1, a, b)
-	testenv.Eventually(t, 5*time.Second, func() bool { return a.sub.Healthy() && b.sub.Healthy() },
+	publishAll(t, pubsub.NewPublisher(rdb, nil, nil), channels, 1, a, b, c)
+	testenv.Eventually(t, 5*time.Second, func() bool { return a.sub.Healthy() && b.sub.Healthy() && c.sub.Healthy() },
 		"the subscribers never reported healthy (canary over SPUBLISH)")
 	// One connection per master, each carrying that master's channels.
 	up, perShard := shardMetrics(t, reg)
@@ -196,7 +197,7 @@ func TestShardedPubSubAcrossMasters(t *testing.T) {
 	a.sub.Unsubscribe(channels[0])
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		s, _ := shardSubscribers(t, env.Cluster, channels[0])
-		return s == 1
+		return s == 2
 	}, "SUNSUBSCRIBE did not reach the channel's master")
 	if got := a.resyncedChannels(); len(got) != 0 {
 		t.Fatalf("nothing failed, yet these channels were resynced: %v", got)
