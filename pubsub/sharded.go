@@ -56,7 +56,9 @@ func (sh *shard) wake() {
 }
 
 // runSharded is Start's loop on a cluster: it routes dirty channels to
-// shards until ctx ends, then waits for the shard goroutines.
+// shards until ctx ends, then waits for the shard goroutines. Channels
+// that come back from a failed shard or a moved slot wait for the retry
+// time the failure set; new subscriptions never wait for them.
 func (s *Subscriber) runSharded(ctx context.Context) {
 	var shards sync.WaitGroup
 	defer shards.Wait()
@@ -65,37 +67,19 @@ func (s *Subscriber) runSharded(ctx context.Context) {
 		defer s.wg.Done()
 		s.canaryLoop(ctx)
 	}()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.kick:
+		case <-retry.C:
 		}
-		s.mu.Lock()
-		d := s.routeDelay
-		s.routeDelay = 0
-		s.mu.Unlock()
-		if d > 0 && !sleepCtx(ctx, d) {
-			return
+		if wait := s.route(ctx, &shards); wait > 0 {
+			retry.Reset(wait)
 		}
-		if !s.route(ctx, &shards) {
-			// The slot map could not be read: try again after a while.
-			s.mu.Lock()
-			s.routeDelay = s.nextBackoffLocked(true)
-			s.mu.Unlock()
-			s.wake()
-		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -112,8 +96,9 @@ func (s *Subscriber) nextBackoffLocked(grow bool) time.Duration {
 
 // route assigns the dirty channels: a channel to subscribe goes to the
 // shard of the master owning its slot, a channel to release to the shard
-// it is on. It reports false if a channel's owner could not be found.
-func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) bool {
+// it is on. It returns how long until channels it left for a retry are
+// due, or 0.
+func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Duration {
 	s.mu.Lock()
 	reload := s.reload
 	s.reload = false
@@ -124,26 +109,25 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) bool {
 	clear(s.dirty)
 	s.mu.Unlock()
 	if len(names) == 0 {
-		return true
+		return 0
 	}
 	if reload {
 		// ForEachMaster reads the slot map afresh before it iterates.
 		_ = s.cluster.ForEachMaster(ctx, func(context.Context, *redis.Client) error { return nil })
 	}
 	owners := make(map[string]*redis.Client, len(names))
-	ok := true
 	for _, ch := range names {
 		if c, err := s.cluster.MasterForKey(ctx, ch); err == nil {
 			owners[ch] = c
-		} else {
-			ok = false
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return true
+		return 0
 	}
+	now := time.Now()
+	var wait time.Duration
 	touched := map[*shard]struct{}{}
 	for _, ch := range names {
 		st := s.chans[ch]
@@ -154,9 +138,15 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) bool {
 			// that confirmation is never taken for the server's own.
 		case st.refs > 0 && st.sent == sentNone:
 			c := owners[ch]
-			if c == nil {
+			if c == nil && !st.retry {
+				// The slot map could not be read: retry after a while.
+				st.retry = true
+				s.retryAt = now.Add(s.nextBackoffLocked(true))
+			}
+			if c == nil || (st.retry && now.Before(s.retryAt)) {
 				s.dirty[ch] = struct{}{}
-				s.reload = true
+				s.reload = s.reload || c == nil
+				wait = max(s.retryAt.Sub(now), time.Millisecond)
 				continue
 			}
 			sh := s.shardLocked(ctx, shards, c)
@@ -175,7 +165,7 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) bool {
 	for sh := range touched {
 		sh.wake()
 	}
-	return ok
+	return wait
 }
 
 // shardLocked returns the shard of c's master, starting its connection
@@ -210,7 +200,7 @@ func (s *Subscriber) dropLocked(ch string, st *chanState) {
 // is confirmed again.
 func (s *Subscriber) detachLocked(ch string, st *chanState) {
 	wasConfirmed := st.confirmed && st.sent == sentSubscribe
-	st.shard, st.sent, st.pendingSubs, st.confirmed = nil, sentNone, 0, false
+	st.shard, st.sent, st.pendingSubs, st.confirmed, st.retry = nil, sentNone, 0, false, true
 	if st.refs == 0 {
 		s.dropLocked(ch, st)
 		return
@@ -237,7 +227,7 @@ func (s *Subscriber) shardLost(sh *shard, wasUp bool, err error) {
 		}
 	}
 	s.reload = true
-	s.routeDelay = s.nextBackoffLocked(!wasUp)
+	s.retryAt = time.Now().Add(s.nextBackoffLocked(!wasUp))
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
@@ -265,7 +255,7 @@ func (s *Subscriber) moveSlot(sh *shard, slot int) {
 		s.detachLocked(ch, st)
 	}
 	s.reload = true
-	s.routeDelay = s.nextBackoffLocked(false)
+	s.retryAt = time.Now().Add(s.nextBackoffLocked(false))
 	s.mu.Unlock()
 	s.wake()
 }
@@ -387,7 +377,7 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 			st.pendingSubs--
 		}
 		if st.pendingSubs == 0 && st.sent == sentSubscribe {
-			st.confirmed = true
+			st.confirmed, st.retry = true, false
 			for _, w := range st.waiters {
 				close(w)
 			}

@@ -84,6 +84,7 @@ type chanState struct {
 	// was last confirmed (a shard failure, a slot move).
 	shard *shard
 	lost  bool
+	retry bool // back from a failure: routed again from retryAt on, not at once
 }
 
 // Subscriber is an instance's single Redis Pub/Sub connection, shared by
@@ -115,7 +116,7 @@ type Subscriber struct {
 	shardReconnects *prometheus.CounterVec
 	shardLag        *prometheus.GaugeVec
 
-	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, reload, routeDelay, backoff, lostN
+	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, reload, retryAt, backoff, lostN
 	chans   map[string]*chanState
 	dirty   map[string]struct{}
 	ps      *redis.PubSub // current session, nil while disconnected
@@ -123,11 +124,11 @@ type Subscriber struct {
 	closed  bool
 	started bool
 
-	shards     map[string]*shard // by master address
-	reload     bool              // the router must read the slot map afresh
-	routeDelay time.Duration     // the router waits this long before its next pass
-	backoff    time.Duration
-	lostN      int // channels marked lost
+	shards  map[string]*shard // by master address
+	reload  bool              // the router must read the slot map afresh
+	retryAt time.Time         // channels back from a failure are routed again from then on
+	backoff time.Duration
+	lostN   int // channels marked lost
 
 	kick        chan struct{} // wakes the flusher
 	lastCanary  atomic.Int64  // unix ns of the last canary received
