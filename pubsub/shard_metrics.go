@@ -32,7 +32,8 @@ func (s *Subscriber) newShardMetrics(reg prometheus.Registerer) error {
 }
 
 // shardCollector reports each current shard connection's state and
-// channel count at scrape time.
+// channel count at scrape time, and as down (0, no channels) a master
+// whose connection was lost while its channels wait for the new owner.
 type shardCollector struct{ s *Subscriber }
 
 func (c shardCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -57,6 +58,11 @@ func (c shardCollector) Collect(ch chan<- prometheus.Metric) {
 	rows := make([]row, 0, len(s.shards))
 	for addr, sh := range s.shards {
 		rows = append(rows, row{addr, sh.up, counts[sh]})
+	}
+	for addr := range s.downShards {
+		if s.shards[addr] == nil {
+			rows = append(rows, row{addr: addr})
+		}
 	}
 	s.mu.Unlock()
 	for _, r := range rows {

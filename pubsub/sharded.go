@@ -226,6 +226,10 @@ func (s *Subscriber) shardLost(sh *shard, wasUp bool, err error) {
 			n++
 		}
 	}
+	if s.lostN > 0 {
+		// Reported down until its channels are confirmed elsewhere.
+		s.downShards[sh.addr] = struct{}{}
+	}
 	s.reload = true
 	s.retryAt = time.Now().Add(s.nextBackoffLocked(!wasUp))
 	closed := s.closed
@@ -389,6 +393,7 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 				}
 				s.lostN--
 				if s.lostN == 0 {
+					clear(s.downShards)
 					s.metrics.linkUp.Set(1)
 				}
 			}

@@ -116,7 +116,7 @@ type Subscriber struct {
 	shardReconnects *prometheus.CounterVec
 	shardLag        *prometheus.GaugeVec
 
-	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, reload, retryAt, backoff, lostN
+	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, downShards, reload, retryAt, backoff, lostN
 	chans   map[string]*chanState
 	dirty   map[string]struct{}
 	ps      *redis.PubSub // current session, nil while disconnected
@@ -124,11 +124,13 @@ type Subscriber struct {
 	closed  bool
 	started bool
 
-	shards  map[string]*shard // by master address
-	reload  bool              // the router must read the slot map afresh
-	retryAt time.Time         // channels back from a failure are routed again from then on
-	backoff time.Duration
-	lostN   int // channels marked lost
+	shards map[string]*shard // by master address
+	// downShards: lost shards whose channels are not confirmed elsewhere yet.
+	downShards map[string]struct{}
+	reload     bool      // the router must read the slot map afresh
+	retryAt    time.Time // channels back from a failure are routed again from then on
+	backoff    time.Duration
+	lostN      int // channels marked lost
 
 	kick        chan struct{} // wakes the flusher
 	lastCanary  atomic.Int64  // unix ns of the last canary received
@@ -160,7 +162,7 @@ func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog
 	}
 	s := &Subscriber{cfg: cfg, rdb: rdb, logger: logger, onMessage: onMessage, onResync: onResync,
 		canary: CanaryChannel(cfg.InstanceID), chans: map[string]*chanState{}, dirty: map[string]struct{}{},
-		kick: make(chan struct{}, 1), shards: map[string]*shard{}}
+		kick: make(chan struct{}, 1), shards: map[string]*shard{}, downShards: map[string]struct{}{}}
 	s.cluster, _ = rdb.(*redis.ClusterClient)
 	s.metrics = subscriberMetrics{
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_reconnects_total",

@@ -215,7 +215,8 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 	}
 	defer c.Stop()
 	ctx := context.Background()
-	a, b := subscriber(t, c, "inst-a"), subscriber(t, c, "inst-b")
+	reg := prometheus.NewRegistry()
+	a, b := subscriberWithMetrics(t, c, "inst-a", reg), subscriber(t, c, "inst-b")
 	byMaster := channelsByMaster(t, c, 2)
 	var channels []string
 	for _, chs := range byMaster {
@@ -233,6 +234,13 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 	want := slices.Clone(byMaster[victim.Addr()])
 	slices.Sort(want)
 	victim.Kill()
+	// While the replica has not taken over, the dead master's shard is
+	// reported down.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		up, _ := shardMetrics(t, reg)
+		v, ok := up[victim.Addr()]
+		return ok && v == 0
+	}, "the dead master's shard was not reported down")
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := c.WaitHealthy(wctx); err != nil {
@@ -255,6 +263,22 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 	publishAll(t, pub, channels, 2, a, b)
 	testenv.Eventually(t, 10*time.Second, func() bool { return a.sub.Healthy() && b.sub.Healthy() },
 		"the subscribers did not become healthy again after the failover")
+	// Once its channels are on the promoted replica, three live shards
+	// again and the dead address is gone.
+	up, perShard := shardMetrics(t, reg)
+	if _, ok := up[victim.Addr()]; ok || len(up) != 3 {
+		t.Fatalf("shards after the failover: %v, want 3 live ones without %s", up, victim.Addr())
+	}
+	total := 0
+	for addr, v := range up {
+		if v != 1 {
+			t.Errorf("shard %s link up %v after the failover", addr, v)
+		}
+		total += perShard[addr]
+	}
+	if total != len(channels) {
+		t.Errorf("%d channels over the shards after the failover, want %d", total, len(channels))
+	}
 }
 
 // Move the slot of one channel to another master: the server drops the
