@@ -100,8 +100,13 @@ func (s *Subscriber) nextBackoffLocked(grow bool) time.Duration {
 // due, or 0.
 func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Duration {
 	s.mu.Lock()
-	reload := s.reload
-	s.reload = false
+	// The slot map is read afresh in the pass that routes the channels a
+	// failure sent back, not in the passes before, which route only new
+	// subscriptions.
+	reload := s.reload && !time.Now().Before(s.retryAt)
+	if reload {
+		s.reload = false
+	}
 	names := make([]string, 0, len(s.dirty))
 	for ch := range s.dirty {
 		names = append(names, ch)
