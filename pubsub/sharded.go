@@ -253,9 +253,14 @@ func (s *Subscriber) shardLost(sh *shard, wasUp bool, err error) {
 }
 
 // moveSlot hands the channels of one slot on sh back to the router (the
-// server said the slot is elsewhere now). With slot < 0 it moves the
-// channels on sh whose subscription is not confirmed yet.
-func (s *Subscriber) moveSlot(sh *shard, slot int) {
+// server said the slot is elsewhere now). With slot < 0 (the server
+// refused a subscription for another reason) it moves the channels on sh
+// whose subscription is not confirmed yet, with a growing backoff.
+func (s *Subscriber) moveSlot(sh *shard, slot int, cause error) {
+	if slot < 0 {
+		s.logger.Warn("pubsub shard refused a subscription; retrying", slog.String("shard", sh.addr),
+			slog.String("kind", rds.Kind(cause)))
+	}
 	s.mu.Lock()
 	for ch, st := range s.chans {
 		if st.shard != sh || (slot >= 0 && rds.Slot(ch) != slot) || (slot < 0 && st.confirmed) {
@@ -264,7 +269,7 @@ func (s *Subscriber) moveSlot(sh *shard, slot int) {
 		s.detachLocked(ch, st)
 	}
 	s.reload = true
-	s.retryAt = time.Now().Add(s.nextBackoffLocked(false))
+	s.retryAt = time.Now().Add(s.nextBackoffLocked(slot < 0))
 	s.mu.Unlock()
 	s.wake()
 }
@@ -278,6 +283,8 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 	defer ps.Close()
 	stop := context.AfterFunc(sctx, func() { _ = ps.Close() })
 	defer stop()
+	// A connection that never answers its first PING is dead as well.
+	sh.lastPong.Store(time.Now().UnixNano())
 	if err := ps.Ping(sctx, strconv.FormatInt(time.Now().UnixNano(), 10)); err != nil {
 		return false, err
 	}
@@ -298,7 +305,7 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() && sctx.Err() == nil {
-				if wasUp && time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline {
+				if time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline {
 					return wasUp, errCanaryLost
 				}
 				continue
@@ -309,7 +316,7 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 				// that is elsewhere now; anything else (CLUSTERDOWN
 				// while a failover runs) concerns the commands not yet
 				// confirmed.
-				s.moveSlot(sh, movedSlot(rerr.Error()))
+				s.moveSlot(sh, movedSlot(rerr.Error()), err)
 				continue
 			}
 			return wasUp, err
