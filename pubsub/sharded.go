@@ -194,9 +194,19 @@ func (s *Subscriber) shardLocked(ctx context.Context, shards *sync.WaitGroup, c 
 // dropLocked forgets a channel nobody holds any more.
 func (s *Subscriber) dropLocked(ch string, st *chanState) {
 	if st.lost {
-		s.lostN--
+		s.unlostLocked()
 	}
 	delete(s.chans, ch)
+}
+
+// unlostLocked counts one lost channel less; with none left no shard is
+// reported down any more.
+func (s *Subscriber) unlostLocked() {
+	s.lostN--
+	if s.lostN == 0 {
+		clear(s.downShards)
+		s.metrics.linkUp.Set(1)
+	}
 }
 
 // detachLocked takes a channel off its shard: the router subscribes it
@@ -403,11 +413,7 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 				if channel != s.canary {
 					sh.resync = append(sh.resync, channel)
 				}
-				s.lostN--
-				if s.lostN == 0 {
-					clear(s.downShards)
-					s.metrics.linkUp.Set(1)
-				}
+				s.unlostLocked()
 			}
 		}
 	case "sunsubscribe":
