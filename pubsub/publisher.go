@@ -30,7 +30,7 @@ func NewPublisher(rdb redis.UniversalClient, sub *Subscriber, local func(channel
 // Publish sends payload on channel; the error is classified by
 // rds.ClassifyRedisError.
 func (p *Publisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	err := rds.ClassifyRedisError(p.rdb.Publish(ctx, channel, payload).Err())
+	err := rds.ClassifyRedisError(rds.Publish(ctx, p.rdb, channel, payload).Err())
 	if p.local != nil && (err != nil || (p.sub != nil && !p.sub.Healthy())) {
 		p.local(channel, payload)
 	}

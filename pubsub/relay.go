@@ -138,7 +138,7 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		err = rds.ClassifyRedisError(r.rdb.Publish(pctx, row.Channel, row.Payload).Err())
+		err = rds.ClassifyRedisError(rds.Publish(pctx, r.rdb, row.Channel, row.Payload).Err())
 		cancel()
 		_ = lk.Release(context.WithoutCancel(ctx))
 		if err != nil {

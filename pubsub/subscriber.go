@@ -79,6 +79,12 @@ type chanState struct {
 	pendingSubs int  // SUBSCRIBE confirmations outstanding
 	confirmed   bool // the last SUBSCRIBE sent is confirmed
 	waiters     []chan struct{}
+	// On a cluster: the shard the channel is subscribed on (nil while
+	// unassigned), and whether its traffic may have been lost since it
+	// was last confirmed (a shard failure, a slot move).
+	shard *shard
+	lost  bool
+	retry bool // back from a failure: routed again from retryAt on, not at once
 }
 
 // Subscriber is an instance's single Redis Pub/Sub connection, shared by
@@ -89,10 +95,13 @@ type chanState struct {
 // exponential backoff, resubscribes every channel in one batch and, once
 // Redis confirmed them, calls OnResync with the channels whose traffic may
 // have been lost. A canary on an instance-private channel measures the
-// link's lag and detects a silently dead link.
+// link's lag and detects a silently dead link. On a Redis Cluster the same
+// reference counting drives sharded Pub/Sub instead: one SSUBSCRIBE
+// connection per master, and after a failure only the channels of the
+// failed master or moved slot are resubscribed and resynced (sharded.go).
 //
 // All methods are safe for concurrent use. OnMessage runs on the receive
-// goroutine and must not block.
+// goroutine (on a cluster, one per shard, concurrently) and must not block.
 type Subscriber struct {
 	cfg       SubscriberConfig
 	rdb       redis.UniversalClient
@@ -102,13 +111,26 @@ type Subscriber struct {
 	canary    string
 	metrics   subscriberMetrics
 
-	mu      sync.Mutex // guards chans, dirty, ps, up, closed
+	// cluster is set on a Redis Cluster: sharded Pub/Sub (sharded.go).
+	cluster         *redis.ClusterClient
+	shardReconnects *prometheus.CounterVec
+	shardLag        *prometheus.GaugeVec
+
+	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, downShards, reload, retryAt, backoff, lostN
 	chans   map[string]*chanState
 	dirty   map[string]struct{}
 	ps      *redis.PubSub // current session, nil while disconnected
 	up      bool          // the current session's initial SUBSCRIBE is confirmed
 	closed  bool
 	started bool
+
+	shards map[string]*shard // by master address
+	// downShards: lost shards whose channels are not confirmed elsewhere yet.
+	downShards map[string]struct{}
+	reload     bool      // the router must read the slot map afresh
+	retryAt    time.Time // channels back from a failure are routed again from then on
+	backoff    time.Duration
+	lostN      int // channels marked lost
 
 	kick        chan struct{} // wakes the flusher
 	lastCanary  atomic.Int64  // unix ns of the last canary received
@@ -140,7 +162,8 @@ func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog
 	}
 	s := &Subscriber{cfg: cfg, rdb: rdb, logger: logger, onMessage: onMessage, onResync: onResync,
 		canary: CanaryChannel(cfg.InstanceID), chans: map[string]*chanState{}, dirty: map[string]struct{}{},
-		kick: make(chan struct{}, 1)}
+		kick: make(chan struct{}, 1), shards: map[string]*shard{}, downShards: map[string]struct{}{}}
+	s.cluster, _ = rdb.(*redis.ClusterClient)
 	s.metrics = subscriberMetrics{
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_reconnects_total",
 			Help: "Redis Pub/Sub link re-establishments after a drop."}),
@@ -154,15 +177,16 @@ func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog
 	if cfg.Registerer != nil {
 		channels := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "han_pubsub_channels",
 			Help: "Channels this instance is subscribed to."}, func() float64 {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			return float64(len(s.chans))
+			return float64(s.Channels())
 		})
 		for _, c := range []prometheus.Collector{s.metrics.reconnects, s.metrics.messages, s.metrics.lag, s.metrics.linkUp, channels} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
 			}
 		}
+	}
+	if err := s.newShardMetrics(cfg.Registerer); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -179,6 +203,17 @@ func (s *Subscriber) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	s.wg.Add(1)
+	if s.cluster != nil {
+		// The canary is a shard channel like the others; it proves
+		// the path SPUBLISH → shard → this instance end to end.
+		s.addLocked(s.canary)
+		s.wake()
+		go func() {
+			defer s.wg.Done()
+			s.runSharded(ctx)
+		}()
+		return
+	}
 	go func() {
 		defer s.wg.Done()
 		s.run(ctx)
@@ -210,6 +245,9 @@ func (s *Subscriber) Close() {
 // Healthy reports whether the link is up, its subscriptions confirmed and
 // the canary recently seen.
 func (s *Subscriber) Healthy() bool {
+	if s.cluster != nil {
+		return s.shardedHealthy()
+	}
 	s.mu.Lock()
 	up := s.up
 	s.mu.Unlock()
@@ -294,8 +332,8 @@ func (s *Subscriber) Channels() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, st := range s.chans {
-		if st.refs > 0 {
+	for ch, st := range s.chans {
+		if st.refs > 0 && ch != s.canary {
 			n++
 		}
 	}
@@ -537,7 +575,7 @@ func (s *Subscriber) canaryLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, s.cfg.CanaryInterval)
-		_ = s.rdb.Publish(pctx, s.canary, strconv.FormatInt(time.Now().UnixNano(), 10)).Err()
+		_ = rds.Publish(pctx, s.rdb, s.canary, []byte(strconv.FormatInt(time.Now().UnixNano(), 10))).Err()
 		cancel()
 		select {
 		case <-ctx.Done():

@@ -149,7 +149,7 @@ type Server struct {
 type redisPublisher struct{ c redis.UniversalClient }
 
 func (p redisPublisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	return rds.ClassifyRedisError(p.c.Publish(ctx, channel, payload).Err())
+	return rds.ClassifyRedisError(rds.Publish(ctx, p.c, channel, payload).Err())
 }
 
 // NewServer builds the router with every route of the foundation.

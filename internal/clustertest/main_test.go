@@ -13,7 +13,7 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{Cluster: true}, &env) }
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{Cluster: true, Postgres: true}, &env) }
 
 // shared returns an api_backend client of the package's cluster, opened
 // as the service opens it, after flushing the cluster.

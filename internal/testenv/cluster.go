@@ -281,25 +281,6 @@ func (c *RedisCluster) Stop() {
 	wg.Wait()
 }
 
-// Slot is the Redis Cluster hash slot of key: CRC16 of the key, or of its
-// hash tag (the text between the first "{" and the next "}", if not
-// empty), modulo 16384.
-func Slot(key string) int {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	var crc uint16
-	for k := 0; k < len(key); k++ {
-		crc ^= uint16(key[k]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
-}
+// Slot is the Redis Cluster hash slot of key (rds.Slot, which the
+// service uses to group shard channels by slot).
+func Slot(key string) int { return rds.Slot(key) }

@@ -20,7 +20,7 @@ type publisher interface {
 	Close() error
 }
 
-// redisPublisher PUBLISHes straight into Redis Pub/Sub, where every gateway
+// redisPublisher publishes (SPUBLISH on a cluster) straight into Redis Pub/Sub, where every gateway
 // instance subscribed to the dialog's channel picks the frame up and forwards
 // its bytes unchanged: the gateway's fan-out is measured without the REST send
 // path. Centrifugo is fed the same way, with its Redis engine's publication
@@ -50,7 +50,7 @@ func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPubl
 }
 
 func (p *redisPublisher) Publish(ctx context.Context, channel string, frame []byte) error {
-	return p.c.Publish(ctx, channel, frame).Err()
+	return rds.Publish(ctx, p.c, channel, frame).Err()
 }
 
 func (p *redisPublisher) Close() error { return p.c.Close() }
