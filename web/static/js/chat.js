@@ -13,7 +13,7 @@ import { Timeline } from "./timeline.js";
 
 const TYPING_SHOWN_MS = 4000;
 const PRESENCE_USERS_MAX = 50;
-const POLL_WHILE_OFFLINE_MS = 5000;
+const POLL_MS = 5000;
 const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
 
 export class ChatView {
@@ -37,7 +37,7 @@ export class ChatView {
     this.root = this.#build();
     this.#wire();
     this.tick = setInterval(() => this.#onTick(), 1000);
-    this.poll = setInterval(() => this.#pollWhileOffline(), POLL_WHILE_OFFLINE_MS);
+    this.poll = setInterval(() => this.#poll(), POLL_MS);
   }
 
   // ---- DOM -----------------------------------------------------------------
@@ -250,9 +250,14 @@ export class ChatView {
       });
       this.timelines.set(id, tl);
       this.#track(tl.start(d.lastSeq || 0).then(() => this.#renderMessages(true), (e) => {
-        // The SDK already retried; the next open, reconnect or refresh
-        // loads it again.
-        if (this.timelines.get(id) === tl) this.timelines.delete(id);
+        // The SDK already retried. A failure that may pass is tried again
+        // by the 5 s poll (or the next open); any other is shown.
+        if (e instanceof ApiError && e.retryable) {
+          if (this.timelines.get(id) === tl) this.timelines.delete(id);
+        } else {
+          tl.loaded = true;
+          if (id === this.current) this.#renderMessages(false);
+        }
         this.#restFailed(e);
       }));
     }
@@ -279,10 +284,15 @@ export class ChatView {
     } catch { /* too_many_subscriptions */ }
   }
 
-  // REST stays the truth while the socket is down: the open dialog reads
-  // what came after the last message the SDK delivered.
-  async #pollWhileOffline() {
+  // #poll runs every 5 s. An open dialog whose window failed to load tries
+  // again. REST stays the truth while the socket is down: the open dialog
+  // reads what came after the last message the SDK delivered.
+  async #poll() {
     const id = this.current;
+    if (id && this.dialogs.has(id) && !this.timelines.has(id)) {
+      this.open(id);
+      return;
+    }
     const tl = id && this.timelines.get(id);
     if (this.rt.live || !tl || !tl.loaded || this.polling || this.rt.state.reason === "token_expired") return;
     this.polling = true;
