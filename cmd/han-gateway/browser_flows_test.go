@@ -281,6 +281,11 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bp.waitJS(40*time.Second, "bob live again", `document.querySelector("#conn").dataset.phase === "live"`)
 	bp.waitSel(deliveryBound, "bob reconciled message 6", `#messages li.msg[data-seq="6"]`)
 	assertExactlyOnce(t, "bob after reconnect", messagesShown(bp), bodies)
+	// The new socket resubscribed from the last message bob held (the
+	// SDK's recovery), so the server could replay what he missed.
+	if !bobFrames.has(true, `{"type":"subscribe","dialogId":"`+dialogID+`","sinceSeq":1}`) {
+		t.Fatal("bob's reconnect did not resubscribe the dialog with sinceSeq 1")
+	}
 	stopB()
 	bp.shot("reconciled")
 	a.waitJS(deliveryBound, "bob's presence dot on again", bobDot+` === "true"`)
