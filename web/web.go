@@ -4,10 +4,15 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
+	"strings"
 )
 
-//go:embed static
-var static embed.FS
+// The client's own files, and the JavaScript SDK's runtime modules (only
+// web/sdk/*.js: its tests, examples, package files and node_modules stay
+// out). The client imports the SDK from /sdk/, so each file exists once.
+//
+//go:embed static sdk/*.js
+var embedded embed.FS
 
 // csp allows only this origin's scripts and styles (ES modules, no inline
 // script), images from blob: URLs (attachment previews are fetched, then
@@ -30,8 +35,23 @@ func Handler() http.Handler {
 	})
 }
 
-// Files is the embedded client (the contents of web/static).
+// Files is the embedded client as served: the contents of web/static at
+// the root and the SDK's modules under sdk/.
 func Files() fs.FS {
-	sub, _ := fs.Sub(static, "static")
-	return sub
+	static, _ := fs.Sub(embedded, "static")
+	sdk, _ := fs.Sub(embedded, "sdk")
+	return clientFS{static: static, sdk: sdk}
+}
+
+// clientFS puts the SDK's directory at sdk/ beside the client's files.
+type clientFS struct{ static, sdk fs.FS }
+
+func (c clientFS) Open(name string) (fs.File, error) {
+	if name == "sdk" {
+		return c.sdk.Open(".")
+	}
+	if rest, ok := strings.CutPrefix(name, "sdk/"); ok {
+		return c.sdk.Open(rest)
+	}
+	return c.static.Open(name)
 }

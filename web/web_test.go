@@ -48,7 +48,7 @@ func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
 }
 
 var (
-	importRe = regexp.MustCompile(`(?m)^import .* from "(\./[^"]+)";|import\("(/[^"]+)"\)`)
+	importRe = regexp.MustCompile(`(?m)^(?:import|export) [^;]*? from "(\.\.?/[^"]+)";|import\("(/[^"]+)"\)`)
 	refRe    = regexp.MustCompile(`(?:src|href)="([^"#:]+)"`)
 )
 
@@ -70,7 +70,9 @@ func TestEveryReferencedFileIsEmbedded(t *testing.T) {
 		}
 	}
 	mods, _ := fs.Glob(files, "js/*.js")
-	if len(mods) < 5 {
+	sdk, _ := fs.Glob(files, "sdk/*.js")
+	mods = append(mods, sdk...)
+	if len(mods) < 10 {
 		t.Fatalf("modules: %v", mods)
 	}
 	for _, m := range mods {
@@ -86,5 +88,30 @@ func TestEveryReferencedFileIsEmbedded(t *testing.T) {
 				t.Errorf("%s imports %s, which is not embedded", m, ref)
 			}
 		}
+	}
+}
+
+// The SDK's runtime modules are served under /sdk/ as JavaScript; its
+// tests, examples and package files are not served at all.
+func TestServesTheSDKModulesOnly(t *testing.T) {
+	for _, p := range []string{"/sdk/index.js", "/sdk/realtime.js", "/sdk/rest.js"} {
+		res := get(t, p)
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 200 || !strings.HasPrefix(res.Header.Get("Content-Type"), "text/javascript") || len(body) == 0 {
+			t.Errorf("GET %s: %d %q", p, res.StatusCode, res.Header.Get("Content-Type"))
+		}
+		if res.Header.Get("Content-Security-Policy") == "" {
+			t.Errorf("GET %s: no CSP", p)
+		}
+	}
+	for _, p := range []string{"/sdk/package.json", "/sdk/package-lock.json", "/sdk/jsconfig.json",
+		"/sdk/test/helpers.js", "/sdk/node_modules/ws/package.json"} {
+		if res := get(t, p); res.StatusCode != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", p, res.StatusCode)
+		}
+	}
+	main, err := fs.ReadFile(web.Files(), "js/main.js")
+	if err != nil || !strings.Contains(string(main), `from "../sdk/index.js"`) {
+		t.Errorf("js/main.js does not import the SDK (%v)", err)
 	}
 }

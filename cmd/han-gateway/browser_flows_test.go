@@ -51,70 +51,44 @@ func TestBrowser(t *testing.T) {
 	t.Run("token refresh", func(t *testing.T) { browserTokenRefresh(t, b, mx) })
 }
 
-// browserModuleChecks runs the client's pure logic (timeline ordering and
-// gap handling, backoff, TTL tokens) inside the browser, on the embedded
-// modules themselves.
+// browserModuleChecks runs the client's pure logic inside the browser, on
+// the modules the server embeds and serves: the SDK's per-dialog ordering
+// (served under /sdk/), its backoff and refresh timing, the client's
+// timeline (loaded window, older pages, duplicates) and TTL tokens. The
+// SDK's gap filling, recovery and resync against the real program are its
+// Node tests' (TestJavaScriptSDK).
 func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 	p := b.newPage(t, "modules")
 	p.do("open", chromedp.Navigate(m.URL()+"/"))
 	p.waitSel(deliveryBound, "sign-in form", "#signin-form")
 	got := mustEval[string](p, `(async () => {
+		const { DialogState } = await import("/sdk/dialog.js");
+		const { backoffDelay, advisedDelay, refreshDelay } = await import("/sdk/realtime.js");
 		const { Timeline } = await import("/js/timeline.js");
-		const { backoffDelay, advisedDelay, refreshDelay } = await import("/js/realtime.js");
 		const { ttlToken, cachePutBody } = await import("/js/console.js");
 		const msg = (s) => ({ id: "m" + s, seq: s, body: "b" + s, senderId: "u", createdAt: s });
 		const server = [1, 2, 3, 4, 5].map(msg);
-		const fetchAfter = (calls) => async (after, limit) => {
-			calls.push(after);
-			return { items: server.filter((m) => m.seq > after).slice(0, limit), nextCursor: null };
-		};
-		const until = async (cond) => { for (let i = 0; i < 500 && !cond(); i++) await new Promise((r) => setTimeout(r, 10)); };
 		const out = {};
 
-		// Out of order within the grace period: no REST call, order restored.
-		let calls = [];
-		let tl = new Timeline({ fetchAfter: fetchAfter(calls), graceMs: 600000 });
-		out.inOrder = [tl.apply(msg(1)), tl.apply(msg(3)), tl.apply(msg(2)), tl.apply(msg(2)), tl.apply(msg(1))];
-		out.reordered = tl.messages().map((m) => m.seq);
-		out.reorderedKnown = tl.known;
-		out.reorderedCalls = calls.length;
-		tl.dispose();
+		// Out of order: delivered in seq order once the gap closes; duplicates dropped.
+		const d = new DialogState(0);
+		out.delivered = [1, 3, 2, 2, 1, 5].map((s) => d.offer(msg(s)).map((m) => m.seq));
+		out.known = d.known;
+		out.gapOpen = d.hasGap;
 
-		// A gap that persists past the grace period is filled over REST.
-		calls = [];
-		tl = new Timeline({ fetchAfter: fetchAfter(calls), graceMs: 20 });
-		tl.apply(msg(1));
-		tl.apply(msg(4));
-		await until(() => tl.known === 5);
-		out.gapFilled = tl.messages().map((m) => m.seq);
-		out.gapCalls = calls;
-		tl.dispose();
-
-		// Reconciliation pages from known, and an event it already holds is a duplicate.
-		calls = [];
-		tl = new Timeline({ fetchAfter: fetchAfter(calls) });
+		// The timeline loads the latest window, drops what it holds, pages older history.
+		const calls = [];
+		const tl = new Timeline({
+			pages: async function* (after) { calls.push(after); yield server.filter((m) => m.seq > after); },
+			page: async (after, limit) => { calls.push(after); return { items: server.filter((m) => m.seq > after).slice(0, limit), nextCursor: null }; },
+		});
 		await tl.start(5, 2);
 		out.window = tl.messages().map((m) => m.seq);
 		out.windowFloor = tl.floor;
-		out.dupAfterReconcile = tl.apply(msg(5));
+		out.dupAdded = tl.add([msg(5), msg(4)]).length;
 		await tl.loadOlder(50);
 		out.older = tl.messages().map((m) => m.seq);
-		tl.dispose();
-
-		// A reconcile asked for while a failing one runs still happens.
-		calls = [];
-		let failures = 1;
-		const flaky = fetchAfter(calls);
-		tl = new Timeline({ fetchAfter: async (after, limit) => {
-			if (failures-- > 0) { await new Promise((r) => setTimeout(r, 20)); throw new Error("network"); }
-			return flaky(after, limit);
-		} });
-		const first = tl.reconcile();
-		tl.reconcile();
-		await first;
-		await until(() => tl.known === 5);
-		out.afterFailure = tl.messages().map((m) => m.seq);
-		tl.dispose();
+		out.timelineCalls = calls;
 
 		out.backoff = [backoffDelay(0, () => 1), backoffDelay(3, () => 1), backoffDelay(20, () => 1), backoffDelay(5, () => 0)];
 		out.advised = [advisedDelay('{"retryMs":1200}'), advisedDelay("going away")];
@@ -124,22 +98,19 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 		return JSON.stringify(out);
 	})()`)
 	var res struct {
-		InOrder           []bool    `json:"inOrder"`
-		Reordered         []int     `json:"reordered"`
-		ReorderedKnown    int       `json:"reorderedKnown"`
-		ReorderedCalls    int       `json:"reorderedCalls"`
-		GapFilled         []int     `json:"gapFilled"`
-		GapCalls          []int     `json:"gapCalls"`
-		Window            []int     `json:"window"`
-		WindowFloor       int       `json:"windowFloor"`
-		DupAfterReconcile bool      `json:"dupAfterReconcile"`
-		Older             []int     `json:"older"`
-		AfterFailure      []int     `json:"afterFailure"`
-		Backoff           []int     `json:"backoff"`
-		Advised           []*int    `json:"advised"`
-		Refresh           []int     `json:"refresh"`
-		TTL               []*string `json:"ttl"`
-		Body              string    `json:"body"`
+		Delivered     [][]int   `json:"delivered"`
+		Known         int       `json:"known"`
+		GapOpen       bool      `json:"gapOpen"`
+		Window        []int     `json:"window"`
+		WindowFloor   int       `json:"windowFloor"`
+		DupAdded      int       `json:"dupAdded"`
+		Older         []int     `json:"older"`
+		TimelineCalls []int     `json:"timelineCalls"`
+		Backoff       []int     `json:"backoff"`
+		Advised       []*int    `json:"advised"`
+		Refresh       []int     `json:"refresh"`
+		TTL           []*string `json:"ttl"`
+		Body          string    `json:"body"`
 	}
 	if err := json.Unmarshal([]byte(got), &res); err != nil {
 		t.Fatalf("module checks: %v (%s)", err, got)
@@ -150,17 +121,14 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 			t.Errorf("%s: got %v, want %v", what, got, want)
 		}
 	}
-	check("apply results (dupes refused)", res.InOrder, []bool{true, true, true, false, false})
-	check("out-of-order messages shown in seq order", res.Reordered, []int{1, 2, 3})
-	check("known after reordering", res.ReorderedKnown, 3)
-	check("REST calls for a gap closed within the grace period", res.ReorderedCalls, 0)
-	check("gap filled after the grace period", res.GapFilled, []int{1, 2, 3, 4, 5})
-	check("gap reconciliation asked afterSeq", res.GapCalls, []int{1})
+	check("delivered per offer (seq order, duplicates dropped)", res.Delivered, [][]int{{1}, {}, {2, 3}, {}, {}, {}})
+	check("known after reordering", res.Known, 3)
+	check("seq 5 waits behind a gap", res.GapOpen, true)
 	check("latest window", res.Window, []int{4, 5})
 	check("window floor", res.WindowFloor, 3)
-	check("event already reconciled is a duplicate", res.DupAfterReconcile, false)
+	check("messages already held are not added again", res.DupAdded, 0)
 	check("older page", res.Older, []int{1, 2, 3, 4, 5})
-	check("reconcile coalesced into a failed run still runs", res.AfterFailure, []int{1, 2, 3, 4, 5})
+	check("timeline REST reads (afterSeq)", res.TimelineCalls, []int{3, 0})
 	check("backoff (full jitter, 0.5 s doubling, 30 s cap)", res.Backoff, []int{500, 4000, 30000, 0})
 	check("token refresh 60 s before expiry, at once when less is left, within setTimeout's range", res.Refresh, []int{60000, 0, 0, 1<<31 - 1})
 	if res.Advised[0] == nil || *res.Advised[0] != 1200 || res.Advised[1] != nil {
@@ -313,6 +281,11 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bp.waitJS(40*time.Second, "bob live again", `document.querySelector("#conn").dataset.phase === "live"`)
 	bp.waitSel(deliveryBound, "bob reconciled message 6", `#messages li.msg[data-seq="6"]`)
 	assertExactlyOnce(t, "bob after reconnect", messagesShown(bp), bodies)
+	// The new socket resubscribed from the last message bob held (the
+	// SDK's recovery), so the server could replay what he missed.
+	if !bobFrames.has(true, `{"type":"subscribe","dialogId":"`+dialogID+`","sinceSeq":1}`) {
+		t.Fatal("bob's reconnect did not resubscribe the dialog with sinceSeq 1")
+	}
 	stopB()
 	bp.shot("reconciled")
 	a.waitJS(deliveryBound, "bob's presence dot on again", bobDot+` === "true"`)

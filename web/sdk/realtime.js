@@ -130,6 +130,8 @@ export class Realtime extends Emitter {
   #lastFrameAt = 0;
   #heartbeatMs = 25000;
   #stopped = true;
+  /** ends the REST reads of running reconciliations (and their retry waits) on stop */
+  #abort = new AbortController();
   #refreshSent = false;
   #expired = false; // closed with token_expired: no reconnect before a new token
   /** @type {Map<string, number>} */
@@ -165,13 +167,15 @@ export class Realtime extends Emitter {
   start() {
     if (!this.#stopped) return;
     this.#stopped = false;
+    if (this.#abort.signal.aborted) this.#abort = new AbortController();
     this.#attempt = 0;
     void this.#connect();
   }
 
-  /** stop closes the connection and cancels every timer. */
+  /** stop closes the connection, cancels every timer and ends running reconciliations (their REST reads and retry waits). */
   stop() {
     this.#stopped = true;
+    this.#abort.abort();
     clearTimeout(this.#timer);
     clearTimeout(this.#refreshTimer);
     for (const d of this.#dialogs.values()) d.clearGapTimer();
@@ -459,13 +463,14 @@ export class Realtime extends Emitter {
     try {
       do {
         d.again = false;
-        for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8 })) {
+        for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8, signal: this.#abort.signal })) {
           if (this.#dialogs.get(dialogId) !== d) return;
           for (const m of items) this.#deliver(dialogId, d.offer(m), "rest");
         }
       } while (d.again && this.#dialogs.get(dialogId) === d);
       this.#watchGap(dialogId, d);
     } catch (e) {
+      if (this.#stopped) return; // stop ended it
       this.emit("error", /** @type {Error} */ (e));
       // REST failed after its own retries: try again later, while the
       // dialog is still followed.

@@ -1,24 +1,10 @@
-// HTTP access to the API: bearer token, stable error codes, safe retries.
-import { sleep } from "./dom.js";
+// HTTP access to the API calls the SDK does not cover (the project
+// console, attachments, sign-in checks): bearer token, stable error codes,
+// safe retries. Errors and retry timing are the SDK's (ApiError,
+// retryDelay), so both report failures alike.
+import { ApiError, retryDelay, sleep } from "../sdk/index.js";
 
-// ApiError carries the stable code of an error body {"error":"<code>"}, or
-// network_error (status 0) when no answer arrived.
-export class ApiError extends Error {
-  constructor(code, status, retryAfterSec = 0) {
-    super(code);
-    this.code = code;
-    this.status = status;
-    this.retryAfter = retryAfterSec;
-  }
-
-  // retryable: the outcome is unknown or the server asked to come back;
-  // repeating the request with the same Idempotency-Key (or the same
-  // producer identity) is safe.
-  get retryable() {
-    return this.status === 0 || this.status === 429 || this.status === 502 || this.status === 503 ||
-      this.status === 504 || this.code === "idempotency_in_progress";
-  }
-}
+export { ApiError };
 
 let token = "";
 let authLost = null;
@@ -55,7 +41,7 @@ export async function request(method, path, { body, rawBody, headers, signal, au
   if (!res.ok) {
     const code = data && typeof data.error === "string" ? data.error : `http_${res.status}`;
     const ra = Number.parseInt(res.headers.get("Retry-After") || "0", 10);
-    const err = new ApiError(code, res.status, Number.isFinite(ra) ? ra : 0);
+    const err = new ApiError(code, res.status, Number.isFinite(ra) && ra > 0 ? ra * 1000 : 0);
     if (res.status === 401 && auth && authLost) authLost(err);
     throw err;
   }
@@ -66,16 +52,16 @@ export async function request(method, path, { body, rawBody, headers, signal, au
 export const get = async (path, opts) => (await request("GET", path, opts)).data;
 
 // retrying repeats fn while it fails with a retryable error, up to attempts
-// times, waiting Retry-After when the server gave one, else exponential
-// backoff with jitter. onWait(err, delayMs, attempt) reports each wait.
+// times, waiting Retry-After when the server gave one, else the SDK's
+// exponential backoff with jitter. onWait(err, delayMs, attempt) reports
+// each wait.
 export async function retrying(fn, { attempts = 5, onWait, signal } = {}) {
   for (let i = 1; ; i++) {
     try {
       return await fn();
     } catch (e) {
       if (!(e instanceof ApiError) || !e.retryable || i >= attempts) throw e;
-      const base = Math.min(8000, 400 * 2 ** (i - 1));
-      const delay = e.retryAfter > 0 ? e.retryAfter * 1000 : Math.round(base / 2 + Math.random() * base / 2);
+      const delay = retryDelay(e, i);
       onWait?.(e, delay, i);
       await sleep(delay, signal);
     }

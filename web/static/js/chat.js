@@ -1,20 +1,26 @@
 // The chat view: dialog list, messages in seq order (timeline.js), the
 // composer (a fresh Idempotency-Key per message, retried with the same key),
-// attachments, typing indicator and presence dots.
-import { ApiError, get, request, retrying } from "./api.js";
+// attachments, typing indicator and presence dots. The SDK client (web/sdk)
+// follows every listed dialog from the seq the listing reported, so its
+// "message" events bring each later message once, in seq order, recovered
+// or reconciled over REST after a reconnect, a resync or a gap; it also
+// sends messages and pages history.
+import { ApiError, FrameError } from "../sdk/index.js";
+import { get, request, retrying } from "./api.js";
 import { $, avatar, formatBytes, formatDateTime, formatTime, h, icon, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView, sentence } from "./errors.js";
 import { Timeline } from "./timeline.js";
 
 const TYPING_SHOWN_MS = 4000;
 const PRESENCE_USERS_MAX = 50;
-const POLL_WHILE_OFFLINE_MS = 5000;
+const POLL_MS = 5000;
 const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
 
 export class ChatView {
-  constructor({ me, realtime, onSync }) {
+  constructor({ me, client, onSync }) {
     this.me = me;
-    this.rt = realtime;
+    this.client = client;
+    this.rt = client.realtime;
     this.onSync = onSync || (() => {});
     this.dialogs = new Map(); // id → dialog DTO (+ activity)
     this.timelines = new Map(); // id → Timeline (dialogs opened this session)
@@ -26,17 +32,12 @@ export class ChatView {
     this.syncing = 0;
     this.msgEls = new Map(); // message id → <li>
     this.previews = new Map(); // attachment id → Promise<object URL>
-    this.retries = new Map(); // dialog id → failed reconciliations in a row
-    this.retryTimers = new Map(); // dialog id → pending retry
     this.readKey = `han.read.${me}`;
     this.read = loadJSON(this.readKey);
     this.root = this.#build();
     this.#wire();
     this.tick = setInterval(() => this.#onTick(), 1000);
-    this.poll = setInterval(() => {
-      // REST stays the truth while the socket is down.
-      if (!this.rt.live && this.current && this.timelines.has(this.current)) this.timelines.get(this.current).reconcile();
-    }, POLL_WHILE_OFFLINE_MS);
+    this.poll = setInterval(() => this.#poll(), POLL_MS);
   }
 
   // ---- DOM -----------------------------------------------------------------
@@ -103,21 +104,26 @@ export class ChatView {
       for (const f of this.fileInput.files) this.#upload(f);
       this.fileInput.value = "";
     });
-    this.rt.addEventListener("open", () => {
-      this.retries.clear();
-      this.refreshDialogs();
-      this.refreshPresence();
-    });
-    this.rt.addEventListener("subscribed", (e) => this.#onSubscribed(e.detail));
-    this.rt.addEventListener("event", (e) => this.#onEvent(e.detail));
-    this.rt.addEventListener("resync", () => {
-      for (const tl of this.timelines.values()) this.#track(tl.reconcile());
-      this.refreshDialogs();
-    });
-    this.rt.addEventListener("frameerror", (e) => {
-      if (e.detail.error !== "not_subscribed") toast(`${e.detail.error}: ${sentence(e.detail.error)}`, "error");
-    });
-    this.rt.addEventListener("state", () => this.#renderPresence());
+    const rt = this.rt;
+    this.offs = [
+      rt.on("open", () => {
+        this.refreshDialogs();
+        this.refreshPresence();
+      }),
+      rt.on("subscribed", (s) => this.#onSubscribed(s)),
+      rt.on("message", ({ dialogId, message }) => this.#onMessage(dialogId, message)),
+      rt.on("event", (f) => this.#onEvent(f)),
+      rt.on("typing", (t) => this.#onTyping(t)),
+      rt.on("presence", (p) => {
+        this.presence.set(p.userId, { online: p.online, lastSeenAt: p.lastSeenAt });
+        this.#renderPresence();
+      }),
+      // The SDK reconciles the followed dialogs itself; a dialog created
+      // with us meanwhile shows up in a fresh listing.
+      rt.on("resync", () => this.refreshDialogs()),
+      rt.on("error", (e) => this.#onError(e)),
+      rt.on("state", () => this.#renderPresence()),
+    ];
     // No event announces a dialog someone else created with us: the list is
     // refreshed on every (re)connect and whenever the page becomes visible.
     document.addEventListener("visibilitychange", () => {
@@ -134,8 +140,7 @@ export class ChatView {
     try {
       let cursor = null;
       for (let i = 0; i < 5; i++) {
-        const q = cursor ? `&cursor=${encodeURIComponent(cursor)}` : "";
-        const page = await get(`/v1/dialogs?limit=100${q}`);
+        const page = await this.client.rest.dialogs(cursor ? { limit: 100, cursor } : { limit: 100 });
         items = items.concat(page.items || []);
         cursor = page.nextCursor;
         if (!cursor) break;
@@ -150,7 +155,7 @@ export class ChatView {
       d.activity = Math.max(d.createdAt || 0, old ? old.activity : 0);
       this.dialogs.set(d.id, d);
       if (!(d.id in this.read)) this.read[d.id] = d.lastSeq; // history before this browser counts as read
-      this.rt.subscribe(d.id);
+      this.#follow(d.id, d.lastSeq);
     }
     saveJSON(this.readKey, this.read);
     this.#renderList();
@@ -197,16 +202,13 @@ export class ChatView {
       return;
     }
     const title = $("#new-title", this.newForm).value.trim();
-    const body = { memberIds: ids };
-    if (title) body.title = title;
-    const key = uuid();
     try {
-      const { data } = await retrying(() => request("POST", "/v1/dialogs", { body, headers: { "Idempotency-Key": key } }));
+      const data = await this.client.rest.createDialog(ids, title ? { title, idempotencyKey: uuid() } : { idempotencyKey: uuid() });
       data.activity = Date.now();
       this.dialogs.set(data.id, data);
       this.read[data.id] = data.lastSeq || 0;
       saveJSON(this.readKey, this.read);
-      this.rt.subscribe(data.id);
+      this.#follow(data.id, data.lastSeq || 0);
       this.newForm.reset();
       $("#new-dialog-box", this.root).open = false;
       this.#renderList();
@@ -240,13 +242,24 @@ export class ChatView {
     this.msgEls.clear();
     let tl = this.timelines.get(id);
     if (!tl) {
+      const rest = this.client.rest;
       tl = new Timeline({
-        fetchAfter: (after, limit) => get(`/v1/dialogs/${id}/messages?afterSeq=${after}&limit=${limit}`),
+        pages: (afterSeq, attempts) => rest.historyPages(id, attempts ? { afterSeq, limit: 100, attempts } : { afterSeq, limit: 100 }),
+        page: (afterSeq, limit) => rest.history(id, { afterSeq, limit }),
         onAdd: (ms) => this.#onAdded(id, ms),
-        onError: (e) => this.#reconcileFailed(id, e),
       });
       this.timelines.set(id, tl);
-      this.#track(tl.start(d.lastSeq || 0).then(() => this.#renderMessages(true)));
+      this.#track(tl.start(d.lastSeq || 0).then(() => this.#renderMessages(true), (e) => {
+        // The SDK already retried. A failure that may pass is tried again
+        // by the 5 s poll (or the next open); any other is shown.
+        if (e instanceof ApiError && e.retryable) {
+          if (this.timelines.get(id) === tl) this.timelines.delete(id);
+        } else {
+          tl.loaded = true;
+          if (id === this.current) this.#renderMessages(false);
+        }
+        this.#restFailed(e);
+      }));
     }
     this.#renderMessages(true);
     this.#renderTyping();
@@ -262,21 +275,39 @@ export class ChatView {
     this.msgList.replaceChildren(h("li", { class: "msgs-empty" }, errorView({ code: "dialog_not_found", status: 404 })));
   }
 
-  // #reconcileFailed retries a failed reconciliation with backoff while the
-  // socket is live (no event may come to trigger one). While it is down the
-  // periodic REST poll and the reconnect take care of it.
-  #reconcileFailed(id, e) {
-    const retryable = e instanceof ApiError && e.retryable;
-    if (!retryable) toast(`${e.code || "internal"}: ${sentence(e.code, e.status)}`, "error");
-    if (!retryable || !this.rt.live) return;
-    const n = (this.retries.get(id) || 0) + 1;
-    this.retries.set(id, n);
-    const delay = e.retryAfter > 0 ? e.retryAfter * 1000 : Math.round(Math.min(30000, 500 * 2 ** n) * (0.5 + Math.random() / 2));
-    clearTimeout(this.retryTimers.get(id));
-    this.retryTimers.set(id, setTimeout(() => {
-      const tl = this.timelines.get(id);
-      if (tl && this.rt.live) this.#track(tl.reconcile());
-    }, delay));
+  // #follow subscribes to a dialog from the seq the listing reported: the
+  // SDK then delivers every later message (dialogs beyond its limit of
+  // subscriptions are listed but not followed live).
+  #follow(id, sinceSeq) {
+    try {
+      this.rt.subscribe(id, { sinceSeq: sinceSeq || 0 });
+    } catch { /* too_many_subscriptions */ }
+  }
+
+  // #poll runs every 5 s. An open dialog whose window failed to load tries
+  // again. REST stays the truth while the socket is down: the open dialog
+  // reads what came after the last message the SDK delivered.
+  async #poll() {
+    const id = this.current;
+    if (id && this.dialogs.has(id) && !this.timelines.has(id)) {
+      this.open(id);
+      return;
+    }
+    const tl = id && this.timelines.get(id);
+    if (this.rt.live || !tl || !tl.loaded || this.polling || this.rt.state.reason === "token_expired") return;
+    this.polling = true;
+    try {
+      await tl.catchUp(this.rt.known(id) ?? tl.lastSeq, 1);
+    } catch (e) {
+      if (!(e instanceof ApiError && e.retryable)) this.#restFailed(e);
+    } finally {
+      this.polling = false;
+    }
+  }
+
+  #restFailed(e) {
+    if (e instanceof ApiError && e.status === 0) return; // offline: the banner says so
+    toast(`${e.code || "internal"}: ${sentence(e.code, e.status)}`, "error");
   }
 
   #renderHeader() {
@@ -470,16 +501,15 @@ export class ChatView {
     p.state = "sending";
     p.error = null;
     this.#refreshPending(p);
-    const body = { body: p.body, clientMessageId: p.localId };
-    if (p.attachments.length) body.attachmentIds = p.attachments.map((a) => a.id);
+    const opts = { idempotencyKey: p.key, clientMessageId: p.localId, attempts: 6,
+      onRetry: (e, delay) => { p.state = "retrying"; p.error = e; p.retryAt = Date.now() + delay; this.#refreshPending(p); } };
+    if (p.attachments.length) opts.attachmentIds = p.attachments.map((a) => a.id);
     try {
-      const { data } = await retrying(
-        () => request("POST", `/v1/dialogs/${p.dialogId}/messages`, { body, headers: { "Idempotency-Key": p.key } }),
-        { attempts: 6, onWait: (e, delay) => { p.state = "retrying"; p.error = e; p.retryAt = Date.now() + delay; this.#refreshPending(p); } });
+      const { message } = await this.client.rest.send(p.dialogId, p.body, opts);
       this.#dropPending(p);
       const tl = this.timelines.get(p.dialogId);
-      if (tl) tl.apply(data);
-      else this.#onAdded(p.dialogId, [data]);
+      if (tl) tl.add([message]);
+      else this.#onAdded(p.dialogId, [message]);
       if (p.dialogId === this.current) this.#renderMessages(true);
     } catch (e) {
       p.state = "failed";
@@ -557,7 +587,7 @@ export class ChatView {
         try { code = (await res.json()).error || code; } catch { /* not JSON */ }
         // A retry after an upload whose answer was lost: it is there.
         if (code === "attachment_already_uploaded") return;
-        throw new ApiError(code, res.status, Number.parseInt(res.headers.get("Retry-After") || "0", 10) || 0);
+        throw new ApiError(code, res.status, (Number.parseInt(res.headers.get("Retry-After") || "0", 10) || 0) * 1000);
       }, { attempts: 4 });
       u.att = { id: data.id, filename: file.name, contentType, sizeBytes: file.size };
       u.state = "ready";
@@ -590,41 +620,34 @@ export class ChatView {
       d.lastSeq = lastSeq;
       this.#renderList();
     }
+  }
+
+  // #onMessage: the SDK's next message of a followed dialog.
+  #onMessage(dialogId, m) {
     const tl = this.timelines.get(dialogId);
-    // Everything up to lastSeq was committed before the server listened:
-    // fetch what we do not hold; later messages arrive as events.
-    if (tl && tl.loaded && lastSeq > tl.known) this.#track(tl.reconcile());
+    if (tl) tl.add([m]);
+    else if (this.dialogs.has(dialogId)) this.#onAdded(dialogId, [m]);
   }
 
   #onEvent(f) {
-    const data = f.data || {};
-    switch (f.event) {
-      case "message.created": {
-        const dialogId = f.dialogId || data.dialogId;
-        if (!dialogId) return;
-        const tl = this.timelines.get(dialogId);
-        if (tl) tl.apply(data);
-        else if (this.dialogs.has(dialogId)) {
-          const d = this.dialogs.get(dialogId);
-          if ((f.seq || data.seq || 0) > (d.lastSeq || 0)) this.#onAdded(dialogId, [data]);
-        } else this.refreshDialogs();
-        break;
-      }
-      case "typing": {
-        if (!data.userId || data.userId === this.me || !f.dialogId) return;
-        if (!this.typing.has(f.dialogId)) this.typing.set(f.dialogId, new Map());
-        this.typing.get(f.dialogId).set(data.userId, Date.now() + TYPING_SHOWN_MS);
-        if (f.dialogId === this.current) this.#renderTyping();
-        break;
-      }
-      case "presence.changed": {
-        if (!data.userId) return;
-        this.presence.set(data.userId, { online: !!data.online, lastSeenAt: data.lastSeenAt ?? null });
-        this.#renderPresence();
-        break;
-      }
-      default: // unknown events are ignored (protocol rule)
-    }
+    // A message of a dialog this view does not list yet: list it.
+    const dialogId = f.dialogId || (f.data && f.data.dialogId);
+    if (f.event === "message.created" && dialogId && !this.dialogs.has(dialogId)) this.refreshDialogs();
+  }
+
+  #onTyping({ dialogId, userId }) {
+    if (!userId || userId === this.me) return;
+    if (!this.typing.has(dialogId)) this.typing.set(dialogId, new Map());
+    this.typing.get(dialogId).set(userId, Date.now() + TYPING_SHOWN_MS);
+    if (dialogId === this.current) this.#renderTyping();
+  }
+
+  // #onError: refused frames and failed reconciliations are shown; closes
+  // are the banner's.
+  #onError(e) {
+    if (e instanceof FrameError) {
+      if (e.code !== "not_subscribed") toast(`${e.code}: ${sentence(e.code)}`, "error");
+    } else if (e instanceof ApiError && !e.retryable) this.#restFailed(e);
   }
 
   // refreshPresence reads presence over REST for the users shown (after
@@ -635,7 +658,7 @@ export class ChatView {
     const list = Array.from(users).slice(0, PRESENCE_USERS_MAX);
     await Promise.all(list.map(async (u) => {
       try {
-        const p = await get(`/v1/users/${u}/presence`);
+        const p = await this.client.rest.presence(u);
         this.presence.set(u, { online: !!p.online, lastSeenAt: p.lastSeenAt ?? null });
       } catch { /* not visible or unavailable: stays unknown */ }
     }));
@@ -713,8 +736,7 @@ export class ChatView {
   dispose() {
     clearInterval(this.tick);
     clearInterval(this.poll);
-    for (const t of this.retryTimers.values()) clearTimeout(t);
-    for (const tl of this.timelines.values()) tl.dispose();
+    for (const off of this.offs) off();
     for (const p of this.previews.values()) p.then((u) => u && URL.revokeObjectURL(u));
   }
 }

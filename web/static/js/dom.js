@@ -98,11 +98,6 @@ export function countdown(ms) {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
 }
 
-export const sleep = (ms, signal) => new Promise((resolve, reject) => {
-  const t = setTimeout(resolve, ms);
-  signal?.addEventListener("abort", () => { clearTimeout(t); reject(signal.reason); }, { once: true });
-});
-
 // toast shows a short message in the corner; kind: info | error | success.
 export function toast(message, kind = "info") {
   const box = document.getElementById("toasts");

@@ -1,14 +1,15 @@
 // Entry point: sign-in, routing (#/chat[/<dialog>], #/console[/<project>]),
-// the connection banner and the realtime client shared by the views.
-import { ApiError, get, onAuthLost, request, setToken } from "./api.js";
+// the connection banner and the SDK client (web/sdk, served under /sdk/)
+// shared by the views: its realtime connection, REST calls and token hook.
+import { HanClient } from "../sdk/index.js";
+import { get, onAuthLost, setToken } from "./api.js";
 import { ChatView } from "./chat.js";
 import { ConsoleView } from "./console.js";
 import { $, copyText, formatDateTime, h, hue, relative, shortId, toast } from "./dom.js";
 import { errorView } from "./errors.js";
-import { Realtime } from "./realtime.js";
 
 const TOKEN_KEY = "han.token";
-const app = { me: null, rt: null, chat: null, console: null, syncing: 0, realtimeUrl: null };
+const app = { me: null, client: null, rt: null, chat: null, console: null, syncing: 0, realtimeUrl: null };
 let renewal = null; // the open request for a new token: {resolve, card, text, errBox}
 
 // A dev sign-in link carries the token in the fragment (/#token=…&project=…),
@@ -76,11 +77,22 @@ async function signIn(tok, errBox) {
   }
   sessionStorage.setItem(TOKEN_KEY, tok);
   app.me = me.id;
-  startSession(tok);
+  await startSession(tok);
   return true;
 }
 
-function startSession(tok) {
+// realtimeUrl: the deployment's WebSocket URL (public config), else this
+// origin's /v1/realtime.
+async function realtimeUrl() {
+  if (!app.realtimeUrl) {
+    try {
+      app.realtimeUrl = (await get("/v1/public/config", { auth: false })).realtimeUrl;
+    } catch { /* the default below */ }
+  }
+  return app.realtimeUrl || `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime`;
+}
+
+async function startSession(tok) {
   const me = app.me;
   const av = $("#me-avatar");
   av.textContent = shortId(me).slice(0, 2).toUpperCase();
@@ -92,27 +104,14 @@ function startSession(tok) {
   $("#nav").hidden = false;
   $("#conn").hidden = false;
 
-  app.rt = new Realtime({
-    getToken: askForToken,
-    ticket: async () => (await request("POST", "/v1/realtime/tickets")).data.ticket,
-    url: async () => {
-      if (!app.realtimeUrl) {
-        try {
-          app.realtimeUrl = (await get("/v1/public/config", { auth: false })).realtimeUrl;
-        } catch (e) {
-          if (e instanceof ApiError && e.status === 0) throw e;
-        }
-        if (!app.realtimeUrl) app.realtimeUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime`;
-      }
-      return app.realtimeUrl;
-    },
-  });
-  app.rt.addEventListener("state", renderConn);
-  app.rt.addEventListener("unauthorized", () => signOut({ code: "unauthorized", status: 401 }));
-  app.chat = new ChatView({ me, realtime: app.rt, onSync: (n) => { app.syncing = n; renderConn(); } });
+  app.client = new HanClient({ baseUrl: location.origin, realtimeUrl: await realtimeUrl(), getToken: tokenHook });
+  app.client.tokens.set(tok);
+  app.rt = app.client.realtime;
+  app.rt.on("state", renderConn);
+  app.chat = new ChatView({ me, client: app.client, onSync: (n) => { app.syncing = n; renderConn(); } });
   app.console = new ConsoleView({ me });
   app.chat.refreshDialogs();
-  app.rt.start();
+  app.client.connect();
 }
 
 function showTokenExpiry(tok) {
@@ -122,7 +121,18 @@ function showTokenExpiry(tok) {
 
 // ---- token renewal ------------------------------------------------------------------
 
-// askForToken is the realtime client's getToken hook. A connection ends
+// tokenHook is the SDK's getToken: a 401 (REST or the ticket request) signs
+// out, as any other request's 401 does; otherwise the user is asked for a
+// new token of the same user.
+function tokenHook({ reason, expiresAt }) {
+  if (reason === "unauthorized" || reason === "initial") {
+    if (app.me) signOut({ code: "unauthorized", status: 401 });
+    return null;
+  }
+  return askForToken({ reason, expiresAt });
+}
+
+// askForToken asks for a new token on the SDK's behalf. A connection ends
 // when its token expires, so before that (and after it, when the server
 // closed with token_expired) a card asks for a new token of the same user:
 // pasted, or from a sign-in link opened in this tab (the dev flow). The
@@ -190,10 +200,10 @@ function signOut(err) {
   renewal?.resolve(null);
   sessionStorage.removeItem(TOKEN_KEY);
   setToken("");
-  app.rt?.stop();
+  app.client?.close();
   app.chat?.dispose();
   app.console?.dispose();
-  Object.assign(app, { me: null, rt: null, chat: null, console: null, syncing: 0 });
+  Object.assign(app, { me: null, client: null, rt: null, chat: null, console: null, syncing: 0 });
   showSignIn(err);
 }
 
@@ -208,6 +218,9 @@ function renderConn() {
   clearTimeout(connTimer);
   const s = rt.state;
   let phase = s.phase;
+  // After token_expired the SDK waits for a new token, not for a timer:
+  // the connection is over until one is given.
+  if (phase === "reconnecting" && s.reason === "token_expired") phase = "stopped";
   let text;
   let action = null;
   if (phase === "live" && app.syncing > 0) phase = "resyncing";
@@ -231,7 +244,10 @@ function renderConn() {
     }
     default:
       text = s.reason ? `Offline (${s.reason})` : "Offline";
-      action = h("button", { type: "button", class: "btn btn-sm btn-ghost", id: "conn-retry", onclick: () => rt.reconnectNow() }, "Retry");
+      // A stopped client (a fatal close) starts anew; one waiting for a
+      // token asks for it again.
+      action = h("button", { type: "button", class: "btn btn-sm btn-ghost", id: "conn-retry",
+        onclick: () => (s.phase === "stopped" ? rt.start() : rt.reconnectNow()) }, "Retry");
   }
   el.dataset.phase = phase;
   el.replaceChildren(...[h("span", { class: "conn-dot", "aria-hidden": "true" }), h("span", { class: "conn-text", text }), action].filter(Boolean));
@@ -270,6 +286,8 @@ async function boot() {
     route();
   });
   onAuthLost(() => { if (app.me) signOut({ code: "unauthorized", status: 401 }); });
+  // Back online: skip the wait of a pending reconnect.
+  window.addEventListener("online", () => { if (app.rt?.state.phase === "reconnecting") app.rt.reconnectNow(); });
   const tok = takeFragmentToken() || sessionStorage.getItem(TOKEN_KEY);
   if (!tok) {
     showSignIn();
