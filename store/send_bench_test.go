@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/loadtest"
 	"github.com/han-app/gateway/store"
 )
 
@@ -80,8 +81,14 @@ func benchSend(b *testing.B, dialogs int, parallel bool) {
 	}
 	var next atomic.Int64
 	b.SetParallelism(16)
-	postmaster := postmasterPID(b, pool)
-	cpuBefore := serverCPU(postmaster)
+	// PostgreSQL's CPU: the postmaster with its live and reaped children.
+	var pg loadtest.ProcCPU
+	if pm := postmasterPID(b, pool); pm > 0 {
+		if err := pg.Set("postgres=" + strconv.Itoa(pm) + "+"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpuBefore := pg.Sample()
 	b.ResetTimer()
 	counter.n.Store(0)
 	send := func() error {
@@ -114,13 +121,10 @@ func benchSend(b *testing.B, dialogs int, parallel bool) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(counter.n.Load())/float64(b.N), "roundtrips/send")
-	if cpuBefore >= 0 {
-		b.ReportMetric(float64(serverCPU(postmaster)-cpuBefore)*1e6/clockTicks/float64(b.N), "pg-cpu-µs/send")
+	if perOp := pg.Sample().PerOp(cpuBefore, int64(b.N)); perOp["postgres"] > 0 {
+		b.ReportMetric(perOp["postgres"]*1000, "pg-cpu-µs/send")
 	}
 }
-
-// clockTicks is the kernel's USER_HZ, the unit of CPU times in /proc.
-const clockTicks = 100
 
 // postmasterPID is the parent of a backend of pool: the private cluster's
 // postmaster (0 when /proc cannot tell).
@@ -145,34 +149,4 @@ func procStat(pid int) []string {
 	}
 	s := string(raw)
 	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-}
-
-// serverCPU is the CPU time, in clock ticks, the PostgreSQL cluster of
-// postmaster has used: its own, its reaped children's and its live
-// children's (the backends, WAL writer, checkpointer...); -1 when /proc
-// cannot tell.
-func serverCPU(postmaster int) int64 {
-	own := procStat(postmaster)
-	if postmaster == 0 || len(own) < 15 {
-		return -1
-	}
-	sum := func(f []string, from, to int) (n int64) {
-		for i := from; i <= to; i++ {
-			v, _ := strconv.ParseInt(f[i], 10, 64)
-			n += v
-		}
-		return n
-	}
-	total := sum(own, 11, 14) // utime stime cutime cstime
-	dirs, _ := os.ReadDir("/proc")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		if f := procStat(pid); len(f) > 12 && f[1] == strconv.Itoa(postmaster) {
-			total += sum(f, 11, 12)
-		}
-	}
-	return total
 }
