@@ -48,7 +48,10 @@ type target struct {
 	spec       string
 	gateway    bool
 	centrifugo bool
-	base       string // http://host:port
+	base       string // http://host:port (the first of bases)
+	// bases are the gateways a spread run loads (-target A,B): connection c
+	// goes to bases[c mod len]. One entry for every other target.
+	bases  []string
 	inproc     *baseline.Server
 	child      *exec.Cmd
 	stdin      io.Closer
@@ -74,13 +77,63 @@ func (tg *target) describe() string {
 	case !tg.gateway:
 		return "baseline " + tg.base
 	}
+	if len(tg.bases) > 1 {
+		return "gateways " + strings.Join(tg.bases, ",")
+	}
 	return "gateway " + tg.base
 }
 
+// baseOf is the gateway base URL that connection (or sender) i uses:
+// round-robin over the targets.
+func (tg *target) baseOf(i int) string {
+	if len(tg.bases) < 2 {
+		return tg.base
+	}
+	return tg.bases[i%len(tg.bases)]
+}
+
+// spread reports whether the run loads several gateways.
+func (tg *target) spread() bool { return len(tg.bases) > 1 }
+
+// openTargets resolves a -target that may list several gateways
+// ("http://127.0.0.1:8080,http://127.0.0.1:8081"); a single entry is
+// openTarget's.
+func openTargets(ctx context.Context, spec string) (*target, error) {
+	list, err := loadtest.SplitTargets(spec)
+	if err != nil {
+		return nil, err
+	}
+	if len(list) == 1 {
+		return openTarget(ctx, list[0])
+	}
+	tg := &target{spec: spec, gateway: true}
+	seen := map[string]bool{}
+	for _, one := range list {
+		t, err := openTarget(ctx, one)
+		if err != nil {
+			return nil, err
+		}
+		if !t.gateway {
+			t.close()
+			return nil, fmt.Errorf("target list %q: only gateway URLs can be listed, not %q", spec, one)
+		}
+		if seen[t.base] {
+			return nil, fmt.Errorf("target list %q: %s is listed twice", spec, t.base)
+		}
+		seen[t.base] = true
+		tg.bases = append(tg.bases, t.base)
+	}
+	tg.base = tg.bases[0]
+	return tg, nil
+}
+
 // openTarget resolves --target: a loopback gateway URL, or a baseline.
+// A list of targets is refused (scenarios that spread call openTargets).
 func openTarget(ctx context.Context, spec string) (*target, error) {
 	tg := &target{spec: spec}
 	switch {
+	case strings.Contains(spec, ","):
+		return nil, fmt.Errorf("target %q: this scenario loads one target (chat-fanout, broadcast and idle-connections take a list)", spec)
 	case spec == TargetBaselineInProcess:
 		s := baseline.New(BaselineConfig, nil)
 		if err := s.Start("127.0.0.1:0"); err != nil {
@@ -116,6 +169,7 @@ func openTarget(ctx context.Context, spec string) (*target, error) {
 				spec, TargetBaseline, TargetBaselineInProcess, baselineURLPrefix, CentrifugoURLPrefix)
 		}
 		tg.gateway, tg.base = true, u.Scheme+"://"+u.Host
+		tg.bases = []string{tg.base}
 	}
 	return tg, nil
 }
