@@ -52,9 +52,9 @@ type target struct {
 	// bases are the gateways a spread run loads (-target A,B): connection c
 	// goes to bases[c mod len]. One entry for every other target.
 	bases  []string
-	inproc     *baseline.Server
-	child      *exec.Cmd
-	stdin      io.Closer
+	inproc *baseline.Server
+	child  *exec.Cmd
+	stdin  io.Closer
 }
 
 // perConnFiles is how many descriptors one load connection costs in this
