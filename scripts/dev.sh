@@ -124,7 +124,7 @@ env)
 		done
 		# A cluster stack's second gateway, and both as one list.
 		for v in HAN_BASE_URL_2 HAN_BASE_URLS; do
-			[ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+			if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
 		done
 	)
 	exit 0
