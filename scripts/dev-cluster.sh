@@ -70,22 +70,28 @@ cluster_healthy() {
 # REDIS_CLUSTER_URL (api_backend's cluster URL: the first node as host,
 # the others as addr= seeds).
 cluster_start() {
-	local base="${HAN_DEV_REDIS_PORT:-57001}" n port bus want seeds=""
+	local base="${HAN_DEV_REDIS_PORT:-57001}" n port bus want attempt seeds=""
 	command -v redis-cli >/dev/null 2>&1 || han_die "redis-cli not found (install the redis-tools package)"
 	mkdir -p "$CLUSTER_DIR"
 	chmod 700 "$CLUSTER_DIR"
 	bin/hanctl redis acl --cluster --out "$CLUSTER_DIR/users.acl" || han_die "hanctl redis acl --cluster failed"
 	printf 'user %s on >%s ~* &* +@all\n' "$CLUSTER_ADMIN_USER" "$HAN_REDIS_ADMIN_PASSWORD" >>"$CLUSTER_DIR/users.acl"
 	for ((n = 1; n <= CLUSTER_NODES; n++)); do
-		want=0
-		[ "$base" != 0 ] && want=$((base + n - 1))
-		port="$(han_pick_port "$want")"
-		want=0
-		[ "$base" != 0 ] && want=$((port + 1000))
-		bus="$(han_pick_port "$want")"
-		[ "$bus" = "$port" ] && bus="$(han_pick_port 0)"
-		cluster_start_node "$n" "$port" "$bus" ||
-			han_die "redis-server (cluster node $n, port $port) did not start: $(tail -n 5 "$DATA/logs/redis-node-$n.log" 2>/dev/null)"
+		# A port found free can be taken before the node binds it: then
+		# retry on free ones.
+		for attempt in 1 2 3 4 5; do
+			want=0
+			[ "$base" != 0 ] && [ "$attempt" = 1 ] && want=$((base + n - 1))
+			port="$(han_pick_port "$want")"
+			want=0
+			[ "$base" != 0 ] && [ "$attempt" = 1 ] && want=$((port + 1000))
+			bus="$(han_pick_port "$want")"
+			[ "$bus" = "$port" ] && bus="$(han_pick_port 0)"
+			cluster_start_node "$n" "$port" "$bus" && continue 2
+			stop_pid "${cluster_pids[n - 1]}" "redis-server (cluster node $n)" 5
+			han_log "cluster node $n did not start on ports $port/$bus: $(tail -n 1 "$DATA/logs/redis-node-$n.log" 2>/dev/null)"
+		done
+		han_die "redis-server (cluster node $n) did not start; see $DATA/logs/redis-node-$n.log"
 	done
 	han_log "6 redis-server nodes on 127.0.0.1:${cluster_ports[*]}; creating the cluster (3 masters, 3 replicas)"
 	local addrs=()
@@ -108,7 +114,7 @@ cluster_start() {
 cluster_stop() {
 	local n
 	for ((n = 1; n <= CLUSTER_NODES; n++)); do
-		[ -n "${cluster_pids[n - 1]:-}" ] && kill -TERM "${cluster_pids[n - 1]}" 2>/dev/null
+		[ -n "${cluster_pids[n - 1]:-}" ] && kill -TERM "${cluster_pids[n - 1]}" 2>/dev/null || true
 	done
 	for ((n = 1; n <= CLUSTER_NODES; n++)); do
 		stop_pid "${cluster_pids[n - 1]:-}" "redis-server (cluster node $n)" 30

@@ -258,11 +258,11 @@ cleanup() {
 		exit "$rc"
 	fi
 	han_log "stopping the stack"
-	[ -n "$gw2_pid" ] && kill -TERM "$gw2_pid" 2>/dev/null
+	[ -n "$gw2_pid" ] && kill -TERM "$gw2_pid" 2>/dev/null || true
 	stop_pid "$gw_pid" han-gateway 20
 	stop_pid "$gw2_pid" "han-gateway (second)" 20
 	stop_pid "$redis_pid" redis-server 30
-	[ "$cluster" = 1 ] && cluster_stop
+	if [ "$cluster" = 1 ]; then cluster_stop; fi
 	if [ "$pg_started" = 1 ]; then
 		pg_run "$PGBIN/pg_ctl" -D "$PGDATA" -m fast -w -t 60 stop >/dev/null 2>&1 ||
 			han_log "pg_ctl stop failed; see $PGBASE/postgres.log"
@@ -454,7 +454,7 @@ export HAN_HTTP_ADDR="$gw_host:$gw_port"
 export HAN_DRAIN_DELAY="${HAN_DRAIN_DELAY:-0}"
 # Attachments next to the rest of the stack's state, kept across restarts.
 export HAN_BLOB_DIR="${HAN_BLOB_DIR:-$DATA/blobs}"
-BASE="http://$url_host:$gw_port"
+user_origins="${HAN_ALLOWED_ORIGINS:-}"
 # origins_of PORT: the allowed browser origins of a gateway on PORT.
 origins_of() {
 	local b="http://$url_host:$1"
@@ -464,25 +464,36 @@ origins_of() {
 	esac
 	printf '%s' "$b"
 }
-BASE2=""
-if [ "$cluster" = 1 ]; then
-	# The second gateway: the first one's port + 1 when free.
-	gw2_port="$(han_pick_port $((gw_port + 1)))"
-	[ "$gw2_port" = "$gw_port" ] && gw2_port="$(han_pick_port 0)"
-	BASE2="http://$url_host:$gw2_port"
-fi
-if [ -z "${HAN_ALLOWED_ORIGINS:-}" ]; then
-	HAN_ALLOWED_ORIGINS="$(origins_of "$gw_port")"
-	[ -n "$BASE2" ] && HAN_ALLOWED_ORIGINS="$HAN_ALLOWED_ORIGINS,$(origins_of "$gw2_port")"
-fi
-export HAN_ALLOWED_ORIGINS
+# gateway_addrs: HAN_HTTP_ADDR, BASE, the second gateway's port and BASE2
+# (cluster), and the allowed origins, for gw_port.
+gateway_addrs() {
+	export HAN_HTTP_ADDR="$gw_host:$gw_port"
+	BASE="http://$url_host:$gw_port"
+	BASE2=""
+	if [ "$cluster" = 1 ]; then
+		# The second gateway: the first one's port + 1 when free.
+		gw2_port="$(han_pick_port $((gw_port + 1)))"
+		[ "$gw2_port" = "$gw_port" ] && gw2_port="$(han_pick_port 0)"
+		BASE2="http://$url_host:$gw2_port"
+	fi
+	HAN_ALLOWED_ORIGINS="$user_origins"
+	if [ -z "$HAN_ALLOWED_ORIGINS" ]; then
+		HAN_ALLOWED_ORIGINS="$(origins_of "$gw_port")"
+		[ -n "$BASE2" ] && HAN_ALLOWED_ORIGINS="$HAN_ALLOWED_ORIGINS,$(origins_of "$gw2_port")"
+	fi
+	export HAN_ALLOWED_ORIGINS
+}
 
 CURL=(curl -sS --noproxy '*' --max-time 10)
-# gateway_ready PID BASE LOG: wait for BASE/readyz (60 s).
+# gateway_ready PID BASE LOG: wait for BASE/readyz (60 s). Returns 1 when
+# the gateway exited because its port was taken meanwhile.
 gateway_ready() {
 	local pid="$1" base="$2" log="$3" ready=""
 	for _ in $(seq 1 120); do
-		kill -0 "$pid" 2>/dev/null || han_die "han-gateway exited: $(tail -n 10 "$log")"
+		if ! kill -0 "$pid" 2>/dev/null; then
+			grep -q 'address already in use' "$log" && return 1
+			han_die "han-gateway exited: $(tail -n 10 "$log")"
+		fi
 		ready="$("${CURL[@]}" --max-time 2 "$base/readyz" 2>/dev/null || true)"
 		case "$ready" in *'"status":"ok"'*) return 0 ;; esac
 		sleep 0.5
@@ -490,19 +501,34 @@ gateway_ready() {
 	han_die "han-gateway not ready after 60s: ${ready:-no answer}; see ${log#"$HAN_ROOT/"}"
 }
 
-: >"$DATA/logs/gateway.log"
-bin/han-gateway </dev/null >>"$DATA/logs/gateway.log" 2>&1 9>&- &
-gw_pid=$!
-echo "$gw_pid" >"$DATA/run/gateway.pid"
-gateway_ready "$gw_pid" "$BASE" "$DATA/logs/gateway.log"
-if [ -n "$BASE2" ]; then
-	: >"$DATA/logs/gateway-2.log"
-	HAN_HTTP_ADDR="$gw_host:$gw2_port" bin/han-gateway </dev/null >>"$DATA/logs/gateway-2.log" 2>&1 9>&- &
-	gw2_pid=$!
-	echo "$gw2_pid" >"$DATA/run/gateway-2.pid"
-	gateway_ready "$gw2_pid" "$BASE2" "$DATA/logs/gateway-2.log"
-	han_log "two gateways on one Redis Cluster: $BASE and $BASE2"
-fi
+# The gateway(s); a port found free can be taken before the gateway binds
+# it: then every gateway starts again on free ports.
+for attempt in 1 2 3; do
+	gateway_addrs
+	: >"$DATA/logs/gateway.log"
+	bin/han-gateway </dev/null >>"$DATA/logs/gateway.log" 2>&1 9>&- &
+	gw_pid=$!
+	echo "$gw_pid" >"$DATA/run/gateway.pid"
+	if gateway_ready "$gw_pid" "$BASE" "$DATA/logs/gateway.log"; then
+		[ -z "$BASE2" ] && break
+		: >"$DATA/logs/gateway-2.log"
+		HAN_HTTP_ADDR="$gw_host:$gw2_port" bin/han-gateway </dev/null >>"$DATA/logs/gateway-2.log" 2>&1 9>&- &
+		gw2_pid=$!
+		echo "$gw2_pid" >"$DATA/run/gateway-2.pid"
+		if gateway_ready "$gw2_pid" "$BASE2" "$DATA/logs/gateway-2.log"; then
+			han_log "two gateways on one Redis Cluster: $BASE and $BASE2"
+			break
+		fi
+		stop_pid "$gw2_pid" "han-gateway (second)" 20
+		gw2_pid=""
+	fi
+	stop_pid "$gw_pid" han-gateway 20
+	gw_pid=""
+	[ "$attempt" = 3 ] && han_die "han-gateway: no free port after 3 attempts; see .data/logs/"
+	new_port="$(han_pick_port 0)"
+	han_log "a gateway port was taken meanwhile; the gateway uses $new_port"
+	gw_port="$new_port"
+done
 
 if [ "$check" = 1 ]; then
 	# On a cluster stack the message is read back through the other gateway.
