@@ -30,8 +30,10 @@ type API struct {
 	dur    *Trend
 	failed *Rate
 	errs   *errorCounter
-	// target is the per-target tag value (CountPerTarget); empty: none.
-	target string
+	// target is the per-target tag value and targetReqs its request count
+	// (CountPerTarget); empty and nil: none.
+	target     string
+	targetReqs *Counter
 
 	mu        sync.Mutex        // guards endpoints
 	endpoints map[string]*Trend // "METHOD template" → per-endpoint trend
@@ -57,7 +59,9 @@ func NewAPI(base string, client *http.Client, reg *Registry) (*API, error) {
 // CountPerTarget makes the client also count its requests and errors
 // tagged target=<base> (http_reqs{target=…}, errors{target=…}), for runs
 // spread over several gateways. Call it before the first request.
-func (a *API) CountPerTarget() { a.target = a.base }
+func (a *API) CountPerTarget() {
+	a.target, a.targetReqs = a.base, a.reg.Counter(Tagged(MetricHTTPReqs, MetricTargetTag, a.base))
+}
 
 // Close drops the client's idle keep-alive connections.
 func (a *API) Close() { a.client.CloseIdleConnections() }
@@ -145,8 +149,8 @@ func (a *API) Do(ctx context.Context, r Request) (int, error) {
 	endpoint := r.Method + " " + r.Template
 	t0 := time.Now()
 	resp, err := a.client.Do(req)
-	if a.target != "" {
-		a.reg.Counter(Tagged(MetricHTTPReqs, MetricTargetTag, a.target)).Inc()
+	if a.targetReqs != nil {
+		a.targetReqs.Inc()
 	}
 	if err != nil {
 		a.reqs.Inc()
