@@ -37,7 +37,7 @@ cluster_start_node() {
 	redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --aclfile "$CLUSTER_DIR/users.acl" \
 		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" --cluster-node-timeout 5000 \
 		--masteruser "$CLUSTER_ADMIN_USER" --masterauth "$HAN_REDIS_ADMIN_PASSWORD" \
-		--repl-diskless-sync-delay 0 --appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru \
+		--repl-diskless-sync-delay 0 --repl-ping-replica-period 1 --appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru \
 		--daemonize no --logfile "$DATA/logs/redis-node-$n.log" </dev/null >/dev/null 2>&1 9>&- &
 	pid=$!
 	cluster_pids[n - 1]=$pid
@@ -52,7 +52,8 @@ cluster_start_node() {
 }
 
 # cluster_healthy: every node sees the whole slot map served (three
-# masters, six nodes) and every replica's link to its master is up.
+# masters, six nodes), every replica's link to its master is up and every
+# node's CLUSTER SLOTS lists all six.
 cluster_healthy() {
 	local port info
 	for port in "${cluster_ports[@]}"; do
@@ -61,7 +62,13 @@ cluster_healthy() {
 		info="$(cluster_cli "$port" info replication)" || return 1
 		[[ "$info" == *role:master* || "$info" == *master_link_status:up* ]] || return 1
 	done
-	[ "$(cluster_cli "${cluster_ports[0]}" cluster nodes | grep -c 'slave')" = 3 ]
+	[ "$(cluster_cli "${cluster_ports[0]}" cluster nodes | grep -c 'slave')" = 3 ] || return 1
+	# Clients read the slot map from CLUSTER SLOTS, which lists a replica
+	# only once its replication offset moved (a replica ping does that:
+	# every second here, not the default 10 s).
+	for port in "${cluster_ports[@]}"; do
+		[ "$(cluster_cli "$port" cluster slots | grep -c '^127\.0\.0\.1$')" = "$CLUSTER_NODES" ] || return 1
+	done
 }
 
 # cluster_start: render the ACL, start the six nodes on the preferred
