@@ -14,8 +14,8 @@ const MetricTargetTag = "target"
 // -target takes them ("http://127.0.0.1:8080,http://127.0.0.1:8081").
 // Blanks around each entry are dropped; an empty entry is an error. A
 // single target comes back as a one-element list.
-func SplitTargets(spec string) ([]string, error) {
-	parts := strings.Split(spec, ",")
+func SplitTargets(list string) ([]string, error) {
+	parts := strings.Split(list, ",")
 	out := make([]string, 0, len(parts))
 	for _, p := range parts {
 		p = strings.TrimSpace(p)

@@ -75,9 +75,9 @@ cluster_healthy() {
 # ports (HAN_DEV_REDIS_PORT and the five after it, cluster bus +1000) or
 # free ones, create the cluster and wait until it is healthy. Sets
 # REDIS_CLUSTER_URL (api_backend's cluster URL: the first node as host,
-# the others as addr= seeds).
+# the others as addr= entries).
 cluster_start() {
-	local base="${HAN_DEV_REDIS_PORT:-57001}" n port bus want attempt seeds=""
+	local base="${HAN_DEV_REDIS_PORT:-57001}" n port bus want attempt nodes=""
 	command -v redis-cli >/dev/null 2>&1 || han_die "redis-cli not found (install the redis-tools package)"
 	mkdir -p "$CLUSTER_DIR"
 	chmod 700 "$CLUSTER_DIR"
@@ -111,8 +111,8 @@ cluster_start() {
 		sleep 0.2
 	done
 	cluster_healthy || han_die "the Redis Cluster did not become healthy in 60s; see $DATA/logs/redis-node-*.log"
-	for port in "${cluster_ports[@]:1}"; do seeds+="${seeds:+&}addr=127.0.0.1:$port"; done
-	REDIS_CLUSTER_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:${cluster_ports[0]}?$seeds"
+	for port in "${cluster_ports[@]:1}"; do nodes+="${nodes:+&}addr=127.0.0.1:$port"; done
+	REDIS_CLUSTER_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:${cluster_ports[0]}?$nodes"
 	han_log "Redis Cluster ok on 127.0.0.1:${cluster_ports[*]} (ACL $CLUSTER_DIR/users.acl)"
 }
 

@@ -52,7 +52,7 @@
 # created afresh on every start as the admin user han_admin
 # (HAN_REDIS_ADMIN_PASSWORD in .data/secrets.env), each loaded with
 # `hanctl redis acl --cluster`; REDIS_URL and REDIS_REALTIME_URL are the same
-# cluster URL (api_backend, addr= seeds). A second gateway listens on the
+# cluster URL (api_backend, addr= list of the other nodes). A second gateway listens on the
 # first one's port + 1 (or a free one); .data/run/stack.env then also holds
 # HAN_BASE_URL_2 and HAN_BASE_URLS (both, comma-separated: han-loadtest's
 # -target list). --check posts on the first gateway and reads back on the

@@ -101,7 +101,7 @@ func TestDevScriptClusterEnvCheckAndStop(t *testing.T) {
 	}
 }
 
-// clusterNodeAddrs lists the host and every addr= seed of a cluster URL.
+// clusterNodeAddrs lists the host and every addr= node of a cluster URL.
 func clusterNodeAddrs(t *testing.T, raw string) []string {
 	t.Helper()
 	u, err := url.Parse(raw)

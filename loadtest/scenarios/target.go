@@ -98,15 +98,15 @@ func (tg *target) spread() bool { return len(tg.bases) > 1 }
 // openTargets resolves a -target that may list several gateways
 // ("http://127.0.0.1:8080,http://127.0.0.1:8081"); a single entry is
 // openTarget's.
-func openTargets(ctx context.Context, spec string) (*target, error) {
-	list, err := loadtest.SplitTargets(spec)
+func openTargets(ctx context.Context, raw string) (*target, error) {
+	list, err := loadtest.SplitTargets(raw)
 	if err != nil {
 		return nil, err
 	}
 	if len(list) == 1 {
 		return openTarget(ctx, list[0])
 	}
-	tg := &target{spec: spec, gateway: true}
+	tg := &target{spec: raw, gateway: true}
 	seen := map[string]bool{}
 	for _, one := range list {
 		t, err := openTarget(ctx, one)
@@ -115,10 +115,10 @@ func openTargets(ctx context.Context, spec string) (*target, error) {
 		}
 		if !t.gateway {
 			t.close()
-			return nil, fmt.Errorf("target list %q: only gateway URLs can be listed, not %q", spec, one)
+			return nil, fmt.Errorf("target list %q: only gateway URLs can be listed, not %q", raw, one)
 		}
 		if seen[t.base] {
-			return nil, fmt.Errorf("target list %q: %s is listed twice", spec, t.base)
+			return nil, fmt.Errorf("target list %q: %s is listed twice", raw, t.base)
 		}
 		seen[t.base] = true
 		tg.bases = append(tg.bases, t.base)
