@@ -41,7 +41,11 @@ var gwBuild = sync.OnceValues(func() (string, error) {
 	if _, err := os.Stat(goTool); err != nil {
 		goTool = "go"
 	}
-	out, err := exec.Command(goTool, "build", "-o", bin, "github.com/han-app/gateway/cmd/han-gateway").CombinedOutput()
+	args := []string{"build", "-o", bin}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command(goTool, append(args, "github.com/han-app/gateway/cmd/han-gateway")...).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("build han-gateway: %v: %s", err, out)
 	}
@@ -54,8 +58,9 @@ type gw struct {
 	addr     string // host:port it listens on
 	cmd      *exec.Cmd
 	done     chan struct{} // closed when the process has exited
-	mu       sync.Mutex    // guards problems
+	mu       sync.Mutex    // guards problems, raw
 	problems []string      // its WARN and ERROR log lines, for a failing test's report
+	raw      []string      // its output that is not a log line: a panic, a race report
 }
 
 func (g *gw) url() string { return "http://" + g.addr }
@@ -85,6 +90,9 @@ func startGateways(t *testing.T, c *testenv.RedisCluster, n int) []*gw {
 			sw.Go(g.stop)
 		}
 		sw.Wait()
+		for _, g := range gws {
+			g.checkExit(t)
+		}
 		if t.Failed() {
 			for _, g := range gws {
 				g.mu.Lock()
@@ -164,6 +172,11 @@ func (g *gw) readLog(r io.Reader, serving chan<- string) {
 			Addr  string `json:"addr"`
 		}
 		if json.Unmarshal(sc.Bytes(), &l) != nil {
+			g.mu.Lock()
+			if len(g.raw) < 200 {
+				g.raw = append(g.raw, sc.Text())
+			}
+			g.mu.Unlock()
 			continue
 		}
 		switch {
@@ -181,6 +194,21 @@ func (g *gw) readLog(r io.Reader, serving chan<- string) {
 		}
 	}
 	_, _ = io.Copy(io.Discard, r)
+}
+
+// checkExit fails the test unless the instance drained and exited 0 with
+// nothing on its output but log lines (no panic, no race report).
+func (g *gw) checkExit(t *testing.T) {
+	t.Helper()
+	if g.cmd == nil || g.cmd.ProcessState == nil {
+		return
+	}
+	g.mu.Lock()
+	raw := strings.Join(g.raw, "\n")
+	g.mu.Unlock()
+	if code := g.cmd.ProcessState.ExitCode(); code != 0 || raw != "" {
+		t.Errorf("gateway %s exited with %d (0 after a drain), output besides its log:\n%s", g.name, code, raw)
+	}
 }
 
 func (g *gw) lastProblems() string {

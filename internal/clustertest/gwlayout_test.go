@@ -85,7 +85,7 @@ func quiet(t *testing.T, ds []*gwDialog) {
 		for _, s := range d.socks {
 			resyncs, ended, bad := s.state()
 			if len(resyncs) > 0 {
-				t.Errorf("socket %s (dialog on %s) got %v; its channels' master never failed", s.name, d.master.Addr(), resyncs)
+				t.Errorf("socket %s (dialog on %s) got %v, yet no channel of it lost its master", s.name, d.master.Addr(), resyncs)
 			}
 			if ended != nil {
 				t.Errorf("socket %s ended: %v", s.name, ended)
