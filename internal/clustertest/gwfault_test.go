@@ -3,6 +3,7 @@ package clustertest_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,7 +50,7 @@ func startFaultRun(t *testing.T) *faultRun {
 // the last of those resyncs are accepted and reach all three instances'
 // sockets; the sockets of the other dialogs got no resync and every
 // accepted send; PostgreSQL holds every accepted send exactly once with
-// gapless seqs.
+// gapless seqs; every instance's /readyz is "ok" again.
 func (r *faultRun) recovered(t *testing.T, hit []*gwDialog) {
 	t.Helper()
 	for _, d := range hit {
@@ -82,6 +83,21 @@ func (r *faultRun) recovered(t *testing.T, hit []*gwDialog) {
 		// No resync: then nothing may be missing (an event whose publish
 		// failed comes through the outbox relay).
 		waitDelivered(t, d.socks, d.id, r.tr.allSeqs(d), 15*time.Second)
+	}
+	// Every instance reports itself whole again (Redis, sharded Pub/Sub
+	// and its canary), without a restart.
+	for _, g := range r.gws {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			code, body, _, err := apiCall("GET", g.url()+"/readyz", "", "", nil)
+			if code == 200 && strings.Contains(body, `"status":"ok"`) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("gateway %s: /readyz still %d %s (%v) 20s after the fault", g.name, code, body, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	var others []*gwDialog
 	for _, d := range r.ds {
