@@ -31,11 +31,17 @@ import (
 
 const gwDevSecret = "clustertest-gateway-secret-0123456789"
 
-var gwBuild = sync.OnceValues(func() (string, error) {
+var (
+	gwBuildDir string // the build's folder, removed after the tests
+	gwBuild    = sync.OnceValues(buildGateway)
+)
+
+func buildGateway() (string, error) {
 	dir, err := os.MkdirTemp("", "han-clustertest-bin-")
 	if err != nil {
 		return "", err
 	}
+	gwBuildDir = dir
 	bin := filepath.Join(dir, "han-gateway")
 	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goTool); err != nil {
@@ -50,7 +56,15 @@ var gwBuild = sync.OnceValues(func() (string, error) {
 		return "", fmt.Errorf("build han-gateway: %v: %s", err, out)
 	}
 	return bin, nil
-})
+}
+
+// removeGatewayBuild removes the built program once the tests are over.
+func removeGatewayBuild() error {
+	if gwBuildDir == "" {
+		return nil
+	}
+	return os.RemoveAll(gwBuildDir)
+}
 
 // gw is one running han-gateway process.
 type gw struct {
