@@ -141,12 +141,14 @@ func TestGatewaysRateLimitAcrossInstances(t *testing.T) {
 	mustCall(t, 201, "POST", url(gws[2], other), aTok, `{"body":"another dialog"}`, newKey())
 }
 
-// The project queue through HTTP on a cluster, for a project on each
-// master: a topic and a subscription made on two instances, a message
-// published on a third and published again (the same message, 200),
-// claimed on one instance, acknowledged on another, and never claimed
-// again.
-func TestGatewaysProjectQueueRoundTrip(t *testing.T) {
+// The project Redis API through HTTP on a cluster, for a project on each
+// master. The cache: an entry written on one instance is refused a
+// create-only write on another, listed and counted on a third, deleted,
+// and gone. The queue: a topic and a subscription made on two instances, a
+// message published on a third and published again (the same message,
+// 200), claimed on one instance, acknowledged on another, and never
+// claimed again.
+func TestGatewaysProjectAPIRoundTrip(t *testing.T) {
 	shared(t)
 	ctx := context.Background()
 	gws := startGateways(t, env.Cluster, 3)
@@ -173,7 +175,46 @@ func TestGatewaysProjectQueueRoundTrip(t *testing.T) {
 		if err := store.New(pool).CreateProject(ctx, pid, "cluster queue", []store.ProjectMember{{UserID: admin, Role: store.RoleAdmin}}); err != nil {
 			t.Fatal(err)
 		}
+		cacheRoundTrip(t, gws, tok, pid)
 		queueRoundTrip(t, gws, tok, pid)
+	}
+}
+
+func cacheRoundTrip(t *testing.T, gws []*gw, tok, pid string) {
+	t.Helper()
+	base := func(g *gw) string { return g.url() + "/projects/" + pid + "/redis" }
+	put := `{"key":"cart:1","type":"json","value":"{\"items\":2}","ttlSeconds":3600}`
+	mustCall(t, 201, "PUT", base(gws[0])+"/cache", tok, put, nil)
+	code, body, _, err := apiCall("PUT", base(gws[1])+"/cache", tok,
+		`{"key":"cart:1","type":"string","value":"other","createOnly":true}`, nil)
+	if err != nil || code != 409 || body != `{"error":"cache_key_exists"}` {
+		t.Fatalf("create-only write of an existing key on another instance: %d %s (%v)", code, body, err)
+	}
+	var list struct {
+		Items []struct {
+			Key   string `json:"key"`
+			Value string `json:"value"`
+		} `json:"items"`
+	}
+	decodeInto(t, mustCall(t, 200, "GET", base(gws[2])+"/cache", tok, "", nil), &list)
+	if len(list.Items) != 1 || list.Items[0].Key != "cart:1" || list.Items[0].Value != `{"items":2}` {
+		t.Fatalf("cache listing: %+v, want the one entry as written", list.Items)
+	}
+	var snap struct {
+		Cache struct {
+			Entries    int   `json:"entries"`
+			UsageBytes int64 `json:"usageBytes"`
+		} `json:"cache"`
+	}
+	decodeInto(t, mustCall(t, 200, "GET", base(gws[0]), tok, "", nil), &snap)
+	if snap.Cache.Entries != 1 || snap.Cache.UsageBytes != int64(len("cart:1")+len(`{"items":2}`)) {
+		t.Fatalf("snapshot's cache: %+v, want 1 entry of key + value bytes", snap.Cache)
+	}
+	mustCall(t, 204, "DELETE", base(gws[1])+"/cache?key=cart%3A1", tok, "", nil)
+	list.Items = nil
+	decodeInto(t, mustCall(t, 200, "GET", base(gws[2])+"/cache", tok, "", nil), &list)
+	if len(list.Items) != 0 {
+		t.Fatalf("cache listing after the delete: %+v", list.Items)
 	}
 }
 
