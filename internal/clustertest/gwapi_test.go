@@ -36,8 +36,7 @@ func storedMessages(t *testing.T, dialogID string) int {
 
 // A client retrying a send through another instance gets the first answer
 // again, byte for byte, marked as a replay; the same key with another body
-// is refused; PostgreSQL holds one message per key. The keys' records are
-// spread over the masters.
+// is refused; PostgreSQL holds one message per key.
 func TestGatewaysReplayIdempotentSendAcrossInstances(t *testing.T) {
 	shared(t)
 	gws := startGateways(t, env.Cluster, 3)
