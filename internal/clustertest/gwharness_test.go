@@ -95,7 +95,8 @@ func startGateways(t *testing.T, c *testenv.RedisCluster, n int) []*gw {
 		g := &gw{name: string(rune('A' + i)), done: make(chan struct{})}
 		g.id = "clgw-" + run + "-" + g.name
 		gws[i] = g
-		wg.Go(func() { errs[i] = g.start(bin, c, t.TempDir()) })
+		dir := t.TempDir()
+		wg.Go(func() { errs[i] = g.start(bin, c, dir) })
 	}
 	wg.Wait()
 	t.Cleanup(func() {
