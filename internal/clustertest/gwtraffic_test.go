@@ -55,7 +55,12 @@ func startTraffic(t *testing.T, gws []*gw, ds []*gwDialog) *traffic {
 	for n, d := range ds {
 		tr.wg.Go(func() { tr.loop(n, d) })
 	}
-	t.Cleanup(tr.halt)
+	t.Cleanup(func() {
+		tr.halt()
+		if t.Failed() {
+			t.Logf("send refusals: %s", tr.refusals())
+		}
+	})
 	return tr
 }
 
