@@ -2,10 +2,14 @@ package clustertest_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
@@ -122,6 +126,7 @@ func TestGatewaysSurviveMasterFailover(t *testing.T) {
 			hit = append(hit, d)
 		}
 	}
+	probes := probeReadiness(r.gws)
 	victim.Kill()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -134,6 +139,59 @@ func TestGatewaysSurviveMasterFailover(t *testing.T) {
 		}
 	}
 	r.recovered(t, hit)
+	// While the master was away no instance left the load balancer: each
+	// answered /readyz 200, degraded until its Pub/Sub shards were whole.
+	for i, seen := range probes.stop() {
+		t.Logf("gateway %s: /readyz during the failover: %v", r.gws[i].name, seen)
+		if len(seen) == 0 || seen[`200 "degraded"`] == 0 {
+			t.Errorf("gateway %s: /readyz during the failover %v, want 200 degraded", r.gws[i].name, seen)
+		}
+		for answer := range seen {
+			if !strings.HasPrefix(answer, "200 ") {
+				t.Errorf("gateway %s: /readyz answered %s during the failover (%v), want only 200", r.gws[i].name, answer, seen)
+			}
+		}
+	}
+}
+
+// readinessProbes polls each instance's /readyz until stopped, as a load
+// balancer does, and counts the answers by status code and "status".
+type readinessProbes struct {
+	stopc chan struct{}
+	wg    sync.WaitGroup
+	seen  []map[string]int // per instance; read after stop
+}
+
+func probeReadiness(gws []*gw) *readinessProbes {
+	p := &readinessProbes{stopc: make(chan struct{}), seen: make([]map[string]int, len(gws))}
+	for i, g := range gws {
+		p.seen[i] = map[string]int{}
+		p.wg.Go(func() {
+			for {
+				select {
+				case <-p.stopc:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				code, body, _, err := apiCall("GET", g.url()+"/readyz", "", "", nil)
+				var ready struct {
+					Status string `json:"status"`
+				}
+				if err != nil || json.Unmarshal([]byte(body), &ready) != nil {
+					p.seen[i]["no answer"]++
+					continue
+				}
+				p.seen[i][fmt.Sprintf("%d %q", code, ready.Status)]++
+			}
+		})
+	}
+	return p
+}
+
+func (p *readinessProbes) stop() []map[string]int {
+	close(p.stopc)
+	p.wg.Wait()
+	return p.seen
 }
 
 // Move the slot of one dialog's channel to another master while messages
