@@ -190,6 +190,9 @@ func prepare(ctx context.Context, t *loadtest.T, tg *target, cfg fleetConfig) (*
 // gateway wants one) and the bearer token to send, if any.
 func (fl *fleet) wsURL(ctx context.Context, tg *target, gw *gatewayFlags, c int) (string, string, error) {
 	base := "ws" + tg.base[len("http"):] + loadtest.RealtimePath
+	if tg.gateway && len(gw.also) > 0 && c%(len(gw.also)+1) > 0 {
+		base = "ws" + gw.also[c%(len(gw.also)+1)-1][len("http"):] + loadtest.RealtimePath
+	}
 	if tg.centrifugo {
 		return "ws" + tg.base[len("http"):] + loadtest.CentrifugoPath, fl.users[c].Token, nil
 	}

@@ -206,6 +206,8 @@ type gatewayFlags struct {
 	getenv    func(string) string
 
 	pubsubMode rds.PubSubMode
+	alsoList   string   // -also-target, parsed into also by check
+	also       []string // more instances' base URLs (http://host:port)
 
 	cfSecret string // Centrifugo's HMAC secret for connection JWTs
 	cfPrefix string // Centrifugo's Redis prefix
@@ -232,6 +234,8 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, ne
 			"Redis URL the broadcast publisher PUBLISHes to: the gateway's DB1 (default: env REDIS_REALTIME_URL), or Centrifugo's engine Redis (default: env "+envCentrifugoRedisURL+")")
 		fs.StringVar(&g.psMode, "pubsub-mode", "",
 			"how the broadcast publisher publishes, as the gateway's HAN_PUBSUB_MODE: auto (SPUBLISH on a cluster URL, PUBLISH otherwise), sharded or classic (default: env HAN_PUBSUB_MODE, else auto)")
+		fs.StringVar(&g.alsoList, "also-target", "",
+			"comma-separated loopback URLs of more gateway instances of the same deployment: connection i dials instance i mod n, the -target being instance 0; users and dialogs are set up through -target (bearer auth only)")
 	}
 }
 
@@ -303,6 +307,23 @@ func (g *gatewayFlags) check() error {
 		}
 	default:
 		return fmt.Errorf("-auth %q: want bearer or ticket", g.auth)
+	}
+	g.also = nil
+	for _, raw := range strings.Split(g.alsoList, ",") {
+		if raw = strings.TrimSpace(raw); raw == "" {
+			continue
+		}
+		u, err := loadtest.CheckLoopbackURL(raw)
+		if err != nil {
+			return fmt.Errorf("-also-target: %w", err)
+		}
+		if u.Scheme != "http" {
+			return fmt.Errorf("-also-target %q: want http://<loopback>:<port>", raw)
+		}
+		g.also = append(g.also, u.Scheme+"://"+u.Host)
+	}
+	if len(g.also) > 0 && g.auth != "bearer" {
+		return errors.New("-also-target needs -auth bearer")
 	}
 	return nil
 }
