@@ -2,6 +2,7 @@ package clustertest_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -85,4 +86,46 @@ func TestClassicPubSubOnCluster(t *testing.T) {
 	if len(got) != 2 || got[1] != "classic" {
 		t.Fatalf("after one SPUBLISH and one PUBLISH the classic subscriber got %q, want the PUBLISH alone", got[1:])
 	}
+}
+
+// Classic mode on a cluster: when the master the subscriber's one
+// connection is on dies, the subscriber reconnects to the replica that
+// took over and subscribes every channel again, its sockets all get
+// resync, and PUBLISH reaches it again without a restart.
+func TestClassicPubSubMasterDies(t *testing.T) {
+	c, err := testenv.StartCluster(testenv.ClusterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	ctx := context.Background()
+	a := subscriberWithConfig(t, c, pubsub.SubscriberConfig{InstanceID: "classic-a", CanaryInterval: 200 * time.Millisecond,
+		ReconnectMax: time.Second, Mode: rds.PubSubClassic})
+	byMaster := channelsByMaster(t, c, 1)
+	var channels []string
+	for _, chs := range byMaster {
+		channels = append(channels, chs...)
+	}
+	a.subscribe(t, channels...)
+	pub := pubsub.NewPublisher(open(t, c), rds.PubSubClassic, nil, nil)
+	publishAll(t, pub, channels, 1, a)
+	testenv.Eventually(t, 5*time.Second, a.sub.Healthy, "the subscriber never reported healthy")
+
+	// The connection is on the master of the canary's slot.
+	victim, err := c.MasterOf(ctx, pubsub.CanaryChannel("classic-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim.Kill()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := c.WaitHealthy(wctx); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(channels)
+	slices.Sort(want)
+	testenv.Eventually(t, 20*time.Second, func() bool { return slices.Equal(a.resyncedChannels(), want) },
+		"after the failover not every channel was resynced")
+	publishAll(t, pub, channels, 2, a)
+	testenv.Eventually(t, 10*time.Second, a.sub.Healthy, "the subscriber did not become healthy again after the failover")
 }

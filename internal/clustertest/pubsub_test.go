@@ -288,6 +288,9 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 	if total != len(channels) {
 		t.Errorf("%d channels over the shards after the failover, want %d", total, len(channels))
 	}
+	// After a failover every per-shard family has a series, the reconnect
+	// counter included: each one the alerts and the dashboard read exists.
+	assertShardFamiliesExported(t, reg)
 }
 
 // Move the slot of one channel to another master: the server drops the
