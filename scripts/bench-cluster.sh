@@ -37,9 +37,10 @@
 # budget 2), -reps N (3), -conns N (1500), -dialogs N (150: 10 members
 # each), -rate N (800 events/s: 8,000 deliveries/s), -payload N (128 bytes),
 # -phase SECONDS (20), -replicas N (1), -arms LIST
-# (sharded,classic,sharded-3gw), -budget MINUTES (10: everything after the
-# build is stopped at this bound, exit 124), -keep (keep the work folder:
-# summaries and logs). Each run is also bounded by han-loadtest
+# (sharded,classic,sharded-3gw), -budget MINUTES (10, counted from the
+# start, build included: no run starts that would end past it, and the table
+# shows the runs done; a run still going 30 s past it is killed, exit 124),
+# -keep (keep the work folder: summaries and logs). Each run is also bounded by han-loadtest
 # -max-duration (phase + 90 s + 1 s per 50 connections).
 set -euo pipefail
 
@@ -79,6 +80,7 @@ if [ "${1:-}" != --inner ]; then
 	for a in ${arms//,/ }; do
 		case "$a" in sharded | classic | sharded-3gw) ;; *) han_die "-arms: unknown arm '$a' (sharded, classic, sharded-3gw)" ;; esac
 	done
+	deadline=$(($(date +%s) + budget * 60))
 	han_ensure_packages --curl --jq
 	work="$(mktemp -d "${TMPDIR:-/tmp}/han-bench-cluster.XXXXXX")"
 	# shellcheck disable=SC2317 # the EXIT trap
@@ -91,9 +93,9 @@ if [ "${1:-}" != --inner ]; then
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest \
 		./internal/testenv/cmd/withpg ./internal/testenv/cmd/withcluster || han_die "go build failed"
 	rc=0
-	HAN_BC_WORK="$work" HAN_BC_SHAPE="$reps $conns $dialogs $rate $payload $phase" HAN_BC_ARMS="$arms" \
-		timeout -k 20 "$((budget * 60))" "$work/bin/withpg" -- "$work/bin/withcluster" -replicas "$replicas" -- bash "$0" --inner || rc=$?
-	[ "$rc" = 124 ] && han_log "stopped at the -budget of $budget min (fewer rounds or a shorter -phase fit)"
+	HAN_BC_WORK="$work" HAN_BC_SHAPE="$reps $conns $dialogs $rate $payload $phase" HAN_BC_ARMS="$arms" HAN_BC_DEADLINE="$deadline" \
+		timeout -k 20 "$((deadline - $(date +%s) + 30))" "$work/bin/withpg" -- "$work/bin/withcluster" -replicas "$replicas" -- bash "$0" --inner || rc=$?
+	[ "$rc" = 124 ] && han_log "killed 30 s past the -budget of $budget min (a run did not end)"
 	exit "$rc"
 fi
 
@@ -198,9 +200,22 @@ run_one() { # ARM ROUND: on fresh gateways, stopped after the run
 
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 han_log "$what; arms ${arms[*]}; $reps round(s); cluster nodes: $HAN_TEST_CLUSTER_ADDRS"
+# A run is not started unless one as long as the longest so far still ends
+# before the -budget deadline (with 20 s for the teardown); the table then
+# shows the runs done.
+longest=0
 for round in $(seq 1 "$reps"); do
 	k=$(((round - 1) % ${#arms[@]}))
-	for j in "${!arms[@]}"; do run_one "${arms[$(((j + k) % ${#arms[@]}))]}" "$round"; done
+	for j in "${!arms[@]}"; do
+		if [ $(($(date +%s) + longest + 20)) -gt "$HAN_BC_DEADLINE" ]; then
+			han_log "the -budget leaves no time for another run: stopping before round $round's ${arms[$(((j + k) % ${#arms[@]}))]}"
+			failed=1
+			break 2
+		fi
+		t0=$(date +%s)
+		run_one "${arms[$(((j + k) % ${#arms[@]}))]}" "$round"
+		longest=$((longest > $(date +%s) - t0 ? longest : $(date +%s) - t0))
+	done
 done
 
 echo
