@@ -29,7 +29,7 @@ const (
 
 // ErrShardedNeedsCluster is returned for sharded Pub/Sub on a client of a
 // standalone Redis.
-var ErrShardedNeedsCluster = Named("pubsub_mode", "sharded Pub/Sub needs a Redis Cluster (a URL with addr= seeds); this one is a standalone Redis: use auto or classic")
+var ErrShardedNeedsCluster = Named("pubsub_mode", "sharded Pub/Sub needs a Redis Cluster (a URL with addr= parameters); this one is a standalone Redis: use auto or classic")
 
 // String is the mode's name as ParsePubSubMode reads it.
 func (m PubSubMode) String() string {

@@ -4,7 +4,7 @@
 // given command with the cluster in its environment, stops the cluster and
 // exits with the command's status (scripts/bench-cluster.sh):
 //
-//	HAN_TEST_CLUSTER_URL       api_backend's cluster URL (addr= seeds), as REDIS_REALTIME_URL takes it
+//	HAN_TEST_CLUSTER_URL       api_backend's cluster URL (with addr= parameters), as REDIS_REALTIME_URL takes it
 //	HAN_TEST_CLUSTER_PIDS      the redis-server process ids, space separated, masters first
 //	HAN_TEST_CLUSTER_ADDRS     their addresses in the same order
 package main
