@@ -133,6 +133,7 @@ const runEnv = `Environment (gateway targets; flags override):
   HAN_JWT_DEV_HS256_SECRET  the gateway's dev secret, to mint user tokens (-dev-secret)
   HAN_ALLOWED_ORIGINS       its first origin is the WebSocket Origin header (-origin)
   REDIS_REALTIME_URL        Redis DB1, where the broadcast scenario publishes (-redis-url)
+  HAN_PUBSUB_MODE           auto, sharded or classic: how it publishes there, as the gateways (-pubsub-mode)
 send-sql (the send path's SQL alone) reads the gateway's own variables:
   DATABASE_URL (-database-url), HAN_DB_EXEC_MODE (-exec-mode),
   HAN_DB_REQUEST_TIMEOUT, HAN_IDEMPOTENCY_TTL, HAN_LEGACY_STUB_ENABLED

@@ -250,7 +250,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 		return nil, nil, err
 	}
 	if tg.gateway || tg.centrifugo {
-		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.maxPublishers)
+		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.gw.pubsubMode, b.maxPublishers)
 	} else {
 		pub, err = newBaselinePublisher(ctx, t, tg.base, b.publisherConns)
 	}

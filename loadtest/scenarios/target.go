@@ -14,6 +14,7 @@ import (
 
 	"github.com/han-app/gateway/loadtest"
 	"github.com/han-app/gateway/loadtest/baseline"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Target keywords of --target besides a gateway URL.
@@ -253,9 +254,12 @@ type gatewayFlags struct {
 	devSecret string
 	origin    string
 	redisURL  string
+	psMode    string // -pubsub-mode, parsed into pubsubMode by check
 	auth      string
 	tokenTTL  time.Duration
 	getenv    func(string) string
+
+	pubsubMode rds.PubSubMode
 
 	cfSecret string // Centrifugo's HMAC secret for connection JWTs
 	cfPrefix string // Centrifugo's Redis prefix
@@ -280,6 +284,8 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, ne
 	if needRedis {
 		fs.StringVar(&g.redisURL, "redis-url", "",
 			"Redis URL the broadcast publisher PUBLISHes to: the gateway's DB1 (default: env REDIS_REALTIME_URL), or Centrifugo's engine Redis (default: env "+envCentrifugoRedisURL+")")
+		fs.StringVar(&g.psMode, "pubsub-mode", "",
+			"how the broadcast publisher publishes, as the gateway's HAN_PUBSUB_MODE: auto (SPUBLISH on a cluster URL, PUBLISH otherwise), sharded or classic (default: env HAN_PUBSUB_MODE, else auto)")
 	}
 }
 
@@ -329,10 +335,17 @@ func (g *gatewayFlags) fromEnv() {
 	if g.redisURL == "" {
 		g.redisURL = g.getenv("REDIS_REALTIME_URL")
 	}
+	if g.psMode == "" {
+		g.psMode = g.getenv("HAN_PUBSUB_MODE")
+	}
 }
 
 func (g *gatewayFlags) check() error {
 	g.fromEnv()
+	var err error
+	if g.pubsubMode, err = rds.ParsePubSubMode(g.psMode); err != nil {
+		return fmt.Errorf("-pubsub-mode: %w", err)
+	}
 	if len(g.devSecret) < 32 {
 		return errors.New("the gateway target needs -dev-secret (or HAN_JWT_DEV_HS256_SECRET), at least 32 bytes")
 	}
