@@ -15,13 +15,16 @@ import (
 )
 
 // BenchmarkProjectQueueScripts measures what Redis spends on one call of
-// each queue script (user CPU time of its main thread, INFO cpu), one call
+// each queue script (usec_per_call and the main thread's user CPU), one call
 // at a time on the package's redis-server, in phases: b.N publishes to a
 // topic with one subscription, claims of 10, b.N acks, b.N publishes again,
-// claims of 1, b.N acks, b.N claims that find nothing. The scripts are
+// claims of 1, b.N acks, b.N claims that find nothing, b.N module budget
+// lease renewals (return the last lease, take the next). The scripts are
 // called directly (no module budget lease, no batching), so each phase's
-// figure is that script alone. ns/op is the client's time for all phases
-// per message and means little; the per-script metrics are the point.
+// figure is that script alone (claim10 and claim1 per call, not per
+// message; claim0 finds nothing). ns/op is the client's time for all
+// phases per message and means little; the per-script metrics are the
+// point.
 //
 //	go run ./internal/testenv/cmd/withpg -- go test -run '^$' -bench BenchmarkProjectQueueScripts -benchtime 5000x ./store/project/
 func BenchmarkProjectQueueScripts(b *testing.B) {
@@ -49,47 +52,90 @@ func BenchmarkProjectQueueScripts(b *testing.B) {
 	s := scriptCalls{rdb: rdb, k: k, tid: top.ID, sid: sub.ID, run: ids.New(),
 		payload: `{"body":"hello, this is a benchmark message of about one hundred bytes......","n":1}`}
 
-	// phase runs f n times and returns the user CPU time of Redis's main
-	// thread per call (INFO cpu), in µs: on a loaded machine a script's
-	// usec_per_call (wall time) also counts the time Redis waited for a
-	// core, and the system time is mostly the network, the same for every
-	// script; user time is the scripts' own work plus the request parsing
-	// and reply encoding.
-	phase := func(n int, f func(i int)) float64 {
+	// phase runs f n times and records two figures per call under name:
+	// usec_per_call of EVALSHA (INFO commandstats: the time the script
+	// ran, without reading the request and writing the reply) and the user
+	// CPU time of Redis's main thread (INFO cpu: the script's own work plus
+	// request parsing and reply encoding). On a loaded machine the first
+	// also counts the time Redis waited for a core mid-script; the second
+	// does not, and leaves out the system time, which is mostly the
+	// network and the same for every script. Rounds of one script add up.
+	usec, cpu := map[string]float64{}, map[string]float64{}
+	phase := func(name string, n int, f func(i int)) {
+		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
 		before := mainThreadUserCPU(b, admin)
 		for i := range n {
 			f(i)
 		}
-		return (mainThreadUserCPU(b, admin) - before) * 1e6 / float64(n)
+		cpu[name] += (mainThreadUserCPU(b, admin) - before) * 1e6 / float64(n)
+		usec[name] += evalshaUsecPerCall(b, admin)
 	}
 	b.ResetTimer()
-	var pub, claim10, claim1, ack, empty float64
 	held := make([][2]string, 0, b.N)
 	for round, count := range []int{10, 1} {
-		pub += phase(b.N, func(i int) { s.publish(ctx, b, round*b.N+i) }) / 2
+		phase("publish", b.N, func(i int) { s.publish(ctx, b, round*b.N+i) })
 		held = held[:0]
-		usec := phase((b.N+count-1)/count, func(int) { held = append(held, s.claim(ctx, b, count)...) })
-		if count == 10 {
-			claim10 = usec
-		} else {
-			claim1 = usec
-		}
+		phase("claim"+strconv.Itoa(count), (b.N+count-1)/count, func(int) { held = append(held, s.claim(ctx, b, count)...) })
 		if len(held) != b.N {
 			b.Fatalf("claimed %d of %d", len(held), b.N)
 		}
-		ack += phase(b.N, func(i int) { s.ack(ctx, b, held[i]) }) / 2
+		phase("ack", b.N, func(i int) { s.ack(ctx, b, held[i]) })
 	}
-	empty = phase(b.N, func(int) {
+	phase("claim0", b.N, func(int) {
 		if got := s.claim(ctx, b, 10); len(got) != 0 {
 			b.Fatalf("claimed %d from an empty queue", len(got))
 		}
 	})
+	// Module budget leases: each call returns the previous lease (with
+	// the bytes its publishes kept) and takes the next, as a renewal does.
+	mk := project.NewModuleKeys("scr" + ids.New()[24:])
+	defer admin.Del(ctx, mk.Budget(), mk.Reservations(), mk.Leases(), mk.Projects())
+	prev := ""
+	phase("lease", b.N, func(i int) {
+		id := "l" + strconv.Itoa(i)
+		kept := 0
+		if prev != "" {
+			kept = 40000
+		}
+		err := lua.ProjectTopicBudgetLease.Run(ctx, rdb, []string{mk.Budget(), mk.Reservations(), mk.Leases(), mk.Projects()},
+			prev, kept, 0, 0, id, project.ModuleLeaseMaxBytes, 10000, int64(1<<40), int64(1<<36), 0, pid).Err()
+		if err != nil {
+			b.Fatal(err)
+		}
+		prev = id
+	})
 	b.StopTimer()
-	b.ReportMetric(pub, "publish-µs/call")
-	b.ReportMetric(claim1, "claim1-µs/call")
-	b.ReportMetric(claim10, "claim10-µs/call")
-	b.ReportMetric(ack, "ack-µs/call")
-	b.ReportMetric(empty, "claim0-µs/call")
+	for name, rounds := range map[string]float64{"publish": 2, "ack": 2, "claim10": 1, "claim1": 1, "claim0": 1, "lease": 1} {
+		b.ReportMetric(usec[name]/rounds, name+"-usec/call")
+		b.ReportMetric(cpu[name]/rounds, name+"-cpu-µs/call")
+	}
+}
+
+// evalshaUsecPerCall reads usec_per_call of EVALSHA from INFO commandstats.
+func evalshaUsecPerCall(b *testing.B, admin *redis.Client) float64 {
+	info, err := admin.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for f := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+				n, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	b.Fatal("no EVALSHA in INFO commandstats")
+	return 0
 }
 
 // mainThreadUserCPU is the user CPU time (seconds) of Redis's main thread
