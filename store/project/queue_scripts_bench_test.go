@@ -65,11 +65,11 @@ func BenchmarkProjectQueueScripts(b *testing.B) {
 		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
 			b.Fatal(err)
 		}
-		before := mainThreadUserCPU(b, admin)
+		before := redisCPUSeconds(b, admin, "used_cpu_user_main_thread")
 		for i := range n {
 			f(i)
 		}
-		cpu[name] += (mainThreadUserCPU(b, admin) - before) * 1e6 / float64(n)
+		cpu[name] += (redisCPUSeconds(b, admin, "used_cpu_user_main_thread") - before) * 1e6 / float64(n)
 		usec[name] += evalshaUsecPerCall(b, admin)
 	}
 	b.ResetTimer()
@@ -138,24 +138,31 @@ func evalshaUsecPerCall(b *testing.B, admin *redis.Client) float64 {
 	return 0
 }
 
-// mainThreadUserCPU is the user CPU time (seconds) of Redis's main thread
-// from INFO cpu.
-func mainThreadUserCPU(b *testing.B, admin *redis.Client) float64 {
+// redisCPUSeconds is the sum of the named INFO cpu fields (seconds).
+func redisCPUSeconds(b *testing.B, admin *redis.Client, fields ...string) float64 {
 	info, err := admin.Info(context.Background(), "cpu").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
+	total, found := 0.0, 0
 	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_cpu_user_main_thread:"); ok {
+		name, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		for _, f := range fields {
+			if name != f {
+				continue
+			}
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				b.Fatal(err)
 			}
-			return n
+			total += n
+			found++
 		}
 	}
-	b.Fatal("no used_cpu_user_main_thread in INFO cpu")
-	return 0
+	if found != len(fields) {
+		b.Fatalf("INFO cpu lacks one of %v", fields)
+	}
+	return total
 }
 
 // scriptCalls calls the queue's scripts directly, as Publish, Claim and Ack
