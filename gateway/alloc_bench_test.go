@@ -52,6 +52,7 @@ func BenchmarkDeliveryAllocs(b *testing.B) {
 }
 
 func benchDeliveryAllocs(b *testing.B, dialogs, members int) {
+	b.ReportAllocs()
 	in := newInstance(b, openPool(b), opts{})
 	payloads := make([][]byte, dialogs) // one pipelined window of PUBLISH commands per dialog
 	clients := make([][]*discardCounter, dialogs)
