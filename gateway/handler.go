@@ -97,6 +97,9 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 		return nil, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReason(), metric}
 	}
 	defer s.hub.gate.release()
+	if s.hub.isDraining() { // began while this handshake waited
+		return nil, time.Time{}, refusal{CloseGoingAway, s.hub.retryReason(), "draining"}
+	}
 	// The budget of the work starts once it is admitted.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
