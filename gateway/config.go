@@ -15,7 +15,7 @@ const (
 	CloseUnsupported   = websocket.StatusUnsupportedData // 1003: a binary frame
 	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big, frame rate, subprotocol, per-user connection cap
 	CloseInternal      = websocket.StatusInternalError   // 1011
-	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable
+	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable, or the handshake queue full; reason {"retryMs":n} for the queue
 	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token; reason token_expired: the credential expired
 	CloseForbidden     = websocket.StatusCode(4003)      // not a user session, or a refresh token of another user
 	CloseSlowConsumer  = websocket.StatusCode(4008)      // cannot keep up
@@ -103,6 +103,18 @@ type Config struct {
 	// TicketTTL is the lifetime of a one-time ticket. Zero value means 30s.
 	TicketTTL time.Duration
 
+	// Handshake admission (admission.go): at most HandshakeConcurrency
+	// handshakes do their Redis and PostgreSQL work at once
+	// (HAN_WS_HANDSHAKE_CONCURRENCY; the service sizes it from its pools;
+	// zero value means 64). The others wait in a FIFO queue of at most
+	// HandshakeQueue (HAN_WS_HANDSHAKE_QUEUE; zero value means 4096) for at
+	// most HandshakeWait (HAN_WS_HANDSHAKE_WAIT; zero value means 3s);
+	// beyond either bound a handshake is closed with 1013 and a reconnect
+	// delay drawn from [RetryMin, RetryMax].
+	HandshakeConcurrency int
+	HandshakeQueue       int
+	HandshakeWait        time.Duration
+
 	// Recovery of a subscribe with sinceSeq: the missed message.created
 	// events are replayed over the socket when there are at most
 	// RecoverMax of them (HAN_WS_RECOVER_MAX; zero value means 100), their
@@ -155,6 +167,9 @@ func (c *Config) defaults() {
 		c.RetryMax = c.RetryMin
 	}
 	dur(&c.TicketTTL, 30*time.Second)
+	num(&c.HandshakeConcurrency, 64)
+	num(&c.HandshakeQueue, 4096)
+	dur(&c.HandshakeWait, 3*time.Second)
 	dur(&c.RecoverWindow, 10*time.Minute)
 	num(&c.RecoverMax, 100)
 	num(&c.RecoverBytes, 256<<10)

@@ -151,9 +151,10 @@ func (c *conn) subscribe(raw string, since int64) {
 		c.send(encodeError(errTooManySubscriptions))
 		return
 	}
-	member, err := h.deps.Store.IsMember(ctx, dialogID, c.userID)
-	if err != nil || !member {
-		c.send(encodeError(subscribeErrCode(errOr(err, store.ErrDialogNotFound))))
+	// Membership before the Redis SUBSCRIBE, with the same batched check
+	// that reads lastSeq below (concurrent subscribes share one query).
+	if _, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID); err != nil {
+		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}
 	channel := pubsub.DialogChannel(dialogID)
@@ -239,13 +240,6 @@ func subscribedJSON(dialogID string, lastSeq int64, withSince, recovered bool) [
 		f.Recovered = &recovered
 	}
 	return mustJSON(f)
-}
-
-func errOr(err, def error) error {
-	if err != nil {
-		return err
-	}
-	return def
 }
 
 func subscribeErrCode(err error) string {

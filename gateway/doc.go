@@ -12,7 +12,11 @@
 // 4003, 1013), because a browser cannot read the status of a failed upgrade.
 // It then registers presence (refused with 1008 too_many_connections when the
 // user already holds the per-user cap of connections, counted across all
-// instances) and hands the connection to the Hub.
+// instances) and hands the connection to the Hub. Authentication and the
+// presence registration, the handshake's Redis and PostgreSQL work, run under
+// one of a bounded number of admission slots; handshakes beyond them wait in a
+// bounded FIFO queue for a bounded time, and only beyond those bounds are
+// refused with 1013 and a reconnect delay (admission.go).
 //
 // Expiry: every connection carries the deadline of its credential, the exp
 // of its bearer token or of the token that issued its ticket (stored with

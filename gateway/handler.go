@@ -60,26 +60,62 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	userID, expires, ref := s.authenticate(ctx, ticket, token, hasBearer)
+	c, expires, ref := hd.register(ws, hw.cork, ticket, token, hasBearer)
 	if ref.metric != "" {
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
+	userID := c.userID
+	c.send(mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
+		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli()}))
+	if !h.add(c) {
+		// Registered in presence a moment ago: take it back.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = s.presence.Disconnect(ctx, userID, c.id)
+		cancel()
+		refuse(CloseGoingAway, h.retryReason(), "draining")
+		return
+	}
+	// Read on a fresh goroutine and let net/http's handler goroutine (and
+	// its grown stack) end: an idle connection then costs two small
+	// goroutines.
+	go c.readLoop()
+}
 
+// register authenticates the handshake and records its connection in
+// presence: the Redis and PostgreSQL work of a handshake, run under an
+// admission slot (admission.go); beyond the admission queue's bounds the
+// client is refused with 1013 and a reconnect delay. It writes nothing to
+// the client, so a client that does not read holds no slot.
+func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token string, hasBearer bool) (*conn, time.Time, refusal) {
+	s := hd.s
+	if err := s.hub.gate.acquire(); err != nil {
+		metric := "handshake_queue_full"
+		if errors.Is(err, errAdmissionWait) {
+			metric = "handshake_queue_timeout"
+		}
+		return nil, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReason(), metric}
+	}
+	defer s.hub.gate.release()
+	if s.hub.isDraining() { // began while this handshake waited
+		return nil, time.Time{}, refusal{CloseGoingAway, s.hub.retryReason(), "draining"}
+	}
+	// The budget of the work starts once it is admitted.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	userID, expires, ref := s.authenticate(ctx, ticket, token, hasBearer)
+	if ref.metric != "" {
+		return nil, time.Time{}, ref
+	}
 	// A ticket redeemed after its issuing token expired opens nothing.
 	deadline := expires.Add(s.verifier.Leeway())
 	if !time.Now().Before(deadline) {
-		refuse(CloseUnauthorized, CloseReasonTokenExpired, CloseReasonTokenExpired)
-		return
+		return nil, time.Time{}, refusal{CloseUnauthorized, CloseReasonTokenExpired, CloseReasonTokenExpired}
 	}
-
-	c := newConn(h, ws, hw.cork, userID, deadline)
+	c := newConn(s.hub, ws, cork, userID, deadline)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
 		if errors.Is(err, presence.ErrTooManyConnections) {
-			refuse(ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections)
-			return
+			return nil, time.Time{}, refusal{ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections}
 		}
 		// DB1 is needed to record presence: refuse new connections while it
 		// is out; existing ones keep their local fan-out (docs/degraded-mode.md).
@@ -88,21 +124,9 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// until it goes stale.
 		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", rds.Kind(err)))
 		_, _ = s.presence.Disconnect(ctx, userID, c.id)
-		refuse(CloseTryAgainLater, "try again later", "unavailable")
-		return
+		return nil, time.Time{}, refuseUnavailable
 	}
-	c.send(mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
-		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli()}))
-	if !h.add(c) {
-		// Registered in presence a moment ago: take it back.
-		_, _ = s.presence.Disconnect(ctx, userID, c.id)
-		refuse(CloseGoingAway, h.retryReason(), "draining")
-		return
-	}
-	// Read on a fresh goroutine and let net/http's handler goroutine (and
-	// its grown stack) end: an idle connection then costs two small
-	// goroutines.
-	go c.readLoop()
+	return c, expires, refusal{}
 }
 
 // refusal is why a handshake ends in a close frame: code and reason go to

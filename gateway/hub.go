@@ -37,6 +37,7 @@ type Hub struct {
 	logger *slog.Logger
 	stats  hubStats
 	rec    *recoverer
+	gate   *admission // handshakes' Redis and PostgreSQL work
 
 	mu       sync.RWMutex // guards conns, channels, draining
 	conns    map[*conn]struct{}
@@ -52,6 +53,7 @@ func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 	h := &Hub{cfg: cfg, deps: deps, logger: logger, conns: map[*conn]struct{}{},
 		channels: map[string]map[*conn]*sub{}, empty: make(chan struct{}, 1)}
 	h.rec = newRecoverer(&h.cfg, deps.Recovery)
+	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
 	return h
 }
 
@@ -108,6 +110,21 @@ type Stats struct {
 	RecoverReadErrors uint64
 	Recovered         uint64
 	RecoverResyncs    uint64
+	// Handshake admission: handshakes holding a slot and waiting for one
+	// now, the longest the queue has been, handshakes that waited and got a
+	// slot (and their total wait), and refusals for a full queue or a wait
+	// that ran out (also counted in Rejects).
+	HandshakesActive     int
+	HandshakesQueued     int
+	HandshakeQueueMax    int
+	HandshakeWaits       uint64
+	HandshakeWaitSeconds float64
+	HandshakeRefusedFull uint64
+	HandshakeRefusedWait uint64
+	// Subscribe checks (membership and lastSeq) and the PostgreSQL queries
+	// that answered them: concurrent checks share one query.
+	SubscribeChecks       uint64
+	SubscribeCheckQueries uint64
 }
 
 // Stats returns the current counters.
@@ -119,6 +136,14 @@ func (h *Hub) Stats() Stats {
 		MaxQueueFrames: int(h.stats.maxQueue.Load()), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
 		RecoverReadErrors: h.rec.readErrors.Load(),
 		Recovered:         h.rec.recovered.Load(), RecoverResyncs: h.rec.resyncs.Load(),
+	}
+	adm := h.gate.stats()
+	st.HandshakesActive, st.HandshakesQueued, st.HandshakeQueueMax = adm.active, adm.queued, adm.queuedMax
+	st.HandshakeWaits, st.HandshakeWaitSeconds = adm.waits, adm.waitSeconds
+	st.HandshakeRefusedFull, st.HandshakeRefusedWait = adm.refusedFull, adm.refusedWait
+	if h.deps.Store != nil {
+		sc := h.deps.Store.SubscribeCheckStats()
+		st.SubscribeChecks, st.SubscribeCheckQueries = sc.Checks, sc.Queries
 	}
 	h.stats.closes.Range(func(k, v any) bool {
 		st.Closes[int(k.(websocket.StatusCode))] = v.(*atomic.Uint64).Load()

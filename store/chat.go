@@ -28,6 +28,8 @@ type Store struct {
 	reqTimeout time.Duration
 	// sends combines concurrent sends into one dialog (SendMessage).
 	sends *sendCombiner
+	// lastSeqs combines concurrent DialogLastSeq checks (realtime_batch.go).
+	lastSeqs *lastSeqBatcher
 }
 
 // New wraps a pool; request transactions get DefaultRequestTimeout, and a
@@ -35,6 +37,7 @@ type Store struct {
 func New(pool *pgxpool.Pool) *Store {
 	s := &Store{pool: pool, reqTimeout: DefaultRequestTimeout}
 	s.sends = newSendCombiner(s.writeBatch)
+	s.lastSeqs = &lastSeqBatcher{s: s}
 	return s
 }
 

@@ -10,6 +10,10 @@
 // store/rds; the project Redis API's own data (cache, topics, budgets) is
 // store/project. Neither links a PostgreSQL driver.
 //
+// The realtime subscribe's check (DialogLastSeq: membership and the
+// dialog's last seq) batches concurrent calls into one query over arrays of
+// (dialog, user) pairs (realtime_batch.go).
+//
 // Outbox rows the request path published are marked delivered in batches
 // by an OutboxMarker (one UPDATE per batch, off the request path), and
 // delivered rows past their retention are deleted by an OutboxPurger; the

@@ -10,17 +10,18 @@ import (
 )
 
 // DialogLastSeq returns the dialog's last assigned seq if userID is a
-// member (ErrDialogNotFound otherwise). The realtime subscribe reads it
-// after the Redis SUBSCRIBE is confirmed.
+// member (ErrDialogNotFound otherwise, also for ids that are not UUIDs).
+// The realtime subscribe checks membership with it before the Redis
+// SUBSCRIBE and reads the seq again after the SUBSCRIBE is confirmed.
+// Concurrent calls share one query (realtime_batch.go); each still gets the
+// answer a query of its own would have given.
 func (s *Store) DialogLastSeq(ctx context.Context, dialogID, userID string) (int64, error) {
-	var seq int64
-	err := s.pool.QueryRow(ctx, `SELECT d.last_seq FROM dialogs d
-		JOIN dialog_members m ON m.dialog_id = d.id AND m.user_id = $2 WHERE d.id = $1`, dialogID, userID).Scan(&seq)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ErrDialogNotFound
-	}
+	seq, found, err := s.lastSeqs.check(ctx, dialogID, userID)
 	if err != nil {
-		return 0, fmt.Errorf("dialog last seq: %w", err)
+		return 0, err
+	}
+	if !found {
+		return 0, ErrDialogNotFound
 	}
 	return seq, nil
 }

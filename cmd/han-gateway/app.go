@@ -186,7 +186,9 @@ func (m *Main) Run(ctx context.Context) error {
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,
-				RecoverWindow: cfg.WSRecoverWindow, RecoverMax: cfg.WSRecoverMax},
+				RecoverWindow: cfg.WSRecoverWindow, RecoverMax: cfg.WSRecoverMax,
+				HandshakeConcurrency: m.handshakeConcurrency(), HandshakeQueue: cfg.WSHandshakeQueue,
+				HandshakeWait: cfg.WSHandshakeWait},
 			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser},
 			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
 			PubSubMode: psMode,

@@ -45,6 +45,26 @@ func (m *Main) connCaps() (total, perIP int, err error) {
 	return total, perIP, nil
 }
 
+// handshakeConcurrency is how many WebSocket handshakes do their Redis and
+// PostgreSQL work at once: HAN_WS_HANDSHAKE_CONCURRENCY, else twice the
+// PostgreSQL pool plus the realtime Redis pool. A handshake holds at most
+// one connection of one of them at a time, and presence registrations
+// share pipelines, so this keeps both pools busy without leaving
+// handshakes to time out in a pool's wait.
+func (m *Main) handshakeConcurrency() int {
+	if n := m.Config.WSHandshakeConcurrency; n > 0 {
+		return n
+	}
+	pools := int(m.pg.Config().MaxConns)
+	switch c := m.rt.(type) {
+	case interface{ Options() *redis.Options }:
+		pools += c.Options().PoolSize
+	case interface{ Options() *redis.ClusterOptions }:
+		pools += c.Options().PoolSize // per node
+	}
+	return 2 * pools
+}
+
 // capListener wraps ln with the connection caps; trusted proxies are
 // exempt from the per-peer cap because one proxy carries many clients.
 func (m *Main) capListener(ln net.Listener, reg prometheus.Registerer) (net.Listener, error) {

@@ -128,6 +128,16 @@ type Config struct {
 	// REST.
 	WSRecoverWindow time.Duration
 	WSRecoverMax    int
+	// Handshake admission: WSHandshakeConcurrency
+	// (HAN_WS_HANDSHAKE_CONCURRENCY; 0, the default, means twice the
+	// PostgreSQL pool plus the realtime Redis pool) handshakes do their
+	// Redis and PostgreSQL work at once; up to WSHandshakeQueue
+	// (HAN_WS_HANDSHAKE_QUEUE, default 4096) more wait, each at most
+	// WSHandshakeWait (HAN_WS_HANDSHAKE_WAIT, default 3s); beyond that a
+	// handshake is closed with 1013 and a reconnect delay.
+	WSHandshakeConcurrency int
+	WSHandshakeQueue       int
+	WSHandshakeWait        time.Duration
 	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s) is
 	// the base of the per-request body read and response write deadlines;
 	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s) closes idle
@@ -271,6 +281,20 @@ func Load(getenv func(string) string) (Config, error) {
 		if c.WSRecoverMax, err = strconv.Atoi(v); err != nil || c.WSRecoverMax < 1 {
 			bad("HAN_WS_RECOVER_MAX: must be a positive number")
 		}
+	}
+	c.WSHandshakeQueue = 4096
+	for _, n := range []struct {
+		name string
+		dst  *int
+	}{{"HAN_WS_HANDSHAKE_CONCURRENCY", &c.WSHandshakeConcurrency}, {"HAN_WS_HANDSHAKE_QUEUE", &c.WSHandshakeQueue}} {
+		if v := getenv(n.name); v != "" {
+			if *n.dst, err = strconv.Atoi(v); err != nil || *n.dst < 1 {
+				bad("%s: must be a positive number", n.name)
+			}
+		}
+	}
+	if c.WSHandshakeWait, err = duration(getenv("HAN_WS_HANDSHAKE_WAIT"), 3*time.Second); err != nil {
+		bad("HAN_WS_HANDSHAKE_WAIT: %v", err)
 	}
 	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil {
 		bad("HAN_HTTP_BODY_TIMEOUT: %v", err)

@@ -308,3 +308,34 @@ func TestWSRecover(t *testing.T) {
 		}
 	}
 }
+
+// Handshake admission: HAN_WS_HANDSHAKE_CONCURRENCY (unset: sized from the
+// pools by the service), HAN_WS_HANDSHAKE_QUEUE (4096) and
+// HAN_WS_HANDSHAKE_WAIT (3s); numbers must be positive.
+func TestWSHandshakeAdmission(t *testing.T) {
+	m := base()
+	c, err := Load(env(m))
+	if err != nil || c.WSHandshakeConcurrency != 0 || c.WSHandshakeQueue != 4096 || c.WSHandshakeWait != 3*time.Second {
+		t.Fatalf("defaults: concurrency %d queue %d wait %v %v", c.WSHandshakeConcurrency, c.WSHandshakeQueue, c.WSHandshakeWait, err)
+	}
+	m["HAN_WS_HANDSHAKE_CONCURRENCY"], m["HAN_WS_HANDSHAKE_QUEUE"], m["HAN_WS_HANDSHAKE_WAIT"] = "50", "900", "1500ms"
+	if c, err := Load(env(m)); err != nil || c.WSHandshakeConcurrency != 50 || c.WSHandshakeQueue != 900 || c.WSHandshakeWait != 1500*time.Millisecond {
+		t.Fatalf("set: concurrency %d queue %d wait %v %v", c.WSHandshakeConcurrency, c.WSHandshakeQueue, c.WSHandshakeWait, err)
+	}
+	for _, name := range []string{"HAN_WS_HANDSHAKE_CONCURRENCY", "HAN_WS_HANDSHAKE_QUEUE"} {
+		for _, v := range []string{"0", "-1", "many"} {
+			m := base()
+			m[name] = v
+			if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), name+": must be a positive number") {
+				t.Errorf("%s=%q: %v", name, v, err)
+			}
+		}
+	}
+	for _, v := range []string{"0", "soon"} {
+		m := base()
+		m["HAN_WS_HANDSHAKE_WAIT"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_HANDSHAKE_WAIT") {
+			t.Errorf("wait %q: %v", v, err)
+		}
+	}
+}

@@ -515,6 +515,15 @@ export class Realtime extends Emitter {
       this.#retry(advised === null ? null : advised + Math.random() * 1000, "going_away", code);
       return;
     }
+    if (code === 1013) {
+      // A full handshake queue advises a delay the same way; an outage
+      // (no advice) backs off below.
+      const advised = advisedDelay(reason);
+      if (advised !== null) {
+        this.#retry(advised + Math.random() * 1000, "try_again_later", code);
+        return;
+      }
+    }
     if (code === 4001) {
       // Unknown/used ticket or a refused token: a ticket is fetched anew per
       // attempt; a bearer connection needs a new token first.

@@ -1,0 +1,17 @@
+package gateway
+
+// HoldHandshakeSlots takes n handshake admission slots of s, as n
+// handshakes in the middle of their Redis and PostgreSQL work would, until
+// the returned function gives them back. The slots must be free.
+func (s *Service) HoldHandshakeSlots(n int) (release func()) {
+	for range n {
+		if err := s.hub.gate.acquire(); err != nil {
+			panic("HoldHandshakeSlots: " + err.Error())
+		}
+	}
+	return func() {
+		for range n {
+			s.hub.gate.release()
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/han-app/gateway/internal/ids"
+)
+
+// Subscribe checks batching. Every realtime subscribe reads its dialog's
+// last seq for its user (DialogLastSeq: membership and the seq in one
+// read). Checks that arrive together share one statement: while a query is
+// in flight the next checks queue, and when it ends they go out together
+// as one query over arrays of (dialog, user) pairs. A lone check goes out
+// at once (no added wait); a reconnect storm of thousands of sockets
+// resubscribing costs one query per batch instead of one per subscribe, and
+// never more than lastSeqInFlight pool connections.
+const (
+	// lastSeqInFlight is how many batch queries run at once: two keep
+	// PostgreSQL busy while the client reads one answer and sends the next.
+	lastSeqInFlight = 2
+	// lastSeqBatchMax bounds the pairs of one query.
+	lastSeqBatchMax = 512
+	// lastSeqSharedBudget bounds a query shared by several callers.
+	lastSeqSharedBudget = 5 * time.Second
+)
+
+// lastSeqSQL answers, for each pair of the two arrays (same index), the
+// dialog's last_seq when the user is a member; pairs of non-members (or of
+// no dialog) have no row. i is the pair's 1-based position.
+const lastSeqSQL = `SELECT r.i, d.last_seq
+	FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS r(dialog_id, user_id, i)
+	JOIN dialog_members m ON m.dialog_id = r.dialog_id AND m.user_id = r.user_id
+	JOIN dialogs d ON d.id = r.dialog_id`
+
+// lastSeqCall is one check waiting in a batch.
+type lastSeqCall struct {
+	ctx              context.Context
+	dialogID, userID string
+	seq              int64
+	found            bool
+	err              error
+	// wake receives nil when the answer is set, or the batch this caller
+	// must now send (it holds the caller's own call).
+	wake chan []*lastSeqCall
+}
+
+// lastSeqBatcher sends concurrent DialogLastSeq checks as shared queries.
+// Safe for concurrent use.
+type lastSeqBatcher struct {
+	s *Store
+
+	mu       sync.Mutex // guards queue, inFlight
+	queue    []*lastSeqCall
+	inFlight int
+
+	calls, queries atomic.Uint64
+}
+
+// SubscribeCheckStats counts DialogLastSeq checks and the queries that
+// answered them (fewer than the checks when checks were batched).
+type SubscribeCheckStats struct {
+	Checks, Queries uint64
+}
+
+// SubscribeCheckStats returns the counters of this Store's DialogLastSeq
+// checks.
+func (s *Store) SubscribeCheckStats() SubscribeCheckStats {
+	return SubscribeCheckStats{Checks: s.lastSeqs.calls.Load(), Queries: s.lastSeqs.queries.Load()}
+}
+
+// check answers one pair, batched with the checks of other callers.
+func (b *lastSeqBatcher) check(ctx context.Context, dialogID, userID string) (int64, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, false, err
+	}
+	b.calls.Add(1)
+	// Neither id can name a row unless it is a UUID; keeping other text out
+	// of the arrays keeps one caller's bad input from failing the batch.
+	if !ids.Valid(dialogID) || !ids.Valid(userID) {
+		return 0, false, nil
+	}
+	c := &lastSeqCall{ctx: ctx, dialogID: dialogID, userID: userID}
+	b.mu.Lock()
+	if b.inFlight < lastSeqInFlight {
+		b.inFlight++
+		batch := append([]*lastSeqCall{c}, b.takeLocked(lastSeqBatchMax-1)...)
+		b.mu.Unlock()
+		b.send(batch)
+		return c.seq, c.found, c.err
+	}
+	c.wake = make(chan []*lastSeqCall, 1)
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	if batch := <-c.wake; batch != nil {
+		b.send(batch)
+	}
+	return c.seq, c.found, c.err
+}
+
+// takeLocked removes up to limit queued calls.
+func (b *lastSeqBatcher) takeLocked(limit int) []*lastSeqCall {
+	n := min(len(b.queue), limit)
+	out := b.queue[:n:n]
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	return out
+}
+
+// send runs batch as one query, wakes its other callers, and hands the
+// query slot to the next queued caller (or frees it).
+func (b *lastSeqBatcher) send(batch []*lastSeqCall) {
+	b.exec(batch)
+	for _, c := range batch[1:] {
+		c.wake <- nil
+	}
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.inFlight--
+		b.mu.Unlock()
+		return
+	}
+	next := b.queue[0]
+	b.queue = b.queue[1:]
+	batch = append([]*lastSeqCall{next}, b.takeLocked(lastSeqBatchMax-1)...)
+	b.mu.Unlock()
+	next.wake <- batch
+}
+
+// exec answers the calls whose context is still live with one query.
+func (b *lastSeqBatcher) exec(batch []*lastSeqCall) {
+	live := make([]*lastSeqCall, 0, len(batch))
+	for _, c := range batch {
+		if c.err = c.ctx.Err(); c.err == nil {
+			live = append(live, c)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	dialogs, users := make([]string, len(live)), make([]string, len(live))
+	for i, c := range live {
+		dialogs[i], users[i] = c.dialogID, c.userID
+	}
+	ctx, cancel := sharedDeadline(live)
+	defer cancel()
+	b.queries.Add(1)
+	err := b.s.queryLastSeqs(ctx, dialogs, users, func(i int, seq int64) {
+		if i >= 1 && i <= len(live) {
+			live[i-1].seq, live[i-1].found = seq, true
+		}
+	})
+	if err != nil {
+		for _, c := range live {
+			c.seq, c.found, c.err = 0, false, fmt.Errorf("dialog last seq: %w", err)
+		}
+	}
+}
+
+// queryLastSeqs runs lastSeqSQL and calls row for each answered pair.
+func (s *Store) queryLastSeqs(ctx context.Context, dialogs, users []string, row func(i int, seq int64)) error {
+	rows, err := s.pool.Query(ctx, lastSeqSQL, dialogs, users)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			i   int64
+			seq int64
+		)
+		if err := rows.Scan(&i, &seq); err != nil {
+			return err
+		}
+		row(int(i), seq)
+	}
+	return rows.Err()
+}
+
+// sharedDeadline is the context of a query shared by live: it ends at the
+// latest deadline of its callers (at most lastSeqSharedBudget away), so no
+// caller is cut short by another leaving.
+func sharedDeadline(live []*lastSeqCall) (context.Context, context.CancelFunc) {
+	limit := time.Now().Add(lastSeqSharedBudget)
+	var latest time.Time
+	for _, c := range live {
+		d, ok := c.ctx.Deadline()
+		if !ok || d.After(limit) {
+			latest = limit
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
+}
