@@ -16,7 +16,7 @@ import (
 // relay, link recovery); clients dedupe by event id. Safe for concurrent
 // use.
 type Publisher struct {
-	rdb   redis.UniversalClient
+	rdb   *rds.Batcher // publishes of concurrent senders share round trips
 	sub   *Subscriber
 	local func(channel string, payload []byte)
 }
@@ -24,13 +24,13 @@ type Publisher struct {
 // NewPublisher returns a publisher on the DB1 client; sub and local may be
 // nil (no local fallback).
 func NewPublisher(rdb redis.UniversalClient, sub *Subscriber, local func(channel string, payload []byte)) *Publisher {
-	return &Publisher{rdb: rdb, sub: sub, local: local}
+	return &Publisher{rdb: rds.NewBatcher(rdb), sub: sub, local: local}
 }
 
 // Publish sends payload on channel; the error is classified by
 // rds.ClassifyRedisError.
 func (p *Publisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	err := rds.ClassifyRedisError(rds.Publish(ctx, p.rdb, channel, payload).Err())
+	err := rds.ClassifyRedisError(p.rdb.Publish(ctx, channel, payload).Err())
 	if p.local != nil && (err != nil || (p.sub != nil && !p.sub.Healthy())) {
 		p.local(channel, payload)
 	}

@@ -104,6 +104,7 @@ func (s Subject) of(f Family) string {
 // Limiter evaluates policies against Redis, with the in-process fallback.
 type Limiter struct {
 	rdb       redis.Scripter
+	scripts   rds.ScriptRunner // rdb's decision scripts, batched with concurrent requests'
 	policies  PolicyProvider
 	timeout   time.Duration
 	perFamily bool
@@ -144,7 +145,7 @@ func New(cfg Config) (*Limiter, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	l := &Limiter{
-		rdb: cfg.Redis, policies: cfg.Policies, timeout: cfg.Timeout, cooldown: cfg.Cooldown, health: cfg.Health,
+		rdb: cfg.Redis, scripts: rds.Scripts(cfg.Redis), policies: cfg.Policies, timeout: cfg.Timeout, cooldown: cfg.Cooldown, health: cfg.Health,
 		local: newLocal(cfg.LocalFraction, cfg.LocalMaxEntries), logger: cfg.Logger, observe: cfg.OnDecision,
 	}
 	switch cfg.Mode {
@@ -291,11 +292,11 @@ func (l *Limiter) requestID() string {
 func (l *Limiter) evalRedis(ctx context.Context, a Algorithm, keys []string, rules []Rule) (Decision, error) {
 	id := l.requestID()
 	if !l.perFamily || len(keys) == 1 {
-		return run(ctx, l.rdb, a, id, keys, rules)
+		return run(ctx, l.scripts, a, id, keys, rules)
 	}
 	ds := make([]Decision, 0, len(keys))
 	for i := range keys {
-		d, err := run(ctx, l.rdb, a, id, keys[i:i+1], rules[i:i+1])
+		d, err := run(ctx, l.scripts, a, id, keys[i:i+1], rules[i:i+1])
 		if err == nil && d.Allowed {
 			ds = append(ds, d)
 			continue
@@ -353,16 +354,16 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 // Decide; Eval is kept exported because the script-level tests and
 // BenchmarkDecision call it with keys of their own.
 func Eval(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
-	return run(ctx, c, a, id, keys, rules)
+	return run(ctx, rds.Direct(c), a, id, keys, rules)
 }
 
-func run(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
+func run(ctx context.Context, c rds.ScriptRunner, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
 	args := make([]any, 0, 1+3*len(keys))
 	args = append(args, id)
 	for i, r := range rules {
 		args = append(args, r.Limit, r.Window.Milliseconds(), Jitter(keys[i], r.Window))
 	}
-	v, err := script(a).Run(ctx, c, keys, args...).Int64Slice()
+	v, err := c.Script(ctx, script(a), keys, args...).Int64Slice()
 	if err != nil {
 		return Decision{}, rds.ClassifyRedisError(err)
 	}

@@ -80,7 +80,7 @@ type IdempotencyConfig struct {
 // PostgreSQL. Every Redis call goes through the RedisHealth (when given), so
 // a dead DB0 fails at once. It is safe for concurrent use.
 type Idempotency struct {
-	rdb    redis.Scripter
+	rdb    rds.ScriptRunner // batched with concurrent requests' scripts
 	health *rds.RedisHealth
 	cfg    IdempotencyConfig
 }
@@ -93,7 +93,7 @@ func NewIdempotency(rdb redis.Scripter, health *rds.RedisHealth, cfg Idempotency
 	if cfg.LockTTL <= 0 {
 		cfg.LockTTL = 30 * time.Second
 	}
-	return &Idempotency{rdb: rdb, health: health, cfg: cfg}
+	return &Idempotency{rdb: rds.Scripts(rdb), health: health, cfg: cfg}
 }
 
 // Config returns the effective configuration.
@@ -106,7 +106,7 @@ func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, args ..
 	if err := i.health.Check(); err != nil {
 		return nil, err
 	}
-	cmd := s.Run(ctx, i.rdb, []string{k.RecordKey(), k.LockKey()}, args...)
+	cmd := i.rdb.Script(ctx, s, []string{k.RecordKey(), k.LockKey()}, args...)
 	if err := cmd.Err(); err != nil {
 		return nil, i.health.Observe(err)
 	}

@@ -1,0 +1,215 @@
+package rds
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// Batcher sends the Redis calls of concurrent callers in shared pipelines.
+// Each call (a script, or a realtime PUBLISH) has keys and arguments that do
+// not depend on any other call's reply, so calls that arrive together can
+// share one round trip: while a pipeline is in flight, the next calls queue,
+// and when it ends they go out together. A lone call is sent at once (no
+// added wait); under load, one write and one read on the client and one
+// wake-up of Redis carry many calls. Each script stays atomic on its own;
+// the pipeline only shares the connection. Safe for concurrent use.
+type Batcher struct {
+	rdb redis.UniversalClient
+
+	mu       sync.Mutex
+	queue    []*batchCall // calls waiting for a free pipeline
+	inFlight int          // pipelines being sent or read now
+}
+
+const (
+	// batchInFlight is how many pipelines run at once: two keep Redis busy
+	// while the client reads the previous replies and writes the next
+	// requests.
+	batchInFlight = 2
+	// batchMax bounds one pipeline.
+	batchMax = 64
+	// batchSharedBudget bounds a shared pipeline: the calls share one
+	// connection, so it runs for the longest budget of its callers, not cut
+	// short by any one caller leaving.
+	batchSharedBudget = 2 * time.Second
+)
+
+// NewBatcher returns a batcher over rdb (standalone or cluster: a cluster
+// pipeline is split by node by go-redis).
+func NewBatcher(rdb redis.UniversalClient) *Batcher { return &Batcher{rdb: rdb} }
+
+// batchCall is one call waiting in a batch: a script (script set) or a
+// realtime publish (channel set).
+type batchCall struct {
+	ctx     context.Context
+	script  *lua.Script
+	keys    []string
+	args    []any
+	channel string
+	payload []byte
+
+	res *redis.Cmd    // a script's reply
+	pub *redis.IntCmd // a publish's reply
+	// wake receives nil when the reply is set, or the batch this caller
+	// must now send (it holds the caller's own call).
+	wake chan []*batchCall
+}
+
+// Script runs s with keys and args like s.Run (EVALSHA, loading the script
+// again when Redis does not know it) and returns its reply.
+func (b *Batcher) Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
+	c := &batchCall{ctx: ctx, script: s, keys: keys, args: args}
+	b.do(c)
+	return c.res
+}
+
+// Publish sends payload on a realtime channel as Publish does (SPUBLISH on
+// a cluster, PUBLISH on a standalone Redis).
+func (b *Batcher) Publish(ctx context.Context, channel string, payload []byte) *redis.IntCmd {
+	c := &batchCall{ctx: ctx, channel: channel, payload: payload}
+	b.do(c)
+	return c.pub
+}
+
+func (b *Batcher) do(c *batchCall) {
+	if err := c.ctx.Err(); err != nil {
+		c.fail(err)
+		return
+	}
+	b.mu.Lock()
+	if b.inFlight < batchInFlight {
+		b.inFlight++
+		batch := append([]*batchCall{c}, b.takeLocked()...)
+		b.mu.Unlock()
+		b.send(batch)
+		return
+	}
+	c.wake = make(chan []*batchCall, 1)
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	if batch := <-c.wake; batch != nil {
+		b.send(batch)
+	}
+}
+
+// takeLocked removes up to batchMax-1 queued calls.
+func (b *Batcher) takeLocked() []*batchCall {
+	n := min(len(b.queue), batchMax-1)
+	out := b.queue[:n:n]
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	return out
+}
+
+// send runs batch as one pipeline, wakes its other callers, and hands the
+// pipeline slot to the next queued caller (or frees it).
+func (b *Batcher) send(batch []*batchCall) {
+	b.exec(batch)
+	for _, c := range batch[1:] {
+		c.wake <- nil
+	}
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.inFlight--
+		b.mu.Unlock()
+		return
+	}
+	next := b.queue[0]
+	b.queue = b.queue[1:]
+	batch = append([]*batchCall{next}, b.takeLocked()...)
+	b.mu.Unlock()
+	next.wake <- batch
+}
+
+// fail sets err as the call's reply.
+func (c *batchCall) fail(err error) {
+	if c.script != nil {
+		c.res = redis.NewCmd(c.ctx)
+		c.res.SetErr(err)
+		return
+	}
+	c.pub = redis.NewIntCmd(c.ctx)
+	c.pub.SetErr(err)
+}
+
+// alone runs the call on its own, with its own context.
+func (c *batchCall) alone(rdb redis.UniversalClient) {
+	if c.script != nil {
+		c.res = c.script.Run(c.ctx, rdb, c.keys, c.args...)
+		return
+	}
+	c.pub = Publish(c.ctx, rdb, c.channel, c.payload)
+}
+
+// exec sends the calls whose context is still live; a script Redis does not
+// know (after a restart or SCRIPT FLUSH) is sent again alone through
+// Script.Run, which loads it.
+func (b *Batcher) exec(batch []*batchCall) {
+	live := batch[:0:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.fail(err)
+			continue
+		}
+		live = append(live, c)
+	}
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		live[0].alone(b.rdb)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), batchSharedBudget)
+	defer cancel()
+	sharded := shardedPubSub(b.rdb)
+	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range live {
+			switch {
+			case c.script == nil:
+				c.pub = publishOn(ctx, p, sharded, c.channel, c.payload)
+			case c.script.ReadOnly:
+				c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
+			default:
+				c.res = p.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			}
+		}
+		return nil
+	})
+	for _, c := range live {
+		if c.script != nil && c.res.Err() != nil && strings.HasPrefix(c.res.Err().Error(), "NOSCRIPT") {
+			c.alone(b.rdb)
+		}
+	}
+}
+
+// ScriptRunner runs Lua scripts: a Batcher, or a plain client (Scripts).
+type ScriptRunner interface {
+	Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd
+}
+
+// Scripts is the ScriptRunner for c: a Batcher over a go-redis client (a
+// standalone or cluster client), else c itself, one call per round trip.
+func Scripts(c redis.Scripter) ScriptRunner {
+	if u, ok := c.(redis.UniversalClient); ok {
+		return NewBatcher(u)
+	}
+	return Direct(c)
+}
+
+// Direct is the ScriptRunner that sends each call on its own.
+func Direct(c redis.Scripter) ScriptRunner { return directScripts{c} }
+
+type directScripts struct{ c redis.Scripter }
+
+func (d directScripts) Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
+	return s.Run(ctx, d.c, keys, args...)
+}
