@@ -16,5 +16,10 @@ func (s *Server) rateLimit(next http.Handler) http.Handler {
 			return
 		}
 		next.ServeHTTP(w, r)
+		// A decision left pending that no answer settled (a handler that
+		// answered without the reserve or an error) is still counted.
+		if pl := takeLimit(r.Context()); pl != nil {
+			_, _ = pl.pr.Finish(pl.pr.Send(r.Context()))
+		}
 	})
 }

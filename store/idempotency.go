@@ -123,6 +123,25 @@ func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) 
 	return reservation(cmd, fp, "idempotency reserve")
 }
 
+// ReserveWith is Reserve with first, an independent script call of the
+// same request (its rate-limit decision), sent in the same round trip
+// before the reserve; first's reply is returned as it came. When DB0 is
+// known to be down neither is sent and first's reply carries that error.
+func (i *Idempotency) ReserveWith(ctx context.Context, k IdemKey, fp, owner string, first rds.ScriptCall) (IdemReservation, *redis.Cmd, error) {
+	if err := i.health.Check(); err != nil {
+		reply := redis.NewCmd(ctx)
+		reply.SetErr(err)
+		return IdemReservation{}, reply, fmt.Errorf("idempotency reserve: %w", err)
+	}
+	cmds := i.rdb.Scripts(ctx, first, rds.ScriptCall{Script: lua.IdemReserve, Keys: []string{k.RecordKey(), k.LockKey()},
+		Args: []any{fp, owner, i.cfg.LockTTL.Milliseconds()}})
+	if err := cmds[1].Err(); err != nil {
+		return IdemReservation{}, cmds[0], fmt.Errorf("idempotency reserve: %w", i.health.Observe(err))
+	}
+	res, err := reservation(cmds[1], fp, "idempotency reserve")
+	return res, cmds[0], err
+}
+
 // TakeOver hands the lock of an in-progress key to owner when it still holds
 // seen, the token of an owner whose instance the caller found dead (the
 // compare and the swap are one script, so of two callers that saw the same

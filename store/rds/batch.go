@@ -34,9 +34,7 @@ const (
 	batchInFlight = 2
 	// batchMax bounds one pipeline.
 	batchMax = 64
-	// batchSharedBudget bounds a shared pipeline: the calls share one
-	// connection, so it runs for the longest budget of its callers, not cut
-	// short by any one caller leaving.
+	// batchSharedBudget bounds a shared pipeline (sharedContext).
 	batchSharedBudget = 2 * time.Second
 )
 
@@ -77,30 +75,66 @@ func (b *Batcher) Publish(ctx context.Context, channel string, payload []byte) *
 	return c.pub
 }
 
-func (b *Batcher) do(c *batchCall) {
-	if err := c.ctx.Err(); err != nil {
-		c.fail(err)
+// ScriptCall is one script call of Batcher.Scripts.
+type ScriptCall struct {
+	Script *lua.Script
+	Keys   []string
+	Args   []any
+}
+
+// Scripts runs the calls in one pipeline (with other callers' calls, as
+// Script does) and returns their replies in order: one round trip for
+// calls of one request that do not depend on each other's replies.
+func (b *Batcher) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd {
+	cs := make([]*batchCall, len(calls))
+	for i, sc := range calls {
+		cs[i] = &batchCall{ctx: ctx, script: sc.Script, keys: sc.Keys, args: sc.Args}
+	}
+	b.do(cs...)
+	out := make([]*redis.Cmd, len(cs))
+	for i, c := range cs {
+		out[i] = c.res
+	}
+	return out
+}
+
+// do sends the calls cs of one caller; when a pipeline is free they go out
+// together at once, else they queue (in order, so one pipeline takes them
+// all unless it is full) and the caller waits for each.
+func (b *Batcher) do(cs ...*batchCall) {
+	if err := cs[0].ctx.Err(); err != nil {
+		for _, c := range cs {
+			c.fail(err)
+		}
 		return
+	}
+	for _, c := range cs[1:] {
+		c.wake = make(chan []*batchCall, 1)
 	}
 	b.mu.Lock()
-	if b.inFlight < batchInFlight {
+	if b.inFlight < batchInFlight && len(cs) < batchMax {
 		b.inFlight++
-		batch := append([]*batchCall{c}, b.takeLocked()...)
+		batch := append(cs[:len(cs):len(cs)], b.takeLocked(batchMax-len(cs))...)
 		b.mu.Unlock()
 		b.send(batch)
+		for _, c := range cs[1:] {
+			<-c.wake
+		}
 		return
 	}
-	c.wake = make(chan []*batchCall, 1)
-	b.queue = append(b.queue, c)
+	cs[0].wake = make(chan []*batchCall, 1)
+	b.queue = append(b.queue, cs...)
 	b.mu.Unlock()
-	if batch := <-c.wake; batch != nil {
-		b.send(batch)
+	for _, c := range cs {
+		if batch := <-c.wake; batch != nil {
+			b.send(batch)
+		}
 	}
 }
 
-// takeLocked removes up to batchMax-1 queued calls.
-func (b *Batcher) takeLocked() []*batchCall {
-	n := min(len(b.queue), batchMax-1)
+// takeLocked removes up to limit queued calls.
+func (b *Batcher) takeLocked(limit int) []*batchCall {
+	n := min(len(b.queue), limit)
 	out := b.queue[:n:n]
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
@@ -124,9 +158,29 @@ func (b *Batcher) send(batch []*batchCall) {
 	}
 	next := b.queue[0]
 	b.queue = b.queue[1:]
-	batch = append([]*batchCall{next}, b.takeLocked()...)
+	batch = append([]*batchCall{next}, b.takeLocked(batchMax-1)...)
 	b.mu.Unlock()
 	next.wake <- batch
+}
+
+// sharedContext is the context of a pipeline shared by live: it ends at
+// the latest deadline of its callers (at most batchSharedBudget away), so
+// no caller is cut short by another leaving and none waits past its own
+// budget because of the others.
+func sharedContext(live []*batchCall) (context.Context, context.CancelFunc) {
+	limit := time.Now().Add(batchSharedBudget)
+	var latest time.Time
+	for _, c := range live {
+		d, ok := c.ctx.Deadline()
+		if !ok || d.After(limit) {
+			latest = limit
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
 }
 
 // fail sets err as the call's reply.
@@ -168,7 +222,7 @@ func (b *Batcher) exec(batch []*batchCall) {
 		live[0].alone(b.rdb)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(live[0].ctx), batchSharedBudget)
+	ctx, cancel := sharedContext(live)
 	defer cancel()
 	sharded := shardedPubSub(b.rdb)
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -194,6 +248,8 @@ func (b *Batcher) exec(batch []*batchCall) {
 // ScriptRunner runs Lua scripts: a Batcher, or a plain client (Scripts).
 type ScriptRunner interface {
 	Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd
+	// Scripts runs independent calls, in one round trip where it can.
+	Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd
 }
 
 // Scripts is the ScriptRunner for c: a Batcher over a go-redis client (a
@@ -212,4 +268,12 @@ type directScripts struct{ c redis.Scripter }
 
 func (d directScripts) Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
 	return s.Run(ctx, d.c, keys, args...)
+}
+
+func (d directScripts) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd {
+	out := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		out[i] = c.Script.Run(ctx, d.c, c.Keys, c.Args...)
+	}
+	return out
 }

@@ -55,13 +55,28 @@ func TestBatcherEachCallerGetsItsOwnReply(t *testing.T) {
 		wg.Go(func() {
 			for j := range perCaller {
 				i := g*perCaller + j
-				v, err := b.Script(ctx, lua.IdemReserve, keys(i), "fp", "owner-"+strconv.Itoa(i), 60000).Slice()
-				if err != nil || v[0] != "acquired" {
-					t.Errorf("reserve %d: %v %v", i, v, err)
-					return
+				first := lua.IdemReserve
+				var v []any
+				var err error
+				if j%3 == 0 {
+					// Two calls of one caller in one pipeline, in order:
+					// the second sees the first's write.
+					cmds := b.Scripts(ctx, rds.ScriptCall{Script: first, Keys: keys(i), Args: []any{"fp", "owner-" + strconv.Itoa(i), 60000}},
+						rds.ScriptCall{Script: first, Keys: keys(i), Args: []any{"fp", "other", 60000}})
+					if v, err = cmds[0].Slice(); err != nil || v[0] != "acquired" {
+						t.Errorf("grouped reserve %d: %v %v", i, v, err)
+						return
+					}
+					v, err = cmds[1].Slice()
+				} else {
+					v, err = b.Script(ctx, first, keys(i), "fp", "owner-"+strconv.Itoa(i), 60000).Slice()
+					if err != nil || v[0] != "acquired" {
+						t.Errorf("reserve %d: %v %v", i, v, err)
+						return
+					}
+					// The same key again: in progress, held by this key's owner.
+					v, err = b.Script(ctx, first, keys(i), "fp", "other", 60000).Slice()
 				}
-				// The same key again: in progress, held by this key's owner.
-				v, err = b.Script(ctx, lua.IdemReserve, keys(i), "fp", "other", 60000).Slice()
 				if err != nil || len(v) < 4 || v[0] != "in_progress" || v[3] != "owner-"+strconv.Itoa(i) {
 					t.Errorf("second reserve %d: %v %v", i, v, err)
 					return
