@@ -16,6 +16,7 @@ import (
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ServiceConfig configures one instance's realtime side. Zero values of
@@ -26,6 +27,9 @@ type ServiceConfig struct {
 	Presence   presence.Config
 	Subscriber pubsub.SubscriberConfig
 	Relay      pubsub.RelayConfig
+	// PubSubMode is copied into Subscriber and Relay and given to the
+	// publisher, so that the three agree. Zero value means rds.PubSubAuto.
+	PubSubMode rds.PubSubMode
 	// Registerer receives every part's metrics; nil means none.
 	Registerer prometheus.Registerer
 }
@@ -75,6 +79,7 @@ func NewService(d Deps) (*Service, error) {
 	cfg.Hub.defaults()
 	cfg.Presence.InstanceID = cfg.Hub.InstanceID
 	cfg.Subscriber.InstanceID = cfg.Hub.InstanceID
+	cfg.Subscriber.Mode, cfg.Relay.Mode = cfg.PubSubMode, cfg.PubSubMode
 	cfg.Presence.Registerer, cfg.Subscriber.Registerer, cfg.Relay.Registerer = cfg.Registerer, cfg.Registerer, cfg.Registerer
 
 	s := &Service{cfg: cfg, logger: d.Logger, store: d.Store, verifier: d.Verifier,
@@ -91,7 +96,7 @@ func NewService(d Deps) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.publisher = pubsub.NewPublisher(d.Realtime, s.subscriber, dispatch)
+	s.publisher = pubsub.NewPublisher(d.Realtime, cfg.PubSubMode, s.subscriber, dispatch)
 	if s.presence, err = presence.New(d.Realtime, cfg.Presence, s, d.Logger); err != nil {
 		return nil, err
 	}

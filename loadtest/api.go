@@ -30,6 +30,10 @@ type API struct {
 	dur    *Trend
 	failed *Rate
 	errs   *errorCounter
+	// target is the per-target tag value and targetReqs its request count
+	// (CountPerTarget); empty and nil: none.
+	target     string
+	targetReqs *Counter
 
 	mu        sync.Mutex        // guards endpoints
 	endpoints map[string]*Trend // "METHOD template" → per-endpoint trend
@@ -50,6 +54,13 @@ func NewAPI(base string, client *http.Client, reg *Registry) (*API, error) {
 		reqs: reg.Counter(MetricHTTPReqs), dur: reg.Trend(MetricHTTPReqDuration),
 		failed: reg.Rate(MetricHTTPReqFailed), errs: newErrorCounter(reg), endpoints: map[string]*Trend{},
 	}, nil
+}
+
+// CountPerTarget makes the client also count its requests and errors
+// tagged target=<base> (http_reqs{target=…}, errors{target=…}), for runs
+// spread over several gateways. Call it before the first request.
+func (a *API) CountPerTarget() {
+	a.target, a.targetReqs = a.base, a.reg.Counter(Tagged(MetricHTTPReqs, MetricTargetTag, a.base))
 }
 
 // Close drops the client's idle keep-alive connections.
@@ -138,10 +149,13 @@ func (a *API) Do(ctx context.Context, r Request) (int, error) {
 	endpoint := r.Method + " " + r.Template
 	t0 := time.Now()
 	resp, err := a.client.Do(req)
+	if a.targetReqs != nil {
+		a.targetReqs.Inc()
+	}
 	if err != nil {
 		a.reqs.Inc()
 		a.failed.Add(true)
-		a.errs.add(0, "transport")
+		a.errs.addFor(a.target, 0, "transport")
 		return 0, fmt.Errorf("%s: %w", endpoint, err)
 	}
 	data, rerr := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
@@ -158,7 +172,7 @@ func (a *API) Do(ctx context.Context, r Request) (int, error) {
 		a.failed.Add(false)
 		if r.Out != nil && len(data) > 0 {
 			if err := json.Unmarshal(data, r.Out); err != nil {
-				a.errs.add(resp.StatusCode, "bad_body")
+				a.errs.addFor(a.target, resp.StatusCode, "bad_body")
 				return resp.StatusCode, fmt.Errorf("%s: decode: %w", endpoint, err)
 			}
 		}
@@ -181,7 +195,7 @@ func (a *API) Do(ctx context.Context, r Request) (int, error) {
 		if code == "" {
 			code = "http"
 		}
-		a.errs.add(resp.StatusCode, code)
+		a.errs.addFor(a.target, resp.StatusCode, code)
 	}
 	return resp.StatusCode, ae
 }

@@ -43,7 +43,11 @@ type WSDialer struct {
 	Origin string
 	// Protocol is what the server speaks; the zero value is the gateway's.
 	// Set before the first Dial.
-	Protocol   Protocol
+	Protocol Protocol
+	// PerTarget also counts sessions and errors per server, tagged
+	// target=<http base of the dialled URL>, for runs spread over several
+	// gateways. Set before the first Dial.
+	PerTarget  bool
 	reg        *Registry
 	client     *http.Client
 	connecting *Trend
@@ -112,28 +116,33 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 			hdr.Set("Authorization", "Bearer "+bearer)
 		}
 	}
+	target := ""
+	if d.PerTarget {
+		target = targetLabel(wsURL)
+	}
 	t0 := time.Now()
 	c, resp, err := websocket.Dial(ctx, wsURL, opts)
 	if err != nil {
 		de := &DialError{Err: err}
 		if resp != nil {
 			de.Status = resp.StatusCode
-			d.errs.add(resp.StatusCode, "ws_dial")
-		} else {
-			d.errs.add(0, "ws_dial")
 		}
+		d.errs.addFor(target, de.Status, "ws_dial")
 		return nil, de
 	}
 	d.connecting.Add(time.Since(t0))
 	if !centrifugo && c.Subprotocol() != Subprotocol {
 		_ = c.Close(websocket.StatusPolicyViolation, "subprotocol")
-		d.errs.add(0, "ws_subprotocol")
+		d.errs.addFor(target, 0, "ws_subprotocol")
 		return nil, errors.New("websocket dial: server did not accept subprotocol " + Subprotocol)
 	}
 	c.SetReadLimit(1 << 20)
 	d.sessions.Inc()
+	if target != "" {
+		d.reg.Counter(Tagged(MetricWSSessions, MetricTargetTag, target)).Inc()
+	}
 	d.open.Set(float64(d.openN.Add(1)))
-	wc := &WSConn{d: d, c: c, helloCh: make(chan struct{}), done: make(chan struct{}), subs: map[string]*seqTracker{}}
+	wc := &WSConn{d: d, c: c, target: target, helloCh: make(chan struct{}), done: make(chan struct{}), subs: map[string]*seqTracker{}}
 	go wc.readLoop()
 	if centrifugo {
 		if err := wc.Send(ctx, centrifugoConnectCommand(bearer)); err != nil {
@@ -162,6 +171,7 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 type WSConn struct {
 	d       *WSDialer
 	c       *websocket.Conn
+	target  string // per-target tag value; empty unless the dialer counts per target
 	helloCh chan struct{}
 	done    chan struct{} // closed when the read loop returned
 	err     error         // why the read loop returned; read after done
@@ -290,7 +300,7 @@ func (w *WSConn) readLoop() {
 			received.Inc()
 			if d.Protocol != ProtocolCentrifugo {
 				if err := ParseFrame(buf.Bytes(), &f); err != nil {
-					d.errs.add(0, "ws_bad_frame")
+					d.errs.addFor(w.target, 0, "ws_bad_frame")
 					continue
 				}
 				w.handle(&f, recvAt, &helloSeen)
@@ -305,7 +315,7 @@ func (w *WSConn) readLoop() {
 		d.open.Set(float64(d.openN.Add(-1)))
 		if !w.closing.Load() {
 			d.closed.Inc()
-			d.errs.add(0, closeCode(err))
+			d.errs.addFor(w.target, 0, closeCode(err))
 		}
 		w.failPending(err)
 		return
@@ -339,7 +349,7 @@ func (w *WSConn) handle(f *Frame, recvAt time.Time, helloSeen *bool) {
 		}
 		w.mu.Unlock()
 	case "error":
-		d.errs.add(0, "ws:"+f.Error)
+		d.errs.addFor(w.target, 0, "ws:"+f.Error)
 		w.mu.Lock()
 		if p := w.pending; p != nil {
 			p.err = &ErrSubscribeRefused{Code: string([]byte(f.Error))}
@@ -349,7 +359,7 @@ func (w *WSConn) handle(f *Frame, recvAt time.Time, helloSeen *bool) {
 		}
 		w.mu.Unlock()
 	case "resync":
-		d.errs.add(0, "ws_resync")
+		d.errs.addFor(w.target, 0, "ws_resync")
 	}
 }
 
@@ -371,7 +381,7 @@ func (w *WSConn) centrifugoMessage(msg []byte, r *centrifugoReply, f *Frame, rec
 		case r.ID == centrifugoConnectID:
 			if r.Error.Code != 0 {
 				code := strconv.FormatUint(uint64(r.Error.Code), 10)
-				w.d.errs.add(0, "centrifugo_connect_"+code)
+				w.d.errs.addFor(w.target, 0, "centrifugo_connect_"+code)
 				fatal = errors.New("centrifugo connect refused: error " + code)
 				return
 			}
@@ -397,7 +407,7 @@ func (w *WSConn) centrifugoMessage(msg []byte, r *centrifugoReply, f *Frame, rec
 		w.handle(f, recvAt, helloSeen)
 	})
 	if err != nil && fatal == nil {
-		w.d.errs.add(0, "ws_bad_frame")
+		w.d.errs.addFor(w.target, 0, "ws_bad_frame")
 	}
 	return fatal
 }
@@ -517,6 +527,14 @@ func (e *errorCounter) add(status int, code string) {
 	e.mu.Unlock()
 	c.Inc()
 	e.reg.Counter(MetricErrors).Inc()
+}
+
+// addFor is add that also counts into errors{target=…} when target is set.
+func (e *errorCounter) addFor(target string, status int, code string) {
+	e.add(status, code)
+	if target != "" {
+		e.reg.Counter(Tagged(MetricErrors, MetricTargetTag, target)).Inc()
+	}
 }
 
 // CloseAdvice reads how a server ended a connection: the close code (-1

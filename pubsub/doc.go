@@ -3,7 +3,8 @@
 // clients receive it, the per-instance multiplexed Subscriber (reference
 // counted channels, a Receive loop that notices a dropped link, jittered
 // reconnects with one batched resubscribe, a canary; on a Redis Cluster
-// sharded Pub/Sub with one connection per master), the Publisher (with
+// sharded Pub/Sub with one connection per master, unless the mode,
+// rds.PubSubMode, is classic), the Publisher (with
 // local fan-out when Redis cannot carry a frame back) and the outbox Relay.
 // Pub/Sub is at-most-once: PostgreSQL stays the truth and clients reconcile
 // over REST after every reconnect.

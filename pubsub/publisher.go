@@ -17,20 +17,22 @@ import (
 // use.
 type Publisher struct {
 	rdb   *rds.Batcher // publishes of concurrent senders share round trips
+	mode  rds.PubSubMode
 	sub   *Subscriber
 	local func(channel string, payload []byte)
 }
 
-// NewPublisher returns a publisher on the DB1 client; sub and local may be
-// nil (no local fallback).
-func NewPublisher(rdb redis.UniversalClient, sub *Subscriber, local func(channel string, payload []byte)) *Publisher {
-	return &Publisher{rdb: rds.NewBatcher(rdb), sub: sub, local: local}
+// NewPublisher returns a publisher on the DB1 client that publishes the way
+// subscribers of mode listen (the subscribers' SubscriberConfig.Mode); sub
+// and local may be nil (no local fallback).
+func NewPublisher(rdb redis.UniversalClient, mode rds.PubSubMode, sub *Subscriber, local func(channel string, payload []byte)) *Publisher {
+	return &Publisher{rdb: rds.NewBatcher(rdb), mode: mode, sub: sub, local: local}
 }
 
 // Publish sends payload on channel; the error is classified by
 // rds.ClassifyRedisError.
 func (p *Publisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	err := rds.ClassifyRedisError(p.rdb.Publish(ctx, channel, payload).Err())
+	err := rds.ClassifyRedisError(p.rdb.Publish(ctx, p.mode, channel, payload).Err())
 	if p.local != nil && (err != nil || (p.sub != nil && !p.sub.Healthy())) {
 		p.local(channel, payload)
 	}

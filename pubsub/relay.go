@@ -55,6 +55,9 @@ type RelayConfig struct {
 	MaxBackoff time.Duration
 	// Registerer receives the relay's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Mode is the subscribers' Pub/Sub mode, which the relay publishes
+	// for. Zero value means rds.PubSubAuto.
+	Mode rds.PubSubMode
 }
 
 func (c *RelayConfig) defaults() {
@@ -138,7 +141,7 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		err = rds.ClassifyRedisError(rds.Publish(pctx, r.rdb, row.Channel, row.Payload).Err())
+		err = rds.ClassifyRedisError(rds.Publish(pctx, r.rdb, r.cfg.Mode, row.Channel, row.Payload).Err())
 		cancel()
 		_ = lk.Release(context.WithoutCancel(ctx))
 		if err != nil {

@@ -90,7 +90,7 @@ func postWithDeadRedis(t *testing.T, st *store.Store, pool *pgxpool.Pool, n int)
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	pub := pubsub.NewPublisher(rt, nil, nil)
+	pub := pubsub.NewPublisher(rt, rds.PubSubAuto, nil, nil)
 	a, b := ids.New(), ids.New()
 	for _, u := range []string{a, b} {
 		if err := st.EnsureUser(ctx, u); err != nil {

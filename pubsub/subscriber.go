@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -41,6 +42,10 @@ type SubscriberConfig struct {
 	BatchSize int
 	// Registerer receives the subscriber's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Mode chooses sharded or classic Pub/Sub. Zero value means
+	// rds.PubSubAuto: sharded on a Redis Cluster client, classic on a
+	// standalone one. Sharded on a standalone client fails NewSubscriber.
+	Mode rds.PubSubMode
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -95,8 +100,8 @@ type chanState struct {
 // exponential backoff, resubscribes every channel in one batch and, once
 // Redis confirmed them, calls OnResync with the channels whose traffic may
 // have been lost. A canary on an instance-private channel measures the
-// link's lag and detects a silently dead link. On a Redis Cluster the same
-// reference counting drives sharded Pub/Sub instead: one SSUBSCRIBE
+// link's lag and detects a silently dead link. On a Redis Cluster (unless
+// Mode is classic) the same reference counting drives sharded Pub/Sub instead: one SSUBSCRIBE
 // connection per master, and after a failure only the channels of the
 // failed master or moved slot are resubscribed and resynced (sharded.go).
 //
@@ -111,7 +116,8 @@ type Subscriber struct {
 	canary    string
 	metrics   subscriberMetrics
 
-	// cluster is set on a Redis Cluster: sharded Pub/Sub (sharded.go).
+	// cluster is set when the channels are sharded (a Redis Cluster
+	// client and Mode auto or sharded): sharded Pub/Sub (sharded.go).
 	cluster         *redis.ClusterClient
 	shardReconnects *prometheus.CounterVec
 	shardLag        *prometheus.GaugeVec
@@ -157,13 +163,19 @@ func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog
 		return nil, errors.New("pubsub: client, instance id, logger and message handler are required")
 	}
 	cfg.defaults()
+	sharded, err := rds.ShardedPubSub(rdb, cfg.Mode)
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: %w", err)
+	}
 	if onResync == nil {
 		onResync = func([]string) {}
 	}
 	s := &Subscriber{cfg: cfg, rdb: rdb, logger: logger, onMessage: onMessage, onResync: onResync,
 		canary: CanaryChannel(cfg.InstanceID), chans: map[string]*chanState{}, dirty: map[string]struct{}{},
 		kick: make(chan struct{}, 1), shards: map[string]*shard{}, downShards: map[string]struct{}{}}
-	s.cluster, _ = rdb.(*redis.ClusterClient)
+	if sharded {
+		s.cluster = rdb.(*redis.ClusterClient)
+	}
 	s.metrics = subscriberMetrics{
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_reconnects_total",
 			Help: "Redis Pub/Sub link re-establishments after a drop."}),
@@ -575,7 +587,7 @@ func (s *Subscriber) canaryLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, s.cfg.CanaryInterval)
-		_ = rds.Publish(pctx, s.rdb, s.canary, []byte(strconv.FormatInt(time.Now().UnixNano(), 10))).Err()
+		_ = rds.Publish(pctx, s.rdb, s.cfg.Mode, s.canary, []byte(strconv.FormatInt(time.Now().UnixNano(), 10))).Err()
 		cancel()
 		select {
 		case <-ctx.Done():

@@ -91,7 +91,9 @@ type Deps struct {
 	Realtime redis.UniversalClient // DB1
 	Verifier TokenVerifier
 	Metrics  *Metrics
-	// Publisher defaults to PUBLISH on the DB1 client.
+	// Publisher defaults to publishing on the DB1 client in the auto
+	// Pub/Sub mode (rds.PubSubAuto); the service passes its gateway's
+	// publisher, which follows HAN_PUBSUB_MODE.
 	Publisher Publisher
 	// RateLimiter, when set, is consulted on every limited route (seam for
 	// the Redis Lua limiter).
@@ -149,7 +151,7 @@ type Server struct {
 type redisPublisher struct{ c redis.UniversalClient }
 
 func (p redisPublisher) Publish(ctx context.Context, channel string, payload []byte) error {
-	return rds.ClassifyRedisError(rds.Publish(ctx, p.c, channel, payload).Err())
+	return rds.ClassifyRedisError(rds.Publish(ctx, p.c, rds.PubSubAuto, channel, payload).Err())
 }
 
 // NewServer builds the router with every route of the foundation.

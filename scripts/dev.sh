@@ -9,6 +9,9 @@
 #                            #   eval "$(scripts/dev.sh --env)"; bin/hanctl token --sub ...
 #   scripts/dev.sh --stop    # stop the running stack (started in another shell or
 #                            # in the background with &), as Ctrl-C would
+#   scripts/dev.sh --cluster # the same stack on a local Redis Cluster (3 masters,
+#                            # 3 replicas) with TWO gateways; with --check the round
+#                            # trip crosses them (scripts/dev-cluster.sh)
 #
 # On a Debian/Ubuntu machine with Go it:
 #   - installs redis-server, postgresql (and curl) from the OS packages when missing;
@@ -42,7 +45,19 @@
 # gateway), HAN_DEV_PG_PORT (55432), HAN_DEV_REDIS_PORT (56379; 0 = any free
 # port, also for HAN_HTTP_ADDR), HAN_DEV_EXIT_AFTER_READY=1 (= --check),
 # HAN_DEV_DATA (default .data: the state folder; another one runs a second,
-# separate stack).
+# separate stack), HAN_DEV_CLUSTER=1 (= --cluster).
+#
+# --cluster: instead of the one redis-server, six cluster nodes on 57001-57006
+# (cluster bus +1000; HAN_DEV_REDIS_PORT moves the first, 0 = free ports),
+# created afresh on every start as the admin user han_admin
+# (HAN_REDIS_ADMIN_PASSWORD in .data/secrets.env), each loaded with
+# `hanctl redis acl --cluster`; REDIS_URL and REDIS_REALTIME_URL are the same
+# cluster URL (api_backend, addr= list of the other nodes). A second gateway listens on the
+# first one's port + 1 (or a free one); .data/run/stack.env then also holds
+# HAN_BASE_URL_2 and HAN_BASE_URLS (both, comma-separated: han-loadtest's
+# -target list). --check posts on the first gateway and reads back on the
+# second, then runs `han-loadtest run chat-fanout` with a socket on each
+# gateway: every message sent through one must reach the socket on the other.
 set -euo pipefail
 
 # A shell starting a job with & makes it ignore SIGINT, and bash cannot trap
@@ -63,10 +78,13 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 check=0
 mode=run
+cluster=0
 [ "${HAN_DEV_EXIT_AFTER_READY:-}" = 1 ] && check=1
+[ "${HAN_DEV_CLUSTER:-}" = 1 ] && cluster=1
 for a in "$@"; do
 	case "$a" in
 	--check) check=1 ;;
+	--cluster) cluster=1 ;;
 	--env) mode=env ;;
 	--stop) mode=stop ;;
 	-h | --help)
@@ -104,6 +122,10 @@ env)
 			HAN_JWT_DEV_HS256_SECRET HAN_HMAC_SECRET HAN_REDIS_API_PASSWORD; do
 			printf 'export %s=%q\n' "$v" "${!v:-}"
 		done
+		# A cluster stack's second gateway, and both as one list.
+		for v in HAN_BASE_URL_2 HAN_BASE_URLS; do
+			if [ -n "${!v:-}" ]; then printf 'export %s=%q\n' "$v" "${!v}"; fi
+		done
 	)
 	exit 0
 	;;
@@ -127,6 +149,11 @@ stop)
 	han_die "dev.sh (pid $pid) still running after 90s; see $DATA/logs/"
 	;;
 esac
+
+if [ "$cluster" = 1 ]; then
+	# shellcheck source=scripts/dev-cluster.sh
+	. "$HAN_ROOT/scripts/dev-cluster.sh"
+fi
 
 command -v go >/dev/null 2>&1 || han_die "go not found in PATH (install Go 1.26+)"
 han_ensure_packages --curl --jq
@@ -195,6 +222,7 @@ PSQL="$PGBIN/psql"
 [ -x "$PSQL" ] || PSQL="$(command -v psql)" || han_die "psql not found (install postgresql-client)"
 
 gw_pid=""
+gw2_pid=""
 redis_pid=""
 build_pid=""
 pg_started=0
@@ -225,18 +253,21 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	stop_pid "$build_pid" "go build" 5
-	if [ -z "$gw_pid$redis_pid" ] && [ "$pg_started" != 1 ]; then
+	if [ -z "$gw_pid$redis_pid${cluster_pids[*]:-}" ] && [ "$pg_started" != 1 ]; then
 		rm -f "$DATA/run/dev.pid"
 		exit "$rc"
 	fi
 	han_log "stopping the stack"
+	[ -n "$gw2_pid" ] && kill -TERM "$gw2_pid" 2>/dev/null || true
 	stop_pid "$gw_pid" han-gateway 20
+	stop_pid "$gw2_pid" "han-gateway (second)" 20
 	stop_pid "$redis_pid" redis-server 30
+	if [ "$cluster" = 1 ]; then cluster_stop; fi
 	if [ "$pg_started" = 1 ]; then
 		pg_run "$PGBIN/pg_ctl" -D "$PGDATA" -m fast -w -t 60 stop >/dev/null 2>&1 ||
 			han_log "pg_ctl stop failed; see $PGBASE/postgres.log"
 	fi
-	rm -f "$DATA/run/gateway.pid" "$DATA/run/redis.pid" "$DATA/run/stack.env" "$DATA/run/dev.pid"
+	rm -f "$DATA/run/gateway.pid" "$DATA/run/gateway-2.pid" "$DATA/run/redis.pid" "$DATA/run/stack.env" "$DATA/run/dev.pid"
 	han_log "stopped"
 	exit "$rc"
 }
@@ -253,12 +284,17 @@ leftover() { # PIDFILE: prints the pid when it still runs as one of ours
 	[ -d "/proc/$pid" ] || return 1
 	case "$(readlink "/proc/$pid/exe" 2>/dev/null)" in
 	"$HAN_ROOT/bin/han-gateway"*) ;;
-	*redis-server* | *redis-check-*) [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$DATA/redis" ] || return 1 ;;
+	*redis-server* | *redis-check-*)
+		case "$(readlink "/proc/$pid/cwd" 2>/dev/null)" in
+		"$DATA/redis" | "$DATA/redis-cluster/node-"*) ;;
+		*) return 1 ;;
+		esac
+		;;
 	*) return 1 ;;
 	esac
 	printf '%s\n' "$pid"
 }
-for f in gateway redis; do
+for f in gateway gateway-2 redis redis-node-1 redis-node-2 redis-node-3 redis-node-4 redis-node-5 redis-node-6; do
 	if pid="$(leftover "$DATA/run/$f.pid")"; then
 		han_log "stopping leftover $f (pid $pid) from an earlier run"
 		kill -TERM "$pid" 2>/dev/null || true
@@ -283,6 +319,9 @@ SECRETS="$DATA/secrets.env"
 	grep -q '^HAN_JWT_DEV_HS256_SECRET=' "$SECRETS" || echo "HAN_JWT_DEV_HS256_SECRET=$(han_random_hex 24)" >>"$SECRETS"
 	grep -q '^HAN_HMAC_SECRET=' "$SECRETS" || echo "HAN_HMAC_SECRET=$(han_random_hex 32)" >>"$SECRETS"
 	grep -q '^HAN_REDIS_API_PASSWORD=' "$SECRETS" || echo "HAN_REDIS_API_PASSWORD=$(han_random_hex 32)" >>"$SECRETS"
+	if [ "$cluster" = 1 ]; then
+		grep -q '^HAN_REDIS_ADMIN_PASSWORD=' "$SECRETS" || echo "HAN_REDIS_ADMIN_PASSWORD=$(han_random_hex 32)" >>"$SECRETS"
+	fi
 )
 chmod 600 "$SECRETS"
 set -a
@@ -338,31 +377,37 @@ fi
 export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/han?sslmode=disable"
 
 # --- Redis ------------------------------------------------------------------------
-redis_port="$(han_pick_port "${HAN_DEV_REDIS_PORT:-56379}")"
-export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
-export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
-bin/hanctl redis acl --out "$DATA/redis/users.acl" || han_die "hanctl redis acl failed"
+if [ "$cluster" = 1 ]; then
+	cluster_start
+	export REDIS_URL="$REDIS_CLUSTER_URL"
+	export REDIS_REALTIME_URL="$REDIS_CLUSTER_URL"
+else
+	redis_port="$(han_pick_port "${HAN_DEV_REDIS_PORT:-56379}")"
+	export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
+	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
+	bin/hanctl redis acl --out "$DATA/redis/users.acl" || han_die "hanctl redis acl failed"
 
-redis_ping() { # AUTH as api_backend and PING over the RESP inline protocol
-	(
-		exec 3<>"/dev/tcp/127.0.0.1/$redis_port" || exit 1
-		printf 'AUTH api_backend %s\r\nPING\r\n' "$HAN_REDIS_API_PASSWORD" >&3
-		read -r -t 2 a <&3 && read -r -t 2 b <&3 || exit 1
-		[[ "$a" == +OK* && "$b" == +PONG* ]]
-	) 2>/dev/null
-}
-redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$DATA/redis/users.acl" --dir "$DATA/redis" \
-	--appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru --daemonize no \
-	--logfile "$DATA/logs/redis.log" </dev/null >/dev/null 2>&1 9>&- &
-redis_pid=$!
-echo "$redis_pid" >"$DATA/run/redis.pid"
-for _ in $(seq 1 300); do
-	redis_ping && break
-	kill -0 "$redis_pid" 2>/dev/null || han_die "redis-server exited: $(tail -n 5 "$DATA/logs/redis.log" 2>/dev/null)"
-	sleep 0.2
-done
-redis_ping || han_die "redis-server on 127.0.0.1:$redis_port not answering as api_backend; see .data/logs/redis.log"
-han_log "redis-server on 127.0.0.1:$redis_port (pid $redis_pid, ACL .data/redis/users.acl)"
+	redis_ping() { # AUTH as api_backend and PING over the RESP inline protocol
+		(
+			exec 3<>"/dev/tcp/127.0.0.1/$redis_port" || exit 1
+			printf 'AUTH api_backend %s\r\nPING\r\n' "$HAN_REDIS_API_PASSWORD" >&3
+			read -r -t 2 a <&3 && read -r -t 2 b <&3 || exit 1
+			[[ "$a" == +OK* && "$b" == +PONG* ]]
+		) 2>/dev/null
+	}
+	redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$DATA/redis/users.acl" --dir "$DATA/redis" \
+		--appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru --daemonize no \
+		--logfile "$DATA/logs/redis.log" </dev/null >/dev/null 2>&1 9>&- &
+	redis_pid=$!
+	echo "$redis_pid" >"$DATA/run/redis.pid"
+	for _ in $(seq 1 300); do
+		redis_ping && break
+		kill -0 "$redis_pid" 2>/dev/null || han_die "redis-server exited: $(tail -n 5 "$DATA/logs/redis.log" 2>/dev/null)"
+		sleep 0.2
+	done
+	redis_ping || han_die "redis-server on 127.0.0.1:$redis_port not answering as api_backend; see .data/logs/redis.log"
+	han_log "redis-server on 127.0.0.1:$redis_port (pid $redis_pid, ACL .data/redis/users.acl)"
+fi
 
 # --- schema and demo data ---------------------------------------------------------
 export HAN_ENV="${HAN_ENV:-dev}"
@@ -409,33 +454,87 @@ export HAN_HTTP_ADDR="$gw_host:$gw_port"
 export HAN_DRAIN_DELAY="${HAN_DRAIN_DELAY:-0}"
 # Attachments next to the rest of the stack's state, kept across restarts.
 export HAN_BLOB_DIR="${HAN_BLOB_DIR:-$DATA/blobs}"
-BASE="http://$url_host:$gw_port"
-if [ -z "${HAN_ALLOWED_ORIGINS:-}" ]; then
-	HAN_ALLOWED_ORIGINS="$BASE"
+user_origins="${HAN_ALLOWED_ORIGINS:-}"
+# origins_of PORT: the allowed browser origins of a gateway on PORT.
+origins_of() {
+	local b="http://$url_host:$1"
 	case "$url_host" in
-	127.0.0.1) HAN_ALLOWED_ORIGINS="$BASE,http://localhost:$gw_port" ;;
-	localhost) HAN_ALLOWED_ORIGINS="$BASE,http://127.0.0.1:$gw_port" ;;
+	127.0.0.1) b="$b,http://localhost:$1" ;;
+	localhost) b="$b,http://127.0.0.1:$1" ;;
 	esac
-fi
-export HAN_ALLOWED_ORIGINS
-
-: >"$DATA/logs/gateway.log"
-bin/han-gateway </dev/null >>"$DATA/logs/gateway.log" 2>&1 9>&- &
-gw_pid=$!
-echo "$gw_pid" >"$DATA/run/gateway.pid"
+	printf '%s' "$b"
+}
+# gateway_addrs: HAN_HTTP_ADDR, BASE, the second gateway's port and BASE2
+# (cluster), and the allowed origins, for gw_port.
+gateway_addrs() {
+	export HAN_HTTP_ADDR="$gw_host:$gw_port"
+	BASE="http://$url_host:$gw_port"
+	BASE2=""
+	if [ "$cluster" = 1 ]; then
+		# The second gateway: the first one's port + 1 when free.
+		gw2_port="$(han_pick_port $((gw_port + 1)))"
+		[ "$gw2_port" = "$gw_port" ] && gw2_port="$(han_pick_port 0)"
+		BASE2="http://$url_host:$gw2_port"
+	fi
+	HAN_ALLOWED_ORIGINS="$user_origins"
+	if [ -z "$HAN_ALLOWED_ORIGINS" ]; then
+		HAN_ALLOWED_ORIGINS="$(origins_of "$gw_port")"
+		[ -n "$BASE2" ] && HAN_ALLOWED_ORIGINS="$HAN_ALLOWED_ORIGINS,$(origins_of "$gw2_port")"
+	fi
+	export HAN_ALLOWED_ORIGINS
+}
 
 CURL=(curl -sS --noproxy '*' --max-time 10)
-ready=""
-for _ in $(seq 1 120); do
-	kill -0 "$gw_pid" 2>/dev/null || han_die "han-gateway exited: $(tail -n 10 "$DATA/logs/gateway.log")"
-	ready="$("${CURL[@]}" --max-time 2 "$BASE/readyz" 2>/dev/null || true)"
-	case "$ready" in *'"status":"ok"'*) break ;; esac
-	sleep 0.5
+# gateway_ready PID BASE LOG: wait for BASE/readyz (60 s). Returns 1 when
+# the gateway exited because its port was taken meanwhile.
+gateway_ready() {
+	local pid="$1" base="$2" log="$3" ready=""
+	for _ in $(seq 1 120); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			grep -q 'address already in use' "$log" && return 1
+			han_die "han-gateway exited: $(tail -n 10 "$log")"
+		fi
+		ready="$("${CURL[@]}" --max-time 2 "$base/readyz" 2>/dev/null || true)"
+		case "$ready" in *'"status":"ok"'*) return 0 ;; esac
+		sleep 0.5
+	done
+	han_die "han-gateway not ready after 60s: ${ready:-no answer}; see ${log#"$HAN_ROOT/"}"
+}
+
+# The gateway(s); a port found free can be taken before the gateway binds
+# it: then every gateway starts again on free ports.
+for attempt in 1 2 3; do
+	gateway_addrs
+	: >"$DATA/logs/gateway.log"
+	bin/han-gateway </dev/null >>"$DATA/logs/gateway.log" 2>&1 9>&- &
+	gw_pid=$!
+	echo "$gw_pid" >"$DATA/run/gateway.pid"
+	if gateway_ready "$gw_pid" "$BASE" "$DATA/logs/gateway.log"; then
+		[ -z "$BASE2" ] && break
+		: >"$DATA/logs/gateway-2.log"
+		HAN_HTTP_ADDR="$gw_host:$gw2_port" bin/han-gateway </dev/null >>"$DATA/logs/gateway-2.log" 2>&1 9>&- &
+		gw2_pid=$!
+		echo "$gw2_pid" >"$DATA/run/gateway-2.pid"
+		if gateway_ready "$gw2_pid" "$BASE2" "$DATA/logs/gateway-2.log"; then
+			han_log "two gateways on one Redis Cluster: $BASE and $BASE2"
+			break
+		fi
+		stop_pid "$gw2_pid" "han-gateway (second)" 20
+		gw2_pid=""
+	fi
+	stop_pid "$gw_pid" han-gateway 20
+	gw_pid=""
+	[ "$attempt" = 3 ] && han_die "han-gateway: no free port after 3 attempts; see .data/logs/"
+	new_port="$(han_pick_port 0)"
+	han_log "a gateway port was taken meanwhile; the gateway uses $new_port"
+	gw_port="$new_port"
 done
-case "$ready" in *'"status":"ok"'*) ;; *) han_die "han-gateway not ready after 60s: ${ready:-no answer}; see .data/logs/gateway.log" ;; esac
 
 if [ "$check" = 1 ]; then
-	han_log "ready at $BASE; round trip: POST as alice, read back as bob"
+	# On a cluster stack the message is read back through the other gateway.
+	read_base="$BASE"
+	[ -n "$BASE2" ] && read_base="$BASE2"
+	han_log "ready at $BASE; round trip: POST as alice, read back as bob${BASE2:+ at $BASE2}"
 	out="$("${CURL[@]}" -w '\n%{http_code}' -X POST "$BASE/v1/dialogs/$dialog_id/messages" \
 		-H "Authorization: Bearer $alice_tok" -H 'Content-Type: application/json' \
 		-H "Idempotency-Key: dev-check-$$-$(date +%s%N)" \
@@ -450,7 +549,7 @@ if [ "$check" = 1 ]; then
 		han_die "round trip FAILED: no id/seq in the POST answer"
 	fi
 	after=$((seq_ - 1))
-	out="$("${CURL[@]}" -w '\n%{http_code}' "$BASE/v1/dialogs/$dialog_id/messages?afterSeq=$after" \
+	out="$("${CURL[@]}" -w '\n%{http_code}' "$read_base/v1/dialogs/$dialog_id/messages?afterSeq=$after" \
 		-H "Authorization: Bearer $bob_tok")" || han_die "GET failed"
 	code="${out##*$'\n'}"
 	body="${out%$'\n'*}"
@@ -458,6 +557,11 @@ if [ "$check" = 1 ]; then
 	web="$("${CURL[@]}" -w '%{http_code}' -o /dev/null "$BASE/" || true)"
 	echo "GET / (web client) -> $web"
 	if [ "$code" = 200 ] && [[ "$body" == *"\"id\":\"$msg_id\""* ]] && [[ "$body" == *'"body":"hello from dev.sh"'* ]] && [ "$web" = 200 ]; then
+		if [ -n "$BASE2" ]; then
+			cluster_socket_check "$BASE" "$BASE2" || exit 1
+			echo "dev.sh --check: OK (message $msg_id seq $seq_ posted at $BASE, read back at $BASE2; sockets on each gateway got the messages sent through the other)"
+			exit 0
+		fi
 		echo "dev.sh --check: OK (message $msg_id seq $seq_ stored and read back at $BASE)"
 		exit 0
 	fi
@@ -465,12 +569,32 @@ if [ "$check" = 1 ]; then
 	exit 1
 fi
 
+# stack_lines: the Redis and log lines of the banner.
+stack_lines() {
+	if [ "$cluster" = 1 ]; then
+		cat <<EOT
+  gateway 2    $BASE2/   (same API; both on one Redis Cluster)
+  Redis        Cluster 127.0.0.1:${cluster_ports[*]} (3 masters + 3 replicas, created afresh each start),
+               user api_backend (HAN_REDIS_API_PASSWORD), admin han_admin (HAN_REDIS_ADMIN_PASSWORD) in .data/secrets.env
+  logs         .data/logs/gateway.log  .data/logs/gateway-2.log  .data/logs/redis-node-*.log  $PGBASE/postgres.log
+EOT
+		return
+	fi
+	cat <<EOT
+  Redis        127.0.0.1:$redis_port, user api_backend (password: HAN_REDIS_API_PASSWORD in .data/secrets.env)
+  logs         .data/logs/gateway.log  .data/logs/redis.log  $PGBASE/postgres.log
+EOT
+}
+
 # The running stack's addresses for scripts that drive it
 # (scripts/loadtest-smoke.sh); removed when the stack stops.
 (
 	umask 077
 	printf "HAN_BASE_URL='%s'\nDATABASE_URL='%s'\nREDIS_URL='%s'\nREDIS_REALTIME_URL='%s'\nHAN_ENV='%s'\n" \
 		"$BASE" "$DATABASE_URL" "$REDIS_URL" "$REDIS_REALTIME_URL" "$HAN_ENV" >"$DATA/run/stack.env.tmp"
+	if [ -n "$BASE2" ]; then
+		printf "HAN_BASE_URL_2='%s'\nHAN_BASE_URLS='%s'\n" "$BASE2" "$BASE,$BASE2" >>"$DATA/run/stack.env.tmp"
+	fi
 	mv "$DATA/run/stack.env.tmp" "$DATA/run/stack.env"
 )
 
@@ -480,8 +604,7 @@ HAN dev stack is up
   web client   $BASE/
   API          $BASE/v1   (health: $BASE/healthz  $BASE/readyz  $BASE/metrics)
   PostgreSQL   $DATABASE_URL   (data $PGDATA)
-  Redis        127.0.0.1:$redis_port, user api_backend (password: HAN_REDIS_API_PASSWORD in .data/secrets.env)
-  logs         .data/logs/gateway.log  .data/logs/redis.log  $PGBASE/postgres.log
+$(stack_lines)
 
 Demo data (also in .data/demo.json; tokens valid 24 h, re-run to renew):
   alice    $alice_id
@@ -510,11 +633,19 @@ EOF
 
 # Run until Ctrl-C / SIGTERM (the traps stop everything) or a process dies.
 set +e
-wait -n "$gw_pid" "$redis_pid"
+if [ "$cluster" = 1 ]; then
+	wait -n "$gw_pid" "$gw2_pid" "${cluster_pids[@]}"
+else
+	wait -n "$gw_pid" "$redis_pid"
+fi
 rc=$?
 set -e
 if ! kill -0 "$gw_pid" 2>/dev/null; then
 	han_log "han-gateway exited (status $rc): $(tail -n 5 "$DATA/logs/gateway.log")"
+elif [ -n "$gw2_pid" ] && ! kill -0 "$gw2_pid" 2>/dev/null; then
+	han_log "the second han-gateway exited (status $rc): $(tail -n 5 "$DATA/logs/gateway-2.log")"
+elif [ "$cluster" = 1 ]; then
+	han_log "a Redis Cluster node exited (status $rc); see $DATA/logs/redis-node-*.log"
 else
 	han_log "redis-server exited (status $rc): $(tail -n 5 "$DATA/logs/redis.log")"
 fi

@@ -102,16 +102,21 @@ han_port_busy() {
 }
 
 # han_pick_port [PREFERRED]: prints PREFERRED when free, else (or when
-# PREFERRED is empty or 0) a free port in 20000-59999 found by probing
-# random ports.
+# PREFERRED is empty or 0) a free port found by probing random ports from
+# 20000 up to the kernel's ephemeral range (net.ipv4.ip_local_port_range,
+# usually from 32768): a port in that range that looks free may be handed
+# to an outgoing connection before our server binds it.
 han_pick_port() {
-	local p="${1:-0}"
+	local p="${1:-0}" lo=32768 span
 	if [ "$p" != 0 ] && ! han_port_busy "$p"; then
 		printf '%s\n' "$p"
 		return 0
 	fi
+	read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+	span=$((lo - 20000))
+	[ "$span" -ge 2000 ] || span=12768
 	for _ in $(seq 1 200); do
-		p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		p=$((20000 + (RANDOM * 32768 + RANDOM) % span))
 		case "$p" in 5432 | 6379) continue ;; esac
 		if ! han_port_busy "$p"; then
 			printf '%s\n' "$p"

@@ -151,6 +151,13 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.rt, err = rds.NewRedis(cfg.RedisRealtimeURL, rc); err != nil {
 		return fmt.Errorf("REDIS_REALTIME_URL: %w", err)
 	}
+	psMode, err := rds.ParsePubSubMode(cfg.PubSubMode)
+	if err == nil {
+		_, err = rds.ShardedPubSub(m.rt, psMode)
+	}
+	if err != nil {
+		return fmt.Errorf("HAN_PUBSUB_MODE=%s: %w", cfg.PubSubMode, err)
+	}
 	lctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
 	if err := lua.LoadAll(lctx, m.rdb); err != nil {
 		m.Logger.Warn("redis not ready at start-up; scripts load on first use", slog.String("kind", fmt.Sprintf("%T", errors.Unwrap(err))))
@@ -182,6 +189,7 @@ func (m *Main) Run(ctx context.Context) error {
 				RecoverWindow: cfg.WSRecoverWindow, RecoverMax: cfg.WSRecoverMax},
 			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser},
 			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
+			PubSubMode: psMode,
 			Registerer: metrics.Registry,
 		},
 		Logger: m.Logger, Store: store.New(m.pg), Realtime: m.rt, Verifier: verifier,

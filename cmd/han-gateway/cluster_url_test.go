@@ -32,3 +32,27 @@ func TestClusterURLMustUseDatabaseZero(t *testing.T) {
 		}
 	}
 }
+
+// HAN_PUBSUB_MODE=sharded on a standalone realtime Redis stops the
+// start-up with an error that names the variable and says why, before any
+// instance could publish where no other instance listens.
+func TestShardedPubSubModeNeedsCluster(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_PUBSUB_MODE"] = "sharded"
+	m := NewMain()
+	if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+		t.Fatalf("sharded is a valid mode name: %v", err)
+	}
+	m.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	err := m.Run(context.Background())
+	_ = m.Close()
+	if err == nil {
+		t.Fatal("sharded Pub/Sub on a standalone Redis was accepted")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "HAN_PUBSUB_MODE=sharded:") || !strings.Contains(msg, "needs a Redis Cluster") {
+		t.Fatalf("start-up error %q must name the variable and the rule", msg)
+	}
+	// Classic, like auto, runs on a standalone Redis.
+	vars["HAN_PUBSUB_MODE"] = "classic"
+	start(t, vars)
+}

@@ -70,6 +70,31 @@ type thresholdList []string
 func (l *thresholdList) String() string     { return strings.Join(*l, ",") }
 func (l *thresholdList) Set(v string) error { *l = append(*l, v); return nil }
 
+// targetFlag is -target: one target, or several gateways given as a
+// comma-separated list or by repeating the flag. The first value set on
+// the command line replaces the default and the scenario file's value;
+// later ones add to it.
+type targetFlag struct {
+	v     *string
+	added bool // a value came from the command line
+}
+
+func (f *targetFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return *f.v
+}
+
+func (f *targetFlag) Set(v string) error {
+	if f.added {
+		*f.v += "," + v
+		return nil
+	}
+	*f.v, f.added = v, true
+	return nil
+}
+
 // scenarioFile is the -config document: flag values by name and thresholds.
 type scenarioFile struct {
 	Scenario   string         `json:"scenario"`
@@ -108,6 +133,7 @@ const runEnv = `Environment (gateway targets; flags override):
   HAN_JWT_DEV_HS256_SECRET  the gateway's dev secret, to mint user tokens (-dev-secret)
   HAN_ALLOWED_ORIGINS       its first origin is the WebSocket Origin header (-origin)
   REDIS_REALTIME_URL        Redis DB1, where the broadcast scenario publishes (-redis-url)
+  HAN_PUBSUB_MODE           auto, sharded or classic: how it publishes there, as the gateways (-pubsub-mode)
 send-sql (the send path's SQL alone) reads the gateway's own variables:
   DATABASE_URL (-database-url), HAN_DB_EXEC_MODE (-exec-mode),
   HAN_DB_REQUEST_TIMEOUT, HAN_IDEMPOTENCY_TTL, HAN_LEGACY_STUB_ENABLED
@@ -131,8 +157,11 @@ func (m *Main) parseRun(args []string) error {
 	var ths thresholdList
 	var config string
 	var quiet bool
-	fs.StringVar(&m.opts.Target, "target", scenarios.DefaultTarget,
-		"loopback gateway URL, or baseline (child process), baseline-inprocess, baseline:<url>, centrifugo:<url> (a running Centrifugo v6)")
+	m.opts.Target = scenarios.DefaultTarget
+	target := &targetFlag{v: &m.opts.Target}
+	fs.Var(target, "target",
+		"loopback gateway URL, or baseline (child process), baseline-inprocess, baseline:<url>, centrifugo:<url> (a running Centrifugo v6); "+
+			"several gateway URLs, comma-separated or with the flag repeated, spread the connections and REST calls over them (chat-fanout, broadcast, idle-connections)")
 	fs.DurationVar(&m.opts.Duration, "duration", 10*time.Second, "length of the measured phase")
 	fs.DurationVar(&m.opts.MaxDuration, "max-duration", 0, "hard bound on the whole run, setup included (default duration + 5m)")
 	fs.Var(&ths, "threshold", "pass/fail criterion, repeatable: delivery_p99<150ms, http_req_failed<0.1%, ws_connect_p95<500ms")
@@ -161,6 +190,7 @@ func (m *Main) parseRun(args []string) error {
 			}
 		}
 		fileThresholds = f.Thresholds
+		target.added = false // a -target on the command line replaces the file's
 	}
 	if err := m.parse(fs, args[1:], "usage: han-loadtest run "+sc.Name()+" [flags]\n\n"+runEnv+"\nFlags:\n"); err != nil {
 		return err
@@ -225,8 +255,25 @@ func readScenarioFile(path string) (*scenarioFile, error) {
 	return &f, nil
 }
 
-// checkTarget refuses a non-loopback target before anything starts.
+// checkTarget refuses a non-loopback target before anything starts; in a
+// list of several, each must be a loopback gateway URL.
 func checkTarget(t string) error {
+	list, err := loadtest.SplitTargets(t)
+	if err != nil {
+		return err
+	}
+	if len(list) > 1 {
+		for _, one := range list {
+			u, err := loadtest.CheckLoopbackURL(one)
+			if err != nil {
+				return err
+			}
+			if u.Scheme != "http" {
+				return fmt.Errorf("target %q: a list names gateways only (http://<loopback>:<port>)", one)
+			}
+		}
+		return nil
+	}
 	switch {
 	case t == scenarios.TargetBaseline, t == scenarios.TargetBaselineInProcess:
 		return nil
@@ -237,7 +284,7 @@ func checkTarget(t string) error {
 		_, err := loadtest.CheckLoopbackURL(strings.TrimPrefix(t, scenarios.CentrifugoURLPrefix))
 		return err
 	}
-	_, err := loadtest.CheckLoopbackURL(t)
+	_, err = loadtest.CheckLoopbackURL(t)
 	return err
 }
 

@@ -134,6 +134,9 @@ func TestUsageErrors(t *testing.T) {
 		"unknown metric":       {"run", "broadcast", "-target", "baseline-inprocess", "-threshold", "nosuch_p99<1ms"},
 		"stray argument":       {"run", "broadcast", "extra"},
 		"remote baseline bind": {"baseline-server", "-addr", "0.0.0.0:9090"},
+		"keyword in a list":    {"run", "broadcast", "-target", "http://127.0.0.1:8080,baseline-inprocess"},
+		"remote in a list":     {"run", "chat-fanout", "-target", "http://127.0.0.1:8080", "-target", "http://10.0.0.1:8080"},
+		"empty list entry":     {"run", "chat-fanout", "-target", "http://127.0.0.1:8080,,http://127.0.0.1:8081"},
 	} {
 		if r := runMain(t, args...); r.code != ExitUsage {
 			t.Errorf("%s: exit %d, want %d (%s)", name, r.code, ExitUsage, r.stderr)
@@ -141,6 +144,40 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if r := runMain(t, "scenarios"); r.code != ExitOK || !strings.Contains(r.stdout, "connect-storm") {
 		t.Fatalf("scenarios: %d %s", r.code, r.stdout)
+	}
+}
+
+// -target repeated adds a gateway to the list; a comma-separated list is
+// the same; the first -target on the command line replaces the default
+// and a scenario file's target.
+func TestTargetListFlag(t *testing.T) {
+	parse := func(args ...string) string {
+		t.Helper()
+		m := NewMain(strings.NewReader(""), io.Discard, io.Discard, func(string) string { return "" })
+		if err := m.ParseFlags(append([]string{"run", "chat-fanout"}, args...)); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		return m.opts.Target
+	}
+	const a, b = "http://127.0.0.1:8080", "http://127.0.0.1:8081"
+	if got := parse(); got != "http://127.0.0.1:8080" {
+		t.Errorf("default target %q", got)
+	}
+	if got := parse("-target", a, "-target", b); got != a+","+b {
+		t.Errorf("repeated -target: %q", got)
+	}
+	if got := parse("-target", a+","+b); got != a+","+b {
+		t.Errorf("comma-separated -target: %q", got)
+	}
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(cfg, []byte(`{"options":{"target":"http://127.0.0.1:9999"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := parse("-config", cfg); got != "http://127.0.0.1:9999" {
+		t.Errorf("the file's target: %q", got)
+	}
+	if got := parse("-config", cfg, "-target", b); got != b {
+		t.Errorf("-target over the file's: %q, want %q", got, b)
 	}
 }
 

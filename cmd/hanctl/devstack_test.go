@@ -12,17 +12,16 @@ import (
 	"time"
 )
 
-// The local stack as a newcomer drives it: scripts/dev.sh started in the
-// background (as `scripts/dev.sh &` does, SIGINT ignored), `eval "$(scripts/dev.sh
-// --env)"` then `hanctl token` mints a token the running gateway accepts,
-// and `scripts/dev.sh --stop` stops the gateway, Redis and PostgreSQL.
-// The stack's state goes to a temporary HAN_DEV_DATA and every port is a
-// free one, so a developer's own stack is not touched. It builds bin/ and
-// starts PostgreSQL: skipped with -short.
-func TestDevScriptEnvAndStop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts the whole dev stack")
-	}
+// devStack runs scripts/dev.sh of this repository with its state in a
+// temporary HAN_DEV_DATA and every port a free one, so a developer's own
+// stack is not touched.
+type devStack struct {
+	root, data string
+	env        []string
+}
+
+func newDevStack(t *testing.T) *devStack {
+	t.Helper()
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -44,15 +43,33 @@ func TestDevScriptEnvAndStop(t *testing.T) {
 			env = append(env, k+"="+v)
 		}
 	}
-	script := func(args string) *exec.Cmd {
-		c := exec.Command("bash", "-c", args)
-		c.Dir, c.Env = root, env
-		return c
+	return &devStack{root: root, data: data, env: env}
+}
+
+// script is a bash command line run in the repository with the stack's
+// environment.
+func (d *devStack) script(args string) *exec.Cmd {
+	c := exec.Command("bash", "-c", args)
+	c.Dir, c.Env = d.root, d.env
+	return c
+}
+
+func (d *devStack) stop() (string, error) {
+	out, err := d.script("scripts/dev.sh --stop").CombinedOutput()
+	return string(out), err
+}
+
+// The local stack as a newcomer drives it: scripts/dev.sh started in the
+// background (as `scripts/dev.sh &` does, SIGINT ignored), `eval "$(scripts/dev.sh
+// --env)"` then `hanctl token` mints a token the running gateway accepts,
+// and `scripts/dev.sh --stop` stops the gateway, Redis and PostgreSQL.
+// It builds bin/ and starts PostgreSQL: skipped with -short.
+func TestDevScriptEnvAndStop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole dev stack")
 	}
-	stop := func() (string, error) {
-		out, err := script("scripts/dev.sh --stop").CombinedOutput()
-		return string(out), err
-	}
+	d := newDevStack(t)
+	data, script, stop := d.data, d.script, d.stop
 	log := filepath.Join(data, "dev.log")
 	if out, err := script("scripts/dev.sh </dev/null >" + log + " 2>&1 &").CombinedOutput(); err != nil {
 		t.Fatalf("start: %v %s", err, out)

@@ -6,7 +6,10 @@
 //
 // Its ordinary tests share one cluster, run one after another and flush it
 // between tests; a test that fails a node over or moves a slot starts a
-// cluster of its own, since it breaks the one it runs on. Every other test
+// cluster of its own, since it breaks the one it runs on. The TestGateways
+// tests run the real program: cmd/han-gateway built once per test binary
+// and started as three processes on a cluster, driven over HTTP and
+// WebSocket as clients drive it. Every other test
 // package keeps its private standalone redis-server: this one is the only
 // place a cluster runs, so its behaviour on a cluster is checked here, next
 // to nothing it could be mistaken for.

@@ -13,7 +13,9 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{Cluster: true, Postgres: true}, &env) }
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{Cluster: true, Postgres: true, Check: removeGatewayBuild}, &env)
+}
 
 // shared returns an api_backend client of the package's cluster, opened
 // as the service opens it, after flushing the cluster.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // received collects what one instance's subscriber delivered.
@@ -31,8 +32,16 @@ func subscriber(t *testing.T, c *testenv.RedisCluster, name string) *received {
 
 func subscriberWithMetrics(t *testing.T, c *testenv.RedisCluster, name string, reg prometheus.Registerer) *received {
 	t.Helper()
+	return subscriberWithConfig(t, c, pubsub.SubscriberConfig{InstanceID: name, CanaryInterval: 200 * time.Millisecond, Registerer: reg})
+}
+
+// subscriberWithConfig starts a subscriber of cfg (cfg.InstanceID names
+// it) on its own client of c.
+func subscriberWithConfig(t *testing.T, c *testenv.RedisCluster, cfg pubsub.SubscriberConfig) *received {
+	t.Helper()
+	name := cfg.InstanceID
 	r := &received{got: map[string][]string{}, resynced: map[string]int{}, name: name}
-	sub, err := pubsub.NewSubscriber(open(t, c), pubsub.SubscriberConfig{InstanceID: name, CanaryInterval: 200 * time.Millisecond, Registerer: reg},
+	sub, err := pubsub.NewSubscriber(open(t, c), cfg,
 		slog.New(slog.DiscardHandler), func(channel string, payload []byte) {
 			r.mu.Lock()
 			r.got[channel] = append(r.got[channel], string(payload))
@@ -180,7 +189,7 @@ func TestShardedPubSubAcrossMasters(t *testing.T) {
 			t.Fatalf("%s on its master: %d sharded and %d classic subscribers, want 3 and 0", ch, s, n)
 		}
 	}
-	publishAll(t, pubsub.NewPublisher(rdb, nil, nil), channels, 1, a, b, c)
+	publishAll(t, pubsub.NewPublisher(rdb, rds.PubSubAuto, nil, nil), channels, 1, a, b, c)
 	testenv.Eventually(t, 5*time.Second, func() bool { return a.sub.Healthy() && b.sub.Healthy() && c.sub.Healthy() },
 		"the subscribers never reported healthy (canary over SPUBLISH)")
 	// One connection per master, each carrying that master's channels.
@@ -224,7 +233,7 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 	}
 	a.subscribe(t, channels...)
 	b.subscribe(t, channels...)
-	pub := pubsub.NewPublisher(open(t, c), nil, nil)
+	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
 	publishAll(t, pub, channels, 1, a, b)
 
 	victim, err := c.MasterOf(ctx, channels[0])
@@ -279,6 +288,9 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 	if total != len(channels) {
 		t.Errorf("%d channels over the shards after the failover, want %d", total, len(channels))
 	}
+	// After a failover every per-shard family has a series, the reconnect
+	// counter included: each one the alerts and the dashboard read exists.
+	assertShardFamiliesExported(t, reg)
 }
 
 // Move the slot of one channel to another master: the server drops the
@@ -298,7 +310,7 @@ func TestShardedPubSubSlotMove(t *testing.T) {
 		channels = append(channels, chs...)
 	}
 	a.subscribe(t, channels...)
-	pub := pubsub.NewPublisher(open(t, c), nil, nil)
+	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
 	publishAll(t, pub, channels, 1, a)
 
 	moved := channels[0]

@@ -66,6 +66,12 @@ type Config struct {
 	// connection straight to PostgreSQL, for migrations, when DatabaseURL
 	// goes through a transaction-pooling proxy such as PgBouncer.
 	DatabaseDirectURL string
+	// PubSubMode (HAN_PUBSUB_MODE: auto, sharded or classic; default auto)
+	// is how realtime channels travel on REDIS_REALTIME_URL: auto is
+	// sharded Pub/Sub on a Redis Cluster and classic on a standalone Redis;
+	// classic forces SUBSCRIBE/PUBLISH on a cluster too. Sharded on a
+	// standalone Redis is refused when the service starts.
+	PubSubMode string
 	// DBExecMode (HAN_DB_EXEC_MODE) is how pgx sends statements on
 	// DatabaseURL (store.ParseExecMode tells the modes apart); zero value:
 	// pgx's default, cache_statement. Behind PgBouncer in transaction
@@ -184,6 +190,11 @@ func Load(getenv func(string) string) (Config, error) {
 	case "", "cache_statement", "cache_describe", "exec", "simple_protocol":
 	default:
 		bad("HAN_DB_EXEC_MODE: must be cache_statement, cache_describe, exec or simple_protocol")
+	}
+	switch c.PubSubMode = cmp.Or(getenv("HAN_PUBSUB_MODE"), "auto"); c.PubSubMode {
+	case "auto", "sharded", "classic":
+	default:
+		bad("HAN_PUBSUB_MODE: must be auto, sharded or classic")
 	}
 	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
 		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)

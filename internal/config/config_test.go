@@ -228,6 +228,29 @@ func TestDatabaseDirectURLAndExecMode(t *testing.T) {
 	}
 }
 
+// HAN_PUBSUB_MODE is auto unless set to sharded or classic; anything else
+// stops the start-up with an error naming the variable.
+func TestPubSubMode(t *testing.T) {
+	c, err := Load(env(base()))
+	if err != nil || c.PubSubMode != "auto" {
+		t.Fatalf("default: %q %v", c.PubSubMode, err)
+	}
+	for _, mode := range []string{"auto", "sharded", "classic"} {
+		m := base()
+		m["HAN_PUBSUB_MODE"] = mode
+		if c, err := Load(env(m)); err != nil || c.PubSubMode != mode {
+			t.Fatalf("%s: %q %v", mode, c.PubSubMode, err)
+		}
+	}
+	for _, mode := range []string{"Sharded", "spublish", " classic"} {
+		m := base()
+		m["HAN_PUBSUB_MODE"] = mode
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_PUBSUB_MODE: must be auto, sharded or classic") {
+			t.Fatalf("%q: %v", mode, err)
+		}
+	}
+}
+
 // The outbox grace stays far above the 50 ms in which the request path's
 // published rows are marked delivered, so the relay does not publish them
 // again; the retention of delivered rows defaults to 15m.

@@ -17,7 +17,8 @@ import (
 // ClusterOptions configures a private Redis Cluster.
 type ClusterOptions struct {
 	Masters int // zero value means 3
-	// Replicas is the number of replicas of each master. Zero value means 1.
+	// Replicas is the number of replicas of each master. Zero value means
+	// 1; a negative value means none.
 	Replicas int
 	// NodeTimeout is cluster-node-timeout: how long a node may stay silent
 	// before the others fail it over. Zero value means 1s, so a failover
@@ -44,8 +45,11 @@ func StartCluster(opts ClusterOptions) (*RedisCluster, error) {
 	if opts.Masters <= 0 {
 		opts.Masters = 3
 	}
-	if opts.Replicas <= 0 {
+	switch {
+	case opts.Replicas == 0:
 		opts.Replicas = 1
+	case opts.Replicas < 0:
+		opts.Replicas = 0
 	}
 	if opts.NodeTimeout <= 0 {
 		opts.NodeTimeout = time.Second

@@ -279,6 +279,17 @@ func (s *RedisServer) cleanup() {
 	}
 }
 
+// Pid is the server's process id (0 while it is killed), for a benchmark
+// that reads its CPU time.
+func (s *RedisServer) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Running reports whether the server process is up (not killed).
 func (s *RedisServer) Running() bool {
 	s.mu.Lock()

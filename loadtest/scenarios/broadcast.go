@@ -192,7 +192,7 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 // open connects the shape's fleet to spec and the publisher; closeAll
 // tears both down.
 func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *loadtest.Registry, dl *loadtest.Deliveries, label string) (*stepper, func(), error) {
-	tg, err := openTarget(ctx, spec)
+	tg, err := openTargets(ctx, spec)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -250,7 +250,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 		return nil, nil, err
 	}
 	if tg.gateway || tg.centrifugo {
-		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.maxPublishers)
+		pub, err = newRedisPublisher(ctx, b.gw.redisURL, b.gw.pubsubMode, b.maxPublishers)
 	} else {
 		pub, err = newBaselinePublisher(ctx, t, tg.base, b.publisherConns)
 	}

@@ -58,7 +58,7 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	if err := s.sf.check(); err != nil {
 		return err
 	}
-	tg, err := openTarget(ctx, t.Opts.Target)
+	tg, err := openTargets(ctx, t.Opts.Target)
 	if err != nil {
 		return err
 	}
@@ -90,12 +90,16 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 			return err
 		}
 	}
-	api, err := loadtest.NewAPI(tg.base, loadtest.NewHTTPClient(t.Src, s.sf.maxSenders, 30*time.Second), t.Reg)
+	apis, err := sendAPIs(t, tg, s.sf.maxSenders)
+	defer func() {
+		for _, api := range apis {
+			api.Close()
+		}
+	}()
 	if err != nil {
 		return err
 	}
-	defer api.Close()
-	r := s.sendRunOf(fl, api, dl)
+	r := s.sendRunOf(fl, apis, dl)
 	if err := s.send(ctx, t, r, fl, dl); err != nil {
 		return err
 	}
@@ -111,10 +115,31 @@ func (s *ChatFanout) describe(t *loadtest.T) {
 	t.Info("send_only", s.sf.sendOnly)
 }
 
+// sendAPIs returns one measured REST client per target, sharing
+// maxConns keep-alive connections each; over several targets each also
+// counts its requests and errors per target.
+func sendAPIs(t *loadtest.T, tg *target, maxConns int) ([]*loadtest.API, error) {
+	apis := make([]*loadtest.API, 0, len(tg.bases))
+	for _, base := range tg.bases {
+		api, err := loadtest.NewAPI(base, loadtest.NewHTTPClient(t.Src, maxConns, 30*time.Second), t.Reg)
+		if err != nil {
+			return apis, err
+		}
+		if tg.spread() {
+			api.CountPerTarget()
+		}
+		apis = append(apis, api)
+	}
+	return apis, nil
+}
+
 // sendRunOf binds the send path to the gateway's REST API; each send has
-// an Idempotency-Key of its own.
-func (s *ChatFanout) sendRunOf(fl *fleet, api *loadtest.API, dl *loadtest.Deliveries) *sendRun {
+// an Idempotency-Key of its own. Over several targets a sender always
+// posts through the same one (sender mod targets), the one its own
+// connection is on.
+func (s *ChatFanout) sendRunOf(fl *fleet, apis []*loadtest.API, dl *loadtest.Deliveries) *sendRun {
 	r := newSendRun(&s.sf, func(ctx context.Context, d, sender int, body string) (string, int64, error) {
+		api := apis[sender%len(apis)]
 		m, err := api.SendMessage(ctx, fl.users[sender], fl.dialogIDs[d], body, ids.New())
 		return m.ID, m.Seq, err
 	}, httpStatusOf)

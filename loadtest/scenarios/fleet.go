@@ -112,7 +112,10 @@ type fleet struct {
 	users     []loadtest.User // gateway and Centrifugo: user c owns connection c
 	conns     []*loadtest.WSConn
 	dialer    *loadtest.WSDialer
-	setupAPI  *loadtest.API // gateway only
+	setupAPI  *loadtest.API // gateway only: users and dialogs, on the first target
+	// ticketAPIs fetch each connection's ticket from the gateway it then
+	// dials (gateway only; one per target, the first is setupAPI).
+	ticketAPIs []*loadtest.API
 }
 
 type fleetConfig struct {
@@ -144,11 +147,19 @@ func prepare(ctx context.Context, t *loadtest.T, tg *target, cfg fleetConfig) (*
 		return fl, nil
 	}
 	fl.dialer.Origin = cfg.gw.origin
-	api, err := loadtest.NewAPI(tg.base, loadtest.NewHTTPClient(t.Src, cfg.concurrency, 30*time.Second), loadtest.NewRegistry())
-	if err != nil {
-		return nil, err
+	fl.dialer.PerTarget = tg.spread()
+	setupReg := loadtest.NewRegistry()
+	for _, base := range tg.bases {
+		api, err := loadtest.NewAPI(base, loadtest.NewHTTPClient(t.Src, cfg.concurrency, 30*time.Second), setupReg)
+		if err != nil {
+			fl.close(0)
+			return nil, err
+		}
+		fl.ticketAPIs = append(fl.ticketAPIs, api)
 	}
+	api := fl.ticketAPIs[0]
 	fl.setupAPI = api
+	var err error
 	if fl.users, err = loadtest.MintUsers([]byte(cfg.gw.devSecret), cfg.shape.conns, cfg.gw.tokenTTL); err != nil {
 		return nil, err
 	}
@@ -189,7 +200,7 @@ func prepare(ctx context.Context, t *loadtest.T, tg *target, cfg fleetConfig) (*
 // wsURL is the realtime URL for connection c (fetching a ticket when the
 // gateway wants one) and the bearer token to send, if any.
 func (fl *fleet) wsURL(ctx context.Context, tg *target, gw *gatewayFlags, c int) (string, string, error) {
-	base := "ws" + tg.base[len("http"):] + loadtest.RealtimePath
+	base := "ws" + tg.baseOf(c)[len("http"):] + loadtest.RealtimePath
 	if tg.centrifugo {
 		return "ws" + tg.base[len("http"):] + loadtest.CentrifugoPath, fl.users[c].Token, nil
 	}
@@ -197,11 +208,12 @@ func (fl *fleet) wsURL(ctx context.Context, tg *target, gw *gatewayFlags, c int)
 		return base, "", nil
 	}
 	if gw.auth == "ticket" {
-		tk, err := fl.setupAPI.Ticket(ctx, fl.users[c])
+		api := fl.ticketAPIs[c%len(fl.ticketAPIs)]
+		tk, err := api.Ticket(ctx, fl.users[c])
 		if err != nil {
 			return "", "", fmt.Errorf("ticket: %w", err)
 		}
-		return fl.setupAPI.WSURL(tk), "", nil
+		return api.WSURL(tk), "", nil
 	}
 	return base, fl.users[c].Token, nil
 }
@@ -244,8 +256,8 @@ func (fl *fleet) close(concurrency int) {
 		return nil
 	})
 	fl.dialer.Close()
-	if fl.setupAPI != nil {
-		fl.setupAPI.Close()
+	for _, api := range fl.ticketAPIs {
+		api.Close()
 	}
 }
 

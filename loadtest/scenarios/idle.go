@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/han-app/gateway/loadtest"
@@ -59,7 +60,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	if s.conns < 1 || s.concurrency < 1 || s.dialogs < 0 {
 		return fmt.Errorf("-conns and -connect-concurrency must be positive")
 	}
-	tg, err := openTarget(ctx, t.Opts.Target)
+	tg, err := openTargets(ctx, t.Opts.Target)
 	if err != nil {
 		return err
 	}
@@ -89,7 +90,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	client := loadtest.NewHTTPClient(nil, 2, 30*time.Second)
 	defer client.CloseIdleConnections()
-	before, err := loadtest.ReadServerStats(ctx, client, tg.base)
+	before, err := readStats(ctx, client, tg)
 	if err != nil {
 		return fmt.Errorf("server stats before: %w", err)
 	}
@@ -102,7 +103,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	if tg.gateway {
 		// Setup traffic (users, dialogs) leaves garbage and pooled
 		// connections behind: take the "before" reading after it.
-		if before, err = loadtest.ReadServerStats(ctx, client, tg.base); err != nil {
+		if before, err = readStats(ctx, client, tg); err != nil {
 			return fmt.Errorf("server stats before: %w", err)
 		}
 	}
@@ -120,7 +121,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 		return ctx.Err()
 	case <-time.After(max(s.settle, t.Opts.Duration)):
 	}
-	after, err := loadtest.ReadServerStats(ctx, client, tg.base)
+	after, err := readStats(ctx, client, tg)
 	if err != nil {
 		return fmt.Errorf("server stats after: %w", err)
 	}
@@ -132,6 +133,28 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 		return fmt.Errorf("%d of %d connections dropped while idle", s.conns-open, s.conns)
 	}
 	return nil
+}
+
+// readStats reads the target's process figures; over several gateways,
+// their sum (the cost per connection is then the fleet's average).
+func readStats(ctx context.Context, client *http.Client, tg *target) (loadtest.ServerStats, error) {
+	if !tg.spread() {
+		return loadtest.ReadServerStats(ctx, client, tg.base)
+	}
+	var sum loadtest.ServerStats
+	for i, base := range tg.bases {
+		st, err := loadtest.ReadServerStats(ctx, client, base)
+		if err != nil {
+			return sum, fmt.Errorf("%s: %w", base, err)
+		}
+		sum.HeapInuse += st.HeapInuse
+		sum.StackInuse += st.StackInuse
+		sum.RSS += st.RSS
+		sum.Goroutines += st.Goroutines
+		sum.GCForced = st.GCForced && (i == 0 || sum.GCForced)
+		sum.Source = st.Source
+	}
+	return sum, nil
 }
 
 // report records the server's cost per connection: the difference between

@@ -20,15 +20,19 @@ type publisher interface {
 	Close() error
 }
 
-// redisPublisher publishes (SPUBLISH on a cluster) straight into Redis Pub/Sub, where every gateway
+// redisPublisher publishes (SPUBLISH on a cluster unless -pubsub-mode
+// says classic) straight into Redis Pub/Sub, where every gateway
 // instance subscribed to the dialog's channel picks the frame up and forwards
 // its bytes unchanged: the gateway's fan-out is measured without the REST send
 // path. Centrifugo is fed the same way, with its Redis engine's publication
 // messages on its own channels. A cluster URL (addr= seeds) publishes
 // through a cluster client, as the gateway does.
-type redisPublisher struct{ c redis.UniversalClient }
+type redisPublisher struct {
+	c    redis.UniversalClient
+	mode rds.PubSubMode
+}
 
-func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPublisher, error) {
+func newRedisPublisher(ctx context.Context, rawURL string, mode rds.PubSubMode, pool int) (*redisPublisher, error) {
 	if rawURL == "" {
 		return nil, errors.New("broadcast publishes straight into Redis Pub/Sub: the gateway target needs -redis-url (or REDIS_REALTIME_URL), the centrifugo target -redis-url (or " + envCentrifugoRedisURL + ")")
 	}
@@ -46,11 +50,15 @@ func newRedisPublisher(ctx context.Context, rawURL string, pool int) (*redisPubl
 		c.Close()
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	return &redisPublisher{c: c}, nil
+	if _, err := rds.ShardedPubSub(c, mode); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("-pubsub-mode: %w", err)
+	}
+	return &redisPublisher{c: c, mode: mode}, nil
 }
 
 func (p *redisPublisher) Publish(ctx context.Context, channel string, frame []byte) error {
-	return rds.Publish(ctx, p.c, channel, frame).Err()
+	return rds.Publish(ctx, p.c, p.mode, channel, frame).Err()
 }
 
 func (p *redisPublisher) Close() error { return p.c.Close() }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/loadtest"
+	"github.com/han-app/gateway/store/rds"
 )
 
 var env *testenv.Env
@@ -118,10 +119,10 @@ func TestTargetsAndGatewaySettingsAreChecked(t *testing.T) {
 			t.Errorf("target %q accepted", bad)
 		}
 	}
-	if _, err := newRedisPublisher(ctx, "redis://u:p@10.0.0.1:6379/1", 1); err == nil {
+	if _, err := newRedisPublisher(ctx, "redis://u:p@10.0.0.1:6379/1", rds.PubSubAuto, 1); err == nil {
 		t.Error("a remote Redis accepted")
 	}
-	if _, err := newRedisPublisher(ctx, "", 1); err == nil {
+	if _, err := newRedisPublisher(ctx, "", rds.PubSubAuto, 1); err == nil {
 		t.Error("an empty Redis URL accepted")
 	}
 	// The gateway needs the dev secret to mint tokens; nothing is dialled.
@@ -129,6 +130,15 @@ func TestTargetsAndGatewaySettingsAreChecked(t *testing.T) {
 	sum := run(t, sc, loadtest.Options{Target: "http://127.0.0.1:1", Duration: time.Second})
 	if sum.Err == nil || !strings.Contains(sum.Err.Error(), "dev-secret") {
 		t.Fatalf("err = %v, want the missing dev secret named", sum.Err)
+	}
+	// The publisher's Pub/Sub mode and the extra instances are checked
+	// before anything is dialled.
+	for flag, value := range map[string]string{"-pubsub-mode": "spublish"} {
+		sc := newScenario(t, "broadcast", "-conns", "4", "-dialogs", "2", "-dev-secret", strings.Repeat("s", 32), flag, value)
+		sum := run(t, sc, loadtest.Options{Target: "http://127.0.0.1:1", Duration: time.Second})
+		if sum.Err == nil || !strings.Contains(sum.Err.Error(), flag+":") {
+			t.Errorf("%s %s: err = %v, want the flag named", flag, value, sum.Err)
+		}
 	}
 	for _, name := range []string{"chat-fanout", "connect-storm", "rate-limit", "project-queue"} {
 		sum := run(t, newScenario(t, name), loadtest.Options{Target: TargetBaselineInProcess, Duration: time.Second})

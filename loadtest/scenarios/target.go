@@ -14,6 +14,7 @@ import (
 
 	"github.com/han-app/gateway/loadtest"
 	"github.com/han-app/gateway/loadtest/baseline"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Target keywords of --target besides a gateway URL.
@@ -48,10 +49,13 @@ type target struct {
 	spec       string
 	gateway    bool
 	centrifugo bool
-	base       string // http://host:port
-	inproc     *baseline.Server
-	child      *exec.Cmd
-	stdin      io.Closer
+	base       string // http://host:port (the first of bases)
+	// bases are the gateways a spread run loads (-target A,B): connection c
+	// goes to bases[c mod len]. One entry for every other target.
+	bases  []string
+	inproc *baseline.Server
+	child  *exec.Cmd
+	stdin  io.Closer
 }
 
 // perConnFiles is how many descriptors one load connection costs in this
@@ -74,13 +78,63 @@ func (tg *target) describe() string {
 	case !tg.gateway:
 		return "baseline " + tg.base
 	}
+	if len(tg.bases) > 1 {
+		return "gateways " + strings.Join(tg.bases, ",")
+	}
 	return "gateway " + tg.base
 }
 
+// baseOf is the gateway base URL that connection (or sender) i uses:
+// round-robin over the targets.
+func (tg *target) baseOf(i int) string {
+	if len(tg.bases) < 2 {
+		return tg.base
+	}
+	return tg.bases[i%len(tg.bases)]
+}
+
+// spread reports whether the run loads several gateways.
+func (tg *target) spread() bool { return len(tg.bases) > 1 }
+
+// openTargets resolves a -target that may list several gateways
+// ("http://127.0.0.1:8080,http://127.0.0.1:8081"); a single entry is
+// openTarget's.
+func openTargets(ctx context.Context, raw string) (*target, error) {
+	list, err := loadtest.SplitTargets(raw)
+	if err != nil {
+		return nil, err
+	}
+	if len(list) == 1 {
+		return openTarget(ctx, list[0])
+	}
+	tg := &target{spec: raw, gateway: true}
+	seen := map[string]bool{}
+	for _, one := range list {
+		t, err := openTarget(ctx, one)
+		if err != nil {
+			return nil, err
+		}
+		if !t.gateway {
+			t.close()
+			return nil, fmt.Errorf("target list %q: only gateway URLs can be listed, not %q", raw, one)
+		}
+		if seen[t.base] {
+			return nil, fmt.Errorf("target list %q: %s is listed twice", raw, t.base)
+		}
+		seen[t.base] = true
+		tg.bases = append(tg.bases, t.base)
+	}
+	tg.base = tg.bases[0]
+	return tg, nil
+}
+
 // openTarget resolves --target: a loopback gateway URL, or a baseline.
+// A list of targets is refused (scenarios that spread call openTargets).
 func openTarget(ctx context.Context, spec string) (*target, error) {
 	tg := &target{spec: spec}
 	switch {
+	case strings.Contains(spec, ","):
+		return nil, fmt.Errorf("target %q: this scenario loads one target (chat-fanout, broadcast and idle-connections take a list)", spec)
 	case spec == TargetBaselineInProcess:
 		s := baseline.New(BaselineConfig, nil)
 		if err := s.Start("127.0.0.1:0"); err != nil {
@@ -116,6 +170,7 @@ func openTarget(ctx context.Context, spec string) (*target, error) {
 				spec, TargetBaseline, TargetBaselineInProcess, baselineURLPrefix, CentrifugoURLPrefix)
 		}
 		tg.gateway, tg.base = true, u.Scheme+"://"+u.Host
+		tg.bases = []string{tg.base}
 	}
 	return tg, nil
 }
@@ -199,9 +254,12 @@ type gatewayFlags struct {
 	devSecret string
 	origin    string
 	redisURL  string
+	psMode    string // -pubsub-mode, parsed into pubsubMode by check
 	auth      string
 	tokenTTL  time.Duration
 	getenv    func(string) string
+
+	pubsubMode rds.PubSubMode
 
 	cfSecret string // Centrifugo's HMAC secret for connection JWTs
 	cfPrefix string // Centrifugo's Redis prefix
@@ -226,6 +284,8 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, getenv func(string) string, ne
 	if needRedis {
 		fs.StringVar(&g.redisURL, "redis-url", "",
 			"Redis URL the broadcast publisher PUBLISHes to: the gateway's DB1 (default: env REDIS_REALTIME_URL), or Centrifugo's engine Redis (default: env "+envCentrifugoRedisURL+")")
+		fs.StringVar(&g.psMode, "pubsub-mode", "",
+			"how the broadcast publisher publishes, as the gateway's HAN_PUBSUB_MODE: auto (SPUBLISH on a cluster URL, PUBLISH otherwise), sharded or classic (default: env HAN_PUBSUB_MODE, else auto)")
 	}
 }
 
@@ -275,10 +335,17 @@ func (g *gatewayFlags) fromEnv() {
 	if g.redisURL == "" {
 		g.redisURL = g.getenv("REDIS_REALTIME_URL")
 	}
+	if g.psMode == "" {
+		g.psMode = g.getenv("HAN_PUBSUB_MODE")
+	}
 }
 
 func (g *gatewayFlags) check() error {
 	g.fromEnv()
+	var err error
+	if g.pubsubMode, err = rds.ParsePubSubMode(g.psMode); err != nil {
+		return fmt.Errorf("-pubsub-mode: %w", err)
+	}
 	if len(g.devSecret) < 32 {
 		return errors.New("the gateway target needs -dev-secret (or HAN_JWT_DEV_HS256_SECRET), at least 32 bytes")
 	}

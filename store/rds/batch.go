@@ -51,6 +51,7 @@ type batchCall struct {
 	args    []any
 	channel string
 	payload []byte
+	sharded bool // a publish: SPUBLISH
 
 	res *redis.Cmd    // a script's reply
 	pub *redis.IntCmd // a publish's reply
@@ -67,10 +68,13 @@ func (b *Batcher) Script(ctx context.Context, s *lua.Script, keys []string, args
 	return c.res
 }
 
-// Publish sends payload on a realtime channel as Publish does (SPUBLISH on
-// a cluster, PUBLISH on a standalone Redis).
-func (b *Batcher) Publish(ctx context.Context, channel string, payload []byte) *redis.IntCmd {
-	c := &batchCall{ctx: ctx, channel: channel, payload: payload}
+// Publish sends payload on a realtime channel as Publish does for mode.
+func (b *Batcher) Publish(ctx context.Context, mode PubSubMode, channel string, payload []byte) *redis.IntCmd {
+	sharded, err := ShardedPubSub(b.rdb, mode)
+	if err != nil {
+		return Publish(ctx, b.rdb, mode, channel, payload) // the mode's error
+	}
+	c := &batchCall{ctx: ctx, channel: channel, payload: payload, sharded: sharded}
 	b.do(c)
 	return c.pub
 }
@@ -200,7 +204,7 @@ func (c *batchCall) alone(rdb redis.UniversalClient) {
 		c.res = c.script.Run(c.ctx, rdb, c.keys, c.args...)
 		return
 	}
-	c.pub = Publish(c.ctx, rdb, c.channel, c.payload)
+	c.pub = publishOn(c.ctx, rdb, c.sharded, c.channel, c.payload)
 }
 
 // exec sends the calls whose context is still live; a script Redis does not
@@ -224,12 +228,11 @@ func (b *Batcher) exec(batch []*batchCall) {
 	}
 	ctx, cancel := sharedContext(live)
 	defer cancel()
-	sharded := shardedPubSub(b.rdb)
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range live {
 			switch {
 			case c.script == nil:
-				c.pub = publishOn(ctx, p, sharded, c.channel, c.payload)
+				c.pub = publishOn(ctx, p, c.sharded, c.channel, c.payload)
 			case c.script.ReadOnly:
 				c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
 			default:

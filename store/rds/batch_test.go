@@ -81,7 +81,7 @@ func TestBatcherEachCallerGetsItsOwnReply(t *testing.T) {
 					t.Errorf("second reserve %d: %v %v", i, v, err)
 					return
 				}
-				if n, err := b.Publish(ctx, "han:rt:test:batch", []byte(strconv.Itoa(i))).Result(); err != nil || n != 1 {
+				if n, err := b.Publish(ctx, rds.PubSubAuto, "han:rt:test:batch", []byte(strconv.Itoa(i))).Result(); err != nil || n != 1 {
 					t.Errorf("publish %d: %d %v", i, n, err)
 					return
 				}
@@ -121,7 +121,7 @@ func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
 	if err := b.Script(gone, lua.IdemReserve, key, "fp", "o", 60000).Err(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled script: %v", err)
 	}
-	if err := b.Publish(gone, "han:rt:test:gone", []byte("x")).Err(); !errors.Is(err, context.Canceled) {
+	if err := b.Publish(gone, rds.PubSubAuto, "han:rt:test:gone", []byte("x")).Err(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled publish: %v", err)
 	}
 	if n, err := c.Exists(ctx, key...).Result(); err != nil || n != 0 {

@@ -2,25 +2,92 @@ package rds
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// Publish sends payload on a realtime channel the way the subscribers
-// listen: SPUBLISH on a Redis Cluster (the message goes to the shard that
-// owns the channel's slot, not to every node), PUBLISH on a standalone
-// Redis. Every publisher of realtime channels goes through here or through
-// Batcher.Publish, since a PUBLISH never reaches an SSUBSCRIBE and the
-// other way round.
-func Publish(ctx context.Context, rdb redis.UniversalClient, channel string, payload []byte) *redis.IntCmd {
-	return publishOn(ctx, rdb, shardedPubSub(rdb), channel, payload)
+// PubSubMode is how realtime channels travel on the realtime Redis: sharded
+// Pub/Sub (SSUBSCRIBE/SPUBLISH, one subscriber connection per master of a
+// Redis Cluster, each message handled only by the shard that owns the
+// channel's slot) or classic Pub/Sub (SUBSCRIBE/PUBLISH on one connection;
+// on a Redis Cluster every PUBLISH is forwarded over the cluster bus to
+// every node). Every publisher and subscriber of a deployment must use the
+// same mode: a PUBLISH never reaches an SSUBSCRIBE and the other way round.
+type PubSubMode uint8
+
+const (
+	// PubSubAuto, the zero value: sharded on a Redis Cluster client,
+	// classic on a standalone one.
+	PubSubAuto PubSubMode = iota
+	// PubSubSharded: sharded Pub/Sub; needs a Redis Cluster client.
+	PubSubSharded
+	// PubSubClassic: classic Pub/Sub, also on a Redis Cluster.
+	PubSubClassic
+)
+
+// ErrShardedNeedsCluster is returned for sharded Pub/Sub on a client of a
+// standalone Redis.
+var ErrShardedNeedsCluster = Named("pubsub_mode", "sharded Pub/Sub needs a Redis Cluster (a URL with addr= parameters); this one is a standalone Redis: use auto or classic")
+
+// String is the mode's name as ParsePubSubMode reads it.
+func (m PubSubMode) String() string {
+	switch m {
+	case PubSubSharded:
+		return "sharded"
+	case PubSubClassic:
+		return "classic"
+	default:
+		return "auto"
+	}
 }
 
-// shardedPubSub reports whether realtime channels on rdb use sharded
-// Pub/Sub.
-func shardedPubSub(rdb redis.UniversalClient) bool {
-	_, ok := rdb.(*redis.ClusterClient)
-	return ok
+// ParsePubSubMode reads "auto" (or ""), "sharded" or "classic".
+func ParsePubSubMode(s string) (PubSubMode, error) {
+	switch s {
+	case "", "auto":
+		return PubSubAuto, nil
+	case "sharded":
+		return PubSubSharded, nil
+	case "classic":
+		return PubSubClassic, nil
+	}
+	return PubSubAuto, errors.New("must be auto, sharded or classic")
+}
+
+// ShardedPubSub reports whether realtime channels on rdb use sharded
+// Pub/Sub under mode; sharded on a standalone client is
+// ErrShardedNeedsCluster.
+func ShardedPubSub(rdb redis.UniversalClient, mode PubSubMode) (bool, error) {
+	_, cluster := rdb.(*redis.ClusterClient)
+	switch mode {
+	case PubSubAuto:
+		return cluster, nil
+	case PubSubSharded:
+		if !cluster {
+			return false, ErrShardedNeedsCluster
+		}
+		return true, nil
+	case PubSubClassic:
+		return false, nil
+	}
+	return false, fmt.Errorf("unknown Pub/Sub mode %d", mode)
+}
+
+// Publish sends payload on a realtime channel the way the subscribers of
+// mode listen: SPUBLISH when realtime channels are sharded (the message
+// goes to the shard that owns the channel's slot, not to every node),
+// PUBLISH otherwise. Every publisher of realtime channels goes through
+// here or through Batcher.Publish.
+func Publish(ctx context.Context, rdb redis.UniversalClient, mode PubSubMode, channel string, payload []byte) *redis.IntCmd {
+	sharded, err := ShardedPubSub(rdb, mode)
+	if err != nil {
+		cmd := redis.NewIntCmd(ctx, "spublish", channel, payload)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return publishOn(ctx, rdb, sharded, channel, payload)
 }
 
 // publishOn runs (on a client) or queues (on a pipeline) the publish.

@@ -223,7 +223,8 @@ func ClassifyRedisError(err error) error {
 	if err == nil || errors.Is(err, redis.Nil) {
 		return err
 	}
-	if errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, ErrShardedNeedsCluster) {
+		// A misconfigured Pub/Sub mode is not an outage of Redis.
 		return err
 	}
 	msg := err.Error()
