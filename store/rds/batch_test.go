@@ -124,6 +124,9 @@ func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
 	if err := b.Publish(gone, rds.PubSubAuto, "han:rt:test:gone", []byte("x")).Err(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled publish: %v", err)
 	}
+	if err := b.Publish(ctx, rds.PubSubSharded, "han:rt:test:gone", []byte("x")).Err(); !errors.Is(err, rds.ErrShardedNeedsCluster) {
+		t.Fatalf("sharded publish on a standalone Redis: %v", err)
+	}
 	if n, err := c.Exists(ctx, key...).Result(); err != nil || n != 0 {
 		t.Fatalf("a canceled call wrote %d keys (%v)", n, err)
 	}
