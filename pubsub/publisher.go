@@ -38,3 +38,23 @@ func (p *Publisher) Publish(ctx context.Context, channel string, payload []byte)
 	}
 	return err
 }
+
+// PublishLater is Publish for a caller that does not wait for the round
+// trip: the publish joins the next shared pipeline of such calls, sent
+// within a couple of milliseconds (rds.Batcher.PublishLater). done, if not
+// nil, gets Publish's error once it is known, after the local fallback ran.
+func (p *Publisher) PublishLater(channel string, payload []byte, done func(error)) {
+	p.rdb.PublishLater(p.mode, channel, payload, func(err error) {
+		err = rds.ClassifyRedisError(err)
+		if p.local != nil && (err != nil || (p.sub != nil && !p.sub.Healthy())) {
+			p.local(channel, payload)
+		}
+		if done != nil {
+			done(err)
+		}
+	})
+}
+
+// Close sends the publishes PublishLater queued and waits for them; later
+// ones fail at once (their events stay pending for the outbox relay).
+func (p *Publisher) Close() { p.rdb.Close() }

@@ -152,6 +152,9 @@ func registerOrReuse[T prometheus.Collector](reg *prometheus.Registry, c T) T {
 // the last request ended, before the PostgreSQL pool closes). It is
 // idempotent; the caller closes what it passed in Deps.
 func (s *Server) Close() {
+	if s.idem != nil && s.idem.store != nil {
+		s.idem.store.Close() // the completes still queued
+	}
 	s.marker.Close()
 	if s.idem != nil && s.idem.ownHealth {
 		s.idem.health.Close()
@@ -401,7 +404,13 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 		return
 	}
 	out.rec.Fingerprint = fp
-	s.idemComplete(ctx, k, owner, out.rec)
+	// Not waited for: PostgreSQL already holds the record, and a retry
+	// that meets the lock before the complete lands is answered from it.
+	s.idem.store.CompleteLater(k, owner, out.rec, func(err error) {
+		if err != nil {
+			s.metrics.errors.WithLabelValues("redis", "idempotency_complete").Inc()
+		}
+	})
 	if out.after != nil {
 		out.after()
 	}

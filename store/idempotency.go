@@ -80,20 +80,21 @@ type IdempotencyConfig struct {
 // PostgreSQL. Every Redis call goes through the RedisHealth (when given), so
 // a dead DB0 fails at once. It is safe for concurrent use.
 type Idempotency struct {
-	rdb    rds.ScriptRunner // batched with concurrent requests' scripts
+	rdb    *rds.Batcher // scripts of concurrent requests share pipelines
 	health *rds.RedisHealth
 	cfg    IdempotencyConfig
 }
 
 // NewIdempotency builds the idempotency store on DB0. health may be nil.
-func NewIdempotency(rdb redis.Scripter, health *rds.RedisHealth, cfg IdempotencyConfig) *Idempotency {
+func NewIdempotency(rdb redis.UniversalClient, health *rds.RedisHealth, cfg IdempotencyConfig) *Idempotency {
 	if cfg.RecordTTL <= 0 {
 		cfg.RecordTTL = 24 * time.Hour
 	}
 	if cfg.LockTTL <= 0 {
 		cfg.LockTTL = 30 * time.Second
 	}
-	return &Idempotency{rdb: rds.Scripts(rdb), health: health, cfg: cfg}
+	b := rds.NewBatcher(rdb)
+	return &Idempotency{rdb: b, health: health, cfg: cfg}
 }
 
 // Config returns the effective configuration.
@@ -196,6 +197,33 @@ func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec
 	n, _ := cmd.Int64()
 	return n, nil
 }
+
+// CompleteLater is Complete for a caller that does not wait: the call
+// joins the next shared pipeline of such calls (rds.Batcher.ScriptLater).
+// done, if not nil, gets Complete's error. Meanwhile the lock still says
+// in progress, and a retry that meets it is answered from the PostgreSQL
+// record the business transaction wrote.
+func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, done func(error)) {
+	if err := i.health.Check(); err != nil {
+		if done != nil {
+			done(fmt.Errorf("idempotency complete: %w", err))
+		}
+		return
+	}
+	args := []any{owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds()}
+	i.rdb.ScriptLater(lua.IdemComplete, []string{k.RecordKey(), k.LockKey()}, args, func(cmd *redis.Cmd) {
+		err := cmd.Err()
+		if err != nil {
+			err = fmt.Errorf("idempotency complete: %w", i.health.Observe(err))
+		}
+		if done != nil {
+			done(err)
+		}
+	})
+}
+
+// Close sends the completes CompleteLater queued and waits for them.
+func (i *Idempotency) Close() { i.rdb.Close() }
 
 // Release returns the key to absent (the request is not stored), only for
 // owner: 1 released, 0 another owner, -1 no lock.

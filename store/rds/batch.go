@@ -25,6 +25,8 @@ type Batcher struct {
 	mu       sync.Mutex
 	queue    []*batchCall // calls waiting for a free pipeline
 	inFlight int          // pipelines being sent or read now
+
+	lq laterQueue // ScriptLater / PublishLater
 }
 
 const (
@@ -279,4 +281,124 @@ func (d directScripts) Scripts(ctx context.Context, calls ...ScriptCall) []*redi
 		out[i] = c.Script.Run(ctx, d.c, c.Keys, c.Args...)
 	}
 	return out
+}
+
+// laterLinger is how long a call nobody waits for (ScriptLater,
+// PublishLater) waits for others to share its pipeline.
+const laterLinger = 2 * time.Millisecond
+
+// laterQueue holds the calls nobody waits for until their pipeline goes.
+type laterQueue struct {
+	mu      sync.Mutex
+	calls   []*batchCall
+	done    []func(*batchCall)
+	timer   *time.Timer
+	armed   bool // timer will flush the queue
+	closed  bool
+	flights sync.WaitGroup
+}
+
+// ScriptLater queues a script call whose reply nobody waits for (done, if
+// not nil, gets it): such calls gather for up to laterLinger and go out in
+// one pipeline, so under load one round trip carries many. Close sends what
+// is queued and waits for it.
+func (b *Batcher) ScriptLater(s *lua.Script, keys []string, args []any, done func(*redis.Cmd)) {
+	b.later(&batchCall{script: s, keys: keys, args: args}, func(c *batchCall) {
+		if done != nil {
+			done(c.res)
+		}
+	})
+}
+
+// PublishLater is Publish for a caller that does not wait (done, if not
+// nil, gets the outcome), batched as ScriptLater.
+func (b *Batcher) PublishLater(mode PubSubMode, channel string, payload []byte, done func(error)) {
+	sharded, err := ShardedPubSub(b.rdb, mode)
+	if err != nil {
+		if done != nil {
+			done(err)
+		}
+		return
+	}
+	b.later(&batchCall{channel: channel, payload: payload, sharded: sharded}, func(c *batchCall) {
+		if done != nil {
+			done(c.pub.Err())
+		}
+	})
+}
+
+func (b *Batcher) later(c *batchCall, done func(*batchCall)) {
+	q := &b.lq
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		c.ctx = context.Background()
+		c.fail(ErrRedisUnavailable)
+		done(c)
+		return
+	}
+	q.calls = append(q.calls, c)
+	q.done = append(q.done, done)
+	switch {
+	case len(q.calls) >= batchMax:
+		calls, dones := q.takeLocked()
+		q.flights.Add(1)
+		q.mu.Unlock()
+		go func() {
+			defer q.flights.Done()
+			b.sendLater(calls, dones)
+		}()
+		return
+	case !q.armed:
+		q.armed = true
+		q.flights.Add(1) // the timer's flush, done by fire or by a successful Stop
+		q.timer = time.AfterFunc(laterLinger, func() {
+			defer q.flights.Done()
+			q.mu.Lock()
+			calls, dones := q.takeLocked()
+			q.mu.Unlock()
+			b.sendLater(calls, dones)
+		})
+	}
+	q.mu.Unlock()
+}
+
+// takeLocked removes the queued calls and disarms the timer (a timer that
+// fires anyway finds nothing, or calls queued since, which it sends early).
+func (q *laterQueue) takeLocked() ([]*batchCall, []func(*batchCall)) {
+	if q.armed && q.timer.Stop() {
+		q.flights.Done() // its flush will not run
+	}
+	q.armed = false
+	calls, dones := q.calls, q.done
+	q.calls, q.done = nil, nil
+	return calls, dones
+}
+
+func (b *Batcher) sendLater(calls []*batchCall, dones []func(*batchCall)) {
+	if len(calls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), batchSharedBudget)
+	defer cancel()
+	for _, c := range calls {
+		c.ctx = ctx
+	}
+	b.do(calls...)
+	for i, c := range calls {
+		dones[i](c)
+	}
+}
+
+// Close sends the calls queued by ScriptLater and PublishLater and waits
+// until every such pipeline has been answered; later calls fail at once.
+// Calls that wait for their reply are not affected.
+func (b *Batcher) Close() {
+	q := &b.lq
+	q.mu.Lock()
+	q.closed = true
+	calls, dones := q.takeLocked()
+	q.mu.Unlock()
+	b.sendLater(calls, dones)
+	q.flights.Wait()
 }

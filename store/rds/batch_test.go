@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -150,4 +152,51 @@ func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// Calls nobody waits for gather into shared pipelines; Close sends what is
+// queued and returns only once every reply is in, and later calls after
+// Close fail at once instead of being lost silently.
+func TestBatcherLaterCallsAreSentByClose(t *testing.T) {
+	ctx := context.Background()
+	c := apiClient(t, env.Redis.URL(3))
+	b := rds.NewBatcher(c)
+	const n = 150 // more than one pipeline's worth
+	var mu sync.Mutex
+	replies := map[int]string{}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			k := []string{"han:api:idem:{later:" + strconv.Itoa(i) + "}", "han:api:idemlock:{later:" + strconv.Itoa(i) + "}"}
+			b.ScriptLater(lua.IdemReserve, k, []any{"fp", "o-" + strconv.Itoa(i), 60000}, func(cmd *redis.Cmd) {
+				v, err := cmd.Slice()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					replies[i] = err.Error()
+					return
+				}
+				replies[i], _ = v[0].(string)
+			})
+		})
+	}
+	wg.Wait()
+	b.Close()
+	mu.Lock()
+	for i := range n {
+		if replies[i] != "acquired" {
+			t.Errorf("call %d: %q", i, replies[i])
+		}
+	}
+	mu.Unlock()
+	for i := range n {
+		if owner := c.Get(ctx, "han:api:idemlock:{later:"+strconv.Itoa(i)+"}").Val(); owner != "o-"+strconv.Itoa(i) {
+			t.Fatalf("lock %d held by %q", i, owner)
+		}
+	}
+	var after error
+	b.PublishLater(rds.PubSubAuto, "han:rt:test:later", []byte("x"), func(err error) { after = err })
+	if !errors.Is(after, rds.ErrRedisUnavailable) {
+		t.Fatalf("a later call after Close: %v", after)
+	}
 }
