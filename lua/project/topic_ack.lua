@@ -44,21 +44,36 @@ if not r or known == 0 then
   end
   return {'message_not_found'}
 end
-local ok, rec = pcall(cjson.decode, r)
-if not ok or type(rec) ~= 'table' or type(rec.s) ~= 'string' or type(rec.l) ~= 'number' or type(rec.a) ~= 'number' or
-  (rec.h ~= nil and (type(rec.h) ~= 'string' or not rec.h:find('^[%x,]*$'))) then
-  return redis.error_reply('ERR data_state_invalid')
+-- A leased receipt has one form, built as text by the claim: it is read
+-- without decoding. Any other text is decoded and checked.
+local rec
+local aText, lText, h = r:match('^{"s":"leased","a":(%d+),"l":(%d+),"u":%d+,"h":"([%x,]*)"}$')
+if aText then
+  rec = {s = 'leased', a = tonumber(aText), l = tonumber(lText), h = h}
+else
+  local ok
+  ok, rec = pcall(cjson.decode, r)
+  if not ok or type(rec) ~= 'table' or type(rec.s) ~= 'string' or type(rec.l) ~= 'number' or type(rec.a) ~= 'number' or
+    (rec.h ~= nil and (type(rec.h) ~= 'string' or not rec.h:find('^[%x,]*$'))) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  aText, lText = decimal(rec.a), decimal(rec.l)
 end
 
-local hashes = {}
-for h in string.gmatch(rec.h or '', '[^,]+') do
-  table.insert(hashes, h)
-end
-local current = hashes[#hashes]
-local earlier = false
-for i = 1, #hashes - 1 do
-  if hashes[i] == ARGV[4] then
-    earlier = true
+-- The hashes of the tokens the receipt issued, the current one last.
+local current, earlier = nil, false
+if rec.h and rec.h:find('^%x+$') then
+  current = rec.h
+elseif rec.h then
+  local hashes = {}
+  for x in string.gmatch(rec.h, '[^,]+') do
+    table.insert(hashes, x)
+  end
+  current = hashes[#hashes]
+  for i = 1, #hashes - 1 do
+    if hashes[i] == ARGV[4] then
+      earlier = true
+    end
   end
 end
 local now, nowText = clockNow()
@@ -105,9 +120,11 @@ end
 -- Writes; the first one fails on a leases key of another type.
 redis.call('ZREM', KEYS[5], ARGV[3])
 -- The record is built as text (as the claim builds it): the hex hashes and
--- the numbers need no escaping; the status and result are encoded.
-r = '{"s":' .. cjson.encode(ARGV[5]) .. ',"a":' .. decimal(rec.a) .. ',"l":' .. decimal(rec.l) .. ',"u":' .. nowText ..
-  ',"r":' .. cjson.encode(ARGV[6]) .. ',"h":"' .. (rec.h or '') .. '"}'
+-- the numbers need no escaping, nor do processed and failed; any other
+-- status and a non-empty result are encoded.
+local st = (ARGV[5] == 'processed' or ARGV[5] == 'failed') and '"' .. ARGV[5] .. '"' or cjson.encode(ARGV[5])
+r = '{"s":' .. st .. ',"a":' .. aText .. ',"l":' .. lText .. ',"u":' .. nowText ..
+  ',"r":' .. (ARGV[6] == '' and '""' or cjson.encode(ARGV[6])) .. ',"h":"' .. (rec.h or '') .. '"}'
 redis.call('HSET', KEYS[4], ARGV[3], r)
 if c <= 1 then
   redis.call('HDEL', KEYS[2], ARGV[3])

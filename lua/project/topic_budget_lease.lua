@@ -37,34 +37,42 @@
 -- ARGV[11] project id of the write that asks
 -- Returns {outcome, gen, committed, reserved, leased}: outcome 2 = lease
 -- granted, 1 = exact reservation made, 0 = neither.
+-- Structure: every key the call writes is read first (the budget with
+-- HMGET, a returned lease's entry with HGET, the projects SET with
+-- SISMEMBER) or, when only written, checked with TYPE, all before the
+-- first write, so a key of the wrong type fails (WRONGTYPE, which the
+-- caller maps to data_state_invalid) or is refused with nothing written.
+-- Numbers go to Redis as integer text (string.format), not through Lua's
+-- floating-point formatting.
 -- Errors: "ERR data_state_invalid" (nothing written).
---#include key_types
-if not keyTypesMatch({'hash', 'hash', 'hash', 'set'}) then
-  return redis.error_reply('ERR data_state_invalid')
+local function decimal(n)
+  return string.format('%d', n)
 end
+local function writable(key, want)
+  local t = redis.call('TYPE', key)['ok']
+  return t == 'none' or t == want
+end
+
+-- Reads and checks.
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'leased', 'gen', 'rstart')
 local committed, reserved, leased = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
 local gen, rstart = tonumber(b[4] or '0'), tonumber(b[5] or '0')
 if not (committed and reserved and leased and gen and rstart) or committed < 0 or reserved < 0 or leased < 0 then
   return redis.error_reply('ERR data_state_invalid')
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+local returned, add = nil, 0
 if ARGV[1] ~= '' then
-  local l = redis.call('HGET', KEYS[3], ARGV[1])
-  if l then
-    redis.call('HDEL', KEYS[3], ARGV[1])
-    leased = leased - (tonumber(string.match(l, '^(%d+):')) or 0)
+  returned = redis.call('HGET', KEYS[3], ARGV[1])
+  if returned then
+    leased = leased - (tonumber(string.match(returned, '^(%d+):')) or 0)
     if leased < 0 then
       leased = 0
     end
   end
-  local add, release = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local release
+  add, release = tonumber(ARGV[2]), tonumber(ARGV[3])
   committed = committed + add
-  if add > 0 and rstart > 0 then
-    redis.call('HINCRBY', KEYS[1], 'rpos', add)
-  end
   if release > 0 and gen == tonumber(ARGV[4]) then
     committed = committed - release
   end
@@ -73,21 +81,45 @@ if ARGV[1] ~= '' then
   end
 end
 
-local outcome = 0
+local outcome, now, amount, exact = 0, 0, 0, 0
 if ARGV[5] ~= '' then
-  local cap, amount, exact = tonumber(ARGV[8]), tonumber(ARGV[6]), tonumber(ARGV[10])
+  local cap = tonumber(ARGV[8])
+  amount, exact = tonumber(ARGV[6]), tonumber(ARGV[10])
   if committed + reserved + leased + amount <= cap - tonumber(ARGV[9]) then
-    redis.call('HSET', KEYS[3], ARGV[5], amount .. ':' .. (now + tonumber(ARGV[7])))
-    leased = leased + amount
     outcome = 2
   elseif exact > 0 and committed + reserved + leased + exact <= cap then
-    redis.call('HSET', KEYS[2], ARGV[5], exact .. ':' .. now)
-    reserved = reserved + exact
     outcome = 1
   end
-  if outcome > 0 then
-    redis.call('SADD', KEYS[4], ARGV[11])
-  end
 end
-redis.call('HSET', KEYS[1], 'committed', committed, 'reserved', reserved, 'leased', leased)
+local member = 1
+if outcome > 0 then
+  if outcome == 2 and ARGV[1] == '' and not writable(KEYS[3], 'hash') then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  if outcome == 1 and not writable(KEYS[2], 'hash') then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+  member = redis.call('SISMEMBER', KEYS[4], ARGV[11])
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Writes.
+if returned then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+end
+if add > 0 and rstart > 0 then
+  redis.call('HINCRBY', KEYS[1], 'rpos', ARGV[2])
+end
+if outcome == 2 then
+  redis.call('HSET', KEYS[3], ARGV[5], ARGV[6] .. ':' .. decimal(now + tonumber(ARGV[7])))
+  leased = leased + amount
+elseif outcome == 1 then
+  redis.call('HSET', KEYS[2], ARGV[5], ARGV[10] .. ':' .. decimal(now))
+  reserved = reserved + exact
+end
+if member == 0 then
+  redis.call('SADD', KEYS[4], ARGV[11])
+end
+redis.call('HSET', KEYS[1], 'committed', decimal(committed), 'reserved', decimal(reserved), 'leased', decimal(leased))
 return {outcome, gen, committed, reserved, leased}

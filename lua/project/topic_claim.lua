@@ -10,7 +10,9 @@
 -- script writes is read before the first write (the done key, otherwise
 -- only written, with TYPE), so a key of the wrong type fails that read
 -- (WRONGTYPE, which the caller maps to data_state_invalid) with nothing
--- written; the stream is always read when count >= 1.
+-- written; the stream is always read when count >= 1. The receipts and
+-- open counts of the messages looked at are read with one HMGET each, and
+-- the leases are written with one HSET and one ZADD, whatever their number.
 -- KEYS[1] topics    han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
 -- KEYS[2] subs      han:prj:{<env>:<pid>}:q:subs       HASH subscriptionId -> subscription JSON
 -- KEYS[3] stream    han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a}
@@ -25,7 +27,8 @@
 -- ARGV[5] most attempts per receipt
 -- ARGV[6] project deliveryPaused (PostgreSQL): 1 | 0
 -- ARGV[7] most expired leases to look at
--- ARGV[8..7+count] hex hashes of fresh tokens, one per possible lease
+-- ARGV[8] hashes of fresh tokens, one per possible lease: count times 32
+--         hex digits, concatenated (one argument instead of count)
 -- Returns {'ok', now, items} with items {{messageId, attempts, leaseUntil,
 -- producerId, clientEventId, payload, sizeBytes, publishedAt, token index}},
 -- or {'subscription_not_found' | 'delivery_paused' | 'subscription_paused'}
@@ -52,11 +55,18 @@ end
 
 local now, nowText = clockNow()
 local count, leaseMs, maxAttempts = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if #ARGV[8] ~= 32 * count then
+  return redis.error_reply('ERR token hashes do not match count')
+end
 
-local function receipt(id, want)
-  local r = redis.call('HGET', KEYS[6], id)
+-- The receipt a publish writes has one form, built as text: it is
+-- recognised without decoding. Any other text is decoded and checked.
+local function receipt(r, want)
   if not r then
     return nil
+  end
+  if want == 'pending' and r:find('^{"s":"pending","a":0,"l":0,"u":%d+,"h":""}$') then
+    return {s = 'pending', a = 0, h = ''}
   end
   local ok, rec = pcall(cjson.decode, r)
   if not ok or type(rec) ~= 'table' or rec.s ~= want or type(rec.a) ~= 'number' or
@@ -65,46 +75,63 @@ local function receipt(id, want)
   end
   return rec
 end
-local function fields(entry)
-  local f = {}
-  for i = 1, #entry[2], 2 do
-    f[entry[2][i]] = entry[2][i + 1]
-  end
-  return f
-end
-local function openCount(id)
-  local c = tonumber(redis.call('HGET', KEYS[4], id) or '0')
+local function openCount(c)
+  c = tonumber(c or '0')
   return c ~= nil and c >= 1
+end
+-- item is the reply row of a lease; a publish writes the fields p, c, d,
+-- z, a in this order, anything else is looked up by name.
+local function item(id, attempts, leaseUntilMs, fv, index)
+  if not (fv[1] == 'p' and fv[3] == 'c' and fv[5] == 'd' and fv[7] == 'z' and fv[9] == 'a') then
+    local f = {}
+    for i = 1, #fv, 2 do
+      f[fv[i]] = fv[i + 1]
+    end
+    fv = {'p', f.p or '', 'c', f.c or '', 'd', f.d or '', 'z', f.z or '0', 'a', f.a or '0'}
+  end
+  return {id, attempts, leaseUntilMs, fv[2], fv[4], fv[6], tonumber(fv[8]) or 0, tonumber(fv[10]) or 0, index}
 end
 
 -- Reads: expired leases, then new messages.
 local exhaust, lease = {}, {}
 local expired = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', nowText, 'LIMIT', '0', ARGV[7])
-for _, id in ipairs(expired) do
-  local rec = receipt(id, 'leased')
-  if not rec or not openCount(id) then
-    return redis.error_reply('ERR data_state_invalid')
-  end
-  if rec.a >= maxAttempts then
-    table.insert(exhaust, {id, rec})
-  elseif #lease < count then
-    local e = redis.call('XRANGE', KEYS[3], id, id)
-    if not e[1] then
+if #expired > 0 then
+  local recs = redis.call('HMGET', KEYS[6], unpack(expired))
+  local opens = redis.call('HMGET', KEYS[4], unpack(expired))
+  for i, id in ipairs(expired) do
+    local rec = receipt(recs[i], 'leased')
+    if not rec or not openCount(opens[i]) then
       return redis.error_reply('ERR data_state_invalid')
     end
-    table.insert(lease, {id, rec, fields(e[1])})
+    if rec.a >= maxAttempts then
+      table.insert(exhaust, {id, rec})
+    elseif #lease < count then
+      local e = redis.call('XRANGE', KEYS[3], id, id)
+      if not e[1] then
+        return redis.error_reply('ERR data_state_invalid')
+      end
+      table.insert(lease, {id, rec, e[1][2]})
+    end
   end
 end
 local newPos
 if #lease < count then
   local fresh = redis.call('XRANGE', KEYS[3], '(' .. sub.pos, '+', 'COUNT', #lease == 0 and ARGV[3] or decimal(count - #lease))
-  for _, e in ipairs(fresh) do
-    local rec = receipt(e[1], 'pending')
-    if not rec or not openCount(e[1]) then
-      return redis.error_reply('ERR data_state_invalid')
+  if #fresh > 0 then
+    local ids = {}
+    for i, e in ipairs(fresh) do
+      ids[i] = e[1]
     end
-    table.insert(lease, {e[1], rec, fields(e)})
-    newPos = e[1]
+    local recs = redis.call('HMGET', KEYS[6], unpack(ids))
+    local opens = redis.call('HMGET', KEYS[4], unpack(ids))
+    for i, e in ipairs(fresh) do
+      local rec = receipt(recs[i], 'pending')
+      if not rec or not openCount(opens[i]) then
+        return redis.error_reply('ERR data_state_invalid')
+      end
+      table.insert(lease, {e[1], rec, e[2]})
+    end
+    newPos = ids[#ids]
   end
 end
 
@@ -127,22 +154,30 @@ for _, x in ipairs(exhaust) do
   end
 end
 local items = {}
-local leaseUntil = decimal(now + leaseMs)
-for i, x in ipairs(lease) do
-  local id, rec, f = x[1], x[2], x[3]
-  local h = ARGV[7 + i]
-  rec.s, rec.a, rec.l, rec.u = 'leased', rec.a + 1, now + leaseMs, now
-  if rec.h == nil or rec.h == '' then
-    rec.h = h
-  else
-    rec.h = rec.h .. ',' .. h
+if #lease > 0 then
+  local leaseUntilMs = now + leaseMs
+  local leaseUntil = decimal(leaseUntilMs)
+  local records, scores = {}, {}
+  for i, x in ipairs(lease) do
+    local id, rec = x[1], x[2]
+    local h = string.sub(ARGV[8], 32 * i - 31, 32 * i)
+    if rec.h == nil or rec.h == '' then
+      rec.h = h
+    else
+      rec.h = rec.h .. ',' .. h
+    end
+    local attempts = rec.a + 1
+    -- Built as text: the numbers and hex hashes need no escaping; a result
+    -- (never set on a receipt that can be leased) would be encoded.
+    records[2 * i - 1] = id
+    records[2 * i] = '{"s":"leased","a":' .. decimal(attempts) .. ',"l":' .. leaseUntil .. ',"u":' .. nowText ..
+      (rec.r ~= nil and ',"r":' .. cjson.encode(rec.r) or '') .. ',"h":"' .. rec.h .. '"}'
+    scores[2 * i - 1] = leaseUntil
+    scores[2 * i] = id
+    items[i] = item(id, attempts, leaseUntilMs, x[3], i)
   end
-  -- Built as text: the numbers and hex hashes need no escaping; a result
-  -- (never set on a receipt that can be leased) would be encoded.
-  redis.call('HSET', KEYS[6], id, '{"s":"leased","a":' .. decimal(rec.a) .. ',"l":' .. leaseUntil .. ',"u":' .. nowText ..
-    (rec.r ~= nil and ',"r":' .. cjson.encode(rec.r) or '') .. ',"h":"' .. rec.h .. '"}')
-  redis.call('ZADD', KEYS[7], leaseUntil, id)
-  table.insert(items, {id, rec.a, rec.l, f.p or '', f.c or '', f.d or '', tonumber(f.z or '0'), tonumber(f.a or '0'), i})
+  redis.call('HSET', KEYS[6], unpack(records))
+  redis.call('ZADD', KEYS[7], unpack(scores))
 end
 if newPos then
   -- Only the position changes: replace it in the stored text (a JSON

@@ -81,6 +81,10 @@ type grant struct {
 	r       Reservation
 	amount  int64
 	granted bool
+	// renewed, when not nil, is closed when the renewal ahead this write
+	// started ends; done waits for it, so the renewal overlaps the write's
+	// own script instead of preceding it, and never outlives the write.
+	renewed chan struct{}
 }
 
 // acquire grants need bytes to a write of projectID.
@@ -104,7 +108,11 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 			m.mu.Unlock()
 			g := grant{l: l, amount: need, granted: true}
 			if ahead {
-				m.renewAhead(ctx, projectID, now, ch)
+				g.renewed = make(chan struct{})
+				go func() {
+					defer close(g.renewed)
+					m.renewAhead(ctx, projectID, now, ch)
+				}()
 			}
 			return g, nil
 		}
@@ -169,8 +177,9 @@ func (m *moduleLeases) awaitDrained(ctx context.Context, l *lease, drained chan 
 }
 
 // renewAhead takes the next lease while the current one still has room
-// (the caller already drew on it), so the other writes go on drawing on the
-// current lease instead of waiting for a renewal when it runs out. The
+// (the caller already drew on it, and its done waits for this renewal), so
+// the other writes go on drawing on the current lease instead of waiting
+// for a renewal when it runs out. The
 // current lease is retired when the next one is granted, and its last
 // script returns it. Near the cap no lease is granted: the current one
 // serves until it runs out, then writes reserve exactly. A failed call
@@ -268,6 +277,9 @@ func (m *moduleLeases) exact(ctx context.Context, projectID string, need int64) 
 // context the client cannot cancel: a refund must not be lost to a closed
 // connection. It reports whether such a call failed.
 func (m *moduleLeases) done(ctx context.Context, g grant, added, released int64) error {
+	if g.renewed != nil {
+		<-g.renewed
+	}
 	if l := g.l; l != nil {
 		m.mu.Lock()
 		l.used -= g.amount - added

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ type benchQueue interface {
 // reservation and settlement, dedupe, receipts with fenced tokens, leases
 // and the structure checks.
 //
-//	go run ./internal/testenv/cmd/withpg -- go test -run '^$' -bench BenchmarkProjectQueue -benchtime 5000x -count 3 ./store/
+//	go run ./internal/testenv/cmd/withpg -- go test -run '^$' -bench BenchmarkProjectQueue -benchtime 5000x -count 3 ./store/project/
 func BenchmarkProjectQueue(b *testing.B) {
 	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{PoolSize: 64})
 	if err != nil {
@@ -42,6 +43,23 @@ func BenchmarkProjectQueue(b *testing.B) {
 	}
 	defer rdb.Close()
 	ctx := context.Background()
+	// The CPU per message of each arm, Redis's (user + system time of its
+	// main thread) and the client's: on this shared machine the rates move
+	// with the load, the CPU a message costs much less.
+	admin := env.Redis.AdminClient(0)
+	defer admin.Close()
+	redisCPU := func() float64 {
+		return redisCPUSeconds(b, admin, "used_cpu_user_main_thread", "used_cpu_sys_main_thread")
+	}
+	// The client's CPU (this process: producers, consumers, go-redis).
+	clientCPU := func() float64 {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	}
+
 	payload := []byte(`{"body":"hello, this is a benchmark message of about one hundred bytes......","n":1}`)
 
 	key := "han:prj:{bench:" + ids.New() + "}:raw"
@@ -69,10 +87,16 @@ func BenchmarkProjectQueue(b *testing.B) {
 	const rounds = 5
 	per := max(b.N/rounds, 1)
 	var rawTime, queueTime time.Duration
+	var rawCPU, queueCPU, rawClient, queueClient float64
 	b.ResetTimer()
 	for r := range rounds {
+		c0, g0 := redisCPU(), clientCPU()
 		rawTime += runQueueBench(b, raw, r*per, per)
+		c1, g1 := redisCPU(), clientCPU()
 		queueTime += runQueueBench(b, pq, r*per, per)
+		c2, g2 := redisCPU(), clientCPU()
+		rawCPU, queueCPU = rawCPU+c1-c0, queueCPU+c2-c1
+		rawClient, queueClient = rawClient+g1-g0, queueClient+g2-g1
 	}
 	b.StopTimer()
 	n := float64(rounds * per)
@@ -80,6 +104,10 @@ func BenchmarkProjectQueue(b *testing.B) {
 	b.ReportMetric(rawRate, "raw-msgs/s")
 	b.ReportMetric(queueRate, "queue-msgs/s")
 	b.ReportMetric(rawRate/queueRate, "raw/queue")
+	b.ReportMetric(rawCPU*1e6/n, "raw-redis-µs/msg")
+	b.ReportMetric(queueCPU*1e6/n, "queue-redis-µs/msg")
+	b.ReportMetric(rawClient*1e6/n, "raw-client-µs/msg")
+	b.ReportMetric(queueClient*1e6/n, "queue-client-µs/msg")
 }
 
 // runQueueBench pushes n messages (numbered from first) through q and

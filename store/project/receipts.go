@@ -112,10 +112,11 @@ func (q *Queue) ListReceipts(ctx context.Context, k Keys, subID, cursor string, 
 }
 
 // newLeaseTokens returns n fresh random lease tokens (32 random bytes,
-// base64url) and the hashes stored in their place (LeaseTokenHash), from
-// one random read and two string allocations (a claim asks for up to
+// base64url) and the hashes stored in their place (LeaseTokenHash),
+// concatenated (n times 32 hex digits, as the claim script takes them),
+// from one random read and two string allocations (a claim asks for up to
 // ClaimCountMax at once, most of them unused when little is pending).
-func newLeaseTokens(n int) (tokens, hashes []string) {
+func newLeaseTokens(n int) (tokens []string, hashes string) {
 	const rawLen, tokLen, hashLen = 32, 43, 32
 	raw := make([]byte, n*rawLen)
 	_, _ = rand.Read(raw)
@@ -125,17 +126,13 @@ func newLeaseTokens(n int) (tokens, hashes []string) {
 	}
 	all := string(tb)
 	hb := make([]byte, n*hashLen)
-	tokens, hashes = make([]string, n), make([]string, n)
+	tokens = make([]string, n)
 	for i := range n {
 		tokens[i] = all[i*tokLen : (i+1)*tokLen]
 		sum := sha256.Sum256(tb[i*tokLen : (i+1)*tokLen])
 		hex.Encode(hb[i*hashLen:], sum[:hashLen/2])
 	}
-	hs := string(hb)
-	for i := range n {
-		hashes[i] = hs[i*hashLen : (i+1)*hashLen]
-	}
-	return tokens, hashes
+	return tokens, string(hb)
 }
 
 // LeaseTokenHash is the stored form of a lease token: 128 bits of its
@@ -154,13 +151,9 @@ func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, proj
 		return nil, err
 	}
 	tokens, hashes := newLeaseTokens(count)
-	args := make([]any, 0, 7+count)
-	args = append(args, subID, tid, count, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan)
-	for _, h := range hashes {
-		args = append(args, h)
-	}
 	res, err := q.batch.Script(ctx, lua.ProjectTopicClaim, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),
-		k.TopicDone(tid), k.Receipts(subID), k.Leases(subID)}, args...).Slice()
+		k.TopicDone(tid), k.Receipts(subID), k.Leases(subID)},
+		subID, tid, count, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan, hashes).Slice()
 	if err != nil {
 		return nil, classifyProject(err)
 	}

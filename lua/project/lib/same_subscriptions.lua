@@ -9,6 +9,9 @@ local function sameSubscriptions(tsubsKey, n, offset)
   if #members ~= n then
     return false
   end
+  if n == 1 then
+    return members[1] == ARGV[offset + 1]
+  end
   local seen = {}
   for i = 1, n do
     seen[ARGV[offset + i]] = true
