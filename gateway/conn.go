@@ -49,6 +49,10 @@ type conn struct {
 	cancel context.CancelFunc
 
 	writer sync.WaitGroup // the running writer, if any
+	// writeLoopFn is c.writeLoop, made once: a go statement on a method
+	// call allocates a closure at every start, and a writer starts per
+	// burst; starting this func value allocates nothing.
+	writeLoopFn func()
 
 	mu           sync.Mutex // guards everything below
 	writing      bool       // a writer goroutine runs
@@ -72,8 +76,10 @@ type conn struct {
 
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID, ctx: ctx, cancel: cancel,
+	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID, ctx: ctx, cancel: cancel,
 		subs: map[string]*sub{}, lastPing: time.Now(), expires: expires.UnixNano()}
+	c.writeLoopFn = c.writeLoop
+	return c
 }
 
 // closeLocked asks the writer to close the connection with code; the first

@@ -12,7 +12,7 @@ func (c *conn) signal() {
 	}
 	c.writing = true
 	c.writer.Add(1)
-	go c.writeLoop()
+	go c.writeLoopFn()
 }
 
 // deliver queues a fanned-out frame for s (nil: the user's own channel);
