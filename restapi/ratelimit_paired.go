@@ -31,9 +31,12 @@ type pendingLimit struct {
 	apply func(ratelimit.Decision, error) bool
 }
 
-// settle decides pl alone and applies it.
+// settle decides pl alone and applies it. The decision is made even when
+// the request's context ended (a body that timed out, a client that left),
+// within the limiter's own budget, so the request is counted and answered
+// for what happened to it, not for the limiter's cancelled call.
 func (pl *pendingLimit) settle(ctx context.Context) bool {
-	return pl.apply(pl.pr.Finish(pl.pr.Send(ctx)))
+	return pl.apply(pl.pr.Finish(pl.pr.Send(context.WithoutCancel(ctx))))
 }
 
 // canDeferLimit reports whether r's decision may be left pending.
