@@ -190,6 +190,10 @@ func (s *Service) shutdown(kill bool) {
 	s.closed = true
 	cancel := s.cancel
 	s.mu.Unlock()
+	// The REST sends' publishes still queued go out first (the HTTP server
+	// stopped before this), so their delivered marks are queued before the
+	// API flushes them.
+	s.publisher.Close()
 	if kill {
 		s.hub.killed.Store(true)
 		s.presence.Close()

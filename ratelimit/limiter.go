@@ -104,6 +104,7 @@ func (s Subject) of(f Family) string {
 // Limiter evaluates policies against Redis, with the in-process fallback.
 type Limiter struct {
 	rdb       redis.Scripter
+	scripts   rds.ScriptRunner // rdb's decision scripts, batched with concurrent requests'
 	policies  PolicyProvider
 	timeout   time.Duration
 	perFamily bool
@@ -144,7 +145,7 @@ func New(cfg Config) (*Limiter, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	l := &Limiter{
-		rdb: cfg.Redis, policies: cfg.Policies, timeout: cfg.Timeout, cooldown: cfg.Cooldown, health: cfg.Health,
+		rdb: cfg.Redis, scripts: rds.Scripts(cfg.Redis), policies: cfg.Policies, timeout: cfg.Timeout, cooldown: cfg.Cooldown, health: cfg.Health,
 		local: newLocal(cfg.LocalFraction, cfg.LocalMaxEntries), logger: cfg.Logger, observe: cfg.OnDecision,
 	}
 	switch cfg.Mode {
@@ -173,6 +174,27 @@ func (l *Limiter) Policies() *PolicySet { return l.policies.Policies() }
 // rds.ErrExpiryDenied. A policy with no applicable family is allowed with
 // an empty Families list and touches nothing.
 func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject) (Decision, error) {
+	keys, rules := l.subjectKeys(label, p, s)
+	if len(rules) == 0 {
+		return Decision{Allowed: true, NowMs: time.Now().UnixMilli()}, nil
+	}
+	var d Decision
+	err := rds.ErrRedisUnavailable
+	prober := false
+	if l.redisUsable(&prober) {
+		ctx, cancel := context.WithTimeout(ctx, l.timeout)
+		d, err = l.evalRedis(ctx, p.Algorithm, keys, rules)
+		cancel()
+		if l.clientLeft(prober, err) {
+			return Decision{}, err
+		}
+		l.redisDone(prober, err)
+	}
+	return l.finish(label, p, keys, rules, d, err)
+}
+
+// subjectKeys are the keys and rules of p's families that apply to s.
+func (l *Limiter) subjectKeys(label string, p Policy, s Subject) ([]string, []Rule) {
 	rules := make([]Rule, 0, len(p.Rules))
 	keys := make([]string, 0, len(p.Rules))
 	var routeHash string
@@ -187,27 +209,25 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 		rules = append(rules, r)
 		keys = append(keys, Key(r.Family, subj, routeHash, p.Algorithm, r.Window))
 	}
-	if len(rules) == 0 {
-		return Decision{Allowed: true, NowMs: time.Now().UnixMilli()}, nil
-	}
+	return keys, rules
+}
 
-	var d Decision
-	err := rds.ErrRedisUnavailable
-	prober := false
-	if l.redisUsable(&prober) {
-		ctx, cancel := context.WithTimeout(ctx, l.timeout)
-		d, err = l.evalRedis(ctx, p.Algorithm, keys, rules)
-		cancel()
-		if errors.Is(err, context.Canceled) && !errors.Is(err, rds.ErrRedisUnavailable) {
-			// The client went away; Redis is not to blame and the breaker
-			// stays as it was.
-			if prober {
-				l.probing.Store(false)
-			}
-			return Decision{}, err
-		}
-		l.redisDone(prober, err)
+// clientLeft reports a decision cut short because the client went away:
+// Redis is not to blame and the breaker stays as it was.
+func (l *Limiter) clientLeft(prober bool, err error) bool {
+	if !errors.Is(err, context.Canceled) || errors.Is(err, rds.ErrRedisUnavailable) {
+		return false
 	}
+	if prober {
+		l.probing.Store(false)
+	}
+	return true
+}
+
+// finish turns Redis's answer (d, or err) into the decision: the local
+// fallback when Redis could not decide and the policy allows it, and the
+// decision metrics.
+func (l *Limiter) finish(label string, p Policy, keys []string, rules []Rule, d Decision, err error) (Decision, error) {
 	if err != nil {
 		if p.OnFailure != FallbackLocal {
 			l.metrics.decision(label, "error")
@@ -228,6 +248,72 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 		l.observe(label, d)
 	}
 	return d, nil
+}
+
+// Prepared is a decision whose one Redis call is not made yet, so the
+// caller can send it in one pipeline with a call of its own (Call, then
+// Finish with the reply). Decide is Prepare, the call and Finish.
+type Prepared struct {
+	l      *Limiter
+	label  string
+	p      Policy
+	keys   []string
+	rules  []Rule
+	call   *rds.ScriptCall // nil: decided without Redis (breaker open)
+	prober bool
+}
+
+// Prepare readies the decision of policy p for subject s when it takes
+// exactly one script call (a single Redis; on a Redis Cluster each family
+// is its own call and Decide must be used) and at least one family
+// applies; else it returns nil.
+func (l *Limiter) Prepare(label string, p Policy, s Subject) *Prepared {
+	if l.perFamily {
+		return nil
+	}
+	keys, rules := l.subjectKeys(label, p, s)
+	if len(rules) == 0 {
+		return nil
+	}
+	pr := &Prepared{l: l, label: label, p: p, keys: keys, rules: rules}
+	if l.redisUsable(&pr.prober) {
+		pr.call = &rds.ScriptCall{Script: script(p.Algorithm), Keys: keys, Args: scriptArgs(l.requestID(), keys, rules)}
+	}
+	return pr
+}
+
+// Call is the script call to send (with the caller's calls, within the
+// limiter's Timeout), or nil when there is nothing to send.
+func (pr *Prepared) Call() *rds.ScriptCall { return pr.call }
+
+// Timeout is the Redis budget of the decision.
+func (pr *Prepared) Timeout() time.Duration { return pr.l.timeout }
+
+// Send makes Call alone, within Timeout: the decision then needs Finish
+// with the reply. Nil when Call is nil.
+func (pr *Prepared) Send(ctx context.Context) *redis.Cmd {
+	if pr.call == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, pr.l.timeout)
+	defer cancel()
+	return pr.l.scripts.Script(ctx, pr.call.Script, pr.call.Keys, pr.call.Args...)
+}
+
+// Finish decides from the reply of Call (nil when Call was nil), as Decide
+// would have.
+func (pr *Prepared) Finish(reply *redis.Cmd) (Decision, error) {
+	l := pr.l
+	var d Decision
+	err := rds.ErrRedisUnavailable
+	if pr.call != nil {
+		d, err = decision(reply, pr.p.Algorithm, pr.keys, pr.rules)
+		if l.clientLeft(pr.prober, err) {
+			return Decision{}, err
+		}
+		l.redisDone(pr.prober, err)
+	}
+	return l.finish(pr.label, pr.p, pr.keys, pr.rules, d, err)
 }
 
 // redisUsable reports whether to ask Redis: always while it is up; after an
@@ -291,11 +377,11 @@ func (l *Limiter) requestID() string {
 func (l *Limiter) evalRedis(ctx context.Context, a Algorithm, keys []string, rules []Rule) (Decision, error) {
 	id := l.requestID()
 	if !l.perFamily || len(keys) == 1 {
-		return run(ctx, l.rdb, a, id, keys, rules)
+		return run(ctx, l.scripts, a, id, keys, rules)
 	}
 	ds := make([]Decision, 0, len(keys))
 	for i := range keys {
-		d, err := run(ctx, l.rdb, a, id, keys[i:i+1], rules[i:i+1])
+		d, err := run(ctx, l.scripts, a, id, keys[i:i+1], rules[i:i+1])
 		if err == nil && d.Allowed {
 			ds = append(ds, d)
 			continue
@@ -353,16 +439,27 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 // Decide; Eval is kept exported because the script-level tests and
 // BenchmarkDecision call it with keys of their own.
 func Eval(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
-	return run(ctx, c, a, id, keys, rules)
+	return run(ctx, rds.Direct(c), a, id, keys, rules)
 }
 
-func run(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
+func run(ctx context.Context, c rds.ScriptRunner, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
+	return decision(c.Script(ctx, script(a), keys, scriptArgs(id, keys, rules)...), a, keys, rules)
+}
+
+// scriptArgs are the decision script's arguments: the request id, then
+// limit, window and jitter of each rule.
+func scriptArgs(id string, keys []string, rules []Rule) []any {
 	args := make([]any, 0, 1+3*len(keys))
 	args = append(args, id)
 	for i, r := range rules {
 		args = append(args, r.Limit, r.Window.Milliseconds(), Jitter(keys[i], r.Window))
 	}
-	v, err := script(a).Run(ctx, c, keys, args...).Int64Slice()
+	return args
+}
+
+// decision parses the decision script's reply.
+func decision(reply *redis.Cmd, a Algorithm, keys []string, rules []Rule) (Decision, error) {
+	v, err := reply.Int64Slice()
 	if err != nil {
 		return Decision{}, rds.ClassifyRedisError(err)
 	}

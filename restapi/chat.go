@@ -208,23 +208,39 @@ func (s *Server) sendMessage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// publishAfterCommit publishes the event right after the commit and queues
-// the outbox row's delivered mark (one batched UPDATE for many messages). A
-// failure is not the client's: the row stays pending for the outbox relay,
-// and clients reconcile over REST anyway.
+// publishAfterCommit publishes the event right after the commit (without
+// waiting, when the publisher can) and then queues the outbox row's
+// delivered mark (one batched UPDATE for many messages). A failure is not
+// the client's: the row stays pending for the outbox relay, and clients
+// reconcile over REST anyway.
 func (s *Server) publishAfterCommit(ctx context.Context, ev store.OutboxEvent) {
 	if s.publisher == nil || ev.EventID == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
-	defer cancel()
-	if err := s.publisher.Publish(ctx, ev.Channel, ev.Payload); err != nil {
-		s.metrics.errors.WithLabelValues("redis", "publish").Inc()
-		s.logger.LogAttrs(ctx, slog.LevelWarn, "publish after commit failed; left to the outbox relay",
-			slog.String("event_id", ev.EventID))
+	published := func(err error) {
+		if err != nil {
+			s.metrics.errors.WithLabelValues("redis", "publish").Inc()
+			s.logger.LogAttrs(ctx, slog.LevelWarn, "publish after commit failed; left to the outbox relay",
+				slog.String("event_id", ev.EventID))
+			return
+		}
+		s.marker.Mark(ev.EventID)
+	}
+	if lp, ok := s.publisher.(laterPublisher); ok {
+		// Not waited for: the publishes of concurrent sends share one
+		// round trip; the outbox row stays pending until it is marked.
+		lp.PublishLater(ev.Channel, ev.Payload, published)
 		return
 	}
-	s.marker.Mark(ev.EventID)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
+	defer cancel()
+	published(s.publisher.Publish(ctx, ev.Channel, ev.Payload))
+}
+
+// laterPublisher is a Publisher that can also publish without the caller
+// waiting (pubsub.Publisher).
+type laterPublisher interface {
+	PublishLater(channel string, payload []byte, done func(error))
 }
 
 func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) error {

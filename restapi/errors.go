@@ -139,6 +139,9 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 // bodies. Only unexpected failures are logged, by kind and never with raw
 // driver text that could carry values.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if !settlePendingLimit(w, r) {
+		return // over its limit: answered 429 (or 503) as the limiter decides first
+	}
 	e := s.answer(r, err)
 	s.metrics.countFailure(r, err, e)
 	writeError(w, e)

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gorilla/mux"
@@ -153,6 +152,9 @@ func registerOrReuse[T prometheus.Collector](reg *prometheus.Registry, c T) T {
 // the last request ended, before the PostgreSQL pool closes). It is
 // idempotent; the caller closes what it passed in Deps.
 func (s *Server) Close() {
+	if s.idem != nil && s.idem.store != nil {
+		s.idem.store.Close() // the completes still queued
+	}
 	s.marker.Close()
 	if s.idem != nil && s.idem.ownHealth {
 		s.idem.health.Close()
@@ -274,6 +276,9 @@ func (s *Server) serveIdempotent(w http.ResponseWriter, r *http.Request, op idem
 // serveUnkeyed runs op for a request without an Idempotency-Key: refused
 // where the key is required, else run once with nothing recorded.
 func (s *Server) serveUnkeyed(w http.ResponseWriter, r *http.Request, op idemOp) {
+	if !settlePendingLimit(w, r) {
+		return
+	}
 	if op.required && !s.idem.keyOptional {
 		s.fail(w, r, errIdemKeyRequired)
 		return
@@ -295,6 +300,13 @@ func (s *Server) serveUnkeyed(w http.ResponseWriter, r *http.Request, op idemOp)
 // and reports false.
 func (s *Server) idemReserve(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp string) (string, bool) {
 	ctx := r.Context()
+	pl := takeLimit(ctx)
+	if pl != nil && s.idem.store != nil && pl.pr.Call() != nil {
+		return s.idemReserveWithLimit(w, r, op, k, fp, pl)
+	}
+	if pl != nil && !pl.settle(ctx) {
+		return "", false
+	}
 	if s.idem.store == nil {
 		s.idemFallback(w, r, op, k, fp, rds.ErrRedisUnavailable)
 		return "", false
@@ -308,6 +320,40 @@ func (s *Server) idemReserve(w http.ResponseWriter, r *http.Request, op idemOp, 
 	rctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
 	res, err := s.idem.store.Reserve(rctx, k, fp, owner)
 	cancel()
+	return s.idemReserved(w, r, op, k, fp, owner, res, err)
+}
+
+// idemReserveWithLimit is idemReserve with the request's pending rate-limit
+// decision sent in the same round trip. The decision is applied first: a
+// denial (or a limit that could not be applied) gives back a lock the
+// reserve took, and the request is answered as the limiter would have.
+func (s *Server) idemReserveWithLimit(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp string, pl *pendingLimit) (string, bool) {
+	ctx := r.Context()
+	owner := s.idemOwner()
+	rctx, cancel := context.WithTimeout(ctx, min(s.idem.cfg.RedisBudget, pl.pr.Timeout()))
+	res, reply, err := s.idem.store.ReserveWith(rctx, k, fp, owner, *pl.pr.Call())
+	cancel()
+	acquired := err == nil && res.Outcome == store.IdemAcquired
+	if !pl.apply(pl.pr.Finish(reply)) {
+		if acquired {
+			s.idemRelease(ctx, k, owner)
+		}
+		return "", false
+	}
+	if derr := deferredDB0(ctx); derr != nil {
+		if acquired {
+			s.idemRelease(ctx, k, owner)
+		}
+		s.idemFallback(w, r, op, k, fp, derr)
+		return "", false
+	}
+	return s.idemReserved(w, r, op, k, fp, owner, res, err)
+}
+
+// idemReserved answers the reserve's outcome: the owner and true when the
+// request runs, else the request is answered here.
+func (s *Server) idemReserved(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp, owner string, res store.IdemReservation, err error) (string, bool) {
+	ctx := r.Context()
 	if err != nil {
 		s.idemFallback(w, r, op, k, fp, err)
 		return "", false
@@ -358,7 +404,13 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 		return
 	}
 	out.rec.Fingerprint = fp
-	s.idemComplete(ctx, k, owner, out.rec)
+	// Not waited for: PostgreSQL already holds the record, and a retry
+	// that meets the lock before the complete lands is answered from it.
+	s.idem.store.CompleteLater(k, owner, out.rec, func(err error) {
+		if err != nil {
+			s.metrics.errors.WithLabelValues("redis", "idempotency_complete").Inc()
+		}
+	})
 	if out.after != nil {
 		out.after()
 	}
@@ -528,40 +580,6 @@ func (s *Server) idemRelease(ctx context.Context, k store.IdemKey, owner string)
 	}
 }
 
-// idemHeartbeat extends the lock every LockTTL/3 until the returned stop
-// function is called (which waits for the goroutine). It gives up when the
-// lock is no longer this owner's; the PostgreSQL unique key still prevents
-// a second effect.
-func (s *Server) idemHeartbeat(k store.IdemKey, owner string) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(max(s.idem.cfg.LockTTL/3, time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), s.idem.cfg.RedisBudget)
-			n, err := s.idem.store.Extend(ctx, k, owner)
-			cancel()
-			if err == nil && n != 1 {
-				s.logger.LogAttrs(context.Background(), slog.LevelWarn, "idempotency lock lost while the request ran", slog.String("scope", k.Scope))
-				return
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() { close(done) })
-		wg.Wait()
-	}
-}
-
 func randomToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
@@ -577,8 +595,13 @@ var db0FailClosedRoutes = map[string]bool{
 	http.MethodGet + " /v1/attachments/{id}/download-url": true,
 }
 
-// db0Deferral carries a DB0 failure met before the handler ran.
-type db0Deferral struct{ err error }
+// db0Deferral carries a DB0 failure met before the handler ran, and the
+// rate-limit decision left pending for the idempotency reserve
+// (ratelimit_paired.go).
+type db0Deferral struct {
+	err   error
+	limit *pendingLimit
+}
 
 type ctxDB0Deferral struct{}
 

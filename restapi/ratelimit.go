@@ -1,6 +1,9 @@
 package restapi
 
-import "net/http"
+import (
+	"context"
+	"net/http"
+)
 
 // RateLimiter decides whether a request on a limited route may proceed.
 // Allow writes the complete response itself (429 with Retry-After and the
@@ -16,5 +19,10 @@ func (s *Server) rateLimit(next http.Handler) http.Handler {
 			return
 		}
 		next.ServeHTTP(w, r)
+		// A decision left pending that no answer settled (a handler that
+		// answered without the reserve or an error) is still counted.
+		if pl := takeLimit(r.Context()); pl != nil {
+			_, _ = pl.pr.Finish(pl.pr.Send(context.WithoutCancel(r.Context())))
+		}
 	})
 }

@@ -52,7 +52,19 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 			}
 		}
 	}
+	if canDeferLimit(r, route) {
+		if pr := a.l.Prepare(label, p, subj); pr != nil {
+			deferLimit(r, &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, d, err) }})
+			return true
+		}
+	}
 	d, err := a.l.Decide(r.Context(), label, p, subj)
+	return a.apply(w, r, d, err)
+}
+
+// apply answers decision d (or the failure err): the RateLimit fields, or
+// the 429/503 response; false when the request must stop.
+func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, d ratelimit.Decision, err error) bool {
 	if err != nil {
 		// The limiter keeps its own breaker; tell the server's DB0 health
 		// too, so idempotency fails fast and the degraded gauge shows it.

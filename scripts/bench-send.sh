@@ -45,7 +45,7 @@
 # -warmup (5s), -rates-many (300,600,900,1200,1800), -rates-hot (same),
 # -cpu-rate (300: a rate in both step lists), -arms-many (gw-on,gw-off,sql
 # and old-on,old-off with -old), -arms-hot (gw-on,sql, and old-on with
-# -old), -step-p99 (100ms), -reps (3), -budget MINUTES (25: refuse a longer
+# -old; "none" for either leaves that shape out), -step-p99 (100ms), -reps (3), -budget MINUTES (25: refuse a longer
 # estimate), -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's;
 # default pgx's cache_statement), -keep (keep the work folder: each phase's
 # summary and output, the servers' logs), -profile FILE (after the rounds, one
@@ -97,6 +97,9 @@ if [ -z "$arms_many" ]; then arms_many=gw-on,gw-off,sql && [ -n "$old" ] && arms
 if [ -z "$arms_hot" ]; then arms_hot=gw-on,sql && [ -n "$old" ] && arms_hot+=,old-on; fi
 IFS=, read -r -a arms_m <<<"$arms_many"
 IFS=, read -r -a arms_h <<<"$arms_hot"
+# "none" leaves a shape out.
+[ "$arms_many" = none ] && arms_m=()
+[ "$arms_hot" = none ] && arms_h=()
 for a in "${arms_m[@]}" "${arms_h[@]}"; do
 	case "$a" in gw-on | gw-off | sql) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
 done
@@ -293,6 +296,7 @@ for fs in "${fsyncs[@]}"; do
 		for shape in many hot; do
 			if [ "$shape" = many ]; then arms=("${arms_m[@]}"); else arms=("${arms_h[@]}"); fi
 			n=${#arms[@]}
+			[ "$n" -gt 0 ] || continue
 			for k in $(seq 0 $((n - 1))); do
 				phase "$fs" "$shape" "${arms[$(((k + round - 1) % n))]}" "$round"
 			done

@@ -80,20 +80,21 @@ type IdempotencyConfig struct {
 // PostgreSQL. Every Redis call goes through the RedisHealth (when given), so
 // a dead DB0 fails at once. It is safe for concurrent use.
 type Idempotency struct {
-	rdb    redis.Scripter
+	rdb    *rds.Batcher // scripts of concurrent requests share pipelines
 	health *rds.RedisHealth
 	cfg    IdempotencyConfig
 }
 
 // NewIdempotency builds the idempotency store on DB0. health may be nil.
-func NewIdempotency(rdb redis.Scripter, health *rds.RedisHealth, cfg IdempotencyConfig) *Idempotency {
+func NewIdempotency(rdb redis.UniversalClient, health *rds.RedisHealth, cfg IdempotencyConfig) *Idempotency {
 	if cfg.RecordTTL <= 0 {
 		cfg.RecordTTL = 24 * time.Hour
 	}
 	if cfg.LockTTL <= 0 {
 		cfg.LockTTL = 30 * time.Second
 	}
-	return &Idempotency{rdb: rdb, health: health, cfg: cfg}
+	b := rds.NewBatcher(rdb)
+	return &Idempotency{rdb: b, health: health, cfg: cfg}
 }
 
 // Config returns the effective configuration.
@@ -106,7 +107,7 @@ func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, args ..
 	if err := i.health.Check(); err != nil {
 		return nil, err
 	}
-	cmd := s.Run(ctx, i.rdb, []string{k.RecordKey(), k.LockKey()}, args...)
+	cmd := i.rdb.Script(ctx, s, []string{k.RecordKey(), k.LockKey()}, args...)
 	if err := cmd.Err(); err != nil {
 		return nil, i.health.Observe(err)
 	}
@@ -121,6 +122,25 @@ func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) 
 		return IdemReservation{}, fmt.Errorf("idempotency reserve: %w", err)
 	}
 	return reservation(cmd, fp, "idempotency reserve")
+}
+
+// ReserveWith is Reserve with first, an independent script call of the
+// same request (its rate-limit decision), sent in the same round trip
+// before the reserve; first's reply is returned as it came. When DB0 is
+// known to be down neither is sent and first's reply carries that error.
+func (i *Idempotency) ReserveWith(ctx context.Context, k IdemKey, fp, owner string, first rds.ScriptCall) (IdemReservation, *redis.Cmd, error) {
+	if err := i.health.Check(); err != nil {
+		reply := redis.NewCmd(ctx)
+		reply.SetErr(err)
+		return IdemReservation{}, reply, fmt.Errorf("idempotency reserve: %w", err)
+	}
+	cmds := i.rdb.Scripts(ctx, first, rds.ScriptCall{Script: lua.IdemReserve, Keys: []string{k.RecordKey(), k.LockKey()},
+		Args: []any{fp, owner, i.cfg.LockTTL.Milliseconds()}})
+	if err := cmds[1].Err(); err != nil {
+		return IdemReservation{}, cmds[0], fmt.Errorf("idempotency reserve: %w", i.health.Observe(err))
+	}
+	res, err := reservation(cmds[1], fp, "idempotency reserve")
+	return res, cmds[0], err
 }
 
 // TakeOver hands the lock of an in-progress key to owner when it still holds
@@ -177,6 +197,33 @@ func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec
 	n, _ := cmd.Int64()
 	return n, nil
 }
+
+// CompleteLater is Complete for a caller that does not wait: the call
+// joins the next shared pipeline of such calls (rds.Batcher.ScriptLater).
+// done, if not nil, gets Complete's error. Meanwhile the lock still says
+// in progress, and a retry that meets it is answered from the PostgreSQL
+// record the business transaction wrote.
+func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, done func(error)) {
+	if err := i.health.Check(); err != nil {
+		if done != nil {
+			done(fmt.Errorf("idempotency complete: %w", err))
+		}
+		return
+	}
+	args := []any{owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds()}
+	i.rdb.ScriptLater(lua.IdemComplete, []string{k.RecordKey(), k.LockKey()}, args, func(cmd *redis.Cmd) {
+		err := cmd.Err()
+		if err != nil {
+			err = fmt.Errorf("idempotency complete: %w", i.health.Observe(err))
+		}
+		if done != nil {
+			done(err)
+		}
+	})
+}
+
+// Close sends the completes CompleteLater queued and waits for them.
+func (i *Idempotency) Close() { i.rdb.Close() }
 
 // Release returns the key to absent (the request is not stored), only for
 // owner: 1 released, 0 another owner, -1 no lock.

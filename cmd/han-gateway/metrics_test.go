@@ -43,8 +43,14 @@ func metricsScenario(t *testing.T) (*Main, *scenario) {
 	t.Helper()
 	m := start(t, baseEnv())
 	s := newScenario(t, m)
-	s.send("m-1", "metrics")
-	s.send("m-1", "metrics")
+	s.send("m-1", "first body")
+	// The retry is a Redis replay once the first send's record is
+	// complete there (the request does not wait for that; a retry in the
+	// gap is answered from PostgreSQL, outcome replay_pg).
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		s.send("m-1", "first body")
+		return hasLabelValue(scrape(t, m)["han_idempotency_requests_total"], "outcome", "replay")
+	}, "no retry was answered from Redis")
 	s.send("m-1", "another body")
 	s.prj("PUT", "/cache", `{"key":"k","type":"string","value":"v"}`)
 	s.publish("m-1", `{"a":1}`)
@@ -168,7 +174,7 @@ func TestMetricsFamiliesAndBoundedLabels(t *testing.T) {
 		"operation", "state", "type", "policy", "decision", "name", "source",
 		"commit", "go_version"} // han_build_info: one value per process
 	uuid := regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
-	secrets := []string{s.aTok, s.bTok, s.alice, s.bob, s.dialog, s.project, s.topicID, "metrics", "another body"}
+	secrets := []string{s.aTok, s.bTok, s.alice, s.bob, s.dialog, s.project, s.topicID, "first body", "another body"}
 	for name, f := range fams {
 		if !strings.HasPrefix(name, "han_") {
 			continue

@@ -89,7 +89,7 @@ func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, 
 			keys = append(keys, k.Receipts(sid))
 			args = append(args, sid)
 		}
-		res, err := q.batch.run(ctx, lua.ProjectTopicPublish, keys, args...)
+		res, err := q.batch.Script(ctx, lua.ProjectTopicPublish, keys, args...).Slice()
 		if err != nil {
 			q.done(ctx, g, 0, 0)
 			return TopicMessage{}, false, classifyProject(err)

@@ -145,7 +145,7 @@ type Queue struct {
 	rdb    redis.UniversalClient
 	module *ModuleBudget
 	leases *moduleLeases
-	batch  *scriptBatcher
+	batch  *rds.Batcher
 	cfg    QueueConfig
 
 	mu       sync.Mutex          // guards subTopic and subsOf
@@ -157,7 +157,7 @@ type Queue struct {
 
 // NewQueue returns the project queue over the DB0 client.
 func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
-	return &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: &scriptBatcher{rdb: rdb}, cfg: cfg.withDefaults(),
+	return &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: rds.NewBatcher(rdb), cfg: cfg.withDefaults(),
 		subTopic: map[string]string{}, subsOf: map[string][]string{}}
 }
 

@@ -79,14 +79,21 @@ func ShardedPubSub(rdb redis.UniversalClient, mode PubSubMode) (bool, error) {
 // mode listen: SPUBLISH when realtime channels are sharded (the message
 // goes to the shard that owns the channel's slot, not to every node),
 // PUBLISH otherwise. Every publisher of realtime channels goes through
-// here.
+// here or through Batcher.Publish.
 func Publish(ctx context.Context, rdb redis.UniversalClient, mode PubSubMode, channel string, payload []byte) *redis.IntCmd {
-	if sharded, err := ShardedPubSub(rdb, mode); err != nil {
+	sharded, err := ShardedPubSub(rdb, mode)
+	if err != nil {
 		cmd := redis.NewIntCmd(ctx, "spublish", channel, payload)
 		cmd.SetErr(err)
 		return cmd
-	} else if sharded {
-		return rdb.SPublish(ctx, channel, payload)
 	}
-	return rdb.Publish(ctx, channel, payload)
+	return publishOn(ctx, rdb, sharded, channel, payload)
+}
+
+// publishOn runs (on a client) or queues (on a pipeline) the publish.
+func publishOn(ctx context.Context, c redis.Cmdable, sharded bool, channel string, payload []byte) *redis.IntCmd {
+	if sharded {
+		return c.SPublish(ctx, channel, payload)
+	}
+	return c.Publish(ctx, channel, payload)
 }

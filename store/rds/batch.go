@@ -1,0 +1,404 @@
+package rds
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+)
+
+// Batcher sends the Redis calls of concurrent callers in shared pipelines.
+// Each call (a script, or a realtime PUBLISH) has keys and arguments that do
+// not depend on any other call's reply, so calls that arrive together can
+// share one round trip: while a pipeline is in flight, the next calls queue,
+// and when it ends they go out together. A lone call is sent at once (no
+// added wait); under load, one write and one read on the client and one
+// wake-up of Redis carry many calls. Each script stays atomic on its own;
+// the pipeline only shares the connection. Safe for concurrent use.
+type Batcher struct {
+	rdb redis.UniversalClient
+
+	mu       sync.Mutex
+	queue    []*batchCall // calls waiting for a free pipeline
+	inFlight int          // pipelines being sent or read now
+
+	lq laterQueue // ScriptLater / PublishLater
+}
+
+const (
+	// batchInFlight is how many pipelines run at once: two keep Redis busy
+	// while the client reads the previous replies and writes the next
+	// requests.
+	batchInFlight = 2
+	// batchMax bounds one pipeline.
+	batchMax = 64
+	// batchSharedBudget bounds a shared pipeline (sharedContext).
+	batchSharedBudget = 2 * time.Second
+)
+
+// NewBatcher returns a batcher over rdb (standalone or cluster: a cluster
+// pipeline is split by node by go-redis).
+func NewBatcher(rdb redis.UniversalClient) *Batcher { return &Batcher{rdb: rdb} }
+
+// batchCall is one call waiting in a batch: a script (script set) or a
+// realtime publish (channel set).
+type batchCall struct {
+	ctx     context.Context
+	script  *lua.Script
+	keys    []string
+	args    []any
+	channel string
+	payload []byte
+	sharded bool // a publish: SPUBLISH
+
+	res *redis.Cmd    // a script's reply
+	pub *redis.IntCmd // a publish's reply
+	// wake receives nil when the reply is set, or the batch this caller
+	// must now send (it holds the caller's own call).
+	wake chan []*batchCall
+}
+
+// Script runs s with keys and args like s.Run (EVALSHA, loading the script
+// again when Redis does not know it) and returns its reply.
+func (b *Batcher) Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
+	c := &batchCall{ctx: ctx, script: s, keys: keys, args: args}
+	b.do(c)
+	return c.res
+}
+
+// Publish sends payload on a realtime channel as Publish does for mode.
+func (b *Batcher) Publish(ctx context.Context, mode PubSubMode, channel string, payload []byte) *redis.IntCmd {
+	sharded, err := ShardedPubSub(b.rdb, mode)
+	if err != nil {
+		return Publish(ctx, b.rdb, mode, channel, payload) // the mode's error
+	}
+	c := &batchCall{ctx: ctx, channel: channel, payload: payload, sharded: sharded}
+	b.do(c)
+	return c.pub
+}
+
+// ScriptCall is one script call of Batcher.Scripts.
+type ScriptCall struct {
+	Script *lua.Script
+	Keys   []string
+	Args   []any
+}
+
+// Scripts runs the calls in one pipeline (with other callers' calls, as
+// Script does) and returns their replies in order: one round trip for
+// calls of one request that do not depend on each other's replies.
+func (b *Batcher) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd {
+	cs := make([]*batchCall, len(calls))
+	for i, sc := range calls {
+		cs[i] = &batchCall{ctx: ctx, script: sc.Script, keys: sc.Keys, args: sc.Args}
+	}
+	b.do(cs...)
+	out := make([]*redis.Cmd, len(cs))
+	for i, c := range cs {
+		out[i] = c.res
+	}
+	return out
+}
+
+// do sends the calls cs of one caller; when a pipeline is free they go out
+// together at once, else they queue (in order, so one pipeline takes them
+// all unless it is full) and the caller waits for each.
+func (b *Batcher) do(cs ...*batchCall) {
+	if err := cs[0].ctx.Err(); err != nil {
+		for _, c := range cs {
+			c.fail(err)
+		}
+		return
+	}
+	for _, c := range cs[1:] {
+		c.wake = make(chan []*batchCall, 1)
+	}
+	b.mu.Lock()
+	if b.inFlight < batchInFlight && len(cs) < batchMax {
+		b.inFlight++
+		batch := append(cs[:len(cs):len(cs)], b.takeLocked(batchMax-len(cs))...)
+		b.mu.Unlock()
+		b.send(batch)
+		for _, c := range cs[1:] {
+			<-c.wake
+		}
+		return
+	}
+	cs[0].wake = make(chan []*batchCall, 1)
+	b.queue = append(b.queue, cs...)
+	b.mu.Unlock()
+	for _, c := range cs {
+		if batch := <-c.wake; batch != nil {
+			b.send(batch)
+		}
+	}
+}
+
+// takeLocked removes up to limit queued calls.
+func (b *Batcher) takeLocked(limit int) []*batchCall {
+	n := min(len(b.queue), limit)
+	out := b.queue[:n:n]
+	b.queue = b.queue[n:]
+	if len(b.queue) == 0 {
+		b.queue = nil
+	}
+	return out
+}
+
+// send runs batch as one pipeline, wakes its other callers, and hands the
+// pipeline slot to the next queued caller (or frees it).
+func (b *Batcher) send(batch []*batchCall) {
+	b.exec(batch)
+	for _, c := range batch[1:] {
+		c.wake <- nil
+	}
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.inFlight--
+		b.mu.Unlock()
+		return
+	}
+	next := b.queue[0]
+	b.queue = b.queue[1:]
+	batch = append([]*batchCall{next}, b.takeLocked(batchMax-1)...)
+	b.mu.Unlock()
+	next.wake <- batch
+}
+
+// sharedContext is the context of a pipeline shared by live: it ends at
+// the latest deadline of its callers (at most batchSharedBudget away), so
+// no caller is cut short by another leaving and none waits past its own
+// budget because of the others.
+func sharedContext(live []*batchCall) (context.Context, context.CancelFunc) {
+	limit := time.Now().Add(batchSharedBudget)
+	var latest time.Time
+	for _, c := range live {
+		d, ok := c.ctx.Deadline()
+		if !ok || d.After(limit) {
+			latest = limit
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
+}
+
+// fail sets err as the call's reply.
+func (c *batchCall) fail(err error) {
+	if c.script != nil {
+		c.res = redis.NewCmd(c.ctx)
+		c.res.SetErr(err)
+		return
+	}
+	c.pub = redis.NewIntCmd(c.ctx)
+	c.pub.SetErr(err)
+}
+
+// alone runs the call on its own, with its own context.
+func (c *batchCall) alone(rdb redis.UniversalClient) {
+	if c.script != nil {
+		c.res = c.script.Run(c.ctx, rdb, c.keys, c.args...)
+		return
+	}
+	c.pub = publishOn(c.ctx, rdb, c.sharded, c.channel, c.payload)
+}
+
+// exec sends the calls whose context is still live; a script Redis does not
+// know (after a restart or SCRIPT FLUSH) is sent again alone through
+// Script.Run, which loads it.
+func (b *Batcher) exec(batch []*batchCall) {
+	live := batch[:0:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.fail(err)
+			continue
+		}
+		live = append(live, c)
+	}
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		live[0].alone(b.rdb)
+		return
+	}
+	ctx, cancel := sharedContext(live)
+	defer cancel()
+	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range live {
+			switch {
+			case c.script == nil:
+				c.pub = publishOn(ctx, p, c.sharded, c.channel, c.payload)
+			case c.script.ReadOnly:
+				c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
+			default:
+				c.res = p.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			}
+		}
+		return nil
+	})
+	for _, c := range live {
+		if c.script != nil && c.res.Err() != nil && strings.HasPrefix(c.res.Err().Error(), "NOSCRIPT") {
+			c.alone(b.rdb)
+		}
+	}
+}
+
+// ScriptRunner runs Lua scripts: a Batcher, or a plain client (Scripts).
+type ScriptRunner interface {
+	Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd
+	// Scripts runs independent calls, in one round trip where it can.
+	Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd
+}
+
+// Scripts is the ScriptRunner for c: a Batcher over a go-redis client (a
+// standalone or cluster client), else c itself, one call per round trip.
+func Scripts(c redis.Scripter) ScriptRunner {
+	if u, ok := c.(redis.UniversalClient); ok {
+		return NewBatcher(u)
+	}
+	return Direct(c)
+}
+
+// Direct is the ScriptRunner that sends each call on its own.
+func Direct(c redis.Scripter) ScriptRunner { return directScripts{c} }
+
+type directScripts struct{ c redis.Scripter }
+
+func (d directScripts) Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd {
+	return s.Run(ctx, d.c, keys, args...)
+}
+
+func (d directScripts) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd {
+	out := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		out[i] = c.Script.Run(ctx, d.c, c.Keys, c.Args...)
+	}
+	return out
+}
+
+// laterLinger is how long a call nobody waits for (ScriptLater,
+// PublishLater) waits for others to share its pipeline.
+const laterLinger = 2 * time.Millisecond
+
+// laterQueue holds the calls nobody waits for until their pipeline goes.
+type laterQueue struct {
+	mu      sync.Mutex
+	calls   []*batchCall
+	done    []func(*batchCall)
+	timer   *time.Timer
+	armed   bool // timer will flush the queue
+	closed  bool
+	flights sync.WaitGroup
+}
+
+// ScriptLater queues a script call whose reply nobody waits for (done, if
+// not nil, gets it): such calls gather for up to laterLinger and go out in
+// one pipeline, so under load one round trip carries many. Close sends what
+// is queued and waits for it.
+func (b *Batcher) ScriptLater(s *lua.Script, keys []string, args []any, done func(*redis.Cmd)) {
+	b.later(&batchCall{script: s, keys: keys, args: args}, func(c *batchCall) {
+		if done != nil {
+			done(c.res)
+		}
+	})
+}
+
+// PublishLater is Publish for a caller that does not wait (done, if not
+// nil, gets the outcome), batched as ScriptLater.
+func (b *Batcher) PublishLater(mode PubSubMode, channel string, payload []byte, done func(error)) {
+	sharded, err := ShardedPubSub(b.rdb, mode)
+	if err != nil {
+		if done != nil {
+			done(err)
+		}
+		return
+	}
+	b.later(&batchCall{channel: channel, payload: payload, sharded: sharded}, func(c *batchCall) {
+		if done != nil {
+			done(c.pub.Err())
+		}
+	})
+}
+
+func (b *Batcher) later(c *batchCall, done func(*batchCall)) {
+	q := &b.lq
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		c.ctx = context.Background()
+		c.fail(ErrRedisUnavailable)
+		done(c)
+		return
+	}
+	q.calls = append(q.calls, c)
+	q.done = append(q.done, done)
+	switch {
+	case len(q.calls) >= batchMax:
+		calls, dones := q.takeLocked()
+		q.flights.Add(1)
+		q.mu.Unlock()
+		go func() {
+			defer q.flights.Done()
+			b.sendLater(calls, dones)
+		}()
+		return
+	case !q.armed:
+		q.armed = true
+		q.flights.Add(1) // the timer's flush, done by fire or by a successful Stop
+		q.timer = time.AfterFunc(laterLinger, func() {
+			defer q.flights.Done()
+			q.mu.Lock()
+			calls, dones := q.takeLocked()
+			q.mu.Unlock()
+			b.sendLater(calls, dones)
+		})
+	}
+	q.mu.Unlock()
+}
+
+// takeLocked removes the queued calls and disarms the timer (a timer that
+// fires anyway finds nothing, or calls queued since, which it sends early).
+func (q *laterQueue) takeLocked() ([]*batchCall, []func(*batchCall)) {
+	if q.armed && q.timer.Stop() {
+		q.flights.Done() // its flush will not run
+	}
+	q.armed = false
+	calls, dones := q.calls, q.done
+	q.calls, q.done = nil, nil
+	return calls, dones
+}
+
+func (b *Batcher) sendLater(calls []*batchCall, dones []func(*batchCall)) {
+	if len(calls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), batchSharedBudget)
+	defer cancel()
+	for _, c := range calls {
+		c.ctx = ctx
+	}
+	b.do(calls...)
+	for i, c := range calls {
+		dones[i](c)
+	}
+}
+
+// Close sends the calls queued by ScriptLater and PublishLater and waits
+// until every such pipeline has been answered; later calls fail at once.
+// Calls that wait for their reply are not affected.
+func (b *Batcher) Close() {
+	q := &b.lq
+	q.mu.Lock()
+	q.closed = true
+	calls, dones := q.takeLocked()
+	q.mu.Unlock()
+	b.sendLater(calls, dones)
+	q.flights.Wait()
+}

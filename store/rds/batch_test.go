@@ -1,0 +1,202 @@
+package rds_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// Concurrent callers share pipelines, and each still gets its own reply:
+// the reserve of key i answers with the owner that reserved key i, even
+// while Redis keeps forgetting its scripts (SCRIPT FLUSH, as after a
+// restart), and every publish reaches the subscriber once.
+func TestBatcherEachCallerGetsItsOwnReply(t *testing.T) {
+	ctx := context.Background()
+	c := apiClient(t, env.Redis.URL(3))
+	admin := apiClient(t, env.Redis.AdminURL(3))
+	b := rds.NewBatcher(c)
+
+	sub := c.Subscribe(ctx, "han:rt:test:batch")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1024)
+	go func() {
+		for m := range sub.Channel() {
+			got <- m.Payload
+		}
+	}()
+
+	flushing, stop := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(flushing)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				admin.ScriptFlush(ctx)
+			}
+		}
+	}()
+	const callers, perCaller = 16, 30
+	keys := func(i int) []string {
+		return []string{"han:api:idem:{batch:" + strconv.Itoa(i) + "}", "han:api:idemlock:{batch:" + strconv.Itoa(i) + "}"}
+	}
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for j := range perCaller {
+				i := g*perCaller + j
+				first := lua.IdemReserve
+				var v []any
+				var err error
+				if j%3 == 0 {
+					// Two calls of one caller in one pipeline, in order:
+					// the second sees the first's write.
+					cmds := b.Scripts(ctx, rds.ScriptCall{Script: first, Keys: keys(i), Args: []any{"fp", "owner-" + strconv.Itoa(i), 60000}},
+						rds.ScriptCall{Script: first, Keys: keys(i), Args: []any{"fp", "other", 60000}})
+					if v, err = cmds[0].Slice(); err != nil || v[0] != "acquired" {
+						t.Errorf("grouped reserve %d: %v %v", i, v, err)
+						return
+					}
+					v, err = cmds[1].Slice()
+				} else {
+					v, err = b.Script(ctx, first, keys(i), "fp", "owner-"+strconv.Itoa(i), 60000).Slice()
+					if err != nil || v[0] != "acquired" {
+						t.Errorf("reserve %d: %v %v", i, v, err)
+						return
+					}
+					// The same key again: in progress, held by this key's owner.
+					v, err = b.Script(ctx, first, keys(i), "fp", "other", 60000).Slice()
+				}
+				if err != nil || len(v) < 4 || v[0] != "in_progress" || v[3] != "owner-"+strconv.Itoa(i) {
+					t.Errorf("second reserve %d: %v %v", i, v, err)
+					return
+				}
+				if n, err := b.Publish(ctx, rds.PubSubAuto, "han:rt:test:batch", []byte(strconv.Itoa(i))).Result(); err != nil || n != 1 {
+					t.Errorf("publish %d: %d %v", i, n, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-flushing
+	if t.Failed() {
+		t.FailNow()
+	}
+	seen := map[string]bool{}
+	deadline := time.After(10 * time.Second)
+	for len(seen) < callers*perCaller {
+		select {
+		case p := <-got:
+			if seen[p] {
+				t.Fatalf("payload %s delivered twice", p)
+			}
+			seen[p] = true
+		case <-deadline:
+			t.Fatalf("%d of %d publishes arrived", len(seen), callers*perCaller)
+		}
+	}
+}
+
+// A caller whose context ended gets its context's error and sends nothing;
+// the calls batched with it are answered as usual.
+func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
+	ctx := context.Background()
+	c := apiClient(t, env.Redis.URL(3))
+	b := rds.NewBatcher(c)
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	key := []string{"han:api:idem:{batch:gone}", "han:api:idemlock:{batch:gone}"}
+	if err := b.Script(gone, lua.IdemReserve, key, "fp", "o", 60000).Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled script: %v", err)
+	}
+	if err := b.Publish(gone, rds.PubSubAuto, "han:rt:test:gone", []byte("x")).Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled publish: %v", err)
+	}
+	if err := b.Publish(ctx, rds.PubSubSharded, "han:rt:test:gone", []byte("x")).Err(); !errors.Is(err, rds.ErrShardedNeedsCluster) {
+		t.Fatalf("sharded publish on a standalone Redis: %v", err)
+	}
+	if n, err := c.Exists(ctx, key...).Result(); err != nil || n != 0 {
+		t.Fatalf("a canceled call wrote %d keys (%v)", n, err)
+	}
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			cctx := ctx
+			if i%2 == 0 {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithCancel(ctx)
+				cancel()
+			}
+			k := []string{"han:api:idem:{batch:c" + strconv.Itoa(i) + "}", "han:api:idemlock:{batch:c" + strconv.Itoa(i) + "}"}
+			v, err := b.Script(cctx, lua.IdemReserve, k, "fp", "o", 60000).Slice()
+			switch {
+			case i%2 == 0 && !errors.Is(err, context.Canceled):
+				t.Errorf("call %d: canceled, got %v %v", i, v, err)
+			case i%2 == 1 && (err != nil || v[0] != "acquired"):
+				t.Errorf("call %d: %v %v", i, v, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Calls nobody waits for gather into shared pipelines; Close sends what is
+// queued and returns only once every reply is in, and later calls after
+// Close fail at once instead of being lost silently.
+func TestBatcherLaterCallsAreSentByClose(t *testing.T) {
+	ctx := context.Background()
+	c := apiClient(t, env.Redis.URL(3))
+	b := rds.NewBatcher(c)
+	const n = 150 // more than one pipeline's worth
+	var mu sync.Mutex
+	replies := map[int]string{}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			k := []string{"han:api:idem:{later:" + strconv.Itoa(i) + "}", "han:api:idemlock:{later:" + strconv.Itoa(i) + "}"}
+			b.ScriptLater(lua.IdemReserve, k, []any{"fp", "o-" + strconv.Itoa(i), 60000}, func(cmd *redis.Cmd) {
+				v, err := cmd.Slice()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					replies[i] = err.Error()
+					return
+				}
+				replies[i], _ = v[0].(string)
+			})
+		})
+	}
+	wg.Wait()
+	b.Close()
+	mu.Lock()
+	for i := range n {
+		if replies[i] != "acquired" {
+			t.Errorf("call %d: %q", i, replies[i])
+		}
+	}
+	mu.Unlock()
+	for i := range n {
+		if owner := c.Get(ctx, "han:api:idemlock:{later:"+strconv.Itoa(i)+"}").Val(); owner != "o-"+strconv.Itoa(i) {
+			t.Fatalf("lock %d held by %q", i, owner)
+		}
+	}
+	var after error
+	b.PublishLater(rds.PubSubAuto, "han:rt:test:later", []byte("x"), func(err error) { after = err })
+	if !errors.Is(after, rds.ErrRedisUnavailable) {
+		t.Fatalf("a later call after Close: %v", after)
+	}
+}
