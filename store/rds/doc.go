@@ -3,7 +3,10 @@
 // a Redis Cluster client for a URL with addr= seeds, both returned as
 // redis.UniversalClient; a cluster client reloads its slot map when a node
 // stops answering) and the routing of go-redis's own log lines into the
-// service's JSON logger (SetRedisLogger), the DB0 fast-failure state
+// service's JSON logger (SetRedisLogger), the sharing of round trips by
+// concurrent callers (Batcher: script calls and realtime publishes in one
+// pipeline, and calls nobody waits for gathered over a couple of
+// milliseconds), the DB0 fast-failure state
 // (RedisHealth), the fenced coordination locks (Locker), the rendering of
 // the Redis ACL file (standalone or cluster node), the classification of
 // Redis failures into stable sentinel errors (ClassifyRedisError) and Kind,
@@ -15,6 +18,6 @@
 // side is the parent package store, whose Kind adds PostgreSQL's error
 // codes to this one.
 //
-// Every key the service writes carries a hash tag. The clients, Locker and
-// RedisHealth are safe for concurrent use.
+// Every key the service writes carries a hash tag. The clients, Batcher,
+// Locker and RedisHealth are safe for concurrent use.
 package rds
