@@ -37,7 +37,7 @@ type Store struct {
 func New(pool *pgxpool.Pool) *Store {
 	s := &Store{pool: pool, reqTimeout: DefaultRequestTimeout}
 	s.sends = newSendCombiner(s.writeBatch)
-	s.lastSeqs = &lastSeqBatcher{s: s}
+	s.lastSeqs = newLastSeqBatcher(s)
 	return s
 }
 

@@ -3,10 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/internal/ids"
 )
 
@@ -43,21 +43,21 @@ type lastSeqCall struct {
 	seq              int64
 	found            bool
 	err              error
-	// wake receives nil when the answer is set, or the batch this caller
-	// must now send (it holds the caller's own call).
-	wake chan []*lastSeqCall
 }
 
 // lastSeqBatcher sends concurrent DialogLastSeq checks as shared queries.
 // Safe for concurrent use.
 type lastSeqBatcher struct {
-	s *Store
-
-	mu       sync.Mutex // guards queue, inFlight
-	queue    []*lastSeqCall
-	inFlight int
+	s    *Store
+	comb combine.Combiner[*lastSeqCall]
 
 	calls, queries atomic.Uint64
+}
+
+func newLastSeqBatcher(s *Store) *lastSeqBatcher {
+	b := &lastSeqBatcher{s: s}
+	b.comb = combine.Combiner[*lastSeqCall]{Exec: b.exec, InFlight: lastSeqInFlight, Max: lastSeqBatchMax}
+	return b
 }
 
 // SubscribeCheckStats counts DialogLastSeq checks and the queries that
@@ -84,52 +84,8 @@ func (b *lastSeqBatcher) check(ctx context.Context, dialogID, userID string) (in
 		return 0, false, nil
 	}
 	c := &lastSeqCall{ctx: ctx, dialogID: dialogID, userID: userID}
-	b.mu.Lock()
-	if b.inFlight < lastSeqInFlight {
-		b.inFlight++
-		batch := append([]*lastSeqCall{c}, b.takeLocked(lastSeqBatchMax-1)...)
-		b.mu.Unlock()
-		b.send(batch)
-		return c.seq, c.found, c.err
-	}
-	c.wake = make(chan []*lastSeqCall, 1)
-	b.queue = append(b.queue, c)
-	b.mu.Unlock()
-	if batch := <-c.wake; batch != nil {
-		b.send(batch)
-	}
+	b.comb.Do(c)
 	return c.seq, c.found, c.err
-}
-
-// takeLocked removes up to limit queued calls.
-func (b *lastSeqBatcher) takeLocked(limit int) []*lastSeqCall {
-	n := min(len(b.queue), limit)
-	out := b.queue[:n:n]
-	b.queue = b.queue[n:]
-	if len(b.queue) == 0 {
-		b.queue = nil
-	}
-	return out
-}
-
-// send runs batch as one query, wakes its other callers, and hands the
-// query slot to the next queued caller (or frees it).
-func (b *lastSeqBatcher) send(batch []*lastSeqCall) {
-	b.exec(batch)
-	for _, c := range batch[1:] {
-		c.wake <- nil
-	}
-	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.inFlight--
-		b.mu.Unlock()
-		return
-	}
-	next := b.queue[0]
-	b.queue = b.queue[1:]
-	batch = append([]*lastSeqCall{next}, b.takeLocked(lastSeqBatchMax-1)...)
-	b.mu.Unlock()
-	next.wake <- batch
 }
 
 // exec answers the calls whose context is still live with one query.
@@ -147,7 +103,7 @@ func (b *lastSeqBatcher) exec(batch []*lastSeqCall) {
 	for i, c := range live {
 		dialogs[i], users[i] = c.dialogID, c.userID
 	}
-	ctx, cancel := sharedDeadline(live)
+	ctx, cancel := combine.SharedContext(live, func(c *lastSeqCall) context.Context { return c.ctx }, lastSeqSharedBudget)
 	defer cancel()
 	b.queries.Add(1)
 	err := b.s.queryLastSeqs(ctx, dialogs, users, func(i int, seq int64) {
@@ -180,23 +136,4 @@ func (s *Store) queryLastSeqs(ctx context.Context, dialogs, users []string, row 
 		row(int(i), seq)
 	}
 	return rows.Err()
-}
-
-// sharedDeadline is the context of a query shared by live: it ends at the
-// latest deadline of its callers (at most lastSeqSharedBudget away), so no
-// caller is cut short by another leaving.
-func sharedDeadline(live []*lastSeqCall) (context.Context, context.CancelFunc) {
-	limit := time.Now().Add(lastSeqSharedBudget)
-	var latest time.Time
-	for _, c := range live {
-		d, ok := c.ctx.Deadline()
-		if !ok || d.After(limit) {
-			latest = limit
-			break
-		}
-		if d.After(latest) {
-			latest = d
-		}
-	}
-	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/lua"
 )
 
@@ -20,13 +21,9 @@ import (
 // wake-up of Redis carry many calls. Each script stays atomic on its own;
 // the pipeline only shares the connection. Safe for concurrent use.
 type Batcher struct {
-	rdb redis.UniversalClient
-
-	mu       sync.Mutex
-	queue    []*batchCall // calls waiting for a free pipeline
-	inFlight int          // pipelines being sent or read now
-
-	lq laterQueue // ScriptLater / PublishLater
+	rdb  redis.UniversalClient
+	comb combine.Combiner[*batchCall]
+	lq   laterQueue // ScriptLater / PublishLater
 }
 
 const (
@@ -36,13 +33,17 @@ const (
 	batchInFlight = 2
 	// batchMax bounds one pipeline.
 	batchMax = 64
-	// batchSharedBudget bounds a shared pipeline (sharedContext).
+	// batchSharedBudget bounds a shared pipeline (combine.SharedContext).
 	batchSharedBudget = 2 * time.Second
 )
 
 // NewBatcher returns a batcher over rdb (standalone or cluster: a cluster
 // pipeline is split by node by go-redis).
-func NewBatcher(rdb redis.UniversalClient) *Batcher { return &Batcher{rdb: rdb} }
+func NewBatcher(rdb redis.UniversalClient) *Batcher {
+	b := &Batcher{rdb: rdb}
+	b.comb = combine.Combiner[*batchCall]{Exec: b.exec, InFlight: batchInFlight, Max: batchMax}
+	return b
+}
 
 // batchCall is one call waiting in a batch: a script (script set) or a
 // realtime publish (channel set).
@@ -57,9 +58,6 @@ type batchCall struct {
 
 	res *redis.Cmd    // a script's reply
 	pub *redis.IntCmd // a publish's reply
-	// wake receives nil when the reply is set, or the batch this caller
-	// must now send (it holds the caller's own call).
-	wake chan []*batchCall
 }
 
 // Script runs s with keys and args like s.Run (EVALSHA, loading the script
@@ -104,9 +102,8 @@ func (b *Batcher) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd
 	return out
 }
 
-// do sends the calls cs of one caller; when a pipeline is free they go out
-// together at once, else they queue (in order, so one pipeline takes them
-// all unless it is full) and the caller waits for each.
+// do sends the calls cs of one caller, together when a pipeline is free
+// (else queued in order), and returns once each has its reply.
 func (b *Batcher) do(cs ...*batchCall) {
 	if err := cs[0].ctx.Err(); err != nil {
 		for _, c := range cs {
@@ -114,79 +111,7 @@ func (b *Batcher) do(cs ...*batchCall) {
 		}
 		return
 	}
-	for _, c := range cs[1:] {
-		c.wake = make(chan []*batchCall, 1)
-	}
-	b.mu.Lock()
-	if b.inFlight < batchInFlight && len(cs) < batchMax {
-		b.inFlight++
-		batch := append(cs[:len(cs):len(cs)], b.takeLocked(batchMax-len(cs))...)
-		b.mu.Unlock()
-		b.send(batch)
-		for _, c := range cs[1:] {
-			<-c.wake
-		}
-		return
-	}
-	cs[0].wake = make(chan []*batchCall, 1)
-	b.queue = append(b.queue, cs...)
-	b.mu.Unlock()
-	for _, c := range cs {
-		if batch := <-c.wake; batch != nil {
-			b.send(batch)
-		}
-	}
-}
-
-// takeLocked removes up to limit queued calls.
-func (b *Batcher) takeLocked(limit int) []*batchCall {
-	n := min(len(b.queue), limit)
-	out := b.queue[:n:n]
-	b.queue = b.queue[n:]
-	if len(b.queue) == 0 {
-		b.queue = nil
-	}
-	return out
-}
-
-// send runs batch as one pipeline, wakes its other callers, and hands the
-// pipeline slot to the next queued caller (or frees it).
-func (b *Batcher) send(batch []*batchCall) {
-	b.exec(batch)
-	for _, c := range batch[1:] {
-		c.wake <- nil
-	}
-	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.inFlight--
-		b.mu.Unlock()
-		return
-	}
-	next := b.queue[0]
-	b.queue = b.queue[1:]
-	batch = append([]*batchCall{next}, b.takeLocked(batchMax-1)...)
-	b.mu.Unlock()
-	next.wake <- batch
-}
-
-// sharedContext is the context of a pipeline shared by live: it ends at
-// the latest deadline of its callers (at most batchSharedBudget away), so
-// no caller is cut short by another leaving and none waits past its own
-// budget because of the others.
-func sharedContext(live []*batchCall) (context.Context, context.CancelFunc) {
-	limit := time.Now().Add(batchSharedBudget)
-	var latest time.Time
-	for _, c := range live {
-		d, ok := c.ctx.Deadline()
-		if !ok || d.After(limit) {
-			latest = limit
-			break
-		}
-		if d.After(latest) {
-			latest = d
-		}
-	}
-	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
+	b.comb.Do(cs...)
 }
 
 // fail sets err as the call's reply.
@@ -228,7 +153,7 @@ func (b *Batcher) exec(batch []*batchCall) {
 		live[0].alone(b.rdb)
 		return
 	}
-	ctx, cancel := sharedContext(live)
+	ctx, cancel := combine.SharedContext(live, func(c *batchCall) context.Context { return c.ctx }, batchSharedBudget)
 	defer cancel()
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range live {

@@ -1,0 +1,126 @@
+// Package combine shares round trips among concurrent callers: a Combiner
+// executes the calls of many goroutines in shared batches (one pipeline,
+// one statement), and SharedContext gives such a batch a context that no
+// single caller's leaving cuts short. It knows no Redis and no SQL: the
+// batch's execution is the caller's function.
+package combine
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Combiner executes calls in shared batches: while InFlight batches are
+// being executed, new calls queue; when one ends, the queued calls go out
+// together as the next. A lone call is executed at once, on its caller's
+// goroutine (no added wait); under load one execution carries many calls.
+// The zero value is not usable: set Exec and Max. Safe for concurrent use.
+type Combiner[C any] struct {
+	// Exec executes one batch of at most Max calls, in order, and records
+	// each call's outcome in the call itself.
+	Exec func(batch []C)
+	// InFlight is how many batches execute at once (at least 1).
+	InFlight int
+	// Max bounds one batch.
+	Max int
+
+	mu       sync.Mutex
+	queue    []*waiter[C]
+	inFlight int
+}
+
+// waiter is one queued call.
+type waiter[C any] struct {
+	call C
+	// wake receives nil when the call was executed, or the batch this
+	// caller must now execute (it holds the caller's own call).
+	wake chan []*waiter[C]
+}
+
+// Do executes calls — together in one batch when they fit and a batch is
+// free, else queued in order — and returns once each was executed.
+func (c *Combiner[C]) Do(calls ...C) {
+	ws := make([]*waiter[C], len(calls))
+	for i, call := range calls {
+		ws[i] = &waiter[C]{call: call}
+	}
+	for _, w := range ws[1:] {
+		w.wake = make(chan []*waiter[C], 1)
+	}
+	c.mu.Lock()
+	if c.inFlight < max(c.InFlight, 1) && len(ws) < c.Max {
+		c.inFlight++
+		batch := append(ws[:len(ws):len(ws)], c.takeLocked(c.Max-len(ws))...)
+		c.mu.Unlock()
+		c.send(batch)
+		for _, w := range ws[1:] {
+			<-w.wake
+		}
+		return
+	}
+	ws[0].wake = make(chan []*waiter[C], 1)
+	c.queue = append(c.queue, ws...)
+	c.mu.Unlock()
+	for _, w := range ws {
+		if batch := <-w.wake; batch != nil {
+			c.send(batch)
+		}
+	}
+}
+
+// takeLocked removes up to limit queued calls.
+func (c *Combiner[C]) takeLocked(limit int) []*waiter[C] {
+	n := min(len(c.queue), limit)
+	out := c.queue[:n:n]
+	c.queue = c.queue[n:]
+	if len(c.queue) == 0 {
+		c.queue = nil
+	}
+	return out
+}
+
+// send executes batch, wakes its other callers, and hands the slot to the
+// next queued caller with the batch it must execute (or frees the slot).
+func (c *Combiner[C]) send(batch []*waiter[C]) {
+	calls := make([]C, len(batch))
+	for i, w := range batch {
+		calls[i] = w.call
+	}
+	c.Exec(calls)
+	for _, w := range batch[1:] {
+		w.wake <- nil
+	}
+	c.mu.Lock()
+	if len(c.queue) == 0 {
+		c.inFlight--
+		c.mu.Unlock()
+		return
+	}
+	next := c.queue[0]
+	c.queue = c.queue[1:]
+	batch = append([]*waiter[C]{next}, c.takeLocked(c.Max-1)...)
+	c.mu.Unlock()
+	next.wake <- batch
+}
+
+// SharedContext is the context of a batch shared by calls: it ends at the
+// latest deadline among the calls' contexts (ctxOf), at most budget away,
+// and is not canceled when any one of them is — so no caller is cut short
+// by another leaving, and none waits past its own deadline because of the
+// others. Its values are those of the first call's context.
+func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
+	limit := time.Now().Add(budget)
+	var latest time.Time
+	for _, call := range calls {
+		d, ok := ctxOf(call).Deadline()
+		if !ok || d.After(limit) {
+			latest = limit
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(ctxOf(calls[0])), latest)
+}

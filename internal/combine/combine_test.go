@@ -1,0 +1,103 @@
+package combine_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/han-app/gateway/internal/combine"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type call struct {
+	id    int
+	group int // the caller's calls share a group id
+	done  atomic.Int32
+}
+
+// Every call is executed exactly once, no batch is larger than Max, no
+// more than InFlight batches run at once, one caller's calls keep their
+// order (a caller's calls that find a batch free go out together), and
+// concurrent callers really share batches.
+func TestCombinerSharesBatchesAndExecutesEachCallOnce(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		running int
+		peak    int
+		batches int
+		order   = map[int][]int{} // group → ids in execution order
+	)
+	c := &combine.Combiner[*call]{InFlight: 2, Max: 8}
+	c.Exec = func(batch []*call) {
+		mu.Lock()
+		running++
+		peak = max(peak, running)
+		batches++
+		if len(batch) > 8 {
+			t.Errorf("a batch of %d calls", len(batch))
+		}
+		for _, cl := range batch {
+			order[cl.group] = append(order[cl.group], cl.id)
+		}
+		mu.Unlock()
+		time.Sleep(100 * time.Microsecond) // a round trip: others queue meanwhile
+		for _, cl := range batch {
+			cl.done.Add(1)
+		}
+		mu.Lock()
+		running--
+		mu.Unlock()
+	}
+	const callers, rounds = 64, 50
+	all := make([]*call, 0, callers*rounds*2)
+	var allMu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for r := range rounds {
+				a := &call{id: 2 * r, group: g}
+				b := &call{id: 2*r + 1, group: g}
+				c.Do(a, b)
+				if a.done.Load() != 1 || b.done.Load() != 1 {
+					t.Errorf("Do returned before its calls ran: %d %d", a.done.Load(), b.done.Load())
+				}
+				allMu.Lock()
+				all = append(all, a, b)
+				allMu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, cl := range all {
+		if n := cl.done.Load(); n != 1 {
+			t.Fatalf("call %d/%d executed %d times", cl.group, cl.id, n)
+		}
+	}
+	if peak > 2 {
+		t.Fatalf("%d batches ran at once, InFlight is 2", peak)
+	}
+	for g, ids := range order {
+		for i, id := range ids {
+			if id != i {
+				t.Fatalf("caller %d's calls ran in order %v", g, ids)
+			}
+		}
+	}
+	if total := callers * rounds * 2; batches >= total/2 {
+		t.Fatalf("%d batches for %d calls: concurrent calls did not share batches", batches, total)
+	}
+}
+
+// A lone call runs at once on its caller's goroutine.
+func TestCombinerLoneCallRunsAtOnce(t *testing.T) {
+	var ran bool
+	c := &combine.Combiner[*call]{Max: 4, Exec: func(batch []*call) { ran = len(batch) == 1 }}
+	c.Do(&call{})
+	if !ran {
+		t.Fatal("a lone call was not executed alone before Do returned")
+	}
+}
