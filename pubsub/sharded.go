@@ -338,7 +338,7 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 				continue
 			}
 			s.metrics.messages.Inc()
-			s.onMessage(m.Channel, []byte(m.Payload))
+			s.onMessage(m.Channel, payloadBytes(m.Payload))
 		case *redis.Subscription:
 			s.confirmShard(sh, m.Kind, m.Channel)
 		case *redis.Pong:
