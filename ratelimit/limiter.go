@@ -178,6 +178,10 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 	if len(rules) == 0 {
 		return Decision{Allowed: true, NowMs: time.Now().UnixMilli()}, nil
 	}
+	if !l.perFamily {
+		pr := l.prepared(label, p, keys, rules)
+		return pr.Finish(pr.Send(ctx))
+	}
 	var d Decision
 	err := rds.ErrRedisUnavailable
 	prober := false
@@ -252,7 +256,7 @@ func (l *Limiter) finish(label string, p Policy, keys []string, rules []Rule, d 
 
 // Prepared is a decision whose one Redis call is not made yet, so the
 // caller can send it in one pipeline with a call of its own (Call, then
-// Finish with the reply). Decide is Prepare, the call and Finish.
+// Finish with the reply). On a single Redis, Decide is exactly that.
 type Prepared struct {
 	l      *Limiter
 	label  string
@@ -275,6 +279,12 @@ func (l *Limiter) Prepare(label string, p Policy, s Subject) *Prepared {
 	if len(rules) == 0 {
 		return nil
 	}
+	return l.prepared(label, p, keys, rules)
+}
+
+// prepared is the one-call decision over keys and rules; it consults the
+// breaker (a call is made only while Redis is usable).
+func (l *Limiter) prepared(label string, p Policy, keys []string, rules []Rule) *Prepared {
 	pr := &Prepared{l: l, label: label, p: p, keys: keys, rules: rules}
 	if l.redisUsable(&pr.prober) {
 		pr.call = &rds.ScriptCall{Script: script(p.Algorithm), Keys: keys, Args: scriptArgs(l.requestID(), keys, rules)}
@@ -376,7 +386,7 @@ func (l *Limiter) requestID() string {
 // with refunds.
 func (l *Limiter) evalRedis(ctx context.Context, a Algorithm, keys []string, rules []Rule) (Decision, error) {
 	id := l.requestID()
-	if !l.perFamily || len(keys) == 1 {
+	if len(keys) == 1 {
 		return run(ctx, l.scripts, a, id, keys, rules)
 	}
 	ds := make([]Decision, 0, len(keys))

@@ -39,15 +39,14 @@ func (pl *pendingLimit) settle(ctx context.Context) bool {
 	return pl.apply(pl.pr.Finish(pl.pr.Send(context.WithoutCancel(ctx))))
 }
 
-// canDeferLimit reports whether r's decision may be left pending.
-func canDeferLimit(r *http.Request, route string) bool {
+// limitHolder is where r's decision may be left pending (its limit field),
+// or nil when it must be made now.
+func limitHolder(r *http.Request, route string) *db0Deferral {
 	d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral)
-	return ok && d.limit == nil && pairedLimitRoutes[r.Method+" "+route]
-}
-
-// deferLimit leaves pl pending in r (canDeferLimit must hold).
-func deferLimit(r *http.Request, pl *pendingLimit) {
-	r.Context().Value(ctxDB0Deferral{}).(*db0Deferral).limit = pl
+	if !ok || d.limit != nil || !pairedLimitRoutes[r.Method+" "+route] {
+		return nil
+	}
+	return d
 }
 
 // takeLimit removes and returns the pending decision, if any.

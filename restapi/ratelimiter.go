@@ -52,9 +52,9 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 			}
 		}
 	}
-	if canDeferLimit(r, route) {
+	if holder := limitHolder(r, route); holder != nil {
 		if pr := a.l.Prepare(label, p, subj); pr != nil {
-			deferLimit(r, &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, d, err) }})
+			holder.limit = &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, d, err) }}
 			return true
 		}
 	}

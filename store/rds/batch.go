@@ -58,6 +58,8 @@ type batchCall struct {
 
 	res *redis.Cmd    // a script's reply
 	pub *redis.IntCmd // a publish's reply
+
+	done func(*batchCall) // a call nobody waits for: gets the reply
 }
 
 // Script runs s with keys and args like s.Run (EVALSHA, loading the script
@@ -178,8 +180,6 @@ func (b *Batcher) exec(batch []*batchCall) {
 // ScriptRunner runs Lua scripts: a Batcher, or a plain client (Scripts).
 type ScriptRunner interface {
 	Script(ctx context.Context, s *lua.Script, keys []string, args ...any) *redis.Cmd
-	// Scripts runs independent calls, in one round trip where it can.
-	Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd
 }
 
 // Scripts is the ScriptRunner for c: a Batcher over a go-redis client (a
@@ -200,14 +200,6 @@ func (d directScripts) Script(ctx context.Context, s *lua.Script, keys []string,
 	return s.Run(ctx, d.c, keys, args...)
 }
 
-func (d directScripts) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd {
-	out := make([]*redis.Cmd, len(calls))
-	for i, c := range calls {
-		out[i] = c.Script.Run(ctx, d.c, c.Keys, c.Args...)
-	}
-	return out
-}
-
 // laterLinger is how long a call nobody waits for (ScriptLater,
 // PublishLater) waits for others to share its pipeline.
 const laterLinger = 2 * time.Millisecond
@@ -216,7 +208,6 @@ const laterLinger = 2 * time.Millisecond
 type laterQueue struct {
 	mu      sync.Mutex
 	calls   []*batchCall
-	done    []func(*batchCall)
 	timer   *time.Timer
 	armed   bool // timer will flush the queue
 	closed  bool
@@ -228,11 +219,11 @@ type laterQueue struct {
 // one pipeline, so under load one round trip carries many. Close sends what
 // is queued and waits for it.
 func (b *Batcher) ScriptLater(s *lua.Script, keys []string, args []any, done func(*redis.Cmd)) {
-	b.later(&batchCall{script: s, keys: keys, args: args}, func(c *batchCall) {
+	b.later(&batchCall{script: s, keys: keys, args: args, done: func(c *batchCall) {
 		if done != nil {
 			done(c.res)
 		}
-	})
+	}})
 }
 
 // PublishLater is Publish for a caller that does not wait (done, if not
@@ -245,33 +236,32 @@ func (b *Batcher) PublishLater(mode PubSubMode, channel string, payload []byte, 
 		}
 		return
 	}
-	b.later(&batchCall{channel: channel, payload: payload, sharded: sharded}, func(c *batchCall) {
+	b.later(&batchCall{channel: channel, payload: payload, sharded: sharded, done: func(c *batchCall) {
 		if done != nil {
 			done(c.pub.Err())
 		}
-	})
+	}})
 }
 
-func (b *Batcher) later(c *batchCall, done func(*batchCall)) {
+func (b *Batcher) later(c *batchCall) {
 	q := &b.lq
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		c.ctx = context.Background()
 		c.fail(ErrRedisUnavailable)
-		done(c)
+		c.done(c)
 		return
 	}
 	q.calls = append(q.calls, c)
-	q.done = append(q.done, done)
 	switch {
 	case len(q.calls) >= batchMax:
-		calls, dones := q.takeLocked()
+		calls := q.takeLocked()
 		q.flights.Add(1)
 		q.mu.Unlock()
 		go func() {
 			defer q.flights.Done()
-			b.sendLater(calls, dones)
+			b.sendLater(calls)
 		}()
 		return
 	case !q.armed:
@@ -280,9 +270,9 @@ func (b *Batcher) later(c *batchCall, done func(*batchCall)) {
 		q.timer = time.AfterFunc(laterLinger, func() {
 			defer q.flights.Done()
 			q.mu.Lock()
-			calls, dones := q.takeLocked()
+			calls := q.takeLocked()
 			q.mu.Unlock()
-			b.sendLater(calls, dones)
+			b.sendLater(calls)
 		})
 	}
 	q.mu.Unlock()
@@ -290,17 +280,17 @@ func (b *Batcher) later(c *batchCall, done func(*batchCall)) {
 
 // takeLocked removes the queued calls and disarms the timer (a timer that
 // fires anyway finds nothing, or calls queued since, which it sends early).
-func (q *laterQueue) takeLocked() ([]*batchCall, []func(*batchCall)) {
+func (q *laterQueue) takeLocked() []*batchCall {
 	if q.armed && q.timer.Stop() {
 		q.flights.Done() // its flush will not run
 	}
 	q.armed = false
-	calls, dones := q.calls, q.done
-	q.calls, q.done = nil, nil
-	return calls, dones
+	calls := q.calls
+	q.calls = nil
+	return calls
 }
 
-func (b *Batcher) sendLater(calls []*batchCall, dones []func(*batchCall)) {
+func (b *Batcher) sendLater(calls []*batchCall) {
 	if len(calls) == 0 {
 		return
 	}
@@ -310,8 +300,8 @@ func (b *Batcher) sendLater(calls []*batchCall, dones []func(*batchCall)) {
 		c.ctx = ctx
 	}
 	b.do(calls...)
-	for i, c := range calls {
-		dones[i](c)
+	for _, c := range calls {
+		c.done(c)
 	}
 }
 
@@ -322,8 +312,8 @@ func (b *Batcher) Close() {
 	q := &b.lq
 	q.mu.Lock()
 	q.closed = true
-	calls, dones := q.takeLocked()
+	calls := q.takeLocked()
 	q.mu.Unlock()
-	b.sendLater(calls, dones)
+	b.sendLater(calls)
 	q.flights.Wait()
 }
