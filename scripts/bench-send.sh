@@ -47,7 +47,8 @@
 # and old-on,old-off with -old), -arms-hot (gw-on,sql, and old-on with
 # -old; "none" for either leaves that shape out), -step-p99 (100ms), -reps (3), -budget MINUTES (25: refuse a longer
 # estimate), -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's;
-# default pgx's cache_statement), -keep (keep the work folder: each phase's
+# default pgx's cache_statement), -pg-opts "-c k=v ..." (more settings for
+# the cluster, e.g. -c shared_preload_libraries=pg_stat_statements), -keep (keep the work folder: each phase's
 # summary and output, the servers' logs), -profile FILE (after the rounds, one
 # more gw-on phase of the many-dialog shape at its median held rate, with a
 # CPU profile of the gateway taken over that step into FILE, and its top
@@ -61,7 +62,7 @@ HAN_SCRIPT=bench-send.sh
 cd "$HAN_ROOT"
 
 keep=0 fsync=on old="" duration=10s warmup=5s rates_many=300,600,900,1200,1800 rates_hot=300,600,900,1200,1800 cpu_rate=300
-arms_many="" arms_hot="" profile="" step_p99=100ms reps=3 budget=25 exec_mode=""
+arms_many="" arms_hot="" profile="" step_p99=100ms reps=3 budget=25 exec_mode="" pg_opts=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-fsync) fsync=$2 ;;
@@ -78,6 +79,7 @@ while [ $# -gt 0 ]; do
 	-reps) reps=$2 ;;
 	-budget) budget=$2 ;;
 	-exec-mode) exec_mode=$2 ;;
+	-pg-opts) pg_opts=$2 ;;
 	-keep) keep=1 && shift && continue ;;
 	-h | --help)
 		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -158,7 +160,7 @@ as_pg "$PGBIN/initdb" -D "$work/pg/data" -A trust -U postgres -E UTF8 --locale=C
 	han_die "initdb failed: $(tail -n 3 "$work/initdb.log")"
 pg_port="$(han_pick_port 0)"
 as_pg "$PGBIN/pg_ctl" -D "$work/pg/data" -l "$work/pg/log" -w -t 60 \
-	-o "-p $pg_port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300 -c log_checkpoints=on -c log_autovacuum_min_duration=0 -c log_min_duration_statement=100" start >/dev/null ||
+	-o "-p $pg_port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300 -c log_checkpoints=on -c log_autovacuum_min_duration=0 -c log_min_duration_statement=100 $pg_opts" start >/dev/null ||
 	han_die "PostgreSQL did not start: $(tail -n 3 "$work/pg/log")"
 pg_ctl_stop="as_pg '$PGBIN/pg_ctl' -D '$work/pg/data' -m fast -w stop"
 postmaster="$(head -n 1 "$work/pg/data/postmaster.pid")"
@@ -170,6 +172,9 @@ for db in han_gw han_sql han_old; do psql_ postgres "CREATE DATABASE $db" >/dev/
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bench-$RANDOM$RANDOM$RANDOM"
 export HAN_JWT_DEV_HS256_SECRET="bench-secret-$RANDOM$RANDOM-0123456789abcdef" HAN_HMAC_SECRET="bench-hmac-0123456789"
 "$work/new/hanctl" redis acl --out "$work/users.acl" >/dev/null
+# The script's own user on its own redis-server, for INFO commandstats.
+bench_redis_pw="stats-$RANDOM$RANDOM$RANDOM"
+echo "user bench_stats on >$bench_redis_pw -@all +info" >>"$work/users.acl"
 redis_port="$(han_pick_port 0)"
 redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
 	--appendonly yes --appendfsync everysec --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
@@ -244,10 +249,16 @@ stop_gateway() {
 }
 
 # --- measuring -------------------------------------------------------------------
+# cmdstats: Redis's per-command counters (calls, usec), one "cmd calls usec"
+# line each; a phase's delta (kept with -keep) shows what a send asks of Redis.
+cmdstats() {
+	redis-cli -p "$redis_port" --user bench_stats --pass "$bench_redis_pw" --no-auth-warning INFO commandstats |
+		tr -d '\r' | sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
+}
 # steal_ticks: the machine's stolen and total CPU ticks so far (/proc/stat):
 # a hypervisor that takes the CPUs away shows up here, not in any process.
 steal_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
-results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1
+results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1 redis-calls
 : >"$results"
 phase() { # FSYNC SHAPE ARM ROUND
 	local fs=$1 shape=$2 arm=$3 round=$4 args=() sum="$work/$1-$2-$3-$4.json" rc=0
@@ -267,11 +278,13 @@ phase() { # FSYNC SHAPE ARM ROUND
 		args=(chat-fanout -send-only -target "${gw_url[$arm]}" -cpu-pid "gateway=${gw_pid[$arm]}" "${args[@]}")
 	fi
 	local l0 l1 st0 st1 t0 t1
+	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats0"
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
 	read -r st0 t0 < <(steal_ticks)
 	"$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
+	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats1"
 	read -r st1 t1 < <(steal_ticks)
 	l1="$l1 (steal $(awk -v s=$((st1 - st0)) -v t=$((t1 - t0)) 'BEGIN { printf "%.0f %%", (t > 0 ? 100 * s / t : 0) }'))"
 	[ "$arm" = sql ] || stop_gateway "$arm"
@@ -281,8 +294,18 @@ phase() { # FSYNC SHAPE ARM ROUND
 	held="$(jq -r '.metrics.max_send_rate.values.value // 0' "$sum")"
 	# CPU-ms per send at -cpu-rate; -1 where the arm did not reach that step.
 	cpu="$(jq -r --arg k "cpu_$cpu_rate" '.info[$k] as $c | [($c.gateway // -1), ($c.postgres // -1), ($c.redis // -1), ($c.generator // -1)] | map(tostring) | join("\t")' "$sum")"
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$fs" "$shape" "$arm" "$round" "${held%.*}" "$cpu" "$l0" "$l1" >>"$results"
-	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, CPU-ms/send at $cpu_rate/s (gw pg redis gen): $(echo "$cpu" | tr '\t' ' '), load $l0→$l1"
+	# Redis commands per accepted send over the whole phase (set-up and
+	# warm-up included; commands a script calls are counted too, as Redis
+	# 7 does), and the script calls among them.
+	local sends rcalls
+	sends="$(jq -r '.metrics.sends_ok.values.count // 0' "$sum")"
+	rcalls="$(awk -v n="$sends" 'FNR == NR { b[$1] = $2; next }
+			$1 !~ /^(auth|hello|select|client\|.*|info|ping)$/ { c += $2 - b[$1] }
+			$1 ~ /^(evalsha|eval|fcall)$/ { e += $2 - b[$1] }
+			END { if (n > 0) printf "%.1f (%.1f)", c / n, e / n; else printf "—" }' \
+		"$work/$fs-$shape-$arm-$round.cmdstats0" "$work/$fs-$shape-$arm-$round.cmdstats1")"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$fs" "$shape" "$arm" "$round" "${held%.*}" "$cpu" "$l0" "$l1" "$rcalls" >>"$results"
+	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, CPU-ms/send at $cpu_rate/s (gw pg redis gen): $(echo "$cpu" | tr '\t' ' '), Redis commands (scripts) per send: $rcalls, load $l0→$l1"
 }
 
 pg_settings() { psql_ postgres "SELECT current_setting('fsync') || ' / ' || current_setting('synchronous_commit') || ' / ' || current_setting('shared_buffers')"; }
@@ -330,8 +353,8 @@ for l in "${settings_lines[@]}"; do echo "PostgreSQL $l."; done
 echo "Pools: gateway and send-sql ${gw_pool:-20} connections (DATABASE_URL default), HAN_DB_EXEC_MODE $mode; -old: ${old:-none}."
 echo "PostgreSQL's log over the whole run: $slow statements slower than 100 ms, $ckpt checkpoints, $avac autovacuum/analyze runs."
 echo
-echo "| fsync | shape | arm | highest held sends/s (median; rounds) | CPU-ms per send at $cpu_rate/s: gateway | postgres | redis | generator | servers (gw+pg+redis) | load avg |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| fsync | shape | arm | highest held sends/s (median; rounds) | CPU-ms per send at $cpu_rate/s: gateway | postgres | redis | generator | servers (gw+pg+redis) | Redis commands (scripts) per send | load avg |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 awk -F'\t' '
 function median(s,   a, n, t, i, j, m, b) { n = split(s, a, " "); m = 0
 	for (i = 1; i <= n; i++) if (a[i] + 0 >= 0) b[++m] = a[i] + 0
@@ -341,10 +364,10 @@ function median(s,   a, n, t, i, j, m, b) { n = split(s, a, " "); m = 0
 function fmt(v) { return v < 0 ? "—" : sprintf("%.3f", v) }
 { k = $1 SUBSEP $2 SUBSEP $3; if (!(k in seen)) { seen[k] = 1; order[++nk] = k }
   held[k] = held[k] " " $5; gw[k] = gw[k] " " $6; pg[k] = pg[k] " " $7; rd[k] = rd[k] " " $8; ge[k] = ge[k] " " $9
-  tot[k] = tot[k] " " ($7 < 0 ? -1 : ($6 < 0 ? 0 : $6) + $7 + ($8 < 0 ? 0 : $8)); ld[k] = ld[k] " " $10 "→" $11 }
+  tot[k] = tot[k] " " ($7 < 0 ? -1 : ($6 < 0 ? 0 : $6) + $7 + ($8 < 0 ? 0 : $8)); ld[k] = ld[k] " " $10 "→" $11; if (!(k in rc)) rc[k] = $12 }
 END { for (i = 1; i <= nk; i++) { k = order[i]; split(k, p, SUBSEP)
-	printf "| %s | %s | %s | **%s** (%s) | %s | %s | %s | %s | %s | %s |\n", p[1], (p[2] == "many" ? "200 users / 20 dialogs" : "hot: 100 users / 1 dialog"), p[3],
-		median(held[k]), substr(held[k], 2), (p[3] == "sql" ? "—" : fmt(median(gw[k]))), fmt(median(pg[k])), fmt(median(rd[k])), fmt(median(ge[k])), fmt(median(tot[k])), substr(ld[k], 2) } }' "$results"
+	printf "| %s | %s | %s | **%s** (%s) | %s | %s | %s | %s | %s | %s | %s |\n", p[1], (p[2] == "many" ? "200 users / 20 dialogs" : "hot: 100 users / 1 dialog"), p[3],
+		median(held[k]), substr(held[k], 2), (p[3] == "sql" ? "—" : fmt(median(gw[k]))), fmt(median(pg[k])), fmt(median(rd[k])), fmt(median(ge[k])), fmt(median(tot[k])), rc[k], substr(ld[k], 2) } }' "$results"
 if [ -n "$profile" ] && [ -s "$profile" ]; then
 	echo
 	echo "Gateway CPU profile (gw-on, many dialogs, ${rate}/s; $(grep -o 'step_[0-9]*[.]*: .*' "$work/profile.out" | head -n 1 | sed 's/^step_[0-9]*[.]*: //')):"
