@@ -203,6 +203,7 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 		t.Fatalf("alice signed in as %q", got)
 	}
 	a.shot("signed-in")
+	a.axe("chat-no-dialogs")
 	if got := a.text("#me-avatar"); got != expectedInitials(alice) {
 		t.Fatalf("alice's avatar shows %q, want %q", got, expectedInitials(alice))
 	}

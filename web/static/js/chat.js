@@ -644,8 +644,7 @@ export class ChatView {
           p.error ? sentence(p.error.code, p.error.status) : sentence("internal")),
         h("div", { class: "send-failed-actions" },
           canRetry(p.error) ? h("button", { type: "button", class: "btn btn-sm send-retry", onclick: () => this.#deliver(p) }, "Retry") : null,
-          h("button", { type: "button", class: "btn btn-sm btn-ghost send-discard", onclick: () => { this.#dropPending(p); this.#renderMessages(false); } },
-            canRetry(p.error) ? "Discard" : "Discard message")));
+          h("button", { type: "button", class: "btn btn-sm btn-ghost send-discard", onclick: () => { this.#dropPending(p); this.#renderMessages(false); } }, "Discard")));
     }
     return h("li", { class: `msg mine pending pending-${p.state}`, dataset: { local: p.localId, state: p.state } },
       h("div", { class: "msg-col" },

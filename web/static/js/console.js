@@ -311,6 +311,7 @@ export class ConsoleView {
         h("span", { class: "meter-fill", dataset: { pct: pct.toFixed(1) } }));
     };
     const pausedBtn = h("button", { type: "button", class: "btn btn-sm", id: "delivery-toggle", disabled: !this.#canWrite,
+      title: this.#canWrite ? null : WRITE_NEEDED,
       onclick: () => this.#setSetting({ deliveryPaused: !rt.deliveryPaused }) }, rt.deliveryPaused ? "Resume delivery" : "Pause delivery");
     const items = [
       stat("Your role", h("span", { class: `badge-role role-${perm.role}`, id: "project-role", text: perm.role || "?" })),
@@ -526,7 +527,7 @@ export class ConsoleView {
       h("div", { class: "muted mono small", title: t.id, text: shortId(t.id) }));
     const actions = h("td", { class: "actions" },
       h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => this.#selectTopic(t.id) }, "Messages"),
-      h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, onclick: () => this.#trim(t.id) }, "Trim"),
+      h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, title: w ? null : WRITE_NEEDED, onclick: () => this.#trim(t.id) }, "Trim"),
       this.#armed("Delete", !w, () => this.#mutate("DELETE", `/topics/${t.id}`, null, this.topicsErr)));
     return h("tr", { dataset: { topicId: t.id, name: t.name }, class: t.id === this.selectedTopic ? "selected" : null },
       name, h("td", { class: "muted nowrap", title: t.createdAt ? formatDateTime(t.createdAt) : "", dataset: { rel: String(t.createdAt) }, text: relative(t.createdAt) }), actions);
@@ -535,7 +536,7 @@ export class ConsoleView {
   #subRow(s) {
     const w = this.#canWrite;
     const paused = s.status === "paused";
-    const toggle = h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w,
+    const toggle = h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, title: w ? null : WRITE_NEEDED,
       onclick: () => this.#mutate("PATCH", `/subscriptions/${s.id}`, { status: paused ? "online" : "paused" }, this.topicsErr) },
     paused ? "Resume" : "Pause");
     const actions = h("td", { class: "actions" },
@@ -549,7 +550,7 @@ export class ConsoleView {
   }
 
   #armed(label, disabled, fn) {
-    const b = h("button", { type: "button", class: "btn btn-sm btn-ghost danger", disabled }, label);
+    const b = h("button", { type: "button", class: "btn btn-sm btn-ghost danger", disabled, title: disabled ? WRITE_NEEDED : null }, label);
     b.addEventListener("click", () => {
       if (b.dataset.armed !== "1") {
         b.dataset.armed = "1";
