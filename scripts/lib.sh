@@ -85,14 +85,19 @@ han_ensure_packages() {
 	fi
 }
 
-# han_sdk_deps: installs the JavaScript SDK's pinned npm packages
+# han_sdk_deps: installs the pinned npm packages of the JavaScript SDK
 # (web/sdk/package-lock.json: TypeScript for the type check, ws for the Node
-# tests) with `npm ci` when web/sdk/node_modules is missing.
+# tests) and of the browser tests' accessibility checks
+# (cmd/han-gateway/testdata/axe: axe-core) with `npm ci` where node_modules
+# is missing.
 han_sdk_deps() {
-	[ -d "$HAN_ROOT/web/sdk/node_modules" ] && return 0
-	command -v npm >/dev/null 2>&1 || han_die "npm not found: install Node.js 20+ with npm (the SDK's type check and tests need it)"
-	han_log "npm ci in web/sdk (its node_modules is missing)"
-	(cd "$HAN_ROOT/web/sdk" && npm ci --no-audit --no-fund </dev/null >&2) || han_die "npm ci in web/sdk failed"
+	local d
+	for d in web/sdk cmd/han-gateway/testdata/axe; do
+		[ -d "$HAN_ROOT/$d/node_modules" ] && continue
+		command -v npm >/dev/null 2>&1 || han_die "npm not found: install Node.js 20+ with npm (the SDK's type check and tests, and the browser tests' axe-core, need it)"
+		han_log "npm ci in $d (its node_modules is missing)"
+		(cd "$HAN_ROOT/$d" && npm ci --no-audit --no-fund </dev/null >&2) || han_die "npm ci in $d failed"
+	done
 }
 
 # han_port_busy PORT: true when something accepts TCP connections on

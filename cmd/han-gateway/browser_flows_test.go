@@ -144,6 +144,7 @@ func browserModuleChecks(t *testing.T, b *browser, m *Main) {
 	}
 	check("TTL tokens", ttl, []string{"<omitted>", "3600", "1.5", "1e3", `"soon"`})
 	check("PUT /cache body", res.Body, `{"key":"k","type":"string","value":"v","ttlSeconds":1.5,"createOnly":true}`)
+	browserPresentationModules(t, p)
 	p.noJSErrors()
 }
 
@@ -202,6 +203,13 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 		t.Fatalf("alice signed in as %q", got)
 	}
 	a.shot("signed-in")
+	a.axe("chat-no-dialogs")
+	if got := a.text("#me-avatar"); got != expectedInitials(alice) {
+		t.Fatalf("alice's avatar shows %q, want %q", got, expectedInitials(alice))
+	}
+	if !mustEval[bool](a, `(async () => { const r = await fetch(document.querySelector('link[rel="icon"]').href); return r.ok && r.headers.get("content-type").includes("svg"); })()`) {
+		t.Fatal("no favicon served")
+	}
 
 	// She starts a dialog with bob.
 	a.click("#new-dialog-box summary")
@@ -210,12 +218,14 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	a.click("#new-dialog button[type=submit]")
 	a.waitJS(deliveryBound, "dialog opened", `document.querySelector("#dialog-title")?.textContent === "Launch plan" && location.hash.startsWith("#/chat/")`)
 	dialogID := strings.TrimPrefix(mustEval[string](a, "location.hash"), "#/chat/")
+	a.axe("chat-empty")
 
 	// Bob pastes his token on instance Y.
 	bobFrames := bp.recordWebSocket()
 	bp.do("open", chromedp.Navigate((*my).URL()+"/"))
 	bp.waitSel(deliveryBound, "sign-in form", "#token")
 	bp.shot("sign-in")
+	bp.axe("sign-in")
 	bp.setValue("#token", bTok)
 	bp.click("#signin-btn")
 	bp.waitJS(deliveryBound, "bob live", `document.querySelector("#conn")?.dataset.phase === "live"`)
@@ -246,6 +256,13 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	a.shot("sent")
 	bp.waitJS(deliveryBound, "typing hint gone after the message", `document.querySelector("#typing").dataset.users === ""`)
 	bp.shot("received")
+	assertSeqHidden(t, bp, 1)
+	assertDaySeparators(t, bp, [][2]any{{"Today", 1}})
+	if got := bp.text(`#messages li.msg[data-seq="1"] .avatar`); got != expectedInitials(alice) {
+		t.Fatalf("bob sees alice's avatar as %q, want %q", got, expectedInitials(alice))
+	}
+	browserDialogPreview(t, bp, dialogID, alice[len(alice)-8:]+": Hello Bob!")
+	browserDialogPreview(t, a, dialogID, "You: Hello Bob!")
 
 	// Bob's instance restarts: his socket is closed (1001 + retryMs) and
 	// the instance is gone while alice sends 5 more. Until bob's socket is
@@ -329,7 +346,12 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bp.waitSel(deliveryBound, "bob receives message 8", `#messages li.msg[data-seq="8"]`)
 	assertExactlyOnce(t, "alice", messagesShown(a), bodies)
 	assertExactlyOnce(t, "bob", messagesShown(bp), bodies)
-	a.shot("conversation")
+	a.shot("chat-desktop")
+	a.axe("chat-messages")
+	bodies = append(bodies, browserFailedSends(t, a, len(bodies)+1))
+	bp.waitSel(deliveryBound, "bob receives the retried message", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, len(bodies)))
+	assertExactlyOnce(t, "alice after the failed sends", messagesShown(a), bodies)
+	browserDialogPreview(t, bp, dialogID, alice[len(alice)-8:]+": "+bodies[len(bodies)-1])
 
 	// The history in PostgreSQL is what both pages show.
 	code, body := call(t, "GET", mx.URL()+"/v1/dialogs/"+dialogID+"/messages?afterSeq=0", bTok, "")
@@ -349,9 +371,22 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	// On a phone-sized screen the conversation fills the width.
 	bp.do("phone viewport", chromedp.EmulateViewport(390, 844))
 	bp.waitJS(deliveryBound, "no horizontal scrolling on a phone", `document.documentElement.scrollWidth <= window.innerWidth`)
-	bp.shot("phone")
+	bp.shot("chat-390px")
+	bp.axe("chat-messages-390px")
+
+	// Messages of yesterday sit under "Yesterday", today's under "Today"
+	// (a fresh page reads them back with their new times).
+	shiftDay(t, mx, dialogID, 3)
+	b2 := b.newPage(t, "bob-next-day")
+	b2.do("open sign-in link", chromedp.Navigate(mx.URL()+"/#token="+bTok))
+	b2.waitJS(deliveryBound, "bob live", `document.querySelector("#conn")?.dataset.phase === "live"`)
+	_ = mustEval[bool](b2, fmt.Sprintf(`(location.hash = "#/chat/%s", true)`, dialogID))
+	b2.waitSel(deliveryBound, "history shown", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, len(bodies)))
+	assertDaySeparators(t, b2, [][2]any{{"Yesterday", 1}, {"Today", 4}})
+	b2.shot("yesterday-and-today")
 	a.noJSErrors()
 	bp.noJSErrors()
+	b2.noJSErrors()
 }
 
 func writeTestPNG(t *testing.T) string {
@@ -380,7 +415,14 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	pid := ids.New()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := store.New(mx.pg).CreateProject(ctx, pid, "Browser project", []store.ProjectMember{{UserID: alice, Role: store.RoleAdmin}}); err != nil {
+	// A reader of the project (signed in once, so the user exists).
+	reader := ids.New()
+	rTok := mintToken(t, reader)
+	if code, body := call(t, "GET", mx.URL()+"/v1/me", rTok, ""); code != 200 {
+		t.Fatalf("GET /v1/me for the reader: %d %s", code, body)
+	}
+	if err := store.New(mx.pg).CreateProject(ctx, pid, "Browser project", []store.ProjectMember{
+		{UserID: alice, Role: store.RoleAdmin}, {UserID: reader, Role: store.RoleRead}}); err != nil {
 		t.Fatal(err)
 	}
 	// An entry saved as "never expire" before the upgrade (legacy v1 container without a TTL).
@@ -399,7 +441,14 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	if got := p.text(legacy + " .expires-cell"); !strings.Contains(got, "legacy · no expiry") || !strings.Contains(got, "deadline pending") {
 		t.Fatalf("legacy flags shown as %q", got)
 	}
-	p.shot("overview")
+	p.shot("console-desktop")
+	p.axe("console-cache")
+	if unit, hint := p.text("#quota-unit"), p.text("#quota-hint"); unit != "bytes" || !strings.Contains(hint, "per entry") {
+		t.Fatalf("quota input unit %q, hint %q", unit, hint)
+	}
+	if p.visible("#read-only-note") {
+		t.Fatal("an admin is told the project is read-only")
+	}
 
 	// Put a cache entry with a TTL and see it listed with its expiry.
 	p.setValue("#cache-key", "session:alice")
@@ -466,7 +515,12 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	}
 
 	// Topic + subscription, publish, claim, ack processed, receipt.
-	p.click("#tab-topics")
+	p.showTab("topics")
+	// No topic yet: the publish drop-down says so and nothing can be sent.
+	if opt := p.text("#publish-topic option"); !strings.Contains(opt, "No topics yet") || !p.visible("#publish-empty") ||
+		!mustEval[bool](p, `document.querySelector("#publish-send").disabled`) {
+		t.Fatalf("empty publish drop-down: option %q, hint shown %v", opt, p.visible("#publish-empty"))
+	}
 	p.setValue("#topic-name", "orders")
 	p.setValue("#topic-desc", "Orders placed in the shop")
 	p.click("#topic-create button[type=submit]")
@@ -480,7 +534,8 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	msgID := mustEval[string](p, `document.querySelector("#publish-ok").dataset.messageId`)
 	p.waitSel(deliveryBound, "message listed in the topic", fmt.Sprintf(`#topic-message-rows tr[data-message-id=%q]`, msgID))
 	p.shot("published")
-	p.click("#tab-work")
+	p.axe("console-topics")
+	p.showTab("work")
 	p.waitSel(deliveryBound, "receipt pending", fmt.Sprintf(`#receipt-rows tr[data-message-id=%q][data-status="pending"]`, msgID))
 	p.click("#claim-send")
 	claim := fmt.Sprintf(`#claims li[data-message-id=%q]`, msgID)
@@ -488,6 +543,7 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	p.waitJS(deliveryBound, "lease countdown", fmt.Sprintf(`/^lease 0:[0-5]\d left$|^lease 1:00 left$/.test(document.querySelector(%q).textContent)`, claim+" .lease"))
 	p.waitSel(deliveryBound, "receipt leased", fmt.Sprintf(`#receipt-rows tr[data-message-id=%q][data-status="leased"]`, msgID))
 	p.shot("claimed")
+	p.axe("console-claims")
 	p.setValue(fmt.Sprintf("#result-%s", msgID), "charged")
 	p.click(claim + " .ack-processed")
 	p.waitSel(deliveryBound, "ack shown", claim+` [data-receipt-status="processed"]`)
@@ -497,8 +553,17 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	}
 	p.waitJS(deliveryBound, "budget shows the reliable bytes", `!/^0 B of/.test(document.querySelector("#budget").textContent)`)
 	p.shot("receipt")
+	if mustEval[bool](p, `document.querySelector("#publish-send").disabled`) {
+		t.Fatal("publishing stays disabled with a topic")
+	}
 	p.do("phone viewport", chromedp.EmulateViewport(390, 844))
 	p.waitJS(deliveryBound, "no horizontal scrolling on a phone", `document.documentElement.scrollWidth <= window.innerWidth`)
-	p.shot("phone")
+	p.showTab("cache")
+	assertCacheTableFits(t, p, legacy)
+	_ = mustEval[bool](p, `(document.querySelector("#cache-table").scrollIntoView({ block: "center" }), true)`)
+	p.shot("console-390px")
+	p.axe("console-cache-390px")
 	p.noJSErrors()
+
+	browserReadOnlyConsole(t, b, mx, pid, rTok)
 }

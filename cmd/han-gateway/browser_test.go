@@ -28,8 +28,8 @@ import (
 // the real service (Main) on real Redis and PostgreSQL. One browser per run;
 // each user gets a browser context of their own (separate storage).
 //
-// Screenshots of every step go to $HAN_TEST_ARTIFACTS/browser, or else to
-// .data/screenshots of the repository (git-ignored).
+// Screenshots of every step go to $HAN_SCREENSHOT_DIR, or else to a folder
+// in the test's temporary directory; the folder is logged.
 
 // chromiumFlags are the launch flags that work on the CI machines (no GPU,
 // no sandbox as root, nothing phoning home); a fresh user-data-dir is added
@@ -91,24 +91,26 @@ func startBrowser(t *testing.T) *browser {
 }
 
 func screenshotDir(t *testing.T) string {
-	dir := os.Getenv("HAN_TEST_ARTIFACTS")
-	if dir != "" {
-		dir = filepath.Join(dir, "browser")
-	} else {
-		root, err := filepath.Abs(filepath.Join("..", ".."))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir = filepath.Join(root, ".data", "screenshots")
+	dir := os.Getenv("HAN_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = filepath.Join(t.TempDir(), "screenshots")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("screenshot folder: %v", err)
 	}
-	old, _ := filepath.Glob(filepath.Join(dir, "*.png"))
+	// Only this test's own earlier screenshots (NN-<page>-<step>.png) go.
+	old, _ := filepath.Glob(filepath.Join(dir, "[0-9][0-9]-*.png"))
 	for _, f := range old {
 		_ = os.Remove(f)
 	}
 	t.Logf("screenshots: %s", dir)
+	t.Cleanup(func() {
+		if os.Getenv("HAN_SCREENSHOT_DIR") == "" {
+			t.Logf("screenshots were in %s (removed with the test's temporary folder; set HAN_SCREENSHOT_DIR to keep them)", dir)
+		} else {
+			t.Logf("screenshots: %s", dir)
+		}
+	})
 	return dir
 }
 

@@ -7,7 +7,7 @@
 // sends messages and pages history.
 import { ApiError, FrameError } from "../sdk/index.js";
 import { get, request, retrying } from "./api.js";
-import { $, avatar, formatBytes, formatDateTime, formatTime, h, icon, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
+import { $, avatar, dayKey, dayLabel, formatBytes, formatDateTime, formatTime, h, icon, listTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView, sentence } from "./errors.js";
 import { Timeline } from "./timeline.js";
 
@@ -15,6 +15,20 @@ const TYPING_SHOWN_MS = 4000;
 const PRESENCE_USERS_MAX = 50;
 const POLL_MS = 5000;
 const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+// The dialog list reads the last message of at most this many dialogs per
+// refresh (the listing has no preview); later ones fill in as messages come.
+const LIST_PREVIEWS_MAX = 30;
+
+// canRetry: whether a failed send may succeed when tried again with the
+// same key. A request the server refused as such (4xx: invalid_body,
+// idempotency_key_reused, dialog_not_found, …) fails again; no answer, a
+// server failure, 408, 429 and 409 idempotency_in_progress may pass.
+export function canRetry(err) {
+  if (!err) return true;
+  const s = err.status;
+  if (s === 0 || s === 408 || s === 429 || err.code === "idempotency_in_progress") return true;
+  return !(s >= 400 && s < 500);
+}
 
 export class ChatView {
   constructor({ me, client, onSync }) {
@@ -38,6 +52,15 @@ export class ChatView {
     this.#wire();
     this.tick = setInterval(() => this.#onTick(), 1000);
     this.poll = setInterval(() => this.#poll(), POLL_MS);
+    // A list read at its end stays at its end when the view changes size
+    // (a rotated phone, an on-screen keyboard, a narrower window).
+    this.atEnd = true;
+    this.scroller.addEventListener("scroll", () => {
+      const sc = this.scroller;
+      this.atEnd = sc.scrollHeight - sc.scrollTop - sc.clientHeight < 80;
+    }, { passive: true });
+    this.resizeObs = new ResizeObserver(() => { if (this.atEnd) this.scroller.scrollTop = this.scroller.scrollHeight; });
+    this.resizeObs.observe(this.scroller);
   }
 
   // ---- DOM -----------------------------------------------------------------
@@ -60,10 +83,13 @@ export class ChatView {
     this.titleEl = h("h2", { id: "dialog-title", text: "" });
     this.statusEl = h("small", { id: "dialog-status", class: "muted" });
     this.membersEl = h("ul", { class: "members", id: "members", "aria-label": "Members" });
-    this.msgList = h("ol", { id: "messages", class: "messages", role: "log", "aria-live": "polite", "aria-label": "Messages" });
+    // The log region wraps the list: a role on the <ol> itself would take
+    // its list semantics (and its items') away.
+    this.msgList = h("ol", { id: "messages", class: "messages" });
     this.olderBtn = h("button", { type: "button", class: "btn btn-ghost btn-sm load-older", id: "load-older", hidden: true,
       onclick: () => this.#loadOlder() }, "Load earlier messages");
-    this.scroller = h("div", { class: "messages-scroll", id: "messages-scroll" }, this.olderBtn, this.msgList);
+    this.scroller = h("div", { class: "messages-scroll", id: "messages-scroll" }, this.olderBtn,
+      h("div", { class: "messages-log", id: "messages-log", role: "log", "aria-live": "polite", "aria-label": "Messages" }, this.msgList));
     this.typingEl = h("div", { id: "typing", class: "typing", "aria-live": "polite" });
     this.fileInput = h("input", { type: "file", id: "attach-input", class: "visually-hidden", multiple: true });
     this.uploadsEl = h("ul", { id: "uploads", class: "uploads", "aria-label": "Attachments to send" });
@@ -86,7 +112,7 @@ export class ChatView {
       h("div", { class: "empty-card" },
         h("h2", { text: "Pick a dialog" }),
         h("p", { text: "Choose a conversation on the left, or start a new one with someone's user id." })));
-    return h("div", { class: "chat" }, sidebar, this.empty, this.conv);
+    return h("div", { class: "chat" }, h("h1", { class: "visually-hidden", text: "Chat" }), sidebar, this.empty, this.conv);
   }
 
   #wire() {
@@ -153,12 +179,14 @@ export class ChatView {
       const old = this.dialogs.get(d.id);
       d.lastSeq = Math.max(d.lastSeq || 0, old ? old.lastSeq : 0);
       d.activity = Math.max(d.createdAt || 0, old ? old.activity : 0);
+      if (old && old.last) d.last = old.last;
       this.dialogs.set(d.id, d);
       if (!(d.id in this.read)) this.read[d.id] = d.lastSeq; // history before this browser counts as read
       this.#follow(d.id, d.lastSeq);
     }
     saveJSON(this.readKey, this.read);
     this.#renderList();
+    this.#loadPreviews();
     if (this.current && this.dialogs.has(this.current) && !this.timelines.has(this.current)) this.open(this.current);
     else if (this.current && this.dialogs.has(this.current)) this.#renderHeader();
     else if (this.current) this.#notFound();
@@ -177,12 +205,24 @@ export class ChatView {
       const unread = d.id === this.current ? 0 : Math.max(0, (d.lastSeq || 0) - (this.read[d.id] || 0));
       const others = (d.memberIds || []).filter((m) => m !== this.me);
       const dot = others.length === 1 ? this.#dot(others[0]) : null;
+      const last = d.last;
+      let preview;
+      if (last) {
+        const who = last.senderId === this.me ? "You" : shortId(last.senderId);
+        const text = last.body || (last.atts ? plural(last.atts, "attachment") : "");
+        preview = `${who}: ${text}`;
+      } else {
+        preview = d.lastSeq ? plural(d.lastSeq, "message") : `No messages yet · ${plural((d.memberIds || []).length, "member")}`;
+      }
+      const when = last ? last.createdAt : d.lastSeq ? null : d.createdAt;
       const a = h("a", { href: `#/chat/${d.id}`, class: "dialog-item", dataset: { dialog: d.id },
         "aria-current": d.id === this.current ? "page" : null },
-        h("span", { class: "avatar-wrap" }, avatar(others[0] || d.id, d.title ? d.title.slice(0, 2) : null), dot),
+        h("span", { class: "avatar-wrap" }, avatar(others[0] || d.id, d.title || null), dot),
         h("span", { class: "dialog-text" },
-          h("span", { class: "dialog-name", text: this.#title(d) }),
-          h("span", { class: "dialog-sub", text: `${plural((d.memberIds || []).length, "member")} · ${plural(d.lastSeq || 0, "message")}` })),
+          h("span", { class: "dialog-top" },
+            h("span", { class: "dialog-name", text: this.#title(d) }),
+            when ? h("time", { class: "dialog-time", datetime: new Date(when).toISOString(), title: formatDateTime(when), text: listTime(when) }) : null),
+          h("span", { class: "dialog-sub", dataset: { seq: last ? String(last.seq) : "" }, text: preview })),
         unread ? h("span", { class: "badge", "aria-label": `${unread} unread`, text: unread > 99 ? "99+" : String(unread) }) : null);
       return h("li", null, a);
     });
@@ -190,6 +230,34 @@ export class ChatView {
       items.push(h("li", { class: "muted list-empty", text: "No dialogs yet. Start one below." }));
     }
     this.listEl.replaceChildren(...items);
+  }
+
+  // #noteLast keeps a dialog's latest message for the list's preview.
+  #noteLast(d, m) {
+    if (!d || (d.last && d.last.seq >= m.seq)) return;
+    d.last = { seq: m.seq, body: m.body || "", senderId: m.senderId, createdAt: m.createdAt, atts: (m.attachments || []).length };
+    d.activity = Math.max(d.activity || 0, m.createdAt || 0);
+  }
+
+  // #loadPreviews reads the last message of listed dialogs whose preview
+  // is missing or behind (one history read each, a few at a time).
+  async #loadPreviews() {
+    const want = Array.from(this.dialogs.values())
+      .filter((d) => d.lastSeq > 0 && (!d.last || d.last.seq < d.lastSeq) && !d.previewing)
+      .sort((a, b) => (b.activity || 0) - (a.activity || 0)).slice(0, LIST_PREVIEWS_MAX);
+    if (!want.length) return;
+    let changed = false;
+    const one = async (d) => {
+      d.previewing = true;
+      try {
+        const page = await this.client.rest.history(d.id, { afterSeq: d.lastSeq - 1, limit: 1 });
+        for (const m of page.items || []) { this.#noteLast(d, m); changed = true; }
+      } catch { /* the list keeps its count; the next refresh tries again */ } finally {
+        d.previewing = false;
+      }
+    };
+    for (let i = 0; i < want.length; i += 4) await Promise.all(want.slice(i, i + 4).map(one));
+    if (changed) this.#renderList();
   }
 
   async #createDialog() {
@@ -345,6 +413,7 @@ export class ChatView {
       for (const m of ms) {
         d.lastSeq = Math.max(d.lastSeq || 0, m.seq);
         d.activity = Math.max(d.activity || 0, m.createdAt || 0);
+        this.#noteLast(d, m);
         this.typing.get(dialogId)?.delete(m.senderId);
         if (m.senderId === this.me) this.#matchPending(dialogId, m);
       }
@@ -365,18 +434,33 @@ export class ChatView {
     const msgs = tl.messages();
     const els = [];
     let prev = null;
+    let day = null;
+    const now = Date.now();
+    // A separator starts every local calendar day: "Today", "Yesterday",
+    // else the full date.
+    const separate = (ms) => {
+      const k = dayKey(ms);
+      if (k === day) return false;
+      day = k;
+      els.push(h("li", { class: "day-sep", dataset: { day: k } },
+        h("time", { datetime: k, text: dayLabel(ms, now) })));
+      return true;
+    };
     for (const m of msgs) {
       let el = this.msgEls.get(m.id);
       if (!el) {
         el = this.#messageEl(m);
         this.msgEls.set(m.id, el);
       }
-      const cont = prev && prev.senderId === m.senderId && m.createdAt - prev.createdAt < 5 * 60e3;
+      const newDay = separate(m.createdAt);
+      const cont = !newDay && prev && prev.senderId === m.senderId && m.createdAt - prev.createdAt < 5 * 60e3;
       el.classList.toggle("cont", !!cont);
       els.push(el);
       prev = m;
     }
-    for (const p of this.pending.get(this.current) || []) if (!p.matched) els.push(this.#pendingEl(p));
+    const pend = (this.pending.get(this.current) || []).filter((p) => !p.matched);
+    if (pend.length) separate(now);
+    for (const p of pend) els.push(this.#pendingEl(p));
     if (!msgs.length && !(this.pending.get(this.current) || []).length && tl.loaded) {
       els.push(h("li", { class: "msgs-empty muted", text: "No messages yet — say hello." }));
     }
@@ -388,6 +472,8 @@ export class ChatView {
   #messageEl(m) {
     const mine = m.senderId === this.me;
     const atts = (m.attachments || []).map((a) => this.#attachmentEl(a));
+    // The seq number is for support and debugging: in the tooltip, and
+    // shown beside the time on hover or keyboard focus only.
     return h("li", { class: `msg${mine ? " mine" : ""}`, dataset: { seq: String(m.seq), id: m.id, sender: m.senderId },
       title: `#${m.seq} · ${formatDateTime(m.createdAt)}` },
       mine ? null : avatar(m.senderId),
@@ -395,7 +481,7 @@ export class ChatView {
         h("div", { class: "msg-meta" },
           h("span", { class: "sender", text: mine ? "You" : shortId(m.senderId), title: m.senderId }),
           h("time", { datetime: new Date(m.createdAt).toISOString(), title: formatDateTime(m.createdAt), text: formatTime(m.createdAt) }),
-          h("span", { class: "seq", title: "sequence number", text: `#${m.seq}` })),
+          h("span", { class: "seq", text: `#${m.seq}` })),
         h("div", { class: "bubble" },
           m.body ? h("p", { class: "body", text: m.body }) : null,
           atts.length ? h("ul", { class: "atts" }, atts) : null)));
@@ -542,24 +628,31 @@ export class ChatView {
   }
 
   #pendingEl(p) {
-    let status;
-    if (p.state === "sending") status = h("span", { class: "muted", text: "Sending…" });
+    let status = null;
+    let failure = null;
+    if (p.state === "sending") status = h("span", { class: "send-state", text: "Sending…" });
     else if (p.state === "retrying") {
-      status = h("span", { class: "warn", dataset: { retryAt: String(p.retryAt) },
+      status = h("span", { class: "send-state warn", dataset: { retryAt: String(p.retryAt) },
         text: `Not confirmed yet (${p.error ? p.error.code : "network_error"}) — retrying in ${Math.max(0, Math.ceil((p.retryAt - Date.now()) / 1000))} s` });
     } else {
-      status = h("span", { class: "pending-failed" },
-        h("code", { class: "code", text: p.error ? p.error.code : "internal" }), " ",
-        p.error ? sentence(p.error.code, p.error.status) : "", " ",
-        h("button", { type: "button", class: "btn btn-sm", onclick: () => this.#deliver(p) }, "Retry"),
-        h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => { this.#dropPending(p); this.#renderMessages(false); } }, "Discard"));
+      // The reason and the actions sit right under the bubble, where the
+      // list's end is: a long body cannot push them out of view. Retry is
+      // offered only when trying again can help (same key, so at most once).
+      const code = p.error ? p.error.code : "internal";
+      failure = h("div", { class: "send-failed", dataset: { code } },
+        h("p", { class: "send-failed-reason" }, h("code", { class: "code", text: code }), " ",
+          p.error ? sentence(p.error.code, p.error.status) : sentence("internal")),
+        h("div", { class: "send-failed-actions" },
+          canRetry(p.error) ? h("button", { type: "button", class: "btn btn-sm send-retry", onclick: () => this.#deliver(p) }, "Retry") : null,
+          h("button", { type: "button", class: "btn btn-sm btn-ghost send-discard", onclick: () => { this.#dropPending(p); this.#renderMessages(false); } }, "Discard")));
     }
-    return h("li", { class: `msg mine pending pending-${p.state}`, dataset: { local: p.localId } },
+    return h("li", { class: `msg mine pending pending-${p.state}`, dataset: { local: p.localId, state: p.state } },
       h("div", { class: "msg-col" },
         h("div", { class: "msg-meta" }, h("span", { class: "sender", text: "You" }), status),
         h("div", { class: "bubble" }, h("p", { class: "body", text: p.body }),
           p.attachments.length ? h("ul", { class: "atts" }, p.attachments.map((a) => h("li", { class: "att" },
-            h("span", { class: "att-name", text: a.filename })))) : null)));
+            h("span", { class: "att-name", text: a.filename })))) : null),
+        failure));
   }
 
   // ---- attachments -----------------------------------------------------------------
@@ -734,6 +827,7 @@ export class ChatView {
   }
 
   dispose() {
+    this.resizeObs.disconnect();
     clearInterval(this.tick);
     clearInterval(this.poll);
     for (const off of this.offs) off();

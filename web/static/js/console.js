@@ -7,6 +7,8 @@ import { $, countdown, formatBytes, formatDateTime, h, relative, shortId, toast,
 import { errorView } from "./errors.js";
 
 const RECENT_MAX = 8;
+const CACHE_COLUMNS = ["Key", "Type", "Value", "Size", "Expires", "Updated", "Actions"];
+const WRITE_NEEDED = "Needs the write role in this project";
 
 // ttlToken turns the TTL field into the JSON token sent: empty → omitted
 // (the server's default), a number as typed (so 1.5 or 1e3 reach the server
@@ -85,14 +87,15 @@ export class ConsoleView {
       this.#showTab(next);
       this.tabs[next].focus();
     });
+    this.roNote = h("div", { class: "alert alert-info", id: "read-only-note", role: "note", hidden: true });
     this.body = h("div", { id: "project", class: "console-grid", hidden: true },
-      this.#overviewCard(), h("div", { class: "console-main" }, tablist, Object.values(this.panels)));
+      this.#overviewCard(), h("div", { class: "console-main" }, this.roNote, tablist, Object.values(this.panels)));
     this.#showTab("cache");
     this.intro = h("div", { class: "empty-card console-intro" },
       h("h2", { text: "Project console" }),
       h("p", { text: "Open a project by its id to browse its cache, topics and subscriptions. Your role in the project decides what you can change." }));
     this.#renderRecent();
-    return h("div", { class: "console" }, bar, this.errEl, this.intro, this.body);
+    return h("div", { class: "console" }, h("h1", { class: "visually-hidden", text: "Project console" }), bar, this.errEl, this.intro, this.body);
   }
 
   #overviewCard() {
@@ -141,8 +144,8 @@ export class ConsoleView {
         h("button", { type: "button", class: "btn btn-ghost btn-sm", id: "cache-refresh", onclick: () => this.#loadCache(true) }, "Refresh")),
       filter, this.cacheListErr,
       h("div", { class: "table-wrap" },
-        h("table", { id: "cache-table", class: "table" },
-          h("thead", null, h("tr", null, ["Key", "Type", "Value", "Size", "Expires", "Updated", ""].map((t) => h("th", { scope: "col", text: t })))),
+        h("table", { id: "cache-table", class: "table table-stack" },
+          headRow(CACHE_COLUMNS),
           this.cacheRows)),
       this.cacheMore, this.putForm);
   }
@@ -151,23 +154,24 @@ export class ConsoleView {
     this.topicRows = h("tbody", { id: "topic-rows" });
     this.subRows = h("tbody", { id: "sub-rows" });
     this.topicsErr = h("div", { id: "topics-error" });
-    const topicForm = h("form", { id: "topic-create", class: "toolbar" },
+    const topicForm = this.topicForm = h("form", { id: "topic-create", class: "toolbar" },
       h("div", { class: "field" }, h("label", { for: "topic-name", text: "Topic name" }), h("input", { id: "topic-name", required: true, autocomplete: "off" })),
       h("div", { class: "field grow" }, h("label", { for: "topic-desc", text: "Description" }), h("input", { id: "topic-desc", autocomplete: "off" })),
       h("button", { type: "submit", class: "btn" }, "Create topic"));
     topicForm.addEventListener("submit", (e) => { e.preventDefault(); this.#createTopic(topicForm); });
     this.subTopicSel = h("select", { id: "sub-topic", required: true });
-    const subForm = h("form", { id: "sub-create", class: "toolbar" },
+    const subForm = this.subForm = h("form", { id: "sub-create", class: "toolbar" },
       h("div", { class: "field" }, h("label", { for: "sub-topic", text: "Topic" }), this.subTopicSel),
       h("div", { class: "field grow" }, h("label", { for: "sub-name", text: "Subscription name" }), h("input", { id: "sub-name", required: true, autocomplete: "off" })),
       h("button", { type: "submit", class: "btn" }, "Create subscription"));
     subForm.addEventListener("submit", (e) => { e.preventDefault(); this.#createSub(subForm); });
 
-    this.pubTopicSel = h("select", { id: "publish-topic", required: true });
+    this.pubTopicSel = h("select", { id: "publish-topic", required: true, "aria-describedby": "publish-empty" });
+    this.pubEmpty = h("small", { class: "hint", id: "publish-empty", hidden: true, text: "Create a topic above first: messages are published to a topic." });
     this.pubForm = h("form", { id: "publish-form", class: "put-form" },
       h("h3", { text: "Publish" }),
       h("div", { class: "row" },
-        h("div", { class: "field" }, h("label", { for: "publish-topic", text: "Topic" }), this.pubTopicSel),
+        h("div", { class: "field" }, h("label", { for: "publish-topic", text: "Topic" }), this.pubTopicSel, this.pubEmpty),
         h("div", { class: "field" }, h("label", { for: "publish-producer", text: "Producer id" }), h("input", { id: "publish-producer", value: "console", class: "mono", autocomplete: "off" })),
         h("div", { class: "field grow" }, h("label", { for: "publish-event", text: "Client event id" }),
           h("input", { id: "publish-event", value: uuid(), class: "mono", autocomplete: "off", spellcheck: "false" }))),
@@ -192,12 +196,12 @@ export class ConsoleView {
         h("div", null,
           h("h3", { text: "Topics" }),
           h("div", { class: "table-wrap" }, h("table", { class: "table", id: "topics-table" },
-            h("thead", null, h("tr", null, ["Name", "Created", ""].map((t) => h("th", { scope: "col", text: t })))), this.topicRows)),
+            headRow(["Name", "Created", "Actions"]), this.topicRows)),
           topicForm),
         h("div", null,
           h("h3", { text: "Subscriptions" }),
           h("div", { class: "table-wrap" }, h("table", { class: "table", id: "subs-table" },
-            h("thead", null, h("tr", null, ["Name", "Topic", "Status", ""].map((t) => h("th", { scope: "col", text: t })))), this.subRows)),
+            headRow(["Name", "Topic", "Status", "Actions"]), this.subRows)),
           subForm)),
       this.pubForm, this.msgBox);
   }
@@ -208,7 +212,7 @@ export class ConsoleView {
     this.receiptRows = h("tbody", { id: "receipt-rows" });
     this.receiptMore = h("button", { type: "button", class: "btn btn-ghost btn-sm", id: "receipts-more", hidden: true, onclick: () => this.#loadReceipts(false) }, "Load more");
     this.workErr = h("div", { id: "work-error" });
-    const claimForm = h("form", { id: "claim-form", class: "toolbar" },
+    const claimForm = this.claimForm = h("form", { id: "claim-form", class: "toolbar" },
       h("div", { class: "field field-narrow" }, h("label", { for: "claim-count", text: "Count" }),
         h("input", { id: "claim-count", inputmode: "numeric", value: "1", class: "mono narrow" })),
       h("button", { type: "submit", class: "btn btn-primary", id: "claim-send" }, "Claim"),
@@ -299,13 +303,15 @@ export class ConsoleView {
     const rt = s.runtime || {};
     const cache = s.cache || {};
     const budget = s.budget || {};
-    const stat = (label, value, extra) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value" }, value), extra || null);
+    const stat = (label, value, extra, cls) => h("div", { class: `stat${cls ? ` ${cls}` : ""}` }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value" }, value), extra || null);
     const bar = (used, limit, id) => {
       const pct = limit > 0 ? Math.min(100, (used / limit) * 100) : 0;
-      return h("div", { class: `meter${pct > 85 ? " meter-hot" : ""}`, id, role: "meter", "aria-valuemin": "0", "aria-valuemax": String(limit), "aria-valuenow": String(used) },
+      return h("div", { class: `meter${pct > 85 ? " meter-hot" : ""}`, id, role: "meter", "aria-label": "Reliable budget used",
+        "aria-valuemin": "0", "aria-valuemax": String(limit), "aria-valuenow": String(used), "aria-valuetext": `${formatBytes(used)} of ${formatBytes(limit)}` },
         h("span", { class: "meter-fill", dataset: { pct: pct.toFixed(1) } }));
     };
     const pausedBtn = h("button", { type: "button", class: "btn btn-sm", id: "delivery-toggle", disabled: !this.#canWrite,
+      title: this.#canWrite ? null : WRITE_NEEDED,
       onclick: () => this.#setSetting({ deliveryPaused: !rt.deliveryPaused }) }, rt.deliveryPaused ? "Resume delivery" : "Pause delivery");
     const items = [
       stat("Your role", h("span", { class: `badge-role role-${perm.role}`, id: "project-role", text: perm.role || "?" })),
@@ -323,22 +329,56 @@ export class ConsoleView {
         h("div", { class: "muted", text: `${cache.legacyDeadlinePending ? "provisional deadline" : "deadline"} ${formatDateTime(cache.legacyExpiresAt)}` })));
     }
     if (perm.admin) {
-      const q = h("input", { id: "quota-input", class: "mono", inputmode: "numeric", size: "10", value: String(cache.quotaBytes ?? "") });
-      const f = h("form", { class: "inline-form", id: "quota-form" }, h("label", { for: "quota-input", class: "visually-hidden", text: "Cache quota in bytes" }), q,
-        h("button", { type: "submit", class: "btn btn-sm" }, "Set quota"));
+      const q = h("input", { id: "quota-input", class: "mono", inputmode: "numeric", size: "10", value: String(cache.quotaBytes ?? ""),
+        "aria-describedby": "quota-hint" });
+      const hint = h("small", { class: "hint", id: "quota-hint", text: `= ${formatBytes(cache.quotaBytes)} per entry (key plus value)` });
+      q.addEventListener("input", () => {
+        const n = Number(q.value.trim());
+        hint.textContent = Number.isInteger(n) && n > 0 ? `= ${formatBytes(n)} per entry (key plus value)` : "a whole number of bytes";
+      });
+      const f = h("form", { class: "quota-form", id: "quota-form" }, h("label", { for: "quota-input", class: "visually-hidden", text: "Cache item quota in bytes" }),
+        h("div", { class: "inline-form" }, h("span", { class: "input-unit" }, q, h("span", { class: "unit", id: "quota-unit", "aria-hidden": "true", text: "bytes" })),
+          h("button", { type: "submit", class: "btn btn-sm" }, "Set quota")), hint);
       f.addEventListener("submit", (e) => {
         e.preventDefault();
         const n = Number(q.value.trim());
         this.#setSetting({ cacheQuotaBytes: Number.isInteger(n) ? n : q.value.trim() });
       });
-      items.push(stat("Cache item quota (admin)", f));
+      items.push(stat("Cache item quota (admin)", f, null, "stat-wide"));
     }
     this.settingsErr = h("div", { id: "settings-error" });
     this.ovEl.replaceChildren(h("div", { class: "stats" }, items), this.settingsErr);
     const listed = (cache.entries || 0) + (cache.legacyEntries || 0);
     this.tabs.cache.querySelector(".tab-count").textContent = listed ? String(listed) : "";
     for (const el of this.ovEl.querySelectorAll(".meter-fill")) el.style.width = `${el.dataset.pct}%`;
-    this.putForm.querySelector("#cache-save").disabled = !this.#canWrite;
+    this.#syncControls();
+  }
+
+  // #syncControls disables what the caller's role or the project's state
+  // rules out, and says why: a reader sees the note above the tabs (and a
+  // tooltip on each disabled button); with no topic yet, publishing and
+  // subscribing wait for one.
+  #syncControls() {
+    const w = this.#canWrite;
+    const role = (this.snap && this.snap.permissions && this.snap.permissions.role) || "none";
+    this.roNote.hidden = w;
+    this.roNote.replaceChildren(h("strong", { text: "Read-only. " }),
+      `Your role in this project is “${role}”: you can browse everything, but changing the cache, topics, subscriptions, claims and settings needs the write role.`);
+    for (const form of [this.putForm, this.topicForm, this.subForm, this.pubForm, this.claimForm]) {
+      for (const el of form.elements) {
+        el.disabled = !w;
+        if (el.tagName === "BUTTON") el.title = w ? "" : WRITE_NEEDED;
+      }
+    }
+    for (const b of this.cacheRows.querySelectorAll(".cache-edit, .danger")) {
+      b.disabled = !w;
+      b.title = w ? "" : WRITE_NEEDED;
+    }
+    const noTopics = !(this.snap && (this.snap.topics || []).length);
+    if (noTopics) {
+      for (const b of [this.pubForm.querySelector("#publish-send"), this.subForm.querySelector("button[type=submit]")]) b.disabled = true;
+    }
+    this.pubEmpty.hidden = !noTopics;
   }
 
   async #setSetting(body) {
@@ -387,24 +427,27 @@ export class ConsoleView {
     if (it.legacyNoExpiry) badges.push(h("span", { class: "tag tag-warn", title: "saved as never-expiring before the upgrade", text: "legacy · no expiry" }));
     if (it.legacyDeadlinePending) badges.push(h("span", { class: "tag", title: "the deadline moves until the next write fixes it", text: "deadline pending" }));
     const del = h("button", { type: "button", class: "btn btn-sm btn-ghost danger", disabled: !this.#canWrite,
-      "aria-label": `Delete ${it.key}` }, "Delete");
+      title: this.#canWrite ? null : WRITE_NEEDED, "aria-label": `Delete ${it.key}` }, "Delete");
     del.addEventListener("click", () => this.#deleteCache(it.key, del));
-    const edit = h("button", { type: "button", class: "btn btn-sm btn-ghost", "aria-label": `Edit ${it.key}`, onclick: () => {
+    const edit = h("button", { type: "button", class: "btn btn-sm btn-ghost cache-edit", "aria-label": `Edit ${it.key}`, disabled: !this.#canWrite,
+      title: this.#canWrite ? null : WRITE_NEEDED, onclick: () => {
       $("#cache-key", this.putForm).value = it.key;
       $("#cache-type", this.putForm).value = it.type;
       $("#cache-value", this.putForm).value = it.value;
       $("#cache-key", this.putForm).focus();
     } }, "Edit");
+    // data-label names each cell where narrow screens stack a row's cells
+    // (app.css), the column headers being out of sight there.
     return h("tr", { dataset: { key: it.key, expiresAt: String(it.expiresAt) } },
-      h("th", { scope: "row", class: "mono key-cell", title: it.key, text: it.key }),
-      h("td", null, h("span", { class: `tag tag-${it.type}`, text: it.type })),
-      h("td", { class: "mono value-cell", title: it.value, text: preview }),
-      h("td", { class: "num", text: formatBytes(it.sizeBytes) }),
-      h("td", { class: "expires-cell" },
+      h("th", { scope: "row", class: "mono key-cell", title: it.key, "data-label": "Key" }, h("span", { text: it.key })),
+      h("td", { "data-label": "Type" }, h("span", { class: `tag tag-${it.type}`, text: it.type })),
+      h("td", { class: "mono value-cell", title: it.value, "data-label": "Value" }, h("span", { text: preview })),
+      h("td", { class: "num", "data-label": "Size" }, h("span", { text: formatBytes(it.sizeBytes) })),
+      h("td", { class: "expires-cell", "data-label": "Expires" },
         h("time", { class: "expires", datetime: new Date(it.expiresAt).toISOString(), text: formatDateTime(it.expiresAt) }),
         h("div", { class: "muted rel", dataset: { rel: String(it.expiresAt) }, text: relative(it.expiresAt) }), badges),
-      h("td", { class: "muted nowrap", title: it.updatedAt ? formatDateTime(it.updatedAt) : "unknown (legacy entry)",
-        dataset: it.updatedAt ? { rel: String(it.updatedAt) } : null, text: it.updatedAt ? relative(it.updatedAt) : "—" }),
+      h("td", { class: "muted nowrap", title: it.updatedAt ? formatDateTime(it.updatedAt) : "unknown (legacy entry)", "data-label": "Updated" },
+        h("span", { dataset: it.updatedAt ? { rel: String(it.updatedAt) } : null, text: it.updatedAt ? relative(it.updatedAt) : "—" })),
       h("td", { class: "actions" }, edit, del));
   }
 
@@ -462,6 +505,10 @@ export class ConsoleView {
     if (!subs.length) this.subRows.append(h("tr", null, h("td", { colspan: "4", class: "muted", text: "No subscriptions yet." })));
     const opts = (sel) => {
       const cur = sel.value;
+      if (!topics.length) {
+        sel.replaceChildren(h("option", { value: "", text: "No topics yet — create one first" }));
+        return;
+      }
       sel.replaceChildren(...topics.map((t) => h("option", { value: t.id, text: t.name })));
       if (topics.some((t) => t.id === cur)) sel.value = cur;
       else if (this.selectedTopic) sel.value = this.selectedTopic;
@@ -470,6 +517,7 @@ export class ConsoleView {
     opts(this.pubTopicSel);
     if (this.selectedSub && !subs.some((s) => s.id === this.selectedSub)) this.#selectSub(null);
     if (this.selectedTopic && !topics.some((t) => t.id === this.selectedTopic)) this.#selectTopic(null);
+    this.#syncControls();
   }
 
   #topicRow(t) {
@@ -479,7 +527,7 @@ export class ConsoleView {
       h("div", { class: "muted mono small", title: t.id, text: shortId(t.id) }));
     const actions = h("td", { class: "actions" },
       h("button", { type: "button", class: "btn btn-sm btn-ghost", onclick: () => this.#selectTopic(t.id) }, "Messages"),
-      h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, onclick: () => this.#trim(t.id) }, "Trim"),
+      h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, title: w ? null : WRITE_NEEDED, onclick: () => this.#trim(t.id) }, "Trim"),
       this.#armed("Delete", !w, () => this.#mutate("DELETE", `/topics/${t.id}`, null, this.topicsErr)));
     return h("tr", { dataset: { topicId: t.id, name: t.name }, class: t.id === this.selectedTopic ? "selected" : null },
       name, h("td", { class: "muted nowrap", title: t.createdAt ? formatDateTime(t.createdAt) : "", dataset: { rel: String(t.createdAt) }, text: relative(t.createdAt) }), actions);
@@ -488,7 +536,7 @@ export class ConsoleView {
   #subRow(s) {
     const w = this.#canWrite;
     const paused = s.status === "paused";
-    const toggle = h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w,
+    const toggle = h("button", { type: "button", class: "btn btn-sm btn-ghost", disabled: !w, title: w ? null : WRITE_NEEDED,
       onclick: () => this.#mutate("PATCH", `/subscriptions/${s.id}`, { status: paused ? "online" : "paused" }, this.topicsErr) },
     paused ? "Resume" : "Pause");
     const actions = h("td", { class: "actions" },
@@ -502,7 +550,7 @@ export class ConsoleView {
   }
 
   #armed(label, disabled, fn) {
-    const b = h("button", { type: "button", class: "btn btn-sm btn-ghost danger", disabled }, label);
+    const b = h("button", { type: "button", class: "btn btn-sm btn-ghost danger", disabled, title: disabled ? WRITE_NEEDED : null }, label);
     b.addEventListener("click", () => {
       if (b.dataset.armed !== "1") {
         b.dataset.armed = "1";
@@ -724,6 +772,14 @@ export class ConsoleView {
   }
 
   dispose() { clearInterval(this.tick); }
+}
+
+// headRow is a table head; the actions column's header is for screen
+// readers only (an empty header names nothing).
+function headRow(cols) {
+  return h("thead", null, h("tr", null, cols.map((t) => (t === "Actions"
+    ? h("th", { scope: "col" }, h("span", { class: "visually-hidden", text: t }))
+    : h("th", { scope: "col", text: t })))));
 }
 
 function paintLease(el) {

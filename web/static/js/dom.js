@@ -56,8 +56,20 @@ export function hue(id) {
   return x % 360;
 }
 
-export function avatar(id, label) {
-  const el = h("span", { class: "avatar", "aria-hidden": "true", text: (label || shortId(id)).slice(0, 2).toUpperCase() });
+// initials are two characters that tell avatars apart: the first letters
+// of the first two words of a name ("Launch plan" → "LP", one word → its
+// first two letters), else the first significant characters of the short
+// id (leading zeros skipped: the demo ids 00000000-…-00000000a11c and
+// …-000000000b0b give "A1" and "B0", not "00" twice).
+export function initials(name, id) {
+  const words = String(name || "").split(/\s+/).map((w) => w.replace(/[^\p{L}\p{N}]/gu, "")).filter(Boolean);
+  if (words.length >= 2) return (Array.from(words[0])[0] + Array.from(words[1])[0]).toUpperCase();
+  if (words.length === 1) return Array.from(words[0]).slice(0, 2).join("").toUpperCase();
+  return shortId(id).replace(/^0+(?=.)/, "").slice(0, 2).toUpperCase();
+}
+
+export function avatar(id, name) {
+  const el = h("span", { class: "avatar", "aria-hidden": "true", text: initials(name, id) });
   el.style.setProperty("--hue", String(hue(id)));
   return el;
 }
@@ -75,7 +87,44 @@ export function formatBytes(n) {
 const timeFmt = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit" });
 const dateTimeFmt = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
 
+const dayFmt = new Intl.DateTimeFormat(undefined, { weekday: "long", day: "numeric", month: "long", year: "numeric" });
+const weekdayFmt = new Intl.DateTimeFormat(undefined, { weekday: "short" });
+const shortDateFmt = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short", year: "numeric" });
+
 export const formatTime = (ms) => timeFmt.format(new Date(ms));
+
+// dayKey is the local calendar day of a timestamp, "2026-12-02".
+export function dayKey(ms) {
+  const d = new Date(ms);
+  return `${d.getFullYear()}-${String(d.getMonth() + 1).padStart(2, "0")}-${String(d.getDate()).padStart(2, "0")}`;
+}
+
+// daysAgo counts local calendar days between a timestamp and now (0 today).
+function daysAgo(ms, now) {
+  const a = new Date(ms);
+  const b = new Date(now);
+  const start = (d) => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
+  return Math.round((start(b) - start(a)) / 86400e3);
+}
+
+// dayLabel names a day for a separator: "Today", "Yesterday", else the
+// full date ("Monday, 30 November 2026" in the browser's locale).
+export function dayLabel(ms, now = Date.now()) {
+  const n = daysAgo(ms, now);
+  if (n === 0) return "Today";
+  if (n === 1) return "Yesterday";
+  return dayFmt.format(new Date(ms));
+}
+
+// listTime is a compact time for the dialog list: "14:05" today,
+// "Yesterday", a weekday within the week, else a short date.
+export function listTime(ms, now = Date.now()) {
+  const n = daysAgo(ms, now);
+  if (n === 0) return formatTime(ms);
+  if (n === 1) return "Yesterday";
+  if (n > 1 && n < 7) return weekdayFmt.format(new Date(ms));
+  return shortDateFmt.format(new Date(ms));
+}
 // formatDateTime is an epoch-ms timestamp in the browser's local time zone.
 export const formatDateTime = (ms) => dateTimeFmt.format(new Date(ms));
 

@@ -5,7 +5,7 @@ import { HanClient } from "../sdk/index.js";
 import { get, onAuthLost, setToken } from "./api.js";
 import { ChatView } from "./chat.js";
 import { ConsoleView } from "./console.js";
-import { $, copyText, formatDateTime, h, hue, relative, shortId, toast } from "./dom.js";
+import { $, copyText, formatDateTime, h, hue, initials, relative, shortId, toast } from "./dom.js";
 import { errorView } from "./errors.js";
 
 const TOKEN_KEY = "han.token";
@@ -95,7 +95,7 @@ async function realtimeUrl() {
 async function startSession(tok) {
   const me = app.me;
   const av = $("#me-avatar");
-  av.textContent = shortId(me).slice(0, 2).toUpperCase();
+  av.textContent = initials(null, me);
   av.style.setProperty("--hue", String(hue(me)));
   $("#me-id").textContent = shortId(me);
   $("#me-id").title = me;
