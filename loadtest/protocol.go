@@ -153,6 +153,12 @@ func SubscribeFrame(dialogID string) []byte {
 	return []byte(`{"type":"subscribe","dialogId":"` + dialogID + `"}`)
 }
 
+// SubscribeSinceFrame is subscribe with sinceSeq: the server replays the
+// dialog's message.created events with seq > sinceSeq before subscribed.
+func SubscribeSinceFrame(dialogID string, sinceSeq int64) []byte {
+	return []byte(`{"type":"subscribe","dialogId":"` + dialogID + `","sinceSeq":` + strconv.FormatInt(sinceSeq, 10) + `}`)
+}
+
 // PingFrame is the application-level ping (answered by pong).
 var PingFrame = []byte(`{"type":"ping"}`)
 

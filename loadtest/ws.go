@@ -192,9 +192,14 @@ type WSConn struct {
 type pendingSub struct {
 	dialogID string
 	cmdID    uint32 // Centrifugo: the subscribe command's id
+	since    int64  // sinceSeq of a recovering subscribe, -1 for none
 	lastSeq  int64
 	err      error
 	done     chan struct{}
+	// Set by the read loop before done is closed (a recovering subscribe):
+	replayed int  // new events of the dialog that came before subscribed
+	resync   bool // the server answered resync recovery_unavailable
+	complete bool // every seq in (since, lastSeq] was seen
 }
 
 // Done is closed when the connection is gone.
@@ -221,18 +226,66 @@ func (e *ErrSubscribeRefused) Error() string { return "subscribe refused: " + e.
 // returns the lastSeq the server reported. Events of the dialog count as
 // deliveries from then on.
 func (w *WSConn) Subscribe(ctx context.Context, dialogID string) (int64, error) {
+	p, err := w.subscribe(ctx, dialogID, -1)
+	return p.lastSeq, err
+}
+
+// Recovery is how a subscribe with sinceSeq ended.
+type Recovery struct {
+	LastSeq  int64 // the dialog's lastSeq in subscribed
+	Replayed int   // the dialog's events the server replayed before subscribed
+	// Resync: the server could not replay (resync recovery_unavailable);
+	// the client must read (sinceSeq, LastSeq] over REST.
+	Resync bool
+	// Complete: every seq in (sinceSeq, LastSeq] arrived on this
+	// connection (replayed, or live before subscribed).
+	Complete bool
+}
+
+// SubscribeSince subscribes with sinceSeq (gateway only): the missed
+// message.created events are replayed before subscribed. Their seqs are
+// tracked from sinceSeq + 1, so a replayed event seen twice counts as a
+// duplicate delivery.
+func (w *WSConn) SubscribeSince(ctx context.Context, dialogID string, sinceSeq int64) (Recovery, error) {
+	if w.d.Protocol == ProtocolCentrifugo {
+		return Recovery{}, errors.New("subscribe with sinceSeq: the gateway protocol only")
+	}
+	if sinceSeq < 0 {
+		return Recovery{}, errors.New("subscribe with sinceSeq: sinceSeq must be ≥ 0")
+	}
+	p, err := w.subscribe(ctx, dialogID, sinceSeq)
+	return Recovery{LastSeq: p.lastSeq, Replayed: p.replayed, Resync: p.resync, Complete: p.complete}, err
+}
+
+// Known is the highest seq of the dialog up to which every seq was seen on
+// this connection (its lastSeq at subscribe, then the events since): what
+// a reconnecting client passes as sinceSeq. Safe at any time; on a live
+// connection it moves as events arrive.
+func (w *WSConn) Known(dialogID string) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if tr := w.subs[dialogID]; tr != nil && tr.next > 0 {
+		return tr.next - 1
+	}
+	return 0
+}
+
+func (w *WSConn) subscribe(ctx context.Context, dialogID string, since int64) (*pendingSub, error) {
 	w.subMu.Lock()
 	defer w.subMu.Unlock()
-	p := &pendingSub{dialogID: dialogID, done: make(chan struct{})}
+	p := &pendingSub{dialogID: dialogID, since: since, done: make(chan struct{})}
 	frame := SubscribeFrame(dialogID)
+	if since >= 0 {
+		frame = SubscribeSinceFrame(dialogID, since)
+	}
 	if w.d.Protocol == ProtocolCentrifugo {
 		w.lastCmd = max(w.lastCmd, centrifugoConnectID) + 1
 		p.cmdID = w.lastCmd
 		frame = centrifugoSubscribeCommand(p.cmdID, CentrifugoChannel(dialogID))
 	}
 	w.mu.Lock()
-	if _, ok := w.subs[dialogID]; !ok {
-		w.subs[dialogID] = &seqTracker{}
+	if _, ok := w.subs[dialogID]; !ok || since >= 0 {
+		w.subs[dialogID] = &seqTracker{next: since + 1}
 	}
 	w.pending = p
 	w.mu.Unlock()
@@ -245,17 +298,17 @@ func (w *WSConn) Subscribe(ctx context.Context, dialogID string) (int64, error) 
 	}
 	if err := w.Send(ctx, frame); err != nil {
 		drop()
-		return 0, err
+		return p, err
 	}
 	select {
 	case <-p.done:
-		return p.lastSeq, p.err
+		return p, p.err
 	case <-w.done:
 		drop()
-		return 0, fmt.Errorf("subscribe: connection closed: %w", w.err)
+		return p, fmt.Errorf("subscribe: connection closed: %w", w.err)
 	case <-ctx.Done():
 		drop()
-		return 0, ctx.Err()
+		return p, ctx.Err()
 	}
 }
 
@@ -340,8 +393,14 @@ func (w *WSConn) handle(f *Frame, recvAt time.Time, helloSeen *bool) {
 		if p := w.pending; p != nil && p.dialogID == f.DialogID {
 			// Events up to lastSeq happened before the subscription:
 			// the first one to expect is lastSeq+1.
-			if tr := w.subs[p.dialogID]; tr != nil && tr.next == 0 {
-				tr.next = f.LastSeq + 1
+			if tr := w.subs[p.dialogID]; tr != nil {
+				p.complete = p.since >= 0 && tr.next > f.LastSeq
+				// Before its first subscribed, or after a resync (the
+				// client reads the gap over REST), the next event to
+				// expect is lastSeq+1.
+				if tr.next == 0 || (p.resync && tr.next <= f.LastSeq) {
+					tr.next = f.LastSeq + 1
+				}
 			}
 			p.lastSeq = f.LastSeq
 			w.pending = nil
@@ -360,6 +419,11 @@ func (w *WSConn) handle(f *Frame, recvAt time.Time, helloSeen *bool) {
 		w.mu.Unlock()
 	case "resync":
 		d.errs.addFor(w.target, 0, "ws_resync")
+		w.mu.Lock()
+		if p := w.pending; p != nil && p.since >= 0 && f.DialogID == p.dialogID {
+			p.resync = true
+		}
+		w.mu.Unlock()
 	}
 }
 
@@ -424,27 +488,34 @@ func (w *WSConn) failPending(err error) {
 
 func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 	dl := w.d.deliveries.Load()
-	if dl == nil {
-		return
-	}
 	// Only events the load generator sent carry a scheduled time; others
 	// (presence, typing, someone else's message) are not deliveries.
-	sched, seq, ok := eventStamp(f.Data)
-	if !ok {
-		dl.other.Inc()
-		return
-	}
-	if f.Seq == 0 { // a Centrifugo publication: the seq is in the data
+	sched, seq, stamped := eventStamp(f.Data)
+	if f.Seq == 0 && stamped { // a Centrifugo publication: the seq is in the data
 		f.Seq = seq
 	}
 	w.mu.Lock()
-	tr := w.subs[f.DialogID]
+	tr, p := w.subs[f.DialogID], w.pending
+	fresh := false
+	if tr != nil && f.Seq > 0 {
+		// Every seq of a subscribed dialog is tracked (Known, recovery),
+		// whoever sent the message.
+		fresh = tr.observe(f.Seq)
+		if fresh && p != nil && p.since >= 0 && p.dialogID == f.DialogID {
+			p.replayed++
+		}
+	}
 	w.mu.Unlock()
-	if tr == nil {
+	switch {
+	case dl == nil:
+		return
+	case !stamped:
+		dl.other.Inc()
+		return
+	case tr == nil:
 		dl.unexpected.Inc()
 		return
-	}
-	if f.Seq > 0 && !tr.observe(f.Seq) {
+	case f.Seq > 0 && !fresh:
 		dl.duplicates.Inc()
 		return
 	}

@@ -194,3 +194,36 @@ func TestDialRefusedWithAdvice(t *testing.T) {
 		t.Fatalf("no close frame: %d %v", code, retry)
 	}
 }
+
+// Known is what a reconnecting client passes as sinceSeq: the seq up to
+// which it saw every event of the dialog, whoever sent them, not past a gap.
+func TestKnownStopsAtTheFirstGap(t *testing.T) {
+	s := startBaseline(t, baseline.Config{})
+	d := loadtest.NewWSDialer(loadtest.NewRegistry(), nil, nil)
+	defer d.Close()
+	ctx := context.Background()
+	c, err := d.Dial(ctx, wsURL(s), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Subscribe(ctx, "dlg"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Known("dlg"); got != 0 {
+		t.Fatalf("Known before any event = %d", got)
+	}
+	now := time.Now().UnixNano()
+	for _, seq := range []int64{2, 1, 3, 5} {
+		publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e", seq, now, 64))
+	}
+	// Not the generator's own message (no schedule stamp): still a seq seen.
+	publish(t, s, "dlg", []byte(`{"type":"event","channel":"dialog:dlg","id":"x","event":"message.created","entityId":"m","dialogId":"dlg","seq":4,"data":{"body":"hi"}}`))
+	testenv.Eventually(t, 5*time.Second, func() bool { return c.Known("dlg") == 5 }, "Known did not reach 5")
+	if got := c.Known("other"); got != 0 {
+		t.Fatalf("Known of a dialog not subscribed = %d", got)
+	}
+	if _, err := c.SubscribeSince(ctx, "dlg", -1); err == nil {
+		t.Fatal("SubscribeSince with a negative sinceSeq was sent")
+	}
+}

@@ -20,9 +20,14 @@ import (
 // by hand); every client that loses its connection waits as the server
 // advised (close 1001 with the JSON reason {"retryMs":n}) plus jitter, or a
 // jittered exponential backoff when given no advice or refused (1013,
-// 429, 503), then takes a new ticket, reconnects, resubscribes and
-// reconciles its dialogs' history. It reports the time until every client
-// is resubscribed.
+// 429, 503), then takes a new ticket, reconnects and resubscribes with
+// sinceSeq (the seq up to which it had every event), so the server replays
+// what it missed; only a dialog answered with resync is read over REST
+// (-recover=false: plain subscribe and a REST history read, as before the
+// socket recovered). With -send-rate, messages go into the dialogs over
+// REST while the storm runs, so the clients have events to recover. It
+// reports the time until every client is resubscribed, the replayed
+// events, resyncs, gaps and REST reads.
 //
 // Gateway only.
 type ConnectStorm struct {
@@ -31,6 +36,9 @@ type ConnectStorm struct {
 	wait                        time.Duration
 	restartCmd                  string
 	minBackoff, maxBackoff      time.Duration
+	sendRate                    int
+	sendTarget                  string
+	recover                     bool
 	gw                          gatewayFlags
 }
 
@@ -41,6 +49,16 @@ const (
 	MetricStormDuration     = "storm_duration"     // gauge, ns: first loss → last client resubscribed
 	MetricStormResubscribed = "storm_resubscribed" // gauge: clients back at the end
 	MetricAdviceIgnored     = "advice_ignored"     // counter: reconnects earlier than the server advised (must stay 0)
+	MetricStormReplayed     = "storm_replayed"     // counter: events the server replayed on resubscribes with sinceSeq
+	MetricStormResyncs      = "storm_resyncs"      // counter: resubscribes answered resync (that dialog read over REST)
+	MetricStormGaps         = "storm_gaps"         // counter: resubscribes with sinceSeq that left a gap (must stay 0)
+	MetricStormRESTReads    = "storm_rest_reads"   // counter: history reads over REST while reconnecting
+	MetricStormSent         = "storm_sent"         // counter: messages sent during the storm (-send-rate)
+	MetricStormSendErrors   = "storm_send_errors"  // counter: sends that failed (e.g. the instance was down)
+	MetricStormBehind       = "storm_behind"       // gauge: (client, dialog) pairs missing a sent message after the storm (must be 0)
+	// MetricStormServe is the storm as the restarted instance saw it: its
+	// first accepted handshake → the last client resubscribed (gauge, ns).
+	MetricStormServe = "storm_serve_duration"
 )
 
 // Describe implements Scenario.
@@ -61,6 +79,9 @@ func (s *ConnectStorm) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&s.restartCmd, "restart-cmd", "", "shell command that restarts the target instance once every client is connected (empty: restart it by hand)")
 	fs.DurationVar(&s.minBackoff, "min-backoff", 100*time.Millisecond, "first reconnect delay without server advice")
 	fs.DurationVar(&s.maxBackoff, "max-backoff", 5*time.Second, "largest reconnect delay without server advice")
+	fs.IntVar(&s.sendRate, "send-rate", 0, "messages/s sent over REST into the clients' dialogs while the storm runs (0: none)")
+	fs.StringVar(&s.sendTarget, "send-target", "", "gateway base URL for those sends (default: the target)")
+	fs.BoolVar(&s.recover, "recover", true, "resubscribe with sinceSeq (recovery over the socket); false: plain subscribe and a REST history read")
 	s.gw.register(fs, getenv, false)
 }
 
@@ -71,12 +92,18 @@ func (s *ConnectStorm) DeclareMetrics(reg *loadtest.Registry) {
 	reg.Counter(MetricAdviceIgnored)
 	reg.Gauge(MetricStormDuration, loadtest.UnitNone)
 	reg.Gauge(MetricStormResubscribed, loadtest.UnitNone)
+	for _, m := range []string{MetricStormReplayed, MetricStormResyncs, MetricStormGaps, MetricStormRESTReads, MetricStormSent, MetricStormSendErrors} {
+		reg.Counter(m)
+	}
+	reg.Gauge(MetricStormBehind, loadtest.UnitNone)
+	reg.Gauge(MetricStormServe, loadtest.UnitNone)
+	reg.Gauge(MetricConnectRate, loadtest.UnitNone)
 }
 
 // Run implements loadtest.Scenario.
 func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
-	if s.concurrency < 1 || s.minBackoff <= 0 || s.maxBackoff < s.minBackoff || s.wait <= 0 {
-		return errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min)")
+	if s.concurrency < 1 || s.minBackoff <= 0 || s.maxBackoff < s.minBackoff || s.wait <= 0 || s.sendRate < 0 {
+		return errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min), -send-rate ≥ 0")
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -103,9 +130,16 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 		return err
 	}
 	defer fl.close(s.concurrency)
+	connStart := time.Now()
 	if err := fl.connect(ctx, t, tg, cfg); err != nil {
 		return err
 	}
+	// The same clients' first connect (ticket, handshake, subscribe), the
+	// rate the storm is compared with: N ÷ connect_rate is how long a
+	// fresh connect of all of them takes.
+	rate := float64(s.conns) / time.Since(connStart).Seconds()
+	t.Reg.Gauge(MetricConnectRate, loadtest.UnitNone).Set(rate)
+	t.Info("connect_rate", fmt.Sprintf("%.0f/s", rate))
 
 	wctx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
@@ -122,8 +156,16 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 		t.SetPhase("waiting for the instance restart")
 	}
 
+	snd, err := s.startSender(wctx, t, fl)
+	if err != nil {
+		return err
+	}
 	st := s.watch(wctx, t, tg, fl, cfg)
 	t.Reg.StopClock()
+	if snd != nil {
+		snd.stop()
+		t.Reg.Gauge(MetricStormBehind, loadtest.UnitNone).Set(float64(snd.behind(ctx, fl)))
+	}
 	lost, back := st.lost.Load(), st.back.Load()
 	t.Reg.Gauge(MetricStormResubscribed, loadtest.UnitNone).Set(float64(back))
 	t.Info("clients_lost", lost)
@@ -131,6 +173,12 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 	if !st.firstLoss.IsZero() && !st.lastBack.IsZero() {
 		t.Reg.Gauge(MetricStormDuration, loadtest.UnitNone).Set(float64(st.lastBack.Sub(st.firstLoss)))
 		t.Info("storm_duration", st.lastBack.Sub(st.firstLoss))
+	}
+	if first := st.firstAccepted.Load(); first != 0 && !st.lastBack.IsZero() {
+		serve := st.lastBack.Sub(time.Unix(0, first))
+		t.Reg.Gauge(MetricStormServe, loadtest.UnitNone).Set(float64(serve))
+		t.Info("storm_serve_duration", serve)
+		t.Info("storm_serve_vs_connect", fmt.Sprintf("%.2f× the first connect of all clients", serve.Seconds()*rate/float64(s.conns)))
 	}
 	switch {
 	case lost == 0:
@@ -149,6 +197,8 @@ type stormWatch struct {
 	lastBack  time.Time
 	lost      atomic.Int64
 	back      atomic.Int64
+	// firstAccepted: Unix ns of the first handshake accepted after a loss.
+	firstAccepted atomic.Int64
 }
 
 // watch waits, for every client, for its connection to end and then
@@ -173,7 +223,7 @@ func (s *ConnectStorm) watch(wctx context.Context, t *loadtest.T, tg *target, fl
 			}
 			st.mu.Unlock()
 			t.SetPhase(fmt.Sprintf("storm: %d lost, %d back", n, st.back.Load()))
-			if err := s.reconnect(wctx, t, tg, fl, cfg, c, conn.Err()); err != nil {
+			if err := s.reconnect(wctx, t, tg, fl, cfg, c, conn.Err(), &st.firstAccepted); err != nil {
 				return
 			}
 			recDur.Add(time.Since(lostAt))
@@ -190,8 +240,10 @@ func (s *ConnectStorm) watch(wctx context.Context, t *loadtest.T, tg *target, fl
 
 // reconnect brings client c back: wait as advised, then ticket → dial →
 // subscribe → reconcile, retrying with backoff until it works or ctx ends.
-func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target, fl *fleet, cfg fleetConfig, c int, cause error) error {
+func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target, fl *fleet, cfg fleetConfig, c int, cause error,
+	firstAccepted *atomic.Int64) error {
 	attempts := t.Reg.Counter(MetricReconnectAttempts)
+	old := fl.conns[c] // the lost connection: what it had seen of each dialog
 	_, advised := loadtest.CloseAdvice(cause)
 	backoff := s.minBackoff
 	earliest := time.Now().Add(advised)
@@ -220,6 +272,9 @@ func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target,
 		}
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		wc, err := fl.dialer.Dial(dctx, u, bearer)
+		if err == nil {
+			firstAccepted.CompareAndSwap(0, time.Now().UnixNano())
+		}
 		if err != nil {
 			cancel()
 			// Refused with advice (e.g. 1013 try again later): honour it.
@@ -230,18 +285,9 @@ func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target,
 		}
 		ok := true
 		for _, d := range cfg.shape.dialogsOf(c) {
-			lastSeq, err := wc.Subscribe(dctx, fl.dialogIDs[d])
-			if err != nil {
+			if err := s.resubscribe(dctx, t, fl, old, wc, c, d); err != nil {
 				ok = false
 				break
-			}
-			// Reconcile as a client must after every reconnect: Pub/Sub
-			// is at-most-once, so REST history is the only complete record.
-			if lastSeq > 0 {
-				if _, _, err := fl.setupAPI.History(dctx, fl.users[c], fl.dialogIDs[d], max(lastSeq-100, 0), 100); err != nil {
-					ok = false
-					break
-				}
 			}
 		}
 		cancel()
