@@ -166,6 +166,12 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 		snd.stop()
 		t.Reg.Gauge(MetricStormBehind, loadtest.UnitNone).Set(float64(snd.behind(ctx, fl)))
 	}
+	return s.report(t, st, rate)
+}
+
+// report records what the storm came to and fails the run when a client
+// did not come back.
+func (s *ConnectStorm) report(t *loadtest.T, st *stormWatch, rate float64) error {
 	lost, back := st.lost.Load(), st.back.Load()
 	t.Reg.Gauge(MetricStormResubscribed, loadtest.UnitNone).Set(float64(back))
 	t.Info("clients_lost", lost)
