@@ -42,6 +42,13 @@ func toDialogDTO(d store.Dialog) dialogDTO {
 	return dialogDTO{ID: d.ID, Title: d.Title, MemberIDs: m, LastSeq: d.LastSeq, CreatedAt: d.CreatedAt.UnixMilli()}
 }
 
+// listedDialogDTO is a dialog as the listing shows it: with its newest
+// message rendered exactly as the history renders it, null when it has none.
+type listedDialogDTO struct {
+	dialogDTO
+	LastMessage *MessageDTO `json:"lastMessage"`
+}
+
 // MessageDTO is the message as clients see it, over REST and in realtime
 // event data.
 type MessageDTO struct {
@@ -147,9 +154,13 @@ func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]dialogDTO, len(items))
+	out := make([]listedDialogDTO, len(items))
 	for i, d := range items {
-		out[i] = toDialogDTO(d)
+		out[i] = listedDialogDTO{dialogDTO: toDialogDTO(d)}
+		if d.LastMessage != nil {
+			m := ToMessageDTO(*d.LastMessage)
+			out[i].LastMessage = &m
+		}
 	}
 	writeJSON(w, http.StatusOK, newList(out, next))
 	return nil

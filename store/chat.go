@@ -65,6 +65,9 @@ type Dialog struct {
 	MemberIDs []string
 	LastSeq   int64
 	CreatedAt time.Time
+	// LastMessage is the newest message, filled by ListDialogs only (nil
+	// when the dialog has none).
+	LastMessage *Message
 }
 
 // Message is one chat message; Seq is gapless per dialog.
@@ -189,28 +192,26 @@ func (s *Store) IsMember(ctx context.Context, dialogID, userID string) (bool, er
 	return ok, nil
 }
 
-// ListDialogs returns the user's dialogs, newest first, with keyset paging.
-// cursor is opaque ("" for the first page); next is "" on the last page.
+// ListDialogs returns the user's dialogs, newest first, with keyset paging,
+// each with its newest message (LastMessage, nil when it has none), all in
+// one statement (listDialogsSQL). cursor is opaque ("" for the first page);
+// next is "" on the last page.
 func (s *Store) ListDialogs(ctx context.Context, userID, cursor string, limit int) (items []Dialog, next string, err error) {
 	args := []any{userID, limit + 1}
-	where := ""
 	if cursor != "" {
 		ts, id, err := decodeDialogCursor(cursor)
 		if err != nil {
 			return nil, "", err
 		}
-		where = " AND (d.created_at, d.id) < ($3, $4)"
 		args = append(args, ts, id)
 	}
-	rows, err := s.reqQuery(ctx, `SELECT `+dialogColumns+` FROM dialogs d
-		JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $1
-		WHERE true`+where+` ORDER BY d.created_at DESC, d.id DESC LIMIT $2`, args...)
+	rows, err := s.reqQuery(ctx, listDialogsSQL(cursor != ""), args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("list dialogs: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		d, err := scanDialog(rows)
+		d, err := scanListedDialog(rows)
 		if err != nil {
 			return nil, "", fmt.Errorf("scan dialog: %w", err)
 		}
@@ -225,6 +226,52 @@ func (s *Store) ListDialogs(ctx context.Context, userID, cursor string, limit in
 		next = encodeDialogCursor(last.CreatedAt, last.ID)
 	}
 	return items, next, nil
+}
+
+// listDialogsSQL is the listing's statement: $1 the user, $2 the page size,
+// and with a cursor ($3, $4) the (created_at, id) the page starts after.
+// The page is chosen first; then each of its dialogs reads its newest
+// message with one backward probe of the unique (dialog_id, seq) index
+// (LIMIT 1, no sort), so the cost grows with the page, not with the
+// dialogs' messages. The same snapshot gives lastSeq and the message.
+func listDialogsSQL(withCursor bool) string {
+	where := ""
+	if withCursor {
+		where = " AND (d.created_at, d.id) < ($3, $4)"
+	}
+	return `SELECT ` + dialogColumns + `, lm.*
+		FROM (SELECT d.id, d.title, d.last_seq, d.created_at FROM dialogs d
+			JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $1
+			WHERE true` + where + ` ORDER BY d.created_at DESC, d.id DESC LIMIT $2) d
+		LEFT JOIN LATERAL (SELECT ` + messageColumns + ` FROM messages
+			WHERE messages.dialog_id = d.id ORDER BY messages.seq DESC LIMIT 1) lm ON true
+		ORDER BY d.created_at DESC, d.id DESC`
+}
+
+// scanListedDialog reads a row of listDialogsSQL: the dialog's columns,
+// then its newest message's (all NULL when it has none).
+func scanListedDialog(row pgx.Row) (Dialog, error) {
+	var (
+		d                                Dialog
+		id, dialogID, sender, body, cmid *string
+		seq                              *int64
+		created                          *time.Time
+		atts                             *string
+	)
+	if err := row.Scan(&d.ID, &d.Title, &d.LastSeq, &d.CreatedAt, &d.MemberIDs,
+		&id, &dialogID, &seq, &sender, &body, &cmid, &created, &atts); err != nil {
+		return d, err
+	}
+	if id == nil {
+		return d, nil
+	}
+	m := &Message{ID: *id, DialogID: *dialogID, Seq: *seq, SenderID: *sender, Body: *body, ClientMessageID: *cmid, CreatedAt: *created}
+	var err error
+	if m.Attachments, err = decodeAttachmentRefs(*atts); err != nil {
+		return d, err
+	}
+	d.LastMessage = m
+	return d, nil
 }
 
 func encodeDialogCursor(t time.Time, id string) string {

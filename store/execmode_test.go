@@ -79,6 +79,9 @@ func requestPathWorks(t *testing.T, url string, mode pgx.QueryExecMode) {
 	if got, err := s.DialogForMember(ctx, d.ID, bob); err != nil || got.ID != d.ID {
 		t.Fatalf("dialog for a member: %v", err)
 	}
+	if ds, _, err := s.ListDialogs(ctx, bob, "", 10); err != nil || len(ds) != 1 || ds[0].LastMessage == nil || ds[0].LastMessage.Seq != 3 {
+		t.Fatalf("listing with the last message: %+v: %v", ds, err)
+	}
 
 	locker, err := pgx.Connect(ctx, env.DirectURL)
 	if err != nil {

@@ -6,3 +6,7 @@ const PurgeOutboxSQL = purgeOutboxSQL
 // MarkOutboxSQL is the batched delivered mark, for the test that checks its
 // plan.
 const MarkOutboxSQL = markOutboxSQL
+
+// ListDialogsSQL is the dialog listing's statement, for the test that
+// checks its plan.
+var ListDialogsSQL = listDialogsSQL

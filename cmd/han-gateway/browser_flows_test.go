@@ -380,6 +380,10 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	b2 := b.newPage(t, "bob-next-day")
 	b2.do("open sign-in link", chromedp.Navigate(mx.URL()+"/#token="+bTok))
 	b2.waitJS(deliveryBound, "bob live", `document.querySelector("#conn")?.dataset.phase === "live"`)
+	// A fresh page's preview is the listing's lastMessage: no history is
+	// read before a dialog is opened.
+	browserDialogPreview(t, b2, dialogID, alice[len(alice)-8:]+": "+bodies[len(bodies)-1])
+	browserNoHistoryReads(t, b2)
 	_ = mustEval[bool](b2, fmt.Sprintf(`(location.hash = "#/chat/%s", true)`, dialogID))
 	b2.waitSel(deliveryBound, "history shown", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, len(bodies)))
 	assertDaySeparators(t, b2, [][2]any{{"Yesterday", 1}, {"Today", 4}})

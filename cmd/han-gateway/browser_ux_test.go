@@ -227,6 +227,17 @@ func assertDaySeparators(t *testing.T, p *page, want [][2]any) {
 	}
 }
 
+// browserNoHistoryReads: the page listed its dialogs and read no message
+// history (the listing carries each dialog's last message).
+func browserNoHistoryReads(t *testing.T, p *page) {
+	t.Helper()
+	lists := mustEval[int](p, `performance.getEntriesByType("resource").filter((e) => new URL(e.name).pathname === "/v1/dialogs").length`)
+	reads := mustEval[[]string](p, `performance.getEntriesByType("resource").map((e) => e.name).filter((u) => u.includes("/messages"))`)
+	if lists == 0 || len(reads) != 0 {
+		t.Fatalf("%s: %d listing reads, history reads %v; want the listing and no history read", p.name, lists, reads)
+	}
+}
+
 // browserDialogPreview: the dialog list shows the last message and its
 // time, not a message count.
 func browserDialogPreview(t *testing.T, p *page, dialogID, want string) {

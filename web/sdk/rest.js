@@ -22,6 +22,8 @@ import { ApiError, CLIENT_CODES } from "./errors.js";
  * @typedef {{id: string, dialogId: string, seq: number, senderId: string, body: string,
  *   createdAt: number, attachments: Attachment[]}} Message
  * @typedef {{id: string, title: string, memberIds: string[], lastSeq: number, createdAt: number}} Dialog
+ * @typedef {Dialog & {lastMessage: Message | null}} ListedDialog a dialog as the listing shows it,
+ *   with its newest message (null when it has none)
  * @typedef {{online: boolean, connections: number, lastSeenAt: number | null}} Presence
  */
 
@@ -251,7 +253,7 @@ export class Rest {
 
   /**
    * @param {{limit?: number, cursor?: string}} [q]
-   * @returns {Promise<Page<Dialog>>}
+   * @returns {Promise<Page<ListedDialog>>}
    */
   async dialogs(q = {}) {
     return (await this.request("GET", `/v1/dialogs${query(q)}`)).data;

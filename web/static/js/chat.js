@@ -15,9 +15,6 @@ const TYPING_SHOWN_MS = 4000;
 const PRESENCE_USERS_MAX = 50;
 const POLL_MS = 5000;
 const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
-// The dialog list reads the last message of at most this many dialogs per
-// refresh (the listing has no preview); later ones fill in as messages come.
-const LIST_PREVIEWS_MAX = 30;
 
 // canRetry: whether a failed send may succeed when tried again with the
 // same key. A request the server refused as such (4xx: invalid_body,
@@ -180,13 +177,16 @@ export class ChatView {
       d.lastSeq = Math.max(d.lastSeq || 0, old ? old.lastSeq : 0);
       d.activity = Math.max(d.createdAt || 0, old ? old.activity : 0);
       if (old && old.last) d.last = old.last;
+      // The listing carries each dialog's newest message (null without one);
+      // it becomes the preview unless this tab already shows a later one.
+      if (d.lastMessage) this.#noteLast(d, d.lastMessage);
+      delete d.lastMessage;
       this.dialogs.set(d.id, d);
       if (!(d.id in this.read)) this.read[d.id] = d.lastSeq; // history before this browser counts as read
       this.#follow(d.id, d.lastSeq);
     }
     saveJSON(this.readKey, this.read);
     this.#renderList();
-    this.#loadPreviews();
     if (this.current && this.dialogs.has(this.current) && !this.timelines.has(this.current)) this.open(this.current);
     else if (this.current && this.dialogs.has(this.current)) this.#renderHeader();
     else if (this.current) this.#notFound();
@@ -237,27 +237,6 @@ export class ChatView {
     if (!d || (d.last && d.last.seq >= m.seq)) return;
     d.last = { seq: m.seq, body: m.body || "", senderId: m.senderId, createdAt: m.createdAt, atts: (m.attachments || []).length };
     d.activity = Math.max(d.activity || 0, m.createdAt || 0);
-  }
-
-  // #loadPreviews reads the last message of listed dialogs whose preview
-  // is missing or behind (one history read each, a few at a time).
-  async #loadPreviews() {
-    const want = Array.from(this.dialogs.values())
-      .filter((d) => d.lastSeq > 0 && (!d.last || d.last.seq < d.lastSeq) && !d.previewing)
-      .sort((a, b) => (b.activity || 0) - (a.activity || 0)).slice(0, LIST_PREVIEWS_MAX);
-    if (!want.length) return;
-    let changed = false;
-    const one = async (d) => {
-      d.previewing = true;
-      try {
-        const page = await this.client.rest.history(d.id, { afterSeq: d.lastSeq - 1, limit: 1 });
-        for (const m of page.items || []) { this.#noteLast(d, m); changed = true; }
-      } catch { /* the list keeps its count; the next refresh tries again */ } finally {
-        d.previewing = false;
-      }
-    };
-    for (let i = 0; i < want.length; i += 4) await Promise.all(want.slice(i, i + 4).map(one));
-    if (changed) this.#renderList();
   }
 
   async #createDialog() {
