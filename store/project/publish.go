@@ -82,14 +82,14 @@ func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, 
 		keys := make([]string, 0, 8+len(sids))
 		keys = append(keys, k.Topics(), k.Budget(), k.Dedupe(), k.DedupeExpiry(), k.TopicStream(topicID),
 			k.TopicSubscriptions(topicID), k.TopicOpen(topicID), k.TopicDone(topicID))
-		args := make([]any, 0, 14+len(sids))
-		args = append(args, topicID, identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved,
-			q.cfg.ProjectBudgetBytes, ReceiptReserveBytes, q.cfg.DedupeWindow.Milliseconds(), dedupePurgeBatch, len(sids))
+		head := make([]any, 0, 6+len(sids))
+		head = append(head, topicID, q.cfg.ProjectBudgetBytes, ReceiptReserveBytes, q.cfg.DedupeWindow.Milliseconds(), dedupePurgeBatch, len(sids))
 		for _, sid := range sids {
 			keys = append(keys, k.Receipts(sid))
-			args = append(args, sid)
+			head = append(head, sid)
 		}
-		res, err := q.batch.Script(ctx, lua.ProjectTopicPublish, keys, args...).Slice()
+		res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicPublish, true, keys, head,
+			identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved))
 		if err != nil {
 			q.done(ctx, g, 0, 0)
 			return TopicMessage{}, false, classifyProject(err)

@@ -151,9 +151,9 @@ func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, proj
 		return nil, err
 	}
 	tokens, hashes := newLeaseTokens(count)
-	res, err := q.batch.Script(ctx, lua.ProjectTopicClaim, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),
+	res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicClaim, false, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),
 		k.TopicDone(tid), k.Receipts(subID), k.Leases(subID)},
-		subID, tid, count, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan, hashes).Slice()
+		[]any{subID, tid, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan}, count, hashes))
 	if err != nil {
 		return nil, classifyProject(err)
 	}
@@ -214,8 +214,8 @@ func (q *Queue) Ack(ctx context.Context, k Keys, subID, messageID, token, status
 	if err != nil {
 		return Receipt{}, false, err
 	}
-	res, err := q.batch.Script(ctx, lua.ProjectTopicAck, []string{k.Subscriptions(), k.TopicOpen(tid), k.TopicDone(tid),
-		k.Receipts(subID), k.Leases(subID)}, subID, tid, messageID, LeaseTokenHash(token), status, result).Slice()
+	res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicAck, true, []string{k.Subscriptions(), k.TopicOpen(tid), k.TopicDone(tid),
+		k.Receipts(subID), k.Leases(subID)}, []any{subID, tid}, messageID, LeaseTokenHash(token), status, result))
 	if err != nil {
 		return Receipt{}, false, classifyProject(err)
 	}
@@ -231,7 +231,7 @@ func (q *Queue) Ack(ctx context.Context, k Keys, subID, messageID, token, status
 		return Receipt{}, false, ErrLeaseTokenMismatch
 	case "receipt_conflict":
 		return Receipt{}, false, ErrReceiptConflict
-	default:
+	default: // data_state_invalid
 		return Receipt{}, false, ErrDataStateInvalid
 	}
 	raw, _ := res[1].(string)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
 
+	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -146,6 +147,7 @@ type Queue struct {
 	module *ModuleBudget
 	leases *moduleLeases
 	batch  *rds.Batcher
+	merger combine.Combiner[*mergeCall] // publish, claim and ack (merge.go)
 	cfg    QueueConfig
 
 	mu       sync.Mutex          // guards subTopic and subsOf
@@ -157,8 +159,10 @@ type Queue struct {
 
 // NewQueue returns the project queue over the DB0 client.
 func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
-	return &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: rds.NewBatcher(rdb), cfg: cfg.withDefaults(),
+	q := &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: rds.NewBatcher(rdb), cfg: cfg.withDefaults(),
 		subTopic: map[string]string{}, subsOf: map[string][]string{}}
+	q.merger = combine.Combiner[*mergeCall]{Exec: q.execMerged, InFlight: mergeInFlight, Max: mergeMax}
+	return q
 }
 
 // Config is the configuration in force (defaults filled in).

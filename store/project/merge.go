@@ -1,0 +1,142 @@
+package project
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/han-app/gateway/internal/combine"
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// The publish, claim and ack scripts each take many items: the messages of
+// one topic, the claims or the acks of one subscription, handled in order
+// as separate calls would be. Concurrent calls of one Queue go out through
+// a merger: while a round trip is in flight the next calls queue, and when
+// it ends those of one script on the same keys become one script call with
+// one item each, the others share its pipeline. A lone call is sent at once.
+// Redis then pays a script's entry, its checks and most of its commands
+// once for all the items, not once per call.
+
+const (
+	// mergeInFlight is how many round trips run at once.
+	mergeInFlight = 1
+	// mergeMax bounds the calls of one round trip.
+	mergeMax = 48
+	// mergeSharedBudget bounds a shared round trip (combine.SharedContext).
+	mergeSharedBudget = 2 * time.Second
+)
+
+// mergeCall is one caller's item of a script call.
+type mergeCall struct {
+	ctx    context.Context
+	script *lua.Script
+	keys   []string
+	head   []any  // the arguments before the items, the same for every item of a script call
+	item   []any  // this call's item
+	group  string // calls of one group become one script call
+	// rows tells how the reply splits: one row per item (publish, ack),
+	// else {outcome, now, items of each claim…} (claim).
+	rows bool
+
+	res []any // this call's part of the reply
+	err error
+}
+
+// newMergeCall returns the call of script s with keys, the shared head and
+// this caller's item.
+func newMergeCall(ctx context.Context, s *lua.Script, rows bool, keys []string, head []any, item ...any) *mergeCall {
+	var b strings.Builder
+	b.WriteString(s.Name)
+	for _, k := range keys {
+		b.WriteByte(0)
+		b.WriteString(k)
+	}
+	for _, a := range head {
+		b.WriteByte(1)
+		switch v := a.(type) {
+		case string:
+			b.WriteString(v)
+		case int:
+			b.WriteString(strconv.Itoa(v))
+		case int64:
+			b.WriteString(strconv.FormatInt(v, 10))
+		default:
+			fmt.Fprint(&b, v)
+		}
+	}
+	return &mergeCall{ctx: ctx, script: s, keys: keys, head: head, item: item, group: b.String(), rows: rows}
+}
+
+// merge runs c, with other callers' calls when they meet, and returns its
+// part of the reply.
+func (q *Queue) merge(c *mergeCall) ([]any, error) {
+	if err := c.ctx.Err(); err != nil {
+		return nil, err
+	}
+	q.merger.Do(c)
+	return c.res, c.err
+}
+
+// execMerged sends one batch: one script call per group, in the order the
+// groups first appear, in one pipeline.
+func (q *Queue) execMerged(batch []*mergeCall) {
+	var calls []rds.ScriptCall
+	var members [][]*mergeCall
+	var live []*mergeCall
+	index := make(map[string]int, len(batch))
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err
+			continue
+		}
+		live = append(live, c)
+		i, ok := index[c.group]
+		if !ok {
+			i = len(calls)
+			index[c.group] = i
+			args := make([]any, len(c.head), len(c.head)+len(c.item))
+			copy(args, c.head)
+			calls = append(calls, rds.ScriptCall{Script: c.script, Keys: c.keys, Args: args})
+			members = append(members, nil)
+		}
+		calls[i].Args = append(calls[i].Args, c.item...)
+		members[i] = append(members[i], c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := combine.SharedContext(live, func(c *mergeCall) context.Context { return c.ctx }, mergeSharedBudget)
+	defer cancel()
+	for i, cmd := range q.batch.Scripts(ctx, calls...) {
+		res, err := cmd.Slice()
+		splitReply(members[i], res, err)
+	}
+}
+
+// splitReply gives each call of one script call its part of the reply.
+func splitReply(cs []*mergeCall, res []any, err error) {
+	if err == nil && cs[0].rows && len(res) != len(cs) {
+		err = ErrDataStateInvalid
+	}
+	for j, c := range cs {
+		switch {
+		case err != nil:
+			c.err = err
+		case c.rows:
+			c.res, _ = res[j].([]any)
+			if c.res == nil {
+				c.err = ErrDataStateInvalid
+			}
+		case outcome(res) == "ok" && len(res) == 2+len(cs):
+			c.res = []any{res[0], res[1], res[2+j]}
+		case outcome(res) == "ok":
+			c.err = ErrDataStateInvalid
+		default:
+			c.res = res
+		}
+	}
+}
