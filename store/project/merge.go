@@ -2,9 +2,6 @@ package project
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/han-app/gateway/internal/combine"
@@ -35,9 +32,8 @@ type mergeCall struct {
 	ctx    context.Context
 	script *lua.Script
 	keys   []string
-	head   []any  // the arguments before the items, the same for every item of a script call
-	item   []any  // this call's item
-	group  string // calls of one group become one script call
+	head   []any // the arguments before the items, the same for every item of a script call (strings and integers)
+	item   []any // this call's item
 	// rows tells how the reply splits: one row per item (publish, ack),
 	// else {outcome, now, items of each claim…} (claim).
 	rows bool
@@ -49,26 +45,26 @@ type mergeCall struct {
 // newMergeCall returns the call of script s with keys, the shared head and
 // this caller's item.
 func newMergeCall(ctx context.Context, s *lua.Script, rows bool, keys []string, head []any, item ...any) *mergeCall {
-	var b strings.Builder
-	b.WriteString(s.Name)
-	for _, k := range keys {
-		b.WriteByte(0)
-		b.WriteString(k)
+	return &mergeCall{ctx: ctx, script: s, keys: keys, head: head, item: item, rows: rows}
+}
+
+// mergesWith tells whether c and o can be one script call: the same
+// script, keys and head.
+func (c *mergeCall) mergesWith(o *mergeCall) bool {
+	if c.script != o.script || len(c.keys) != len(o.keys) || len(c.head) != len(o.head) {
+		return false
 	}
-	for _, a := range head {
-		b.WriteByte(1)
-		switch v := a.(type) {
-		case string:
-			b.WriteString(v)
-		case int:
-			b.WriteString(strconv.Itoa(v))
-		case int64:
-			b.WriteString(strconv.FormatInt(v, 10))
-		default:
-			fmt.Fprint(&b, v)
+	for i, k := range c.keys {
+		if o.keys[i] != k {
+			return false
 		}
 	}
-	return &mergeCall{ctx: ctx, script: s, keys: keys, head: head, item: item, group: b.String(), rows: rows}
+	for i, a := range c.head {
+		if o.head[i] != a {
+			return false
+		}
+	}
+	return true
 }
 
 // merge runs c, with other callers' calls when they meet, and returns its
@@ -81,23 +77,23 @@ func (q *Queue) merge(c *mergeCall) ([]any, error) {
 	return c.res, c.err
 }
 
-// execMerged sends one batch: one script call per group, in the order the
-// groups first appear, in one pipeline.
+// execMerged sends one batch: one script call per set of calls that merge,
+// in the order the sets first appear, in one pipeline.
 func (q *Queue) execMerged(batch []*mergeCall) {
 	var calls []rds.ScriptCall
 	var members [][]*mergeCall
 	var live []*mergeCall
-	index := make(map[string]int, len(batch))
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err
 			continue
 		}
 		live = append(live, c)
-		i, ok := index[c.group]
-		if !ok {
-			i = len(calls)
-			index[c.group] = i
+		i := 0
+		for i < len(members) && !members[i][0].mergesWith(c) {
+			i++
+		}
+		if i == len(members) {
 			args := make([]any, len(c.head), len(c.head)+len(c.item))
 			copy(args, c.head)
 			calls = append(calls, rds.ScriptCall{Script: c.script, Keys: c.keys, Args: args})
