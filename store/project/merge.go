@@ -80,36 +80,39 @@ func (q *Queue) merge(c *mergeCall) ([]any, error) {
 // execMerged sends one batch: one script call per set of calls that merge,
 // in the order the sets first appear, in one pipeline.
 func (q *Queue) execMerged(batch []*mergeCall) {
-	var calls []rds.ScriptCall
-	var members [][]*mergeCall
-	var live []*mergeCall
+	var sets [][]*mergeCall
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.err = err
 			continue
 		}
-		live = append(live, c)
 		i := 0
-		for i < len(members) && !members[i][0].mergesWith(c) {
+		for i < len(sets) && !sets[i][0].mergesWith(c) {
 			i++
 		}
-		if i == len(members) {
-			args := make([]any, len(c.head), len(c.head)+len(c.item))
-			copy(args, c.head)
-			calls = append(calls, rds.ScriptCall{Script: c.script, Keys: c.keys, Args: args})
-			members = append(members, nil)
+		if i == len(sets) {
+			sets = append(sets, make([]*mergeCall, 0, len(batch)))
 		}
-		calls[i].Args = append(calls[i].Args, c.item...)
-		members[i] = append(members[i], c)
+		sets[i] = append(sets[i], c)
 	}
-	if len(live) == 0 {
+	if len(sets) == 0 {
 		return
 	}
-	ctx, cancel := combine.SharedContext(live, func(c *mergeCall) context.Context { return c.ctx }, mergeSharedBudget)
+	calls := make([]rds.ScriptCall, len(sets))
+	for i, set := range sets {
+		first := set[0]
+		args := make([]any, 0, len(first.head)+len(set)*len(first.item))
+		args = append(args, first.head...)
+		for _, c := range set {
+			args = append(args, c.item...)
+		}
+		calls[i] = rds.ScriptCall{Script: first.script, Keys: first.keys, Args: args}
+	}
+	ctx, cancel := combine.SharedContext(batch, func(c *mergeCall) context.Context { return c.ctx }, mergeSharedBudget)
 	defer cancel()
 	for i, cmd := range q.batch.Scripts(ctx, calls...) {
 		res, err := cmd.Slice()
-		splitReply(members[i], res, err)
+		splitReply(sets[i], res, err)
 	}
 }
 

@@ -7,7 +7,15 @@ import "context"
 // topic's subscriptions stay the same): the Queue builds them once and
 // keeps them with the topic of a subscription and the subscriptions of a
 // topic it caches anyway. The slices are shared by every call and never
-// written after they are built.
+// written after they are built. An entry holds about 1 KiB: the caches
+// are bounded (subTopicMax, subsOfMax) and start over when full.
+
+const (
+	// subTopicMax and subsOfMax bound the subscriptions and topics a
+	// Queue keeps (about 16 MiB and 8 MiB at most).
+	subTopicMax = 1 << 14
+	subsOfMax   = 1 << 13
+)
 
 // idKey names a topic or a subscription of one project.
 type idKey struct{ prefix, id string }
@@ -20,10 +28,10 @@ type subKeys struct {
 }
 
 func newSubKeys(k Keys, subID, topicID string) *subKeys {
-	return &subKeys{tid: topicID,
-		claim: []string{k.Topics(), k.Subscriptions(), k.TopicStream(topicID), k.TopicOpen(topicID), k.TopicDone(topicID),
-			k.Receipts(subID), k.Leases(subID)},
-		ack: []string{k.Subscriptions(), k.TopicOpen(topicID), k.TopicDone(topicID), k.Receipts(subID), k.Leases(subID)}}
+	claim := []string{k.Topics(), k.Subscriptions(), k.TopicStream(topicID), k.TopicOpen(topicID), k.TopicDone(topicID),
+		k.Receipts(subID), k.Leases(subID)}
+	// The ack's keys are five of the claim's (the same strings).
+	return &subKeys{tid: topicID, claim: claim, ack: []string{claim[1], claim[3], claim[4], claim[5], claim[6]}}
 }
 
 // topicSubsKeys is a topic's subscriptions as last seen, with the publish

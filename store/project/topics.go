@@ -232,7 +232,7 @@ func (q *Queue) readTopicSubs(ctx context.Context, k Keys, topicID string) (*top
 	t := q.newTopicSubsKeys(k, topicID, sids)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.subsOf) >= 1<<14 {
+	if len(q.subsOf) >= subsOfMax {
 		clear(q.subsOf)
 	}
 	q.subsOf[idKey{k.Prefix(), topicID}] = t
@@ -336,7 +336,7 @@ func (q *Queue) rememberTopic(k Keys, subID, topicID string) *subKeys {
 	sk := newSubKeys(k, subID, topicID)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.subTopic) >= 1<<16 {
+	if len(q.subTopic) >= subTopicMax {
 		clear(q.subTopic)
 	}
 	q.subTopic[idKey{k.Prefix(), subID}] = sk
