@@ -19,7 +19,10 @@ import (
 // once for all the items, not once per call.
 
 const (
-	// mergeInFlight is how many round trips run at once.
+	// mergeInFlight is how many round trips run at once. One: the calls
+	// that arrive meanwhile wait for it and merge into fewer, larger script
+	// calls (two in flight cost Redis and the client more CPU per message
+	// in the queue benchmark, docs/benchmarks.md).
 	mergeInFlight = 1
 	// mergeMax bounds the calls of one round trip.
 	mergeMax = 48
