@@ -33,9 +33,11 @@ func init() {
 			return err
 		}
 		res, err := lua.ProjectTopicPublish.Run(ctx, c, []string{topics, budget, dd, ddx, t + "s", t + "subs", t + "o", t + "d", s + "r"},
-			tid, tid+"\nprod\nevt", hash, "prod", "evt", `{"a":1}`, 7, 150, 1<<20, 2<<20, 4096, 60000, 16, 1, sid).Slice()
-		if err == nil && res[0] != "created" && res[0] != "replay" {
-			err = fmt.Errorf("publish: %v", res)
+			tid, 2<<20, 4096, 60000, 16, 1, sid, tid+"\nprod\nevt", hash, "prod", "evt", `{"a":1}`, 7, 150, 1<<20).Slice()
+		if err == nil {
+			if row, _ := res[0].([]any); len(row) == 0 || (row[0] != "created" && row[0] != "replay") {
+				err = fmt.Errorf("publish: %v", res)
+			}
 		}
 		return err
 	}
@@ -44,7 +46,7 @@ func init() {
 	}
 	invocations["project/topic_claim"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicClaim.Run(ctx, c, []string{topics, subs, t + "s", t + "o", t + "d", s + "r", s + "l"},
-			sid, tid, 1, 60000, 10, 0, 100, hash).Err()
+			sid, tid, 60000, 10, 0, 100, 1, hash).Err()
 	}
 	invocations["project/topic_ack"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicAck.Run(ctx, c, []string{subs, t + "o", t + "d", s + "r", s + "l"},

@@ -57,9 +57,11 @@ func init() {
 			k, tid, sid := p.project(), p.topic(), p.sub()
 			res, err := lua.ProjectTopicPublish.Run(ctx, c, []string{k.Topics(), k.Budget(), k.Dedupe(), k.DedupeExpiry(), k.TopicStream(tid),
 				k.TopicSubscriptions(tid), k.TopicOpen(tid), k.TopicDone(tid), k.Receipts(sid)},
-				tid, tid+"\nprod\nevt", hash, "prod", "evt", `{"a":1}`, 7, 150, 1<<20, 2<<20, 4096, 60000, 16, 1, sid).Slice()
-			if err == nil && res[0] != "created" && res[0] != "replay" {
-				err = fmt.Errorf("publish: %v", res)
+				tid, 2<<20, 4096, 60000, 16, 1, sid, tid+"\nprod\nevt", hash, "prod", "evt", `{"a":1}`, 7, 150, 1<<20).Slice()
+			if err == nil {
+				if row, _ := res[0].([]any); len(row) == 0 || (row[0] != "created" && row[0] != "replay") {
+					err = fmt.Errorf("publish: %v", res)
+				}
 			}
 			return err
 		},
@@ -70,7 +72,7 @@ func init() {
 		"project/topic_claim": func(ctx context.Context, c redis.Scripter, p place) error {
 			k, tid, sid := p.project(), p.topic(), p.sub()
 			return lua.ProjectTopicClaim.Run(ctx, c, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),
-				k.TopicDone(tid), k.Receipts(sid), k.Leases(sid)}, sid, tid, 1, 60000, 10, 0, 100, hash).Err()
+				k.TopicDone(tid), k.Receipts(sid), k.Leases(sid)}, sid, tid, 60000, 10, 0, 100, 1, hash).Err()
 		},
 		"project/topic_ack": func(ctx context.Context, c redis.Scripter, p place) error {
 			k, tid, sid := p.project(), p.topic(), p.sub()

@@ -1,18 +1,22 @@
 #!lua
--- project_topic_claim: lease up to `count` messages of one subscription:
--- first receipts whose lease expired (attempt + 1; a receipt whose last
--- allowed attempt expired becomes terminal `exhausted` instead), then
--- messages never delivered (from the subscription's delivery position).
--- Every lease gets the next of the caller's fresh token hashes; the hashes
--- of every token a receipt issued are kept, so an ack can tell an earlier
--- lease's token (lease_expired) from a foreign one (lease_token_mismatch).
+-- project_topic_claim: lease messages of one subscription for one or more
+-- claims, in order, each up to its own count: first receipts whose lease
+-- expired (attempt + 1; a receipt whose last allowed attempt expired
+-- becomes terminal `exhausted` instead), then messages never delivered
+-- (from the subscription's delivery position). The claims share the
+-- messages found as separate calls in the same order would: the first
+-- takes the first ones. Every lease gets the next of its claim's fresh
+-- token hashes; the hashes of every token a receipt issued are kept, so an
+-- ack can tell an earlier lease's token (lease_expired) from a foreign one
+-- (lease_token_mismatch).
 -- Reads and checks come first, then the writes. Structure: every key the
 -- script writes is read before the first write (the done key, otherwise
 -- only written, with TYPE), so a key of the wrong type fails that read
 -- (WRONGTYPE, which the caller maps to data_state_invalid) with nothing
--- written; the stream is always read when count >= 1. The receipts and
--- open counts of the messages looked at are read with one HMGET each, and
--- the leases are written with one HSET and one ZADD, whatever their number.
+-- written; the stream is always read when a count is >= 1. The receipts
+-- and open counts of the messages looked at are read with one HMGET each,
+-- and the leases are written with one HSET and one ZADD, whatever their
+-- number.
 -- KEYS[1] topics    han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
 -- KEYS[2] subs      han:prj:{<env>:<pid>}:q:subs       HASH subscriptionId -> subscription JSON
 -- KEYS[3] stream    han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a}
@@ -22,17 +26,19 @@
 -- KEYS[7] leases    han:prj:{<env>:<pid>}:s:<sid>:l    ZSET leaseUntil ms -> messageId
 -- ARGV[1] subscription id
 -- ARGV[2] its topic id
--- ARGV[3] count (1..20)
--- ARGV[4] lease in ms
--- ARGV[5] most attempts per receipt
--- ARGV[6] project deliveryPaused (PostgreSQL): 1 | 0
--- ARGV[7] most expired leases to look at
--- ARGV[8] hashes of fresh tokens, one per possible lease: count times 32
---         hex digits, concatenated (one argument instead of count)
--- Returns {'ok', now, items} with items {{messageId, attempts, leaseUntil,
--- producerId, clientEventId, payload, sizeBytes, publishedAt, token index}},
--- or {'subscription_not_found' | 'delivery_paused' | 'subscription_paused'}
--- (nothing written).
+-- ARGV[3] lease in ms
+-- ARGV[4] most attempts per receipt
+-- ARGV[5] project deliveryPaused (PostgreSQL): 1 | 0
+-- ARGV[6] most expired leases to look at
+-- then two per claim:
+--   count (1..20)
+--   hashes of fresh tokens, one per possible lease: count times 32 hex
+--   digits, concatenated (one argument instead of count)
+-- Returns {'ok', now, items of the first claim, items of the second, …}
+-- with items {{messageId, attempts, leaseUntil, producerId, clientEventId,
+-- payload, sizeBytes, publishedAt, token index}}, or
+-- {'subscription_not_found' | 'delivery_paused' | 'subscription_paused'}
+-- for every claim (nothing written).
 -- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
 --#include clock
@@ -46,7 +52,7 @@ end
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then
   return redis.error_reply('ERR data_state_invalid')
 end
-if ARGV[6] == '1' then
+if ARGV[5] == '1' then
   return {'delivery_paused'}
 end
 if sub.status == 'paused' then
@@ -54,8 +60,18 @@ if sub.status == 'paused' then
 end
 
 local now, nowText = clockNow()
-local count, leaseMs, maxAttempts = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if #ARGV[8] ~= 32 * count then
+local leaseMs, maxAttempts = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- claims[c] is {count, hashes} of claim c; count is their sum.
+local claims, count = {}, 0
+for a = 7, #ARGV, 2 do
+  local n = tonumber(ARGV[a])
+  if not n or n < 1 or #(ARGV[a + 1] or '') ~= 32 * n then
+    return redis.error_reply('ERR token hashes do not match count')
+  end
+  table.insert(claims, {n, ARGV[a + 1]})
+  count = count + n
+end
+if #claims == 0 then
   return redis.error_reply('ERR token hashes do not match count')
 end
 
@@ -94,7 +110,7 @@ end
 
 -- Reads: expired leases, then new messages.
 local exhaust, lease = {}, {}
-local expired = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', nowText, 'LIMIT', '0', ARGV[7])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', nowText, 'LIMIT', '0', ARGV[6])
 if #expired > 0 then
   local recs = redis.call('HMGET', KEYS[6], unpack(expired))
   local opens = redis.call('HMGET', KEYS[4], unpack(expired))
@@ -116,7 +132,7 @@ if #expired > 0 then
 end
 local newPos
 if #lease < count then
-  local fresh = redis.call('XRANGE', KEYS[3], '(' .. sub.pos, '+', 'COUNT', #lease == 0 and ARGV[3] or decimal(count - #lease))
+  local fresh = redis.call('XRANGE', KEYS[3], '(' .. sub.pos, '+', 'COUNT', decimal(count - #lease))
   if #fresh > 0 then
     local ids = {}
     for i, e in ipairs(fresh) do
@@ -153,14 +169,24 @@ for _, x in ipairs(exhaust) do
     redis.call('ZADD', KEYS[5], now, id)
   end
 end
-local items = {}
+-- The leases go to the claims in order: claim c takes the next count of
+-- its own, each with the next of its own token hashes.
+local reply = {'ok', now}
+for c = 1, #claims do
+  reply[2 + c] = {}
+end
 if #lease > 0 then
   local leaseUntilMs = now + leaseMs
   local leaseUntil = decimal(leaseUntilMs)
   local records, scores = {}, {}
+  local c, k = 1, 0
   for i, x in ipairs(lease) do
+    if k == claims[c][1] then
+      c, k = c + 1, 0
+    end
+    k = k + 1
     local id, rec = x[1], x[2]
-    local h = string.sub(ARGV[8], 32 * i - 31, 32 * i)
+    local h = string.sub(claims[c][2], 32 * k - 31, 32 * k)
     if rec.h == nil or rec.h == '' then
       rec.h = h
     else
@@ -174,7 +200,7 @@ if #lease > 0 then
       (rec.r ~= nil and ',"r":' .. cjson.encode(rec.r) or '') .. ',"h":"' .. rec.h .. '"}'
     scores[2 * i - 1] = leaseUntil
     scores[2 * i] = id
-    items[i] = item(id, attempts, leaseUntilMs, x[3], i)
+    reply[2 + c][k] = item(id, attempts, leaseUntilMs, x[3], k)
   end
   redis.call('HSET', KEYS[6], unpack(records))
   redis.call('ZADD', KEYS[7], unpack(scores))
@@ -190,4 +216,4 @@ if newPos then
   end
   redis.call('HSET', KEYS[2], ARGV[1], moved)
 end
-return {'ok', now, items}
+return reply

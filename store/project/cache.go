@@ -95,7 +95,7 @@ func NewCache(rdb redis.UniversalClient) *Cache { return &Cache{rdb: rdb} }
 // becomes ErrDataStateInvalid, everything else goes through
 // ClassifyRedisError (no raw Redis text survives either way).
 func classifyProject(err error) error {
-	if err == nil || errors.Is(err, redis.Nil) {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, ErrDataStateInvalid) {
 		return err
 	}
 	msg := err.Error()

@@ -60,17 +60,11 @@ func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, 
 	msg = TopicMessage{TopicID: topicID, ProducerID: in.ProducerID, ClientEventID: in.ClientEventID, Payload: in.Payload, SizeBytes: size}
 	fresh := false
 	for range 5 {
-		var sids []string
-		var err error
-		if fresh {
-			sids, err = q.topicSubs(ctx, k, topicID)
-		} else {
-			sids, err = q.cachedTopicSubs(ctx, k, topicID)
-		}
+		t, err := q.publishKeys(ctx, k, topicID, fresh)
 		if err != nil {
 			return TopicMessage{}, false, err
 		}
-		need := size + ddBytes + int64(len(sids))*ReceiptReserveBytes
+		need := size + ddBytes + int64(len(t.sids))*ReceiptReserveBytes
 		g, err := q.leases.acquire(ctx, projectID, need)
 		if err != nil {
 			return TopicMessage{}, false, err
@@ -79,17 +73,8 @@ func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, 
 		if g.granted {
 			reserved = need
 		}
-		keys := make([]string, 0, 8+len(sids))
-		keys = append(keys, k.Topics(), k.Budget(), k.Dedupe(), k.DedupeExpiry(), k.TopicStream(topicID),
-			k.TopicSubscriptions(topicID), k.TopicOpen(topicID), k.TopicDone(topicID))
-		args := make([]any, 0, 14+len(sids))
-		args = append(args, topicID, identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved,
-			q.cfg.ProjectBudgetBytes, ReceiptReserveBytes, q.cfg.DedupeWindow.Milliseconds(), dedupePurgeBatch, len(sids))
-		for _, sid := range sids {
-			keys = append(keys, k.Receipts(sid))
-			args = append(args, sid)
-		}
-		res, err := q.batch.Script(ctx, lua.ProjectTopicPublish, keys, args...).Slice()
+		res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicPublish, true, t.pubKeys, t.pubHead,
+			identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved))
 		if err != nil {
 			q.done(ctx, g, 0, 0)
 			return TopicMessage{}, false, classifyProject(err)

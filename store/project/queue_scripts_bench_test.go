@@ -181,9 +181,9 @@ func (s scriptCalls) publish(ctx context.Context, b *testing.B, i int) {
 	need := int64(len(s.payload)) + dd + project.ReceiptReserveBytes
 	res, err := lua.ProjectTopicPublish.Run(ctx, s.rdb, []string{s.k.Topics(), s.k.Budget(), s.k.Dedupe(), s.k.DedupeExpiry(),
 		s.k.TopicStream(s.tid), s.k.TopicSubscriptions(s.tid), s.k.TopicOpen(s.tid), s.k.TopicDone(s.tid), s.k.Receipts(s.sid)},
-		s.tid, identity, project.Fingerprint([]byte(s.payload)), "producer", ev, s.payload, len(s.payload), dd, need,
-		int64(1<<40), project.ReceiptReserveBytes, 60000, 16, 1, s.sid).Slice()
-	if err != nil || res[0] != "created" {
+		s.tid, int64(1<<40), project.ReceiptReserveBytes, 60000, 16, 1, s.sid,
+		identity, project.Fingerprint([]byte(s.payload)), "producer", ev, s.payload, len(s.payload), dd, need).Slice()
+	if err != nil || res[0].([]any)[0] != "created" {
 		b.Fatal(res, err)
 	}
 }
@@ -196,7 +196,7 @@ func (s scriptCalls) claim(ctx context.Context, b *testing.B, count int) [][2]st
 	}
 	res, err := lua.ProjectTopicClaim.Run(ctx, s.rdb, []string{s.k.Topics(), s.k.Subscriptions(), s.k.TopicStream(s.tid),
 		s.k.TopicOpen(s.tid), s.k.TopicDone(s.tid), s.k.Receipts(s.sid), s.k.Leases(s.sid)},
-		s.sid, s.tid, count, 30000, project.ReceiptMaxAttempts, 0, 16, strings.Join(hashes, "")).Slice()
+		s.sid, s.tid, 30000, project.ReceiptMaxAttempts, 0, 16, count, strings.Join(hashes, "")).Slice()
 	if err != nil || res[0] != "ok" {
 		b.Fatal(res, err)
 	}
@@ -212,7 +212,7 @@ func (s scriptCalls) claim(ctx context.Context, b *testing.B, count int) [][2]st
 func (s scriptCalls) ack(ctx context.Context, b *testing.B, held [2]string) {
 	res, err := lua.ProjectTopicAck.Run(ctx, s.rdb, []string{s.k.Subscriptions(), s.k.TopicOpen(s.tid), s.k.TopicDone(s.tid),
 		s.k.Receipts(s.sid), s.k.Leases(s.sid)}, s.sid, s.tid, held[0], held[1], "processed", "").Slice()
-	if err != nil || res[0] != "ok" {
+	if err != nil || res[0].([]any)[0] != "ok" {
 		b.Fatal(res, err)
 	}
 }

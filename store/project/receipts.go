@@ -146,24 +146,27 @@ func LeaseTokenHash(token string) string {
 // the project's deliveryPaused (PostgreSQL). Errors:
 // ErrSubscriptionNotFound, ErrDeliveryPaused, ErrSubscriptionPaused.
 func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, projectPaused bool) ([]ClaimItem, error) {
-	tid, err := q.topicOf(ctx, k, subID)
+	sk, err := q.subKeysOf(ctx, k, subID)
 	if err != nil {
 		return nil, err
 	}
-	tokens, hashes := newLeaseTokens(count)
-	res, err := q.batch.Script(ctx, lua.ProjectTopicClaim, []string{k.Topics(), k.Subscriptions(), k.TopicStream(tid), k.TopicOpen(tid),
-		k.TopicDone(tid), k.Receipts(subID), k.Leases(subID)},
-		subID, tid, count, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan, hashes).Slice()
+	tid := sk.tid
+	tokens, hashes := q.tokens.take(count)
+	res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicClaim, false, sk.claim,
+		[]any{subID, tid, q.cfg.Lease.Milliseconds(), ReceiptMaxAttempts, b01(projectPaused), claimExpiredScan}, count, hashes))
 	if err != nil {
 		return nil, classifyProject(err)
 	}
 	switch outcome(res) {
 	case "ok":
 	case "subscription_not_found":
+		q.tokens.giveBack(tokens, make([]bool, count))
 		return nil, ErrSubscriptionNotFound
 	case "delivery_paused":
+		q.tokens.giveBack(tokens, make([]bool, count))
 		return nil, ErrDeliveryPaused
 	case "subscription_paused":
+		q.tokens.giveBack(tokens, make([]bool, count))
 		return nil, ErrSubscriptionPaused
 	default:
 		return nil, ErrDataStateInvalid
@@ -173,6 +176,7 @@ func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, proj
 	if !ok {
 		return nil, ErrDataStateInvalid
 	}
+	used := make([]bool, count)
 	out := make([]ClaimItem, 0, len(rows))
 	for _, row := range rows {
 		f, ok := row.([]any)
@@ -184,18 +188,20 @@ func (q *Queue) Claim(ctx context.Context, k Keys, subID string, count int, proj
 		c, _ := f[4].(string)
 		d, _ := f[5].(string)
 		idx := int64At(f, 8)
-		if idx < 1 || idx > int64(count) {
+		if idx < 1 || idx > int64(count) || used[idx-1] {
 			return nil, ErrDataStateInvalid
 		}
+		used[idx-1] = true
 		lease := int64At(f, 2)
 		out = append(out, ClaimItem{
 			Message: TopicMessage{ID: id, TopicID: tid, ProducerID: p, ClientEventID: c, Payload: []byte(d),
 				SizeBytes: int64At(f, 6), PublishedAt: int64At(f, 7)},
 			Receipt: Receipt{MessageID: id, SubscriptionID: subID, Status: "leased", Attempts: int(int64At(f, 1)),
 				LeaseUntil: lease, UpdatedAt: now},
-			Token: tokens[idx-1], LeaseUntil: lease,
+			Token: tokens[idx-1].token, LeaseUntil: lease,
 		})
 	}
+	q.tokens.giveBack(tokens, used)
 	return out, nil
 }
 
@@ -210,12 +216,11 @@ func (q *Queue) Ack(ctx context.Context, k Keys, subID, messageID, token, status
 		}
 		return Receipt{}, false, ErrMessageNotFound
 	}
-	tid, err := q.topicOf(ctx, k, subID)
+	sk, err := q.subKeysOf(ctx, k, subID)
 	if err != nil {
 		return Receipt{}, false, err
 	}
-	res, err := q.batch.Script(ctx, lua.ProjectTopicAck, []string{k.Subscriptions(), k.TopicOpen(tid), k.TopicDone(tid),
-		k.Receipts(subID), k.Leases(subID)}, subID, tid, messageID, LeaseTokenHash(token), status, result).Slice()
+	res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicAck, true, sk.ack, []any{subID, sk.tid}, messageID, LeaseTokenHash(token), status, result))
 	if err != nil {
 		return Receipt{}, false, classifyProject(err)
 	}
@@ -231,7 +236,7 @@ func (q *Queue) Ack(ctx context.Context, k Keys, subID, messageID, token, status
 		return Receipt{}, false, ErrLeaseTokenMismatch
 	case "receipt_conflict":
 		return Receipt{}, false, ErrReceiptConflict
-	default:
+	default: // data_state_invalid
 		return Receipt{}, false, ErrDataStateInvalid
 	}
 	raw, _ := res[1].(string)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
 
+	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -146,19 +147,23 @@ type Queue struct {
 	module *ModuleBudget
 	leases *moduleLeases
 	batch  *rds.Batcher
+	merger combine.Combiner[*mergeCall] // publish, claim and ack (merge.go)
+	tokens tokenPool                    // lease tokens claims did not use (tokens.go)
 	cfg    QueueConfig
 
-	mu       sync.Mutex          // guards subTopic and subsOf
-	subTopic map[string]string   // project prefix + subscription id → topic id (never changes)
-	subsOf   map[string][]string // project prefix + topic id → its subscription ids, as last seen
+	mu       sync.Mutex               // guards subTopic and subsOf
+	subTopic map[idKey]*subKeys       // subscription → its topic (never changes) and script keys
+	subsOf   map[idKey]*topicSubsKeys // topic → its subscription ids as last seen, and publish keys
 
 	settleFailures atomic.Int64
 }
 
 // NewQueue returns the project queue over the DB0 client.
 func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
-	return &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: rds.NewBatcher(rdb), cfg: cfg.withDefaults(),
-		subTopic: map[string]string{}, subsOf: map[string][]string{}}
+	q := &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: rds.NewBatcher(rdb), cfg: cfg.withDefaults(),
+		subTopic: map[idKey]*subKeys{}, subsOf: map[idKey]*topicSubsKeys{}}
+	q.merger = combine.Combiner[*mergeCall]{Exec: q.execMerged, InFlight: mergeInFlight, Max: mergeMax}
+	return q
 }
 
 // Config is the configuration in force (defaults filled in).
@@ -209,32 +214,29 @@ func (q *Queue) CreateTopic(ctx context.Context, k Keys, id, name, description s
 
 // topicSubs returns the topic's subscription ids, sorted.
 func (q *Queue) topicSubs(ctx context.Context, k Keys, topicID string) ([]string, error) {
+	t, err := q.readTopicSubs(ctx, k, topicID)
+	if err != nil {
+		return nil, err
+	}
+	return t.sids, nil
+}
+
+// readTopicSubs reads the topic's subscription ids and keeps them, with
+// the publish keys for them, as last seen.
+func (q *Queue) readTopicSubs(ctx context.Context, k Keys, topicID string) (*topicSubsKeys, error) {
 	sids, err := q.rdb.SMembers(ctx, k.TopicSubscriptions(topicID)).Result()
 	if err != nil {
 		return nil, classifyProject(err)
 	}
 	slices.Sort(sids)
+	t := q.newTopicSubsKeys(k, topicID, sids)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.subsOf) >= 1<<14 {
+	if len(q.subsOf) >= subsOfMax {
 		clear(q.subsOf)
 	}
-	q.subsOf[k.Prefix()+topicID] = sids
-	return sids, nil
-}
-
-// cachedTopicSubs is topicSubs as last seen by this instance (one round
-// trip less per publish). The publish script compares the list with the
-// topic's SET and answers 'retry' when it changed; the caller then reads
-// it afresh.
-func (q *Queue) cachedTopicSubs(ctx context.Context, k Keys, topicID string) ([]string, error) {
-	q.mu.Lock()
-	sids, ok := q.subsOf[k.Prefix()+topicID]
-	q.mu.Unlock()
-	if ok {
-		return sids, nil
-	}
-	return q.topicSubs(ctx, k, topicID)
+	q.subsOf[idKey{k.Prefix(), topicID}] = t
+	return t, nil
 }
 
 // DeleteTopic deletes a topic with its messages, subscriptions and receipts
@@ -330,37 +332,47 @@ func (q *Queue) SetSubscriptionStatus(ctx context.Context, k Keys, id, status st
 	return Subscription{}, ErrDataStateInvalid
 }
 
-func (q *Queue) rememberTopic(k Keys, subID, topicID string) {
+func (q *Queue) rememberTopic(k Keys, subID, topicID string) *subKeys {
+	sk := newSubKeys(k, subID, topicID)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.subTopic) >= 1<<16 {
+	if len(q.subTopic) >= subTopicMax {
 		clear(q.subTopic)
 	}
-	q.subTopic[k.Prefix()+subID] = topicID
+	q.subTopic[idKey{k.Prefix(), subID}] = sk
+	return sk
 }
 
 // topicOf returns the topic of a subscription (cached: it never changes;
 // every script checks the subscription still exists).
 func (q *Queue) topicOf(ctx context.Context, k Keys, subID string) (string, error) {
+	sk, err := q.subKeysOf(ctx, k, subID)
+	if err != nil {
+		return "", err
+	}
+	return sk.tid, nil
+}
+
+// subKeysOf is topicOf with the subscription's script keys.
+func (q *Queue) subKeysOf(ctx context.Context, k Keys, subID string) (*subKeys, error) {
 	q.mu.Lock()
-	tid, ok := q.subTopic[k.Prefix()+subID]
+	sk, ok := q.subTopic[idKey{k.Prefix(), subID}]
 	q.mu.Unlock()
 	if ok {
-		return tid, nil
+		return sk, nil
 	}
 	raw, err := q.rdb.HGet(ctx, k.Subscriptions(), subID).Result()
 	if errors.Is(err, redis.Nil) {
-		return "", ErrSubscriptionNotFound
+		return nil, ErrSubscriptionNotFound
 	}
 	if err != nil {
-		return "", classifyProject(err)
+		return nil, classifyProject(err)
 	}
 	var rec subRecord
 	if err := json.Unmarshal([]byte(raw), &rec); err != nil || rec.TopicID == "" {
-		return "", ErrDataStateInvalid
+		return nil, ErrDataStateInvalid
 	}
-	q.rememberTopic(k, subID, rec.TopicID)
-	return rec.TopicID, nil
+	return q.rememberTopic(k, subID, rec.TopicID), nil
 }
 
 // DeleteSubscription deletes a subscription with its receipts and releases
