@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/presence"
 )
 
 // tripCounter counts what a go-redis client sends: round trips (one
@@ -201,7 +203,13 @@ func TestDrainRedisBudget(t *testing.T) {
 	admin := r.AdminClient(1)
 	t.Cleanup(func() { admin.Close() })
 	pool := openPool(t)
-	in := newInstance(t, pool, opts{rtURL: r.URL(1)})
+	// The offline checks fall due after the drain (as with the default
+	// debounce, 2 s), so the two phases are measured apart; no periodic
+	// heartbeat pipeline of the open sockets straddles the start of the
+	// measurement (none runs once the drain started).
+	in := newInstance(t, pool, opts{rtURL: r.URL(1), presence: func(c *presence.Config) {
+		c.OfflineDebounce, c.RefreshInterval = 3*time.Second, time.Hour
+	}})
 	var w tripCounter
 	in.rt.AddHook(&w)
 	// Four users in five hold two sockets each.
@@ -264,8 +272,8 @@ func TestDrainRedisBudget(t *testing.T) {
 const inProcessSockets = 5000
 
 // dialerEnv makes the test binary a dialer (TestDrainDialer): the URL to
-// dial; dialerUsers holds the comma-separated users, dialerCount how many
-// sockets.
+// dial; dialerUsers names a file of comma-separated users, dialerCount
+// says how many sockets.
 const (
 	dialerEnv   = "HAN_DRAIN_DIALER_URL"
 	dialerUsers = "HAN_DRAIN_DIALER_USERS"
@@ -286,8 +294,11 @@ func startDialer(t testing.TB, in *instance, users []string, n int) *dialerProce
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^TestDrainDialer$", "-test.v")
-	cmd.Env = append(os.Environ(), dialerEnv+"="+in.wsURL(), dialerUsers+"="+strings.Join(users, ","),
-		dialerCount+"="+strconv.Itoa(n))
+	usersFile := filepath.Join(t.TempDir(), "users")
+	if err := os.WriteFile(usersFile, []byte(strings.Join(users, ",")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), dialerEnv+"="+in.wsURL(), dialerUsers+"="+usersFile, dialerCount+"="+strconv.Itoa(n))
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -327,7 +338,11 @@ func TestDrainDialer(t *testing.T) {
 	if u == "" {
 		t.Skip("the dialer of TestDrainRedisBudget")
 	}
-	users := strings.Split(os.Getenv(dialerUsers), ",")
+	b, err := os.ReadFile(os.Getenv(dialerUsers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := strings.Split(string(b), ",")
 	n, _ := strconv.Atoi(os.Getenv(dialerCount))
 	base, _ := strings.CutSuffix(strings.TrimPrefix(u, "ws"), "/v1/realtime")
 	in := &instance{t: t, srv: &httptest.Server{URL: "http" + base}}

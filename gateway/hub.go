@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -392,6 +394,9 @@ func (h *Hub) startDraining() *drainRemover {
 func (h *Hub) drain(ctx context.Context) error {
 	r := h.startDraining()
 	conns := h.snapshot()
+	// A user's sockets close in the same batch, so their removals tend to
+	// share one script (drainremove.go).
+	slices.SortFunc(conns, func(a, b *conn) int { return strings.Compare(a.userID, b.userID) })
 	for i := 0; i < len(conns); i += h.cfg.DrainBatch {
 		for _, c := range conns[i:min(i+h.cfg.DrainBatch, len(conns))] {
 			c.closeWith(CloseGoingAway, h.retryReason())

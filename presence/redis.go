@@ -30,17 +30,17 @@ type Presence struct {
 	sweptConns        prometheus.Counter
 	sweptInstances    prometheus.Counter
 
-	mu       sync.Mutex // guards pending, due, checking, offlineRunning, closed, started, cancel
+	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, closed, started, cancel
 	pending  map[string]*offlineCheck // user → its scheduled offline check
 	due      []*offlineCheck          // scheduled checks in due order (cancelled ones skipped)
 	checking int                      // checks taken from due whose outcome is not yet reported
 	// offlineRunning: the goroutine that runs due checks is running.
 	offlineRunning bool
 	offlineWake    chan struct{} // wakes that goroutine (Close)
-	closed   bool
-	started  bool
-	cancel   context.CancelFunc
-	inflight sync.WaitGroup // transition callbacks and loops
+	closed         bool
+	started        bool
+	cancel         context.CancelFunc
+	inflight       sync.WaitGroup // transition callbacks and loops
 
 	ops opBatcher // connects and disconnects, batched
 }
