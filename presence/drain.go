@@ -13,16 +13,18 @@ import (
 
 // Teardown of many connections at once (a draining instance). A user's
 // connections go in one script on the user's hash tag, as the key layout
-// requires, but many users' scripts share one pipeline, and the instance
-// index loses the whole pipeline's members in one command: draining N
-// sockets costs about one script per user and one round trip per
-// drainUsersPerTrip users, instead of one script and a share of a small
-// pipeline per connection.
+// requires, but many users' scripts share one pipeline: draining N sockets
+// costs one script per user and one round trip per drainUsersPerTrip
+// users, instead of one script and a share of a small pipeline per
+// connection. The instance index keeps the members: Deregister deletes it
+// whole when the instance stops, and should the instance die first, the
+// survivors' sweep of what it still lists is a harmless repeat.
 const drainUsersPerTrip = 512
 
 // DisconnectMany removes conns, a duplicate or an already removed one
 // harmlessly, and schedules the offline check of every user left with no
-// live connection, as Disconnect does. It returns the time Redis recorded
+// live connection, as Disconnect does. It leaves their entries in this
+// instance's index (a stopping instance calls Deregister next). It returns the time Redis recorded
 // (now if nothing answered). On an error, the connections of the failed
 // round trip and of those after it stay until their TTL.
 func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time, error) {
@@ -46,17 +48,10 @@ func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time,
 		n := min(len(users), drainUsersPerTrip)
 		batch := users[:n]
 		users = users[n:]
-		var members []any
-		for _, u := range batch {
-			for _, c := range u.conns {
-				members = append(members, u.id+":"+c)
-			}
-		}
 		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 			for _, u := range batch {
 				p.disconnectUser(ctx, pipe, u.id, u.conns)
 			}
-			pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), members...)
 		})
 		for i, u := range batch {
 			if i >= len(cmds) {
