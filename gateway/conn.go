@@ -9,6 +9,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store"
 )
 
@@ -125,7 +126,8 @@ func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 }
 
 // teardown runs once the reader returned: stop the writer, leave every
-// channel, and record the disconnect in presence and PostgreSQL.
+// channel, and record the disconnect in presence and PostgreSQL; while the
+// hub drains, the last two are batched with the other teardowns'.
 func (c *conn) teardown() {
 	h := c.hub
 	// closed first, under mu: no writer starts after this, so the Wait
@@ -137,12 +139,18 @@ func (c *conn) teardown() {
 	c.cancel()
 	_ = c.ws.CloseNow() // ends a write the writer may be blocked in
 	c.writer.Wait()
-	channels := h.remove(c)
-	for _, ch := range channels {
-		h.deps.Subscriber.Unsubscribe(ch)
-	}
+	channels, drained := h.remove(c)
 	if h.killed.Load() {
 		return
+	}
+	if drained != nil {
+		// The Pub/Sub connection closes with the service; the
+		// presence removal joins the others' (drainremove.go).
+		drained.add(presence.Conn{UserID: c.userID, ConnID: c.id})
+		return
+	}
+	for _, ch := range channels {
+		h.deps.Subscriber.Unsubscribe(ch)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,10 +41,11 @@ type Hub struct {
 	rec    *recoverer
 	gate   *admission // handshakes' Redis and PostgreSQL work
 
-	mu       sync.RWMutex // guards conns, channels, draining
+	mu       sync.RWMutex // guards conns, channels, draining, remover
 	conns    map[*conn]struct{}
 	channels map[string]map[*conn]*sub // Redis channel → local subscribers (nil sub: the user's own channel)
 	draining bool
+	remover  *drainRemover // set with draining: the teardowns' batched presence removal
 
 	killed atomic.Bool    // connections end without presence cleanup (a crash)
 	wg     sync.WaitGroup // connection goroutines
@@ -188,12 +191,13 @@ func (h *Hub) add(c *conn) bool {
 }
 
 // remove unregisters a connection and returns the channels it left (the
-// caller releases their references).
-func (h *Hub) remove(c *conn) []string {
+// caller releases their references) and, while the hub drains, the remover
+// that takes the connection's presence removal.
+func (h *Hub) remove(c *conn) ([]string, *drainRemover) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, ok := h.conns[c]; !ok {
-		return nil
+		return nil, h.remover
 	}
 	delete(h.conns, c)
 	out := []string{pubsub.UserChannel(c.userID)}
@@ -217,7 +221,7 @@ func (h *Hub) remove(c *conn) []string {
 		default:
 		}
 	}
-	return out
+	return out, h.remover
 }
 
 // attach adds a (not yet ready) dialog subscription; false if the
@@ -308,10 +312,14 @@ func (h *Hub) snapshot() []*conn {
 	return out
 }
 
-// presenceConns lists the local connections for the periodic heartbeat.
+// presenceConns lists the local connections for the periodic heartbeat:
+// none once the hub drains (they are all about to be removed).
 func (h *Hub) presenceConns() []presence.Conn {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
+	if h.draining {
+		return nil
+	}
 	out := make([]presence.Conn, 0, len(h.conns))
 	for c := range h.conns {
 		c.mu.Lock()
@@ -368,13 +376,27 @@ func (h *Hub) retryReason() string {
 	return `{"retryMs":` + strconv.FormatInt(lo+rand.Int64N(hi-lo+1), 10) + `}`
 }
 
-// drain stops accepting connections and closes the existing ones with 1001
-// in batches, then waits until all are gone or ctx ends.
-func (h *Hub) drain(ctx context.Context) error {
+// startDraining refuses new connections from now on and starts the
+// batched presence removal of the connections that end.
+func (h *Hub) startDraining() *drainRemover {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.draining = true
-	h.mu.Unlock()
+	if h.remover == nil {
+		h.remover = newDrainRemover(h)
+	}
+	return h.remover
+}
+
+// drain stops accepting connections and closes the existing ones with 1001
+// in batches, then waits until all are gone and their presence removed, or
+// ctx ends.
+func (h *Hub) drain(ctx context.Context) error {
+	r := h.startDraining()
 	conns := h.snapshot()
+	// A user's sockets close in the same batch, so their removals tend to
+	// share one script (drainremove.go).
+	slices.SortFunc(conns, func(a, b *conn) int { return strings.Compare(a.userID, b.userID) })
 	for i := 0; i < len(conns); i += h.cfg.DrainBatch {
 		for _, c := range conns[i:min(i+h.cfg.DrainBatch, len(conns))] {
 			c.closeWith(CloseGoingAway, h.retryReason())
@@ -394,7 +416,10 @@ func (h *Hub) drain(ctx context.Context) error {
 		n := len(h.conns)
 		h.mu.RUnlock()
 		if n == 0 {
-			return h.waitTeardowns(ctx)
+			if err := h.waitTeardowns(ctx); err != nil {
+				return err
+			}
+			return r.finish(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -423,14 +448,14 @@ func (h *Hub) waitTeardowns(ctx context.Context) error {
 	}
 }
 
-// closeAll ends every connection at once (after a drain, or a crash).
+// closeAll ends every connection at once (after a drain, or a crash) and
+// waits for their teardowns, presence removals included.
 func (h *Hub) closeAll() {
-	h.mu.Lock()
-	h.draining = true
-	h.mu.Unlock()
+	r := h.startDraining()
 	for _, c := range h.snapshot() {
 		_ = c.ws.CloseNow()
 		c.cancel()
 	}
 	h.wg.Wait()
+	r.stop()
 }

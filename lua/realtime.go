@@ -6,6 +6,7 @@ package lua
 var (
 	RTHeartbeat         = mustLoad("rt_heartbeat")
 	RTDisconnect        = mustLoad("rt_disconnect")
+	RTDisconnectUser    = mustLoad("rt_disconnect_user")
 	RTOffline           = mustLoad("rt_offline")
 	RTPresence          = mustLoad("rt_presence")
 	RTInstanceHeartbeat = mustLoad("rt_instance_heartbeat")

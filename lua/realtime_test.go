@@ -20,6 +20,9 @@ func init() {
 		"rt_disconnect": func(ctx context.Context, c redis.Scripter) error {
 			return lua.RTDisconnect.Run(ctx, c, []string{conn, user}, "c1", 90000, 100).Err()
 		},
+		"rt_disconnect_user": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTDisconnectUser.Run(ctx, c, []string{user, conn}, 90000, "c1").Err()
+		},
 		"rt_offline": func(ctx context.Context, c redis.Scripter) error {
 			return lua.RTOffline.Run(ctx, c, []string{user, online}, 90000).Err()
 		},
@@ -190,5 +193,35 @@ func TestPresenceConnectionCap(t *testing.T) {
 	}
 	if refused(hb("c4", 2)) {
 		t.Fatal("a disconnect must free its slot")
+	}
+}
+
+// rt_disconnect_user removes several connections of one user in one call,
+// reports the live ones left, and a duplicate call removes nothing.
+func TestDisconnectUserScript(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	conn := func(id string) string { return "han:rt:conn:{u7}:" + id }
+	user, online := "han:rt:user:{u7}:connections", "han:rt:user:{u7}:online"
+	for _, id := range []string{"c1", "c2", "c3"} {
+		if err := lua.RTHeartbeat.Run(ctx, c, []string{conn(id), user, online}, "u7", id, "i1", 0, 90000, 120000, 100).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func() []any {
+		v, err := lua.RTDisconnectUser.Run(ctx, c, []string{user, conn("c1"), conn("c2")}, 90000, "c1", "c2").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if r := run(); r[0].(int64) != 2 || r[1].(int64) != 1 {
+		t.Fatalf("disconnect of c1 and c2: %v, want 2 removed and 1 live", r)
+	}
+	if c.Exists(ctx, conn("c1"), conn("c2")).Val() != 0 || c.Exists(ctx, conn("c3")).Val() != 1 {
+		t.Fatal("the removed connections' HASHes must go, the other's stay")
+	}
+	if r := run(); r[0].(int64) != 0 || r[1].(int64) != 1 {
+		t.Fatalf("a duplicate disconnect must remove nothing: %v", r)
 	}
 }

@@ -30,12 +30,17 @@ type Presence struct {
 	sweptConns        prometheus.Counter
 	sweptInstances    prometheus.Counter
 
-	mu       sync.Mutex // guards pending, closed, started, cancel
-	pending  map[string]*time.Timer
-	closed   bool
-	started  bool
-	cancel   context.CancelFunc
-	inflight sync.WaitGroup // transition callbacks and loops
+	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, closed, started, cancel
+	pending  map[string]*offlineCheck // user → its scheduled offline check
+	due      []*offlineCheck          // scheduled checks in due order (cancelled ones skipped)
+	checking int                      // checks taken from due whose outcome is not yet reported
+	// offlineRunning: the goroutine that runs due checks is running.
+	offlineRunning bool
+	offlineWake    chan struct{} // wakes that goroutine (Close)
+	closed         bool
+	started        bool
+	cancel         context.CancelFunc
+	inflight       sync.WaitGroup // transition callbacks and loops
 
 	ops opBatcher // connects and disconnects, batched
 }
@@ -47,7 +52,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 	}
 	cfg.defaults()
 	p := &Presence{cfg: cfg, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger, events: events,
-		pending: map[string]*time.Timer{},
+		pending: map[string]*offlineCheck{}, offlineWake: make(chan struct{}, 1),
 		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_heartbeat_failures_total",
 			Help: "Presence heartbeat batches or instance liveness refreshes that failed."}),
 		sweptConns: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_swept_connections_total",
@@ -356,7 +361,7 @@ func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner))
 		if err == nil || attempt > 0 || !hasNoScript(cmds) {
 			return cmds, err
 		}
-		for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTInstanceHeartbeat, lua.RTInstancesAdd} {
+		for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd} {
 			if err := s.Load(ctx, p.rdb); err != nil {
 				return cmds, err
 			}

@@ -123,45 +123,6 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 	}
 }
 
-// scheduleOffline checks the user's offline transition after the debounce.
-func (p *Presence) scheduleOffline(userID string, at time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed || p.pending[userID] != nil {
-		return
-	}
-	p.pending[userID] = time.AfterFunc(p.cfg.OfflineDebounce, func() {
-		p.mu.Lock()
-		delete(p.pending, userID)
-		if p.closed {
-			p.mu.Unlock()
-			return
-		}
-		p.inflight.Add(1)
-		p.mu.Unlock()
-		defer p.inflight.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		went, err := p.MarkOffline(ctx, userID)
-		if err != nil {
-			p.logger.Warn("presence offline check failed", slog.String("kind", rds.Kind(err)))
-			return
-		}
-		if went && p.events != nil {
-			p.events.Offline(ctx, userID, at)
-		}
-	})
-}
-
-func (p *Presence) cancelOffline(userID string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if t := p.pending[userID]; t != nil {
-		t.Stop()
-		delete(p.pending, userID)
-	}
-}
-
 // emit runs fn on a tracked goroutine (transition callbacks must not hold
 // up the connection that caused them).
 func (p *Presence) emit(fn func(ctx context.Context)) {
@@ -193,7 +154,7 @@ func (p *Presence) Shutdown(ctx context.Context) {
 	}
 	for {
 		p.mu.Lock()
-		n := len(p.pending)
+		n := len(p.pending) + p.checking
 		p.mu.Unlock()
 		if n == 0 {
 			break
@@ -220,12 +181,14 @@ func (p *Presence) Close() {
 		return
 	}
 	p.closed = true
-	for id, t := range p.pending {
-		t.Stop()
-		delete(p.pending, id)
-	}
+	clear(p.pending)
+	p.due = nil
 	cancel := p.cancel
 	p.mu.Unlock()
+	select {
+	case p.offlineWake <- struct{}{}:
+	default:
+	}
 	if cancel != nil {
 		cancel()
 	}

@@ -51,6 +51,19 @@ func (s *Store) TouchLastSeen(ctx context.Context, userID string, t time.Time) e
 	return nil
 }
 
+// TouchLastSeenMany is TouchLastSeen for many users at once, one statement
+// (a draining instance's teardown). Unknown users are ignored.
+func (s *Store) TouchLastSeenMany(ctx context.Context, userIDs []string, t time.Time) error {
+	if len(userIDs) == 0 {
+		return nil
+	}
+	_, err := s.pool.Exec(ctx, `UPDATE users SET last_seen_at = GREATEST(COALESCE(last_seen_at, $2), $2) WHERE id = ANY($1::uuid[])`, userIDs, t)
+	if err != nil {
+		return fmt.Errorf("touch last seen: %w", err)
+	}
+	return nil
+}
+
 // PresenceVisible reports whether viewer may see target's presence: the
 // user themself or someone who shares a dialog with them. It also returns
 // the target's persisted lastSeenAt (nil when none). A target that does not

@@ -91,6 +91,11 @@ var invocations = map[string]invocation{
 		u := p.user()
 		return lua.RTDisconnect.Run(ctx, c, []string{presence.ConnKey(u, "c1"), presence.UserConnsKey(u)}, "c1", 90000, 100).Err()
 	},
+	"rt_disconnect_user": func(ctx context.Context, c redis.Scripter, p place) error {
+		u := p.user()
+		return lua.RTDisconnectUser.Run(ctx, c, []string{presence.UserConnsKey(u), presence.ConnKey(u, "c1"), presence.ConnKey(u, "c2")},
+			90000, "c1", "c2").Err()
+	},
 	"rt_offline": func(ctx context.Context, c redis.Scripter, p place) error {
 		u := p.user()
 		return lua.RTOffline.Run(ctx, c, []string{presence.UserConnsKey(u), presence.OnlineKey(u)}, 90000).Err()

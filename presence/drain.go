@@ -1,0 +1,82 @@
+package presence
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// Teardown of many connections at once (a draining instance). A user's
+// connections go in one script on the user's hash tag, as the key layout
+// requires, but many users' scripts share one pipeline: draining N sockets
+// costs one script per user and one round trip per drainUsersPerTrip
+// users, instead of one script and a share of a small pipeline per
+// connection. The instance index keeps the members: Deregister deletes it
+// whole when the instance stops, and should the instance die first, the
+// survivors' sweep of what it still lists is a harmless repeat.
+const drainUsersPerTrip = 512
+
+// DisconnectMany removes conns, a duplicate or an already removed one
+// harmlessly, and schedules the offline check of every user left with no
+// live connection, as Disconnect does. It leaves their entries in this
+// instance's index (a stopping instance calls Deregister next). It returns the time Redis recorded
+// (now if nothing answered). On an error, the connections of the failed
+// round trip and of those after it stay until their TTL.
+func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time, error) {
+	type user struct {
+		id    string
+		conns []string
+	}
+	var users []*user
+	byID := map[string]*user{}
+	for _, c := range conns {
+		u := byID[c.UserID]
+		if u == nil {
+			u = &user{id: c.UserID}
+			byID[c.UserID] = u
+			users = append(users, u)
+		}
+		u.conns = append(u.conns, c.ConnID)
+	}
+	at := time.Now()
+	for len(users) > 0 {
+		n := min(len(users), drainUsersPerTrip)
+		batch := users[:n]
+		users = users[n:]
+		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+			for _, u := range batch {
+				p.disconnectUser(ctx, pipe, u.id, u.conns)
+			}
+		})
+		for i, u := range batch {
+			if i >= len(cmds) {
+				break
+			}
+			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil {
+				at = p.afterDisconnect(u.id, v)
+			}
+		}
+		if err != nil {
+			return at, fmt.Errorf("presence disconnect: %w", rds.ClassifyRedisError(err))
+		}
+	}
+	return at, nil
+}
+
+// disconnectUser queues the removal of a user's connections.
+func (p *Presence) disconnectUser(ctx context.Context, c redis.Scripter, userID string, connIDs []string) *redis.Cmd {
+	keys := make([]string, 0, 1+len(connIDs))
+	args := make([]any, 0, 1+len(connIDs))
+	keys = append(keys, UserConnsKey(userID))
+	args = append(args, ms(p.cfg.ConnTTL))
+	for _, c := range connIDs {
+		keys = append(keys, ConnKey(userID, c))
+		args = append(args, c)
+	}
+	return lua.RTDisconnectUser.Run(ctx, c, keys, args...)
+}
