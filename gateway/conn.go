@@ -53,8 +53,6 @@ type conn struct {
 	id     string
 	userID string
 	cork   *corkConn // the hijacked connection; nil when not hijacked by us
-	// ended is set by cancel: the connection is over (see opContext).
-	ended atomic.Bool
 
 	writer sync.WaitGroup // the running writer, if any
 	// writeLoopFn is c.writeLoop, made once: a go statement on a method
@@ -62,13 +60,19 @@ type conn struct {
 	// burst; starting this func value allocates nothing.
 	writeLoopFn func()
 
+	// ended is set by cancel: the connection is over (see opContext). It
+	// sits with the flags below to keep the struct in a smaller size class
+	// (an idle connection holds one); it is atomic, not guarded by mu.
+	ended atomic.Bool
+
 	mu           sync.Mutex // guards everything below
 	writing      bool       // a writer goroutine runs
+	resyncQueued bool       // a resync is queued and not yet taken by the writer
+	pingDue      bool
+	closed       bool
 	spare        []outFrame // a small batch slice kept for the next writer
 	q            []outFrame
 	qBytes       int
-	resyncQueued bool // a resync is queued and not yet taken by the writer
-	pingDue      bool
 	lastPing     time.Time
 	// expires (Unix ns) is when the credential stops being valid: its exp
 	// plus the verifier's leeway. The ping loop closes the connection with
@@ -76,13 +80,12 @@ type conn struct {
 	expires     int64
 	closeCode   websocket.StatusCode
 	closeReason string
-	closed      bool
 	// subs are the dialog subscriptions (at most MaxSubscriptions, most
 	// often one or a few): a slice searched by dialog id costs a fraction
 	// of a map's memory per idle connection.
 	subs         []*sub
 	overflows    int
-	overflowFrom time.Time
+	overflowFrom int64 // Unix ns: start of the window overflows counts in
 }
 
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {

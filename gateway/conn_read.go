@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -59,10 +60,26 @@ func (c *conn) readLoop() {
 // (docs/benchmarks.md, "Idle connections"). The helper's stack goes back to
 // the runtime when it exits.
 func (c *conn) frameAside(rd io.Reader) bool {
-	done := make(chan bool, 1)
-	go func() { done <- c.frame(rd) }()
-	return <-done
+	r := frameRuns.Get().(*frameRun)
+	r.c, r.rd = c, rd
+	go runFrame(r)
+	ok := <-r.done
+	r.c, r.rd = nil, nil
+	frameRuns.Put(r)
+	return ok
 }
+
+// frameRun hands one frame to frameAside's helper. Pooled with its
+// channel, so a frame allocates only the go statement's small closure.
+type frameRun struct {
+	c    *conn
+	rd   io.Reader
+	done chan bool
+}
+
+var frameRuns = sync.Pool{New: func() any { return &frameRun{done: make(chan bool, 1)} }}
+
+func runFrame(r *frameRun) { r.done <- r.c.frame(r.rd) }
 
 // frame reads one text frame's payload from rd and answers it.
 func (c *conn) frame(rd io.Reader) bool {
