@@ -4,12 +4,14 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
 )
 
@@ -20,18 +22,24 @@ type outFrame struct {
 
 // sub is one dialog subscription of a connection. Until ready (the
 // subscribed frame is queued) its events wait in pending, so no event of a
-// dialog reaches the client before its subscribed frame.
+// dialog reaches the client before its subscribed frame. It is kept small:
+// every idle connection holds one per dialog it follows.
 type sub struct {
-	dialogID        string
-	channel         string
-	ready           bool
-	pending         []outFrame
-	pendingOverflow bool
-	lastTyping      time.Time
+	// channel is the dialog's Redis channel, the same string for every
+	// local subscriber of the dialog (the hub's members name); the dialog
+	// id is its tail.
+	channel    string
+	pending    []outFrame
+	lastTyping int64 // Unix ns of the last typing published
 	// replayedUpTo: the recovery of this subscription replayed the
 	// message.created events up to this seq; later copies are dropped.
-	replayedUpTo int64
+	replayedUpTo    int64
+	ready           bool
+	pendingOverflow bool
 }
+
+// dialogID is the subscription's dialog (no allocation: a part of channel).
+func (s *sub) dialogID() string { return pubsub.DialogOfChannel(s.channel) }
 
 // conn is one WebSocket connection. Its reader goroutine owns reads and the
 // connection's lifetime. A writer goroutine runs only while there is
@@ -46,8 +54,6 @@ type conn struct {
 	id     string
 	userID string
 	cork   *corkConn // the hijacked connection; nil when not hijacked by us
-	ctx    context.Context
-	cancel context.CancelFunc
 
 	writer sync.WaitGroup // the running writer, if any
 	// writeLoopFn is c.writeLoop, made once: a go statement on a method
@@ -55,32 +61,54 @@ type conn struct {
 	// burst; starting this func value allocates nothing.
 	writeLoopFn func()
 
+	// ended is set by cancel: the connection is over (see opContext). It
+	// sits with the flags below to keep the struct in a smaller size class
+	// (an idle connection holds one); it is atomic, not guarded by mu.
+	ended atomic.Bool
+
 	mu           sync.Mutex // guards everything below
 	writing      bool       // a writer goroutine runs
+	resyncQueued bool       // a resync is queued and not yet taken by the writer
+	pingDue      bool
+	closed       bool
 	spare        []outFrame // a small batch slice kept for the next writer
 	q            []outFrame
 	qBytes       int
-	resyncQueued bool // a resync is queued and not yet taken by the writer
-	pingDue      bool
 	lastPing     time.Time
 	// expires (Unix ns) is when the credential stops being valid: its exp
 	// plus the verifier's leeway. The ping loop closes the connection with
 	// 4001 token_expired then; a refresh frame moves it.
-	expires      int64
-	closeCode    websocket.StatusCode
-	closeReason  string
-	closed       bool
-	subs         map[string]*sub // dialog id → subscription
+	expires     int64
+	closeCode   websocket.StatusCode
+	closeReason string
+	// subs are the dialog subscriptions (at most MaxSubscriptions, most
+	// often one or a few): a slice searched by dialog id costs a fraction
+	// of a map's memory per idle connection.
+	subs         []*sub
 	overflows    int
-	overflowFrom time.Time
+	overflowFrom int64 // Unix ns: start of the window overflows counts in
 }
 
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID, ctx: ctx, cancel: cancel,
-		subs: map[string]*sub{}, lastPing: time.Now(), expires: expires.UnixNano()}
+	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID,
+		lastPing: time.Now(), expires: expires.UnixNano()}
 	c.writeLoopFn = c.writeLoop
 	return c
+}
+
+// cancel marks the connection over; whoever calls it also closes the
+// socket, which ends any read, write or ping in progress (see opContext).
+func (c *conn) cancel() { c.ended.Store(true) }
+
+// subLocked is the subscription to dialogID and its index in subs, or nil
+// and -1. c.mu must be held.
+func (c *conn) subLocked(dialogID string) (*sub, int) {
+	for i, s := range c.subs {
+		if s.dialogID() == dialogID {
+			return s, i
+		}
+	}
+	return nil, -1
 }
 
 // closeLocked asks the writer to close the connection with code; the first
@@ -165,13 +193,14 @@ func (c *conn) teardown() {
 }
 
 // opContext bounds one operation of a connection. It deliberately does not
-// derive from conn.ctx: every context derived from a cancellable parent
-// allocates the parent's done channel and children map, and coder/websocket
-// registers a context.AfterFunc for the blocking read of every idle
-// connection — together ≈ 1.4 KiB per idle connection (docs/benchmarks.md).
-// Instead, whoever cancels conn.ctx also closes the socket (abort, teardown,
-// Hub.closeAll, the writer after a close handshake), which ends any read,
-// write or ping in progress. conn.ctx only answers Err().
+// derive from a per-connection context: every context derived from a
+// cancellable parent allocates the parent's done channel and children map,
+// and coder/websocket registers a context.AfterFunc for the blocking read of
+// every idle connection — together ≈ 1.4 KiB per idle connection
+// (docs/benchmarks.md). Instead, whoever cancels the connection (abort,
+// teardown, Hub.closeAll, the writer after a close handshake) also closes
+// the socket, which ends any read, write or ping in progress; conn.ended
+// only tells the writer the end was deliberate.
 func opContext(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }

@@ -100,8 +100,8 @@ func (c *conn) overflowLocked() {
 	}
 	clear(c.q[len(kept):])
 	c.q, c.qBytes = kept, bytes
-	now := time.Now()
-	if now.Sub(c.overflowFrom) > h.cfg.OverflowWindow {
+	now := time.Now().UnixNano()
+	if c.overflowFrom == 0 || time.Duration(now-c.overflowFrom) > h.cfg.OverflowWindow {
 		c.overflowFrom, c.overflows = now, 0
 	}
 	c.overflows++

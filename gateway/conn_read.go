@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -41,29 +42,68 @@ func (c *conn) readLoop() {
 			c.closeNow(CloseUnsupported, "text frames only")
 			return
 		}
-		buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
-		n, err := io.ReadFull(rd, *buf)
-		switch {
-		case err == nil:
-			putFrameBuf(buf)
-			c.closeNow(ClosePolicy, "frame too big")
-			return
-		case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		default:
-			putFrameBuf(buf)
-			return
-		}
-		f, ok := parseInFrame((*buf)[:n])
-		putFrameBuf(buf)
-		h.stats.framesIn.Add(1)
-		if !ok {
-			c.send(encodeError(errInvalidFrame))
-			continue
-		}
-		if !c.handle(f) {
+		if !c.frameAside(rd) {
 			return
 		}
 	}
+}
+
+// frameAside reads, decodes and answers one client text frame on a
+// short-lived goroutine while the reader waits for it, so frames are still
+// handled one at a time and in order; false when the connection is to end.
+// Reading the payload, decoding it and a subscribe (its PostgreSQL check,
+// Redis SUBSCRIBE, recovery) need a stack several times deeper than the
+// blocking read the reader spends its life in. Grown on the reader, that
+// stack would stay for the connection's life: the runtime halves an idle
+// goroutine's stack only while a quarter of it would still hold what is in
+// use, and the blocking read uses more than a quarter of 8 KiB
+// (docs/benchmarks.md, "Idle connections"). The helper's stack goes back to
+// the runtime when it exits.
+func (c *conn) frameAside(rd io.Reader) bool {
+	r := frameRuns.Get().(*frameRun)
+	r.c, r.rd = c, rd
+	go runFrame(r)
+	ok := <-r.done
+	r.c, r.rd = nil, nil
+	frameRuns.Put(r)
+	return ok
+}
+
+// frameRun hands one frame to frameAside's helper. Pooled with its
+// channel, so a frame allocates only the go statement's small closure.
+type frameRun struct {
+	c    *conn
+	rd   io.Reader
+	done chan bool
+}
+
+var frameRuns = sync.Pool{New: func() any { return &frameRun{done: make(chan bool, 1)} }}
+
+func runFrame(r *frameRun) { r.done <- r.c.frame(r.rd) }
+
+// frame reads one text frame's payload from rd and answers it.
+func (c *conn) frame(rd io.Reader) bool {
+	h := c.hub
+	buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
+	n, err := io.ReadFull(rd, *buf)
+	switch {
+	case err == nil:
+		putFrameBuf(buf)
+		c.closeNow(ClosePolicy, "frame too big")
+		return false
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+	default:
+		putFrameBuf(buf)
+		return false
+	}
+	f, ok := parseInFrame((*buf)[:n])
+	putFrameBuf(buf)
+	h.stats.framesIn.Add(1)
+	if !ok {
+		c.send(encodeError(errInvalidFrame))
+		return true
+	}
+	return c.handle(f)
 }
 
 // handle answers one client frame; false when it closed the connection.
@@ -130,7 +170,8 @@ func (c *conn) subscribe(raw string, since int64) {
 	ctx, cancel := opContext(h.cfg.SubscribeTimeout)
 	defer cancel()
 	c.mu.Lock()
-	existing, n := c.subs[dialogID], len(c.subs)
+	existing, _ := c.subLocked(dialogID)
+	n := len(c.subs)
 	c.mu.Unlock()
 	if existing != nil {
 		// Already subscribed: answer again with a fresh lastSeq. The live
@@ -162,8 +203,8 @@ func (c *conn) subscribe(raw string, since int64) {
 		c.send(encodeError(errUnavailable))
 		return
 	}
-	s := &sub{dialogID: dialogID, channel: channel}
-	if !h.attach(c, s) {
+	s := h.attach(c, channel)
+	if s == nil {
 		h.deps.Subscriber.Unsubscribe(channel)
 		return
 	}
@@ -187,22 +228,22 @@ func (c *conn) subscribe(raw string, since int64) {
 // meanwhile and are not among the replayed ones.
 func (c *conn) recoverSub(s *sub, since int64) {
 	h := c.hub
-	rec, err := h.rec.recover(s.dialogID, s.channel, since)
+	rec, err := h.rec.recover(s.dialogID(), s.channel, since)
 	if err != nil {
-		h.detach(c, s.dialogID)
+		h.detach(c, s.dialogID())
 		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}
 	if !rec.ok {
-		head := []outFrame{{encodeDialogResync(ResyncRecoveryUnavailable, s.dialogID), classControl}}
-		c.ready(s, head, subscribedJSON(s.dialogID, rec.lastSeq, true, false), 0)
+		head := []outFrame{{encodeDialogResync(ResyncRecoveryUnavailable, s.dialogID()), classControl}}
+		c.ready(s, head, subscribedJSON(s.dialogID(), rec.lastSeq, true, false), 0)
 		return
 	}
 	head := make([]outFrame, len(rec.frames))
 	for i, b := range rec.frames {
 		head[i] = outFrame{b, classDurable}
 	}
-	c.ready(s, head, subscribedJSON(s.dialogID, rec.lastSeq, true, true), rec.upTo)
+	c.ready(s, head, subscribedJSON(s.dialogID(), rec.lastSeq, true, true), rec.upTo)
 }
 
 // ready queues head, the subscribed frame and the subscription's pending
@@ -258,10 +299,10 @@ func (c *conn) typing(raw string) {
 		c.send(encodeError(errInvalidUUID))
 		return
 	}
-	now := time.Now()
+	now := time.Now().UnixNano()
 	c.mu.Lock()
-	s := c.subs[dialogID]
-	allowed := s != nil && s.ready && now.Sub(s.lastTyping) >= h.cfg.TypingInterval
+	s, _ := c.subLocked(dialogID)
+	allowed := s != nil && s.ready && (s.lastTyping == 0 || time.Duration(now-s.lastTyping) >= h.cfg.TypingInterval)
 	if allowed {
 		s.lastTyping = now
 	}

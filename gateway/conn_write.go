@@ -27,7 +27,7 @@ func (c *conn) writeLoop() {
 	yielded := false
 	for {
 		c.mu.Lock()
-		if c.ctx.Err() != nil {
+		if c.ended.Load() {
 			c.mu.Unlock()
 			return
 		}
@@ -103,7 +103,7 @@ func (c *conn) writeBatch(batch []outFrame) error {
 	} else {
 		err = c.cork.uncork()
 	}
-	if err != nil && c.ctx.Err() == nil && isTimeout(err) {
+	if err != nil && !c.ended.Load() && isTimeout(err) {
 		c.hub.stats.slowCloses.Add(1)
 	}
 	return err
@@ -117,7 +117,7 @@ func (c *conn) writeBatchUncorked(batch []outFrame) error {
 	defer cancel()
 	for _, f := range batch {
 		if err := c.ws.Write(ctx, websocket.MessageText, f.b); err != nil {
-			if c.ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
+			if !c.ended.Load() && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
 				c.hub.stats.slowCloses.Add(1)
 			}
 			return err
@@ -171,7 +171,7 @@ func (c *conn) growQueueLocked() {
 
 // abort ends a connection whose writer failed (write timeout, dead peer).
 func (c *conn) abort(err error) {
-	if c.ctx.Err() == nil {
+	if !c.ended.Load() {
 		c.hub.logger.Debug("websocket writer stopped", slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
 	}
 	_ = c.ws.CloseNow()

@@ -27,7 +27,10 @@
 // deadline; it is verified on the reader, bounded by Config.AuthTimeout.
 //
 // Concurrency: per connection, one reader goroutine owns the connection (reads,
-// handles client frames in order, tears down). A writer goroutine runs per
+// handles client frames in order, tears down). Each client frame is read,
+// decoded and answered on a short-lived helper goroutine the reader waits
+// for, so the reader's stack stays as small as its blocking read needs for
+// the connection's life (conn_read.go, frameAside). A writer goroutine runs per
 // burst, not for the connection's life: queueing a frame, a ping or a close
 // starts one when none runs; it drains the bounded outbound queue in batches
 // (each message framed by the gateway straight into the hijacked connection's

@@ -18,7 +18,11 @@ import (
 // memory, and the cork below batches writes so small buffers do not turn
 // one frame into several syscalls.
 const (
-	connReadBuf    = 128 // inbound frames are small and rare (frame rate limit)
+	// connReadBuf is bufio's minimum. Inbound frames are small and rare
+	// (frame rate limit): a frame header comes through the buffer, and a
+	// payload longer than what is left of it is read straight into the
+	// caller's slice, so a frame costs two reads instead of one.
+	connReadBuf    = 16
 	connWriteBuf   = 128 // holds any control frame (≤ 127 bytes); data frames go through the cork
 	corkFlushBytes = 32 << 10
 )

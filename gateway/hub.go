@@ -43,7 +43,7 @@ type Hub struct {
 
 	mu       sync.RWMutex // guards conns, channels, draining, remover
 	conns    map[*conn]struct{}
-	channels map[string]map[*conn]*sub // Redis channel → local subscribers (nil sub: the user's own channel)
+	channels map[string]*members // Redis channel → its local subscribers
 	draining bool
 	remover  *drainRemover // set with draining: the teardowns' batched presence removal
 
@@ -54,7 +54,7 @@ type Hub struct {
 
 func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 	h := &Hub{cfg: cfg, deps: deps, logger: logger, conns: map[*conn]struct{}{},
-		channels: map[string]map[*conn]*sub{}, empty: make(chan struct{}, 1)}
+		channels: map[string]*members{}, empty: make(chan struct{}, 1)}
 	h.rec = newRecoverer(&h.cfg, deps.Recovery)
 	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
 	return h
@@ -179,12 +179,7 @@ func (h *Hub) add(c *conn) bool {
 	}
 	h.wg.Add(1)
 	h.conns[c] = struct{}{}
-	m := h.channels[ch]
-	if m == nil {
-		m = map[*conn]*sub{}
-		h.channels[ch] = m
-	}
-	m[c] = nil
+	h.membersLocked(ch).add(c, nil)
 	h.mu.Unlock()
 	h.deps.Subscriber.Add(ch)
 	return true
@@ -205,15 +200,10 @@ func (h *Hub) remove(c *conn) ([]string, *drainRemover) {
 	for _, s := range c.subs {
 		out = append(out, s.channel)
 	}
-	c.subs = map[string]*sub{}
+	c.subs = nil
 	c.mu.Unlock()
 	for _, ch := range out {
-		if m := h.channels[ch]; m != nil {
-			delete(m, c)
-			if len(m) == 0 {
-				delete(h.channels, ch)
-			}
-		}
+		h.leaveLocked(ch, c, nil, false)
 	}
 	if len(h.conns) == 0 {
 		select {
@@ -224,48 +214,73 @@ func (h *Hub) remove(c *conn) ([]string, *drainRemover) {
 	return out, h.remover
 }
 
-// attach adds a (not yet ready) dialog subscription; false if the
-// connection is gone.
-func (h *Hub) attach(c *conn, s *sub) bool {
+// attach adds a (not yet ready) dialog subscription on channel and returns
+// it; nil if the connection is gone. The subscription keeps the channel
+// name the channel's members already hold.
+func (h *Hub) attach(c *conn, channel string) *sub {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, ok := h.conns[c]; !ok {
-		return false
+		return nil
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return false
+		return nil
 	}
-	c.subs[s.dialogID] = s
+	m := h.membersLocked(channel)
+	s := &sub{channel: m.name}
+	c.subs = append(c.subs, s)
 	c.mu.Unlock()
-	m := h.channels[s.channel]
-	if m == nil {
-		m = map[*conn]*sub{}
-		h.channels[s.channel] = m
-	}
-	m[c] = s
-	return true
+	m.add(c, s)
+	return s
 }
 
 // detach removes a dialog subscription and releases its channel reference.
 func (h *Hub) detach(c *conn, dialogID string) {
 	h.mu.Lock()
 	c.mu.Lock()
-	s := c.subs[dialogID]
-	delete(c.subs, dialogID)
+	s, i := c.subLocked(dialogID)
+	if s != nil {
+		c.subs = slices.Delete(c.subs, i, i+1)
+		if len(c.subs) == 0 {
+			c.subs = nil
+		}
+	}
 	c.mu.Unlock()
 	if s != nil {
-		if m := h.channels[s.channel]; m != nil && m[c] == s {
-			delete(m, c)
-			if len(m) == 0 {
-				delete(h.channels, s.channel)
-			}
-		}
+		h.leaveLocked(s.channel, c, s, true)
 	}
 	h.mu.Unlock()
 	if s != nil {
 		h.deps.Subscriber.Unsubscribe(s.channel)
+	}
+}
+
+// membersLocked is channel's members, created when missing. h.mu must be
+// held for writing.
+func (h *Hub) membersLocked(channel string) *members {
+	m := h.channels[channel]
+	if m == nil {
+		m = &members{name: channel}
+		h.channels[channel] = m
+	}
+	return m
+}
+
+// leaveLocked takes c out of channel's members (only while its
+// subscription there is s, when onlyS) and forgets a channel left
+// empty. h.mu must be held for writing.
+func (h *Hub) leaveLocked(channel string, c *conn, s *sub, onlyS bool) {
+	m := h.channels[channel]
+	if m == nil {
+		return
+	}
+	if i := m.find(c); i >= 0 && (!onlyS || m.list[i].s == s) {
+		m.removeAt(i)
+	}
+	if len(m.list) == 0 {
+		delete(h.channels, channel)
 	}
 }
 
@@ -280,8 +295,10 @@ func (h *Hub) Dispatch(channel string, payload []byte) {
 	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	for c, s := range h.channels[channel] {
-		c.deliver(s, payload, class, seq)
+	if m := h.channels[channel]; m != nil {
+		for _, e := range m.list {
+			e.c.deliver(e.s, payload, class, seq)
+		}
 	}
 }
 
@@ -292,8 +309,10 @@ func (h *Hub) resyncChannels(channels []string, reason string) {
 	targets := map[*conn]struct{}{}
 	h.mu.RLock()
 	for _, ch := range channels {
-		for c := range h.channels[ch] {
-			targets[c] = struct{}{}
+		if m := h.channels[ch]; m != nil {
+			for _, e := range m.list {
+				targets[e.c] = struct{}{}
+			}
 		}
 	}
 	h.mu.RUnlock()

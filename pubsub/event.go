@@ -1,6 +1,8 @@
 package pubsub
 
 import (
+	"strings"
+
 	"github.com/segmentio/encoding/json"
 )
 
@@ -12,6 +14,10 @@ const (
 
 // DialogChannel is the Pub/Sub channel of a dialog.
 func DialogChannel(dialogID string) string { return dialogChannelPrefix + dialogID }
+
+// DialogOfChannel is the dialog id of a DialogChannel name: a part of the
+// string, not a copy.
+func DialogOfChannel(channel string) string { return strings.TrimPrefix(channel, dialogChannelPrefix) }
 
 // UserChannel is the Pub/Sub channel of a user.
 func UserChannel(userID string) string { return userChannelPrefix + userID }

@@ -79,18 +79,20 @@ const (
 	sentUnsubscribe
 )
 
+// chanState is one channel's state; every connection's user channel has
+// one, so its fields are ordered to keep it in the 64-byte size class.
 type chanState struct {
 	refs        int
-	sent        int8
-	pendingSubs int  // SUBSCRIBE confirmations outstanding
-	confirmed   bool // the last SUBSCRIBE sent is confirmed
+	pendingSubs int // SUBSCRIBE confirmations outstanding
 	waiters     []chan struct{}
 	// On a cluster: the shard the channel is subscribed on (nil while
 	// unassigned), and whether its traffic may have been lost since it
 	// was last confirmed (a shard failure, a slot move).
-	shard *shard
-	lost  bool
-	retry bool // back from a failure: routed again from retryAt on, not at once
+	shard     *shard
+	sent      int8
+	confirmed bool // the last SUBSCRIBE sent is confirmed
+	lost      bool
+	retry     bool // back from a failure: routed again from retryAt on, not at once
 }
 
 // Subscriber is an instance's single Redis Pub/Sub connection, shared by
