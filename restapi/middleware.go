@@ -200,21 +200,10 @@ func (s *Server) authenticate(userOnly bool) mux.MiddlewareFunc {
 	}
 }
 
-// seenUser records a user on first sight; a bounded in-process set spares
-// PostgreSQL a write per request.
+// seenUser records a user on first sight (the store keeps the ids it
+// recorded, so a known user costs no write).
 func (s *Server) seenUser(ctx context.Context, id string) error {
-	if _, ok := s.users.Load(id); ok {
-		return nil
-	}
-	if err := s.store.EnsureUser(ctx, id); err != nil {
-		return err
-	}
-	if s.usersCount.Add(1) > 100_000 {
-		s.users.Clear()
-		s.usersCount.Store(0)
-	}
-	s.users.Store(id, struct{}{})
-	return nil
+	return s.store.EnsureUser(ctx, id)
 }
 
 func principal(r *http.Request) auth.Principal {

@@ -144,8 +144,6 @@ type Server struct {
 	corsOrigins map[string]bool // CORSOrigins as a set
 	openapi     []byte          // docs/openapi.yaml as JSON, built once by NewServer
 
-	users      sync.Map // user ids already recorded in PostgreSQL
-	usersCount atomic.Int64
 }
 
 type redisPublisher struct{ c redis.UniversalClient }

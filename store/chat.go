@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,6 +32,11 @@ type Store struct {
 	sends *sendCombiner
 	// lastSeqs combines concurrent DialogLastSeq checks (realtime_batch.go).
 	lastSeqs *lastSeqBatcher
+	// userDialogs combines concurrent DialogIDsForUser reads (realtime_batch.go).
+	userDialogs *userDialogsBatcher
+	// known is the users EnsureUser already recorded (a bounded set: users
+	// are never deleted, so a known id needs no further write).
+	known knownUsers
 }
 
 // New wraps a pool; request transactions get DefaultRequestTimeout, and a
@@ -38,6 +45,7 @@ func New(pool *pgxpool.Pool) *Store {
 	s := &Store{pool: pool, reqTimeout: DefaultRequestTimeout}
 	s.sends = newSendCombiner(s.writeBatch)
 	s.lastSeqs = newLastSeqBatcher(s)
+	s.userDialogs = newUserDialogsBatcher(s)
 	return s
 }
 
@@ -93,11 +101,40 @@ type OutboxEvent struct {
 
 // EnsureUser records a user on first sight (idempotent).
 func (s *Store) EnsureUser(ctx context.Context, id string) error {
+	if s.known.has(id) {
+		return nil
+	}
 	_, err := s.reqExec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
 	if err != nil {
 		return fmt.Errorf("ensure user: %w", err)
 	}
+	s.known.add(id)
 	return nil
+}
+
+// knownUsersMax bounds the set of known users; past it the set starts
+// over (an id it forgot costs one idempotent INSERT again).
+const knownUsersMax = 100_000
+
+// knownUsers is a bounded set of user ids recorded in PostgreSQL. It spares
+// every authenticated request and handshake of a known user a write. Safe
+// for concurrent use.
+type knownUsers struct {
+	m sync.Map
+	n atomic.Int64
+}
+
+func (k *knownUsers) has(id string) bool {
+	_, ok := k.m.Load(id)
+	return ok
+}
+
+func (k *knownUsers) add(id string) {
+	if k.n.Add(1) > knownUsersMax {
+		k.m.Clear()
+		k.n.Store(0)
+	}
+	k.m.Store(id, struct{}{})
 }
 
 // UserExists reports whether a user has been seen.

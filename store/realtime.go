@@ -29,16 +29,7 @@ func (s *Store) DialogLastSeq(ctx context.Context, dialogID, userID string) (int
 // DialogIDsForUser returns up to limit ids of the user's dialogs (presence
 // transitions are published to each of them).
 func (s *Store) DialogIDsForUser(ctx context.Context, userID string, limit int) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT dialog_id::text FROM dialog_members WHERE user_id = $1
-		ORDER BY dialog_id LIMIT $2`, userID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("user dialogs: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("user dialogs: %w", err)
-	}
-	return out, nil
+	return s.userDialogs.read(ctx, userID, limit)
 }
 
 // TouchLastSeen records that a connection of the user ended at t; the

@@ -1,0 +1,123 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/han-app/gateway/internal/combine"
+	"github.com/han-app/gateway/internal/ids"
+)
+
+// Presence transition batching. A user's first connection (and last
+// disconnection) is published to each of the user's dialogs, which reads
+// the user's dialog ids (DialogIDsForUser). Reads that arrive together —
+// thousands in a connect or reconnect storm — share one statement, the way
+// the subscribe checks do (realtime_batch.go): a lone read goes out at once,
+// the rest queue while a query is in flight.
+const (
+	userDialogsInFlight     = 2
+	userDialogsBatchMax     = 256
+	userDialogsSharedBudget = 5 * time.Second
+)
+
+// userDialogsSQL answers, for each (user, limit) pair of the arrays, the
+// user's dialog ids in id order, at most limit of them; i is the pair's
+// 1-based position. The (user_id, dialog_id) index serves each user's rows.
+const userDialogsSQL = `SELECT r.i, d.dialog_id::text
+	FROM unnest($1::text[]::uuid[], $2::int[]) WITH ORDINALITY AS r(user_id, lim, i)
+	CROSS JOIN LATERAL (SELECT m.dialog_id FROM dialog_members m WHERE m.user_id = r.user_id
+		ORDER BY m.dialog_id LIMIT r.lim) d
+	ORDER BY r.i, d.dialog_id`
+
+// userDialogsCall is one read waiting in a batch.
+type userDialogsCall struct {
+	ctx     context.Context
+	userID  string
+	limit   int
+	dialogs []string
+	err     error
+}
+
+// userDialogsBatcher sends concurrent DialogIDsForUser reads as shared
+// queries. Safe for concurrent use.
+type userDialogsBatcher struct {
+	s    *Store
+	comb combine.Combiner[*userDialogsCall]
+
+	calls, queries atomic.Uint64
+}
+
+func newUserDialogsBatcher(s *Store) *userDialogsBatcher {
+	b := &userDialogsBatcher{s: s}
+	b.comb = combine.Combiner[*userDialogsCall]{Exec: b.exec, InFlight: userDialogsInFlight, Max: userDialogsBatchMax}
+	return b
+}
+
+// UserDialogsStats counts DialogIDsForUser reads and the queries that
+// answered them (fewer than the reads when reads were batched).
+func (s *Store) UserDialogsStats() SubscribeCheckStats {
+	return SubscribeCheckStats{Checks: s.userDialogs.calls.Load(), Queries: s.userDialogs.queries.Load()}
+}
+
+// read answers one user's dialogs, batched with other callers' reads.
+func (b *userDialogsBatcher) read(ctx context.Context, userID string, limit int) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b.calls.Add(1)
+	// A non-UUID id names no member; keeping it out of the arrays keeps one
+	// caller's bad input from failing the batch.
+	if !ids.Valid(userID) || limit <= 0 {
+		return nil, nil
+	}
+	c := &userDialogsCall{ctx: ctx, userID: userID, limit: limit}
+	b.comb.Do(c)
+	return c.dialogs, c.err
+}
+
+// exec answers the calls whose context is still live with one query.
+func (b *userDialogsBatcher) exec(batch []*userDialogsCall) {
+	live := make([]*userDialogsCall, 0, len(batch))
+	for _, c := range batch {
+		if c.err = c.ctx.Err(); c.err == nil {
+			live = append(live, c)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	users, limits := make([]string, len(live)), make([]int32, len(live))
+	for i, c := range live {
+		users[i], limits[i] = c.userID, int32(min(c.limit, 1<<30))
+	}
+	ctx, cancel := combine.SharedContext(live, func(c *userDialogsCall) context.Context { return c.ctx }, userDialogsSharedBudget)
+	defer cancel()
+	b.queries.Add(1)
+	err := func() error {
+		rows, err := b.s.pool.Query(ctx, userDialogsSQL, users, limits)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				i      int64
+				dialog string
+			)
+			if err := rows.Scan(&i, &dialog); err != nil {
+				return err
+			}
+			if i >= 1 && int(i) <= len(live) {
+				live[i-1].dialogs = append(live[i-1].dialogs, dialog)
+			}
+		}
+		return rows.Err()
+	}()
+	if err != nil {
+		for _, c := range live {
+			c.dialogs, c.err = nil, fmt.Errorf("user dialogs: %w", err)
+		}
+	}
+}
