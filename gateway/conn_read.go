@@ -57,12 +57,13 @@ func (c *conn) readLoop() {
 // stack would stay for the connection's life: the runtime halves an idle
 // goroutine's stack only while a quarter of it would still hold what is in
 // use, and the blocking read uses more than a quarter of 8 KiB
-// (docs/benchmarks.md, "Idle connections"). The helper's stack goes back to
-// the runtime when it exits.
+// (docs/benchmarks.md, "Idle connections"). The helper is one of the hub's
+// frame workers (frame_workers.go), whose stacks go back to the runtime
+// once they have been idle a while.
 func (c *conn) frameAside(rd io.Reader) bool {
 	r := frameRuns.Get().(*frameRun)
 	r.c, r.rd = c, rd
-	go runFrame(r)
+	c.hub.frames.run(r)
 	ok := <-r.done
 	r.c, r.rd = nil, nil
 	frameRuns.Put(r)

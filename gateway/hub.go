@@ -40,6 +40,7 @@ type Hub struct {
 	stats  hubStats
 	rec    *recoverer
 	gate   *admission // handshakes' Redis and PostgreSQL work
+	frames *frameWorkers
 
 	mu       sync.RWMutex // guards conns, channels, draining, remover
 	conns    map[*conn]struct{}
@@ -57,6 +58,7 @@ func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 		channels: map[string]*members{}, empty: make(chan struct{}, 1)}
 	h.rec = newRecoverer(&h.cfg, deps.Recovery)
 	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
+	h.frames = newFrameWorkers()
 	return h
 }
 
@@ -477,4 +479,5 @@ func (h *Hub) closeAll() {
 	}
 	h.wg.Wait()
 	r.stop()
+	h.frames.stop()
 }
