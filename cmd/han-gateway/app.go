@@ -183,6 +183,11 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// One store for the API and the realtime service: they share its
+	// batched reads and the set of users already recorded.
+	apiStore := store.New(m.pg)
+	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
+	apiStore.SetSendQueue(cfg.SendDialogQueue)
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,
@@ -194,7 +199,7 @@ func (m *Main) Run(ctx context.Context) error {
 			PubSubMode: psMode,
 			Registerer: metrics.Registry,
 		},
-		Logger: m.Logger, Store: store.New(m.pg), Realtime: m.rt, Verifier: verifier,
+		Logger: m.Logger, Store: apiStore, Realtime: m.rt, Verifier: verifier,
 	})
 	if err != nil {
 		return err
@@ -203,9 +208,6 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := m.startLegacyStub(metrics); err != nil {
 		return err
 	}
-	apiStore := store.New(m.pg)
-	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
-	apiStore.SetSendQueue(cfg.SendDialogQueue)
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout, CORSOrigins: cfg.CORSOrigins,
