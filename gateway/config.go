@@ -107,8 +107,8 @@ type Config struct {
 	// handshakes do their Redis and PostgreSQL work at once
 	// (HAN_WS_HANDSHAKE_CONCURRENCY; the service sizes it from its pools;
 	// zero value means 64). The others wait in a FIFO queue of at most
-	// HandshakeQueue (HAN_WS_HANDSHAKE_QUEUE; zero value means 4096) for at
-	// most HandshakeWait (HAN_WS_HANDSHAKE_WAIT; zero value means 3s);
+	// HandshakeQueue (HAN_WS_HANDSHAKE_QUEUE; zero value means 16384) for at
+	// most HandshakeWait (HAN_WS_HANDSHAKE_WAIT; zero value means 6s);
 	// beyond either bound a handshake is closed with 1013 and a reconnect
 	// delay drawn from [RetryMin, RetryMax].
 	HandshakeConcurrency int
@@ -168,8 +168,8 @@ func (c *Config) defaults() {
 	}
 	dur(&c.TicketTTL, 30*time.Second)
 	num(&c.HandshakeConcurrency, 64)
-	num(&c.HandshakeQueue, 4096)
-	dur(&c.HandshakeWait, 3*time.Second)
+	num(&c.HandshakeQueue, 16384)
+	dur(&c.HandshakeWait, 6*time.Second)
 	dur(&c.RecoverWindow, 10*time.Minute)
 	num(&c.RecoverMax, 100)
 	num(&c.RecoverBytes, 256<<10)

@@ -119,7 +119,7 @@ echo "Reconnect storm, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores: $conns 
 echo
 echo "| round | first connect | storm (first accepted handshake → last resubscribed) | ÷ (N ÷ connect rate) | close-1013 | replayed | resyncs | gaps | behind | REST reads | gateway CPU s (new instance) | load avg |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
-rc=0
+rc=0 refusals=""
 for round in $(seq 1 "$reps"); do
 	sum="$work/storm-$round.json"
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
@@ -128,13 +128,20 @@ for round in $(seq 1 "$reps"); do
 		-restart-cmd "bash $work/gw.sh" -threshold 'storm_gaps==0' -threshold 'storm_behind==0' \
 		-threshold 'advice_ignored==0' >"$work/storm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
+	# The restarted instance's refusals by reason and its recovery reads.
+	curl -fsS "$url/metrics" 2>/dev/null | grep -E '^han_ws_(rejected_total|recover_reads_total|recoveries_total)' |
+		sed 's/^/  /' >"$work/storm-$round.metrics" || true
 	cpu="$(awk -v a="$(ticks "$(cat "$work/gw.pid")")" -v hz="$hz" 'BEGIN { printf "%.1f", a / hz }')"
 	[ -s "$sum" ] || han_die "round $round: no summary: $(tail -n 5 "$work/storm-$round.out")"
 	jq -r --arg r "$round" --arg cpu "$cpu" --arg ld "$l0→$l1" --argjson n "$conns" '.metrics as $m
 		| def v(k): ($m[k].values.value // $m[k].values.count // 0);
 		(v("storm_serve_duration") / 1e9) as $serve | v("connect_rate") as $rate
 		| "| \($r) | \($rate | floor)/s | \($serve * 100 | floor / 100) s | \(if $rate > 0 then ($serve * $rate / $n * 100 | floor / 100) else "—" end)× | \($m["errors{status=-,code=ws_close_1013}"].values.count // 0) | \(v("storm_replayed")) | \(v("storm_resyncs")) | \(v("storm_gaps")) | \(v("storm_behind")) | \(v("storm_rest_reads")) | \($cpu) | \($ld) |"' "$sum"
+	refusals="$refusals
+round $round: $(tr -s ' ' <"$work/storm-$round.metrics" | tr '\n' ';')"
 	bash "$work/gw.sh" >/dev/null 2>&1 || true # a fresh instance for the next round's first connect
 done
+echo
+echo "The restarted instance's counters (refusals by reason, recovery reads and answers):$refusals"
 [ "$rc" = 0 ] || han_log "a round failed its thresholds (exit $rc): see $work/storm-*.out (-keep)"
 exit "$rc"

@@ -132,9 +132,13 @@ type Config struct {
 	// (HAN_WS_HANDSHAKE_CONCURRENCY; 0, the default, means twice the
 	// PostgreSQL pool plus the realtime Redis pool) handshakes do their
 	// Redis and PostgreSQL work at once; up to WSHandshakeQueue
-	// (HAN_WS_HANDSHAKE_QUEUE, default 4096) more wait, each at most
-	// WSHandshakeWait (HAN_WS_HANDSHAKE_WAIT, default 3s); beyond that a
-	// handshake is closed with 1013 and a reconnect delay.
+	// (HAN_WS_HANDSHAKE_QUEUE, default 16384) more wait, each at most
+	// WSHandshakeWait (HAN_WS_HANDSHAKE_WAIT, default 6s); beyond that a
+	// handshake is closed with 1013 and a reconnect delay. The defaults let
+	// a whole instance's sockets (10,000 measured) reconnect after a restart
+	// without a refusal: a queued handshake is an accepted socket, already
+	// counted against HAN_MAX_CONNECTIONS, and the sockets come back within
+	// the drain's 0.5–5 s advice plus the restart.
 	WSHandshakeConcurrency int
 	WSHandshakeQueue       int
 	WSHandshakeWait        time.Duration
@@ -282,7 +286,7 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_WS_RECOVER_MAX: must be a positive number")
 		}
 	}
-	c.WSHandshakeQueue = 4096
+	c.WSHandshakeQueue = 16384
 	for _, n := range []struct {
 		name string
 		dst  *int
@@ -293,7 +297,7 @@ func Load(getenv func(string) string) (Config, error) {
 			}
 		}
 	}
-	if c.WSHandshakeWait, err = duration(getenv("HAN_WS_HANDSHAKE_WAIT"), 3*time.Second); err != nil {
+	if c.WSHandshakeWait, err = duration(getenv("HAN_WS_HANDSHAKE_WAIT"), 6*time.Second); err != nil {
 		bad("HAN_WS_HANDSHAKE_WAIT: %v", err)
 	}
 	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil {

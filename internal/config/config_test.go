@@ -310,12 +310,12 @@ func TestWSRecover(t *testing.T) {
 }
 
 // Handshake admission: HAN_WS_HANDSHAKE_CONCURRENCY (unset: sized from the
-// pools by the service), HAN_WS_HANDSHAKE_QUEUE (4096) and
-// HAN_WS_HANDSHAKE_WAIT (3s); numbers must be positive.
+// pools by the service), HAN_WS_HANDSHAKE_QUEUE (16384) and
+// HAN_WS_HANDSHAKE_WAIT (6s); numbers must be positive.
 func TestWSHandshakeAdmission(t *testing.T) {
 	m := base()
 	c, err := Load(env(m))
-	if err != nil || c.WSHandshakeConcurrency != 0 || c.WSHandshakeQueue != 4096 || c.WSHandshakeWait != 3*time.Second {
+	if err != nil || c.WSHandshakeConcurrency != 0 || c.WSHandshakeQueue != 16384 || c.WSHandshakeWait != 6*time.Second {
 		t.Fatalf("defaults: concurrency %d queue %d wait %v %v", c.WSHandshakeConcurrency, c.WSHandshakeQueue, c.WSHandshakeWait, err)
 	}
 	m["HAN_WS_HANDSHAKE_CONCURRENCY"], m["HAN_WS_HANDSHAKE_QUEUE"], m["HAN_WS_HANDSHAKE_WAIT"] = "50", "900", "1500ms"
