@@ -90,30 +90,47 @@ func (b *lastSeqBatcher) check(ctx context.Context, dialogID, userID string) (in
 
 // exec answers the calls whose context is still live with one query.
 func (b *lastSeqBatcher) exec(batch []*lastSeqCall) {
-	live := make([]*lastSeqCall, 0, len(batch))
+	b.queries.Add(1)
+	sharedQuery(batch, func(c *lastSeqCall) *error { return &c.err }, func(c *lastSeqCall) context.Context { return c.ctx },
+		lastSeqSharedBudget, "dialog last seq", func(ctx context.Context, live []*lastSeqCall) error {
+			dialogs, users := make([]string, len(live)), make([]string, len(live))
+			for i, c := range live {
+				dialogs[i], users[i] = c.dialogID, c.userID
+			}
+			err := b.s.queryLastSeqs(ctx, dialogs, users, func(i int, seq int64) {
+				if i >= 1 && i <= len(live) {
+					live[i-1].seq, live[i-1].found = seq, true
+				}
+			})
+			if err != nil { // no answer from a query that failed part way
+				for _, c := range live {
+					c.seq, c.found = 0, false
+				}
+			}
+			return err
+		})
+}
+
+// sharedQuery runs one query for the calls of batch whose context is still
+// live (the others get their context's error), under a context that no
+// single caller's leaving cuts short; when it fails, every live call gets
+// the error, named by what. errOf points at a call's error field.
+func sharedQuery[C any](batch []C, errOf func(C) *error, ctxOf func(C) context.Context, budget time.Duration, what string,
+	query func(ctx context.Context, live []C) error) {
+	live := make([]C, 0, len(batch))
 	for _, c := range batch {
-		if c.err = c.ctx.Err(); c.err == nil {
+		if *errOf(c) = ctxOf(c).Err(); *errOf(c) == nil {
 			live = append(live, c)
 		}
 	}
 	if len(live) == 0 {
 		return
 	}
-	dialogs, users := make([]string, len(live)), make([]string, len(live))
-	for i, c := range live {
-		dialogs[i], users[i] = c.dialogID, c.userID
-	}
-	ctx, cancel := combine.SharedContext(live, func(c *lastSeqCall) context.Context { return c.ctx }, lastSeqSharedBudget)
+	ctx, cancel := combine.SharedContext(live, ctxOf, budget)
 	defer cancel()
-	b.queries.Add(1)
-	err := b.s.queryLastSeqs(ctx, dialogs, users, func(i int, seq int64) {
-		if i >= 1 && i <= len(live) {
-			live[i-1].seq, live[i-1].found = seq, true
-		}
-	})
-	if err != nil {
+	if err := query(ctx, live); err != nil {
 		for _, c := range live {
-			c.seq, c.found, c.err = 0, false, fmt.Errorf("dialog last seq: %w", err)
+			*errOf(c) = fmt.Errorf("%s: %w", what, err)
 		}
 	}
 }

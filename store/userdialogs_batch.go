@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -79,45 +78,43 @@ func (b *userDialogsBatcher) read(ctx context.Context, userID string, limit int)
 
 // exec answers the calls whose context is still live with one query.
 func (b *userDialogsBatcher) exec(batch []*userDialogsCall) {
-	live := make([]*userDialogsCall, 0, len(batch))
-	for _, c := range batch {
-		if c.err = c.ctx.Err(); c.err == nil {
-			live = append(live, c)
-		}
-	}
-	if len(live) == 0 {
-		return
-	}
-	users, limits := make([]string, len(live)), make([]int32, len(live))
-	for i, c := range live {
-		users[i], limits[i] = c.userID, int32(min(c.limit, 1<<30))
-	}
-	ctx, cancel := combine.SharedContext(live, func(c *userDialogsCall) context.Context { return c.ctx }, userDialogsSharedBudget)
-	defer cancel()
 	b.queries.Add(1)
-	err := func() error {
-		rows, err := b.s.pool.Query(ctx, userDialogsSQL, users, limits)
-		if err != nil {
+	sharedQuery(batch, func(c *userDialogsCall) *error { return &c.err }, func(c *userDialogsCall) context.Context { return c.ctx },
+		userDialogsSharedBudget, "user dialogs", func(ctx context.Context, live []*userDialogsCall) error {
+			users, limits := make([]string, len(live)), make([]int32, len(live))
+			for i, c := range live {
+				users[i], limits[i] = c.userID, int32(min(c.limit, 1<<30))
+			}
+			err := b.s.queryUserDialogs(ctx, users, limits, func(i int, dialog string) {
+				if i >= 1 && i <= len(live) {
+					live[i-1].dialogs = append(live[i-1].dialogs, dialog)
+				}
+			})
+			if err != nil { // no answer from a query that failed part way
+				for _, c := range live {
+					c.dialogs = nil
+				}
+			}
+			return err
+		})
+}
+
+// queryUserDialogs runs userDialogsSQL and calls row for each dialog.
+func (s *Store) queryUserDialogs(ctx context.Context, users []string, limits []int32, row func(i int, dialog string)) error {
+	rows, err := s.pool.Query(ctx, userDialogsSQL, users, limits)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			i      int64
+			dialog string
+		)
+		if err := rows.Scan(&i, &dialog); err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var (
-				i      int64
-				dialog string
-			)
-			if err := rows.Scan(&i, &dialog); err != nil {
-				return err
-			}
-			if i >= 1 && int(i) <= len(live) {
-				live[i-1].dialogs = append(live[i-1].dialogs, dialog)
-			}
-		}
-		return rows.Err()
-	}()
-	if err != nil {
-		for _, c := range live {
-			c.dialogs, c.err = nil, fmt.Errorf("user dialogs: %w", err)
-		}
+		row(int(i), dialog)
 	}
+	return rows.Err()
 }
