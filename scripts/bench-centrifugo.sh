@@ -29,7 +29,9 @@
 # prints deliveries/s, the delivery p99 from schedule, lost and duplicated
 # deliveries, and the CPU-seconds per 1M deliveries of the server, its
 # redis-server and the generator over the publish phase and drain alone
-# (-cpu-pid); then the medians of each side and gateway ÷ Centrifugo.
+# (-cpu-pid), and the server's GC cycles per second over the whole run
+# (go_gc_duration_seconds_count on its /metrics, before and after); then the
+# medians of each side and gateway ÷ Centrifugo.
 # With -steps R1,R2,… each run climbs those publish rates on the same
 # connections (-phase seconds each) and stops at the first that misses
 # p99 ≤ 100 ms from schedule or loses anything: per run the highest
@@ -256,36 +258,52 @@ idle)
 		.metrics.server_goroutines_per_conn.values.value, (if .info.gc_forced then 1 else 0 end)'
 	;;
 esac
+# Every scenario's last figure: the server's GC cycles per second over the run.
+names+="|GC/s (whole run)"
 nsteps=$(($(tr -cd , <<<"$steps" | wc -c) + 1))
 args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + 90 + conns / 50))s" -quiet)
+# gc_count URL: the server's completed GC cycles (the Go collector's
+# go_gc_duration_seconds_count on its Prometheus endpoint; both servers
+# export it).
+gc_count() { curl -fsS "$1/metrics" 2>/dev/null | awk '/^go_gc_duration_seconds_count/ { print $2; exit }'; }
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
-	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=()
+	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1
 	case "$side" in
 	gateway)
 		start_gateway
+		base="http://127.0.0.1:$gw_port"
 		# broadcast: the publisher's Redis and the processes whose CPU is counted
 		[ "$scenario" = broadcast ] &&
 			more=(-redis-url "$REDIS_REALTIME_URL" -cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid")
-		"$LT" run "${args[@]}" -target "http://127.0.0.1:$gw_port" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
+		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
+		"$LT" run "${args[@]}" -target "$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
+		gc1="$(gc_count "$base")" t1="$(date +%s.%N)"
 		stop "$gw_pid" && servers=()
 		;;
 	centrifugo)
 		start_centrifugo
+		base="http://127.0.0.1:$cf_port"
 		[ "$scenario" = broadcast ] &&
 			more=(-redis-url "redis://127.0.0.1:$cf_redis_port" -cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid")
+		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
 		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" \
-			"$LT" run "${args[@]}" -target "centrifugo:http://127.0.0.1:$cf_port" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
+			"$LT" run "${args[@]}" -target "centrifugo:$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
+		gc1="$(gc_count "$base")" t1="$(date +%s.%N)"
 		stop "$cf_pid" && servers=()
 		;;
 	esac
+	# GC cycles per second of the server over the whole run (set-up, the
+	# connections' handshakes and the publish phase).
+	awk -v a="${gc0:-}" -v b="${gc1:-}" -v t0="$t0" -v t1="$t1" 'BEGIN { if (a == "" || b == "" || t1 <= t0) print "nan"; else printf "%.2f\n", (b - a) / (t1 - t0) }' \
+		>"$work/$side-$round.gcps"
 	if [ "$rc" != 0 ]; then
 		failed=1
 		han_log "$side round $round: exit $rc: $(grep -E '✗|error' "$work/$side-$round.out" | head -n 3 | tr '\n' ' ')"
 	fi
-	jq -r --arg side "$side" --arg round "$round" \
-		"[\$side, \$round, $figures, .passed] | map(if . == null then \"nan\" else . end) | @tsv" "$sum" >>"$results" 2>/dev/null ||
+	jq -r --arg side "$side" --arg round "$round" --arg gcps "$(cat "$work/$side-$round.gcps")" \
+		"[\$side, \$round, $figures, \$gcps, .passed] | map(if . == null then \"nan\" else . end) | @tsv" "$sum" >>"$results" 2>/dev/null ||
 		printf '%s\t%s\tnan\tfalse\n' "$side" "$round" >>"$results"
 	han_log "$side round $round: $(tail -n 1 "$results" | cut -f3- | tr '\t' ' ')"
 }

@@ -69,6 +69,11 @@ func removeGatewayBuild() error {
 // gw is one running han-gateway process.
 type gw struct {
 	name, id string
+	// run names the instances started together; it keys their IP-hashing
+	// secret, so the per-IP rate-limit counts of one test's requests (all
+	// from 127.0.0.1, on the cluster every test shares) never carry over
+	// into another test's.
+	run      string
 	addr     string // host:port it listens on
 	cmd      *exec.Cmd
 	done     chan struct{} // closed when the process has exited
@@ -93,7 +98,7 @@ func startGateways(t *testing.T, c *testenv.RedisCluster, n int) []*gw {
 	var wg sync.WaitGroup
 	for i := range n {
 		g := &gw{name: string(rune('A' + i)), done: make(chan struct{})}
-		g.id = "clgw-" + run + "-" + g.name
+		g.id, g.run = "clgw-"+run+"-"+g.name, run
 		gws[i] = g
 		dir := t.TempDir()
 		wg.Go(func() { errs[i] = g.start(bin, c, dir) })
@@ -131,7 +136,7 @@ func (g *gw) start(bin string, c *testenv.RedisCluster, dir string) error {
 	cmd.Env = append(os.Environ(),
 		"HAN_HTTP_ADDR=127.0.0.1:0", "HAN_INSTANCE_ID="+g.id,
 		"REDIS_URL="+c.URL(), "REDIS_REALTIME_URL="+c.URL(), "DATABASE_URL="+env.DatabaseURL,
-		"HAN_JWT_DEV_HS256_SECRET="+gwDevSecret, "HAN_HMAC_SECRET=clustertest-hmac-0123456789",
+		"HAN_JWT_DEV_HS256_SECRET="+gwDevSecret, "HAN_HMAC_SECRET=clustertest-hmac-"+g.run+"-0123456789",
 		"HAN_LOG_LEVEL=info", "HAN_DRAIN_DELAY=0", "HAN_SHUTDOWN_TIMEOUT=5s",
 		// An event whose publish failed while a master was away reaches
 		// the sockets through the outbox relay a second later.

@@ -50,6 +50,12 @@ func layout(t *testing.T, c *testenv.RedisCluster, gws []*gw, perMaster int) []*
 				if try == 100 {
 					t.Fatalf("no dialog channel landed on master %s", m.Addr())
 				}
+				if try > 0 && try%10 == 0 {
+					// A new creator every ten dialogs: one user may create
+					// 20 a minute, and a master that owns few slots (after
+					// another test moved some) may take more tries.
+					_, d.senderTok = userOn(t, c, gws[0], m)
+				}
 				id := createDialog(t, gws[try%len(gws)], d.senderTok, members...)
 				if owner, err := c.MasterOf(ctx, pubsub.DialogChannel(id)); err != nil {
 					t.Fatal(err)
