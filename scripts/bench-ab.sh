@@ -141,17 +141,8 @@ if [ "$HAN_AB_GO" = 1 ]; then
 fi
 
 if [ "$HAN_AB_LOAD" = 1 ]; then
-	export HAN_ENV=dev HAN_REDIS_API_PASSWORD="ab-$RANDOM$RANDOM$RANDOM"
-	export HAN_JWT_DEV_HS256_SECRET="ab-secret-$RANDOM$RANDOM-0123456789abcdef" HAN_HMAC_SECRET="ab-hmac-0123456789"
-	"$work/bin-new/hanctl" redis acl --out "$work/users.acl" >/dev/null
-	redis_port="$(han_pick_port 0)"
-	redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
-		--appendonly no --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
-	redis_pid=$!
+	han_bench_redis ab "$work/bin-new/hanctl" "$work"
 	pids+=("$redis_pid")
-	for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null && break; sleep 0.1; done
-	export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
-	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
 	server="${HAN_TEST_DATABASE_URL%%\?*}"
 	server="${server%/*}"
 	PSQL="$(han_pg_bindir)/psql"

@@ -75,17 +75,8 @@ cleanup_inner() {
 }
 trap cleanup_inner EXIT
 
-export HAN_ENV=dev HAN_REDIS_API_PASSWORD="storm-$RANDOM$RANDOM$RANDOM"
-export HAN_JWT_DEV_HS256_SECRET="storm-secret-$RANDOM$RANDOM-0123456789abcdef" HAN_HMAC_SECRET="storm-hmac-0123456789"
-"$work/bin/hanctl" redis acl --out "$work/users.acl" >/dev/null
-redis_port="$(han_pick_port 0)"
-redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
-	--appendonly no --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
-redis_pid=$!
+han_bench_redis storm "$work/bin/hanctl" "$work"
 pids+=("$redis_pid")
-for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null && break; sleep 0.1; done
-export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
-export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
 db="$HAN_TEST_DATABASE_URL"
 DATABASE_URL="$db" "$work/bin/hanctl" migrate >/dev/null
 port="$(han_pick_port 0)"

@@ -147,3 +147,22 @@ han_gofmt_unformatted() {
 	(cd "$HAN_ROOT" && find . \( -name .git -o -name .data -o -name bin -o -name testdata -o -name node_modules \) -prune \
 		-o -type f -name '*.go' -print0 | xargs -0 -r gofmt -l)
 }
+
+# han_bench_redis NAME HANCTL WORK: for a benchmark's own gateway(s), export
+# the dev secrets (prefixed NAME), write the ACL file with HANCTL into WORK,
+# start a private redis-server on a free port (no persistence) and wait for
+# it; sets redis_port and redis_pid and exports REDIS_URL (DB0) and
+# REDIS_REALTIME_URL (DB1) as api_backend. The caller stops redis_pid.
+han_bench_redis() {
+	local name=$1 hanctl=$2 work=$3
+	export HAN_ENV=dev HAN_REDIS_API_PASSWORD="$name-$RANDOM$RANDOM$RANDOM"
+	export HAN_JWT_DEV_HS256_SECRET="$name-secret-$RANDOM$RANDOM-0123456789abcdef" HAN_HMAC_SECRET="$name-hmac-0123456789"
+	"$hanctl" redis acl --out "$work/users.acl" >/dev/null
+	redis_port="$(han_pick_port 0)"
+	redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$work/users.acl" --dir "$work" --save '' \
+		--appendonly no --daemonize no --logfile "$work/redis.log" </dev/null >/dev/null 2>&1 &
+	redis_pid=$!
+	for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null && break; sleep 0.1; done
+	export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
+	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
+}

@@ -321,9 +321,35 @@ func (l *netLog) snapshot() ([]string, []string) {
 
 // intercept pauses the page's requests matching urlPattern at stage; fail
 // decides, per request, whether the network fails it (connection reset) or
-// lets it through. It runs on a goroutine of its own, so it may evaluate in
-// the page. stop ends the interception.
+// lets it through. stop ends the interception.
 func (p *page) intercept(urlPattern string, stage fetch.RequestStage, fail func(e *fetch.EventRequestPaused) bool) (stop func()) {
+	return p.interceptWith(urlPattern, stage, func(e *fetch.EventRequestPaused) requestAction {
+		if fail(e) {
+			return func(ctx context.Context, t *chromedp.Target) error {
+				_, err := cdp.Call(ctx, t, fetch.FailRequest, fetch.FailRequestParams{RequestID: e.RequestID, ErrorReason: network.ErrorReasonConnectionReset})
+				return err
+			}
+		}
+		return continueRequest(e)
+	})
+}
+
+// requestAction answers one paused request in the page's target.
+type requestAction func(ctx context.Context, t *chromedp.Target) error
+
+// continueRequest lets a paused request through.
+func continueRequest(e *fetch.EventRequestPaused) requestAction {
+	return func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: e.RequestID})
+		return err
+	}
+}
+
+// interceptWith pauses the page's requests matching urlPattern at stage and
+// answers each with the action decide chooses for it. decide runs on a
+// goroutine of its own, so it may evaluate in the page. stop ends the
+// interception.
+func (p *page) interceptWith(urlPattern string, stage fetch.RequestStage, decide func(e *fetch.EventRequestPaused) requestAction) (stop func()) {
 	p.t.Helper()
 	ctx, cancel := context.WithCancel(p.ctx)
 	evs := make(chan *fetch.EventRequestPaused, 64)
@@ -350,16 +376,7 @@ func (p *page) intercept(urlPattern string, stage fetch.RequestStage, fail func(
 				return
 			case e = <-evs:
 			}
-			failIt := fail(e)
-			_, _ = chromedp.Run(ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-				var err error
-				if failIt {
-					_, err = cdp.Call(ctx, t, fetch.FailRequest, fetch.FailRequestParams{RequestID: e.RequestID, ErrorReason: network.ErrorReasonConnectionReset})
-				} else {
-					_, err = cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: e.RequestID})
-				}
-				return err
-			}))
+			_, _ = chromedp.Run(ctx, chromedp.Func(decide(e)))
 		}
 	}()
 	return func() {

@@ -108,54 +108,18 @@ func (p *page) hover(sel string) {
 func (p *page) answerNext(method, urlPattern string, status int, body string) (stop func()) {
 	p.t.Helper()
 	answered := false
-	ctx, cancel := context.WithCancel(p.ctx)
-	evs := make(chan *fetch.EventRequestPaused, 16)
-	if err := chromedp.Listen(ctx, func(ev any) {
-		if e, ok := ev.(*fetch.EventRequestPaused); ok {
-			evs <- e
+	return p.interceptWith(urlPattern, fetch.RequestStageRequest, func(e *fetch.EventRequestPaused) requestAction {
+		if answered || e.Request.Method != method {
+			return continueRequest(e)
 		}
-	}); err != nil {
-		cancel()
-		p.t.Fatalf("%s: listen: %v", p.name, err)
-	}
-	p.do("intercept "+urlPattern, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		_, err := cdp.Call(ctx, t, fetch.Enable, fetch.EnableParams{Patterns: []*fetch.RequestPattern{
-			{URLPattern: urlPattern, RequestStage: fetch.RequestStageRequest}}})
-		return err
-	}))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			var e *fetch.EventRequestPaused
-			select {
-			case <-ctx.Done():
-				return
-			case e = <-evs:
-			}
-			fake := !answered && e.Request.Method == method
-			answered = answered || fake
-			_, _ = chromedp.Run(ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-				var err error
-				if fake {
-					_, err = cdp.Call(ctx, t, fetch.FulfillRequest, fetch.FulfillRequestParams{RequestID: e.RequestID, ResponseCode: int64(status),
-						ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/json"}},
-						Body:            []byte(body)})
-				} else {
-					_, err = cdp.Call(ctx, t, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: e.RequestID})
-				}
-				return err
-			}))
-		}
-	}()
-	return func() {
-		p.do("stop intercepting", chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-			_, err := cdp.Call(ctx, t, fetch.Disable, cdp.Empty{})
+		answered = true
+		return func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, fetch.FulfillRequest, fetch.FulfillRequestParams{RequestID: e.RequestID, ResponseCode: int64(status),
+				ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/json"}},
+				Body:            []byte(body)})
 			return err
-		}))
-		cancel()
-		<-done
-	}
+		}
+	})
 }
 
 // browserFailedSends: a send the server cannot take (a body over 4000
