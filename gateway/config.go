@@ -74,8 +74,9 @@ type Config struct {
 	// often 4 MiB).
 	SendBuffer int
 	// WriteTimeout bounds one batch of writes; a connection that accepts
-	// nothing for this long is closed as a slow consumer. Zero value means
-	// 10s.
+	// nothing for this long (at most half as long again: the socket's
+	// deadline is reused across batches while a whole timeout of it is
+	// left) is closed as a slow consumer. Zero value means 10s.
 	WriteTimeout time.Duration
 
 	// PingInterval is the WebSocket ping period (also hello.heartbeatMs).

@@ -79,8 +79,9 @@ func (c *conn) writeLoop() {
 	}
 }
 
-// writeBatch writes a batch through the cork: one write deadline on the
-// socket for the whole batch (set by cork), the frames encoded straight
+// writeBatch writes a batch through the cork: a write deadline on the
+// socket that gives the whole batch at least the write timeout (kept from
+// an earlier batch when enough of it is left: cork), the frames encoded straight
 // into the cork's buffer (no per-frame locking, context or timer in
 // coder/websocket), and one write syscall per corkFlushBytes. A batch that
 // misses its deadline is a slow consumer.
@@ -91,7 +92,7 @@ func (c *conn) writeBatch(batch []outFrame) error {
 	if c.cork == nil {
 		return c.writeBatchUncorked(batch)
 	}
-	err := c.cork.cork(time.Now().Add(c.hub.cfg.WriteTimeout))
+	err := c.cork.cork(time.Now(), c.hub.cfg.WriteTimeout)
 	for i := 0; err == nil && i < len(batch); i++ {
 		var n int
 		if n, err = c.cork.writeText(batch[i].b); err == nil && n >= corkFlushBytes {

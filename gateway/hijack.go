@@ -76,11 +76,15 @@ type corkConn struct {
 	// batch is true from cork to uncork or discard: the write deadline set
 	// by cork bounds every write of the batch, buffered or not.
 	batch bool
-	// armed: the socket has a write deadline. It is left set after a
-	// batch (clearing it would be a second deadline call per batch) and
+	// armed: the socket has a write deadline, until. It is left set after
+	// a batch (clearing it would be a second deadline call per batch) and
 	// cleared by the first direct write outside a batch (a pong or close
-	// frame coder/websocket writes, bounded by its own context).
+	// frame coder/websocket writes, bounded by its own context). A batch
+	// that finds at least its whole timeout left on it keeps it: setting a
+	// deadline is a timer change in the runtime, and a busy connection
+	// writes many batches per second.
 	armed bool
+	until time.Time
 	// closeSent: a close frame went through (coder/websocket writes each
 	// control frame in one Write); no data frame may follow it.
 	closeSent bool
@@ -132,22 +136,29 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		if err := c.Conn.SetWriteDeadline(time.Time{}); err != nil {
 			return 0, err
 		}
-		c.armed = false
+		c.armed, c.until = false, time.Time{}
 	}
 	return c.Conn.Write(p)
 }
 
-// cork starts a batch: it sets the socket's write deadline once for the
-// whole batch and collects writes until uncork (unless sealed: then writes
-// go straight out, still under the deadline).
-func (c *corkConn) cork(deadline time.Time) error {
+// cork starts a batch: it makes sure the socket's write deadline gives the
+// whole batch at least timeout from now, and collects writes until uncork
+// (unless sealed: then writes go straight out, still under the deadline).
+// A deadline already set that far ahead stays; a new one is set half a
+// timeout further (now + 1.5 × timeout), so a connection that writes often
+// sets it about once per half timeout instead of once per batch. A batch
+// that accepts nothing gets between timeout and 1.5 × timeout.
+func (c *corkConn) cork(now time.Time, timeout time.Duration) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.batch = true
-	if err := c.Conn.SetWriteDeadline(deadline); err != nil {
-		return err
+	if !c.armed || c.until.Sub(now) < timeout {
+		until := now.Add(timeout + timeout/2)
+		if err := c.Conn.SetWriteDeadline(until); err != nil {
+			return err
+		}
+		c.armed, c.until = true, until
 	}
-	c.armed = true
 	if !c.corked && !c.sealed {
 		c.corked = true
 		c.buf = corkBufs.Get().(*[]byte)
@@ -211,7 +222,7 @@ func (c *corkConn) seal(deadline time.Time) error {
 	var err error
 	if c.buf != nil && len(*c.buf) > 0 {
 		if err = c.Conn.SetWriteDeadline(deadline); err == nil {
-			c.armed = true
+			c.armed, c.until = true, deadline
 			err = c.flushLocked()
 		}
 	}

@@ -44,7 +44,8 @@
 # Exit status: 0 every run passed its thresholds, 1 otherwise.
 #
 # Options: -scenario broadcast|idle (broadcast), -reps N (2), -conns N (200),
-# -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
+# -gen-profile (the generator's CPU profile of each run, <side>-<round>.gen.prof
+# in the kept work folder), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
 # events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
 # idle), -steps LIST (broadcast), -centrifugo PATH, -keep (keep the work
 # folder: summaries and logs). Bounded: each run by -max-duration (phase ×
@@ -61,7 +62,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -75,6 +76,7 @@ if [ "${1:-}" != --inner ]; then
 		-concurrency) concurrency=$2 && shift ;;
 		-steps) steps=$2 && shift ;;
 		-centrifugo) cf_bin=$2 && shift ;;
+		-gen-profile) gen_profile=1 keep=1 ;;
 		-keep) keep=1 ;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -113,14 +115,14 @@ if [ "${1:-}" != --inner ]; then
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency" \
-		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
 read -r scenario reps conns dialogs rate payload phase concurrency <<<"$HAN_BC_SHAPE"
-steps="$HAN_BC_STEPS"
+steps="$HAN_BC_STEPS" gen_profile="${HAN_BC_GEN_PROFILE:-0}"
 servers=() redises=() # pids this script started and has not stopped
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
 stop() {
@@ -268,13 +270,14 @@ args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + 90 + conns / 50)
 gc_count() { curl -fsS "$1/metrics" 2>/dev/null | awk '/^go_gc_duration_seconds_count/ { print $2; exit }'; }
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1
+	[ "$gen_profile" = 1 ] && more+=(-cpuprofile "$work/$side-$round.gen.prof")
 	case "$side" in
 	gateway)
 		start_gateway
 		base="http://127.0.0.1:$gw_port"
 		# broadcast: the publisher's Redis and the processes whose CPU is counted
 		[ "$scenario" = broadcast ] &&
-			more=(-redis-url "$REDIS_REALTIME_URL" -cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid")
+			more+=(-redis-url "$REDIS_REALTIME_URL" -cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid")
 		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
 		"$LT" run "${args[@]}" -target "$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
@@ -285,7 +288,7 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 		start_centrifugo
 		base="http://127.0.0.1:$cf_port"
 		[ "$scenario" = broadcast ] &&
-			more=(-redis-url "redis://127.0.0.1:$cf_redis_port" -cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid")
+			more+=(-redis-url "redis://127.0.0.1:$cf_redis_port" -cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid")
 		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
 		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" \
 			"$LT" run "${args[@]}" -target "centrifugo:$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \

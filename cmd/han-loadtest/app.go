@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -51,6 +52,7 @@ type Main struct {
 	scenario      scenarios.Scenario
 	opts          loadtest.Options
 	summaryExport string
+	cpuProfile    string
 
 	// baseline-server
 	addr      string
@@ -166,6 +168,7 @@ func (m *Main) parseRun(args []string) error {
 	fs.DurationVar(&m.opts.MaxDuration, "max-duration", 0, "hard bound on the whole run, setup included (default duration + 5m)")
 	fs.Var(&ths, "threshold", "pass/fail criterion, repeatable: delivery_p99<150ms, http_req_failed<0.1%, ws_connect_p95<500ms")
 	fs.StringVar(&m.summaryExport, "summary-export", "", "write the summary as JSON to this file")
+	fs.StringVar(&m.cpuProfile, "cpuprofile", "", "write the generator's own CPU profile (go tool pprof) of the whole run to this file")
 	fs.StringVar(&config, "config", "", "scenario file (JSON: {\"options\":{flag:value…},\"thresholds\":[…]}); flags override it")
 	fs.BoolVar(&quiet, "quiet", false, "no live progress line")
 	fs.DurationVar(&m.opts.ProgressInterval, "progress-interval", 0, "progress line period (default 1s on a terminal, 5s otherwise)")
@@ -321,6 +324,22 @@ func (m *Main) Run(ctx context.Context) int {
 }
 
 func (m *Main) runScenario(ctx context.Context) int {
+	if m.cpuProfile != "" {
+		f, err := os.Create(m.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(m.stderr, "han-loadtest: cpu profile:", err)
+			return ExitUsage
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				fmt.Fprintln(m.stderr, "han-loadtest: cpu profile:", err)
+			}
+		}()
+	}
 	sum, err := loadtest.Run(ctx, m.scenario, m.opts)
 	if err != nil {
 		fmt.Fprintln(m.stderr, "han-loadtest:", err)
