@@ -44,7 +44,8 @@
 # Exit status: 0 every run passed its thresholds, 1 otherwise.
 #
 # Options: -scenario broadcast|idle (broadcast), -reps N (2), -conns N (200),
-# -gen-profile (the generator's CPU profile of each run, <side>-<round>.gen.prof
+# -warmup SECONDS (3; -steps: unmeasured publishing at the first step's rate
+# before the first step), -gen-profile (the generator's CPU profile of each run, <side>-<round>.gen.prof
 # in the kept work folder), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
 # events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
 # idle), -steps LIST (broadcast), -centrifugo PATH, -keep (keep the work
@@ -62,7 +63,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -75,6 +76,7 @@ if [ "${1:-}" != --inner ]; then
 		-phase) phase=$2 && shift ;;
 		-concurrency) concurrency=$2 && shift ;;
 		-steps) steps=$2 && shift ;;
+		-warmup) warmup=$2 && shift ;;
 		-centrifugo) cf_bin=$2 && shift ;;
 		-gen-profile) gen_profile=1 keep=1 ;;
 		-keep) keep=1 ;;
@@ -88,8 +90,8 @@ if [ "${1:-}" != --inner ]; then
 	done
 	case "$scenario" in broadcast | idle) ;; *) han_die "-scenario $scenario: want broadcast or idle" ;; esac
 	case "$steps" in *[!0-9,]*) han_die "-steps: want comma-separated rates, got '$steps'" ;; esac
-	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency"; do
-		case "$v" in '' | *[!0-9]*) han_die "option values must be positive integers, got '$v'" ;; esac
+	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency" "$warmup"; do
+		case "$v" in '' | *[!0-9]*) han_die "option values must be non-negative integers, got '$v'" ;; esac
 	done
 	han_ensure_packages --curl --jq
 	work="$(mktemp -d "${TMPDIR:-/tmp}/han-bench-centrifugo.XXXXXX")"
@@ -114,14 +116,14 @@ if [ "${1:-}" != --inner ]; then
 	han_log "$cf_version ($cf_bin)"
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
-	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency" \
+	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency $warmup" \
 		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
-read -r scenario reps conns dialogs rate payload phase concurrency <<<"$HAN_BC_SHAPE"
+read -r scenario reps conns dialogs rate payload phase concurrency warmup <<<"$HAN_BC_SHAPE"
 steps="$HAN_BC_STEPS" gen_profile="${HAN_BC_GEN_PROFILE:-0}"
 servers=() redises=() # pids this script started and has not stopped
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
@@ -245,7 +247,8 @@ broadcast)
 		# Step mode keeps each step's figures in its own line: the run's
 		# delivery_* metrics stay empty, so no threshold on them.
 		args=(broadcast -conns "$conns" -dialogs "$dialogs" -payload "$payload" -step-rates "$steps" -step-p99 100ms)
-		what="broadcast, $conns connections over $dialogs dialogs, $payload B events at $steps events/s for ${phase}s each while p99 ≤ 100 ms with none lost"
+		[ "$warmup" -gt 0 ] && args+=(-warmup "${warmup}s")
+		what="broadcast, $conns connections over $dialogs dialogs, $payload B events at $steps events/s for ${phase}s each (after ${warmup}s unmeasured at the first rate) while p99 ≤ 100 ms with none lost"
 		names="max deliveries/s held"
 		figures='.metrics.max_delivery_rate.values.value'
 	fi
@@ -260,16 +263,18 @@ idle)
 		.metrics.server_goroutines_per_conn.values.value, (if .info.gc_forced then 1 else 0 end)'
 	;;
 esac
-# Every scenario's last figure: the server's GC cycles per second over the run.
-names+="|GC/s (whole run)"
+# Every scenario's last figures: the server's GC cycles per second over the
+# run, and the share of the machine's CPU time the hypervisor took (steal).
+names+="|GC/s (whole run)|steal %"
 nsteps=$(($(tr -cd , <<<"$steps" | wc -c) + 1))
-args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + 90 + conns / 50))s" -quiet)
+args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + warmup + 90 + conns / 50))s" -quiet)
 # gc_count URL: the server's completed GC cycles (the Go collector's
 # go_gc_duration_seconds_count on its Prometheus endpoint; both servers
 # export it).
 gc_count() { curl -fsS "$1/metrics" 2>/dev/null | awk '/^go_gc_duration_seconds_count/ { print $2; exit }'; }
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
-	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1
+	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1 st0 tt0 st1 tt1
+	read -r st0 tt0 < <(han_steal_ticks)
 	[ "$gen_profile" = 1 ] && more+=(-cpuprofile "$work/$side-$round.gen.prof")
 	case "$side" in
 	gateway)
@@ -301,12 +306,14 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 	# connections' handshakes and the publish phase).
 	awk -v a="${gc0:-}" -v b="${gc1:-}" -v t0="$t0" -v t1="$t1" 'BEGIN { if (a == "" || b == "" || t1 <= t0) print "nan"; else printf "%.2f\n", (b - a) / (t1 - t0) }' \
 		>"$work/$side-$round.gcps"
+	read -r st1 tt1 < <(han_steal_ticks)
 	if [ "$rc" != 0 ]; then
 		failed=1
 		han_log "$side round $round: exit $rc: $(grep -E '✗|error' "$work/$side-$round.out" | head -n 3 | tr '\n' ' ')"
 	fi
 	jq -r --arg side "$side" --arg round "$round" --arg gcps "$(cat "$work/$side-$round.gcps")" \
-		"[\$side, \$round, $figures, \$gcps, .passed] | map(if . == null then \"nan\" else . end) | @tsv" "$sum" >>"$results" 2>/dev/null ||
+		--arg steal "$(han_steal_pct "$st0" "$tt0" "$st1" "$tt1")" \
+		"[\$side, \$round, $figures, \$gcps, \$steal, .passed] | map(if . == null then \"nan\" else . end) | @tsv" "$sum" >>"$results" 2>/dev/null ||
 		printf '%s\t%s\tnan\tfalse\n' "$side" "$round" >>"$results"
 	han_log "$side round $round: $(tail -n 1 "$results" | cut -f3- | tr '\t' ' ')"
 }

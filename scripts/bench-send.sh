@@ -255,9 +255,6 @@ cmdstats() {
 	redis-cli -p "$redis_port" --user bench_stats --pass "$bench_redis_pw" --no-auth-warning INFO commandstats |
 		tr -d '\r' | sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
 }
-# steal_ticks: the machine's stolen and total CPU ticks so far (/proc/stat):
-# a hypervisor that takes the CPUs away shows up here, not in any process.
-steal_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
 results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1 redis-calls
 : >"$results"
 phase() { # FSYNC SHAPE ARM ROUND
@@ -280,13 +277,13 @@ phase() { # FSYNC SHAPE ARM ROUND
 	local l0 l1 st0 st1 t0 t1
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats0"
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
-	read -r st0 t0 < <(steal_ticks)
+	read -r st0 t0 < <(han_steal_ticks)
 	"$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats1"
-	read -r st1 t1 < <(steal_ticks)
-	l1="$l1 (steal $(awk -v s=$((st1 - st0)) -v t=$((t1 - t0)) 'BEGIN { printf "%.0f %%", (t > 0 ? 100 * s / t : 0) }'))"
+	read -r st1 t1 < <(han_steal_ticks)
+	l1="$l1 (steal $(han_steal_pct "$st0" "$t0" "$st1" "$t1") %)"
 	[ "$arm" = sql ] || stop_gateway "$arm"
 	[ -s "$sum" ] || han_die "$arm $shape: no summary: $(tail -n 5 "$work/$fs-$shape-$arm-$round.out")"
 	[ "$rc" = 0 ] || han_log "$arm $shape round $round: exit $rc (history check or run failed): $(grep -E '✗|error' "$work/$fs-$shape-$arm-$round.out" | head -n 3 | tr '\n' ' ')"

@@ -166,3 +166,9 @@ han_bench_redis() {
 	export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
 	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
 }
+
+# han_steal_ticks: the machine's stolen and total CPU ticks so far
+# (/proc/stat): a hypervisor that takes the CPUs away shows up here, not in
+# any process. han_steal_pct S0 T0 S1 T1: the stolen share between two reads.
+han_steal_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9, t; exit }' /proc/stat; }
+han_steal_pct() { awk -v s=$(($3 - $1)) -v t=$(($4 - $2)) 'BEGIN { printf "%.0f", (t > 0 ? 100 * s / t : 0) }'; }

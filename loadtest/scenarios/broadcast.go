@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ type Broadcast struct {
 	stepRates                   string
 	steps                       []int
 	stepP99                     time.Duration
+	warmup                      time.Duration
 	cpu                         loadtest.ProcCPU
 	gw                          gatewayFlags
 }
@@ -57,6 +59,8 @@ func (b *Broadcast) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&b.compare, "compare", "", "run the same shape against this baseline first (baseline or baseline-inprocess) and report the ratio")
 	fs.StringVar(&b.stepRates, "step-rates", "", "comma-separated publish rates measured one after another on the same connections (each for -duration) while p99 ≤ -step-p99 with no loss: sets max_delivery_rate")
 	fs.DurationVar(&b.stepP99, "step-p99", 100*time.Millisecond, "the p99 (from schedule) a step must hold")
+	fs.DurationVar(&b.warmup, "warmup", 0, "with -step-rates: publish at the first step's rate this long before the steps, unmeasured, then collect the generator's garbage "+
+		"(the connections' first deliveries and the heap the set-up grew are not counted against the first step)")
 	fs.Var(&b.cpu, "cpu-pid", "name=PID (name=PID+: with its children): report that process's CPU-seconds per 1M unique deliveries of each measured phase (info <label>_cpu_s_per_1m_<name>); repeatable; the generator's own is always reported")
 	fs.Int64Var(&b.faultDropEvery, "fault-drop-every", 0, "fault injection: a baseline this run starts drops every n-th delivery (proves the thresholds catch loss)")
 	b.gw.register(fs, getenv, true)
@@ -95,6 +99,9 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	b.steps = steps
 	if len(b.steps) > 0 && b.stepP99 <= 0 {
 		return fmt.Errorf("-step-p99 must be positive")
+	}
+	if b.warmup < 0 || (b.warmup > 0 && len(b.steps) == 0) {
+		return fmt.Errorf("-warmup needs -step-rates and must not be negative")
 	}
 	if b.faultDropEvery > 0 {
 		prev := BaselineConfig.DropEvery
@@ -177,7 +184,7 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 	}
 	defer closeAll()
 	if len(b.steps) == 0 {
-		cpu, err := st.measure(ctx, t, reg, dl, b.rate, label)
+		cpu, err := st.measure(ctx, t, reg, dl, b.rate, t.Opts.Duration, label)
 		if err != nil {
 			return 0, err
 		}
@@ -274,12 +281,27 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 // deliveries/s that held.
 func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (float64, error) {
 	b, fl := st.b, st.fl
+	if b.warmup > 0 {
+		wreg := loadtest.NewRegistry()
+		wdl := loadtest.NewDeliveries(wreg)
+		fl.dialer.SetDeliveries(wdl)
+		if _, err := st.measure(ctx, t, wreg, wdl, b.steps[0], b.warmup, label+" warm-up"); err != nil {
+			return 0, err
+		}
+		m := wreg.Snapshot().Metrics
+		t.Info(label+"_warmup", fmt.Sprintf("%d events/s for %s: %.0f deliveries/s, p99 %s, lost %d",
+			b.steps[0], b.warmup, m[loadtest.MetricDeliveryRate].Value,
+			time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99)).Round(10*time.Microsecond), m[loadtest.MetricDeliveryLost].Count))
+		// The heap the set-up and the warm-up grew is collected now, not
+		// in the middle of the first step.
+		runtime.GC()
+	}
 	best := 0.0
 	for i, rate := range b.steps {
 		sreg := loadtest.NewRegistry()
 		sdl := loadtest.NewDeliveries(sreg)
 		fl.dialer.SetDeliveries(sdl)
-		cpu, err := st.measure(ctx, t, sreg, sdl, rate, fmt.Sprintf("%s step %d/%d (%d events/s)", label, i+1, len(b.steps), rate))
+		cpu, err := st.measure(ctx, t, sreg, sdl, rate, t.Opts.Duration, fmt.Sprintf("%s step %d/%d (%d events/s)", label, i+1, len(b.steps), rate))
 		if err != nil {
 			return best, err
 		}
@@ -303,13 +325,13 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (floa
 	return best, nil
 }
 
-// measure publishes at rate for the run's duration, drains and records the
+// measure publishes at rate for dur, drains and records the
 // deliveries into reg. It returns the CPU-seconds per 1M unique deliveries
 // each -cpu-pid process (and the generator) used from the first publish to
 // the end of the drain.
-func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, dl *loadtest.Deliveries, rate int, label string) (map[string]float64, error) {
+func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, dl *loadtest.Deliveries, rate int, dur time.Duration, label string) (map[string]float64, error) {
 	b := st.b
-	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: t.Opts.Duration,
+	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: dur,
 		PreAllocatedVUs: b.publishers, MaxVUs: b.maxPublishers}
 	bufs := make([][]byte, exec.PeakVUs())
 	data := make([][]byte, len(bufs)) // Centrifugo: the publication's data
