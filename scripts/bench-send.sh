@@ -47,7 +47,10 @@
 # and old-on,old-off with -old), -arms-hot (gw-on,sql, and old-on with
 # -old; "none" for either leaves that shape out), -step-p99 (100ms), -reps (3), -budget MINUTES (25: refuse a longer
 # estimate), -exec-mode MODE (the gateways' HAN_DB_EXEC_MODE and send-sql's;
-# default pgx's cache_statement), -pg-opts "-c k=v ..." (more settings for
+# default pgx's cache_statement), -pool N (pool_max_conns of the gateways of
+# this tree and of send-sql; default the gateway's own, 20), -committers N
+# (HAN_SEND_COMMITTERS of this tree's gateways and send-sql's
+# -send-committers; default theirs), -pg-opts "-c k=v ..." (more settings for
 # the cluster, e.g. -c shared_preload_libraries=pg_stat_statements), -keep (keep the work folder: each phase's
 # summary and output, the servers' logs), -profile FILE (after the rounds, one
 # more gw-on phase of the many-dialog shape at its median held rate, with a
@@ -62,7 +65,7 @@ HAN_SCRIPT=bench-send.sh
 cd "$HAN_ROOT"
 
 keep=0 fsync=on old="" duration=10s warmup=5s rates_many=300,600,900,1200,1800 rates_hot=300,600,900,1200,1800 cpu_rate=300
-arms_many="" arms_hot="" profile="" step_p99=100ms reps=3 budget=25 exec_mode="" pg_opts=""
+arms_many="" arms_hot="" profile="" step_p99=100ms reps=3 budget=25 exec_mode="" pg_opts="" pool="" committers=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-fsync) fsync=$2 ;;
@@ -80,6 +83,8 @@ while [ $# -gt 0 ]; do
 	-budget) budget=$2 ;;
 	-exec-mode) exec_mode=$2 ;;
 	-pg-opts) pg_opts=$2 ;;
+	-pool) pool=$2 ;;
+	-committers) committers=$2 ;;
 	-keep) keep=1 && shift && continue ;;
 	-h | --help)
 		sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -90,6 +95,8 @@ while [ $# -gt 0 ]; do
 	shift 2 || han_die "$1 needs a value"
 done
 case "$fsync" in on) fsyncs=(on) ;; off) fsyncs=(off) ;; both) fsyncs=(on off) ;; *) han_die "-fsync on|off|both" ;; esac
+[[ "$pool" =~ ^[0-9]*$ ]] || han_die "-pool: a number of connections"
+[[ "$committers" =~ ^[0-9]*$ ]] || han_die "-committers: a number of transactions"
 secs="${duration%s}"
 [[ "$secs" =~ ^[0-9]+$ ]] || han_die "-duration: whole seconds like 5s"
 
@@ -188,6 +195,9 @@ done
 
 # --- gateways: one per arm, each on its database ---------------------------------
 dburl() { echo "$server/$1?sslmode=disable"; }
+# poolurl DB: dburl with -pool's pool_max_conns (the new tree's arms; the
+# -old arm keeps its own default, as it was shipped).
+poolurl() { echo "$(dburl "$1")${pool:+&pool_max_conns=$pool}"; }
 DATABASE_URL="$(dburl han_gw)" "$work/new/hanctl" migrate >/dev/null
 DATABASE_URL="$(dburl han_sql)" "$work/new/hanctl" migrate >/dev/null
 [ -n "$old" ] && DATABASE_URL="$(dburl han_old)" "$work/old/hanctl" migrate >/dev/null
@@ -214,9 +224,9 @@ start_gateway() { # ARM BIN DB
 	# databases count their versions independently, so on shared databases
 	# one arm would load another arm's rate-limit policy.
 	local rdb="${arm_redis[$arm]}"
-	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(dburl "$db")" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
+	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(if [ "$bin" = "$work/new/han-gateway" ]; then poolurl "$db"; else dburl "$db"; fi)" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
 		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
-		HAN_DB_EXEC_MODE="$exec_mode" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
+		HAN_DB_EXEC_MODE="$exec_mode" HAN_SEND_COMMITTERS="$committers" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
 	gw_pid[$arm]=$!
 	pids+=("$!")
 	gw_url[$arm]="http://127.0.0.1:$port"
@@ -267,7 +277,7 @@ phase() { # FSYNC SHAPE ARM ROUND
 	args+=(-step-p99 "$step_p99" -duration "$duration" -warmup "$warmup" -max-duration "$((secs * 8 + wsecs + 120))s" -quiet -summary-export "$sum")
 	args+=(-cpu-pid "postgres=$postmaster+" -cpu-pid "redis=$redis_pid")
 	if [ "$arm" = sql ]; then
-		args=(send-sql -database-url "$(dburl han_sql)" -exec-mode "$exec_mode" "${args[@]}")
+		args=(send-sql -database-url "$(poolurl han_sql)" -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${args[@]}")
 	else
 		# A fresh gateway per phase, so no idle gateway of another arm adds
 		# its background work to PostgreSQL's and Redis's CPU.
@@ -340,6 +350,7 @@ fi
 
 # --- the table -------------------------------------------------------------------
 gw_pool="$(jq -r '.info.pool_max_conns // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
+gw_committers="$(jq -r '.info.send_committers // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
 mode="${exec_mode:-cache_statement (pgx default)}"
 echo
 slow="$(grep -c 'duration: ' "$work/pg/log" || true)"
@@ -347,7 +358,7 @@ ckpt="$(grep -c 'checkpoint complete' "$work/pg/log" || true)"
 avac="$(grep -c 'automatic vacuum\|automatic analyze' "$work/pg/log" || true)"
 echo "Send path, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, median of $reps rounds (A/B interleaved), $warmup warm-up then steps of $duration, held = ≥ 99 % accepted and p99 ≤ $step_p99."
 for l in "${settings_lines[@]}"; do echo "PostgreSQL $l."; done
-echo "Pools: gateway and send-sql ${gw_pool:-20} connections (DATABASE_URL default), HAN_DB_EXEC_MODE $mode; -old: ${old:-none}."
+echo "Pools: gateway and send-sql ${gw_pool:-20} connections ($([ -n "$pool" ] && echo "-pool; the old arm its default" || echo "DATABASE_URL default")), send transactions at once ${gw_committers:-${committers:-default}} (HAN_SEND_COMMITTERS), HAN_DB_EXEC_MODE $mode; -old: ${old:-none}."
 echo "PostgreSQL's log over the whole run: $slow statements slower than 100 ms, $ckpt checkpoints, $avac autovacuum/analyze runs."
 echo
 echo "| fsync | shape | arm | highest held sends/s (median; rounds) | CPU-ms per send at $cpu_rate/s: gateway | postgres | redis | generator | servers (gw+pg+redis) | Redis commands (scripts) per send | load avg |"

@@ -30,6 +30,9 @@ type Store struct {
 	reqTimeout time.Duration
 	// sends combines concurrent sends into one dialog (SendMessage).
 	sends *sendCombiner
+	// groups writes the combined batches of different dialogs, in one
+	// transaction when they are ready together (SendMessage).
+	groups *commitGroups
 	// lastSeqs combines concurrent DialogLastSeq checks (realtime_batch.go).
 	lastSeqs *lastSeqBatcher
 	// userDialogs combines concurrent DialogIDsForUser reads (realtime_batch.go).
@@ -44,6 +47,7 @@ type Store struct {
 func New(pool *pgxpool.Pool) *Store {
 	s := &Store{pool: pool, reqTimeout: DefaultRequestTimeout}
 	s.sends = newSendCombiner(s.writeBatch)
+	s.groups = newCommitGroups(s.execGroup)
 	s.lastSeqs = newLastSeqBatcher(s)
 	s.userDialogs = newUserDialogsBatcher(s)
 	return s

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -145,45 +146,46 @@ type sendRow struct {
 	atts                           string
 }
 
-// writeBatch writes a batch of sends into one dialog in one statement and
-// answers each of them. A send whose budget ran out while it waited is
-// answered ErrDatabaseBusy unwritten; the statement gets what is left of the
-// earliest budget of the others. When the statement fails as a whole for a
-// reason that may lie in one message's data (a value PostgreSQL refuses),
-// nothing was committed and each send is written again on its own, so that
-// message fails alone; a busy or unreachable database fails the whole batch.
+// writeBatch writes a batch of sends into one dialog in one statement (in a
+// group transaction with other dialogs' batches when the instance's send
+// transactions are all busy: commitGroups) and answers each of them. A send
+// whose budget ran out while it waited is answered ErrDatabaseBusy
+// unwritten; the statement gets what is left of the earliest budget of the
+// others. When the statement fails as a whole for a reason that may lie in
+// one message's data (a value PostgreSQL refuses), nothing was committed
+// and each send is written again on its own, so that message fails alone; a
+// busy or unreachable database fails the whole batch.
 func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
 	now := time.Now()
-	live := make([]*sendReq, 0, len(batch))
-	var deadline time.Time
+	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch))}
 	for _, r := range batch {
 		if !now.Before(r.deadline) {
 			r.finish(sendResult{err: fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)})
 			continue
 		}
-		if deadline.IsZero() || r.deadline.Before(deadline) {
-			deadline = r.deadline
+		if b.deadline.IsZero() || r.deadline.Before(b.deadline) {
+			b.deadline = r.deadline
 		}
-		live = append(live, r)
+		b.reqs = append(b.reqs, r)
 	}
-	if len(live) == 0 {
+	if len(b.reqs) == 0 {
 		return
 	}
-	rows, err := s.execSendBatch(dialogID, time.Until(deadline), live)
-	if err != nil {
+	s.groups.commit(b)
+	if b.err != nil {
 		var pe *pgconn.PgError
-		if len(live) > 1 && errors.As(err, &pe) && !IsDatabaseBusy(err) {
-			for _, r := range live {
+		if len(b.reqs) > 1 && errors.As(b.err, &pe) && !IsDatabaseBusy(b.err) {
+			for _, r := range b.reqs {
 				s.writeBatch(dialogID, []*sendReq{r})
 			}
 			return
 		}
-		for _, r := range live {
-			r.finish(sendResult{err: err})
+		for _, r := range b.reqs {
+			r.finish(sendResult{err: b.err})
 		}
 		return
 	}
-	answerBatch(live, rows)
+	answerBatch(b.reqs, b.rows)
 }
 
 // execSendBatch runs send_messages within budget: the pool wait and each
@@ -199,29 +201,47 @@ func (s *Store) execSendBatch(dialogID string, budget time.Duration, batch []*se
 		return nil, err
 	}
 	defer conn.Release()
-	out := make([]sendRow, 0, len(batch))
 	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, budget, batch)...)
+	var out []sendRow
 	if err == nil {
-		for rows.Next() {
-			var r sendRow
-			if err := rows.Scan(&r.ord, &r.outcome, &r.ref, &r.id, &r.seq, &r.sender, &r.body, &r.cid, &r.createdAt, &r.atts); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("send message: %w", err)
-			}
-			out = append(out, r)
+		out, err = scanSendRows(rows, len(batch))
+	}
+	if err != nil {
+		return nil, sendError(err)
+	}
+	return out, nil
+}
+
+// scanSendRows reads the rows of one send_messages call of n messages and
+// closes them.
+func scanSendRows(rows pgx.Rows, n int) ([]sendRow, error) {
+	out := make([]sendRow, 0, n)
+	for rows.Next() {
+		var r sendRow
+		if err := rows.Scan(&r.ord, &r.outcome, &r.ref, &r.id, &r.seq, &r.sender, &r.body, &r.cid, &r.createdAt, &r.atts); err != nil {
+			rows.Close()
+			return nil, err
 		}
-		rows.Close()
-		err = rows.Err()
+		out = append(out, r)
 	}
-	switch {
-	case err == nil && len(out) != len(batch):
-		return nil, fmt.Errorf("send message: %d answers for %d messages", len(out), len(batch))
-	case err == nil:
-		return out, nil
-	case IsDatabaseBusy(err) || errors.Is(err, context.DeadlineExceeded):
-		return nil, fmt.Errorf("%w: send message: %w", ErrDatabaseBusy, err)
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("send message: %w", err)
+	if len(out) != n {
+		return nil, fmt.Errorf("%d answers for %d messages", len(out), n)
+	}
+	return out, nil
+}
+
+// sendError is the error a failed send statement returns: ErrDatabaseBusy
+// for a lock or statement over budget, the PostgreSQL error (wrapped) for
+// anything else.
+func sendError(err error) error {
+	if IsDatabaseBusy(err) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: send message: %w", ErrDatabaseBusy, err)
+	}
+	return fmt.Errorf("send message: %w", err)
 }
 
 // answerBatch gives each send of the batch its outcome from the rows

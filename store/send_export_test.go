@@ -12,3 +12,11 @@ func (s *Store) SendQueueDepth(dialogID string) int {
 	}
 	return len(q.waiting) + q.inFlight
 }
+
+// SendGroupWaiting is how many dialogs' batches wait for a free send
+// transaction.
+func (s *Store) SendGroupWaiting() int {
+	s.groups.mu.Lock()
+	defer s.groups.mu.Unlock()
+	return len(s.groups.waiting)
+}

@@ -188,6 +188,7 @@ func (m *Main) Run(ctx context.Context) error {
 	apiStore := store.New(m.pg)
 	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
 	apiStore.SetSendQueue(cfg.SendDialogQueue)
+	apiStore.SetSendCommitters(cfg.SendCommitters)
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,

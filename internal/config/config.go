@@ -62,6 +62,10 @@ type Config struct {
 	// written; they are combined into one transaction per batch, and one
 	// more send answers 503 dialog_busy.
 	SendDialogQueue int
+	// SendCommitters (HAN_SEND_COMMITTERS, default 4) is how many send
+	// transactions an instance runs at once; the batches of different
+	// dialogs that wait for one are written together in one transaction.
+	SendCommitters int
 	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
 	// connection straight to PostgreSQL, for migrations, when DatabaseURL
 	// goes through a transaction-pooling proxy such as PgBouncer.
@@ -265,6 +269,12 @@ func Load(getenv func(string) string) (Config, error) {
 	if v := getenv("HAN_SEND_DIALOG_QUEUE"); v != "" {
 		if c.SendDialogQueue, err = strconv.Atoi(v); err != nil || c.SendDialogQueue < 1 {
 			bad("HAN_SEND_DIALOG_QUEUE: must be a positive number")
+		}
+	}
+	c.SendCommitters = 4
+	if v := getenv("HAN_SEND_COMMITTERS"); v != "" {
+		if c.SendCommitters, err = strconv.Atoi(v); err != nil || c.SendCommitters < 1 {
+			bad("HAN_SEND_COMMITTERS: must be a positive number")
 		}
 	}
 	c.WSMaxConnsPerUser = 16

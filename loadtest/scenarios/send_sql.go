@@ -38,6 +38,7 @@ type SendSQL struct {
 	idemTTL       time.Duration
 	safetyTask    bool
 	markDelivered bool
+	committers    int
 	getenv        func(string) string
 }
 
@@ -59,6 +60,8 @@ func (s *SendSQL) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.DurationVar(&s.idemTTL, "idempotency-ttl", envDuration(getenv, "HAN_IDEMPOTENCY_TTL", 24*time.Hour), "idempotency record lifetime, as the gateway's HAN_IDEMPOTENCY_TTL (env)")
 	stub, _ := strconv.ParseBool(getenv("HAN_LEGACY_STUB_ENABLED"))
 	fs.BoolVar(&s.safetyTask, "safety-task", stub, "record each message's safety task, as the gateway does while HAN_LEGACY_STUB_ENABLED (env)")
+	committers, _ := strconv.Atoi(getenv("HAN_SEND_COMMITTERS"))
+	fs.IntVar(&s.committers, "send-committers", cmp.Or(committers, store.DefaultSendCommitters), "send transactions at once, as the gateway's HAN_SEND_COMMITTERS (env)")
 	fs.BoolVar(&s.markDelivered, "mark-delivered", true, "queue the outbox row's delivered mark on a batching store.OutboxMarker after the send, as the gateway does after its publish")
 }
 
@@ -84,6 +87,8 @@ func (s *SendSQL) Run(ctx context.Context, t *loadtest.T) error {
 	defer pool.Close()
 	st := store.New(pool)
 	st.SetRequestTimeout(s.reqTimeout)
+	st.SetSendCommitters(s.committers)
+	t.Info("send_committers", s.committers)
 	users, dialogs, err := s.prepare(ctx, t, st)
 	if err != nil {
 		return err

@@ -1,0 +1,228 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DefaultSendCommitters is how many send transactions an instance runs at
+// once when HAN_SEND_COMMITTERS is not set.
+const DefaultSendCommitters = 4
+
+// maxGroupDialogs bounds how many dialogs' batches one group transaction
+// carries.
+const maxGroupDialogs = 32
+
+// commitGroups is the second stage of the send path, after the per-dialog
+// combiner: the batches of different dialogs that are ready at the same
+// time are written in one transaction (a group commit). At most max groups
+// are in flight; a batch that finds them all busy waits, and the next free
+// committer takes every waiting batch as its group. A batch that finds a
+// committer free is written at once, alone: nothing waits for company.
+//
+// A group is one pipelined round trip, one send_messages call per dialog
+// in dialog-id order (so two groups that share dialogs take their row
+// locks in the same order) and one commit: PostgreSQL pays one commit,
+// one WAL flush and one client round trip for the whole group, and the
+// number of concurrent send transactions stays at max however many sends
+// arrive, so the sends do not contend with each other for PostgreSQL's
+// locks and CPU. When the group's transaction fails, nothing of it was
+// committed, and every batch of it is written again on its own, so one
+// dialog's failure (a lock wait over budget, a value PostgreSQL refuses)
+// stays with that dialog. In a group each call waits for its dialog's row
+// lock at most a quarter of the group's budget, so a lock held elsewhere
+// costs the others in the group no more than that before they are written
+// on their own.
+type commitGroups struct {
+	exec func(group []*dialogBatch)
+
+	mu      sync.Mutex
+	max     int
+	active  int
+	waiting []*dialogBatch
+}
+
+// dialogBatch is one dialog's combined sends on their way through a group.
+type dialogBatch struct {
+	dialogID string
+	reqs     []*sendReq
+	deadline time.Time // the earliest of the sends' budgets
+	rows     []sendRow
+	err      error
+	// done, for a batch that waited for a committer, is closed once rows
+	// or err is set (settle).
+	done chan struct{}
+}
+
+// settle records the batch's outcome and wakes its waiting writer.
+func (b *dialogBatch) settle(rows []sendRow, err error) {
+	b.rows, b.err = rows, err
+	if b.done != nil {
+		close(b.done)
+	}
+}
+
+func newCommitGroups(exec func([]*dialogBatch)) *commitGroups {
+	return &commitGroups{exec: exec, max: DefaultSendCommitters}
+}
+
+// SetSendCommitters sets how many send transactions this instance runs at
+// once (n ≥ 1; smaller values are ignored). Sends beyond them wait and are
+// written together in the next free transaction.
+func (s *Store) SetSendCommitters(n int) {
+	if n >= 1 {
+		s.groups.mu.Lock()
+		s.groups.max = n
+		s.groups.mu.Unlock()
+	}
+}
+
+// commit writes b, alone or in a group, and returns once b.rows or b.err is
+// set.
+func (g *commitGroups) commit(b *dialogBatch) {
+	g.mu.Lock()
+	if g.active >= g.max {
+		b.done = make(chan struct{})
+		g.waiting = append(g.waiting, b)
+		g.mu.Unlock()
+		<-b.done
+		return
+	}
+	g.active++
+	g.mu.Unlock()
+	// Written on the caller's goroutine; what waited meanwhile is left to
+	// a drain, so this caller is answered as soon as its own group is.
+	g.exec([]*dialogBatch{b})
+	if group := g.next(); group != nil {
+		go g.drain(group)
+	}
+}
+
+// drain writes waiting groups until none waits.
+func (g *commitGroups) drain(group []*dialogBatch) {
+	for group != nil {
+		g.exec(group)
+		group = g.next()
+	}
+}
+
+// next takes the waiting batches as the next group (at most
+// maxGroupDialogs of them, in arrival order), or gives up the committer's
+// slot and returns nil when none waits.
+func (g *commitGroups) next() []*dialogBatch {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.waiting) == 0 {
+		g.active--
+		return nil
+	}
+	n := min(len(g.waiting), maxGroupDialogs)
+	group := slices.Clone(g.waiting[:n])
+	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
+	return group
+}
+
+// execGroup writes a group: one batch as one statement, several as one
+// pipelined transaction, and each batch again on its own when that
+// transaction failed.
+func (s *Store) execGroup(group []*dialogBatch) {
+	if len(group) == 1 {
+		b := group[0]
+		b.settle(s.execSendBatch(b.dialogID, time.Until(b.deadline), b.reqs))
+		return
+	}
+	slices.SortFunc(group, func(a, b *dialogBatch) int { return compareStrings(a.dialogID, b.dialogID) })
+	deadline := group[0].deadline
+	for _, b := range group[1:] {
+		if b.deadline.Before(deadline) {
+			deadline = b.deadline
+		}
+	}
+	out, err := s.execSendGroup(time.Until(deadline), group)
+	if err == nil {
+		for i, b := range group {
+			b.settle(out[i], nil)
+		}
+		return
+	}
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		// No pool connection in time, or the connection failed: the
+		// database, not a dialog, is the cause.
+		for _, b := range group {
+			b.settle(nil, err)
+		}
+		return
+	}
+	// Each batch again on its own, at once, so that a dialog whose lock
+	// is held elsewhere delays only itself.
+	var wg sync.WaitGroup
+	for _, b := range group {
+		if !time.Now().Before(b.deadline) {
+			b.settle(nil, fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy))
+			continue
+		}
+		wg.Go(func() { b.settle(s.execSendBatch(b.dialogID, time.Until(b.deadline), b.reqs)) })
+	}
+	wg.Wait()
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// execSendGroup runs one send_messages call per batch of the group in one
+// pipelined round trip; without a transaction block of their own they are
+// one implicit transaction, committed at the pipeline's end. The rows are
+// returned only when that commit succeeded; on an error nothing was
+// committed.
+func (s *Store) execSendGroup(budget time.Duration, group []*dialogBatch) ([][]sendRow, error) {
+	budget = max(budget, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
+	defer cancel()
+	conn, err := s.acquireWithin(ctx, budget)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	// A lock held elsewhere may stall the whole group: each call waits for
+	// a dialog's lock at most a quarter of the budget, which leaves the
+	// rest for writing each batch on its own if the group fails.
+	lockWait := max(budget/4, time.Millisecond)
+	var pb pgx.Batch
+	for _, b := range group {
+		pb.Queue(sendMessagesSQL, sendArgs(b.dialogID, lockWait, b.reqs)...)
+	}
+	br := conn.SendBatch(ctx, &pb)
+	out := make([][]sendRow, len(group))
+	var first error
+	for i, b := range group {
+		rows, err := br.Query()
+		if err == nil {
+			out[i], err = scanSendRows(rows, len(b.reqs))
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if err := br.Close(); err != nil && first == nil {
+		first = err
+	}
+	if first != nil {
+		return nil, sendError(first)
+	}
+	return out, nil
+}

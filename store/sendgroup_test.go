@@ -1,0 +1,200 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
+)
+
+// waitGroupWaiting waits until n dialogs' batches wait for a send
+// transaction.
+func waitGroupWaiting(t *testing.T, s *store.Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.SendGroupWaiting() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d batches wait for a send transaction, want %d", s.SendGroupWaiting(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// transactionsOf counts the distinct transactions that wrote the messages.
+func transactionsOf(t *testing.T, msgs ...store.Message) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	idList := make([]string, len(msgs))
+	for i, m := range msgs {
+		idList[i] = m.ID
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(DISTINCT xmin::text) FROM messages WHERE id = ANY($1::text[]::uuid[])", idList).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// occupy makes the store's only send transaction wait for a held dialog
+// lock; the returned release lets it finish, and done reports its send.
+func occupy(t *testing.T, s *store.Store) (release func(), done <-chan sendOutcome) {
+	t.Helper()
+	f := newSendFixture(t, s, 2)
+	release = holdDialog(t, f.dialog)
+	done = queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[0], Body: "first"})
+	return release, done
+}
+
+// With every send transaction busy, batches of different dialogs that wait
+// together are written in one transaction, each with its own gapless seq
+// and its own answer.
+func TestSendsIntoDialogsReadyTogetherShareOneTransaction(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	release, first := occupy(t, s)
+	ctx := context.Background()
+	fixtures := make([]sendFixture, 5)
+	outs := make([]<-chan sendOutcome, len(fixtures))
+	for i := range fixtures {
+		fixtures[i] = newSendFixture(t, s, 2)
+		outs[i] = queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: fixtures[i].dialog, SenderID: fixtures[i].users[1], Body: "grouped"})
+	}
+	waitGroupWaiting(t, s, len(fixtures))
+	release()
+	if o := <-first; o.err != nil || !o.created {
+		t.Fatalf("the send that held the transaction: %v", o.err)
+	}
+	var msgs []store.Message
+	for i, ch := range outs {
+		o := <-ch
+		if o.err != nil || !o.created || o.m.Seq != 1 || o.m.DialogID != fixtures[i].dialog || o.m.Body != "grouped" {
+			t.Fatalf("grouped send %d: %+v created %v: %v", i, o.m, o.created, o.err)
+		}
+		checkGapless(t, s, fixtures[i].dialog, 1, []store.Message{o.m})
+		msgs = append(msgs, o.m)
+	}
+	if n := transactionsOf(t, msgs...); n != 1 {
+		t.Fatalf("the five waiting sends were written by %d transactions, want one", n)
+	}
+}
+
+// When a group's transaction fails, nothing of it is kept and each dialog's
+// batch is written on its own: a value PostgreSQL refuses fails only its
+// send, and a dialog whose lock is held elsewhere delays only itself.
+func TestAFailedGroupFailsOnlyItsBadDialog(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(8 * time.Second) // a group waits at most 2 s for a lock
+	s.SetSendCommitters(1)
+	release, first := occupy(t, s)
+	ctx := context.Background()
+	good := make([]sendFixture, 3)
+	outs := make([]<-chan sendOutcome, len(good))
+	for i := range good {
+		good[i] = newSendFixture(t, s, 2)
+		outs[i] = queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: good[i].dialog, SenderID: good[i].users[0], Body: "fine"})
+	}
+	bad := newSendFixture(t, s, 2)
+	nul := queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: bad.dialog, SenderID: bad.users[0], Body: "nul \x00 byte"})
+	locked := newSendFixture(t, s, 2)
+	releaseLocked := holdDialog(t, locked.dialog)
+	late := queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: locked.dialog, SenderID: locked.users[0], Body: "late"})
+	waitGroupWaiting(t, s, len(good)+2)
+	release()
+	<-first
+	for i, ch := range outs {
+		select {
+		case o := <-ch:
+			if o.err != nil || !o.created || o.m.Seq != 1 {
+				t.Fatalf("good send %d beside a failing group: created %v: %v", i, o.created, o.err)
+			}
+			checkGapless(t, s, good[i].dialog, 1, []store.Message{o.m})
+		case <-time.After(6 * time.Second):
+			t.Fatalf("good send %d still waits while another dialog's lock is held", i)
+		}
+	}
+	if o := <-nul; o.err == nil || o.created {
+		t.Fatalf("NUL body: created %v: %v", o.created, o.err)
+	}
+	checkEmpty(t, s, bad.dialog)
+	releaseLocked()
+	if o := <-late; o.err != nil || !o.created || o.m.Seq != 1 {
+		t.Fatalf("send into the dialog that was locked: created %v: %v", o.created, o.err)
+	}
+	checkGapless(t, s, locked.dialog, 1, nil)
+}
+
+func checkEmpty(t *testing.T, s *store.Store, dialog string) {
+	t.Helper()
+	page, _, err := s.ListMessages(context.Background(), dialog, 0, 10)
+	if err != nil || len(page) != 0 {
+		t.Fatalf("dialog holds %d messages (%v), want none", len(page), err)
+	}
+}
+
+// Two instances with two send transactions each, sending into eight
+// dialogs at once: the groups take dialog locks in one order, so nothing
+// deadlocks, and every dialog stays gapless with each sender in order.
+func TestGroupsOfTwoInstancesOverManyDialogs(t *testing.T) {
+	s1, _ := openStore(t)
+	s2, _ := openStore(t)
+	for _, s := range []*store.Store{s1, s2} {
+		s.SetSendCommitters(2)
+		s.SetRequestTimeout(10 * time.Second)
+	}
+	fixtures := make([]sendFixture, 8)
+	for i := range fixtures {
+		fixtures[i] = newSendFixture(t, s1, 12)
+	}
+	type sent struct {
+		dialog int
+		m      [2]store.Message
+		err    error
+	}
+	out := make(chan sent, 12*len(fixtures))
+	for d, f := range fixtures {
+		for u, user := range f.users {
+			go func() {
+				st := []*store.Store{s1, s2}[(d+u)%2]
+				r := sent{dialog: d}
+				for k := range r.m {
+					m, _, created, err := st.SendMessage(context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog,
+						SenderID: user, Body: "in order", ClientMessageID: ids.New(), Event: true})
+					if err == nil && !created {
+						err = errors.New("not created")
+					}
+					if err != nil {
+						r.err = err
+						break
+					}
+					r.m[k] = m
+				}
+				out <- r
+			}()
+		}
+	}
+	answered := make([][]store.Message, len(fixtures))
+	for range 12 * len(fixtures) {
+		r := <-out
+		if r.err != nil {
+			t.Fatalf("send into dialog %d: %v", r.dialog, r.err)
+		}
+		if r.m[1].Seq <= r.m[0].Seq {
+			t.Fatalf("a sender's second message has seq %d, its first %d", r.m[1].Seq, r.m[0].Seq)
+		}
+		answered[r.dialog] = append(answered[r.dialog], r.m[0], r.m[1])
+	}
+	for i, f := range fixtures {
+		checkGapless(t, s1, f.dialog, 24, answered[i])
+	}
+}
