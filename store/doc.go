@@ -35,7 +35,9 @@
 // sets lock_timeout for its own transaction (set_config, local), so the
 // dialog's row lock is never held across a client round trip; concurrent
 // sends into one dialog are combined into one such statement (send.go,
-// sendqueue.go).
+// sendqueue.go), and the statements of different dialogs that wait for a
+// send transaction are written together, pipelined in one transaction
+// (sendgroup.go).
 // Background jobs and migrations keep their own budgets.
 //
 // Nothing relies on session state between transactions, so the pool may sit
