@@ -188,12 +188,13 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
 	answerBatch(b.reqs, b.rows)
 }
 
-// execSendBatch runs send_messages within budget: the pool wait and each
-// lock wait are bounded by it (lock_timeout, set by the function for its
-// own transaction only); the client gives the call one request budget more
-// before it gives up on the connection.
-func (s *Store) execSendBatch(dialogID string, budget time.Duration, batch []*sendReq) ([]sendRow, error) {
+// execSendBatch runs send_messages within budget: the pool wait is bounded
+// by it, each lock wait by lockWait (lock_timeout, set by the function for
+// its own transaction only; at most the budget); the client gives the call
+// one request budget more before it gives up on the connection.
+func (s *Store) execSendBatch(dialogID string, budget, lockWait time.Duration, batch []*sendReq) ([]sendRow, error) {
 	budget = max(budget, time.Millisecond)
+	lockWait = min(max(lockWait, time.Millisecond), budget)
 	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
 	defer cancel()
 	conn, err := s.acquireWithin(ctx, budget)
@@ -201,7 +202,7 @@ func (s *Store) execSendBatch(dialogID string, budget time.Duration, batch []*se
 		return nil, err
 	}
 	defer conn.Release()
-	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, budget, batch)...)
+	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, lockWait, batch)...)
 	var out []sendRow
 	if err == nil {
 		out, err = scanSendRows(rows, len(batch))

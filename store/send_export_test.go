@@ -1,5 +1,7 @@
 package store
 
+import "time"
+
 // SendQueueDepth is how many sends into the dialog this instance holds,
 // waiting and being written (tests order sends through it).
 func (s *Store) SendQueueDepth(dialogID string) int {
@@ -20,3 +22,8 @@ func (s *Store) SendGroupWaiting() int {
 	defer s.groups.mu.Unlock()
 	return len(s.groups.waiting)
 }
+
+// HoldCommitterOnLocks lets a send transaction wait for a dialog's lock up
+// to a quarter of its budget (instead of maxCommitterLockWait), so a test
+// can keep the committers busy with a held lock.
+func (s *Store) HoldCommitterOnLocks() { s.groups.lockWait = time.Hour }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,8 +14,16 @@ import (
 )
 
 // DefaultSendCommitters is how many send transactions an instance runs at
-// once when HAN_SEND_COMMITTERS is not set.
-const DefaultSendCommitters = 4
+// once when HAN_SEND_COMMITTERS is not set. One gives the largest groups
+// and the least PostgreSQL CPU per send (docs/benchmarks.md); the lock
+// wait bound below keeps a dialog locked elsewhere from stalling it.
+const DefaultSendCommitters = 1
+
+// maxCommitterLockWait bounds how long a send transaction waits for one
+// dialog's row lock (at most a quarter of its budget): a dialog locked
+// elsewhere for longer leaves the committer, and its batch is written again
+// on its own, outside it, with the rest of its budget.
+const maxCommitterLockWait = 100 * time.Millisecond
 
 // maxGroupDialogs bounds how many dialogs' batches one group transaction
 // carries.
@@ -36,12 +45,17 @@ const maxGroupDialogs = 32
 // locks and CPU. When the group's transaction fails, nothing of it was
 // committed, and every batch of it is written again on its own, so one
 // dialog's failure (a lock wait over budget, a value PostgreSQL refuses)
-// stays with that dialog. In a group each call waits for its dialog's row
-// lock at most a quarter of the group's budget, so a lock held elsewhere
-// costs the others in the group no more than that before they are written
-// on their own.
+// stays with that dialog. A committer waits for a dialog's row lock at most
+// maxCommitterLockWait (and a quarter of the budget): a batch whose dialog
+// is locked elsewhere for longer, like every batch of a failed group, is
+// written again on its own goroutine, outside the committers, with the rest
+// of its budget, so a held lock delays only its own dialog.
 type commitGroups struct {
 	exec func(group []*dialogBatch)
+
+	// lockWait is maxCommitterLockWait (tests lengthen it to keep a
+	// committer busy).
+	lockWait time.Duration
 
 	mu      sync.Mutex
 	max     int
@@ -56,21 +70,17 @@ type dialogBatch struct {
 	deadline time.Time // the earliest of the sends' budgets
 	rows     []sendRow
 	err      error
-	// done, for a batch that waited for a committer, is closed once rows
-	// or err is set (settle).
-	done chan struct{}
+	done     chan struct{} // closed once rows or err is set (settle)
 }
 
-// settle records the batch's outcome and wakes its waiting writer.
+// settle records the batch's outcome and wakes its writer.
 func (b *dialogBatch) settle(rows []sendRow, err error) {
 	b.rows, b.err = rows, err
-	if b.done != nil {
-		close(b.done)
-	}
+	close(b.done)
 }
 
 func newCommitGroups(exec func([]*dialogBatch)) *commitGroups {
-	return &commitGroups{exec: exec, max: DefaultSendCommitters}
+	return &commitGroups{exec: exec, max: DefaultSendCommitters, lockWait: maxCommitterLockWait}
 }
 
 // SetSendCommitters sets how many send transactions this instance runs at
@@ -87,9 +97,9 @@ func (s *Store) SetSendCommitters(n int) {
 // commit writes b, alone or in a group, and returns once b.rows or b.err is
 // set.
 func (g *commitGroups) commit(b *dialogBatch) {
+	b.done = make(chan struct{})
 	g.mu.Lock()
 	if g.active >= g.max {
-		b.done = make(chan struct{})
 		g.waiting = append(g.waiting, b)
 		g.mu.Unlock()
 		<-b.done
@@ -103,6 +113,7 @@ func (g *commitGroups) commit(b *dialogBatch) {
 	if group := g.next(); group != nil {
 		go g.drain(group)
 	}
+	<-b.done
 }
 
 // drain writes waiting groups until none waits.
@@ -130,22 +141,43 @@ func (g *commitGroups) next() []*dialogBatch {
 }
 
 // execGroup writes a group: one batch as one statement, several as one
-// pipelined transaction, and each batch again on its own when that
-// transaction failed.
+// pipelined transaction. A batch that could not be written because of its
+// dialog (a lock held elsewhere, or anything PostgreSQL refused in a
+// group) is written again on its own goroutine, outside the committers.
 func (s *Store) execGroup(group []*dialogBatch) {
-	if len(group) == 1 {
-		b := group[0]
-		b.settle(s.execSendBatch(b.dialogID, time.Until(b.deadline), b.reqs))
+	// A batch whose budget ran out while it waited is answered unwritten;
+	// it must not shrink the budget of the rest.
+	now := time.Now()
+	live := group[:0]
+	for _, b := range group {
+		if now.Before(b.deadline) {
+			live = append(live, b)
+		} else {
+			b.settle(nil, fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy))
+		}
+	}
+	group = live
+	if len(group) == 0 {
 		return
 	}
-	slices.SortFunc(group, func(a, b *dialogBatch) int { return compareStrings(a.dialogID, b.dialogID) })
 	deadline := group[0].deadline
 	for _, b := range group[1:] {
 		if b.deadline.Before(deadline) {
 			deadline = b.deadline
 		}
 	}
-	out, err := s.execSendGroup(time.Until(deadline), group)
+	budget := time.Until(deadline)
+	lockWait := min(budget/4, s.groups.lockWait)
+	var out [][]sendRow
+	var err error
+	if len(group) == 1 {
+		var rows []sendRow
+		rows, err = s.execSendBatch(group[0].dialogID, budget, lockWait, group[0].reqs)
+		out = [][]sendRow{rows}
+	} else {
+		slices.SortFunc(group, func(a, b *dialogBatch) int { return strings.Compare(a.dialogID, b.dialogID) })
+		out, err = s.execSendGroup(budget, lockWait, group)
+	}
 	if err == nil {
 		for i, b := range group {
 			b.settle(out[i], nil)
@@ -153,35 +185,23 @@ func (s *Store) execGroup(group []*dialogBatch) {
 		return
 	}
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		// No pool connection in time, or the connection failed: the
-		// database, not a dialog, is the cause.
+	if !errors.As(err, &pe) || (len(group) == 1 && pe.Code != "55P03") {
+		// No pool connection in time, a failed connection, or a lone
+		// batch's own error: nothing to gain from writing it again.
 		for _, b := range group {
 			b.settle(nil, err)
 		}
 		return
 	}
-	// Each batch again on its own, at once, so that a dialog whose lock
-	// is held elsewhere delays only itself.
-	var wg sync.WaitGroup
 	for _, b := range group {
-		if !time.Now().Before(b.deadline) {
+		go func() {
+			if left := time.Until(b.deadline); left > 0 {
+				b.settle(s.execSendBatch(b.dialogID, left, left, b.reqs))
+				return
+			}
 			b.settle(nil, fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy))
-			continue
-		}
-		wg.Go(func() { b.settle(s.execSendBatch(b.dialogID, time.Until(b.deadline), b.reqs)) })
+		}()
 	}
-	wg.Wait()
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // execSendGroup runs one send_messages call per batch of the group in one
@@ -189,7 +209,7 @@ func compareStrings(a, b string) int {
 // one implicit transaction, committed at the pipeline's end. The rows are
 // returned only when that commit succeeded; on an error nothing was
 // committed.
-func (s *Store) execSendGroup(budget time.Duration, group []*dialogBatch) ([][]sendRow, error) {
+func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
 	budget = max(budget, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
 	defer cancel()
@@ -198,10 +218,7 @@ func (s *Store) execSendGroup(budget time.Duration, group []*dialogBatch) ([][]s
 		return nil, err
 	}
 	defer conn.Release()
-	// A lock held elsewhere may stall the whole group: each call waits for
-	// a dialog's lock at most a quarter of the budget, which leaves the
-	// rest for writing each batch on its own if the group fails.
-	lockWait := max(budget/4, time.Millisecond)
+	lockWait = max(lockWait, time.Millisecond)
 	var pb pgx.Batch
 	for _, b := range group {
 		pb.Queue(sendMessagesSQL, sendArgs(b.dialogID, lockWait, b.reqs)...)

@@ -46,9 +46,11 @@ func transactionsOf(t *testing.T, msgs ...store.Message) int {
 }
 
 // occupy makes the store's only send transaction wait for a held dialog
-// lock; the returned release lets it finish, and done reports its send.
+// lock (for up to a quarter of the request budget); the returned release
+// lets it finish, and done reports its send.
 func occupy(t *testing.T, s *store.Store) (release func(), done <-chan sendOutcome) {
 	t.Helper()
+	s.HoldCommitterOnLocks()
 	f := newSendFixture(t, s, 2)
 	release = holdDialog(t, f.dialog)
 	done = queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[0], Body: "first"})
@@ -94,7 +96,7 @@ func TestSendsIntoDialogsReadyTogetherShareOneTransaction(t *testing.T) {
 // send, and a dialog whose lock is held elsewhere delays only itself.
 func TestAFailedGroupFailsOnlyItsBadDialog(t *testing.T) {
 	s, _ := openStore(t)
-	s.SetRequestTimeout(8 * time.Second) // a group waits at most 2 s for a lock
+	s.SetRequestTimeout(8 * time.Second)
 	s.SetSendCommitters(1)
 	release, first := occupy(t, s)
 	ctx := context.Background()
@@ -132,6 +134,72 @@ func TestAFailedGroupFailsOnlyItsBadDialog(t *testing.T) {
 		t.Fatalf("send into the dialog that was locked: created %v: %v", o.created, o.err)
 	}
 	checkGapless(t, s, locked.dialog, 1, nil)
+}
+
+// A batch whose budget runs out while it waits for a send transaction is
+// answered database_busy unwritten, and the batches waiting with it are
+// written with their own budgets.
+func TestAnExpiredBatchLeavesItsGroup(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	release, first := occupy(t, s)
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	a, b := newSendFixture(t, s, 2), newSendFixture(t, s, 2)
+	expired := queueSend(t, s, short, store.SendMessage{ID: ids.New(), DialogID: a.dialog, SenderID: a.users[0], Body: "short budget"})
+	kept := queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: b.dialog, SenderID: b.users[0], Body: "long budget"})
+	waitGroupWaiting(t, s, 2)
+	<-short.Done()
+	time.Sleep(50 * time.Millisecond)
+	release()
+	<-first
+	if o := <-expired; !errors.Is(o.err, store.ErrDatabaseBusy) || o.created {
+		t.Fatalf("send past its budget: created %v: %v", o.created, o.err)
+	}
+	checkEmpty(t, s, a.dialog)
+	if o := <-kept; o.err != nil || !o.created || o.m.Seq != 1 {
+		t.Fatalf("send waiting beside an expired one: created %v: %v", o.created, o.err)
+	}
+}
+
+// With one send transaction, a send into a dialog whose row lock is held
+// elsewhere gives the transaction up after a short lock wait and waits on
+// its own, so sends into other dialogs go on; it is written once the lock
+// is free, within its budget.
+func TestADialogLockedElsewhereDoesNotStallOtherSends(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	ctx := context.Background()
+	locked, free := newSendFixture(t, s, 2), newSendFixture(t, s, 2)
+	releaseLocked := holdDialog(t, locked.dialog)
+	late := queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: locked.dialog, SenderID: locked.users[0], Body: "late"})
+	for i := range 3 {
+		done := make(chan sendOutcome, 1)
+		go func() {
+			m, _, created, err := s.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: free.dialog, SenderID: free.users[1], Body: "goes on"})
+			done <- sendOutcome{m, created, err}
+		}()
+		select {
+		case o := <-done:
+			if o.err != nil || !o.created || o.m.Seq != int64(i+1) {
+				t.Fatalf("send %d beside a locked dialog: created %v seq %d: %v", i, o.created, o.m.Seq, o.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("send %d into a free dialog waits while another dialog is locked", i)
+		}
+	}
+	select {
+	case o := <-late:
+		t.Fatalf("the send into the locked dialog was answered while the lock was held: %v", o.err)
+	default:
+	}
+	releaseLocked()
+	if o := <-late; o.err != nil || !o.created || o.m.Seq != 1 {
+		t.Fatalf("send into the dialog once unlocked: created %v: %v", o.created, o.err)
+	}
+	checkGapless(t, s, free.dialog, 3, nil)
 }
 
 func checkEmpty(t *testing.T, s *store.Store, dialog string) {

@@ -62,7 +62,7 @@ type Config struct {
 	// written; they are combined into one transaction per batch, and one
 	// more send answers 503 dialog_busy.
 	SendDialogQueue int
-	// SendCommitters (HAN_SEND_COMMITTERS, default 4) is how many send
+	// SendCommitters (HAN_SEND_COMMITTERS, default 1) is how many send
 	// transactions an instance runs at once; the batches of different
 	// dialogs that wait for one are written together in one transaction.
 	SendCommitters int
@@ -271,7 +271,7 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_SEND_DIALOG_QUEUE: must be a positive number")
 		}
 	}
-	c.SendCommitters = 4
+	c.SendCommitters = 1
 	if v := getenv("HAN_SEND_COMMITTERS"); v != "" {
 		if c.SendCommitters, err = strconv.Atoi(v); err != nil || c.SendCommitters < 1 {
 			bad("HAN_SEND_COMMITTERS: must be a positive number")
