@@ -58,7 +58,11 @@ func newAdmission(limit, maxQueue int, maxWait time.Duration) *admission {
 // acquire takes a slot, waiting in the queue when none is free; it returns
 // errAdmissionFull at once when the queue is full, errAdmissionWait when
 // the wait ran out. Every nil return must be paired with one release.
-func (a *admission) acquire() error {
+func (a *admission) acquire() error { return a.acquireOr(nil) }
+
+// acquireOr is acquire that calls onWait (when not nil) before it waits in
+// the queue.
+func (a *admission) acquireOr(onWait func()) error {
 	a.mu.Lock()
 	if a.active < a.limit && a.waiters.Len() == 0 {
 		a.active++
@@ -74,6 +78,9 @@ func (a *admission) acquire() error {
 	e := a.waiters.PushBack(w)
 	a.observeQueueLocked()
 	a.mu.Unlock()
+	if onWait != nil {
+		onWait()
+	}
 
 	start := time.Now()
 	t := time.NewTimer(a.maxWait)

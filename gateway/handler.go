@@ -86,10 +86,15 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // presence: the Redis and PostgreSQL work of a handshake, run under an
 // admission slot (admission.go); beyond the admission queue's bounds the
 // client is refused with 1013 and a reconnect delay. It writes nothing to
-// the client, so a client that does not read holds no slot.
+// the client but, when the handshake has to queue, the upgrade response (a
+// few hundred bytes a fresh socket takes at once), so a client that does
+// not read holds no slot.
 func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token string, hasBearer bool) (*conn, time.Time, refusal) {
 	s := hd.s
-	if err := s.hub.gate.acquire(); err != nil {
+	// The upgrade response waits for the hello frame (one write for both)
+	// unless the handshake has to queue: then it goes out now, so the
+	// client's upgrade completes while it waits.
+	if err := s.hub.gate.acquireOr(cork.sendHead); err != nil {
 		metric := "handshake_queue_full"
 		if errors.Is(err, errAdmissionWait) {
 			metric = "handshake_queue_timeout"

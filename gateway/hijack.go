@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -28,11 +29,54 @@ const (
 )
 
 // hijackWriter hands coder/websocket a hijacked connection with small
-// buffers, wrapped in a corkConn.
+// buffers, wrapped in a corkConn. The 101 response is not written by
+// net/http: it waits in the corkConn and leaves with the connection's first
+// write (the hello frame, or a close frame that refuses the handshake), so
+// an accepted handshake costs one write instead of two.
 type hijackWriter struct {
 	http.ResponseWriter
 	sendBuffer int // SO_SNDBUF; 0 leaves the kernel default
 	cork       *corkConn
+	upgrade    bool // WriteHeader(101) was called and kept back
+}
+
+// statusRecorder is implemented by a wrapping ResponseWriter (the access
+// log's) that should learn a status it did not see written.
+type statusRecorder interface{ RecordStatus(code int) }
+
+// WriteHeader keeps a 101 back for Hijack; any other status is written as
+// usual.
+func (w *hijackWriter) WriteHeader(code int) {
+	if code != http.StatusSwitchingProtocols {
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	w.upgrade = true
+	for rw := w.ResponseWriter; rw != nil; {
+		if r, ok := rw.(statusRecorder); ok {
+			r.RecordStatus(code)
+		}
+		u, ok := rw.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		rw = u.Unwrap()
+	}
+}
+
+// upgradeResponse is the 101 response with the headers set so far (values
+// with a line break are left out: none of the handshake's own have one).
+func upgradeResponse(h http.Header) []byte {
+	b := append(make([]byte, 0, 256), "HTTP/1.1 101 Switching Protocols\r\n"...)
+	for k, vs := range h {
+		for _, v := range vs {
+			if strings.ContainsAny(k, "\r\n:") || strings.ContainsAny(v, "\r\n") {
+				continue
+			}
+			b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
+		}
+	}
+	return append(b, "\r\n"...)
 }
 
 func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
@@ -45,6 +89,9 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		_ = sb.SetWriteBuffer(w.sendBuffer)
 	}
 	cc := &corkConn{Conn: nc}
+	if w.upgrade {
+		cc.head = upgradeResponse(w.Header())
+	}
 	if n := brw.Reader.Buffered(); n > 0 {
 		// Bytes the client sent with or right after its upgrade request
 		// (often its first frame) were read together with the request.
@@ -69,6 +116,9 @@ type corkConn struct {
 	// returns them before reading the socket. Only the connection's single
 	// reader touches it.
 	early []byte
+	// head is the upgrade response, not yet written: the first write
+	// sends it first (guarded by mu).
+	head []byte
 
 	mu     sync.Mutex // guards the fields below; held across a write so bytes never interleave
 	corked bool
@@ -138,7 +188,27 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		}
 		c.armed, c.until = false, time.Time{}
 	}
+	if c.head != nil {
+		b := append(c.head, p...)
+		c.head = nil
+		if n, err := c.Conn.Write(b); err != nil {
+			return max(n-(len(b)-len(p)), 0), err
+		}
+		return len(p), nil
+	}
 	return c.Conn.Write(p)
+}
+
+// sendHead writes the upgrade response now if it has not gone out yet.
+func (c *corkConn) sendHead() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.head == nil || c.corked {
+		return
+	}
+	// A fresh socket's send buffer takes these few hundred bytes at once.
+	_, _ = c.Conn.Write(c.head)
+	c.head = nil
 }
 
 // cork starts a batch: it makes sure the socket's write deadline gives the
@@ -162,6 +232,10 @@ func (c *corkConn) cork(now time.Time, timeout time.Duration) error {
 	if !c.corked && !c.sealed {
 		c.corked = true
 		c.buf = corkBufs.Get().(*[]byte)
+		if c.head != nil {
+			*c.buf = append(*c.buf, c.head...)
+			c.head = nil
+		}
 	}
 	return nil
 }

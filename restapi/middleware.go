@@ -50,6 +50,14 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// RecordStatus records a status the handler sends past this writer (the
+// WebSocket upgrade writes its 101 on the hijacked connection itself).
+func (w *statusWriter) RecordStatus(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+
 // Unwrap lets http.ResponseController (and the WebSocket upgrade) reach the
 // underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -177,6 +177,10 @@ gw_redis_port=$redis_port gw_redis_pid=$redis_pid
 export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/0"
 export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/1"
 DATABASE_URL="$HAN_TEST_DATABASE_URL" "$work/bin/hanctl" migrate >/dev/null || han_die "hanctl migrate failed"
+# The private PostgreSQL's postmaster (its CPU, with its backends', is
+# counted per connection in the idle scenario).
+pg_port="$(sed -E 's#^[a-z]+://[^@]*@?[^:/]*:([0-9]+)/.*#\1#' <<<"$HAN_TEST_DATABASE_URL")"
+pg_pid="$(ss -ltnpH "sport = :$pg_port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2 || true)"
 # ready PID URL: wait up to 30 s for URL to answer 2xx; fails early when PID
 # exits (a port another process took meanwhile: the caller picks another).
 ready() {
@@ -261,11 +265,14 @@ idle)
 		(.metrics.server_mem_per_conn.values.value | if . then . / 1024 else null end),
 		(.metrics.server_rss_per_conn.values.value | if . then . / 1024 else null end),
 		.metrics.server_goroutines_per_conn.values.value, (if .info.gc_forced then 1 else 0 end),
-		($cpuconn | tonumber? // null)'
-	# What the server and its redis-server used over the whole run (the
-	# connects, the hold, the closes), per connection; the gateway's
-	# PostgreSQL is the test cluster's and not counted.
-	names+="|server+redis CPU-ms/conn"
+		.info.connect_cpu_ms_per_conn_server, .info.connect_cpu_ms_per_conn_redis,
+		(.info.connect_cpu_ms_per_conn_postgres // 0),
+		((.info.connect_cpu_ms_per_conn_server // 0) + (.info.connect_cpu_ms_per_conn_redis // 0) + (.info.connect_cpu_ms_per_conn_postgres // 0)),
+		.info.connect_cpu_ms_per_conn_generator'
+	# CPU per connection over the connect phase alone (not the set-up of
+	# users and dialogs, not the hold): the server, its redis-server, the
+	# gateway's PostgreSQL (Centrifugo has none), the generator.
+	names+="|server CPU-ms/conn|redis CPU-ms/conn|postgres CPU-ms/conn|servers CPU-ms/conn|generator CPU-ms/conn"
 	;;
 esac
 # Every scenario's last figures: the server's GC cycles per second over the
@@ -277,10 +284,8 @@ args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + warmup + 90 + co
 # go_gc_duration_seconds_count on its Prometheus endpoint; both servers
 # export it).
 gc_count() { curl -fsS "$1/metrics" 2>/dev/null | awk '/^go_gc_duration_seconds_count/ { print $2; exit }'; }
-# proc_ticks PID...: the processes' user + system clock ticks so far.
-proc_ticks() { local p t=0; for p in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0))); done; echo "$t"; }
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
-	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1 st0 tt0 st1 tt1 c0 c1
+	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1 st0 tt0 st1 tt1
 	read -r st0 tt0 < <(han_steal_ticks)
 	[ "$gen_profile" = 1 ] && more+=(-cpuprofile "$work/$side-$round.gen.prof")
 	case "$side" in
@@ -290,10 +295,12 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 		# broadcast: the publisher's Redis and the processes whose CPU is counted
 		[ "$scenario" = broadcast ] &&
 			more+=(-redis-url "$REDIS_REALTIME_URL" -cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid")
-		gc0="$(gc_count "$base")" t0="$(date +%s.%N)" c0="$(proc_ticks "$gw_pid" "$gw_redis_pid")"
+		[ "$scenario" = idle ] &&
+			more+=(-cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid" ${pg_pid:+-cpu-pid "postgres=$pg_pid+"})
+		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
 		"$LT" run "${args[@]}" -target "$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
-		gc1="$(gc_count "$base")" t1="$(date +%s.%N)" c1="$(proc_ticks "$gw_pid" "$gw_redis_pid")"
+		gc1="$(gc_count "$base")" t1="$(date +%s.%N)"
 		stop "$gw_pid" && servers=()
 		;;
 	centrifugo)
@@ -301,11 +308,12 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 		base="http://127.0.0.1:$cf_port"
 		[ "$scenario" = broadcast ] &&
 			more+=(-redis-url "redis://127.0.0.1:$cf_redis_port" -cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid")
-		gc0="$(gc_count "$base")" t0="$(date +%s.%N)" c0="$(proc_ticks "$cf_pid" "$cf_redis_pid")"
+		[ "$scenario" = idle ] && more+=(-cpu-pid "server=$cf_pid" -cpu-pid "redis=$cf_redis_pid")
+		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
 		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" \
 			"$LT" run "${args[@]}" -target "centrifugo:$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
-		gc1="$(gc_count "$base")" t1="$(date +%s.%N)" c1="$(proc_ticks "$cf_pid" "$cf_redis_pid")"
+		gc1="$(gc_count "$base")" t1="$(date +%s.%N)"
 		stop "$cf_pid" && servers=()
 		;;
 	esac
@@ -319,7 +327,6 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 		han_log "$side round $round: exit $rc: $(grep -E '✗|error' "$work/$side-$round.out" | head -n 3 | tr '\n' ' ')"
 	fi
 	jq -r --arg side "$side" --arg round "$round" --arg gcps "$(cat "$work/$side-$round.gcps")" \
-		--arg cpuconn "$(awk -v d=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="$conns" 'BEGIN { printf "%.3f", d * 1000 / hz / n }')" \
 		--arg steal "$(han_steal_pct "$st0" "$tt0" "$st1" "$tt1")" \
 		"[\$side, \$round, $figures, \$gcps, \$steal, .passed] | map(if . == null then \"nan\" else . end) | @tsv" "$sum" >>"$results" 2>/dev/null ||
 		printf '%s\t%s\tnan\tfalse\n' "$side" "$round" >>"$results"

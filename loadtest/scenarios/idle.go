@@ -19,6 +19,7 @@ type Idle struct {
 	conns, dialogs, concurrency int
 	settle                      time.Duration
 	gw                          gatewayFlags
+	cpu                         loadtest.ProcCPU
 }
 
 // Metrics of the idle scenario.
@@ -43,6 +44,7 @@ func (s *Idle) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.IntVar(&s.dialogs, "dialogs", 0, "when positive, each connection subscribes to one of this many dialogs")
 	fs.IntVar(&s.concurrency, "connect-concurrency", 64, "connections set up at a time")
 	fs.DurationVar(&s.settle, "settle", time.Second, "pause after connecting before the first reading")
+	fs.Var(&s.cpu, "cpu-pid", "name=PID (name=PID+: with its children): report that process's CPU-ms per connection over the connect phase alone (info connect_cpu_ms_per_conn_<name>); repeatable; the generator's own is always reported")
 	s.gw.register(fs, getenv, false)
 	s.gw.registerCentrifugo(fs)
 }
@@ -107,11 +109,15 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 			return fmt.Errorf("server stats before: %w", err)
 		}
 	}
-	connectStart := time.Now()
+	connectStart, cpu0 := time.Now(), s.cpu.Sample()
 	if err := fl.connect(ctx, t, tg, cfg); err != nil {
 		return err
 	}
 	connectTook := time.Since(connectStart)
+	cpu := s.cpu.Sample().PerOp(cpu0, int64(s.conns))
+	for _, name := range sortedKeys(cpu) {
+		t.Info("connect_cpu_ms_per_conn_"+name, cpu[name])
+	}
 	t.Reg.Gauge(MetricConnectRate, loadtest.UnitPerSecond).Set(float64(s.conns) / connectTook.Seconds())
 	t.Info("connect_duration", connectTook.Round(time.Millisecond))
 	t.Reg.ResetClock()
