@@ -193,13 +193,21 @@ func (c *conn) subscribe(raw string, since int64) {
 		c.send(encodeError(errTooManySubscriptions))
 		return
 	}
+	channel := pubsub.DialogChannel(dialogID)
+	if since < 0 && h.deps.Subscriber.Join(channel) {
+		// The instance already listens on the channel, so subscribing
+		// costs Redis nothing: attach first, then one read checks
+		// membership and gives lastSeq (a non-member is detached before
+		// anything buffered for it is sent).
+		c.joinSubscribed(ctx, dialogID, channel)
+		return
+	}
 	// Membership before the Redis SUBSCRIBE, with the same batched check
 	// that reads lastSeq below (concurrent subscribes share one query).
 	if _, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID); err != nil {
 		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}
-	channel := pubsub.DialogChannel(dialogID)
 	if err := h.deps.Subscriber.Subscribe(ctx, channel); err != nil {
 		c.send(encodeError(errUnavailable))
 		return
@@ -272,6 +280,25 @@ func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
 		c.queueResyncLocked(ResyncSlowConsumer)
 	}
 	s.pending, s.pendingOverflow, s.ready, s.replayedUpTo = nil, false, true, upTo
+}
+
+// joinSubscribed finishes a subscribe whose channel reference Join took:
+// attached, then membership and lastSeq in one read after the attach, so
+// everything published after the read reaches the connection live.
+func (c *conn) joinSubscribed(ctx context.Context, dialogID, channel string) {
+	h := c.hub
+	s := h.attach(c, channel)
+	if s == nil {
+		h.deps.Subscriber.Unsubscribe(channel)
+		return
+	}
+	seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
+	if err != nil {
+		h.detach(c, dialogID)
+		c.send(encodeError(subscribeErrCode(err)))
+		return
+	}
+	c.ready(s, nil, subscribedJSON(dialogID, seq, false, false), 0)
 }
 
 // subscribedJSON is the subscribed frame; recovered is set only when the

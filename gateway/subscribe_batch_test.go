@@ -56,7 +56,8 @@ func TestConcurrentSubscribesShareChecksExactly(t *testing.T) {
 	after := in.svc.Stats()
 	checks, queries := after.SubscribeChecks-before.SubscribeChecks, after.SubscribeCheckQueries-before.SubscribeCheckQueries
 	// A member's subscribe checks twice (membership, then lastSeq after the
-	// SUBSCRIBE), a non-member's once.
+	// SUBSCRIBE) unless the instance already listens on the channel (then
+	// once, after attaching); a non-member's once.
 	members := 0
 	for u := range nUsers {
 		for k := range nDialogs {
@@ -65,8 +66,8 @@ func TestConcurrentSubscribesShareChecksExactly(t *testing.T) {
 			}
 		}
 	}
-	if want := uint64(nUsers*nDialogs + members); checks != want {
-		t.Fatalf("%d checks, want %d", checks, want)
+	if lo, hi := uint64(nUsers*nDialogs), uint64(nUsers*nDialogs+members); checks < lo || checks > hi {
+		t.Fatalf("%d checks, want %d to %d", checks, lo, hi)
 	}
 	if queries == 0 || queries > checks/3 {
 		t.Fatalf("%d checks took %d queries, want at most a third", checks, queries)

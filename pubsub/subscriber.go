@@ -327,6 +327,22 @@ func (s *Subscriber) Subscribe(ctx context.Context, channel string) error {
 	}
 }
 
+// Join takes a reference on channel only when the instance already holds
+// its confirmed subscription (no Redis work, no wait), as Subscribe would
+// return at once; it reports whether it took one. A caller that must not
+// make the instance subscribe on its behalf (an unauthorized channel) can
+// Join first and check afterwards.
+func (s *Subscriber) Join(channel string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.chans[channel]
+	if s.closed || st == nil || st.refs == 0 || !st.confirmed || st.sent != sentSubscribe {
+		return false
+	}
+	st.refs++
+	return true
+}
+
 // Unsubscribe releases one reference; the last one unsubscribes in Redis.
 func (s *Subscriber) Unsubscribe(channel string) {
 	s.mu.Lock()
