@@ -223,13 +223,7 @@ func (c *conn) subscribe(raw string, since int64) {
 	}
 	// Read after the SUBSCRIBE is confirmed: everything published before
 	// the confirmation has a seq ≤ lastSeq (publishes follow commits).
-	seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
-	if err != nil {
-		h.detach(c, dialogID)
-		c.send(encodeError(subscribeErrCode(err)))
-		return
-	}
-	c.ready(s, nil, subscribedJSON(dialogID, seq, false, false), 0)
+	c.readyAfterCheck(ctx, s, dialogID)
 }
 
 // recoverSub finishes a subscribe with sinceSeq whose channel is attached:
@@ -292,9 +286,16 @@ func (c *conn) joinSubscribed(ctx context.Context, dialogID, channel string) {
 		h.deps.Subscriber.Unsubscribe(channel)
 		return
 	}
-	seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
+	c.readyAfterCheck(ctx, s, dialogID)
+}
+
+// readyAfterCheck reads the dialog's lastSeq (checking membership with the
+// same read) for an attached subscription and makes it ready, or detaches
+// it with the error.
+func (c *conn) readyAfterCheck(ctx context.Context, s *sub, dialogID string) {
+	seq, err := c.hub.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
 	if err != nil {
-		h.detach(c, dialogID)
+		c.hub.detach(c, dialogID)
 		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
@@ -193,15 +194,12 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
 // its own transaction only; at most the budget); the client gives the call
 // one request budget more before it gives up on the connection.
 func (s *Store) execSendBatch(dialogID string, budget, lockWait time.Duration, batch []*sendReq) ([]sendRow, error) {
-	budget = max(budget, time.Millisecond)
-	lockWait = min(max(lockWait, time.Millisecond), budget)
-	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
-	defer cancel()
-	conn, err := s.acquireWithin(ctx, budget)
+	ctx, conn, done, err := s.sendConn(budget)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Release()
+	defer done()
+	lockWait = min(max(lockWait, time.Millisecond), max(budget, time.Millisecond))
 	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, lockWait, batch)...)
 	var out []sendRow
 	if err == nil {
@@ -211,6 +209,21 @@ func (s *Store) execSendBatch(dialogID string, budget, lockWait time.Duration, b
 		return nil, sendError(err)
 	}
 	return out, nil
+}
+
+// sendConn is a pool connection for a send statement within budget (at
+// least 1 ms) and the statement's context: the pool wait is bounded by the
+// budget, and the client gives the statement one request budget more
+// before it gives up on the connection. done releases both.
+func (s *Store) sendConn(budget time.Duration) (context.Context, *pgxpool.Conn, func(), error) {
+	budget = max(budget, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
+	conn, err := s.acquireWithin(ctx, budget)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, conn, func() { conn.Release(); cancel() }, nil
 }
 
 // scanSendRows reads the rows of one send_messages call of n messages and

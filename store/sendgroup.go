@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -210,14 +209,11 @@ func (s *Store) execGroup(group []*dialogBatch) {
 // returned only when that commit succeeded; on an error nothing was
 // committed.
 func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
-	budget = max(budget, time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), budget+s.reqTimeout)
-	defer cancel()
-	conn, err := s.acquireWithin(ctx, budget)
+	ctx, conn, done, err := s.sendConn(budget)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Release()
+	defer done()
 	lockWait = max(lockWait, time.Millisecond)
 	var pb pgx.Batch
 	for _, b := range group {

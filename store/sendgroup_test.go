@@ -57,6 +57,20 @@ func occupy(t *testing.T, s *store.Store) (release func(), done <-chan sendOutco
 	return release, done
 }
 
+// sendIntoNewDialogs queues one send with body into each of n new dialogs
+// of two users.
+func sendIntoNewDialogs(t *testing.T, s *store.Store, n int, body string) ([]sendFixture, []<-chan sendOutcome) {
+	t.Helper()
+	fixtures := make([]sendFixture, n)
+	outs := make([]<-chan sendOutcome, n)
+	for i := range fixtures {
+		fixtures[i] = newSendFixture(t, s, 2)
+		outs[i] = queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: fixtures[i].dialog,
+			SenderID: fixtures[i].users[1], Body: body})
+	}
+	return fixtures, outs
+}
+
 // With every send transaction busy, batches of different dialogs that wait
 // together are written in one transaction, each with its own gapless seq
 // and its own answer.
@@ -65,13 +79,7 @@ func TestSendsIntoDialogsReadyTogetherShareOneTransaction(t *testing.T) {
 	s.SetRequestTimeout(10 * time.Second)
 	s.SetSendCommitters(1)
 	release, first := occupy(t, s)
-	ctx := context.Background()
-	fixtures := make([]sendFixture, 5)
-	outs := make([]<-chan sendOutcome, len(fixtures))
-	for i := range fixtures {
-		fixtures[i] = newSendFixture(t, s, 2)
-		outs[i] = queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: fixtures[i].dialog, SenderID: fixtures[i].users[1], Body: "grouped"})
-	}
+	fixtures, outs := sendIntoNewDialogs(t, s, 5, "grouped")
 	waitGroupWaiting(t, s, len(fixtures))
 	release()
 	if o := <-first; o.err != nil || !o.created {
@@ -100,12 +108,7 @@ func TestAFailedGroupFailsOnlyItsBadDialog(t *testing.T) {
 	s.SetSendCommitters(1)
 	release, first := occupy(t, s)
 	ctx := context.Background()
-	good := make([]sendFixture, 3)
-	outs := make([]<-chan sendOutcome, len(good))
-	for i := range good {
-		good[i] = newSendFixture(t, s, 2)
-		outs[i] = queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: good[i].dialog, SenderID: good[i].users[0], Body: "fine"})
-	}
+	good, outs := sendIntoNewDialogs(t, s, 3, "fine")
 	bad := newSendFixture(t, s, 2)
 	nul := queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: bad.dialog, SenderID: bad.users[0], Body: "nul \x00 byte"})
 	locked := newSendFixture(t, s, 2)
