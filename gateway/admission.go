@@ -55,14 +55,11 @@ func newAdmission(limit, maxQueue int, maxWait time.Duration) *admission {
 	return &admission{limit: limit, maxQueue: maxQueue, maxWait: maxWait}
 }
 
-// acquire takes a slot, waiting in the queue when none is free; it returns
-// errAdmissionFull at once when the queue is full, errAdmissionWait when
-// the wait ran out. Every nil return must be paired with one release.
-func (a *admission) acquire() error { return a.acquireOr(nil) }
-
-// acquireOr is acquire that calls onWait (when not nil) before it waits in
-// the queue.
-func (a *admission) acquireOr(onWait func()) error {
+// acquire takes a slot, waiting in the queue when none is free (after
+// calling onWait, when not nil); it returns errAdmissionFull at once when
+// the queue is full, errAdmissionWait when the wait ran out. Every nil
+// return must be paired with one release.
+func (a *admission) acquire(onWait func()) error {
 	a.mu.Lock()
 	if a.active < a.limit && a.waiters.Len() == 0 {
 		a.active++

@@ -14,7 +14,7 @@ func TestAdmissionQueuesInOrderAndRefusesWhenFull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newAdmission(2, 3, time.Minute)
 		for range 2 {
-			if err := a.acquire(); err != nil {
+			if err := a.acquire(nil); err != nil {
 				t.Fatalf("free slot: %v", err)
 			}
 		}
@@ -24,7 +24,7 @@ func TestAdmissionQueuesInOrderAndRefusesWhenFull(t *testing.T) {
 		)
 		for i := range 3 {
 			go func() {
-				if err := a.acquire(); err != nil {
+				if err := a.acquire(nil); err != nil {
 					t.Errorf("queued handshake %d: %v", i, err)
 					return
 				}
@@ -38,7 +38,7 @@ func TestAdmissionQueuesInOrderAndRefusesWhenFull(t *testing.T) {
 			t.Fatalf("stats %+v, want 2 active and 3 queued", st)
 		}
 		start := time.Now()
-		if err := a.acquire(); !errors.Is(err, errAdmissionFull) {
+		if err := a.acquire(nil); !errors.Is(err, errAdmissionFull) {
 			t.Fatalf("acquire with a full queue: %v, want errAdmissionFull", err)
 		}
 		if waited := time.Since(start); waited != 0 {
@@ -67,11 +67,11 @@ func TestAdmissionQueuesInOrderAndRefusesWhenFull(t *testing.T) {
 func TestAdmissionWaitIsBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := newAdmission(1, 10, 3*time.Second)
-		if err := a.acquire(); err != nil {
+		if err := a.acquire(nil); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		if err := a.acquire(); !errors.Is(err, errAdmissionWait) {
+		if err := a.acquire(nil); !errors.Is(err, errAdmissionWait) {
 			t.Fatalf("acquire behind a held slot: %v, want errAdmissionWait", err)
 		}
 		if waited := time.Since(start); waited != 3*time.Second {
@@ -84,7 +84,7 @@ func TestAdmissionWaitIsBounded(t *testing.T) {
 		if st := a.stats(); st.active != 0 {
 			t.Fatalf("%d slots held after the release", st.active)
 		}
-		if err := a.acquire(); err != nil {
+		if err := a.acquire(nil); err != nil {
 			t.Fatalf("free slot after the release: %v", err)
 		}
 	})
@@ -106,7 +106,7 @@ func TestAdmissionBoundsAStorm(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := a.acquire()
+				err := a.acquire(nil)
 				mu.Lock()
 				defer mu.Unlock()
 				switch {

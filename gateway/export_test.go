@@ -5,7 +5,7 @@ package gateway
 // the returned function gives them back. The slots must be free.
 func (s *Service) HoldHandshakeSlots(n int) (release func()) {
 	for range n {
-		if err := s.hub.gate.acquire(); err != nil {
+		if err := s.hub.gate.acquire(nil); err != nil {
 			panic("HoldHandshakeSlots: " + err.Error())
 		}
 	}

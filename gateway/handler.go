@@ -94,7 +94,7 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 	// The upgrade response waits for the hello frame (one write for both)
 	// unless the handshake has to queue: then it goes out now, so the
 	// client's upgrade completes while it waits.
-	if err := s.hub.gate.acquireOr(cork.sendHead); err != nil {
+	if err := s.hub.gate.acquire(cork.sendHead); err != nil {
 		metric := "handshake_queue_full"
 		if errors.Is(err, errAdmissionWait) {
 			metric = "handshake_queue_timeout"

@@ -148,6 +148,11 @@ func TestMetricsFamiliesAndBoundedLabels(t *testing.T) {
 	if len(missing) > 0 {
 		t.Fatalf("/metrics lacks %v", missing)
 	}
+	// The upgrade's 101 leaves on the hijacked connection with the hello,
+	// past the access log's writer: it is still counted as a 101.
+	if n := counterValue(fams["han_http_requests_total"], map[string]string{"route": "/v1/realtime", "code": "101"}); n < 1 {
+		t.Errorf("han_http_requests_total has no 101 for /v1/realtime")
+	}
 	for _, want := range []struct{ family, label string }{
 		{"han_ratelimit_decisions_total", "route"}, {"han_ratelimit_decisions_total", "result"},
 		{"han_idempotency_requests_total", "outcome"}, {"han_redis_up", "db"},
