@@ -114,10 +114,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 		return err
 	}
 	connectTook := time.Since(connectStart)
-	cpu := s.cpu.Sample().PerOp(cpu0, int64(s.conns))
-	for _, name := range sortedKeys(cpu) {
-		t.Info("connect_cpu_ms_per_conn_"+name, cpu[name])
-	}
+	s.reportConnectCPU(t, cpu0)
 	t.Reg.Gauge(MetricConnectRate, loadtest.UnitPerSecond).Set(float64(s.conns) / connectTook.Seconds())
 	t.Info("connect_duration", connectTook.Round(time.Millisecond))
 	t.Reg.ResetClock()
@@ -139,6 +136,15 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 		return fmt.Errorf("%d of %d connections dropped while idle", s.conns-open, s.conns)
 	}
 	return nil
+}
+
+// reportConnectCPU records each -cpu-pid process's (and the generator's)
+// CPU per connection since cpu0.
+func (s *Idle) reportConnectCPU(t *loadtest.T, cpu0 loadtest.CPUSample) {
+	cpu := s.cpu.Sample().PerOp(cpu0, int64(s.conns))
+	for _, name := range sortedKeys(cpu) {
+		t.Info("connect_cpu_ms_per_conn_"+name, cpu[name])
+	}
 }
 
 // readStats reads the target's process figures; over several gateways,
