@@ -91,7 +91,13 @@ func TestConnectOverCapLeavesNoIndexEntry(t *testing.T) {
 
 // wire counts what the client sends: round trips (a command alone or a
 // pipeline) and top-level commands.
-type wire struct{ trips, cmds atomic.Int64 }
+type wire struct {
+	trips, cmds atomic.Int64
+	// hold: how many of the next pipelines wait holdFor before they go
+	// out (a slow round trip, during which the other calls queue).
+	hold    atomic.Int64
+	holdFor time.Duration
+}
 
 func (w *wire) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (w *wire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -104,6 +110,9 @@ func (w *wire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (w *wire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		w.trips.Add(1)
+		if w.hold.Add(-1) >= 0 {
+			time.Sleep(w.holdFor)
+		}
 		for _, c := range cmds {
 			switch c.Name() {
 			case "hello", "auth", "client", "select": // a new pool connection's set-up
@@ -169,7 +178,14 @@ func TestConnectStormAndDrainAreBatched(t *testing.T) {
 	} {
 		w.trips.Store(0)
 		w.cmds.Store(0)
+		// The first pipelines (lone calls, sent at once) take 200 ms, as a
+		// round trip under load would: every other call arrives while they
+		// are in flight, whatever the scheduler's pace, and must queue and
+		// share the next pipelines.
+		w.holdFor = 200 * time.Millisecond
+		w.hold.Store(2)
 		all(phase.fn)
+		w.hold.Store(0)
 		trips, cmds := w.trips.Load(), w.cmds.Load()
 		t.Logf("%s of %d connections: %d round trips, %d commands", phase.name, n, trips, cmds)
 		if trips > n/50 {
