@@ -42,7 +42,20 @@ func IsDatabaseBusy(err error) bool {
 		return true
 	}
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "57014")
+	return errors.As(err, &pe) && (pe.Code == codeLockNotAvailable || pe.Code == codeQueryCanceled)
+}
+
+// SQLSTATEs of a busy database: a lock wait over lock_timeout and a
+// statement cut short by statement_timeout.
+const (
+	codeLockNotAvailable = "55P03"
+	codeQueryCanceled    = "57014"
+)
+
+// errQueuedPastBudget answers a send whose budget ran out while it
+// waited for its turn to be written.
+func errQueuedPastBudget() error {
+	return fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)
 }
 
 // requestTx runs fn in a transaction of a request path within the

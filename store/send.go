@@ -161,7 +161,7 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
 	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch))}
 	for _, r := range batch {
 		if !now.Before(r.deadline) {
-			r.finish(sendResult{err: fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)})
+			r.finish(sendResult{err: errQueuedPastBudget()})
 			continue
 		}
 		if b.deadline.IsZero() || r.deadline.Before(b.deadline) {

@@ -2,7 +2,6 @@ package store
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -152,7 +151,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 		if now.Before(b.deadline) {
 			live = append(live, b)
 		} else {
-			b.settle(nil, fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy))
+			b.settle(nil, errQueuedPastBudget())
 		}
 	}
 	group = live
@@ -184,7 +183,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 		return
 	}
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || (len(group) == 1 && pe.Code != "55P03") {
+	if !errors.As(err, &pe) || (len(group) == 1 && pe.Code != codeLockNotAvailable) {
 		// No pool connection in time, a failed connection, or a lone
 		// batch's own error: nothing to gain from writing it again.
 		for _, b := range group {
@@ -198,7 +197,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 				b.settle(s.execSendBatch(b.dialogID, left, left, b.reqs))
 				return
 			}
-			b.settle(nil, fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy))
+			b.settle(nil, errQueuedPastBudget())
 		}()
 	}
 }
