@@ -79,6 +79,15 @@ type Config struct {
 	// left) is closed as a slow consumer. Zero value means 10s.
 	WriteTimeout time.Duration
 
+	// PresenceDelay: a presence.changed frame waits up to this long (and
+	// at most 1s, the hub's scan) for other frames to the same
+	// connection, so the transitions of many users (a connect storm, a
+	// large group coming online) reach a socket in a few writes instead of
+	// one each; any other frame takes the waiting ones along at once, and
+	// so does a queue of 32 frames. Zero value means 1s; negative: written
+	// at once.
+	PresenceDelay time.Duration
+
 	// PingInterval is the WebSocket ping period (also hello.heartbeatMs).
 	// Zero value means 25s. PongTimeout bounds the wait for the pong; zero
 	// value means 10s.
@@ -157,6 +166,9 @@ func (c *Config) defaults() {
 	dur(&c.OverflowWindow, time.Minute)
 	dur(&c.WriteTimeout, 10*time.Second)
 	dur(&c.PingInterval, 25*time.Second)
+	if c.PresenceDelay == 0 {
+		c.PresenceDelay = time.Second
+	}
 	dur(&c.PongTimeout, 10*time.Second)
 	dur(&c.SubscribeTimeout, 5*time.Second)
 	dur(&c.AuthTimeout, 5*time.Second)

@@ -27,7 +27,7 @@ func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64) {
 	}
 	if s != nil && !s.ready {
 		switch {
-		case class == classEphemeral:
+		case class.ephemeral():
 			c.hub.stats.ephemeralDrops.Add(1)
 		case len(s.pending) >= c.hub.cfg.QueueFrames:
 			s.pending, s.pendingOverflow = nil, true
@@ -55,7 +55,7 @@ func (c *conn) send(b []byte) {
 func (c *conn) enqueueLocked(f outFrame) {
 	cfg := &c.hub.cfg
 	switch f.class {
-	case classEphemeral:
+	case classEphemeral, classPresence:
 		if 2*len(c.q) >= cfg.QueueFrames || 2*(c.qBytes+len(f.b)) > cfg.QueueBytes {
 			c.hub.stats.ephemeralDrops.Add(1)
 			return
@@ -84,8 +84,17 @@ func (c *conn) enqueueLocked(f outFrame) {
 	c.q = append(c.q, f)
 	c.qBytes += len(f.b)
 	c.hub.stats.observeQueue(len(c.q))
+	if f.class == classPresence && cfg.PresenceDelay > 0 && len(c.q) < lingerFrames {
+		// The hub's scan (pingLoop) starts the writer within
+		// PresenceDelay, unless another frame does first.
+		return
+	}
 	c.signal()
 }
+
+// lingerFrames: once a connection's queue holds this many frames, a
+// presence frame no longer waits for the hub's scan.
+const lingerFrames = 32
 
 func (c *conn) overflowLocked() {
 	h := c.hub

@@ -38,7 +38,10 @@
 // writes only the control frames), sends the WebSocket ping the hub's ping
 // loop marked due, performs the closes the hub decides on, and exits once
 // nothing is left (after yielding once, so a fan-out burst keeps its writer),
-// so an idle connection costs only its reader. A writer that fails leaves the
+// so an idle connection costs only its reader. A presence.changed frame does
+// not start a writer: the ping loop's scan does, within Config.PresenceDelay,
+// unless another frame comes first and takes it along, so a burst of
+// transitions reaches a socket in few writes. A writer that fails leaves the
 // connection marked as writing, so no other writer starts on it. Fan-out
 // (Hub.Dispatch) never blocks: it appends the shared, pre-encoded event bytes
 // to each queue under that connection's mutex, applying the backpressure policy

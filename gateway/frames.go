@@ -50,9 +50,16 @@ const (
 	// classDurable events are never dropped silently: on overflow they are
 	// replaced by one resync (the client reconciles over REST).
 	classDurable
-	// classEphemeral events (typing, presence) are dropped first.
+	// classEphemeral events (typing) are dropped first.
 	classEphemeral
+	// classPresence events (presence.changed) are dropped like ephemeral
+	// ones and may wait for the hub's next scan before they are written
+	// (Config.PresenceDelay), so a burst of transitions shares writes.
+	classPresence
 )
+
+// ephemeral reports whether frames of class k are dropped first.
+func (k frameClass) ephemeral() bool { return k >= classEphemeral }
 
 var eventField = []byte(`"event":"`)
 
@@ -64,8 +71,11 @@ func classify(payload []byte) frameClass {
 		return classDurable
 	}
 	rest := payload[i+len(eventField):]
-	if bytes.HasPrefix(rest, []byte(EventTyping+`"`)) || bytes.HasPrefix(rest, []byte(EventPresenceChanged+`"`)) {
+	switch {
+	case bytes.HasPrefix(rest, []byte(EventTyping+`"`)):
 		return classEphemeral
+	case bytes.HasPrefix(rest, []byte(EventPresenceChanged+`"`)):
+		return classPresence
 	}
 	return classDurable
 }

@@ -359,12 +359,18 @@ const expiryResolution = time.Second
 // connection's writer for a WebSocket ping when PingInterval has passed
 // since its last one (connections are spread over the interval by their own
 // start times), and closes with 4001 token_expired each connection whose
-// credential deadline (exp + the verifier's leeway) has passed. The scan
+// credential deadline (exp + the verifier's leeway) has passed, and starts
+// the writer of each connection whose queued presence frames wait for it
+// (at least every Config.PresenceDelay). The scan
 // holds Hub.mu for reading and takes each connection's mu in turn (the lock
 // order), so it allocates nothing and keeps nothing per connection: no
 // goroutine, timer or list entry per connection.
 func (h *Hub) pingLoop(ctx context.Context) {
-	t := time.NewTicker(max(min(h.cfg.PingInterval/8, expiryResolution), 10*time.Millisecond))
+	tick := min(h.cfg.PingInterval/8, expiryResolution)
+	if h.cfg.PresenceDelay > 0 {
+		tick = min(tick, h.cfg.PresenceDelay)
+	}
+	t := time.NewTicker(max(tick, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -383,6 +389,10 @@ func (h *Hub) pingLoop(ctx context.Context) {
 				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
 			case now.Sub(c.lastPing) >= h.cfg.PingInterval:
 				c.lastPing, c.pingDue = now, true
+				c.signal()
+			case len(c.q) > 0:
+				// Presence frames waiting for this scan (or a queue a
+				// writer is draining: signal does nothing then).
 				c.signal()
 			}
 			c.mu.Unlock()

@@ -194,7 +194,7 @@ func (m *Main) Run(ctx context.Context) error {
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,
 				RecoverWindow: cfg.WSRecoverWindow, RecoverMax: cfg.WSRecoverMax,
 				HandshakeConcurrency: m.handshakeConcurrency(), HandshakeQueue: cfg.WSHandshakeQueue,
-				HandshakeWait: cfg.WSHandshakeWait},
+				HandshakeWait: cfg.WSHandshakeWait, PresenceDelay: presenceDelay(cfg.WSPresenceDelay)},
 			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser},
 			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
 			PubSubMode: psMode,
@@ -378,4 +378,13 @@ func migrateDirect(ctx context.Context, url string) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
+}
+
+// presenceDelay maps HAN_WS_PRESENCE_DELAY onto the hub's setting, where
+// zero means the default: 0 (at once) becomes negative.
+func presenceDelay(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

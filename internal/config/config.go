@@ -132,6 +132,10 @@ type Config struct {
 	// REST.
 	WSRecoverWindow time.Duration
 	WSRecoverMax    int
+	// WSPresenceDelay (HAN_WS_PRESENCE_DELAY, default and most 1s, 0: at
+	// once) is how long a presence.changed frame may wait for other frames
+	// to the same socket, so a burst of transitions shares writes.
+	WSPresenceDelay time.Duration
 	// Handshake admission: WSHandshakeConcurrency
 	// (HAN_WS_HANDSHAKE_CONCURRENCY; 0, the default, means twice the
 	// PostgreSQL pool plus the realtime Redis pool) handshakes do their
@@ -294,6 +298,12 @@ func Load(getenv func(string) string) (Config, error) {
 	if v := getenv("HAN_WS_RECOVER_MAX"); v != "" {
 		if c.WSRecoverMax, err = strconv.Atoi(v); err != nil || c.WSRecoverMax < 1 {
 			bad("HAN_WS_RECOVER_MAX: must be a positive number")
+		}
+	}
+	c.WSPresenceDelay = time.Second
+	if v := getenv("HAN_WS_PRESENCE_DELAY"); v != "" {
+		if c.WSPresenceDelay, err = time.ParseDuration(v); err != nil || c.WSPresenceDelay < 0 || c.WSPresenceDelay > time.Second {
+			bad("HAN_WS_PRESENCE_DELAY: must be a duration from 0 to 1s")
 		}
 	}
 	c.WSHandshakeQueue = 16384

@@ -309,6 +309,27 @@ func TestWSRecover(t *testing.T) {
 	}
 }
 
+// HAN_WS_PRESENCE_DELAY: 1s by default, 0 writes presence frames at once,
+// nothing negative or over 1s.
+func TestWSPresenceDelay(t *testing.T) {
+	m := base()
+	if c, err := Load(env(m)); err != nil || c.WSPresenceDelay != time.Second {
+		t.Fatalf("default %v %v", c.WSPresenceDelay, err)
+	}
+	for v, want := range map[string]time.Duration{"0": 0, "0s": 0, "250ms": 250 * time.Millisecond, "1s": time.Second} {
+		m["HAN_WS_PRESENCE_DELAY"] = v
+		if c, err := Load(env(m)); err != nil || c.WSPresenceDelay != want {
+			t.Errorf("%q: %v %v, want %v", v, c.WSPresenceDelay, err, want)
+		}
+	}
+	for _, v := range []string{"-1s", "1001ms", "soon", "5"} {
+		m["HAN_WS_PRESENCE_DELAY"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_PRESENCE_DELAY: must be a duration from 0 to 1s") {
+			t.Errorf("%q: %v", v, err)
+		}
+	}
+}
+
 // Handshake admission: HAN_WS_HANDSHAKE_CONCURRENCY (unset: sized from the
 // pools by the service), HAN_WS_HANDSHAKE_QUEUE (16384) and
 // HAN_WS_HANDSHAKE_WAIT (6s); numbers must be positive.
