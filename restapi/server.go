@@ -212,7 +212,9 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // Handler is the complete HTTP handler, every route under the body and
 // response deadlines.
-func (s *Server) Handler() http.Handler { return s.deadlines(s.observe(s.cors(s.router))) }
+func (s *Server) Handler() http.Handler {
+	return s.deadlines(s.observe(s.cors(s.realtimeFirst(s.router))))
+}
 
 // SetDraining makes /readyz answer 503 so the load balancer stops sending
 // new traffic while in-flight requests finish.
