@@ -167,7 +167,7 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 	var d Dialog
 	err := s.requestTx(ctx, func(tx pgx.Tx) error {
 		var known int
-		if err := tx.QueryRow(ctx, "SELECT count(*) FROM users WHERE id = ANY($1::uuid[])", members).Scan(&known); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM users WHERE id = ANY($1::text[]::uuid[])", members).Scan(&known); err != nil {
 			return err
 		}
 		if known != len(members) {
@@ -179,7 +179,7 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 			return err
 		}
 		if _, err := tx.Exec(ctx,
-			"INSERT INTO dialog_members(dialog_id, user_id) SELECT $1, unnest($2::uuid[])", id, members); err != nil {
+			"INSERT INTO dialog_members(dialog_id, user_id) SELECT $1, unnest($2::text[]::uuid[])", id, members); err != nil {
 			return err
 		}
 		d.ID, d.Title, d.MemberIDs = id, title, members

@@ -48,7 +48,7 @@ func (s *Store) TouchLastSeenMany(ctx context.Context, userIDs []string, t time.
 	if len(userIDs) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, `UPDATE users SET last_seen_at = GREATEST(COALESCE(last_seen_at, $2), $2) WHERE id = ANY($1::uuid[])`, userIDs, t)
+	_, err := s.pool.Exec(ctx, `UPDATE users SET last_seen_at = GREATEST(COALESCE(last_seen_at, $2), $2) WHERE id = ANY($1::text[]::uuid[])`, userIDs, t)
 	if err != nil {
 		return fmt.Errorf("touch last seen: %w", err)
 	}

@@ -32,7 +32,7 @@ const (
 // dialog's last_seq when the user is a member; pairs of non-members (or of
 // no dialog) have no row. i is the pair's 1-based position.
 const lastSeqSQL = `SELECT r.i, d.last_seq
-	FROM unnest($1::uuid[], $2::uuid[]) WITH ORDINALITY AS r(dialog_id, user_id, i)
+	FROM unnest($1::text[]::uuid[], $2::text[]::uuid[]) WITH ORDINALITY AS r(dialog_id, user_id, i)
 	JOIN dialog_members m ON m.dialog_id = r.dialog_id AND m.user_id = r.user_id
 	JOIN dialogs d ON d.id = r.dialog_id`
 
