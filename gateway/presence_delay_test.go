@@ -71,17 +71,34 @@ func presenceOf(t *testing.T, f frame) (string, bool) {
 	return d.UserID, d.Online
 }
 
+// presenceRig is an instance with the given presence delay, n users in one
+// dialog, and the first of them (the watcher) connected through a listener
+// that counts its writes, and subscribed.
+type presenceRig struct {
+	in      *instance
+	lc      *writeCounter
+	users   []string
+	dialog  string
+	watcher *client
+}
+
+func newPresenceRig(t *testing.T, delay time.Duration, n int) *presenceRig {
+	t.Helper()
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.PresenceDelay = delay }})
+	view, lc := countedView(t, in)
+	r := &presenceRig{in: in, lc: lc, users: in.users(n)}
+	r.dialog = in.dialog(r.users...)
+	r.watcher = view.connect(r.users[0])
+	r.watcher.subscribe(r.dialog)
+	return r
+}
+
 // Users coming online one after another within the presence delay reach a
 // member's socket as a few writes, not one each, and every transition
 // arrives once.
 func TestPresenceFramesShareWrites(t *testing.T) {
-	pool := openPool(t)
-	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) { c.PresenceDelay = time.Second }})
-	view, lc := countedView(t, in)
-	users := in.users(7)
-	dialog := in.dialog(users...)
-	watcher := view.connect(users[0])
-	watcher.subscribe(dialog)
+	r := newPresenceRig(t, time.Second, 7)
+	in, lc, users, watcher := r.in, r.lc, r.users, r.watcher
 	before := writesOf(t, lc)
 
 	// The other six connect at once (and stay).
@@ -129,13 +146,8 @@ func TestPresenceFramesShareWrites(t *testing.T) {
 // Any other frame takes the presence frames waiting before it along, in
 // the same write.
 func TestPresenceFramesLeaveWithTheNextFrame(t *testing.T) {
-	pool := openPool(t)
-	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) { c.PresenceDelay = time.Second }})
-	view, lc := countedView(t, in)
-	users := in.users(7)
-	dialog := in.dialog(users...)
-	watcher := view.connect(users[0])
-	watcher.subscribe(dialog)
+	r := newPresenceRig(t, time.Second, 7)
+	in, lc, users, dialog, watcher := r.in, r.lc, r.users, r.dialog, r.watcher
 
 	// Each attempt: a user comes online, and a message is posted once its
 	// transition has had 100 ms to reach the watcher's queue. A scan of
@@ -177,13 +189,8 @@ func TestPresenceFramesLeaveWithTheNextFrame(t *testing.T) {
 // transitions 100 ms apart take a write each (with the delay they would
 // wait for the hub's scan together).
 func TestPresenceDelayOff(t *testing.T) {
-	pool := openPool(t)
-	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) { c.PresenceDelay = -1 }})
-	view, lc := countedView(t, in)
-	users := in.users(4)
-	dialog := in.dialog(users...)
-	watcher := view.connect(users[0])
-	watcher.subscribe(dialog)
+	r := newPresenceRig(t, -1, 4)
+	in, lc, users, watcher := r.in, r.lc, r.users, r.watcher
 	// The watcher's own transition, if it comes back after the subscribe,
 	// is written before the count starts.
 	time.Sleep(300 * time.Millisecond)
