@@ -3,6 +3,7 @@ package rds_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -152,6 +154,30 @@ func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// Pipelines of calls nobody waits for, one after another, are each
+// answered (they go out on the batcher's long-lived senders), and Close
+// ends those senders.
+func TestBatcherLaterPipelinesOneAfterAnother(t *testing.T) {
+	c := apiClient(t, env.Redis.URL(3))
+	before := runtime.NumGoroutine()
+	b := rds.NewBatcher(c)
+	for i := range 20 {
+		got := make(chan error, 1)
+		b.PublishLater(rds.PubSubAuto, "han:rt:test:seq", []byte("x"), func(err error) { got <- err })
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("publish %d: %v", i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("publish %d never answered", i)
+		}
+	}
+	b.Close()
+	testenv.Eventually(t, 5*time.Second, func() bool { return runtime.NumGoroutine() <= before },
+		"%d goroutines after Close, %d before the batcher", runtime.NumGoroutine(), before)
 }
 
 // Calls nobody waits for gather into shared pipelines; Close sends what is
