@@ -349,8 +349,8 @@ if [ -n "$profile" ]; then
 fi
 
 # --- the table -------------------------------------------------------------------
-gw_pool="$(jq -r '.info.pool_max_conns // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
-gw_committers="$(jq -r '.info.send_committers // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1)"
+gw_pool="$(jq -r '.info.pool_max_conns // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1 || true)"
+gw_committers="$(jq -r '.info.send_committers // empty' "$work"/*-sql-1.json 2>/dev/null | head -n 1 || true)"
 mode="${exec_mode:-cache_statement (pgx default)}"
 echo
 slow="$(grep -c 'duration: ' "$work/pg/log" || true)"
