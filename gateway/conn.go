@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,8 +91,12 @@ type conn struct {
 }
 
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {
+	// The first ping comes between half a PingInterval and a whole one
+	// after the connect: connections opened together (a storm, a load
+	// test) would otherwise all fall due in the same scan of the hub, and
+	// every interval after that, as one burst of pings and pongs.
 	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID,
-		lastPing: time.Now(), expires: expires.UnixNano()}
+		lastPing: time.Now().Add(-rand.N(max(h.cfg.PingInterval/2, 1))), expires: expires.UnixNano()}
 	c.writeLoopFn = c.writeLoop
 	return c
 }
