@@ -12,7 +12,7 @@ func (c *conn) signal() {
 	}
 	c.writing = true
 	c.writer.Add(1)
-	go c.writeLoopFn()
+	c.hub.writers.run(c)
 }
 
 // deliver queues a fanned-out frame for s (nil: the user's own channel);

@@ -34,13 +34,14 @@ type hubDeps struct {
 // connection's bounded queue under that connection's lock. Safe for
 // concurrent use.
 type Hub struct {
-	cfg    Config
-	deps   hubDeps
-	logger *slog.Logger
-	stats  hubStats
-	rec    *recoverer
-	gate   *admission // handshakes' Redis and PostgreSQL work
-	frames *frameWorkers
+	cfg     Config
+	deps    hubDeps
+	logger  *slog.Logger
+	stats   hubStats
+	rec     *recoverer
+	gate    *admission // handshakes' Redis and PostgreSQL work
+	frames  *frameWorkers
+	writers *workers[*conn] // the connections' write loops
 
 	mu       sync.RWMutex // guards conns, channels, draining, remover
 	conns    map[*conn]struct{}
@@ -59,6 +60,7 @@ func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 	h.rec = newRecoverer(&h.cfg, deps.Recovery)
 	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
 	h.frames = newFrameWorkers()
+	h.writers = newWriterWorkers()
 	return h
 }
 
@@ -490,4 +492,5 @@ func (h *Hub) closeAll() {
 	h.wg.Wait()
 	r.stop()
 	h.frames.stop()
+	h.writers.stop()
 }
