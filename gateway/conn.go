@@ -57,6 +57,10 @@ type conn struct {
 	cork   *corkConn // the hijacked connection; nil when not hijacked by us
 
 	writer sync.WaitGroup // the running writer, if any
+	// writeLoopFn is c.writeLoop, made once: a go statement on a method
+	// call allocates a closure at every start, and a writer starts per
+	// burst; starting this func value allocates nothing.
+	writeLoopFn func()
 
 	// ended is set by cancel: the connection is over (see opContext). It
 	// sits with the flags below to keep the struct in a smaller size class
@@ -93,6 +97,7 @@ func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires 
 	// every interval after that, as one burst of pings and pongs.
 	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID,
 		lastPing: time.Now().Add(-rand.N(max(h.cfg.PingInterval/2, 1))), expires: expires.UnixNano()}
+	c.writeLoopFn = c.writeLoop
 	return c
 }
 

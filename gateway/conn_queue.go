@@ -12,7 +12,7 @@ func (c *conn) signal() {
 	}
 	c.writing = true
 	c.writer.Add(1)
-	c.hub.writers.run(c)
+	go c.writeLoopFn()
 }
 
 // deliver queues a fanned-out frame for s (nil: the user's own channel);

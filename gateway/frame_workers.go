@@ -5,22 +5,19 @@ import (
 	"time"
 )
 
-// workers are goroutines that run jobs and wait for more instead of
-// exiting, so a job that needs a deep stack finds one already grown and a
-// burst of short jobs does not start and end a goroutine per job. Two
-// pools use them: client frames (frameAside: decoding, a subscribe's
-// PostgreSQL check, Redis SUBSCRIBE, recovery), where a fresh goroutine
-// per frame grew its stack from the minimum each time, a measurable share
-// of the gateway's CPU in a connect storm; and socket writers (conn.signal),
-// where fan-out started and ended a goroutine per delivery. A worker exits
-// after workerIdle without a job, so idle connections hold none. At most
-// max run; a job that finds none idle and the pool full gets a short-lived
-// goroutine of its own.
-type workers[T any] struct {
-	jobs chan T // unbuffered: a send succeeds only to a waiting worker
+// frameWorkers are goroutines that handle client frames (frameAside) and
+// wait for more instead of exiting. A frame's work (decoding, a subscribe's
+// PostgreSQL check, Redis SUBSCRIBE, recovery) needs a deep stack; a fresh
+// goroutine per frame grows one from the minimum each time (copying it two
+// or three times), which in a connect storm is a measurable share of the
+// gateway's CPU. A worker keeps its grown stack while frames keep coming
+// and exits after frameWorkerIdle without one, so idle connections hold no
+// worker. At most frameWorkersMax run; a frame that finds none idle and
+// the pool full gets a short-lived goroutine of its own, as before.
+type frameWorkers struct {
+	jobs chan *frameRun // unbuffered: a send succeeds only to a waiting worker
 	quit chan struct{}
-	exec func(T)
-	max  int
+	exec func(*frameRun) // runFrame; tests give their own
 
 	mu     sync.Mutex // guards n, closed
 	n      int
@@ -28,61 +25,49 @@ type workers[T any] struct {
 	wg     sync.WaitGroup
 }
 
-// frameWorkers handle client frames (runFrame).
-type frameWorkers = workers[*frameRun]
-
 const (
-	frameWorkersMax  = 32
-	writerWorkersMax = 64
+	frameWorkersMax = 32
 )
 
-// workerIdle is how long a worker waits for another job (a variable for
-// tests).
-var workerIdle = 2 * time.Second
+// frameWorkerIdle is how long a worker waits for another frame (a
+// variable for tests).
+var frameWorkerIdle = 2 * time.Second
 
-func newWorkers[T any](exec func(T), max int) *workers[T] {
-	return &workers[T]{jobs: make(chan T), quit: make(chan struct{}), exec: exec, max: max}
+func newFrameWorkers() *frameWorkers {
+	return &frameWorkers{jobs: make(chan *frameRun), quit: make(chan struct{}), exec: runFrame}
 }
 
-func newFrameWorkers() *frameWorkers { return newWorkers(runFrame, frameWorkersMax) }
-
-// newWriterWorkers run connections' write loops (conn.signal).
-func newWriterWorkers() *workers[*conn] {
-	return newWorkers(func(c *conn) { c.writeLoop() }, writerWorkersMax)
-}
-
-// run hands job to an idle worker, a new worker, or a goroutine of its
-// own. It never blocks.
-func (w *workers[T]) run(job T) {
+// run hands r to an idle worker, a new worker, or a goroutine of its own.
+func (w *frameWorkers) run(r *frameRun) {
 	select {
-	case w.jobs <- job:
+	case w.jobs <- r:
 		return
 	default:
 	}
 	w.mu.Lock()
-	if w.closed || w.n >= w.max {
+	if w.closed || w.n >= frameWorkersMax {
 		w.mu.Unlock()
-		go w.exec(job)
+		go w.exec(r)
 		return
 	}
 	w.n++
 	w.wg.Add(1)
 	w.mu.Unlock()
-	go w.loop(job)
+	go w.loop(r)
 }
 
-// loop runs first, then every job handed to it until it has been idle for
-// workerIdle or the pool stops.
-func (w *workers[T]) loop(first T) {
+// loop runs first, then every frame handed to it until it has been idle
+// for frameWorkerIdle or the pool stops.
+func (w *frameWorkers) loop(first *frameRun) {
 	defer w.wg.Done()
 	w.exec(first)
-	idle := time.NewTimer(workerIdle)
+	idle := time.NewTimer(frameWorkerIdle)
 	defer idle.Stop()
 	for {
 		select {
-		case job := <-w.jobs:
-			w.exec(job)
-			idle.Reset(workerIdle)
+		case r := <-w.jobs:
+			w.exec(r)
+			idle.Reset(frameWorkerIdle)
 		case <-idle.C:
 			w.mu.Lock()
 			w.n--
@@ -95,8 +80,8 @@ func (w *workers[T]) loop(first T) {
 }
 
 // stop ends the idle workers and waits for the busy ones to finish their
-// job; later jobs get goroutines of their own. Idempotent.
-func (w *workers[T]) stop() {
+// frame; later frames get goroutines of their own. Idempotent.
+func (w *frameWorkers) stop() {
 	w.mu.Lock()
 	if !w.closed {
 		w.closed = true

@@ -12,9 +12,9 @@ import (
 // burst beyond the pool still gets every frame handled, idle workers go
 // away, and stop waits for the busy ones.
 func TestFrameWorkersReuseOverflowAndExit(t *testing.T) {
-	old := workerIdle
-	workerIdle = 100 * time.Millisecond
-	t.Cleanup(func() { workerIdle = old })
+	old := frameWorkerIdle
+	frameWorkerIdle = 100 * time.Millisecond
+	t.Cleanup(func() { frameWorkerIdle = old })
 	w := newFrameWorkers()
 	var handled atomic.Int64
 	gids := sync.Map{}

@@ -34,14 +34,13 @@ type hubDeps struct {
 // connection's bounded queue under that connection's lock. Safe for
 // concurrent use.
 type Hub struct {
-	cfg     Config
-	deps    hubDeps
-	logger  *slog.Logger
-	stats   hubStats
-	rec     *recoverer
-	gate    *admission // handshakes' Redis and PostgreSQL work
-	frames  *frameWorkers
-	writers *workers[*conn] // the connections' write loops
+	cfg    Config
+	deps   hubDeps
+	logger *slog.Logger
+	stats  hubStats
+	rec    *recoverer
+	gate   *admission // handshakes' Redis and PostgreSQL work
+	frames *frameWorkers
 
 	mu       sync.RWMutex // guards conns, channels, draining, remover
 	conns    map[*conn]struct{}
@@ -60,7 +59,6 @@ func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 	h.rec = newRecoverer(&h.cfg, deps.Recovery)
 	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
 	h.frames = newFrameWorkers()
-	h.writers = newWriterWorkers()
 	return h
 }
 
@@ -492,5 +490,4 @@ func (h *Hub) closeAll() {
 	h.wg.Wait()
 	r.stop()
 	h.frames.stop()
-	h.writers.stop()
 }
