@@ -30,11 +30,9 @@
 // handles client frames in order, tears down). Each client frame is read,
 // decoded and answered on a short-lived helper goroutine the reader waits
 // for, so the reader's stack stays as small as its blocking read needs for
-// the connection's life (conn_read.go, frameAside). A writer runs per burst,
-// not for the connection's life: queueing a frame, a ping or a close starts
-// one when none runs, on an idle worker of the hub's writer pool when there
-// is one (frame_workers.go: warm goroutines, so fan-out does not start and
-// end a goroutine per delivery); it drains the bounded outbound queue in batches
+// the connection's life (conn_read.go, frameAside). A writer goroutine runs per
+// burst, not for the connection's life: queueing a frame, a ping or a close
+// starts one when none runs; it drains the bounded outbound queue in batches
 // (each message framed by the gateway straight into the hijacked connection's
 // cork buffer, one write deadline and one write per batch; coder/websocket
 // writes only the control frames), sends the WebSocket ping the hub's ping
