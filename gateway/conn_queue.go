@@ -65,9 +65,13 @@ func (c *conn) enqueueLocked(f outFrame) {
 			c.hub.stats.coveredDrops.Add(1)
 			return
 		}
-		if len(c.q) >= cfg.QueueFrames || c.qBytes+len(f.b) > cfg.QueueBytes {
-			c.overflowLocked()
-			return
+		full := func() bool { return len(c.q) >= cfg.QueueFrames || c.qBytes+len(f.b) > cfg.QueueBytes }
+		if full() {
+			c.dropEphemeralLocked()
+			if full() {
+				c.overflowLocked()
+				return
+			}
 		}
 	case classControl:
 		// Control frames answer the client's own requests, which the
@@ -90,6 +94,23 @@ func (c *conn) enqueueLocked(f outFrame) {
 		return
 	}
 	c.signal()
+}
+
+// dropEphemeralLocked makes room for a durable event in a full queue: the
+// queued ephemeral frames (typing, presence.changed, which may be waiting
+// for the hub's scan) go first, so they never cost a resync.
+func (c *conn) dropEphemeralLocked() {
+	kept, bytes := c.q[:0], 0
+	for _, f := range c.q {
+		if !f.class.ephemeral() {
+			kept = append(kept, f)
+			bytes += len(f.b)
+		}
+	}
+	n := len(c.q) - len(kept)
+	clear(c.q[len(kept):])
+	c.q, c.qBytes = kept, bytes
+	c.hub.stats.ephemeralDrops.Add(uint64(n))
 }
 
 // lingerFrames: once a connection's queue holds this many frames, a
