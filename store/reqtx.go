@@ -52,12 +52,6 @@ const (
 	codeQueryCanceled    = "57014"
 )
 
-// errQueuedPastBudget answers a send whose budget ran out while it
-// waited for its turn to be written.
-func errQueuedPastBudget() error {
-	return fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)
-}
-
 // requestTx runs fn in a transaction of a request path within the
 // request budget: the wait for a pool connection is bounded by it, and
 // lock_timeout and statement_timeout are set to it for this transaction

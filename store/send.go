@@ -108,6 +108,12 @@ func (r *sendReq) finish(res sendResult) {
 	close(r.done)
 }
 
+// errQueuedPastBudget answers a send whose budget ran out while it
+// waited for its turn to be written.
+func errQueuedPastBudget() error {
+	return fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)
+}
+
 const sendMessagesSQL = `SELECT r_ord, r_outcome, r_ref, r_id, r_seq, r_sender, r_body, r_cmid, r_created_at, r_attachments
 	FROM send_messages($1::uuid, $2::text, $3::bigint, $4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], $9::text[]::uuid[],
 		$10::text[], $11::boolean[], $12::text[], $13::text[], $14::text[], $15::int[], $16::text[], $17::bigint[])`
