@@ -94,12 +94,14 @@ func TestFirstPingsOfAStormAreSpread(t *testing.T) {
 	}
 	slices.Sort(at)
 	// Every first ping within the interval (plus the hub's scan), and
-	// not all in one scan: without the spread they land in one or two
-	// scans of a quarter second.
+	// not all in one scan: without the spread they land in one scan of a
+	// quarter second, or two adjacent ones (at most ≈ 250 ms apart); with
+	// it they fall over four scans, and all twelve in two adjacent ones
+	// happens about once in 1,000 runs.
 	if at[n-1] > interval+interval/4+time.Second {
 		t.Fatalf("a first ping came %v after the connect, interval %v", at[n-1], interval)
 	}
-	if spread := at[n-1] - at[0]; spread < interval/4+interval/16 {
+	if spread := at[n-1] - at[0]; spread < interval/5 {
 		t.Fatalf("first pings within %v of each other (%v): not spread over the interval", spread, at)
 	}
 }
