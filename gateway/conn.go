@@ -72,6 +72,7 @@ type conn struct {
 	resyncQueued bool       // a resync is queued and not yet taken by the writer
 	pingDue      bool
 	closed       bool
+	flushDue     bool       // the cork holds bytes an inline write left for the writer
 	spare        []outFrame // a small batch slice kept for the next writer
 	q            []outFrame
 	qBytes       int

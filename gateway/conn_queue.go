@@ -15,11 +15,51 @@ func (c *conn) signal() {
 	go c.writeLoopFn()
 }
 
+// signalInline gets what was just queued written: on this goroutine, in
+// one write(2) that never blocks (corkConn.tryWrite), when no writer runs
+// and the queue is small; otherwise, or for what the socket did not take,
+// by a writer goroutine as signal starts it. A connection that gets an
+// event now and then is then served without a goroutine start and the
+// scheduler's wake-up of an idle thread to run it. c.mu must be held; the
+// write happens under it, which is what keeps other writes out.
+func (c *conn) signalInline() {
+	if c.writing || c.closed || len(c.q) == 0 {
+		return
+	}
+	if c.cork != nil && !c.pingDue && c.closeCode == 0 && len(c.q) <= inlineFrames && c.qBytes <= inlineBytes {
+		if sent, rest := c.cork.tryWrite(c.q, time.Now(), c.hub.cfg.WriteTimeout); sent {
+			q := c.q
+			clear(q)
+			if cap(q) > keptBatch {
+				b := q[:0]
+				batchPool.Put(&b)
+				q = nil
+			}
+			c.q, c.qBytes, c.resyncQueued = q[:0], 0, false
+			if !rest {
+				c.hub.stats.inlineWhole.Add(1)
+				return
+			}
+			c.hub.stats.inlineRest.Add(1)
+			c.flushDue = true
+		}
+	}
+	c.signal()
+}
+
+// The most a connection's queue may hold to be written inline
+// (signalInline); more goes to a writer goroutine.
+const (
+	inlineFrames = keptBatch
+	inlineBytes  = 16 << 10
+)
+
 // deliver queues a fanned-out frame for s (nil: the user's own channel);
 // seq is the frame's seq when it is a message.created event, else 0. A
 // message.created event the subscription's recovery replayed already is
-// dropped: its publish may come after the recovery read. It never blocks.
-func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64) {
+// dropped: its publish may come after the recovery read. inline lets this
+// goroutine write the frame itself (signalInline). It never blocks.
+func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64, inline bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || (s != nil && seq > 0 && seq <= s.replayedUpTo) {
@@ -36,41 +76,49 @@ func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64) {
 		}
 		return
 	}
-	c.enqueueLocked(outFrame{b, class})
+	if !c.enqueueLocked(outFrame{b, class}) {
+		return
+	}
+	if inline {
+		c.signalInline()
+	} else {
+		c.signal()
+	}
 }
 
-// send queues a control frame.
+// send queues a control frame (written inline when it can be).
 func (c *conn) send(b []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.closed {
-		c.enqueueLocked(outFrame{b, classControl})
+	if !c.closed && c.enqueueLocked(outFrame{b, classControl}) {
+		c.signalInline()
 	}
 }
 
 // enqueueLocked applies the backpressure policy: ephemeral frames are
 // dropped once the queue is half full; a durable event that does not fit
 // replaces every queued event with one resync; durable events arriving
-// while that resync waits are covered by it and dropped.
-func (c *conn) enqueueLocked(f outFrame) {
+// while that resync waits are covered by it and dropped. It reports whether
+// f was queued for a writer to pick up now; the caller then signals.
+func (c *conn) enqueueLocked(f outFrame) bool {
 	cfg := &c.hub.cfg
 	switch f.class {
 	case classEphemeral, classPresence:
 		if 2*len(c.q) >= cfg.QueueFrames || 2*(c.qBytes+len(f.b)) > cfg.QueueBytes {
 			c.hub.stats.ephemeralDrops.Add(1)
-			return
+			return false
 		}
 	case classDurable:
 		if c.resyncQueued {
 			c.hub.stats.coveredDrops.Add(1)
-			return
+			return false
 		}
 		full := func() bool { return len(c.q) >= cfg.QueueFrames || c.qBytes+len(f.b) > cfg.QueueBytes }
 		if full() {
 			c.dropEphemeralLocked()
 			if full() {
 				c.overflowLocked()
-				return
+				return false
 			}
 		}
 	case classControl:
@@ -79,7 +127,7 @@ func (c *conn) enqueueLocked(f outFrame) {
 		// reads the answers fills this margin and is closed.
 		if len(c.q) >= cfg.QueueFrames+cfg.FrameBurst {
 			c.closeLocked(CloseSlowConsumer, "slow consumer")
-			return
+			return false
 		}
 	}
 	if len(c.q) == cap(c.q) && len(c.q) >= keptBatch {
@@ -91,9 +139,9 @@ func (c *conn) enqueueLocked(f outFrame) {
 	if f.class == classPresence && cfg.PresenceDelay > 0 && len(c.q) < lingerFrames {
 		// The hub's scan (pingLoop) starts the writer within
 		// PresenceDelay, unless another frame does first.
-		return
+		return false
 	}
-	c.signal()
+	return true
 }
 
 // dropEphemeralLocked makes room for a durable event in a full queue: the

@@ -258,6 +258,7 @@ func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
 	if c.closed {
 		return
 	}
+	// Queued together, written together (one write when they fit).
 	for _, f := range head {
 		c.enqueueLocked(f)
 	}
@@ -270,6 +271,7 @@ func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
 		}
 		c.enqueueLocked(f)
 	}
+	c.signalInline()
 	if s.pendingOverflow {
 		c.queueResyncLocked(ResyncSlowConsumer)
 	}

@@ -31,7 +31,7 @@ func (c *conn) writeLoop() {
 			c.mu.Unlock()
 			return
 		}
-		if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 {
+		if len(c.q) == 0 && !c.pingDue && c.closeCode == 0 && !c.flushDue {
 			if !yielded {
 				// During a fan-out burst the next frame is usually being
 				// queued right now: yield once and look again before
@@ -47,14 +47,14 @@ func (c *conn) writeLoop() {
 			return
 		}
 		yielded = false
-		batch := c.q
-		c.q, c.qBytes, c.resyncQueued = c.spare, 0, false
+		batch, flush := c.q, c.flushDue
+		c.q, c.qBytes, c.resyncQueued, c.flushDue = c.spare, 0, false, false
 		c.spare = nil
 		ping := c.pingDue
 		c.pingDue = false
 		code, reason := c.closeCode, c.closeReason
 		c.mu.Unlock()
-		if err := c.writeBatch(batch); err != nil {
+		if err := c.writeBatch(batch, flush); err != nil {
 			if !errors.Is(err, errDataAfterClose) {
 				c.abort(err)
 			}
@@ -83,10 +83,11 @@ func (c *conn) writeLoop() {
 // socket that gives the whole batch at least the write timeout (kept from
 // an earlier batch when enough of it is left: cork), the frames encoded straight
 // into the cork's buffer (no per-frame locking, context or timer in
-// coder/websocket), and one write syscall per corkFlushBytes. A batch that
-// misses its deadline is a slow consumer.
-func (c *conn) writeBatch(batch []outFrame) error {
-	if len(batch) == 0 {
+// coder/websocket), and one write syscall per corkFlushBytes. flush: the
+// cork holds bytes an inline write left (conn.signalInline), which go first.
+// A batch that misses its deadline is a slow consumer.
+func (c *conn) writeBatch(batch []outFrame, flush bool) error {
+	if len(batch) == 0 && !flush {
 		return nil
 	}
 	if c.cork == nil {

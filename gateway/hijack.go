@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -89,6 +90,12 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		_ = sb.SetWriteBuffer(w.sendBuffer)
 	}
 	cc := &corkConn{Conn: nc}
+	if sc, ok := nc.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			cc.raw = raw
+			cc.rawWriteFn = cc.rawWrite
+		}
+	}
 	if w.upgrade {
 		cc.head = upgradeResponse(w.Header())
 	}
@@ -134,11 +141,19 @@ type corkConn struct {
 	// deadline is a timer change in the runtime, and a busy connection
 	// writes many batches per second.
 	armed bool
-	until time.Time
 	// closeSent: a close frame went through (coder/websocket writes each
 	// control frame in one Write); no data frame may follow it.
 	closeSent bool
+	until     time.Time
 	buf       *[]byte
+
+	// raw is the socket's file descriptor access (nil when the connection
+	// is not a socket): tryWrite writes through it without blocking.
+	// rawWriteFn is c.rawWrite, made once (a method value allocates), and
+	// rawN its result (bytes written, ≤ 0 for none); both used under mu.
+	raw        syscall.RawConn
+	rawWriteFn func(fd uintptr) bool
+	rawN       int
 }
 
 // First bytes of the frames the cork looks at: FIN + opcode.
@@ -253,6 +268,12 @@ func (c *corkConn) writeText(p []byte) (int, error) {
 	if !c.corked || c.sealed || c.closeSent {
 		return 0, errDataAfterClose
 	}
+	return c.writeTextLocked(p), nil
+}
+
+// writeTextLocked frames p into the collected bytes and returns their
+// length. c.mu must be held and c.buf set.
+func (c *corkConn) writeTextLocked(p []byte) int {
 	b := *c.buf
 	switch n := len(p); {
 	case n < 126:
@@ -265,7 +286,63 @@ func (c *corkConn) writeText(p []byte) (int, error) {
 		b = binary.BigEndian.AppendUint64(b, uint64(n))
 	}
 	*c.buf = append(b, p...)
-	return len(*c.buf), nil
+	return len(*c.buf)
+}
+
+// tryWrite sends frames as text messages in one write(2) that never
+// blocks, from the goroutine that queued them: a connection that gets an
+// event now and then is served without starting a writer goroutine. It
+// sends nothing and reports false when the connection is not idle (a batch
+// open, the upgrade response not yet out, closing), has no socket, or its
+// last write deadline has passed (the writer sets a new one). When the
+// socket takes only part of the bytes (its send buffer is full) or refuses
+// them, the rest stays collected in an open batch under a write deadline
+// (as cork sets it) and tryWrite reports true with rest: the writer must
+// then flush it before anything else, blocking as usual, and meets the
+// error or the slow consumer there.
+func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Duration) (sent, rest bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.raw == nil || c.corked || c.batch || c.sealed || c.closeSent || c.head != nil ||
+		(c.armed && !now.Before(c.until)) {
+		return false, false
+	}
+	c.buf = corkBufs.Get().(*[]byte)
+	c.corked = true // writeTextLocked's precondition; undone below
+	for _, f := range frames {
+		c.writeTextLocked(f.b)
+	}
+	c.rawN = 0
+	if err := c.raw.Write(c.rawWriteFn); err != nil {
+		c.rawN = 0 // closed: the writer meets it
+	}
+	b := *c.buf
+	if c.rawN >= len(b) {
+		c.release()
+		return true, false
+	}
+	*c.buf = b[:copy(b, b[max(c.rawN, 0):])]
+	c.batch = true
+	if !c.armed || c.until.Sub(now) < timeout {
+		until := now.Add(timeout + timeout/2)
+		if c.Conn.SetWriteDeadline(until) == nil {
+			c.armed, c.until = true, until
+		}
+	}
+	return true, true
+}
+
+// rawWrite is the callback of raw.Write: one non-blocking write(2) of the
+// collected bytes (retried only when interrupted by a signal).
+func (c *corkConn) rawWrite(fd uintptr) bool {
+	for {
+		n, err := syscall.Write(int(fd), *c.buf)
+		if err == syscall.EINTR {
+			continue
+		}
+		c.rawN = n // -1 on EAGAIN or a broken connection: the writer retries and meets it
+		return true
+	}
 }
 
 // flush writes what is collected (under the batch's deadline) and stays

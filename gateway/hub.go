@@ -72,6 +72,8 @@ type hubStats struct {
 	typingDrops    atomic.Uint64
 	resyncs        atomic.Uint64
 	framesIn       atomic.Uint64
+	inlineWhole    atomic.Uint64
+	inlineRest     atomic.Uint64
 	maxQueue       atomic.Int64
 	closes         sync.Map // websocket.StatusCode → *atomic.Uint64
 	rejects        sync.Map // reason → *atomic.Uint64
@@ -107,8 +109,13 @@ type Stats struct {
 	Resyncs            uint64
 	FramesIn           uint64
 	MaxQueueFrames     int // the deepest any connection's queue has been
-	Closes             map[int]uint64
-	Rejects            map[string]uint64
+	// Queues written by the goroutine that filled them (conn.signalInline):
+	// all their bytes taken by the socket at once, or the rest left to a
+	// writer goroutine (the socket's send buffer was full).
+	InlineWrites    uint64
+	InlineLeftovers uint64
+	Closes          map[int]uint64
+	Rejects         map[string]uint64
 	// Recovery of subscribes with sinceSeq: reads made (and failed), and
 	// subscribes answered recovered true / false.
 	RecoverReads      uint64
@@ -138,7 +145,8 @@ func (h *Hub) Stats() Stats {
 		QueueOverflows: h.stats.overflows.Load(), SlowConsumerCloses: h.stats.slowCloses.Load(),
 		EphemeralDrops: h.stats.ephemeralDrops.Load(), CoveredDrops: h.stats.coveredDrops.Load(),
 		TypingDrops: h.stats.typingDrops.Load(), Resyncs: h.stats.resyncs.Load(), FramesIn: h.stats.framesIn.Load(),
-		MaxQueueFrames: int(h.stats.maxQueue.Load()), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
+		MaxQueueFrames: int(h.stats.maxQueue.Load()),
+		InlineWrites:   h.stats.inlineWhole.Load(), InlineLeftovers: h.stats.inlineRest.Load(), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
 		RecoverReadErrors: h.rec.readErrors.Load(),
 		Recovered:         h.rec.recovered.Load(), RecoverResyncs: h.rec.resyncs.Load(),
 	}
@@ -298,11 +306,19 @@ func (h *Hub) Dispatch(channel string, payload []byte) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	if m := h.channels[channel]; m != nil {
+		// A few local subscribers get the event written right here
+		// (conn.signalInline); a large fan-out goes to the connections'
+		// writer goroutines, which write in parallel.
+		inline := len(m.list) <= inlineFanout
 		for _, e := range m.list {
-			e.c.deliver(e.s, payload, class, seq)
+			e.c.deliver(e.s, payload, class, seq, inline)
 		}
 	}
 }
+
+// inlineFanout: an event for at most this many local subscribers of its
+// channel is written by the dispatching goroutine (Hub.Dispatch).
+const inlineFanout = 16
 
 // resyncChannels tells every connection subscribed to one of channels to
 // reconcile (after the Pub/Sub link came back).

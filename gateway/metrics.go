@@ -18,6 +18,7 @@ type hubCollector struct {
 	handshakes, handshakeQueue                *prometheus.Desc
 	handshakeWaits, handshakeWaitSeconds      *prometheus.Desc
 	subscribeChecks, subscribeCheckQueries    *prometheus.Desc
+	inlineWrites                              *prometheus.Desc
 }
 
 func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
@@ -40,12 +41,14 @@ func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
 		handshakeWaitSeconds:  prometheus.NewDesc("han_ws_handshake_queue_wait_seconds_total", "Total time admitted handshakes waited in the admission queue.", nil, nil),
 		subscribeChecks:       prometheus.NewDesc("han_ws_subscribe_checks_total", "Subscribe checks (membership and lastSeq) made.", nil, nil),
 		subscribeCheckQueries: prometheus.NewDesc("han_ws_subscribe_check_queries_total", "PostgreSQL queries that answered the subscribe checks (concurrent checks share one).", nil, nil),
+		inlineWrites: prometheus.NewDesc("han_ws_inline_writes_total",
+			"Queues written by the goroutine that filled them, without a writer goroutine, by outcome (whole: the socket took every byte; rest: a writer finished them).", []string{"outcome"}, nil),
 	})
 }
 
 func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects, c.recoverReads, c.recoveries,
-		c.handshakes, c.handshakeQueue, c.handshakeWaits, c.handshakeWaitSeconds, c.subscribeChecks, c.subscribeCheckQueries} {
+		c.handshakes, c.handshakeQueue, c.handshakeWaits, c.handshakeWaitSeconds, c.subscribeChecks, c.subscribeCheckQueries, c.inlineWrites} {
 		ch <- d
 	}
 }
@@ -78,6 +81,8 @@ func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.handshakeWaitSeconds, prometheus.CounterValue, st.HandshakeWaitSeconds)
 	n(c.subscribeChecks, st.SubscribeChecks)
 	n(c.subscribeCheckQueries, st.SubscribeCheckQueries)
+	n(c.inlineWrites, st.InlineWrites, "whole")
+	n(c.inlineWrites, st.InlineLeftovers, "rest")
 	for code, v := range st.Closes {
 		n(c.closes, v, strconv.Itoa(code))
 	}

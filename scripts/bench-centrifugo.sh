@@ -46,7 +46,9 @@
 # Options: -scenario broadcast|idle (broadcast), -reps N (2), -conns N (200),
 # -warmup SECONDS (3; -steps: unmeasured publishing at the first step's rate
 # before the first step), -gen-profile (the generator's CPU profile of each run, <side>-<round>.gen.prof
-# in the kept work folder), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
+# in the kept work folder), -profile SECONDS (broadcast: a CPU profile of the gateway over
+# SECONDS, started -warmup + 1 s after all -conns sockets are open, gateway-<round>.prof in the
+# kept work folder), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
 # events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
 # idle), -steps LIST (broadcast), -centrifugo PATH, -keep (keep the work
 # folder: summaries and logs). Bounded: each run by -max-duration (phase ×
@@ -63,7 +65,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -79,6 +81,7 @@ if [ "${1:-}" != --inner ]; then
 		-warmup) warmup=$2 && shift ;;
 		-centrifugo) cf_bin=$2 && shift ;;
 		-gen-profile) gen_profile=1 keep=1 ;;
+		-profile) profile=$2 keep=1 && shift ;;
 		-keep) keep=1 ;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -90,7 +93,7 @@ if [ "${1:-}" != --inner ]; then
 	done
 	case "$scenario" in broadcast | idle) ;; *) han_die "-scenario $scenario: want broadcast or idle" ;; esac
 	case "$steps" in *[!0-9,]*) han_die "-steps: want comma-separated rates, got '$steps'" ;; esac
-	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency" "$warmup"; do
+	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency" "$warmup" "$profile"; do
 		case "$v" in '' | *[!0-9]*) han_die "option values must be non-negative integers, got '$v'" ;; esac
 	done
 	han_ensure_packages --curl --jq
@@ -117,14 +120,14 @@ if [ "${1:-}" != --inner ]; then
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency $warmup" \
-		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
 read -r scenario reps conns dialogs rate payload phase concurrency warmup <<<"$HAN_BC_SHAPE"
-steps="$HAN_BC_STEPS" gen_profile="${HAN_BC_GEN_PROFILE:-0}"
+steps="$HAN_BC_STEPS" gen_profile="${HAN_BC_GEN_PROFILE:-0}" profile="${HAN_BC_PROFILE:-0}"
 servers=() redises=() # pids this script started and has not stopped
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
 stop() {
@@ -284,6 +287,19 @@ args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + warmup + 90 + co
 # go_gc_duration_seconds_count on its Prometheus endpoint; both servers
 # export it).
 gc_count() { curl -fsS "$1/metrics" 2>/dev/null | awk '/^go_gc_duration_seconds_count/ { print $2; exit }'; }
+# profile_gateway BASE FILE: once the gateway holds every connection, wait
+# out the warm-up, then take a CPU profile of -profile seconds (bounded: gives
+# up after -max-duration's share of waiting).
+profile_gateway() {
+	local base=$1 out=$2 i n
+	for i in $(seq 1 $((600 + conns / 10))); do
+		n="$(curl -fsS "$base/metrics" 2>/dev/null | awk '/^han_ws_connections / { print int($2) }' || true)"
+		[ "${n:-0}" -ge "$conns" ] && break
+		sleep 0.2
+	done
+	sleep "$((warmup + 1))"
+	curl -fsS -o "$out" "$base/debug/pprof/profile?seconds=$profile" 2>/dev/null || han_log "no gateway profile: $out"
+}
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 	local side=$1 round=$2 sum="$work/$1-$2.json" rc=0 more=() base gc0 gc1 t0 t1 st0 tt0 st1 tt1
 	read -r st0 tt0 < <(han_steal_ticks)
@@ -298,8 +314,14 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 		[ "$scenario" = idle ] &&
 			more+=(-cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid" ${pg_pid:+-cpu-pid "postgres=$pg_pid+"})
 		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
+		local prof_pid=""
+		if [ "$profile" -gt 0 ] && [ "$scenario" = broadcast ]; then
+			profile_gateway "$base" "$work/$side-$round.prof" &
+			prof_pid=$!
+		fi
 		"$LT" run "${args[@]}" -target "$base" "${more[@]+"${more[@]}"}" -summary-export "$sum" \
 			>"$work/$side-$round.out" 2>&1 || rc=$?
+		[ -n "$prof_pid" ] && { wait "$prof_pid" || true; }
 		gc1="$(gc_count "$base")" t1="$(date +%s.%N)"
 		stop "$gw_pid" && servers=()
 		;;

@@ -1,12 +1,14 @@
 package connlimit
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -189,6 +191,15 @@ func (c *conn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return nil
+}
+
+// SyscallConn keeps the socket's descriptor reachable through the wrapper
+// (the WebSocket writer's non-blocking writes use it).
+func (c *conn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 // ReadFrom keeps the kernel's sendfile/splice path of net/http responses

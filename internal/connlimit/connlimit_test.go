@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,5 +132,43 @@ func TestTotalCapAndUnlimitedPeers(t *testing.T) {
 	}
 	if !refused(t, dialFrom(t, "127.0.0.5", addr)) {
 		t.Fatal("a new peer over the process cap was not refused")
+	}
+}
+
+// An accepted connection still reaches its socket's descriptor through the
+// wrapper (syscall.Conn), and writes through it arrive: the WebSocket
+// writer's non-blocking writes depend on it.
+func TestAcceptedConnKeepsItsSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := connlimit.New(ln, connlimit.Config{Max: 4, PerIP: 4})
+	defer l.Close()
+	client := dialFrom(t, "127.0.0.1", ln.Addr().String())
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		t.Fatalf("%T does not expose its socket", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var werr error
+	if err := raw.Write(func(fd uintptr) bool {
+		_, werr = syscall.Write(int(fd), []byte("hi"))
+		return true
+	}); err != nil || werr != nil {
+		t.Fatal(err, werr)
+	}
+	b := make([]byte, 2)
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(client, b); err != nil || string(b) != "hi" {
+		t.Fatalf("read %q: %v", b, err)
 	}
 }
