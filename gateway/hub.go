@@ -380,7 +380,9 @@ const expiryResolution = time.Second
 // (at least every Config.PresenceDelay). The scan
 // holds Hub.mu for reading and takes each connection's mu in turn (the lock
 // order), so it allocates nothing and keeps nothing per connection: no
-// goroutine, timer or list entry per connection.
+// goroutine, timer or list entry per connection. The waiting frames are
+// written after the scan, with Hub.mu released (inline, as a dispatch
+// writes them), into one slice the loop keeps between scans.
 func (h *Hub) pingLoop(ctx context.Context) {
 	tick := min(h.cfg.PingInterval/8, expiryResolution)
 	if h.cfg.PresenceDelay > 0 {
@@ -388,6 +390,7 @@ func (h *Hub) pingLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(max(tick, 10*time.Millisecond))
 	defer t.Stop()
+	var flush []*conn // connections whose queued frames wait for this scan
 	for {
 		select {
 		case <-ctx.Done():
@@ -406,14 +409,21 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			case now.Sub(c.lastPing) >= h.cfg.PingInterval:
 				c.lastPing, c.pingDue = now, true
 				c.signal()
-			case len(c.q) > 0:
-				// Presence frames waiting for this scan (or a queue a
-				// writer is draining: signal does nothing then).
-				c.signal()
+			case len(c.q) > 0 && !c.writing:
+				// Presence frames waiting for this scan: written
+				// below, once Hub.mu is released.
+				flush = append(flush, c)
 			}
 			c.mu.Unlock()
 		}
 		h.mu.RUnlock()
+		for _, c := range flush {
+			c.mu.Lock()
+			c.signalInline()
+			c.mu.Unlock()
+		}
+		clear(flush)
+		flush = flush[:0]
 	}
 }
 
