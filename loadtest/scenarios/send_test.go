@@ -3,6 +3,7 @@ package scenarios
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -101,6 +102,28 @@ func startGateway(t *testing.T) string {
 	}
 }
 
+// logDeliveryCounters logs the gateway's counters that explain a lost or
+// duplicated delivery: the outbox relay's publishes (a row published again
+// after its grace), lost delivered marks, the Pub/Sub link's reconnects and
+// the resyncs and closes of the sockets.
+func logDeliveryCounters(t *testing.T, base string) {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Logf("metrics: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, p := range []string{"han_outbox_", "han_pubsub_reconnects", "han_pubsub_link_up", "han_ws_resyncs", "han_ws_closes", "han_ws_queue_overflows", "han_ws_recover"} {
+			if strings.HasPrefix(line, p) {
+				t.Log(line)
+			}
+		}
+	}
+}
+
 func infoValue(sum *loadtest.Summary, key string) string {
 	for _, in := range sum.Info {
 		if in.Key == key {
@@ -162,6 +185,7 @@ func TestChatFanoutHotDialogStepWith429sDoesNotHold(t *testing.T) {
 	sum := run(t, sc, loadtest.Options{Target: base, Duration: time.Second,
 		Thresholds: []string{"delivery_lost==0", "delivery_duplicates==0"}})
 	if sum.Err != nil || !sum.Passed() {
+		logDeliveryCounters(t, base)
 		t.Fatalf("run failed: %v %+v %+v", sum.Err, sum.Thresholds, sum.Info)
 	}
 	if v := infoValue(sum, "step_10"); !strings.Contains(v, "held true") {
