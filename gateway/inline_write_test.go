@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/testenv"
 )
 
@@ -15,17 +14,7 @@ import (
 // again it gets every event whole (its frame and JSON intact) and in
 // publish order, with no resync.
 func TestInlineWritesLeaveTheRestToTheWriter(t *testing.T) {
-	pool := openPool(t)
-	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) {
-		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 4096, 30*time.Second, 8<<10
-	}})
-	users := in.users(1)
-	d := in.dialog(users...)
-	rc := in.rawConnect(users[0])
-	rc.write(`{"type":"subscribe","dialogId":"` + d + `"}`)
-	if f := rc.read(); f.Type != "subscribed" {
-		t.Fatalf("%s", f.raw)
-	}
+	in, rc, d := rawSubscriber(t, 4096, 30*time.Second, 8<<10)
 	before := in.svc.Stats()
 
 	// The client does not read while events arrive until the socket is

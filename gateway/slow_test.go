@@ -126,6 +126,24 @@ func (rc *rawClient) read() frame {
 	return f
 }
 
+// rawSubscriber starts an instance with these queue, write-timeout and
+// send-buffer settings and one raw client (small receive buffer) of a
+// one-member dialog, subscribed to it.
+func rawSubscriber(t *testing.T, queueFrames int, writeTimeout time.Duration, sendBuffer int) (*instance, *rawClient, string) {
+	t.Helper()
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
+		c.QueueFrames, c.WriteTimeout, c.SendBuffer = queueFrames, writeTimeout, sendBuffer
+	}})
+	users := in.users(1)
+	d := in.dialog(users...)
+	rc := in.rawConnect(users[0])
+	rc.write(`{"type":"subscribe","dialogId":"` + d + `"}`)
+	if f := rc.read(); f.Type != "subscribed" {
+		t.Fatalf("%s", f.raw)
+	}
+	return in, rc, d
+}
+
 // event publishes a durable event of about size bytes straight into the
 // dialog's Redis channel, as the exact JSON text of the event frame clients
 // receive.
@@ -239,17 +257,7 @@ func TestSlowConsumerNeverReading(t *testing.T) {
 // A client that stops reading for a while gets its queued events replaced
 // by one resync, stays connected, and receives new events after it.
 func TestSlowConsumerGetsResync(t *testing.T) {
-	pool := openPool(t)
-	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) {
-		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
-	}})
-	users := in.users(1)
-	d := in.dialog(users...)
-	rc := in.rawConnect(users[0])
-	rc.write(`{"type":"subscribe","dialogId":"` + d + `"}`)
-	if f := rc.read(); f.Type != "subscribed" {
-		t.Fatalf("%s", f.raw)
-	}
+	in, rc, d := rawSubscriber(t, 16, 30*time.Second, 32<<10)
 	seq := int64(0)
 	for i := 0; i < 2000 && in.svc.Stats().QueueOverflows == 0; i++ {
 		seq++

@@ -46,9 +46,9 @@
 # Options: -scenario broadcast|idle (broadcast), -reps N (2), -conns N (200),
 # -warmup SECONDS (3; -steps: unmeasured publishing at the first step's rate
 # before the first step), -gen-profile (the generator's CPU profile of each run, <side>-<round>.gen.prof
-# in the kept work folder), -profile SECONDS (broadcast: a CPU profile of the gateway over
-# SECONDS, started -warmup + 1 s after all -conns sockets are open, gateway-<round>.prof in the
-# kept work folder), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
+# in the kept work folder), -profile SECONDS (a CPU profile of the gateway over SECONDS,
+# gateway-<round>.prof in the kept work folder; broadcast: started -warmup + 1 s after all -conns
+# sockets are open; idle: once 3 % of them are, in the connect phase), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
 # events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
 # idle), -steps LIST (broadcast), -centrifugo PATH, -keep (keep the work
 # folder: summaries and logs). Bounded: each run by -max-duration (phase ×
@@ -287,17 +287,19 @@ args+=(-duration "${phase}s" -max-duration "$((phase * nsteps + warmup + 90 + co
 # go_gc_duration_seconds_count on its Prometheus endpoint; both servers
 # export it).
 gc_count() { curl -fsS "$1/metrics" 2>/dev/null | awk '/^go_gc_duration_seconds_count/ { print $2; exit }'; }
-# profile_gateway BASE FILE: once the gateway holds every connection, wait
-# out the warm-up, then take a CPU profile of -profile seconds (bounded: gives
-# up after -max-duration's share of waiting).
+# profile_gateway BASE FILE: broadcast: once the gateway holds every
+# connection, wait out the warm-up; idle: once 3 % of the connections are
+# open (the connect phase). Then a CPU profile of -profile seconds (bounded:
+# gives up waiting after 2–4 minutes).
 profile_gateway() {
-	local base=$1 out=$2 i n
+	local base=$1 out=$2 i n want=$conns
+	[ "$scenario" = idle ] && want=$((conns * 3 / 100))
 	for i in $(seq 1 $((600 + conns / 10))); do
 		n="$(curl -fsS "$base/metrics" 2>/dev/null | awk '/^han_ws_connections / { print int($2) }' || true)"
-		[ "${n:-0}" -ge "$conns" ] && break
-		sleep 0.2
+		[ "${n:-0}" -ge "$want" ] && break
+		sleep 0.1
 	done
-	sleep "$((warmup + 1))"
+	[ "$scenario" = broadcast ] && sleep "$((warmup + 1))"
 	curl -fsS -o "$out" "$base/debug/pprof/profile?seconds=$profile" 2>/dev/null || han_log "no gateway profile: $out"
 }
 run_one() { # SIDE ROUND: on a fresh server, stopped after the run
@@ -315,7 +317,7 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 			more+=(-cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid" ${pg_pid:+-cpu-pid "postgres=$pg_pid+"})
 		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
 		local prof_pid=""
-		if [ "$profile" -gt 0 ] && [ "$scenario" = broadcast ]; then
+		if [ "$profile" -gt 0 ]; then
 			profile_gateway "$base" "$work/$side-$round.prof" &
 			prof_pid=$!
 		fi
