@@ -10,9 +10,9 @@
 -- Returns {removed, live_remaining, now_ms}; removed is 1 when this call
 -- deleted the HASH or the ZSET member.
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local cutoff = now - tonumber(ARGV[2])
-local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', 0, tonumber(ARGV[3]))
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cutoff = string.format('%d', now - tonumber(ARGV[2]))
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', '0', ARGV[3])
 
 local removed = redis.call('DEL', KEYS[1])
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then

@@ -13,7 +13,7 @@
 -- Returns {removed, live_remaining, now_ms}; removed counts the ZSET
 -- members this call removed.
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local removed = 0
 if #ARGV > 1 then
   removed = redis.call('ZREM', KEYS[1], unpack(ARGV, 2))
@@ -21,5 +21,5 @@ end
 if #KEYS > 1 then
   redis.call('DEL', unpack(KEYS, 2))
 end
-local live = redis.call('ZCOUNT', KEYS[1], now - tonumber(ARGV[1]), '+inf')
+local live = redis.call('ZCOUNT', KEYS[1], string.format('%d', now - tonumber(ARGV[1])), '+inf')
 return {removed, live, now}

@@ -23,8 +23,12 @@
 -- 1 when the online marker was absent (the user's first live connection);
 -- refused is 1 when the cap refused the connection (nothing written).
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
+-- Times and scores go to redis.call as integer text (TIME's own digits):
+-- Lua's number-to-text conversion is floating-point formatting.
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local ms = math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + ms
+local nowText = t[1] .. string.format('%03d', ms)
 for i = 1, 3 do
   if not redis.acl_check_cmd('pexpire', KEYS[i], '1000') then
     return redis.error_reply('ERR expiry_denied')
@@ -33,21 +37,21 @@ end
 local connTTL = tonumber(ARGV[5])
 local cap = tonumber(ARGV[8]) or 0
 if cap > 0 and not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
-  if redis.call('ZCOUNT', KEYS[2], now - connTTL, '+inf') >= cap then
+  if redis.call('ZCOUNT', KEYS[2], string.format('%d', now - connTTL), '+inf') >= cap then
     return {now, 0, 0, 1}
   end
 end
 local stale = {}
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - connTTL), 'LIMIT', 0, tonumber(ARGV[7]))) do
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%d', now - connTTL), 'LIMIT', '0', ARGV[7])) do
   if m ~= ARGV[2] then
     stale[#stale + 1] = m
   end
 end
 local wasOnline = redis.call('EXISTS', KEYS[3])
 
-redis.call('HSET', KEYS[1], 'user_id', ARGV[1], 'instance', ARGV[3], 'last_seen', now, 'subscriptions_count', ARGV[4])
+redis.call('HSET', KEYS[1], 'user_id', ARGV[1], 'instance', ARGV[3], 'last_seen', nowText, 'subscriptions_count', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], connTTL)
-redis.call('ZADD', KEYS[2], now, ARGV[2])
+redis.call('ZADD', KEYS[2], nowText, ARGV[2])
 if #stale > 0 then
   redis.call('ZREM', KEYS[2], unpack(stale))
 end

@@ -7,8 +7,8 @@
 -- ARGV[1] connection HASH TTL in ms (older members are stale, not live)
 -- Returns {went_offline, now_ms}.
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local live = redis.call('ZCOUNT', KEYS[1], now - tonumber(ARGV[1]), '+inf')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZCOUNT', KEYS[1], string.format('%d', now - tonumber(ARGV[1])), '+inf')
 if live > 0 then
   return {0, now}
 end
