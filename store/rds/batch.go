@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/combine"
+	"github.com/han-app/gateway/internal/workers"
 	"github.com/han-app/gateway/lua"
 )
 
@@ -41,7 +42,10 @@ const (
 // pipeline is split by node by go-redis).
 func NewBatcher(rdb redis.UniversalClient) *Batcher {
 	b := &Batcher{rdb: rdb}
-	b.lq.work = make(chan []*batchCall)
+	b.lq.senders = workers.New(laterSenders, 0, func(calls []*batchCall) {
+		b.sendLater(calls)
+		b.lq.flights.Done()
+	})
 	b.comb = combine.Combiner[*batchCall]{Exec: b.exec, InFlight: batchInFlight, Max: batchMax}
 	return b
 }
@@ -218,12 +222,10 @@ type laterQueue struct {
 	// laterSenders, started when first needed, ended by Close): a
 	// goroutine started per pipeline grew its stack through go-redis's
 	// call depth each time (≈ 10 % of the gateway's CPU at 300 sends/s).
-	// work is unbuffered, so a pipeline is handed over only to an idle
-	// sender; when every sender is busy it goes out on a goroutine of its
-	// own, as many at once as the load needs.
-	work    chan []*batchCall
-	senders int
-	running sync.WaitGroup // the senders
+	// A pipeline is handed over only to an idle sender; when every sender
+	// is busy it goes out on a goroutine of its own, as many at once as
+	// the load needs.
+	senders *workers.Pool[[]*batchCall]
 }
 
 const laterSenders = 2
@@ -294,23 +296,8 @@ func (b *Batcher) later(c *batchCall) {
 // goroutine (inline) or a new one.
 func (b *Batcher) flushLater(calls []*batchCall, inline bool) {
 	q := &b.lq
-	if len(calls) > 0 {
-		select {
-		case q.work <- calls:
-			return
-		default:
-		}
-		q.mu.Lock()
-		start := q.senders < laterSenders
-		if start {
-			q.senders++
-			q.running.Add(1)
-		}
-		q.mu.Unlock()
-		if start {
-			go b.sender(calls)
-			return
-		}
+	if len(calls) > 0 && q.senders.TryRun(calls) {
+		return
 	}
 	if inline {
 		b.sendLater(calls)
@@ -321,17 +308,6 @@ func (b *Batcher) flushLater(calls []*batchCall, inline bool) {
 		b.sendLater(calls)
 		q.flights.Done()
 	}()
-}
-
-// sender sends its first pipeline, then every pipeline handed to it, until
-// Close closes the work channel.
-func (b *Batcher) sender(calls []*batchCall) {
-	q := &b.lq
-	defer q.running.Done()
-	for ok := true; ok; calls, ok = <-q.work {
-		b.sendLater(calls)
-		q.flights.Done()
-	}
 }
 
 // takeLocked removes the queued calls and disarms the timer (a timer that
@@ -367,7 +343,6 @@ func (b *Batcher) sendLater(calls []*batchCall) {
 func (b *Batcher) Close() {
 	q := &b.lq
 	q.mu.Lock()
-	first := !q.closed
 	q.closed = true
 	calls := q.takeLocked()
 	q.mu.Unlock()
@@ -375,8 +350,5 @@ func (b *Batcher) Close() {
 	// Every hand-over to a sender happens inside a counted flight, so none
 	// is left once the flights are done.
 	q.flights.Wait()
-	if first {
-		close(q.work)
-	}
-	q.running.Wait()
+	q.senders.Close()
 }
