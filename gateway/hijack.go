@@ -293,15 +293,21 @@ func (c *corkConn) writeTextLocked(p []byte) int {
 // blocks, from the goroutine that queued them: a connection that gets an
 // event now and then is served without starting a writer goroutine. It
 // sends nothing and reports false when the connection is not idle (a batch
-// open, the upgrade response not yet out, closing), has no socket, or its
-// last write deadline has passed (the writer sets a new one). When the
-// socket takes only part of the bytes (its send buffer is full) or refuses
-// them, the rest stays collected in an open batch under a write deadline
-// (as cork sets it) and tryWrite reports true with rest: the writer must
-// then flush it before anything else, blocking as usual, and meets the
-// error or the slow consumer there.
+// open, another write in progress, the upgrade response not yet out,
+// closing), has no socket, or its last write deadline has passed (the
+// writer sets a new one). When the socket takes only part of the bytes (its
+// send buffer is full) or refuses them, the rest stays collected in an open
+// batch under a write deadline (as cork sets it) and tryWrite reports true
+// with rest: the writer must then flush it before anything else, blocking
+// as usual, and meets the error or the slow consumer there.
 func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Duration) (sent, rest bool) {
-	c.mu.Lock()
+	// Never wait for the lock: whoever holds it may be blocked in a write
+	// (a pong or close frame coder/websocket writes to a client that does
+	// not read), and the caller may be the goroutine that dispatches
+	// events to every connection.
+	if !c.mu.TryLock() {
+		return false, false
+	}
 	defer c.mu.Unlock()
 	if c.raw == nil || c.corked || c.batch || c.sealed || c.closeSent || c.head != nil ||
 		(c.armed && !now.Before(c.until)) {

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/testenv"
 )
 
@@ -56,4 +57,57 @@ func TestInlineWritesLeaveTheRestToTheWriter(t *testing.T) {
 		t.Fatalf("after the rest: %s", f.raw)
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool { return in.svc.Stats().InlineWrites > w }, "the next event was not written inline")
+}
+
+// A client that sends pings and never reads fills its socket with pongs,
+// and coder/websocket's pong write blocks (until its own timeout closes the
+// connection). An event for a dialog it shares with a reading client must
+// not wait for that write: the reading client gets it while the stuck one
+// is still connected.
+func TestBlockedPongDoesNotStallDispatch(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
+		c.WriteTimeout, c.SendBuffer = 30*time.Second, 8<<10
+	}})
+	users := in.users(2)
+	d := in.dialog(users...)
+	stuck := in.rawConnect(users[0]) // subscribed first: dispatched to first
+	stuck.write(`{"type":"subscribe","dialogId":"` + d + `"}`)
+	if f := stuck.read(); f.Type != "subscribed" {
+		t.Fatalf("%s", f.raw)
+	}
+	reader := in.connect(users[1])
+	reader.subscribe(d)
+
+	// Pings (125-byte payloads) until the server's pong writes block: its
+	// send buffer and the client's receive buffer are small, and nothing
+	// is read. The writes stop when the server stops reading.
+	ping := append([]byte{0x89, 0x80 | 125, 1, 2, 3, 4}, make([]byte, 125)...)
+	pinged := make(chan struct{})
+	go func() {
+		defer close(pinged)
+		for range 4000 {
+			_ = stuck.nc.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			if _, err := stuck.nc.Write(ping); err != nil {
+				return
+			}
+		}
+	}()
+	<-pinged
+	if n := in.svc.Stats().Connections; n != 2 {
+		t.Fatalf("%d connections before the event, want the stuck one still open", n)
+	}
+	// Two events: whatever the order of the two sockets in the dialog's
+	// list, a dispatch stuck on the first event's write to the stuck
+	// socket would hold back the second.
+	publishEvent(t, in, d, 1, 100)
+	id := publishEvent(t, in, d, 2, 100)
+	for {
+		f := reader.next(20 * time.Second)
+		if f.Type == "event" && f.ID == id {
+			break
+		}
+	}
+	if n := in.svc.Stats().Connections; n != 2 {
+		t.Fatalf("the events reached the reading client only after the stuck one was closed (%d connections)", n)
+	}
 }
