@@ -19,9 +19,13 @@ import (
 // resubscribing costs one query per batch instead of one per subscribe, and
 // never more than lastSeqInFlight pool connections.
 const (
-	// lastSeqInFlight is how many batch queries run at once: two keep
-	// PostgreSQL busy while the client reads one answer and sends the next.
-	lastSeqInFlight = 2
+	// lastSeqInFlight is how many batch queries run at once. One: checks
+	// that arrive while a query runs wait for it and go out together, so
+	// batches are larger and queries fewer. With two, a connect of 10,000
+	// clients cost PostgreSQL ≈ 0.084 ms of CPU per connection against
+	// ≈ 0.050 with one (docs/benchmarks.md, "Connect rate with CPU per
+	// connection"): a query's fixed cost outweighs its per-pair cost.
+	lastSeqInFlight = 1
 	// lastSeqBatchMax bounds the pairs of one query.
 	lastSeqBatchMax = 512
 	// lastSeqSharedBudget bounds a query shared by several callers.

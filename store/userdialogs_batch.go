@@ -16,7 +16,8 @@ import (
 // the subscribe checks do (realtime_batch.go): a lone read goes out at once,
 // the rest queue while a query is in flight.
 const (
-	userDialogsInFlight     = 2
+	// One query at a time, as the subscribe checks (lastSeqInFlight).
+	userDialogsInFlight     = 1
 	userDialogsBatchMax     = 256
 	userDialogsSharedBudget = 5 * time.Second
 )
