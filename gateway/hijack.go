@@ -293,9 +293,9 @@ func (c *corkConn) writeTextLocked(p []byte) int {
 // blocks, from the goroutine that queued them: a connection that gets an
 // event now and then is served without starting a writer goroutine. It
 // sends nothing and reports false when the connection is not idle (a batch
-// open, another write in progress, the upgrade response not yet out,
-// closing), has no socket, or its last write deadline has passed (the
-// writer sets a new one). When the socket takes only part of the bytes (its
+// open, another write in progress, closing), has no socket, or its last
+// write deadline has passed (the writer sets a new one). The upgrade
+// response, if it has not gone out yet, goes first. When the socket takes only part of the bytes (its
 // send buffer is full) or refuses them, the rest stays collected in an open
 // batch under a write deadline (as cork sets it) and tryWrite reports true
 // with rest: the writer must then flush it before anything else, blocking
@@ -309,12 +309,17 @@ func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Durat
 		return false, false
 	}
 	defer c.mu.Unlock()
-	if c.raw == nil || c.corked || c.batch || c.sealed || c.closeSent || c.head != nil ||
+	if c.raw == nil || c.corked || c.batch || c.sealed || c.closeSent ||
 		(c.armed && !now.Before(c.until)) {
 		return false, false
 	}
 	c.buf = corkBufs.Get().(*[]byte)
 	c.corked = true // writeTextLocked's precondition; undone below
+	if c.head != nil {
+		// The upgrade response leaves with the first frames (the hello).
+		*c.buf = append(*c.buf, c.head...)
+		c.head = nil
+	}
 	for _, f := range frames {
 		c.writeTextLocked(f.b)
 	}
