@@ -28,14 +28,7 @@ func (c *conn) signalInline() {
 	}
 	if c.cork != nil && !c.pingDue && c.closeCode == 0 && len(c.q) <= inlineFrames && c.qBytes <= inlineBytes {
 		if sent, rest := c.cork.tryWrite(c.q, time.Now(), c.hub.cfg.WriteTimeout); sent {
-			q := c.q
-			clear(q)
-			if cap(q) > keptBatch {
-				b := q[:0]
-				batchPool.Put(&b)
-				q = nil
-			}
-			c.q, c.qBytes, c.resyncQueued = q[:0], 0, false
+			c.q, c.qBytes, c.resyncQueued = releaseBatch(c.q), 0, false
 			if !rest {
 				c.hub.stats.inlineWhole.Add(1)
 				return

@@ -138,17 +138,28 @@ var batchPool sync.Pool
 
 // recycle keeps a written batch's slice for the next batch or pools it.
 func (c *conn) recycle(batch []outFrame) {
-	clear(batch)
-	if cap(batch) > keptBatch {
-		b := batch[:0]
-		batchPool.Put(&b)
+	kept := releaseBatch(batch)
+	if kept == nil {
 		return
 	}
 	c.mu.Lock()
 	if c.spare == nil && !c.closed {
-		c.spare = batch[:0]
+		c.spare = kept
 	}
 	c.mu.Unlock()
+}
+
+// releaseBatch empties a written batch's slice: a small one (≤ keptBatch)
+// comes back empty for the connection to keep, a larger one goes to
+// batchPool and nil comes back.
+func releaseBatch(batch []outFrame) []outFrame {
+	clear(batch)
+	if cap(batch) > keptBatch {
+		b := batch[:0]
+		batchPool.Put(&b)
+		return nil
+	}
+	return batch[:0]
 }
 
 // growQueueLocked moves a full queue of at least keptBatch frames into a

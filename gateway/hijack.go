@@ -237,12 +237,8 @@ func (c *corkConn) cork(now time.Time, timeout time.Duration) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.batch = true
-	if !c.armed || c.until.Sub(now) < timeout {
-		until := now.Add(timeout + timeout/2)
-		if err := c.Conn.SetWriteDeadline(until); err != nil {
-			return err
-		}
-		c.armed, c.until = true, until
+	if err := c.armLocked(now, timeout); err != nil {
+		return err
 	}
 	if !c.corked && !c.sealed {
 		c.corked = true
@@ -252,6 +248,21 @@ func (c *corkConn) cork(now time.Time, timeout time.Duration) error {
 			c.head = nil
 		}
 	}
+	return nil
+}
+
+// armLocked makes sure the socket's write deadline leaves at least timeout
+// from now, setting it to now + 1.5 × timeout when less is left (see cork).
+// c.mu must be held.
+func (c *corkConn) armLocked(now time.Time, timeout time.Duration) error {
+	if c.armed && c.until.Sub(now) >= timeout {
+		return nil
+	}
+	until := now.Add(timeout + timeout/2)
+	if err := c.Conn.SetWriteDeadline(until); err != nil {
+		return err
+	}
+	c.armed, c.until = true, until
 	return nil
 }
 
@@ -295,11 +306,12 @@ func (c *corkConn) writeTextLocked(p []byte) int {
 // sends nothing and reports false when the connection is not idle (a batch
 // open, another write in progress, closing), has no socket, or its last
 // write deadline has passed (the writer sets a new one). The upgrade
-// response, if it has not gone out yet, goes first. When the socket takes only part of the bytes (its
-// send buffer is full) or refuses them, the rest stays collected in an open
-// batch under a write deadline (as cork sets it) and tryWrite reports true
-// with rest: the writer must then flush it before anything else, blocking
-// as usual, and meets the error or the slow consumer there.
+// response, if it has not gone out yet, goes first. When the socket takes
+// only part of the bytes (its send buffer is full) or refuses them, the
+// rest stays collected in an open batch under a write deadline (armLocked,
+// as cork sets it) and tryWrite reports true with rest: the writer must
+// then flush it before anything else, blocking as usual, and meets the
+// error or the slow consumer there.
 func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Duration) (sent, rest bool) {
 	// Never wait for the lock: whoever holds it may be blocked in a write
 	// (a pong or close frame coder/websocket writes to a client that does
@@ -324,9 +336,7 @@ func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Durat
 		c.writeTextLocked(f.b)
 	}
 	c.rawN = 0
-	if err := c.raw.Write(c.rawWriteFn); err != nil {
-		c.rawN = 0 // closed: the writer meets it
-	}
+	_ = c.raw.Write(c.rawWriteFn) // an error (closed) writes nothing: the writer meets it
 	b := *c.buf
 	if c.rawN >= len(b) {
 		c.release()
@@ -334,12 +344,7 @@ func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Durat
 	}
 	*c.buf = b[:copy(b, b[max(c.rawN, 0):])]
 	c.batch = true
-	if !c.armed || c.until.Sub(now) < timeout {
-		until := now.Add(timeout + timeout/2)
-		if c.Conn.SetWriteDeadline(until) == nil {
-			c.armed, c.until = true, until
-		}
-	}
+	_ = c.armLocked(now, timeout) // a failure (closed) is the writer's to meet
 	return true, true
 }
 
