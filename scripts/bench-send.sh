@@ -264,6 +264,10 @@ stop_gateway() {
 cmdstats() {
 	redis-cli -p "$redis_port" --user bench_stats --pass "$bench_redis_pw" --no-auth-warning INFO commandstats |
 		tr -d '\r' | sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
+	# The reads Redis's event loop made (each a pipeline or a lone command
+	# that woke it): "_reads" is not a command name.
+	redis-cli -p "$redis_port" --user bench_stats --pass "$bench_redis_pw" --no-auth-warning INFO stats |
+		tr -d '\r' | sed -n 's/^total_reads_processed:\([0-9]*\)$/_reads \1 0/p'
 }
 results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1 redis-calls
 : >"$results"
@@ -307,9 +311,10 @@ phase() { # FSYNC SHAPE ARM ROUND
 	local sends rcalls
 	sends="$(jq -r '.metrics.sends_ok.values.count // 0' "$sum")"
 	rcalls="$(awk -v n="$sends" 'FNR == NR { b[$1] = $2; next }
+			$1 == "_reads" { r = $2 - b[$1]; next }
 			$1 !~ /^(auth|hello|select|client\|.*|info|ping)$/ { c += $2 - b[$1] }
 			$1 ~ /^(evalsha|eval|fcall)$/ { e += $2 - b[$1] }
-			END { if (n > 0) printf "%.1f (%.1f)", c / n, e / n; else printf "—" }' \
+			END { if (n > 0) printf "%.1f (%.1f; reads %.2f)", c / n, e / n, r / n; else printf "—" }' \
 		"$work/$fs-$shape-$arm-$round.cmdstats0" "$work/$fs-$shape-$arm-$round.cmdstats1")"
 	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$fs" "$shape" "$arm" "$round" "${held%.*}" "$cpu" "$l0" "$l1" "$rcalls" >>"$results"
 	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, CPU-ms/send at $cpu_rate/s (gw pg redis gen): $(echo "$cpu" | tr '\t' ' '), Redis commands (scripts) per send: $rcalls, load $l0→$l1"

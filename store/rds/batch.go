@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -153,15 +154,30 @@ func (b *Batcher) exec(batch []*batchCall) {
 		}
 		live = append(live, c)
 	}
-	switch len(live) {
-	case 0:
+	if len(live) == 0 {
 		return
-	case 1:
+	}
+	// Calls nobody waits for that are queued now ride along, first (they
+	// were queued before the calls after them in this pipeline): the round
+	// trip is made anyway, and their own pipeline would be one more write
+	// and one more wake-up of Redis.
+	var rides []*batchCall
+	if rideRoom(live) {
+		rides = b.lq.takeRides()
+	}
+	if len(live) == 1 && len(rides) == 0 {
 		live[0].alone(b.rdb)
 		return
 	}
 	ctx, cancel := combine.SharedContext(live, func(c *batchCall) context.Context { return c.ctx }, batchSharedBudget)
 	defer cancel()
+	if len(rides) > 0 {
+		for _, c := range rides {
+			c.ctx = ctx
+		}
+		live = append(rides, live...)
+		defer b.lq.rode(rides)
+	}
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range live {
 			switch {
@@ -226,9 +242,64 @@ type laterQueue struct {
 	// is busy it goes out on a goroutine of its own, as many at once as
 	// the load needs.
 	senders *workers.Pool[[]*batchCall]
+
+	count, rides atomic.Uint64 // LaterStats
 }
 
 const laterSenders = 2
+
+// laterRideRoom is the least time a waited-for pipeline must have left for
+// the queued later calls to ride on it: a ride shares that pipeline's
+// deadline, and a request's short Redis budget must not fail calls that
+// could have waited for their own.
+const laterRideRoom = 500 * time.Millisecond
+
+// rideRoom reports whether the pipeline of live (waited-for calls) has
+// laterRideRoom left: its deadline is their latest (combine.SharedContext).
+func rideRoom(live []*batchCall) bool {
+	limit := time.Now().Add(laterRideRoom)
+	for _, c := range live {
+		d, ok := c.ctx.Deadline()
+		if !ok || !d.Before(limit) {
+			return true
+		}
+	}
+	return false
+}
+
+// takeRides removes the queued later calls for a waited-for pipeline; the
+// flight it counts ends in rode, once they are answered.
+func (q *laterQueue) takeRides() []*batchCall {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.calls) == 0 || q.closed {
+		return nil
+	}
+	calls := q.takeLocked()
+	q.flights.Add(1)
+	q.rides.Add(uint64(len(calls)))
+	return calls
+}
+
+// rode hands the rides their replies.
+func (q *laterQueue) rode(calls []*batchCall) {
+	for _, c := range calls {
+		c.done(c)
+	}
+	q.flights.Done()
+}
+
+// LaterStats counts the calls nobody waits for (ScriptLater, PublishLater)
+// and those of them that rode on a pipeline of waited-for calls instead of
+// one of their own.
+type LaterStats struct {
+	Calls, Rides uint64
+}
+
+// LaterStats returns the counts since the batcher was made.
+func (b *Batcher) LaterStats() LaterStats {
+	return LaterStats{Calls: b.lq.count.Load(), Rides: b.lq.rides.Load()}
+}
 
 // ScriptLater queues a script call whose reply nobody waits for (done, if
 // not nil, gets it): such calls gather for up to laterLinger and go out in
@@ -270,6 +341,7 @@ func (b *Batcher) later(c *batchCall) {
 		return
 	}
 	q.calls = append(q.calls, c)
+	q.count.Add(1)
 	switch {
 	case len(q.calls) >= batchMax:
 		calls := q.takeLocked()

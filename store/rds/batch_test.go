@@ -226,3 +226,66 @@ func TestBatcherLaterCallsAreSentByClose(t *testing.T) {
 		t.Fatalf("a later call after Close: %v", after)
 	}
 }
+
+// A call nobody waits for that is queued when a waited-for pipeline goes
+// out rides on it instead of waiting for its own: it is answered, with its
+// own reply, by the time the waited-for call returns. A waited-for call
+// whose budget is short takes no rides (they keep their own deadline).
+func TestBatcherLaterCallsRideOnWaitedPipelines(t *testing.T) {
+	ctx := context.Background()
+	c := apiClient(t, env.Redis.URL(3))
+	b := rds.NewBatcher(c)
+	defer b.Close()
+	keys := func(tag string, i int) []string {
+		s := tag + ":" + strconv.Itoa(i)
+		return []string{"han:api:idem:{ride:" + s + "}", "han:api:idemlock:{ride:" + s + "}"}
+	}
+	const n = 40
+	answered := 0
+	for i := range n {
+		got := make(chan string, 1)
+		b.ScriptLater(lua.IdemReserve, keys("later", i), []any{"fp", "later-" + strconv.Itoa(i), 60000}, func(cmd *redis.Cmd) {
+			v, err := cmd.Slice()
+			if err != nil {
+				got <- err.Error()
+				return
+			}
+			got <- v[0].(string)
+		})
+		v, err := b.Script(ctx, lua.IdemReserve, keys("now", i), "fp", "now-"+strconv.Itoa(i), 60000).Slice()
+		if err != nil || v[0] != "acquired" {
+			t.Fatalf("waited-for reserve %d: %v %v", i, v, err)
+		}
+		select {
+		case r := <-got:
+			answered++
+			if r != "acquired" {
+				t.Fatalf("riding reserve %d: %s", i, r)
+			}
+		default: // its timer took it first (a slow machine): it still gets its reply
+			if r := <-got; r != "acquired" {
+				t.Fatalf("later reserve %d: %s", i, r)
+			}
+		}
+		// Each call did its own work: the lock holds its own owner.
+		if o, err := c.Get(ctx, keys("later", i)[1]).Result(); err != nil || o != "later-"+strconv.Itoa(i) {
+			t.Fatalf("later lock %d: %q %v", i, o, err)
+		}
+	}
+	st := b.LaterStats()
+	if st.Calls != n || st.Rides != uint64(answered) || answered < n/2 {
+		t.Fatalf("stats %+v: %d of %d answered by the waited-for call's return (want most)", st, answered, n)
+	}
+
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	b.ScriptLater(lua.IdemReserve, keys("later", n), []any{"fp", "x", 60000}, func(*redis.Cmd) { close(done) })
+	if err := b.Script(short, lua.IdemReserve, keys("now", n), "fp", "y", 60000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := b.LaterStats().Rides; got != st.Rides {
+		t.Fatalf("a call with a 100ms budget carried rides (%d → %d)", st.Rides, got)
+	}
+}
