@@ -50,7 +50,11 @@
 # gateway-<round>.prof in the kept work folder; broadcast: started -warmup + 1 s after all -conns
 # sockets are open; idle: once 3 % of them are, in the connect phase), -dialogs N (20: the gateway needs 2..100 members per dialog), -rate N (400
 # events/s), -payload N (128 bytes), -phase SECONDS (10), -concurrency N (200,
-# idle), -steps LIST (broadcast), -centrifugo PATH, -keep (keep the work
+# idle), -steps LIST (broadcast), -centrifugo PATH, -cf-presence (Centrifugo's
+# dialog namespace with presence on: each subscriber registered in Redis, as
+# the gateway registers each connection), -cf-join-leave (and join/leave
+# pushed to the channel's other subscribers, as the gateway tells a dialog's
+# online members that a user came online), -keep (keep the work
 # folder: summaries and logs). Bounded: each run by -max-duration (phase ×
 # steps + 90 s + 1 s per 50 connections);
 # everything it started is stopped on exit.
@@ -65,7 +69,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0 cf_presence=0 cf_join=0
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -83,6 +87,8 @@ if [ "${1:-}" != --inner ]; then
 		-gen-profile) gen_profile=1 keep=1 ;;
 		-profile) profile=$2 keep=1 && shift ;;
 		-keep) keep=1 ;;
+		-cf-presence) cf_presence=1 ;;
+		-cf-join-leave) cf_join=1 ;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 			exit 0
@@ -120,7 +126,7 @@ if [ "${1:-}" != --inner ]; then
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency $warmup" \
-		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" HAN_BC_CF_PRESENCE="$cf_presence" HAN_BC_CF_JOIN="$cf_join" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
@@ -175,6 +181,9 @@ launch_redis() {
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bc-$(han_random_hex 12)"
 export HAN_JWT_DEV_HS256_SECRET="bc-$(han_random_hex 24)" HAN_HMAC_SECRET="bc-$(han_random_hex 12)"
 "$work/bin/hanctl" redis acl --out "$work/users.acl" >/dev/null
+# The script's own user on the gateway's redis-server, for INFO commandstats.
+stats_pw="stats-$(han_random_hex 12)"
+echo "user bench_stats on >$stats_pw -@all +info" >>"$work/users.acl"
 launch_redis gateway --aclfile "$work/users.acl" || han_die "the gateway's redis-server did not start"
 gw_redis_port=$redis_port gw_redis_pid=$redis_pid
 export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$gw_redis_port/0"
@@ -184,6 +193,14 @@ DATABASE_URL="$HAN_TEST_DATABASE_URL" "$work/bin/hanctl" migrate >/dev/null || h
 # counted per connection in the idle scenario).
 pg_port="$(sed -E 's#^[a-z]+://[^@]*@?[^:/]*:([0-9]+)/.*#\1#' <<<"$HAN_TEST_DATABASE_URL")"
 pg_pid="$(ss -ltnpH "sport = :$pg_port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2 || true)"
+# cmdstats: the gateway's Redis per-command counters ("cmd calls usec") and
+# the reads its event loop made ("_reads").
+cmdstats() {
+	redis-cli -p "$gw_redis_port" --user bench_stats --pass "$stats_pw" --no-auth-warning INFO commandstats |
+		tr -d '\r' | sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
+	redis-cli -p "$gw_redis_port" --user bench_stats --pass "$stats_pw" --no-auth-warning INFO stats |
+		tr -d '\r' | sed -n 's/^total_reads_processed:\([0-9]*\)$/_reads \1 0/p'
+}
 # ready PID URL: wait up to 30 s for URL to answer 2xx; fails early when PID
 # exits (a port another process took meanwhile: the caller picks another).
 ready() {
@@ -222,7 +239,12 @@ start_centrifugo() {
 	for try in 1 2 3; do
 		cf_port="$(han_pick_port 0)"
 		jq --argjson port "$cf_port" --arg redis "redis://127.0.0.1:$cf_redis_port" \
-			'.http_server.port = $port | .engine.redis.address = [$redis]' loadtest/centrifugo/config.json >"$work/centrifugo.json"
+			--argjson presence "$( [ "${HAN_BC_CF_PRESENCE:-0}" = 1 ] && echo true || echo false)" \
+			--argjson join "$( [ "${HAN_BC_CF_JOIN:-0}" = 1 ] && echo true || echo false)" \
+			'.http_server.port = $port | .engine.redis.address = [$redis]
+			| if $presence then .channel.namespaces[0].presence = true else . end
+			| if $join then .channel.namespaces[0] += {join_leave: true, force_push_join_leave: true} else . end' \
+			loadtest/centrifugo/config.json >"$work/centrifugo.json"
 		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
 			</dev/null >>"$work/centrifugo.log" 2>&1 &
 		cf_pid=$!
@@ -316,6 +338,7 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 		[ "$scenario" = idle ] &&
 			more+=(-cpu-pid "server=$gw_pid" -cpu-pid "redis=$gw_redis_pid" ${pg_pid:+-cpu-pid "postgres=$pg_pid+"})
 		gc0="$(gc_count "$base")" t0="$(date +%s.%N)"
+		cmdstats >"$work/$side-$round.cmdstats0"
 		local prof_pid=""
 		if [ "$profile" -gt 0 ]; then
 			profile_gateway "$base" "$work/$side-$round.prof" &
@@ -325,6 +348,12 @@ run_one() { # SIDE ROUND: on a fresh server, stopped after the run
 			>"$work/$side-$round.out" 2>&1 || rc=$?
 		[ -n "$prof_pid" ] && { wait "$prof_pid" || true; }
 		gc1="$(gc_count "$base")" t1="$(date +%s.%N)"
+		cmdstats >"$work/$side-$round.cmdstats1"
+		# What the run asked of Redis per connection (set-up included):
+		# calls and µs of the costliest commands, and the event loop's reads.
+		han_log "gateway round $round, Redis per connection (whole run): $(awk -v n="$conns" 'FNR == NR { c[$1] = $2; u[$1] = $3; next }
+			{ dc = $2 - c[$1]; du = $3 - u[$1]; if (dc > 0) printf "%s %.2f calls %.1f µs\n", $1, dc / n, du / n }' \
+			"$work/$side-$round.cmdstats0" "$work/$side-$round.cmdstats1" | sort -t' ' -k4 -rn | head -n 8 | paste -sd ';' -)"
 		stop "$gw_pid" && servers=()
 		;;
 	centrifugo)
@@ -365,6 +394,8 @@ for round in $(seq 1 "$reps"); do
 done
 
 echo
+[ "${HAN_BC_CF_PRESENCE:-0}" = 1 ] && what="$what; Centrifugo with presence"
+[ "${HAN_BC_CF_JOIN:-0}" = 1 ] && what="$what; Centrifugo with join/leave pushed"
 echo "Gateway vs $HAN_BC_CF_VERSION, $(date -u '+%Y-%m-%d %H:%M UTC'): $what, runs interleaved;" \
 	"load avg $(cut -d' ' -f1-3 /proc/loadavg)."
 [ "$scenario" = broadcast ] &&
