@@ -23,7 +23,9 @@
 #
 # Options: -conns N (1000), -dialogs N (100), -send-rate N (20),
 # -concurrency N (200: the first connect's clients at a time), -reps N (1),
-# -keep (keep the work folder). Environment: HAN_DRAIN_DELAY for the
+# -keep (keep the work folder), -profile SECONDS (a CPU profile of each restarted
+# instance over its first SECONDS of serving, storm-<n>.prof in the kept work
+# folder, and its top functions on stdout). Environment: HAN_DRAIN_DELAY for the
 # gateway (default 0: it closes its sockets as soon as it is signalled).
 set -euo pipefail
 
@@ -33,7 +35,7 @@ HAN_SCRIPT=bench-storm.sh
 cd "$HAN_ROOT"
 
 if [ "${1:-}" != --inner ]; then
-	conns=1000 dialogs=100 rate=20 conc=200 reps=1 keep=0
+	conns=1000 dialogs=100 rate=20 conc=200 reps=1 keep=0 profile=0
 	while [ $# -gt 0 ]; do
 		case "$1" in
 		-conns) conns=$2 ;;
@@ -42,6 +44,7 @@ if [ "${1:-}" != --inner ]; then
 		-concurrency) conc=$2 ;;
 		-reps) reps=$2 ;;
 		-keep) keep=1 && shift && continue ;;
+		-profile) profile=$2 keep=1 ;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 			exit 0
@@ -58,14 +61,14 @@ if [ "${1:-}" != --inner ]; then
 	trap finish EXIT
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest
-	HAN_STORM_WORK="$work" HAN_STORM_ARGS="$conns $dialogs $rate $conc $reps" \
+	HAN_STORM_WORK="$work" HAN_STORM_ARGS="$conns $dialogs $rate $conc $reps $profile" \
 		go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
 # --- inner: a private PostgreSQL is up (HAN_TEST_DATABASE_URL) --------------------
 work="$HAN_STORM_WORK"
-read -r conns dialogs rate conc reps <<<"$HAN_STORM_ARGS"
+read -r conns dialogs rate conc reps profile <<<"$HAN_STORM_ARGS"
 pids=()
 # shellcheck disable=SC2317 # the EXIT trap
 cleanup_inner() {
@@ -90,10 +93,20 @@ if [ -r "$work/gw.pid" ]; then
 	p=\$(cat "$work/gw.pid"); kill -TERM "\$p" 2>/dev/null
 	for _ in \$(seq 1 300); do kill -0 "\$p" 2>/dev/null || break; sleep 0.1; done
 fi
-HAN_HTTP_ADDR=127.0.0.1:$port DATABASE_URL='$db' HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=${HAN_DRAIN_DELAY:-0} \
+HAN_HTTP_ADDR=127.0.0.1:$port DATABASE_URL='$db' HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=${HAN_DRAIN_DELAY:-0} HAN_DEBUG_ENDPOINTS=1 \
 	HAN_INSTANCE_ID=storm HAN_MAX_CONNECTIONS=19000 setsid "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gw.log" 2>&1 &
 echo \$! >"$work/gw.pid"
-for _ in \$(seq 1 300); do curl -fsS "$url/readyz" >/dev/null 2>&1 && exit 0; sleep 0.1; done
+for _ in \$(seq 1 300); do
+	if curl -fsS "$url/readyz" >/dev/null 2>&1; then
+		# A restart of a round (the marker names it): its serving profiled.
+		if [ "$profile" -gt 0 ] && [ -r "$work/profile.next" ]; then
+			setsid curl -fsS -o "$work/\$(cat "$work/profile.next")" "$url/debug/pprof/profile?seconds=$profile" </dev/null >/dev/null 2>>"$work/profile.err" &
+			rm -f "$work/profile.next"
+		fi
+		exit 0
+	fi
+	sleep 0.1
+done
 exit 1
 EOF
 PSQL="$(han_pg_bindir)/psql"
@@ -114,6 +127,7 @@ rc=0 refusals=""
 for round in $(seq 1 "$reps"); do
 	sum="$work/storm-$round.json"
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
+	[ "$profile" -gt 0 ] && echo "storm-$round.prof" >"$work/profile.next"
 	"$work/bin/han-loadtest" run connect-storm -target "$url" -quiet -summary-export "$sum" -max-duration 10m \
 		-conns "$conns" -dialogs "$dialogs" -connect-concurrency "$conc" -send-rate "$rate" -wait 5m \
 		-restart-cmd "bash $work/gw.sh" -threshold 'storm_gaps==0' -threshold 'storm_behind==0' \
@@ -134,5 +148,14 @@ round $round: $(tr -s ' ' <"$work/storm-$round.metrics" | tr '\n' ';')"
 done
 echo
 echo "The restarted instance's counters (refusals by reason, recovery reads and answers):$refusals"
+if [ "$profile" -gt 0 ]; then
+	sleep 1
+	for f in "$work"/storm-*.prof; do
+		[ -s "$f" ] || continue
+		echo
+		echo "CPU profile of the restarted instance's first ${profile}s ($(basename "$f")):"
+		go tool pprof -top -nodecount=30 "$work/bin/han-gateway" "$f" 2>/dev/null | sed -n '4,36p'
+	done
+fi
 [ "$rc" = 0 ] || han_log "a round failed its thresholds (exit $rc): see $work/storm-*.out (-keep)"
 exit "$rc"

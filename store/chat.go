@@ -37,6 +37,8 @@ type Store struct {
 	lastSeqs *lastSeqBatcher
 	// userDialogs combines concurrent DialogIDsForUser reads (realtime_batch.go).
 	userDialogs *userDialogsBatcher
+	// ensureUsers combines concurrent EnsureUser records (users_batch.go).
+	ensureUsers *ensureUsersBatcher
 	// known is the users EnsureUser already recorded (a bounded set: users
 	// are never deleted, so a known id needs no further write).
 	known knownUsers
@@ -50,6 +52,7 @@ func New(pool *pgxpool.Pool) *Store {
 	s.groups = newCommitGroups(s.execGroup)
 	s.lastSeqs = newLastSeqBatcher(s)
 	s.userDialogs = newUserDialogsBatcher(s)
+	s.ensureUsers = newEnsureUsersBatcher(s)
 	return s
 }
 
@@ -108,8 +111,7 @@ func (s *Store) EnsureUser(ctx context.Context, id string) error {
 	if s.known.has(id) {
 		return nil
 	}
-	_, err := s.reqExec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
-	if err != nil {
+	if err := s.ensureUsers.record(ctx, id); err != nil {
 		return fmt.Errorf("ensure user: %w", err)
 	}
 	s.known.add(id)

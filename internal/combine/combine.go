@@ -38,8 +38,9 @@ type waiter[C any] struct {
 	wake chan []*waiter[C]
 }
 
-// Do executes calls — together in one batch when they fit and a batch is
-// free, else queued in order — and returns once each was executed.
+// Do executes calls — together in one batch (with queued calls, up to Max)
+// when a batch is free, else queued in order — and returns once each was
+// executed.
 func (c *Combiner[C]) Do(calls ...C) {
 	ws := make([]*waiter[C], len(calls))
 	for i, call := range calls {
@@ -49,9 +50,11 @@ func (c *Combiner[C]) Do(calls ...C) {
 		w.wake = make(chan []*waiter[C], 1)
 	}
 	c.mu.Lock()
-	if c.inFlight < max(c.InFlight, 1) && len(ws) < c.Max {
+	if c.inFlight < max(c.InFlight, 1) {
+		// One caller's calls stay together even beyond Max: in the queue
+		// they would wait for a batch in flight, and there may be none.
 		c.inFlight++
-		batch := append(ws[:len(ws):len(ws)], c.takeLocked(c.Max-len(ws))...)
+		batch := append(ws[:len(ws):len(ws)], c.takeLocked(max(c.Max-len(ws), 0))...)
 		c.mu.Unlock()
 		c.send(batch)
 		for _, w := range ws[1:] {

@@ -101,3 +101,30 @@ func TestCombinerLoneCallRunsAtOnce(t *testing.T) {
 		t.Fatal("a lone call was not executed alone before Do returned")
 	}
 }
+
+// One caller's calls as many as Max, or more, go out at once when a batch
+// is free (they once waited in the queue for a batch in flight to take
+// them, and with none in flight waited forever).
+func TestCombinerCallsUpToMaxAndBeyondRunAtOnce(t *testing.T) {
+	for _, n := range []int{4, 5, 9} {
+		var got []int
+		c := &combine.Combiner[*call]{Max: 4, Exec: func(batch []*call) { got = append(got, len(batch)) }}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			calls := make([]*call, n)
+			for i := range calls {
+				calls[i] = &call{}
+			}
+			c.Do(calls...)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d calls of one caller with Max 4 never ran", n)
+		}
+		if len(got) != 1 || got[0] != n {
+			t.Fatalf("%d calls ran as batches %v, want one of %d", n, got, n)
+		}
+	}
+}
