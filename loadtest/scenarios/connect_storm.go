@@ -18,7 +18,8 @@ import (
 // ConnectStorm measures recovery from an instance restart: N clients are
 // connected and subscribed; the instance is restarted (by -restart-cmd, or
 // by hand); every client that loses its connection waits as the server
-// advised (close 1001 with the JSON reason {"retryMs":n}) plus jitter, or a
+// advised (close 1001 with the JSON reason {"retryMs":n}) plus up to
+// -advice-jitter (1 s, as the web SDK), or a
 // jittered exponential backoff when given no advice or refused (1013,
 // 429, 503), then takes a new ticket, reconnects and resubscribes with
 // sinceSeq (the seq up to which it had every event), so the server replays
@@ -36,6 +37,7 @@ type ConnectStorm struct {
 	wait                        time.Duration
 	restartCmd                  string
 	minBackoff, maxBackoff      time.Duration
+	adviceJitter                time.Duration
 	sendRate                    int
 	sendTarget                  string
 	recover                     bool
@@ -79,6 +81,7 @@ func (s *ConnectStorm) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&s.restartCmd, "restart-cmd", "", "shell command that restarts the target instance once every client is connected (empty: restart it by hand)")
 	fs.DurationVar(&s.minBackoff, "min-backoff", 100*time.Millisecond, "first reconnect delay without server advice")
 	fs.DurationVar(&s.maxBackoff, "max-backoff", 5*time.Second, "largest reconnect delay without server advice")
+	fs.DurationVar(&s.adviceJitter, "advice-jitter", time.Second, "a client told to wait retryMs waits retryMs plus a uniform [0, this) (the web SDK's 1s)")
 	fs.IntVar(&s.sendRate, "send-rate", 0, "messages/s sent over REST into the clients' dialogs while the storm runs (0: none)")
 	fs.StringVar(&s.sendTarget, "send-target", "", "gateway base URL for those sends (default: the target)")
 	fs.BoolVar(&s.recover, "recover", true, "resubscribe with sinceSeq (recovery over the socket); false: plain subscribe and a REST history read")
@@ -102,8 +105,8 @@ func (s *ConnectStorm) DeclareMetrics(reg *loadtest.Registry) {
 
 // Run implements loadtest.Scenario.
 func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
-	if s.concurrency < 1 || s.minBackoff <= 0 || s.maxBackoff < s.minBackoff || s.wait <= 0 || s.sendRate < 0 {
-		return errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min), -send-rate ≥ 0")
+	if s.concurrency < 1 || s.minBackoff <= 0 || s.maxBackoff < s.minBackoff || s.wait <= 0 || s.sendRate < 0 || s.adviceJitter < 0 {
+		return errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min), -send-rate and -advice-jitter ≥ 0")
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -253,12 +256,15 @@ func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target,
 	_, advised := loadtest.CloseAdvice(cause)
 	backoff := s.minBackoff
 	earliest := time.Now().Add(advised)
-	delay := advised
-	for attempt := 0; ; attempt++ {
-		if advised > 0 && attempt == 0 {
-			// Spread the herd over the advised delay: advised + [0, advised).
-			delay = advised + rand.N(advised)
-		} else if attempt > 0 || advised == 0 {
+	next := advised // the server's advice for the next attempt (0: none)
+	for {
+		var delay time.Duration
+		if next > 0 {
+			// As the web SDK does: the advised delay plus a little jitter
+			// of the client's own (the server already drew the delay at
+			// random per socket).
+			delay, next = next+rand.N(s.adviceJitter+1), 0
+		} else {
 			delay = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(backoff*2, s.maxBackoff)
 		}
@@ -285,7 +291,7 @@ func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target,
 			cancel()
 			// Refused with advice (e.g. 1013 try again later): honour it.
 			if _, retry := loadtest.CloseAdvice(err); retry > 0 {
-				earliest, backoff = time.Now().Add(retry), max(backoff, retry)
+				earliest, next = time.Now().Add(retry), retry
 			}
 			continue
 		}
