@@ -303,8 +303,11 @@ func (b *Batcher) LaterStats() LaterStats {
 
 // ScriptLater queues a script call whose reply nobody waits for (done, if
 // not nil, gets it): such calls gather for up to laterLinger and go out in
-// one pipeline, so under load one round trip carries many. Close sends what
-// is queued and waits for it.
+// one pipeline, or sooner on the next pipeline of waited-for calls, so under
+// load one round trip carries many. done runs on the goroutine that sent
+// the pipeline, possibly before that pipeline's waiting callers are
+// answered: it must be short and must not wait on this batcher. Close sends
+// what is queued and waits for it.
 func (b *Batcher) ScriptLater(s *lua.Script, keys []string, args []any, done func(*redis.Cmd)) {
 	b.later(&batchCall{script: s, keys: keys, args: args, done: func(c *batchCall) {
 		if done != nil {
