@@ -100,8 +100,8 @@ for _ in \$(seq 1 300); do
 	if curl -fsS "$url/readyz" >/dev/null 2>&1; then
 		# A restart of a round (the marker names it): its serving profiled.
 		if [ "$profile" -gt 0 ] && [ -r "$work/profile.next" ]; then
-			setsid curl -fsS -o "$work/\$(cat "$work/profile.next")" "$url/debug/pprof/profile?seconds=$profile" </dev/null >/dev/null 2>>"$work/profile.err" &
-			rm -f "$work/profile.next"
+			name=\$(cat "$work/profile.next") && rm -f "$work/profile.next"
+			setsid curl -fsS -o "$work/\$name" "$url/debug/pprof/profile?seconds=$profile" </dev/null >/dev/null 2>>"$work/profile.err" &
 		fi
 		exit 0
 	fi
