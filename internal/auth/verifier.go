@@ -180,6 +180,13 @@ func (v *Verifier) algAccepted(alg string) bool {
 	return false
 }
 
+// claims is the token body Verify understands.
+type claims struct {
+	jwt.RegisteredClaims
+	Typ *string `json:"typ,omitempty"`
+	Svc string  `json:"svc,omitempty"`
+}
+
 // Reasons wrapped next to ErrUnauthorized; fixed text, never token content.
 var (
 	errNoToken     = errors.New("no token")
