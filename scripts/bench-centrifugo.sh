@@ -193,14 +193,9 @@ DATABASE_URL="$HAN_TEST_DATABASE_URL" "$work/bin/hanctl" migrate >/dev/null || h
 # counted per connection in the idle scenario).
 pg_port="$(sed -E 's#^[a-z]+://[^@]*@?[^:/]*:([0-9]+)/.*#\1#' <<<"$HAN_TEST_DATABASE_URL")"
 pg_pid="$(ss -ltnpH "sport = :$pg_port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2 || true)"
-# cmdstats: the gateway's Redis per-command counters ("cmd calls usec") and
-# the reads its event loop made ("_reads").
-cmdstats() {
-	redis-cli -p "$gw_redis_port" --user bench_stats --pass "$stats_pw" --no-auth-warning INFO commandstats |
-		tr -d '\r' | sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
-	redis-cli -p "$gw_redis_port" --user bench_stats --pass "$stats_pw" --no-auth-warning INFO stats |
-		tr -d '\r' | sed -n 's/^total_reads_processed:\([0-9]*\)$/_reads \1 0/p'
-}
+# cmdstats: the gateway's Redis per-command counters and event-loop reads
+# (han_redis_cmdstats).
+cmdstats() { han_redis_cmdstats "$gw_redis_port" "$stats_pw"; }
 # ready PID URL: wait up to 30 s for URL to answer 2xx; fails early when PID
 # exits (a port another process took meanwhile: the caller picks another).
 ready() {

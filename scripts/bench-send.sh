@@ -259,16 +259,10 @@ stop_gateway() {
 }
 
 # --- measuring -------------------------------------------------------------------
-# cmdstats: Redis's per-command counters (calls, usec), one "cmd calls usec"
-# line each; a phase's delta (kept with -keep) shows what a send asks of Redis.
-cmdstats() {
-	redis-cli -p "$redis_port" --user bench_stats --pass "$bench_redis_pw" --no-auth-warning INFO commandstats |
-		tr -d '\r' | sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
-	# The reads Redis's event loop made (each a pipeline or a lone command
-	# that woke it): "_reads" is not a command name.
-	redis-cli -p "$redis_port" --user bench_stats --pass "$bench_redis_pw" --no-auth-warning INFO stats |
-		tr -d '\r' | sed -n 's/^total_reads_processed:\([0-9]*\)$/_reads \1 0/p'
-}
+# cmdstats: Redis's per-command counters and event-loop reads
+# (han_redis_cmdstats); a phase's delta (kept with -keep) shows what a send
+# asks of Redis.
+cmdstats() { han_redis_cmdstats "$redis_port" "$bench_redis_pw"; }
 results="$work/results.tsv" # fsync shape arm round held gw pg redis gen load0 load1 redis-calls
 : >"$results"
 phase() { # FSYNC SHAPE ARM ROUND

@@ -167,6 +167,19 @@ han_bench_redis() {
 	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
 }
 
+# han_redis_cmdstats PORT PASSWORD: a benchmark's view of its own redis-server
+# through the user bench_stats (ACL "-@all +info", PASSWORD): one "cmd calls
+# usec" line per command (INFO commandstats; Redis 7 counts the commands a
+# script calls too) and "_reads N 0", the reads its event loop made (each a
+# pipeline or lone command that woke it; "_reads" is no command name). The
+# delta of two reads shows what a phase asked of Redis.
+han_redis_cmdstats() {
+	local cli=(redis-cli -p "$1" --user bench_stats --pass "$2" --no-auth-warning)
+	"${cli[@]}" INFO commandstats | tr -d '\r' |
+		sed -n 's/^cmdstat_\([^:]*\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\1 \2 \3/p'
+	"${cli[@]}" INFO stats | tr -d '\r' | sed -n 's/^total_reads_processed:\([0-9]*\)$/_reads \1 0/p'
+}
+
 # han_steal_ticks: the machine's stolen and total CPU ticks so far
 # (/proc/stat): a hypervisor that takes the CPUs away shows up here, not in
 # any process. han_steal_pct S0 T0 S1 T1: the stolen share between two reads.

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -22,9 +21,10 @@ const (
 	ensureUsersSharedBudget = 5 * time.Second
 )
 
-// ensureUsersSQL records each id of the array once. The ids arrive sorted
-// and are inserted in that order, so two instances' batches that share new
-// ids wait for each other in one order and never deadlock.
+// ensureUsersSQL records each id of the array once (an id twice in one
+// batch conflicts with itself and is skipped). The ids are inserted in uuid
+// order, so two instances' batches that share new ids wait for each other
+// in one order and never deadlock.
 const ensureUsersSQL = `INSERT INTO users(id) SELECT u FROM unnest($1::text[]::uuid[]) AS u ORDER BY u ON CONFLICT DO NOTHING`
 
 // ensureUserCall is one record waiting in a batch.
@@ -82,8 +82,6 @@ func (b *ensureUsersBatcher) exec(batch []*ensureUserCall) {
 			for i, c := range live {
 				users[i] = c.id
 			}
-			slices.Sort(users)
-			users = slices.Compact(users)
 			_, err := b.s.reqExec(ctx, ensureUsersSQL, users)
 			return err
 		})
