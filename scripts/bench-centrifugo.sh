@@ -54,7 +54,9 @@
 # dialog namespace with presence on: each subscriber registered in Redis, as
 # the gateway registers each connection), -cf-join-leave (and join/leave
 # pushed to the channel's other subscribers, as the gateway tells a dialog's
-# online members that a user came online), -keep (keep the work
+# online members that a user came online), -gomaxprocs N (GOMAXPROCS=N for
+# both servers: Go code of each on N cores at a time; default each its
+# own: the machine's cores), -keep (keep the work
 # folder: summaries and logs). Bounded: each run by -max-duration (phase ×
 # steps + 90 s + 1 s per 50 connections);
 # everything it started is stopped on exit.
@@ -69,7 +71,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0 cf_presence=0 cf_join=0
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0 cf_presence=0 cf_join=0 procs=""
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -89,6 +91,7 @@ if [ "${1:-}" != --inner ]; then
 		-keep) keep=1 ;;
 		-cf-presence) cf_presence=1 ;;
 		-cf-join-leave) cf_join=1 ;;
+		-gomaxprocs) procs=$2 && shift ;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 			exit 0
@@ -99,7 +102,7 @@ if [ "${1:-}" != --inner ]; then
 	done
 	case "$scenario" in broadcast | idle) ;; *) han_die "-scenario $scenario: want broadcast or idle" ;; esac
 	case "$steps" in *[!0-9,]*) han_die "-steps: want comma-separated rates, got '$steps'" ;; esac
-	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency" "$warmup" "$profile"; do
+	for v in "$reps" "$conns" "$dialogs" "$rate" "$payload" "$phase" "$concurrency" "$warmup" "$profile" "${procs:-0}"; do
 		case "$v" in '' | *[!0-9]*) han_die "option values must be non-negative integers, got '$v'" ;; esac
 	done
 	han_ensure_packages --curl --jq
@@ -126,7 +129,7 @@ if [ "${1:-}" != --inner ]; then
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency $warmup" \
-		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" HAN_BC_CF_PRESENCE="$cf_presence" HAN_BC_CF_JOIN="$cf_join" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" HAN_BC_CF_PRESENCE="$cf_presence" HAN_BC_CF_JOIN="$cf_join" HAN_BC_PROCS="$procs" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
@@ -135,6 +138,8 @@ work="$HAN_BC_WORK" cf_bin="$HAN_BC_CF"
 read -r scenario reps conns dialogs rate payload phase concurrency warmup <<<"$HAN_BC_SHAPE"
 steps="$HAN_BC_STEPS" gen_profile="${HAN_BC_GEN_PROFILE:-0}" profile="${HAN_BC_PROFILE:-0}"
 servers=() redises=() # pids this script started and has not stopped
+procs_env=()                  # -gomaxprocs: the environment of both servers
+[ -n "${HAN_BC_PROCS:-}" ] && procs_env=(GOMAXPROCS="$HAN_BC_PROCS")
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
 stop() {
 	local p alive
@@ -212,7 +217,7 @@ start_gateway() {
 	local try
 	for try in 1 2 3; do
 		gw_port="$(han_pick_port 0)"
-		HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+		env "${procs_env[@]+"${procs_env[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
 			HAN_DEBUG_ENDPOINTS=1 HAN_INSTANCE_ID=bench-gw "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
 		gw_pid=$!
 		servers=("$gw_pid") # one server runs at a time
@@ -240,7 +245,7 @@ start_centrifugo() {
 			| if $presence then .channel.namespaces[0].presence = true else . end
 			| if $join then .channel.namespaces[0] += {join_leave: true, force_push_join_leave: true} else . end' \
 			loadtest/centrifugo/config.json >"$work/centrifugo.json"
-		CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
+		env "${procs_env[@]+"${procs_env[@]}"}" CENTRIFUGO_CLIENT_TOKEN_HMAC_SECRET_KEY="$cf_secret" "$cf_bin" --config "$work/centrifugo.json" \
 			</dev/null >>"$work/centrifugo.log" 2>&1 &
 		cf_pid=$!
 		servers=("$cf_pid")
@@ -391,6 +396,7 @@ done
 echo
 [ "${HAN_BC_CF_PRESENCE:-0}" = 1 ] && what="$what; Centrifugo with presence"
 [ "${HAN_BC_CF_JOIN:-0}" = 1 ] && what="$what; Centrifugo with join/leave pushed"
+[ -n "${HAN_BC_PROCS:-}" ] && what="$what; both servers at GOMAXPROCS=$HAN_BC_PROCS"
 echo "Gateway vs $HAN_BC_CF_VERSION, $(date -u '+%Y-%m-%d %H:%M UTC'): $what, runs interleaved;" \
 	"load avg $(cut -d' ' -f1-3 /proc/loadavg)."
 [ "$scenario" = broadcast ] &&

@@ -18,9 +18,13 @@
 #            kept but every limit raised (runtime settings,
 #            rate_limit_policies) so nothing is denied;
 #   gw-off   this tree's gateway, the send route's policy set to no rules [];
+#   gw-p1    gw-on with GOMAXPROCS=1: the gateway runs Go code on one core
+#            at a time and leaves the other to PostgreSQL, Redis and the
+#            generator (a container with a one-CPU limit gets the same);
 #   sql      `han-loadtest run send-sql`: store.SendMessage on a pgx pool
 #            opened as the gateway opens its own (same pool size and exec
 #            mode), no HTTP, no Redis;
+#   sql-p1   sql with the same client at GOMAXPROCS=1;
 #   old-on, old-off  with -old: the same as gw-* built from <commit> (in a
 #            temporary git worktree, its own migrations on its own database).
 # Shapes: many dialogs (200 users in 20 dialogs) and hot dialog (-hot-dialog,
@@ -37,6 +41,8 @@
 # postmaster's cutime), redis-server, and the generator itself; the table
 # shows CPU-ms per accepted send at the step -cpu-rate (the same offered rate
 # for every arm; setup, warm-up and history read-back are outside it).
+# After each phase its database is vacuumed and analyzed (outside every
+# measured window), so no arm's autovacuum runs in another arm's phase.
 # The cluster logs checkpoints, autovacuum runs and every statement slower
 # than 100 ms; the table's header counts them, to tell PostgreSQL's own
 # stalls from the machine's.
@@ -54,7 +60,8 @@
 # the cluster, e.g. -c shared_preload_libraries=pg_stat_statements), -keep (keep the work folder: each phase's
 # summary and output, the servers' logs), -profile FILE (after the rounds, one
 # more gw-on phase of the many-dialog shape at its median held rate, with a
-# CPU profile of the gateway taken over that step into FILE, and its top
+# CPU profile of the gateway taken over that step into FILE and the
+# generator's own profile of that whole phase into FILE.gen, and its top
 # functions printed after the table). Output: a markdown table on stdout
 # (logs on stderr), ready for docs/benchmarks.md.
 set -euo pipefail
@@ -110,7 +117,7 @@ IFS=, read -r -a arms_h <<<"$arms_hot"
 [ "$arms_many" = none ] && arms_m=()
 [ "$arms_hot" = none ] && arms_h=()
 for a in "${arms_m[@]}" "${arms_h[@]}"; do
-	case "$a" in gw-on | gw-off | sql) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
+	case "$a" in gw-on | gw-off | gw-p1 | sql | sql-p1) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
 done
 for l in "$rates_many" "$rates_hot"; do
 	case ",$l," in *",$cpu_rate,"*) ;; *) han_die "-cpu-rate $cpu_rate must be a step of -rates-many and -rates-hot" ;; esac
@@ -173,7 +180,7 @@ pg_ctl_stop="as_pg '$PGBIN/pg_ctl' -D '$work/pg/data' -m fast -w stop"
 postmaster="$(head -n 1 "$work/pg/data/postmaster.pid")"
 server="postgres://postgres@127.0.0.1:$pg_port"
 psql_() { "$PGBIN/psql" -X -qtA -v ON_ERROR_STOP=1 -d "$server/${1}?sslmode=disable" -c "$2"; }
-for db in han_gw han_sql han_old; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
+for db in han_gw han_sql han_sql_p1 han_old; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
 
 # --- Redis ---------------------------------------------------------------------
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bench-$RANDOM$RANDOM$RANDOM"
@@ -200,6 +207,7 @@ dburl() { echo "$server/$1?sslmode=disable"; }
 poolurl() { echo "$(dburl "$1")${pool:+&pool_max_conns=$pool}"; }
 DATABASE_URL="$(dburl han_gw)" "$work/new/hanctl" migrate >/dev/null
 DATABASE_URL="$(dburl han_sql)" "$work/new/hanctl" migrate >/dev/null
+DATABASE_URL="$(dburl han_sql_p1)" "$work/new/hanctl" migrate >/dev/null
 [ -n "$old" ] && DATABASE_URL="$(dburl han_old)" "$work/old/hanctl" migrate >/dev/null
 
 # policy DB RULES: the send route's rules; GET history and setup routes raised
@@ -214,7 +222,7 @@ policy() {
 raised='[{"family":"user","limit":100000000,"windowMs":10000},{"family":"ip","limit":100000000,"windowMs":10000},{"family":"dialog","limit":100000000,"windowMs":10000}]'
 
 declare -A gw_pid gw_url
-declare -A arm_redis=([gw-on]=0 [gw-off]=2 [old-on]=4 [old-off]=6)
+declare -A arm_redis=([gw-on]=0 [gw-off]=2 [old-on]=4 [old-off]=6 [gw-p1]=8)
 start_gateway() { # ARM BIN DB
 	local arm=$1 bin=$2 db=$3 port
 	port="$(han_pick_port 0)"
@@ -224,7 +232,9 @@ start_gateway() { # ARM BIN DB
 	# databases count their versions independently, so on shared databases
 	# one arm would load another arm's rate-limit policy.
 	local rdb="${arm_redis[$arm]}"
-	env HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(if [ "$bin" = "$work/new/han-gateway" ]; then poolurl "$db"; else dburl "$db"; fi)" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
+	local procs=()
+	[ "$arm" = gw-p1 ] && procs=(GOMAXPROCS=1)
+	env "${procs[@]+"${procs[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(if [ "$bin" = "$work/new/han-gateway" ]; then poolurl "$db"; else dburl "$db"; fi)" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
 		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
 		HAN_DB_EXEC_MODE="$exec_mode" HAN_SEND_COMMITTERS="$committers" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
 	gw_pid[$arm]=$!
@@ -238,18 +248,22 @@ start_gateway() { # ARM BIN DB
 	han_die "$arm gateway did not become ready: $(tail -n 5 "$work/$arm.log")"
 }
 # The policy is per database, so each arm has its own: gw-on han_gw, gw-off
-# han_gw_off, old-on han_old, old-off han_old_off, sql han_sql.
-for db in han_gw_off han_old_off; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
+# han_gw_off, gw-p1 han_gw_p1, old-on han_old, old-off han_old_off, sql
+# han_sql, sql-p1 han_sql_p1 (and no arm writes into another's tables, whose
+# bloat and autovacuum would then be charged to the next arm).
+for db in han_gw_off han_gw_p1 han_old_off; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
 DATABASE_URL="$(dburl han_gw_off)" "$work/new/hanctl" migrate >/dev/null
+DATABASE_URL="$(dburl han_gw_p1)" "$work/new/hanctl" migrate >/dev/null
 policy han_gw "$raised"
+policy han_gw_p1 "$raised"
 policy han_gw_off '[]'
 if [ -n "$old" ]; then
 	DATABASE_URL="$(dburl han_old_off)" "$work/old/hanctl" migrate >/dev/null
 	policy han_old "$raised"
 	policy han_old_off '[]'
 fi
-declare -A arm_bin=([gw-on]="$work/new/han-gateway" [gw-off]="$work/new/han-gateway" [old-on]="$work/old/han-gateway" [old-off]="$work/old/han-gateway")
-declare -A arm_db=([gw-on]=han_gw [gw-off]=han_gw_off [old-on]=han_old [old-off]=han_old_off)
+declare -A arm_bin=([gw-on]="$work/new/han-gateway" [gw-p1]="$work/new/han-gateway" [gw-off]="$work/new/han-gateway" [old-on]="$work/old/han-gateway" [old-off]="$work/old/han-gateway")
+declare -A arm_db=([gw-on]=han_gw [gw-p1]=han_gw_p1 [gw-off]=han_gw_off [old-on]=han_old [old-off]=han_old_off)
 # stop_gateway ARM: SIGTERM (HAN_DRAIN_DELAY=0) and wait for the exit.
 stop_gateway() {
 	local p="${gw_pid[$1]}"
@@ -274,8 +288,10 @@ phase() { # FSYNC SHAPE ARM ROUND
 	fi
 	args+=(-step-p99 "$step_p99" -duration "$duration" -warmup "$warmup" -max-duration "$((secs * 8 + wsecs + 120))s" -quiet -summary-export "$sum")
 	args+=(-cpu-pid "postgres=$postmaster+" -cpu-pid "redis=$redis_pid")
-	if [ "$arm" = sql ]; then
-		args=(send-sql -database-url "$(poolurl han_sql)" -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${args[@]}")
+	local lt_env=()
+	[ "$arm" = sql-p1 ] && lt_env=(GOMAXPROCS=1)
+	if [ "${arm%-p1}" = sql ]; then
+		args=(send-sql -database-url "$(poolurl "han_${arm//-/_}")" -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${args[@]}")
 	else
 		# A fresh gateway per phase, so no idle gateway of another arm adds
 		# its background work to PostgreSQL's and Redis's CPU.
@@ -286,13 +302,18 @@ phase() { # FSYNC SHAPE ARM ROUND
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats0"
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
 	read -r st0 t0 < <(han_steal_ticks)
-	"$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
+	env "${lt_env[@]+"${lt_env[@]}"}" "$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats1"
 	read -r st1 t1 < <(han_steal_ticks)
 	l1="$l1 (steal $(han_steal_pct "$st0" "$t0" "$st1" "$t1") %)"
-	[ "$arm" = sql ] || stop_gateway "$arm"
+	[ "${arm%-p1}" = sql ] || stop_gateway "$arm"
+	# The phase's rows leave its tables due for autovacuum, which would then
+	# run (and be charged to PostgreSQL's CPU) in whichever arm's phase comes
+	# next: vacuum them now, outside every measured window.
+	local db="${arm_db[$arm]:-han_${arm//-/_}}"
+	psql_ "$db" "VACUUM ANALYZE" >/dev/null || han_log "VACUUM ANALYZE of $db failed"
 	[ -s "$sum" ] || han_die "$arm $shape: no summary: $(tail -n 5 "$work/$fs-$shape-$arm-$round.out")"
 	[ "$rc" = 0 ] || han_log "$arm $shape round $round: exit $rc (history check or run failed): $(grep -E '✗|error' "$work/$fs-$shape-$arm-$round.out" | head -n 3 | tr '\n' ' ')"
 	local held cpu
@@ -342,7 +363,8 @@ if [ -n "$profile" ]; then
 	(sleep $((wsecs + 1)) && curl -fsS "${gw_url[gw-on]}/debug/pprof/profile?seconds=$psecs" -o "$profile") &
 	prof_pid=$!
 	"$LT" run chat-fanout -send-only -target "${gw_url[gw-on]}" -users 200 -dialogs 20 -senders 32 -step-rates "$rate" \
-		-duration "$duration" -warmup "$warmup" -cpu-pid "gateway=${gw_pid[gw-on]}" -quiet -reconcile=false >"$work/profile.out" 2>&1 || true
+		-duration "$duration" -warmup "$warmup" -cpu-pid "gateway=${gw_pid[gw-on]}" -quiet -reconcile=false \
+		-cpuprofile "$profile.gen" >"$work/profile.out" 2>&1 || true
 	wait "$prof_pid" || han_log "the profile request failed"
 	stop_gateway gw-on
 fi
@@ -374,7 +396,9 @@ function fmt(v) { return v < 0 ? "—" : sprintf("%.3f", v) }
   tot[k] = tot[k] " " ($7 < 0 ? -1 : ($6 < 0 ? 0 : $6) + $7 + ($8 < 0 ? 0 : $8)); ld[k] = ld[k] " " $10 "→" $11; if (!(k in rc)) rc[k] = $12 }
 END { for (i = 1; i <= nk; i++) { k = order[i]; split(k, p, SUBSEP)
 	printf "| %s | %s | %s | **%s** (%s) | %s | %s | %s | %s | %s | %s | %s |\n", p[1], (p[2] == "many" ? "200 users / 20 dialogs" : "hot: 100 users / 1 dialog"), p[3],
-		median(held[k]), substr(held[k], 2), (p[3] == "sql" ? "—" : fmt(median(gw[k]))), fmt(median(pg[k])), fmt(median(rd[k])), fmt(median(ge[k])), fmt(median(tot[k])), rc[k], substr(ld[k], 2) } }' "$results"
+		((p[2] == "many" ? topm : toph) + 0 > 0 && median(held[k]) == (p[2] == "many" ? topm : toph) ? "≥ " : "") median(held[k]), substr(held[k], 2), (p[3] ~ /^sql/ ? "—" : fmt(median(gw[k]))), fmt(median(pg[k])), fmt(median(rd[k])), fmt(median(ge[k])), fmt(median(tot[k])), rc[k], substr(ld[k], 2) } }' topm="${rates_many##*,}" toph="${rates_hot##*,}" "$results"
+echo
+echo "\"≥ N\": the arm held the last step of its list, so its own limit is higher: add higher rates to find it."
 if [ -n "$profile" ] && [ -s "$profile" ]; then
 	echo
 	echo "Gateway CPU profile (gw-on, many dialogs, ${rate}/s; $(grep -o 'step_[0-9]*[.]*: .*' "$work/profile.out" | head -n 1 | sed 's/^step_[0-9]*[.]*: //')):"

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -256,7 +257,11 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.serveErr = make(chan error, 1)
 	go func() { m.serveErr <- m.httpSrv.Serve(capped) }()
-	m.Logger.Info("serving", slog.String("addr", m.addr), slog.String("instance", cfg.InstanceID), slog.String("env", cfg.Env))
+	// gomaxprocs: how many cores the Go code runs on at once (GOMAXPROCS,
+	// else the CPU limit of the cgroup, else the machine's cores); see
+	// docs/runbook.md on sharing a machine with PostgreSQL and Redis.
+	m.Logger.Info("serving", slog.String("addr", m.addr), slog.String("instance", cfg.InstanceID), slog.String("env", cfg.Env),
+		slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)))
 	return nil
 }
 
