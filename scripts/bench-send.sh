@@ -226,7 +226,7 @@ declare -A arm_redis=([gw-on]=0 [gw-off]=2 [old-on]=4 [old-off]=6 [gw-p1]=8)
 start_gateway() { # ARM BIN DB
 	local arm=$1 bin=$2 db=$3 port
 	port="$(han_pick_port 0)"
-	# Each arm has Redis databases of its own (gw-on 0/1, gw-off 2/3, old-on
+	# Each arm has Redis databases of its own (gw-on 0/1, gw-off 2/3, gw-p1 8/9, old-on
 	# 4/5, old-off 6/7): the runtime-settings snapshot in the realtime
 	# database is keyed by its version alone, and the arms' PostgreSQL
 	# databases count their versions independently, so on shared databases
