@@ -66,6 +66,8 @@ type logLine struct {
 	Addr    string `json:"addr"`
 	Sockets *int   `json:"sockets"`
 	Code    *int   `json:"code"`
+	// GoMaxProcs is the "serving" line's gomaxprocs.
+	GoMaxProcs *int `json:"gomaxprocs"`
 }
 
 // SIGTERM as a load balancer sees it: /readyz answers 503 for
@@ -79,6 +81,9 @@ func TestSIGTERMDrainKeepsServingWhileReadyzIs503(t *testing.T) {
 	vars["HAN_SHUTDOWN_TIMEOUT"] = "15s"
 	vars["HAN_LOG_LEVEL"] = "info"
 	vars["HAN_BLOB_DIR"] = t.TempDir()
+	// The "serving" line tells an operator how many cores the Go code
+	// runs on (docs/runbook.md, "Cores"): the environment's value here.
+	vars["GOMAXPROCS"] = "3"
 	cmd, lines := startProgram(t, vars)
 
 	var logs []logLine
@@ -104,7 +109,11 @@ func TestSIGTERMDrainKeepsServingWhileReadyzIs503(t *testing.T) {
 			}
 		}
 	}
-	base := "http://" + next("serving").Addr
+	serving := next("serving")
+	if serving.GoMaxProcs == nil || *serving.GoMaxProcs != 3 {
+		t.Fatalf("serving line gomaxprocs = %v, want 3 (GOMAXPROCS)", serving.GoMaxProcs)
+	}
+	base := "http://" + serving.Addr
 
 	// Fresh connections each time, as a load balancer's probes make them.
 	client := &http.Client{Timeout: 10 * time.Second, Transport: apiCheck.Transport(&http.Transport{DisableKeepAlives: true})}
