@@ -34,11 +34,11 @@ type Store struct {
 	// transaction when they are ready together (SendMessage).
 	groups *commitGroups
 	// lastSeqs combines concurrent DialogLastSeq checks (realtime_batch.go).
-	lastSeqs *lastSeqBatcher
-	// userDialogs combines concurrent DialogIDsForUser reads (realtime_batch.go).
-	userDialogs *userDialogsBatcher
+	lastSeqs *stmtBatcher[*lastSeqCall]
+	// userDialogs combines concurrent DialogIDsForUser reads (userdialogs_batch.go).
+	userDialogs *stmtBatcher[*userDialogsCall]
 	// ensureUsers combines concurrent EnsureUser records (users_batch.go).
-	ensureUsers *ensureUsersBatcher
+	ensureUsers *stmtBatcher[*ensureUserCall]
 	// known is the users EnsureUser already recorded (a bounded set: users
 	// are never deleted, so a known id needs no further write).
 	known knownUsers
@@ -111,7 +111,7 @@ func (s *Store) EnsureUser(ctx context.Context, id string) error {
 	if s.known.has(id) {
 		return nil
 	}
-	if err := s.ensureUsers.record(ctx, id); err != nil {
+	if err := s.recordUser(ctx, id); err != nil {
 		return fmt.Errorf("ensure user: %w", err)
 	}
 	s.known.add(id)

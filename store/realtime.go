@@ -16,7 +16,7 @@ import (
 // Concurrent calls share one query (realtime_batch.go); each still gets the
 // answer a query of its own would have given.
 func (s *Store) DialogLastSeq(ctx context.Context, dialogID, userID string) (int64, error) {
-	seq, found, err := s.lastSeqs.check(ctx, dialogID, userID)
+	seq, found, err := s.checkLastSeq(ctx, dialogID, userID)
 	if err != nil {
 		return 0, err
 	}
@@ -29,7 +29,7 @@ func (s *Store) DialogLastSeq(ctx context.Context, dialogID, userID string) (int
 // DialogIDsForUser returns up to limit ids of the user's dialogs (presence
 // transitions are published to each of them).
 func (s *Store) DialogIDsForUser(ctx context.Context, userID string, limit int) ([]string, error) {
-	return s.userDialogs.read(ctx, userID, limit)
+	return s.readUserDialogs(ctx, userID, limit)
 }
 
 // TouchLastSeen records that a connection of the user ended at t; the

@@ -42,66 +42,20 @@ const lastSeqSQL = `SELECT r.i, d.last_seq
 
 // lastSeqCall is one check waiting in a batch.
 type lastSeqCall struct {
-	ctx              context.Context
+	sharedCall
 	dialogID, userID string
 	seq              int64
 	found            bool
-	err              error
 }
 
-// lastSeqBatcher sends concurrent DialogLastSeq checks as shared queries.
-// Safe for concurrent use.
-type lastSeqBatcher struct {
-	s    *Store
-	comb combine.Combiner[*lastSeqCall]
-
-	calls, queries atomic.Uint64
-}
-
-func newLastSeqBatcher(s *Store) *lastSeqBatcher {
-	b := &lastSeqBatcher{s: s}
-	b.comb = combine.Combiner[*lastSeqCall]{Exec: b.exec, InFlight: lastSeqInFlight, Max: lastSeqBatchMax}
-	return b
-}
-
-// SubscribeCheckStats counts DialogLastSeq checks and the queries that
-// answered them (fewer than the checks when checks were batched).
-type SubscribeCheckStats struct {
-	Checks, Queries uint64
-}
-
-// SubscribeCheckStats returns the counters of this Store's DialogLastSeq
-// checks.
-func (s *Store) SubscribeCheckStats() SubscribeCheckStats {
-	return SubscribeCheckStats{Checks: s.lastSeqs.calls.Load(), Queries: s.lastSeqs.queries.Load()}
-}
-
-// check answers one pair, batched with the checks of other callers.
-func (b *lastSeqBatcher) check(ctx context.Context, dialogID, userID string) (int64, bool, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, false, err
-	}
-	b.calls.Add(1)
-	// Neither id can name a row unless it is a UUID; keeping other text out
-	// of the arrays keeps one caller's bad input from failing the batch.
-	if !ids.Valid(dialogID) || !ids.Valid(userID) {
-		return 0, false, nil
-	}
-	c := &lastSeqCall{ctx: ctx, dialogID: dialogID, userID: userID}
-	b.comb.Do(c)
-	return c.seq, c.found, c.err
-}
-
-// exec answers the calls whose context is still live with one query.
-func (b *lastSeqBatcher) exec(batch []*lastSeqCall) {
-	b.queries.Add(1)
-	sharedQuery(batch, func(c *lastSeqCall) *error { return &c.err }, func(c *lastSeqCall) context.Context { return c.ctx },
-		lastSeqSharedBudget, "dialog last seq", func(ctx context.Context, live []*lastSeqCall) error {
+func newLastSeqBatcher(s *Store) *stmtBatcher[*lastSeqCall] {
+	return newStmtBatcher(lastSeqInFlight, lastSeqBatchMax, lastSeqSharedBudget, "dialog last seq",
+		func(ctx context.Context, live []*lastSeqCall) error {
 			dialogs, users := make([]string, len(live)), make([]string, len(live))
 			for i, c := range live {
 				dialogs[i], users[i] = c.dialogID, c.userID
 			}
-			err := b.s.queryLastSeqs(ctx, dialogs, users, func(i int, seq int64) {
+			err := s.queryLastSeqs(ctx, dialogs, users, func(i int, seq int64) {
 				if i >= 1 && i <= len(live) {
 					live[i-1].seq, live[i-1].found = seq, true
 				}
@@ -115,26 +69,110 @@ func (b *lastSeqBatcher) exec(batch []*lastSeqCall) {
 		})
 }
 
+// SubscribeCheckStats counts the calls of a batched read or write and the
+// statements that answered them (fewer than the calls when calls were
+// batched).
+type SubscribeCheckStats struct {
+	Checks, Queries uint64
+}
+
+// SubscribeCheckStats returns the counters of this Store's DialogLastSeq
+// checks.
+func (s *Store) SubscribeCheckStats() SubscribeCheckStats { return s.lastSeqs.stats() }
+
+// checkLastSeq answers one pair, batched with the checks of other callers.
+func (s *Store) checkLastSeq(ctx context.Context, dialogID, userID string) (int64, bool, error) {
+	if err := s.lastSeqs.begin(ctx); err != nil {
+		return 0, false, err
+	}
+	// Neither id can name a row unless it is a UUID; keeping other text out
+	// of the arrays keeps one caller's bad input from failing the batch.
+	if !ids.Valid(dialogID) || !ids.Valid(userID) {
+		return 0, false, nil
+	}
+	c := &lastSeqCall{sharedCall: sharedCall{ctx: ctx}, dialogID: dialogID, userID: userID}
+	err := s.lastSeqs.do(c)
+	return c.seq, c.found, err
+}
+
+// sharedCall is what a batch needs of each of its calls: the caller's
+// context and a place for the call's error. Call types embed it.
+type sharedCall struct {
+	ctx context.Context
+	err error
+}
+
+func (c *sharedCall) shared() *sharedCall { return c }
+
+// batchedCall is a call type of a stmtBatcher: a pointer to a struct that
+// embeds sharedCall.
+type batchedCall interface{ shared() *sharedCall }
+
+// stmtBatcher answers the calls of concurrent callers with shared
+// statements (the subscribe checks here, the presence transitions' dialog
+// reads, the first-sight user records): a lone call goes out at once; while
+// inFlight statements run the next calls queue, and when one ends they go
+// out together, at most max of them. It counts the calls made and the
+// statements that answered them. Safe for concurrent use.
+type stmtBatcher[C batchedCall] struct {
+	comb           combine.Combiner[C]
+	calls, queries atomic.Uint64
+}
+
+// newStmtBatcher returns a batcher whose statement is query, run for the
+// calls of a batch whose context is still live under a context that no
+// single caller's leaving cuts short (at most budget long); when it fails,
+// every live call gets its error, named by what.
+func newStmtBatcher[C batchedCall](inFlight, max int, budget time.Duration, what string,
+	query func(ctx context.Context, live []C) error) *stmtBatcher[C] {
+	b := &stmtBatcher[C]{}
+	b.comb = combine.Combiner[C]{InFlight: inFlight, Max: max, Exec: func(batch []C) {
+		b.queries.Add(1)
+		sharedQuery(batch, budget, what, query)
+	}}
+	return b
+}
+
+// begin counts one call, unless its context has already ended.
+func (b *stmtBatcher[C]) begin(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.calls.Add(1)
+	return nil
+}
+
+// do runs c in a shared statement and returns its error.
+func (b *stmtBatcher[C]) do(c C) error {
+	b.comb.Do(c)
+	return c.shared().err
+}
+
+// stats reads the counters.
+func (b *stmtBatcher[C]) stats() SubscribeCheckStats {
+	return SubscribeCheckStats{Checks: b.calls.Load(), Queries: b.queries.Load()}
+}
+
 // sharedQuery runs one query for the calls of batch whose context is still
 // live (the others get their context's error), under a context that no
 // single caller's leaving cuts short; when it fails, every live call gets
-// the error, named by what. errOf points at a call's error field.
-func sharedQuery[C any](batch []C, errOf func(C) *error, ctxOf func(C) context.Context, budget time.Duration, what string,
-	query func(ctx context.Context, live []C) error) {
+// the error, named by what.
+func sharedQuery[C batchedCall](batch []C, budget time.Duration, what string, query func(ctx context.Context, live []C) error) {
 	live := make([]C, 0, len(batch))
 	for _, c := range batch {
-		if *errOf(c) = ctxOf(c).Err(); *errOf(c) == nil {
+		sc := c.shared()
+		if sc.err = sc.ctx.Err(); sc.err == nil {
 			live = append(live, c)
 		}
 	}
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := combine.SharedContext(live, ctxOf, budget)
+	ctx, cancel := combine.SharedContext(live, func(c C) context.Context { return c.shared().ctx }, budget)
 	defer cancel()
 	if err := query(ctx, live); err != nil {
 		for _, c := range live {
-			*errOf(c) = fmt.Errorf("%s: %w", what, err)
+			c.shared().err = fmt.Errorf("%s: %w", what, err)
 		}
 	}
 }

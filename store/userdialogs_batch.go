@@ -2,10 +2,8 @@ package store
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
-	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/internal/ids"
 )
 
@@ -33,60 +31,20 @@ const userDialogsSQL = `SELECT r.i, d.dialog_id::text
 
 // userDialogsCall is one read waiting in a batch.
 type userDialogsCall struct {
-	ctx     context.Context
+	sharedCall
 	userID  string
 	limit   int
 	dialogs []string
-	err     error
 }
 
-// userDialogsBatcher sends concurrent DialogIDsForUser reads as shared
-// queries. Safe for concurrent use.
-type userDialogsBatcher struct {
-	s    *Store
-	comb combine.Combiner[*userDialogsCall]
-
-	calls, queries atomic.Uint64
-}
-
-func newUserDialogsBatcher(s *Store) *userDialogsBatcher {
-	b := &userDialogsBatcher{s: s}
-	b.comb = combine.Combiner[*userDialogsCall]{Exec: b.exec, InFlight: userDialogsInFlight, Max: userDialogsBatchMax}
-	return b
-}
-
-// UserDialogsStats counts DialogIDsForUser reads and the queries that
-// answered them (fewer than the reads when reads were batched).
-func (s *Store) UserDialogsStats() SubscribeCheckStats {
-	return SubscribeCheckStats{Checks: s.userDialogs.calls.Load(), Queries: s.userDialogs.queries.Load()}
-}
-
-// read answers one user's dialogs, batched with other callers' reads.
-func (b *userDialogsBatcher) read(ctx context.Context, userID string, limit int) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	b.calls.Add(1)
-	// A non-UUID id names no member; keeping it out of the arrays keeps one
-	// caller's bad input from failing the batch.
-	if !ids.Valid(userID) || limit <= 0 {
-		return nil, nil
-	}
-	c := &userDialogsCall{ctx: ctx, userID: userID, limit: limit}
-	b.comb.Do(c)
-	return c.dialogs, c.err
-}
-
-// exec answers the calls whose context is still live with one query.
-func (b *userDialogsBatcher) exec(batch []*userDialogsCall) {
-	b.queries.Add(1)
-	sharedQuery(batch, func(c *userDialogsCall) *error { return &c.err }, func(c *userDialogsCall) context.Context { return c.ctx },
-		userDialogsSharedBudget, "user dialogs", func(ctx context.Context, live []*userDialogsCall) error {
+func newUserDialogsBatcher(s *Store) *stmtBatcher[*userDialogsCall] {
+	return newStmtBatcher(userDialogsInFlight, userDialogsBatchMax, userDialogsSharedBudget, "user dialogs",
+		func(ctx context.Context, live []*userDialogsCall) error {
 			users, limits := make([]string, len(live)), make([]int32, len(live))
 			for i, c := range live {
 				users[i], limits[i] = c.userID, int32(min(c.limit, 1<<30))
 			}
-			err := b.s.queryUserDialogs(ctx, users, limits, func(i int, dialog string) {
+			err := s.queryUserDialogs(ctx, users, limits, func(i int, dialog string) {
 				if i >= 1 && i <= len(live) {
 					live[i-1].dialogs = append(live[i-1].dialogs, dialog)
 				}
@@ -98,6 +56,26 @@ func (b *userDialogsBatcher) exec(batch []*userDialogsCall) {
 			}
 			return err
 		})
+}
+
+// UserDialogsStats counts DialogIDsForUser reads and the queries that
+// answered them (fewer than the reads when reads were batched).
+func (s *Store) UserDialogsStats() SubscribeCheckStats { return s.userDialogs.stats() }
+
+// readUserDialogs answers one user's dialogs, batched with other callers'
+// reads.
+func (s *Store) readUserDialogs(ctx context.Context, userID string, limit int) ([]string, error) {
+	if err := s.userDialogs.begin(ctx); err != nil {
+		return nil, err
+	}
+	// A non-UUID id names no member; keeping it out of the arrays keeps one
+	// caller's bad input from failing the batch.
+	if !ids.Valid(userID) || limit <= 0 {
+		return nil, nil
+	}
+	c := &userDialogsCall{sharedCall: sharedCall{ctx: ctx}, userID: userID, limit: limit}
+	err := s.userDialogs.do(c)
+	return c.dialogs, err
 }
 
 // queryUserDialogs runs userDialogsSQL and calls row for each dialog.

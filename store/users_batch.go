@@ -2,10 +2,8 @@ package store
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
-	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/internal/ids"
 )
 
@@ -29,60 +27,37 @@ const ensureUsersSQL = `INSERT INTO users(id) SELECT u FROM unnest($1::text[]::u
 
 // ensureUserCall is one record waiting in a batch.
 type ensureUserCall struct {
-	ctx context.Context
-	id  string
-	err error
+	sharedCall
+	id string
 }
 
-// ensureUsersBatcher sends concurrent EnsureUser records as shared
-// statements. Safe for concurrent use.
-type ensureUsersBatcher struct {
-	s    *Store
-	comb combine.Combiner[*ensureUserCall]
-
-	calls, queries atomic.Uint64
-}
-
-func newEnsureUsersBatcher(s *Store) *ensureUsersBatcher {
-	b := &ensureUsersBatcher{s: s}
-	b.comb = combine.Combiner[*ensureUserCall]{Exec: b.exec, InFlight: ensureUsersInFlight, Max: ensureUsersBatchMax}
-	return b
-}
-
-// EnsureUserStats counts the EnsureUser calls that had to write (the id
-// was not known) and the statements that recorded them.
-func (s *Store) EnsureUserStats() SubscribeCheckStats {
-	return SubscribeCheckStats{Checks: s.ensureUsers.calls.Load(), Queries: s.ensureUsers.queries.Load()}
-}
-
-// record records id, batched with other callers' records. An id that is
-// not a UUID goes alone, so its error is its own and no batch-mate's.
-func (b *ensureUsersBatcher) record(ctx context.Context, id string) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	b.calls.Add(1)
-	if !ids.Valid(id) {
-		b.queries.Add(1)
-		_, err := b.s.reqExec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
-		return err
-	}
-	c := &ensureUserCall{ctx: ctx, id: id}
-	b.comb.Do(c)
-	return c.err
-}
-
-// exec records the ids of the calls whose context is still live with one
-// statement.
-func (b *ensureUsersBatcher) exec(batch []*ensureUserCall) {
-	b.queries.Add(1)
-	sharedQuery(batch, func(c *ensureUserCall) *error { return &c.err }, func(c *ensureUserCall) context.Context { return c.ctx },
-		ensureUsersSharedBudget, "record users", func(ctx context.Context, live []*ensureUserCall) error {
+func newEnsureUsersBatcher(s *Store) *stmtBatcher[*ensureUserCall] {
+	return newStmtBatcher(ensureUsersInFlight, ensureUsersBatchMax, ensureUsersSharedBudget, "record users",
+		func(ctx context.Context, live []*ensureUserCall) error {
 			users := make([]string, len(live))
 			for i, c := range live {
 				users[i] = c.id
 			}
-			_, err := b.s.reqExec(ctx, ensureUsersSQL, users)
+			_, err := s.reqExec(ctx, ensureUsersSQL, users)
 			return err
 		})
+}
+
+// EnsureUserStats counts the EnsureUser calls that had to write (the id
+// was not known) and the statements that recorded them.
+func (s *Store) EnsureUserStats() SubscribeCheckStats { return s.ensureUsers.stats() }
+
+// recordUser records id, batched with other callers' records. An id that
+// is not a UUID goes alone, so its error is its own and no batch-mate's.
+func (s *Store) recordUser(ctx context.Context, id string) error {
+	b := s.ensureUsers
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	if !ids.Valid(id) {
+		b.queries.Add(1)
+		_, err := s.reqExec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
+		return err
+	}
+	return b.do(&ensureUserCall{sharedCall: sharedCall{ctx: ctx}, id: id})
 }
