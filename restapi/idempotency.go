@@ -40,6 +40,10 @@ type IdempotencyConfig struct {
 	// over at once instead of waiting out LockTTL. Empty: this server's
 	// locks name no instance and are never taken over.
 	InstanceID string
+	// Linger is how long a request's idempotency script (with the rate-limit
+	// decision it carries) that finds the shared Redis pipeline free waits
+	// for other requests' scripts to join it. Zero value: sent at once.
+	Linger time.Duration
 }
 
 // Idempotency scopes: one per idempotent operation (part of the key).
@@ -130,7 +134,7 @@ func (s *Server) initIdempotency(d Deps) {
 		id.ownHealth = true
 	}
 	if d.Redis != nil {
-		id.store = store.NewIdempotency(d.Redis, id.health, store.IdempotencyConfig{RecordTTL: cfg.RecordTTL, LockTTL: cfg.LockTTL})
+		id.store = store.NewIdempotency(d.Redis, id.health, store.IdempotencyConfig{RecordTTL: cfg.RecordTTL, LockTTL: cfg.LockTTL, Linger: cfg.Linger})
 	}
 	s.idem = id
 }

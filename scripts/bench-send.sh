@@ -25,6 +25,9 @@
 #            opened as the gateway opens its own (same pool size and exec
 #            mode), no HTTP, no Redis;
 #   sql-p1   sql with the same client at GOMAXPROCS=1;
+#   gw-nl, sql-nl  gw-on and sql without the waits for company
+#            (HAN_SEND_LINGER=0 and HAN_IDEMPOTENCY_LINGER=0; send-sql's
+#            -send-linger 0): every transaction and pipeline leaves at once;
 #   old-on, old-off  with -old: the same as gw-* built from <commit> (in a
 #            temporary git worktree, its own migrations on its own database).
 # Shapes: many dialogs (200 users in 20 dialogs) and hot dialog (-hot-dialog,
@@ -117,7 +120,7 @@ IFS=, read -r -a arms_h <<<"$arms_hot"
 [ "$arms_many" = none ] && arms_m=()
 [ "$arms_hot" = none ] && arms_h=()
 for a in "${arms_m[@]}" "${arms_h[@]}"; do
-	case "$a" in gw-on | gw-off | gw-p1 | sql | sql-p1) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
+	case "$a" in gw-on | gw-off | gw-p1 | gw-nl | sql | sql-p1 | sql-nl) ;; old-on | old-off) [ -n "$old" ] || han_die "arm $a needs -old" ;; *) han_die "unknown arm $a" ;; esac
 done
 for l in "$rates_many" "$rates_hot"; do
 	case ",$l," in *",$cpu_rate,"*) ;; *) han_die "-cpu-rate $cpu_rate must be a step of -rates-many and -rates-hot" ;; esac
@@ -180,7 +183,7 @@ pg_ctl_stop="as_pg '$PGBIN/pg_ctl' -D '$work/pg/data' -m fast -w stop"
 postmaster="$(head -n 1 "$work/pg/data/postmaster.pid")"
 server="postgres://postgres@127.0.0.1:$pg_port"
 psql_() { "$PGBIN/psql" -X -qtA -v ON_ERROR_STOP=1 -d "$server/${1}?sslmode=disable" -c "$2"; }
-for db in han_gw han_sql han_sql_p1 han_old; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
+for db in han_gw han_sql han_sql_p1 han_sql_nl han_old; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
 
 # --- Redis ---------------------------------------------------------------------
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bench-$RANDOM$RANDOM$RANDOM"
@@ -208,6 +211,7 @@ poolurl() { echo "$(dburl "$1")${pool:+&pool_max_conns=$pool}"; }
 DATABASE_URL="$(dburl han_gw)" "$work/new/hanctl" migrate >/dev/null
 DATABASE_URL="$(dburl han_sql)" "$work/new/hanctl" migrate >/dev/null
 DATABASE_URL="$(dburl han_sql_p1)" "$work/new/hanctl" migrate >/dev/null
+DATABASE_URL="$(dburl han_sql_nl)" "$work/new/hanctl" migrate >/dev/null
 [ -n "$old" ] && DATABASE_URL="$(dburl han_old)" "$work/old/hanctl" migrate >/dev/null
 
 # policy DB RULES: the send route's rules; GET history and setup routes raised
@@ -222,11 +226,11 @@ policy() {
 raised='[{"family":"user","limit":100000000,"windowMs":10000},{"family":"ip","limit":100000000,"windowMs":10000},{"family":"dialog","limit":100000000,"windowMs":10000}]'
 
 declare -A gw_pid gw_url
-declare -A arm_redis=([gw-on]=0 [gw-off]=2 [old-on]=4 [old-off]=6 [gw-p1]=8)
+declare -A arm_redis=([gw-on]=0 [gw-off]=2 [old-on]=4 [old-off]=6 [gw-p1]=8 [gw-nl]=10)
 start_gateway() { # ARM BIN DB
 	local arm=$1 bin=$2 db=$3 port
 	port="$(han_pick_port 0)"
-	# Each arm has Redis databases of its own (gw-on 0/1, gw-off 2/3, gw-p1 8/9, old-on
+	# Each arm has Redis databases of its own (gw-on 0/1, gw-off 2/3, gw-p1 8/9, gw-nl 10/11, old-on
 	# 4/5, old-off 6/7): the runtime-settings snapshot in the realtime
 	# database is keyed by its version alone, and the arms' PostgreSQL
 	# databases count their versions independently, so on shared databases
@@ -234,6 +238,7 @@ start_gateway() { # ARM BIN DB
 	local rdb="${arm_redis[$arm]}"
 	local procs=()
 	[ "$arm" = gw-p1 ] && procs=(GOMAXPROCS=1)
+	[ "$arm" = gw-nl ] && procs=(HAN_SEND_LINGER=0 HAN_IDEMPOTENCY_LINGER=0)
 	env "${procs[@]+"${procs[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(if [ "$bin" = "$work/new/han-gateway" ]; then poolurl "$db"; else dburl "$db"; fi)" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
 		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
 		HAN_DB_EXEC_MODE="$exec_mode" HAN_SEND_COMMITTERS="$committers" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
@@ -248,22 +253,24 @@ start_gateway() { # ARM BIN DB
 	han_die "$arm gateway did not become ready: $(tail -n 5 "$work/$arm.log")"
 }
 # The policy is per database, so each arm has its own: gw-on han_gw, gw-off
-# han_gw_off, gw-p1 han_gw_p1, old-on han_old, old-off han_old_off, sql
-# han_sql, sql-p1 han_sql_p1 (and no arm writes into another's tables, whose
+# han_gw_off, gw-p1 han_gw_p1, gw-nl han_gw_nl, old-on han_old, old-off
+# han_old_off, sql han_sql, sql-p1 han_sql_p1, sql-nl han_sql_nl (and no arm writes into another's tables, whose
 # bloat and autovacuum would then be charged to the next arm).
-for db in han_gw_off han_gw_p1 han_old_off; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
+for db in han_gw_off han_gw_p1 han_gw_nl han_old_off; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
 DATABASE_URL="$(dburl han_gw_off)" "$work/new/hanctl" migrate >/dev/null
 DATABASE_URL="$(dburl han_gw_p1)" "$work/new/hanctl" migrate >/dev/null
+DATABASE_URL="$(dburl han_gw_nl)" "$work/new/hanctl" migrate >/dev/null
 policy han_gw "$raised"
 policy han_gw_p1 "$raised"
+policy han_gw_nl "$raised"
 policy han_gw_off '[]'
 if [ -n "$old" ]; then
 	DATABASE_URL="$(dburl han_old_off)" "$work/old/hanctl" migrate >/dev/null
 	policy han_old "$raised"
 	policy han_old_off '[]'
 fi
-declare -A arm_bin=([gw-on]="$work/new/han-gateway" [gw-p1]="$work/new/han-gateway" [gw-off]="$work/new/han-gateway" [old-on]="$work/old/han-gateway" [old-off]="$work/old/han-gateway")
-declare -A arm_db=([gw-on]=han_gw [gw-p1]=han_gw_p1 [gw-off]=han_gw_off [old-on]=han_old [old-off]=han_old_off)
+declare -A arm_bin=([gw-on]="$work/new/han-gateway" [gw-p1]="$work/new/han-gateway" [gw-nl]="$work/new/han-gateway" [gw-off]="$work/new/han-gateway" [old-on]="$work/old/han-gateway" [old-off]="$work/old/han-gateway")
+declare -A arm_db=([gw-on]=han_gw [gw-p1]=han_gw_p1 [gw-nl]=han_gw_nl [gw-off]=han_gw_off [old-on]=han_old [old-off]=han_old_off)
 # stop_gateway ARM: SIGTERM (HAN_DRAIN_DELAY=0) and wait for the exit.
 stop_gateway() {
 	local p="${gw_pid[$1]}"
@@ -290,8 +297,10 @@ phase() { # FSYNC SHAPE ARM ROUND
 	args+=(-cpu-pid "postgres=$postmaster+" -cpu-pid "redis=$redis_pid")
 	local lt_env=()
 	[ "$arm" = sql-p1 ] && lt_env=(GOMAXPROCS=1)
-	if [ "${arm%-p1}" = sql ]; then
-		args=(send-sql -database-url "$(poolurl "han_${arm//-/_}")" -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${args[@]}")
+	if [ "${arm%-*}" = sql ]; then
+		local nl=()
+		[ "$arm" = sql-nl ] && nl=(-send-linger 0)
+		args=(send-sql -database-url "$(poolurl "han_${arm//-/_}")" -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${nl[@]+"${nl[@]}"}" "${args[@]}")
 	else
 		# A fresh gateway per phase, so no idle gateway of another arm adds
 		# its background work to PostgreSQL's and Redis's CPU.
@@ -308,7 +317,15 @@ phase() { # FSYNC SHAPE ARM ROUND
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats1"
 	read -r st1 t1 < <(han_steal_ticks)
 	l1="$l1 (steal $(han_steal_pct "$st0" "$t0" "$st1" "$t1") %)"
-	[ "${arm%-p1}" = sql ] || stop_gateway "$arm"
+	# Sends per send transaction over the phase (set-up and warm-up included).
+	local spt=""
+	if [ "${arm%-*}" = sql ]; then
+		spt="$(jq -r '.info.send_stats // empty' "$sum" 2>/dev/null || true)"
+	elif [ "${arm#old}" = "$arm" ]; then
+		spt="$(curl -fsS "${gw_url[$arm]}/metrics" 2>/dev/null | awk '$1 == "han_send_transactions_total" { t = $2 } $1 == "han_send_messages_total" { m = $2 } $1 == "han_send_batches_total" { b = $2 }
+			END { if (t > 0) printf "%d sends in %d transactions (%.2f per transaction, %.2f dialogs)", m, t, m / t, b / t }')"
+	fi
+	[ "${arm%-*}" = sql ] || stop_gateway "$arm"
 	# The phase's rows leave its tables due for autovacuum, which would then
 	# run (and be charged to PostgreSQL's CPU) in whichever arm's phase comes
 	# next: vacuum them now, outside every measured window.
@@ -332,7 +349,7 @@ phase() { # FSYNC SHAPE ARM ROUND
 			END { if (n > 0) printf "%.1f (%.1f; reads %.2f)", c / n, e / n, r / n; else printf "—" }' \
 		"$work/$fs-$shape-$arm-$round.cmdstats0" "$work/$fs-$shape-$arm-$round.cmdstats1")"
 	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$fs" "$shape" "$arm" "$round" "${held%.*}" "$cpu" "$l0" "$l1" "$rcalls" >>"$results"
-	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, CPU-ms/send at $cpu_rate/s (gw pg redis gen): $(echo "$cpu" | tr '\t' ' '), Redis commands (scripts) per send: $rcalls, load $l0→$l1"
+	han_log "fsync $fs $shape $arm round $round: held ${held%.*}/s, CPU-ms/send at $cpu_rate/s (gw pg redis gen): $(echo "$cpu" | tr '\t' ' '), Redis commands (scripts) per send: $rcalls, load $l0→$l1${spt:+, $spt}"
 }
 
 pg_settings() { psql_ postgres "SELECT current_setting('fsync') || ' / ' || current_setting('synchronous_commit') || ' / ' || current_setting('shared_buffers')"; }

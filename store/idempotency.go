@@ -73,6 +73,9 @@ type IdempotencyConfig struct {
 	RecordTTL time.Duration
 	// LockTTL is the lock's lifetime between heartbeats. Zero value means 30s.
 	LockTTL time.Duration
+	// Linger is how long a script call that finds the shared pipeline free
+	// waits for other requests' calls to join it (0: sent at once).
+	Linger time.Duration
 }
 
 // Idempotency is the data access of idempotency keys: the Lua scripts on DB0
@@ -94,6 +97,7 @@ func NewIdempotency(rdb redis.UniversalClient, health *rds.RedisHealth, cfg Idem
 		cfg.LockTTL = 30 * time.Second
 	}
 	b := rds.NewBatcher(rdb)
+	b.SetLinger(cfg.Linger)
 	return &Idempotency{rdb: b, health: health, cfg: cfg}
 }
 

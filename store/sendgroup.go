@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,6 +60,16 @@ type commitGroups struct {
 	max     int
 	active  int
 	waiting []*dialogBatch
+	// linger is how long a batch that finds a committer free waits for
+	// the batches of other dialogs to join its transaction (0: none).
+	linger time.Duration
+	// full is set while a committer lingers; commit closes it when the
+	// waiting batches fill a group, so the committer need not wait on.
+	full chan struct{}
+
+	// Counters: transactions written (groups, and batches written again
+	// alone) and the sends and dialog batches they carried.
+	txs, batches, sends atomic.Uint64
 }
 
 // dialogBatch is one dialog's combined sends on their way through a group.
@@ -78,7 +89,45 @@ func (b *dialogBatch) settle(rows []sendRow, err error) {
 }
 
 func newCommitGroups(exec func([]*dialogBatch)) *commitGroups {
-	return &commitGroups{exec: exec, max: DefaultSendCommitters, lockWait: maxCommitterLockWait}
+	return &commitGroups{exec: exec, max: DefaultSendCommitters, lockWait: maxCommitterLockWait, linger: DefaultSendLinger}
+}
+
+// DefaultSendLinger is how long a send batch that finds a committer free
+// waits for other dialogs' batches to share its transaction when
+// HAN_SEND_LINGER is not set (docs/benchmarks.md: at moderate rates most
+// transactions would otherwise carry one send).
+const DefaultSendLinger = 5 * time.Millisecond
+
+// SetSendLinger sets how long a send batch that finds a committer free
+// waits for company (0: written at once). Sends wait at most that much
+// longer; under load, when batches queue for the committers anyway, it
+// changes nothing.
+func (s *Store) SetSendLinger(d time.Duration) {
+	s.groups.mu.Lock()
+	s.groups.linger = max(d, 0)
+	s.groups.mu.Unlock()
+}
+
+// SendStats counts what the send path wrote: transactions, the dialog
+// batches and the sends they carried.
+type SendStats struct {
+	Transactions, Batches, Sends uint64
+}
+
+// SendStats returns this Store's send counters.
+func (s *Store) SendStats() SendStats {
+	return SendStats{Transactions: s.groups.txs.Load(), Batches: s.groups.batches.Load(), Sends: s.groups.sends.Load()}
+}
+
+// count records one transaction written with the given batches.
+func (g *commitGroups) count(batches ...*dialogBatch) {
+	g.txs.Add(1)
+	g.batches.Add(uint64(len(batches)))
+	n := 0
+	for _, b := range batches {
+		n += len(b.reqs)
+	}
+	g.sends.Add(uint64(n))
 }
 
 // SetSendCommitters sets how many send transactions this instance runs at
@@ -99,19 +148,57 @@ func (g *commitGroups) commit(b *dialogBatch) {
 	g.mu.Lock()
 	if g.active >= g.max {
 		g.waiting = append(g.waiting, b)
+		if g.full != nil && len(g.waiting) >= maxGroupDialogs-1 {
+			close(g.full)
+			g.full = nil
+		}
 		g.mu.Unlock()
 		<-b.done
 		return
 	}
 	g.active++
+	linger := g.linger
+	var full chan struct{}
+	if linger > 0 {
+		full = make(chan struct{})
+		g.full = full
+	}
 	g.mu.Unlock()
+	group := []*dialogBatch{b}
+	if linger > 0 {
+		group = g.gather(b, linger, full)
+	}
 	// Written on the caller's goroutine; what waited meanwhile is left to
 	// a drain, so this caller is answered as soon as its own group is.
-	g.exec([]*dialogBatch{b})
+	g.exec(group)
 	if group := g.next(); group != nil {
 		go g.drain(group)
 	}
 	<-b.done
+}
+
+// gather holds the committer's slot for up to linger (less when the
+// waiting batches fill a group first) and returns b with the batches that
+// arrived meanwhile as one group. At a moderate rate most transactions
+// would carry one dialog's batch; the wait lets PostgreSQL pay one commit,
+// one WAL flush and one round trip for several.
+func (g *commitGroups) gather(b *dialogBatch, linger time.Duration, full chan struct{}) []*dialogBatch {
+	t := time.NewTimer(linger)
+	select {
+	case <-t.C:
+	case <-full:
+		t.Stop()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.full == full {
+		g.full = nil
+	}
+	n := min(len(g.waiting), maxGroupDialogs-1)
+	group := make([]*dialogBatch, 0, n+1)
+	group = append(append(group, b), g.waiting[:n]...)
+	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
+	return group
 }
 
 // drain writes waiting groups until none waits.
@@ -168,6 +255,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	lockWait := min(budget/4, s.groups.lockWait)
 	var out [][]sendRow
 	var err error
+	s.groups.count(group...)
 	if len(group) == 1 {
 		var rows []sendRow
 		rows, err = s.execSendBatch(group[0].dialogID, budget, lockWait, group[0].reqs)
@@ -194,6 +282,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	for _, b := range group {
 		go func() {
 			if left := time.Until(b.deadline); left > 0 {
+				s.groups.count(b)
 				b.settle(s.execSendBatch(b.dialogID, left, left, b.reqs))
 				return
 			}

@@ -78,6 +78,7 @@ func TestSendsIntoDialogsReadyTogetherShareOneTransaction(t *testing.T) {
 	s, _ := openStore(t)
 	s.SetRequestTimeout(10 * time.Second)
 	s.SetSendCommitters(1)
+	s.SetSendLinger(0)
 	release, first := occupy(t, s)
 	fixtures, outs := sendIntoNewDialogs(t, s, 5, "grouped")
 	waitGroupWaiting(t, s, len(fixtures))
@@ -106,6 +107,7 @@ func TestAFailedGroupFailsOnlyItsBadDialog(t *testing.T) {
 	s, _ := openStore(t)
 	s.SetRequestTimeout(8 * time.Second)
 	s.SetSendCommitters(1)
+	s.SetSendLinger(0)
 	release, first := occupy(t, s)
 	ctx := context.Background()
 	good, outs := sendIntoNewDialogs(t, s, 3, "fine")
@@ -146,6 +148,7 @@ func TestAnExpiredBatchLeavesItsGroup(t *testing.T) {
 	s, _ := openStore(t)
 	s.SetRequestTimeout(10 * time.Second)
 	s.SetSendCommitters(1)
+	s.SetSendLinger(0)
 	release, first := occupy(t, s)
 	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -174,6 +177,7 @@ func TestADialogLockedElsewhereDoesNotStallOtherSends(t *testing.T) {
 	s, _ := openStore(t)
 	s.SetRequestTimeout(10 * time.Second)
 	s.SetSendCommitters(1)
+	s.SetSendLinger(0)
 	ctx := context.Background()
 	locked, free := newSendFixture(t, s, 2), newSendFixture(t, s, 2)
 	releaseLocked := holdDialog(t, locked.dialog)
@@ -267,5 +271,76 @@ func TestGroupsOfTwoInstancesOverManyDialogs(t *testing.T) {
 	}
 	for i, f := range fixtures {
 		checkGapless(t, s1, f.dialog, 24, answered[i])
+	}
+}
+
+// With a linger, a batch that finds the send transaction free waits for
+// the batches of other dialogs: sends that arrive within it are written in
+// its transaction, each with its own seq and answer.
+func TestSendsArrivingWithinTheLingerShareOneTransaction(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(500 * time.Millisecond)
+	fixtures := make([]sendFixture, 4)
+	for i := range fixtures {
+		fixtures[i] = newSendFixture(t, s, 2)
+	}
+	before := s.SendStats()
+	start := time.Now()
+	outs := make([]<-chan sendOutcome, len(fixtures))
+	for i, f := range fixtures {
+		outs[i] = queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[0], Body: "company"})
+	}
+	var msgs []store.Message
+	for i, ch := range outs {
+		o := <-ch
+		if o.err != nil || !o.created || o.m.Seq != 1 || o.m.DialogID != fixtures[i].dialog || o.m.SenderID != fixtures[i].users[0] {
+			t.Fatalf("send %d: %+v created %v: %v", i, o.m, o.created, o.err)
+		}
+		msgs = append(msgs, o.m)
+	}
+	if waited := time.Since(start); waited < 500*time.Millisecond {
+		t.Fatalf("the first send was answered after %v, before its linger ended", waited)
+	}
+	if n := transactionsOf(t, msgs...); n != 1 {
+		t.Fatalf("four sends within the linger were written by %d transactions, want one", n)
+	}
+	after := s.SendStats()
+	if tx, sends := after.Transactions-before.Transactions, after.Sends-before.Sends; tx != 1 || sends != 4 {
+		t.Fatalf("SendStats counted %d transactions carrying %d sends, want 1 and 4", tx, sends)
+	}
+}
+
+// A lingering transaction leaves as soon as the batches that joined it fill
+// a group (32 dialogs), however long the linger.
+func TestALingeringTransactionLeavesWhenItsGroupIsFull(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(30 * time.Second)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(time.Hour)
+	fixtures := make([]sendFixture, 32)
+	for i := range fixtures {
+		fixtures[i] = newSendFixture(t, s, 2)
+	}
+	outs := make([]<-chan sendOutcome, len(fixtures))
+	for i, f := range fixtures {
+		outs[i] = queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[1], Body: "full"})
+	}
+	var msgs []store.Message
+	timeout := time.After(20 * time.Second)
+	for i, ch := range outs {
+		select {
+		case o := <-ch:
+			if o.err != nil || !o.created || o.m.Seq != 1 {
+				t.Fatalf("send %d: %+v created %v: %v", i, o.m, o.created, o.err)
+			}
+			msgs = append(msgs, o.m)
+		case <-timeout:
+			t.Fatalf("a full group kept lingering: %d of 32 sends answered", i)
+		}
+	}
+	if n := transactionsOf(t, msgs...); n != 1 {
+		t.Fatalf("32 sends were written by %d transactions, want one", n)
 	}
 }

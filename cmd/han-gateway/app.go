@@ -190,6 +190,8 @@ func (m *Main) Run(ctx context.Context) error {
 	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
 	apiStore.SetSendQueue(cfg.SendDialogQueue)
 	apiStore.SetSendCommitters(cfg.SendCommitters)
+	apiStore.SetSendLinger(cfg.SendLinger)
+	metrics.Registry.MustRegister(newSendCollector(apiStore)) // dbpool.go
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,
@@ -213,7 +215,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			TrustedProxies: cfg.TrustedProxies, BodyTimeout: cfg.HTTPBodyTimeout, CORSOrigins: cfg.CORSOrigins,
-			Idempotency:  restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID},
+			Idempotency:  restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID, Linger: cfg.IdempotencyLinger},
 			Attachments:  restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir},
 			ProjectQueue: project.QueueConfig{ModuleLeaseBytes: cfg.ProjectModuleLeaseBytes}},
 		Logger: m.Logger, Store: apiStore, ReadyPG: m.readyPG, Redis: m.rdb, Realtime: m.rt, Verifier: verifier,

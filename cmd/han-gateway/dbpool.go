@@ -3,6 +3,8 @@ package main
 import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/han-app/gateway/store"
 )
 
 // poolCollector reports the request pool's load at scrape time, so pool
@@ -42,4 +44,33 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.waits, prometheus.CounterValue, float64(st.EmptyAcquireCount()))
 	ch <- prometheus.MustNewConstMetric(c.waitSeconds, prometheus.CounterValue, st.EmptyAcquireWaitTime().Seconds())
 	ch <- prometheus.MustNewConstMetric(c.canceled, prometheus.CounterValue, float64(st.CanceledAcquireCount()))
+}
+
+// sendCollector exports what the send path wrote: transactions, and the
+// dialog batches and sends they carried (sends ÷ transactions is how many
+// sends share a commit).
+type sendCollector struct {
+	st                  *store.Store
+	txs, batches, sends *prometheus.Desc
+}
+
+func newSendCollector(st *store.Store) *sendCollector {
+	return &sendCollector{st: st,
+		txs:     prometheus.NewDesc("han_send_transactions_total", "Send transactions written (a group of dialogs' batches, or one batch written again alone).", nil, nil),
+		batches: prometheus.NewDesc("han_send_batches_total", "Dialog batches (one dialog's combined sends) carried by the send transactions.", nil, nil),
+		sends:   prometheus.NewDesc("han_send_messages_total", "Sends carried by the send transactions.", nil, nil),
+	}
+}
+
+func (c *sendCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.txs, c.batches, c.sends} {
+		ch <- d
+	}
+}
+
+func (c *sendCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.st.SendStats()
+	ch <- prometheus.MustNewConstMetric(c.txs, prometheus.CounterValue, float64(st.Transactions))
+	ch <- prometheus.MustNewConstMetric(c.batches, prometheus.CounterValue, float64(st.Batches))
+	ch <- prometheus.MustNewConstMetric(c.sends, prometheus.CounterValue, float64(st.Sends))
 }

@@ -24,10 +24,19 @@ type Combiner[C any] struct {
 	InFlight int
 	// Max bounds one batch.
 	Max int
+	// Linger is how long a call that finds a batch free waits for other
+	// calls to join it before the batch is executed (0: at once). Calls
+	// that arrive meanwhile queue behind it, and the batch leaves early
+	// once they fill it.
+	Linger time.Duration
 
 	mu       sync.Mutex
 	queue    []*waiter[C]
 	inFlight int
+	// full is set while a caller lingers: closed (and cleared) once the
+	// queue holds room calls.
+	full chan struct{}
+	room int
 }
 
 // waiter is one queued call.
@@ -50,10 +59,13 @@ func (c *Combiner[C]) Do(calls ...C) {
 		w.wake = make(chan []*waiter[C], 1)
 	}
 	c.mu.Lock()
-	if c.inFlight < max(c.InFlight, 1) {
+	if c.full == nil && c.inFlight < max(c.InFlight, 1) {
 		// One caller's calls stay together even beyond Max: in the queue
 		// they would wait for a batch in flight, and there may be none.
 		c.inFlight++
+		if c.Linger > 0 && len(ws) < c.Max {
+			c.lingerLocked(c.Max - len(ws))
+		}
 		batch := append(ws[:len(ws):len(ws)], c.takeLocked(max(c.Max-len(ws), 0))...)
 		c.mu.Unlock()
 		c.send(batch)
@@ -64,11 +76,34 @@ func (c *Combiner[C]) Do(calls ...C) {
 	}
 	ws[0].wake = make(chan []*waiter[C], 1)
 	c.queue = append(c.queue, ws...)
+	if c.full != nil && len(c.queue) >= c.room {
+		close(c.full)
+		c.full = nil
+	}
 	c.mu.Unlock()
 	for _, w := range ws {
 		if batch := <-w.wake; batch != nil {
 			c.send(batch)
 		}
+	}
+}
+
+// lingerLocked waits, with c.mu released, up to Linger for room calls to
+// queue, and returns with c.mu held. Meanwhile other callers queue rather
+// than start batches of their own.
+func (c *Combiner[C]) lingerLocked(room int) {
+	full := make(chan struct{})
+	c.full, c.room = full, room
+	c.mu.Unlock()
+	t := time.NewTimer(c.Linger)
+	select {
+	case <-t.C:
+	case <-full:
+		t.Stop()
+	}
+	c.mu.Lock()
+	if c.full == full {
+		c.full = nil
 	}
 }
 

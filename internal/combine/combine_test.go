@@ -22,8 +22,14 @@ type call struct {
 // Every call is executed exactly once, no batch is larger than Max, no
 // more than InFlight batches run at once, one caller's calls keep their
 // order (a caller's calls that find a batch free go out together), and
-// concurrent callers really share batches.
+// concurrent callers really share batches — with and without a linger.
 func TestCombinerSharesBatchesAndExecutesEachCallOnce(t *testing.T) {
+	for _, linger := range []time.Duration{0, 200 * time.Microsecond} {
+		t.Run(linger.String(), func(t *testing.T) { testCombinerShares(t, linger) })
+	}
+}
+
+func testCombinerShares(t *testing.T, linger time.Duration) {
 	var (
 		mu      sync.Mutex
 		running int
@@ -31,7 +37,7 @@ func TestCombinerSharesBatchesAndExecutesEachCallOnce(t *testing.T) {
 		batches int
 		order   = map[int][]int{} // group → ids in execution order
 	)
-	c := &combine.Combiner[*call]{InFlight: 2, Max: 8}
+	c := &combine.Combiner[*call]{InFlight: 2, Max: 8, Linger: linger}
 	c.Exec = func(batch []*call) {
 		mu.Lock()
 		running++
@@ -126,5 +132,61 @@ func TestCombinerCallsUpToMaxAndBeyondRunAtOnce(t *testing.T) {
 		if len(got) != 1 || got[0] != n {
 			t.Fatalf("%d calls ran as batches %v, want one of %d", n, got, n)
 		}
+	}
+}
+
+// With a linger, a call that finds a batch free waits for company: calls
+// that arrive meanwhile (even with a second batch free) join its batch.
+func TestCombinerLingerGathersCallsThatArriveMeanwhile(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	c := &combine.Combiner[*call]{InFlight: 2, Max: 8, Linger: 300 * time.Millisecond, Exec: func(batch []*call) {
+		mu.Lock()
+		sizes = append(sizes, len(batch))
+		mu.Unlock()
+	}}
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Go(func() { c.Do(&call{id: 0}) })
+	time.Sleep(20 * time.Millisecond)
+	for i := 1; i <= 3; i++ {
+		wg.Go(func() { c.Do(&call{id: i}) })
+	}
+	wg.Wait()
+	if len(sizes) != 1 || sizes[0] != 4 {
+		t.Fatalf("batches %v, want one of 4 calls", sizes)
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("the batch left after %v, before its linger", waited)
+	}
+}
+
+// A lingering batch leaves as soon as the calls that joined it fill it.
+func TestCombinerLingerEndsWhenTheBatchFills(t *testing.T) {
+	var sizes []int
+	var mu sync.Mutex
+	c := &combine.Combiner[*call]{Max: 3, Linger: time.Hour, Exec: func(batch []*call) {
+		mu.Lock()
+		sizes = append(sizes, len(batch))
+		mu.Unlock()
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		wg.Go(func() { c.Do(&call{}) })
+		time.Sleep(20 * time.Millisecond)
+		wg.Go(func() { c.Do(&call{}, &call{}) })
+		wg.Wait()
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a full batch kept lingering")
+	}
+	if len(sizes) != 1 || sizes[0] != 3 {
+		t.Fatalf("batches %v, want one of 3 calls", sizes)
 	}
 }

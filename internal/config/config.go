@@ -66,6 +66,16 @@ type Config struct {
 	// transactions an instance runs at once; the batches of different
 	// dialogs that wait for one are written together in one transaction.
 	SendCommitters int
+	// SendLinger (HAN_SEND_LINGER, default 5ms; 0 turns it off) is how
+	// long a send transaction that could start at once waits for the sends
+	// of other dialogs to join it: fewer commits and round trips per send
+	// at moderate rates, for at most that much more latency.
+	SendLinger time.Duration
+	// IdempotencyLinger (HAN_IDEMPOTENCY_LINGER, default 2ms; 0 turns it
+	// off) is how long a keyed write's idempotency reserve (with its
+	// rate-limit decision) that finds the shared Redis pipeline free waits
+	// for other requests' scripts to join it.
+	IdempotencyLinger time.Duration
 	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
 	// connection straight to PostgreSQL, for migrations, when DatabaseURL
 	// goes through a transaction-pooling proxy such as PgBouncer.
@@ -281,6 +291,12 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_SEND_COMMITTERS: must be a positive number")
 		}
 	}
+	if c.SendLinger, err = linger(getenv("HAN_SEND_LINGER"), 5*time.Millisecond); err != nil {
+		bad("HAN_SEND_LINGER: %v", err)
+	}
+	if c.IdempotencyLinger, err = linger(getenv("HAN_IDEMPOTENCY_LINGER"), 2*time.Millisecond); err != nil {
+		bad("HAN_IDEMPOTENCY_LINGER: %v", err)
+	}
 	c.WSMaxConnsPerUser = 16
 	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {
 		if c.WSMaxConnsPerUser, err = strconv.Atoi(v); err != nil || c.WSMaxConnsPerUser < 1 {
@@ -418,6 +434,18 @@ func or(v, d string) string {
 		return d
 	}
 	return v
+}
+
+// linger parses a wait for company: 0 (off) up to 100ms.
+func linger(v string, d time.Duration) (time.Duration, error) {
+	if v == "" {
+		return d, nil
+	}
+	x, err := time.ParseDuration(v)
+	if err != nil || x < 0 || x > 100*time.Millisecond {
+		return 0, errors.New("must be a duration from 0 to 100ms like 5ms")
+	}
+	return x, nil
 }
 
 func duration(v string, d time.Duration) (time.Duration, error) {

@@ -39,6 +39,7 @@ type SendSQL struct {
 	safetyTask    bool
 	markDelivered bool
 	committers    int
+	linger        time.Duration
 	getenv        func(string) string
 }
 
@@ -62,11 +63,20 @@ func (s *SendSQL) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.BoolVar(&s.safetyTask, "safety-task", stub, "record each message's safety task, as the gateway does while HAN_LEGACY_STUB_ENABLED (env)")
 	committers, _ := strconv.Atoi(getenv("HAN_SEND_COMMITTERS"))
 	fs.IntVar(&s.committers, "send-committers", cmp.Or(committers, store.DefaultSendCommitters), "send transactions at once, as the gateway's HAN_SEND_COMMITTERS (env)")
+	fs.DurationVar(&s.linger, "send-linger", envDurationOrZero(getenv, "HAN_SEND_LINGER", store.DefaultSendLinger), "how long a send transaction waits for company, as the gateway's HAN_SEND_LINGER (env)")
 	fs.BoolVar(&s.markDelivered, "mark-delivered", true, "queue the outbox row's delivered mark on a batching store.OutboxMarker after the send, as the gateway does after its publish")
 }
 
 func envDuration(getenv func(string) string, name string, def time.Duration) time.Duration {
 	if d, err := time.ParseDuration(getenv(name)); err == nil && d > 0 {
+		return d
+	}
+	return def
+}
+
+// envDurationOrZero is envDuration for a setting where 0 means off.
+func envDurationOrZero(getenv func(string) string, name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(getenv(name)); err == nil && d >= 0 {
 		return d
 	}
 	return def
@@ -88,7 +98,9 @@ func (s *SendSQL) Run(ctx context.Context, t *loadtest.T) error {
 	st := store.New(pool)
 	st.SetRequestTimeout(s.reqTimeout)
 	st.SetSendCommitters(s.committers)
+	st.SetSendLinger(s.linger)
 	t.Info("send_committers", s.committers)
+	t.Info("send_linger", s.linger.String())
 	users, dialogs, err := s.prepare(ctx, t, st)
 	if err != nil {
 		return err
@@ -106,6 +118,10 @@ func (s *SendSQL) Run(ctx context.Context, t *loadtest.T) error {
 		marker.Close() // flushes the marks still queued, inside the measured phase
 	}
 	t.Reg.StopClock()
+	if ss := st.SendStats(); ss.Transactions > 0 {
+		t.Info("send_stats", fmt.Sprintf("%d sends in %d transactions (%.2f per transaction, %.2f dialogs)",
+			ss.Sends, ss.Transactions, float64(ss.Sends)/float64(ss.Transactions), float64(ss.Batches)/float64(ss.Transactions)))
+	}
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,11 @@ func NewBatcher(rdb redis.UniversalClient) *Batcher {
 	return b
 }
 
+// SetLinger sets how long a call that finds a pipeline free waits for the
+// calls of other requests to share it (0: sent at once). Call it before
+// the Batcher is used.
+func (b *Batcher) SetLinger(d time.Duration) { b.comb.Linger = max(d, 0) }
+
 // batchCall is one call waiting in a batch: a script (script set) or a
 // realtime publish (channel set).
 type batchCall struct {
