@@ -289,3 +289,83 @@ func TestBatcherLaterCallsRideOnWaitedPipelines(t *testing.T) {
 		t.Fatalf("a call with a 100ms budget carried rides (%d → %d)", st.Rides, got)
 	}
 }
+
+// scriptTrips records, per round trip a client sends (one command or one
+// pipeline), how many script calls it carried, for those that carried any.
+type scriptTrips struct {
+	mu    sync.Mutex
+	trips []int
+}
+
+func (p *scriptTrips) record(cmds ...redis.Cmder) {
+	n := 0
+	for _, c := range cmds {
+		if name := c.Name(); name == "evalsha" || name == "eval" {
+			n++
+		}
+	}
+	if n > 0 {
+		p.mu.Lock()
+		p.trips = append(p.trips, n)
+		p.mu.Unlock()
+	}
+}
+
+func (p *scriptTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (p *scriptTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		p.record(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (p *scriptTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		p.record(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// With a linger, a call that finds the pipeline free waits for other
+// callers' scripts: those that arrive within it share its round trip, and
+// each still gets its own reply.
+func TestBatcherLingerSharesOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	c := apiClient(t, env.Redis.URL(3))
+	b := rds.NewBatcher(c)
+	b.SetLinger(300 * time.Millisecond)
+	defer b.Close()
+	// Load the script once, so the shared pipeline needs no second try.
+	if err := b.Script(ctx, lua.IdemReserve, []string{"han:api:idem:{linger:warm}", "han:api:idemlock:{linger:warm}"}, "fp", "w", 60000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var st scriptTrips
+	c.AddHook(&st)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range 4 {
+		wg.Go(func() {
+			tag := "{linger:" + strconv.Itoa(i) + "}"
+			v, err := b.Script(ctx, lua.IdemReserve, []string{"han:api:idem:" + tag, "han:api:idemlock:" + tag}, "fp", "owner-"+strconv.Itoa(i), 60000).Slice()
+			if err != nil || v[0] != "acquired" {
+				t.Errorf("reserve %d: %v %v", i, v, err)
+			}
+			if o, err := c.Get(ctx, "han:api:idemlock:"+tag).Result(); err != nil || o != "owner-"+strconv.Itoa(i) {
+				t.Errorf("lock %d: %q %v", i, o, err)
+			}
+		})
+		if i == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wg.Wait()
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("the first call was answered after %v, before its linger ended", waited)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.trips) != 1 || st.trips[0] != 4 {
+		t.Fatalf("script calls per round trip %v, want the four reserves in one", st.trips)
+	}
+}
