@@ -162,9 +162,9 @@ type sendRow struct {
 // one message's data (a value PostgreSQL refuses), nothing was committed
 // and each send is written again on its own, so that message fails alone; a
 // busy or unreachable database fails the whole batch.
-func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
+func (s *Store) writeBatch(dialogID string, batch []*sendReq, refill func() []*sendReq) {
 	now := time.Now()
-	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch))}
+	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch)), refill: refill}
 	for _, r := range batch {
 		if !now.Before(r.deadline) {
 			r.finish(sendResult{err: errQueuedPastBudget()})
@@ -183,7 +183,7 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq) {
 		var pe *pgconn.PgError
 		if len(b.reqs) > 1 && errors.As(b.err, &pe) && !IsDatabaseBusy(b.err) {
 			for _, r := range b.reqs {
-				s.writeBatch(dialogID, []*sendReq{r})
+				s.writeBatch(dialogID, []*sendReq{r}, nil)
 			}
 			return
 		}

@@ -80,6 +80,33 @@ type dialogBatch struct {
 	rows     []sendRow
 	err      error
 	done     chan struct{} // closed once rows or err is set (settle)
+	// refill takes the sends of the dialog that queued behind the batch
+	// (nil: none may join, as for a send written again alone).
+	refill func() []*sendReq
+}
+
+// topUp adds to b the sends of its dialog that queued while it waited (for
+// a send transaction or for company); one whose budget ran out meanwhile is
+// answered unwritten.
+func (b *dialogBatch) topUp() {
+	if b.refill == nil {
+		return
+	}
+	more := b.refill()
+	if len(more) == 0 {
+		return
+	}
+	now := time.Now()
+	for _, r := range more {
+		if !now.Before(r.deadline) {
+			r.finish(sendResult{err: errQueuedPastBudget()})
+			continue
+		}
+		if r.deadline.Before(b.deadline) {
+			b.deadline = r.deadline
+		}
+		b.reqs = append(b.reqs, r)
+	}
 }
 
 // settle records the batch's outcome and wakes its writer.
@@ -167,6 +194,9 @@ func (g *commitGroups) commit(b *dialogBatch) {
 	group := []*dialogBatch{b}
 	if linger > 0 {
 		group = g.gather(b, linger, full)
+		for _, gb := range group {
+			gb.topUp()
+		}
 	}
 	// Written on the caller's goroutine; what waited meanwhile is left to
 	// a drain, so this caller is answered as soon as its own group is.
@@ -204,6 +234,9 @@ func (g *commitGroups) gather(b *dialogBatch, linger time.Duration, full chan st
 // drain writes waiting groups until none waits.
 func (g *commitGroups) drain(group []*dialogBatch) {
 	for group != nil {
+		for _, b := range group {
+			b.topUp()
+		}
 		g.exec(group)
 		group = g.next()
 	}

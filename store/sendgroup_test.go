@@ -344,3 +344,34 @@ func TestALingeringTransactionLeavesWhenItsGroupIsFull(t *testing.T) {
 		t.Fatalf("32 sends were written by %d transactions, want one", n)
 	}
 }
+
+// Sends into the same dialog that queue behind a batch while it waits for
+// company join it: one transaction, seqs in arrival order.
+func TestSendsQueuedBehindALingeringBatchJoinIt(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(500 * time.Millisecond)
+	f := newSendFixture(t, s, 3)
+	before := s.SendStats()
+	outs := make([]<-chan sendOutcome, 4)
+	for i := range outs {
+		outs[i] = queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog,
+			SenderID: f.users[i%3], Body: "behind " + string(rune('a'+i))})
+	}
+	var msgs []store.Message
+	for i, ch := range outs {
+		o := <-ch
+		if o.err != nil || !o.created || o.m.Seq != int64(i+1) || o.m.Body != "behind "+string(rune('a'+i)) || o.m.SenderID != f.users[i%3] {
+			t.Fatalf("send %d: %+v created %v: %v", i, o.m, o.created, o.err)
+		}
+		msgs = append(msgs, o.m)
+	}
+	checkGapless(t, s, f.dialog, 4, msgs)
+	if n := transactionsOf(t, msgs...); n != 1 {
+		t.Fatalf("four sends into one dialog within the linger were written by %d transactions, want one", n)
+	}
+	if st := s.SendStats(); st.Transactions-before.Transactions != 1 || st.Batches-before.Batches != 1 {
+		t.Fatalf("SendStats: %d transactions, %d batches, want 1 and 1", st.Transactions-before.Transactions, st.Batches-before.Batches)
+	}
+}

@@ -22,7 +22,9 @@ const DefaultSendQueue = 256
 // send is being written, the caller waits for the outcome, which the write's
 // own budget bounds.
 type sendCombiner struct {
-	write func(dialogID string, batch []*sendReq)
+	// write writes a batch; refill takes the sends that queued behind it
+	// meanwhile into it (see refill).
+	write func(dialogID string, batch []*sendReq, refill func() []*sendReq)
 
 	mu     sync.Mutex
 	bound  int
@@ -35,7 +37,7 @@ type dialogQueue struct {
 	writing  bool // the queue has its writer (drain)
 }
 
-func newSendCombiner(write func(string, []*sendReq)) *sendCombiner {
+func newSendCombiner(write func(string, []*sendReq, func() []*sendReq)) *sendCombiner {
 	return &sendCombiner{write: write, bound: DefaultSendQueue, queues: map[string]*dialogQueue{}}
 }
 
@@ -77,7 +79,7 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 		q.writing = true
 		batch := c.take(q)
 		c.mu.Unlock()
-		c.write(id, batch)
+		c.write(id, batch, func() []*sendReq { return c.refill(q) })
 		if c.next(id, q) {
 			go c.drain(id, q)
 		}
@@ -114,7 +116,7 @@ func (c *sendCombiner) drain(id string, q *dialogQueue) {
 		c.mu.Lock()
 		batch := c.take(q)
 		c.mu.Unlock()
-		c.write(id, batch)
+		c.write(id, batch, func() []*sendReq { return c.refill(q) })
 		if !c.next(id, q) {
 			return
 		}
@@ -130,6 +132,23 @@ func (c *sendCombiner) take(q *dialogQueue) []*sendReq {
 	}
 	q.inFlight = len(batch)
 	return batch
+}
+
+// refill takes the sends waiting in q into the batch being written, while
+// that batch has not yet gone to PostgreSQL (it waited for a send
+// transaction, or for company): they go in the same statement, after the
+// batch's own sends, in the order they arrived. The queue's bound counts
+// them as before (waiting, then being written).
+func (c *sendCombiner) refill(q *dialogQueue) []*sendReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	more := q.waiting
+	q.waiting = nil
+	for _, r := range more {
+		r.taken = true
+	}
+	q.inFlight += len(more)
+	return more
 }
 
 // next reports whether sends wait in q after a batch was written; when
