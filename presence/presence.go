@@ -65,6 +65,9 @@ type Config struct {
 	// SweepBatch bounds the connections removed per sweep round trip. Zero
 	// value means 200.
 	SweepBatch int
+	// Linger is how long a connect or disconnect that finds a pipeline
+	// free waits for others to share it (0: sent at once).
+	Linger time.Duration
 	// Registerer receives the metrics; nil means none.
 	Registerer prometheus.Registerer
 }

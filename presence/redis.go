@@ -68,6 +68,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 		}
 	}
 	p.ops.p = p
+	p.ops.linger = cfg.Linger
 	return p, nil
 }
 

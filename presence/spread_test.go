@@ -199,3 +199,52 @@ func TestConnectStormAndDrainAreBatched(t *testing.T) {
 		t.Fatalf("instance index holds %d entries after every disconnect", left)
 	}
 }
+
+// With a linger, a connect that finds a pipeline free waits for others:
+// those that arrive within it share its round trip, and each connection is
+// registered.
+func TestConnectsWithinTheLingerShareOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	p, err := presence.New(rdb, presence.Config{InstanceID: "i-" + ids.New()[24:], Linger: 300 * time.Millisecond}, nil,
+		slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	// Load the scripts first (a first use also sends SCRIPT LOAD).
+	warm := presence.Conn{UserID: ids.New(), ConnID: "warm"}
+	if err := p.Connect(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	var w wire
+	rdb.AddHook(&w)
+	conns := make([]presence.Conn, 4)
+	for i := range conns {
+		conns[i] = presence.Conn{UserID: ids.New(), ConnID: "c" + strconv.Itoa(i)}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() {
+			if err := p.Connect(ctx, c); err != nil {
+				t.Error(err)
+			}
+		})
+		if i == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wg.Wait()
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("the first connect returned after %v, before its linger ended", waited)
+	}
+	if trips := w.trips.Load(); trips != 1 {
+		t.Fatalf("four connects within the linger took %d round trips, want one", trips)
+	}
+	for _, c := range conns {
+		if n, err := rdb.Exists(ctx, presence.ConnKey(c.UserID, c.ConnID)).Result(); err != nil || n != 1 {
+			t.Fatalf("connection %s not registered: %d %v", c.ConnID, n, err)
+		}
+	}
+}

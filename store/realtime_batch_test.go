@@ -3,8 +3,10 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
@@ -142,5 +144,65 @@ func TestDialogLastSeqLoneAndCancelled(t *testing.T) {
 	cancel()
 	if _, err := st.DialogLastSeq(cctx, d.ID, a); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled caller: err %v, want context.Canceled", err)
+	}
+}
+
+// With a realtime linger, a check that finds its statement free waits for
+// company: checks (and the presence transitions' dialog reads) that arrive
+// within it share one query, each with its own answer.
+func TestRealtimeLingerSharesOneQuery(t *testing.T) {
+	st, _ := openStore(t)
+	st.SetRealtimeLinger(300 * time.Millisecond)
+	ctx := context.Background()
+	users := []string{ids.New(), ids.New(), ids.New(), ids.New()}
+	for _, u := range users {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.CreateDialog(ctx, ids.New(), users[0], "", []string{users[1], users[2]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, check := range []struct {
+		name  string
+		stats func() store.SubscribeCheckStats
+		call  func(i int) error
+	}{
+		{"subscribe checks", st.SubscribeCheckStats, func(i int) error {
+			_, err := st.DialogLastSeq(ctx, d.ID, users[i])
+			if i < 3 && err != nil || i == 3 && !errors.Is(err, store.ErrDialogNotFound) {
+				return fmt.Errorf("check %d: %v", i, err)
+			}
+			return nil
+		}},
+		{"user dialogs", st.UserDialogsStats, func(i int) error {
+			got, err := st.DialogIDsForUser(ctx, users[i], 10)
+			if want := map[bool]int{true: 1, false: 0}[i < 3]; err != nil || len(got) != want {
+				return fmt.Errorf("dialogs of user %d: %v %v", i, got, err)
+			}
+			return nil
+		}},
+	} {
+		before := check.stats()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i := range users {
+			wg.Go(func() {
+				if err := check.call(i); err != nil {
+					t.Error(err)
+				}
+			})
+			if i == 0 {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		wg.Wait()
+		if waited := time.Since(start); waited < 300*time.Millisecond {
+			t.Fatalf("%s: the first was answered after %v, before its linger ended", check.name, waited)
+		}
+		if q := check.stats().Queries - before.Queries; q != 1 {
+			t.Fatalf("%s: four calls within the linger took %d queries, want one", check.name, q)
+		}
 	}
 }

@@ -191,6 +191,7 @@ func (m *Main) Run(ctx context.Context) error {
 	apiStore.SetSendQueue(cfg.SendDialogQueue)
 	apiStore.SetSendCommitters(cfg.SendCommitters)
 	apiStore.SetSendLinger(cfg.SendLinger)
+	apiStore.SetRealtimeLinger(cfg.WSLinger)
 	metrics.Registry.MustRegister(newSendCollector(apiStore)) // dbpool.go
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
@@ -198,7 +199,7 @@ func (m *Main) Run(ctx context.Context) error {
 				RecoverWindow: cfg.WSRecoverWindow, RecoverMax: cfg.WSRecoverMax,
 				HandshakeConcurrency: m.handshakeConcurrency(), HandshakeQueue: cfg.WSHandshakeQueue,
 				HandshakeWait: cfg.WSHandshakeWait, PresenceDelay: presenceDelay(cfg.WSPresenceDelay)},
-			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser},
+			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser, Linger: cfg.WSLinger},
 			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
 			PubSubMode: psMode,
 			Registerer: metrics.Registry,

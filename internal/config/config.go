@@ -76,6 +76,12 @@ type Config struct {
 	// rate-limit decision) that finds the shared Redis pipeline free waits
 	// for other requests' scripts to join it.
 	IdempotencyLinger time.Duration
+	// WSLinger (HAN_WS_LINGER, default 5ms; 0 turns it off) is how long the
+	// shared work of handshakes and subscribes (presence registrations and
+	// removals in Redis, subscribe checks, the presence transitions' dialog
+	// reads and first-sight user records in PostgreSQL) waits for company
+	// when its pipeline or statement is free.
+	WSLinger time.Duration
 	// DatabaseDirectURL (HAN_DATABASE_DIRECT_URL, default DatabaseURL) is a
 	// connection straight to PostgreSQL, for migrations, when DatabaseURL
 	// goes through a transaction-pooling proxy such as PgBouncer.
@@ -296,6 +302,9 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.IdempotencyLinger, err = linger(getenv("HAN_IDEMPOTENCY_LINGER"), 2*time.Millisecond); err != nil {
 		bad("HAN_IDEMPOTENCY_LINGER: %v", err)
+	}
+	if c.WSLinger, err = linger(getenv("HAN_WS_LINGER"), 5*time.Millisecond); err != nil {
+		bad("HAN_WS_LINGER: %v", err)
 	}
 	c.WSMaxConnsPerUser = 16
 	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {

@@ -360,3 +360,33 @@ func TestWSHandshakeAdmission(t *testing.T) {
 		}
 	}
 }
+
+// The waits for company: HAN_SEND_LINGER (5ms), HAN_IDEMPOTENCY_LINGER
+// (2ms) and HAN_WS_LINGER (5ms), each 0 (off) to 100ms.
+func TestLingers(t *testing.T) {
+	m := base()
+	c, err := Load(env(m))
+	if err != nil || c.SendLinger != 5*time.Millisecond || c.IdempotencyLinger != 2*time.Millisecond || c.WSLinger != 5*time.Millisecond {
+		t.Fatalf("defaults: %v %v %v %v", c.SendLinger, c.IdempotencyLinger, c.WSLinger, err)
+	}
+	get := map[string]func(Config) time.Duration{
+		"HAN_SEND_LINGER":        func(c Config) time.Duration { return c.SendLinger },
+		"HAN_IDEMPOTENCY_LINGER": func(c Config) time.Duration { return c.IdempotencyLinger },
+		"HAN_WS_LINGER":          func(c Config) time.Duration { return c.WSLinger },
+	}
+	for name, of := range get {
+		m := base()
+		for v, want := range map[string]time.Duration{"0": 0, "0s": 0, "1ms": time.Millisecond, "100ms": 100 * time.Millisecond} {
+			m[name] = v
+			if c, err := Load(env(m)); err != nil || of(c) != want {
+				t.Errorf("%s=%q: %v %v, want %v", name, v, of(c), err, want)
+			}
+		}
+		for _, v := range []string{"-1ms", "101ms", "1s", "soon", "5"} {
+			m[name] = v
+			if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), name+": must be a duration from 0 to 100ms") {
+				t.Errorf("%s=%q: %v", name, v, err)
+			}
+		}
+	}
+}
