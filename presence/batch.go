@@ -15,7 +15,8 @@ import (
 // Registration batching. Connects and disconnects that arrive together
 // share one pipeline: each connection keeps its own atomic script (its
 // user's hash tag), and the instance index gets one command for the whole
-// batch. A lone call goes out at once; while a batch is in flight the next
+// batch. A lone call goes out at once (or after Config.Linger, while the
+// calls that arrive meanwhile join it); while a batch is in flight the next
 // calls queue, so a storm of thousands of handshakes or a drain of
 // thousands of sockets costs one round trip per batch instead of one (or
 // two) per connection, and nothing waits for a pool connection.

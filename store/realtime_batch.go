@@ -15,7 +15,7 @@ import (
 // read). Checks that arrive together share one statement: while a query is
 // in flight the next checks queue, and when it ends they go out together
 // as one query over arrays of (dialog, user) pairs. A lone check goes out
-// at once (no added wait); a reconnect storm of thousands of sockets
+// at once (or after the realtime linger, SetRealtimeLinger); a reconnect storm of thousands of sockets
 // resubscribing costs one query per batch instead of one per subscribe, and
 // never more than lastSeqInFlight pool connections.
 const (
@@ -110,9 +110,9 @@ type batchedCall interface{ shared() *sharedCall }
 
 // stmtBatcher answers the calls of concurrent callers with shared
 // statements (the subscribe checks here, the presence transitions' dialog
-// reads, the first-sight user records): a lone call goes out at once; while
-// inFlight statements run the next calls queue, and when one ends they go
-// out together, at most max of them. It counts the calls made and the
+// reads, the first-sight user records): a lone call goes out at once (or
+// after the realtime linger); while inFlight statements run the next calls
+// queue, and when one ends they go out together, at most max of them. It counts the calls made and the
 // statements that answered them. Safe for concurrent use.
 type stmtBatcher[C batchedCall] struct {
 	comb           combine.Combiner[C]

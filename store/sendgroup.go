@@ -33,7 +33,9 @@ const maxGroupDialogs = 32
 // time are written in one transaction (a group commit). At most max groups
 // are in flight; a batch that finds them all busy waits, and the next free
 // committer takes every waiting batch as its group. A batch that finds a
-// committer free is written at once, alone: nothing waits for company.
+// committer free waits up to linger (HAN_SEND_LINGER) for company: the
+// batches that arrive meanwhile join its group (0: it is written at once,
+// alone).
 //
 // A group is one pipelined round trip, one send_messages call per dialog
 // in dialog-id order (so two groups that share dialogs take their row

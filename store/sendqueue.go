@@ -13,8 +13,9 @@ const DefaultSendQueue = 256
 // queue per dialog with sends in it, and at most one writer per queue.
 // The writer takes every send waiting in its queue and writes them in one
 // transaction (write), in the order they arrived; sends that arrive
-// meanwhile wait for the next one. A lone send is a batch of one, written
-// at once: nothing waits for company.
+// meanwhile wait for the next one, unless the batch has not yet gone to
+// PostgreSQL (it waits for company or for a send transaction: refill), in
+// which case they join it. A lone send is a batch of one.
 //
 // A queue holds at most bound sends, waiting and being written; one more is
 // refused with ErrDialogBusy. A caller whose context ends while its send is

@@ -12,7 +12,8 @@ import (
 // freshly started instance knows none, so the reconnect storm after a
 // restart would make one INSERT per client. Records that arrive together
 // share one statement, as the subscribe checks do (realtime_batch.go): a
-// lone record goes out at once, the rest queue while one is in flight.
+// lone record goes out at once (or after the realtime linger), the rest
+// queue while one is in flight.
 const (
 	ensureUsersInFlight     = 1
 	ensureUsersBatchMax     = 512

@@ -13,8 +13,8 @@ import (
 
 // Combiner executes calls in shared batches: while InFlight batches are
 // being executed, new calls queue; when one ends, the queued calls go out
-// together as the next. A lone call is executed at once, on its caller's
-// goroutine (no added wait); under load one execution carries many calls.
+// together as the next. A lone call is executed on its caller's goroutine,
+// at once or after Linger; under load one execution carries many calls.
 // The zero value is not usable: set Exec and Max. Safe for concurrent use.
 type Combiner[C any] struct {
 	// Exec executes one batch of at most Max calls, in order, and records
