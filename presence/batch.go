@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -118,12 +119,7 @@ func (b *opBatcher) lingerLocked() {
 	full := make(chan struct{})
 	b.full = full
 	b.mu.Unlock()
-	t := time.NewTimer(b.linger)
-	select {
-	case <-t.C:
-	case <-full:
-		t.Stop()
-	}
+	combine.Wait(b.linger, full)
 	b.mu.Lock()
 	if b.full == full {
 		b.full = nil

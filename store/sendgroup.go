@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/han-app/gateway/internal/combine"
 )
 
 // DefaultSendCommitters is how many send transactions an instance runs at
@@ -215,12 +217,7 @@ func (g *commitGroups) commit(b *dialogBatch) {
 // would carry one dialog's batch; the wait lets PostgreSQL pay one commit,
 // one WAL flush and one round trip for several.
 func (g *commitGroups) gather(b *dialogBatch, linger time.Duration, full chan struct{}) []*dialogBatch {
-	t := time.NewTimer(linger)
-	select {
-	case <-t.C:
-	case <-full:
-		t.Stop()
-	}
+	combine.Wait(linger, full)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.full == full {

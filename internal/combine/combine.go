@@ -1,7 +1,8 @@
 // Package combine shares round trips among concurrent callers: a Combiner
 // executes the calls of many goroutines in shared batches (one pipeline,
-// one statement), and SharedContext gives such a batch a context that no
-// single caller's leaving cuts short. It knows no Redis and no SQL: the
+// one statement), optionally after waiting for company (Linger, Wait), and
+// SharedContext gives such a batch a context that no single caller's
+// leaving cuts short. It knows no Redis and no SQL: the
 // batch's execution is the caller's function.
 package combine
 
@@ -95,15 +96,21 @@ func (c *Combiner[C]) lingerLocked(room int) {
 	full := make(chan struct{})
 	c.full, c.room = full, room
 	c.mu.Unlock()
-	t := time.NewTimer(c.Linger)
+	Wait(c.Linger, full)
+	c.mu.Lock()
+	if c.full == full {
+		c.full = nil
+	}
+}
+
+// Wait waits for company: d long, or less if full is closed first (the
+// batch filled up meanwhile).
+func Wait(d time.Duration, full <-chan struct{}) {
+	t := time.NewTimer(d)
 	select {
 	case <-t.C:
 	case <-full:
 		t.Stop()
-	}
-	c.mu.Lock()
-	if c.full == full {
-		c.full = nil
 	}
 }
 
