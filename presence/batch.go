@@ -59,9 +59,7 @@ type opBatcher struct {
 	mu       sync.Mutex
 	queue    []*presenceOp
 	inFlight int
-	// full is set while a caller lingers; closed once the queue fills a
-	// pipeline.
-	full chan struct{}
+	company  combine.Company // a caller waiting for linger
 }
 
 // do runs op and waits for its reply, or returns ctx's error if ctx ends
@@ -73,18 +71,15 @@ func (b *opBatcher) do(ctx context.Context, op *presenceOp) error {
 	op.done = make(chan struct{})
 	b.mu.Lock()
 	b.queue = append(b.queue, op)
-	if b.full != nil && len(b.queue) >= opsBatchMax {
-		close(b.full)
-		b.full = nil
-	}
-	if b.full == nil && b.inFlight < opsInFlight {
+	b.company.Joined(len(b.queue))
+	if !b.company.Waiting() && b.inFlight < opsInFlight {
 		// A free pipeline: this caller sends the batch it is in itself (a
 		// lone call costs no hand-off) and leaves the rest to a drain.
 		// With a linger it first waits for others to join it; meanwhile
 		// they queue behind it.
 		b.inFlight++
 		if b.linger > 0 && len(b.queue) < opsBatchMax {
-			b.lingerLocked()
+			b.company.Wait(&b.mu, b.linger, opsBatchMax)
 		}
 		batch := b.takeLocked()
 		b.mu.Unlock()
@@ -111,19 +106,6 @@ func (b *opBatcher) do(ctx context.Context, op *presenceOp) error {
 	b.mu.Unlock()
 	<-op.done // already sent: its pipeline's own timeout bounds the wait
 	return op.err
-}
-
-// lingerLocked waits, with b.mu released, up to b.linger or until the
-// queue fills a pipeline, and returns with b.mu held.
-func (b *opBatcher) lingerLocked() {
-	full := make(chan struct{})
-	b.full = full
-	b.mu.Unlock()
-	combine.Wait(b.linger, full)
-	b.mu.Lock()
-	if b.full == full {
-		b.full = nil
-	}
 }
 
 // drain sends batches until the queue is empty.

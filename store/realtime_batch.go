@@ -15,9 +15,10 @@ import (
 // read). Checks that arrive together share one statement: while a query is
 // in flight the next checks queue, and when it ends they go out together
 // as one query over arrays of (dialog, user) pairs. A lone check goes out
-// at once (or after the realtime linger, SetRealtimeLinger); a reconnect storm of thousands of sockets
-// resubscribing costs one query per batch instead of one per subscribe, and
-// never more than lastSeqInFlight pool connections.
+// at once (or after the realtime linger, SetRealtimeLinger); a reconnect
+// storm of thousands of sockets resubscribing costs one query per batch
+// instead of one per subscribe, and never more than lastSeqInFlight pool
+// connections.
 const (
 	// lastSeqInFlight is how many batch queries run at once. One: checks
 	// that arrive while a query runs wait for it and go out together, so

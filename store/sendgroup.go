@@ -67,9 +67,9 @@ type commitGroups struct {
 	// linger is how long a batch that finds a committer free waits for
 	// the batches of other dialogs to join its transaction (0: none).
 	linger time.Duration
-	// full is set while a committer lingers; commit closes it when the
-	// waiting batches fill a group, so the committer need not wait on.
-	full chan struct{}
+	// company is a committer waiting for linger; the waiting batches end
+	// its wait early when they fill a group.
+	company combine.Company
 
 	// Counters: transactions written (groups, and batches written again
 	// alone) and the sends and dialog batches they carried.
@@ -177,31 +177,19 @@ func (s *Store) SetSendCommitters(n int) {
 func (g *commitGroups) commit(b *dialogBatch) {
 	b.done = make(chan struct{})
 	g.mu.Lock()
-	if g.active >= g.max {
+	if g.active >= g.max || g.company.Waiting() {
 		g.waiting = append(g.waiting, b)
-		if g.full != nil && len(g.waiting) >= maxGroupDialogs-1 {
-			close(g.full)
-			g.full = nil
-		}
+		g.company.Joined(len(g.waiting))
 		g.mu.Unlock()
 		<-b.done
 		return
 	}
 	g.active++
-	linger := g.linger
-	var full chan struct{}
-	if linger > 0 {
-		full = make(chan struct{})
-		g.full = full
+	group := []*dialogBatch{b}
+	if g.linger > 0 {
+		group = g.gatherLocked(b)
 	}
 	g.mu.Unlock()
-	group := []*dialogBatch{b}
-	if linger > 0 {
-		group = g.gather(b, linger, full)
-		for _, gb := range group {
-			gb.topUp()
-		}
-	}
 	// Written on the caller's goroutine; what waited meanwhile is left to
 	// a drain, so this caller is answered as soon as its own group is.
 	g.exec(group)
@@ -211,18 +199,13 @@ func (g *commitGroups) commit(b *dialogBatch) {
 	<-b.done
 }
 
-// gather holds the committer's slot for up to linger (less when the
-// waiting batches fill a group first) and returns b with the batches that
-// arrived meanwhile as one group. At a moderate rate most transactions
+// gatherLocked (g.mu held) holds the committer's slot for up to linger
+// (less when the waiting batches fill a group first) and returns b with the
+// batches that arrived meanwhile as one group. At a moderate rate most transactions
 // would carry one dialog's batch; the wait lets PostgreSQL pay one commit,
 // one WAL flush and one round trip for several.
-func (g *commitGroups) gather(b *dialogBatch, linger time.Duration, full chan struct{}) []*dialogBatch {
-	combine.Wait(linger, full)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.full == full {
-		g.full = nil
-	}
+func (g *commitGroups) gatherLocked(b *dialogBatch) []*dialogBatch {
+	g.company.Wait(&g.mu, g.linger, maxGroupDialogs-1)
 	n := min(len(g.waiting), maxGroupDialogs-1)
 	group := make([]*dialogBatch, 0, n+1)
 	group = append(append(group, b), g.waiting[:n]...)
@@ -233,9 +216,6 @@ func (g *commitGroups) gather(b *dialogBatch, linger time.Duration, full chan st
 // drain writes waiting groups until none waits.
 func (g *commitGroups) drain(group []*dialogBatch) {
 	for group != nil {
-		for _, b := range group {
-			b.topUp()
-		}
 		g.exec(group)
 		group = g.next()
 	}
@@ -262,6 +242,10 @@ func (g *commitGroups) next() []*dialogBatch {
 // dialog (a lock held elsewhere, or anything PostgreSQL refused in a
 // group) is written again on its own goroutine, outside the committers.
 func (s *Store) execGroup(group []*dialogBatch) {
+	// The sends that queued behind each batch while it waited go with it.
+	for _, b := range group {
+		b.topUp()
+	}
 	// A batch whose budget ran out while it waited is answered unwritten;
 	// it must not shrink the budget of the rest.
 	now := time.Now()

@@ -1,6 +1,6 @@
 // Package combine shares round trips among concurrent callers: a Combiner
 // executes the calls of many goroutines in shared batches (one pipeline,
-// one statement), optionally after waiting for company (Linger, Wait), and
+// one statement), optionally after waiting for company (Linger, Company), and
 // SharedContext gives such a batch a context that no single caller's
 // leaving cuts short. It knows no Redis and no SQL: the
 // batch's execution is the caller's function.
@@ -34,10 +34,7 @@ type Combiner[C any] struct {
 	mu       sync.Mutex
 	queue    []*waiter[C]
 	inFlight int
-	// full is set while a caller lingers: closed (and cleared) once the
-	// queue holds room calls.
-	full chan struct{}
-	room int
+	company  Company // a caller waiting for Linger
 }
 
 // waiter is one queued call.
@@ -60,12 +57,12 @@ func (c *Combiner[C]) Do(calls ...C) {
 		w.wake = make(chan []*waiter[C], 1)
 	}
 	c.mu.Lock()
-	if c.full == nil && c.inFlight < max(c.InFlight, 1) {
+	if !c.company.Waiting() && c.inFlight < max(c.InFlight, 1) {
 		// One caller's calls stay together even beyond Max: in the queue
 		// they would wait for a batch in flight, and there may be none.
 		c.inFlight++
 		if c.Linger > 0 && len(ws) < c.Max {
-			c.lingerLocked(c.Max - len(ws))
+			c.company.Wait(&c.mu, c.Linger, c.Max-len(ws))
 		}
 		batch := append(ws[:len(ws):len(ws)], c.takeLocked(max(c.Max-len(ws), 0))...)
 		c.mu.Unlock()
@@ -77,10 +74,7 @@ func (c *Combiner[C]) Do(calls ...C) {
 	}
 	ws[0].wake = make(chan []*waiter[C], 1)
 	c.queue = append(c.queue, ws...)
-	if c.full != nil && len(c.queue) >= c.room {
-		close(c.full)
-		c.full = nil
-	}
+	c.company.Joined(len(c.queue))
 	c.mu.Unlock()
 	for _, w := range ws {
 		if batch := <-w.wake; batch != nil {
@@ -89,28 +83,42 @@ func (c *Combiner[C]) Do(calls ...C) {
 	}
 }
 
-// lingerLocked waits, with c.mu released, up to Linger for room calls to
-// queue, and returns with c.mu held. Meanwhile other callers queue rather
-// than start batches of their own.
-func (c *Combiner[C]) lingerLocked(room int) {
-	full := make(chan struct{})
-	c.full, c.room = full, room
-	c.mu.Unlock()
-	Wait(c.Linger, full)
-	c.mu.Lock()
-	if c.full == full {
-		c.full = nil
-	}
+// Company is the wait of a caller that found its batch free and waits for
+// other calls to queue behind it before the batch goes out. The zero value
+// is idle. Its methods are called with the lock that guards the queue held.
+type Company struct {
+	full chan struct{} // closed by Joined once room calls queued
+	room int
 }
 
-// Wait waits for company: d long, or less if full is closed first (the
-// batch filled up meanwhile).
-func Wait(d time.Duration, full <-chan struct{}) {
+// Waiting reports whether a caller waits for company now: new calls then
+// queue behind it instead of starting batches of their own.
+func (c *Company) Waiting() bool { return c.full != nil }
+
+// Wait waits, with mu released, up to d or until room calls have queued
+// (Joined), and returns with mu held again.
+func (c *Company) Wait(mu sync.Locker, d time.Duration, room int) {
+	full := make(chan struct{})
+	c.full, c.room = full, room
+	mu.Unlock()
 	t := time.NewTimer(d)
 	select {
 	case <-t.C:
 	case <-full:
 		t.Stop()
+	}
+	mu.Lock()
+	if c.full == full {
+		c.full = nil
+	}
+}
+
+// Joined records that queued calls wait behind the waiting caller; once
+// they fill its room, its wait ends early.
+func (c *Company) Joined(queued int) {
+	if c.full != nil && queued >= c.room {
+		close(c.full)
+		c.full = nil
 	}
 }
 
