@@ -425,7 +425,7 @@ demo_get() {
 	/^  \}/ { s = ""; next }
 	/^ +"[^"]+": "/ { k = $0; sub(/^ +"/, "", k); sub(/".*/, "", k)
 		v = $0; sub(/^[^:]*: "/, "", v); sub(/",?[[:space:]]*$/, "", v)
-		print (s == "" ? k : s "." k) "=" v }' "$DATA/demo.json" | sed -n "s/^$1=//p" | head -n 1
+		print (s == "" ? k : s "." k) "=" v }' "$DATA/demo.json" | sed -n "s/^$1=//p" | sed -n 1p
 }
 alice_id="$(demo_get users.alice)"
 bob_id="$(demo_get users.bob)"
