@@ -36,18 +36,25 @@ for i = 1, 3 do
 end
 local connTTL = tonumber(ARGV[5])
 local cap = tonumber(ARGV[8]) or 0
-if cap > 0 and not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
-  if redis.call('ZCOUNT', KEYS[2], string.format('%d', now - connTTL), '+inf') >= cap then
+local cut = string.format('%d', now - connTTL)
+-- A member whose heartbeat is older than cut is stale, the rest are live.
+-- The member count (O(1)) spares the reads below when they cannot matter:
+-- a user with no members has nothing stale, and one with fewer members than
+-- the cap cannot be at it.
+local n = redis.call('ZCARD', KEYS[2])
+if cap > 0 and n >= cap and not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+  if redis.call('ZCOUNT', KEYS[2], cut, '+inf') >= cap then
     return {now, 0, 0, 1}
   end
 end
 local stale = {}
-for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%d', now - connTTL), 'LIMIT', '0', ARGV[7])) do
-  if m ~= ARGV[2] then
-    stale[#stale + 1] = m
+if n > 0 then
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cut, 'LIMIT', '0', ARGV[7])) do
+    if m ~= ARGV[2] then
+      stale[#stale + 1] = m
+    end
   end
 end
-local wasOnline = redis.call('EXISTS', KEYS[3])
 
 redis.call('HSET', KEYS[1], 'user_id', ARGV[1], 'instance', ARGV[3], 'last_seen', nowText, 'subscriptions_count', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], connTTL)
@@ -56,5 +63,9 @@ if #stale > 0 then
   redis.call('ZREM', KEYS[2], unpack(stale))
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
-return {now, 1 - wasOnline, #stale, 0}
+-- The online marker's previous value tells whether the user was online.
+local wasOnline = redis.call('SET', KEYS[3], '1', 'PX', ARGV[6], 'GET')
+if wasOnline then
+  return {now, 0, #stale, 0}
+end
+return {now, 1, #stale, 0}
