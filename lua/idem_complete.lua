@@ -26,7 +26,7 @@ end
 if cur ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1])
+-- The in-progress record holds state and fp only, both overwritten here.
 redis.call('HSET', KEYS[1], 'state', 'completed', 'fp', ARGV[2], 'status', ARGV[3],
   'rid', ARGV[4], 'ver', ARGV[5], 'meta', ARGV[6], 'at_ms', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[7])

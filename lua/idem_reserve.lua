@@ -30,7 +30,9 @@ end
 if state and fp ~= ARGV[1] then
   return {'conflict', now}
 end
-local holder = redis.call('GET', KEYS[2])
+-- Take the lock unless someone holds it (NX), reading the holder in the same
+-- command (GET): false when this call took it.
+local holder = redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'NX', 'GET')
 if holder == ARGV[2] then
   -- A client retry of this very call (the first reply was lost): still ours.
   return {'acquired', now}
@@ -39,8 +41,7 @@ if holder then
   return {'in_progress', redis.call('PTTL', KEYS[2]), now, holder}
 end
 -- Absent, or in progress with this fingerprint and no owner left (the lock
--- expired with its owner): take it.
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+-- expired with its owner): taken above.
 redis.call('HSET', KEYS[1], 'state', 'in_progress', 'fp', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {'acquired', now}
