@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,37 +115,52 @@ func errQueuedPastBudget() error {
 	return fmt.Errorf("%w: send queued past its budget", ErrDatabaseBusy)
 }
 
-const sendMessagesSQL = `SELECT r_ord, r_outcome, r_ref, r_id, r_seq, r_sender, r_body, r_cmid, r_created_at, r_attachments
-	FROM send_messages($1::uuid, $2::text, $3::bigint, $4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], $9::text[]::uuid[],
-		$10::text[], $11::boolean[], $12::text[], $13::text[], $14::text[], $15::int[], $16::text[], $17::bigint[])`
+const sendGroupsSQL = `SELECT r_ord, r_outcome, r_ref, r_id, r_seq, r_sender, r_body, r_cmid, r_created_at, r_attachments
+	FROM send_groups($1::text[]::uuid[], $2::text[], $3::bigint, $4::int[], $5::text[]::uuid[], $6::text[]::uuid[], $7::text[], $8::text[],
+		$9::int[], $10::text[]::uuid[], $11::text[], $12::boolean[], $13::text[], $14::text[], $15::text[], $16::int[], $17::text[], $18::bigint[])`
 
-// sendArgs lays the batch out as the parallel arrays send_messages takes.
-func sendArgs(dialogID string, lockTimeout time.Duration, batch []*sendReq) []any {
-	n := len(batch)
+// sendArgs lays the batches out as the parallel arrays send_groups takes:
+// the dialogs and their channels, then every batch's messages in turn, each
+// with the index of its dialog.
+func sendArgs(lockTimeout time.Duration, group []*dialogBatch) []any {
+	n := 0
+	for _, b := range group {
+		n += len(b.reqs)
+	}
 	var (
-		msgIDs, senders, bodies, cmids, attIDs, events = make([]string, n), make([]string, n), make([]string, n), make([]string, n), []string{}, make([]string, n)
-		scopes, keys, fps, metas                       = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		attCounts, statuses                            = make([]int32, n), make([]int32, n)
-		safety                                         = make([]bool, n)
-		ttls                                           = make([]int64, n)
+		dialogs, channels                              = make([]string, len(group)), make([]string, len(group))
+		msgDialogs                                     = make([]int32, 0, n)
+		msgIDs, senders, bodies, cmids, attIDs, events = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), []string{}, make([]string, 0, n)
+		scopes, keys, fps, metas                       = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		attCounts, statuses                            = make([]int32, 0, n), make([]int32, 0, n)
+		safety                                         = make([]bool, 0, n)
+		ttls                                           = make([]int64, 0, n)
 	)
-	for i, r := range batch {
-		in := r.in
-		msgIDs[i], senders[i], bodies[i], cmids[i], events[i] = in.ID, in.SenderID, in.Body, in.ClientMessageID, r.eventID
-		attCounts[i] = int32(len(in.AttachmentIDs))
-		attIDs = append(attIDs, in.AttachmentIDs...)
-		safety[i] = in.SafetyTask
-		if w := in.Idem; w != nil {
-			scopes[i], keys[i], fps[i], statuses[i], metas[i], ttls[i] = w.Key.Scope, w.Key.KeyHMAC, w.Fingerprint, int32(r.idem.Status), r.idem.Meta, w.TTL.Milliseconds()
-		} else {
-			metas[i] = "{}"
+	for g, b := range group {
+		dialogs[g], channels[g] = b.dialogID, pubsub.DialogChannel(b.dialogID)
+		for _, r := range b.reqs {
+			in := r.in
+			msgDialogs = append(msgDialogs, int32(g+1))
+			msgIDs, senders, bodies, cmids, events = append(msgIDs, in.ID), append(senders, in.SenderID), append(bodies, in.Body),
+				append(cmids, in.ClientMessageID), append(events, r.eventID)
+			attCounts = append(attCounts, int32(len(in.AttachmentIDs)))
+			attIDs = append(attIDs, in.AttachmentIDs...)
+			safety = append(safety, in.SafetyTask)
+			if w := in.Idem; w != nil {
+				scopes, keys, fps = append(scopes, w.Key.Scope), append(keys, w.Key.KeyHMAC), append(fps, w.Fingerprint)
+				statuses, metas, ttls = append(statuses, int32(r.idem.Status)), append(metas, r.idem.Meta), append(ttls, w.TTL.Milliseconds())
+			} else {
+				scopes, keys, fps = append(scopes, ""), append(keys, ""), append(fps, "")
+				statuses, metas, ttls = append(statuses, 0), append(metas, "{}"), append(ttls, 0)
+			}
 		}
 	}
-	return []any{dialogID, pubsub.DialogChannel(dialogID), lockTimeout.Milliseconds(), msgIDs, senders, bodies, cmids, attCounts, attIDs,
+	return []any{dialogs, channels, lockTimeout.Milliseconds(), msgDialogs, msgIDs, senders, bodies, cmids, attCounts, attIDs,
 		events, safety, scopes, keys, fps, statuses, metas, ttls}
 }
 
-// sendRow is one row send_messages returns.
+// sendRow is one row send_groups returns (ord and ref as indexes into its
+// batch once split: scanSendRows).
 type sendRow struct {
 	ord, ref                       int32
 	outcome, id, sender, body, cid string
@@ -195,26 +211,13 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq, refill func() []*s
 	answerBatch(b.reqs, b.rows)
 }
 
-// execSendBatch runs send_messages within budget: the pool wait is bounded
-// by it, each lock wait by lockWait (lock_timeout, set by the function for
-// its own transaction only; at most the budget); the client gives the call
-// one request budget more before it gives up on the connection.
+// execSendBatch writes one dialog's batch alone (execSendGroup).
 func (s *Store) execSendBatch(dialogID string, budget, lockWait time.Duration, batch []*sendReq) ([]sendRow, error) {
-	ctx, conn, done, err := s.sendConn(budget)
+	out, err := s.execSendGroup(budget, lockWait, []*dialogBatch{{dialogID: dialogID, reqs: batch}})
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	lockWait = min(max(lockWait, time.Millisecond), max(budget, time.Millisecond))
-	rows, err := conn.Query(ctx, sendMessagesSQL, sendArgs(dialogID, lockWait, batch)...)
-	var out []sendRow
-	if err == nil {
-		out, err = scanSendRows(rows, len(batch))
-	}
-	if err != nil {
-		return nil, sendError(err)
-	}
-	return out, nil
+	return out[0], nil
 }
 
 // sendConn is a pool connection for a send statement within budget (at
@@ -232,24 +235,46 @@ func (s *Store) sendConn(budget time.Duration) (context.Context, *pgxpool.Conn, 
 	return ctx, conn, func() { conn.Release(); cancel() }, nil
 }
 
-// scanSendRows reads the rows of one send_messages call of n messages and
-// closes them.
-func scanSendRows(rows pgx.Rows, n int) ([]sendRow, error) {
-	out := make([]sendRow, 0, n)
+// scanSendRows reads the rows of one send_groups call for group (one per
+// message), closes them, and splits them by batch, each row's ord and ref
+// turned into indexes into its own batch.
+func scanSendRows(rows pgx.Rows, group []*dialogBatch) ([][]sendRow, error) {
+	// first[g] is the call's index (1-based) of batch g's first message.
+	first := make([]int32, len(group)+1)
+	first[0] = 1
+	for g, b := range group {
+		first[g+1] = first[g] + int32(len(b.reqs))
+	}
+	out := make([][]sendRow, len(group))
+	for g, b := range group {
+		out[g] = make([]sendRow, 0, len(b.reqs))
+	}
+	n := 0
 	for rows.Next() {
 		var r sendRow
 		if err := rows.Scan(&r.ord, &r.outcome, &r.ref, &r.id, &r.seq, &r.sender, &r.body, &r.cid, &r.createdAt, &r.atts); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		out = append(out, r)
+		// The batch g with first[g] <= ord < first[g+1].
+		g := sort.Search(len(group), func(g int) bool { return first[g+1] > r.ord })
+		if g >= len(group) || r.ord < first[g] {
+			rows.Close()
+			return nil, fmt.Errorf("send message: answer for message %d of %d", r.ord, first[len(group)]-1)
+		}
+		r.ord -= first[g] - 1
+		if r.ref > 0 {
+			r.ref -= first[g] - 1
+		}
+		out[g] = append(out[g], r)
+		n++
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if len(out) != n {
-		return nil, fmt.Errorf("%d answers for %d messages", len(out), n)
+	if want := int(first[len(group)] - 1); n != want {
+		return nil, fmt.Errorf("%d answers for %d messages", n, want)
 	}
 	return out, nil
 }

@@ -3,12 +3,10 @@ package store
 import (
 	"errors"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/han-app/gateway/internal/combine"
@@ -39,10 +37,11 @@ const maxGroupDialogs = 32
 // batches that arrive meanwhile join its group (0: it is written at once,
 // alone).
 //
-// A group is one pipelined round trip, one send_messages call per dialog
-// in dialog-id order (so two groups that share dialogs take their row
-// locks in the same order) and one commit: PostgreSQL pays one commit,
-// one WAL flush and one client round trip for the whole group, and the
+// A group is one statement (send_groups, which takes the dialogs' row
+// locks in dialog-id order, so two groups that share dialogs take them in
+// the same order, and runs each step of the write once for all of them)
+// and one commit: PostgreSQL pays one statement, one commit, one WAL flush
+// and one client round trip for the whole group, and the
 // number of concurrent send transactions stays at max however many sends
 // arrive, so the sends do not contend with each other for PostgreSQL's
 // locks and CPU. When the group's transaction fails, nothing of it was
@@ -269,17 +268,8 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	}
 	budget := time.Until(deadline)
 	lockWait := min(budget/4, s.groups.lockWait)
-	var out [][]sendRow
-	var err error
 	s.groups.count(group...)
-	if len(group) == 1 {
-		var rows []sendRow
-		rows, err = s.execSendBatch(group[0].dialogID, budget, lockWait, group[0].reqs)
-		out = [][]sendRow{rows}
-	} else {
-		slices.SortFunc(group, func(a, b *dialogBatch) int { return strings.Compare(a.dialogID, b.dialogID) })
-		out, err = s.execSendGroup(budget, lockWait, group)
-	}
+	out, err := s.execSendGroup(budget, lockWait, group)
 	if err == nil {
 		for i, b := range group {
 			b.settle(out[i], nil)
@@ -307,9 +297,8 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	}
 }
 
-// execSendGroup runs one send_messages call per batch of the group in one
-// pipelined round trip; without a transaction block of their own they are
-// one implicit transaction, committed at the pipeline's end. The rows are
+// execSendGroup writes the batches of group in one statement, send_groups,
+// in its own implicit transaction: one round trip, one commit. The rows are
 // returned only when that commit succeeded; on an error nothing was
 // committed.
 func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
@@ -318,28 +307,14 @@ func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBat
 		return nil, err
 	}
 	defer done()
-	lockWait = max(lockWait, time.Millisecond)
-	var pb pgx.Batch
-	for _, b := range group {
-		pb.Queue(sendMessagesSQL, sendArgs(b.dialogID, lockWait, b.reqs)...)
+	lockWait = min(max(lockWait, time.Millisecond), max(budget, time.Millisecond))
+	rows, err := conn.Query(ctx, sendGroupsSQL, sendArgs(lockWait, group)...)
+	var out [][]sendRow
+	if err == nil {
+		out, err = scanSendRows(rows, group)
 	}
-	br := conn.SendBatch(ctx, &pb)
-	out := make([][]sendRow, len(group))
-	var first error
-	for i, b := range group {
-		rows, err := br.Query()
-		if err == nil {
-			out[i], err = scanSendRows(rows, len(b.reqs))
-		}
-		if err != nil && first == nil {
-			first = err
-		}
-	}
-	if err := br.Close(); err != nil && first == nil {
-		first = err
-	}
-	if first != nil {
-		return nil, sendError(first)
+	if err != nil {
+		return nil, sendError(err)
 	}
 	return out, nil
 }

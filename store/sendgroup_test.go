@@ -375,3 +375,110 @@ func TestSendsQueuedBehindALingeringBatchJoinIt(t *testing.T) {
 		t.Fatalf("SendStats: %d transactions, %d batches, want 1 and 1", st.Transactions-before.Transactions, st.Batches-before.Batches)
 	}
 }
+
+// One group statement carries several dialogs' batches with every outcome
+// a batch can hold: each dialog gets its own gapless seqs in arrival order,
+// a clientMessageId repeated within a dialog answers the first message
+// while the same id in another dialog is a message of its own, a sender who
+// is not a member of the dialog is refused without taking a seq, and every
+// created message is written by the one transaction.
+func TestOneGroupStatementAnswersEachDialogAndMessage(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(0)
+	release, first := occupy(t, s)
+	a, b, c := newSendFixture(t, s, 2), newSendFixture(t, s, 2), newSendFixture(t, s, 2)
+	type sent struct {
+		in  store.SendMessage
+		out <-chan sendOutcome
+	}
+	var all []sent
+	send := func(dialog, sender, body, cmid string) int {
+		in := store.SendMessage{ID: ids.New(), DialogID: dialog, SenderID: sender, Body: body, ClientMessageID: cmid}
+		all = append(all, sent{in, queueSend(t, s, context.Background(), in)})
+		return len(all) - 1
+	}
+	a1 := send(a.dialog, a.users[0], "a1", "same")
+	a2 := send(a.dialog, a.users[1], "a2", "")
+	aDup := send(a.dialog, a.users[0], "a1 again", "same")
+	bOut := send(b.dialog, a.users[0], "not a member of b", "")
+	b1 := send(b.dialog, b.users[0], "b1", "same")
+	b2 := send(b.dialog, b.users[1], "b2", "")
+	c1 := send(c.dialog, c.users[1], "c1", "")
+	waitGroupWaiting(t, s, 3)
+	release()
+	if o := <-first; o.err != nil || !o.created {
+		t.Fatalf("the send that held the transaction: %v", o.err)
+	}
+	got := make([]sendOutcome, len(all))
+	for i, x := range all {
+		got[i] = <-x.out
+	}
+	want := map[int]int64{a1: 1, a2: 2, b1: 1, b2: 2, c1: 1}
+	var created []store.Message
+	for i, seq := range want {
+		o, in := got[i], all[i].in
+		if o.err != nil || !o.created || o.m.Seq != seq || o.m.ID != in.ID || o.m.DialogID != in.DialogID ||
+			o.m.SenderID != in.SenderID || o.m.Body != in.Body || o.m.ClientMessageID != in.ClientMessageID {
+			t.Fatalf("send %q: %+v created %v: %v, want seq %d", in.Body, o.m, o.created, o.err, seq)
+		}
+		created = append(created, o.m)
+	}
+	if o := got[aDup]; o.err != nil || o.created || o.m.ID != got[a1].m.ID || o.m.Seq != 1 || o.m.Body != "a1" {
+		t.Fatalf("the repeated clientMessageId: %+v created %v: %v, want the first message", o.m, o.created, o.err)
+	}
+	if o := got[bOut]; !errors.Is(o.err, store.ErrDialogNotFound) {
+		t.Fatalf("a non-member's send: %+v created %v: %v, want ErrDialogNotFound", o.m, o.created, o.err)
+	}
+	checkGapless(t, s, a.dialog, 2, []store.Message{got[a1].m, got[a2].m})
+	checkGapless(t, s, b.dialog, 2, []store.Message{got[b1].m, got[b2].m})
+	checkGapless(t, s, c.dialog, 1, []store.Message{got[c1].m})
+	if n := transactionsOf(t, created...); n != 1 {
+		t.Fatalf("the group's messages were written by %d transactions, want one", n)
+	}
+}
+
+// send_groups treats a dialog listed twice as one dialog: its seqs continue
+// across both listings, and last_seq ends at the last of them.
+func TestSendGroupsDialogListedTwice(t *testing.T) {
+	s, _ := openStore(t)
+	f := newSendFixture(t, s, 2)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	idsOf := []string{ids.New(), ids.New(), ids.New()}
+	rows, err := conn.Query(ctx, `SELECT r_ord, r_outcome, r_seq FROM send_groups($1::text[]::uuid[], $2::text[], 1000, $3::int[],
+		$4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], '{}'::uuid[], $9::text[], $10::boolean[],
+		$9::text[], $9::text[], $9::text[], $11::int[], $12::text[], $13::bigint[]) ORDER BY r_ord`,
+		[]string{f.dialog, f.dialog}, []string{"c", "c"}, []int32{1, 2, 1}, idsOf,
+		[]string{f.users[0], f.users[1], f.users[0]}, []string{"one", "two", "three"}, []string{"", "", ""},
+		[]int32{0, 0, 0}, []string{"", "", ""}, []bool{false, false, false}, []int32{0, 0, 0},
+		[]string{"{}", "{}", "{}"}, []int64{0, 0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for rows.Next() {
+		var ord int32
+		var outcome string
+		var seq int64
+		if err := rows.Scan(&ord, &outcome, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if outcome != "created" {
+			t.Fatalf("message %d: %s", ord, outcome)
+		}
+		got = append(got, seq)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
+		t.Fatalf("seqs %v, want 1 2 3 in array order", got)
+	}
+	checkGapless(t, s, f.dialog, 3, nil)
+}
