@@ -31,13 +31,12 @@
 // ErrDatabaseBusy. Single statements of request paths (reqQueryRow,
 // reqQuery, reqExec) wait for a pool connection at most the same budget.
 // The message send is the exception that keeps the same budget another
-// way: its transaction is one statement, the send_messages function, which
+// way: its transaction is one statement, the send_groups function, which
 // sets lock_timeout for its own transaction (set_config, local), so the
-// dialog's row lock is never held across a client round trip; concurrent
-// sends into one dialog are combined into one such statement (send.go,
-// sendqueue.go), and the statements of different dialogs that wait for a
-// send transaction are written together, pipelined in one transaction
-// (sendgroup.go).
+// dialogs' row locks are never held across a client round trip; concurrent
+// sends into one dialog are combined into one batch (send.go, sendqueue.go),
+// and the batches of different dialogs that wait for a send transaction are
+// written together by one such statement (sendgroup.go).
 // Background jobs and migrations keep their own budgets.
 //
 // Nothing relies on session state between transactions, so the pool may sit

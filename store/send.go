@@ -47,7 +47,7 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 
 // SendMessage inserts a message with the next seq of its dialog, with its
 // outbox event, safety task, attachment links and idempotency record, all in
-// one transaction that is one statement (the send_messages function): one
+// one transaction that is one statement (the send_groups function): one
 // client round trip, and the dialog's row lock, which makes seqs gapless and
 // unique, is held only while PostgreSQL runs it and commits.
 //
@@ -290,7 +290,7 @@ func sendError(err error) error {
 }
 
 // answerBatch gives each send of the batch its outcome from the rows
-// send_messages returned (one per message, any order).
+// send_groups returned for it (one per message, any order).
 func answerBatch(batch []*sendReq, rows []sendRow) {
 	byOrd := make([]*sendRow, len(batch))
 	for i := range rows {
