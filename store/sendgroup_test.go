@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -481,4 +483,43 @@ func TestSendGroupsDialogListedTwice(t *testing.T) {
 		t.Fatalf("seqs %v, want 1 2 3 in array order", got)
 	}
 	checkGapless(t, s, f.dialog, 3, nil)
+}
+
+// send_messages, the statement of the previous release (still called by
+// its instances during a rolling upgrade), writes through send_groups: the
+// same outcomes and seqs.
+func TestSendMessagesOfThePreviousReleaseStillWrites(t *testing.T) {
+	s, _ := openStore(t)
+	f := newSendFixture(t, s, 2)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT r_ord, r_outcome, r_seq FROM send_messages($1::uuid, 'c', 1000,
+		$2::text[]::uuid[], $3::text[]::uuid[], $4::text[], $5::text[], $6::int[], '{}'::uuid[], $7::text[], $8::boolean[],
+		$7::text[], $7::text[], $7::text[], $9::int[], $10::text[], $11::bigint[]) ORDER BY r_ord`,
+		f.dialog, []string{ids.New(), ids.New()}, []string{f.users[1], ids.New()}, []string{"member", "stranger"},
+		[]string{"", ""}, []int32{0, 0}, []string{"", ""}, []bool{false, false}, []int32{0, 0}, []string{"{}", "{}"}, []int64{0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var ord int32
+		var outcome string
+		var seq int64
+		if err := rows.Scan(&ord, &outcome, &seq); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d:%s:%d", ord, outcome, seq))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, " ") != "1:created:1 2:not_member:0" {
+		t.Fatalf("send_messages answered %v, want 1:created:1 2:not_member:0", got)
+	}
+	checkGapless(t, s, f.dialog, 1, nil)
 }

@@ -3,8 +3,9 @@
 -- a few dozen dialogs that one instance writes in one transaction, with one
 -- statement per step for all of them (the membership read, the row locks,
 -- the message, outbox and safety-task inserts, the last_seq update) instead
--- of one per dialog. send_messages stays for instances of the previous
--- release during a rolling upgrade; nothing of this release calls it.
+-- of one per dialog. send_messages (below) stays for instances of the
+-- previous release during a rolling upgrade; nothing of this release calls
+-- it.
 --
 -- p_dialogs[g], p_channels[g]: the dialogs of the group and their event
 -- channels; p_msg_dialogs[i]: the index g of message i's dialog. The other
@@ -183,4 +184,21 @@ BEGIN
             v_now, c_atts[k]
         FROM unnest(c_ord) WITH ORDINALITY AS x(o, k);
 END
+$$;
+
+-- send_messages, still called by instances of the previous release during a
+-- rolling upgrade, becomes send_groups for a group of one dialog: one
+-- implementation of the send in the schema.
+CREATE OR REPLACE FUNCTION send_messages(
+    p_dialog uuid, p_channel text, p_lock_timeout_ms bigint,
+    p_ids uuid[], p_senders uuid[], p_bodies text[], p_cmids text[],
+    p_att_counts int[], p_att_ids uuid[], p_event_ids text[], p_safety boolean[],
+    p_idem_scopes text[], p_idem_keys text[], p_idem_fps text[], p_idem_status int[],
+    p_idem_meta text[], p_idem_ttl_ms bigint[])
+RETURNS TABLE (r_ord int, r_outcome text, r_ref int, r_id text, r_seq bigint, r_sender text, r_body text,
+    r_cmid text, r_created_at timestamptz, r_attachments text)
+LANGUAGE sql AS $$
+    SELECT * FROM send_groups(ARRAY[p_dialog], ARRAY[p_channel], p_lock_timeout_ms,
+        array_fill(1, ARRAY[cardinality(p_ids)]), p_ids, p_senders, p_bodies, p_cmids, p_att_counts, p_att_ids,
+        p_event_ids, p_safety, p_idem_scopes, p_idem_keys, p_idem_fps, p_idem_status, p_idem_meta, p_idem_ttl_ms)
 $$;
