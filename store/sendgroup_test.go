@@ -441,67 +441,17 @@ func TestOneGroupStatementAnswersEachDialogAndMessage(t *testing.T) {
 	}
 }
 
-// send_groups treats a dialog listed twice as one dialog: its seqs continue
-// across both listings, and last_seq ends at the last of them.
-func TestSendGroupsDialogListedTwice(t *testing.T) {
-	s, _ := openStore(t)
-	f := newSendFixture(t, s, 2)
+// sendSQL runs a send statement (send_groups or send_messages) directly
+// and returns its answers as "ord:outcome:seq", in ord order.
+func sendSQL(t *testing.T, query string, args ...any) string {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, env.DatabaseURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	idsOf := []string{ids.New(), ids.New(), ids.New()}
-	rows, err := conn.Query(ctx, `SELECT r_ord, r_outcome, r_seq FROM send_groups($1::text[]::uuid[], $2::text[], 1000, $3::int[],
-		$4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], '{}'::uuid[], $9::text[], $10::boolean[],
-		$9::text[], $9::text[], $9::text[], $11::int[], $12::text[], $13::bigint[]) ORDER BY r_ord`,
-		[]string{f.dialog, f.dialog}, []string{"c", "c"}, []int32{1, 2, 1}, idsOf,
-		[]string{f.users[0], f.users[1], f.users[0]}, []string{"one", "two", "three"}, []string{"", "", ""},
-		[]int32{0, 0, 0}, []string{"", "", ""}, []bool{false, false, false}, []int32{0, 0, 0},
-		[]string{"{}", "{}", "{}"}, []int64{0, 0, 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []int64
-	for rows.Next() {
-		var ord int32
-		var outcome string
-		var seq int64
-		if err := rows.Scan(&ord, &outcome, &seq); err != nil {
-			t.Fatal(err)
-		}
-		if outcome != "created" {
-			t.Fatalf("message %d: %s", ord, outcome)
-		}
-		got = append(got, seq)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
-		t.Fatalf("seqs %v, want 1 2 3 in array order", got)
-	}
-	checkGapless(t, s, f.dialog, 3, nil)
-}
-
-// send_messages, the statement of the previous release (still called by
-// its instances during a rolling upgrade), writes through send_groups: the
-// same outcomes and seqs.
-func TestSendMessagesOfThePreviousReleaseStillWrites(t *testing.T) {
-	s, _ := openStore(t)
-	f := newSendFixture(t, s, 2)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT r_ord, r_outcome, r_seq FROM send_messages($1::uuid, 'c', 1000,
-		$2::text[]::uuid[], $3::text[]::uuid[], $4::text[], $5::text[], $6::int[], '{}'::uuid[], $7::text[], $8::boolean[],
-		$7::text[], $7::text[], $7::text[], $9::int[], $10::text[], $11::bigint[]) ORDER BY r_ord`,
-		f.dialog, []string{ids.New(), ids.New()}, []string{f.users[1], ids.New()}, []string{"member", "stranger"},
-		[]string{"", ""}, []int32{0, 0}, []string{"", ""}, []bool{false, false}, []int32{0, 0}, []string{"{}", "{}"}, []int64{0, 0})
+	rows, err := conn.Query(ctx, "SELECT r_ord, r_outcome, r_seq FROM "+query+" ORDER BY r_ord", args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,8 +468,39 @@ func TestSendMessagesOfThePreviousReleaseStillWrites(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(got, " ") != "1:created:1 2:not_member:0" {
-		t.Fatalf("send_messages answered %v, want 1:created:1 2:not_member:0", got)
+	return strings.Join(got, " ")
+}
+
+// send_groups treats a dialog listed twice as one dialog: its seqs continue
+// across both listings, and last_seq ends at the last of them.
+func TestSendGroupsDialogListedTwice(t *testing.T) {
+	s, _ := openStore(t)
+	f := newSendFixture(t, s, 2)
+	got := sendSQL(t, `send_groups($1::text[]::uuid[], $2::text[], 1000, $3::int[],
+		$4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], '{}'::uuid[], $7::text[], $9::boolean[],
+		$7::text[], $7::text[], $7::text[], $8::int[], $10::text[], $11::bigint[])`,
+		[]string{f.dialog, f.dialog}, []string{"c", "c"}, []int32{1, 2, 1}, []string{ids.New(), ids.New(), ids.New()},
+		[]string{f.users[0], f.users[1], f.users[0]}, []string{"one", "two", "three"}, []string{"", "", ""},
+		[]int32{0, 0, 0}, []bool{false, false, false}, []string{"{}", "{}", "{}"}, []int64{0, 0, 0})
+	if got != "1:created:1 2:created:2 3:created:3" {
+		t.Fatalf("send_groups answered %q, want seqs 1 2 3 in array order", got)
+	}
+	checkGapless(t, s, f.dialog, 3, nil)
+}
+
+// send_messages, the statement of the previous release (still called by
+// its instances during a rolling upgrade), writes through send_groups: the
+// same outcomes and seqs.
+func TestSendMessagesOfThePreviousReleaseStillWrites(t *testing.T) {
+	s, _ := openStore(t)
+	f := newSendFixture(t, s, 2)
+	got := sendSQL(t, `send_messages($1::uuid, 'c', 1000,
+		$2::text[]::uuid[], $3::text[]::uuid[], $4::text[], $5::text[], $6::int[], '{}'::uuid[], $5::text[], $7::boolean[],
+		$5::text[], $5::text[], $5::text[], $6::int[], $8::text[], $9::bigint[])`,
+		f.dialog, []string{ids.New(), ids.New()}, []string{f.users[1], ids.New()}, []string{"member", "stranger"},
+		[]string{"", ""}, []int32{0, 0}, []bool{false, false}, []string{"{}", "{}"}, []int64{0, 0})
+	if got != "1:created:1 2:not_member:0" {
+		t.Fatalf("send_messages answered %q, want 1:created:1 2:not_member:0", got)
 	}
 	checkGapless(t, s, f.dialog, 1, nil)
 }
