@@ -298,9 +298,12 @@ func (s *Store) execGroup(group []*dialogBatch) {
 }
 
 // execSendGroup writes the batches of group in one statement, send_groups,
-// in its own implicit transaction: one round trip, one commit. The rows are
-// returned only when that commit succeeded; on an error nothing was
-// committed.
+// in its own implicit transaction: one round trip, one commit. The pool
+// wait is bounded by budget, each lock wait by lockWait (lock_timeout, set
+// by the function for its own transaction only; at most the budget), and
+// the client gives the statement one request budget more before it gives
+// up on the connection. The rows are returned only when that commit
+// succeeded; on an error nothing was committed.
 func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
 	ctx, conn, done, err := s.sendConn(budget)
 	if err != nil {
