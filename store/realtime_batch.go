@@ -113,8 +113,9 @@ type batchedCall interface{ shared() *sharedCall }
 // statements (the subscribe checks here, the presence transitions' dialog
 // reads, the first-sight user records): a lone call goes out at once (or
 // after the realtime linger); while inFlight statements run the next calls
-// queue, and when one ends they go out together, at most max of them. It counts the calls made and the
-// statements that answered them. Safe for concurrent use.
+// queue, and when one ends they go out together, at most max of them. It
+// counts the calls made and the statements that answered them. Safe for
+// concurrent use.
 type stmtBatcher[C batchedCall] struct {
 	comb           combine.Combiner[C]
 	calls, queries atomic.Uint64

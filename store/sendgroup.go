@@ -41,8 +41,8 @@ const maxGroupDialogs = 32
 // locks in dialog-id order, so two groups that share dialogs take them in
 // the same order, and runs each step of the write once for all of them)
 // and one commit: PostgreSQL pays one statement, one commit, one WAL flush
-// and one client round trip for the whole group, and the
-// number of concurrent send transactions stays at max however many sends
+// and one client round trip for the whole group, and the number of
+// concurrent send transactions stays at max however many sends
 // arrive, so the sends do not contend with each other for PostgreSQL's
 // locks and CPU. When the group's transaction fails, nothing of it was
 // committed, and every batch of it is written again on its own, so one
@@ -200,9 +200,9 @@ func (g *commitGroups) commit(b *dialogBatch) {
 
 // gatherLocked (g.mu held) holds the committer's slot for up to linger
 // (less when the waiting batches fill a group first) and returns b with the
-// batches that arrived meanwhile as one group. At a moderate rate most transactions
-// would carry one dialog's batch; the wait lets PostgreSQL pay one commit,
-// one WAL flush and one round trip for several.
+// batches that arrived meanwhile as one group. At a moderate rate most
+// transactions would carry one dialog's batch; the wait lets PostgreSQL pay
+// one commit, one WAL flush and one round trip for several.
 func (g *commitGroups) gatherLocked(b *dialogBatch) []*dialogBatch {
 	g.company.Wait(&g.mu, g.linger, maxGroupDialogs-1)
 	n := min(len(g.waiting), maxGroupDialogs-1)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
@@ -443,15 +444,9 @@ func TestOneGroupStatementAnswersEachDialogAndMessage(t *testing.T) {
 
 // sendSQL runs a send statement (send_groups or send_messages) directly
 // and returns its answers as "ord:outcome:seq", in ord order.
-func sendSQL(t *testing.T, query string, args ...any) string {
+func sendSQL(t *testing.T, pool *pgxpool.Pool, query string, args ...any) string {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, "SELECT r_ord, r_outcome, r_seq FROM "+query+" ORDER BY r_ord", args...)
+	rows, err := pool.Query(context.Background(), "SELECT r_ord, r_outcome, r_seq FROM "+query+" ORDER BY r_ord", args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,9 +469,9 @@ func sendSQL(t *testing.T, query string, args ...any) string {
 // send_groups treats a dialog listed twice as one dialog: its seqs continue
 // across both listings, and last_seq ends at the last of them.
 func TestSendGroupsDialogListedTwice(t *testing.T) {
-	s, _ := openStore(t)
+	s, pool := openStore(t)
 	f := newSendFixture(t, s, 2)
-	got := sendSQL(t, `send_groups($1::text[]::uuid[], $2::text[], 1000, $3::int[],
+	got := sendSQL(t, pool, `send_groups($1::text[]::uuid[], $2::text[], 1000, $3::int[],
 		$4::text[]::uuid[], $5::text[]::uuid[], $6::text[], $7::text[], $8::int[], '{}'::uuid[], $7::text[], $9::boolean[],
 		$7::text[], $7::text[], $7::text[], $8::int[], $10::text[], $11::bigint[])`,
 		[]string{f.dialog, f.dialog}, []string{"c", "c"}, []int32{1, 2, 1}, []string{ids.New(), ids.New(), ids.New()},
@@ -492,9 +487,9 @@ func TestSendGroupsDialogListedTwice(t *testing.T) {
 // its instances during a rolling upgrade), writes through send_groups: the
 // same outcomes and seqs.
 func TestSendMessagesOfThePreviousReleaseStillWrites(t *testing.T) {
-	s, _ := openStore(t)
+	s, pool := openStore(t)
 	f := newSendFixture(t, s, 2)
-	got := sendSQL(t, `send_messages($1::uuid, 'c', 1000,
+	got := sendSQL(t, pool, `send_messages($1::uuid, 'c', 1000,
 		$2::text[]::uuid[], $3::text[]::uuid[], $4::text[], $5::text[], $6::int[], '{}'::uuid[], $5::text[], $7::boolean[],
 		$5::text[], $5::text[], $5::text[], $6::int[], $8::text[], $9::bigint[])`,
 		f.dialog, []string{ids.New(), ids.New()}, []string{f.users[1], ids.New()}, []string{"member", "stranger"},

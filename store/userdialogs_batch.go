@@ -11,8 +11,9 @@ import (
 // disconnection) is published to each of the user's dialogs, which reads
 // the user's dialog ids (DialogIDsForUser). Reads that arrive together —
 // thousands in a connect or reconnect storm — share one statement, the way
-// the subscribe checks do (realtime_batch.go): a lone read goes out at once (or after the realtime linger),
-// the rest queue while a query is in flight.
+// the subscribe checks do (realtime_batch.go): a lone read goes out at once
+// (or after the realtime linger), the rest queue while a query is in
+// flight.
 const (
 	// One query at a time, as the subscribe checks (lastSeqInFlight).
 	userDialogsInFlight     = 1

@@ -20,8 +20,9 @@ import (
 // share one round trip: while a pipeline is in flight, the next calls queue,
 // and when it ends they go out together. A lone call is sent at once (or
 // after the linger, SetLinger); under load, one write and one read on the
-// client and one wake-up of Redis carry many calls. Each script stays atomic on its own;
-// the pipeline only shares the connection. Safe for concurrent use.
+// client and one wake-up of Redis carry many calls. Each script stays
+// atomic on its own; the pipeline only shares the connection. Safe for
+// concurrent use.
 type Batcher struct {
 	rdb  redis.UniversalClient
 	comb combine.Combiner[*batchCall]
