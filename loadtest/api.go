@@ -200,14 +200,16 @@ func (a *API) Do(ctx context.Context, r Request) (int, error) {
 	return resp.StatusCode, ae
 }
 
-// DoRetry is Do that waits out 429 (Retry-After, at most maxWait in total)
+// DoRetry is Do that waits out a refusal the server asks to retry — 429, or
+// 503 with Retry-After (an overloaded database or Redis: nothing was
+// written) — for Retry-After (at least 100 ms; at most maxWait in total)
 // and retries; for setup calls, not for measured traffic.
 func (a *API) DoRetry(ctx context.Context, r Request, maxWait time.Duration) (int, error) {
 	deadline := time.Now().Add(maxWait)
 	for {
 		st, err := a.Do(ctx, r)
 		var ae *APIError
-		if !errors.As(err, &ae) || ae.Status != http.StatusTooManyRequests {
+		if !errors.As(err, &ae) || !retryable(ae) {
 			return st, err
 		}
 		wait := max(ae.RetryAfter, 100*time.Millisecond)
@@ -220,6 +222,14 @@ func (a *API) DoRetry(ctx context.Context, r Request, maxWait time.Duration) (in
 		case <-time.After(wait):
 		}
 	}
+}
+
+// retryable reports whether a refusal asks the client to come back: a 429,
+// or a 503 that names when (a 503 without Retry-After is an outage, not a
+// busy moment).
+func retryable(ae *APIError) bool {
+	return ae.Status == http.StatusTooManyRequests ||
+		(ae.Status == http.StatusServiceUnavailable && ae.RetryAfter > 0)
 }
 
 func statusIn(s int, list []int) bool {
