@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
@@ -153,6 +154,14 @@ func TestSendsFromTwoInstancesAreGapless(t *testing.T) {
 // returned release is called, so sends into it queue up.
 func holdDialog(t *testing.T, dialog string) (release func()) {
 	t.Helper()
+	release, _ = holdDialogPID(t, dialog)
+	return release
+}
+
+// holdDialogPID is holdDialog that also names the PostgreSQL backend holding
+// the lock (for waitBlocked).
+func holdDialogPID(t *testing.T, dialog string) (release func(), pid uint32) {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, env.DatabaseURL)
 	if err != nil {
@@ -162,7 +171,7 @@ func holdDialog(t *testing.T, dialog string) (release func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM dialogs WHERE id=$1 FOR UPDATE", dialog); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid() FROM dialogs WHERE id=$1 FOR UPDATE", dialog).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
@@ -173,7 +182,28 @@ func holdDialog(t *testing.T, dialog string) (release func()) {
 		})
 	}
 	t.Cleanup(release)
-	return release
+	return release, pid
+}
+
+// waitBlocked waits until n backends wait for a lock that backend pid holds
+// (a send transaction queued on a held dialog row).
+func waitBlocked(t *testing.T, pool *pgxpool.Pool, pid uint32, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got int
+		if err := pool.QueryRow(context.Background(),
+			"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", pid).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d backends wait for the held lock, want %d", got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 type sendOutcome struct {
@@ -335,12 +365,17 @@ func uploadedAttachment(t *testing.T, s *store.Store, dialog, uploader string) s
 // A caller whose context ends while its send waits behind another is
 // answered with the context's error, and nothing of its send is written.
 func TestASendCancelledWhileQueuedIsNotWritten(t *testing.T) {
-	s, _ := openStore(t)
+	s, pool := openStore(t)
 	s.SetRequestTimeout(10 * time.Second)
+	// The first send's transaction starts at once and waits for the row;
+	// only then is the second queued behind it (a batch waiting for company
+	// would take it along into its transaction).
+	s.SetSendLinger(0)
 	f := newSendFixture(t, s, 2)
-	release := holdDialog(t, f.dialog)
+	release, holder := holdDialogPID(t, f.dialog)
 	ctx := context.Background()
 	first := queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[0], Body: "first"})
+	waitBlocked(t, pool, holder, 1)
 	cctx, cancel := context.WithCancel(ctx)
 	gone := ids.New()
 	second := queueSend(t, s, cctx, store.SendMessage{ID: gone, DialogID: f.dialog, SenderID: f.users[1], Body: "gone"})
