@@ -76,7 +76,7 @@ type Config struct {
 	// rate-limit decision) that finds the shared Redis pipeline free waits
 	// for other requests' scripts to join it.
 	IdempotencyLinger time.Duration
-	// WSLinger (HAN_WS_LINGER, default 20ms; 0 turns it off) is how long the
+	// WSLinger (HAN_WS_LINGER, default 5ms; 0 turns it off) is how long the
 	// shared work of handshakes and subscribes (presence registrations and
 	// removals in Redis, subscribe checks, the presence transitions' dialog
 	// reads and first-sight user records in PostgreSQL) waits for company
@@ -303,7 +303,7 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.IdempotencyLinger, err = linger(getenv("HAN_IDEMPOTENCY_LINGER"), 2*time.Millisecond); err != nil {
 		bad("HAN_IDEMPOTENCY_LINGER: %v", err)
 	}
-	if c.WSLinger, err = linger(getenv("HAN_WS_LINGER"), 20*time.Millisecond); err != nil {
+	if c.WSLinger, err = linger(getenv("HAN_WS_LINGER"), 5*time.Millisecond); err != nil {
 		bad("HAN_WS_LINGER: %v", err)
 	}
 	c.WSMaxConnsPerUser = 16

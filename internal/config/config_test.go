@@ -362,11 +362,11 @@ func TestWSHandshakeAdmission(t *testing.T) {
 }
 
 // The waits for company: HAN_SEND_LINGER (5ms), HAN_IDEMPOTENCY_LINGER
-// (2ms) and HAN_WS_LINGER (20ms), each 0 (off) to 100ms.
+// (2ms) and HAN_WS_LINGER (5ms), each 0 (off) to 100ms.
 func TestLingers(t *testing.T) {
 	m := base()
 	c, err := Load(env(m))
-	if err != nil || c.SendLinger != 5*time.Millisecond || c.IdempotencyLinger != 2*time.Millisecond || c.WSLinger != 20*time.Millisecond {
+	if err != nil || c.SendLinger != 5*time.Millisecond || c.IdempotencyLinger != 2*time.Millisecond || c.WSLinger != 5*time.Millisecond {
 		t.Fatalf("defaults: %v %v %v %v", c.SendLinger, c.IdempotencyLinger, c.WSLinger, err)
 	}
 	get := map[string]func(Config) time.Duration{
