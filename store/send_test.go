@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store"
 )
@@ -189,21 +190,14 @@ func holdDialogPID(t *testing.T, dialog string) (release func(), pid uint32) {
 // (a send transaction queued on a held dialog row).
 func waitBlocked(t *testing.T, pool *pgxpool.Pool, pid uint32, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		var got int
 		if err := pool.QueryRow(context.Background(),
 			"SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", pid).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d backends wait for the held lock, want %d", got, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return got == n
+	}, "backends waiting for the held lock never numbered %d", n)
 }
 
 type sendOutcome struct {
@@ -269,8 +263,9 @@ func TestSendOverTheDialogQueueIsRefused(t *testing.T) {
 // clientMessageId repeated within the batch answers the first send's
 // message; the others are written with gapless seqs in arrival order.
 func TestABatchFailsOnlyItsBadSends(t *testing.T) {
-	s, _ := openStore(t)
+	s, pool := openStore(t)
 	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendLinger(0) // the lead's batch goes out alone, without waiting for company
 	f := newSendFixture(t, s, 3)
 	ctx := context.Background()
 	alice, bob := f.users[1], f.users[2]
@@ -281,7 +276,7 @@ func TestABatchFailsOnlyItsBadSends(t *testing.T) {
 		return &store.IdemWrite[store.Message]{Key: key, Fingerprint: "fp", TTL: time.Hour,
 			Record: func(m store.Message) store.IdemRecord { return store.IdemRecord{Status: 201} }}
 	}
-	release := holdDialog(t, f.dialog)
+	release, holder := holdDialogPID(t, f.dialog)
 	send := func(in store.SendMessage) <-chan sendOutcome {
 		in.ID, in.DialogID = ids.New(), f.dialog
 		if in.Body == "" {
@@ -292,6 +287,7 @@ func TestABatchFailsOnlyItsBadSends(t *testing.T) {
 	// The first send is being written (waiting for the lock) when the
 	// others arrive: they form the next batch, in this order.
 	lead := send(store.SendMessage{SenderID: alice, Body: "lead", ClientMessageID: "lead"})
+	waitBlocked(t, pool, holder, 1)
 	badAtt := send(store.SendMessage{SenderID: alice, AttachmentIDs: []string{other}})
 	withAtt := send(store.SendMessage{SenderID: alice, Body: "with attachment", ClientMessageID: "c1", AttachmentIDs: []string{att}, Idem: idem()})
 	sameAtt := send(store.SendMessage{SenderID: bob, AttachmentIDs: []string{att}})
