@@ -57,6 +57,10 @@
 //   - idem_reserve and idem_takeover: the same replay/conflict replies, but
 //     reserve takes a free lock and takeover only the one it saw; the shared
 //     lines are the replies each must give, kept next to its own branch.
+//   - idem_release and idem_abandon: both give a key back for its owner;
+//     abandon also marks the token for a copy of the call that arrives later
+//     and answers for an owner that does not know whether its call ran, so
+//     the two keep their own replies.
 //   - idem_complete/extend/release and lock_extend/release: the owner-token
 //     compare (-1 no lock, 0 another owner); as a function it would return
 //     the same three outcomes for every caller to branch on again.

@@ -3,6 +3,7 @@
 -- its lock in one step (states: absent -> in_progress -> completed).
 -- KEYS[1] record  han:api:idem:{<scope>:<user_id>:<key_hmac>}      HASH state, fp, status, rid, ver, meta, at_ms
 -- KEYS[2] lock    han:api:idemlock:{<scope>:<user_id>:<key_hmac>}  owner token (same hash tag)
+-- KEYS[3] gone    han:api:idemgone:{<scope>:<user_id>:<key_hmac>}  SET of abandoned owner tokens (idem_abandon)
 -- ARGV[1] request fingerprint (hex)
 -- ARGV[2] owner token (random, per request)
 -- ARGV[3] lock TTL in ms; an in-progress record carries the same TTL, so a
@@ -13,6 +14,8 @@
 --   {'conflict', now_ms}                                    the key was used with another fingerprint
 --   {'in_progress', lock_pttl_ms, now_ms, holder}           another request holds the lock; holder is
 --                                                          its owner token (names its instance)
+--   {'abandoned', now_ms}                                   this owner gave the call up (idem_abandon)
+--                                                          before it reached Redis: nothing written
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -29,6 +32,11 @@ if state == 'completed' then
 end
 if state and fp ~= ARGV[1] then
   return {'conflict', now}
+end
+-- A call that reaches Redis after its owner gave it up (a stalled server, a
+-- late TCP segment) takes nothing: no request runs under that token.
+if redis.call('SISMEMBER', KEYS[3], ARGV[2]) == 1 then
+  return {'abandoned', now}
 end
 -- Take the lock unless someone holds it (NX), reading the holder in the same
 -- command (GET): false when this call took it.

@@ -5,6 +5,7 @@
 -- saw the same dead owner, exactly one gets the lock.
 -- KEYS[1] record  han:api:idem:{<scope>:<user_id>:<key_hmac>}
 -- KEYS[2] lock    han:api:idemlock:{<scope>:<user_id>:<key_hmac>}
+-- KEYS[3] gone    han:api:idemgone:{<scope>:<user_id>:<key_hmac>}  abandoned owner tokens
 -- ARGV[1] request fingerprint (hex)
 -- ARGV[2] the lock value the caller saw (the dead owner's token)
 -- ARGV[3] the caller's owner token
@@ -14,6 +15,7 @@
 --   {'replay', status, resource_id, version, meta, now_ms}     completed with this fingerprint meanwhile
 --   {'conflict', now_ms}                                       the key was used with another fingerprint
 --   {'in_progress', lock_pttl_ms, now_ms, holder}              the lock changed hands: someone else runs it
+--   {'abandoned', now_ms}                                      the caller gave this call up: nothing written
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -34,6 +36,9 @@ end
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[2] and holder ~= ARGV[3] then
   return {'in_progress', redis.call('PTTL', KEYS[2]), now, holder}
+end
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
+  return {'abandoned', now}
 end
 -- Still the dead owner's (or already gone, or ours): take it.
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])

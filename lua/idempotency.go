@@ -8,4 +8,5 @@ var (
 	IdemRelease  = mustLoad("idem_release")
 	IdemExtend   = mustLoad("idem_extend")
 	IdemTakeover = mustLoad("idem_takeover")
+	IdemAbandon  = mustLoad("idem_abandon")
 )

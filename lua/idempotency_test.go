@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	keys := []string{"han:api:idem:{acl:u:k}", "han:api:idemlock:{acl:u:k}"}
+	keys := []string{"han:api:idem:{acl:u:k}", "han:api:idemlock:{acl:u:k}", "han:api:idemgone:{acl:u:k}"}
 	invocations["idem_reserve"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.IdemReserve.Run(ctx, c, keys, "fp", "owner", 30000).Err()
 	}
@@ -28,6 +28,9 @@ func init() {
 	invocations["idem_release"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.IdemRelease.Run(ctx, c, keys, "owner").Err()
 	}
+	invocations["idem_abandon"] = func(ctx context.Context, c redis.Scripter) error {
+		return lua.IdemAbandon.Run(ctx, c, keys, "owner", 30000).Err()
+	}
 }
 
 // The scripts' state machine, called directly: absent -> in_progress ->
@@ -36,7 +39,7 @@ func TestIdempotencyScripts(t *testing.T) {
 	ctx := context.Background()
 	c := client(t)
 	rec, lock := "han:api:idem:{msg_send:u1:k1}", "han:api:idemlock:{msg_send:u1:k1}"
-	keys := []string{rec, lock}
+	keys := []string{rec, lock, "han:api:idemgone:{msg_send:u1:k1}"}
 	reserve := func(fp, owner string) []any {
 		t.Helper()
 		v, err := lua.IdemReserve.Run(ctx, c, keys, fp, owner, 30000).Slice()
@@ -121,7 +124,7 @@ func TestIdempotencyScripts(t *testing.T) {
 func TestIdempotencyReleaseAndTakeover(t *testing.T) {
 	ctx := context.Background()
 	c := client(t)
-	keys := []string{"han:api:idem:{msg_send:u2:k}", "han:api:idemlock:{msg_send:u2:k}"}
+	keys := []string{"han:api:idem:{msg_send:u2:k}", "han:api:idemlock:{msg_send:u2:k}", "han:api:idemgone:{msg_send:u2:k}"}
 	if v, _ := lua.IdemReserve.Run(ctx, c, keys, "fp", "a", 30000).Slice(); v[0] != "acquired" {
 		t.Fatalf("reserve: %v", v)
 	}
@@ -153,7 +156,7 @@ func TestIdempotencyReleaseAndTakeover(t *testing.T) {
 func TestIdempotencyTakeoverComparesTheHolder(t *testing.T) {
 	ctx := context.Background()
 	c := client(t)
-	keys := []string{"han:api:idem:{msg_send:u3:k}", "han:api:idemlock:{msg_send:u3:k}"}
+	keys := []string{"han:api:idem:{msg_send:u3:k}", "han:api:idemlock:{msg_send:u3:k}", "han:api:idemgone:{msg_send:u3:k}"}
 	takeover := func(fp, seen, owner string) []any {
 		t.Helper()
 		v, err := lua.IdemTakeover.Run(ctx, c, keys, fp, seen, owner, 3600000).Slice()
@@ -193,5 +196,74 @@ func TestIdempotencyTakeoverComparesTheHolder(t *testing.T) {
 	}
 	if c.Exists(ctx, keys[1]).Val() != 0 {
 		t.Fatal("a takeover after completion took a lock")
+	}
+}
+
+// A reserve or takeover whose reply never came is given up with
+// idem_abandon: a lock the call took is released (a completed record stays),
+// and the token is marked so a copy of the call that reaches Redis later
+// takes nothing; the mark carries the TTL given. Other owners are
+// untouched.
+func TestIdempotencyAbandon(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	keys := []string{"han:api:idem:{msg_send:u4:k}", "han:api:idemlock:{msg_send:u4:k}", "han:api:idemgone:{msg_send:u4:k}"}
+	abandon := func(owner string) int64 {
+		t.Helper()
+		n, err := lua.IdemAbandon.Run(ctx, c, keys, owner, 30000).Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	reserve := func(owner string) []any {
+		t.Helper()
+		v, err := lua.IdemReserve.Run(ctx, c, keys, "fp", owner, 30000).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	// The call ran before it was given up: its lock and in-progress record
+	// go, and the key is free for the retry.
+	if r := reserve("late-1"); r[0] != "acquired" {
+		t.Fatalf("reserve: %v", r)
+	}
+	if n := abandon("late-1"); n != 1 {
+		t.Fatalf("abandon of the holder: %d, want 1", n)
+	}
+	if c.Exists(ctx, keys[0], keys[1]).Val() != 0 {
+		t.Fatal("abandon left the lock or the in-progress record")
+	}
+	if ttl := c.PTTL(ctx, keys[2]).Val(); ttl <= 0 || ttl > 30*time.Second {
+		t.Fatalf("the mark's TTL is %v, want (0, 30s]", ttl)
+	}
+	// Given up before it arrived: the late copy takes nothing.
+	if n := abandon("late-2"); n != 0 {
+		t.Fatalf("abandon of a token without the lock: %d, want 0", n)
+	}
+	if r := reserve("late-2"); r[0] != "abandoned" {
+		t.Fatalf("late reserve of an abandoned token: %v", r)
+	}
+	if v, _ := lua.IdemTakeover.Run(ctx, c, keys, "fp", "dead", "late-2", 30000).Slice(); v[0] != "abandoned" {
+		t.Fatalf("late takeover of an abandoned token: %v", v)
+	}
+	if c.Exists(ctx, keys[0], keys[1]).Val() != 0 {
+		t.Fatal("a late copy of an abandoned call wrote the record or the lock")
+	}
+	// The retry, with its own token, runs; abandoning another token leaves
+	// its lock alone, and its completed record survives a late abandon.
+	if r := reserve("retry"); r[0] != "acquired" {
+		t.Fatalf("retry: %v", r)
+	}
+	if n := abandon("late-3"); n != 0 || c.Get(ctx, keys[1]).Val() != "retry" {
+		t.Fatalf("abandon of another token touched the retry's lock: %d", n)
+	}
+	if n, _ := lua.IdemComplete.Run(ctx, c, keys[:2], "retry", "fp", 201, "r1", 1, "", 86400000).Int(); n != 1 {
+		t.Fatalf("complete: %d", n)
+	}
+	if n := abandon("retry"); n != 0 || c.HGet(ctx, keys[0], "state").Val() != "completed" {
+		t.Fatalf("abandon after completion: %d, record %v", n, c.HGetAll(ctx, keys[0]).Val())
 	}
 }

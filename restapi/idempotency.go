@@ -93,9 +93,10 @@ type idempotency struct {
 	// holds the lock, before its transaction, and "committed" after the
 	// transaction committed, before the lock completes: the points where a
 	// crash of the instance leaves a lock behind.
-	stage    func(name string)
-	requests *prometheus.CounterVec
-	degraded prometheus.Gauge
+	stage     func(name string)
+	requests  *prometheus.CounterVec
+	abandoned *prometheus.CounterVec
+	degraded  prometheus.Gauge
 }
 
 func (s *Server) initIdempotency(d Deps) {
@@ -114,10 +115,15 @@ func (s *Server) initIdempotency(d Deps) {
 		Name: "han_idempotency_requests_total",
 		Help: "Idempotent requests by scope and outcome (created, replay, replay_pg = answered from PostgreSQL, conflict, in_progress, failed, fail_closed).",
 	}, []string{"scope", "outcome"})
+	id.abandoned = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "han_idempotency_abandoned_total",
+		Help: "Lock owner tokens of idempotency calls that got no reply from DB0, given up once it answered, by outcome (released = the call had taken the lock, marked = a late copy will take nothing, expired = DB0 did not answer within the lock TTL, dropped = queue full or shutdown).",
+	}, []string{"outcome"})
 	id.degraded = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "han_redis_db0_degraded", Help: "1 while DB0 is considered unreachable and DB0-dependent requests fail fast.",
 	})
 	id.requests = registerOrReuse(s.metrics.Registry, id.requests)
+	id.abandoned = registerOrReuse(s.metrics.Registry, id.abandoned)
 	id.degraded = registerOrReuse(s.metrics.Registry, id.degraded)
 	if id.health == nil && d.Redis != nil {
 		id.health = rds.NewRedisHealth(d.Redis, rds.HealthConfig{
@@ -134,7 +140,8 @@ func (s *Server) initIdempotency(d Deps) {
 		id.ownHealth = true
 	}
 	if d.Redis != nil {
-		id.store = store.NewIdempotency(d.Redis, id.health, store.IdempotencyConfig{RecordTTL: cfg.RecordTTL, LockTTL: cfg.LockTTL, Linger: cfg.Linger})
+		id.store = store.NewIdempotency(d.Redis, id.health, store.IdempotencyConfig{RecordTTL: cfg.RecordTTL, LockTTL: cfg.LockTTL, Linger: cfg.Linger,
+			OnAbandon: func(outcome string) { id.abandoned.WithLabelValues(outcome).Inc() }})
 	}
 	s.idem = id
 }

@@ -34,6 +34,16 @@ func (k IdemKey) RecordKey() string { return "han:api:idem:" + k.tag() }
 // LockKey is han:api:idemlock:{<scope>:<user_id>:<key_hmac>}.
 func (k IdemKey) LockKey() string { return "han:api:idemlock:" + k.tag() }
 
+// GoneKey is han:api:idemgone:{<scope>:<user_id>:<key_hmac>}: the owner
+// tokens whose reserve or takeover was given up without a reply (a SET
+// that lives one lock TTL).
+func (k IdemKey) GoneKey() string { return "han:api:idemgone:" + k.tag() }
+
+// lockKeys are the keys of the scripts that complete, release or extend a
+// lock; ownerKeys add GoneKey for those that take or give up one.
+func (k IdemKey) lockKeys() []string  { return []string{k.RecordKey(), k.LockKey()} }
+func (k IdemKey) ownerKeys() []string { return []string{k.RecordKey(), k.LockKey(), k.GoneKey()} }
+
 // IdemRecord is a completed request as stored in Redis and PostgreSQL: no
 // body, token, URL or personal data, only what rebuilds the response from
 // the resource, so a stored response leaks nothing secret.
@@ -76,6 +86,9 @@ type IdempotencyConfig struct {
 	// Linger is how long a script call that finds the shared pipeline free
 	// waits for other requests' calls to join it (0: sent at once).
 	Linger time.Duration
+	// OnAbandon, if set, is told how each abandoned owner token ended
+	// (AbandonReleased, AbandonMarked, AbandonExpired, AbandonDropped).
+	OnAbandon func(outcome string)
 }
 
 // Idempotency is the data access of idempotency keys: the Lua scripts on DB0
@@ -86,6 +99,7 @@ type Idempotency struct {
 	rdb    *rds.Batcher // scripts of concurrent requests share pipelines
 	health *rds.RedisHealth
 	cfg    IdempotencyConfig
+	ab     abandoner
 }
 
 // NewIdempotency builds the idempotency store on DB0. health may be nil.
@@ -98,7 +112,7 @@ func NewIdempotency(rdb redis.UniversalClient, health *rds.RedisHealth, cfg Idem
 	}
 	b := rds.NewBatcher(rdb)
 	b.SetLinger(cfg.Linger)
-	return &Idempotency{rdb: b, health: health, cfg: cfg}
+	return &Idempotency{rdb: b, health: health, cfg: cfg, ab: abandoner{stop: make(chan struct{})}}
 }
 
 // Config returns the effective configuration.
@@ -107,21 +121,30 @@ func (i *Idempotency) Config() IdempotencyConfig { return i.cfg }
 // Health returns the DB0 health state (may be nil).
 func (i *Idempotency) Health() *rds.RedisHealth { return i.health }
 
-func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, args ...any) (*redis.Cmd, error) {
+// run sends one script call on keys (of k). When the call fails without a reply
+// and owner is not empty, the owner token is abandoned (abandonLater): the
+// call may still reach Redis and take or keep the lock for a request that
+// no longer runs.
+func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, keys []string, owner string, args ...any) (*redis.Cmd, error) {
 	if err := i.health.Check(); err != nil {
 		return nil, err
 	}
-	cmd := i.rdb.Script(ctx, s, []string{k.RecordKey(), k.LockKey()}, args...)
+	cmd := i.rdb.Script(ctx, s, keys, args...)
 	if err := cmd.Err(); err != nil {
+		if owner != "" && rds.Unanswered(err) {
+			i.abandonLater(k, owner)
+		}
 		return nil, i.health.Observe(err)
 	}
 	return cmd, nil
 }
 
 // Reserve runs the reserve/compare/lock script for fingerprint fp with the
-// caller's random owner token.
+// caller's random owner token. When Redis does not answer, the token is
+// abandoned: if the call still runs there later, the lock it takes is given
+// back as soon as Redis answers again.
 func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) (IdemReservation, error) {
-	cmd, err := i.run(ctx, lua.IdemReserve, k, fp, owner, i.cfg.LockTTL.Milliseconds())
+	cmd, err := i.run(ctx, lua.IdemReserve, k, k.ownerKeys(), owner, fp, owner, i.cfg.LockTTL.Milliseconds())
 	if err != nil {
 		return IdemReservation{}, fmt.Errorf("idempotency reserve: %w", err)
 	}
@@ -138,9 +161,13 @@ func (i *Idempotency) ReserveWith(ctx context.Context, k IdemKey, fp, owner stri
 		reply.SetErr(err)
 		return IdemReservation{}, reply, fmt.Errorf("idempotency reserve: %w", err)
 	}
-	cmds := i.rdb.Scripts(ctx, first, rds.ScriptCall{Script: lua.IdemReserve, Keys: []string{k.RecordKey(), k.LockKey()},
+	keys := k.ownerKeys()
+	cmds := i.rdb.Scripts(ctx, first, rds.ScriptCall{Script: lua.IdemReserve, Keys: keys,
 		Args: []any{fp, owner, i.cfg.LockTTL.Milliseconds()}})
 	if err := cmds[1].Err(); err != nil {
+		if rds.Unanswered(err) {
+			i.abandonLater(k, owner)
+		}
 		return IdemReservation{}, cmds[0], fmt.Errorf("idempotency reserve: %w", i.health.Observe(err))
 	}
 	res, err := reservation(cmds[1], fp, "idempotency reserve")
@@ -153,7 +180,7 @@ func (i *Idempotency) ReserveWith(ctx context.Context, k IdemKey, fp, owner stri
 // dead owner only one acquires). The reply is Reserve's: IdemAcquired, or the
 // key's current state when it changed meanwhile.
 func (i *Idempotency) TakeOver(ctx context.Context, k IdemKey, fp, seen, owner string) (IdemReservation, error) {
-	cmd, err := i.run(ctx, lua.IdemTakeover, k, fp, seen, owner, i.cfg.LockTTL.Milliseconds())
+	cmd, err := i.run(ctx, lua.IdemTakeover, k, k.ownerKeys(), owner, fp, seen, owner, i.cfg.LockTTL.Milliseconds())
 	if err != nil {
 		return IdemReservation{}, fmt.Errorf("idempotency takeover: %w", err)
 	}
@@ -194,7 +221,7 @@ func reservation(cmd *redis.Cmd, fp, op string) (IdemReservation, error) {
 // still holds it. It returns 1 stored, 0 another owner holds the lock, -1 no
 // lock (nothing is written unless 1).
 func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec IdemRecord) (int64, error) {
-	cmd, err := i.run(ctx, lua.IdemComplete, k, owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds())
+	cmd, err := i.run(ctx, lua.IdemComplete, k, k.lockKeys(), "", owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("idempotency complete: %w", err)
 	}
@@ -215,7 +242,7 @@ func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, don
 		return
 	}
 	args := []any{owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds()}
-	i.rdb.ScriptLater(lua.IdemComplete, []string{k.RecordKey(), k.LockKey()}, args, func(cmd *redis.Cmd) {
+	i.rdb.ScriptLater(lua.IdemComplete, k.lockKeys(), args, func(cmd *redis.Cmd) {
 		err := cmd.Err()
 		if err != nil {
 			err = fmt.Errorf("idempotency complete: %w", i.health.Observe(err))
@@ -226,13 +253,19 @@ func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, don
 	})
 }
 
-// Close sends the completes CompleteLater queued and waits for them.
-func (i *Idempotency) Close() { i.rdb.Close() }
+// Close stops giving up abandoned tokens (the locks those left expire with
+// their TTL, or are taken over once this instance is gone), then sends the
+// completes CompleteLater queued and waits for them.
+func (i *Idempotency) Close() {
+	i.abandonClose()
+	i.rdb.Close()
+}
 
 // Release returns the key to absent (the request is not stored), only for
-// owner: 1 released, 0 another owner, -1 no lock.
+// owner: 1 released, 0 another owner, -1 no lock. A release that gets no
+// reply abandons the token, which releases the lock once Redis answers.
 func (i *Idempotency) Release(ctx context.Context, k IdemKey, owner string) (int64, error) {
-	cmd, err := i.run(ctx, lua.IdemRelease, k, owner)
+	cmd, err := i.run(ctx, lua.IdemRelease, k, k.lockKeys(), owner, owner)
 	if err != nil {
 		return 0, fmt.Errorf("idempotency release: %w", err)
 	}
@@ -242,7 +275,7 @@ func (i *Idempotency) Release(ctx context.Context, k IdemKey, owner string) (int
 
 // Extend is the owner's heartbeat: 1 extended, 0 another owner, -1 no lock.
 func (i *Idempotency) Extend(ctx context.Context, k IdemKey, owner string) (int64, error) {
-	cmd, err := i.run(ctx, lua.IdemExtend, k, owner, i.cfg.LockTTL.Milliseconds())
+	cmd, err := i.run(ctx, lua.IdemExtend, k, k.lockKeys(), "", owner, i.cfg.LockTTL.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("idempotency extend: %w", err)
 	}

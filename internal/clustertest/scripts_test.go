@@ -82,6 +82,9 @@ var invocations = map[string]invocation{
 	"idem_release": func(ctx context.Context, c redis.Scripter, p place) error {
 		return lua.IdemRelease.Run(ctx, c, idemKeys(p), "owner").Err()
 	},
+	"idem_abandon": func(ctx context.Context, c redis.Scripter, p place) error {
+		return lua.IdemAbandon.Run(ctx, c, idemKeys(p), "owner", 30000).Err()
+	},
 	"rt_heartbeat": func(ctx context.Context, c redis.Scripter, p place) error {
 		u := p.user()
 		return lua.RTHeartbeat.Run(ctx, c, []string{presence.ConnKey(u, "c1"), presence.UserConnsKey(u), presence.OnlineKey(u)},
@@ -126,7 +129,9 @@ var invocations = map[string]invocation{
 	},
 }
 
-func idemKeys(p place) []string { return []string{p.idem().RecordKey(), p.idem().LockKey()} }
+func idemKeys(p place) []string {
+	return []string{p.idem().RecordKey(), p.idem().LockKey(), p.idem().GoneKey()}
+}
 
 func nilOK(err error) error {
 	if errors.Is(err, redis.Nil) {

@@ -52,7 +52,7 @@ func TestBatcherEachCallerGetsItsOwnReply(t *testing.T) {
 	}()
 	const callers, perCaller = 16, 30
 	keys := func(i int) []string {
-		return []string{"han:api:idem:{batch:" + strconv.Itoa(i) + "}", "han:api:idemlock:{batch:" + strconv.Itoa(i) + "}"}
+		return []string{"han:api:idem:{batch:" + strconv.Itoa(i) + "}", "han:api:idemlock:{batch:" + strconv.Itoa(i) + "}", "han:api:idemgone:{batch:" + strconv.Itoa(i) + "}"}
 	}
 	var wg sync.WaitGroup
 	for g := range callers {
@@ -121,7 +121,7 @@ func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
 	b := rds.NewBatcher(c)
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
-	key := []string{"han:api:idem:{batch:gone}", "han:api:idemlock:{batch:gone}"}
+	key := []string{"han:api:idem:{batch:gone}", "han:api:idemlock:{batch:gone}", "han:api:idemgone:{batch:gone}"}
 	if err := b.Script(gone, lua.IdemReserve, key, "fp", "o", 60000).Err(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled script: %v", err)
 	}
@@ -143,7 +143,7 @@ func TestBatcherCanceledCallerSendsNothing(t *testing.T) {
 				cctx, cancel = context.WithCancel(ctx)
 				cancel()
 			}
-			k := []string{"han:api:idem:{batch:c" + strconv.Itoa(i) + "}", "han:api:idemlock:{batch:c" + strconv.Itoa(i) + "}"}
+			k := []string{"han:api:idem:{batch:c" + strconv.Itoa(i) + "}", "han:api:idemlock:{batch:c" + strconv.Itoa(i) + "}", "han:api:idemgone:{batch:c" + strconv.Itoa(i) + "}"}
 			v, err := b.Script(cctx, lua.IdemReserve, k, "fp", "o", 60000).Slice()
 			switch {
 			case i%2 == 0 && !errors.Is(err, context.Canceled):
@@ -193,7 +193,7 @@ func TestBatcherLaterCallsAreSentByClose(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			k := []string{"han:api:idem:{later:" + strconv.Itoa(i) + "}", "han:api:idemlock:{later:" + strconv.Itoa(i) + "}"}
+			k := []string{"han:api:idem:{later:" + strconv.Itoa(i) + "}", "han:api:idemlock:{later:" + strconv.Itoa(i) + "}", "han:api:idemgone:{later:" + strconv.Itoa(i) + "}"}
 			b.ScriptLater(lua.IdemReserve, k, []any{"fp", "o-" + strconv.Itoa(i), 60000}, func(cmd *redis.Cmd) {
 				v, err := cmd.Slice()
 				mu.Lock()
@@ -238,7 +238,7 @@ func TestBatcherLaterCallsRideOnWaitedPipelines(t *testing.T) {
 	defer b.Close()
 	keys := func(tag string, i int) []string {
 		s := tag + ":" + strconv.Itoa(i)
-		return []string{"han:api:idem:{ride:" + s + "}", "han:api:idemlock:{ride:" + s + "}"}
+		return []string{"han:api:idem:{ride:" + s + "}", "han:api:idemlock:{ride:" + s + "}", "han:api:idemgone:{ride:" + s + "}"}
 	}
 	const n = 40
 	answered := 0
@@ -337,7 +337,7 @@ func TestBatcherLingerSharesOneRoundTrip(t *testing.T) {
 	b.SetLinger(300 * time.Millisecond)
 	defer b.Close()
 	// Load the script once, so the shared pipeline needs no second try.
-	if err := b.Script(ctx, lua.IdemReserve, []string{"han:api:idem:{linger:warm}", "han:api:idemlock:{linger:warm}"}, "fp", "w", 60000).Err(); err != nil {
+	if err := b.Script(ctx, lua.IdemReserve, []string{"han:api:idem:{linger:warm}", "han:api:idemlock:{linger:warm}", "han:api:idemgone:{linger:warm}"}, "fp", "w", 60000).Err(); err != nil {
 		t.Fatal(err)
 	}
 	var st scriptTrips
@@ -347,7 +347,7 @@ func TestBatcherLingerSharesOneRoundTrip(t *testing.T) {
 	for i := range 4 {
 		wg.Go(func() {
 			tag := "{linger:" + strconv.Itoa(i) + "}"
-			v, err := b.Script(ctx, lua.IdemReserve, []string{"han:api:idem:" + tag, "han:api:idemlock:" + tag}, "fp", "owner-"+strconv.Itoa(i), 60000).Slice()
+			v, err := b.Script(ctx, lua.IdemReserve, []string{"han:api:idem:" + tag, "han:api:idemlock:" + tag, "han:api:idemgone:" + tag}, "fp", "owner-"+strconv.Itoa(i), 60000).Slice()
 			if err != nil || v[0] != "acquired" {
 				t.Errorf("reserve %d: %v %v", i, v, err)
 			}

@@ -216,6 +216,15 @@ var (
 	ErrExpiryDenied     = errors.New("store: redis expiry command denied")
 )
 
+// Unanswered reports whether a call failed without a reply from Redis (a
+// timeout, a lost connection, a cancelled context): its bytes may have
+// reached the server, or may still, and run there later. An error reply
+// (OOM, NOPERM, a script's error) means the server answered.
+func Unanswered(err error) bool {
+	var reply redis.Error
+	return err != nil && !errors.As(err, &reply)
+}
+
 // ClassifyRedisError maps a go-redis error to one of the sentinel errors
 // above (wrapping nothing of the raw text, which may hold values), or
 // returns err unchanged when it is not a Redis failure (nil, redis.Nil).
