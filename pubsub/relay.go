@@ -133,7 +133,7 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 		if !ids.Valid(id) {
 			id = row.EventID
 		}
-		lk, _, err := r.locker.Acquire(ctx, rds.LockDelivery, id, rds.DefaultLockTTL)
+		lk, _, err := r.locker.Acquire(ctx, rds.LockDelivery, id, r.deliveryLockTTL())
 		if err != nil {
 			if !errors.Is(err, rds.ErrLockHeld) {
 				pubErr = err
@@ -158,6 +158,13 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 	}
 	return claimed, published, err
 }
+
+// deliveryLockTTL is the life of a row's delivery lock: it covers one
+// PUBLISH, so a few publish budgets, not the 30 s of the coordination locks
+// that cover longer work. A Redis that stalls instead of failing runs an
+// acquire whose caller already timed out when it wakes, and the lock then
+// stands for nobody: the row's event waits for it to expire.
+func (r *Relay) deliveryLockTTL() time.Duration { return 5 * r.cfg.PublishTimeout }
 
 // Start runs the relay until Close.
 func (r *Relay) Start() {
