@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
-	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -38,9 +37,14 @@ func TestRelayDeliversPastALockTakenWhileRedisStalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As at the service's start: the scripts are loaded, so a stalled
-	// EVALSHA runs when Redis wakes instead of answering NOSCRIPT.
-	if err := lua.LoadAll(context.Background(), rt); err != nil {
+	// As on a running service, the lock script is loaded (one acquire
+	// loads it), so a stalled EVALSHA runs when Redis wakes instead of
+	// answering NOSCRIPT.
+	lk, _, err := rds.NewLocker(rt).Acquire(context.Background(), rds.LockDelivery, "warm", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 
