@@ -126,6 +126,20 @@ func (rc *rawClient) read() frame {
 	return f
 }
 
+// readEvent reads the next frame that is not a presence.changed event: the
+// client's own online transition is published to its dialog after the
+// connect, and whether it reaches the socket depends on whether the
+// subscription is live by then (a presence frame then rides along with the
+// next frame written).
+func (rc *rawClient) readEvent() frame {
+	rc.t.Helper()
+	for {
+		if f := rc.read(); f.Type != "event" || f.Event != gateway.EventPresenceChanged {
+			return f
+		}
+	}
+}
+
 // rawSubscriber starts an instance with these queue, write-timeout and
 // send-buffer settings and one raw client (small receive buffer) of a
 // one-member dialog, subscribed to it.
