@@ -126,9 +126,11 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 		// is out; existing ones keep their local fan-out (docs/degraded-mode.md).
 		// The registration may have happened before the failure: take it back
 		// (best effort), so it does not hold one of the user's connection slots
-		// until it goes stale.
+		// until it goes stale; and once more a little later, as a Redis that
+		// stalled may run it only when it wakes, after this disconnect.
 		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", rds.Kind(err)))
 		_, _ = s.presence.Disconnect(ctx, userID, c.id)
+		s.presence.DisconnectLater(presence.Conn{UserID: userID, ConnID: c.id})
 		return nil, time.Time{}, refuseUnavailable
 	}
 	return c, expires, refusal{}

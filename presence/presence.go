@@ -68,6 +68,10 @@ type Config struct {
 	// Linger is how long a connect or disconnect that finds a pipeline
 	// free waits for others to share it (0: sent at once).
 	Linger time.Duration
+	// RetakeAfter is how long after DisconnectLater a registration is
+	// removed again (then retried while Redis does not answer). Zero value
+	// means 1s.
+	RetakeAfter time.Duration
 	// Registerer receives the metrics; nil means none.
 	Registerer prometheus.Registerer
 }
@@ -86,6 +90,7 @@ func (c *Config) defaults() {
 	def(&c.RegistryTTL, 120*time.Second)
 	def(&c.SweepInterval, 5*time.Second)
 	def(&c.OfflineDebounce, 2*time.Second)
+	def(&c.RetakeAfter, time.Second)
 	if c.MaxConnsPerUser <= 0 {
 		c.MaxConnsPerUser = 16
 	}

@@ -185,9 +185,11 @@ func (p *Presence) Close() {
 	p.due = nil
 	cancel := p.cancel
 	p.mu.Unlock()
-	select {
-	case p.offlineWake <- struct{}{}:
-	default:
+	for _, wake := range []chan struct{}{p.offlineWake, p.retakeWake} {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
 	}
 	if cancel != nil {
 		cancel()

@@ -1,0 +1,64 @@
+package gateway_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/gateway"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/presence"
+)
+
+// A Redis that stalls instead of failing runs the calls it already received
+// when it wakes. A handshake whose presence registration timed out is
+// refused with 1013 and its registration taken back at once — but the
+// stalled registration may run after that removal, and the refused
+// connection would then hold one of the user's slots, the user shown online,
+// until it went stale (90 s). The registration is removed once more shortly
+// after Redis answers: the user's connection set is empty again within
+// seconds, and the user connects.
+func TestStalledRegistrationIsTakenBack(t *testing.T) {
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	admin := r.AdminClient(1)
+	t.Cleanup(func() { admin.Close() })
+	in := newInstance(t, openPool(t), opts{rtURL: r.URL(1), presence: func(c *presence.Config) {
+		c.RetakeAfter = 2 * time.Second // time to see the stalled registration land first
+	}})
+	users := in.users(2)
+	user := users[1]
+	// A first connection loads the scripts, so the stalled call is the
+	// EVALSHA a running service sends.
+	in.connect(users[0])
+
+	if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = syscall.Kill(r.Pid(), syscall.SIGCONT)
+		}
+	})
+	c := in.connectWith(dialOpts{token: token(t, user)})
+	if code, reason := c.closeStatus(10 * time.Second); code != gateway.CloseTryAgainLater {
+		t.Fatalf("closed with %d %q, want 1013", code, reason)
+	}
+	resumed = true
+	if err := syscall.Kill(r.Pid(), syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conns := func() int64 { return admin.ZCard(ctx, presence.UserConnsKey(user)).Val() }
+	testenv.Eventually(t, 5*time.Second, func() bool { return conns() == 1 },
+		"the stalled registration never ran: the test does not show what it means to")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return conns() == 0 && admin.Exists(ctx, presence.OnlineKey(user)).Val() == 0
+	}, "the stalled registration still holds a slot and the online marker")
+	in.connect(user)
+}

@@ -1,0 +1,104 @@
+package presence
+
+import (
+	"context"
+	"time"
+)
+
+// Registrations taken back a second time. A handshake whose registration
+// got no reply is refused, and its registration taken back at once
+// (Disconnect). But a Redis that stalls instead of failing runs the calls
+// it already received when it wakes, in no particular order: the
+// registration may run after that disconnect, and the refused connection
+// would then hold one of the user's slots and show the user online until
+// it went stale (ConnTTL). So the gateway also calls DisconnectLater, which
+// removes the registration once more, Config.RetakeAfter later and once
+// Redis answers.
+const (
+	// retakeEvery is the pause between tries while Redis does not answer.
+	retakeEvery = 250 * time.Millisecond
+	// retakeMax bounds the queue; past it a registration is left to go
+	// stale, as before.
+	retakeMax = 4096
+	// retakeBudget bounds one try.
+	retakeBudget = time.Second
+)
+
+// retake is one connection to remove again from due on, until its entry
+// would be stale anyway.
+type retake struct {
+	c          Conn
+	due, until time.Time
+}
+
+// DisconnectLater removes c's registration (as DisconnectMany does)
+// RetakeAfter from now, retried every retakeEvery while Redis does not
+// answer, for at most ConnTTL. It reports false when the queue is full or
+// Presence is closed. A connection that never registered is a harmless
+// no-op.
+func (p *Presence) DisconnectLater(c Conn) bool {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.retakes) >= retakeMax {
+		return false
+	}
+	p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL)})
+	if !p.retakeRunning {
+		p.retakeRunning = true
+		p.inflight.Add(1)
+		go p.retakeLoop()
+	}
+	return true
+}
+
+// retakeLoop removes the queued registrations as they fall due and exits
+// when none is left (DisconnectLater starts it again) or on Close. Entries
+// are appended with the same delay and lifetime, so the due ones and the
+// expired ones are each a prefix of the queue.
+func (p *Presence) retakeLoop() {
+	defer p.inflight.Done()
+	for {
+		now := time.Now()
+		p.mu.Lock()
+		for len(p.retakes) > 0 && now.After(p.retakes[0].until) {
+			p.retakes = p.retakes[1:]
+		}
+		if p.closed || len(p.retakes) == 0 {
+			p.retakeRunning, p.retakes = false, nil
+			p.mu.Unlock()
+			return
+		}
+		var batch []Conn
+		for _, r := range p.retakes {
+			if r.due.After(now) || len(batch) == drainUsersPerTrip {
+				break
+			}
+			batch = append(batch, r.c)
+		}
+		wait := retakeEvery
+		if len(batch) == 0 {
+			wait = p.retakes[0].due.Sub(now)
+		}
+		p.mu.Unlock()
+		if len(batch) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), retakeBudget)
+			_, err := p.DisconnectMany(ctx, batch)
+			cancel()
+			if err == nil {
+				p.mu.Lock()
+				// Only this goroutine removes entries, so the batch is
+				// still the head of the queue.
+				p.retakes = p.retakes[len(batch):]
+				p.mu.Unlock()
+				continue
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.retakeWake:
+			t.Stop()
+		}
+	}
+}
