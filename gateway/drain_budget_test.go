@@ -22,7 +22,6 @@ import (
 
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/ids"
-	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/presence"
 )
@@ -265,13 +264,7 @@ func TestDrainRedisBudget(t *testing.T) {
 }
 
 func drainBudget(t *testing.T, n, nUsers int) {
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	admin := r.AdminClient(1)
-	t.Cleanup(func() { admin.Close() })
+	r, admin := privateRedis(t)
 	// The offline checks fall due after the drain (as with the default
 	// debounce, 2 s), so the two phases are measured apart; no periodic
 	// heartbeat pipeline of the open sockets straddles the start of the

@@ -291,6 +291,20 @@ func validFrame(fromClient bool, b []byte) error {
 	return v.Server(b)
 }
 
+// privateRedis starts a redis-server of the test's own (for faults) and
+// returns it with an admin client on DB1; both end with the test.
+func privateRedis(t *testing.T) (*testenv.RedisServer, *redis.Client) {
+	t.Helper()
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	admin := r.AdminClient(1)
+	t.Cleanup(func() { admin.Close() })
+	return r, admin
+}
+
 type client struct {
 	t       testing.TB
 	ws      *websocket.Conn

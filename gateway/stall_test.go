@@ -2,7 +2,6 @@ package gateway_test
 
 import (
 	"context"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,13 +19,7 @@ import (
 // after Redis answers: the user's connection set is empty again within
 // seconds, and the user connects.
 func TestStalledRegistrationIsTakenBack(t *testing.T) {
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	admin := r.AdminClient(1)
-	t.Cleanup(func() { admin.Close() })
+	r, admin := privateRedis(t)
 	in := newInstance(t, openPool(t), opts{rtURL: r.URL(1), presence: func(c *presence.Config) {
 		c.RetakeAfter = 2 * time.Second // time to see the stalled registration land first
 	}})
@@ -36,23 +29,12 @@ func TestStalledRegistrationIsTakenBack(t *testing.T) {
 	// EVALSHA a running service sends.
 	in.connect(users[0])
 
-	if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			_ = syscall.Kill(r.Pid(), syscall.SIGCONT)
-		}
-	})
+	thaw := r.Freeze(t)
 	c := in.connectWith(dialOpts{token: token(t, user)})
 	if code, reason := c.closeStatus(10 * time.Second); code != gateway.CloseTryAgainLater {
 		t.Fatalf("closed with %d %q, want 1013", code, reason)
 	}
-	resumed = true
-	if err := syscall.Kill(r.Pid(), syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	thaw()
 	ctx := context.Background()
 	conns := func() int64 { return admin.ZCard(ctx, presence.UserConnsKey(user)).Val() }
 	testenv.Eventually(t, 5*time.Second, func() bool { return conns() == 1 },

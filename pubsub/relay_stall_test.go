@@ -2,7 +2,6 @@ package pubsub_test
 
 import (
 	"context"
-	"syscall"
 	"testing"
 	"time"
 
@@ -48,23 +47,12 @@ func TestRelayDeliversPastALockTakenWhileRedisStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			_ = syscall.Kill(r.Pid(), syscall.SIGCONT)
-		}
-	})
+	thaw := r.Freeze(t)
 	_, published, err := relay.RunOnce(context.Background())
 	if err == nil || published != 0 {
 		t.Fatalf("a relay pass against a stopped Redis: published %d, err %v", published, err)
 	}
-	resumed = true
-	if err := syscall.Kill(r.Pid(), syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	thaw()
 	// The stalled acquire has run by now and holds the row's lock.
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		return len(r.AdminClient(1).Keys(context.Background(), "han:coord:lock:delivery:*").Val()) == 1

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -50,20 +49,10 @@ func TestStalledRedisDoesNotHoldARetriedKey(t *testing.T) {
 				t.Fatalf("%d %s", code, b)
 			}
 
-			if err := syscall.Kill(r.Pid(), syscall.SIGSTOP); err != nil {
-				t.Fatal(err)
-			}
-			resumed := false
-			resume := func() {
-				if !resumed {
-					resumed = true
-					_ = syscall.Kill(r.Pid(), syscall.SIGCONT)
-				}
-			}
-			t.Cleanup(resume)
+			thaw := r.Freeze(t)
 			code, b, _ := h.doH(aTok, "POST", path, `{"body":"stalled"}`, keyHdr("stalled"))
 			wantError(t, code, b, 503, "redis_unavailable")
-			resume()
+			thaw()
 
 			// Well under the lock's 30 s TTL: the retry runs once Redis
 			// answers and the lock the stalled call took is given back.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -248,6 +249,23 @@ func (s *RedisServer) Kill() {
 	}
 	_ = cmd.Process.Kill()
 	<-done
+}
+
+// Freeze stops the server's process (SIGSTOP) without closing anything: the
+// kernel still accepts connections and buffers what clients send, and
+// the server runs it all when thawed — a Redis that stalls instead of
+// failing (a long fork, a swapping host, a paused VM). It returns thaw
+// (SIGCONT, idempotent), which also runs when the test ends.
+func (s *RedisServer) Freeze(t testing.TB) (thaw func()) {
+	t.Helper()
+	pid := s.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	return thaw
 }
 
 // Restart starts the server again on the same port and directory (with AOF
