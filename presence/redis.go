@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/loop"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -30,7 +31,7 @@ type Presence struct {
 	sweptConns        prometheus.Counter
 	sweptInstances    prometheus.Counter
 
-	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, retakeRunning, closed, started, cancel
+	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, closed, started, cancel
 	pending  map[string]*offlineCheck // user → its scheduled offline check
 	due      []*offlineCheck          // scheduled checks in due order (cancelled ones skipped)
 	checking int                      // checks taken from due whose outcome is not yet reported
@@ -38,8 +39,7 @@ type Presence struct {
 	offlineRunning bool
 	offlineWake    chan struct{} // wakes that goroutine (Close)
 	retakes        []retake      // DisconnectLater's queue, in due order
-	retakeRunning  bool          // the goroutine that runs them is running
-	retakeWake     chan struct{} // wakes that goroutine (Close)
+	retakeLoop     *loop.Loop    // runs while retakes holds entries
 	closed         bool
 	started        bool
 	cancel         context.CancelFunc
@@ -55,7 +55,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 	}
 	cfg.defaults()
 	p := &Presence{cfg: cfg, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger, events: events,
-		pending: map[string]*offlineCheck{}, offlineWake: make(chan struct{}, 1), retakeWake: make(chan struct{}, 1),
+		pending: map[string]*offlineCheck{}, offlineWake: make(chan struct{}, 1),
 		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_heartbeat_failures_total",
 			Help: "Presence heartbeat batches or instance liveness refreshes that failed."}),
 		sweptConns: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_swept_connections_total",
@@ -71,6 +71,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 		}
 	}
 	p.ops.p = p
+	p.retakeLoop = newRetakeLoop(p)
 	p.ops.linger = cfg.Linger
 	return p, nil
 }

@@ -3,6 +3,8 @@ package presence
 import (
 	"context"
 	"time"
+
+	"github.com/han-app/gateway/internal/loop"
 )
 
 // Registrations taken back a second time. A handshake whose registration
@@ -15,7 +17,9 @@ import (
 // removes the registration once more, Config.RetakeAfter later and once
 // Redis answers.
 const (
-	// retakeEvery is the pause between tries while Redis does not answer.
+	// retakeEvery is how often the queue is looked at while it holds
+	// entries: the granularity of RetakeAfter and the pause between tries
+	// while Redis does not answer.
 	retakeEvery = 250 * time.Millisecond
 	// retakeMax bounds the queue; past it a registration is left to go
 	// stale, as before.
@@ -31,6 +35,10 @@ type retake struct {
 	due, until time.Time
 }
 
+func newRetakeLoop(p *Presence) *loop.Loop {
+	return loop.New(loop.Config{Interval: retakeEvery, Timeout: retakeBudget}, p.retakePass)
+}
+
 // DisconnectLater removes c's registration (as DisconnectMany does)
 // RetakeAfter from now, retried every retakeEvery while Redis does not
 // answer, for at most ConnTTL. It reports false when the queue is full or
@@ -39,66 +47,48 @@ type retake struct {
 func (p *Presence) DisconnectLater(c Conn) bool {
 	now := time.Now()
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed || len(p.retakes) >= retakeMax {
+		p.mu.Unlock()
 		return false
 	}
 	p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL)})
-	if !p.retakeRunning {
-		p.retakeRunning = true
-		p.inflight.Add(1)
-		go p.retakeLoop()
-	}
+	p.mu.Unlock()
+	p.retakeLoop.Start()
 	return true
 }
 
-// retakeLoop removes the queued registrations as they fall due and exits
-// when none is left (DisconnectLater starts it again) or on Close. Entries
-// are appended with the same delay and lifetime, so the due ones and the
-// expired ones are each a prefix of the queue.
-func (p *Presence) retakeLoop() {
-	defer p.inflight.Done()
-	for {
-		now := time.Now()
-		p.mu.Lock()
-		for len(p.retakes) > 0 && now.After(p.retakes[0].until) {
-			p.retakes = p.retakes[1:]
+// retakePass removes the queued registrations that fell due and reports
+// whether entries still wait. Entries are appended with the same delay and
+// lifetime, so the due ones and the expired ones are each a prefix of the
+// queue.
+func (p *Presence) retakePass(ctx context.Context) bool {
+	now := time.Now()
+	p.mu.Lock()
+	for len(p.retakes) > 0 && now.After(p.retakes[0].until) {
+		p.retakes = p.retakes[1:]
+	}
+	var batch []Conn
+	for _, r := range p.retakes {
+		if r.due.After(now) || len(batch) == drainUsersPerTrip {
+			break
 		}
-		if p.closed || len(p.retakes) == 0 {
-			p.retakeRunning, p.retakes = false, nil
+		batch = append(batch, r.c)
+	}
+	p.mu.Unlock()
+	if len(batch) > 0 {
+		if _, err := p.DisconnectMany(ctx, batch); err == nil {
+			p.mu.Lock()
+			// Only this loop removes entries, so the batch is still the
+			// head of the queue.
+			p.retakes = p.retakes[len(batch):]
 			p.mu.Unlock()
-			return
-		}
-		var batch []Conn
-		for _, r := range p.retakes {
-			if r.due.After(now) || len(batch) == drainUsersPerTrip {
-				break
-			}
-			batch = append(batch, r.c)
-		}
-		wait := retakeEvery
-		if len(batch) == 0 {
-			wait = p.retakes[0].due.Sub(now)
-		}
-		p.mu.Unlock()
-		if len(batch) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), retakeBudget)
-			_, err := p.DisconnectMany(ctx, batch)
-			cancel()
-			if err == nil {
-				p.mu.Lock()
-				// Only this goroutine removes entries, so the batch is
-				// still the head of the queue.
-				p.retakes = p.retakes[len(batch):]
-				p.mu.Unlock()
-				continue
-			}
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-p.retakeWake:
-			t.Stop()
 		}
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.retakes) == 0 {
+		p.retakes = nil
+		return false
+	}
+	return true
 }

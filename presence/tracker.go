@@ -185,12 +185,11 @@ func (p *Presence) Close() {
 	p.due = nil
 	cancel := p.cancel
 	p.mu.Unlock()
-	for _, wake := range []chan struct{}{p.offlineWake, p.retakeWake} {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
+	select {
+	case p.offlineWake <- struct{}{}:
+	default:
 	}
+	p.retakeLoop.Close()
 	if cancel != nil {
 		cancel()
 	}

@@ -141,7 +141,7 @@ func (s *Server) initIdempotency(d Deps) {
 	}
 	if d.Redis != nil {
 		id.store = store.NewIdempotency(d.Redis, id.health, store.IdempotencyConfig{RecordTTL: cfg.RecordTTL, LockTTL: cfg.LockTTL, Linger: cfg.Linger,
-			OnAbandon: func(outcome string) { id.abandoned.WithLabelValues(outcome).Inc() }})
+			OnAbandon: func(outcome string, n int) { id.abandoned.WithLabelValues(outcome).Add(float64(n)) }})
 	}
 	s.idem = id
 }

@@ -2,10 +2,10 @@ package store
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 
+	"github.com/han-app/gateway/internal/loop"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -37,15 +37,17 @@ type abandonment struct {
 	until time.Time
 }
 
-// abandoner gives up, from one goroutine that runs only while tokens wait,
-// the owner tokens of calls that got no reply.
+// abandoner holds the owner tokens of calls that got no reply; a loop that
+// runs only while tokens wait gives them up.
 type abandoner struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards pending, closed
 	pending []abandonment
-	running bool
 	closed  bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	loop    *loop.Loop
+}
+
+func (i *Idempotency) initAbandoner() {
+	i.ab.loop = loop.New(loop.Config{Interval: abandonEvery, Timeout: abandonBudget}, i.abandonPass)
 }
 
 // abandonLater queues owner's token on k to be given up (idem_abandon) once
@@ -62,54 +64,31 @@ func (i *Idempotency) abandonLater(k IdemKey, owner string) {
 		return
 	}
 	a.pending = append(a.pending, abandonment{k: k, owner: owner, until: time.Now().Add(i.cfg.LockTTL)})
-	start := !a.running
-	if start {
-		a.running = true
-		a.wg.Add(1)
-	}
 	a.mu.Unlock()
-	if start {
-		go i.abandonLoop()
-	}
+	a.loop.Start()
 }
 
-// abandonLoop tries the waiting tokens until none is left or the store
-// closes.
-func (i *Idempotency) abandonLoop() {
-	defer i.ab.wg.Done()
-	t := time.NewTimer(abandonEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-i.ab.stop:
-			return
-		case <-t.C:
-		}
-		if !i.abandonPass() {
-			return
-		}
-		t.Reset(abandonEvery)
-	}
-}
-
-// abandonPass drops the tokens past their deadline and, while DB0 is up,
+// abandonPass drops the tokens past their deadline (every token gets the
+// same lifetime, so they are the head of the queue) and, while DB0 is up,
 // gives up the oldest batch in one pipeline. It reports whether tokens
-// still wait (false also marks the loop stopped).
-func (i *Idempotency) abandonPass() bool {
+// still wait.
+func (i *Idempotency) abandonPass(ctx context.Context) bool {
 	a := &i.ab
 	now := time.Now()
 	a.mu.Lock()
-	n := len(a.pending)
-	a.pending = slices.DeleteFunc(a.pending, func(x abandonment) bool { return now.After(x.until) })
-	expired := n - len(a.pending)
-	batch := slices.Clone(a.pending[:min(len(a.pending), abandonBatch)])
+	expired := 0
+	for expired < len(a.pending) && now.After(a.pending[expired].until) {
+		expired++
+	}
+	a.pending = a.pending[expired:]
+	batch := append([]abandonment(nil), a.pending[:min(len(a.pending), abandonBatch)]...)
 	a.mu.Unlock()
 	i.abandoned(AbandonExpired, expired)
 	if len(batch) > 0 && i.health.Check() == nil {
-		done := i.abandonBatch(batch)
+		done := i.abandonBatch(ctx, batch)
 		a.mu.Lock()
-		// Only this goroutine removes tokens and new ones are appended, so
-		// the batch is still the head of the queue.
+		// Only this loop removes tokens and new ones are appended, so the
+		// batch is still the head of the queue.
 		kept := a.pending[:0]
 		for j, x := range a.pending {
 			if j >= len(batch) || !done[j] {
@@ -122,46 +101,40 @@ func (i *Idempotency) abandonPass() bool {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.pending) == 0 {
-		a.running = false
-		return false
-	}
-	return true
+	return len(a.pending) > 0
 }
 
 // abandonBatch runs idem_abandon for each token of batch in one pipeline
 // and reports which were given up.
-func (i *Idempotency) abandonBatch(batch []abandonment) []bool {
-	ctx, cancel := context.WithTimeout(context.Background(), abandonBudget)
-	defer cancel()
+func (i *Idempotency) abandonBatch(ctx context.Context, batch []abandonment) []bool {
 	calls := make([]rds.ScriptCall, len(batch))
 	ttl := i.cfg.LockTTL.Milliseconds()
 	for j, x := range batch {
 		calls[j] = rds.ScriptCall{Script: lua.IdemAbandon, Keys: x.k.ownerKeys(), Args: []any{x.owner, ttl}}
 	}
 	done := make([]bool, len(batch))
+	released, marked := 0, 0
 	for j, cmd := range i.rdb.Scripts(ctx, calls...) {
 		n, err := cmd.Int64()
-		if err != nil {
+		switch {
+		case err != nil:
 			_ = i.health.Observe(err)
 			continue
+		case n == 1:
+			released++
+		default:
+			marked++
 		}
 		done[j] = true
-		if n == 1 {
-			i.abandoned(AbandonReleased, 1)
-		} else {
-			i.abandoned(AbandonMarked, 1)
-		}
 	}
+	i.abandoned(AbandonReleased, released)
+	i.abandoned(AbandonMarked, marked)
 	return done
 }
 
 func (i *Idempotency) abandoned(outcome string, n int) {
-	if i.cfg.OnAbandon == nil {
-		return
-	}
-	for range n {
-		i.cfg.OnAbandon(outcome)
+	if n > 0 && i.cfg.OnAbandon != nil {
+		i.cfg.OnAbandon(outcome, n)
 	}
 }
 
@@ -170,14 +143,9 @@ func (i *Idempotency) abandoned(outcome string, n int) {
 func (i *Idempotency) abandonClose() {
 	a := &i.ab
 	a.mu.Lock()
-	if a.closed {
-		a.mu.Unlock()
-		return
-	}
 	a.closed = true
-	close(a.stop)
 	a.mu.Unlock()
-	a.wg.Wait()
+	a.loop.Close()
 	a.mu.Lock()
 	n := len(a.pending)
 	a.pending = nil

@@ -86,9 +86,9 @@ type IdempotencyConfig struct {
 	// Linger is how long a script call that finds the shared pipeline free
 	// waits for other requests' calls to join it (0: sent at once).
 	Linger time.Duration
-	// OnAbandon, if set, is told how each abandoned owner token ended
+	// OnAbandon, if set, is told how n abandoned owner tokens ended
 	// (AbandonReleased, AbandonMarked, AbandonExpired, AbandonDropped).
-	OnAbandon func(outcome string)
+	OnAbandon func(outcome string, n int)
 }
 
 // Idempotency is the data access of idempotency keys: the Lua scripts on DB0
@@ -112,7 +112,9 @@ func NewIdempotency(rdb redis.UniversalClient, health *rds.RedisHealth, cfg Idem
 	}
 	b := rds.NewBatcher(rdb)
 	b.SetLinger(cfg.Linger)
-	return &Idempotency{rdb: b, health: health, cfg: cfg, ab: abandoner{stop: make(chan struct{})}}
+	i := &Idempotency{rdb: b, health: health, cfg: cfg}
+	i.initAbandoner()
+	return i
 }
 
 // Config returns the effective configuration.

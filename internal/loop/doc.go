@@ -1,6 +1,8 @@
 // Package loop runs one function in a background goroutine on a ticker:
 // the shape shared by the idempotency janitor, the stuck-task recoverer,
-// the settings refresher and the Redis health prober.
+// the settings refresher, the Redis health prober, and the queues that
+// run only while they hold work (abandoned idempotency tokens, presence
+// registrations to remove again).
 //
 // A Loop is built stopped. Start launches its goroutine; Close stops it,
 // cancels the context of a run in progress and waits for that run to end.
