@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,9 +44,46 @@ const fenceTTL = 24 * time.Hour
 // are an optimisation: callers also hold PostgreSQL row locks or leases,
 // and unique constraints stay the final guard. Safe for
 // concurrent use.
+//
+// A Redis that stalls instead of failing runs the calls it already received
+// when it wakes. An acquire whose caller gave up waiting would then hold
+// the lock for an owner token nobody knows, for the lock's whole TTL, and
+// the work it guards would start that much later everywhere; a release
+// that never arrived leaves the lock to its TTL likewise. So the Locker
+// remembers the tokens of acquires and releases that got no reply, and its
+// next Acquire (of any lock; the work a failed acquire guarded was not done,
+// so its caller tries again on its next tick) first releases them — compare-and-delete, so only a lock that token holds goes. A token
+// is forgotten once its release answered, or once its lock's TTL would
+// have ended anyway.
 type Locker struct {
 	rdb redis.Scripter
+
+	mu        sync.Mutex
+	unknown   []unanswered // tokens whose acquire or release got no reply
+	nextRetry time.Time    // release them no sooner (one try per staleEvery)
 }
+
+// unanswered is the owner token of a lock call that got no reply.
+type unanswered struct {
+	key, owner string
+	// until is when the lock the call may still take would expire by
+	// itself; settle, once a release found no lock, is when to stop
+	// waiting for the call to arrive.
+	until, settle time.Time
+}
+
+const (
+	// maxUnanswered bounds the remembered tokens; past it a lock taken by
+	// a late call is left to its TTL, as without them.
+	maxUnanswered = 64
+	// staleEvery spaces the releases of remembered tokens (acquires may
+	// come many times a second: the outbox relay takes one lock per row).
+	staleEvery = 250 * time.Millisecond
+	// staleSettle is how long a token whose release found no lock is kept
+	// and released again: the late call may not have run yet. A woken
+	// Redis runs what it had received within its first event-loop turns.
+	staleSettle = 2 * time.Second
+)
 
 // NewLocker returns a Locker on the DB1 client.
 func NewLocker(rdb redis.Scripter) *Locker { return &Locker{rdb: rdb} }
@@ -58,7 +96,8 @@ type Lock struct {
 	Owner string
 	Fence int64
 
-	l *Locker
+	l   *Locker
+	ttl time.Duration // of the last acquire or extend
 }
 
 // LockKey is han:coord:lock:<kind>:{<id>}.
@@ -81,11 +120,15 @@ func (l *Locker) Acquire(ctx context.Context, kind, id string, ttl time.Duration
 	if ttl <= 0 {
 		ttl = DefaultLockTTL
 	}
+	l.releaseUnanswered(ctx)
 	owner := newOwnerToken()
 	key := LockKey(kind, id)
 	v, err := lua.LockAcquire.Run(ctx, l.rdb, []string{key, FenceKey(kind, id)},
 		owner, ttl.Milliseconds(), fenceTTL.Milliseconds()).Slice()
 	if err != nil {
+		if Unanswered(err) {
+			l.remember(key, owner, ttl)
+		}
 		return nil, 0, fmt.Errorf("acquire lock: %w", ClassifyRedisError(err))
 	}
 	if len(v) < 2 {
@@ -96,7 +139,7 @@ func (l *Locker) Acquire(ctx context.Context, kind, id string, ttl time.Duration
 	if ok != 1 {
 		return nil, time.Duration(max(n, 0)) * time.Millisecond, ErrLockHeld
 	}
-	return &Lock{Key: key, Owner: owner, Fence: n, l: l}, 0, nil
+	return &Lock{Key: key, Owner: owner, Fence: n, l: l, ttl: ttl}, 0, nil
 }
 
 // Extend resets the lock's TTL if this acquisition still owns it:
@@ -109,6 +152,7 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("extend lock: %w", ClassifyRedisError(err))
 	}
+	lk.ttl = max(lk.ttl, ttl)
 	return lockResult(n)
 }
 
@@ -117,10 +161,82 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 func (lk *Lock) Release(ctx context.Context) error {
 	n, err := lua.LockRelease.Run(ctx, lk.l.rdb, []string{lk.Key}, lk.Owner).Int()
 	if err != nil {
+		if Unanswered(err) {
+			lk.l.remember(lk.Key, lk.Owner, lk.ttl)
+		}
 		return fmt.Errorf("release lock: %w", ClassifyRedisError(err))
 	}
 	return lockResult(n)
 }
+
+// remember keeps the owner token of a lock call that got no reply, for
+// releaseUnanswered.
+func (l *Locker) remember(key, owner string, ttl time.Duration) {
+	if ttl <= 0 {
+		ttl = DefaultLockTTL
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.unknown) < maxUnanswered {
+		l.unknown = append(l.unknown, unanswered{key: key, owner: owner, until: time.Now().Add(ttl)})
+	}
+}
+
+// releaseUnanswered releases the locks the remembered tokens may hold, at
+// most once per staleEvery, within ctx. A token goes once its release
+// answered that the lock was released or held by another owner, once its
+// lock would have expired, or staleSettle after a release first found no
+// lock; a release that got no reply keeps it.
+func (l *Locker) releaseUnanswered(ctx context.Context) {
+	now := time.Now()
+	l.mu.Lock()
+	if len(l.unknown) == 0 || now.Before(l.nextRetry) {
+		l.mu.Unlock()
+		return
+	}
+	l.nextRetry = now.Add(staleEvery)
+	todo := l.unknown
+	l.unknown = nil
+	l.mu.Unlock()
+
+	keep := todo[:0]
+	for i, u := range todo {
+		if now.After(u.until) || (!u.settle.IsZero() && now.After(u.settle)) {
+			continue
+		}
+		n, err := lua.LockRelease.Run(ctx, l.rdb, []string{u.key}, u.owner).Int()
+		switch {
+		case err != nil:
+			keep = append(keep, u)
+			if Unanswered(err) {
+				// Redis still does not answer: keep the rest untried.
+				l.restore(append(keep, todo[i+1:]...))
+				return
+			}
+		case n < 0:
+			if u.settle.IsZero() {
+				u.settle = now.Add(staleSettle)
+			}
+			keep = append(keep, u)
+		}
+	}
+	l.restore(keep)
+}
+
+// restore puts back the tokens still to release, ahead of any remembered
+// meanwhile.
+func (l *Locker) restore(keep []unanswered) {
+	if len(keep) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.unknown = append(keep, l.unknown...)
+	if len(l.unknown) > maxUnanswered {
+		l.unknown = l.unknown[:maxUnanswered]
+	}
+}
+
 
 func lockResult(n int) error {
 	switch n {

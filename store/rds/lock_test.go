@@ -112,3 +112,68 @@ func TestLockFencesStrictlyIncrease(t *testing.T) {
 		}
 	}
 }
+
+// A Redis that stalls instead of failing runs an acquire whose caller gave
+// up waiting when it wakes: the lock is then held for an owner token nobody
+// knows, and every instance is refused it until its TTL ends. The Locker
+// remembers the token of the unanswered acquire and its next Acquire
+// releases that lock first, so the guarded work resumes within moments of
+// Redis waking instead of a whole TTL later.
+func TestLockTakenWhileRedisStalledIsReleasedByTheNextAcquire(t *testing.T) {
+	ctx := context.Background()
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	const budget = 200 * time.Millisecond
+	rdb, err := rds.NewRedis(r.URL(1), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	admin := r.AdminClient(1)
+	t.Cleanup(func() { admin.Close() })
+	l := rds.NewLocker(rdb)
+	// As on a running service the script is loaded, so the stalled EVALSHA
+	// runs when Redis wakes instead of answering NOSCRIPT.
+	warm, _, err := l.Acquire(ctx, rds.LockPresenceSweep, "warm", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	thaw := r.Freeze(t)
+	if _, _, err := l.Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute); !errors.Is(err, rds.ErrRedisUnavailable) {
+		t.Fatalf("acquire against a stopped Redis: %v", err)
+	}
+	thaw()
+	key := rds.LockKey(rds.LockPresenceSweep, "dead-1")
+	testenv.Eventually(t, 5*time.Second, func() bool { return admin.Exists(ctx, key).Val() == 1 },
+		"the stalled acquire never ran: the test does not show what it means to")
+	if _, _, err := rds.NewLocker(rdb).Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute); !errors.Is(err, rds.ErrLockHeld) {
+		t.Fatalf("the lock the stalled acquire took must refuse another locker: %v", err)
+	}
+
+	start := time.Now()
+	var lk *rds.Lock
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		lk, _, err = l.Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute)
+		return err == nil
+	}, "the lock taken by the stalled acquire was not released by the next acquires")
+	t.Logf("acquired %v after Redis woke", time.Since(start).Round(10*time.Millisecond))
+	if owner := admin.Get(ctx, key).Val(); owner != lk.Owner {
+		t.Fatalf("the lock is held by %q, not by the new acquisition", owner)
+	}
+	// The remembered token is spent: later acquires release nothing, and
+	// the new owner's lock stays.
+	time.Sleep(300 * time.Millisecond)
+	if _, _, err := l.Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute); !errors.Is(err, rds.ErrLockHeld) {
+		t.Fatalf("a later acquire must find the new owner's lock: %v", err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
