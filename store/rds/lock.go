@@ -237,7 +237,6 @@ func (l *Locker) restore(keep []unanswered) {
 	}
 }
 
-
 func lockResult(n int) error {
 	switch n {
 	case 1:
