@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,6 +120,10 @@ type Limiter struct {
 	seq       atomic.Uint64
 	downUntil atomic.Int64 // unix ns until which Redis is skipped; 0: up
 	probing   atomic.Bool  // one request probes Redis after the cooldown
+
+	um             sync.Mutex   // guards unanswered, unansweredNext
+	unanswered     []unanswered // decisions whose call got no reply (unanswered.go)
+	unansweredNext time.Time    // no refund pass before this
 }
 
 // New builds a Limiter.
@@ -186,8 +191,9 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 	err := rds.ErrRedisUnavailable
 	prober := false
 	if l.redisUsable(&prober) {
+		l.refundUnanswered()
 		ctx, cancel := context.WithTimeout(ctx, l.timeout)
-		d, err = l.evalRedis(ctx, p.Algorithm, keys, rules)
+		d, err = l.evalRedis(ctx, p, keys, rules)
 		cancel()
 		if l.clientLeft(prober, err) {
 			return Decision{}, err
@@ -263,6 +269,7 @@ type Prepared struct {
 	p      Policy
 	keys   []string
 	rules  []Rule
+	id     string          // the request id the call admits under
 	call   *rds.ScriptCall // nil: decided without Redis (breaker open)
 	prober bool
 }
@@ -287,7 +294,9 @@ func (l *Limiter) Prepare(label string, p Policy, s Subject) *Prepared {
 func (l *Limiter) prepared(label string, p Policy, keys []string, rules []Rule) *Prepared {
 	pr := &Prepared{l: l, label: label, p: p, keys: keys, rules: rules}
 	if l.redisUsable(&pr.prober) {
-		pr.call = &rds.ScriptCall{Script: script(p.Algorithm), Keys: keys, Args: scriptArgs(l.requestID(), keys, rules)}
+		l.refundUnanswered()
+		pr.id = l.requestID()
+		pr.call = &rds.ScriptCall{Script: script(p.Algorithm), Keys: keys, Args: scriptArgs(pr.id, keys, rules)}
 	}
 	return pr
 }
@@ -318,6 +327,9 @@ func (pr *Prepared) Finish(reply *redis.Cmd) (Decision, error) {
 	err := rds.ErrRedisUnavailable
 	if pr.call != nil {
 		d, err = decision(reply, pr.p.Algorithm, pr.keys, pr.rules)
+		if err != nil && reply != nil && rds.Unanswered(reply.Err()) {
+			l.rememberUnanswered(pr.p, pr.id, pr.keys, pr.rules)
+		}
 		if l.clientLeft(pr.prober, err) {
 			return Decision{}, err
 		}
@@ -382,16 +394,18 @@ func (l *Limiter) requestID() string {
 	return l.idPrefix + strconv.FormatUint(l.seq.Add(1), 36)
 }
 
-// evalRedis runs the algorithm's script over all keys at once, or per family
-// with refunds.
-func (l *Limiter) evalRedis(ctx context.Context, a Algorithm, keys []string, rules []Rule) (Decision, error) {
+// evalRedis runs p's script per family with refunds (keys in different
+// Cluster slots); a call that gets no reply leaves the families it may have
+// admitted to rememberUnanswered.
+func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules []Rule) (Decision, error) {
+	a := p.Algorithm
 	id := l.requestID()
 	if len(keys) == 1 {
-		return run(ctx, l.scripts, a, id, keys, rules)
+		return l.runFamily(ctx, p, id, keys, rules, 0)
 	}
 	ds := make([]Decision, 0, len(keys))
 	for i := range keys {
-		d, err := run(ctx, l.scripts, a, id, keys[i:i+1], rules[i:i+1])
+		d, err := l.runFamily(ctx, p, id, keys, rules, i)
 		if err == nil && d.Allowed {
 			ds = append(ds, d)
 			continue
@@ -425,6 +439,18 @@ func (l *Limiter) evalRedis(ctx context.Context, a Algorithm, keys []string, rul
 		}
 	}
 	return out, nil
+}
+
+// runFamily runs p's script for family i of keys alone.
+func (l *Limiter) runFamily(ctx context.Context, p Policy, id string, keys []string, rules []Rule, i int) (Decision, error) {
+	reply := l.scripts.Script(ctx, script(p.Algorithm), keys[i:i+1], scriptArgs(id, keys[i:i+1], rules[i:i+1])...)
+	d, err := decision(reply, p.Algorithm, keys[i:i+1], rules[i:i+1])
+	if err != nil && rds.Unanswered(reply.Err()) {
+		// Families 0..i may all hold an admission: the earlier ones'
+		// refunds will likely get no reply either.
+		l.rememberUnanswered(p, id, keys[:i+1], rules[:i+1])
+	}
+	return d, err
 }
 
 func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rule, resetAt int64) {

@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route", "result"}),
 		refunds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "han_ratelimit_refunds_total",
-			Help: "Admissions given back after a later family denied the request (per-family mode), by result.",
+			Help: "Admissions given back, by result: ok or failed after a later family denied the request (per-family mode), unanswered for a refused request whose decision got no reply and ran late.",
 		}, []string{"result"}),
 	}
 	// Several limiters on one registry (one per server in tests) share the

@@ -1,0 +1,156 @@
+package ratelimit
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// Admissions of requests that never proceeded. A decision that got no reply
+// may still run: a Redis that stalls instead of failing runs the calls it
+// had received when it wakes, long after the request was refused (503 on a
+// route that fails closed). A sliding-log admission run so counts a request
+// that never happened for its whole window, and a client that retried
+// through the stall would meet 429 for requests it was refused. The sliding
+// log names each admission by its request id, so the limiter keeps the ids
+// of such decisions and gives their admissions back (ZREM, which touches
+// nothing else) before its next decisions, once Redis answers again.
+//
+// Fixed windows and token buckets cannot tell one admission from another;
+// their over-count heals when the window passes, as does that of a
+// fallback-local policy, whose refused-by-Redis requests went ahead on the
+// in-process limiter.
+const (
+	// maxUnanswered bounds the remembered decisions; past it an admission
+	// run late stays counted until its window passes.
+	maxUnanswered = 1024
+	// unansweredEvery spaces the refund passes; a pass runs before a
+	// decision, so at most one request in this period pays its round trip.
+	unansweredEvery = 250 * time.Millisecond
+	// unansweredBatch is the most decisions one pass gives back.
+	unansweredBatch = 32
+	// unansweredBudget bounds one pass.
+	unansweredBudget = 250 * time.Millisecond
+	// unansweredSettle is how long a decision whose refund found no
+	// admission is kept and tried again: its call may not have run yet (a
+	// woken Redis runs what it had received within its first event-loop
+	// turns), or it was denied, or it never arrived.
+	unansweredSettle = 2 * time.Second
+)
+
+// unanswered is a sliding-log decision that got no reply.
+type unanswered struct {
+	id    string
+	keys  []string
+	rules []Rule
+	// until is when its admission would leave every window anyway; settle,
+	// once a refund found nothing, is when to stop trying.
+	until, settle time.Time
+}
+
+// rememberUnanswered keeps the decision of request id over keys, whose call
+// got no reply, for refundUnanswered: only a sliding log, and only where
+// the request was refused when Redis did not answer (fail-closed).
+func (l *Limiter) rememberUnanswered(p Policy, id string, keys []string, rules []Rule) {
+	if p.Algorithm != SlidingLog || p.OnFailure == FallbackLocal || len(keys) == 0 {
+		return
+	}
+	var longest time.Duration
+	for _, r := range rules {
+		longest = max(longest, r.Window)
+	}
+	u := unanswered{id: id, keys: keys, rules: rules, until: time.Now().Add(longest)}
+	l.um.Lock()
+	defer l.um.Unlock()
+	if len(l.unanswered) < maxUnanswered {
+		l.unanswered = append(l.unanswered, u)
+	}
+}
+
+// multiScripts is a ScriptRunner that sends several calls in one pipeline
+// (rds.Batcher).
+type multiScripts interface {
+	Scripts(ctx context.Context, calls ...rds.ScriptCall) []*redis.Cmd
+}
+
+// refundUnanswered gives back the admissions of remembered decisions, at
+// most unansweredBatch of them, in one pipeline, no more often than
+// unansweredEvery. A decision goes once its refund removed its admission
+// (a sliding log writes every family or none, so one key tells), once its
+// window passed, or unansweredSettle after a refund first found nothing;
+// a refund that got no reply keeps it.
+func (l *Limiter) refundUnanswered() {
+	now := time.Now()
+	l.um.Lock()
+	if len(l.unanswered) == 0 || now.Before(l.unansweredNext) {
+		l.um.Unlock()
+		return
+	}
+	l.unansweredNext = now.Add(unansweredEvery)
+	var todo []unanswered
+	for _, u := range l.unanswered {
+		if now.After(u.until) || (!u.settle.IsZero() && now.After(u.settle)) {
+			continue
+		}
+		todo = append(todo, u)
+	}
+	l.unanswered = nil
+	l.um.Unlock()
+	rest := todo[min(len(todo), unansweredBatch):]
+	todo = todo[:min(len(todo), unansweredBatch)]
+
+	var calls []rds.ScriptCall
+	for _, u := range todo {
+		for i, k := range u.keys {
+			r := u.rules[i]
+			calls = append(calls, rds.ScriptCall{Script: lua.RateLimitRefund, Keys: []string{k},
+				Args: []any{string(SlidingLog), u.id, r.Window.Milliseconds(), Jitter(k, r.Window), 0, r.Limit}})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), unansweredBudget)
+	defer cancel()
+	var replies []*redis.Cmd
+	if m, ok := l.scripts.(multiScripts); ok && len(calls) > 0 {
+		replies = m.Scripts(ctx, calls...)
+	} else {
+		for _, c := range calls {
+			replies = append(replies, l.scripts.Script(ctx, c.Script, c.Keys, c.Args...))
+		}
+	}
+	keep := rest
+	next := 0
+	for _, u := range todo {
+		rs := replies[next : next+len(u.keys)]
+		next += len(u.keys)
+		removed, failed := false, false
+		for _, r := range rs {
+			n, err := r.Int()
+			removed = removed || (err == nil && n == 1)
+			failed = failed || err != nil
+		}
+		switch {
+		case removed:
+			l.metrics.refund("unanswered")
+		case failed:
+			keep = append(keep, u)
+		default:
+			if u.settle.IsZero() {
+				u.settle = now.Add(unansweredSettle)
+			}
+			keep = append(keep, u)
+		}
+	}
+	if len(keep) == 0 {
+		return
+	}
+	l.um.Lock()
+	defer l.um.Unlock()
+	l.unanswered = append(keep, l.unanswered...)
+	if len(l.unanswered) > maxUnanswered {
+		l.unanswered = l.unanswered[:maxUnanswered]
+	}
+}
