@@ -51,10 +51,11 @@ const fenceTTL = 24 * time.Hour
 // the work it guards would start that much later everywhere; a release
 // that never arrived leaves the lock to its TTL likewise. So the Locker
 // remembers the tokens of acquires and releases that got no reply, and its
-// next Acquire (of any lock; the work a failed acquire guarded was not done,
-// so its caller tries again on its next tick) first releases them — compare-and-delete, so only a lock that token holds goes. A token
-// is forgotten once its release answered, or once its lock's TTL would
-// have ended anyway.
+// next Acquire (of any lock; the work a failed acquire guarded was not
+// done, so its caller tries again on its next tick) first releases them:
+// compare-and-delete, so only a lock that token holds goes. A token is
+// forgotten once its release answered, or once its lock's TTL would have
+// ended anyway.
 type Locker struct {
 	rdb redis.Scripter
 
