@@ -475,11 +475,7 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 // Decide; Eval is kept exported because the script-level tests and
 // BenchmarkDecision call it with keys of their own.
 func Eval(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
-	return run(ctx, rds.Direct(c), a, id, keys, rules)
-}
-
-func run(ctx context.Context, c rds.ScriptRunner, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
-	return decision(c.Script(ctx, script(a), keys, scriptArgs(id, keys, rules)...), a, keys, rules)
+	return decision(script(a).Run(ctx, c, keys, scriptArgs(id, keys, rules)...), a, keys, rules)
 }
 
 // scriptArgs are the decision script's arguments: the request id, then
