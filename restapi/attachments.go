@@ -69,6 +69,13 @@ var (
 	errUploadSize        = apiErr(http.StatusBadRequest, "upload_size_mismatch")
 	errUnsupportedMedia  = apiErr(http.StatusUnsupportedMediaType, "unsupported_media_type")
 	errInvalidUUID       = apiErr(http.StatusBadRequest, "invalid_uuid")
+	// The signed download's answers to a Range the blob cannot satisfy and
+	// to a precondition (If-Match, If-Unmodified-Since) that does not hold.
+	errRangeNotSatisfiable = apiErr(http.StatusRequestedRangeNotSatisfiable, "range_not_satisfiable")
+	errPreconditionFailed  = apiErr(http.StatusPreconditionFailed, "precondition_failed")
+	// errBlobUnreadable: the blob store's file could not be read as a
+	// whole (its size or a seek failed).
+	errBlobUnreadable = rds.Named("blob_unreadable", "restapi: blob could not be read")
 )
 
 // attachments holds the attachment settings and the blob store.
@@ -415,9 +422,50 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 	h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
 	h.Set("Content-Disposition", "attachment; filename*=UTF-8''"+url.PathEscape(a.Filename))
 	h.Set("Cache-Control", "private, no-store")
-	http.ServeContent(w, r, "", time.Time{}, f)
-	return nil
+	cw := &contentWriter{ResponseWriter: w}
+	http.ServeContent(cw, r, "", time.Time{}, f)
+	if cw.failed == 0 {
+		return nil
+	}
+	h.Del("Content-Disposition") // the error answer is no file to save
+	switch cw.failed {
+	case http.StatusRequestedRangeNotSatisfiable:
+		return errRangeNotSatisfiable // with ServeContent's Content-Range: bytes */<size>
+	case http.StatusPreconditionFailed:
+		return errPreconditionFailed
+	}
+	return errBlobUnreadable
 }
+
+// contentWriter is the ResponseWriter of http.ServeContent in serveBlob.
+// ServeContent answers some requests itself: 206 for a Range, 304 for a
+// matching If-None-Match, and errors (412, 416, 500) with a plain-text or
+// empty body. Everything below 400 passes through; an error status is
+// recorded in failed and nothing of it is written, so serveBlob returns
+// the error and fail answers it as JSON, like every other error.
+type contentWriter struct {
+	http.ResponseWriter
+	failed int // the error status ServeContent chose; 0: none
+}
+
+func (w *contentWriter) WriteHeader(code int) {
+	if code >= 400 && w.failed == 0 {
+		w.failed = code
+	}
+	if w.failed == 0 {
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w *contentWriter) Write(b []byte) (int, error) {
+	if w.failed != 0 {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *contentWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // downloadURL: GET /v1/attachments/{id}/download-url → {url, expiresAt} for
 // members of the attachment's dialog. It fails closed while DB0 is

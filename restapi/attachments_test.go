@@ -331,3 +331,58 @@ func filepathWalk(dir string, out *[]string) error {
 		return err
 	})
 }
+
+// The signed download honours Range (206) and If-None-Match: * (304), and
+// the answers http.ServeContent would make in plain text or with no body
+// are {"error":"<code>"} like every other error: an unsatisfiable Range is
+// 416 range_not_satisfiable (with Content-Range: bytes */<size>), an
+// If-Match that cannot hold is 412 precondition_failed.
+func TestSignedDownloadErrorsAreJSON(t *testing.T) {
+	h := newIdemHarness(t, idemOpts{})
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	u := h.uploadedAttachment(aTok, d.ID) // "abc", text/plain
+	code, b := h.do(aTok, "GET", "/v1/attachments/"+u.ID+"/download-url", "")
+	if code != 200 {
+		t.Fatalf("download url: %d %s", code, b)
+	}
+	dl := decode[downloadResp](t, b)
+	for _, c := range []struct {
+		name, method, header, value string
+		status                      int
+		body, contentRange          string // body: the exact body of a GET
+	}{
+		{"whole blob", "GET", "", "", 200, "abc", ""},
+		{"one range", "GET", "Range", "bytes=1-2", 206, "bc", "bytes 1-2/3"},
+		{"If-None-Match *", "GET", "If-None-Match", "*", 304, "", ""},
+		{"If-Match *", "GET", "If-Match", "*", 200, "abc", ""},
+		{"range past the end", "GET", "Range", "bytes=1000-2000", 416, `{"error":"range_not_satisfiable"}`, "bytes */3"},
+		{"malformed range", "GET", "Range", "bytes=x-y", 416, `{"error":"range_not_satisfiable"}`, ""},
+		{"If-Match a tag", "GET", "If-Match", `"anything"`, 412, `{"error":"precondition_failed"}`, ""},
+		{"HEAD, range past the end", "HEAD", "Range", "bytes=1000-2000", 416, "", "bytes */3"},
+		{"HEAD, If-Match a tag", "HEAD", "If-Match", `"anything"`, 412, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req, _ := http.NewRequest(c.method, h.srv.URL+dl.URL, nil)
+			if c.header != "" {
+				req.Header.Set(c.header, c.value)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			hdr := resp.Header
+			if resp.StatusCode != c.status || string(body) != c.body || hdr.Get("Content-Range") != c.contentRange {
+				t.Fatalf("%d Content-Range %q body %q, want %d %q %q",
+					resp.StatusCode, hdr.Get("Content-Range"), body, c.status, c.contentRange, c.body)
+			}
+			if c.status >= 400 && (hdr.Get("Content-Type") != "application/json" || hdr.Get("Cache-Control") != "no-store" ||
+				hdr.Get("Content-Disposition") != "") {
+				t.Fatalf("error answer headers: %v", hdr)
+			}
+		})
+	}
+}

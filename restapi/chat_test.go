@@ -2,6 +2,7 @@ package restapi_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"sort"
 	"strings"
@@ -140,6 +141,36 @@ func TestDialogListingPages(t *testing.T) {
 	}
 	code, b := h.do(aTok, "GET", "/v1/dialogs?cursor=bm9wZQ", "")
 	wantError(t, code, b, 400, "invalid_cursor")
+}
+
+// A dialog-listing cursor is opaque to the client, which may still send
+// anything: one the service did not hand out is 400 invalid_cursor, even
+// when it has the right shape (a time, ":", 36 bytes). Neither its id nor
+// its time reaches PostgreSQL, so it is no server error and logs nothing.
+func TestForgedDialogCursorIsInvalidCursor(t *testing.T) {
+	h, logs := newHarness(t).withLog(nil)
+	_, aTok := h.user()
+	bob, _ := h.user()
+	h.dialog(aTok, bob)
+	id := ids.New()
+	for _, c := range []struct{ name, raw string }{
+		{"time before year 1", "-9223372036854775808:" + id},
+		{"time after year 9999", "9223372036854775807:" + id},
+		{"id not hex", "1700000000000000:" + strings.Repeat("z", 36)},
+		{"id without dashes", "1700000000000000:" + strings.ReplaceAll(id, "-", "") + "abcd"},
+		{"id of NUL bytes", "1700000000000000:" + strings.Repeat("\x00", 36)},
+		{"id not UTF-8", "1700000000000000:" + strings.Repeat("\xff", 36)},
+	} {
+		cursor := base64.RawURLEncoding.EncodeToString([]byte(c.raw))
+		if code, b := h.do(aTok, "GET", "/v1/dialogs?cursor="+cursor, ""); code != 400 || string(b) != `{"error":"invalid_cursor"}` {
+			t.Errorf("%s: %d %s, want 400 invalid_cursor", c.name, code, b)
+		}
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`) {
+			t.Errorf("log: %s", line)
+		}
+	}
 }
 
 func TestNonMemberGets404(t *testing.T) {

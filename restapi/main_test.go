@@ -83,21 +83,41 @@ func newHarness(t *testing.T) *harness {
 // withClients builds another server on the same database with other Redis
 // clients (tests that kill a Redis of their own).
 func (h *harness) withClients(rdb, rt redis.UniversalClient) *harness {
+	return h.server(io.Discard, func(d *restapi.Deps) { d.Redis, d.Realtime = rdb, rt })
+}
+
+// withLog builds another server on h's database and Redis clients that
+// keeps its log; edit, if not nil, changes its Deps first.
+func (h *harness) withLog(edit func(*restapi.Deps)) (*harness, *syncBuffer) {
+	logs := &syncBuffer{}
+	return h.server(logs, func(d *restapi.Deps) {
+		d.Redis, d.Realtime = h.rdb, h.rt
+		if edit != nil {
+			edit(d)
+		}
+	}), logs
+}
+
+// server builds another server on h's database, logging to log; edit sets
+// its Redis clients and may change the rest of its Deps.
+func (h *harness) server(log io.Writer, edit func(*restapi.Deps)) *harness {
 	t := h.t
-	logger := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
+	logger := slog.New(slog.NewJSONHandler(log, nil))
+	d := restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")}, Logger: logger, Store: h.store}
+	edit(&d)
+	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: d.Redis}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, err := restapi.NewServer(restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")},
-		Logger: logger, Store: h.store, Redis: rdb, Realtime: rt, Verifier: v})
+	d.Verifier = v
+	api, err := restapi.NewServer(d)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(api.Close) // stops the DB0 health prober if a test left Redis down
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
-	return &harness{t: t, srv: srv, api: api, pool: h.pool, rdb: rdb, rt: rt, store: h.store}
+	return &harness{t: t, srv: srv, api: api, pool: h.pool, rdb: d.Redis, rt: d.Realtime, store: h.store}
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }

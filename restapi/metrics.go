@@ -31,7 +31,7 @@ func NewMetrics() *Metrics {
 	m := &Metrics{
 		Registry: reg,
 		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "han_http_requests_total", Help: "HTTP requests by route template, method and status code.",
+			Name: "han_http_requests_total", Help: "HTTP requests by route template, method (a standard method, else other) and status code.",
 		}, []string{"route", "method", "code"}),
 		httpDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "han_http_request_duration_seconds", Help: "HTTP request latency by route template.",

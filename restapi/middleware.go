@@ -112,13 +112,14 @@ func (s *Server) observe(next http.Handler) http.Handler {
 				status = http.StatusOK
 			}
 			d := time.Since(start)
-			s.metrics.httpRequests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
+			method := methodLabel(r.Method)
+			s.metrics.httpRequests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 			s.metrics.httpDuration.WithLabelValues(route).Observe(d.Seconds())
 			if route == "/metrics" || route == "/healthz" || route == "/readyz" || !s.logger.Enabled(ctx, slog.LevelInfo) {
 				return // (the IP HMAC is computed only for a line that is written)
 			}
 			s.logger.LogAttrs(ctx, slog.LevelInfo, "http",
-				slog.String("request_id", id), slog.String("method", r.Method), slog.String("route", route),
+				slog.String("request_id", id), slog.String("method", method), slog.String("route", route),
 				slog.Int("status", status), slog.Int("bytes", sw.bytes),
 				slog.Float64("duration_ms", float64(d.Microseconds())/1000),
 				slog.String("ip_hmac", s.ipHMAC(r)))
@@ -130,6 +131,25 @@ func (s *Server) observe(next http.Handler) http.Handler {
 }
 
 const ctxRouteHolder ctxKey = 100
+
+// methodLabel is the method as the metrics and the access log name it: a
+// standard method by its name, anything else "other". net/http accepts any
+// token as a method (up to the 64 KiB header limit) and it reaches observe
+// without a token, so the raw text would let any client add metric series
+// and long log fields without bound. The label is the constant, not the
+// request's string, which shares memory with the whole request line.
+func methodLabel(m string) string {
+	if l, ok := standardMethods[m]; ok {
+		return l
+	}
+	return "other"
+}
+
+var standardMethods = map[string]string{
+	http.MethodGet: http.MethodGet, http.MethodHead: http.MethodHead, http.MethodPost: http.MethodPost,
+	http.MethodPut: http.MethodPut, http.MethodPatch: http.MethodPatch, http.MethodDelete: http.MethodDelete,
+	http.MethodOptions: http.MethodOptions, http.MethodConnect: http.MethodConnect, http.MethodTrace: http.MethodTrace,
+}
 
 // routeName is mux middleware (runs after matching): it records the route
 // template so the log and metrics label by template, never by raw path.

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -120,7 +119,8 @@ type Server struct {
 	cfg        Config
 	logger     *slog.Logger
 	store      *store.Store
-	readyPG    Pinger // readiness probe's own connection
+	readyPG    Pinger      // readiness probe's own connection
+	ready      readyChecks // the checks /readyz shares between probes (readiness.go)
 	rdb        redis.UniversalClient
 	rt         redis.UniversalClient
 	verifier   TokenVerifier
@@ -177,6 +177,7 @@ func NewServer(d Deps) (*Server, error) {
 	if s.readyPG == nil {
 		s.readyPG = d.Store
 	}
+	s.initReadiness()
 	if s.limiter == nil && d.RateLimits != nil {
 		s.limiter = &redisRateLimiter{s: s, l: d.RateLimits}
 	}
@@ -344,82 +345,6 @@ func (s *Server) openAPIDoc(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeRawJSON(w, http.StatusOK, []byte(`{"status":"ok"}`))
-}
-
-type readyDTO struct {
-	Status       string            `json:"status"`
-	Checks       map[string]string `json:"checks"`
-	PostgresPool *poolDTO          `json:"postgresPool,omitempty"`
-}
-
-// poolDTO is the request pool's load at the moment of the probe.
-type poolDTO struct {
-	Max      int32 `json:"max"`
-	Total    int32 `json:"total"`
-	Acquired int32 `json:"acquired"`
-	Idle     int32 `json:"idle"`
-	// Saturated: every connection is in use, so new requests wait for one
-	// (up to the request budget, then 503 database_busy).
-	Saturated bool `json:"saturated"`
-}
-
-func poolStat(l store.PoolLoad) *poolDTO {
-	return &poolDTO{Max: l.Max, Total: l.Total, Acquired: l.Acquired, Idle: l.Idle, Saturated: l.Acquired >= l.Max}
-}
-
-// readyz: PostgreSQL down or draining → 503; a Redis outage → 200
-// "degraded", because pulling every instance for a shared Redis outage
-// would turn a partial failure into a full one (docs/degraded-mode.md).
-// PostgreSQL is pinged over the probe's own connection: a busy request pool
-// is not an outage (every instance would be pulled at once under a burst),
-// so it is reported in checks.postgresPool and postgresPool, never as 503.
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	checks := map[string]string{}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	check := func(name string, f func(ctx context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadyTimeout)
-			defer cancel()
-			st := "ok"
-			if err := f(ctx); err != nil {
-				st = "down"
-			}
-			mu.Lock()
-			checks[name] = st
-			mu.Unlock()
-		}()
-	}
-	check("postgres", func(ctx context.Context) error { return s.readyPG.Ping(ctx) })
-	if s.rdb != nil {
-		check("redis", func(ctx context.Context) error { return s.rdb.Ping(ctx).Err() })
-	}
-	if s.rt != nil {
-		check("redisRealtime", func(ctx context.Context) error { return s.rt.Ping(ctx).Err() })
-	}
-	wg.Wait()
-	if s.gw != nil && !s.gw.PubSubHealthy() {
-		checks["pubsub"] = "down"
-	} else if s.gw != nil {
-		checks["pubsub"] = "ok"
-	}
-	dto := readyDTO{Status: "ok", Checks: checks, PostgresPool: poolStat(s.store.PoolLoad())}
-	checks["postgresPool"] = "ok"
-	if dto.PostgresPool.Saturated {
-		checks["postgresPool"] = "saturated"
-	}
-	status := http.StatusOK
-	switch {
-	case s.draining.Load():
-		dto.Status, status = "draining", http.StatusServiceUnavailable
-	case checks["postgres"] != "ok":
-		dto.Status, status = "unavailable", http.StatusServiceUnavailable
-	case checks["redis"] == "down" || checks["redisRealtime"] == "down" || checks["pubsub"] == "down":
-		dto.Status = "degraded"
-	}
-	writeJSON(w, status, dto)
 }
 
 type publicConfigDTO struct {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/han-app/gateway/internal/ids"
 )
 
 // Domain errors the API maps to stable codes.
@@ -321,6 +323,18 @@ func encodeDialogCursor(t time.Time, id string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + ":" + id))
 }
 
+// A dialog cursor carries a creation time, and dialogs are created at the
+// server's clock time: a time outside years 1 to 9999 is no cursor the
+// service handed out.
+var (
+	minCursorMicros = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	maxCursorMicros = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro() - 1
+)
+
+// decodeDialogCursor reads a cursor of encodeDialogCursor. The client may
+// send anything, so both parts are checked here, before they become query
+// parameters: anything but a time in range and a UUID is ErrInvalidCursor,
+// never a database error.
 func decodeDialogCursor(c string) (time.Time, string, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
@@ -328,7 +342,10 @@ func decodeDialogCursor(c string) (time.Time, string, error) {
 	}
 	ts, id, ok := strings.Cut(string(raw), ":")
 	us, err := strconv.ParseInt(ts, 10, 64)
-	if !ok || err != nil || len(id) != 36 {
+	if !ok || err != nil || us < minCursorMicros || us > maxCursorMicros {
+		return time.Time{}, "", ErrInvalidCursor
+	}
+	if id, ok = ids.Canonical(id); !ok {
 		return time.Time{}, "", ErrInvalidCursor
 	}
 	return time.UnixMicro(us), id, nil
