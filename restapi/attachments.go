@@ -44,7 +44,18 @@ type AttachmentConfig struct {
 	// BlobDir is the local blob folder used when Deps.Blobs is nil. Zero
 	// value means <os temp dir>/han-blobs.
 	BlobDir string
+	// MaxOpenBlobs bounds the uploads and downloads whose blob is open at
+	// once (each holds a file descriptor beside its connection's). Zero
+	// value means DefaultMaxOpenBlobs.
+	MaxOpenBlobs int
 }
+
+// DefaultMaxOpenBlobs is half of the descriptors the gateway keeps free
+// under its default connection cap for what is not a client connection.
+// Without a bound, clients downloading slowly near the connection cap would
+// each hold a second descriptor, and the process would run out: accepts,
+// database dials and log writes would fail for everyone.
+const DefaultMaxOpenBlobs = 128
 
 // DefaultAttachmentTypes is the default content-type allow-list: common
 // images, audio, video and documents; nothing a browser would run (no HTML,
@@ -69,6 +80,8 @@ var (
 	errUploadSize        = apiErr(http.StatusBadRequest, "upload_size_mismatch")
 	errUnsupportedMedia  = apiErr(http.StatusUnsupportedMediaType, "unsupported_media_type")
 	errInvalidUUID       = apiErr(http.StatusBadRequest, "invalid_uuid")
+	// errBlobsBusy: MaxOpenBlobs uploads and downloads are under way.
+	errBlobsBusy = &Error{Status: http.StatusServiceUnavailable, Code: "attachments_busy", RetryAfter: 1}
 	// The signed download's answers to a Range the blob cannot satisfy and
 	// to a precondition (If-Match, If-Unmodified-Since) that does not hold.
 	errRangeNotSatisfiable = apiErr(http.StatusRequestedRangeNotSatisfiable, "range_not_satisfiable")
@@ -83,8 +96,22 @@ type attachments struct {
 	cfg     AttachmentConfig
 	types   map[string]bool
 	blobs   store.BlobStore
-	signKey []byte // HMAC key of signed URLs, derived from HAN_HMAC_SECRET
+	signKey []byte        // HMAC key of signed URLs, derived from HAN_HMAC_SECRET
+	open    chan struct{} // one token per blob open (MaxOpenBlobs)
 }
+
+// openBlob takes a token for one open blob, or reports false when
+// MaxOpenBlobs are open; closeBlob gives it back.
+func (a *attachments) openBlob() bool {
+	select {
+	case a.open <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (a *attachments) closeBlob() { <-a.open }
 
 func (s *Server) initAttachments(d Deps) error {
 	cfg := d.Config.Attachments
@@ -100,7 +127,10 @@ func (s *Server) initAttachments(d Deps) error {
 	if cfg.DownloadURLTTL <= 0 {
 		cfg.DownloadURLTTL = 5 * time.Minute
 	}
-	a := &attachments{cfg: cfg, types: map[string]bool{}, blobs: d.Blobs}
+	if cfg.MaxOpenBlobs <= 0 {
+		cfg.MaxOpenBlobs = DefaultMaxOpenBlobs
+	}
+	a := &attachments{cfg: cfg, types: map[string]bool{}, blobs: d.Blobs, open: make(chan struct{}, cfg.MaxOpenBlobs)}
 	for _, t := range cfg.ContentTypes {
 		a.types[strings.ToLower(strings.TrimSpace(t))] = true
 	}
@@ -330,6 +360,10 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 		return errPayloadTooLarge
 	}
 	key := blobKey(a.ID)
+	if !s.att.openBlob() {
+		return errBlobsBusy
+	}
+	defer s.att.closeBlob()
 	h := sha256.New()
 	body := &hashingReader{r: http.MaxBytesReader(w, r.Body, a.SizeBytes), h: h}
 	n, err := s.att.blobs.Put(r.Context(), key, body)
@@ -408,6 +442,10 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if !s.att.openBlob() {
+		return errBlobsBusy
+	}
+	defer s.att.closeBlob()
 	f, err := s.att.blobs.Open(r.Context(), a.BlobKey)
 	if errors.Is(err, store.ErrBlobNotFound) {
 		err = store.ErrAttachmentNotFound

@@ -386,3 +386,82 @@ func TestSignedDownloadErrorsAreJSON(t *testing.T) {
 		})
 	}
 }
+
+// Every upload and download in progress holds its blob's file open beside
+// its connection. Clients that upload or download slowly near the
+// connection cap would otherwise run the process out of descriptors —
+// accepts, database dials and log writes failing for everyone — so at
+// most MaxOpenBlobs blobs are open at once, and a transfer beyond that is
+// refused with 503 attachments_busy and Retry-After, opening nothing. The
+// slot comes back when the transfer ends.
+func TestOpenBlobsAreBounded(t *testing.T) {
+	h := newIdemHarness(t, idemOpts{att: restapi.AttachmentConfig{MaxOpenBlobs: 1}})
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	done := h.uploadedAttachment(aTok, d.ID) // "abc": the slot is free again after it
+	code, b := h.do(aTok, "GET", "/v1/attachments/"+done.ID+"/download-url", "")
+	if code != 200 {
+		t.Fatalf("download url: %d %s", code, b)
+	}
+	dl := decode[downloadResp](t, b)
+
+	// A slow upload: its first bytes arrive, the rest is held back.
+	code, b, _ = h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, "b.txt", "text/plain", 6), idemKey())
+	if code != 201 {
+		t.Fatalf("attachment init: %d %s", code, b)
+	}
+	slow := decode[uploadResp](t, b)
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("PUT", h.srv.URL+slow.UploadURL, pr)
+	req.ContentLength = 6
+	req.Header.Set("Content-Type", "text/plain")
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	if _, err := pw.Write([]byte("def")); err != nil {
+		t.Fatal(err)
+	}
+
+	// While it holds the one slot, a download and another upload are
+	// refused at once.
+	var resp *http.Response
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		resp, b = h.get(dl.URL)
+		return resp.StatusCode != 200
+	}, "the download was served while the slow upload held the only open blob")
+	wantError(t, resp.StatusCode, b, 503, "attachments_busy")
+	if ra := resp.Header.Get("Retry-After"); ra != "1" {
+		t.Fatalf("Retry-After %q, want 1", ra)
+	}
+	code, b, _ = h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, "c.txt", "text/plain", 3), idemKey())
+	if code != 201 {
+		t.Fatalf("attachment init: %d %s", code, b)
+	}
+	other := decode[uploadResp](t, b)
+	code, b = h.put(other.UploadURL, "text/plain", "ghi")
+	wantError(t, code, b, 503, "attachments_busy")
+
+	// The slow upload completes; its slot is free again.
+	if _, err := pw.Write([]byte("def")); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if code := <-answered; code != 200 {
+		t.Fatalf("the slow upload: %d", code)
+	}
+	if resp, b := h.get(dl.URL); resp.StatusCode != 200 || string(b) != "abc" {
+		t.Fatalf("download after the upload ended: %d %s", resp.StatusCode, b)
+	}
+	if code, b := h.put(other.UploadURL, "text/plain", "ghi"); code != 200 {
+		t.Fatalf("the refused upload, retried: %d %s", code, b)
+	}
+}

@@ -14,7 +14,8 @@ import (
 
 // descriptorReserve is kept free under the default connection cap for what
 // is not a client connection or a pool: listeners, Pub/Sub connections,
-// JWKS fetches, blob files, logs.
+// JWKS fetches, blob files (at most restapi.DefaultMaxOpenBlobs, half of
+// it), logs.
 const descriptorReserve = 256
 
 // connCaps returns the process and per-peer connection caps: the
