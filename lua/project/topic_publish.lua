@@ -92,8 +92,16 @@ for j = 1, m do
   identities[j] = ARGV[base + 8 * j - 7]
 end
 local stored = redis.call('HMGET', KEYS[3], unpack(identities))
+local purging = {}
+for _, id in ipairs(expired) do
+  purging[id] = true
+end
 local budget, per, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local used = msg + rcpt + dd - purged
+-- replaced: the bytes of expired dedupe records beyond this call's purge
+-- whose identity is published again; the new record overwrites each, so
+-- its bytes leave the dd counter with it.
+local replaced = 0
 -- Outcomes first. created[identity] is the row of a message this call
 -- creates (its id is set by the XADD below).
 local rows, created, news = {}, {}, {}
@@ -103,6 +111,7 @@ for j = 1, m do
   local identity = ARGV[a + 1]
   local live = created[identity]
   local row
+  local old = 0
   if live then
     row = live.f == ARGV[a + 2] and {'replay', live.row} or {'conflict', '', 0, 0, 0}
   elseif stored[j] then
@@ -111,17 +120,22 @@ for j = 1, m do
       return redis.error_reply('ERR data_state_invalid')
     elseif rec.x > now then
       row = rec.f == ARGV[a + 2] and {'replay', rec.m, rec.a, 0, 0} or {'conflict', '', 0, 0, 0}
+    elseif not purging[identity] then
+      if type(rec.b) ~= 'number' then
+        return redis.error_reply('ERR data_state_invalid')
+      end
+      old = rec.b
     end
   end
   if not row then
     local z, b = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
     local need = z + b + n * per
-    if used + need > budget then
+    if used - old + need > budget then
       row = {'budget', '', 0, 0, 0}
     elseif need > tonumber(ARGV[a + 8]) then
       row = {'module', '', 0, 0, 0}
     else
-      used, size, ddBytes = used + need, size + z, ddBytes + b
+      used, size, ddBytes, replaced = used - old + need, size + z, ddBytes + b, replaced + old
       row = {'created', '', now, need, 0}
       created[identity] = {f = ARGV[a + 2], row = row}
       table.insert(news, {a, row})
@@ -197,5 +211,5 @@ end
 redis.call('HSET', KEYS[3], unpack(records))
 redis.call('ZADD', KEYS[4], unpack(expiries))
 redis.call('HSET', KEYS[2], 'msg', decimal(msg + size), 'tb:' .. tid, decimal(tb + size), 'rcpt', decimal(rcpt + #news * n * per),
-  'dd', decimal(dd - purged + ddBytes))
+  'dd', decimal(dd - purged - replaced + ddBytes))
 return rows

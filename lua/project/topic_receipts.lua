@@ -24,15 +24,23 @@ end
 if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
--- Stream ids "<ms>-<seq>": the later of the cursor and `from`.
+-- Stream ids "<ms>-<seq>": the later of the cursor and `from`. Both parts
+-- are decimal text without leading zeros of up to 20 digits, compared as
+-- text (by length, then digit by digit): a Lua number holds 2^53 exactly,
+-- not 2^64.
+local function greater(x, y)
+  if #x ~= #y then
+    return #x > #y
+  end
+  return x > y
+end
 local function later(a, b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
   local bm, bs = string.match(b, '^(%d+)-(%d+)$')
   if not am or not bm then
     return b
   end
-  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
-  if am > bm or (am == bm and as > bs) then
+  if greater(am, bm) or (am == bm and greater(as, bs)) then
     return a
   end
   return b

@@ -261,9 +261,17 @@ func ParseStreamCursor(c string) (string, error) {
 	return string(b), nil
 }
 
+// maxStreamID is the largest id a stream can hold. No message has it (ids
+// are assigned from the clock), and as an exclusive listing start it has no
+// successor: Redis refuses the range.
+const maxStreamID = "18446744073709551615-18446744073709551615"
+
 // validStreamID reports whether s has the form of a message id,
-// "<ms>-<seq>" in decimal.
+// "<ms>-<seq>" in decimal, and can start a listing after it.
 func validStreamID(s string) bool {
+	if s == maxStreamID {
+		return false
+	}
 	ms, seq, ok := strings.Cut(s, "-")
 	if !ok || len(ms) == 0 || len(ms) > 20 || len(seq) == 0 || len(seq) > 20 {
 		return false

@@ -1,6 +1,7 @@
 -- cacheUsage checks the project cache's meta HASH against its index: without
 -- meta no index, expiry or sizes key may exist; with it, cacheBytes is a
--- non-negative number and seq is at least the highest write seq in the index.
+-- non-negative number, and seq, where present, a number at least the highest
+-- write seq in the index.
 -- Returns cacheBytes (0 without meta) and whether meta exists, or nil when
 -- the structure is inconsistent: the caller then writes nothing.
 local function cacheUsage(metaKey, indexKey, expiryKey, sizesKey)
@@ -13,7 +14,8 @@ local function cacheUsage(metaKey, indexKey, expiryKey, sizesKey)
   local m = redis.call('HMGET', metaKey, 'seq', 'cacheBytes')
   local top = redis.call('ZRANGE', indexKey, -1, -1, 'WITHSCORES')
   local bytes = tonumber(m[2] or '0')
-  if bytes == nil or bytes < 0 or (top[2] and (m[1] == false or tonumber(m[1]) < tonumber(top[2]))) then
+  local seq = m[1] and tonumber(m[1])
+  if bytes == nil or bytes < 0 or (m[1] and not seq) or (top[2] and (not seq or seq < tonumber(top[2]))) then
     return nil
   end
   return bytes, true
