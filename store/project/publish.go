@@ -76,7 +76,16 @@ func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, 
 		res, err := q.merge(newMergeCall(ctx, lua.ProjectTopicPublish, true, t.pubKeys, t.pubHead,
 			identity, fp, in.ProducerID, in.ClientEventID, in.Payload, size, ddBytes, reserved))
 		if err != nil {
-			q.done(ctx, g, 0, 0)
+			// A script that got no reply may still run (a Redis that
+			// stalls runs what it had received when it wakes) and keep the
+			// bytes: the module keeps them counted, an over-count the next
+			// reconcile corrects, rather than a refund that would let the
+			// module pass its cap.
+			added := int64(0)
+			if rds.Unanswered(err) {
+				added = reserved
+			}
+			q.done(ctx, g, added, 0)
 			return TopicMessage{}, false, classifyProject(err)
 		}
 		if len(res) != 5 {
