@@ -13,7 +13,7 @@ const Subprotocol = "han.v1"
 const (
 	CloseGoingAway     = websocket.StatusGoingAway       // 1001: drain; reason {"retryMs":n}
 	CloseUnsupported   = websocket.StatusUnsupportedData // 1003: a binary frame
-	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big, frame rate, subprotocol, per-user connection cap
+	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big or too slow, frame rate, subprotocol, per-user connection cap
 	CloseInternal      = websocket.StatusInternalError   // 1011
 	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable, or the handshake queue full; reason {"retryMs":n} for the queue
 	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token; reason token_expired: the credential expired
@@ -48,9 +48,17 @@ type Config struct {
 	AllowedOrigins []string
 
 	// MaxFrameBytes is the largest inbound frame. Zero value means 4096.
+	// On the wire a frame may take at most twice that, its fragments'
+	// headers and the control frames sent between them included.
 	MaxFrameBytes int
+	// FrameTimeout bounds the read of one inbound frame once it has begun:
+	// a frame whose fragments are not all in by then closes the
+	// connection with 1008. The wait between frames has no bound (idle
+	// connections are the norm). Zero value means 5s.
+	FrameTimeout time.Duration
 	// FrameRate and FrameBurst are the inbound token bucket per connection
-	// (frames per second, bucket size). Zero values mean 20 and 60.
+	// (frames per second, bucket size); WebSocket pings and pongs the
+	// client sends take a token each too. Zero values mean 20 and 60.
 	FrameRate  float64
 	FrameBurst int
 	// MaxSubscriptions per connection. Zero value means 200.
@@ -154,6 +162,7 @@ func (c *Config) defaults() {
 		}
 	}
 	num(&c.MaxFrameBytes, 4096)
+	dur(&c.FrameTimeout, 5*time.Second)
 	if c.FrameRate <= 0 {
 		c.FrameRate = 20
 	}

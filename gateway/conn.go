@@ -67,12 +67,13 @@ type conn struct {
 	// (an idle connection holds one); it is atomic, not guarded by mu.
 	ended atomic.Bool
 
-	mu           sync.Mutex // guards everything below
+	mu           sync.Mutex // guards everything below but frameFull
 	writing      bool       // a writer goroutine runs
 	resyncQueued bool       // a resync is queued and not yet taken by the writer
 	pingDue      bool
 	closed       bool
 	flushDue     bool       // the cork holds bytes an inline write left for the writer
+	overflows    int32      // since overflowFrom; an int32 fits in the space the flags leave
 	spare        []outFrame // a small batch slice kept for the next writer
 	q            []outFrame
 	qBytes       int
@@ -87,8 +88,13 @@ type conn struct {
 	// often one or a few): a slice searched by dialog id costs a fraction
 	// of a map's memory per idle connection.
 	subs         []*sub
-	overflows    int
 	overflowFrom int64 // Unix ns: start of the window overflows counts in
+
+	// frameFull is when the inbound frame bucket is full again, on the
+	// clock of sinceStart (takeFrame). Not guarded by mu: only the
+	// goroutine reading the socket touches it (the reader, or the frame
+	// worker it waits for).
+	frameFull time.Duration
 }
 
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {

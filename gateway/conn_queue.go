@@ -176,7 +176,7 @@ func (c *conn) overflowLocked() {
 		c.overflowFrom, c.overflows = now, 0
 	}
 	c.overflows++
-	if c.overflows > h.cfg.MaxOverflows {
+	if int(c.overflows) > h.cfg.MaxOverflows {
 		c.closeLocked(CloseSlowConsumer, "slow consumer")
 		return
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -22,22 +24,18 @@ func (c *conn) readLoop() {
 	defer h.wg.Done()
 	defer c.teardown()
 
-	tokens, last := float64(h.cfg.FrameBurst), time.Now()
 	for {
 		// No cancellable context: closing the socket ends the read (see
-		// opContext).
-		typ, rd, err := c.ws.Reader(context.Background())
+		// opContext). readContext carries the connection to the ping and
+		// pong callbacks.
+		typ, rd, err := c.ws.Reader((*readContext)(c))
 		if err != nil {
 			return
 		}
-		now := time.Now()
-		tokens = min(float64(h.cfg.FrameBurst), tokens+now.Sub(last).Seconds()*h.cfg.FrameRate)
-		last = now
-		if tokens < 1 {
+		if !c.takeFrame() {
 			c.closeNow(ClosePolicy, "frame rate")
 			return
 		}
-		tokens--
 		if typ != websocket.MessageText {
 			c.closeNow(CloseUnsupported, "text frames only")
 			return
@@ -82,15 +80,30 @@ var frameRuns = sync.Pool{New: func() any { return &frameRun{done: make(chan boo
 
 func runFrame(r *frameRun) { r.done <- r.c.frame(r.rd) }
 
-// frame reads one text frame's payload from rd and answers it.
+// frame reads one text frame's payload from rd and answers it. The frame
+// may come in fragments, which coder/websocket reads inside rd's Read
+// (empty ones without returning): so the reads of a frame are bounded on
+// the socket (corkConn.limitRead), in bytes, including the fragments'
+// headers, and in time. The reader waits for the next frame without
+// either.
 func (c *conn) frame(rd io.Reader) bool {
 	h := c.hub
+	if c.cork != nil {
+		c.cork.limitRead(frameWireFactor*h.cfg.MaxFrameBytes, time.Now().Add(h.cfg.FrameTimeout))
+	}
 	buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
 	n, err := io.ReadFull(rd, *buf)
+	if c.cork != nil {
+		c.cork.endRead()
+	}
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, errFrameWire):
 		putFrameBuf(buf)
 		c.closeNow(ClosePolicy, "frame too big")
+		return false
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		putFrameBuf(buf)
+		c.closeNow(ClosePolicy, "frame too slow")
 		return false
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 	default:
@@ -105,6 +118,88 @@ func (c *conn) frame(rd io.Reader) bool {
 		return true
 	}
 	return c.handle(f)
+}
+
+// frameWireFactor: a frame may take this many times MaxFrameBytes on the
+// wire while it is read (its payload, its fragments' headers, control
+// frames between them).
+const frameWireFactor = 2
+
+// takeFrame takes a token from the connection's inbound frame bucket
+// (Config.FrameRate a second, at most Config.FrameBurst): every frame
+// the client sends costs one, WebSocket pings and pongs included. False
+// when none is left, and for every frame after that. The bucket is kept
+// as the time it is full again (frameFull), one word per connection: it
+// holds FrameBurst tokens less one per FrameRate interval that time is
+// ahead of now.
+func (c *conn) takeFrame() bool {
+	cfg := &c.hub.cfg
+	now := sinceStart()
+	per := time.Duration(float64(time.Second) / cfg.FrameRate)
+	if c.frameFull-now > time.Duration(cfg.FrameBurst-1)*per {
+		c.frameFull = math.MaxInt64
+		return false
+	}
+	c.frameFull = max(c.frameFull, now) + per
+	return true
+}
+
+// clockStart is the origin of sinceStart.
+var clockStart = time.Now()
+
+// sinceStart reads the monotonic clock in one word: a wall clock step
+// does not move it.
+func sinceStart() time.Duration { return time.Since(clockStart) }
+
+// readContext is the context of the connection's reads (conn.readLoop):
+// like context.Background it is never done and has no deadline (see
+// opContext), and it carries the connection to pingReceived and
+// pongReceived, which coder/websocket calls with a context derived from
+// it. It is the conn itself, so the callbacks cost no allocation per
+// connection (a closure per connection would).
+type readContext conn
+
+type readContextKey struct{}
+
+func (*readContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*readContext) Done() <-chan struct{}       { return nil }
+func (*readContext) Err() error                  { return nil }
+
+func (rc *readContext) Value(key any) any {
+	if key == (readContextKey{}) {
+		return (*conn)(rc)
+	}
+	return nil
+}
+
+// pingReceived is the connection's AcceptOptions.OnPingReceived: a
+// WebSocket ping takes a token like any frame; the library answers it with
+// a pong only when it got one. Reads outside the reader (a close
+// handshake) carry no connection and are left to the library.
+func pingReceived(ctx context.Context, _ []byte) bool {
+	c, ok := ctx.Value(readContextKey{}).(*conn)
+	return !ok || c.controlFrame()
+}
+
+// pongReceived is OnPongReceived: a pong takes a token too, whether it
+// answers the server's ping or comes unasked.
+func pongReceived(ctx context.Context, _ []byte) {
+	if c, ok := ctx.Value(readContextKey{}).(*conn); ok {
+		c.controlFrame()
+	}
+}
+
+// controlFrame charges a ping or pong of the client to the frame bucket;
+// false when it is over the rate. It runs inside coder/websocket's read,
+// which holds the library's read lock, and a close handshake waits for
+// that lock: so the over-rate client is closed by the writer
+// (closeLocked), with 1008 like a data frame over the rate.
+func (c *conn) controlFrame() bool {
+	if c.takeFrame() {
+		return true
+	}
+	c.closeWith(ClosePolicy, "frame rate")
+	return false
 }
 
 // handle answers one client frame; false when it closed the connection.

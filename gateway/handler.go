@@ -45,6 +45,8 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
 		Subprotocols:       []string{Subprotocol},
 		InsecureSkipVerify: true, // the exact Origin check happens here, not in the library
+		OnPingReceived:     pingReceived,
+		OnPongReceived:     pongReceived,
 	})
 	if err != nil {
 		h.countReject("handshake")

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -150,10 +151,17 @@ type corkConn struct {
 	// raw is the socket's file descriptor access (nil when the connection
 	// is not a socket): tryWrite writes through it without blocking.
 	// rawWriteFn is c.rawWrite, made once (a method value allocates), and
-	// rawN its result (bytes written, ≤ 0 for none); both used under mu.
+	// rawN its result (bytes written, ≤ 0 for none; an inline write is at
+	// most inlineBytes and the upgrade response); both used under mu.
 	raw        syscall.RawConn
 	rawWriteFn func(fd uintptr) bool
-	rawN       int
+	rawN       int32
+	// readLeft bounds the reads of the client frame being read
+	// (limitRead): a read that takes it to zero fails, and so does every
+	// read after that (-1) until endRead; 0 when no frame is being read.
+	// Only the connection's reader touches it. An int32 beside rawN: the
+	// two share the word rawN had, so an idle connection holds no more.
+	readLeft int32
 }
 
 // First bytes of the frames the cork looks at: FIN + opcode.
@@ -165,16 +173,53 @@ const (
 // errDataAfterClose refuses a data frame once the connection is closing.
 var errDataAfterClose = fmt.Errorf("gateway: data frame after close: %w", net.ErrClosed)
 
+// errFrameWire fails the reads of a client frame that took more bytes on
+// the wire than limitRead allowed.
+var errFrameWire = errors.New("gateway: client frame too long on the wire")
+
 func (c *corkConn) Read(p []byte) (int, error) {
+	if c.readLeft < 0 {
+		return 0, errFrameWire
+	}
+	var n int
+	var err error
 	if len(c.early) > 0 {
-		n := copy(p, c.early)
+		n = copy(p, c.early)
 		c.early = c.early[n:]
 		if len(c.early) == 0 {
 			c.early = nil // let the bytes go
 		}
-		return n, nil
+	} else {
+		n, err = c.Conn.Read(p)
 	}
-	return c.Conn.Read(p)
+	if c.readLeft > 0 {
+		if n >= int(c.readLeft) {
+			// Nothing of this read is returned: bytes handed over with
+			// the error could be taken as a whole frame (io.ReadFull
+			// drops an error that comes with the last bytes it wanted).
+			c.readLeft = -1
+			return 0, errFrameWire
+		}
+		c.readLeft -= int32(n)
+	}
+	return n, err
+}
+
+// limitRead bounds the reads of one client frame: at most n bytes off the
+// wire (its payload, its fragments' headers, control frames between
+// them), all before deadline; endRead lifts both. A WebSocket message may
+// come in any number of fragments, empty ones too, which coder/websocket
+// reads within one Read of the message: only the socket sees them all.
+func (c *corkConn) limitRead(n int, deadline time.Time) {
+	c.readLeft = int32(min(n, math.MaxInt32-1) + 1)
+	_ = c.Conn.SetReadDeadline(deadline) // a failure (closed) is the read's to meet
+}
+
+// endRead lifts limitRead's bounds: the reader waits for the next frame
+// without a deadline.
+func (c *corkConn) endRead() {
+	c.readLeft = 0
+	_ = c.Conn.SetReadDeadline(time.Time{})
 }
 
 var corkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -338,11 +383,11 @@ func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Durat
 	c.rawN = 0
 	_ = c.raw.Write(c.rawWriteFn) // an error (closed) writes nothing: the writer meets it
 	b := *c.buf
-	if c.rawN >= len(b) {
+	if int(c.rawN) >= len(b) {
 		c.release()
 		return true, false
 	}
-	*c.buf = b[:copy(b, b[max(c.rawN, 0):])]
+	*c.buf = b[:copy(b, b[max(int(c.rawN), 0):])]
 	c.batch = true
 	_ = c.armLocked(now, timeout) // a failure (closed) is the writer's to meet
 	return true, true
@@ -356,7 +401,7 @@ func (c *corkConn) rawWrite(fd uintptr) bool {
 		if err == syscall.EINTR {
 			continue
 		}
-		c.rawN = n // -1 on EAGAIN or a broken connection: the writer retries and meets it
+		c.rawN = int32(n) // -1 on EAGAIN or a broken connection: the writer retries and meets it
 		return true
 	}
 }

@@ -28,6 +28,9 @@ var _ recoveryReader = (*store.Store)(nil)
 // beside it, so a subscriber that joins later (its channel attached before
 // it joins) finds every event either in the read, in that buffer, or in
 // its own pending queue. A reconnect storm thus costs one read per dialog.
+// A subscriber whose sinceSeq is beyond every seq the read it joined knows
+// gets a read of its own after it (recover), so it is answered as if it
+// had not joined.
 type recoverer struct {
 	cfg  *Config
 	read recoveryReader
@@ -79,12 +82,7 @@ func newRecoverer(cfg *Config, read recoveryReader) *recoverer {
 // is attached already (its events wait in the subscription's pending
 // queue).
 func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, error) {
-	f, leader, joined := r.join(dialogID, channel, since)
-	if leader {
-		r.run(channel, f)
-	} else {
-		<-f.done // bounded: at most two reads of SubscribeTimeout each
-	}
+	f, joined := r.await(dialogID, channel, since, true)
 	if f.err != nil {
 		return recovery{}, f.err
 	}
@@ -94,6 +92,17 @@ func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, er
 		r.mu.Lock()
 		extra, full = slices.Clone(f.buf), f.bufFull
 		r.mu.Unlock()
+		if since > knownLastSeq(f.res, extra) {
+			// The read it joined knows no seq as high as since: either
+			// the dialog never had it, or its event has not reached this
+			// instance yet. A read of its own tells which, so the
+			// subscribe gets the answer it would have got without
+			// joining.
+			if f, _ = r.await(dialogID, channel, since, false); f.err != nil {
+				return recovery{}, f.err
+			}
+			joined, extra, full = false, nil, false
+		}
 	}
 	rec := r.outcome(f.res, since, joined, extra, full)
 	if rec.ok {
@@ -104,11 +113,23 @@ func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, er
 	return rec, nil
 }
 
+// await returns the ended flight that serves since (see join), making its
+// read when this caller leads it; joined as join reports it.
+func (r *recoverer) await(dialogID, channel string, since int64, mayJoin bool) (f *flight, joined bool) {
+	f, leader, joined := r.join(dialogID, channel, since, mayJoin)
+	if leader {
+		r.run(channel, f)
+	} else {
+		<-f.done // bounded: at most two reads of SubscribeTimeout each
+	}
+	return f, joined
+}
+
 // join finds the flight that serves since: the current one when it reads
 // from at most since (its buffer covers whatever it read before this
-// subscriber attached), else the next one (lowering its since), else a new
-// one this caller leads.
-func (r *recoverer) join(dialogID, channel string, since int64) (f *flight, leader, joined bool) {
+// subscriber attached) and mayJoin, else the next one (lowering its
+// since), else a new one this caller leads.
+func (r *recoverer) join(dialogID, channel string, since int64, mayJoin bool) (f *flight, leader, joined bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	df := r.dialogs[channel]
@@ -117,7 +138,7 @@ func (r *recoverer) join(dialogID, channel string, since int64) (f *flight, lead
 		r.dialogs[channel] = df
 		r.active.Add(1)
 	}
-	if cur := df.cur; cur != nil && since >= cur.since && !cur.bufFull && (!cur.ended || cur.err == nil) {
+	if cur := df.cur; mayJoin && cur != nil && since >= cur.since && !cur.bufFull && (!cur.ended || cur.err == nil) {
 		return cur, false, true
 	}
 	if df.next != nil {
@@ -216,19 +237,29 @@ func (r *recoverer) observe(channel string, seq int64, payload []byte) {
 	r.mu.Unlock()
 }
 
+// knownLastSeq is the dialog's last seq as a read knows it, with the
+// events kept beside it.
+func knownLastSeq(res store.DialogRecovery, extra []bufferedEvent) int64 {
+	last := res.LastSeq
+	for _, e := range extra {
+		last = max(last, e.seq)
+	}
+	return last
+}
+
 // outcome decides what a subscriber with sinceSeq since gets from a read
 // (and, when it joined a read already under way, from the events
-// dispatched since that read began).
+// dispatched since that read began). Recovered, the subscription drops the
+// message.created events up to since (conn.deliver): so a since beyond
+// every seq the read knows is never recovered, whether the subscriber made
+// the read or joined it.
 func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, extra []bufferedEvent, extraFull bool) recovery {
-	fail := recovery{lastSeq: res.LastSeq}
-	for _, e := range extra {
-		fail.lastSeq = max(fail.lastSeq, e.seq)
-	}
+	fail := recovery{lastSeq: knownLastSeq(res, extra)}
 	evs := res.Events
 	if !res.Complete && (len(evs) == 0 || evs[0].Seq > since) {
 		return fail // more than RecoverMax after since
 	}
-	if !joined && since > res.LastSeq {
+	if since > fail.lastSeq {
 		return fail // seqs the dialog never had
 	}
 	out := recovery{ok: true, upTo: since}

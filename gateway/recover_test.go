@@ -11,8 +11,10 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/han-app/gateway/gateway"
+	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
 )
 
 // recovered is what a subscribe with sinceSeq brought: the events before
@@ -481,5 +483,86 @@ func TestRecoverReadAfterPubSubReconnect(t *testing.T) {
 	}
 	if reads := in.svc.Stats().RecoverReads - before; reads != 2 {
 		t.Fatalf("%d reads, want 2 (one before the link dropped, one after)", reads)
+	}
+}
+
+// A subscribe whose sinceSeq is beyond the dialog's last seq (a seq of
+// another dialog, a stale cache) cannot be recovered: it gets a resync for
+// the dialog and recovered:false, also when it comes while another
+// socket's recovery read of the dialog serves later subscribes on the
+// instance, and the dialog's later messages reach it.
+func TestJoinedRecoveryPastLastSeqIsAResync(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.RecoverLinger = time.Minute }})
+	u := in.users(2)
+	d := in.dialog(u[0], u[1])
+	in.post(u[0], d, "1")
+	in.post(u[0], d, "2")
+
+	a := in.connect(u[1])
+	if r := a.subscribeSince(d, 0); fmt.Sprint(seqs(r.events)) != fmt.Sprint(seqRange(1, 2)) || !*r.sub.Recovered {
+		t.Fatalf("first subscriber: %v %s", seqs(r.events), r.sub.raw)
+	}
+	// a's read serves b's subscribe (it lingers for a minute).
+	b := in.connect(u[1])
+	r := b.subscribeSince(d, 1000)
+	if r.resync == nil || r.resync.DialogID != d || len(r.events) != 0 ||
+		string(r.sub.raw) != fmt.Sprintf(`{"type":"subscribed","dialogId":"%s","lastSeq":2,"recovered":false}`, d) {
+		t.Fatalf("sinceSeq 1000 of a dialog at seq 2: events %v, resync %v, subscribed %s; want a resync and recovered false",
+			seqs(r.events), r.resync, r.sub.raw)
+	}
+
+	in.post(u[0], d, "3")
+	if f := a.nextCreated(); f.Seq != 3 {
+		t.Fatalf("first subscriber: seq %d, want 3", f.Seq)
+	}
+	b.send(`{"type":"ping"}`)
+	var got []int64
+	for f := b.next(10 * time.Second); f.Type != "pong"; f = b.next(10 * time.Second) {
+		if f.Type == "event" && f.Event == pubsub.EventMessageCreated {
+			got = append(got, f.Seq)
+		}
+	}
+	if fmt.Sprint(got) != "[3]" {
+		t.Fatalf("after a resync for sinceSeq 1000, message 3 came as %v, want [3]", got)
+	}
+}
+
+// A subscribe that comes while another socket's recovery read of the
+// dialog serves later subscribes gets the answer a read of its own gives,
+// also when its sinceSeq is a seq of the dialog that read does not know
+// yet (a message committed after it whose event has not reached the
+// instance): recovered, with the dialog's lastSeq.
+func TestJoinedRecoveryIsAnsweredAsItsOwnRead(t *testing.T) {
+	pool := openPool(t)
+	in := newInstance(t, pool, opts{hub: func(c *gateway.Config) { c.RecoverLinger = time.Minute }})
+	other := newInstance(t, pool, opts{})
+	u := in.users(2)
+	d := in.dialog(u[0], u[1])
+	in.post(u[0], d, "1")
+	in.post(u[0], d, "2")
+
+	a := in.connect(u[1])
+	a.subscribeSince(d, 0)
+	in.post(u[0], d, "3") // kept beside a's read
+	if f := a.nextCreated(); f.Seq != 3 {
+		t.Fatalf("first subscriber: seq %d, want 3", f.Seq)
+	}
+	// Message 4 is committed, and its event not published (the outbox
+	// relay would, much later).
+	if _, _, _, err := in.store.SendMessage(context.Background(), store.SendMessage{ID: ids.New(), DialogID: d,
+		SenderID: u[0], Body: "4", Event: true}); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`{"type":"subscribed","dialogId":"%s","lastSeq":4,"recovered":true}`, d)
+	if r := other.connect(u[1]).subscribeSince(d, 4); r.resync != nil || len(r.events) != 0 || string(r.sub.raw) != want {
+		t.Fatalf("its own read: events %v, resync %v, subscribed %s; want %s", seqs(r.events), r.resync, r.sub.raw, want)
+	}
+	b := in.connect(u[1])
+	if r := b.subscribeSince(d, 4); r.resync != nil || len(r.events) != 0 || string(r.sub.raw) != want {
+		t.Fatalf("joined: events %v, resync %v, subscribed %s; want %s", seqs(r.events), r.resync, r.sub.raw, want)
+	}
+	in.post(u[0], d, "5")
+	if f := b.nextCreated(); f.Seq != 5 {
+		t.Fatalf("after the recovery: seq %d, want 5", f.Seq)
 	}
 }
