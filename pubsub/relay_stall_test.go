@@ -21,17 +21,8 @@ func TestRelayDeliversPastALockTakenWhileRedisStalled(t *testing.T) {
 	d := postWithDeadRedis(t, st, pool, 1)
 	ch := pubsub.DialogChannel(d)
 
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
 	const budget = 200 * time.Millisecond
-	rt, err := rds.NewRedis(r.URL(1), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
+	r, rt := testenv.StallableRedis(t, 1, budget)
 	relay, err := pubsub.NewRelay(st, rt, pubsub.RelayConfig{Grace: time.Millisecond, PublishTimeout: budget}, discard)
 	if err != nil {
 		t.Fatal(err)

@@ -27,17 +27,8 @@ func TestStalledDecisionsDoNotSpendTheLimit(t *testing.T) {
 	}{{"atomic", ratelimit.ModeAtomic}, {"per-family", ratelimit.ModePerFamily}} {
 		t.Run(mode.name, func(t *testing.T) {
 			ctx := context.Background()
-			r, err := testenv.StartRedis(testenv.RedisOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(r.Stop)
 			const budget = 200 * time.Millisecond
-			c, err := rds.NewRedis(r.URL(0), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
+			r, c := testenv.StallableRedis(t, 0, budget)
 			ad := admin(t, r)
 			const limit = 3
 			p := ratelimit.Policy{Algorithm: ratelimit.SlidingLog, OnFailure: ratelimit.FailClosed, Rules: []ratelimit.Rule{
@@ -82,6 +73,7 @@ func TestStalledDecisionsDoNotSpendTheLimit(t *testing.T) {
 			t.Logf("%d of %d refused requests counted after Redis woke", landed, limit)
 
 			var d ratelimit.Decision
+			var err error
 			testenv.Eventually(t, 5*time.Second, func() bool {
 				d, err = l.Decide(ctx, label, pol, u)
 				return err == nil

@@ -268,6 +268,25 @@ func (s *RedisServer) Freeze(t testing.TB) (thaw func()) {
 	return thaw
 }
 
+// StallableRedis starts a redis-server of the test's own (stopped when the
+// test ends) and a client of its database db whose every call gives up
+// after budget — dial, read and write, as the service's clients do — closed
+// when the test ends: the set-up of the tests that stall it with Freeze.
+func StallableRedis(t testing.TB, db int, budget time.Duration) (*RedisServer, redis.UniversalClient) {
+	t.Helper()
+	r, err := StartRedis(RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	c, err := rds.NewRedis(r.URL(db), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return r, c
+}
+
 // Restart starts the server again on the same port and directory (with AOF
 // on, the data comes back; without it, the server is empty).
 func (s *RedisServer) Restart() error {

@@ -10,7 +10,6 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
-	"github.com/han-app/gateway/store/rds"
 )
 
 // The module budget is never passed, even when a publish got no reply: a
@@ -20,17 +19,7 @@ import (
 // let later publishes take those bytes again and fill the module past its
 // cap; they stay counted instead (an over-count the reconcile corrects).
 func TestStalledPublishStaysCountedOnTheModule(t *testing.T) {
-	rs, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rs.Stop)
-	const budget = 200 * time.Millisecond
-	rdb, err := rds.NewRedis(rs.URL(0), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
+	rs, rdb := testenv.StallableRedis(t, 0, 200*time.Millisecond)
 	admin := rs.AdminClient(0)
 	t.Cleanup(func() { admin.Close() })
 	const capBytes = 64 << 10

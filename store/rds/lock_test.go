@@ -121,17 +121,7 @@ func TestLockFencesStrictlyIncrease(t *testing.T) {
 // Redis waking instead of a whole TTL later.
 func TestLockTakenWhileRedisStalledIsReleasedByTheNextAcquire(t *testing.T) {
 	ctx := context.Background()
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	const budget = 200 * time.Millisecond
-	rdb, err := rds.NewRedis(r.URL(1), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
+	r, rdb := testenv.StallableRedis(t, 1, 200*time.Millisecond)
 	admin := r.AdminClient(1)
 	t.Cleanup(func() { admin.Close() })
 	l := rds.NewLocker(rdb)
