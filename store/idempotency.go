@@ -355,8 +355,11 @@ func InsertIdempotencyTx(ctx context.Context, tx pgx.Tx, k IdemKey, rec IdemReco
 func (s *Store) PurgeExpiredIdempotency(ctx context.Context, batch int) (int64, error) {
 	var total int64
 	for {
+		// expires_at is checked again on the row deleted: a request that
+		// reuses an expired key rewrites the row in place, and a DELETE
+		// that waited for that row's lock must not take the live record.
 		tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_records WHERE ctid = ANY(ARRAY(
-			SELECT ctid FROM idempotency_records WHERE expires_at <= now() LIMIT $1))`, batch)
+			SELECT ctid FROM idempotency_records WHERE expires_at <= now() LIMIT $1)) AND expires_at <= now()`, batch)
 		if err != nil {
 			return total, fmt.Errorf("purge idempotency records: %w", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,8 +27,12 @@ const migrationLockID = 0x68616e6d6967 // "hanmig"
 // pg_advisory_xact_lock, which PostgreSQL releases at COMMIT or ROLLBACK:
 // no lock outlives its transaction, so a migrator that dies, or a
 // connection handed on by a transaction-pooling proxy, never leaves it
-// held. The service still migrates over HAN_DATABASE_DIRECT_URL, because
-// DDL and long statements belong on a direct connection.
+// held. Its statements with parameters use unnamed prepared statements
+// (pgx.QueryExecModeExec) whatever the pool's exec mode: behind a
+// transaction pooler, a named statement left on the server connection
+// would collide with the next migrator's of the same name. The service
+// still migrates over HAN_DATABASE_DIRECT_URL, because DDL and long
+// statements belong on a direct connection.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -61,7 +66,7 @@ func migrateOne(ctx context.Context, conn *pgxpool.Conn, name, version string) (
 		return false, fmt.Errorf("migrate: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLockID)); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", pgx.QueryExecModeExec, int64(migrationLockID)); err != nil {
 		return false, fmt.Errorf("migrate: lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -69,7 +74,7 @@ func migrateOne(ctx context.Context, conn *pgxpool.Conn, name, version string) (
 		return false, fmt.Errorf("migrate: create table: %w", err)
 	}
 	var exists bool
-	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version=$1)", version).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version=$1)", pgx.QueryExecModeExec, version).Scan(&exists); err != nil {
 		return false, fmt.Errorf("migrate: check %s: %w", version, err)
 	}
 	if exists {
@@ -82,7 +87,7 @@ func migrateOne(ctx context.Context, conn *pgxpool.Conn, name, version string) (
 	if _, err := tx.Exec(ctx, string(sql)); err != nil {
 		return false, fmt.Errorf("migrate: apply %s: %w", version, err)
 	}
-	if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations(version) VALUES ($1)", version); err != nil {
+	if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations(version) VALUES ($1)", pgx.QueryExecModeExec, version); err != nil {
 		return false, fmt.Errorf("migrate: record %s: %w", version, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

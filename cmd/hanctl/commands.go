@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -38,7 +39,13 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	if u == "" {
 		return nil, errors.New("DATABASE_URL is required")
 	}
-	pool, err := store.OpenPG(ctx, u, store.PGConfig{MaxConns: 4, MinConns: 1})
+	// The gateway's exec mode: behind a transaction pooler (DATABASE_URL
+	// without HAN_DATABASE_DIRECT_URL) named prepared statements collide.
+	mode, err := store.ParseExecMode(getenv("HAN_DB_EXEC_MODE"))
+	if err != nil {
+		return nil, err
+	}
+	pool, err := store.OpenPG(ctx, u, store.PGConfig{MaxConns: 4, MinConns: 1, ExecMode: mode})
 	if err != nil {
 		return nil, err
 	}
@@ -255,8 +262,32 @@ func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error
 	text := rds.RenderACL(rds.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep, Cluster: *cluster,
 		LegacyStubPassword: getenv("HAN_LEGACY_STUB_PASSWORD")})
 	if *outFile != "" {
-		return os.WriteFile(*outFile, []byte(text), 0o600)
+		return writePrivate(*outFile, []byte(text))
 	}
 	_, err := io.WriteString(out, text)
 	return err
+}
+
+// writePrivate replaces file with data readable by its owner only (0600),
+// whatever the mode of a file already there: the data is written to a new
+// file beside it, made private, and renamed over it, so no reader ever sees
+// a partial file or the data under the old file's mode.
+func writePrivate(file string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename there is nothing left to remove
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), file)
 }

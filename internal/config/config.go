@@ -248,6 +248,10 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.IdempotencyTTL, err = duration(getenv("HAN_IDEMPOTENCY_TTL"), 24*time.Hour); err != nil {
 		bad("HAN_IDEMPOTENCY_TTL: %v", err)
+	} else if c.IdempotencyTTL < time.Second {
+		// Records expire in whole milliseconds: a shorter life would be
+		// none, and idempotency would be off without a word.
+		bad("HAN_IDEMPOTENCY_TTL: must be a duration of at least 1s like 24h")
 	}
 	c.BlobDir = getenv("HAN_BLOB_DIR")
 	c.AttachmentMaxBytes = 25 << 20
