@@ -186,7 +186,7 @@ func (r *Relay) Start() {
 func (r *Relay) loop(ctx context.Context) {
 	backoff := time.Duration(0)
 	for {
-		claimed, _, err := r.RunOnce(ctx)
+		claimed, published, err := r.RunOnce(ctx)
 		wait := r.cfg.Interval
 		switch {
 		case ctx.Err() != nil:
@@ -195,7 +195,10 @@ func (r *Relay) loop(ctx context.Context) {
 			backoff = min(max(2*backoff, r.cfg.Interval), r.cfg.MaxBackoff)
 			wait = backoff
 			r.logger.Warn("outbox relay run failed", slog.String("kind", rds.Kind(err)), slog.Duration("retry_in", wait))
-		case claimed >= r.cfg.Batch:
+		case claimed >= r.cfg.Batch && published > 0:
+			// A full batch that moved: more rows may be waiting. One that
+			// published nothing (every row's delivery lock held by another
+			// deliverer) would only claim the same rows again at once.
 			backoff, wait = 0, 0
 		default:
 			backoff = 0
