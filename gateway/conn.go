@@ -196,7 +196,7 @@ func (c *conn) teardown() {
 	defer cancel()
 	at, err := h.deps.Presence.Disconnect(ctx, c.userID, c.id)
 	if err != nil {
-		h.logger.Warn("presence disconnect failed; the connection expires with its TTL",
+		h.logger.Warn("presence disconnect failed; it is done again once Redis answers",
 			slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
 	}
 	if err := h.deps.Store.TouchLastSeen(ctx, c.userID, at); err != nil {

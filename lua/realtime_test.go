@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,13 +19,13 @@ func init() {
 			return lua.RTHeartbeat.Run(ctx, c, []string{conn, user, online}, "acl-u", "c1", "i1", 0, 90000, 120000, 100).Err()
 		},
 		"rt_disconnect": func(ctx context.Context, c redis.Scripter) error {
-			return lua.RTDisconnect.Run(ctx, c, []string{conn, user}, "c1", 90000, 100).Err()
+			return lua.RTDisconnect.Run(ctx, c, []string{conn, user, conn + ":closed"}, "c1", 90000, 100).Err()
 		},
 		"rt_disconnect_user": func(ctx context.Context, c redis.Scripter) error {
 			return lua.RTDisconnectUser.Run(ctx, c, []string{user, conn}, 90000, "c1").Err()
 		},
 		"rt_offline": func(ctx context.Context, c redis.Scripter) error {
-			return lua.RTOffline.Run(ctx, c, []string{user, online}, 90000).Err()
+			return lua.RTOffline.Run(ctx, c, []string{user, online, "han:rt:user:{acl-u}:offline"}, 90000, "t1", 120000).Err()
 		},
 		"rt_presence": func(ctx context.Context, c redis.Scripter) error {
 			return lua.RTPresence.Run(ctx, c, []string{user}, 90000).Err()
@@ -114,6 +115,76 @@ func TestPresenceScripts(t *testing.T) {
 	}
 	if off() != 1 || off() != 0 {
 		t.Fatal("the offline transition must be reported exactly once")
+	}
+}
+
+// A periodic heartbeat (cap 0) that arrives after the connection's
+// disconnect does not register it again; the disconnect's closed marker
+// expires with the connection TTL.
+func TestHeartbeatAfterDisconnectRegistersNothing(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	conn, user, online, closed := "han:rt:conn:{u3}:c1", "han:rt:user:{u3}:connections", "han:rt:user:{u3}:online", "han:rt:conn:{u3}:c1:closed"
+	hb := func() []any {
+		t.Helper()
+		v, err := lua.RTHeartbeat.Run(ctx, c, []string{conn, user, online, closed}, "u3", "c1", "i1", 0, 90000, 120000, 100, 0).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if r := hb(); r[3].(int64) != 0 || c.Exists(ctx, conn).Val() != 1 {
+		t.Fatalf("a heartbeat of an open connection must register it: %v", r)
+	}
+	if err := lua.RTDisconnect.Run(ctx, c, []string{conn, user, closed}, "c1", 90000, 100).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, closed).Val(); ttl <= 0 || ttl > 90*time.Second {
+		t.Fatalf("closed marker TTL %v, want within the connection TTL", ttl)
+	}
+	if r := hb(); r[3].(int64) != 2 {
+		t.Fatalf("a heartbeat after the disconnect: want skipped (2), got %v", r)
+	}
+	if c.Exists(ctx, conn).Val() != 0 || c.ZScore(ctx, user, "c1").Err() != redis.Nil {
+		t.Fatal("a heartbeat after the disconnect registered the connection again")
+	}
+}
+
+// An offline check run again (its reply was lost) answers as its first run
+// did; another check does not report the same transition.
+func TestOfflineCheckRunAgainAnswersTheSame(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	user, online, record := "han:rt:user:{u2}:connections", "han:rt:user:{u2}:online", "han:rt:user:{u2}:offline"
+	if err := c.Set(ctx, online, "1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	off := func(token string) int64 {
+		t.Helper()
+		v, err := lua.RTOffline.Run(ctx, c, []string{user, online, record}, 90000, token, 120000).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0].(int64)
+	}
+	if off("a") != 1 {
+		t.Fatal("the first check must report the transition")
+	}
+	if ttl := c.PTTL(ctx, record).Val(); ttl <= 0 {
+		t.Fatalf("the offline record has no TTL (%v)", ttl)
+	}
+	if off("a") != 1 {
+		t.Fatal("the same check run again must report the transition again")
+	}
+	if off("b") != 0 {
+		t.Fatal("another check must not report the transition again")
+	}
+	// Back online: the same check run again finds a live connection.
+	if err := c.ZAdd(ctx, user, redis.Z{Score: float64(time.Now().UnixMilli()), Member: "c1"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if off("a") != 0 {
+		t.Fatal("a check must not report offline while a connection is live")
 	}
 }
 

@@ -3,6 +3,9 @@
 -- removes nothing and reports the same remaining count).
 -- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
 -- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
+-- KEYS[3] closed marker    han:rt:conn:{<user_id>}:<connection_id>:closed
+--         (optional; TTL ARGV[2]): the socket is closed, and a periodic
+--         heartbeat sent before it closed must not register it again
 -- ARGV[1] connection id
 -- ARGV[2] connection HASH TTL in ms: members with an older heartbeat are
 --         stale and not counted as live
@@ -14,6 +17,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = string.format('%d', now - tonumber(ARGV[2]))
 local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', '0', ARGV[3])
 
+if KEYS[3] then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+end
 local removed = redis.call('DEL', KEYS[1])
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
   removed = 1

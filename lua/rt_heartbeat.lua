@@ -6,6 +6,9 @@
 -- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
 -- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
 -- KEYS[3] online marker    han:rt:user:{<user_id>}:online
+-- KEYS[4] closed marker    han:rt:conn:{<user_id>}:<connection_id>:closed
+--         (optional): with cap 0, a connection whose socket closed (its
+--         disconnect left the marker) is not registered again
 -- ARGV[1] user id
 -- ARGV[2] connection id
 -- ARGV[3] instance id
@@ -21,7 +24,8 @@
 --         are already open passes 0.
 -- Returns {now_ms, became_online, removed_stale, refused}; became_online is
 -- 1 when the online marker was absent (the user's first live connection);
--- refused is 1 when the cap refused the connection (nothing written).
+-- refused is 1 when the cap refused the connection (nothing written); 2
+-- when the connection had closed (nothing written).
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).
 -- Times and scores go to redis.call as integer text (TIME's own digits):
 -- Lua's number-to-text conversion is floating-point formatting.
@@ -36,6 +40,9 @@ for i = 1, 3 do
 end
 local connTTL = tonumber(ARGV[5])
 local cap = tonumber(ARGV[8]) or 0
+if cap == 0 and KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+  return {now, 0, 0, 2}
+end
 local cut = string.format('%d', now - connTTL)
 -- A member whose heartbeat is older than cut is stale, the rest are live.
 -- The member count (O(1)) spares the reads below when they cannot matter:

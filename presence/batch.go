@@ -174,7 +174,7 @@ func (b *opBatcher) send(batch []*presenceOp) {
 			if op.kind == opConnect {
 				p.heartbeat(ctx, pipe, op.conn, op.max)
 			} else {
-				p.disconnect(ctx, pipe, op.conn.UserID, op.conn.ConnID)
+				p.disconnect(ctx, pipe, op.conn.UserID, op.conn.ConnID, true)
 			}
 		}
 		if len(added) > 0 {

@@ -6,11 +6,12 @@
 // instance liveness marker and registry; and a sweeper with which
 // surviving instances remove a dead instance's connections within
 // liveness TTL + sweep interval. Online/offline transitions are reported
-// once each (an online marker per user, offline debounced; the debounced
-// checks wait in one queue and those that fall due together share a
-// pipeline). Connects and disconnects that arrive together share
-// pipelines; a draining instance removes its connections with
-// DisconnectMany, one script per user and hundreds per round trip.
+// once each (an online marker per user, offline debounced from the user's
+// last disconnect; the debounced checks wait in one queue, those that fall
+// due together share a pipeline, and a check that fails runs again).
+// Connects and disconnects that arrive together share pipelines; a
+// draining instance removes its connections with DisconnectMany, one
+// script per user and hundreds per round trip.
 //
 // Presence is safe for concurrent use. Its background work (liveness,
 // periodic heartbeats, sweeper, debounced offline checks, transition

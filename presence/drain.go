@@ -24,10 +24,23 @@ const drainUsersPerTrip = 512
 // DisconnectMany removes conns, a duplicate or an already removed one
 // harmlessly, and schedules the offline check of every user left with no
 // live connection, as Disconnect does. It leaves their entries in this
-// instance's index (a stopping instance calls Deregister next). It returns the time Redis recorded
-// (now if nothing answered). On an error, the connections of the failed
-// round trip and of those after it stay until their TTL.
+// instance's index (a stopping instance calls Deregister next). It returns
+// the time Redis recorded (now if nothing answered). On an error, the
+// connections of the failed round trip and of those after it are removed
+// again later, as DisconnectLater does, and their users' offline checks
+// follow that removal (or, should Redis not answer for ConnTTL, the
+// connections going stale).
 func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time, error) {
+	at, left, err := p.disconnectMany(ctx, conns)
+	if err != nil {
+		p.removalFailed(left)
+	}
+	return at, err
+}
+
+// disconnectMany is DisconnectMany without the later removal: left holds
+// the connections whose removal got no answer.
+func (p *Presence) disconnectMany(ctx context.Context, conns []Conn) (at time.Time, left []Conn, err error) {
 	type user struct {
 		id    string
 		conns []string
@@ -43,7 +56,14 @@ func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time,
 		}
 		u.conns = append(u.conns, c.ConnID)
 	}
-	at := time.Now()
+	unanswered := func(us []*user) {
+		for _, u := range us {
+			for _, c := range u.conns {
+				left = append(left, Conn{UserID: u.id, ConnID: c})
+			}
+		}
+	}
+	at = time.Now()
 	for len(users) > 0 {
 		n := min(len(users), drainUsersPerTrip)
 		batch := users[:n]
@@ -55,17 +75,21 @@ func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time,
 		})
 		for i, u := range batch {
 			if i >= len(cmds) {
+				unanswered(batch[i:])
 				break
 			}
 			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil {
 				at = p.afterDisconnect(u.id, v)
+			} else {
+				unanswered(batch[i : i+1])
 			}
 		}
 		if err != nil {
-			return at, fmt.Errorf("presence disconnect: %w", rds.ClassifyRedisError(err))
+			unanswered(users)
+			return at, left, fmt.Errorf("presence disconnect: %w", rds.ClassifyRedisError(err))
 		}
 	}
-	return at, nil
+	return at, nil, nil
 }
 
 // disconnectUser queues the removal of a user's connections.

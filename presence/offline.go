@@ -3,6 +3,9 @@ package presence
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,30 +25,117 @@ const (
 	offlineBatchMax = 512
 	// offlineSlack: checks due this soon after the first one go with it.
 	offlineSlack = 10 * time.Millisecond
+	// offlineRetryFirst and offlineRetryMax bound the pause before a
+	// failed check runs again (doubling in between). A failed check is
+	// retried until the user's online marker would have expired anyway
+	// (UserTTL after the disconnect): past that there is nothing left to
+	// announce.
+	offlineRetryFirst = 250 * time.Millisecond
+	offlineRetryMax   = 5 * time.Second
 )
 
-// offlineCheck is one scheduled check; a reconnect cancels it by removing
-// it from Presence.pending (it stays in the queue and is skipped).
+// offlineCheck is one scheduled check; a reconnect cancels it, and a later
+// disconnect replaces it, by removing it from Presence.pending (it stays in
+// the queue and is skipped).
 type offlineCheck struct {
 	userID string
 	at     time.Time // the disconnect, reported with the transition
 	due    time.Time
+	until  time.Time     // no retry after this
+	retry  time.Duration // the pause before the next retry
+	// token tells Redis a retry from another check: a retry whose earlier
+	// run deleted the marker (the reply was lost) still reports it.
+	token string
 }
 
 // scheduleOffline checks the user's offline transition after the debounce.
+// The debounce runs from the user's last disconnect: a check already
+// pending is replaced by this one (the old one stays in the queue and is
+// skipped).
 func (p *Presence) scheduleOffline(userID string, at time.Time) {
+	p.scheduleOfflineIn(userID, at, p.cfg.OfflineDebounce)
+}
+
+// scheduleOfflineIn checks the user's offline transition after wait,
+// replacing a check already pending.
+func (p *Presence) scheduleOfflineIn(userID string, at time.Time, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.pending[userID] != nil {
+	if p.closed {
 		return
 	}
-	c := &offlineCheck{userID: userID, at: at, due: time.Now().Add(p.cfg.OfflineDebounce)}
+	now := time.Now()
+	c := &offlineCheck{userID: userID, at: at, due: now.Add(wait),
+		until: now.Add(p.cfg.UserTTL), retry: offlineRetryFirst, token: strconv.FormatUint(rand.Uint64(), 36)}
 	p.pending[userID] = c
-	p.due = append(p.due, c)
+	p.queueLocked(c)
+}
+
+// queueLocked puts checks that share one due time into the queue, in due
+// order (p.mu held). New checks mostly have the same debounce and go last;
+// retried ones and those after a failed removal may go elsewhere.
+func (p *Presence) queueLocked(cs ...*offlineCheck) {
+	due := cs[0].due
+	i := len(p.due)
+	for i > 0 && p.due[i-1].due.After(due) {
+		i--
+	}
+	p.due = slices.Insert(p.due, i, cs...)
 	if !p.offlineRunning {
 		p.offlineRunning = true
 		p.inflight.Add(1)
 		go p.offlineLoop()
+	} else if i == 0 {
+		// The loop waits for what was first: wake it.
+		select {
+		case p.offlineWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// retryOffline queues the checks that got no answer again, each after its
+// pause, unless the user was checked again meanwhile (a later disconnect)
+// or the check's time is up.
+func (p *Presence) retryOffline(failed []*offlineCheck) {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	// Checks of one batch share a pause; bunched by pause they keep the
+	// queue in due order.
+	byPause := map[time.Duration][]*offlineCheck{}
+	var pauses []time.Duration
+	for _, c := range failed {
+		if p.pending[c.userID] != nil || now.Add(c.retry).After(c.until) {
+			continue
+		}
+		c.due = now.Add(c.retry)
+		if byPause[c.retry] == nil {
+			pauses = append(pauses, c.retry)
+		}
+		byPause[c.retry] = append(byPause[c.retry], c)
+		c.retry = min(2*c.retry, offlineRetryMax)
+		p.pending[c.userID] = c
+	}
+	for _, d := range pauses {
+		p.queueLocked(byPause[d]...)
+	}
+}
+
+// removalFailed follows a removal of conns that got no answer: it is done
+// again later (the retake queue), whose success schedules the offline
+// checks as usual; and should Redis not answer before the connections go
+// stale (ConnTTL), their users are checked then anyway.
+func (p *Presence) removalFailed(conns []Conn) {
+	p.retakeLater(conns)
+	now := time.Now()
+	for i, c := range conns {
+		if i == 0 || conns[i-1].UserID != c.UserID {
+			p.scheduleOfflineIn(c.UserID, now, p.cfg.ConnTTL+p.cfg.OfflineDebounce)
+		}
 	}
 }
 
@@ -91,39 +181,60 @@ func (p *Presence) offlineLoop() {
 		}
 		p.checking += len(batch)
 		p.mu.Unlock()
-		p.runOffline(batch)
+		failed := p.runOffline(batch)
+		p.retryOffline(failed)
 		p.mu.Lock()
 		p.checking -= len(batch)
 		p.mu.Unlock()
 	}
 }
 
-// runOffline runs a batch of checks in one pipeline and reports the users
-// who went offline.
-func (p *Presence) runOffline(batch []*offlineCheck) {
+// runOffline runs a batch of checks in one pipeline, reports the users
+// who went offline and returns the checks that got no answer.
+func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 	if len(batch) == 0 {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 		for _, c := range batch {
-			lua.RTOffline.Run(ctx, pipe, []string{UserConnsKey(c.userID), OnlineKey(c.userID)}, ms(p.cfg.ConnTTL))
+			lua.RTOffline.Run(ctx, pipe, []string{UserConnsKey(c.userID), OnlineKey(c.userID), OfflineKey(c.userID)},
+				ms(p.cfg.ConnTTL), c.token, ms(p.cfg.UserTTL))
 		}
 	})
 	if err != nil {
 		p.logger.Warn("presence offline check failed", slog.String("kind", rds.Kind(rds.ClassifyRedisError(err))))
 	}
+	var gone []string // users whose check deleted the online marker
 	for i, c := range batch {
 		if i >= len(cmds) {
-			break
+			failed = append(failed, c)
+			continue
 		}
 		v, err := cmds[i].(*redis.Cmd).Slice()
 		if err != nil || len(v) == 0 {
+			failed = append(failed, c)
 			continue
 		}
-		if went, _ := v[0].(int64); went == 1 && p.events != nil {
-			p.emit(func(ctx context.Context) { p.events.Offline(ctx, c.userID, c.at) })
+		if went, _ := v[0].(int64); went == 1 {
+			gone = append(gone, c.userID)
+			if p.events != nil {
+				p.emit(func(ctx context.Context) { p.events.Offline(ctx, c.userID, c.at) })
+			}
 		}
 	}
+	if len(gone) > 0 {
+		// These checks got their answer and will not run again: their
+		// records are not needed (they would expire with UserTTL).
+		if _, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, u := range gone {
+				pipe.Del(ctx, OfflineKey(u))
+			}
+			return nil
+		}); err != nil {
+			p.logger.Warn("presence: removing offline check records failed", slog.String("kind", rds.Kind(rds.ClassifyRedisError(err))))
+		}
+	}
+	return failed
 }

@@ -114,12 +114,22 @@ const (
 // ConnKey is the connection HASH han:rt:conn:{<user_id>}:<connection_id>.
 func ConnKey(userID, connID string) string { return "han:rt:conn:{" + userID + "}:" + connID }
 
+// ClosedKey is han:rt:conn:{<user_id>}:<connection_id>:closed, set by the
+// disconnect of a connection whose socket closed: a periodic heartbeat sent
+// before that does not register it again.
+func ClosedKey(userID, connID string) string { return ConnKey(userID, connID) + ":closed" }
+
 // UserConnsKey is the ZSET han:rt:user:{<user_id>}:connections.
 func UserConnsKey(userID string) string { return "han:rt:user:{" + userID + "}:connections" }
 
 // OnlineKey is han:rt:user:{<user_id>}:online, present while the user's
 // online transition has been published and the offline one has not.
 func OnlineKey(userID string) string { return "han:rt:user:{" + userID + "}:online" }
+
+// OfflineKey is han:rt:user:{<user_id>}:offline, the token of the offline
+// check that deleted the online marker: the same check run again (its
+// reply was lost) reports the transition again.
+func OfflineKey(userID string) string { return "han:rt:user:{" + userID + "}:offline" }
 
 // InstanceKey is the liveness marker han:rt:instance:{<instance_id>}.
 func InstanceKey(instanceID string) string { return "han:rt:instance:{" + instanceID + "}" }

@@ -85,9 +85,15 @@ func indexMember(c Conn) string { return c.UserID + ":" + c.ConnID }
 
 // heartbeat registers or refreshes conn. maxConns > 0 refuses a new
 // registration when the user already has that many live connections; 0
-// never refuses (the refresh of connections already open).
+// never refuses (the refresh of connections already open) but skips a
+// connection whose socket has closed since: a refresh sent before the
+// disconnect must not register it again.
 func (p *Presence) heartbeat(ctx context.Context, c redis.Scripter, conn Conn, maxConns int) *redis.Cmd {
-	return lua.RTHeartbeat.Run(ctx, c, []string{ConnKey(conn.UserID, conn.ConnID), UserConnsKey(conn.UserID), OnlineKey(conn.UserID)},
+	keys := []string{ConnKey(conn.UserID, conn.ConnID), UserConnsKey(conn.UserID), OnlineKey(conn.UserID)}
+	if maxConns == 0 {
+		keys = append(keys, ClosedKey(conn.UserID, conn.ConnID))
+	}
+	return lua.RTHeartbeat.Run(ctx, c, keys,
 		conn.UserID, conn.ConnID, p.cfg.InstanceID, conn.Subscriptions, ms(p.cfg.ConnTTL), ms(p.cfg.UserTTL), p.cfg.StaleBatch, maxConns)
 }
 
@@ -124,8 +130,10 @@ func (p *Presence) Connect(ctx context.Context, c Conn) error {
 	if refused, _ := v[3].(int64); refused == 1 {
 		return ErrTooManyConnections
 	}
+	// The user is back: a pending offline check would find this
+	// connection, and the debounce starts again at the next disconnect.
+	p.cancelOffline(c.UserID)
 	if becameOnline, _ := v[1].(int64); becameOnline == 1 {
-		p.cancelOffline(c.UserID)
 		p.emit(func(ctx context.Context) {
 			if p.events != nil {
 				p.events.Online(ctx, c.UserID)
@@ -157,8 +165,12 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 			p.heartbeatFailures.Inc()
 			return fmt.Errorf("presence refresh: %w", rds.ClassifyRedisError(err))
 		}
+		var closed []string
 		for i, c := range batch {
-			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil && len(v) > 1 {
+			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil && len(v) > 3 {
+				if skipped, _ := v[3].(int64); skipped == 2 {
+					closed = append(closed, indexMember(c))
+				}
 				if became, _ := v[1].(int64); became == 1 {
 					user := c.UserID
 					p.emit(func(ctx context.Context) {
@@ -169,24 +181,41 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 				}
 			}
 		}
+		if len(closed) > 0 {
+			// The batch's index update listed them again.
+			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(closed)...).Err(); err != nil {
+				p.logger.Warn("presence: removing closed connections' index entries failed", slog.String("kind", rds.Kind(err)))
+			}
+		}
 	}
 	return nil
 }
 
 // Disconnect removes a connection; a duplicate call is harmless. When the
 // user has no live connection left, the offline transition is checked
-// after OfflineDebounce. It returns the time Redis recorded.
+// after OfflineDebounce. It returns the time Redis recorded. A removal that
+// gets no answer is done again later, as DisconnectLater does, and the
+// offline check follows that removal (or, should Redis not answer for
+// ConnTTL, the connection going stale).
 func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.Time, error) {
 	op := &presenceOp{kind: opDisconnect, conn: Conn{UserID: userID, ConnID: connID}}
 	if err := p.ops.do(ctx, op); err != nil {
+		p.removalFailed([]Conn{op.conn})
 		return time.Now(), fmt.Errorf("presence disconnect: %w", err)
 	}
 	return p.afterDisconnect(userID, op.reply), nil
 }
 
-func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, connID string) *redis.Cmd {
-	return lua.RTDisconnect.Run(ctx, c, []string{ConnKey(userID, connID), UserConnsKey(userID)},
-		connID, ms(p.cfg.ConnTTL), p.cfg.StaleBatch)
+// disconnect removes a connection. closed marks its socket closed (for
+// ConnTTL), so that no periodic heartbeat already under way registers it
+// again; a sweep does not mark it, since the swept instance may come back
+// and register its open sockets again.
+func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, connID string, closed bool) *redis.Cmd {
+	keys := []string{ConnKey(userID, connID), UserConnsKey(userID)}
+	if closed {
+		keys = append(keys, ClosedKey(userID, connID))
+	}
+	return lua.RTDisconnect.Run(ctx, c, keys, connID, ms(p.cfg.ConnTTL), p.cfg.StaleBatch)
 }
 
 func (p *Presence) afterDisconnect(userID string, v []any) time.Time {
@@ -330,7 +359,7 @@ func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int)
 		}
 		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 			for _, t := range targets {
-				p.disconnect(ctx, pipe, t.user, t.conn)
+				p.disconnect(ctx, pipe, t.user, t.conn, false)
 			}
 		})
 		if err != nil {

@@ -15,7 +15,9 @@ import (
 // would then hold one of the user's slots and show the user online until
 // it went stale (ConnTTL). So the gateway also calls DisconnectLater, which
 // removes the registration once more, Config.RetakeAfter later and once
-// Redis answers.
+// Redis answers. A Disconnect or DisconnectMany whose removal got no answer
+// queues it here too, so the socket that closed does not stay registered,
+// and its user is not left unannounced, until the connection goes stale.
 const (
 	// retakeEvery is how often the queue is looked at while it holds
 	// entries: the granularity of RetakeAfter and the pause between tries
@@ -45,16 +47,27 @@ func newRetakeLoop(p *Presence) *loop.Loop {
 // Presence is closed. A connection that never registered is a harmless
 // no-op.
 func (p *Presence) DisconnectLater(c Conn) bool {
+	return p.retakeLater([]Conn{c}) == 1
+}
+
+// retakeLater queues the removal of conns as DisconnectLater does and
+// returns how many fit in the queue.
+func (p *Presence) retakeLater(conns []Conn) int {
 	now := time.Now()
 	p.mu.Lock()
-	if p.closed || len(p.retakes) >= retakeMax {
+	if p.closed {
 		p.mu.Unlock()
-		return false
+		return 0
 	}
-	p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL)})
+	n := min(len(conns), retakeMax-len(p.retakes))
+	for _, c := range conns[:n] {
+		p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL)})
+	}
 	p.mu.Unlock()
-	p.retakeLoop.Start()
-	return true
+	if n > 0 {
+		p.retakeLoop.Start()
+	}
+	return n
 }
 
 // retakePass removes the queued registrations that fell due and reports
@@ -76,7 +89,7 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 	}
 	p.mu.Unlock()
 	if len(batch) > 0 {
-		if _, err := p.DisconnectMany(ctx, batch); err == nil {
+		if _, _, err := p.disconnectMany(ctx, batch); err == nil {
 			p.mu.Lock()
 			// Only this loop removes entries, so the batch is still the
 			// head of the queue.

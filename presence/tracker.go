@@ -16,16 +16,24 @@ import (
 // short bound, what a previous life of this instance id left in its index.
 func (p *Presence) Start(conns func() []Conn) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.started || p.closed {
+		p.mu.Unlock()
 		return
 	}
 	p.started = true
+	p.mu.Unlock()
+	// Without p.mu: clearing the previous life schedules the offline
+	// checks of its users, which take p.mu.
 	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 	if _, _, err := p.sweepInstance(sctx, p.cfg.InstanceID, 1000); err != nil {
 		p.logger.Warn("presence: clearing this instance's previous index failed", slog.String("kind", rds.Kind(err)))
 	}
 	scancel()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	p.inflight.Add(3)

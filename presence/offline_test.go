@@ -1,0 +1,267 @@
+package presence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/presence"
+)
+
+// A socket that flaps (closes and comes back within the debounce, again
+// and again) is not announced offline: the debounce runs from the last
+// disconnect, not the first. The check the first disconnect scheduled
+// falls due while the socket is closed a second time; only the last
+// disconnect, with no comeback, is announced.
+func TestOfflineDebounceRunsFromTheLastDisconnect(t *testing.T) {
+	const debounce = 2 * time.Second
+	for attempt := 1; ; attempt++ {
+		got, ok := flapThenLeave(t, debounce)
+		if !ok {
+			// A gap outlasted the debounce (a stalled machine): that
+			// run shows nothing either way.
+			if attempt == 3 {
+				t.Skip("every run had a gap longer than the debounce")
+			}
+			continue
+		}
+		if len(got) != 2 || got[0][0] != '+' || got[1][0] != '-' {
+			t.Fatalf("transitions %v: no gap lasted the %v debounce but the last, want one online and one offline", got, debounce)
+		}
+		return
+	}
+}
+
+// flapThenLeave connects a user, then closes and reopens its socket twice
+// (the second closing spans the time the first disconnect's check falls
+// due), then closes it for good. It returns the transitions once the last
+// check has run, and false when a gap between a disconnect and the next
+// connect reached the debounce.
+func flapThenLeave(t *testing.T, debounce time.Duration) ([]string, bool) {
+	t.Helper()
+	ctx := context.Background()
+	rec := &recorder{}
+	p := newPresence(t, presence.Config{OfflineDebounce: debounce}, rec)
+	admin := client(t)
+	u := ids.New()
+	connect := func(id string) {
+		t.Helper()
+		if err := p.Connect(ctx, presence.Conn{UserID: u, ConnID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	disconnect := func(id string) {
+		t.Helper()
+		if _, err := p.Disconnect(ctx, u, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect("c1")
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(rec.list()) == 1 }, "no online transition")
+
+	start := time.Now()
+	disconnect("c1") // its check falls due at debounce
+	time.Sleep(debounce / 2)
+	connect("c2")
+	gap1 := time.Since(start)
+	time.Sleep(debounce * 3 / 10)
+	closed := time.Now()
+	disconnect("c2")
+	time.Sleep(debounce * 4 / 10)
+	connect("c3") // at 1.2 debounce
+	gap2 := time.Since(closed)
+
+	disconnect("c3") // for good
+	testenv.Eventually(t, 10*time.Second, func() bool { return admin.Exists(ctx, presence.OnlineKey(u)).Val() == 0 },
+		"the user was never reported offline")
+	p.Close() // waits for the transitions in flight
+	got := slices.DeleteFunc(rec.list(), func(e string) bool { return e[1:] != u })
+	return got, gap1 < debounce && gap2 < debounce
+}
+
+// scriptFault fails pipelines that start with one of scripts: the next
+// one once armed (Redis timing out or failing over at that moment), every
+// one while down (Redis out for this instance).
+type scriptFault struct {
+	scripts []*lua.Script
+	armed   atomic.Bool
+	down    atomic.Bool
+}
+
+func (f *scriptFault) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *scriptFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (f *scriptFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if f.matches(cmds) && (f.down.Load() || f.armed.CompareAndSwap(true, false)) {
+			err := errors.New("i/o timeout (injected)")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (f *scriptFault) matches(cmds []redis.Cmder) bool {
+	if len(cmds) == 0 || len(cmds[0].Args()) < 2 {
+		return false
+	}
+	sha := fmt.Sprint(cmds[0].Args()[1])
+	return slices.ContainsFunc(f.scripts, func(s *lua.Script) bool { return s.Hash() == sha })
+}
+
+// presenceWithFault is a Presence whose client fails pipelines of scripts
+// as the returned fault says.
+func presenceWithFault(t *testing.T, cfg presence.Config, ev presence.Events, scripts ...*lua.Script) (*presence.Presence, *scriptFault) {
+	t.Helper()
+	f := &scriptFault{scripts: scripts}
+	rdb := client(t)
+	rdb.AddHook(f)
+	if cfg.InstanceID == "" {
+		cfg.InstanceID = "i-" + ids.New()[24:]
+	}
+	p, err := presence.New(rdb, cfg, ev, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, f
+}
+
+// An offline check that fails (a Redis timeout or failover as it runs) is
+// run again: the user is still announced offline once Redis answers.
+func TestFailedOfflineCheckIsRetried(t *testing.T) {
+	ctx := context.Background()
+	rec := &recorder{}
+	p, fault := presenceWithFault(t, presence.Config{OfflineDebounce: 100 * time.Millisecond}, rec, lua.RTOffline)
+	u := ids.New()
+	if err := p.Connect(ctx, presence.Conn{UserID: u, ConnID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+u) }, "no online transition")
+	fault.armed.Store(true)
+	if _, err := p.Disconnect(ctx, u, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return !fault.armed.Load() }, "the offline check never ran")
+	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
+		"the user was never announced offline after one failed check: %v", rec.list())
+}
+
+// A disconnect whose removal fails (Redis out for a moment) still ends in
+// the offline transition once Redis answers, well before the connection
+// would go stale (ConnTTL, 90 s): the removal is done again and the check
+// follows it. The same holds for the removal of many connections at once.
+// Should the removal not get through before the connection goes stale, the
+// transition still goes out then.
+func TestFailedDisconnectStillAnnouncesOffline(t *testing.T) {
+	disconnect := func(ctx context.Context, p *presence.Presence, c presence.Conn) error {
+		_, err := p.Disconnect(ctx, c.UserID, c.ConnID)
+		return err
+	}
+	disconnectMany := func(ctx context.Context, p *presence.Presence, c presence.Conn) error {
+		_, err := p.DisconnectMany(ctx, []presence.Conn{c})
+		return err
+	}
+	for _, tc := range []struct {
+		name       string
+		connTTL    time.Duration
+		down       bool // every removal fails, not only the first
+		disconnect func(ctx context.Context, p *presence.Presence, c presence.Conn) error
+	}{
+		{"Disconnect", 0, false, disconnect},
+		{"DisconnectMany", 0, false, disconnectMany},
+		{"Disconnect until stale", 2 * time.Second, true, disconnect},
+		{"DisconnectMany until stale", 2 * time.Second, true, disconnectMany},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			rec := &recorder{}
+			cfg := presence.Config{ConnTTL: tc.connTTL, OfflineDebounce: 100 * time.Millisecond}
+			p, fault := presenceWithFault(t, cfg, rec, lua.RTDisconnect, lua.RTDisconnectUser)
+			c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
+			if err := p.Connect(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+c.UserID) }, "no online transition")
+			fault.armed.Store(true)
+			fault.down.Store(tc.down)
+			if err := tc.disconnect(ctx, p, c); err == nil {
+				t.Fatal("the injected failure did not reach the caller")
+			}
+			testenv.Eventually(t, 20*time.Second, func() bool { return slices.Contains(rec.list(), "-"+c.UserID) },
+				"the user was never announced offline after a failed removal: %v", rec.list())
+			if n, err := p.Online(ctx, c.UserID); err != nil || n != 0 {
+				t.Fatalf("live connections after the offline transition: %d %v", n, err)
+			}
+		})
+	}
+}
+
+// scriptFailures counts the pipelines of script that failed.
+type scriptFailures struct {
+	script *lua.Script
+	n      atomic.Int32
+}
+
+func (f *scriptFailures) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *scriptFailures) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (f *scriptFailures) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if err != nil && len(cmds) > 0 && len(cmds[0].Args()) > 1 && fmt.Sprint(cmds[0].Args()[1]) == f.script.Hash() {
+			f.n.Add(1)
+		}
+		return err
+	}
+}
+
+// Redis stalls (a long fork, a stopped process) while the offline check
+// runs: the call gives up, Redis runs the check when it wakes and deletes
+// the online marker, and the reply is lost. The check run again still
+// reports the transition, so the user is announced offline.
+func TestOfflineAnnouncedAfterAStalledCheck(t *testing.T) {
+	ctx := context.Background()
+	r, rdb := testenv.StallableRedis(t, 1, 200*time.Millisecond)
+	failures := &scriptFailures{script: lua.RTOffline}
+	rdb.AddHook(failures)
+	rec := &recorder{}
+	p, err := presence.New(rdb, presence.Config{InstanceID: "i-" + ids.New()[24:], OfflineDebounce: 300 * time.Millisecond},
+		rec, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	// As on a running service the script is loaded, so the stalled
+	// EVALSHA runs when Redis wakes.
+	if err := lua.RTOffline.Load(ctx, rdb); err != nil {
+		t.Fatal(err)
+	}
+	u := ids.New()
+	if err := p.Connect(ctx, presence.Conn{UserID: u, ConnID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+u) }, "no online transition")
+	if _, err := p.Disconnect(ctx, u, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	thaw := r.Freeze(t)
+	testenv.Eventually(t, 10*time.Second, func() bool { return failures.n.Load() > 0 }, "the offline check never gave up")
+	thaw()
+	testenv.Eventually(t, 10*time.Second, func() bool { return rdb.Exists(ctx, presence.OnlineKey(u)).Val() == 0 },
+		"the online marker was never deleted")
+	testenv.Eventually(t, 15*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
+		"Redis deleted the online marker but the user was never announced offline: %v", rec.list())
+}

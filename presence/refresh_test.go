@@ -1,0 +1,99 @@
+package presence_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/presence"
+)
+
+// refreshHold holds the next periodic refresh pipeline (heartbeats with
+// cap 0) once armed, until released.
+type refreshHold struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *refreshHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *refreshHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *refreshHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 {
+			args := cmds[0].Args()
+			if len(args) > 2 && fmt.Sprint(args[1]) == lua.RTHeartbeat.Hash() && fmt.Sprint(args[len(args)-1]) == "0" &&
+				h.armed.CompareAndSwap(true, false) {
+				close(h.entered)
+				<-h.release
+				// Sent now, as if it had been sent now.
+				return next(context.WithoutCancel(ctx), cmds)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A socket that closes while the periodic heartbeat of a list that still
+// holds it is on its way is not registered again by that heartbeat: the
+// user has no live connection left and is announced offline.
+func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	hold := &refreshHold{entered: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(hold)
+	rec := &recorder{}
+	cfg := presence.Config{InstanceID: "i-" + ids.New()[24:], RefreshInterval: 100 * time.Millisecond,
+		OfflineDebounce: 100 * time.Millisecond}
+	p, err := presence.New(rdb, cfg, rec, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	u := ids.New()
+	c := presence.Conn{UserID: u, ConnID: "c1"}
+	var open atomic.Bool
+	p.Start(func() []presence.Conn {
+		if open.Load() {
+			return []presence.Conn{c}
+		}
+		return nil
+	})
+	if err := p.Connect(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	open.Store(true)
+	testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+u) }, "no online transition")
+
+	hold.armed.Store(true)
+	select {
+	case <-hold.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no periodic heartbeat listed the connection")
+	}
+	// The socket closes: the hub forgets it, then removes it from presence.
+	open.Store(false)
+	if _, err := p.Disconnect(ctx, u, c.ConnID); err != nil {
+		t.Fatal(err)
+	}
+	close(hold.release)
+
+	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
+		"the user was never announced offline: %v", rec.list())
+	if n, err := p.Online(ctx, u); err != nil || n != 0 {
+		t.Fatalf("live connections after the only socket closed: %d %v", n, err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return rdb.ZScore(ctx, presence.InstanceConnsKey(cfg.InstanceID), u+":"+c.ConnID).Err() == redis.Nil
+	}, "the closed connection is still in the instance index")
+}
