@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,9 +120,8 @@ type Limiter struct {
 	downUntil atomic.Int64 // unix ns until which Redis is skipped; 0: up
 	probing   atomic.Bool  // one request probes Redis after the cooldown
 
-	um             sync.Mutex   // guards unanswered, unansweredNext
-	unanswered     []unanswered // decisions whose call got no reply (unanswered.go)
-	unansweredNext time.Time    // no refund pass before this
+	// unanswered holds the decisions whose call got no reply (unanswered.go).
+	unanswered *rds.LateCalls[unanswered]
 }
 
 // New builds a Limiter.
@@ -152,6 +150,7 @@ func New(cfg Config) (*Limiter, error) {
 	l := &Limiter{
 		rdb: cfg.Redis, scripts: rds.Scripts(cfg.Redis), policies: cfg.Policies, timeout: cfg.Timeout, cooldown: cfg.Cooldown, health: cfg.Health,
 		local: newLocal(cfg.LocalFraction, cfg.LocalMaxEntries), logger: cfg.Logger, observe: cfg.OnDecision,
+		unanswered: &rds.LateCalls[unanswered]{Max: maxUnanswered, Every: unansweredEvery, Settle: unansweredSettle},
 	}
 	switch cfg.Mode {
 	case ModePerFamily:

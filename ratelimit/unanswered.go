@@ -47,14 +47,12 @@ type unanswered struct {
 	id    string
 	keys  []string
 	rules []Rule
-	// until is when its admission would leave every window anyway; settle,
-	// once a refund found nothing, is when to stop trying.
-	until, settle time.Time
 }
 
 // rememberUnanswered keeps the decision of request id over keys, whose call
-// got no reply, for refundUnanswered: only a sliding log, and only where
-// the request was refused when Redis did not answer (fail-closed).
+// got no reply, for refundUnanswered (until its admission would leave every
+// window anyway): only a sliding log, and only where the request was
+// refused when Redis did not answer (fail-closed).
 func (l *Limiter) rememberUnanswered(p Policy, id string, keys []string, rules []Rule) {
 	if p.Algorithm != SlidingLog || p.OnFailure == FallbackLocal || len(keys) == 0 {
 		return
@@ -63,12 +61,7 @@ func (l *Limiter) rememberUnanswered(p Policy, id string, keys []string, rules [
 	for _, r := range rules {
 		longest = max(longest, r.Window)
 	}
-	u := unanswered{id: id, keys: keys, rules: rules, until: time.Now().Add(longest)}
-	l.um.Lock()
-	defer l.um.Unlock()
-	if len(l.unanswered) < maxUnanswered {
-		l.unanswered = append(l.unanswered, u)
-	}
+	l.unanswered.Add(unanswered{id: id, keys: keys, rules: rules}, longest)
 }
 
 // multiScripts is a ScriptRunner that sends several calls in one pipeline
@@ -85,47 +78,32 @@ type multiScripts interface {
 // a refund that got no reply keeps it.
 func (l *Limiter) refundUnanswered() {
 	now := time.Now()
-	l.um.Lock()
-	if len(l.unanswered) == 0 || now.Before(l.unansweredNext) {
-		l.um.Unlock()
+	todo := l.unanswered.Take(now, unansweredBatch)
+	if len(todo) == 0 {
 		return
 	}
-	l.unansweredNext = now.Add(unansweredEvery)
-	var todo []unanswered
-	for _, u := range l.unanswered {
-		if now.After(u.until) || (!u.settle.IsZero() && now.After(u.settle)) {
-			continue
-		}
-		todo = append(todo, u)
-	}
-	l.unanswered = nil
-	l.um.Unlock()
-	rest := todo[min(len(todo), unansweredBatch):]
-	todo = todo[:min(len(todo), unansweredBatch)]
-
 	var calls []rds.ScriptCall
-	for _, u := range todo {
-		for i, k := range u.keys {
-			r := u.rules[i]
+	for _, e := range todo {
+		for i, k := range e.V.keys {
+			r := e.V.rules[i]
 			calls = append(calls, rds.ScriptCall{Script: lua.RateLimitRefund, Keys: []string{k},
-				Args: []any{string(SlidingLog), u.id, r.Window.Milliseconds(), Jitter(k, r.Window), 0, r.Limit}})
+				Args: []any{string(SlidingLog), e.V.id, r.Window.Milliseconds(), Jitter(k, r.Window), 0, r.Limit}})
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), unansweredBudget)
 	defer cancel()
 	var replies []*redis.Cmd
-	if m, ok := l.scripts.(multiScripts); ok && len(calls) > 0 {
+	if m, ok := l.scripts.(multiScripts); ok {
 		replies = m.Scripts(ctx, calls...)
 	} else {
 		for _, c := range calls {
 			replies = append(replies, l.scripts.Script(ctx, c.Script, c.Keys, c.Args...))
 		}
 	}
-	keep := rest
 	next := 0
-	for _, u := range todo {
-		rs := replies[next : next+len(u.keys)]
-		next += len(u.keys)
+	for _, e := range todo {
+		rs := replies[next : next+len(e.V.keys)]
+		next += len(e.V.keys)
 		removed, failed := false, false
 		for _, r := range rs {
 			n, err := r.Int()
@@ -136,21 +114,9 @@ func (l *Limiter) refundUnanswered() {
 		case removed:
 			l.metrics.refund("unanswered")
 		case failed:
-			keep = append(keep, u)
+			l.unanswered.Keep(e)
 		default:
-			if u.settle.IsZero() {
-				u.settle = now.Add(unansweredSettle)
-			}
-			keep = append(keep, u)
+			l.unanswered.Settling(now, e)
 		}
-	}
-	if len(keep) == 0 {
-		return
-	}
-	l.um.Lock()
-	defer l.um.Unlock()
-	l.unanswered = append(keep, l.unanswered...)
-	if len(l.unanswered) > maxUnanswered {
-		l.unanswered = l.unanswered[:maxUnanswered]
 	}
 }

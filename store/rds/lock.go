@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -58,20 +57,12 @@ const fenceTTL = 24 * time.Hour
 // ended anyway.
 type Locker struct {
 	rdb redis.Scripter
-
-	mu        sync.Mutex
-	unknown   []unanswered // tokens whose acquire or release got no reply
-	nextRetry time.Time    // release them no sooner (one try per staleEvery)
+	// unknown holds the tokens of acquires and releases that got no reply.
+	unknown *LateCalls[lockToken]
 }
 
-// unanswered is the owner token of a lock call that got no reply.
-type unanswered struct {
-	key, owner string
-	// until is when the lock the call may still take would expire by
-	// itself; settle, once a release found no lock, is when to stop
-	// waiting for the call to arrive.
-	until, settle time.Time
-}
+// lockToken is a lock key and an owner token that may hold it.
+type lockToken struct{ key, owner string }
 
 const (
 	// maxUnanswered bounds the remembered tokens; past it a lock taken by
@@ -87,7 +78,9 @@ const (
 )
 
 // NewLocker returns a Locker on the DB1 client.
-func NewLocker(rdb redis.Scripter) *Locker { return &Locker{rdb: rdb} }
+func NewLocker(rdb redis.Scripter) *Locker {
+	return &Locker{rdb: rdb, unknown: &LateCalls[lockToken]{Max: maxUnanswered, Every: staleEvery, Settle: staleSettle}}
+}
 
 // Lock is one acquisition. Fence is the fencing token: strictly greater
 // than every earlier acquisition's of the same lock (while the counter
@@ -176,11 +169,7 @@ func (l *Locker) remember(key, owner string, ttl time.Duration) {
 	if ttl <= 0 {
 		ttl = DefaultLockTTL
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.unknown) < maxUnanswered {
-		l.unknown = append(l.unknown, unanswered{key: key, owner: owner, until: time.Now().Add(ttl)})
-	}
+	l.unknown.Add(lockToken{key, owner}, ttl)
 }
 
 // releaseUnanswered releases the locks the remembered tokens may hold, at
@@ -190,51 +179,19 @@ func (l *Locker) remember(key, owner string, ttl time.Duration) {
 // lock; a release that got no reply keeps it.
 func (l *Locker) releaseUnanswered(ctx context.Context) {
 	now := time.Now()
-	l.mu.Lock()
-	if len(l.unknown) == 0 || now.Before(l.nextRetry) {
-		l.mu.Unlock()
-		return
-	}
-	l.nextRetry = now.Add(staleEvery)
-	todo := l.unknown
-	l.unknown = nil
-	l.mu.Unlock()
-
-	keep := todo[:0]
-	for i, u := range todo {
-		if now.After(u.until) || (!u.settle.IsZero() && now.After(u.settle)) {
-			continue
-		}
-		n, err := lua.LockRelease.Run(ctx, l.rdb, []string{u.key}, u.owner).Int()
+	todo := l.unknown.Take(now, 0)
+	for i, e := range todo {
+		n, err := lua.LockRelease.Run(ctx, l.rdb, []string{e.V.key}, e.V.owner).Int()
 		switch {
+		case Unanswered(err):
+			// Redis still does not answer: keep the rest untried.
+			l.unknown.Keep(todo[i:]...)
+			return
 		case err != nil:
-			keep = append(keep, u)
-			if Unanswered(err) {
-				// Redis still does not answer: keep the rest untried.
-				l.restore(append(keep, todo[i+1:]...))
-				return
-			}
+			l.unknown.Keep(e)
 		case n < 0:
-			if u.settle.IsZero() {
-				u.settle = now.Add(staleSettle)
-			}
-			keep = append(keep, u)
+			l.unknown.Settling(now, e)
 		}
-	}
-	l.restore(keep)
-}
-
-// restore puts back the tokens still to release, ahead of any remembered
-// meanwhile.
-func (l *Locker) restore(keep []unanswered) {
-	if len(keep) == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.unknown = append(keep, l.unknown...)
-	if len(l.unknown) > maxUnanswered {
-		l.unknown = l.unknown[:maxUnanswered]
 	}
 }
 
