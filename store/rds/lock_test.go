@@ -3,6 +3,7 @@ package rds_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -135,22 +136,40 @@ func TestLockTakenWhileRedisStalledIsReleasedByTheNextAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	thaw := r.Freeze(t)
-	if _, _, err := l.Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute); !errors.Is(err, rds.ErrRedisUnavailable) {
-		t.Fatalf("acquire against a stopped Redis: %v", err)
+	// A call can also give up before its command left the client (a
+	// connection the pool dialled while Redis was stopped, or a loaded
+	// machine that let the write deadline pass): that acquire takes
+	// nothing and there is nothing to show, so the stall is tried again on
+	// another lock, a few times.
+	var id, key string
+	for attempt := 1; ; attempt++ {
+		id = fmt.Sprint("dead-", attempt)
+		key = rds.LockKey(rds.LockPresenceSweep, id)
+		thaw := r.Freeze(t)
+		if _, _, err := l.Acquire(ctx, rds.LockPresenceSweep, id, time.Minute); !errors.Is(err, rds.ErrRedisUnavailable) {
+			t.Fatalf("acquire against a stopped Redis: %v", err)
+		}
+		thaw()
+		ran := false
+		for deadline := time.Now().Add(3 * time.Second); !ran && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			ran = admin.Exists(ctx, key).Val() == 1
+		}
+		if ran {
+			break
+		}
+		if attempt == 5 {
+			t.Fatal("the stalled acquire never ran in 5 tries: the test does not show what it means to")
+		}
+		t.Logf("try %d: the stalled acquire never reached Redis; again", attempt)
 	}
-	thaw()
-	key := rds.LockKey(rds.LockPresenceSweep, "dead-1")
-	testenv.Eventually(t, 5*time.Second, func() bool { return admin.Exists(ctx, key).Val() == 1 },
-		"the stalled acquire never ran: the test does not show what it means to")
-	if _, _, err := rds.NewLocker(rdb).Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute); !errors.Is(err, rds.ErrLockHeld) {
+	if _, _, err := rds.NewLocker(rdb).Acquire(ctx, rds.LockPresenceSweep, id, time.Minute); !errors.Is(err, rds.ErrLockHeld) {
 		t.Fatalf("the lock the stalled acquire took must refuse another locker: %v", err)
 	}
 
 	start := time.Now()
 	var lk *rds.Lock
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		lk, _, err = l.Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute)
+		lk, _, err = l.Acquire(ctx, rds.LockPresenceSweep, id, time.Minute)
 		return err == nil
 	}, "the lock taken by the stalled acquire was not released by the next acquires")
 	t.Logf("acquired %v after Redis woke", time.Since(start).Round(10*time.Millisecond))
@@ -160,7 +179,7 @@ func TestLockTakenWhileRedisStalledIsReleasedByTheNextAcquire(t *testing.T) {
 	// The remembered token is spent: later acquires release nothing, and
 	// the new owner's lock stays.
 	time.Sleep(300 * time.Millisecond)
-	if _, _, err := l.Acquire(ctx, rds.LockPresenceSweep, "dead-1", time.Minute); !errors.Is(err, rds.ErrLockHeld) {
+	if _, _, err := l.Acquire(ctx, rds.LockPresenceSweep, id, time.Minute); !errors.Is(err, rds.ErrLockHeld) {
 		t.Fatalf("a later acquire must find the new owner's lock: %v", err)
 	}
 	if err := lk.Release(ctx); err != nil {
