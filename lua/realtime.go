@@ -11,5 +11,6 @@ var (
 	RTPresence          = mustLoad("rt_presence")
 	RTInstanceHeartbeat = mustLoad("rt_instance_heartbeat")
 	RTInstancesAdd      = mustLoad("rt_instances_add")
+	RTIndexRemove       = mustLoad("rt_index_remove")
 	RTTicketRedeem      = mustLoad("rt_ticket_redeem")
 )

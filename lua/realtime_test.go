@@ -37,6 +37,9 @@ func init() {
 		"rt_instances_add": func(ctx context.Context, c redis.Scripter) error {
 			return lua.RTInstancesAdd.Run(ctx, c, []string{"han:rt:instances"}, "acl-i", 120000).Err()
 		},
+		"rt_index_remove": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTIndexRemove.Run(ctx, c, []string{"han:rt:instance:{acl-i}:connections"}, "acl-u:c1", "1").Err()
+		},
 		"rt_ticket_redeem": func(ctx context.Context, c redis.Scripter) error {
 			err := lua.RTTicketRedeem.Run(ctx, c, []string{"han:rt:ticket:acl"}).Err()
 			if err == redis.Nil {
@@ -294,5 +297,44 @@ func TestDisconnectUserScript(t *testing.T) {
 	}
 	if r := run(); r[0].(int64) != 0 || r[1].(int64) != 1 {
 		t.Fatalf("a duplicate disconnect must remove nothing: %v", r)
+	}
+}
+
+// The sweep of a dead instance spares a connection registered again after
+// the instance was found dead (a fresh heartbeat), and removes an index
+// entry only while its score is the one the sweep read.
+func TestSweepScriptsSpareFreshRegistrations(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	conn, user, online := "han:rt:conn:{u4}:c1", "han:rt:user:{u4}:connections", "han:rt:user:{u4}:online"
+	if err := lua.RTHeartbeat.Run(ctx, c, []string{conn, user, online}, "u4", "c1", "i1", 0, 90000, 120000, 100, 16).Err(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := lua.RTDisconnect.Run(ctx, c, []string{conn, user}, "c1", 90000, 100, 5000).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].(int64) != -1 || v[1].(int64) != 1 || c.Exists(ctx, conn).Val() != 1 || c.ZScore(ctx, user, "c1").Err() != nil {
+		t.Fatalf("a registration younger than the fresh window was not spared: %v", v)
+	}
+	// Older than the window: removed.
+	c.ZAdd(ctx, user, redis.Z{Score: float64(time.Now().Add(-10 * time.Second).UnixMilli()), Member: "c1"})
+	v, err = lua.RTDisconnect.Run(ctx, c, []string{conn, user}, "c1", 90000, 100, 5000).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0].(int64) != 1 || v[1].(int64) != 0 || c.Exists(ctx, conn).Val() != 0 {
+		t.Fatalf("an old registration was not removed: %v", v)
+	}
+
+	index := "han:rt:instance:{i4}:connections"
+	c.ZAdd(ctx, index, redis.Z{Score: 1000, Member: "u4:c1"}, redis.Z{Score: 2000, Member: "u4:c2"})
+	c.PExpire(ctx, index, time.Minute)
+	n, err := lua.RTIndexRemove.Run(ctx, c, []string{index}, "u4:c1", "1000", "u4:c2", "1999", "u4:c3", "5").Int()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || c.ZScore(ctx, index, "u4:c1").Err() != redis.Nil || c.ZScore(ctx, index, "u4:c2").Val() != 2000 {
+		t.Fatalf("index removal: %d removed, members %v", n, c.ZRangeWithScores(ctx, index, 0, -1).Val())
 	}
 }

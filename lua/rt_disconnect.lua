@@ -10,11 +10,21 @@
 -- ARGV[2] connection HASH TTL in ms: members with an older heartbeat are
 --         stale and not counted as live
 -- ARGV[3] stale batch: at most this many stale members are removed
+-- ARGV[4] fresh window in ms (optional; the sweep of a dead instance): a
+--         member whose heartbeat is newer than now - ARGV[4] is spared,
+--         because its instance registered it again after it was found dead,
+--         and nothing is written
 -- Returns {removed, live_remaining, now_ms}; removed is 1 when this call
--- deleted the HASH or the ZSET member.
+-- deleted the HASH or the ZSET member, -1 when it spared a fresh member.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = string.format('%d', now - tonumber(ARGV[2]))
+if ARGV[4] then
+  local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if score and tonumber(score) > now - tonumber(ARGV[4]) then
+    return {-1, redis.call('ZCOUNT', KEYS[2], cutoff, '+inf'), now}
+  end
+end
 local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', '0', ARGV[3])
 
 if KEYS[3] then

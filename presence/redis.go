@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -46,6 +47,10 @@ type Presence struct {
 	inflight       sync.WaitGroup // transition callbacks and loops
 
 	ops opBatcher // connects and disconnects, batched
+
+	// afterSweepDisconnect, when set (by tests), runs between a sweep
+	// batch's disconnects and its index removal.
+	afterSweepDisconnect func()
 }
 
 // New returns a Presence on the DB1 client. events may be nil.
@@ -210,12 +215,16 @@ func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.
 // ConnTTL), so that no periodic heartbeat already under way registers it
 // again; a sweep does not mark it, since the swept instance may come back
 // and register its open sockets again.
-func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, connID string, closed bool) *redis.Cmd {
+func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, connID string, closed bool, fresh ...int64) *redis.Cmd {
 	keys := []string{ConnKey(userID, connID), UserConnsKey(userID)}
 	if closed {
 		keys = append(keys, ClosedKey(userID, connID))
 	}
-	return lua.RTDisconnect.Run(ctx, c, keys, connID, ms(p.cfg.ConnTTL), p.cfg.StaleBatch)
+	args := []any{connID, ms(p.cfg.ConnTTL), p.cfg.StaleBatch}
+	for _, f := range fresh {
+		args = append(args, f)
+	}
+	return lua.RTDisconnect.Run(ctx, c, keys, args...)
 }
 
 func (p *Presence) afterDisconnect(userID string, v []any) time.Time {
@@ -319,7 +328,7 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 		if err != nil {
 			return res, fmt.Errorf("presence sweep: %w", err)
 		}
-		n, done, err := p.sweepInstance(ctx, id, 50)
+		n, done, err := p.sweepInstance(ctx, id, 50, true)
 		res.Connections += n
 		if err == nil && done {
 			// Only now: a crash before this line leaves the entry for the
@@ -340,44 +349,79 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 
 // sweepInstance removes up to maxBatches batches of an instance's indexed
 // connections; done reports that its index is empty.
-func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int) (n int, done bool, err error) {
+//
+// The instance may come back while it is swept (a long pause, not a
+// crash): it sets its marker again and registers every connection anew.
+// Those registrations must survive the sweep, so a connection whose
+// heartbeat is younger than half the liveness TTL is spared (a dead
+// instance's last heartbeat is older than that when its marker has
+// expired), and an index entry is removed only if its score is still the
+// one the sweep read. A batch that spared anything ends this sweep of the
+// instance: the next one looks at its marker again. spareFresh is false
+// for an earlier life of this instance's own id, which cannot come back.
+func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int, spareFresh bool) (n int, done bool, err error) {
 	index := InstanceConnsKey(id)
+	var fresh []int64
+	if spareFresh {
+		fresh = []int64{ms(p.cfg.LivenessTTL / 2)}
+	}
 	for b := 0; b < maxBatches; b++ {
-		members, err := p.rdb.ZRange(ctx, index, 0, int64(p.cfg.SweepBatch-1)).Result()
+		entries, err := p.rdb.ZRangeWithScores(ctx, index, 0, int64(p.cfg.SweepBatch-1)).Result()
 		if err != nil {
 			return n, false, err
 		}
-		if len(members) == 0 {
+		if len(entries) == 0 {
 			return n, true, nil
 		}
-		type target struct{ user, conn string }
-		targets := make([]target, 0, len(members))
-		for _, m := range members {
+		type target struct{ user, conn, member string }
+		targets := make([]target, 0, len(entries))
+		for _, e := range entries {
+			m, _ := e.Member.(string)
 			if u, c, ok := strings.Cut(m, ":"); ok {
-				targets = append(targets, target{u, c})
+				targets = append(targets, target{u, c, m})
 			}
 		}
 		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 			for _, t := range targets {
-				p.disconnect(ctx, pipe, t.user, t.conn, false)
+				p.disconnect(ctx, pipe, t.user, t.conn, false, fresh...)
 			}
 		})
 		if err != nil {
 			return n, false, err
 		}
+		spared := map[string]bool{}
 		for i, t := range targets {
 			v, _ := cmds[i].(*redis.Cmd).Slice()
+			if len(v) > 0 {
+				if removed, _ := v[0].(int64); removed < 0 {
+					spared[t.member] = true
+					continue
+				}
+			}
 			p.afterDisconnect(t.user, v)
+			n++
 		}
-		args := make([]any, len(members))
-		for i, m := range members {
-			args[i] = m
+		if p.afterSweepDisconnect != nil {
+			p.afterSweepDisconnect()
 		}
-		if err := p.rdb.ZRem(ctx, index, args...).Err(); err != nil {
-			return n, false, err
+		args := make([]any, 0, 2*len(entries))
+		for _, e := range entries {
+			m, _ := e.Member.(string)
+			if !spared[m] {
+				args = append(args, m, strconv.FormatInt(int64(e.Score), 10))
+			}
 		}
-		n += len(targets)
-		p.sweptConns.Add(float64(len(targets)))
+		removed := 0
+		if len(args) > 0 {
+			removed, err = lua.RTIndexRemove.Run(ctx, p.rdb, []string{index}, args...).Int()
+			if err != nil {
+				return n, false, err
+			}
+		}
+		p.sweptConns.Add(float64(len(targets) - len(spared)))
+		if len(spared) > 0 || removed < len(args)/2 {
+			return n, false, nil
+		}
 	}
 	return n, false, nil
 }
@@ -395,7 +439,7 @@ func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner))
 		if err == nil || attempt > 0 || !hasNoScript(cmds) {
 			return cmds, err
 		}
-		for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd} {
+		for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd, lua.RTIndexRemove} {
 			if err := s.Load(ctx, p.rdb); err != nil {
 				return cmds, err
 			}

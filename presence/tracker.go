@@ -25,7 +25,7 @@ func (p *Presence) Start(conns func() []Conn) {
 	// Without p.mu: clearing the previous life schedules the offline
 	// checks of its users, which take p.mu.
 	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-	if _, _, err := p.sweepInstance(sctx, p.cfg.InstanceID, 1000); err != nil {
+	if _, _, err := p.sweepInstance(sctx, p.cfg.InstanceID, 1000, false); err != nil {
 		p.logger.Warn("presence: clearing this instance's previous index failed", slog.String("kind", rds.Kind(err)))
 	}
 	scancel()

@@ -114,6 +114,9 @@ var invocations = map[string]invocation{
 	"rt_instances_add": func(ctx context.Context, c redis.Scripter, p place) error {
 		return lua.RTInstancesAdd.Run(ctx, c, []string{presence.InstancesKey}, p.instance(), 120000).Err()
 	},
+	"rt_index_remove": func(ctx context.Context, c redis.Scripter, p place) error {
+		return lua.RTIndexRemove.Run(ctx, c, []string{presence.InstanceConnsKey(p.instance())}, p.user()+":c1", "1").Err()
+	},
 	"rt_ticket_redeem": func(ctx context.Context, c redis.Scripter, p place) error {
 		return nilOK(lua.RTTicketRedeem.Run(ctx, c, []string{"han:rt:ticket:v2:" + p.id(6)}).Err())
 	},

@@ -1,0 +1,146 @@
+package presence_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/presence"
+)
+
+// An instance found dead may only have paused (a long GC, a stalled host)
+// and come back while a survivor sweeps it: it sets its marker again and
+// registers every connection anew. The sweep must not remove what it
+// registered — those users would read as offline, get an offline
+// transition and be missing from the per-user cap until the next periodic
+// heartbeat, and the index entries it lost would leave their connections
+// behind should the instance die for good later. A connection the
+// instance did not register again is still removed.
+func TestSweepSparesAnInstanceThatCameBack(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	const liveness = 4 * time.Second // registrations younger than 2 s are fresh
+	cfg := func(name string) presence.Config {
+		return presence.Config{InstanceID: name + "-" + ids.New()[24:], LivenessTTL: liveness,
+			OfflineDebounce: 10 * time.Millisecond, SweepBatch: 7}
+	}
+	rec := &recorder{}
+	sweeper := newPresence(t, cfg("sweeper"), rec)
+	connect := func(p *presence.Presence, n int) []presence.Conn {
+		var conns []presence.Conn
+		for i := 0; i < n; i++ {
+			c := presence.Conn{UserID: ids.New(), ConnID: fmt.Sprint("c", i)}
+			if err := p.Connect(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		return conns
+	}
+	registered := func(id string, c presence.Conn) error {
+		if rdb.Exists(ctx, presence.ConnKey(c.UserID, c.ConnID)).Val() != 1 {
+			return fmt.Errorf("connection %s of %s: its HASH is gone", c.ConnID, c.UserID)
+		}
+		if err := rdb.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err(); err != nil {
+			return fmt.Errorf("connection %s of %s: not in the user's set (%v)", c.ConnID, c.UserID, err)
+		}
+		if err := rdb.ZScore(ctx, presence.InstanceConnsKey(id), c.UserID+":"+c.ConnID).Err(); err != nil {
+			return fmt.Errorf("connection %s of %s: not in the instance's index (%v)", c.ConnID, c.UserID, err)
+		}
+		return nil
+	}
+
+	// Two instances stop heartbeating; the one that comes back later
+	// registers its connections again between the sweep's disconnects and
+	// its index removal; the other stays dead.
+	lateCfg, deadCfg := cfg("late"), cfg("dead")
+	late, dead := newPresence(t, lateCfg, nil), newPresence(t, deadCfg, nil)
+	lateConns, deadConns := connect(late, 20), connect(dead, 20)
+	time.Sleep(liveness/2 + 100*time.Millisecond)
+
+	// The third comes back before the sweep reads its index: its
+	// registrations are fresh.
+	backCfg := cfg("back")
+	back := newPresence(t, backCfg, nil)
+	backConns := connect(back, 20)
+	n, done, err := sweeper.SweepInstance(ctx, backCfg.InstanceID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 || done {
+		t.Fatalf("the sweep removed %d fresh registrations (done %v)", n, done)
+	}
+	for _, c := range backConns {
+		if err := registered(backCfg.InstanceID, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	n, done, err = sweeper.SweepInstance(ctx, lateCfg.InstanceID, func() {
+		if err := late.Refresh(ctx, lateConns); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the sweep of the late instance disconnected %d before it came back (done %v)", n, done)
+	if done {
+		t.Fatal("the late instance's index was swept empty after it registered its connections again")
+	}
+	for _, c := range lateConns {
+		if err := registered(lateCfg.InstanceID, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	n, done, err = sweeper.SweepInstance(ctx, deadCfg.InstanceID, nil)
+	if err != nil || !done || n != len(deadConns) {
+		t.Fatalf("the dead instance's sweep: %d removed, done %v, %v", n, done, err)
+	}
+	for _, c := range deadConns {
+		if rdb.Exists(ctx, presence.ConnKey(c.UserID, c.ConnID)).Val() != 0 ||
+			rdb.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() != redis.Nil {
+			t.Fatalf("connection %v of the dead instance survived the sweep", c)
+		}
+	}
+
+	// Offline transitions: every user of the dead instance, nobody else.
+	alive := map[string]bool{}
+	for _, c := range append(lateConns, backConns...) {
+		alive["-"+c.UserID] = true
+	}
+	want := map[string]bool{}
+	for _, c := range deadConns {
+		want["-"+c.UserID] = true
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := 0
+		for _, e := range rec.list() {
+			if alive[e] {
+				t.Fatalf("user %s was reported offline while its instance held its connection", e[1:])
+			}
+			if want[e] {
+				got++
+			}
+		}
+		if got == len(want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d offline transitions of the dead instance's users", got, len(want))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a late check of a live user would show here
+	for _, e := range rec.list() {
+		if alive[e] {
+			t.Fatalf("user %s was reported offline while its instance held its connection", e[1:])
+		}
+	}
+}
