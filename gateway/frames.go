@@ -232,4 +232,7 @@ type presenceData struct {
 	UserID     string `json:"userId"`
 	Online     bool   `json:"online"`
 	LastSeenAt *int64 `json:"lastSeenAt"`
+	// ChangedAt (epoch ms, Redis's clock) orders one user's transitions
+	// published by different instances: a client keeps the latest.
+	ChangedAt int64 `json:"changedAt"`
 }

@@ -62,11 +62,21 @@ func presenceOf(t *testing.T, f frame) (string, bool) {
 		t.Fatalf("got %s, want a presence.changed event", f.raw)
 	}
 	var d struct {
-		UserID string `json:"userId"`
-		Online bool   `json:"online"`
+		UserID     string `json:"userId"`
+		Online     bool   `json:"online"`
+		LastSeenAt *int64 `json:"lastSeenAt"`
+		ChangedAt  int64  `json:"changedAt"`
 	}
 	if err := json.Unmarshal(f.Data, &d); err != nil {
 		t.Fatal(err)
+	}
+	// changedAt is when the transition happened (Redis's clock, which is
+	// this machine's): what a client orders one user's transitions by.
+	if at := time.UnixMilli(d.ChangedAt); time.Since(at) > time.Minute || time.Until(at) > time.Second {
+		t.Fatalf("presence.changed at %v, not the transition's time: %s", at, f.raw)
+	}
+	if !d.Online && (d.LastSeenAt == nil || *d.LastSeenAt != d.ChangedAt) {
+		t.Fatalf("an offline transition's changedAt is its lastSeenAt: %s", f.raw)
 	}
 	return d.UserID, d.Online
 }

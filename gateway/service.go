@@ -221,8 +221,8 @@ func (s *Service) shutdown(kill bool) {
 }
 
 // Online implements presence.Events: the user's first live connection.
-func (s *Service) Online(ctx context.Context, userID string) {
-	s.publishPresence(ctx, userID, true, nil)
+func (s *Service) Online(ctx context.Context, userID string, at time.Time) {
+	s.publishPresence(ctx, userID, true, nil, at.UnixMilli())
 }
 
 // Offline implements presence.Events: the user's last connection ended at.
@@ -231,19 +231,19 @@ func (s *Service) Offline(ctx context.Context, userID string, at time.Time) {
 		s.logger.Warn("last seen not recorded", slog.String("kind", store.Kind(err)))
 	}
 	ms := at.UnixMilli()
-	s.publishPresence(ctx, userID, false, &ms)
+	s.publishPresence(ctx, userID, false, &ms, ms)
 }
 
 // maxPresenceDialogs bounds the dialogs one transition is published to.
 const maxPresenceDialogs = 1000
 
-func (s *Service) publishPresence(ctx context.Context, userID string, online bool, lastSeen *int64) {
+func (s *Service) publishPresence(ctx context.Context, userID string, online bool, lastSeen *int64, changedAt int64) {
 	dialogs, err := s.store.DialogIDsForUser(ctx, userID, maxPresenceDialogs)
 	if err != nil {
 		s.logger.Warn("presence transition not published", slog.String("kind", store.Kind(err)))
 		return
 	}
-	data := mustJSON(presenceData{UserID: userID, Online: online, LastSeenAt: lastSeen})
+	data := mustJSON(presenceData{UserID: userID, Online: online, LastSeenAt: lastSeen, ChangedAt: changedAt})
 	for _, d := range dialogs {
 		payload, err := pubsub.NewDialogEvent(ids.New(), EventPresenceChanged, userID, d, 0, data).Encode()
 		if err != nil {

@@ -220,7 +220,7 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 		if went, _ := v[0].(int64); went == 1 {
 			gone = append(gone, c.userID)
 			if p.events != nil {
-				p.emit(func(ctx context.Context) { p.events.Offline(ctx, c.userID, c.at) })
+				p.emit(c.userID, func(ctx context.Context) { p.events.Offline(ctx, c.userID, c.at) })
 			}
 		}
 	}

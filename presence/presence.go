@@ -18,9 +18,14 @@ type Conn struct {
 // Online when a user's first live connection registers, Offline when a
 // user has had no live connection for the debounce period (after a local
 // disconnect or a sweep). Calls run on goroutines tracked by Presence and
-// must return promptly.
+// must return promptly; one user's calls from one Presence run one at a
+// time, in the order of the transitions. at is Redis's time of the
+// transition: the registration that made the user online, or the user's
+// last disconnect. Transitions of one user seen by different instances
+// are ordered by at (a user's keys live on one Redis node, so one clock
+// stamps them all).
 type Events interface {
-	Online(ctx context.Context, userID string)
+	Online(ctx context.Context, userID string, at time.Time)
 	Offline(ctx context.Context, userID string, at time.Time)
 }
 

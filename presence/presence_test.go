@@ -26,7 +26,7 @@ type recorder struct {
 	events []string // "+user" online, "-user" offline
 }
 
-func (r *recorder) Online(_ context.Context, u string) {
+func (r *recorder) Online(_ context.Context, u string, _ time.Time) {
 	r.mu.Lock()
 	r.events = append(r.events, "+"+u)
 	r.mu.Unlock()

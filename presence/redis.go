@@ -32,7 +32,7 @@ type Presence struct {
 	sweptConns        prometheus.Counter
 	sweptInstances    prometheus.Counter
 
-	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, closed, started, cancel
+	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, emitting, closed, started, cancel
 	pending  map[string]*offlineCheck // user → its scheduled offline check
 	due      []*offlineCheck          // scheduled checks in due order (cancelled ones skipped)
 	checking int                      // checks taken from due whose outcome is not yet reported
@@ -41,10 +41,13 @@ type Presence struct {
 	offlineWake    chan struct{} // wakes that goroutine (Close)
 	retakes        []retake      // DisconnectLater's queue, in due order
 	retakeLoop     *loop.Loop    // runs while retakes holds entries
-	closed         bool
-	started        bool
-	cancel         context.CancelFunc
-	inflight       sync.WaitGroup // transition callbacks and loops
+	// emitting holds, for each user whose transition callbacks are
+	// running, the callbacks waiting their turn.
+	emitting map[string][]func(ctx context.Context)
+	closed   bool
+	started  bool
+	cancel   context.CancelFunc
+	inflight sync.WaitGroup // transition callbacks and loops
 
 	ops opBatcher // connects and disconnects, batched
 
@@ -61,6 +64,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 	cfg.defaults()
 	p := &Presence{cfg: cfg, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger, events: events,
 		pending: map[string]*offlineCheck{}, offlineWake: make(chan struct{}, 1),
+		emitting: map[string][]func(ctx context.Context){},
 		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_heartbeat_failures_total",
 			Help: "Presence heartbeat batches or instance liveness refreshes that failed."}),
 		sweptConns: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_swept_connections_total",
@@ -138,12 +142,10 @@ func (p *Presence) Connect(ctx context.Context, c Conn) error {
 	// The user is back: a pending offline check would find this
 	// connection, and the debounce starts again at the next disconnect.
 	p.cancelOffline(c.UserID)
-	if becameOnline, _ := v[1].(int64); becameOnline == 1 {
-		p.emit(func(ctx context.Context) {
-			if p.events != nil {
-				p.events.Online(ctx, c.UserID)
-			}
-		})
+	if becameOnline, _ := v[1].(int64); becameOnline == 1 && p.events != nil {
+		nowMs, _ := v[0].(int64)
+		at := time.UnixMilli(nowMs)
+		p.emit(c.UserID, func(ctx context.Context) { p.events.Online(ctx, c.UserID, at) })
 	}
 	return nil
 }
@@ -176,13 +178,11 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 				if skipped, _ := v[3].(int64); skipped == 2 {
 					closed = append(closed, indexMember(c))
 				}
-				if became, _ := v[1].(int64); became == 1 {
+				if became, _ := v[1].(int64); became == 1 && p.events != nil {
 					user := c.UserID
-					p.emit(func(ctx context.Context) {
-						if p.events != nil {
-							p.events.Online(ctx, user)
-						}
-					})
+					nowMs, _ := v[0].(int64)
+					at := time.UnixMilli(nowMs)
+					p.emit(user, func(ctx context.Context) { p.events.Online(ctx, user, at) })
 				}
 			}
 		}

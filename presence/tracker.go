@@ -131,21 +131,42 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 	}
 }
 
-// emit runs fn on a tracked goroutine (transition callbacks must not hold
-// up the connection that caused them).
-func (p *Presence) emit(fn func(ctx context.Context)) {
+// emit runs fn for userID on a tracked goroutine (transition callbacks
+// must not hold up the connection that caused them). One user's
+// callbacks run one at a time, in the order they were emitted: an offline
+// transition whose callback does more work (it records last seen in
+// PostgreSQL) must not reach the user's dialogs after the online one that
+// followed it.
+func (p *Presence) emit(userID string, fn func(ctx context.Context)) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return
 	}
+	if q, ok := p.emitting[userID]; ok {
+		p.emitting[userID] = append(q, fn)
+		p.mu.Unlock()
+		return
+	}
+	p.emitting[userID] = nil
 	p.inflight.Add(1)
 	p.mu.Unlock()
 	go func() {
 		defer p.inflight.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		fn(ctx)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			fn(ctx)
+			cancel()
+			p.mu.Lock()
+			q := p.emitting[userID]
+			if len(q) == 0 {
+				delete(p.emitting, userID)
+				p.mu.Unlock()
+				return
+			}
+			fn, p.emitting[userID] = q[0], q[1:]
+			p.mu.Unlock()
+		}
 	}()
 }
 

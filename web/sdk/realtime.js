@@ -41,7 +41,9 @@ export const REFRESH_AHEAD_MS = 60000;
  * @property {{dialogId: string, lastSeq: number, recovered: boolean}} subscribed
  * @property {{reason: string, dialogId?: string}} resync the server may have dropped events
  * @property {{dialogId: string, userId: string}} typing
- * @property {{userId: string, online: boolean, lastSeenAt: number | null}} presence
+ * @property {{userId: string, online: boolean, lastSeenAt: number | null, changedAt: number}} presence
+ *   a user's presence changed; transitions published by different instances may arrive out of
+ *   order, and one older (by changedAt) than the last one reported for the user is not reported
  * @property {EventFrame} event every event frame, unknown events included
  * @property {{expiresAt: number}} refreshed the connection now ends at this credential expiry
  * @property {Error} error a refused frame (FrameError), a failed reconciliation (ApiError), a close (CloseError)
@@ -104,6 +106,41 @@ export function refreshDelay(expiresAt, now = Date.now()) {
  * @property {Record<string, string>} [headers] extra upgrade headers (Node with ws only), e.g. Origin
  */
 
+/**
+ * PresenceOrder keeps, per user, the time of the last presence transition
+ * reported, so one arriving late is not reported: each instance publishes
+ * the transitions it sees, and an offline announced by one instance can
+ * reach a socket after the online announced by another that followed it.
+ * Transitions carry the time Redis recorded them (one clock per user). At
+ * most `max` users are remembered (the longest unseen is forgotten first).
+ */
+export class PresenceOrder {
+  /** @type {Map<string, number>} */
+  #at = new Map();
+  #max;
+
+  constructor(max = 10000) {
+    this.#max = max;
+  }
+
+  /**
+   * @param {string} userId
+   * @param {number} changedAt
+   * @returns {boolean} whether the transition is the user's latest so far
+   */
+  accept(userId, changedAt) {
+    const last = this.#at.get(userId);
+    if (last !== undefined && changedAt < last) return false;
+    this.#at.delete(userId);
+    this.#at.set(userId, changedAt);
+    if (this.#at.size > this.#max) {
+      const oldest = this.#at.keys().next().value;
+      if (oldest !== undefined) this.#at.delete(oldest);
+    }
+    return true;
+  }
+}
+
 /** @extends {Emitter<RealtimeEvents>} */
 export class Realtime extends Emitter {
   #url;
@@ -119,6 +156,7 @@ export class Realtime extends Emitter {
   #dialogs = new Map();
   /** @type {Set<string>} */
   #seen = new Set();
+  #presenceAt = new PresenceOrder();
   #attempt = 0;
   /** @type {ReturnType<typeof setTimeout> | undefined} */
   #timer;
@@ -414,9 +452,13 @@ export class Realtime extends Emitter {
       case "typing":
         if (f.dialogId) this.emit("typing", { dialogId: f.dialogId, userId: String(data.userId) });
         break;
-      case "presence.changed":
-        this.emit("presence", { userId: String(data.userId), online: data.online === true, lastSeenAt: data.lastSeenAt ?? null });
+      case "presence.changed": {
+        const userId = String(data.userId);
+        const changedAt = Number.isSafeInteger(data.changedAt) ? data.changedAt : 0;
+        if (!this.#presenceAt.accept(userId, changedAt)) break; // an older transition arriving late
+        this.emit("presence", { userId, online: data.online === true, lastSeenAt: data.lastSeenAt ?? null, changedAt });
         break;
+      }
       default: // unknown events are only reported as "event"
     }
   }

@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { DialogState } from "../dialog.js";
-import { advisedDelay, backoffDelay, refreshDelay, REFRESH_AHEAD_MS } from "../realtime.js";
+import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS } from "../realtime.js";
 import { ApiError } from "../errors.js";
 import { retryDelay } from "../rest.js";
 
@@ -54,4 +54,16 @@ test("retryable errors are the ones a repeat with the same key may fix", () => {
   assert.equal(new ApiError("idempotency_in_progress", 409).retryable, true);
   assert.equal(new ApiError("idempotency_key_reused", 409).retryable, false);
   assert.equal(new ApiError("invalid_body", 400).retryable, false);
+});
+
+test("a presence transition older than the last one reported for its user is dropped", () => {
+  const o = new PresenceOrder(2);
+  assert.equal(o.accept("u1", 1000), true); // online
+  assert.equal(o.accept("u1", 3000), true); // online again, announced first by another instance
+  assert.equal(o.accept("u1", 2000), false); // the offline in between, arriving late
+  assert.equal(o.accept("u1", 3000), true);
+  assert.equal(o.accept("u2", 10), true);
+  assert.equal(o.accept("u3", 10), true); // u1 is the longest unseen: forgotten
+  assert.equal(o.accept("u1", 5), true);
+  assert.equal(o.accept("u3", 9), false);
 });
