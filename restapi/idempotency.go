@@ -15,6 +15,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
@@ -199,7 +200,9 @@ func idemKeyHeader(r *http.Request) (key string, present bool, err error) {
 
 // idemFingerprint hashes what makes two requests "the same": method, route
 // template, the path's variables and the canonical body (the validated
-// request re-encoded, so spacing and key order do not matter).
+// request re-encoded, so spacing and key order do not matter). The path's
+// {id} is a UUID the handlers accept in either letter case, so it is
+// hashed in its canonical form.
 func idemFingerprint(r *http.Request, canon []byte) string {
 	h := sha256.New()
 	h.Write([]byte(r.Method + "\n" + RouteTemplate(r) + "\n"))
@@ -210,7 +213,13 @@ func idemFingerprint(r *http.Request, canon []byte) string {
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		h.Write([]byte(k + "=" + vars[k] + "\n"))
+		v := vars[k]
+		if k == "id" {
+			if c, ok := ids.Canonical(v); ok {
+				v = c
+			}
+		}
+		h.Write([]byte(k + "=" + v + "\n"))
 	}
 	h.Write(canon)
 	return hex.EncodeToString(h.Sum(nil))

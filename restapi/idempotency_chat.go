@@ -60,6 +60,18 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 			if err != nil {
 				return idemResult{}, err
 			}
+			if !created && target != nil {
+				// A repeated clientMessageId is answered before the key's
+				// record is looked at. When PostgreSQL holds a live record
+				// of the key (Redis lost it), that record answers: a replay
+				// of the same request, or 409 for another one, never a
+				// success completed under this request's fingerprint.
+				if _, found, err := s.store.LookupIdempotency(ctx, target.key); err != nil {
+					return idemResult{}, err
+				} else if found {
+					return idemResult{}, store.ErrIdemExists
+				}
+			}
 			dto, err := s.sentMessageDTO(ctx, m, created)
 			if err != nil {
 				return idemResult{}, err
