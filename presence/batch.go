@@ -184,6 +184,19 @@ func (b *opBatcher) send(batch []*presenceOp) {
 			pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(removed)...)
 		}
 	})
+	// Each op is answered by its own script and by the index update of its
+	// kind (the pipeline's error is only the first failed command's: one
+	// user's failing script must not fail the others).
+	var addErr, removeErr error
+	if idx := cmds[min(len(batch), len(cmds)):]; len(idx) > 0 || err != nil {
+		if len(added) > 0 {
+			addErr = pipelineErr(idx, 0, err)
+			idx = idx[min(1, len(idx)):]
+		}
+		if len(removed) > 0 {
+			removeErr = pipelineErr(idx, 0, err)
+		}
+	}
 	var refused []string
 	for i, op := range batch {
 		if i >= len(cmds) {
@@ -191,10 +204,14 @@ func (b *opBatcher) send(batch []*presenceOp) {
 			continue
 		}
 		op.reply, op.err = cmds[i].(*redis.Cmd).Slice()
-		if op.err == nil && err != nil {
-			// The connection's own script ran, but the index update
-			// of the batch failed.
-			op.err = err
+		if op.err == nil {
+			// The connection's own script ran; the index update of the
+			// batch must have too.
+			if op.kind == opConnect {
+				op.err = addErr
+			} else {
+				op.err = removeErr
+			}
 		}
 		if op.err != nil {
 			op.err = rds.ClassifyRedisError(op.err)
@@ -211,6 +228,15 @@ func (b *opBatcher) send(batch []*presenceOp) {
 			p.logger.Warn("presence: removing refused connections' index entries failed", slog.String("kind", rds.Kind(err)))
 		}
 	}
+}
+
+// pipelineErr is the error of cmds[i], or, when the pipeline returned no
+// such command, the pipeline's error.
+func pipelineErr(cmds []redis.Cmder, i int, err error) error {
+	if i < len(cmds) {
+		return cmds[i].Err()
+	}
+	return err
 }
 
 func toAny(s []string) []any {

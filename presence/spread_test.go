@@ -248,3 +248,55 @@ func TestConnectsWithinTheLingerShareOneRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// Connects that share a pipeline answer each for its own script: one
+// user's broken key (a value of the wrong type) fails that user's connect
+// only, and a disconnect beside it still removes its connection. The
+// batch's shared index update is what a connect or disconnect also
+// depends on, and it succeeded.
+func TestOneFailingRegistrationDoesNotFailItsPipeline(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	p, err := presence.New(rdb, presence.Config{InstanceID: "i-" + ids.New()[24:], Linger: 200 * time.Millisecond}, nil,
+		slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	leaving := presence.Conn{UserID: ids.New(), ConnID: "leaving"}
+	if err := p.Connect(ctx, leaving); err != nil {
+		t.Fatal(err)
+	}
+	broken := presence.Conn{UserID: ids.New(), ConnID: "broken"}
+	if err := rdb.Set(ctx, presence.UserConnsKey(broken.UserID), "not a set", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	conns := []presence.Conn{broken}
+	for i := range 3 {
+		conns = append(conns, presence.Conn{UserID: ids.New(), ConnID: "c" + strconv.Itoa(i)})
+	}
+	errs := make([]error, len(conns))
+	var disconnectErr error
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() { errs[i] = p.Connect(ctx, c) })
+	}
+	wg.Go(func() { _, disconnectErr = p.Disconnect(ctx, leaving.UserID, leaving.ConnID) })
+	wg.Wait()
+	if errs[0] == nil {
+		t.Fatal("the connect of the user whose key is broken succeeded")
+	}
+	for i, c := range conns[1:] {
+		if errs[i+1] != nil {
+			t.Errorf("connect %s failed with another user's error: %v", c.ConnID, errs[i+1])
+		} else if n := rdb.Exists(ctx, presence.ConnKey(c.UserID, c.ConnID)).Val(); n != 1 {
+			t.Errorf("connection %s not registered", c.ConnID)
+		}
+	}
+	if disconnectErr != nil {
+		t.Errorf("a disconnect in the same pipeline failed with another user's error: %v", disconnectErr)
+	}
+	if n, _ := p.Online(ctx, leaving.UserID); n != 0 {
+		t.Errorf("the disconnected connection is still live")
+	}
+}
