@@ -4,9 +4,14 @@
 // ratelimit.PolicyProvider: a change committed in PostgreSQL reaches every
 // instance within one refresh interval, without a restart.
 //
-// Each instance checks the one-row settings version on every tick. On a new
-// version it reads the shared snapshot han:settings:snapshot:<version> from
-// Redis DB1 (5 min TTL); when that is missing, the instance that takes
+// Each instance checks the one-row settings head on every tick: the version
+// and the stamp PostgreSQL draws anew on every change. A settings state is
+// that pair, never the number alone: after PostgreSQL went back in time (a
+// failover to a replica that missed the last commit, a restore) a version
+// lower than the one in force, or an equal one with another stamp, is the
+// truth and is applied like any new state. On a new state it reads the
+// shared snapshot han:settings:snapshot:<version>:<stamp> from Redis DB1
+// (5 min TTL); when that is missing, the instance that takes
 // han:coord:lock:settings-refresh:{<scope>} reads PostgreSQL and publishes
 // the snapshot, while the others wait briefly for it (and read PostgreSQL
 // themselves if it does not come), so a change costs PostgreSQL one full

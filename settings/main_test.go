@@ -100,11 +100,24 @@ func (f *fixture) exec(q string, args ...any) {
 
 func (f *fixture) version() int64 {
 	f.t.Helper()
-	v, err := f.store.SettingsVersion(context.Background())
+	h, err := f.store.SettingsHead(context.Background())
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return v
+	return h.Version
+}
+
+// snapshotKey is the shared snapshot key of the state PostgreSQL is at.
+func (f *fixture) snapshotKey() string {
+	f.t.Helper()
+	var (
+		v     int64
+		stamp string
+	)
+	if err := f.pool.QueryRow(context.Background(), "SELECT version, stamp::text FROM settings_head").Scan(&v, &stamp); err != nil {
+		f.t.Fatal(err)
+	}
+	return settings.SnapshotKey(v, stamp)
 }
 
 // instance is one instance's rate limiter taking its policies from p, on

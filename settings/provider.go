@@ -23,9 +23,11 @@ import (
 // SnapshotTTL is the life of a shared snapshot in Redis (docs/redis-keys.md).
 const SnapshotTTL = 5 * time.Minute
 
-// SnapshotKey is han:settings:snapshot:<version> (DB1).
-func SnapshotKey(version int64) string {
-	return "han:settings:snapshot:" + strconv.FormatInt(version, 10)
+// SnapshotKey is han:settings:snapshot:<version>:<stamp> (DB1). The stamp
+// is part of the name because a version number alone may name two states
+// once PostgreSQL has gone back in time (see [Provider.Refresh]).
+func SnapshotKey(version int64, stamp string) string {
+	return "han:settings:snapshot:" + strconv.FormatInt(version, 10) + ":" + stamp
 }
 
 // Config configures a Provider.
@@ -58,7 +60,7 @@ type Config struct {
 
 // current is one applied version.
 type current struct {
-	version  int64
+	head
 	policies *ratelimit.PolicySet
 	tunables map[string]json.RawMessage
 }
@@ -72,8 +74,8 @@ type Provider struct {
 	logger *slog.Logger
 
 	cur      atomic.Pointer[current]
-	rejected atomic.Int64 // the last version refused as invalid (not retried)
-	refresh  sync.Mutex   // one refresh at a time per instance
+	refresh  sync.Mutex // one refresh at a time per instance; guards rejected
+	rejected head       // the last state refused as invalid (not retried)
 
 	inLock func() // test hook: runs while the refresh lock is held
 
@@ -116,7 +118,6 @@ func New(cfg Config, st *store.Store, db1 redis.UniversalClient) (*Provider, err
 			return true
 		})
 	p.cur.Store(&current{policies: cfg.Base, tunables: map[string]json.RawMessage{}})
-	p.rejected.Store(-1)
 	p.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "han_settings_refreshes_total",
 		Help: "Runtime settings refreshes that found a new version, by source (redis = shared snapshot, postgres_published, postgres) or failure (invalid, error).",
@@ -154,20 +155,34 @@ func (p *Provider) Int(name string, def int) int {
 	return v
 }
 
-// Refresh brings the provider to the current PostgreSQL version (one tick).
-// On any failure the settings in force stay as they are.
+// Refresh brings the provider to the settings state PostgreSQL is at (one
+// tick). On any failure the settings in force stay as they are.
+//
+// A state is its version and its stamp, and any state other than the one in
+// force is applied, a lower or equal version included: PostgreSQL is the
+// truth, and a version that is not higher than the one in force means it
+// has gone back in time (a failover to a replica that had not received the
+// last settings commit, a point-in-time restore), so the settings in force
+// were lost with that history. Comparing numbers alone would keep them in
+// force, and would take the next change, which reuses a lost number, for
+// one already applied.
 func (p *Provider) Refresh(ctx context.Context) error {
 	p.refresh.Lock()
 	defer p.refresh.Unlock()
-	v, err := p.store.SettingsVersion(ctx)
+	h, err := p.readHead(ctx)
 	if err != nil {
 		p.fail(ctx, "read version", err)
 		return err
 	}
-	if v == p.Version() || v == p.rejected.Load() {
+	in := p.cur.Load().head
+	if h == in || h == p.rejected {
 		return nil
 	}
-	if snap, ok := p.fetch(ctx, v); ok {
+	if in.version > 0 && h.version <= in.version {
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: PostgreSQL is at another history than the settings in force (failover or restore); applying its state",
+			slog.Int64("version", h.version), slog.Int64("in_force", in.version))
+	}
+	if snap, ok := p.fetch(ctx, h); ok {
 		return p.apply(ctx, snap, "redis")
 	}
 	lctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
@@ -184,24 +199,24 @@ func (p *Provider) Refresh(ctx context.Context) error {
 			p.inLock()
 		}
 		// The previous holder may have published it meanwhile.
-		if snap, ok := p.fetch(ctx, v); ok {
+		if snap, ok := p.fetch(ctx, h); ok {
 			return p.apply(ctx, snap, "redis")
 		}
-		return p.loadAndApply(ctx, true)
+		return p.loadAndApply(ctx, h, true)
 	case errors.Is(err, rds.ErrLockHeld):
-		if snap, ok := p.waitForPeer(ctx, v); ok {
+		if snap, ok := p.waitForPeer(ctx, h); ok {
 			return p.apply(ctx, snap, "redis")
 		}
 	}
 	// No snapshot from a peer, or DB1 unreachable: PostgreSQL is the truth.
-	return p.loadAndApply(ctx, false)
+	return p.loadAndApply(ctx, h, false)
 }
 
-// fetch reads the shared snapshot of version v, if Redis holds a valid one.
-func (p *Provider) fetch(ctx context.Context, v int64) (Snapshot, bool) {
+// fetch reads the shared snapshot of state h, if Redis holds a valid one.
+func (p *Provider) fetch(ctx context.Context, h head) (Snapshot, bool) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
 	defer cancel()
-	b, err := p.db1.Get(ctx, SnapshotKey(v)).Bytes()
+	b, err := p.db1.Get(ctx, SnapshotKey(h.version, h.stamp)).Bytes()
 	if err != nil {
 		if !errors.Is(err, redis.Nil) {
 			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
@@ -209,15 +224,15 @@ func (p *Provider) fetch(ctx context.Context, v int64) (Snapshot, bool) {
 		return Snapshot{}, false
 	}
 	var s Snapshot
-	if err := json.Unmarshal(b, &s); err != nil || s.Version != v {
-		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring an unreadable shared snapshot", slog.Int64("version", v))
+	if err := json.Unmarshal(b, &s); err != nil || s.head() != h {
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring an unreadable shared snapshot", slog.Int64("version", h.version))
 		return Snapshot{}, false
 	}
 	return s, true
 }
 
 // waitForPeer polls for the snapshot the lock holder is building.
-func (p *Provider) waitForPeer(ctx context.Context, v int64) (Snapshot, bool) {
+func (p *Provider) waitForPeer(ctx context.Context, h head) (Snapshot, bool) {
 	deadline := time.Now().Add(p.cfg.PeerWait)
 	t := time.NewTicker(max(p.cfg.PeerWait/20, 5*time.Millisecond))
 	defer t.Stop()
@@ -229,27 +244,28 @@ func (p *Provider) waitForPeer(ctx context.Context, v int64) (Snapshot, bool) {
 			return Snapshot{}, false
 		case <-t.C:
 		}
-		if s, ok := p.fetch(ctx, v); ok {
+		if s, ok := p.fetch(ctx, h); ok {
 			return s, true
 		}
 	}
 	return Snapshot{}, false
 }
 
-// loadAndApply reads PostgreSQL and applies the result; with publish (the
-// lock holder) it also shares the snapshot in Redis for 5 minutes.
-func (p *Provider) loadAndApply(ctx context.Context, publish bool) error {
-	rows, err := p.store.LoadSettings(ctx)
+// loadAndApply reads PostgreSQL, from state h on, and applies the result;
+// with publish (the lock holder) it also shares the snapshot in Redis for 5
+// minutes.
+func (p *Provider) loadAndApply(ctx context.Context, h head, publish bool) error {
+	rows, h, err := p.loadRows(ctx, h)
 	if err != nil {
 		p.fail(ctx, "load", err)
 		return err
 	}
-	snap, err := fromRows(rows)
+	snap, err := fromRows(rows, h.stamp)
 	if err == nil {
 		_, err = snap.PolicySet(p.cfg.Base)
 	}
 	if err != nil {
-		return p.reject(ctx, rows.Version, err)
+		return p.reject(ctx, h, err)
 	}
 	source := "postgres"
 	if publish {
@@ -258,7 +274,7 @@ func (p *Provider) loadAndApply(ctx context.Context, publish bool) error {
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
-		err = p.db1.Set(pctx, SnapshotKey(snap.Version), b, SnapshotTTL).Err()
+		err = p.db1.Set(pctx, SnapshotKey(snap.Version, snap.Stamp), b, SnapshotTTL).Err()
 		cancel()
 		if err != nil {
 			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
@@ -272,21 +288,22 @@ func (p *Provider) loadAndApply(ctx context.Context, publish bool) error {
 	return p.apply(ctx, snap, source)
 }
 
-// apply swaps in a snapshot, unless it is invalid or older than the one in
-// force.
+// apply swaps in a snapshot of the state PostgreSQL is at, unless it is
+// invalid or already in force. Its version may be lower than the one in
+// force: see Refresh.
 func (p *Provider) apply(ctx context.Context, s Snapshot, source string) error {
-	if s.Version <= p.Version() {
+	if s.head() == p.cur.Load().head {
 		return nil
 	}
 	set, err := s.PolicySet(p.cfg.Base)
 	if err != nil {
-		return p.reject(ctx, s.Version, err)
+		return p.reject(ctx, s.head(), err)
 	}
 	tun := s.Tunables
 	if tun == nil {
 		tun = map[string]json.RawMessage{}
 	}
-	p.cur.Store(&current{version: s.Version, policies: set, tunables: tun})
+	p.cur.Store(&current{head: s.head(), policies: set, tunables: tun})
 	p.version.Set(float64(s.Version))
 	p.refreshes.WithLabelValues(source).Inc()
 	p.logger.LogAttrs(ctx, slog.LevelInfo, "settings: version applied", slog.Int64("version", s.Version), slog.String("source", source))
@@ -296,13 +313,13 @@ func (p *Provider) apply(ctx context.Context, s Snapshot, source string) error {
 // ErrInvalid wraps a settings version refused as a whole.
 var ErrInvalid = errors.New("settings: invalid settings version")
 
-func (p *Provider) reject(ctx context.Context, v int64, cause error) error {
-	p.rejected.Store(v)
+func (p *Provider) reject(ctx context.Context, h head, cause error) error {
+	p.rejected = h
 	p.refreshes.WithLabelValues("invalid").Inc()
 	// The cause names a route and a rule, never a secret: it is safe to log.
 	p.logger.LogAttrs(ctx, slog.LevelError, "settings: version refused; previous settings stay in force",
-		slog.Int64("version", v), slog.Int64("in_force", p.Version()), slog.String("reason", cause.Error()))
-	return fmt.Errorf("%w %d: %w", ErrInvalid, v, cause)
+		slog.Int64("version", h.version), slog.Int64("in_force", p.Version()), slog.String("reason", cause.Error()))
+	return fmt.Errorf("%w %d: %w", ErrInvalid, h.version, cause)
 }
 
 func (p *Provider) fail(ctx context.Context, what string, err error) {

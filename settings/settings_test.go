@@ -76,7 +76,7 @@ func TestPolicyChangeReachesEveryInstanceWithoutRestart(t *testing.T) {
 	if n := f.publishes(v); n != 1 {
 		t.Fatalf("version %d published %d times", v, n)
 	}
-	ttl := f.db1.PTTL(ctx, settings.SnapshotKey(v)).Val()
+	ttl := f.db1.PTTL(ctx, f.snapshotKey()).Val()
 	if ttl <= 0 || ttl > settings.SnapshotTTL {
 		t.Fatalf("snapshot PTTL %s, want (0, 5m]", ttl)
 	}
@@ -168,7 +168,7 @@ func TestInvalidVersionKeepsThePreviousSettings(t *testing.T) {
 		if p.Version() != before || userLimit(t, p, "GET", "/v1/me") != 120 {
 			t.Fatalf("rules %s replaced the settings in force (version %d)", rules, p.Version())
 		}
-		if n := f.db1.Exists(ctx, settings.SnapshotKey(f.version())).Val(); n != 0 {
+		if n := f.db1.Exists(ctx, f.snapshotKey()).Val(); n != 0 {
 			t.Fatalf("an invalid version was shared")
 		}
 	}
@@ -212,6 +212,77 @@ func TestSettingsWithoutRedis(t *testing.T) {
 	if p.Version() != f.version() || p.Int("x.int", 1) != 42 || p.Int("x.text", 1) != 1 || p.Int("x.none", 2) != 2 {
 		t.Fatalf("version %d, tunables %d %d %d", p.Version(), p.Int("x.int", 1), p.Int("x.text", 1), p.Int("x.none", 2))
 	}
+}
+
+// PostgreSQL is the truth even when it goes back in time (a failover to a
+// replica that had not received the last settings commit, a point-in-time
+// restore): a running instance drops the lost settings for the state
+// PostgreSQL is at, although its version is lower; and the next change,
+// which reuses the lost version number with other content, reaches running
+// and newly started instances alike, none of them taking it for the lost
+// one or reading the lost one's snapshot, still in Redis.
+func TestSettingsFollowPostgreSQLBackInTime(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	p := f.provider(settings.Config{})
+	var (
+		v0     int64
+		stamp0 string
+	)
+	if err := f.pool.QueryRow(ctx, "SELECT version, stamp::text FROM settings_head").Scan(&v0, &stamp0); err != nil {
+		t.Fatal(err)
+	}
+
+	// Committed on the primary, then lost by the failover: a limit of 3.
+	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
+		VALUES ('GET /v1/me', 'fixed', 'local', '[{"family":"user","limit":3,"windowMs":60000}]')`)
+	if err := p.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lostKey := f.snapshotKey()
+	if n := userLimit(t, p, "GET", "/v1/me"); n != 3 || p.Version() != v0+1 {
+		t.Fatalf("precondition: version %d limit %d, want %d and 3", p.Version(), n, v0+1)
+	}
+	if f.db1.Exists(ctx, lostKey).Val() != 1 {
+		t.Fatal("precondition: the lost version's snapshot was not shared")
+	}
+
+	// The failover: the promoted replica is exactly at v0, without that row.
+	f.exec(`ALTER TABLE rate_limit_policies DISABLE TRIGGER rate_limit_policies_version`)
+	f.exec(`DELETE FROM rate_limit_policies`)
+	f.exec(`ALTER TABLE rate_limit_policies ENABLE TRIGGER rate_limit_policies_version`)
+	f.exec(`DELETE FROM settings_versions WHERE version > $1`, v0)
+	f.exec(`ALTER TABLE settings_head DISABLE TRIGGER settings_head_stamp`)
+	f.exec(`UPDATE settings_head SET version = $1, stamp = $2`, v0, stamp0)
+	f.exec(`ALTER TABLE settings_head ENABLE TRIGGER settings_head_stamp`)
+
+	t.Run("a running instance goes back to the older version", func(t *testing.T) {
+		if err := p.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := userLimit(t, p, "GET", "/v1/me"); n != 120 || p.Version() != v0 {
+			t.Fatalf("PostgreSQL is back at version %d without the override; the instance is at %d with limit %d", v0, p.Version(), n)
+		}
+	})
+
+	t.Run("a change reusing the lost version number reaches every instance", func(t *testing.T) {
+		f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
+			VALUES ('GET /v1/me', 'fixed', 'local', '[{"family":"user","limit":50,"windowMs":60000}]')`)
+		if v := f.version(); v != v0+1 {
+			t.Fatalf("precondition: version %d, want the lost number %d", v, v0+1)
+		}
+		if f.snapshotKey() == lostKey {
+			t.Fatal("the new state has the lost state's snapshot key")
+		}
+		if err := p.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		fresh := f.provider(settings.Config{}) // an instance started now
+		running, started := userLimit(t, p, "GET", "/v1/me"), userLimit(t, fresh, "GET", "/v1/me")
+		if running != 50 || started != 50 {
+			t.Fatalf("PostgreSQL version %d says limit 50; the running instance enforces %d, a new instance %d", v0+1, running, started)
+		}
+	})
 }
 
 // Every change is a new version, in commit order, with its history row.

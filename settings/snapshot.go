@@ -16,7 +16,9 @@ import (
 
 // Snapshot is one settings version as shared in Redis (JSON).
 type Snapshot struct {
-	Version  int64                      `json:"version"`
+	Version int64  `json:"version"`
+	Stamp   string `json:"stamp"` // settings_head.stamp of Version
+
 	Policies map[string]PolicyOverride  `json:"policies"` // route label → override
 	Tunables map[string]json.RawMessage `json:"tunables"`
 }
@@ -39,10 +41,13 @@ type Rule struct {
 // PolicyVersion names a settings version in ratelimit.PolicySet.Version.
 func PolicyVersion(v int64) string { return "settings-" + strconv.FormatInt(v, 10) }
 
-// fromRows converts a PostgreSQL read into a snapshot, checking the JSON of
-// every rule list strictly (unknown fields refused).
-func fromRows(r store.SettingsRows) (Snapshot, error) {
-	s := Snapshot{Version: r.Version, Policies: map[string]PolicyOverride{}, Tunables: map[string]json.RawMessage{}}
+func (s Snapshot) head() head { return head{version: s.Version, stamp: s.Stamp} }
+
+// fromRows converts a PostgreSQL read of the state stamped stamp into a
+// snapshot, checking the JSON of every rule list strictly (unknown fields
+// refused).
+func fromRows(r store.SettingsRows, stamp string) (Snapshot, error) {
+	s := Snapshot{Version: r.Version, Stamp: stamp, Policies: map[string]PolicyOverride{}, Tunables: map[string]json.RawMessage{}}
 	for _, p := range r.Policies {
 		var rules []Rule
 		dec := json.NewDecoder(bytes.NewReader(p.Rules))

@@ -21,29 +21,39 @@ type RateLimitPolicyRow struct {
 	Rules     []byte
 }
 
+// SettingsHead names one settings state: settings_head's version and the
+// stamp PostgreSQL draws anew on every change of that row. Two states share
+// a version number only when PostgreSQL has gone back in time (a failover
+// to a replica that missed the last change, a point-in-time restore) and
+// reused it; their stamps still differ.
+type SettingsHead struct {
+	Version int64
+	Stamp   string
+}
+
 // SettingsRows is one consistent read of every settings table.
 type SettingsRows struct {
-	Version  int64
+	SettingsHead
 	Policies []RateLimitPolicyRow
 	Tunables map[string][]byte // name → JSON value
 }
 
-// SettingsVersion returns the current settings version (one-row read: the
-// cheap check every instance makes on each refresh tick).
-func (s *Store) SettingsVersion(ctx context.Context) (int64, error) {
-	var v int64
-	if err := s.pool.QueryRow(ctx, "SELECT version FROM settings_head").Scan(&v); err != nil {
-		return 0, fmt.Errorf("settings version: %w", err)
+// SettingsHead reads the state PostgreSQL is at (one-row read: the cheap
+// check every instance makes on each refresh tick).
+func (s *Store) SettingsHead(ctx context.Context) (SettingsHead, error) {
+	var h SettingsHead
+	if err := s.pool.QueryRow(ctx, "SELECT version, stamp::text FROM settings_head").Scan(&h.Version, &h.Stamp); err != nil {
+		return SettingsHead{}, fmt.Errorf("settings head: %w", err)
 	}
-	return v, nil
+	return h, nil
 }
 
-// LoadSettings reads the version and every row in one REPEATABLE READ
-// transaction, so the rows are exactly those of the version returned.
+// LoadSettings reads the state and every row in one REPEATABLE READ
+// transaction, so the rows are exactly those of the state returned.
 func (s *Store) LoadSettings(ctx context.Context) (SettingsRows, error) {
 	out := SettingsRows{Tunables: map[string][]byte{}}
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, "SELECT version FROM settings_head").Scan(&out.Version); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT version, stamp::text FROM settings_head").Scan(&out.Version, &out.Stamp); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, "SELECT route, algorithm, on_failure, rules::text FROM rate_limit_policies ORDER BY route")

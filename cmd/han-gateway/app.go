@@ -48,6 +48,7 @@ type Main struct {
 	rt       redis.UniversalClient
 	api      *restapi.Server
 	realtime *gateway.Service
+	verifier *auth.Verifier            // its Close ends a detached JWKS refetch
 	janitor  *store.Janitor            // purges expired idempotency records
 	purger   *store.OutboxPurger       // purges delivered outbox rows past HAN_OUTBOX_RETENTION
 	budgets  *project.BudgetReconciler // reconciles the project API's module budget
@@ -172,6 +173,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	m.verifier = verifier
 	metrics := restapi.NewMetrics()
 	metrics.Registry.MustRegister(newOpsCollector(store.New(m.pg), m.rdb, m.rt, cfg.RedisTimeout)) // metrics.go
 	metrics.Registry.MustRegister(newPoolCollector(m.pg))                                          // dbpool.go
@@ -319,6 +321,12 @@ func (m *Main) Close() error {
 	if m.realtime != nil {
 		m.realtime.Close()
 		m.realtime = nil
+	}
+	if m.verifier != nil {
+		// A JWKS refetch started by a request that is gone may still run;
+		// it uses the Redis client closed below.
+		m.verifier.Close()
+		m.verifier = nil
 	}
 	m.closeJobs()
 	if m.api != nil {

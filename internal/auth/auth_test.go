@@ -131,7 +131,11 @@ func newJWKSServer(t testing.TB, ks ...map[string]any) *jwksServer {
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.hits.Add(1)
 		if d := time.Duration(s.delay.Load()); d > 0 {
-			time.Sleep(d)
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done(): // the client gave up
+				return
+			}
 		}
 		if s.fail.Load() {
 			http.Error(w, "unavailable", http.StatusServiceUnavailable)
@@ -213,6 +217,7 @@ func newVerifier(t testing.TB, cfg auth.Config, logger *slog.Logger) *auth.Verif
 	if err != nil {
 		t.Fatalf("NewVerifier: %v", err)
 	}
+	t.Cleanup(v.Close)
 	return v
 }
 
@@ -543,6 +548,60 @@ func TestVerify(t *testing.T) {
 			t.Fatalf("logs contain claim value %q", val)
 		}
 	}
+}
+
+// Claim names are case-sensitive: custom claims an identity provider puts
+// in its tokens under names like "TYP", "SUB" or "EXP" are unknown claims,
+// ignored like any other. They never change the principal nor stand in for
+// a claim the token lacks.
+func TestClaimNamesMatchOnlyInTheirExactCase(t *testing.T) {
+	k := keys()
+	srv := newJWKSServer(t, baseJWKs()...)
+	clock := newTestClock()
+	v := newVerifier(t, auth.Config{JWKSURL: srv.URL, HTTPClient: srv.Client(), Issuer: testIssuer, Audience: testAudience, Now: clock.Now}, nil)
+	now := clock.Now()
+	rs256 := func(c jwt.MapClaims) string { return sign(t, jwt.SigningMethodRS256, k.rsa, kidRSA, c) }
+	user := auth.Principal{UserID: wantUserID, Kind: auth.KindUser}
+
+	t.Run("a custom TYP claim does not make a user token a service token", func(t *testing.T) {
+		for _, c := range []jwt.MapClaims{
+			claimsAt(now, set("TYP", "service"), set("SVC", "billing")),
+			claimsAt(now, set("Typ", "service"), set("Svc", "billing")),
+			claimsAt(now, set("typ", "user"), set("TYP", "service")),
+		} {
+			if p := mustAccept(t, v, rs256(c)); withoutExpires(p) != user {
+				t.Fatalf("claims %v verified as %+v, want a user token", c, withoutExpires(p))
+			}
+		}
+	})
+	t.Run("a custom SUB claim neither replaces nor stands in for sub", func(t *testing.T) {
+		other := "11111111-2222-4333-8444-555555555555"
+		mustReject(t, v, rs256(claimsAt(now, del("sub"), set("SUB", other))), "sub claim")
+		if p := mustAccept(t, v, rs256(claimsAt(now, set("Sub", other)))); p.UserID != wantUserID {
+			t.Fatalf("principal %q, want the sub claim's %q", p.UserID, wantUserID)
+		}
+	})
+	t.Run("a custom EXP claim does not stand in for exp", func(t *testing.T) {
+		c := claimsAt(now)
+		c["EXP"] = c["exp"]
+		delete(c, "exp")
+		if err := mustReject(t, v, rs256(c), ""); !errors.Is(err, jwt.ErrTokenRequiredClaimMissing) {
+			t.Fatalf("reason = %v, want the missing exp", err)
+		}
+		// Nor does a far-off one extend an expired token.
+		c = claimsAt(now, set("iat", now.Add(-time.Hour).Unix()), set("exp", now.Add(-time.Minute).Unix()), set("Exp", now.Add(time.Hour).Unix()))
+		if err := mustReject(t, v, rs256(c), ""); !errors.Is(err, jwt.ErrTokenExpired) {
+			t.Fatalf("reason = %v, want expired", err)
+		}
+	})
+	t.Run("custom ISS and AUD claims do not satisfy the configured issuer and audience", func(t *testing.T) {
+		if err := mustReject(t, v, rs256(claimsAt(now, del("iss"), set("ISS", testIssuer))), ""); !errors.Is(err, jwt.ErrTokenRequiredClaimMissing) {
+			t.Fatalf("reason = %v", err)
+		}
+		if err := mustReject(t, v, rs256(claimsAt(now, del("aud"), set("Aud", testAudience))), ""); !errors.Is(err, jwt.ErrTokenRequiredClaimMissing) {
+			t.Fatalf("reason = %v", err)
+		}
+	})
 }
 
 func TestUnknownKID(t *testing.T) {

@@ -8,10 +8,15 @@
 // only the unknown-kid bookkeeping: the bounded map of per-kid "no refetch
 // before" times, the map of in-flight per-kid resolutions that concurrent
 // misses share, the newest refetch with its generation counter, the time
-// before which no refetch starts, and the time of the last "too many unknown
-// kids" warning. Refetches are single-flight: at most one runs per Verifier,
-// and every miss that arrives while it runs waits for its result instead of
-// fetching again.
+// before which no refetch starts, the time of the last "too many unknown
+// kids" warning, and whether the Verifier is closed. Refetches are
+// single-flight: at most one runs per Verifier, and every miss that arrives
+// while it runs waits for its result instead of fetching again. The
+// resolution of an unknown kid runs in its own goroutine, detached from the
+// request that started it; every miss, that request's included, waits for it
+// only as long as its own context allows. [Verifier.Close] cancels a
+// resolution in progress and waits for it; Verify keeps working afterwards
+// with the keys it has, but fetches no more.
 //
 // Accepted algorithms are RS256, ES256 and EdDSA with keys from a JWKS (file
 // or URL) and, only when a dev secret is configured outside prod, HS256. A
@@ -26,7 +31,10 @@
 // iat are honoured, all with a 30 s leeway by default. The typ claim selects
 // the token kind: absent or "user" is a user token, "service" a service token
 // (its svc claim, when present, must be 1..64 characters of [A-Za-z0-9._-]
-// because it ends up in Redis key names), anything else is rejected.
+// because it ends up in Redis key names), anything else is rejected. Claim
+// names are matched exactly, in their letter case: a custom claim named
+// "TYP", "Sub" or "EXP" is an unknown claim, ignored, and never read as typ,
+// sub or exp (so it cannot stand in for a missing exp either).
 //
 // Unknown kid: the JWKS source is refetched at most once per 10 s per
 // Verifier, whatever kids the tokens name (a failed refetch counts; the load
@@ -50,8 +58,11 @@
 // at all (unreachable URL, unreadable file, invalid document), or if no
 // usable key exists in it and no dev secret is configured ([ErrNoKeys]). A
 // later refetch that fails, or that returns no usable key, keeps the previous
-// keys. In prod the JWKS URL must be https and a dev secret is refused. JWKS
-// documents are capped at 1 MiB.
+// keys. In prod the JWKS URL must be https and a dev secret is refused. A
+// fetch from an https URL follows redirects only to https URLs, whatever
+// HTTPClient is configured: a redirect to plain http would let whoever
+// answers it choose the keys, so it fails the fetch (at startup NewVerifier
+// fails; later the previous keys stay). JWKS documents are capped at 1 MiB.
 //
 // Keys: go-jose decodes each JWK; the choice of which keys may verify is made
 // here. A key is used only if its use is absent or "sig", its key_ops (when

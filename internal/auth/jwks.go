@@ -204,7 +204,7 @@ func (v *Verifier) fetchJWKSURL(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("build jwks request: %w", err)
 	}
 	req.Header.Set("Accept", "application/jwk-set+json, application/json")
-	resp, err := v.cfg.HTTPClient.Do(req)
+	resp, err := httpsOnlyRedirects(v.cfg.HTTPClient).Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("fetch jwks: %w", err)
 	}
@@ -214,6 +214,39 @@ func (v *Verifier) fetchJWKSURL(ctx context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("fetch jwks: HTTP status %d", resp.StatusCode)
 	}
 	return readLimited(resp.Body)
+}
+
+// errRedirectDowngrade fails a JWKS fetch whose redirect leaves https.
+var errRedirectDowngrade = errors.New("jwks redirect from https to another scheme refused")
+
+// maxRedirects is the redirect limit of http.Client's default policy,
+// kept for clients without their own.
+const maxRedirects = 10
+
+// httpsOnlyRedirects returns a copy of c whose redirect policy refuses any
+// hop that leaves https once the request started on https; the hops it
+// allows then go through c's own policy (or the default limit of 10). Whoever
+// answers a plain-http request chooses the keys the Verifier trusts, so a
+// redirect from the https JWKS URL (a misconfigured identity provider, CDN
+// or proxy) must not hand that choice to the network; the refused fetch
+// fails and the previous keys stay. The copy is made for every fetch, so
+// no HTTPClient a caller passes can lift the rule, and c is left as it was.
+func httpsOnlyRedirects(c *http.Client) *http.Client {
+	guarded := *c
+	next := c.CheckRedirect
+	guarded.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if via[0].URL.Scheme == "https" && req.URL.Scheme != "https" {
+			return errRedirectDowngrade
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		return nil
+	}
+	return &guarded
 }
 
 func readLimited(r io.Reader) ([]byte, error) {

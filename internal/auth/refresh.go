@@ -8,12 +8,13 @@ import (
 
 // resolveMiss runs after a token named a kid the key set does not hold. It
 // returns once whatever this miss may learn is in the key set (or nothing can
-// be learned now); the caller then looks the kid up again.
+// be learned now, or ctx ends first); the caller then looks the kid up again.
 //
 // Concurrent misses for one kid share one resolution: the first registers it
-// in inflight and runs it, the others wait for its done channel. A miss that
-// arrives while a refetch runs waits for that refetch; one that arrives less
-// than sourceRefetchGap after the last refetch started learns nothing now and
+// in inflight and starts it, and every miss, the first included, waits for its
+// done channel only as long as its own ctx allows. A miss that arrives while
+// a refetch runs waits for that refetch; one that arrives less than
+// sourceRefetchGap after the last refetch started learns nothing now and
 // leaves no trace, so a key published since is found by the first miss after
 // the gap.
 func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
@@ -22,6 +23,10 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	}
 	now := v.cfg.Now()
 	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return
+	}
 	if m := v.inflight[kid]; m != nil {
 		v.mu.Unlock()
 		wait(ctx, m.done)
@@ -43,18 +48,35 @@ func (v *Verifier) resolveMiss(ctx context.Context, kid string) {
 	m := &kidMiss{done: make(chan struct{})}
 	v.inflight[kid] = m
 	seen := v.fetchGen
+	v.resolving.Add(1)
 	v.mu.Unlock()
 
+	// Detached from the caller, in its own goroutine: the misses waiting
+	// for it must not fail because the first caller went away, and the
+	// first caller must not outlive its own deadline because the JWKS
+	// endpoint is slow. The values of ctx (log fields) go along.
+	rctx := context.WithoutCancel(ctx)
+	go func() {
+		defer v.resolving.Done()
+		v.resolve(rctx, kid, m, seen, now)
+	}()
+	wait(ctx, m.done)
+}
+
+// resolve is the shared resolution of one unknown kid, started at now by
+// resolveMiss: the negative marker, then a refetch. It ends within
+// missTimeout, or at once when the Verifier is closed, and always closes
+// m.done.
+func (v *Verifier) resolve(ctx context.Context, kid string, m *kidMiss, seen uint64, now time.Time) {
 	defer func() {
 		v.mu.Lock()
 		delete(v.inflight, kid)
 		v.mu.Unlock()
 		close(m.done)
 	}()
-	// Detached from the caller: waiters share this resolution, so the first
-	// caller going away must not fail theirs.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), missTimeout)
+	mctx, cancel := context.WithTimeout(ctx, missTimeout)
 	defer cancel()
+	defer context.AfterFunc(v.life, cancel)()
 
 	kh := kidHash(kid)
 	ttl, marked, redisOK := v.negativeMarker(mctx, kh)
@@ -157,7 +179,7 @@ func (v *Verifier) refresh(ctx context.Context, seen uint64) error {
 
 	f.err = v.reload(ctx)
 	close(f.done)
-	if f.err != nil {
+	if f.err != nil && v.life.Err() == nil { // a refetch cut short by Close is no failure to report
 		v.logger.LogAttrs(ctx, slog.LevelWarn, "auth: jwks refetch failed; keeping the previous keys", slog.Any("err", f.err))
 	}
 	return f.err

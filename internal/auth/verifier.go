@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/redis/go-redis/v9"
+	segjson "github.com/segmentio/encoding/json"
 )
 
 // Config configures a Verifier. Exactly one key source must exist: a JWKS
@@ -21,7 +23,8 @@ import (
 type Config struct {
 	// Issuer and Audience are checked only when non-empty.
 	Issuer, Audience string
-	// JWKSURL is a JWKS served over HTTP(S); in prod it must be https.
+	// JWKSURL is a JWKS served over HTTP(S); in prod it must be https. A
+	// fetch from an https URL follows redirects only to https URLs.
 	JWKSURL string
 	// JWKSFile is a JWKS on disk, re-read on every refetch.
 	JWKSFile string
@@ -44,7 +47,9 @@ type Config struct {
 	// Redis is DB0, holding han:api:jwks:negative:<kid_hash>. Zero value:
 	// the negative cache is local to this Verifier.
 	Redis redis.UniversalClient
-	// HTTPClient fetches JWKSURL. Zero value: a client with a 5s timeout.
+	// HTTPClient fetches JWKSURL; each fetch uses a copy whose redirect
+	// policy also refuses a hop from https to another scheme. Zero value:
+	// a client with a 5s timeout.
 	HTTPClient *http.Client
 	// Now is the clock (tests). Zero value: time.Now.
 	Now func() time.Time
@@ -88,7 +93,13 @@ type Verifier struct {
 	keys     atomic.Pointer[keySet]
 	verified verifiedCache
 
+	// life ends at Close; it cancels a resolution in progress.
+	life      context.Context
+	endLife   context.CancelFunc
+	resolving sync.WaitGroup // the unknown-kid resolutions running detached
+
 	mu           sync.Mutex           // guards the fields below
+	closed       bool                 // Close was called: no resolution starts
 	noFetchUntil map[string]time.Time // kid → no refetch (or marker read) for it before then
 	inflight     map[string]*kidMiss  // kid → the resolution concurrent misses share
 	fetch        *fetchCall           // the newest JWKS refetch, running or finished; nil before the first
@@ -121,6 +132,7 @@ func NewVerifier(ctx context.Context, cfg Config, logger *slog.Logger) (*Verifie
 		noFetchUntil: make(map[string]time.Time),
 		inflight:     make(map[string]*kidMiss),
 	}
+	v.life, v.endLife = context.WithCancel(context.Background())
 	if len(cfg.DevHS256Secret) > 0 {
 		// A private copy: the caller's slice may be reused or zeroed.
 		v.secret = append([]byte(nil), cfg.DevHS256Secret...)
@@ -154,6 +166,19 @@ func NewVerifier(ctx context.Context, cfg Config, logger *slog.Logger) (*Verifie
 	return v, nil
 }
 
+// Close cancels an unknown-kid resolution in progress (its refetch fails and
+// the keys stay as they are) and waits for it to end. Verify keeps working
+// with the keys already loaded, but an unknown kid is rejected from then on
+// without a fetch. Call it after the last request that may verify a token,
+// before closing the Redis client. Idempotent.
+func (v *Verifier) Close() {
+	v.mu.Lock()
+	v.closed = true
+	v.mu.Unlock()
+	v.endLife()
+	v.resolving.Wait()
+}
+
 // Leeway is the clock skew allowed on exp, nbf and iat: a token is accepted
 // until exp plus Leeway. REST requests and WebSocket connections share it,
 // so a socket ends when the same token would stop working over REST.
@@ -185,6 +210,23 @@ type claims struct {
 	jwt.RegisteredClaims
 	Typ *string `json:"typ,omitempty"`
 	Svc string  `json:"svc,omitempty"`
+}
+
+// UnmarshalJSON reads each claim under its exact name only. Claim names are
+// case-sensitive, but encoding/json matches struct fields case-insensitively:
+// a custom "TYP", "SUB" or "EXP" that an identity provider copies into its
+// tokens would be taken for typ, sub or exp, decide the principal, or stand
+// in for a missing exp. Decoded here, such names are unknown claims and
+// ignored like any other, so a token without the real exp is refused. The
+// decoder is segmentio's, whose exact-name mode costs no more than the
+// standard decoding on the connect path.
+func (c *claims) UnmarshalJSON(data []byte) error {
+	type exactNames claims // the same fields, without this method
+	rest, err := segjson.Parse(data, (*exactNames)(c), segjson.DontMatchCaseInsensitiveStructFields)
+	if err == nil && len(bytes.TrimSpace(rest)) > 0 {
+		err = errors.New("data after the claims object")
+	}
+	return err
 }
 
 // Reasons wrapped next to ErrUnauthorized; fixed text, never token content.
