@@ -144,10 +144,18 @@ func (b *stmtBatcher[C]) begin(ctx context.Context) error {
 	return nil
 }
 
-// do runs c in a shared statement and returns its error.
+// do runs c in a shared statement and returns its error. A call still
+// queued when its context ends leaves unexecuted with the context's error
+// (as a batch answers a call whose context ended before it ran), so a
+// stalled statement holds only the calls it carries, not the callers
+// queued behind it past their deadlines; a call in a running statement
+// waits for it, which the statement's shared context bounds.
 func (b *stmtBatcher[C]) do(c C) error {
-	b.comb.Do(c)
-	return c.shared().err
+	sc := c.shared()
+	if err := b.comb.DoCtx(sc.ctx, c); err != nil {
+		return err
+	}
+	return sc.err
 }
 
 // SetRealtimeLinger sets how long a subscribe check, a presence

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/combine"
 )
@@ -110,6 +112,32 @@ func (b *dialogBatch) topUp() {
 		}
 		b.reqs = append(b.reqs, r)
 	}
+}
+
+// prune answers the sends of b whose budget ran out (ErrDatabaseBusy,
+// unwritten) and takes them out of it, so the batch is written with the
+// budget of the sends left: each send's budget is its own, and one that ran
+// out must neither fail the others nor be answered twice (its writer
+// answers every send still in b.reqs). It reports whether any send is left.
+func (b *dialogBatch) prune(now time.Time) bool {
+	if now.Before(b.deadline) {
+		return true // b.deadline is the earliest: none ran out
+	}
+	kept := b.reqs[:0]
+	var deadline time.Time
+	for _, r := range b.reqs {
+		if !now.Before(r.deadline) {
+			r.finish(sendResult{err: errQueuedPastBudget()})
+			continue
+		}
+		if deadline.IsZero() || r.deadline.Before(deadline) {
+			deadline = r.deadline
+		}
+		kept = append(kept, r)
+	}
+	clear(b.reqs[len(kept):])
+	b.reqs, b.deadline = kept, deadline
+	return len(kept) > 0
 }
 
 // settle records the batch's outcome and wakes its writer.
@@ -236,28 +264,46 @@ func (g *commitGroups) next() []*dialogBatch {
 	return group
 }
 
-// execGroup writes a group: one batch as one statement, several as one
-// pipelined transaction. A batch that could not be written because of its
-// dialog (a lock held elsewhere, or anything PostgreSQL refused in a
-// group) is written again on its own goroutine, outside the committers.
+// execGroup writes a group in one send_groups statement. A batch that could
+// not be written because of its dialog (a lock held elsewhere, or anything
+// PostgreSQL refused in a group) is written again on its own goroutine,
+// outside the committers.
+//
+// Budgets are per send. One whose budget ran out while it waited (for a
+// send transaction, for company or for a pool connection) is answered
+// ErrDatabaseBusy unwritten and leaves its batch, and a batch left without
+// sends leaves the group: neither fails nor shortens the others. So the
+// pool wait is bounded by the latest budget in the group (bounded by the
+// earliest, it would fail every dialog of the group when that one ran
+// out), the sends that expired during it are answered once the connection
+// is in hand, and the lock wait is derived from the earliest budget of the
+// sends written.
 func (s *Store) execGroup(group []*dialogBatch) {
 	// The sends that queued behind each batch while it waited go with it.
 	for _, b := range group {
 		b.topUp()
 	}
-	// A batch whose budget ran out while it waited is answered unwritten;
-	// it must not shrink the budget of the rest.
-	now := time.Now()
-	live := group[:0]
-	for _, b := range group {
-		if now.Before(b.deadline) {
-			live = append(live, b)
-		} else {
-			b.settle(nil, errQueuedPastBudget())
+	if group = liveBatches(group); len(group) == 0 {
+		return
+	}
+	latest := group[0].deadline
+	for _, b := range group[1:] {
+		if b.deadline.After(latest) {
+			latest = b.deadline
 		}
 	}
-	group = live
+	ctx, conn, done, err := s.sendConn(time.Until(latest))
+	if err != nil {
+		// Past the latest budget, or no connection at all: nothing of the
+		// group can be written any more.
+		for _, b := range group {
+			b.settle(nil, err)
+		}
+		return
+	}
+	group = liveBatches(group)
 	if len(group) == 0 {
+		done()
 		return
 	}
 	deadline := group[0].deadline
@@ -267,9 +313,9 @@ func (s *Store) execGroup(group []*dialogBatch) {
 		}
 	}
 	budget := time.Until(deadline)
-	lockWait := min(budget/4, s.groups.lockWait)
 	s.groups.count(group...)
-	out, err := s.execSendGroup(budget, lockWait, group)
+	out, err := s.runSendGroup(ctx, conn, min(budget/4, s.groups.lockWait), group)
+	done()
 	if err == nil {
 		for i, b := range group {
 			b.settle(out[i], nil)
@@ -278,8 +324,8 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	}
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || (len(group) == 1 && pe.Code != codeLockNotAvailable) {
-		// No pool connection in time, a failed connection, or a lone
-		// batch's own error: nothing to gain from writing it again.
+		// A failed connection, or a lone batch's own error: nothing to
+		// gain from writing it again.
 		for _, b := range group {
 			b.settle(nil, err)
 		}
@@ -287,7 +333,8 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	}
 	for _, b := range group {
 		go func() {
-			if left := time.Until(b.deadline); left > 0 {
+			if b.prune(time.Now()) {
+				left := time.Until(b.deadline)
 				s.groups.count(b)
 				b.settle(s.execSendBatch(b.dialogID, left, left, b.reqs))
 				return
@@ -295,6 +342,22 @@ func (s *Store) execGroup(group []*dialogBatch) {
 			b.settle(nil, errQueuedPastBudget())
 		}()
 	}
+}
+
+// liveBatches prunes each batch of group (see prune) and returns, in
+// place, the batches that still hold a send; a batch left without one is
+// settled unwritten (its sends were answered by prune).
+func liveBatches(group []*dialogBatch) []*dialogBatch {
+	now := time.Now()
+	live := group[:0]
+	for _, b := range group {
+		if b.prune(now) {
+			live = append(live, b)
+		} else {
+			b.settle(nil, errQueuedPastBudget())
+		}
+	}
+	return live
 }
 
 // execSendGroup writes the batches of group in one statement, send_groups,
@@ -310,7 +373,13 @@ func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBat
 		return nil, err
 	}
 	defer done()
-	lockWait = min(max(lockWait, time.Millisecond), max(budget, time.Millisecond))
+	return s.runSendGroup(ctx, conn, min(lockWait, budget), group)
+}
+
+// runSendGroup runs send_groups for group on conn (see execSendGroup),
+// each lock wait bounded by lockWait (at least 1 ms).
+func (s *Store) runSendGroup(ctx context.Context, conn *pgxpool.Conn, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
+	lockWait = max(lockWait, time.Millisecond)
 	rows, err := conn.Query(ctx, sendGroupsSQL, sendArgs(lockWait, group)...)
 	var out [][]sendRow
 	if err == nil {

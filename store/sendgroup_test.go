@@ -172,6 +172,73 @@ func TestAnExpiredBatchLeavesItsGroup(t *testing.T) {
 	}
 }
 
+// A send that joined its dialog's batch while the batch waited for a send
+// transaction keeps its own budget: the send ahead of it, whose budget ran
+// out meanwhile, is answered database_busy unwritten, alone.
+func TestASendThatJoinedAnExpiredOneIsWrittenWithItsOwnBudget(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(0)
+	release, first := occupy(t, s)
+	f := newSendFixture(t, s, 2)
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	head := queueSend(t, s, short, store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[0], Body: "short budget"})
+	waitGroupWaiting(t, s, 1)
+	joined := queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[1], Body: "long budget"})
+	<-short.Done()
+	time.Sleep(50 * time.Millisecond)
+	release()
+	<-first
+	if o := <-head; !errors.Is(o.err, store.ErrDatabaseBusy) || o.created {
+		t.Fatalf("send past its budget: created %v: %v", o.created, o.err)
+	}
+	o := <-joined
+	if o.err != nil || !o.created || o.m.Seq != 1 {
+		t.Fatalf("send that joined it with most of its budget left: created %v seq %d: %v", o.created, o.m.Seq, o.err)
+	}
+	checkGapless(t, s, f.dialog, 1, []store.Message{o.m})
+}
+
+// While the pool has no connection free, a group waits for one as long as
+// the longest budget among its sends: a send grouped with one whose budget
+// is short is written once a connection comes free within its own budget,
+// and the short one, expired by then, is answered database_busy unwritten.
+func TestAGroupWaitingForAConnectionKeepsEachSendsOwnBudget(t *testing.T) {
+	openStore(t) // applies the migrations
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := store.New(pool)
+	s.SetRequestTimeout(10 * time.Second)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(300 * time.Millisecond)
+	a, b := newSendFixture(t, s, 2), newSendFixture(t, s, 2)
+	held, err := pool.Acquire(ctx) // other requests hold the only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
+	defer cancel()
+	expired := queueSend(t, s, short, store.SendMessage{ID: ids.New(), DialogID: a.dialog, SenderID: a.users[0], Body: "short budget"})
+	kept := queueSend(t, s, ctx, store.SendMessage{ID: ids.New(), DialogID: b.dialog, SenderID: b.users[0], Body: "long budget"})
+	waitGroupWaiting(t, s, 1) // the second batch lingers with the first: one group
+	<-short.Done()
+	time.Sleep(300 * time.Millisecond)
+	held.Release()
+	if o := <-expired; !errors.Is(o.err, store.ErrDatabaseBusy) || o.created {
+		t.Fatalf("send past its budget: created %v: %v", o.created, o.err)
+	}
+	if o := <-kept; o.err != nil || !o.created || o.m.Seq != 1 {
+		t.Fatalf("send grouped with a shorter budget, a connection free within its own: created %v: %v", o.created, o.err)
+	}
+	checkEmpty(t, s, a.dialog)
+}
+
 // With one send transaction, a send into a dialog whose row lock is held
 // elsewhere gives the transaction up after a short lock wait and waits on
 // its own, so sends into other dialogs go on; it is written once the lock

@@ -1,6 +1,7 @@
 // Package combine shares round trips among concurrent callers: a Combiner
 // executes the calls of many goroutines in shared batches (one pipeline,
-// one statement), optionally after waiting for company (Linger, Company), and
+// one statement), optionally after waiting for company (Linger, Company);
+// a queued call leaves when its caller's context ends (DoCtx), and
 // SharedContext gives such a batch a context that no single caller's
 // leaving cuts short. It knows no Redis and no SQL: the
 // batch's execution is the caller's function.
@@ -8,6 +9,7 @@ package combine
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -57,19 +59,8 @@ func (c *Combiner[C]) Do(calls ...C) {
 		w.wake = make(chan []*waiter[C], 1)
 	}
 	c.mu.Lock()
-	if !c.company.Waiting() && c.inFlight < max(c.InFlight, 1) {
-		// One caller's calls stay together even beyond Max: in the queue
-		// they would wait for a batch in flight, and there may be none.
-		c.inFlight++
-		if c.Linger > 0 && len(ws) < c.Max {
-			c.company.Wait(&c.mu, c.Linger, c.Max-len(ws))
-		}
-		batch := append(ws[:len(ws):len(ws)], c.takeLocked(max(c.Max-len(ws), 0))...)
-		c.mu.Unlock()
-		c.send(batch)
-		for _, w := range ws[1:] {
-			<-w.wake
-		}
+	if c.freeLocked() {
+		c.lead(ws)
 		return
 	}
 	ws[0].wake = make(chan []*waiter[C], 1)
@@ -80,6 +71,78 @@ func (c *Combiner[C]) Do(calls ...C) {
 		if batch := <-w.wake; batch != nil {
 			c.send(batch)
 		}
+	}
+}
+
+// DoCtx executes call as Do does, unless ctx ends while the call is still
+// queued: the call then leaves the queue unexecuted and DoCtx returns ctx's
+// error, so a caller never waits past its own deadline for the batches in
+// flight ahead of it (a stalled one would hold every queued caller). A call
+// already taken into a batch, or leading one on this goroutine, waits for
+// that batch and DoCtx returns nil: Exec records the outcome in the call,
+// so its caller must not leave while the call may still be written; Exec
+// bounds the batch (SharedContext).
+func (c *Combiner[C]) DoCtx(ctx context.Context, call C) error {
+	if ctx.Done() == nil {
+		c.Do(call)
+		return nil
+	}
+	w := &waiter[C]{call: call}
+	c.mu.Lock()
+	if c.freeLocked() {
+		c.lead([]*waiter[C]{w})
+		return nil
+	}
+	w.wake = make(chan []*waiter[C], 1)
+	c.queue = append(c.queue, w)
+	c.company.Joined(len(c.queue))
+	c.mu.Unlock()
+	var batch []*waiter[C]
+	select {
+	case batch = <-w.wake:
+	case <-ctx.Done():
+		c.mu.Lock()
+		if i := slices.Index(c.queue, w); i >= 0 {
+			// A fresh array: the taken batches may share the queue's.
+			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			if len(c.queue) == 0 {
+				c.queue = nil
+			}
+			c.mu.Unlock()
+			return ctx.Err()
+		}
+		c.mu.Unlock()
+		// Taken meanwhile: as a batch's member (nil) or as the caller who
+		// executes the next batch, which holds other callers' calls too.
+		batch = <-w.wake
+	}
+	if batch != nil {
+		c.send(batch)
+	}
+	return nil
+}
+
+// freeLocked (c.mu held) reports whether a new call starts a batch of its
+// own instead of queueing.
+func (c *Combiner[C]) freeLocked() bool {
+	return !c.company.Waiting() && c.inFlight < max(c.InFlight, 1)
+}
+
+// lead (c.mu held, released) executes ws, with the calls queued behind
+// them, as a batch on the caller's goroutine, after waiting up to Linger
+// for company, and returns once every call of ws was executed.
+func (c *Combiner[C]) lead(ws []*waiter[C]) {
+	// One caller's calls stay together even beyond Max: in the queue they
+	// would wait for a batch in flight, and there may be none.
+	c.inFlight++
+	if c.Linger > 0 && len(ws) < c.Max {
+		c.company.Wait(&c.mu, c.Linger, c.Max-len(ws))
+	}
+	batch := append(ws[:len(ws):len(ws)], c.takeLocked(max(c.Max-len(ws), 0))...)
+	c.mu.Unlock()
+	c.send(batch)
+	for _, w := range ws[1:] {
+		<-w.wake
 	}
 }
 
@@ -160,8 +223,11 @@ func (c *Combiner[C]) send(batch []*waiter[C]) {
 // SharedContext is the context of a batch shared by calls: it ends at the
 // latest deadline among the calls' contexts (ctxOf), at most budget away,
 // and is not canceled when any one of them is — so no caller is cut short
-// by another leaving, and none waits past its own deadline because of the
-// others. Its values are those of the first call's context.
+// by another leaving, and the batch ends once every caller's deadline has
+// passed. A caller queued behind batches in flight leaves at its own
+// deadline (Combiner.DoCtx); one whose call is in the batch waits for it,
+// at most until the latest deadline among its batch-mates'. Its values
+// are those of the first call's context.
 func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
 	limit := time.Now().Add(budget)
 	var latest time.Time

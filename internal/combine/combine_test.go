@@ -1,6 +1,8 @@
 package combine_test
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -188,5 +190,75 @@ func TestCombinerLingerEndsWhenTheBatchFills(t *testing.T) {
 	}
 	if len(sizes) != 1 || sizes[0] != 3 {
 		t.Fatalf("batches %v, want one of 3 calls", sizes)
+	}
+}
+
+// A call queued behind a stalled batch leaves when its caller's context
+// ends, with the context's error, and is never executed; the calls queued
+// behind it still go out, in one batch, once the stall ends. A call whose
+// context ends only after it was taken into a batch is executed.
+func TestCombinerQueuedCallLeavesWhenItsContextEnds(t *testing.T) {
+	stall := make(chan struct{})
+	started := make(chan struct{})
+	late, cancelLate := context.WithCancel(context.Background())
+	defer cancelLate()
+	var (
+		mu      sync.Mutex
+		batches [][]int
+	)
+	c := &combine.Combiner[*call]{Max: 8, Exec: func(batch []*call) {
+		mu.Lock()
+		ids := make([]int, len(batch))
+		for i, cl := range batch {
+			ids[i] = cl.id
+			cl.done.Add(1)
+		}
+		batches = append(batches, ids)
+		mu.Unlock()
+		switch batch[0].id {
+		case 0:
+			close(started)
+			<-stall
+		case 2:
+			cancelLate() // while its calls are in this batch
+		}
+	}}
+	var wg sync.WaitGroup
+	wg.Go(func() { c.Do(&call{id: 0}) })
+	<-started
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	left := &call{id: 1}
+	errc := make(chan error, 1)
+	wg.Go(func() { errc <- c.DoCtx(short, left) })
+	time.Sleep(10 * time.Millisecond) // queued first: the next batch's executor
+	taken := []*call{{id: 2}, {id: 3}}
+	for _, cl := range taken {
+		wg.Go(func() {
+			if err := c.DoCtx(late, cl); err != nil {
+				t.Errorf("call %d, taken into a batch before its context ended: %v", cl.id, err)
+			}
+		})
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("queued call past its deadline: %v, want context.DeadlineExceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a queued call waited past its deadline for a stalled batch")
+	}
+	close(stall)
+	wg.Wait()
+	if n := left.done.Load(); n != 0 {
+		t.Fatalf("the call that left was executed %d times", n)
+	}
+	for _, cl := range taken {
+		if n := cl.done.Load(); n != 1 {
+			t.Fatalf("call %d queued behind the one that left was executed %d times", cl.id, n)
+		}
+	}
+	if len(batches) != 2 || len(batches[1]) != 2 {
+		t.Fatalf("batches %v, want the stalled one and one of the two calls left", batches)
 	}
 }
