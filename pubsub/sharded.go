@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -301,7 +300,8 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
-	bg.Add(2)
+	var lost atomic.Bool
+	bg.Add(3)
 	go func() {
 		defer bg.Done()
 		s.shardFlushLoop(sctx, sh, ps)
@@ -310,15 +310,19 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 		defer bg.Done()
 		s.shardPingLoop(sctx, ps)
 	}()
+	go func() {
+		defer bg.Done()
+		s.watch(sctx, func() bool {
+			return time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline
+		}, func() { lost.Store(true); cancel() })
+	}()
 	for {
-		msg, err := ps.ReceiveTimeout(sctx, s.cfg.CanaryInterval)
+		// No read deadline (see session): a quiet link is ended by the
+		// watchdog when its PINGs go unanswered.
+		msg, err := ps.Receive(sctx)
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() && sctx.Err() == nil {
-				if time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline {
-					return wasUp, errCanaryLost
-				}
-				continue
+			if lost.Load() {
+				return wasUp, errCanaryLost
 			}
 			var rerr redis.Error
 			if errors.As(err, &rerr) && sctx.Err() == nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -456,7 +455,8 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
-	bg.Add(2)
+	var upNow, lost atomic.Bool
+	bg.Add(3)
 	go func() {
 		defer bg.Done()
 		s.flushLoop(sctx, ps)
@@ -465,17 +465,23 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 		defer bg.Done()
 		s.canaryLoop(sctx)
 	}()
+	go func() {
+		defer bg.Done()
+		s.watch(sctx, func() bool {
+			return upNow.Load() && time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline
+		}, func() { lost.Store(true); cancel() })
+	}()
 
 	up := false
 	for {
-		msg, err := ps.ReceiveTimeout(sctx, s.cfg.CanaryInterval)
+		// No read deadline: one that passed in the middle of a message
+		// (a Redis that stalled while writing it) would leave the rest of
+		// it to be parsed as the next reply, and the message lost without
+		// a resync. The watchdog ends the session instead.
+		msg, err := ps.Receive(sctx)
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() && sctx.Err() == nil {
-				if up && time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline {
-					return up, errCanaryLost
-				}
-				continue
+			if lost.Load() {
+				return up, errCanaryLost
 			}
 			return up, err
 		}
@@ -495,6 +501,7 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 			if !up && len(awaiting) == 0 {
 				up = true
 				s.lastCanary.Store(time.Now().UnixNano())
+				upNow.Store(true)
 				s.mu.Lock()
 				s.up = true
 				s.mu.Unlock()
@@ -597,6 +604,25 @@ func (s *Subscriber) flushLoop(ctx context.Context, ps *redis.PubSub) {
 		if err != nil {
 			// The receive loop sees the broken link too; closing makes sure.
 			_ = ps.Close()
+			return
+		}
+	}
+}
+
+// watch calls onDead once dead reports true (checked every half canary
+// interval) and returns; or returns when ctx ends. It is what ends a
+// session whose link went quiet: the session reads without a deadline.
+func (s *Subscriber) watch(ctx context.Context, dead func() bool, onDead func()) {
+	t := time.NewTicker(max(s.cfg.CanaryInterval/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if dead() {
+			onDead()
 			return
 		}
 	}

@@ -1,0 +1,90 @@
+package pubsub_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/pubsub"
+)
+
+// busyScript keeps Redis's event loop busy for ARGV[1] microseconds: the
+// subscriber's socket gets nothing meanwhile, as during a stall.
+const busyScript = `local s=redis.call('TIME'); local st=s[1]*1000000+s[2]
+while true do local n=redis.call('TIME'); if n[1]*1000000+n[2]-st > tonumber(ARGV[1]) then break end end
+return 1`
+
+func stallSetup(t *testing.T, interval, deadline time.Duration) (*testenv.RedisServer, *pubsub.Subscriber, *sink, *redis.Client, string) {
+	t.Helper()
+	r, c := testenv.StallableRedis(t, 1, time.Second)
+	k := &sink{msgs: map[string][]string{}}
+	s, err := pubsub.NewSubscriber(c, pubsub.SubscriberConfig{InstanceID: "ps-" + ids.New()[24:],
+		CanaryInterval: interval, CanaryDeadline: deadline,
+		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
+		discard, k.message, k.resync)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	testenv.Eventually(t, 5*time.Second, s.Healthy, "subscriber never came up")
+	ch := pubsub.DialogChannel(ids.New())
+	if err := s.Subscribe(context.Background(), ch); err != nil {
+		t.Fatal(err)
+	}
+	opt, err := redis.ParseURL(r.AdminURL(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.ReadTimeout, opt.WriteTimeout = 10*time.Second, 10*time.Second
+	pub := redis.NewClient(opt)
+	t.Cleanup(func() { pub.Close() })
+	return r, s, k, pub, ch
+}
+
+// A Redis that pauses while it writes a message to the instance's link
+// (Redis writes a large reply over several turns of its event loop; a
+// fork, a swapping host or a long script stalls it between two) must not
+// cost that message: the link is still alive (the canary deadline has not
+// passed), so the message arrives whole when Redis goes on. A read
+// deadline that passed in the middle of the message used to leave its
+// rest to be parsed as the next reply: the message was lost and no resync
+// told the sockets.
+func TestAMessageRedisPausedInTheMiddleOfArrivesWhole(t *testing.T) {
+	_, _, k, pub, ch := stallSetup(t, 300*time.Millisecond, 10*time.Second)
+	ctx := context.Background()
+	busy := redis.NewClient(pub.Options())
+	t.Cleanup(func() { busy.Close() })
+	if err := busy.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, ch, strings.Repeat("+", 8<<20)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := busy.Eval(ctx, busyScript, nil, 1500000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, ch, "after").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		m := k.msgs[ch]
+		return len(m) > 0 && m[len(m)-1] == "after"
+	}, "the message after the stall never arrived")
+	time.Sleep(500 * time.Millisecond)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if got := len(k.msgs[ch]); got != 2 || len(k.resyncs) != 0 {
+		t.Fatalf("the subscriber delivered %d of 2 messages and reported %d resyncs: a pause shorter than the canary deadline must cost nothing", got, len(k.resyncs))
+	}
+	if len(k.msgs[ch][0]) != 8<<20 {
+		t.Fatalf("the large message arrived with %d bytes", len(k.msgs[ch][0]))
+	}
+}
