@@ -281,6 +281,11 @@ func (h *Hub) membersLocked(channel string) *members {
 // leaveLocked takes c out of channel's members (only while its
 // subscription there is s, when onlyS) and forgets a channel left
 // empty. h.mu must be held for writing.
+//
+// A channel left empty is unsubscribed, so the events published until a
+// socket subscribes again never reach this instance: a recovery read of
+// the dialog may no longer serve later subscribes (its kept events would
+// lack them, and a joiner be told it is complete).
 func (h *Hub) leaveLocked(channel string, c *conn, s *sub, onlyS bool) {
 	m := h.channels[channel]
 	if m == nil {
@@ -291,6 +296,7 @@ func (h *Hub) leaveLocked(channel string, c *conn, s *sub, onlyS bool) {
 	}
 	if len(m.list) == 0 {
 		delete(h.channels, channel)
+		h.rec.forgetChannel(channel)
 	}
 }
 

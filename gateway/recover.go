@@ -208,12 +208,29 @@ func (r *recoverer) forget(channels []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ch := range channels {
-		if df := r.dialogs[ch]; df != nil && df.cur != nil {
-			if df.cur.ended {
-				r.retireLocked(ch, df.cur)
-			} else {
-				df.cur.bufFull = true // still reading: no new joiner
-			}
+		r.forgetLocked(ch)
+	}
+}
+
+// forgetChannel is forget for one channel the instance stops listening
+// on: its last local subscriber left, so events published until the next
+// subscribe never reach the read's buffer. Subscribes already served hold
+// their subscription from before; a later one gets a read of its own.
+func (r *recoverer) forgetChannel(channel string) {
+	if r.active.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.forgetLocked(channel)
+	r.mu.Unlock()
+}
+
+func (r *recoverer) forgetLocked(ch string) {
+	if df := r.dialogs[ch]; df != nil && df.cur != nil {
+		if df.cur.ended {
+			r.retireLocked(ch, df.cur)
+		} else {
+			df.cur.bufFull = true // still reading: no new joiner
 		}
 	}
 }
