@@ -301,21 +301,11 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 	defer bg.Wait()
 	defer cancel()
 	var lost atomic.Bool
-	bg.Add(3)
-	go func() {
-		defer bg.Done()
-		s.shardFlushLoop(sctx, sh, ps)
-	}()
-	go func() {
-		defer bg.Done()
-		s.shardPingLoop(sctx, ps)
-	}()
-	go func() {
-		defer bg.Done()
+	goAll(&bg, func() { s.shardFlushLoop(sctx, sh, ps) }, func() { s.shardPingLoop(sctx, ps) }, func() {
 		s.watch(sctx, func() bool {
 			return time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline
 		}, func() { lost.Store(true); cancel() })
-	}()
+	})
 	for {
 		// No read deadline (see session): a quiet link is ended by the
 		// watchdog when its PINGs go unanswered.

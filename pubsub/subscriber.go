@@ -456,21 +456,11 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 	defer bg.Wait()
 	defer cancel()
 	var upNow, lost atomic.Bool
-	bg.Add(3)
-	go func() {
-		defer bg.Done()
-		s.flushLoop(sctx, ps)
-	}()
-	go func() {
-		defer bg.Done()
-		s.canaryLoop(sctx)
-	}()
-	go func() {
-		defer bg.Done()
+	goAll(&bg, func() { s.flushLoop(sctx, ps) }, func() { s.canaryLoop(sctx) }, func() {
 		s.watch(sctx, func() bool {
 			return upNow.Load() && time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline
 		}, func() { lost.Store(true); cancel() })
-	}()
+	})
 
 	up := false
 	for {
@@ -606,6 +596,13 @@ func (s *Subscriber) flushLoop(ctx context.Context, ps *redis.PubSub) {
 			_ = ps.Close()
 			return
 		}
+	}
+}
+
+// goAll runs each of fns on a goroutine of its own, counted by bg.
+func goAll(bg *sync.WaitGroup, fns ...func()) {
+	for _, fn := range fns {
+		bg.Go(fn)
 	}
 }
 
