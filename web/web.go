@@ -22,9 +22,10 @@ const csp = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 's
 
 // Handler serves the embedded browser client. Files are revalidated on
 // every load (no-cache) so a new deployment's modules are never mixed with
-// an old cached one.
+// an old cached one. Folders are not browsable: a directory other than the
+// root (which serves index.html) is 404.
 func Handler() http.Handler {
-	fsrv := http.FileServer(http.FS(Files()))
+	fsrv := http.FileServer(http.FS(noDirs{Files()}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", csp)
@@ -54,4 +55,21 @@ func (c clientFS) Open(name string) (fs.File, error) {
 		return c.sdk.Open(rest)
 	}
 	return c.static.Open(name)
+}
+
+// noDirs hides every directory but the root, which http.FileServer would
+// otherwise answer with a listing of its files.
+type noDirs struct{ fs.FS }
+
+func (n noDirs) Open(name string) (fs.File, error) {
+	f, err := n.FS.Open(name)
+	if err != nil || name == "." {
+		return f, err
+	}
+	st, err := f.Stat()
+	if err != nil || st.IsDir() {
+		_ = f.Close()
+		return nil, fs.ErrNotExist
+	}
+	return f, nil
 }

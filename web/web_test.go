@@ -115,3 +115,18 @@ func TestServesTheSDKModulesOnly(t *testing.T) {
 		t.Errorf("js/main.js does not import the SDK (%v)", err)
 	}
 }
+
+// The client's folders are not browsable: a directory answers 404 instead
+// of a listing of its files (the root serves the page).
+func TestDirectoriesAreNotListed(t *testing.T) {
+	for _, p := range []string{"/js/", "/sdk/", "/js", "/sdk", "/js/../sdk/"} {
+		res := get(t, p)
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusNotFound || strings.Contains(string(body), "<a href=") {
+			t.Errorf("GET %s: %d, want 404 without a listing:\n%.300s", p, res.StatusCode, body)
+		}
+	}
+	if res := get(t, "/"); res.StatusCode != http.StatusOK {
+		t.Errorf("GET /: %d", res.StatusCode)
+	}
+}

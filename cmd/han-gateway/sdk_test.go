@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -43,6 +44,31 @@ type sdkInstance struct {
 	// instance once it answered, and cuts the client's connection instead of
 	// answering: the send committed, but the client never heard of it.
 	dropNextSend atomic.Bool
+	// stalled counts the connections made through the stalling proxy.
+	stalled atomic.Int64
+}
+
+// stall serves a TCP proxy in front of the instance that passes everything
+// the client sends and nothing the instance answers: a hung instance or a
+// path that black-holes one direction.
+func (s *sdkInstance) stall(l net.Listener, upstream string) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		s.stalled.Add(1)
+		go func() {
+			defer c.Close()
+			up, err := net.Dial("tcp", upstream)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			go func() { _, _ = io.Copy(io.Discard, up) }()
+			_, _ = io.Copy(up, c)
+		}()
+	}
 }
 
 func (s *sdkInstance) current() *Main {
@@ -79,10 +105,12 @@ func (s *sdkInstance) restart() error {
 	return err
 }
 
-// control serves the Node tests' requests: /token mints a user token,
-// /restart restarts the instance, /restart-realtime-redis restarts its
-// Pub/Sub Redis, /commit-unpublished stores a message
-// without publishing it, /drop-next-send arms the cut answer.
+// control serves the Node tests' requests: /token mints a user token (a
+// service token with kind=service), /dialogs creates n dialogs between
+// owner and member and answers their ids, /restart restarts the instance,
+// /restart-realtime-redis restarts its Pub/Sub Redis, /commit-unpublished
+// stores a message without publishing it, /drop-next-send arms the cut
+// answer, /stalled counts the connections made through the stalling proxy.
 func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/token":
@@ -90,7 +118,11 @@ func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 		if err != nil || ttl <= 0 {
 			ttl = 3600
 		}
-		tok, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: r.URL.Query().Get("sub"), Kind: auth.KindUser, TTL: time.Duration(ttl) * time.Second})
+		c := auth.DevClaims{Subject: r.URL.Query().Get("sub"), Kind: auth.KindUser, TTL: time.Duration(ttl) * time.Second}
+		if r.URL.Query().Get("kind") == "service" {
+			c.Kind, c.Service = auth.KindService, "notifier"
+		}
+		tok, err := auth.MintDevToken([]byte(devSecret), c)
 		if err != nil {
 			http.Error(w, "mint", http.StatusBadRequest)
 			return
@@ -127,6 +159,29 @@ func (s *sdkInstance) control(w http.ResponseWriter, r *http.Request) {
 	case "/drop-next-send":
 		s.dropNextSend.Store(true)
 		w.WriteHeader(http.StatusNoContent)
+	case "/dialogs":
+		q := r.URL.Query()
+		n, _ := strconv.Atoi(q.Get("n"))
+		owner, member := q.Get("owner"), q.Get("member")
+		st := store.New(s.current().pg)
+		for _, u := range []string{owner, member} {
+			if err := st.EnsureUser(r.Context(), u); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		out := make([]string, 0, n)
+		for i := 0; i < n; i++ {
+			d, err := st.CreateDialog(r.Context(), ids.New(), owner, "d"+strconv.Itoa(i), []string{member})
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			out = append(out, d.ID)
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	case "/stalled":
+		_, _ = io.WriteString(w, strconv.FormatInt(s.stalled.Load(), 10))
 	default:
 		http.NotFound(w, r)
 	}
@@ -160,8 +215,10 @@ func (s *sdkInstance) proxy(w http.ResponseWriter, r *http.Request) {
 
 // The JavaScript SDK's Node tests (web/sdk/test) against the real program:
 // connect, subscribe, send, history, typing, presence, in-band refresh,
-// reconnect and reconciliation after an instance restart, and a send
-// retried across a restart that yields exactly one message. It needs node
+// subscribes for 150 dialogs under the frame rate, a refused ticket that
+// stops the client, a hung connection given up and retried, reconnect and
+// reconciliation after an instance restart, and a send retried across a
+// restart that yields exactly one message. It needs node
 // and the SDK's npm packages (scripts/test.sh runs npm ci when they are
 // missing); without them it fails.
 func TestJavaScriptSDK(t *testing.T) {
@@ -199,6 +256,12 @@ func TestJavaScriptSDK(t *testing.T) {
 	defer ctl.Close()
 	api := httptest.NewServer(http.HandlerFunc(s.proxy))
 	defer api.Close()
+	stall, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stall.Close()
+	go s.stall(stall, addr)
 
 	// Each test has 90 s; a hung one fails with its name instead of the
 	// whole run hitting the context deadline.
@@ -220,6 +283,7 @@ func TestJavaScriptSDK(t *testing.T) {
 		"HAN_SDK_REALTIME_URL=ws://"+addr+"/v1/realtime",
 		"HAN_SDK_CONTROL_URL="+ctl.URL,
 		"HAN_SDK_ORIGIN="+vars["HAN_ALLOWED_ORIGINS"],
+		"HAN_SDK_STALL_URL=ws://"+stall.Addr().String()+"/v1/realtime",
 	)
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test:\n%s", out)

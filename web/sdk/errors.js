@@ -64,9 +64,16 @@ export class CloseError extends Error {
     this.reason = reason;
   }
 
-  /** fatal: reconnecting in a loop cannot help (client bug, configuration, wrong session). */
+  /**
+   * fatal: reconnecting in a loop cannot help (client bug, configuration,
+   * wrong session). Not 1008 "frame rate": the SDK paces its own frames, so
+   * a burst the application caused (or a slow network bunching frames)
+   * passes; the reconnect backs off, and the backoff only resets once a
+   * connection stays up, so a client that keeps flooding waits up to 30 s
+   * between attempts.
+   */
   get fatal() {
-    return this.code === 1003 || this.code === 1008 || this.code === 4003;
+    return this.code === 1003 || (this.code === 1008 && this.reason !== "frame rate") || this.code === 4003;
   }
 
   /** tokenExpired: the credential is dead; only a new token helps. */

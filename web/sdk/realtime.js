@@ -2,7 +2,7 @@
 // subprotocol han.v1, ticket or bearer authentication, in-band token
 // refresh, subscriptions kept across reconnects with recovery (sinceSeq),
 // gap detection and REST reconciliation, jittered reconnect honouring the
-// server's retryMs.
+// server's retryMs, subscribes paced under the server's frame rate.
 import { CloseError, FrameError } from "./errors.js";
 import { DialogState, GAP_GRACE_MS } from "./dialog.js";
 import { Emitter } from "./emitter.js";
@@ -20,6 +20,21 @@ const MAX_ADVISED_MS = 5 * 60000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
 const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
+/**
+ * How long a connection attempt may take from opening the socket to its
+ * hello: more than the server's longest handshake wait (6 s in its
+ * admission queue) plus its Redis and PostgreSQL work.
+ */
+export const CONNECT_TIMEOUT_MS = 10000;
+/**
+ * The server closes a socket with 1008 "frame rate" beyond a burst of 60
+ * frames and 20 frames/s after it (pings and pongs included). Subscribes
+ * and unsubscribes are paced under a smaller budget, which leaves room for
+ * pings, pongs, typing and refresh: a burst of SUBSCRIBE_BURST frames per
+ * connection, then SUBSCRIBE_PER_SEC a second.
+ */
+export const SUBSCRIBE_BURST = 40;
+export const SUBSCRIBE_PER_SEC = 15;
 /** Ask for a new token this long before the connection's credential expires (at once when less is left). */
 export const REFRESH_AHEAD_MS = 60000;
 
@@ -141,6 +156,44 @@ export class PresenceOrder {
   }
 }
 
+/**
+ * FrameBudget is a token bucket: `burst` frames at once, then `perSec` a
+ * second.
+ */
+export class FrameBudget {
+  #burst;
+  #perSec;
+  #tokens;
+  #at;
+
+  /**
+   * @param {number} burst
+   * @param {number} perSec
+   * @param {number} [now]
+   */
+  constructor(burst, perSec, now = Date.now()) {
+    this.#burst = burst;
+    this.#perSec = perSec;
+    this.#tokens = burst;
+    this.#at = now;
+  }
+
+  /**
+   * take spends one frame when the budget has one.
+   * @param {number} [now]
+   * @returns {number} 0 when the frame may go now, else the ms until it may
+   */
+  take(now = Date.now()) {
+    this.#tokens = Math.min(this.#burst, this.#tokens + (Math.max(0, now - this.#at) * this.#perSec) / 1000);
+    this.#at = now;
+    if (this.#tokens >= 1) {
+      this.#tokens -= 1;
+      return 0;
+    }
+    return Math.ceil(((1 - this.#tokens) * 1000) / this.#perSec);
+  }
+}
+
 /** @extends {Emitter<RealtimeEvents>} */
 export class Realtime extends Emitter {
   #url;
@@ -164,6 +217,13 @@ export class Realtime extends Emitter {
   #refreshTimer;
   /** @type {ReturnType<typeof setInterval> | undefined} */
   #pingTimer;
+  /** @type {ReturnType<typeof setTimeout> | undefined} ends an attempt whose hello does not come */
+  #connectTimer;
+  /** @type {{type: "subscribe" | "unsubscribe", dialogId: string}[]} frames waiting for the budget, in order */
+  #outbox = [];
+  #budget = new FrameBudget(SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC);
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  #outboxTimer;
   #connectedAt = 0;
   #lastFrameAt = 0;
   #heartbeatMs = 25000;
@@ -246,7 +306,7 @@ export class Realtime extends Emitter {
     if (this.#dialogs.has(dialogId)) return;
     if (this.#dialogs.size >= MAX_SUBSCRIPTIONS) throw new RangeError("too_many_subscriptions");
     this.#dialogs.set(dialogId, new DialogState(Number.isSafeInteger(opts.sinceSeq) ? /** @type {number} */ (opts.sinceSeq) : null));
-    if (this.live) this.#subscribeFrame(dialogId);
+    if (this.live) this.#enqueue({ type: "subscribe", dialogId });
   }
 
   /** @param {string} dialogId */
@@ -255,7 +315,11 @@ export class Realtime extends Emitter {
     if (!d) return;
     d.clearGapTimer();
     this.#dialogs.delete(dialogId);
-    if (this.live) this.#send({ type: "unsubscribe", dialogId });
+    // A subscribe still waiting for the budget is dropped: the server never
+    // heard of it.
+    const i = this.#outbox.findIndex((f) => f.type === "subscribe" && f.dialogId === dialogId);
+    if (i >= 0) this.#outbox.splice(i, 1);
+    else if (this.live) this.#enqueue({ type: "unsubscribe", dialogId });
   }
 
   /**
@@ -304,11 +368,14 @@ export class Realtime extends Emitter {
     } catch (e) {
       if (this.#stopped) return;
       const err = /** @type {any} */ (e);
-      if (err && err.status === 401) {
-        // getToken already failed to give a usable token.
+      const status = err && err.status;
+      if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
+        // The ticket (or token) was refused as such: a 401 after getToken
+        // failed to give a usable token, a 403 for a token that is not a
+        // user session. Every attempt would be refused alike.
         this.emit("error", err);
-        this.#setState({ phase: "stopped", reason: "unauthorized" });
         this.#stopped = true;
+        this.#setState({ phase: "stopped", reason: err.code || "unauthorized" });
         return;
       }
       this.#retry(err && err.retryAfterMs > 0 ? err.retryAfterMs : null, (err && err.code) || "network_error");
@@ -316,6 +383,12 @@ export class Realtime extends Emitter {
     }
     this.#ws = ws;
     let helloSeen = false;
+    // A path that swallows the handshake or the hello (a hung instance or
+    // proxy) ends the attempt instead of leaving the client connecting.
+    clearTimeout(this.#connectTimer);
+    this.#connectTimer = setTimeout(() => {
+      if (this.#ws === ws && !helloSeen) this.#abandon(ws, "no hello", false);
+    }, CONNECT_TIMEOUT_MS);
     ws.onerror = () => { /* onclose follows */ };
     ws.onmessage = (m) => {
       this.#lastFrameAt = Date.now();
@@ -340,7 +413,23 @@ export class Realtime extends Emitter {
   #dropSocket() {
     this.#ws = null;
     this.#pendingRecovery.clear();
+    this.#outbox = [];
+    clearTimeout(this.#outboxTimer);
+    clearTimeout(this.#connectTimer);
     clearInterval(this.#pingTimer);
+  }
+
+  /**
+   * abandon gives a socket up without waiting for its closing handshake
+   * (which a dead path never completes) and reconnects.
+   * @param {WebSocketLike} ws
+   * @param {string} reason
+   * @param {boolean} helloSeen
+   */
+  #abandon(ws, reason, helloSeen) {
+    this.#dropSocket();
+    try { ws.close(4000, reason); } catch { /* closing */ }
+    if (!this.#stopped) this.#onClose(4000, reason, helloSeen);
   }
 
   /** @param {Hello} f */
@@ -350,14 +439,19 @@ export class Realtime extends Emitter {
     this.#setExpiry(f.expiresAt);
     if (Number.isFinite(f.heartbeatMs) && f.heartbeatMs > 0) this.#heartbeatMs = f.heartbeatMs;
     this.#typingSent.clear();
+    clearTimeout(this.#connectTimer);
+    // Every followed dialog is subscribed again, paced by a fresh budget
+    // (the server's bucket is full on a new connection).
+    this.#budget = new FrameBudget(SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC);
+    this.#outbox = Array.from(this.#dialogs.keys(), (dialogId) => ({ type: /** @type {const} */ ("subscribe"), dialogId }));
     this.#setState({ phase: "live" });
-    for (const id of this.#dialogs.keys()) this.#subscribeFrame(id);
+    this.#flush();
     // An application-level ping every heartbeat; no frame at all for two
     // heartbeats (plus slack) means the connection is dead.
     this.#pingTimer = setInterval(() => {
       if (Date.now() - this.#lastFrameAt > 2 * this.#heartbeatMs + 5000) {
         const ws = this.#ws;
-        try { ws?.close(4000, "no heartbeat"); } catch { /* closing */ }
+        if (ws) this.#abandon(ws, "no heartbeat", true);
         return;
       }
       this.#send({ type: "ping" });
@@ -365,12 +459,34 @@ export class Realtime extends Emitter {
     this.emit("open", f);
   }
 
+  /** @param {{type: "subscribe" | "unsubscribe", dialogId: string}} f */
+  #enqueue(f) {
+    this.#outbox.push(f);
+    if (this.#outbox.length === 1) this.#flush();
+  }
+
+  /** flush sends the waiting subscribes and unsubscribes the budget allows now, and comes back for the rest. */
+  #flush() {
+    clearTimeout(this.#outboxTimer);
+    while (this.#outbox.length > 0 && this.live && this.#ws) {
+      const wait = this.#budget.take();
+      if (wait > 0) {
+        this.#outboxTimer = setTimeout(() => this.#flush(), wait);
+        return;
+      }
+      const f = /** @type {{type: "subscribe" | "unsubscribe", dialogId: string}} */ (this.#outbox.shift());
+      if (f.type === "subscribe") this.#subscribeFrame(f.dialogId);
+      else this.#send(f);
+    }
+  }
+
   /** @param {string} dialogId */
   #subscribeFrame(dialogId) {
     const d = this.#dialogs.get(dialogId);
+    if (!d) return;
     /** @type {{type: string, dialogId: string, sinceSeq?: number}} */
     const f = { type: "subscribe", dialogId };
-    if (d && d.known !== null) {
+    if (d.known !== null) {
       f.sinceSeq = d.known;
       this.#pendingRecovery.add(dialogId);
     }

@@ -5,8 +5,9 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { WebSocket } from "ws";
 import { ApiError, CloseError, HanClient } from "../index.js";
+import { CONNECT_TIMEOUT_MS } from "../realtime.js";
 import { spawn } from "node:child_process";
-import { control, env, token, next, pair, recordMessages, until } from "./helpers.js";
+import { client, control, env, newUser, token, next, pair, recordMessages, until } from "./helpers.js";
 
 /** @type {import("../index.js").HanClient[]} */
 const open = [];
@@ -148,6 +149,61 @@ test("without a token the client stops with unauthorized instead of looping", as
   const e = await err;
   assert.ok(e instanceof ApiError && e.code === "unauthorized" && e.status === 401, String(e));
   assert.equal(c.realtime.state.phase, "stopped");
+});
+
+test("a user following 150 dialogs stays live: subscribes keep under the server's frame rate", async () => {
+  const bobId = newUser();
+  const dialogIds = JSON.parse(await control(`/dialogs?n=150&owner=${newUser()}&member=${bobId}`));
+  const { c: bob } = client(bobId);
+  /** @type {string[]} */
+  const closes = [];
+  bob.on("error", (e) => { if (e instanceof CloseError) closes.push(`${e.code} ${e.reason}`); });
+  const subscribed = new Set();
+  bob.on("subscribed", (s) => subscribed.add(s.dialogId));
+  // 100 followed before the connection (sent after hello), 50 more once live.
+  for (const id of dialogIds.slice(0, 100)) bob.subscribe(id, { sinceSeq: 0 });
+  const open = next(bob, "open");
+  connect(bob);
+  await open;
+  for (const id of dialogIds.slice(100)) bob.subscribe(id, { sinceSeq: 0 });
+  await until(() => subscribed.size === dialogIds.length || closes.length > 0, 30000, "every dialog subscribed, or a close");
+  await new Promise((r) => setTimeout(r, 1000));
+  assert.deepEqual(closes, [], `closed; state ${JSON.stringify(bob.realtime.state)}`);
+  assert.equal(bob.realtime.state.phase, "live");
+  assert.equal(subscribed.size, dialogIds.length);
+});
+
+test("a ticket refused with 403 (a service token) stops the client instead of retrying", async () => {
+  const svc = await control(`/token?sub=${newUser()}&kind=service`);
+  const c = new HanClient({ baseUrl: env.api, realtimeUrl: env.realtime, WebSocket: /** @type {any} */ (WebSocket),
+    headers: { Origin: env.origin }, getToken: () => svc });
+  /** @type {string[]} */
+  const phases = [];
+  c.on("state", (s) => phases.push(s.phase));
+  const err = next(c, "error");
+  connect(c);
+  const e = await err;
+  assert.ok(e instanceof ApiError && e.status === 403, String(e));
+  await new Promise((r) => setTimeout(r, 3000));
+  assert.deepEqual(c.realtime.state, { phase: "stopped", reason: e.code });
+  assert.equal(phases.filter((p) => p === "connecting").length, 1, `one attempt: ${phases.join(" → ")}`);
+});
+
+test("a connection whose hello never comes (a hung path) is given up after the connect timeout and retried", async () => {
+  const bobId = newUser();
+  const before = Number(await control("/stalled"));
+  const c = new HanClient({ baseUrl: env.api, realtimeUrl: /** @type {string} */ (process.env.HAN_SDK_STALL_URL), auth: "bearer",
+    WebSocket: /** @type {any} */ (WebSocket), getToken: () => token(bobId) });
+  /** @type {CloseError[]} */
+  const closes = [];
+  c.on("error", (e) => { if (e instanceof CloseError) closes.push(e); });
+  const start = Date.now();
+  connect(c);
+  await until(async () => Number(await control("/stalled")) >= before + 2, CONNECT_TIMEOUT_MS + 5000, "a second attempt");
+  const took = Date.now() - start;
+  assert.ok(took >= CONNECT_TIMEOUT_MS - 500, `the first attempt was given up after ${took} ms`);
+  assert.ok(closes.some((e) => e.code === 4000 && e.reason === "no hello"), closes.map(String).join(", "));
+  c.close();
 });
 
 test("the documented example prints the dialog and sends what is typed", async () => {

@@ -2,8 +2,10 @@
 // TestJavaScriptSDK (cmd/han-gateway) starts the gateway and sets:
 //   HAN_SDK_API_URL       REST base (a proxy in front of the instance)
 //   HAN_SDK_REALTIME_URL  the WebSocket URL of the instance
-//   HAN_SDK_CONTROL_URL   /token?sub=&ttl=, /restart, /drop-next-send
+//   HAN_SDK_CONTROL_URL   /token?sub=&ttl=[&kind=service], /dialogs?n=&owner=&member=,
+//                         /restart, /drop-next-send, /stalled (see sdk_test.go)
 //   HAN_SDK_ORIGIN        an Origin the gateway allows (for ticket connections)
+//   HAN_SDK_STALL_URL     a WebSocket URL whose path passes nothing back (a hung instance)
 import { randomUUID } from "node:crypto";
 import { WebSocket } from "ws";
 import { HanClient } from "../index.js";

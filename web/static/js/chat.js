@@ -41,6 +41,9 @@ export class ChatView {
     this.uploads = []; // attachments of the message being written
     this.current = null;
     this.syncing = 0;
+    this.disposed = false; // after sign-out: async work that comes back changes nothing
+    this.listing = null; // the running refreshDialogs
+    this.listAgain = false; // a refresh asked for while one runs
     this.msgEls = new Map(); // message id → <li>
     this.previews = new Map(); // attachment id → Promise<object URL>
     this.readKey = `han.read.${me}`;
@@ -142,23 +145,48 @@ export class ChatView {
         this.#renderPresence();
       }),
       // The SDK reconciles the followed dialogs itself; a dialog created
-      // with us meanwhile shows up in a fresh listing.
-      rt.on("resync", () => this.refreshDialogs()),
+      // with us meanwhile shows up in a fresh listing. A resync of one
+      // dialog (recovery_unavailable, one per dialog after a reconnect)
+      // says nothing about the list: the reconnect's own refresh covers it.
+      rt.on("resync", (r) => { if (!r.dialogId) this.refreshDialogs(); }),
       rt.on("error", (e) => this.#onError(e)),
       rt.on("state", () => this.#renderPresence()),
     ];
     // No event announces a dialog someone else created with us: the list is
     // refreshed on every (re)connect and whenever the page becomes visible.
-    document.addEventListener("visibilitychange", () => {
+    this.onVisible = () => {
       if (document.hidden) return;
       this.#markRead();
       this.refreshDialogs();
-    });
+    };
+    document.addEventListener("visibilitychange", this.onVisible);
   }
 
   // ---- dialogs ---------------------------------------------------------------
 
-  async refreshDialogs() {
+  // refreshDialogs reads the listing again. Refreshes asked for while one
+  // runs become one more after it: at most one in flight and one queued,
+  // however many reconnects, events and tab switches ask.
+  refreshDialogs() {
+    if (this.disposed) return Promise.resolve();
+    if (this.listing) {
+      this.listAgain = true;
+      return this.listing;
+    }
+    this.listing = (async () => {
+      try {
+        do {
+          this.listAgain = false;
+          await this.#listDialogs();
+        } while (this.listAgain && !this.disposed);
+      } finally {
+        this.listing = null;
+      }
+    })();
+    return this.listing;
+  }
+
+  async #listDialogs() {
     let items = [];
     try {
       let cursor = null;
@@ -169,9 +197,11 @@ export class ChatView {
         if (!cursor) break;
       }
     } catch (e) {
+      if (this.disposed) return;
       if (!(e instanceof ApiError) || e.status !== 0) toast(`${e.code}: ${sentence(e.code, e.status)}`, "error");
       return;
     }
+    if (this.disposed) return;
     for (const d of items) {
       const old = this.dialogs.get(d.id);
       d.lastSeq = Math.max(d.lastSeq || 0, old ? old.lastSeq : 0);
@@ -296,7 +326,8 @@ export class ChatView {
         onAdd: (ms) => this.#onAdded(id, ms),
       });
       this.timelines.set(id, tl);
-      this.#track(tl.start(d.lastSeq || 0).then(() => this.#renderMessages(true), (e) => {
+      this.#track(tl.start(d.lastSeq || 0).then(() => { if (!this.disposed) this.#renderMessages(true); }, (e) => {
+        if (this.disposed) return;
         // The SDK already retried. A failure that may pass is tried again
         // by the 5 s poll (or the next open); any other is shown.
         if (e instanceof ApiError && e.retryable) {
@@ -333,7 +364,9 @@ export class ChatView {
 
   // #poll runs every 5 s. An open dialog whose window failed to load tries
   // again. REST stays the truth while the socket is down: the open dialog
-  // reads what came after the last message the SDK delivered.
+  // reads what came after what it holds without a gap, delivered by the
+  // SDK or read by an earlier poll (the SDK's known seq does not move while
+  // it is offline), so each poll reads only what is new.
   async #poll() {
     const id = this.current;
     if (id && this.dialogs.has(id) && !this.timelines.has(id)) {
@@ -344,9 +377,9 @@ export class ChatView {
     if (this.rt.live || !tl || !tl.loaded || this.polling || this.rt.state.reason === "token_expired") return;
     this.polling = true;
     try {
-      await tl.catchUp(this.rt.known(id) ?? tl.lastSeq, 1);
+      await tl.catchUp(Math.max(this.rt.known(id) ?? 0, tl.heldThrough), 1);
     } catch (e) {
-      if (!(e instanceof ApiError && e.retryable)) this.#restFailed(e);
+      if (!this.disposed && !(e instanceof ApiError && e.retryable)) this.#restFailed(e);
     } finally {
       this.polling = false;
     }
@@ -734,7 +767,7 @@ export class ChatView {
         this.presence.set(u, { online: !!p.online, lastSeenAt: p.lastSeenAt ?? null });
       } catch { /* not visible or unavailable: stays unknown */ }
     }));
-    this.#renderPresence();
+    if (!this.disposed) this.#renderPresence();
   }
 
   #dot(userId) {
@@ -805,7 +838,11 @@ export class ChatView {
     return promise;
   }
 
+  // dispose ends the view for good (sign-out): listeners, timers and the
+  // SDK's events; work still under way finds it disposed and stops.
   dispose() {
+    this.disposed = true;
+    document.removeEventListener("visibilitychange", this.onVisible);
     this.resizeObs.disconnect();
     clearInterval(this.tick);
     clearInterval(this.poll);

@@ -9,7 +9,9 @@ import { $, copyText, formatDateTime, h, hue, initials, relative, shortId, toast
 import { errorView } from "./errors.js";
 
 const TOKEN_KEY = "han.token";
-const app = { me: null, client: null, rt: null, chat: null, console: null, syncing: 0, realtimeUrl: null };
+// session is the signed-in session's own object: what an old session's
+// client asks after sign-out is not answered for the new one.
+const app = { me: null, session: null, client: null, rt: null, chat: null, console: null, syncing: 0, realtimeUrl: null };
 let renewal = null; // the open request for a new token: {resolve, card, text, errBox}
 
 // A dev sign-in link carries the token in the fragment (/#token=…&project=…),
@@ -104,7 +106,11 @@ async function startSession(tok) {
   $("#nav").hidden = false;
   $("#conn").hidden = false;
 
-  app.client = new HanClient({ baseUrl: location.origin, realtimeUrl: await realtimeUrl(), getToken: tokenHook });
+  const url = await realtimeUrl();
+  const session = {};
+  app.session = session;
+  app.client = new HanClient({ baseUrl: location.origin, realtimeUrl: url,
+    getToken: (info) => (app.session === session ? tokenHook(info) : null) });
   app.client.tokens.set(tok);
   app.rt = app.client.realtime;
   app.rt.on("state", renderConn);
@@ -123,7 +129,8 @@ function showTokenExpiry(tok) {
 
 // tokenHook is the SDK's getToken: a 401 (REST or the ticket request) signs
 // out, as any other request's 401 does; otherwise the user is asked for a
-// new token of the same user.
+// new token of the same user. Only the current session's client reaches it
+// (startSession): a client left over from a signed-out session gets null.
 function tokenHook({ reason, expiresAt }) {
   if (reason === "unauthorized" || reason === "initial") {
     if (app.me) signOut({ code: "unauthorized", status: 401 });
@@ -200,10 +207,15 @@ function signOut(err) {
   renewal?.resolve(null);
   sessionStorage.removeItem(TOKEN_KEY);
   setToken("");
-  app.client?.close();
+  if (app.client) {
+    app.client.close();
+    // Anything the old client still sends goes without the signed-out
+    // token: it asks its hook, which answers null now.
+    app.client.tokens.set("");
+  }
   app.chat?.dispose();
   app.console?.dispose();
-  Object.assign(app, { me: null, client: null, rt: null, chat: null, console: null, syncing: 0 });
+  Object.assign(app, { me: null, session: null, client: null, rt: null, chat: null, console: null, syncing: 0 });
   showSignIn(err);
 }
 

@@ -35,6 +35,15 @@ export class Timeline {
     return m;
   }
 
+  // heldThrough is the highest seq held with none missing between floor
+  // and it; lastSeq can be higher when a send's answer came before the
+  // messages below it.
+  get heldThrough() {
+    let s = this.floor;
+    while (this.bySeq.has(s + 1)) s++;
+    return s;
+  }
+
   // start loads the latest messages, from pageSize below lastSeq to the
   // end; history below that stays behind "load earlier".
   async start(lastSeq, pageSize = 50) {
