@@ -13,36 +13,36 @@ import (
 // /v1/public/config and the loopback-only debug endpoints all ask it.
 //
 // The TCP peer is the client unless it is a trusted proxy
-// (Config.TrustedProxies). Then the hops a proxy reported are walked from
-// the right (nearest first), skipping trusted proxies; the first other
-// address is the client. X-Forwarded-For and Forwarded are both read, but
-// a trusted proxy writes only one of them, so the other one comes from the
-// client: when both are present and name different clients, neither is
-// believed and the request counts as coming from the peer itself.
-// Forwarding headers from an untrusted peer are ignored.
+// (Config.TrustedProxies). Then the hops the proxy reported in the one
+// header trusted proxies write (Config.ForwardedHeader: X-Forwarded-For, or
+// Forwarded) are walked from the right (nearest first), skipping trusted
+// proxies; the first other address is the client. The other header is
+// ignored: the proxy did not write it, so the client did, and believing it
+// (even only to doubt the first) would let a client choose what it is
+// counted as — another rate-limit bucket, or the proxy's own loopback
+// address. Forwarding headers from an untrusted peer are ignored.
 func (s *Server) ClientAddr(r *http.Request) netip.Addr {
 	peer := peerAddr(r)
 	if !peer.IsValid() || !s.trusted(peer) {
 		return peer
 	}
-	xff, xffOK := s.hopClient(peer, xForwardedFor(r.Header))
-	fwd, fwdOK := s.hopClient(peer, forwardedFor(r.Header))
-	switch {
-	case xffOK && fwdOK:
-		if xff == fwd {
-			return xff
-		}
-		return peer
-	case xffOK:
-		return xff
-	case fwdOK:
-		return fwd
+	hops := xForwardedFor(r.Header)
+	if s.forwardedRFC() {
+		hops = forwardedFor(r.Header)
+	}
+	if a, ok := s.hopClient(peer, hops); ok {
+		return a
 	}
 	return peer
 }
 
+// forwardedRFC reports whether trusted proxies write the RFC 7239
+// Forwarded header rather than X-Forwarded-For and X-Forwarded-Proto.
+func (s *Server) forwardedRFC() bool { return s.cfg.ForwardedHeader == "forwarded" }
+
 // requestScheme is "https" when the client used TLS: on this connection, or
-// as reported by a trusted proxy (X-Forwarded-Proto, else Forwarded proto=).
+// as reported by a trusted proxy (X-Forwarded-Proto, or Forwarded proto=
+// when that is the header the proxies write).
 func (s *Server) requestScheme(r *http.Request) string {
 	if r.TLS != nil {
 		return "https"
@@ -50,8 +50,10 @@ func (s *Server) requestScheme(r *http.Request) string {
 	if p := peerAddr(r); !p.IsValid() || !s.trusted(p) {
 		return "http"
 	}
-	proto := lastElem(r.Header.Values("X-Forwarded-Proto"))
-	if proto == "" {
+	var proto string
+	if !s.forwardedRFC() {
+		proto = lastElem(r.Header.Values("X-Forwarded-Proto"))
+	} else {
 		for _, pair := range strings.Split(lastElem(r.Header.Values("Forwarded")), ";") {
 			if k, v, ok := strings.Cut(strings.TrimSpace(pair), "="); ok && strings.EqualFold(k, "proto") {
 				proto = strings.Trim(v, `"`)

@@ -6,24 +6,33 @@ import (
 	"testing"
 )
 
-// The client address behind trusted proxies: right-most untrusted hop,
-// nothing believed from untrusted peers, and no way for a client to pick
-// its address by adding a second forwarding header.
+// The client address behind trusted proxies: right-most untrusted hop of
+// the one header the proxies write, nothing believed from untrusted
+// peers, and no way for a client to pick its address by adding the other
+// forwarding header (not even to make its trusted loopback proxy's own
+// address count as the client: the debug endpoints ask for loopback).
 func TestClientAddrTrustsOnlyConfiguredProxies(t *testing.T) {
-	s := &Server{cfg: Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}}}
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("127.0.0.1/32")}
+	xff := &Server{cfg: Config{TrustedProxies: trusted}}
+	rfc := &Server{cfg: Config{TrustedProxies: trusted, ForwardedHeader: "forwarded"}}
 	cases := []struct {
-		name, peer string
-		hdr        map[string]string
-		want       string
+		name string
+		s    *Server
+		peer string
+		hdr  map[string]string
+		want string
 	}{
-		{"untrusted peer, headers ignored", "192.0.2.1:5000", map[string]string{"X-Forwarded-For": "198.51.100.9", "Forwarded": "for=198.51.100.9"}, "192.0.2.1"},
-		{"trusted peer, no headers", "10.0.0.2:5000", nil, "10.0.0.2"},
-		{"right-most untrusted hop", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "203.0.113.66, 198.51.100.9, 10.1.1.1"}, "198.51.100.9"},
-		{"all hops trusted", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "10.9.9.9, 10.1.1.1"}, "10.9.9.9"},
-		{"garbage hop stops at the last trusted", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.9, nonsense"}, "10.0.0.2"},
-		{"Forwarded with port and quotes", "[2001:db8::1]:443", map[string]string{"Forwarded": `for=203.0.113.66, for="[2001:db8:cafe::17]:4711", for="198.51.100.9:80";proto=https`}, "198.51.100.9"},
-		{"both headers agree", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.9", "Forwarded": "for=198.51.100.9"}, "198.51.100.9"},
-		{"both headers disagree", "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.9", "Forwarded": "for=203.0.113.66"}, "10.0.0.2"},
+		{"untrusted peer, headers ignored", xff, "192.0.2.1:5000", map[string]string{"X-Forwarded-For": "198.51.100.9", "Forwarded": "for=198.51.100.9"}, "192.0.2.1"},
+		{"untrusted peer, Forwarded ignored", rfc, "192.0.2.1:5000", map[string]string{"Forwarded": "for=198.51.100.9"}, "192.0.2.1"},
+		{"trusted peer, no headers", xff, "10.0.0.2:5000", nil, "10.0.0.2"},
+		{"right-most untrusted hop", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "203.0.113.66, 198.51.100.9, 10.1.1.1"}, "198.51.100.9"},
+		{"all hops trusted", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "10.9.9.9, 10.1.1.1"}, "10.9.9.9"},
+		{"garbage hop stops at the last trusted", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.9, nonsense"}, "10.0.0.2"},
+		{"Forwarded with port and quotes", rfc, "[2001:db8::1]:443", map[string]string{"Forwarded": `for=203.0.113.66, for="[2001:db8:cafe::17]:4711", for="198.51.100.9:80";proto=https`}, "198.51.100.9"},
+		{"the client's own Forwarded is ignored", xff, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.9", "Forwarded": "for=203.0.113.66"}, "198.51.100.9"},
+		{"the client's own X-Forwarded-For is ignored", rfc, "10.0.0.2:5000", map[string]string{"X-Forwarded-For": "198.51.100.9", "Forwarded": "for=203.0.113.66"}, "203.0.113.66"},
+		{"Forwarded alone from an X-Forwarded-For proxy", xff, "10.0.0.2:5000", map[string]string{"Forwarded": "for=203.0.113.66"}, "10.0.0.2"},
+		{"a loopback proxy's client stays remote", xff, "127.0.0.1:40000", map[string]string{"X-Forwarded-For": "203.0.113.7", "Forwarded": "for=198.51.100.1"}, "203.0.113.7"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -32,11 +41,12 @@ func TestClientAddrTrustsOnlyConfiguredProxies(t *testing.T) {
 			for k, v := range c.hdr {
 				r.Header.Set(k, v)
 			}
-			if got := s.ClientAddr(r); got.String() != c.want {
+			if got := c.s.ClientAddr(r); got.String() != c.want {
 				t.Fatalf("client address %s, want %s", got, c.want)
 			}
 		})
 	}
+	s := xff
 	r, _ := http.NewRequest("GET", "/", nil)
 	r.RemoteAddr = "192.0.2.1:5000"
 	r.Header.Set("X-Forwarded-Proto", "https")
@@ -47,10 +57,33 @@ func TestClientAddrTrustsOnlyConfiguredProxies(t *testing.T) {
 	if s.requestScheme(r) != "https" {
 		t.Fatal("a trusted proxy's X-Forwarded-Proto is ignored")
 	}
+	if rfc.requestScheme(r) != "http" {
+		t.Fatal("X-Forwarded-Proto chose the scheme behind proxies that write Forwarded")
+	}
+	r.Header.Set("Forwarded", "for=198.51.100.9;proto=https")
+	r.Header.Del("X-Forwarded-Proto")
+	if rfc.requestScheme(r) != "https" || s.requestScheme(r) != "http" {
+		t.Fatal("Forwarded proto= must count only behind proxies that write Forwarded")
+	}
 	for host, want := range map[string]bool{"127.0.0.1:8080": true, "localhost": true, "[::1]:80": true, "127.9.9.9": true,
 		"evil.example": false, "localhost.evil.example": false, "127.0.0.1:80/x": false, "10.0.0.1:8080": false} {
 		if loopbackHost(host) != want {
 			t.Errorf("loopbackHost(%q) = %v", host, !want)
+		}
+	}
+}
+
+// An IPv6 client is counted as its /64 (a host may rotate addresses inside
+// the /64 its network gives it); an IPv4 client as its address.
+func TestIPv6ClientsAreCountedByTheirSlash64(t *testing.T) {
+	for in, want := range map[string]string{
+		"198.51.100.9":             "198.51.100.9",
+		"2001:db8:2f2a:77::1":      "2001:db8:2f2a:77::/64",
+		"2001:db8:2f2a:77:abcd::9": "2001:db8:2f2a:77::/64",
+		"2001:db8:2f2a:78::1":      "2001:db8:2f2a:78::/64",
+	} {
+		if got := clientNet(netip.MustParseAddr(in)); got != want {
+			t.Errorf("clientNet(%s) = %s, want %s", in, got, want)
 		}
 	}
 }

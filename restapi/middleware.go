@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -178,13 +179,25 @@ func RouteTemplate(r *http.Request) string {
 }
 
 // ipHMAC returns a short HMAC of the client address, the only form in which
-// an IP reaches a log line or a Redis key.
+// an IP reaches a log line or a Redis key. An IPv6 client is its /64: a
+// network hands each of its hosts at least that much and a host may rotate
+// addresses inside it, so one address per bucket would let it pass every
+// per-IP limit; IPv4 is the address.
 func (s *Server) ipHMAC(r *http.Request) string {
 	host := r.RemoteAddr
 	if a := s.ClientAddr(r); a.IsValid() {
-		host = a.String()
+		host = clientNet(a)
 	}
 	return HMACHex(s.hmacSecret, host)[:16]
+}
+
+// clientNet is the address an IPv4 client is counted as, or the /64 of an
+// IPv6 one.
+func clientNet(a netip.Addr) string {
+	if a.Is4() {
+		return a.String()
+	}
+	return netip.PrefixFrom(a, 64).Masked().String()
 }
 
 // HMACHex is hex(HMAC-SHA256(secret, v)).

@@ -50,6 +50,9 @@ type Config struct {
 	// TrustedProxies are the peers whose forwarding headers name the client
 	// (clientip.go); empty: forwarding headers are ignored.
 	TrustedProxies []netip.Prefix
+	// ForwardedHeader is the header those proxies write: "forwarded"
+	// (RFC 7239), else X-Forwarded-For with X-Forwarded-Proto.
+	ForwardedHeader string
 	// BodyTimeout is the base of the body read and response write
 	// deadlines (deadlines.go); zero value means 15s.
 	BodyTimeout    time.Duration

@@ -384,11 +384,22 @@ func TestForwardedHeadersOnlyFromTrustedProxies(t *testing.T) {
 				t.Fatalf("same forwarded client not counted together: %q then %q", r1.Header.Get("RateLimit"), r2.Header.Get("RateLimit"))
 			}
 		}
-		// Different forwarded clients have their own quotas.
-		for _, h := range []map[string]string{{"X-Forwarded-For": randomIP()}, {"Forwarded": `for="` + randomIP() + `:4711";proto=https`}} {
-			r, _ := do(t, c, "GET", cfgURL(m), "", "", h)
-			if got := rateLimitRemaining(t, r); got != 299 {
-				t.Fatalf("new forwarded client %v: remaining %d, want a fresh quota of 300 - 1", h, got)
+		// A different forwarded client has its own quota.
+		r, _ := do(t, c, "GET", cfgURL(m), "", "", map[string]string{"X-Forwarded-For": randomIP()})
+		if got := rateLimitRemaining(t, r); got != 299 {
+			t.Fatalf("new forwarded client: remaining %d, want a fresh quota of 300 - 1", got)
+		}
+		// The proxy writes X-Forwarded-For (the default), so a Forwarded
+		// header came from the client: it changes nothing.
+		for try := 0; ; try++ {
+			client := randomIP()
+			r1, _ := do(t, c, "GET", cfgURL(m), "", "", map[string]string{"X-Forwarded-For": client})
+			r2, _ := do(t, c, "GET", cfgURL(m), "", "", map[string]string{"X-Forwarded-For": client, "Forwarded": "for=" + randomIP()})
+			if rateLimitRemaining(t, r2) == rateLimitRemaining(t, r1)-1 {
+				break
+			}
+			if try == 3 {
+				t.Fatalf("a client's own Forwarded header got it another quota: %q then %q", r1.Header.Get("RateLimit"), r2.Header.Get("RateLimit"))
 			}
 		}
 		resp, body := do(t, c, "GET", cfgURL(m), "", "", map[string]string{"Host": "evil.example", "X-Forwarded-Proto": "https"})
@@ -398,6 +409,19 @@ func TestForwardedHeadersOnlyFromTrustedProxies(t *testing.T) {
 		_, body = do(t, c, "GET", cfgURL(m), "", "", map[string]string{"X-Forwarded-Proto": "https"})
 		if !strings.Contains(body, `"realtimeUrl":"wss://`+m.Addr()+`/v1/realtime"`) {
 			t.Fatalf("X-Forwarded-Proto from a trusted proxy: %s", body)
+		}
+	})
+	t.Run("trusted proxy writing Forwarded", func(t *testing.T) {
+		vars := baseEnv()
+		vars["HAN_TRUSTED_PROXIES"], vars["HAN_FORWARDED_HEADER"] = "127.0.0.0/8", "forwarded"
+		m := start(t, vars)
+		r, _ := do(t, c, "GET", cfgURL(m), "", "", map[string]string{"Forwarded": `for="` + randomIP() + `:4711";proto=https`})
+		if got := rateLimitRemaining(t, r); got != 299 {
+			t.Fatalf("new client behind a Forwarded proxy: remaining %d, want a fresh quota of 300 - 1", got)
+		}
+		_, body := do(t, c, "GET", cfgURL(m), "", "", map[string]string{"Forwarded": "proto=https", "X-Forwarded-Proto": "http"})
+		if !strings.Contains(body, `"realtimeUrl":"wss://`+m.Addr()+`/v1/realtime"`) {
+			t.Fatalf("Forwarded proto=https from a trusted proxy: %s", body)
 		}
 	})
 	t.Run("prod needs a public realtime URL", func(t *testing.T) {

@@ -173,12 +173,16 @@ type Config struct {
 	// MaxConnsPerIP (HAN_MAX_CONNS_PER_IP) cap open client connections;
 	// zero means "derive at start-up" from the descriptor limit and the
 	// pool sizes. TrustedProxies (HAN_TRUSTED_PROXIES) are the peers whose
-	// X-Forwarded-For, X-Forwarded-Proto and Forwarded headers are believed.
+	// forwarding headers are believed; ForwardedHeader
+	// (HAN_FORWARDED_HEADER) names the one header those proxies write:
+	// "x-forwarded-for" (default: X-Forwarded-For and X-Forwarded-Proto)
+	// or "forwarded" (RFC 7239 Forwarded); the other is ignored.
 	HTTPBodyTimeout time.Duration
 	HTTPIdleTimeout time.Duration
 	MaxConnections  int
 	MaxConnsPerIP   int
 	TrustedProxies  []netip.Prefix
+	ForwardedHeader string
 }
 
 // ErrInvalid wraps every validation failure.
@@ -367,6 +371,13 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.TrustedProxies, err = prefixes(getenv("HAN_TRUSTED_PROXIES")); err != nil {
 		bad("HAN_TRUSTED_PROXIES: %v", err)
+	}
+	switch c.ForwardedHeader = strings.ToLower(strings.TrimSpace(getenv("HAN_FORWARDED_HEADER"))); c.ForwardedHeader {
+	case "":
+		c.ForwardedHeader = "x-forwarded-for"
+	case "x-forwarded-for", "forwarded":
+	default:
+		bad("HAN_FORWARDED_HEADER: must be x-forwarded-for or forwarded")
 	}
 	if c.PublicRealtimeURL != "" {
 		if u, err := url.Parse(c.PublicRealtimeURL); err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {

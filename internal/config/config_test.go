@@ -52,6 +52,7 @@ func TestValidation(t *testing.T) {
 		{"connection cap", "HAN_MAX_CONNECTIONS", "0", "HAN_MAX_CONNECTIONS: must be a positive number"},
 		{"per-ip cap", "HAN_MAX_CONNS_PER_IP", "Zq9marker", "HAN_MAX_CONNS_PER_IP: must be a positive number"},
 		{"trusted proxies", "HAN_TRUSTED_PROXIES", "10.0.0.0/8, Zq9marker", "HAN_TRUSTED_PROXIES: each entry"},
+		{"forwarded header", "HAN_FORWARDED_HEADER", "x-real-ip", "HAN_FORWARDED_HEADER: must be x-forwarded-for or forwarded"},
 		{"realtime url scheme", "HAN_PUBLIC_REALTIME_URL", "http://Zq9marker.example/v1/realtime", "HAN_PUBLIC_REALTIME_URL: must be a ws://"},
 	}
 	for _, c := range cases {

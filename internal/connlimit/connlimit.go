@@ -110,20 +110,32 @@ func (l *Listener) acquire(peer netip.Addr) string {
 		return "total"
 	}
 	limited := peer.IsValid() && !l.unlimited(peer)
-	if limited && l.perIP[peer] >= l.cfg.PerIP {
+	key := peerKey(peer)
+	if limited && l.perIP[key] >= l.cfg.PerIP {
 		return "per_ip"
 	}
 	l.total++
 	if limited {
-		l.perIP[peer]++
+		l.perIP[key]++
 	}
 	return ""
+}
+
+// peerKey is what the per-address cap counts: an IPv4 peer's address, an
+// IPv6 peer's /64 (a network gives each host at least that much, and a
+// host may open each connection from another address inside it).
+func peerKey(a netip.Addr) netip.Addr {
+	if a.Is6() {
+		return netip.PrefixFrom(a, 64).Masked().Addr()
+	}
+	return a
 }
 
 func (l *Listener) release(peer netip.Addr) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.total--
+	peer = peerKey(peer)
 	if n, ok := l.perIP[peer]; ok {
 		if n <= 1 {
 			delete(l.perIP, peer)

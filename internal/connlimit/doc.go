@@ -1,7 +1,8 @@
 // Package connlimit caps the client connections a process holds open: a
 // net.Listener wrapper counts every accepted connection until it is
 // closed (connections hijacked for WebSocket included, since they close
-// through the same net.Conn), in total and per TCP peer address.
+// through the same net.Conn), in total and per TCP peer address (an IPv6
+// peer's /64).
 //
 // A connection over a cap is answered with a fixed
 // "HTTP/1.1 503 Service Unavailable" carrying {"error":"overloaded"},
