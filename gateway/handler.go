@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/coder/websocket"
@@ -42,6 +43,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token, hasBearer := auth.BearerToken(r)
 
 	hw := &hijackWriter{ResponseWriter: w, sendBuffer: h.cfg.SendBuffer}
+	offerExactSubprotocol(r)
 	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
 		Subprotocols:       []string{Subprotocol},
 		InsecureSkipVerify: true, // the exact Origin check happens here, not in the library
@@ -151,6 +153,29 @@ var (
 	refuseUnauthorized = refusal{CloseUnauthorized, "unauthorized", "unauthorized"}
 	refuseUnavailable  = refusal{CloseTryAgainLater, "try again later", "unavailable"}
 )
+
+// offerExactSubprotocol leaves the request offering the subprotocol only
+// as exactly Subprotocol, or not at all. The library matches an offer
+// without regard to case and agrees to the client's spelling of the first
+// match, so a client offering "HAN.V1, han.v1" was agreed "HAN.V1" in the
+// 101 and then refused by admit's exact check, although it offered the
+// right one.
+func offerExactSubprotocol(r *http.Request) {
+	const key = "Sec-Websocket-Protocol"
+	vals := r.Header[key]
+	if len(vals) == 1 && vals[0] == Subprotocol {
+		return // the common case, untouched
+	}
+	for _, v := range vals {
+		for p := range strings.SplitSeq(v, ",") {
+			if strings.TrimSpace(p) == Subprotocol {
+				r.Header[key] = []string{Subprotocol}
+				return
+			}
+		}
+	}
+	delete(r.Header, key)
+}
 
 // admit checks what the handshake itself carries (Origin, subprotocol)
 // and whether the instance still takes connections.
