@@ -22,6 +22,11 @@ type Decision struct {
 	Local bool
 	// Families has one entry per family that applied, in policy order.
 	Families []FamilyDecision
+
+	// id and algo name a Redis admission for Limiter.Refund ("" for a
+	// local decision, which has nothing in Redis to give back).
+	id   string
+	algo Algorithm
 }
 
 // FamilyDecision is one family's state after the decision.
@@ -29,6 +34,8 @@ type FamilyDecision struct {
 	Rule      Rule
 	Remaining int64
 	ResetAtMs int64
+
+	key string // the family's Redis key (Redis decisions only)
 }
 
 // ceilSeconds is ceil(ms / 1000) for ms >= 0.

@@ -4,7 +4,11 @@
 // writes nothing, and Redis TIME is the clock (docs/ratelimit.md). When Redis fails,
 // a route's policy either fails closed (the caller answers 503) or falls back
 // to a bounded in-process limiter with a fraction of the normal quota
-// (docs/degraded-mode.md).
+// (docs/degraded-mode.md); a caller that still serves a fail-closed
+// request from elsewhere bounds it with that limiter too (DecideLocal). A
+// family's admission for a request that never reached what the family
+// protects is given back with Refund (a send refused as not a member of the
+// dialog must not spend the dialog's limit).
 //
 // Policies come from a PolicyProvider (static configuration by default);
 // route labels are a bounded allow-list of router templates, anything else is

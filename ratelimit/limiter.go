@@ -325,7 +325,7 @@ func (pr *Prepared) Finish(reply *redis.Cmd) (Decision, error) {
 	var d Decision
 	err := rds.ErrRedisUnavailable
 	if pr.call != nil {
-		d, err = decision(reply, pr.p.Algorithm, pr.keys, pr.rules)
+		d, err = decision(reply, pr.p.Algorithm, pr.id, pr.keys, pr.rules)
 		if err != nil && reply != nil && rds.Unanswered(reply.Err()) {
 			l.rememberUnanswered(pr.p, pr.id, pr.keys, pr.rules)
 		}
@@ -411,7 +411,7 @@ func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules 
 		}
 		// Denied (or failed): give back what this request took so far.
 		for j := len(ds) - 1; j >= 0; j-- {
-			l.refund(ctx, a, id, keys[j], rules[j], ds[j].ResetAtMs)
+			l.refund(ctx, a, id, keys[j], rules[j], ds[j].ResetAtMs, "ok")
 		}
 		if err != nil {
 			return Decision{}, err
@@ -429,7 +429,7 @@ func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules 
 		out.Families = append(out.Families, d.Families[0])
 		return out, nil
 	}
-	out := Decision{Allowed: true, Remaining: -1, NowMs: ds[len(ds)-1].NowMs}
+	out := Decision{Allowed: true, Remaining: -1, NowMs: ds[len(ds)-1].NowMs, id: id, algo: a}
 	for _, d := range ds {
 		f := d.Families[0]
 		out.Families = append(out.Families, f)
@@ -443,7 +443,7 @@ func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules 
 // runFamily runs p's script for family i of keys alone.
 func (l *Limiter) runFamily(ctx context.Context, p Policy, id string, keys []string, rules []Rule, i int) (Decision, error) {
 	reply := l.scripts.Script(ctx, script(p.Algorithm), keys[i:i+1], scriptArgs(id, keys[i:i+1], rules[i:i+1])...)
-	d, err := decision(reply, p.Algorithm, keys[i:i+1], rules[i:i+1])
+	d, err := decision(reply, p.Algorithm, id, keys[i:i+1], rules[i:i+1])
 	if err != nil && rds.Unanswered(reply.Err()) {
 		// Families 0..i may all hold an admission: the earlier ones'
 		// refunds will likely get no reply either.
@@ -452,7 +452,9 @@ func (l *Limiter) runFamily(ctx context.Context, p Policy, id string, keys []str
 	return d, err
 }
 
-func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rule, resetAt int64) {
+// refund gives back request id's admission on key and counts it as result
+// ("failed" when the refund script did not run).
+func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rule, resetAt int64, result string) {
 	// The refund must happen even if the client hangs up now.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 	defer cancel()
@@ -466,7 +468,51 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 			slog.String("kind", fmt.Sprintf("%T", rds.ClassifyRedisError(err))))
 		return
 	}
-	l.metrics.refund("ok")
+	l.metrics.refund(result)
+}
+
+// Refund gives back the admission allowed decision d made on family f, and
+// only that one: the request's other families stay charged. It is for a
+// request answered without reaching what f protects, which must not spend
+// f's budget — a message send refused because its sender is not a member
+// of the dialog must not use up the dialog's limit, or outsiders could
+// silence the dialog while their own user limit still pays for each try.
+// Every algorithm gives back exactly this admission: the sliding log removes
+// the request's own entry; the fixed window decrements the counter of the
+// window the admission was counted in, and does nothing once that window
+// has ended (the admission left with it); the token bucket credits one
+// token back, capped at capacity (it can only return the refill the bucket
+// would have lost at capacity meanwhile, ≤ 1 token). result is the
+// han_ratelimit_refunds_total label of a refund that ran (a constant of the
+// caller's, so the label stays bounded). A denial, a local
+// decision (nothing of it is in Redis) or a decision without family f has
+// nothing to give back.
+func (l *Limiter) Refund(ctx context.Context, d Decision, f Family, result string) {
+	if !d.Allowed || d.id == "" {
+		return
+	}
+	for _, fd := range d.Families {
+		if fd.Rule.Family == f && fd.key != "" {
+			l.refund(ctx, d.algo, d.id, fd.key, fd.Rule, fd.ResetAtMs, result)
+		}
+	}
+}
+
+// DecideLocal is the in-process fallback's decision of policy p for subject
+// s, as if p fell back to it (counted fallback / fallback_denied). It is for
+// a caller that still serves a request whose Decide failed on a fail-closed
+// policy — restapi answers such a message send or attachment init from a
+// completed PostgreSQL record, which costs a PostgreSQL lookup per request
+// — so that request is still bounded, by the share of its limits a
+// fallback-local route keeps.
+func (l *Limiter) DecideLocal(label string, p Policy, s Subject) Decision {
+	keys, rules := l.subjectKeys(label, p, s)
+	if len(rules) == 0 {
+		return Decision{Allowed: true, NowMs: time.Now().UnixMilli()}
+	}
+	p.OnFailure = FallbackLocal
+	d, _ := l.finish(label, p, keys, rules, Decision{}, rds.ErrRedisUnavailable)
+	return d
 }
 
 // Eval runs algorithm a's script once over keys (one rule per key) with
@@ -474,7 +520,7 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 // Decide; Eval is kept exported because the script-level tests and
 // BenchmarkDecision call it with keys of their own.
 func Eval(ctx context.Context, c redis.Scripter, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
-	return decision(script(a).Run(ctx, c, keys, scriptArgs(id, keys, rules)...), a, keys, rules)
+	return decision(script(a).Run(ctx, c, keys, scriptArgs(id, keys, rules)...), a, id, keys, rules)
 }
 
 // scriptArgs are the decision script's arguments: the request id, then
@@ -488,8 +534,8 @@ func scriptArgs(id string, keys []string, rules []Rule) []any {
 	return args
 }
 
-// decision parses the decision script's reply.
-func decision(reply *redis.Cmd, a Algorithm, keys []string, rules []Rule) (Decision, error) {
+// decision parses the reply of the decision script that request id ran.
+func decision(reply *redis.Cmd, a Algorithm, id string, keys []string, rules []Rule) (Decision, error) {
 	v, err := reply.Int64Slice()
 	if err != nil {
 		return Decision{}, rds.ClassifyRedisError(err)
@@ -498,9 +544,9 @@ func decision(reply *redis.Cmd, a Algorithm, keys []string, rules []Rule) (Decis
 		return Decision{}, fmt.Errorf("ratelimit: script %s returned %d values: %w", a, len(v), rds.ErrRedisUnavailable)
 	}
 	d := Decision{Allowed: v[0] == 1, Remaining: v[1], RetryAfterMs: v[2], ResetAtMs: v[3], NowMs: v[4],
-		Families: make([]FamilyDecision, len(keys))}
+		Families: make([]FamilyDecision, len(keys)), id: id, algo: a}
 	for i := range keys {
-		d.Families[i] = FamilyDecision{Rule: rules[i], Remaining: v[5+2*i], ResetAtMs: v[6+2*i]}
+		d.Families[i] = FamilyDecision{Rule: rules[i], Remaining: v[5+2*i], ResetAtMs: v[6+2*i], key: keys[i]}
 	}
 	return d, nil
 }

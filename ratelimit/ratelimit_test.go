@@ -423,6 +423,75 @@ func TestPerFamilyModeRefundsEarlierAdmissions(t *testing.T) {
 	}
 }
 
+// Refund gives back one family's admission of an allowed request and leaves
+// the request's other families charged, in both modes and for every
+// algorithm: the next request meets that family as if the refunded one had
+// never been made. A denial has nothing to give back.
+func TestRefundGivesBackOnlyThatFamilysAdmission(t *testing.T) {
+	c := client(t, env.Redis)
+	ctx := context.Background()
+	modes := map[string]ratelimit.Mode{"atomic": ratelimit.ModeAtomic, "per-family": ratelimit.ModePerFamily}
+	for name, mode := range modes {
+		for _, a := range algorithms {
+			t.Run(name+"/"+string(a), func(t *testing.T) {
+				p := sendPolicy(a) // user 5, ip 5, dialog 1 per hour
+				l, reg := newLimiter(t, c, map[string]ratelimit.Policy{sendRoute: p}, func(c *ratelimit.Config) { c.Mode = mode })
+				s := ratelimit.Subject{UserID: ids.New(), IPHMAC: ids.New()[:16], DialogID: ids.New()}
+				d, err := l.Decide(ctx, sendRoute, p, s)
+				if err != nil || !d.Allowed || len(d.Families) != 3 {
+					t.Fatalf("first send: %+v %v", d, err)
+				}
+				l.Refund(ctx, d, ratelimit.FamilyDialog, "test")
+				if got := counter(t, reg, "han_ratelimit_refunds_total", map[string]string{"result": "test"}); got != 1 {
+					t.Fatalf("refunds counted %v, want 1", got)
+				}
+				d, err = l.Decide(ctx, sendRoute, p, s)
+				if err != nil || !d.Allowed {
+					t.Fatalf("second send into a dialog of limit 1 whose first admission was given back: %+v %v", d, err)
+				}
+				if u, ip, dl := d.Families[0].Remaining, d.Families[1].Remaining, d.Families[2].Remaining; u != 3 || ip != 3 || dl != 0 {
+					t.Fatalf("remaining user %d ip %d dialog %d, want 3 3 0: only the dialog's admission is given back", u, ip, dl)
+				}
+				d, err = l.Decide(ctx, sendRoute, p, s)
+				if err != nil || d.Allowed {
+					t.Fatalf("third send: %+v %v, want the dialog's denial", d, err)
+				}
+				l.Refund(ctx, d, ratelimit.FamilyDialog, "test")
+				if got := counter(t, reg, "han_ratelimit_refunds_total", map[string]string{"result": "test"}); got != 1 {
+					t.Fatalf("a denial was refunded: refunds counted %v", got)
+				}
+			})
+		}
+	}
+}
+
+// DecideLocal grants a fail-closed policy the in-process fallback's share of
+// its limits (a caller that still serves the request when Redis fails keeps
+// it bounded) and counts its decisions as fallback ones.
+func TestDecideLocalGrantsTheFallbackShare(t *testing.T) {
+	c := client(t, env.Redis)
+	p := ratelimit.Policy{Algorithm: ratelimit.SlidingLog, OnFailure: ratelimit.FailClosed, Rules: []ratelimit.Rule{user(8, time.Minute)}}
+	l, reg := newLimiter(t, c, map[string]ratelimit.Policy{sendRoute: p}, nil)
+	s := ratelimit.Subject{UserID: ids.New()}
+	for i := range 2 {
+		if d := l.DecideLocal(sendRoute, p, s); !d.Allowed || !d.Local || d.Families[0].Rule.Limit != 2 {
+			t.Fatalf("local decision %d: %+v", i, d)
+		}
+	}
+	d := l.DecideLocal(sendRoute, p, s)
+	if d.Allowed || !d.Local || d.RetryAfterSeconds() < 1 || d.RetryAfterSeconds() > 30 {
+		t.Fatalf("third local decision: %+v, want a denial until one of 2 tokens per minute refills", d)
+	}
+	if d := l.DecideLocal(sendRoute, p, ratelimit.Subject{UserID: ids.New()}); !d.Allowed {
+		t.Fatalf("another user's local decision: %+v", d)
+	}
+	for result, want := range map[string]float64{"fallback": 3, "fallback_denied": 1} {
+		if got := counter(t, reg, "han_ratelimit_decisions_total", map[string]string{"route": sendRoute, "result": result}); got != want {
+			t.Fatalf("%s decisions counted %v, want %v", result, got, want)
+		}
+	}
+}
+
 // Redis killed: a FallbackLocal route keeps deciding in-process with a
 // fraction of its limit; a FailClosed route fails fast with
 // ErrRedisUnavailable; once Redis is back, decisions come from Redis again.

@@ -305,7 +305,7 @@ func (s *Server) serveUnkeyed(w http.ResponseWriter, r *http.Request, op idemOp)
 	}
 	res, err := op.exec(r.Context(), nil)
 	if err != nil {
-		s.fail(w, r, err)
+		s.execFailed(w, r, err)
 		return
 	}
 	if res.after != nil {
@@ -420,7 +420,7 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 	case err != nil:
 		s.idemRelease(ctx, k, owner)
 		s.idemCount(op, idemOutcomeFailed)
-		s.fail(w, r, err)
+		s.execFailed(w, r, err)
 		return
 	}
 	out.rec.Fingerprint = fp
@@ -615,12 +615,14 @@ var db0FailClosedRoutes = map[string]bool{
 	http.MethodGet + " /v1/attachments/{id}/download-url": true,
 }
 
-// db0Deferral carries a DB0 failure met before the handler ran, and the
+// db0Deferral carries a DB0 failure met before the handler ran, the
 // rate-limit decision left pending for the idempotency reserve
-// (ratelimit_paired.go).
+// (ratelimit_paired.go), and what the limiter gives back when the request
+// is answered dialog_not_found (notMember).
 type db0Deferral struct {
-	err   error
-	limit *pendingLimit
+	err       error
+	limit     *pendingLimit
+	notMember func()
 }
 
 type ctxDB0Deferral struct{}
@@ -640,10 +642,11 @@ func (s *Server) deferDB0Failures(next http.Handler) http.Handler {
 // cannot decide because DB0 failed (err is a Redis unavailable/OOM error) on
 // a route whose handler applies the DB0 outage rule itself — message send,
 // attachment init, download URL — it records err and returns true: the
-// limiter then lets the request through, and the handler answers from a
-// completed PostgreSQL idempotency record or fails closed with err, never
-// running the business effect without its limit. Elsewhere it returns false
-// and the limiter fails closed as usual.
+// limiter then lets the request through if its in-process limit admits it
+// (each such answer costs a PostgreSQL lookup, so it is never unlimited),
+// and the handler answers from a completed PostgreSQL idempotency record or
+// fails closed with err, never running the business effect without its
+// limit. Elsewhere it returns false and the limiter fails closed as usual.
 func DeferDB0Failure(r *http.Request, err error) bool {
 	d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral)
 	if !ok || d.err != nil {
@@ -654,6 +657,29 @@ func DeferDB0Failure(r *http.Request, err error) bool {
 	}
 	d.err = err
 	return true
+}
+
+// onDialogNotFound is for RateLimiter implementations: fn runs if r is
+// answered dialog_not_found (a send by a non-member, or into no dialog),
+// before the answer is written, to give back what the request spent of the
+// dialog's limit.
+func onDialogNotFound(r *http.Request, fn func()) {
+	if d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral); ok {
+		d.notMember = fn
+	}
+}
+
+// execFailed answers op's failure err; a dialog_not_found first gives the
+// dialog's limit back (onDialogNotFound).
+func (s *Server) execFailed(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, store.ErrDialogNotFound) {
+		if d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral); ok && d.notMember != nil {
+			fn := d.notMember
+			d.notMember = nil
+			fn()
+		}
+	}
+	s.fail(w, r, err)
 }
 
 // deferredDB0 returns the DB0 failure the limiter deferred to the handler.

@@ -414,3 +414,146 @@ func TestHTTPInternalInboxServiceBucket(t *testing.T) {
 	code, b = l.do(search, "POST", "/v1/internal/inbox", `{}`)
 	wantError(t, code, b, 400, "invalid_id")
 }
+
+// With DB0 down, message send and attachment init still answer from
+// PostgreSQL (a completed record is replayed, anything else is 503), each
+// answer costing a PostgreSQL lookup. The in-process limiter bounds them to
+// a quarter of their limits, as it bounds the fallback-local routes: past it
+// they are 429 rate_limited with Retry-After and the local quota, before any
+// lookup, so one client cannot spend the pool; other users keep their own.
+func TestHTTPSendWithDB0DownKeepsAQuarterOfItsLimit(t *testing.T) {
+	base := newHarness(t)
+	_, aTok := base.user()
+	bob, bTok := base.user()
+	d := base.dialog(aTok, bob)
+	const budget = 300 * time.Millisecond
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	rdb, err := rds.NewRedis(r.URL(0), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	l := newLimited(t, base, rdb, map[string]ratelimit.Policy{
+		"POST /v1/dialogs/{id}/messages": {Algorithm: ratelimit.SlidingLog, OnFailure: ratelimit.FailClosed,
+			Rules: []ratelimit.Rule{userRule(8, time.Minute)}},
+		"POST /v1/attachments": {Algorithm: ratelimit.SlidingLog, OnFailure: ratelimit.FailClosed,
+			Rules: []ratelimit.Rule{userRule(4, time.Minute)}},
+	}, budget)
+	path := "/v1/dialogs/" + d.ID + "/messages"
+	key := idemKey()
+	if code, b, _ := l.doH(aTok, "POST", path, `{"body":"once"}`, key); code != 201 {
+		t.Fatalf("send with Redis up: %d %s", code, b)
+	}
+	r.Kill()
+
+	// Replays of the completed send and fresh keys, alternately: 8/min
+	// scaled to 2 reach PostgreSQL (one replay, one 503), 18 do not.
+	replayed, failClosed, limited := 0, 0, 0
+	for i := range 20 {
+		body, hdr := `{"body":"once"}`, key
+		if i%2 == 1 {
+			body, hdr = `{"body":"new"}`, idemKey()
+		}
+		code, b, h := l.doH(aTok, "POST", path, body, hdr)
+		switch {
+		case code == 201 && h.Get("Idempotent-Replayed") == "true":
+			replayed++
+		case code == 503 && string(b) == `{"error":"redis_unavailable"}`:
+			failClosed++
+		case code == 429 && string(b) == `{"error":"rate_limited"}`:
+			limited++
+			if ra, _ := strconv.Atoi(h.Get("Retry-After")); ra < 1 || ra > 60 || h.Get("RateLimit-Policy") != `"user";q=2;w=60` {
+				t.Fatalf("request %d: 429 with Retry-After %q RateLimit-Policy %q, want 1..60 and the local quota",
+					i, h.Get("Retry-After"), h.Get("RateLimit-Policy"))
+			}
+		default:
+			t.Fatalf("request %d with DB0 down: %d %s", i, code, b)
+		}
+	}
+	if replayed != 1 || failClosed != 1 || limited != 18 {
+		t.Fatalf("DB0 down, user limit 8/min: %d replayed, %d answered 503, %d limited; want 1, 1, 18", replayed, failClosed, limited)
+	}
+	code, b := l.do("", "GET", "/metrics", "")
+	for _, want := range []string{
+		`han_idempotency_requests_total{outcome="replay_pg",scope="msg_send"} 1`,
+		`han_idempotency_requests_total{outcome="fail_closed",scope="msg_send"} 1`,
+		`han_ratelimit_decisions_total{result="fallback_denied",route="POST /v1/dialogs/{id}/messages"} 18`,
+	} {
+		if code != 200 || !strings.Contains(string(b), want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
+
+	// Bob's quota is his own.
+	code, b, _ = l.doH(bTok, "POST", path, `{"body":"bob"}`, idemKey())
+	wantError(t, code, b, 503, "redis_unavailable")
+	// Attachment init: 4/min scaled to 1.
+	att := fmt.Sprintf(`{"dialogId":%q,"filename":"a.txt","contentType":"text/plain","sizeBytes":3}`, d.ID)
+	code, b, _ = l.doH(aTok, "POST", "/v1/attachments", att, idemKey())
+	wantError(t, code, b, 503, "redis_unavailable")
+	code, b, _ = l.doH(aTok, "POST", "/v1/attachments", att, idemKey())
+	wantError(t, code, b, 429, "rate_limited")
+}
+
+// The dialog family protects a dialog's members from a flood. A send by a
+// user who is not a member is answered 404 dialog_not_found (as for a dialog
+// that does not exist) and gives its dialog admission back, so outsiders
+// cannot use up the dialog's limit and silence its members; each try still
+// costs the outsider its own user limit. The 404 describes no dialog quota.
+func TestHTTPOutsidersCannotUseUpADialogsSendLimit(t *testing.T) {
+	base := newHarness(t)
+	const label = "POST /v1/dialogs/{id}/messages"
+	w := 63_029 * time.Millisecond // a window of this test's own: the ip key is shared by the package
+	for _, a := range rlAlgorithms {
+		t.Run(string(a), func(t *testing.T) {
+			l := newLimited(t, base, nil, map[string]ratelimit.Policy{label: {Algorithm: a, Rules: []ratelimit.Rule{
+				userRule(4, w), {Family: ratelimit.FamilyIP, Limit: 1000, Window: w}, {Family: ratelimit.FamilyDialog, Limit: 6, Window: w},
+			}}}, 0)
+			_, aTok := base.user()
+			bob, bTok := base.user()
+			d := base.dialog(aTok, bob)
+			send := func(tok string) (int, []byte, http.Header) {
+				return l.doH(tok, "POST", "/v1/dialogs/"+d.ID+"/messages", `{"body":"hi"}`, idemKey())
+			}
+			// Two outsiders try 8 sends in all, more than the dialog's 6.
+			var fields []string // RateLimit-Policy and RateLimit of the outsiders' 404s
+			for range 2 {
+				_, oTok := base.user()
+				for range 4 {
+					code, b, hdr := send(oTok)
+					wantError(t, code, b, 404, "dialog_not_found")
+					fields = append(fields, hdr.Get("RateLimit-Policy"), hdr.Get("RateLimit"))
+				}
+				code, b, _ := send(oTok)
+				wantError(t, code, b, 429, "rate_limited") // its own user limit
+			}
+			// The dialog's whole limit is still its members': 4 + 2, then 429.
+			for i := range 4 {
+				if code, b, _ := send(aTok); code != 201 {
+					t.Fatalf("member alice's send %d after 8 refused outsider sends: %d %s", i, code, b)
+				}
+			}
+			for i := range 2 {
+				if code, b, _ := send(bTok); code != 201 {
+					t.Fatalf("member bob's send %d: %d %s", i, code, b)
+				}
+			}
+			code, b, hdr := send(bTok)
+			wantError(t, code, b, 429, "rate_limited")
+			if !strings.Contains(hdr.Get("RateLimit"), `"dialog";r=0;`) {
+				t.Fatalf("7th member send: RateLimit %q, want the dialog's limit reached", hdr.Get("RateLimit"))
+			}
+			for i := 0; i < len(fields); i += 2 {
+				n := i / 2 % 4
+				if pol, st := fields[i], fields[i+1]; pol != `"user";q=4;w=64, "ip";q=1000;w=64` ||
+					!strings.HasPrefix(st, fmt.Sprintf(`"user";r=%d;`, 3-n)) || strings.Contains(st, "dialog") {
+					t.Fatalf("outsider's 404 %d: RateLimit-Policy %q RateLimit %q, want its user limit spent and no dialog item", i/2, pol, st)
+				}
+			}
+		})
+	}
+}

@@ -52,43 +52,100 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 			}
 		}
 	}
+	q := limitQuery{label: label, p: p, subj: subj}
 	if holder := limitHolder(r, route); holder != nil {
 		if pr := a.l.Prepare(label, p, subj); pr != nil {
-			holder.limit = &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, d, err) }}
+			holder.limit = &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, q, d, err) }}
 			return true
 		}
 	}
 	d, err := a.l.Decide(r.Context(), label, p, subj)
-	return a.apply(w, r, d, err)
+	return a.apply(w, r, q, d, err)
 }
 
-// apply answers decision d (or the failure err): the RateLimit fields, or
-// the 429/503 response; false when the request must stop.
-func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, d ratelimit.Decision, err error) bool {
+// limitQuery is what a decision was asked about.
+type limitQuery struct {
+	label string
+	p     ratelimit.Policy
+	subj  ratelimit.Subject
+}
+
+// apply answers decision d (or the failure err) of q: the RateLimit fields,
+// or the 429/503 response; false when the request must stop.
+func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, q limitQuery, d ratelimit.Decision, err error) bool {
 	if err != nil {
 		// The limiter keeps its own breaker; tell the server's DB0 health
 		// too, so idempotency fails fast and the degraded gauge shows it.
 		if h := a.s.RedisHealth(); h != nil && errors.Is(err, rds.ErrRedisUnavailable) {
 			h.MarkDown()
 		}
-		// Send, attachment init and download URL may still replay a
-		// completed record from PostgreSQL: their handler decides.
-		if DeferDB0Failure(r, err) {
+		if !DeferDB0Failure(r, err) {
+			a.s.fail(w, r, err)
+			return false
+		}
+		// Send, attachment init and download URL still answer from
+		// PostgreSQL (a completed record is replayed, else 503), and each
+		// such answer costs a PostgreSQL lookup: the in-process limiter
+		// bounds them as it bounds the fallback-local routes, or one client
+		// could spend the pool while DB0 is down.
+		d = a.l.DecideLocal(q.label, q.p, q.subj)
+		if d.Allowed {
+			// No RateLimit fields: the answer is a replay or a 503,
+			// which carries none.
 			return true
 		}
-		a.s.fail(w, r, err)
+		setRateLimitFields(w, d)
+		a.s.fail(w, r, &ratelimit.LimitedError{Decision: d})
 		return false
 	}
+	setRateLimitFields(w, d)
+	if !d.Allowed {
+		a.s.fail(w, r, &ratelimit.LimitedError{Decision: d})
+		return false
+	}
+	if hasFamily(d, ratelimit.FamilyDialog) {
+		onDialogNotFound(r, func() { a.refundDialog(w, r, d) })
+	}
+	return true
+}
+
+// refundDialog gives back admission d's dialog family when the request was
+// answered dialog_not_found (its sender is not a member, or the dialog does
+// not exist): the dialog's limit protects its members from a flood, and
+// outsiders who spent it would silence them, each refused try costing them
+// only their own user limit, which stays charged. The answer's RateLimit
+// fields then leave the dialog out, so an outsider learns nothing of its
+// traffic.
+func (a *redisRateLimiter) refundDialog(w http.ResponseWriter, r *http.Request, d ratelimit.Decision) {
+	a.l.Refund(r.Context(), d, ratelimit.FamilyDialog, "dialog_not_found")
+	kept := d
+	kept.Families = make([]ratelimit.FamilyDecision, 0, len(d.Families))
+	for _, f := range d.Families {
+		if f.Rule.Family != ratelimit.FamilyDialog {
+			kept.Families = append(kept.Families, f)
+		}
+	}
+	h := w.Header()
+	h.Del("RateLimit-Policy")
+	h.Del("RateLimit")
+	setRateLimitFields(w, kept)
+}
+
+func setRateLimitFields(w http.ResponseWriter, d ratelimit.Decision) {
 	if len(d.Families) > 0 {
 		h := w.Header()
 		h.Set("RateLimit-Policy", ratelimit.PolicyField(d))
 		h.Set("RateLimit", ratelimit.StateField(d))
 	}
-	if !d.Allowed {
-		a.s.fail(w, r, &ratelimit.LimitedError{Decision: d})
-		return false
+}
+
+func hasFamily(d ratelimit.Decision, f ratelimit.Family) bool {
+	for _, fd := range d.Families {
+		if fd.Rule.Family == f {
+			return true
+		}
 	}
-	return true
+	return false
 }
 
 // rateLimitedError maps a denial for Server.fail: 429 rate_limited with
