@@ -21,57 +21,69 @@ import (
 // likely down: the rest stay untouched for the next run). It returns how
 // many rows it claimed and delivered; publish runs while the row locks are
 // held, so it must be bounded in time.
+//
+// When ctx ends during the batch (the instance drains) the rows not yet
+// published are left, but the marks of those published and the commit
+// still run, on a context of their own bounded by markTimeout: rolled back
+// with the cancelled context, every row already published would be
+// published again by the next relay.
 func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 	publish func(ctx context.Context, row pubsub.OutboxRow) error) (claimed, delivered int, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT o.id, o.event_id::text, o.channel, o.entity_id, o.payload, o.attempts, `+outboxMessageColumns+`
-			FROM outbox o LEFT JOIN messages ON messages.id = o.message_id
-			WHERE o.delivered_at IS NULL AND o.created_at < now() - make_interval(secs => $1)
-				AND (o.message_id IS NULL OR messages.id IS NOT NULL)
-			ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED`, grace.Seconds(), limit)
-		if err != nil {
-			return err
-		}
-		batch, err := pgx.CollectRows(rows, scanOutboxRow)
-		if err != nil {
-			return err
-		}
-		claimed = len(batch)
-		var ok, failed []int64
-		for _, row := range batch {
-			if ctx.Err() != nil {
-				break
-			}
-			err := publish(ctx, row)
-			if err == nil {
-				ok = append(ok, row.ID)
-				continue
-			}
-			if errors.Is(err, rds.ErrLockHeld) {
-				continue
-			}
-			failed = append(failed, row.ID)
-			break
-		}
-		if len(ok) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE outbox SET delivered_at = now(), attempts = attempts + 1
-				WHERE id = ANY($1)`, ok); err != nil {
-				return err
-			}
-		}
-		if len(failed) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1)`, failed); err != nil {
-				return err
-			}
-		}
-		delivered = len(ok)
-		return nil
-	})
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay outbox: %w", err)
 	}
-	return claimed, delivered, nil
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `SELECT o.id, o.event_id::text, o.channel, o.entity_id, o.payload, o.attempts, `+outboxMessageColumns+`
+		FROM outbox o LEFT JOIN messages ON messages.id = o.message_id
+		WHERE o.delivered_at IS NULL AND o.created_at < now() - make_interval(secs => $1)
+			AND (o.message_id IS NULL OR messages.id IS NOT NULL)
+		ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED`, grace.Seconds(), limit)
+	if err != nil {
+		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, scanOutboxRow)
+	if err != nil {
+		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+	}
+	var ok, failed []int64
+	for _, row := range batch {
+		if ctx.Err() != nil {
+			break
+		}
+		err := publish(ctx, row)
+		if err == nil {
+			ok = append(ok, row.ID)
+			continue
+		}
+		if errors.Is(err, rds.ErrLockHeld) {
+			continue
+		}
+		failed = append(failed, row.ID)
+		break
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	if len(ok) > 0 {
+		if _, err := tx.Exec(mctx, `UPDATE outbox SET delivered_at = now(), attempts = attempts + 1
+			WHERE id = ANY($1)`, ok); err != nil {
+			return 0, 0, fmt.Errorf("relay outbox: %w", err)
+		}
+	}
+	if len(failed) > 0 {
+		if _, err := tx.Exec(mctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1)`, failed); err != nil {
+			return 0, 0, fmt.Errorf("relay outbox: %w", err)
+		}
+	}
+	if err := tx.Commit(mctx); err != nil {
+		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+	}
+	return len(batch), len(ok), nil
 }
+
+// markTimeout bounds the relay's marks and commit once its batch is
+// published, whatever happened to the run's context.
+const markTimeout = 2 * time.Second
 
 // outboxMessageColumns is the message of a message.created outbox row
 // (message_id set), whose frame is built from it: messageColumns of the
