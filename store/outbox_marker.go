@@ -158,6 +158,14 @@ func (m *OutboxMarker) run() {
 		case <-m.kick:
 		case <-t.C:
 		}
+		select {
+		case <-m.stop:
+			// A kick or the timer may be ready beside the stop, and select
+			// picks among them at random: Close's single budget must not
+			// wait for one more flush here.
+			return
+		default:
+		}
 		m.flush(m.take())
 		m.mu.Lock()
 		left := len(m.queue)
@@ -191,25 +199,37 @@ func (m *OutboxMarker) take() []string {
 	return batch
 }
 
-// flush marks one batch delivered and counts the outcome.
+// flush marks one batch delivered within its own Timeout and counts the
+// outcome.
 func (m *OutboxMarker) flush(batch []string) {
-	if len(batch) == 0 {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
 	defer cancel()
+	m.flushWithin(ctx, batch)
+}
+
+// flushWithin marks one batch delivered within ctx and counts the outcome;
+// false when the batch was not marked.
+func (m *OutboxMarker) flushWithin(ctx context.Context, batch []string) bool {
+	if len(batch) == 0 {
+		return true
+	}
 	n, err := m.store.MarkOutboxDeliveredBatch(ctx, batch)
 	if err != nil {
 		m.dropped.WithLabelValues("flush_failed").Add(float64(len(batch)))
 		m.logger.Warn("outbox marker: flush failed; the relay publishes these rows again",
 			slog.Int("events", len(batch)), slog.String("kind", Kind(err)))
-		return
+		return false
 	}
 	m.marked.Add(float64(n))
+	return true
 }
 
-// Close stops taking marks, flushes every id still queued and waits. It is
-// idempotent.
+// Close stops taking marks, flushes the ids still queued and waits. The
+// flushes share one Timeout: with PostgreSQL stalled and the queue full,
+// a Timeout per batch would hold the instance's shutdown for 16 of them,
+// past the stop budget of its supervisor. A failed flush or the end of the
+// budget drops what is left (counted as closed; the relay publishes those
+// rows again). It is idempotent.
 func (m *OutboxMarker) Close() {
 	m.mu.Lock()
 	if m.closed {
@@ -221,12 +241,26 @@ func (m *OutboxMarker) Close() {
 	close(m.stop)
 	m.mu.Unlock()
 	m.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
+	defer cancel()
 	for {
 		batch := m.take()
 		if len(batch) == 0 {
 			return
 		}
-		m.flush(batch)
+		tried := ctx.Err() == nil
+		if tried && m.flushWithin(ctx, batch) {
+			continue
+		}
+		dropped := 0
+		if !tried {
+			dropped = len(batch) // a failed flush counted its own
+		}
+		for rest := m.take(); len(rest) > 0; rest = m.take() {
+			dropped += len(rest)
+		}
+		m.dropped.WithLabelValues("closed").Add(float64(dropped))
+		return
 	}
 }
 
