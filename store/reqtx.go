@@ -104,14 +104,19 @@ func (s *Store) acquireWithin(ctx context.Context, budget time.Duration) (*pgxpo
 // The single statements of request paths (reads, and writes that need no
 // transaction) use reqQueryRow, reqQuery and reqExec instead of the pool's
 // own methods, so their wait for a connection is bounded like a
-// transaction's.
+// transaction's, and so is the statement: it runs under a deadline of the
+// request budget (its own SET LOCAL would need a transaction), and one cut
+// short by it comes back wrapped in ErrDatabaseBusy. Without it a statement
+// waiting on a lock (a migration's) held its request and its connection for
+// as long as the lock was held, and the instance's shutdown with them.
 
 func (s *Store) reqQueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return errRow{err}
 	}
-	return releasingRow{conn.QueryRow(ctx, sql, args...), conn}
+	sctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	return releasingRow{conn.QueryRow(sctx, sql, args...), conn, ctx, cancel}
 }
 
 func (s *Store) reqQuery(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -119,12 +124,14 @@ func (s *Store) reqQuery(ctx context.Context, sql string, args ...any) (pgx.Rows
 	if err != nil {
 		return nil, err
 	}
-	rows, err := conn.Query(ctx, sql, args...)
+	sctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	rows, err := conn.Query(sctx, sql, args...)
 	if err != nil {
+		cancel()
 		conn.Release()
-		return nil, err
+		return nil, stmtBusy(ctx, err)
 	}
-	return &releasingRows{Rows: rows, conn: conn}, nil
+	return &releasingRows{Rows: rows, conn: conn, ctx: ctx, cancel: cancel}, nil
 }
 
 func (s *Store) reqExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -133,7 +140,19 @@ func (s *Store) reqExec(ctx context.Context, sql string, args ...any) (pgconn.Co
 		return pgconn.CommandTag{}, err
 	}
 	defer conn.Release()
-	return conn.Exec(ctx, sql, args...)
+	sctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	defer cancel()
+	tag, err := conn.Exec(sctx, sql, args...)
+	return tag, stmtBusy(ctx, err)
+}
+
+// stmtBusy wraps in ErrDatabaseBusy the error of a statement its request
+// budget cut short (the caller's own ctx still alive).
+func stmtBusy(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
+	}
+	return err
 }
 
 type errRow struct{ err error }
@@ -143,20 +162,25 @@ func (r errRow) Scan(...any) error { return r.err }
 // releasingRow gives the connection back once the row is scanned (every
 // caller scans the row it asked for).
 type releasingRow struct {
-	row  pgx.Row
-	conn *pgxpool.Conn
+	row    pgx.Row
+	conn   *pgxpool.Conn
+	ctx    context.Context // the caller's
+	cancel context.CancelFunc
 }
 
 func (r releasingRow) Scan(dest ...any) error {
 	defer r.conn.Release()
-	return r.row.Scan(dest...)
+	defer r.cancel()
+	return stmtBusy(r.ctx, r.row.Scan(dest...))
 }
 
 // releasingRows gives the connection back when the rows are closed or read
 // to the end.
 type releasingRows struct {
 	pgx.Rows
-	conn *pgxpool.Conn
+	conn   *pgxpool.Conn
+	ctx    context.Context // the caller's
+	cancel context.CancelFunc
 }
 
 func (r *releasingRows) Next() bool {
@@ -167,9 +191,12 @@ func (r *releasingRows) Next() bool {
 	return false
 }
 
+func (r *releasingRows) Err() error { return stmtBusy(r.ctx, r.Rows.Err()) }
+
 func (r *releasingRows) Close() {
 	r.Rows.Close()
 	if r.conn != nil {
+		r.cancel()
 		r.conn.Release()
 		r.conn = nil
 	}

@@ -311,9 +311,11 @@ func (m *Main) Close() error {
 	if shutdown != nil {
 		if err := <-shutdown; err != nil {
 			errs = append(errs, err)
+			m.Logger.Warn("drain: in-flight requests still running at the shutdown timeout", slog.String("kind", fmt.Sprintf("%T", err)))
+		} else {
+			m.Logger.Info("drain: in-flight requests finished")
 		}
 		m.httpSrv = nil
-		m.Logger.Info("drain: in-flight requests finished")
 	}
 	if err := m.metrics.close(m.Config.ShutdownTimeout); err != nil {
 		errs = append(errs, err)

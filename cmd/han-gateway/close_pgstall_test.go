@@ -1,0 +1,151 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/han-app/gateway/internal/auth"
+	"github.com/han-app/gateway/internal/ids"
+)
+
+type closeLog struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	start time.Time
+}
+
+func (l *closeLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(&l.buf, "+%v %s", time.Since(l.start).Round(10*time.Millisecond), p)
+	return len(p), nil
+}
+
+func (l *closeLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// With PostgreSQL stalled (a lock a migration or an operator holds on
+// messages) a request's single statement still ends within the request
+// budget (503 database_busy), so the instance's shutdown ends too. The
+// statement used to wait for the lock with no deadline, holding its
+// connection, and the last step of Close (the pool's) waited for it: the
+// process never exited and its supervisor killed it.
+func TestCloseIsBoundedWhenPostgreSQLStalls(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_SHUTDOWN_TIMEOUT"] = "1s"
+	vars["HAN_DB_REQUEST_TIMEOUT"] = "500ms"
+	m := NewMain()
+	if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+		t.Fatal(err)
+	}
+	lg := &closeLog{start: time.Now()}
+	m.Logger = slog.New(slog.NewJSONHandler(lg, nil))
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tok := func(sub string) string {
+		s, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	alice, bob := ids.New(), ids.New()
+	aTok, bTok := tok(alice), tok(bob)
+	for _, tk := range []string{aTok, bTok} {
+		if code, body := call(t, "GET", m.URL()+"/v1/me", tk, ""); code != 200 {
+			t.Fatalf("/v1/me: %d %s", code, body)
+		}
+	}
+	code, body := call(t, "POST", m.URL()+"/v1/dialogs", aTok, fmt.Sprintf(`{"memberIds":[%q]}`, bob))
+	if code != 201 {
+		t.Fatalf("create dialog: %d %s", code, body)
+	}
+	dialogID := body[strings.Index(body, `"id":"`)+6:][:36]
+	if code, body := callH(t, "POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", aTok, `{"body":"hi"}`,
+		map[string]string{"Idempotency-Key": "close-pgstall-1"}); code != 201 {
+		t.Fatalf("send: %d %s", code, body)
+	}
+
+	// The stall: another session holds a lock on messages.
+	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	lockTx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockTx.Exec(ctx, "LOCK TABLE messages IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			_ = lockTx.Rollback(ctx)
+		}
+	}
+	defer release()
+
+	// A history read arrives and waits.
+	got := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", m.URL()+"/v1/dialogs/"+dialogID+"/messages?afterSeq=0", nil)
+		req.Header.Set("Authorization", "Bearer "+bTok)
+		resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+		if err != nil {
+			got <- "error: " + err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	select {
+	case r := <-got:
+		if !strings.HasPrefix(r, `503 {"error":"database_busy"}`) {
+			t.Fatalf("history read while the lock was held: %s, want 503 database_busy", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("history read still waiting 5 s into the lock (request budget 500ms)")
+	}
+
+	// SIGTERM: Close.
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- m.Close() }()
+	select {
+	case err := <-done:
+		t.Logf("Close returned after %v: %v", time.Since(start).Round(100*time.Millisecond), err)
+	case <-time.After(15 * time.Second):
+		var dump bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&dump, 2)
+		for _, g := range strings.Split(dump.String(), "\n\n") {
+			if strings.Contains(g, "(*Main).Close") {
+				t.Logf("Close is blocked in:\n%s", g)
+			}
+		}
+		release()
+		<-done
+		t.Fatalf("Main.Close with HAN_SHUTDOWN_TIMEOUT=1s had not returned after 15 s of a PostgreSQL lock wait "+
+			"(returned only once the lock was released, after %v)\nlog:\n%s",
+			time.Since(start).Round(100*time.Millisecond), lg.String())
+	}
+}
