@@ -1,6 +1,7 @@
 package restapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -12,12 +13,13 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
@@ -82,6 +84,11 @@ var (
 	errInvalidUUID       = apiErr(http.StatusBadRequest, "invalid_uuid")
 	// errBlobsBusy: MaxOpenBlobs uploads and downloads are under way.
 	errBlobsBusy = &Error{Status: http.StatusServiceUnavailable, Code: "attachments_busy", RetryAfter: 1}
+	// errUploadInProgress: another PUT of the same attachment is being
+	// read on this instance. It ends within the body deadline when its
+	// client stalls, so a retry shortly after succeeds.
+	errUploadInProgress = &Error{Status: http.StatusConflict, Code: "upload_in_progress", RetryAfter: 1}
+	errInvalidFilename  = apiErr(http.StatusBadRequest, "invalid_filename")
 	// The signed download's answers to a Range the blob cannot satisfy and
 	// to a precondition (If-Match, If-Unmodified-Since) that does not hold.
 	errRangeNotSatisfiable = apiErr(http.StatusRequestedRangeNotSatisfiable, "range_not_satisfiable")
@@ -98,7 +105,34 @@ type attachments struct {
 	blobs   store.BlobStore
 	signKey []byte        // HMAC key of signed URLs, derived from HAN_HMAC_SECRET
 	open    chan struct{} // one token per blob open (MaxOpenBlobs)
+
+	mu        sync.Mutex
+	uploading map[string]bool // guarded by mu: attachments with a PUT in progress here
 }
+
+// startUpload claims the attachment's one upload in progress on this
+// instance, or reports false when another PUT holds it; endUpload gives it
+// back. One signed URL would otherwise let a client open any number of
+// concurrent uploads of the same attachment, each holding a connection
+// (and, once its bytes arrive, an open blob), for one attachment init.
+func (a *attachments) startUpload(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.uploading[id] {
+		return false
+	}
+	a.uploading[id] = true
+	return true
+}
+
+func (a *attachments) endUpload(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.uploading, id)
+}
+
+// blobsFull reports whether every open-blob token is taken right now.
+func (a *attachments) blobsFull() bool { return len(a.open) == cap(a.open) }
 
 // openBlob takes a token for one open blob, or reports false when
 // MaxOpenBlobs are open; closeBlob gives it back.
@@ -130,7 +164,8 @@ func (s *Server) initAttachments(d Deps) error {
 	if cfg.MaxOpenBlobs <= 0 {
 		cfg.MaxOpenBlobs = DefaultMaxOpenBlobs
 	}
-	a := &attachments{cfg: cfg, types: map[string]bool{}, blobs: d.Blobs, open: make(chan struct{}, cfg.MaxOpenBlobs)}
+	a := &attachments{cfg: cfg, types: map[string]bool{}, blobs: d.Blobs, open: make(chan struct{}, cfg.MaxOpenBlobs),
+		uploading: map[string]bool{}}
 	for _, t := range cfg.ContentTypes {
 		a.types[strings.ToLower(strings.TrimSpace(t))] = true
 	}
@@ -151,6 +186,11 @@ func (s *Server) initAttachments(d Deps) error {
 	s.att = a
 	return nil
 }
+
+// Blobs is the blob store attachments are kept in (Deps.Blobs, or the
+// local folder made from Config.Attachments.BlobDir), for the janitor that
+// deletes the blobs of purged attachments.
+func (s *Server) Blobs() store.BlobStore { return s.att.blobs }
 
 // attachmentBlobRoutes are the signed routes (no bearer token); they are
 // registered on the root router before the /v1 user subrouter.
@@ -249,12 +289,13 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 	}
 	c.DialogID = id
 	if req.Filename == nil {
-		return c, apiErr(http.StatusBadRequest, "invalid_filename")
+		return c, errInvalidFilename
 	}
 	c.Filename = strings.TrimSpace(*req.Filename)
 	if c.Filename == "" || len(c.Filename) > MaxFilenameBytes || !utf8.ValidString(c.Filename) ||
-		hasControl(c.Filename) || strings.ContainsAny(c.Filename, `/\`) || c.Filename == "." || c.Filename == ".." {
-		return c, apiErr(http.StatusBadRequest, "invalid_filename")
+		hasControl(c.Filename) || hasFormat(c.Filename) || strings.ContainsAny(c.Filename, `/\`) ||
+		c.Filename == "." || c.Filename == ".." {
+		return c, errInvalidFilename
 	}
 	if req.ContentType == nil {
 		return c, apiErr(http.StatusBadRequest, "invalid_content_type")
@@ -278,6 +319,20 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 	}
 	c.SizeBytes = n
 	return c, nil
+}
+
+// hasFormat reports whether s holds a Unicode format character (category
+// Cf): bidirectional overrides and isolates, zero-width characters, the
+// byte order mark. They are invisible, and the bidi ones reorder what
+// follows, so "invoice\u202Efdp.exe" shows as "invoiceexe.pdf" wherever
+// the name is displayed: a file could pose as another type.
+func hasFormat(s string) bool {
+	for _, r := range s {
+		if unicode.Is(unicode.Cf, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // initAttachment: POST /v1/attachments (Idempotency-Key required) → 201
@@ -359,26 +414,36 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > a.SizeBytes {
 		return errPayloadTooLarge
 	}
-	key := blobKey(a.ID)
+	if !s.att.startUpload(a.ID) {
+		return errUploadInProgress
+	}
+	defer s.att.endUpload(a.ID)
+	// Refused before the body is asked for (Expect: 100-continue) when
+	// every slot is taken already.
+	if s.att.blobsFull() {
+		return errBlobsBusy
+	}
+	h := sha256.New()
+	body := &hashingReader{r: http.MaxBytesReader(w, r.Body, a.SizeBytes), h: h}
+	// The blob's slot is taken once the body's first bytes are here: a
+	// client that sends headers and then nothing holds its connection
+	// until the body deadline cuts it off, but no slot of the uploads and
+	// downloads of everybody else.
+	first, err := firstBytes(body)
+	if err == io.EOF && len(first) == 0 {
+		return errUploadSize
+	}
+	if err != nil && err != io.EOF {
+		return uploadReadError(err, body)
+	}
 	if !s.att.openBlob() {
 		return errBlobsBusy
 	}
 	defer s.att.closeBlob()
-	h := sha256.New()
-	body := &hashingReader{r: http.MaxBytesReader(w, r.Body, a.SizeBytes), h: h}
-	n, err := s.att.blobs.Put(r.Context(), key, body)
+	key := blobKey(a.ID)
+	n, err := s.att.blobs.Put(r.Context(), key, io.MultiReader(bytes.NewReader(first), body))
 	if err != nil {
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			return errPayloadTooLarge
-		case body.readErr != nil:
-			return bodyReadError(body.readErr)
-		case errors.Is(err, context.Canceled):
-			return apiErr(http.StatusBadRequest, "invalid_body_stream")
-		default:
-			return err
-		}
+		return uploadReadError(err, body)
 	}
 	if n != a.SizeBytes {
 		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
@@ -402,6 +467,37 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, AttachmentDTO{ID: cur.ID, Filename: cur.Filename, ContentType: cur.ContentType, SizeBytes: cur.SizeBytes})
 	return nil
+}
+
+// firstBytes reads the first bytes of an upload's body: at least one, or
+// the error that ended the body before any.
+func firstBytes(r io.Reader) ([]byte, error) {
+	buf := make([]byte, 32<<10)
+	for range 100 {
+		n, err := r.Read(buf)
+		if n > 0 || err != nil {
+			return buf[:n], err
+		}
+	}
+	return nil, io.ErrNoProgress
+}
+
+// uploadReadError maps the failure of reading and storing an upload's
+// body: past the declared size, the client's body (its deadline, a broken
+// stream, the client gone), or else the blob store's own failure, which
+// the error table answers.
+func uploadReadError(err error, body *hashingReader) error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return errPayloadTooLarge
+	case body.readErr != nil:
+		return bodyReadError(body.readErr)
+	case errors.Is(err, context.Canceled):
+		return apiErr(http.StatusBadRequest, "invalid_body_stream")
+	default:
+		return err
+	}
 }
 
 // blobKey names one upload's blob: a random shard, the attachment id and a
@@ -458,7 +554,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 	h.Set("Content-Type", a.ContentType)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
-	h.Set("Content-Disposition", "attachment; filename*=UTF-8''"+url.PathEscape(a.Filename))
+	h.Set("Content-Disposition", contentDisposition(a.Filename))
 	h.Set("Cache-Control", "private, no-store")
 	cw := &contentWriter{ResponseWriter: w}
 	http.ServeContent(cw, r, "", time.Time{}, f)
@@ -473,6 +569,42 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 		return errPreconditionFailed
 	}
 	return errBlobUnreadable
+}
+
+// contentDisposition makes the download a file named like the attachment:
+// filename* carries the name in UTF-8 with every byte outside RFC 8187's
+// attr-char percent-encoded (a parser may drop a parameter holding any
+// other character, and the browser then saves the file without its name),
+// and filename, for clients that do not read filename*, an ASCII
+// approximation: other characters, '"' and '\' become '_'.
+func contentDisposition(name string) string {
+	var b strings.Builder
+	b.WriteString(`attachment; filename="`)
+	for _, r := range name {
+		if r < 0x20 || r > 0x7e || r == '"' || r == '\\' {
+			r = '_'
+		}
+		b.WriteRune(r)
+	}
+	b.WriteString(`"; filename*=UTF-8''`)
+	const hexDigits = "0123456789ABCDEF"
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; isAttrChar(c) {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&0xf])
+		}
+	}
+	return b.String()
+}
+
+// isAttrChar reports whether c is an RFC 8187 attr-char: ALPHA / DIGIT /
+// "!" / "#" / "$" / "&" / "+" / "-" / "." / "^" / "_" / "`" / "|" / "~".
+func isAttrChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		strings.IndexByte("!#$&+-.^_`|~", c) >= 0
 }
 
 // contentWriter is the ResponseWriter of http.ServeContent in serveBlob.

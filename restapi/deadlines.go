@@ -23,9 +23,16 @@ func transferTime(n int64) time.Duration {
 }
 
 // deadlines bounds the socket time of every request it wraps:
-//   - a body is read by start + BodyTimeout + Content-Length at
-//     MinTransferRate; a body of unknown length (chunked) gets the same
-//     allowance for the bytes received so far, extended as they arrive;
+//   - a body must keep arriving: each read of it must end by
+//     start + BodyTimeout + the bytes received so far at MinTransferRate
+//     (so a body of known length is read by start + BodyTimeout +
+//     Content-Length at MinTransferRate at the latest), and never later
+//     than BodyTimeout after the read began. A client that sends nothing,
+//     stops, or trickles a byte now and then is cut off within
+//     BodyTimeout, instead of holding its connection, and whatever the
+//     handler holds for it, for the whole allowance of the length it
+//     declared (over 400 s for 25 MiB). A client that keeps up
+//     MinTransferRate on average is never cut off;
 //   - the response is written by first write + BodyTimeout + bytes written
 //     at MinTransferRate, extended as bytes go out, so a client that stops
 //     reading is cut off once the kernel buffers are full;
@@ -35,20 +42,20 @@ func transferTime(n int64) time.Duration {
 //
 // Requests without a body get no read deadline: net/http reads such a
 // connection in the background while the handler runs, and a deadline
-// there would cancel the request. A WebSocket upgrade inherits nothing:
-// the 101 is informational (no deadline armed) and net/http clears both
-// deadlines when the connection is hijacked.
+// there would cancel the request. For the same reason a body read to its
+// end leaves the read deadline at the allowance of its whole length, not
+// BodyTimeout after its last byte: net/http's background read starts
+// there, and the handler's work after the body keeps the time it always
+// had. A WebSocket upgrade inherits nothing: the 101 is informational (no
+// deadline armed) and net/http clears both deadlines when the connection
+// is hijacked.
 func (s *Server) deadlines(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), base: s.cfg.BodyTimeout}
 		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
-			b := &deadlineBody{ReadCloser: r.Body, rc: dw.rc, start: start, base: dw.base, known: r.ContentLength > 0}
-			allow := int64(0)
-			if b.known {
-				allow = r.ContentLength
-			}
-			_ = dw.rc.SetReadDeadline(start.Add(dw.base + transferTime(allow)))
+			b := &deadlineBody{ReadCloser: r.Body, rc: dw.rc, start: start, base: dw.base}
+			_ = dw.rc.SetReadDeadline(start.Add(dw.base))
 			dw.body = b
 			r.Body = b
 		}
@@ -56,27 +63,42 @@ func (s *Server) deadlines(next http.Handler) http.Handler {
 	})
 }
 
-// deadlineBody records whether the body was read to its end and, for a
-// body of unknown length, extends the read deadline as bytes arrive.
+// deadlineBody sets the read deadline before each read of the body (see
+// deadlines) and records whether the body was read to its end.
 type deadlineBody struct {
 	io.ReadCloser
 	rc    *http.ResponseController
 	start time.Time
 	base  time.Duration
-	known bool
 	read  int64
 	eof   atomic.Bool
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
+	if b.eof.Load() {
+		return b.ReadCloser.Read(p)
+	}
+	// The deadline is set when a read starts, so the time a handler spends
+	// between reads (a database call, a disk write) never counts as the
+	// client's silence.
+	_ = b.rc.SetReadDeadline(b.deadline(time.Now()))
 	n, err := b.ReadCloser.Read(p)
 	b.read += int64(n)
 	if err == io.EOF {
 		b.eof.Store(true)
-	} else if n > 0 && !b.known {
 		_ = b.rc.SetReadDeadline(b.start.Add(b.base + transferTime(b.read)))
 	}
 	return n, err
+}
+
+// deadline is when a read that starts at now must end: the allowance of
+// the bytes received so far, and no more than BodyTimeout of silence.
+func (b *deadlineBody) deadline(now time.Time) time.Time {
+	d := b.start.Add(b.base + transferTime(b.read))
+	if idle := now.Add(b.base); idle.Before(d) {
+		return idle
+	}
+	return d
 }
 
 type deadlineWriter struct {

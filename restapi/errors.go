@@ -48,6 +48,18 @@ var (
 	errInternal          = apiErr(http.StatusInternalServerError, "internal")
 )
 
+// Blob store failures (store.ErrBlobStoreFull, store.ErrBlobStoreUnavailable).
+var (
+	// errBlobStoreFull: the blob store has no room for the upload; a
+	// retry cannot succeed until space is freed.
+	errBlobStoreFull = apiErr(http.StatusInsufficientStorage, "insufficient_storage")
+	// errBlobStoreUnavailable: the blob store's files cannot be written or
+	// read (folder gone or unwritable, descriptors exhausted, I/O error).
+	// Some of these pass (descriptors come back), others need an operator,
+	// so a retry waits a few seconds rather than one.
+	errBlobStoreUnavailable = &Error{Status: http.StatusServiceUnavailable, Code: "blob_store_unavailable", RetryAfter: 5}
+)
+
 // writeError writes exactly {"error":"<code>"}.
 func writeError(w http.ResponseWriter, e *Error) {
 	h := w.Header()
@@ -94,6 +106,10 @@ var errorTable = []errorAnswer{
 	{match: is(store.ErrInvalidAttachment), e: errInvalidAttachment},
 	{match: is(store.ErrAttachmentNotUploaded), e: apiErr(http.StatusConflict, "attachment_not_uploaded")},
 	{match: is(store.ErrAttachmentUploaded), e: apiErr(http.StatusConflict, "attachment_already_uploaded")},
+	// Logged at Error: only an operator can give the disk room or repair
+	// the folder. The log names the kind, never the file's path.
+	{match: is(store.ErrBlobStoreFull), e: errBlobStoreFull, log: "blob store full", level: slog.LevelError},
+	{match: is(store.ErrBlobStoreUnavailable), e: errBlobStoreUnavailable, log: "blob store unavailable", level: slog.LevelError},
 	{match: is(store.ErrStubTaskNotFound), e: apiErr(http.StatusNotFound, "safety_task_not_found")},
 	{match: is(store.ErrInboxConflict), e: apiErr(http.StatusConflict, "inbox_conflict")},
 	{match: is(project.ErrCacheKeyNotFound), e: projectapi.ErrCacheKeyNotFound},

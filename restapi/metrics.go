@@ -38,7 +38,7 @@ func NewMetrics() *Metrics {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"route"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "han_dependency_errors_total", Help: "Failures talking to Redis or PostgreSQL by dependency and kind.",
+			Name: "han_dependency_errors_total", Help: "Failures talking to Redis, PostgreSQL or the blob store by dependency and kind.",
 		}, []string{"dependency", "kind"}),
 	}
 	reg.MustRegister(m.httpRequests, m.httpDuration, m.errors)

@@ -43,6 +43,8 @@ var dependencyLabels = map[string][2]string{
 	"redis_unavailable":        {"redis", "unavailable"},
 	"redis_data_state_invalid": {"redis", "data_state_invalid"},
 	"pg_busy":                  {"postgres", "busy"},
+	"blob_store_full":          {"blob_store", "full"},
+	"blob_store_unavailable":   {"blob_store", "unavailable"},
 }
 
 // dependencyFailure returns err's han_dependency_errors_total labels; ok

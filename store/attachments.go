@@ -195,3 +195,53 @@ func (s *Store) PurgeAbandonedAttachments(ctx context.Context, retention time.Du
 		}
 	}
 }
+
+// PurgeUnsentAttachments deletes uploaded attachments that no message
+// links and that were uploaded more than retention ago, in batches, then
+// their blobs through blobs; it returns how many rows it deleted. Without
+// it, an upload the user removed from the composer, a failed send or a
+// script would keep its blob forever and fill the disk at the init rate
+// limit.
+//
+// The row goes first: the send locks the attachment rows it links and
+// re-checks message_id IS NULL under the lock, so a send either commits
+// first (the DELETE re-checks the row, finds it linked and keeps it) or
+// finds the row gone (400 invalid_attachment). Deleting the blob first
+// could leave a message whose attachment has no bytes. A blob whose
+// delete fails is left behind, counted in the error; no row refers to it
+// any more.
+func (s *Store) PurgeUnsentAttachments(ctx context.Context, blobs BlobStore, retention time.Duration, batch int) (int64, error) {
+	var total int64
+	var blobErr error
+	for {
+		// The outer conditions repeat the inner ones: a row a send linked
+		// after the subquery read it is re-checked, not deleted.
+		rows, err := s.pool.Query(ctx, `DELETE FROM attachments WHERE id = ANY(ARRAY(
+			SELECT id FROM attachments WHERE status='uploaded' AND message_id IS NULL
+				AND uploaded_at < now() - $1 * interval '1 millisecond'
+			LIMIT $2)) AND status='uploaded' AND message_id IS NULL AND uploaded_at < now() - $1 * interval '1 millisecond'
+			RETURNING COALESCE(blob_key, '')`, retention.Milliseconds(), batch)
+		if err != nil {
+			return total, fmt.Errorf("purge unsent attachments: %w", err)
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return total, fmt.Errorf("purge unsent attachments: %w", err)
+		}
+		total += int64(len(keys))
+		for _, k := range keys {
+			if k == "" {
+				continue
+			}
+			if err := blobs.Delete(ctx, k); err != nil && blobErr == nil {
+				blobErr = fmt.Errorf("purge unsent attachments: %w", err)
+			}
+		}
+		if len(keys) < batch {
+			return total, blobErr
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

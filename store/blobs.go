@@ -8,10 +8,33 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // ErrBlobNotFound is returned by BlobStore.Open for an unknown key.
 var ErrBlobNotFound = errors.New("store: blob not found")
+
+// Failures of the blob store itself, as opposed to the request: the upload
+// or download cannot succeed until an operator acts, and nothing about
+// them is PostgreSQL's.
+var (
+	// ErrBlobStoreFull: no space (or quota) left for the blob.
+	ErrBlobStoreFull = errors.New("store: blob store full")
+	// ErrBlobStoreUnavailable: a file of the blob store could not be
+	// created, written, opened or removed (folder missing or unwritable,
+	// descriptors exhausted, an I/O error).
+	ErrBlobStoreUnavailable = errors.New("store: blob store unavailable")
+)
+
+// blobError classifies a file system failure of op as ErrBlobStoreFull or
+// ErrBlobStoreUnavailable, keeping the cause for errors.Is.
+func blobError(op string, err error) error {
+	kind := ErrBlobStoreUnavailable
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		kind = ErrBlobStoreFull
+	}
+	return fmt.Errorf("store: blob %s: %w: %w", op, kind, err)
+}
 
 // BlobStore keeps attachment bytes. Keys are built by the service (never by
 // clients) from [a-z0-9-] segments joined by "/". Implementations must be
@@ -19,6 +42,8 @@ var ErrBlobNotFound = errors.New("store: blob not found")
 type BlobStore interface {
 	// Put stores everything r yields under key. The blob becomes visible
 	// only once complete: a failed or cancelled Put leaves nothing behind.
+	// An error of r is returned as it is; a failure of the store itself is
+	// ErrBlobStoreFull or ErrBlobStoreUnavailable.
 	Put(ctx context.Context, key string, r io.Reader) (int64, error)
 	// Open returns the blob for reading (ErrBlobNotFound when absent).
 	Open(ctx context.Context, key string) (io.ReadSeekCloser, error)
@@ -73,11 +98,11 @@ func (l *LocalBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, e
 		return 0, err
 	}
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return 0, fmt.Errorf("store: blob folder: %w", err)
+		return 0, blobError("folder", err)
 	}
 	f, err := os.CreateTemp(filepath.Dir(p), ".upload-*")
 	if err != nil {
-		return 0, fmt.Errorf("store: blob temp file: %w", err)
+		return 0, blobError("temp file", err)
 	}
 	done := false
 	defer func() {
@@ -86,20 +111,24 @@ func (l *LocalBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, e
 			os.Remove(f.Name())
 		}
 	}()
-	n, err := io.Copy(f, ctxReader{ctx, r})
+	src := &ctxReader{ctx: ctx, r: r}
+	n, err := io.Copy(f, src)
 	if err != nil {
-		return n, err
+		if src.err != nil {
+			return n, err // the source's failure, not the store's
+		}
+		return n, blobError("write", err)
 	}
 	if err := f.Sync(); err != nil {
-		return n, fmt.Errorf("store: blob sync: %w", err)
+		return n, blobError("sync", err)
 	}
 	if err := f.Close(); err != nil {
-		return n, fmt.Errorf("store: blob close: %w", err)
+		return n, blobError("close", err)
 	}
 	if err := os.Rename(f.Name(), p); err != nil {
 		os.Remove(f.Name())
 		done = true
-		return n, fmt.Errorf("store: blob rename: %w", err)
+		return n, blobError("rename", err)
 	}
 	done = true
 	return n, nil
@@ -116,7 +145,7 @@ func (l *LocalBlobs) Open(_ context.Context, key string) (io.ReadSeekCloser, err
 		return nil, ErrBlobNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("store: open blob: %w", err)
+		return nil, blobError("open", err)
 	}
 	return f, nil
 }
@@ -128,20 +157,27 @@ func (l *LocalBlobs) Delete(_ context.Context, key string) error {
 		return err
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("store: delete blob: %w", err)
+		return blobError("delete", err)
 	}
 	return nil
 }
 
-// ctxReader stops a copy when ctx ends (a client that went away).
+// ctxReader stops a copy when ctx ends (a client that went away) and
+// records the source's failure, so Put tells it from its own.
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader
+	err error // the first error other than io.EOF, from ctx or r
 }
 
-func (c ctxReader) Read(p []byte) (int, error) {
+func (c *ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
+		c.err = err
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	if err != nil && err != io.EOF && c.err == nil {
+		c.err = err
+	}
+	return n, err
 }

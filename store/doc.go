@@ -5,7 +5,9 @@
 // LocalBlobs), the idempotency scripts' data access, the project rows
 // (members, settings, the legacy deadline) whose Redis mirror the project
 // Redis API keeps, the embedded SQL migrations, and the mapping of
-// PostgreSQL errors (Kind, IsPGUnavailable). The Redis plumbing it builds on
+// PostgreSQL errors (Kind, IsPGUnavailable). The blob store's own failures
+// (ErrBlobStoreFull, ErrBlobStoreUnavailable) are never taken for a
+// PostgreSQL outage. The Redis plumbing it builds on
 // (clients, health, locks, ACL, Redis error sentinels) is the subpackage
 // store/rds; the project Redis API's own data (cache, topics, budgets) is
 // store/project. Neither links a PostgreSQL driver.

@@ -18,12 +18,20 @@ type JanitorConfig struct {
 	// its upload URL expired, so an idempotent replay of its init still finds
 	// it. Zero value means 24h (the default idempotency record TTL).
 	PendingRetention time.Duration
+	// UnsentRetention is how long an uploaded attachment that no message
+	// links is kept after its upload, for the send that should link it.
+	// Zero value means 24h.
+	UnsentRetention time.Duration
+	// Blobs is the blob store the unsent attachments' bytes are deleted
+	// from. Nil means unsent attachments are kept: deleting their rows
+	// without their blobs would leave files nothing refers to.
+	Blobs BlobStore
 }
 
-// Janitor purges expired idempotency records and abandoned pending
-// attachments in batches, on a timer. Start launches its goroutine, Close
-// stops it and waits; both are safe to call once each from any goroutine,
-// and Close is idempotent.
+// Janitor purges expired idempotency records, abandoned pending
+// attachments and unsent uploaded ones (with their blobs) in batches, on a
+// timer. Start launches its goroutine, Close stops it and waits; both are
+// safe to call once each from any goroutine, and Close is idempotent.
 type Janitor struct {
 	store  *Store
 	cfg    JanitorConfig
@@ -41,6 +49,9 @@ func NewJanitor(s *Store, cfg JanitorConfig, logger *slog.Logger) *Janitor {
 	}
 	if cfg.PendingRetention <= 0 {
 		cfg.PendingRetention = 24 * time.Hour
+	}
+	if cfg.UnsentRetention <= 0 {
+		cfg.UnsentRetention = 24 * time.Hour
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -66,11 +77,20 @@ func (j *Janitor) RunOnce(ctx context.Context) (int64, error) {
 	m, err := j.store.PurgeAbandonedAttachments(ctx, j.cfg.PendingRetention, j.cfg.Batch)
 	if err != nil {
 		j.logger.Warn("janitor: purge pending attachments failed", slog.String("kind", Kind(err)))
+		return n + m, err
 	}
-	if n+m > 0 {
-		j.logger.Info("janitor: purged", slog.Int64("idempotency_records", n), slog.Int64("attachments", m))
+	var u int64
+	if j.cfg.Blobs != nil {
+		u, err = j.store.PurgeUnsentAttachments(ctx, j.cfg.Blobs, j.cfg.UnsentRetention, j.cfg.Batch)
+		if err != nil {
+			j.logger.Warn("janitor: purge unsent attachments failed", slog.String("kind", Kind(err)))
+		}
 	}
-	return n + m, err
+	if n+m+u > 0 {
+		j.logger.Info("janitor: purged", slog.Int64("idempotency_records", n), slog.Int64("attachments", m),
+			slog.Int64("unsent_attachments", u))
+	}
+	return n + m + u, err
 }
 
 // Close stops the janitor and waits for a run in progress to end. A janitor

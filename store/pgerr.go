@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"net"
+	"os"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -12,8 +14,13 @@ import (
 )
 
 // IsPGUnavailable reports whether err means PostgreSQL could not be reached
-// (as opposed to a query that failed).
+// (as opposed to a query that failed). A file's error is never PostgreSQL's,
+// although its errno satisfies net.Error like a dropped connection's: a
+// full or broken blob store must not send operators to a healthy database.
 func IsPGUnavailable(err error) bool {
+	if isFileError(err) {
+		return false
+	}
 	var ne net.Error
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
@@ -25,6 +32,15 @@ func IsPGUnavailable(err error) bool {
 		return len(pe.Code) == 5 && (pe.Code[:2] == "08" || pe.Code[:3] == "57P")
 	}
 	return pgconn.SafeToRetry(err)
+}
+
+// isFileError reports whether err came from the file system (a path or a
+// rename failed) or the blob store, never from a socket.
+func isFileError(err error) bool {
+	var pe *fs.PathError
+	var le *os.LinkError
+	return errors.As(err, &pe) || errors.As(err, &le) ||
+		errors.Is(err, ErrBlobStoreFull) || errors.Is(err, ErrBlobStoreUnavailable)
 }
 
 // IsPGUnstorableText reports whether PostgreSQL refused a value because
@@ -41,7 +57,8 @@ func IsPGUnstorableText(err error) bool {
 // text, which may quote values (a constraint's key, a Redis argument): a
 // request that ran out of its database budget is "pg_busy", another
 // PostgreSQL error "pg:" and its SQLSTATE, a project data-state refusal
-// "redis_data_state_invalid", anything else what rds.Kind names it.
+// "redis_data_state_invalid", a blob store failure "blob_store_full" or
+// "blob_store_unavailable", anything else what rds.Kind names it.
 func Kind(err error) string {
 	var pe *pgconn.PgError
 	switch {
@@ -51,6 +68,10 @@ func Kind(err error) string {
 		return "pg:" + pe.Code
 	case errors.Is(err, project.ErrDataStateInvalid):
 		return "redis_data_state_invalid"
+	case errors.Is(err, ErrBlobStoreFull):
+		return "blob_store_full"
+	case errors.Is(err, ErrBlobStoreUnavailable):
+		return "blob_store_unavailable"
 	}
 	return rds.Kind(err)
 }

@@ -228,7 +228,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.api.MountWeb(web.Handler())
-	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL}, m.Logger)
+	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL,
+		UnsentRetention: cfg.AttachmentUnsentTTL, Blobs: m.api.Blobs()}, m.Logger)
 	m.janitor.Start()
 	if m.purger, err = store.NewOutboxPurger(store.New(m.pg), store.OutboxPurgerConfig{Retention: cfg.OutboxRetention,
 		Registerer: metrics.Registry}, m.Logger); err != nil {

@@ -113,10 +113,14 @@ type Config struct {
 	// Idempotency and attachments: HAN_IDEMPOTENCY_TTL (default 24h) is the
 	// life of idempotency records in Redis and PostgreSQL; HAN_BLOB_DIR
 	// (default <temp dir>/han-blobs) the local attachment folder;
-	// HAN_ATTACHMENT_MAX_BYTES (default 25 MiB) the largest attachment.
-	IdempotencyTTL     time.Duration
-	BlobDir            string
-	AttachmentMaxBytes int64
+	// HAN_ATTACHMENT_MAX_BYTES (default 25 MiB) the largest attachment;
+	// HAN_ATTACHMENT_UNSENT_TTL (default 24h, at least 1h) how long an
+	// uploaded attachment no message links is kept before the janitor
+	// deletes it and its blob.
+	IdempotencyTTL      time.Duration
+	BlobDir             string
+	AttachmentMaxBytes  int64
+	AttachmentUnsentTTL time.Duration
 	// ProjectModuleLeaseBytes (HAN_PROJECT_MODULE_LEASE_BYTES, default and
 	// most 65536, 0 turns leases off) is the lease this instance takes on
 	// the project API's module budget so most publishes make one Redis
@@ -263,6 +267,12 @@ func Load(getenv func(string) string) (Config, error) {
 		if c.AttachmentMaxBytes, err = strconv.ParseInt(v, 10, 64); err != nil || c.AttachmentMaxBytes < 1 {
 			bad("HAN_ATTACHMENT_MAX_BYTES: must be a positive number of bytes")
 		}
+	}
+	if c.AttachmentUnsentTTL, err = duration(getenv("HAN_ATTACHMENT_UNSENT_TTL"), 24*time.Hour); err != nil ||
+		c.AttachmentUnsentTTL < time.Hour {
+		// Shorter, an attachment could go while its message is still being
+		// written, and the send would fail with invalid_attachment.
+		bad("HAN_ATTACHMENT_UNSENT_TTL: must be a duration of at least 1h like 24h")
 	}
 	c.ProjectModuleLeaseBytes = 64 << 10
 	if v := getenv("HAN_PROJECT_MODULE_LEASE_BYTES"); v != "" {

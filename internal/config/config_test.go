@@ -391,3 +391,24 @@ func TestLingers(t *testing.T) {
 		}
 	}
 }
+
+// HAN_ATTACHMENT_UNSENT_TTL (24h) is how long an uploaded attachment no
+// message links is kept; under an hour it could go while its message is
+// still being written, so such values are refused.
+func TestAttachmentUnsentTTL(t *testing.T) {
+	m := base()
+	if c, err := Load(env(m)); err != nil || c.AttachmentUnsentTTL != 24*time.Hour {
+		t.Fatalf("default: %v %v", c.AttachmentUnsentTTL, err)
+	}
+	m["HAN_ATTACHMENT_UNSENT_TTL"] = "72h"
+	if c, err := Load(env(m)); err != nil || c.AttachmentUnsentTTL != 72*time.Hour {
+		t.Fatalf("72h: %v %v", c.AttachmentUnsentTTL, err)
+	}
+	for _, v := range []string{"59m", "0", "-1h", "soon"} {
+		m := base()
+		m["HAN_ATTACHMENT_UNSENT_TTL"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_ATTACHMENT_UNSENT_TTL") {
+			t.Errorf("HAN_ATTACHMENT_UNSENT_TTL=%q: %v", v, err)
+		}
+	}
+}

@@ -46,6 +46,11 @@ const sentences = {
   upload_size_mismatch: "The uploaded file does not have the declared size.",
   invalid_signature: "The link is not valid.",
   url_expired: "The link has expired; ask for a new one.",
+  upload_in_progress: "This file is already being uploaded; wait for that upload to finish.",
+  attachments_busy: "Too many files are being transferred right now. Try again in a moment.",
+  insufficient_storage: "The server has no room for this file right now.",
+  blob_store_unavailable: "File storage is unavailable right now. Try again in a moment.",
+  invalid_filename: "The file name is not allowed (control or invisible characters, or a path).",
   // realtime error frames
   invalid_frame: "The realtime server refused a malformed frame.",
   unknown_type: "The realtime server does not know this frame type.",
