@@ -246,15 +246,21 @@ func (s *Subscriber) shardLost(sh *shard, wasUp bool, err error) {
 	}
 	s.reload = true
 	s.retryAt = time.Now().Add(s.nextBackoffLocked(!wasUp))
-	closed := s.closed
+	closed, lost := s.closed, s.lostN > 0
 	s.mu.Unlock()
 	if closed {
 		return
 	}
-	s.metrics.linkUp.Set(0)
-	if wasUp {
-		s.metrics.reconnects.Inc()
-		s.shardReconnects.WithLabelValues(sh.addr).Inc()
+	// A shard that carried none of the instance's channels (a node that
+	// was demoted to replica and then stopped, in a rolling upgrade) costs
+	// nothing when it goes: the link stays up. Set down here, nothing
+	// would set it up again, since no channel is to be confirmed.
+	if n > 0 || lost {
+		s.metrics.linkUp.Set(0)
+		if wasUp {
+			s.metrics.reconnects.Inc()
+			s.shardReconnects.WithLabelValues(sh.addr).Inc()
+		}
 	}
 	s.logger.Warn("pubsub shard link lost; moving its channels", slog.String("shard", sh.addr),
 		slog.Int("channels", n), slog.String("kind", rds.Kind(err)))

@@ -1,0 +1,93 @@
+package clustertest_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/internal/testenv"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// While one master stalls (SIGSTOP: the kernel accepts connections, nothing
+// answers) its channels wait for the failover, but a socket subscribing a
+// channel of a healthy master must not wait for the stalled one: the
+// subscriber's routing ("new subscriptions never wait for them",
+// pubsub/sharded.go) runs on the service's client defaults (1 s read
+// timeout) and the gateway gives a subscribe SubscribeTimeout (5 s).
+func TestAStalledMasterDoesNotDelaySubscribesOnTheOthers(t *testing.T) {
+	c, err := testenv.StartCluster(testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // production-like: no failover during the test
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	ctx := context.Background()
+	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{}) // the service's defaults
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	sub, err := pubsub.NewSubscriber(rdb, pubsub.SubscriberConfig{InstanceID: "inst-a", CanaryInterval: 500 * time.Millisecond},
+		slog.New(slog.DiscardHandler), func(string, []byte) {}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.Start()
+	defer sub.Close()
+	byMaster := channelsByMaster(t, c, 1)
+	canaryMaster, err := c.MasterOf(ctx, pubsub.CanaryChannel("inst-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim *testenv.RedisServer
+	for _, m := range c.Nodes[:c.Opts.Masters] {
+		if m != canaryMaster {
+			victim = m
+			break
+		}
+	}
+	for _, chs := range byMaster {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := sub.Subscribe(sctx, chs[0]); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	// Fresh channels on the healthy masters.
+	var fresh []string
+	for i := 0; len(fresh) < 40; i++ {
+		ch := pubsub.DialogChannel(fmt.Sprintf("00000000-0000-7000-9000-%012x", i))
+		m, err := c.MasterOf(ctx, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m != victim {
+			fresh = append(fresh, ch)
+		}
+	}
+	thaw := victim.Freeze(t)
+	defer thaw()
+	time.Sleep(2 * time.Second) // the watchdog notices the stalled shard (3 × 500 ms)
+	var worst time.Duration
+	slow := 0
+	for _, ch := range fresh[:25] {
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := sub.Subscribe(sctx, ch)
+		cancel()
+		d := time.Since(start)
+		worst = max(worst, d)
+		if err != nil || d > time.Second {
+			slow++
+			t.Logf("subscribe of %s on a healthy master: %v (%v)", ch, d.Round(time.Millisecond), err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("worst subscribe latency on healthy masters during the stall: %v", worst)
+	if slow > 0 {
+		t.Fatalf("%d of 25 subscribes to channels of healthy masters took over 1 s (worst %v) while another master stalled", slow, worst.Round(time.Millisecond))
+	}
+}
