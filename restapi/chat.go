@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -126,18 +127,34 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 	if req.MemberIDs == nil || len(*req.MemberIDs) == 0 || len(*req.MemberIDs) >= MaxDialogMembers {
 		return apiErr(http.StatusBadRequest, "invalid_members")
 	}
+	// The other members, each once, in a fixed order: the creator is added
+	// by the store, and a retry that lists them otherwise (another order,
+	// a repeat, the creator) is the same request.
 	members := make([]string, 0, len(*req.MemberIDs))
 	for _, m := range *req.MemberIDs {
 		id, ok := ids.Canonical(m)
 		if !ok {
 			return apiErr(http.StatusBadRequest, "invalid_members")
 		}
-		members = append(members, id)
+		if id != me {
+			members = append(members, id)
+		}
+	}
+	slices.Sort(members)
+	if members = slices.Compact(members); len(members) == 0 {
+		return apiErr(http.StatusBadRequest, "invalid_members")
 	}
 	title := ""
 	if req.Title != nil {
+		// Control characters are refused anywhere, the ends included (not
+		// trimmed away), and so are format characters (bidi overrides,
+		// isolates, zero-width characters), which reorder or hide what the
+		// members read.
+		if hasControl(*req.Title) || hasFormat(*req.Title) {
+			return apiErr(http.StatusBadRequest, "invalid_title")
+		}
 		title = strings.TrimSpace(*req.Title)
-		if utf8.RuneCountInString(title) > MaxTitleChars || hasControl(title) {
+		if utf8.RuneCountInString(title) > MaxTitleChars {
 			return apiErr(http.StatusBadRequest, "invalid_title")
 		}
 	}
