@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 )
 
@@ -48,39 +47,10 @@ func TestCloseIsBoundedWhenPostgreSQLStalls(t *testing.T) {
 	vars := baseEnv()
 	vars["HAN_SHUTDOWN_TIMEOUT"] = "1s"
 	vars["HAN_DB_REQUEST_TIMEOUT"] = "500ms"
-	m := NewMain()
-	if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
-		t.Fatal(err)
-	}
 	lg := &closeLog{start: time.Now()}
-	m.Logger = slog.New(slog.NewJSONHandler(lg, nil))
-	if err := m.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	m := runLogged(t, vars, lg)
 	ctx := context.Background()
-	tok := func(sub string) string {
-		s, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	alice, bob := ids.New(), ids.New()
-	aTok, bTok := tok(alice), tok(bob)
-	for _, tk := range []string{aTok, bTok} {
-		if code, body := call(t, "GET", m.URL()+"/v1/me", tk, ""); code != 200 {
-			t.Fatalf("/v1/me: %d %s", code, body)
-		}
-	}
-	code, body := call(t, "POST", m.URL()+"/v1/dialogs", aTok, fmt.Sprintf(`{"memberIds":[%q]}`, bob))
-	if code != 201 {
-		t.Fatalf("create dialog: %d %s", code, body)
-	}
-	dialogID := body[strings.Index(body, `"id":"`)+6:][:36]
-	if code, body := callH(t, "POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", aTok, `{"body":"hi"}`,
-		map[string]string{"Idempotency-Key": "close-pgstall-1"}); code != 201 {
-		t.Fatalf("send: %d %s", code, body)
-	}
+	_, bTok, dialogID := dialogWithSends(t, m, 1, "close-pgstall")
 
 	// The stall: another session holds a lock on messages.
 	conn, err := pgx.Connect(ctx, env.DatabaseURL)
@@ -148,4 +118,44 @@ func TestCloseIsBoundedWhenPostgreSQLStalls(t *testing.T) {
 			"(returned only once the lock was released, after %v)\nlog:\n%s",
 			time.Since(start).Round(100*time.Millisecond), lg.String())
 	}
+}
+
+// runLogged starts the program with vars, its log going to w.
+func runLogged(t *testing.T, vars map[string]string, w io.Writer) *Main {
+	t.Helper()
+	m := NewMain()
+	if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+		t.Fatal(err)
+	}
+	m.Logger = slog.New(slog.NewJSONHandler(w, nil))
+	if err := m.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// dialogWithSends signs two new users in, has the first create a dialog
+// with the second and send n messages into it (Idempotency-Keys key-0…),
+// and returns both tokens and the dialog id.
+func dialogWithSends(t *testing.T, m *Main, n int, key string) (aTok, bTok, dialogID string) {
+	t.Helper()
+	alice, bob := ids.New(), ids.New()
+	aTok, bTok = mintToken(t, alice), mintToken(t, bob)
+	for _, tk := range []string{aTok, bTok} {
+		if code, body := call(t, "GET", m.URL()+"/v1/me", tk, ""); code != 200 {
+			t.Fatalf("/v1/me: %d %s", code, body)
+		}
+	}
+	code, body := call(t, "POST", m.URL()+"/v1/dialogs", aTok, fmt.Sprintf(`{"memberIds":[%q]}`, bob))
+	if code != 201 {
+		t.Fatalf("create dialog: %d %s", code, body)
+	}
+	dialogID = body[strings.Index(body, `"id":"`)+6:][:36]
+	for i := range n {
+		if code, b := callH(t, "POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", aTok, fmt.Sprintf(`{"body":"m%d"}`, i),
+			map[string]string{"Idempotency-Key": fmt.Sprintf("%s-%d", key, i)}); code != 201 {
+			t.Fatalf("send: %d %s", code, b)
+		}
+	}
+	return aTok, bTok, dialogID
 }

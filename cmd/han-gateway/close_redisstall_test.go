@@ -1,15 +1,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/han-app/gateway/internal/auth"
-	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 )
 
@@ -25,35 +19,9 @@ func TestCloseIsBoundedWhenRedisStalls(t *testing.T) {
 	vars := baseEnv()
 	vars["REDIS_URL"], vars["REDIS_REALTIME_URL"] = r.URL(0), r.URL(1)
 	vars["HAN_SHUTDOWN_TIMEOUT"] = "1s"
-	m := NewMain()
-	if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
-		t.Fatal(err)
-	}
 	lg := &closeLog{start: time.Now()}
-	m.Logger = slog.New(slog.NewJSONHandler(lg, nil))
-	if err := m.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	tok := func(sub string) string {
-		s, err := auth.MintDevToken([]byte(devSecret), auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	alice, bob := ids.New(), ids.New()
-	aTok, bTok := tok(alice), tok(bob)
-	for _, tk := range []string{aTok, bTok} {
-		call(t, "GET", m.URL()+"/v1/me", tk, "")
-	}
-	_, body := call(t, "POST", m.URL()+"/v1/dialogs", aTok, fmt.Sprintf(`{"memberIds":[%q]}`, bob))
-	dialogID := body[strings.Index(body, `"id":"`)+6:][:36]
-	for i := 0; i < 5; i++ {
-		if code, b := callH(t, "POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", aTok, fmt.Sprintf(`{"body":"m%d"}`, i),
-			map[string]string{"Idempotency-Key": fmt.Sprintf("stall-%d", i)}); code != 201 {
-			t.Fatalf("send: %d %s", code, b)
-		}
-	}
+	m := runLogged(t, vars, lg)
+	dialogWithSends(t, m, 5, "stall")
 	time.Sleep(1500 * time.Millisecond) // settle: relay, presence, purger have run
 	thaw := r.Freeze(t)
 	start := time.Now()
