@@ -2,6 +2,8 @@ package rds
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,16 +25,47 @@ import (
 // client and one wake-up of Redis carry many calls. Each script stays
 // atomic on its own; the pipeline only shares the connection. Safe for
 // concurrent use.
+//
+// On a Redis Cluster client a pipeline never spans nodes: calls are routed
+// by their first key (a publish by its channel) to the lane of the master
+// that owns its slot — its own combiner, pipelines in flight and queue of
+// calls nobody waits for — because go-redis answers a cluster pipeline only
+// once every node in it has answered: a master that stalls (before its
+// failover) would hold the calls of every healthy master that shared its
+// pipelines, and those queued behind them. A lone call (Script, Publish)
+// queued in a lane leaves at its own deadline (combine.Combiner.DoCtx); a
+// caller's calls for several masters (Scripts) go to their lanes at once.
+// The slot-to-master map is go-redis's own, reloaded on MOVED, when a node
+// stops answering and every ClusterSlotMapMaxAge; a call routed on a stale
+// map is still redirected by go-redis, its pipeline then spanning the old
+// and the new owner once. On a standalone client there is one lane and the
+// routing costs one nil check.
 type Batcher struct {
-	rdb  redis.UniversalClient
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // nil on a standalone client
+	one     *lane                // a standalone client's only lane
+	linger  time.Duration        // of every lane (SetLinger)
+
+	// lanes holds a cluster client's lanes by master address, read without
+	// mu and replaced whole (under mu) when a lane is added; a master's lane
+	// stays after a failover moved its slots away, idle.
+	lanes  atomic.Pointer[map[string]*lane]
+	mu     sync.Mutex // guards adding lanes, closed
+	closed bool       // Close was called: new lanes refuse later calls
+}
+
+// lane is the calls of one node (a standalone server, or one cluster
+// master): they share pipelines, at most batchInFlight at once.
+type lane struct {
+	b    *Batcher
 	comb combine.Combiner[*batchCall]
 	lq   laterQueue // ScriptLater / PublishLater
 }
 
 const (
-	// batchInFlight is how many pipelines run at once: two keep Redis busy
-	// while the client reads the previous replies and writes the next
-	// requests.
+	// batchInFlight is how many pipelines of one lane run at once: two keep
+	// Redis busy while the client reads the previous replies and writes the
+	// next requests.
 	batchInFlight = 2
 	// batchMax bounds one pipeline.
 	batchMax = 64
@@ -40,22 +73,89 @@ const (
 	batchSharedBudget = 2 * time.Second
 )
 
-// NewBatcher returns a batcher over rdb (standalone or cluster: a cluster
-// pipeline is split by node by go-redis).
+// NewBatcher returns a batcher over rdb: one lane on a standalone client,
+// one per master on a cluster client.
 func NewBatcher(rdb redis.UniversalClient) *Batcher {
 	b := &Batcher{rdb: rdb}
-	b.lq.senders = workers.New(laterSenders, 0, func(calls []*batchCall) {
-		b.sendLater(calls)
-		b.lq.flights.Done()
-	})
-	b.comb = combine.Combiner[*batchCall]{Exec: b.exec, InFlight: batchInFlight, Max: batchMax}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		b.cluster = cc
+		b.lanes.Store(&map[string]*lane{})
+	} else {
+		b.one = b.newLane()
+	}
 	return b
+}
+
+func (b *Batcher) newLane() *lane {
+	l := &lane{b: b}
+	l.lq.senders = workers.New(laterSenders, 0, func(calls []*batchCall) {
+		l.sendLater(calls)
+		l.lq.flights.Done()
+	})
+	l.comb = combine.Combiner[*batchCall]{Exec: l.exec, InFlight: batchInFlight, Max: batchMax, Linger: b.linger}
+	return l
 }
 
 // SetLinger sets how long a call that finds a pipeline free waits for the
 // calls of other requests to share it (0: sent at once). Call it before
 // the Batcher is used.
-func (b *Batcher) SetLinger(d time.Duration) { b.comb.Linger = max(d, 0) }
+func (b *Batcher) SetLinger(d time.Duration) {
+	b.linger = max(d, 0)
+	if b.one != nil {
+		b.one.comb.Linger = b.linger
+	}
+}
+
+// laneOf returns the lane of c: on a cluster, that of the master owning the
+// slot of c's first key or channel (ctx bounds a first load of the slot
+// map). A keyless call, or one routed while the client has no slot map,
+// goes to a lane of its own, whose pipelines go-redis splits by node.
+func (b *Batcher) laneOf(ctx context.Context, c *batchCall) *lane {
+	if b.cluster == nil {
+		return b.one
+	}
+	key := c.channel
+	if c.script != nil {
+		key = ""
+		if len(c.keys) > 0 {
+			key = c.keys[0]
+		}
+	}
+	addr := ""
+	if key != "" {
+		if node, err := b.cluster.MasterForKey(ctx, key); err == nil {
+			addr = node.Options().Addr
+		}
+	}
+	if l := (*b.lanes.Load())[addr]; l != nil {
+		return l
+	}
+	return b.addLane(addr)
+}
+
+func (b *Batcher) addLane(addr string) *lane {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := *b.lanes.Load()
+	if l := old[addr]; l != nil {
+		return l
+	}
+	l := b.newLane()
+	l.lq.closed = b.closed
+	lanes := make(map[string]*lane, len(old)+1)
+	maps.Copy(lanes, old)
+	lanes[addr] = l
+	b.lanes.Store(&lanes)
+	return l
+}
+
+// allLanes returns every lane made so far.
+func (b *Batcher) allLanes() []*lane {
+	if b.cluster == nil {
+		return []*lane{b.one}
+	}
+	return slices.Collect(maps.Values(*b.lanes.Load()))
+}
 
 // batchCall is one call waiting in a batch: a script (script set) or a
 // realtime publish (channel set).
@@ -117,15 +217,59 @@ func (b *Batcher) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd
 }
 
 // do sends the calls cs of one caller, together when a pipeline is free
-// (else queued in order), and returns once each has its reply.
+// (else queued in order), and returns once each has its reply. On a
+// cluster a lone call leaves its lane's queue at its context's deadline,
+// and a caller's calls for several masters go to each master's lane at
+// once.
 func (b *Batcher) do(cs ...*batchCall) {
+	if b.cluster == nil {
+		b.one.do(cs...)
+		return
+	}
 	if err := cs[0].ctx.Err(); err != nil {
 		for _, c := range cs {
 			c.fail(err)
 		}
 		return
 	}
-	b.comb.Do(cs...)
+	if len(cs) == 1 {
+		c := cs[0]
+		if err := b.laneOf(c.ctx, c).comb.DoCtx(c.ctx, c); err != nil {
+			c.fail(err)
+		}
+		return
+	}
+	type group struct {
+		l  *lane
+		cs []*batchCall
+	}
+	var groups []group
+	for _, c := range cs {
+		l := b.laneOf(c.ctx, c)
+		i := slices.IndexFunc(groups, func(g group) bool { return g.l == l })
+		if i < 0 {
+			i = len(groups)
+			groups = append(groups, group{l: l})
+		}
+		groups[i].cs = append(groups[i].cs, c)
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Go(func() { g.l.comb.Do(g.cs...) })
+	}
+	groups[0].l.comb.Do(groups[0].cs...)
+	wg.Wait()
+}
+
+// do sends the calls cs of one caller on this lane.
+func (l *lane) do(cs ...*batchCall) {
+	if err := cs[0].ctx.Err(); err != nil {
+		for _, c := range cs {
+			c.fail(err)
+		}
+		return
+	}
+	l.comb.Do(cs...)
 }
 
 // fail sets err as the call's reply.
@@ -140,18 +284,40 @@ func (c *batchCall) fail(err error) {
 }
 
 // alone runs the call on its own, with its own context.
-func (c *batchCall) alone(rdb redis.UniversalClient) {
+func (b *Batcher) alone(c *batchCall) {
 	if c.script != nil {
-		c.res = c.script.Run(c.ctx, rdb, c.keys, c.args...)
+		c.res = c.script.Run(c.ctx, b.rdb, c.keys, c.args...)
 		return
 	}
-	c.pub = publishOn(c.ctx, rdb, c.sharded, c.channel, c.payload)
+	c.pub = b.publish(c.ctx, b.rdb, c)
+}
+
+// publish runs (on a client) or queues (on a pipeline) c's publish. On a
+// cluster a classic PUBLISH, which any node takes and forwards to the
+// others, goes to the master of the channel's slot, like an SPUBLISH:
+// go-redis would send it to any master, and a lane's pipeline stays on its
+// lane's node.
+func (b *Batcher) publish(ctx context.Context, p commander, c *batchCall) *redis.IntCmd {
+	if b.cluster == nil || c.sharded {
+		return publishOn(ctx, p, c.sharded, c.channel, c.payload)
+	}
+	cmd := redis.NewIntCmd(ctx, "publish", c.channel, c.payload)
+	cmd.SetFirstKeyPos(1)
+	_ = p.Process(ctx, cmd)
+	return cmd
+}
+
+// commander is a client or a pipeline.
+type commander interface {
+	redis.Cmdable
+	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
 // exec sends the calls whose context is still live; a script Redis does not
 // know (after a restart or SCRIPT FLUSH) is sent again alone through
 // Script.Run, which loads it.
-func (b *Batcher) exec(batch []*batchCall) {
+func (l *lane) exec(batch []*batchCall) {
+	b := l.b
 	live := batch[:0:0]
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
@@ -169,12 +335,14 @@ func (b *Batcher) exec(batch []*batchCall) {
 	// and one more wake-up of Redis.
 	var rides []*batchCall
 	if rideRoom(live) {
-		rides = b.lq.takeRides()
+		rides = l.lq.takeRides()
 	}
 	if len(live) == 1 && len(rides) == 0 {
-		live[0].alone(b.rdb)
+		b.alone(live[0])
 		return
 	}
+	// The pipeline's context covers this lane's callers only: on a
+	// cluster, those of one master.
 	ctx, cancel := combine.SharedContext(live, func(c *batchCall) context.Context { return c.ctx }, batchSharedBudget)
 	defer cancel()
 	if len(rides) > 0 {
@@ -182,13 +350,13 @@ func (b *Batcher) exec(batch []*batchCall) {
 			c.ctx = ctx
 		}
 		live = append(rides, live...)
-		defer b.lq.rode(rides)
+		defer l.lq.rode(rides)
 	}
 	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range live {
 			switch {
 			case c.script == nil:
-				c.pub = publishOn(ctx, p, c.sharded, c.channel, c.payload)
+				c.pub = b.publish(ctx, p, c)
 			case c.script.ReadOnly:
 				c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
 			default:
@@ -199,7 +367,7 @@ func (b *Batcher) exec(batch []*batchCall) {
 	})
 	for _, c := range live {
 		if c.script != nil && c.res.Err() != nil && strings.HasPrefix(c.res.Err().Error(), "NOSCRIPT") {
-			c.alone(b.rdb)
+			b.alone(c)
 		}
 	}
 }
@@ -231,7 +399,8 @@ func (d directScripts) Script(ctx context.Context, s *lua.Script, keys []string,
 // PublishLater) waits for others to share its pipeline.
 const laterLinger = 2 * time.Millisecond
 
-// laterQueue holds the calls nobody waits for until their pipeline goes.
+// laterQueue holds a lane's calls nobody waits for until their pipeline
+// goes.
 type laterQueue struct {
 	mu      sync.Mutex
 	calls   []*batchCall
@@ -241,7 +410,7 @@ type laterQueue struct {
 	flights sync.WaitGroup // pipelines taken from the queue and not yet answered
 
 	// Pipelines go out on long-lived sender goroutines (at most
-	// laterSenders, started when first needed, ended by Close): a
+	// laterSenders per lane, started when first needed, ended by Close): a
 	// goroutine started per pipeline grew its stack through go-redis's
 	// call depth each time (≈ 10 % of the gateway's CPU at 300 sends/s).
 	// A pipeline is handed over only to an idle sender; when every sender
@@ -304,7 +473,12 @@ type LaterStats struct {
 
 // LaterStats returns the counts since the batcher was made.
 func (b *Batcher) LaterStats() LaterStats {
-	return LaterStats{Calls: b.lq.count.Load(), Rides: b.lq.rides.Load()}
+	var st LaterStats
+	for _, l := range b.allLanes() {
+		st.Calls += l.lq.count.Load()
+		st.Rides += l.lq.rides.Load()
+	}
+	return st
 }
 
 // ScriptLater queues a script call whose reply nobody waits for (done, if
@@ -339,8 +513,14 @@ func (b *Batcher) PublishLater(mode PubSubMode, channel string, payload []byte, 
 	}})
 }
 
+// later queues c in its lane (on a cluster, its master's: a call nobody
+// waits for rides only on that master's pipelines).
 func (b *Batcher) later(c *batchCall) {
-	q := &b.lq
+	b.laneOf(context.Background(), c).later(c)
+}
+
+func (l *lane) later(c *batchCall) {
+	q := &l.lq
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -356,7 +536,7 @@ func (b *Batcher) later(c *batchCall) {
 		calls := q.takeLocked()
 		q.flights.Add(1)
 		q.mu.Unlock()
-		b.flushLater(calls, false)
+		l.flushLater(calls, false)
 		return
 	case !q.armed:
 		q.armed = true
@@ -365,7 +545,7 @@ func (b *Batcher) later(c *batchCall) {
 			q.mu.Lock()
 			calls := q.takeLocked()
 			q.mu.Unlock()
-			b.flushLater(calls, true)
+			l.flushLater(calls, true)
 		})
 	}
 	q.mu.Unlock()
@@ -375,18 +555,18 @@ func (b *Batcher) later(c *batchCall) {
 // (or the sender it hands them to) marks done once they are answered: on an
 // idle sender, on a new one while fewer than laterSenders run, else on this
 // goroutine (inline) or a new one.
-func (b *Batcher) flushLater(calls []*batchCall, inline bool) {
-	q := &b.lq
+func (l *lane) flushLater(calls []*batchCall, inline bool) {
+	q := &l.lq
 	if len(calls) > 0 && q.senders.TryRun(calls) {
 		return
 	}
 	if inline {
-		b.sendLater(calls)
+		l.sendLater(calls)
 		q.flights.Done()
 		return
 	}
 	go func() {
-		b.sendLater(calls)
+		l.sendLater(calls)
 		q.flights.Done()
 	}()
 }
@@ -403,7 +583,7 @@ func (q *laterQueue) takeLocked() []*batchCall {
 	return calls
 }
 
-func (b *Batcher) sendLater(calls []*batchCall) {
+func (l *lane) sendLater(calls []*batchCall) {
 	if len(calls) == 0 {
 		return
 	}
@@ -412,7 +592,7 @@ func (b *Batcher) sendLater(calls []*batchCall) {
 	for _, c := range calls {
 		c.ctx = ctx
 	}
-	b.do(calls...)
+	l.do(calls...)
 	for _, c := range calls {
 		c.done(c)
 	}
@@ -420,14 +600,31 @@ func (b *Batcher) sendLater(calls []*batchCall) {
 
 // Close sends the calls queued by ScriptLater and PublishLater and waits
 // until every such pipeline has been answered; later calls fail at once.
-// Calls that wait for their reply are not affected.
+// Calls that wait for their reply are not affected. On a cluster the
+// masters' lanes are closed at once, so a stalled master delays only its own.
 func (b *Batcher) Close() {
-	q := &b.lq
+	b.mu.Lock()
+	b.closed = true
+	lanes := b.allLanes()
+	b.mu.Unlock()
+	if len(lanes) == 1 {
+		lanes[0].close()
+		return
+	}
+	var wg sync.WaitGroup
+	for _, l := range lanes {
+		wg.Go(l.close)
+	}
+	wg.Wait()
+}
+
+func (l *lane) close() {
+	q := &l.lq
 	q.mu.Lock()
 	q.closed = true
 	calls := q.takeLocked()
 	q.mu.Unlock()
-	b.sendLater(calls)
+	l.sendLater(calls)
 	// Every hand-over to a sender happens inside a counted flight, so none
 	// is left once the flights are done.
 	q.flights.Wait()

@@ -6,7 +6,8 @@
 // service's JSON logger (SetRedisLogger), the sharing of round trips by
 // concurrent callers (Batcher: script calls and realtime publishes in one
 // pipeline, and calls nobody waits for gathered over a couple of
-// milliseconds), the DB0 fast-failure state
+// milliseconds; on a cluster, pipelines of one master each, so a stalled
+// master holds only its own slots' calls), the DB0 fast-failure state
 // (RedisHealth), the fenced coordination locks (Locker), the rendering of
 // the Redis ACL file (standalone or cluster node), the classification of
 // Redis failures into stable sentinel errors (ClassifyRedisError) and Kind,
