@@ -28,9 +28,10 @@
 //
 // Concurrency: per connection, one reader goroutine owns the connection (reads,
 // handles client frames in order, tears down). Each client frame is read,
-// decoded and answered on a short-lived helper goroutine the reader waits
-// for, so the reader's stack stays as small as its blocking read needs for
-// the connection's life (conn_read.go, frameAside). A writer goroutine runs per
+// decoded and answered on a pooled frame worker the reader waits for (up to
+// 32 kept 2 s idle, frame_workers.go; a goroutine of its own when all are
+// busy), so the reader's stack stays as small as its blocking read needs
+// for the connection's life (conn_read.go, frameAside). A writer goroutine runs per
 // burst, not for the connection's life: queueing a frame, a ping or a close
 // starts one when none runs; it drains the bounded outbound queue in batches
 // (each message framed by the gateway straight into the hijacked connection's

@@ -1,6 +1,8 @@
 // Package restapi is the HTTP API of the gateway on gorilla/mux: health,
 // readiness and metrics, the public config, the chat REST API under /v1
-// (dialogs, messages with per-dialog seq, reconciliation history) and the
+// (dialogs, messages with per-dialog seq, reconciliation history,
+// attachments, realtime tickets, presence, the internal inbox, the legacy
+// safety poll; it mounts the project Redis API) and the
 // middleware every route shares (body read and response write deadlines,
 // request id, access log without tokens, bodies or raw IPs, authentication,
 // body limits enforced while reading, rate-limit and idempotency seams).

@@ -58,12 +58,9 @@
 //
 // Migrations (migrations/NNNN_name.sql, applied by Migrate) run in file-name
 // order, each once, and are recorded by name in schema_migrations. The
-// migrator keeps no checksum, so nothing would stop an edit; an applied file
-// is still never edited, not even its comments, because every database that
-// applied it would no longer match the repository. That is why some header
-// comments there still point at documents outside the repository; the rules
-// they refer to are stated in docs/idempotency.md, docs/runtime-settings.md
-// and docs/legacy-stub.md.
+// migrator keeps no checksum; an applied file's statements are never
+// edited (every database that applied it would no longer match the
+// repository), only its comments may be, which change nothing applied.
 //
 // Numbers 0003 and 0004 do not exist and never did: no file with those
 // numbers was ever committed (git log -- store/migrations shows 0001, 0002,

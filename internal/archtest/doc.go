@@ -10,7 +10,7 @@
 // restapi package imports it (the rule is stated in docs/architecture.md).
 // A third keeps tests in their place: no test outside cmd/han-gateway (the
 // whole-server tests) and the restapi tree imports restapi, and no folder
-// holds only tests, this one excepted.
+// holds only tests, this one and internal/clustertest excepted.
 //
 // Production imports are checked against the "may import" column. Test
 // imports (in-package and external _test.go files) may reach that set, the

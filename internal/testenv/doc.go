@@ -18,8 +18,9 @@
 //
 // StartCluster starts a private Redis Cluster instead (3 masters with one
 // replica each by default, cluster-node-timeout 1 s, every node loaded with
-// the cluster ACL and created through the admin user); only package cluster
-// uses one, every other package keeps its standalone redis-server.
+// the cluster ACL and created through the admin user); only
+// internal/clustertest and cmd/withcluster use one, every other package
+// keeps its standalone redis-server.
 //
 // A RedisServer is safe for concurrent use; Kill and Restart serialise on it.
 package testenv

@@ -36,7 +36,7 @@ CREATE TABLE messages (
 CREATE UNIQUE INDEX messages_client_id_idx ON messages (dialog_id, sender_id, client_message_id)
     WHERE client_message_id IS NOT NULL;
 
--- Durable idempotency fallback (CONTRACT §5): written in the business
+-- Durable idempotency fallback (docs/idempotency.md): written in the business
 -- transaction; Redis is only the accelerator.
 CREATE TABLE idempotency_records (
     scope       text NOT NULL,

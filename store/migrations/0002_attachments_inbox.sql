@@ -1,4 +1,4 @@
--- Attachments (CONTRACT §6), internal inbox receipts, and the indexes the
+-- Attachments (docs/api.md), internal inbox receipts, and the indexes the
 -- idempotency janitor needs. idempotency_records itself is in 0001.
 
 -- An attachment is created by POST /v1/attachments (status 'pending'), its

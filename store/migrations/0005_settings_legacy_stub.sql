@@ -1,6 +1,5 @@
--- Runtime settings versioned in PostgreSQL (seed module-04 §6, CONTRACT §4,
--- §8; docs/runtime-settings.md) and the legacy DB2 safety stub's recovery
--- guard (CONTRACT §8 decision; docs/legacy-stub.md).
+-- Runtime settings versioned in PostgreSQL (docs/runtime-settings.md) and
+-- the legacy DB2 safety stub's recovery guard (docs/legacy-stub.md).
 
 -- The settings version: one row whose counter every change of a settings
 -- table increments in the changing transaction. Writers serialise on this
