@@ -187,9 +187,9 @@ func TestAttachmentValidation(t *testing.T) {
 	h := newIdemHarness(t, idemOpts{att: restapi.AttachmentConfig{MaxBytes: max}})
 	_, aTok := h.user()
 	bob, bTok := h.user()
-	_, cTok := h.user()
+	carol, cTok := h.user()
 	d := h.dialog(aTok, bob)
-	other := h.dialog(bTok, bob)
+	other := h.dialog(bTok, carol)
 	cases := []struct {
 		name, body string
 		tok        string
