@@ -39,6 +39,10 @@ type shard struct {
 	// are guarded by Subscriber.mu.
 	subs, unsubs []string
 	up           bool
+	// chans counts the channels whose state names this shard (st.shard);
+	// guarded by Subscriber.mu. A shard without any (its slots moved
+	// away) does not count for the subscriber's health.
+	chans int
 	// resync holds the lost channels confirmed again, handed to OnResync
 	// together at the next PONG (a PING follows every SSUBSCRIBE batch,
 	// so it answers after the whole batch is confirmed).
@@ -142,6 +146,13 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 			// that confirmation is never taken for the server's own.
 		case st.refs > 0 && st.sent == sentNone:
 			c := owners[ch]
+			if c != nil && st.leftAddr == c.Options().Addr && now.Before(st.leftUntil) {
+				// A stale map: read again for a retry after a while.
+				c = nil
+				if !now.Before(s.retryAt) {
+					s.retryAt = now.Add(s.nextBackoffLocked(true))
+				}
+			}
 			if c == nil && !st.retry {
 				// The slot map could not be read: retry after a while.
 				st.retry = true
@@ -154,7 +165,8 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 				continue
 			}
 			sh := s.shardLocked(ctx, shards, c)
-			st.sent, st.confirmed, st.shard = sentSubscribe, false, sh
+			st.sent, st.confirmed = sentSubscribe, false
+			setShardLocked(st, sh)
 			st.pendingSubs++
 			sh.subs = append(sh.subs, ch)
 			touched[sh] = struct{}{}
@@ -190,6 +202,18 @@ func (s *Subscriber) shardLocked(ctx context.Context, shards *sync.WaitGroup, c 
 	return sh
 }
 
+// setShardLocked moves st onto sh (nil: onto none), keeping the shards'
+// channel counts.
+func setShardLocked(st *chanState, sh *shard) {
+	if st.shard != nil {
+		st.shard.chans--
+	}
+	st.shard = sh
+	if sh != nil {
+		sh.chans++
+	}
+}
+
 // dropLocked forgets a channel nobody holds any more.
 func (s *Subscriber) dropLocked(ch string, st *chanState) {
 	if st.lost {
@@ -214,7 +238,8 @@ func (s *Subscriber) unlostLocked() {
 // is confirmed again.
 func (s *Subscriber) detachLocked(ch string, st *chanState) {
 	wasConfirmed := st.confirmed && st.sent == sentSubscribe
-	st.shard, st.sent, st.pendingSubs, st.confirmed, st.retry = nil, sentNone, 0, false, true
+	setShardLocked(st, nil)
+	st.sent, st.pendingSubs, st.confirmed, st.retry = sentNone, 0, false, true
 	if st.refs == 0 {
 		s.dropLocked(ch, st)
 		return
@@ -403,7 +428,7 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 			st.pendingSubs--
 		}
 		if st.pendingSubs == 0 && st.sent == sentSubscribe {
-			st.confirmed, st.retry = true, false
+			st.confirmed, st.retry, st.leftAddr = true, false, ""
 			for _, w := range st.waiters {
 				close(w)
 			}
@@ -419,14 +444,21 @@ func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
 	case "sunsubscribe":
 		switch {
 		case st.sent == sentUnsubscribe && st.pendingSubs == 0:
-			st.shard, st.sent = nil, sentNone
+			setShardLocked(st, nil)
+			st.sent = sentNone
 			if st.refs == 0 {
 				s.dropLocked(channel, st)
 			} else {
 				s.dirty[channel] = struct{}{}
 			}
 		case st.sent == sentSubscribe:
+			// The slot moved away. A replica serves SSUBSCRIBE for its
+			// master's slots, so a slot map that still names this node
+			// (read from a node the failover has not reached yet) would
+			// confirm the channel here again, fed by replication, and
+			// nothing would ever move it to the master.
 			s.detachLocked(channel, st)
+			st.leftAddr, st.leftUntil = sh.addr, time.Now().Add(rds.ClusterSlotMapMaxAge)
 			s.reload = true
 		}
 	}
@@ -503,8 +535,10 @@ func (s *Subscriber) shardPingLoop(ctx context.Context, ps *redis.PubSub) {
 }
 
 // shardedHealthy: the canary came back recently, every shard connection
-// answers its PINGs, and no channel waits to be subscribed again after a
-// shard failure or a slot move.
+// carrying a channel answers its PINGs, and no channel waits to be
+// subscribed again after a shard failure or a slot move. A connection
+// whose channels all moved away (its master was demoted) counts for
+// nothing: it may stall or die without any channel being lost.
 func (s *Subscriber) shardedHealthy() bool {
 	if time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline {
 		return false
@@ -515,6 +549,9 @@ func (s *Subscriber) shardedHealthy() bool {
 		return false
 	}
 	for _, sh := range s.shards {
+		if sh.chans == 0 {
+			continue
+		}
 		if !sh.up || time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline {
 			return false
 		}

@@ -92,6 +92,12 @@ type chanState struct {
 	confirmed bool // the last SUBSCRIBE sent is confirmed
 	lost      bool
 	retry     bool // back from a failure: routed again from retryAt on, not at once
+	// leftAddr is the master that ended the channel's subscription itself
+	// (its slot moved away), until leftUntil: a slot map naming it again
+	// before then was read from a node that had not yet learned of the
+	// move.
+	leftAddr  string
+	leftUntil time.Time
 }
 
 // Subscriber is an instance's single Redis Pub/Sub connection, shared by
