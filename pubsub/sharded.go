@@ -146,12 +146,8 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 			// that confirmation is never taken for the server's own.
 		case st.refs > 0 && st.sent == sentNone:
 			c := owners[ch]
-			if c != nil && st.leftAddr == c.Options().Addr && now.Before(st.leftUntil) {
-				// A stale map: read again for a retry after a while.
+			if c != nil && s.staleOwnerLocked(st, c, now) {
 				c = nil
-				if !now.Before(s.retryAt) {
-					s.retryAt = now.Add(s.nextBackoffLocked(true))
-				}
 			}
 			if c == nil && !st.retry {
 				// The slot map could not be read: retry after a while.
@@ -182,6 +178,20 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 		sh.wake()
 	}
 	return wait
+}
+
+// staleOwnerLocked reports whether c, the owner of st's channel in the
+// slot map, is the master that ended the channel's subscription because
+// its slot moved away: the map was read from a node the move had not
+// reached yet. It is read again for a retry after a backoff.
+func (s *Subscriber) staleOwnerLocked(st *chanState, c *redis.Client, now time.Time) bool {
+	if st.leftAddr != c.Options().Addr || !now.Before(st.leftUntil) {
+		return false
+	}
+	if !now.Before(s.retryAt) {
+		s.retryAt = now.Add(s.nextBackoffLocked(true))
+	}
+	return true
 }
 
 // shardLocked returns the shard of c's master, starting its connection
