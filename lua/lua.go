@@ -22,7 +22,7 @@ var files embed.FS
 const includeMarker = "--#include "
 
 // Script is one embedded Lua script. Run uses EVALSHA and falls back to EVAL
-// on NOSCRIPT (after a restart or SCRIPT FLUSH), through go-redis's Script.
+// on NOSCRIPT (after a restart or SCRIPT FLUSH).
 type Script struct {
 	Name string
 	// ReadOnly is true for scripts that declare flags=no-writes: they run
@@ -37,11 +37,89 @@ type Script struct {
 }
 
 // Run executes the script. c may be a Client, ClusterClient, Pipeline or Tx.
+//
+// A script that writes is sent at most once per call: go-redis would send
+// a command again after a read timeout (MaxRetries, and a cluster client's
+// redirect loop), and Redis, stalled a little longer than the budget, then
+// runs it twice — a publish counted twice, a claim leasing twice — while
+// the caller sees only the second reply. A call whose reply never came is
+// the caller's to handle (rds.Unanswered). A read-only script is retried
+// as go-redis does.
 func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
 	if s.ReadOnly {
 		return s.s.RunRO(ctx, c, keys, args...)
 	}
-	return s.s.Run(ctx, c, keys, args...)
+	p, ok := c.(Processor)
+	if !ok {
+		return s.s.Run(ctx, c, keys, args...)
+	}
+	cmd := s.EvalSha(ctx, p, keys, args...)
+	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		cmd = evalOnce(ctx, p, "eval", s.Source, keys, args)
+	}
+	return cmd
+}
+
+// Processor runs (a client) or queues (a pipeline) one command.
+type Processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// EvalSha runs (on a client) or queues (on a pipeline) EVALSHA of the
+// script, sent at most once (see Run); it does not fall back to EVAL.
+func (s *Script) EvalSha(ctx context.Context, p Processor, keys []string, args ...any) *redis.Cmd {
+	return evalOnce(ctx, p, "evalsha", s.Hash(), keys, args)
+}
+
+// onceCmd is a command go-redis never sends a second time (its NoRetry;
+// a pipeline holding one is not retried either).
+type onceCmd struct{ *redis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
+
+// Reply is the script command among a pipeline's commands (Pipelined's
+// result), whether Run sent it once or go-redis's own Script did.
+func Reply(c redis.Cmder) *redis.Cmd {
+	switch v := c.(type) {
+	case *redis.Cmd:
+		return v
+	case onceCmd:
+		return v.Cmd
+	}
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetErr(fmt.Errorf("lua: %s is not a script command", c.Name()))
+	return cmd
+}
+
+// evalOnce builds the command as go-redis's Eval and EvalSha do (the keys
+// from position 3, for a cluster client's routing) and processes it once.
+func evalOnce(ctx context.Context, p Processor, name, payload string, keys []string, args []any) *redis.Cmd {
+	argv := make([]any, 3, 3+len(keys)+len(args))
+	argv[0], argv[1], argv[2] = name, payload, len(keys)
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	if len(args) == 1 {
+		// go-redis spreads a lone slice argument.
+		switch a := args[0].(type) {
+		case []string:
+			for _, v := range a {
+				argv = append(argv, v)
+			}
+			args = nil
+		case []any:
+			args = a
+		case nil:
+			args = nil
+		}
+	}
+	argv = append(argv, args...)
+	cmd := redis.NewCmd(ctx, argv...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = p.Process(ctx, onceCmd{cmd})
+	return cmd
 }
 
 // Load loads the script into c's script cache (SCRIPT LOAD).

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/combine"
+	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -203,7 +204,7 @@ func (b *opBatcher) send(batch []*presenceOp) {
 			op.err = fmt.Errorf("presence: no reply: %w", rds.ClassifyRedisError(err))
 			continue
 		}
-		op.reply, op.err = cmds[i].(*redis.Cmd).Slice()
+		op.reply, op.err = lua.Reply(cmds[i]).Slice()
 		if op.err == nil {
 			// The connection's own script ran; the index update of the
 			// batch must have too.

@@ -78,7 +78,7 @@ func (p *Presence) disconnectMany(ctx context.Context, conns []Conn) (at time.Ti
 				unanswered(batch[i:])
 				break
 			}
-			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil {
+			if v, err := lua.Reply(cmds[i]).Slice(); err == nil {
 				at = p.afterDisconnect(u.id, v)
 			} else {
 				unanswered(batch[i : i+1])

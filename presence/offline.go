@@ -212,7 +212,7 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 			failed = append(failed, c)
 			continue
 		}
-		v, err := cmds[i].(*redis.Cmd).Slice()
+		v, err := lua.Reply(cmds[i]).Slice()
 		if err != nil || len(v) == 0 {
 			failed = append(failed, c)
 			continue

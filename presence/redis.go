@@ -174,7 +174,7 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 		}
 		var closed []string
 		for i, c := range batch {
-			if v, err := cmds[i].(*redis.Cmd).Slice(); err == nil && len(v) > 3 {
+			if v, err := lua.Reply(cmds[i]).Slice(); err == nil && len(v) > 3 {
 				if skipped, _ := v[3].(int64); skipped == 2 {
 					closed = append(closed, indexMember(c))
 				}
@@ -273,7 +273,7 @@ func (p *Presence) RefreshLiveness(ctx context.Context) (lapsed bool, err error)
 		p.heartbeatFailures.Inc()
 		return false, fmt.Errorf("presence liveness: %w", rds.ClassifyRedisError(err))
 	}
-	v, _ := cmds[0].(*redis.Cmd).Slice()
+	v, _ := lua.Reply(cmds[0]).Slice()
 	present := int64(1)
 	if len(v) > 1 {
 		present, _ = v[1].(int64)
@@ -391,7 +391,7 @@ func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int,
 		}
 		spared := map[string]bool{}
 		for i, t := range targets {
-			v, _ := cmds[i].(*redis.Cmd).Slice()
+			v, _ := lua.Reply(cmds[i]).Slice()
 			if len(v) > 0 {
 				if removed, _ := v[0].(int64); removed < 0 {
 					spared[t.member] = true

@@ -284,26 +284,34 @@ func StallableRedis(t testing.TB, db int, budget time.Duration) (*RedisServer, r
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	// As on a running service the pool holds connections that have done
-	// their handshake: a connection the pool dials in the background and
-	// first uses while the server is stopped stalls in its handshake, and
-	// the command it was taken for never reaches the server. Four
-	// connections, each taken and handed back, leave more idle than the
-	// pool's minimum, so it dials none of its own.
-	if sc, ok := c.(*redis.Client); ok {
-		ctx := context.Background()
-		conns := make([]*redis.Conn, 4)
-		for i := range conns {
-			conns[i] = sc.Conn()
-			if err := conns[i].Ping(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, cn := range conns {
-			cn.Close()
+	WarmPool(t, c)
+	return r, c
+}
+
+// WarmPool leaves c's pool with handshaken connections, as on a running
+// service: a connection the pool dials in the background and first uses
+// while the server is stopped stalls in its handshake, and the command it
+// was taken for never reaches the server. Four connections, each taken
+// and handed back, leave more idle than the pool's minimum, so it dials
+// none of its own. A test that stalls the server again after calls timed
+// out (each took a connection out of the pool) warms it again first.
+func WarmPool(t testing.TB, c redis.UniversalClient) {
+	t.Helper()
+	sc, ok := c.(*redis.Client)
+	if !ok {
+		return
+	}
+	ctx := context.Background()
+	conns := make([]*redis.Conn, 4)
+	for i := range conns {
+		conns[i] = sc.Conn()
+		if err := conns[i].Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
 		}
 	}
-	return r, c
+	for _, cn := range conns {
+		cn.Close()
+	}
 }
 
 // Restart starts the server again on the same port and directory (with AOF

@@ -76,7 +76,12 @@ func (q *Queue) merge(c *mergeCall) ([]any, error) {
 	if err := c.ctx.Err(); err != nil {
 		return nil, err
 	}
-	q.merger.Do(c)
+	ctx, cancel := context.WithTimeout(c.ctx, q.cfg.RedisBudget)
+	defer cancel()
+	c.ctx = ctx
+	if err := q.merger.DoCtx(ctx, c); err != nil {
+		return nil, err
+	}
 	return c.res, c.err
 }
 

@@ -69,6 +69,12 @@ type QueueConfig struct {
 	// ModuleLeaseMaxBytes. Unlike the other fields its zero value means no
 	// leases: every publish reserves its bytes exactly.
 	ModuleLeaseBytes int64
+	// RedisBudget bounds a publish, claim or ack from the moment it is
+	// queued for a shared round trip to its reply, so a caller never waits
+	// past it for the round trips ahead of it (a stalled Redis would hold
+	// every queued caller one budget each). Zero value means one second,
+	// the service's default Redis budget.
+	RedisBudget time.Duration
 }
 
 // ModuleCap is the module budget's cap under c.
@@ -91,6 +97,9 @@ func (c QueueConfig) withDefaults() QueueConfig {
 	}
 	if c.MaxTopics <= 0 {
 		c.MaxTopics = MaxTopicsDefault
+	}
+	if c.RedisBudget <= 0 {
+		c.RedisBudget = time.Second
 	}
 	if c.MaxSubscriptions <= 0 {
 		c.MaxSubscriptions = MaxSubscriptionsDefault

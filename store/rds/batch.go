@@ -301,10 +301,7 @@ func (b *Batcher) publish(ctx context.Context, p commander, c *batchCall) *redis
 	if b.cluster == nil || c.sharded {
 		return publishOn(ctx, p, c.sharded, c.channel, c.payload)
 	}
-	cmd := redis.NewIntCmd(ctx, "publish", c.channel, c.payload)
-	cmd.SetFirstKeyPos(1)
-	_ = p.Process(ctx, cmd)
-	return cmd
+	return publishOnce(ctx, p, "publish", c.channel, c.payload)
 }
 
 // commander is a client or a pipeline.
@@ -360,7 +357,7 @@ func (l *lane) exec(batch []*batchCall) {
 			case c.script.ReadOnly:
 				c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
 			default:
-				c.res = p.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+				c.res = c.script.EvalSha(ctx, p, c.keys, c.args...)
 			}
 		}
 		return nil

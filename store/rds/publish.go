@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/lua"
 )
 
 // PubSubMode is how realtime channels travel on the realtime Redis: sharded
@@ -91,9 +93,27 @@ func Publish(ctx context.Context, rdb redis.UniversalClient, mode PubSubMode, ch
 }
 
 // publishOn runs (on a client) or queues (on a pipeline) the publish.
-func publishOn(ctx context.Context, c redis.Cmdable, sharded bool, channel string, payload []byte) *redis.IntCmd {
+func publishOn(ctx context.Context, c lua.Processor, sharded bool, channel string, payload []byte) *redis.IntCmd {
 	if sharded {
-		return c.SPublish(ctx, channel, payload)
+		return publishOnce(ctx, c, "spublish", channel, payload)
 	}
-	return c.Publish(ctx, channel, payload)
+	return publishOnce(ctx, c, "publish", channel, payload)
+}
+
+// oncePublish is a publish go-redis never sends a second time: one sent
+// again after a read timeout would reach every subscriber twice when
+// Redis was only slow (see lua.Script.Run). An unanswered publish is the
+// caller's to handle; the outbox relay sends its event again, and a
+// client drops an event id it has seen.
+type oncePublish struct{ *redis.IntCmd }
+
+func (oncePublish) NoRetry() bool { return true }
+
+// publishOnce builds PUBLISH or SPUBLISH (the channel as its key, for a
+// cluster client's routing) and processes it once.
+func publishOnce(ctx context.Context, c lua.Processor, name, channel string, payload []byte) *redis.IntCmd {
+	cmd := redis.NewIntCmd(ctx, name, channel, payload)
+	cmd.SetFirstKeyPos(1)
+	_ = c.Process(ctx, oncePublish{cmd})
+	return cmd
 }
