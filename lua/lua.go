@@ -3,11 +3,14 @@ package lua
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"path"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -114,12 +117,49 @@ func evalOnce(ctx context.Context, p Processor, name, payload string, keys []str
 		}
 	}
 	argv = append(argv, args...)
-	cmd := redis.NewCmd(ctx, argv...)
-	if len(keys) > 0 {
-		cmd.SetFirstKeyPos(3)
+	return SendOnce(ctx, func() *redis.Cmd {
+		cmd := redis.NewCmd(ctx, argv...)
+		if len(keys) > 0 {
+			cmd.SetFirstKeyPos(3)
+		}
+		_ = p.Process(ctx, onceCmd{cmd})
+		return cmd
+	})
+}
+
+// SendOnce runs send — which processes one command go-redis does not
+// retry — and runs it again, after a short wait, while it failed before
+// any byte of it could be written: no connection could be dialled (a
+// master that just died, the cluster client's slot map not yet reloaded)
+// or none was free in time. Those failures go-redis would have retried;
+// a command that may have been written is never sent again. On a
+// pipeline send only queues, and nothing is retried.
+func SendOnce[C redis.Cmder](ctx context.Context, send func() C) C {
+	wait := 8 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		cmd := send()
+		if attempt == 2 || !NotSent(cmd.Err()) {
+			return cmd
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return cmd
+		case <-t.C:
+		}
+		wait *= 4
 	}
-	_ = p.Process(ctx, onceCmd{cmd})
-	return cmd
+}
+
+// NotSent reports whether err proves its command never left the client:
+// a failed dial or no pooled connection free in time.
+func NotSent(err error) bool {
+	if err == nil {
+		return false
+	}
+	var op *net.OpError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // Load loads the script into c's script cache (SCRIPT LOAD).

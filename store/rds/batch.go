@@ -349,18 +349,23 @@ func (l *lane) exec(batch []*batchCall) {
 		live = append(rides, live...)
 		defer l.lq.rode(rides)
 	}
-	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, c := range live {
-			switch {
-			case c.script == nil:
-				c.pub = b.publish(ctx, p, c)
-			case c.script.ReadOnly:
-				c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
-			default:
-				c.res = c.script.EvalSha(ctx, p, c.keys, c.args...)
+	// A pipeline holding a write is not retried by go-redis (NoRetry):
+	// sent again only while none of it could be written (lua.SendOnce).
+	lua.SendOnce(ctx, func() redis.Cmder {
+		cmds, _ := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range live {
+				switch {
+				case c.script == nil:
+					c.pub = b.publish(ctx, p, c)
+				case c.script.ReadOnly:
+					c.res = p.EvalShaRO(ctx, c.script.Hash(), c.keys, c.args...)
+				default:
+					c.res = c.script.EvalSha(ctx, p, c.keys, c.args...)
+				}
 			}
-		}
-		return nil
+			return nil
+		})
+		return cmds[0]
 	})
 	for _, c := range live {
 		if c.script != nil && c.res.Err() != nil && strings.HasPrefix(c.res.Err().Error(), "NOSCRIPT") {

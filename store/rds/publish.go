@@ -112,8 +112,10 @@ func (oncePublish) NoRetry() bool { return true }
 // publishOnce builds PUBLISH or SPUBLISH (the channel as its key, for a
 // cluster client's routing) and processes it once.
 func publishOnce(ctx context.Context, c lua.Processor, name, channel string, payload []byte) *redis.IntCmd {
-	cmd := redis.NewIntCmd(ctx, name, channel, payload)
-	cmd.SetFirstKeyPos(1)
-	_ = c.Process(ctx, oncePublish{cmd})
-	return cmd
+	return lua.SendOnce(ctx, func() *redis.IntCmd {
+		cmd := redis.NewIntCmd(ctx, name, channel, payload)
+		cmd.SetFirstKeyPos(1)
+		_ = c.Process(ctx, oncePublish{cmd})
+		return cmd
+	})
 }
