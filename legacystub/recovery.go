@@ -56,6 +56,13 @@ func (r *Recoverer) Start() { r.loop.Start() }
 func (r *Recoverer) Close() { r.loop.Close() }
 
 // RunOnce recovers the stuck tasks it can and returns how many it decided.
+//
+// A round stays within its budget whatever Redis does: DB2 is read once for
+// the whole batch (one pipeline under one RedisTimeout), and the DB1 lock is
+// given up for the rest of the round after its first failure, so a stalled
+// Redis costs a round a few RedisTimeouts, not one per task. Without DB2 the
+// verdicts are drawn at random, without DB1 the lease alone guards, as when
+// either is down.
 func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 	cfg := r.stub.cfg
 	stuck, err := r.stub.store.StuckStubTasks(ctx, cfg.PollBudget(), recoveryBatch)
@@ -63,13 +70,14 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 		r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: list stuck tasks failed", slog.String("kind", store.Kind(err)))
 		return 0, err
 	}
+	rd := &round{db2: r.readDB2(ctx, stuck)}
 	n := 0
 	var errs []error
 	for _, id := range stuck {
 		if ctx.Err() != nil {
 			break
 		}
-		ok, err := r.recover(ctx, id)
+		ok, err := r.recover(ctx, rd, id)
 		if err != nil {
 			r.stub.events.WithLabelValues("recovery_failed").Inc()
 			r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: recovery failed",
@@ -85,26 +93,72 @@ func (r *Recoverer) RunOnce(ctx context.Context) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// recover decides one task if this recoverer wins it.
-func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
+// round is what one RunOnce learnt about its dependencies.
+type round struct {
+	db2     map[string]store.StubTaskState // the tasks DB2 holds; nil when DB2 failed
+	db1Down bool                           // DB1 failed once: no more locks this round
+}
+
+// readDB2 reads the batch's tasks from DB2 in one round trip. A failure
+// leaves every verdict to chance, as when DB2 lost the tasks.
+func (r *Recoverer) readDB2(ctx context.Context, ids []string) map[string]store.StubTaskState {
+	if len(ids) == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.stub.cfg.RedisTimeout)
+	defer cancel()
+	states, err := store.ReadStubTasks(rctx, r.stub.db2, ids)
+	if err != nil {
+		r.stub.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: DB2 unavailable; recovery draws the verdicts",
+			slog.Int("tasks", len(ids)), slog.String("kind", store.Kind(err)))
+		return nil
+	}
+	return states
+}
+
+// lock takes the task's recovery lock in DB1 unless DB1 already failed this
+// round. elsewhere is true when another instance holds it; release is nil
+// when no lock was taken (the lease alone guards then).
+func (r *Recoverer) lock(ctx context.Context, rd *round, id string) (elsewhere bool, release func()) {
+	if rd.db1Down {
+		return false, nil
+	}
 	cfg := r.stub.cfg
 	lctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
 	lk, _, err := r.locker.Acquire(lctx, rds.LockSafetyRecovery, id, cfg.RecoveryLease)
 	cancel()
 	switch {
 	case errors.Is(err, rds.ErrLockHeld):
-		return false, nil // another instance is on it
+		return true, nil // another instance is on it
 	case err != nil:
 		// DB1 is unavailable: the lock is only an optimisation, the lease
-		// below still guarantees a single decision.
+		// still guarantees a single decision.
+		rd.db1Down = true
 		r.stub.logger.LogAttrs(ctx, slog.LevelDebug, "legacy stub: recovery lock unavailable; relying on the lease",
 			slog.String("message_id", id), slog.String("kind", store.Kind(err)))
-	default:
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RedisTimeout)
-			_ = lk.Release(rctx)
-			cancel()
-		}()
+		return false, nil
+	}
+	return false, func() {
+		if rd.db1Down {
+			return // left to expire: DB1 stalled since
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RedisTimeout)
+		if err := lk.Release(rctx); err != nil && !errors.Is(err, rds.ErrLockLost) && !errors.Is(err, rds.ErrLockExpired) {
+			rd.db1Down = true
+		}
+		cancel()
+	}
+}
+
+// recover decides one task if this recoverer wins it.
+func (r *Recoverer) recover(ctx context.Context, rd *round, id string) (bool, error) {
+	cfg := r.stub.cfg
+	elsewhere, release := r.lock(ctx, rd, id)
+	if elsewhere {
+		return false, nil
+	}
+	if release != nil {
+		defer release()
 	}
 	won, err := r.stub.store.LeaseStubTask(ctx, id, r.owner, cfg.RecoveryLease)
 	if err != nil || !won {
@@ -114,10 +168,7 @@ func (r *Recoverer) recover(ctx context.Context, id string) (bool, error) {
 		r.afterLease(id)
 	}
 	verdict := randomVerdict()
-	rctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
-	st, found, err := store.ReadStubTask(rctx, r.stub.db2, id)
-	cancel()
-	if err == nil && found && st.State == store.StubDone && (st.Verdict == store.VerdictApproved || st.Verdict == store.VerdictRejected) {
+	if st, ok := rd.db2[id]; ok && st.State == store.StubDone && (st.Verdict == store.VerdictApproved || st.Verdict == store.VerdictRejected) {
 		verdict = st.Verdict // a poll reached it but could not record it
 	}
 	// A DB2 failure does not stop recovery: the task must be decided within

@@ -118,6 +118,66 @@ func TestVerdictIsRandom(t *testing.T) {
 	}
 }
 
+// A poll is a request: its PostgreSQL statements are bounded by the request
+// budget, so a lock that holds them longer (a migration altering
+// stub_tasks, a transaction stuck on the task's row) answers database busy
+// (503 database_busy) instead of holding the request and a pool connection
+// for as long as the lock lasts. Once the lock is gone the poll goes on.
+func TestPollUnderALockAnswersDatabaseBusy(t *testing.T) {
+	f := newFixture(t, legacystub.Config{VerdictAfterPolls: 1})
+	f.store.SetRequestTimeout(500 * time.Millisecond)
+	// The table locked: the task's read waits.
+	id := f.send(true)
+	f.pollUnderLock(id, "LOCK TABLE stub_tasks IN ACCESS EXCLUSIVE MODE")
+	// The task's row locked: the read passes, the poll reaches a verdict in
+	// DB2, and recording it waits.
+	id2 := f.send(true)
+	f.pollUnderLock(id2, "SELECT 1 FROM stub_tasks WHERE message_id = $1 FOR UPDATE", id2)
+	if v := f.task(id2).Verdict; v != f.admin.HGet(context.Background(), store.StubTaskKey(id2), "verdict").Val() {
+		t.Fatalf("the verdict recorded after the lock (%q) is not the one DB2 reached", v)
+	}
+}
+
+// pollUnderLock polls task id while another transaction holds lockSQL: the
+// poll must answer database busy well before the lock goes (generous bound:
+// many request budgets). After the lock goes the poll answers a verdict.
+func (f *fixture) pollUnderLock(id, lockSQL string, args ...any) {
+	f.t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, lockSQL, args...); err != nil {
+		f.t.Fatal(err)
+	}
+	pctx, cancel := context.WithCancel(ctx) // a client that waits; only the test gives up
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.stub.Poll(pctx, id)
+		done <- err
+	}()
+	bound := 20 * f.store.RequestTimeout()
+	select {
+	case err := <-done:
+		if !store.IsDatabaseBusy(err) {
+			f.t.Fatalf("poll under %q: %v, want database busy", lockSQL, err)
+		}
+	case <-time.After(bound):
+		cancel()
+		<-done
+		f.t.Fatalf("poll under %q still waiting after %s (request budget %s)", lockSQL, bound, f.store.RequestTimeout())
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		f.t.Fatal(err)
+	}
+	if v, err := f.stub.Poll(ctx, id); err != nil || (v != legacystub.SafetyApproved && v != legacystub.SafetyRejected) {
+		f.t.Fatalf("poll after the lock went: %q %v", v, err)
+	}
+}
+
 // drain decides every stuck task other tests left behind, so counts below
 // are this test's own.
 func (f *fixture) drain() {
@@ -299,6 +359,49 @@ func TestRecoveryWithoutRedis(t *testing.T) {
 	id2 := f.send(false)
 	if _, err := deadStub.Poll(ctx, id2); !errors.Is(err, rds.ErrRedisUnavailable) {
 		t.Fatalf("poll with DB2 down: %v", err)
+	}
+}
+
+// With DB1 and DB2 stalled (not refusing: a paused or swapping host, each
+// call waiting the full RedisTimeout), a round of stuck tasks still ends
+// well inside the recovery budget: DB2 is read once for the batch and DB1
+// is given up after its first timeout, and every task is decided once.
+func TestRecoveryWithStalledRedisStaysWithinTheBudget(t *testing.T) {
+	ctx := context.Background()
+	cfg := legacystub.Config{PollInterval: 100 * time.Millisecond, MaxPolls: 30, RecoveryBudget: 10 * time.Second,
+		RecoveryInterval: time.Second, RecoveryLease: 2 * time.Second, RedisTimeout: time.Second}
+	f := newFixture(t, cfg)
+	f.drain()
+	ids := make([]string, 20)
+	for i := range ids {
+		ids[i] = f.send(false)
+	}
+	f.age(ids...)
+
+	srv1, db1 := testenv.StallableRedis(t, 1, cfg.RedisTimeout)
+	srv2, db2 := testenv.StallableRedis(t, 2, cfg.RedisTimeout)
+	stalled, err := legacystub.New(cfg, legacystub.Deps{DB2: db2, Store: f.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv1.Freeze(t)
+	srv2.Freeze(t)
+	start := time.Now()
+	n, err := stalled.NewRecoverer(db1, "stalled-redis").RunOnce(ctx)
+	took := time.Since(start)
+	if err != nil || n != len(ids) {
+		t.Fatalf("recovery with Redis stalled: %d %v", n, err)
+	}
+	// The budget a round has: a stuck task waits at most one interval to
+	// be picked up.
+	if budget := cfg.RecoveryBudget - cfg.RecoveryInterval; took >= budget {
+		t.Fatalf("with Redis stalled one round of %d stuck tasks took %s, more than the recovery budget leaves (%s)",
+			len(ids), took.Round(100*time.Millisecond), budget)
+	}
+	for _, id := range ids {
+		if row := f.task(id); row.State != store.StubDone || row.DecidedBy != store.DecidedByRecovery || row.Recoveries != 1 {
+			t.Fatalf("task %s: %+v", id, row)
+		}
 	}
 }
 

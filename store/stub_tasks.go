@@ -62,8 +62,11 @@ func scanStubTask(row pgx.Row) (StubTask, error) {
 }
 
 // StubTask loads a message's task (ErrStubTaskNotFound when it has none).
+// It serves request paths (the safety poll, send replays): the statement is
+// bounded by the request budget, and a lock that holds it longer comes back
+// as ErrDatabaseBusy.
 func (s *Store) StubTask(ctx context.Context, messageID string) (StubTask, error) {
-	t, err := scanStubTask(s.pool.QueryRow(ctx, `SELECT `+stubTaskColumns+` FROM stub_tasks WHERE message_id=$1`, messageID))
+	t, err := scanStubTask(s.reqQueryRow(ctx, `SELECT `+stubTaskColumns+` FROM stub_tasks WHERE message_id=$1`, messageID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return StubTask{}, ErrStubTaskNotFound
 	}
@@ -76,9 +79,10 @@ func (s *Store) StubTask(ctx context.Context, messageID string) (StubTask, error
 // DecideStubTask records the verdict a poll reached, if the task is still
 // pending, and returns the task as decided: a task decided earlier (by
 // another poll or by recovery) keeps its verdict, which is the one returned
-// (decided is false then).
+// (decided is false then). Like StubTask it is bounded by the request
+// budget (ErrDatabaseBusy when a lock holds it longer).
 func (s *Store) DecideStubTask(ctx context.Context, messageID, verdict string) (t StubTask, decided bool, err error) {
-	t, err = scanStubTask(s.pool.QueryRow(ctx, `UPDATE stub_tasks SET state='done', verdict=$2, decided_by='poll',
+	t, err = scanStubTask(s.reqQueryRow(ctx, `UPDATE stub_tasks SET state='done', verdict=$2, decided_by='poll',
 		decided_at=now(), lease_owner=NULL, lease_until=NULL
 		WHERE message_id=$1 AND state='pending' RETURNING `+stubTaskColumns, messageID, verdict))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -185,17 +189,31 @@ func PollStubTask(ctx context.Context, rdb redis.Scripter, taskID string, verdic
 	return st, true, nil
 }
 
-// ReadStubTask reads a task without counting a poll (recovery).
-func ReadStubTask(ctx context.Context, rdb redis.Cmdable, taskID string) (st StubTaskState, found bool, err error) {
-	v, err := rdb.HMGet(ctx, StubTaskKey(taskID), "state", "verdict").Result()
-	if err != nil {
-		return StubTaskState{}, false, fmt.Errorf("read safety task: %w", rds.ClassifyRedisError(err))
+// ReadStubTasks reads many tasks without counting a poll (recovery): one
+// pipeline, one round trip, so a stalled DB2 costs the caller's deadline
+// once, not once per task. The map holds the tasks DB2 has.
+func ReadStubTasks(ctx context.Context, rdb redis.Cmdable, taskIDs []string) (map[string]StubTaskState, error) {
+	out := make(map[string]StubTaskState, len(taskIDs))
+	if len(taskIDs) == 0 {
+		return out, nil
 	}
-	state, _ := v[0].(string)
-	if state == "" {
-		return StubTaskState{}, false, nil
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(taskIDs))
+	for i, id := range taskIDs {
+		cmds[i] = pipe.HMGet(ctx, StubTaskKey(id), "state", "verdict")
 	}
-	st.State = state
-	st.Verdict, _ = v[1].(string)
-	return st, true, nil
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read safety tasks: %w", rds.ClassifyRedisError(err))
+	}
+	for i, c := range cmds {
+		v := c.Val()
+		if len(v) < 2 {
+			continue
+		}
+		if state, _ := v[0].(string); state != "" {
+			verdict, _ := v[1].(string)
+			out[taskIDs[i]] = StubTaskState{State: state, Verdict: verdict}
+		}
+	}
+	return out, nil
 }

@@ -58,17 +58,96 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	return pool, nil
 }
 
+// defaultDBTimeout is how long a PostgreSQL command (migrate, seed demo,
+// project create) may take as a whole unless --timeout says otherwise:
+// ample for the migrations, and a stalled server or a lock held by someone
+// else ends in a clear failure instead of a wait without end (hanctl
+// migrate runs before every start of the service).
+const defaultDBTimeout = 5 * time.Minute
+
+// closeWait is how long a command that ran out of time or was interrupted
+// waits for its connections to close: pgx may spend up to 15 s trying to
+// cancel a statement on a server that does not answer, and the process
+// exits anyway.
+const closeWait = 2 * time.Second
+
+func timeoutFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("timeout", defaultDBTimeout,
+		"give up when the command has not finished within this time (PostgreSQL stalled, a lock held); the step is named")
+}
+
+// errDBTimeout is the cause of a database command's context once its
+// --timeout has passed.
+var errDBTimeout = errors.New("--timeout passed")
+
+// dbCommand is one command's PostgreSQL work: its pool and a context that
+// ends at the command's --timeout (or at an interrupt).
+type dbCommand struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	timeout time.Duration
+	pool    *pgxpool.Pool
+}
+
+// startDBCommand connects (openDB) under the command's deadline.
+func startDBCommand(ctx context.Context, timeout time.Duration, getenv func(string) string) (*dbCommand, error) {
+	if timeout <= 0 {
+		return nil, errors.New("--timeout must be positive")
+	}
+	c := &dbCommand{timeout: timeout}
+	c.ctx, c.cancel = context.WithTimeoutCause(ctx, timeout, errDBTimeout)
+	pool, err := openDB(c.ctx, getenv)
+	if err := c.check("connect", err); err != nil {
+		c.cancel()
+		return nil, err
+	}
+	c.pool = pool
+	return c, nil
+}
+
+// check names the step an error came from when the deadline or an
+// interrupt cut it short; other errors pass unchanged.
+func (c *dbCommand) check(step string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(context.Cause(c.ctx), errDBTimeout):
+		return fmt.Errorf("%s: timed out: not done within --timeout %s (PostgreSQL stalled, or a lock held: see pg_stat_activity): %w",
+			step, c.timeout, err)
+	case c.ctx.Err() != nil:
+		return fmt.Errorf("%s: interrupted: %w", step, err)
+	}
+	return err
+}
+
+// close closes the pool; after a timeout or an interrupt it waits at most
+// closeWait for it.
+func (c *dbCommand) close() {
+	defer c.cancel()
+	done := make(chan struct{})
+	go func() {
+		c.pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+	}
+}
+
 func cmdMigrate(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
-	if err := parseFlags(flag.NewFlagSet("migrate", flag.ContinueOnError), args, out); err != nil {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	timeout := timeoutFlag(fs)
+	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
-	pool, err := openDB(ctx, getenv)
+	db, err := startDBCommand(ctx, *timeout, getenv)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	applied, err := store.Migrate(ctx, pool)
-	if err != nil {
+	defer db.close()
+	applied, err := store.Migrate(db.ctx, db.pool)
+	if err := db.check("apply migrations", err); err != nil {
 		return err
 	}
 	if len(applied) == 0 {
@@ -128,6 +207,7 @@ func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) st
 	idFlag := fs.String("id", "", "project id (UUID); default: a new one")
 	var members multi
 	fs.Var(&members, "member", "UUID:read|write|admin (repeatable)")
+	timeout := timeoutFlag(fs)
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
@@ -150,12 +230,12 @@ func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) st
 		}
 		ms = append(ms, store.ProjectMember{UserID: uid, Role: role})
 	}
-	pool, err := openDB(ctx, getenv)
+	db, err := startDBCommand(ctx, *timeout, getenv)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := store.New(pool).CreateProject(ctx, id, strings.TrimSpace(*name), ms); err != nil {
+	defer db.close()
+	if err := db.check("create project", store.New(db.pool).CreateProject(db.ctx, id, strings.TrimSpace(*name), ms)); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, id)
@@ -180,6 +260,7 @@ type demoOut struct {
 func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("seed demo", flag.ContinueOnError)
 	ttl := fs.Duration("ttl", 24*time.Hour, "token lifetime")
+	timeout := timeoutFlag(fs)
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
@@ -187,29 +268,12 @@ func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string,
 	if err != nil {
 		return err
 	}
-	pool, err := openDB(ctx, getenv)
+	db, err := startDBCommand(ctx, *timeout, getenv)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	st := store.New(pool)
-	for _, u := range []string{demoAlice, demoBob} {
-		if err := st.EnsureUser(ctx, u); err != nil {
-			return err
-		}
-	}
-	if _, err := st.DialogForMember(ctx, demoDialog, demoAlice); errors.Is(err, store.ErrDialogNotFound) {
-		if _, err := st.CreateDialog(ctx, demoDialog, demoAlice, "Alice & Bob", []string{demoBob}); err != nil {
-			return err
-		}
-	} else if err != nil {
-		return err
-	}
-	if err := st.CreateProject(ctx, demoProject, "Demo project", []store.ProjectMember{
-		{UserID: demoAlice, Role: store.RoleAdmin}, {UserID: demoBob, Role: store.RoleRead}}); err != nil {
+	defer db.close()
+	if err := seedDemo(db); err != nil {
 		return err
 	}
 	res := demoOut{Users: map[string]string{"alice": demoAlice, "bob": demoBob}, Tokens: map[string]string{},
@@ -228,6 +292,32 @@ func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string,
 	}
 	fmt.Fprintln(out, string(b))
 	return nil
+}
+
+// seedDemo migrates and writes the demo users, dialog and project, each
+// step named when it fails.
+func seedDemo(db *dbCommand) error {
+	ctx := db.ctx
+	_, err := store.Migrate(ctx, db.pool)
+	if err := db.check("apply migrations", err); err != nil {
+		return err
+	}
+	st := store.New(db.pool)
+	for _, u := range []string{demoAlice, demoBob} {
+		if err := db.check("create demo users", st.EnsureUser(ctx, u)); err != nil {
+			return err
+		}
+	}
+	if _, err := st.DialogForMember(ctx, demoDialog, demoAlice); errors.Is(err, store.ErrDialogNotFound) {
+		_, err := st.CreateDialog(ctx, demoDialog, demoAlice, "Alice & Bob", []string{demoBob})
+		if err := db.check("create demo dialog", err); err != nil {
+			return err
+		}
+	} else if err := db.check("read demo dialog", err); err != nil {
+		return err
+	}
+	return db.check("create demo project", st.CreateProject(ctx, demoProject, "Demo project", []store.ProjectMember{
+		{UserID: demoAlice, Role: store.RoleAdmin}, {UserID: demoBob, Role: store.RoleRead}}))
 }
 
 // cmdRedisACL renders the ACL file. The api_backend password comes from

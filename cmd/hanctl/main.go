@@ -1,11 +1,11 @@
 // Command hanctl is the admin CLI of the HAN gateway: migrations, dev
 // tokens, projects, demo data and the Redis ACL file.
 //
-//	hanctl migrate
+//	hanctl migrate [--timeout 5m]
 //	hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
-//	hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin ...
+//	hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin ... [--timeout 5m]
 //	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
-//	hanctl seed demo
+//	hanctl seed demo [--timeout 5m]
 //	hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
 //	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
 //	hanctl redis verify                (HAN_REDIS_ADMIN_URL)
@@ -27,9 +27,20 @@ import (
 	"syscall"
 )
 
+// main stops the command on the first Ctrl-C (or SIGTERM), which ends its
+// work and names the step it interrupted; a second one kills the process
+// at once (the signal's default action, restored after the first).
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		signal.Stop(sig)
+		fmt.Fprintln(os.Stderr, "hanctl: interrupted, stopping (interrupt again to kill)")
+		cancel()
+	}()
 	if err := Run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "hanctl:", err)
 		os.Exit(1)
@@ -37,11 +48,11 @@ func main() {
 }
 
 const usage = `usage:
-  hanctl migrate
+  hanctl migrate [--timeout 5m]
   hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
-  hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin [--member ...]
+  hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin [--member ...] [--timeout 5m]
   hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
-  hanctl seed demo
+  hanctl seed demo [--timeout 5m]
   hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
   hanctl redis cutover [--force]   (HAN_REDIS_ADMIN_URL; removes the legacy DB2 stub)
   hanctl redis verify              (HAN_REDIS_ADMIN_URL; no stub left, TTL rules hold)
@@ -137,7 +148,7 @@ var commandHelp = map[string]struct{ about, env string }{
 			"  REDIS_URL, REDIS_REALTIME_URL  two different servers: SELECT is denied;\n" +
 			"                            a cluster URL (addr= seeds) implies --cluster\n" +
 			"  HAN_LEGACY_STUB_PASSWORD  adds the legacy_stub user"},
-	"redis cutover": {"Removes the legacy DB2 safety stub: its keys, then the legacy_stub ACL user.",
+	"redis cutover": {"Removes the legacy DB2 safety stub: the legacy_stub ACL user (closing its connections), then its keys.",
 		"  HAN_REDIS_ADMIN_URL       required: an admin connection to the Redis server"},
 	"redis verify": {"Checks that no stub is left and every key carries its TTL.",
 		"  HAN_REDIS_ADMIN_URL       required: an admin connection to the Redis server"},

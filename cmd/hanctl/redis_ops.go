@@ -125,25 +125,68 @@ func (a *adminRedis) stubUserExists(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// redactErr keeps a Redis error's class, not text that could quote values.
+// redactErr keeps a Redis error's class, not text that could quote values:
+// a server's error reply keeps its error code (its first word: READONLY,
+// MISCONF, BUSY, NOPERM, WRONGPASS, ...), which tells the operator what the
+// server refused, and loses the rest; any other error is classified.
 func redactErr(err error) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	for _, prefix := range []string{"NOPERM", "WRONGPASS", "NOAUTH", "ERR unknown command", "ERR This Redis instance is not configured to use an ACL file"} {
+	var reply redis.Error
+	isReply := errors.As(err, &reply)
+	if isReply {
+		msg = reply.Error()
+	}
+	for _, prefix := range []string{"ERR unknown command", "ERR This Redis instance is not configured to use an ACL file"} {
 		if strings.HasPrefix(msg, prefix) {
 			return errors.New(prefix)
+		}
+	}
+	if isReply {
+		if code := errorCode(msg); code != "" {
+			if hint, ok := errorHints[code]; ok {
+				return fmt.Errorf("%s: %s", code, hint)
+			}
+			return fmt.Errorf("%s (the rest of the server's reply is not shown)", code)
 		}
 	}
 	return rds.ClassifyRedisError(err)
 }
 
+// errorCode is the error code of a server's error reply: its first word,
+// upper-case letters only; "" when it has none.
+func errorCode(reply string) string {
+	code, _, _ := strings.Cut(reply, " ")
+	if len(code) < 2 || len(code) > 32 {
+		return ""
+	}
+	for _, r := range code {
+		if r < 'A' || r > 'Z' {
+			return ""
+		}
+	}
+	return code
+}
+
+// errorHints says what the codes an operator meets here mean.
+var errorHints = map[string]string{
+	"READONLY":   "the server is a read-only replica: point HAN_REDIS_ADMIN_URL at the master",
+	"MISCONF":    "the server refuses writes because it cannot persist (stop-writes-on-bgsave-error): check its disk and log",
+	"BUSY":       "the server is busy running a script: retry when it has finished",
+	"LOADING":    "the server is loading its data set: retry when it has finished",
+	"MASTERDOWN": "the replica lost its master",
+}
+
 // cmdRedisCutover removes the legacy DB2 safety stub from a Redis instance
-// (docs/legacy-stub.md): every han:stub:* key in every database, then the
-// legacy_stub ACL user (ACL DELUSER + ACL SAVE, so it does not come back on
-// restart). It refuses while connections are still authenticated as
-// legacy_stub (instances with the stub on) unless --force. It is idempotent.
+// (docs/legacy-stub.md): the legacy_stub ACL user first (ACL DELUSER, which
+// closes its connections, so no instance still running with the stub on can
+// write a task behind the deletion), then every han:stub:* key in every
+// database, checked gone by a second scan, then ACL SAVE, so the user does
+// not come back on restart. It refuses while connections are still
+// authenticated as legacy_stub (instances with the stub on) unless --force,
+// and refuses a replica. It is idempotent.
 func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("redis cutover", flag.ContinueOnError)
 	force := fs.Bool("force", false, "cut over even while instances are still connected as legacy_stub")
@@ -155,6 +198,9 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 		return err
 	}
 	defer a.Close()
+	if err := a.refuseReplica(ctx); err != nil {
+		return err
+	}
 	n, err := a.stubClients(ctx)
 	if err != nil {
 		return fmt.Errorf("client list: %w", err)
@@ -163,18 +209,6 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 		return fmt.Errorf("%d connection(s) still authenticated as %s: set HAN_LEGACY_STUB_ENABLED=false on every instance and restart them first (or pass --force)",
 			n, rds.LegacyStubUser)
 	}
-	deleted := 0
-	for db := 0; db < a.dbs; db++ {
-		err := a.scan(ctx, db, store.StubKeyPattern, func(keys []string) error {
-			m, err := a.db(db).Unlink(ctx, keys...).Result()
-			deleted += int(m)
-			return redactErr(err)
-		})
-		if err != nil {
-			return fmt.Errorf("delete %s in db%d: %w", store.StubKeyPattern, db, err)
-		}
-	}
-	fmt.Fprintf(out, "deleted %d %s key(s) in %d database(s)\n", deleted, store.StubKeyPattern, a.dbs)
 	removed, err := a.db(0).Do(ctx, "acl", "deluser", rds.LegacyStubUser).Int()
 	if err != nil {
 		return fmt.Errorf("ACL DELUSER: %w", redactErr(err))
@@ -184,6 +218,11 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 	} else {
 		fmt.Fprintf(out, "ACL user %s: already absent\n", rds.LegacyStubUser)
 	}
+	deleted, err := a.unlinkStubKeys(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "deleted %d %s key(s) in %d database(s)\n", deleted, store.StubKeyPattern, a.dbs)
 	if err := a.db(0).Do(ctx, "acl", "save").Err(); err != nil {
 		return fmt.Errorf("ACL SAVE failed (%w): the user would come back on restart; render the ACL file again "+
 			"with `hanctl redis acl` without HAN_LEGACY_STUB_PASSWORD and reload it", redactErr(err))
@@ -192,6 +231,49 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 	fmt.Fprintln(out, "next: remove HAN_LEGACY_STUB_ENABLED and HAN_LEGACY_STUB_URL from every instance's environment "+
 		"(and HAN_LEGACY_STUB_PASSWORD from the ACL rendering), then run `hanctl redis verify`")
 	return nil
+}
+
+// refuseReplica fails on a replica, before anything is changed: its data
+// is the master's, and an ACL change would stay on the replica alone. A
+// server that does not let the admin run ROLE is not refused here; a write
+// to a replica still fails with READONLY.
+func (a *adminRedis) refuseReplica(ctx context.Context) error {
+	role, err := a.db(0).Do(ctx, "role").Slice()
+	if err != nil || len(role) == 0 {
+		return nil
+	}
+	if r, _ := role[0].(string); r == "slave" || r == "replica" {
+		return errors.New("HAN_REDIS_ADMIN_URL names a replica: run the cutover against the master")
+	}
+	return nil
+}
+
+// unlinkStubKeys deletes every han:stub:* key in every database and scans
+// again: a key left (written by a user other than legacy_stub, which no
+// longer exists) fails the cutover instead of being reported as done.
+func (a *adminRedis) unlinkStubKeys(ctx context.Context) (int, error) {
+	deleted := 0
+	for db := 0; db < a.dbs; db++ {
+		err := a.scan(ctx, db, store.StubKeyPattern, func(keys []string) error {
+			m, err := a.db(db).Unlink(ctx, keys...).Result()
+			deleted += int(m)
+			return redactErr(err)
+		})
+		if err != nil {
+			return deleted, fmt.Errorf("delete %s in db%d: %w", store.StubKeyPattern, db, err)
+		}
+	}
+	left := 0
+	for db := 0; db < a.dbs; db++ {
+		if err := a.scan(ctx, db, store.StubKeyPattern, func(keys []string) error { left += len(keys); return nil }); err != nil {
+			return deleted, fmt.Errorf("scan db%d: %w", db, err)
+		}
+	}
+	if left > 0 {
+		return deleted, fmt.Errorf("%d %s key(s) appeared while the cutover deleted them, though %s is gone: another ACL user "+
+			"writes them (see CLIENT LIST); stop it and run the cutover again", left, store.StubKeyPattern, rds.LegacyStubUser)
+	}
+	return deleted, nil
 }
 
 // cmdRedisVerify proves the cutover and the TTL rules on a live instance:

@@ -51,6 +51,38 @@ func (in sizingInputs) estimate() sizingResult {
 	return r
 }
 
+// check refuses inputs the formula cannot use: every term a finite
+// non-negative number, the factors finite and at least 1. Every comparison
+// with NaN is false, so each bound is checked as !(v >= bound), which NaN
+// fails.
+func (in sizingInputs) check() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"identities", in.Identities}, {"routes", in.Routes}, {"windows", in.Windows},
+		{"rate-key-bytes", in.RateKeyBytes}, {"mutations-per-day", in.MutationsPerDay}, {"idem-record-bytes", in.IdemRecordBytes},
+		{"connections", in.Connections}, {"conn-bytes", in.ConnBytes}, {"pubsub-buffers", in.PubSubBuffers}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("--%s must be a finite non-negative number", f.name)
+		}
+	}
+	if !(in.Fragmentation >= 1) || !(in.Growth >= 1) || math.IsInf(in.Fragmentation, 0) || math.IsInf(in.Growth, 0) {
+		return errors.New("--fragmentation and --growth must be finite numbers of at least 1")
+	}
+	return nil
+}
+
+// check refuses an estimate that overflowed: inputs each finite can still
+// multiply past the largest float64.
+func (r sizingResult) check() error {
+	for _, v := range []float64{r.Rate, r.Idem, r.Realtime, r.Raw, r.Total} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return errors.New("the inputs are too large: the estimate is not a finite number of bytes")
+		}
+	}
+	return nil
+}
+
 // sampleFamilies maps a sizing term to the key pattern whose average
 // MEMORY USAGE replaces its bytes-per-key input, and the DB it lives in.
 var sampleFamilies = []struct {
@@ -118,15 +150,8 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
-	for name, v := range map[string]float64{"identities": in.Identities, "routes": in.Routes, "windows": in.Windows,
-		"rate-key-bytes": in.RateKeyBytes, "mutations-per-day": in.MutationsPerDay, "idem-record-bytes": in.IdemRecordBytes,
-		"connections": in.Connections, "conn-bytes": in.ConnBytes, "pubsub-buffers": in.PubSubBuffers} {
-		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("--%s must be a non-negative number", name)
-		}
-	}
-	if in.Fragmentation < 1 || in.Growth < 1 {
-		return errors.New("--fragmentation and --growth must be at least 1")
+	if err := in.check(); err != nil {
+		return err
 	}
 	notes := []string{}
 	if *sample {
@@ -176,6 +201,9 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 		}
 	}
 	r := in.estimate()
+	if err := r.check(); err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "term\tformula\tbytes\n")
 	fmt.Fprintf(tw, "DB0 rate\t%.0f identities × %.0f routes × %.0f windows × %.0f B\t%s\n", in.Identities, in.Routes, in.Windows, in.RateKeyBytes, human(r.Rate))

@@ -30,6 +30,19 @@ func TestSizingFormula(t *testing.T) {
 	}
 }
 
+// NaN passes a "< 1" check and nothing bounds a product: inputs that are
+// not finite numbers, or finite ones whose estimate overflows, are refused
+// instead of printing "NaN B" or "+Inf TiB" as the maxmemory to set.
+func TestSizingRefusesNonFiniteInputs(t *testing.T) {
+	for _, a := range [][]string{{"--fragmentation", "NaN"}, {"--growth", "+Inf"}, {"--routes", "NaN"},
+		{"--identities", "1e308", "--routes", "1e308"}} {
+		out, err := run(t, nil, append([]string{"sizing"}, a...)...)
+		if err == nil || strings.Contains(out, "NaN") || strings.Contains(out, "Inf") {
+			t.Errorf("sizing %v: %v; it printed:\n%s", a, err, out)
+		}
+	}
+}
+
 func TestSizingSamplesALiveInstance(t *testing.T) {
 	r, err := testenv.StartRedis(testenv.RedisOptions{})
 	if err != nil {
