@@ -14,8 +14,9 @@ import (
 )
 
 // Body limits (413 payload_too_large), enforced while reading: chat endpoints
-// take 64 KiB, the project Redis API 16 MiB + 64 KiB (escapes count: the limit
-// is on bytes).
+// take 64 KiB, the project Redis API 16 MiB + 64 KiB on the routes that carry
+// a large value (cache PUT, publish; escapes count: the limit is on bytes)
+// and projectapi.SmallBodyLimit (64 KiB) on its other routes.
 const (
 	ChatBodyLimit    = 64 << 10
 	ProjectBodyLimit = 16<<20 + 64<<10

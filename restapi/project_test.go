@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/restapi"
+	projectapi "github.com/han-app/gateway/restapi/project"
 	"github.com/han-app/gateway/store/project"
 )
 
@@ -365,6 +367,59 @@ func TestProjectBodyLimit(t *testing.T) {
 	})
 }
 
+// Every route that reads only a few short members takes a body of at most
+// projectapi.SmallBodyLimit bytes (413 payload_too_large past it, the
+// declared length refused before reading): a body of exactly the limit is
+// read, one byte more is refused. A 16 MiB claim of ignored members is
+// therefore refused unread instead of being parsed.
+func TestProjectSmallBodyLimit(t *testing.T) {
+	h := newPrjHarness(t)
+	p := h.project()
+	top := h.qTopic(p, "t")
+	sub := h.qSub(p, top.ID, "s")
+	const limit = projectapi.SmallBodyLimit
+	for _, c := range []struct {
+		name, method, path, body string
+		status                   int
+	}{
+		{"settings", "PUT", "/settings", `{"deliveryPaused":false}`, 200},
+		{"topic create", "POST", "/topics", `{"name":"t-%d"}`, 201},
+		{"subscription create", "POST", "/subscriptions", `{"topicId":"` + top.ID + `","name":"s-%d"}`, 201},
+		{"subscription patch", "PATCH", "/subscriptions/" + sub.ID, `{"status":"online"}`, 200},
+		{"trim", "POST", "/topics/" + top.ID + "/trim", `{}`, 200},
+		{"claim", "POST", "/subscriptions/" + sub.ID + "/claim", `{"count":1}`, 200},
+		{"receipt", "POST", "/subscriptions/" + sub.ID + "/receipts", `{"messageId":"1-0","token":"x","status":"processed"}`, 404},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer h.as(t)()
+			for i, size := range []int{limit, limit + 1} {
+				body := c.body
+				if strings.Contains(body, "%d") {
+					body = fmt.Sprintf(body, i)
+				}
+				body = body[:len(body)-1] + strings.Repeat(" ", size-len(body)) + "}"
+				code, b := h.do(p.write, c.method, p.path(c.path), body)
+				if size > limit {
+					wantError(t, code, b, 413, "payload_too_large")
+				} else if code != c.status {
+					t.Fatalf("a body of exactly %d bytes: %d %s, want %d", size, code, b, c.status)
+				}
+			}
+		})
+	}
+	t.Run("16 MiB claim of ignored members", func(t *testing.T) {
+		defer h.as(t)()
+		var sb strings.Builder
+		sb.WriteString(`{"count":1`)
+		for i := 0; sb.Len() < 16<<20-100; i++ {
+			sb.WriteString(`,"k` + strconv.FormatInt(int64(i), 36) + `":0`)
+		}
+		sb.WriteString(`}`)
+		code, b := h.do(p.write, "POST", p.path("/subscriptions/"+sub.ID+"/claim"), sb.String())
+		wantError(t, code, b, 413, "payload_too_large")
+	})
+}
+
 func TestProjectPermissionsMatrix(t *testing.T) {
 	h := newPrjHarness(t)
 	p := h.project()
@@ -640,7 +695,7 @@ func TestProjectSnapshot(t *testing.T) {
 	}
 	for name, v := range map[string]int64{"cacheKeyMaxBytes": 256, "cacheTtlMinSeconds": 1, "cacheTtlMaxSeconds": 2592000,
 		"cacheTtlDefaultSeconds": 86400, "cachePageMax": 100, "cachePageValueBytes": 4 << 20, "cacheQuotaDefaultBytes": 1 << 20,
-		"cacheQuotaMaxBytes": 16 << 20, "bodyMaxBytes": 16<<20 + 64<<10, "messageMaxBytes": 16 << 10, "resultMaxBytes": 256,
+		"cacheQuotaMaxBytes": 16 << 20, "bodyMaxBytes": 16<<20 + 64<<10, "smallBodyMaxBytes": 64 << 10, "messageMaxBytes": 16 << 10, "resultMaxBytes": 256,
 		"receiptReserveBytes": 4096, "receiptMaxAttempts": 10, "projectBudgetBytes": 2 << 20, "moduleBudgetBytes": 64 << 20,
 		"claimCountMin": 1, "claimCountMax": 20, "leaseSeconds": 60, "publishDedupeSeconds": 86400, "legacyGraceSeconds": 30 * 86400} {
 		if s.Limits[name] != v {

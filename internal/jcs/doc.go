@@ -7,6 +7,11 @@
 // their value, not their spelling: a number whose canonical form would not
 // denote exactly the value written (an integer above ±2^53 however spelled,
 // a value a double cannot hold, one out of the double range) is refused
-// rather than silently changed. The package keeps no state and is safe for
-// concurrent use.
+// rather than silently changed. A number is decided in time linear in the
+// length of its token, however many digits it is spelled with.
+//
+// CanonicalizeMax bounds the length of the canonical form; the length is
+// measured in one pass over the tokens before anything is decoded, so a
+// value far over the bound is refused at the cost of reading it. The
+// package keeps no state and is safe for concurrent use.
 package jcs

@@ -2,12 +2,9 @@ package jcs
 
 import (
 	"errors"
-	"math"
-	"math/big"
 	"slices"
 	"strconv"
-	"strings"
-	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/segmentio/encoding/json"
 )
@@ -24,9 +21,12 @@ var (
 	// magnitude above 2^53, or is not exactly what its canonical form
 	// denotes.
 	ErrNumber = errors.New("jcs: number out of range")
+	// ErrTooLarge: the canonical form is longer than the maximum given to
+	// CanonicalizeMax.
+	ErrTooLarge = errors.New("jcs: canonical form too large")
 )
 
-// Canonicalize returns the RFC 8785 canonical form of one JSON value: object
+// CanonicalizeMax returns the RFC 8785 canonical form of one JSON value: object
 // members sorted by the UTF-16 code units of their names, no insignificant
 // whitespace, strings in the ECMAScript JSON.stringify form and numbers as
 // ECMAScript Number::toString of their IEEE-754 double value.
@@ -39,14 +39,36 @@ var (
 // are refused, 0.1, 5e-324, 1.5 and -0 (canonical 0) are accepted. Hence
 // the canonical text of an accepted value is itself accepted and
 // canonicalizes to the same bytes.
-func Canonicalize(raw []byte) ([]byte, error) {
+//
+// The canonical form is at most max bytes: a longer one is refused with
+// ErrTooLarge. ErrSyntax and ErrNumber come first, as if the whole value
+// had been canonicalized and then measured, but the length is found by one
+// pass over the tokens before anything is decoded, so refusing a large
+// value costs time linear in raw and no memory beyond a few bytes of stack.
+func CanonicalizeMax(raw []byte, max int) ([]byte, error) {
+	if !json.Valid(raw) {
+		return nil, ErrSyntax
+	}
+	size, err := canonicalSize(raw)
+	if err != nil {
+		return nil, err
+	}
+	if size > max {
+		return nil, ErrTooLarge
+	}
 	var v any
 	rest, err := json.Parse(raw, &v, json.UseNumber)
 	if err != nil || len(rest) > 0 {
 		return nil, ErrSyntax
 	}
-	out := make([]byte, 0, len(raw))
-	return appendValue(out, v)
+	out, err := appendValue(make([]byte, 0, size), v)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) > max { // raw the caller did not check: size was a lower bound
+		return nil, ErrTooLarge
+	}
+	return out, nil
 }
 
 func appendValue(b []byte, v any) ([]byte, error) {
@@ -99,60 +121,44 @@ func appendValue(b []byte, v any) ([]byte, error) {
 
 // compareUTF16 orders strings by their UTF-16 code units (RFC 8785 section 3.2.3),
 // which differs from byte order for characters above U+FFFF against
-// U+E000..U+FFFF.
+// U+E000..U+FFFF. It does not allocate.
 func compareUTF16(a, b string) int {
-	if a == b {
-		return 0
-	}
-	ua, ub := utf16.Encode([]rune(a)), utf16.Encode([]rune(b))
-	return slices.Compare(ua, ub)
-}
-
-// appendNumber writes a JSON number token in its canonical form. Every
-// number is an IEEE-754 double, but a number is judged by its value, never
-// by its spelling: it is refused (ErrNumber) when the value is not finite,
-// when it is an integer of magnitude above 2^53 (1e16 as much as
-// 10000000000000000), or when its canonical form denotes another decimal
-// value than the token (9007199254740993.0 would become ...992, 0.1e-400
-// would become 0). So the canonical form always denotes exactly the value
-// that was sent, and canonicalizing it again gives the same bytes.
-func appendNumber(b []byte, tok string) ([]byte, error) {
-	f, err := strconv.ParseFloat(tok, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return nil, ErrSyntax
-	}
-	if math.IsInf(f, 0) || math.IsNaN(f) {
-		return nil, ErrNumber
-	}
-	if f == 0 {
-		// Zero, or a value too small for a double (1e-400): only a true
-		// zero keeps its value. Deciding this from the digits keeps an
-		// exponent such as 1e-999999999 away from big.Rat.
-		mant, _, _ := strings.Cut(strings.ToLower(tok), "e")
-		if strings.Trim(mant, "-0.") != "" {
-			return nil, ErrNumber
+	for a != "" && b != "" {
+		ra, na := utf8.DecodeRuneInString(a)
+		rb, nb := utf8.DecodeRuneInString(b)
+		if ra != rb {
+			return compareRuneUTF16(ra, rb)
 		}
-		return append(b, '0'), nil
+		a, b = a[na:], b[nb:]
 	}
-	// A finite non-zero double bounds the token's exponent by the double
-	// range plus its own digit count, so big.Rat stays small.
-	exact, ok := new(big.Rat).SetString(tok)
-	if !ok {
-		return nil, ErrSyntax
-	}
-	if exact.IsInt() && new(big.Int).Abs(exact.Num()).Cmp(maxSafe) > 0 {
-		return nil, ErrNumber
-	}
-	start := len(b)
-	b = AppendFloat(b, f)
-	canon, ok := new(big.Rat).SetString(string(b[start:]))
-	if !ok || canon.Cmp(exact) != 0 {
-		return nil, ErrNumber
-	}
-	return b, nil
+	return len(a) - len(b) // the shorter one is a prefix of the other
 }
 
-var maxSafe = big.NewInt(MaxSafeInteger)
+// compareRuneUTF16 compares two different runes by their UTF-16 encodings:
+// a rune above U+FFFF is a surrogate pair whose first unit (0xD800..0xDBFF)
+// sorts below U+E000..U+FFFF and above U+0000..U+D7FF.
+func compareRuneUTF16(a, b rune) int {
+	ua, ub := utf16Key(a), utf16Key(b)
+	if ua != ub {
+		return cmpInt(ua, ub)
+	}
+	return cmpInt(a, b) // both above U+FFFF with the same high surrogate
+}
+
+// utf16Key is the first UTF-16 code unit of r.
+func utf16Key(r rune) rune {
+	if r >= 0x10000 {
+		return 0xD800 + (r-0x10000)>>10
+	}
+	return r
+}
+
+func cmpInt(a, b rune) int {
+	if a < b {
+		return -1
+	}
+	return 1
+}
 
 // AppendFloat appends f as ECMAScript Number::toString does (RFC 8785
 // section 3.2.2.3): the shortest decimal that round-trips, plain notation for
@@ -168,10 +174,8 @@ func AppendFloat(b []byte, f float64) []byte {
 	}
 	// Shortest round-trip digits d1.d2...dk and exponent e, with
 	// value = d1.d2...dk × 10^e; ECMAScript's n is e+1.
-	s := strconv.FormatFloat(f, 'e', -1, 64)
-	mant, exp, _ := strings.Cut(s, "e")
-	digits := strings.Replace(mant, ".", "", 1)
-	e, _ := strconv.Atoi(exp)
+	var buf [32]byte
+	digits, e := shortest(&buf, f)
 	k, n := len(digits), e+1
 	switch {
 	case k <= n && n <= 21:
@@ -202,6 +206,27 @@ func AppendFloat(b []byte, f float64) []byte {
 		b = strconv.AppendInt(b, int64(n-1), 10)
 	}
 	return b
+}
+
+// shortest returns the shortest round-trip decimal digits d1 d2 ... dk of
+// the positive finite f and the exponent e with f = d1.d2...dk × 10^e,
+// written into buf (no allocation). The digits have no trailing zero.
+func shortest(buf *[32]byte, f float64) (digits []byte, e int) {
+	s := strconv.AppendFloat(buf[:0], f, 'e', -1, 64) // d[.ddd]e±XX
+	k := 1
+	for s[k] != 'e' {
+		k++
+	}
+	for _, c := range s[k+2:] {
+		e = e*10 + int(c-'0')
+	}
+	if s[k+1] == '-' {
+		e = -e
+	}
+	if k == 1 {
+		return s[:1], e
+	}
+	return append(s[:1], s[2:k]...), e // drop the '.'
 }
 
 // AppendString appends s as ECMAScript JSON.stringify does: '"' and '\\'

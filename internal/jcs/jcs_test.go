@@ -3,7 +3,9 @@ package jcs_test
 import (
 	"math"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/han-app/gateway/internal/jcs"
 	"github.com/han-app/gateway/internal/jsonx"
@@ -48,7 +50,7 @@ func TestNumbersRFC8785AppendixB(t *testing.T) {
 		// the same way, unless it is an integer above 2^53: that is
 		// refused however it is spelled.
 		tok := strconv.FormatFloat(f, 'e', -1, 64)
-		got, err := jcs.Canonicalize([]byte(tok))
+		got, err := canonicalize([]byte(tok))
 		if math.Abs(f) > jcs.MaxSafeInteger && f == math.Trunc(f) {
 			if err != jcs.ErrNumber {
 				t.Errorf("token %s: got %s (%v), want ErrNumber", tok, got, err)
@@ -83,7 +85,7 @@ func TestCanonicalizeRFCExamples(t *testing.T) {
   "\u00f6": "Latin Small Letter O With Diaeresis"
 }`, "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u0080\":\"Control\",\"ö\":\"Latin Small Letter O With Diaeresis\",\"€\":\"Euro Sign\",\"😀\":\"Emoji: Grinning Face\",\"\ufb33\":\"Hebrew Letter Dalet With Dagesh\"}"},
 	} {
-		got, err := jcs.Canonicalize([]byte(c.in))
+		got, err := canonicalize([]byte(c.in))
 		if err != nil || string(got) != c.want {
 			t.Errorf("got %s (%v)\nwant %s", got, err, c.want)
 		}
@@ -91,12 +93,12 @@ func TestCanonicalizeRFCExamples(t *testing.T) {
 }
 
 func TestCanonicalizeSameValueSameBytes(t *testing.T) {
-	a, err1 := jcs.Canonicalize([]byte(`{"b": [1, 2.0, 3e0], "a": {"y": "\u0041", "x": null}}`))
-	b, err2 := jcs.Canonicalize([]byte(" {\"a\":{\"x\":null,\"y\":\"A\"},\n\t\"b\":[1.0,2,30E-1]}"))
+	a, err1 := canonicalize([]byte(`{"b": [1, 2.0, 3e0], "a": {"y": "\u0041", "x": null}}`))
+	b, err2 := canonicalize([]byte(" {\"a\":{\"x\":null,\"y\":\"A\"},\n\t\"b\":[1.0,2,30E-1]}"))
 	if err1 != nil || err2 != nil || string(a) != string(b) || string(a) != `{"a":{"x":null,"y":"A"},"b":[1,2,3]}` {
 		t.Fatalf("%s (%v) vs %s (%v)", a, err1, b, err2)
 	}
-	c, _ := jcs.Canonicalize([]byte(`{"a":{"x":null,"y":"B"},"b":[1,2,3]}`))
+	c, _ := canonicalize([]byte(`{"a":{"x":null,"y":"B"},"b":[1,2,3]}`))
 	if string(c) == string(a) {
 		t.Fatal("different values canonicalized to the same bytes")
 	}
@@ -147,7 +149,7 @@ func TestCanonicalizeNumberValues(t *testing.T) {
 		{"1.7976931348623157e308", ""},
 		{"4.9406564584124654e-324", ""},
 	} {
-		got, err := jcs.Canonicalize([]byte(c.in))
+		got, err := canonicalize([]byte(c.in))
 		if c.want == "" {
 			if err != jcs.ErrNumber {
 				t.Errorf("%s: got %s (%v), want ErrNumber", c.in, got, err)
@@ -158,7 +160,7 @@ func TestCanonicalizeNumberValues(t *testing.T) {
 			t.Errorf("%s: got %s (%v), want %s", c.in, got, err, c.want)
 			continue
 		}
-		if again, err := jcs.Canonicalize(got); err != nil || string(again) != c.want {
+		if again, err := canonicalize(got); err != nil || string(again) != c.want {
 			t.Errorf("%s: canonical %s again gives %s (%v)", c.in, got, again, err)
 		}
 	}
@@ -166,7 +168,7 @@ func TestCanonicalizeNumberValues(t *testing.T) {
 
 func TestCanonicalizeSyntax(t *testing.T) {
 	for _, in := range []string{``, `{`, `{"a":1}{}`, `[1,]`, `{"a":1} x`} {
-		if _, err := jcs.Canonicalize([]byte(in)); err == nil {
+		if _, err := canonicalize([]byte(in)); err == nil {
 			t.Errorf("%q accepted", in)
 		}
 	}
@@ -183,19 +185,165 @@ func FuzzCanonicalize(f *testing.F) {
 		if jsonx.Check(in) != nil {
 			return
 		}
-		out, err := jcs.Canonicalize(in)
+		out, err := canonicalize(in)
 		if err != nil {
 			if err != jcs.ErrNumber {
 				t.Fatalf("%q: %v", in, err)
 			}
 			return
 		}
+		// The length measured before decoding is the output's.
+		if _, err := jcs.CanonicalizeMax(in, len(out)-1); err != jcs.ErrTooLarge {
+			t.Fatalf("%q → %q: max %d gives %v, want ErrTooLarge", in, out, len(out)-1, err)
+		}
 		if err := jsonx.Check(out); err != nil {
 			t.Fatalf("%q → %q is not valid JSON: %v", in, out, err)
 		}
-		again, err := jcs.Canonicalize(out)
+		again, err := canonicalize(out)
 		if err != nil || string(again) != string(out) {
 			t.Fatalf("not idempotent: %q → %q → %q (%v)", in, out, again, err)
 		}
 	})
 }
+
+// fastest returns the shortest of three runs of f.
+func fastest(f func()) time.Duration {
+	best := time.Duration(math.MaxInt64)
+	for range 3 {
+		start := time.Now()
+		f()
+		best = min(best, time.Since(start))
+	}
+	return best
+}
+
+// A number token is judged by its value in time linear in its length: a
+// 2,000,000-digit token costs about what a string token of the same length
+// costs, whatever its value, and a long spelling of a representable value
+// (1.000…0) is accepted as that value.
+func TestLongNumberTokenIsDecidedInLinearTime(t *testing.T) {
+	const n = 2_000_000
+	zeros := strings.Repeat("0", n)
+	str := []byte(`{"a":"` + strings.Repeat("x", n) + `"}`)
+	baseline := fastest(func() {
+		if _, err := canonicalize(str); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, c := range []struct {
+		name, in, want string
+		err            error
+	}{
+		{"value one", `{"a":1.` + zeros + `}`, `{"a":1}`, nil},
+		{"scaled back to one", `{"a":0.` + zeros[1:] + `1e` + strconv.Itoa(n) + `}`, `{"a":1}`, nil},
+		{"negative zero", `{"a":-0.` + zeros + `e-99999999999999999999}`, `{"a":0}`, nil},
+		{"too many digits", `{"a":1.` + strings.Repeat("7", n) + `}`, "", jcs.ErrNumber},
+		{"huge integer", `{"a":1` + zeros + `}`, "", jcs.ErrNumber},
+		{"below the double range", `{"a":0.` + zeros + `1}`, "", jcs.ErrNumber},
+		{"huge exponent", `{"a":1e` + strings.Repeat("9", n) + `}`, "", jcs.ErrNumber},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			raw := []byte(c.in)
+			var out []byte
+			var err error
+			took := fastest(func() { out, err = canonicalize(raw) })
+			if err != c.err || string(out) != c.want {
+				t.Errorf("got %.40q (%v), want %q (%v)", out, err, c.want, c.err)
+			}
+			if limit := 20*baseline + 50*time.Millisecond; took > limit {
+				t.Errorf("took %v, a string token of the same length %v (limit %v)", took, baseline, limit)
+			}
+		})
+	}
+}
+
+// Tokens the exponent and zero handling must read exactly.
+func TestCanonicalizeNumberSpellings(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"1.000000000000000000000000000000", "1"},
+		{"0.000000000000000000001e21", "1"},
+		{"100e-2", "1"},
+		{"1e-0000000000000000000001", "0.1"},
+		{"1e+0000000000000000000016", ""},
+		{"12345678901234567e-16", "1.2345678901234567"},
+		{"123456789012345678e-17", ""},
+		{"1234567890123456700000e-21", "1.2345678901234567"},
+		{"4.5e15", "4500000000000000"},
+		{"0.0e1000000000000", "0"},
+		{"-0e-1000000000000", "0"},
+		{"1e1000000000", ""},
+		{"1e-1000000000", ""},
+		{"-9007199254740992e0", "-9007199254740992"},
+		{"90071992547409920e-1", "9007199254740992"},
+		{"90071992547409930e-1", ""},
+	} {
+		got, err := canonicalize([]byte(c.in))
+		if c.want == "" {
+			if err != jcs.ErrNumber {
+				t.Errorf("%s: got %s (%v), want ErrNumber", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || string(got) != c.want {
+			t.Errorf("%s: got %s (%v), want %s", c.in, got, err, c.want)
+		}
+	}
+}
+
+// CanonicalizeMax measures the canonical form exactly: whitespace does not
+// count, an escape counts as what it stands for, a number as its canonical
+// text. A refused number or a syntax error comes before the length.
+func TestCanonicalizeMax(t *testing.T) {
+	for _, in := range []string{
+		` { "b" : "\u0041\/\u00e9\ud83d\ude00\u0001\u001f\"\\\b\f\n\r\t\u2028\u007f" , "a" : [1.0, 1e2, 1.5e15, 1e-7, -0, true, false, null, {}, []] } `,
+		`{"\u20ac":"Euro Sign","\r":"Carriage Return","\ufb33":"x","1":"One","\ud83d\ude00":"e","\u0080":"c","\u00f6":"o"}`,
+		`[333333333.3333333, 1E-30, 4.50, 2e-3, 0.000000000000000000000000001, "€$\u000F\u000aA'\u0042\u0022\u005c\\\"\/"]`,
+		`"\u0000\u0008\u000c\u0022\u005c"`,
+		`-2.2250738585072014e-308`,
+	} {
+		want, err := canonicalize([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if got, err := jcs.CanonicalizeMax([]byte(in), len(want)); err != nil || string(got) != string(want) {
+			t.Errorf("%s with max %d: got %s (%v), want %s", in, len(want), got, err, want)
+		}
+		if got, err := jcs.CanonicalizeMax([]byte(in), len(want)-1); err != jcs.ErrTooLarge {
+			t.Errorf("%s with max %d: got %s (%v), want ErrTooLarge", in, len(want)-1, got, err)
+		}
+	}
+	long := `"` + strings.Repeat("x", 100) + `"`
+	for in, want := range map[string]error{
+		`{"a":` + long + `,"b":1e400}`: jcs.ErrNumber,
+		`[` + long + `,1e16]`:          jcs.ErrNumber,
+		`{"a":` + long + `,}`:          jcs.ErrSyntax,
+		`[` + long + `] x`:             jcs.ErrSyntax,
+	} {
+		if _, err := jcs.CanonicalizeMax([]byte(in), 10); err != want {
+			t.Errorf("%s: got %v, want %v", in, err, want)
+		}
+	}
+}
+
+// Refusing a value over the maximum decodes nothing: however many members
+// it has, it costs one pass over the text and no allocation.
+func TestCanonicalizeMaxRefusesWithoutDecoding(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"x":0`)
+	for i := range 100_000 {
+		b.WriteString(`,"k` + strconv.Itoa(i) + `":[1.5,"\u00e9",true]`)
+	}
+	b.WriteString(`}`)
+	raw := []byte(b.String())
+	allocs := testing.AllocsPerRun(3, func() {
+		if _, err := jcs.CanonicalizeMax(raw, 16<<10); err != jcs.ErrTooLarge {
+			t.Fatalf("got %v, want ErrTooLarge", err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("refusing a %d-byte value allocated %v times, want 0", len(raw), allocs)
+	}
+}
+
+// canonicalize is jcs.CanonicalizeMax without a size limit.
+func canonicalize(raw []byte) ([]byte, error) { return jcs.CanonicalizeMax(raw, math.MaxInt) }

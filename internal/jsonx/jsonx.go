@@ -100,8 +100,9 @@ func DecodeObject(data []byte, v any) error {
 // them, so handlers can look at a field's exact token (e.g. distinguish an
 // absent field from null, 1.0, 1e3 or "60").
 //
-// Map keys are the unescaped member names. Each value is the member's
-// token exactly as written, without surrounding whitespace. Values alias
+// Map keys are the unescaped member names, each copied once: the map is
+// also the set the top level's duplicate keys are found in. Each value is
+// the member's token exactly as written, without surrounding whitespace. Values alias
 // data (with their capacity capped, so appending to one never overwrites
 // data); data must not be modified while the map is in use.
 func TopLevel(data []byte) (map[string]json.RawMessage, error) {
@@ -116,16 +117,13 @@ func TopLevel(data []byte) (map[string]json.RawMessage, error) {
 // offset of its opening brace. If members is non-nil it receives the raw
 // top-level members.
 func checkObject(data []byte, members map[string]json.RawMessage) (int, error) {
-	s := scanner{data: data, wantTop: members != nil}
+	s := scanner{data: data, top: members}
 	start, err := s.run()
 	if err != nil {
 		return 0, err
 	}
 	if data[start] != '{' {
 		return 0, &Error{Reason: ReasonNotObject, Offset: start}
-	}
-	for _, m := range s.top {
-		members[m.key] = json.RawMessage(data[m.lo:m.hi:m.hi])
 	}
 	return start, nil
 }
@@ -207,13 +205,6 @@ func resolveField(data []byte, i int, field string) (path []string, off int, ok 
 	return nil, 0, false
 }
 
-// member is a top-level object member: its unescaped key and the span of
-// its value in the input.
-type member struct {
-	key    string
-	lo, hi int
-}
-
 // span is the contents of a string token (without the quotes).
 type span struct {
 	lo, hi int
@@ -233,10 +224,11 @@ const linearKeys = 16
 // a -1 unwinds, each enclosing member or element appends its key or index
 // to err.Path (innermost first); run reverses it.
 type scanner struct {
-	data    []byte
-	err     *Error
-	wantTop bool     // record the members of the top-level object in top
-	top     []member // offsets only, so that data does not leak via s
+	data []byte
+	err  *Error
+	// top, when not nil, receives the members of the top-level object
+	// and is the set its duplicate keys are found in.
+	top map[string]json.RawMessage
 }
 
 // run validates the whole input and returns the offset of the top-level
@@ -398,7 +390,12 @@ func (s *scanner) object(i, depth int) int {
 		k := span{keyStart + 1, end - 1, esc}
 
 		dup := false
+		var topKey string // the unescaped key, for a member recorded in s.top
 		switch {
+		case depth == 1 && s.top != nil:
+			// The members map is the set: each key is copied once.
+			topKey = unescape(d, k.lo, k.hi, k.esc)
+			_, dup = s.top[topKey]
 		case set != nil:
 			key := unescapeBytes(d, k)
 			if _, dup = set[string(key)]; !dup {
@@ -439,8 +436,8 @@ func (s *scanner) object(i, depth int) int {
 		if i = s.value(vs, depth); i < 0 {
 			return s.within(unescape(d, k.lo, k.hi, k.esc))
 		}
-		if depth == 1 && s.wantTop {
-			s.top = append(s.top, member{unescape(d, k.lo, k.hi, k.esc), vs, i})
+		if depth == 1 && s.top != nil {
+			s.top[topKey] = json.RawMessage(d[vs:i:i])
 		}
 
 		i = s.ws(i)

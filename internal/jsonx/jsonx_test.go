@@ -358,6 +358,28 @@ func TestTopLevel(t *testing.T) {
 	}
 }
 
+// TopLevel keeps one copy of each top-level key (the map's), which is also
+// the set its duplicates are found in: about one allocation per member,
+// plus the map's growth, however many members a body has.
+func TestTopLevelCopiesEachKeyOnce(t *testing.T) {
+	const n = 1000
+	var b strings.Builder
+	b.WriteString(`{"count":1`)
+	for i := range n {
+		b.WriteString(`,"key` + strconv.Itoa(i) + `":0`)
+	}
+	b.WriteString(`}`)
+	data := []byte(b.String())
+	allocs := testing.AllocsPerRun(5, func() {
+		if m, err := TopLevel(data); err != nil || len(m) != n+1 {
+			t.Fatalf("TopLevel = %d members, %v", len(m), err)
+		}
+	})
+	if allocs > 1.2*n {
+		t.Errorf("TopLevel of %d members allocates %v times, want about one per member", n+1, allocs)
+	}
+}
+
 // reference reports whether data is acceptable according to an
 // implementation built from encoding/json and independent helpers.
 func reference(data []byte) bool {

@@ -98,7 +98,7 @@ func parseCachePut(m map[string]json.RawMessage) (project.CachePut, error) {
 }
 
 var cachePutRoute = route[project.CachePut]{
-	spec:  wholeProject.with(store.RoleWrite, objectBody, cacheFields),
+	spec:  wholeProject.with(store.RoleWrite, objectBody, cacheFields).large(),
 	parse: func(c *call) (project.CachePut, error) { return parseCachePut(c.body) },
 	do:    (*API).putCache,
 }

@@ -22,6 +22,16 @@ const (
 	optionalBody          // a JSON object or nothing at all; its members are ignored
 )
 
+// SmallBodyLimit caps the body of every route that reads only a few short
+// members (settings, topic and subscription create and patch, trim, claim,
+// receipt): their largest valid body, every character of a 1024-byte topic
+// description written as a six-byte \u escape, is under 8 KiB. Only the
+// routes that carry a large value, cache PUT (a value up to the 16 MiB
+// quota) and publish (a payload normalized to at most 16 KiB, but sent with
+// any whitespace and escapes), read up to Deps.BodyLimit. Past the limit:
+// 413 payload_too_large, as for Deps.BodyLimit.
+const SmallBodyLimit = 64 << 10
+
 // fieldCodes are the codes that take precedence over invalid_json for a
 // problem inside that top-level member, so a client learns which field is
 // wrong.
@@ -40,6 +50,9 @@ type spec struct {
 	// write passes the eviction-policy gate after the input is valid and
 	// before the domain call.
 	write bool
+	// largeBody reads a body up to Deps.BodyLimit instead of
+	// SmallBodyLimit.
+	largeBody bool
 }
 
 // wholeProject is the spec of a route on the project itself (no resource
@@ -51,6 +64,12 @@ var wholeProject = spec{}
 // gate.
 func (sp spec) with(need string, body bodyMode, fields fieldCodes) spec {
 	sp.need, sp.body, sp.fields, sp.write = need, body, fields, need != store.RoleRead
+	return sp
+}
+
+// large lets the route read a body up to Deps.BodyLimit.
+func (sp spec) large() spec {
+	sp.largeBody = true
 	return sp
 }
 
@@ -131,7 +150,7 @@ func (a *API) begin(w http.ResponseWriter, r *http.Request, sp spec) (*call, err
 	if sp.body == noBody {
 		return c, nil
 	}
-	b, err := a.readBody(w, r)
+	b, err := a.readBody(w, r, sp.largeBody)
 	if err != nil {
 		return nil, err
 	}
@@ -156,13 +175,18 @@ func (a *API) answer(w http.ResponseWriter, out reply) {
 	}
 }
 
-// readBody reads a JSON body under the body limit (enforced while
-// reading); a Content-Type other than application/json is refused.
-func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// readBody reads a JSON body under the route's body limit (enforced while
+// reading: SmallBodyLimit, or Deps.BodyLimit for a large body); a
+// Content-Type other than application/json is refused.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request, large bool) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
 		return nil, apierr.UnsupportedMediaType
 	}
-	return a.d.Host.ReadBody(w, r, a.d.BodyLimit)
+	limit := min(a.d.BodyLimit, SmallBodyLimit)
+	if large {
+		limit = a.d.BodyLimit
+	}
+	return a.d.Host.ReadBody(w, r, limit)
 }
 
 // pageDTO is one page of a listing.

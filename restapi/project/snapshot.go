@@ -46,7 +46,8 @@ type runtimeDTO struct {
 }
 
 // limitsDTO reports every limit of the API; they are package project's
-// (limits.go), the body limit the server's.
+// (limits.go), the body limit the server's (bodyMaxBytes: cache PUT and
+// publish; smallBodyMaxBytes: every other route with a body).
 type limitsDTO struct {
 	CacheKeyMaxBytes       int `json:"cacheKeyMaxBytes"`
 	CacheTTLMinSeconds     int `json:"cacheTtlMinSeconds"`
@@ -59,6 +60,7 @@ type limitsDTO struct {
 	CacheQuotaMaxBytes     int `json:"cacheQuotaMaxBytes"`
 	LegacyGraceSeconds     int `json:"legacyGraceSeconds"`
 	BodyMaxBytes           int `json:"bodyMaxBytes"`
+	SmallBodyMaxBytes      int `json:"smallBodyMaxBytes"`
 	MessageMaxBytes        int `json:"messageMaxBytes"`
 	ResultMaxBytes         int `json:"resultMaxBytes"`
 	ReceiptReserveBytes    int `json:"receiptReserveBytes"`
@@ -78,7 +80,7 @@ func newLimits(bodyLimit int64) limitsDTO {
 		CacheTTLDefaultSeconds: project.CacheTTLDefaultSeconds, CachePageDefault: project.CachePageDefault, CachePageMax: project.CachePageMax,
 		CachePageValueBytes: project.CachePageValueBytes, CacheQuotaDefaultBytes: project.CacheQuotaDefaultBytes,
 		CacheQuotaMaxBytes: project.CacheQuotaMaxBytes, LegacyGraceSeconds: int(project.LegacyGrace / time.Second), BodyMaxBytes: int(bodyLimit),
-		MessageMaxBytes: project.MessageMaxBytes, ResultMaxBytes: project.ResultMaxBytes,
+		SmallBodyMaxBytes: int(min(bodyLimit, SmallBodyLimit)), MessageMaxBytes: project.MessageMaxBytes, ResultMaxBytes: project.ResultMaxBytes,
 		ReceiptReserveBytes: project.ReceiptReserveBytes, ReceiptMaxAttempts: project.ReceiptMaxAttempts,
 		ProjectBudgetBytes: project.ProjectBudgetBytes, ModuleBudgetBytes: project.ModuleBudgetBytes,
 		ClaimCountMin: project.ClaimCountMin, ClaimCountMax: project.ClaimCountMax, LeaseSeconds: int(project.LeaseDefault / time.Second),

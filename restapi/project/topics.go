@@ -2,6 +2,7 @@ package projectapi
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/segmentio/encoding/json"
@@ -93,7 +94,7 @@ var (
 	topicDeleteRoute = deleteRoute(topicItem, (*project.Queue).DeleteTopic)
 	messageListRoute = route[pageIn]{spec: topicItem.with(store.RoleRead, noBody, nil),
 		parse: parsePage, do: (*API).listMessages}
-	publishRoute = route[project.PublishInput]{spec: topicItem.with(store.RoleWrite, objectBody, fieldCodes{"payload": errInvalidPayload}),
+	publishRoute = route[project.PublishInput]{spec: topicItem.with(store.RoleWrite, objectBody, fieldCodes{"payload": errInvalidPayload}).large(),
 		parse: parsePublish, do: (*API).publish}
 	trimRoute = route[struct{}]{spec: topicItem.with(store.RoleWrite, optionalBody, nil),
 		do: (*API).trim}
@@ -173,12 +174,14 @@ func parsePublish(c *call) (project.PublishInput, error) {
 	if !present || len(raw) == 0 || raw[0] != '{' {
 		return in, errInvalidPayload
 	}
-	canon, err := jcs.Canonicalize(raw)
+	// The length is measured before anything is decoded: a payload far
+	// over the limit costs one pass over its bytes, not its decoding.
+	canon, err := jcs.CanonicalizeMax(raw, project.MessageMaxBytes)
+	if errors.Is(err, jcs.ErrTooLarge) {
+		return in, errMessageTooLarge
+	}
 	if err != nil {
 		return in, errInvalidPayload
-	}
-	if len(canon) > project.MessageMaxBytes {
-		return in, errMessageTooLarge
 	}
 	in.Payload = canon
 	return in, nil
