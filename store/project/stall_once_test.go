@@ -3,7 +3,6 @@ package project_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/han-app/gateway/internal/ids"
-	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -26,13 +24,8 @@ import (
 // message is the next claim's.
 func TestAStalledClaimRunsOnce(t *testing.T) {
 	const budget = 500 * time.Millisecond
-	rs, rdb := testenv.StallableRedis(t, 0, budget)
-	admin := rs.AdminClient(0)
-	t.Cleanup(func() { admin.Close() })
-	e := &leaseEnv{t: t, rdb: rdb, admin: admin, env: "rv" + ids.New()[24:], cap: 64 << 20}
-	e.mk = project.NewModuleKeys(e.env)
-	q := e.queue(project.QueueConfig{})
-	tp := e.topic(q)
+	rs, e, q, tp := stalledQueue(t, budget, 64<<20, project.QueueConfig{})
+	admin := e.admin
 	ctx := context.Background()
 	for _, ev := range []string{"m1", "m2"} {
 		if err := publishOne(q, tp, ev); err != nil {
@@ -109,17 +102,7 @@ func TestAStalledClaimRunsOnce(t *testing.T) {
 // cap. Run once and unanswered, its bytes stay counted.
 func TestAStalledPublishRunsOnceAndKeepsTheModuleCap(t *testing.T) {
 	const budget = 500 * time.Millisecond
-	rs, rdb := testenv.StallableRedis(t, 0, budget)
-	admin := rs.AdminClient(0)
-	t.Cleanup(func() { admin.Close() })
-	const capBytes = 64 << 10
-	e := &leaseEnv{t: t, rdb: rdb, admin: admin, env: "rv" + ids.New()[24:], cap: capBytes}
-	e.mk = project.NewModuleKeys(e.env)
-	q := e.queue(project.QueueConfig{ModuleLeaseBytes: 16 << 10})
-	tp := e.topic(q)
-	if err := publishOne(q, tp, "warm"); err != nil {
-		t.Fatal(err)
-	}
+	rs, e, q, tp := stalledModule(t, budget)
 	thaw := rs.Freeze(t)
 	type result struct {
 		replay bool
@@ -137,20 +120,10 @@ func TestAStalledPublishRunsOnceAndKeepsTheModuleCap(t *testing.T) {
 	if r.err != nil && !errors.Is(r.err, rds.ErrRedisUnavailable) {
 		t.Fatalf("the stalled publish failed with %v, want redis unavailable", r.err)
 	}
-	n := 0
-	for ; ; n++ {
-		err := publishOne(q, tp, fmt.Sprint("fill-", n))
-		if errors.Is(err, project.ErrBudgetExhausted) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("publish %d: %v", n, err)
-		}
-	}
-	sum := e.projectBytes(tp)
-	if r.replay || sum > capBytes {
+	n, sum := fillModule(t, e, q, tp)
+	if r.replay || sum > stalledModuleCap {
 		t.Fatalf("first publish of a fresh identity answered replay=%v err=%v (want a new message or unanswered); after %d more publishes the project holds %d bytes, module cap %d",
-			r.replay, r.err, n, sum, capBytes)
+			r.replay, r.err, n, sum, stalledModuleCap)
 	}
 }
 
@@ -161,13 +134,7 @@ func TestAStalledPublishRunsOnceAndKeepsTheModuleCap(t *testing.T) {
 // callers the last answered only after several budgets.
 func TestStalledClaimsEndWithinTheirBudget(t *testing.T) {
 	const budget = 300 * time.Millisecond
-	rs, rdb := testenv.StallableRedis(t, 0, budget)
-	admin := rs.AdminClient(0)
-	t.Cleanup(func() { admin.Close() })
-	e := &leaseEnv{t: t, rdb: rdb, admin: admin, env: "rv" + ids.New()[24:], cap: 64 << 20}
-	e.mk = project.NewModuleKeys(e.env)
-	q := e.queue(project.QueueConfig{RedisBudget: budget})
-	tp := e.topic(q)
+	rs, _, q, tp := stalledQueue(t, budget, 64<<20, project.QueueConfig{RedisBudget: budget})
 	ctx := context.Background()
 	if _, err := q.Claim(ctx, tp.k, tp.sid, 1, false); err != nil {
 		t.Fatal(err)
