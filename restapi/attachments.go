@@ -189,7 +189,7 @@ func (s *Server) initAttachments(d Deps) error {
 
 // Blobs is the blob store attachments are kept in (Deps.Blobs, or the
 // local folder made from Config.Attachments.BlobDir), for the janitor that
-// deletes the blobs of purged attachments.
+// deletes the blobs of purged attachments and orphan blobs.
 func (s *Server) Blobs() store.BlobStore { return s.att.blobs }
 
 // attachmentBlobRoutes are the signed routes (no bearer token); they are
@@ -462,7 +462,13 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 		err = nil
 	}
 	if err != nil {
-		_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
+		// A write PostgreSQL may have committed (its answer was lost) may
+		// have named this blob: it stays, and if the row does not name it
+		// the janitor's orphan sweep deletes it later. Only a write known
+		// to have changed nothing lets the blob go now.
+		if !errors.Is(err, store.ErrUploadOutcomeUnknown) {
+			_ = s.att.blobs.Delete(context.WithoutCancel(r.Context()), key)
+		}
 		return err
 	}
 	writeJSON(w, http.StatusOK, AttachmentDTO{ID: cur.ID, Filename: cur.Filename, ContentType: cur.ContentType, SizeBytes: cur.SizeBytes})
@@ -501,7 +507,8 @@ func uploadReadError(err error, body *hashingReader) error {
 }
 
 // blobKey names one upload's blob: a random shard, the attachment id and a
-// random suffix, so concurrent uploads never overwrite each other.
+// random suffix, so concurrent uploads never overwrite each other. The
+// janitor's orphan sweep reads the attachment id from it (store.BlobLister).
 func blobKey(id string) string {
 	t := randomToken()
 	return t[:2] + "/" + id + "-" + t[2:]

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/encoding/json"
 )
 
@@ -153,24 +154,75 @@ func (s *Store) AttachmentForMember(ctx context.Context, id, userID string) (Att
 	return a, nil
 }
 
+// ErrUploadOutcomeUnknown marks the failure of MarkAttachmentUploaded's
+// write when PostgreSQL may have applied it all the same: its COMMIT was
+// sent and no answer came back (the connection dropped, or the request
+// ended while waiting). The row may say uploaded with the caller's blob
+// key, so the caller must keep that blob; if the write did not land, the
+// blob is an orphan the janitor's sweep deletes.
+var ErrUploadOutcomeUnknown = errors.New("store: attachment upload outcome unknown")
+
 // MarkAttachmentUploaded records the blob of a pending attachment. When the
 // attachment was no longer pending (a concurrent or earlier upload won), it
 // returns ErrAttachmentUploaded with the current row so the caller can
-// compare contents and delete its own blob.
+// compare contents and delete its own blob. Any other failure either means
+// nothing was written (the caller may delete its blob) or is wrapped in
+// ErrUploadOutcomeUnknown (it must not).
+//
+// It is a request transaction, not a single statement, so the server
+// itself bounds it (lock_timeout, statement_timeout): an UPDATE whose
+// client gave up cannot wait on a lock and commit long afterwards, when
+// the orphan sweep may already have taken its blob for an orphan. And only
+// a failed COMMIT can leave the outcome unknown: a failure before it rolls
+// the transaction back.
 func (s *Store) MarkAttachmentUploaded(ctx context.Context, id, blobKey, sha256 string) (Attachment, error) {
-	a, err := scanAttachment(s.reqQueryRow(ctx, `UPDATE attachments SET status='uploaded', blob_key=$2, sha256=$3, uploaded_at=now()
-		WHERE id=$1 AND status='pending' RETURNING `+attachmentCols, id, blobKey, sha256))
-	if err == nil {
+	var a Attachment
+	lost := false       // the attachment was not pending: nothing to write
+	committing := false // the UPDATE applied; what fails after it is the COMMIT
+	err := s.requestTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		a, err = scanAttachment(tx.QueryRow(ctx, `UPDATE attachments SET status='uploaded', blob_key=$2, sha256=$3, uploaded_at=now()
+			WHERE id=$1 AND status='pending' RETURNING `+attachmentCols, id, blobKey, sha256))
+		if errors.Is(err, pgx.ErrNoRows) {
+			lost = true
+			a, err = scanAttachment(tx.QueryRow(ctx, `SELECT `+attachmentCols+` FROM attachments WHERE id=$1`, id))
+		}
+		committing = err == nil && !lost
+		return err
+	})
+	switch {
+	case err == nil && lost:
+		return a, ErrAttachmentUploaded
+	case err == nil:
 		return a, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return Attachment{}, ErrAttachmentNotFound
+	case committing && commitMayHaveApplied(err):
+		return Attachment{}, fmt.Errorf("mark attachment uploaded: %w: %w", ErrUploadOutcomeUnknown, err)
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return Attachment{}, fmt.Errorf("mark attachment uploaded: %w", err)
+	return Attachment{}, fmt.Errorf("mark attachment uploaded: %w", err)
+}
+
+// commitMayHaveApplied reports whether a COMMIT that failed with err may
+// have committed all the same. It is false only when PostgreSQL is known
+// to have committed nothing: the COMMIT was never sent
+// (pgconn.SafeToRetry), the server answered it with an error, or it
+// answered that it rolled the transaction back. A lost answer (a dropped
+// connection, a request that ended while waiting) or a FATAL that ended
+// the session may come after the commit.
+func commitMayHaveApplied(err error) bool {
+	if pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrTxCommitRollback) {
+		return false
 	}
-	cur, err := s.GetAttachment(ctx, id)
-	if err != nil {
-		return Attachment{}, err
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		sev := pe.SeverityUnlocalized
+		if sev == "" {
+			sev = pe.Severity
+		}
+		return sev != "ERROR"
 	}
-	return cur, ErrAttachmentUploaded
+	return true
 }
 
 // PurgeAbandonedAttachments deletes pending attachments whose upload URL
@@ -209,7 +261,7 @@ func (s *Store) PurgeAbandonedAttachments(ctx context.Context, retention time.Du
 // finds the row gone (400 invalid_attachment). Deleting the blob first
 // could leave a message whose attachment has no bytes. A blob whose
 // delete fails is left behind, counted in the error; no row refers to it
-// any more.
+// any more, and the janitor's orphan sweep deletes it later.
 func (s *Store) PurgeUnsentAttachments(ctx context.Context, blobs BlobStore, retention time.Duration, batch int) (int64, error) {
 	var total int64
 	var blobErr error

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -24,6 +25,11 @@ func IsPGUnavailable(err error) bool {
 	var ne net.Error
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) {
+		// The connection closed under the statement (a restart, a proxy
+		// or the network cut it).
 		return true
 	}
 	var pe *pgconn.PgError
