@@ -31,23 +31,13 @@ type orphanFixture struct {
 func newOrphanFixture(t *testing.T) *orphanFixture {
 	t.Helper()
 	st, pool := openStore(t)
-	ctx := context.Background()
-	a, b := ids.New(), ids.New()
-	for _, u := range []string{a, b} {
-		if err := st.EnsureUser(ctx, u); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, _, dialogID := twoUsers(t, st)
 	dir := t.TempDir()
 	blobs, err := store.NewLocalBlobs(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &orphanFixture{t: t, st: st, pool: pool, dir: dir, blobs: blobs, dialog: d.ID, user: a}
+	return &orphanFixture{t: t, st: st, pool: pool, dir: dir, blobs: blobs, dialog: dialogID, user: a}
 }
 
 // blob writes a blob of attachment id, last written age ago, and returns

@@ -16,25 +16,16 @@ import (
 func TestRecoverDialog(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
-	a, b := ids.New(), ids.New()
-	for _, u := range []string{a, b} {
-		if err := st.EnsureUser(ctx, u); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, _, dialogID := twoUsers(t, st)
 	published := map[int64]string{}
 	for i := 0; i < 5; i++ {
-		m, ev, _, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: a, Body: "m", Event: i != 3})
+		m, ev, _, err := st.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: dialogID, SenderID: a, Body: "m", Event: i != 3})
 		if err != nil {
 			t.Fatal(err)
 		}
 		published[m.Seq] = string(ev.Payload)
 	}
-	r, err := st.RecoverDialog(ctx, d.ID, 1, time.Minute, 10)
+	r, err := st.RecoverDialog(ctx, dialogID, 1, time.Minute, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,20 +43,20 @@ func TestRecoverDialog(t *testing.T) {
 		}
 	}
 	// The newest limit only, and not complete.
-	if r, err := st.RecoverDialog(ctx, d.ID, 0, time.Minute, 2); err != nil || r.Complete || len(r.Events) != 2 ||
+	if r, err := st.RecoverDialog(ctx, dialogID, 0, time.Minute, 2); err != nil || r.Complete || len(r.Events) != 2 ||
 		r.Events[0].Seq != 4 || r.Events[1].Seq != 5 {
 		t.Fatalf("limit 2: %+v %v", r, err)
 	}
 	// Outside the window: no frame.
 	if _, err := pool.Exec(ctx, `UPDATE outbox SET created_at = now() - interval '2 minutes'
-		WHERE message_id = (SELECT id FROM messages WHERE dialog_id = $1 AND seq = 5)`, d.ID); err != nil {
+		WHERE message_id = (SELECT id FROM messages WHERE dialog_id = $1 AND seq = 5)`, dialogID); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := st.RecoverDialog(ctx, d.ID, 4, time.Minute, 10); err != nil || len(r.Events) != 1 || r.Events[0].Frame != nil {
+	if r, err := st.RecoverDialog(ctx, dialogID, 4, time.Minute, 10); err != nil || len(r.Events) != 1 || r.Events[0].Frame != nil {
 		t.Fatalf("old row: %+v %v", r, err)
 	}
 	// Nothing after the last seq; an unknown dialog.
-	if r, err := st.RecoverDialog(ctx, d.ID, 5, time.Minute, 10); err != nil || len(r.Events) != 0 || !r.Complete || r.LastSeq != 5 {
+	if r, err := st.RecoverDialog(ctx, dialogID, 5, time.Minute, 10); err != nil || len(r.Events) != 0 || !r.Complete || r.LastSeq != 5 {
 		t.Fatalf("up to date: %+v %v", r, err)
 	}
 	if _, err := st.RecoverDialog(ctx, ids.New(), 0, time.Minute, 10); !errors.Is(err, store.ErrDialogNotFound) {

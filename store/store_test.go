@@ -37,6 +37,23 @@ func openStore(t testing.TB) (*store.Store, *pgxpool.Pool) {
 	return store.New(pool), pool
 }
 
+// twoUsers creates two users and a dialog of theirs (created by a).
+func twoUsers(t testing.TB, st *store.Store) (a, b, dialogID string) {
+	t.Helper()
+	ctx := context.Background()
+	a, b = ids.New(), ids.New()
+	for _, u := range []string{a, b} {
+		if err := st.EnsureUser(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, d.ID
+}
+
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	_, pool := openStore(t)
 	ctx := context.Background()
@@ -179,19 +196,10 @@ func TestClassifyRedisError(t *testing.T) {
 func TestSendMessageComposesItsTransaction(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
-	a, b := ids.New(), ids.New()
-	for _, u := range []string{a, b} {
-		if err := st.EnsureUser(ctx, u); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d, err := st.CreateDialog(ctx, ids.New(), a, "", []string{b})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, _, dialogID := twoUsers(t, st)
 	k := store.IdemKey{Scope: "msg_send", UserID: a, KeyHMAC: "composed"}
 	send := func(id string) (store.Message, store.OutboxEvent, error) {
-		m, ev, _, err := st.SendMessage(ctx, store.SendMessage{ID: id, DialogID: d.ID, SenderID: a, Body: "hello",
+		m, ev, _, err := st.SendMessage(ctx, store.SendMessage{ID: id, DialogID: dialogID, SenderID: a, Body: "hello",
 			Event: true, SafetyTask: true,
 			Idem: &store.IdemWrite[store.Message]{Key: k, Fingerprint: "fp", TTL: time.Hour,
 				Record: func(m store.Message) store.IdemRecord {
@@ -209,10 +217,10 @@ func TestSendMessageComposesItsTransaction(t *testing.T) {
 		Data                            struct{ ID, Body string }
 	}
 	if err := json.Unmarshal(ev.Payload, &frame); err != nil || frame.Type != "event" || frame.Event != "message.created" ||
-		frame.EntityID != m.ID || frame.DialogID != d.ID || frame.Seq != m.Seq || frame.Data.ID != m.ID || frame.Data.Body != "hello" {
+		frame.EntityID != m.ID || frame.DialogID != dialogID || frame.Seq != m.Seq || frame.Data.ID != m.ID || frame.Data.Body != "hello" {
 		t.Fatalf("event frame %s (%v)", ev.Payload, err)
 	}
-	if ev.Channel != "han:rt:dialog:"+d.ID {
+	if ev.Channel != "han:rt:dialog:"+dialogID {
 		t.Fatalf("event channel %q", ev.Channel)
 	}
 	if _, err := st.StubTask(ctx, m.ID); err != nil {
@@ -228,7 +236,7 @@ func TestSendMessageComposesItsTransaction(t *testing.T) {
 		t.Fatalf("a second send under a live key: %v", err)
 	}
 	var msgs, events int64
-	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", d.ID).Scan(&msgs)
+	_ = pool.QueryRow(ctx, "SELECT count(*) FROM messages WHERE dialog_id=$1", dialogID).Scan(&msgs)
 	_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE entity_id=$1", second).Scan(&events)
 	if msgs != 1 || events != 0 {
 		t.Fatalf("the refused send left %d messages (want 1) and %d events", msgs, events)
