@@ -22,21 +22,29 @@ func ageAttachment(t *testing.T, h *harness, id string, age time.Duration) {
 	}
 }
 
+// janitorHarness is an attachment harness whose blobs live in dir, and the
+// same folder as the janitor's blob store.
+func janitorHarness(t *testing.T) (*harness, string, *store.LocalBlobs) {
+	t.Helper()
+	dir := t.TempDir()
+	h, _ := attHarness(t, 0, restapi.AttachmentConfig{BlobDir: dir})
+	blobs, err := store.NewLocalBlobs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, dir, blobs
+}
+
 // An attachment uploaded but never sent (removed from the composer, a
 // failed send, a script) is deleted with its blob once it is older than
 // the unsent retention (24 h by default), so uploads nobody sends cannot
 // fill the blob disk. Younger unsent attachments and sent ones, however
 // old, keep their rows and bytes.
 func TestUnsentAttachmentsArePurgedWithTheirBlobs(t *testing.T) {
-	dir := t.TempDir()
-	h, _ := attHarness(t, 0, restapi.AttachmentConfig{BlobDir: dir})
+	h, dir, blobs := janitorHarness(t)
 	_, aTok := h.user()
 	bob, bTok := h.user()
 	d := h.dialog(aTok, bob)
-	blobs, err := store.NewLocalBlobs(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	stale := h.uploadedAttachment(aTok, d.ID)
 	fresh := h.uploadedAttachment(aTok, d.ID)
@@ -79,15 +87,10 @@ func TestUnsentAttachmentsArePurgedWithTheirBlobs(t *testing.T) {
 // linked is re-checked when the lock is released and kept, blob included.
 // (A send that comes second finds the row gone: 400 invalid_attachment.)
 func TestPurgeKeepsAnAttachmentASendIsLinking(t *testing.T) {
-	dir := t.TempDir()
-	h, _ := attHarness(t, 0, restapi.AttachmentConfig{BlobDir: dir})
+	h, _, blobs := janitorHarness(t)
 	_, aTok := h.user()
 	bob, bTok := h.user()
 	d := h.dialog(aTok, bob)
-	blobs, err := store.NewLocalBlobs(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	u := h.uploadedAttachment(aTok, d.ID)
 	ageAttachment(t, h, u.ID, 30*24*time.Hour)
 	msg := decode[struct {

@@ -105,11 +105,7 @@ func TestSignedDownloadHeadHasTheGetHeaders(t *testing.T) {
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)
 	u := h.uploadedAttachment(aTok, d.ID)
-	code, b := h.do(aTok, "GET", "/v1/attachments/"+u.ID+"/download-url", "")
-	if code != 200 {
-		t.Fatalf("download url: %d %s", code, b)
-	}
-	dl := decode[downloadResp](t, b)
+	dl := h.downloadURL(aTok, u.ID)
 	get, body := h.get(dl.URL)
 	if get.StatusCode != 200 || string(body) != "abc" {
 		t.Fatalf("GET: %d %q", get.StatusCode, body)

@@ -28,6 +28,17 @@ type downloadResp struct {
 	ExpiresAt int64  `json:"expiresAt"`
 }
 
+// downloadURL asks for the signed download URL of attachment id as tok's
+// user, which must get one.
+func (h *harness) downloadURL(tok, id string) downloadResp {
+	h.t.Helper()
+	code, b := h.do(tok, "GET", "/v1/attachments/"+id+"/download-url", "")
+	if code != 200 {
+		h.t.Fatalf("download url: %d %s", code, b)
+	}
+	return decode[downloadResp](h.t, b)
+}
+
 type attachmentResp struct {
 	ID          string `json:"id"`
 	Filename    string `json:"filename"`
@@ -343,11 +354,7 @@ func TestSignedDownloadErrorsAreJSON(t *testing.T) {
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)
 	u := h.uploadedAttachment(aTok, d.ID) // "abc", text/plain
-	code, b := h.do(aTok, "GET", "/v1/attachments/"+u.ID+"/download-url", "")
-	if code != 200 {
-		t.Fatalf("download url: %d %s", code, b)
-	}
-	dl := decode[downloadResp](t, b)
+	dl := h.downloadURL(aTok, u.ID)
 	for _, c := range []struct {
 		name, method, header, value string
 		status                      int
@@ -400,14 +407,10 @@ func TestOpenBlobsAreBounded(t *testing.T) {
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)
 	done := h.uploadedAttachment(aTok, d.ID) // "abc": the slot is free again after it
-	code, b := h.do(aTok, "GET", "/v1/attachments/"+done.ID+"/download-url", "")
-	if code != 200 {
-		t.Fatalf("download url: %d %s", code, b)
-	}
-	dl := decode[downloadResp](t, b)
+	dl := h.downloadURL(aTok, done.ID)
 
 	// A slow upload: its first bytes arrive, the rest is held back.
-	code, b, _ = h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, "b.txt", "text/plain", 6), idemKey())
+	code, b, _ := h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, "b.txt", "text/plain", 6), idemKey())
 	if code != 201 {
 		t.Fatalf("attachment init: %d %s", code, b)
 	}

@@ -69,12 +69,8 @@ func TestStalledUploadsDoNotLockOutTransfers(t *testing.T) {
 			bob, _ := h.user()
 			d := h.dialog(aTok, bob)
 			victim := h.uploadedAttachment(aTok, d.ID) // "abc"
-			code, b := h.do(aTok, "GET", "/v1/attachments/"+victim.ID+"/download-url", "")
-			if code != 200 {
-				t.Fatalf("download url: %d %s", code, b)
-			}
-			dl := decode[downloadResp](t, b)
-			code, b, _ = h.doH(aTok, "POST", "/v1/attachments",
+			dl := h.downloadURL(aTok, victim.ID)
+			code, b, _ := h.doH(aTok, "POST", "/v1/attachments",
 				initBody(d.ID, "big.zip", "application/zip", restapi.DefaultAttachmentMaxBytes), idemKey())
 			if code != 201 {
 				t.Fatalf("init: %d %s", code, b)
@@ -375,11 +371,7 @@ func TestDownloadFromABrokenBlobStore(t *testing.T) {
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)
 	u := h.uploadedAttachment(aTok, d.ID)
-	code, b := h.do(aTok, "GET", "/v1/attachments/"+u.ID+"/download-url", "")
-	if code != 200 {
-		t.Fatalf("download url: %d %s", code, b)
-	}
-	dl := decode[downloadResp](t, b)
+	dl := h.downloadURL(aTok, u.ID)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}

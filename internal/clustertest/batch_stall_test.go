@@ -20,11 +20,7 @@ import (
 // pipelines between callers (rds.Batcher), and go-redis answers a cluster
 // pipeline only once every node in it has answered.
 func TestHealthyMastersAnswerWhileOneStalls(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // no failover during the test
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // no failover during the test
 	ctx := context.Background()
 	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{}) // the service's defaults
 	if err != nil {

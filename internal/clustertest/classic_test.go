@@ -51,10 +51,7 @@ func TestClassicPubSubOnCluster(t *testing.T) {
 	b := subscriberWithConfig(t, env.Cluster, cfg("classic-b", nil))
 	c := subscriberWithConfig(t, env.Cluster, cfg("classic-c", nil))
 	byMaster := channelsByMaster(t, env.Cluster, 2)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
+	channels := allChannels(byMaster)
 	for _, r := range []*received{a, b, c} {
 		r.subscribe(t, channels...)
 	}
@@ -93,19 +90,12 @@ func TestClassicPubSubOnCluster(t *testing.T) {
 // took over and subscribes every channel again, its sockets all get
 // resync, and PUBLISH reaches it again without a restart.
 func TestClassicPubSubMasterDies(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	a := subscriberWithConfig(t, c, pubsub.SubscriberConfig{InstanceID: "classic-a", CanaryInterval: 200 * time.Millisecond,
 		ReconnectMax: time.Second, Mode: rds.PubSubClassic})
 	byMaster := channelsByMaster(t, c, 1)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
+	channels := allChannels(byMaster)
 	a.subscribe(t, channels...)
 	pub := pubsub.NewPublisher(open(t, c), rds.PubSubClassic, nil, nil)
 	publishAll(t, pub, channels, 1, a)

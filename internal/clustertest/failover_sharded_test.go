@@ -93,36 +93,17 @@ func checkDeliveredOrResynced(t *testing.T, r *received, channels []string, want
 // replica and events published after the failover must arrive (or the
 // channel be resynced).
 func TestAManualFailoverKeepsShardedDelivery(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	a := subscriber(t, c, "inst-a")
-	byMaster := channelsByMaster(t, c, 2)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
-	a.subscribe(t, channels...)
-	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
-	publishAll(t, pub, channels, 1, a)
+	byMaster, channels, pub := subscribedEverywhere(t, c, 2, a)
 
 	victim, err := c.MasterOf(ctx, channels[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	victimChans := slices.Clone(byMaster[victim.Addr()])
-	replica := replicaOf(t, c, victim)
-	ra := replica.AdminClient(0)
-	if err := ra.Do(ctx, "cluster", "failover").Err(); err != nil {
-		t.Fatal(err)
-	}
-	ra.Close()
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		return roleOf(ctx, replica) == "master" && roleOf(ctx, victim) == "slave"
-	}, "manual failover did not complete")
+	replica := manualFailover(t, c, victim)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := c.WaitHealthy(wctx); err != nil {
@@ -153,21 +134,10 @@ func TestAManualFailoverKeepsShardedDelivery(t *testing.T) {
 // published on its channels while it was stalled went to the promoted
 // replica; each such channel must be delivered or resynced.
 func TestAMasterStalledThroughItsFailoverLosesNothingSilently(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	a := subscriberWithConfig(t, c, pubsub.SubscriberConfig{InstanceID: "inst-a"}) // the service's defaults
-	byMaster := channelsByMaster(t, c, 2)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
-	a.subscribe(t, channels...)
-	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
-	publishAll(t, pub, channels, 1, a)
+	byMaster, channels, pub := subscribedEverywhere(t, c, 2, a)
 
 	victim, err := c.MasterOf(ctx, channels[0])
 	if err != nil {
@@ -195,4 +165,75 @@ func TestAMasterStalledThroughItsFailoverLosesNothingSilently(t *testing.T) {
 	publishUntilOK(t, pub, victimChans, "after-stall")
 	checkDeliveredOrResynced(t, a, victimChans, 3)
 	_ = strings.TrimSpace
+}
+
+// ownCluster starts a cluster of the test's own, stopped when the test
+// ends, after everything the test set up on it later.
+func ownCluster(t *testing.T, o testenv.ClusterOptions) *testenv.RedisCluster {
+	t.Helper()
+	c, err := testenv.StartCluster(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
+}
+
+// allChannels is every channel of channelsByMaster's answer.
+func allChannels(byMaster map[string][]string) []string {
+	var channels []string
+	for _, chs := range byMaster {
+		channels = append(channels, chs...)
+	}
+	return channels
+}
+
+// subscribedEverywhere subscribes each of rs to perMaster channels of every
+// master and publishes one event on each through the service's publisher,
+// received by all of rs.
+func subscribedEverywhere(t *testing.T, c *testenv.RedisCluster, perMaster int, rs ...*received) (map[string][]string, []string, *pubsub.Publisher) {
+	t.Helper()
+	byMaster := channelsByMaster(t, c, perMaster)
+	channels := allChannels(byMaster)
+	for _, r := range rs {
+		r.subscribe(t, channels...)
+	}
+	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
+	publishAll(t, pub, channels, 1, rs...)
+	return byMaster, channels, pub
+}
+
+// manualFailover runs CLUSTER FAILOVER on victim's replica (the
+// rolling-upgrade step) and waits until the two swapped roles; it returns
+// the promoted replica.
+func manualFailover(t *testing.T, c *testenv.RedisCluster, victim *testenv.RedisServer) *testenv.RedisServer {
+	t.Helper()
+	ctx := context.Background()
+	replica := replicaOf(t, c, victim)
+	ra := replica.AdminClient(0)
+	defer ra.Close()
+	if err := ra.Do(ctx, "cluster", "failover").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		return roleOf(ctx, replica) == "master" && roleOf(ctx, victim) == "slave"
+	}, "manual failover did not complete")
+	return replica
+}
+
+// masterWithoutCanary is a master that does not own the canary channel of
+// instanceID: stalling or demoting it leaves the instance's liveness alone.
+func masterWithoutCanary(t *testing.T, c *testenv.RedisCluster, instanceID string) *testenv.RedisServer {
+	t.Helper()
+	canaryMaster, err := c.MasterOf(context.Background(), pubsub.CanaryChannel(instanceID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range c.Nodes[:c.Opts.Masters] {
+		if m != canaryMaster {
+			return m
+		}
+	}
+	t.Fatal("every master owns the canary channel")
+	return nil
 }

@@ -27,11 +27,7 @@ type faultRun struct {
 
 func startFaultRun(t *testing.T) *faultRun {
 	t.Helper()
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop) // after the gateways, which are stopped first
+	c := ownCluster(t, testenv.ClusterOptions{}) // stopped after the gateways (cleanups run last first)
 	r := &faultRun{c: c}
 	r.gws = startGateways(t, c, 3)
 	r.ds = layout(t, c, r.gws, 2)

@@ -45,26 +45,12 @@ type emptiedShard struct {
 // until the channel is confirmed on the promoted replica.
 func failoverEmptyingAShard(t *testing.T) emptiedShard {
 	t.Helper()
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
 	a := subscriberWithConfig(t, c, pubsub.SubscriberConfig{InstanceID: "inst-a", CanaryInterval: 200 * time.Millisecond, Registerer: reg})
 	byMaster := channelsByMaster(t, c, 1)
-	canaryMaster, err := c.MasterOf(ctx, pubsub.CanaryChannel("inst-a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var victim *testenv.RedisServer
-	for _, m := range c.Nodes[:c.Opts.Masters] {
-		if m != canaryMaster {
-			victim = m
-			break
-		}
-	}
+	victim := masterWithoutCanary(t, c, "inst-a")
 	ch := byMaster[victim.Addr()][0]
 	a.subscribe(t, ch)
 	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
@@ -72,24 +58,16 @@ func failoverEmptyingAShard(t *testing.T) emptiedShard {
 	testenv.Eventually(t, 5*time.Second, func() bool { return a.sub.Healthy() && linkUpGauge(t, reg) == 1 },
 		"not healthy at the start")
 
-	replica := replicaOf(t, c, victim)
-	ra := replica.AdminClient(0)
-	if err := ra.Do(ctx, "cluster", "failover").Err(); err != nil {
-		t.Fatal(err)
-	}
-	ra.Close()
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		return roleOf(ctx, replica) == "master" && roleOf(ctx, victim) == "slave"
-	}, "manual failover did not complete")
+	manualFailover(t, c, victim)
 	// Generous: on a loaded machine the move waits for the slot map's
 	// reload and the subscriber's retry backoff.
 	var last string
+	va := victim.AdminClient(0)
+	defer va.Close()
 	testenv.Eventually(t, 30*time.Second, func() bool {
 		s, _ := shardSubscribers(t, c, ch)
 		healthy, up := a.sub.Healthy(), linkUpGauge(t, reg)
-		va := victim.AdminClient(0)
 		onVictim, _ := va.PubSubShardNumSub(ctx, ch).Result()
-		va.Close()
 		now := fmt.Sprintf("ssubscribers on the owner=%d on the old master=%d Healthy()=%v han_pubsub_link_up=%v", s, onVictim[ch], healthy, up)
 		if now != last {
 			t.Logf("%s: %s", time.Now().Format("15:04:05.000"), now)

@@ -86,11 +86,7 @@ func TestNoScriptReloadsPerNode(t *testing.T) {
 // script cache is empty, loads each script on its first NOSCRIPT. Data
 // written before the failure and replicated is still there.
 func TestScriptsRunAfterFailover(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	rdb := open(t, c)
 	if err := lua.LoadAll(ctx, rdb); err != nil {

@@ -177,10 +177,7 @@ func TestShardedPubSubAcrossMasters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a, b, c := subscriberWithMetrics(t, env.Cluster, "inst-a", reg), subscriber(t, env.Cluster, "inst-b"), subscriber(t, env.Cluster, "inst-c")
 	byMaster := channelsByMaster(t, env.Cluster, 3)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
+	channels := allChannels(byMaster)
 	for _, r := range []*received{a, b, c} {
 		r.subscribe(t, channels...)
 	}
@@ -218,23 +215,11 @@ func TestShardedPubSubAcrossMasters(t *testing.T) {
 // masters are never resynced; events flow on all channels again without a
 // restart.
 func TestShardedPubSubMasterDies(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
 	a, b := subscriberWithMetrics(t, c, "inst-a", reg), subscriber(t, c, "inst-b")
-	byMaster := channelsByMaster(t, c, 2)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
-	a.subscribe(t, channels...)
-	b.subscribe(t, channels...)
-	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
-	publishAll(t, pub, channels, 1, a, b)
+	byMaster, channels, pub := subscribedEverywhere(t, c, 2, a, b)
 
 	victim, err := c.MasterOf(ctx, channels[0])
 	if err != nil {
@@ -297,21 +282,10 @@ func TestShardedPubSubMasterDies(t *testing.T) {
 // channel's subscriptions (SUNSUBSCRIBE), the subscriber resubscribes that
 // slot's channel on the new owner and resyncs it alone.
 func TestShardedPubSubSlotMove(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	a := subscriber(t, c, "inst-a")
-	byMaster := channelsByMaster(t, c, 2)
-	var channels []string
-	for _, chs := range byMaster {
-		channels = append(channels, chs...)
-	}
-	a.subscribe(t, channels...)
-	pub := pubsub.NewPublisher(open(t, c), rds.PubSubAuto, nil, nil)
-	publishAll(t, pub, channels, 1, a)
+	_, channels, pub := subscribedEverywhere(t, c, 2, a)
 
 	moved := channels[0]
 	from, err := c.MasterOf(ctx, moved)

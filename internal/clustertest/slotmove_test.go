@@ -69,11 +69,7 @@ func moveSlot(t *testing.T, ctx context.Context, c *testenv.RedisCluster, slot i
 // keys through the same client (it follows MOVED and reloads its slot
 // map), the keys came along, and the new owner loads the scripts it lacks.
 func TestScriptsRunAfterSlotMove(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{})
 	ctx := context.Background()
 	rdb := open(t, c)
 	ps := allPlaces()

@@ -19,11 +19,7 @@ import (
 // pubsub/sharded.go) runs on the service's client defaults (1 s read
 // timeout) and the gateway gives a subscribe SubscribeTimeout (5 s).
 func TestAStalledMasterDoesNotDelaySubscribesOnTheOthers(t *testing.T) {
-	c, err := testenv.StartCluster(testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // production-like: no failover during the test
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // production-like: no failover during the test
 	ctx := context.Background()
 	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{}) // the service's defaults
 	if err != nil {
@@ -38,17 +34,7 @@ func TestAStalledMasterDoesNotDelaySubscribesOnTheOthers(t *testing.T) {
 	sub.Start()
 	defer sub.Close()
 	byMaster := channelsByMaster(t, c, 1)
-	canaryMaster, err := c.MasterOf(ctx, pubsub.CanaryChannel("inst-a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var victim *testenv.RedisServer
-	for _, m := range c.Nodes[:c.Opts.Masters] {
-		if m != canaryMaster {
-			victim = m
-			break
-		}
-	}
+	victim := masterWithoutCanary(t, c, "inst-a")
 	for _, chs := range byMaster {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := sub.Subscribe(sctx, chs[0]); err != nil {
