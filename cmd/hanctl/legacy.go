@@ -76,7 +76,9 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 }
 
 // parseLegacyFile checks the file strictly and every entry by the rules
-// the API applies to a PUT (key, type, JSON text for type json).
+// the API applies to a PUT (key, type, JSON text for type json, and the
+// entry's size against the largest quota: the API refuses a bigger one
+// under every quota, and the cache reads were never meant to meet it).
 func parseLegacyFile(b []byte) ([]project.LegacyEntry, error) {
 	var raw []struct {
 		Key   *string `json:"key"`
@@ -109,6 +111,9 @@ func parseLegacyFile(b []byte) ([]project.LegacyEntry, error) {
 			return nil, fmt.Errorf("entry %d: value must be a string", i)
 		case *e.Type == "json" && jsonx.Check([]byte(*e.Value)) != nil:
 			return nil, fmt.Errorf("entry %d: value is not valid JSON text", i)
+		case len(*e.Key)+len(*e.Value) > project.CacheQuotaMaxBytes:
+			return nil, fmt.Errorf("entry %d: key and value take %d bytes, over the largest cache quota a project can have (%d)",
+				i, len(*e.Key)+len(*e.Value), project.CacheQuotaMaxBytes)
 		}
 		seen[*e.Key] = true
 		out = append(out, project.LegacyEntry{Key: *e.Key, Type: *e.Type, Value: *e.Value})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +92,70 @@ func TestProjectLegacyImport(t *testing.T) {
 	admin.Expire(ctx, keys.CacheEntry("c"), time.Minute)
 	if _, err := run(t, envs, "project", "legacy-import", "--project", projectID, "--file", write(`[{"key":"c","type":"string","value":"1"}]`)); err == nil {
 		t.Fatal("imported over a normal entry")
+	}
+}
+
+// An entry bigger than any project's cache quota is refused before anything
+// is written, one at the largest quota is imported, and a large import
+// reaches Redis as several HSET commands (one command of a whole file
+// would hold Redis for as long as it takes to run it).
+func TestProjectLegacyImportSizes(t *testing.T) {
+	rs, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Stop()
+	admin := rs.AdminClient(0)
+	defer admin.Close()
+	ctx := context.Background()
+	envs := map[string]string{"REDIS_URL": rs.URL(0), "HAN_ENV": "stage"}
+	write := func(body string) string {
+		f := filepath.Join(t.TempDir(), "entries.json")
+		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	over := ids.New()
+	big := strings.Repeat("v", project.CacheQuotaMaxBytes)
+	if _, err := run(t, envs, "project", "legacy-import", "--project", over, "--file",
+		write(`[{"key":"a","type":"string","value":"1"},{"key":"k","type":"string","value":"`+big+`"}]`)); err == nil ||
+		!strings.Contains(err.Error(), "entry 1") {
+		t.Fatalf("an entry over the largest quota: %v", err)
+	}
+	if n := admin.Exists(ctx, project.NewKeys("stage", over).CacheContainer()).Val(); n != 0 {
+		t.Fatal("a refused import wrote the container")
+	}
+
+	fits := ids.New()
+	var b strings.Builder
+	b.WriteString(`[{"key":"k","type":"string","value":"` + big[1:] + `"}`)
+	for i := range 200 {
+		b.WriteString(`,{"key":"e` + strconv.Itoa(i) + `","type":"json","value":"[` + strconv.Itoa(i) + `]"}`)
+	}
+	b.WriteString("]")
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, envs, "project", "legacy-import", "--project", fits, "--file", write(b.String())); err != nil {
+		t.Fatalf("an entry at the largest quota: %v", err)
+	}
+	keys := project.NewKeys("stage", fits)
+	if n := admin.HLen(ctx, keys.CacheContainer()).Val(); n != 201 {
+		t.Fatalf("container holds %d fields, want 201", n)
+	}
+	if v := admin.HGet(ctx, keys.CacheContainer(), "e199").Val(); v != `{"type":"json","value":"[199]"}` {
+		t.Fatalf("e199 = %q", v)
+	}
+	if n := len(admin.HGet(ctx, keys.CacheContainer(), "k").Val()); n < project.CacheQuotaMaxBytes {
+		t.Fatalf("the large entry holds %d bytes", n)
+	}
+	stats := admin.Info(ctx, "commandstats").Val()
+	m := regexp.MustCompile(`cmdstat_hset:calls=(\d+)`).FindStringSubmatch(stats)
+	if m == nil {
+		t.Fatalf("no HSET in commandstats: %s", stats)
+	}
+	if calls, _ := strconv.Atoi(m[1]); calls < 4 {
+		t.Fatalf("201 entries and 16 MiB went in %d HSET commands, want the large entry alone and 64 fields at most per command", calls)
 	}
 }

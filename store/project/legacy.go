@@ -29,7 +29,9 @@ var ErrLegacyKeyIsNormal = errors.New("project: key already exists as a normal c
 // container exactly as the pre-upgrade service stored them (hanctl project
 // legacy-import). containerTTL > 0 also gives the container a physical TTL
 // (the "container with a TTL" case); zero leaves it without one. Each
-// entry's key and type must already be valid.
+// entry's key and type must already be valid. The writes are not one
+// command: an import that fails part-way may have written some entries,
+// and running it again writes the same fields again.
 func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k Keys, entries []LegacyEntry, containerTTL time.Duration) error {
 	if len(entries) == 0 {
 		return errors.New("project: nothing to import")
@@ -48,16 +50,21 @@ func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k Keys, e
 			return fmt.Errorf("entry %d: %w", i, ErrLegacyKeyIsNormal)
 		}
 	}
-	fields := make([]any, 0, 2*len(entries))
-	for _, e := range entries {
-		b, err := json.Marshal(map[string]string{"type": e.Type, "value": e.Value})
-		if err != nil {
-			return err
-		}
-		fields = append(fields, e.Key, string(b))
-	}
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, k.CacheContainer(), fields...)
+		var fields []any
+		size := 0
+		for i, e := range entries {
+			b, err := json.Marshal(map[string]string{"type": e.Type, "value": e.Value})
+			if err != nil {
+				return err
+			}
+			fields = append(fields, e.Key, string(b))
+			size += len(e.Key) + len(b)
+			if size >= legacyImportChunkBytes || len(fields) >= 2*legacyImportChunkFields || i == len(entries)-1 {
+				p.HSet(ctx, k.CacheContainer(), fields...)
+				fields, size = nil, 0
+			}
+		}
 		if containerTTL > 0 {
 			p.PExpire(ctx, k.CacheContainer(), containerTTL)
 		}
@@ -65,3 +72,13 @@ func ImportLegacyCache(ctx context.Context, rdb redis.UniversalClient, k Keys, e
 	})
 	return classifyProject(err)
 }
+
+// An import writes its entries in HSET commands of at most
+// legacyImportChunkFields fields or about legacyImportChunkBytes each (one
+// entry larger than that goes alone), all in one pipeline: Redis runs other
+// clients' commands between them instead of one command of the whole file
+// blocking it.
+const (
+	legacyImportChunkFields = 64
+	legacyImportChunkBytes  = 1 << 20
+)
