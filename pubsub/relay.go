@@ -33,11 +33,35 @@ type Outbox interface {
 	// RelayOutbox claims up to limit undelivered rows older than grace so
 	// that no other relay takes them meanwhile, calls publish for each in
 	// id order and marks the rows publish succeeded on as delivered. A
-	// publish error wrapping rds.ErrLockHeld skips that row; any other
-	// error counts an attempt on the row and ends the batch.
+	// publish error wrapping rds.ErrLockHeld skips that row. One wrapping
+	// ErrRowRefused skips it too, and counts an attempt on it when another
+	// row of the batch was published (then Redis works and the row is what
+	// it refuses); a row whose frame cannot be built counts one without a
+	// publish. A row at OutboxMaxAttempts is given up: never claimed
+	// again. Any other error ends the batch (Redis did not answer: the row
+	// is not to blame).
 	RelayOutbox(ctx context.Context, grace time.Duration, limit int,
-		publish func(ctx context.Context, row OutboxRow) error) (claimed, delivered int, err error)
+		publish func(ctx context.Context, row OutboxRow) error) (OutboxRun, error)
 }
+
+// OutboxRun is what one RelayOutbox batch did.
+type OutboxRun struct {
+	Claimed, Delivered int
+	// GivenUp holds the event ids of the rows this batch gave up on.
+	GivenUp []string
+}
+
+// OutboxMaxAttempts is how many times a row may be refused by Redis (or
+// fail to give a frame) before the relay gives it up: one row Redis will
+// never take must not hold back the rows after it forever. A given-up row
+// stays undelivered in the table (han_outbox_undelivered_past_retention
+// counts it once it is older than the retention).
+const OutboxMaxAttempts = 10
+
+// ErrRowRefused marks a publish that Redis answered with an error reply:
+// the server works and refused this row (a channel its ACL does not
+// allow, say), unlike a timeout or a lost connection.
+var ErrRowRefused = errors.New("pubsub: redis refused the row's publish")
 
 // RelayConfig tunes the outbox relay.
 type RelayConfig struct {
@@ -128,7 +152,7 @@ func NewRelay(ob Outbox, rdb redis.UniversalClient, cfg RelayConfig, logger *slo
 // claimed and published.
 func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error) {
 	var pubErr error
-	claimed, published, err = r.outbox.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, func(ctx context.Context, row OutboxRow) error {
+	run, err := r.outbox.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, func(ctx context.Context, row OutboxRow) error {
 		id := row.EntityID
 		if !ids.Valid(id) {
 			id = row.EventID
@@ -141,14 +165,28 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		err = rds.ClassifyRedisError(rds.Publish(pctx, r.rdb, r.cfg.Mode, row.Channel, row.Payload).Err())
+		raw := rds.Publish(pctx, r.rdb, r.cfg.Mode, row.Channel, row.Payload).Err()
 		cancel()
 		_ = lk.Release(context.WithoutCancel(ctx))
-		if err != nil {
-			pubErr = err
+		if raw == nil {
+			return nil
 		}
+		err = rds.ClassifyRedisError(raw)
+		if _, reply := errors.AsType[redis.Error](raw); reply {
+			err = fmt.Errorf("%w: %w", ErrRowRefused, err)
+		}
+		pubErr = err
 		return err
 	})
+	claimed, published = run.Claimed, run.Delivered
+	if published > 0 && errors.Is(pubErr, ErrRowRefused) {
+		// Rows moved; the refused ones are charged, not the run.
+		pubErr = nil
+	}
+	for _, id := range run.GivenUp {
+		r.logger.Error("outbox relay gave up a row: redis refused it every time", slog.String("event_id", id),
+			slog.Int("attempts", OutboxMaxAttempts))
+	}
 	r.published.Add(float64(published))
 	if err == nil && pubErr != nil {
 		err = fmt.Errorf("relay publish: %w", pubErr)

@@ -16,11 +16,14 @@ import (
 // with FOR UPDATE SKIP LOCKED (so concurrent relays on other instances
 // never take the same row at the same time) and calls publish for each in
 // id order. In the same transaction it marks the rows publish succeeded on
-// as delivered. A publish error wrapping rds.ErrLockHeld skips that row; any
-// other error counts an attempt on the row and ends the batch (Redis is
-// likely down: the rest stay untouched for the next run). It returns how
-// many rows it claimed and delivered; publish runs while the row locks are
-// held, so it must be bounded in time.
+// as delivered. A publish error wrapping rds.ErrLockHeld skips that row;
+// one wrapping pubsub.ErrRowRefused skips it and charges it an attempt
+// when another row of the batch was published; a row whose frame cannot
+// be built is charged without a publish. Rows at pubsub.OutboxMaxAttempts
+// are not claimed again (given up). Any other error ends the batch (Redis
+// is likely down: the rest stay untouched for the next run, and nothing is
+// charged: the rows are not to blame). Publish runs while the row locks
+// are held, so it must be bounded in time.
 //
 // When ctx ends during the batch (the instance drains) the rows not yet
 // published are left, but the marks of those published and the commit
@@ -28,57 +31,95 @@ import (
 // with the cancelled context, every row already published would be
 // published again by the next relay.
 func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
-	publish func(ctx context.Context, row pubsub.OutboxRow) error) (claimed, delivered int, err error) {
+	publish func(ctx context.Context, row pubsub.OutboxRow) error) (run pubsub.OutboxRun, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+		return run, fmt.Errorf("relay outbox: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := tx.Query(ctx, `SELECT o.id, o.event_id::text, o.channel, o.entity_id, o.payload, o.attempts, `+outboxMessageColumns+`
 		FROM outbox o LEFT JOIN messages ON messages.id = o.message_id
 		WHERE o.delivered_at IS NULL AND o.created_at < now() - make_interval(secs => $1)
-			AND (o.message_id IS NULL OR messages.id IS NOT NULL)
-		ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED`, grace.Seconds(), limit)
+			AND (o.message_id IS NULL OR messages.id IS NOT NULL) AND o.attempts < $3
+		ORDER BY o.id LIMIT $2 FOR UPDATE OF o SKIP LOCKED`, grace.Seconds(), limit, pubsub.OutboxMaxAttempts)
 	if err != nil {
-		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+		return run, fmt.Errorf("relay outbox: %w", err)
 	}
 	batch, err := pgx.CollectRows(rows, scanOutboxRow)
 	if err != nil {
-		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+		return run, fmt.Errorf("relay outbox: %w", err)
 	}
-	var ok, failed []int64
-	for _, row := range batch {
-		if ctx.Err() != nil {
-			break
-		}
-		err := publish(ctx, row)
-		if err == nil {
-			ok = append(ok, row.ID)
-			continue
-		}
-		if errors.Is(err, rds.ErrLockHeld) {
-			continue
-		}
-		failed = append(failed, row.ID)
-		break
-	}
+	ok, charged := publishClaimed(ctx, batch, publish)
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
 	if len(ok) > 0 {
 		if _, err := tx.Exec(mctx, `UPDATE outbox SET delivered_at = now(), attempts = attempts + 1
 			WHERE id = ANY($1)`, ok); err != nil {
-			return 0, 0, fmt.Errorf("relay outbox: %w", err)
+			return run, fmt.Errorf("relay outbox: %w", err)
 		}
 	}
-	if len(failed) > 0 {
-		if _, err := tx.Exec(mctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1)`, failed); err != nil {
-			return 0, 0, fmt.Errorf("relay outbox: %w", err)
+	if len(charged) > 0 {
+		rows, err := tx.Query(mctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1)
+			RETURNING event_id::text, attempts >= $2`, charged, pubsub.OutboxMaxAttempts)
+		if err == nil {
+			run.GivenUp, err = collectGivenUp(rows)
+		}
+		if err != nil {
+			return run, fmt.Errorf("relay outbox: %w", err)
 		}
 	}
 	if err := tx.Commit(mctx); err != nil {
-		return 0, 0, fmt.Errorf("relay outbox: %w", err)
+		return run, fmt.Errorf("relay outbox: %w", err)
 	}
-	return len(batch), len(ok), nil
+	run.Claimed, run.Delivered = len(batch), len(ok)
+	return run, nil
+}
+
+// collectGivenUp reads the event ids of the charged rows that reached the
+// attempt limit.
+func collectGivenUp(rows pgx.Rows) ([]string, error) {
+	var out []string
+	var id string
+	var over bool
+	_, err := pgx.ForEachRow(rows, []any{&id, &over}, func() error {
+		if over {
+			out = append(out, id)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// publishClaimed publishes the claimed rows in order (RelayOutbox) and
+// returns the ids of those published and of those to charge an attempt.
+func publishClaimed(ctx context.Context, batch []claimedRow,
+	publish func(ctx context.Context, row pubsub.OutboxRow) error) (ok, charged []int64) {
+	var refused []int64
+	for _, c := range batch {
+		if ctx.Err() != nil {
+			break
+		}
+		if c.broken {
+			charged = append(charged, c.row.ID)
+			continue
+		}
+		err := publish(ctx, c.row)
+		if err == nil {
+			ok = append(ok, c.row.ID)
+			continue
+		}
+		if errors.Is(err, pubsub.ErrRowRefused) {
+			refused = append(refused, c.row.ID)
+			continue
+		}
+		if !errors.Is(err, rds.ErrLockHeld) {
+			break
+		}
+	}
+	if len(ok) > 0 {
+		charged = append(charged, refused...)
+	}
+	return ok, charged
 }
 
 // markTimeout bounds the relay's marks and commit once its batch is
@@ -92,29 +133,39 @@ const outboxMessageColumns = `messages.id IS NOT NULL, COALESCE(messages.id::tex
 	COALESCE(messages.seq, 0), COALESCE(messages.sender_id::text, ''), COALESCE(messages.body, ''),
 	COALESCE(messages.client_message_id, ''), COALESCE(messages.created_at, now()), ` + attachmentsColumn
 
+// claimedRow is an outbox row the relay claimed; broken when its frame
+// could not be built (it is charged an attempt, not published).
+type claimedRow struct {
+	row    pubsub.OutboxRow
+	broken bool
+}
+
 // scanOutboxRow reads a claimed outbox row. A message.created row's frame is
 // built from its message under the row's event id, the same bytes the
 // request path published (pubsub.MessageCreated depends on nothing else);
-// other rows carry their frame in payload.
-func scanOutboxRow(r pgx.CollectableRow) (pubsub.OutboxRow, error) {
-	var o pubsub.OutboxRow
+// other rows carry their frame in payload. A frame that cannot be built
+// marks the row broken instead of failing the batch.
+func scanOutboxRow(r pgx.CollectableRow) (claimedRow, error) {
+	var c claimedRow
+	o := &c.row
 	var m Message
 	var hasMessage bool
 	var atts string
 	if err := r.Scan(&o.ID, &o.EventID, &o.Channel, &o.EntityID, &o.Payload, &o.Attempts, &hasMessage,
 		&m.ID, &m.DialogID, &m.Seq, &m.SenderID, &m.Body, &m.ClientMessageID, &m.CreatedAt, &atts); err != nil {
-		return o, err
+		return c, err
 	}
 	if !hasMessage {
-		return o, nil
+		return c, nil
 	}
 	var err error
-	if m.Attachments, err = decodeAttachmentRefs(atts); err != nil {
-		return o, err
+	if m.Attachments, err = decodeAttachmentRefs(atts); err == nil {
+		var ev OutboxEvent
+		ev, err = messageCreatedEvent(o.EventID, m)
+		o.Payload = ev.Payload
 	}
-	ev, err := messageCreatedEvent(o.EventID, m)
-	o.Payload = ev.Payload
-	return o, err
+	c.broken = err != nil
+	return c, nil
 }
 
 // OutboxPending counts undelivered outbox rows (metrics and tests).

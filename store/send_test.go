@@ -407,7 +407,7 @@ func TestRelayPublishesTheSendsOwnFrame(t *testing.T) {
 	}
 	var got []pubsub.OutboxRow
 	for i := 0; len(got) == 0 && i < 100; i++ {
-		if _, _, err := s.RelayOutbox(ctx, 0, 1000, func(_ context.Context, row pubsub.OutboxRow) error {
+		if _, err := s.RelayOutbox(ctx, 0, 1000, func(_ context.Context, row pubsub.OutboxRow) error {
 			if row.EventID == ev.EventID {
 				got = append(got, row)
 			}

@@ -1,0 +1,120 @@
+package pubsub_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// lockedBuffer is a log sink the relay may write to while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// One outbox row Redis refuses (here a channel the relay's Redis user may
+// not publish on) does not hold back the rows after it: they are published
+// in the same run, the refused row is charged an attempt, and after
+// OutboxMaxAttempts refusals it is given up (never claimed again, logged
+// once with its event id). A Redis that does not answer charges nothing.
+func TestRelayGoesPastARowRedisRefuses(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	user := "relay-" + ids.New()[:8]
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels", "&han:rt:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+	rdb, err := rds.NewRedis("redis://"+user+":pw@"+env.Redis.Addr()+"/1", rds.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	logs := &lockedBuffer{}
+	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: time.Millisecond, Batch: 1000},
+		slog.New(slog.NewJSONHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	poison := ids.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox(event_id, channel, payload, created_at)
+		VALUES ($1, 'elsewhere:x', '{}', now() - interval '1 minute')`, poison); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), "DELETE FROM outbox WHERE event_id=$1", poison) })
+	attempts := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT attempts FROM outbox WHERE event_id=$1", poison).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// Redis not answering: the batch ends and nobody is charged.
+	dead := deadRelay(t, st)
+	if _, _, err := dead.RunOnce(ctx); err == nil {
+		t.Fatal("a relay run against a stopped Redis succeeded")
+	}
+	if n := attempts(); n != 0 {
+		t.Fatalf("a Redis that did not answer charged the row %d attempts", n)
+	}
+
+	for run := 1; run <= pubsub.OutboxMaxAttempts+2; run++ {
+		d := postWithDeadRedis(t, st, pool, 2)
+		ch := pubsub.DialogChannel(d)
+		if _, _, err := relay.RunOnce(ctx); err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		if n := pendingFor(t, pool, ch); n != 0 {
+			t.Fatalf("run %d: %d rows behind the refused one were not published", run, n)
+		}
+		if want := min(run, pubsub.OutboxMaxAttempts); attempts() != want {
+			t.Fatalf("run %d: the refused row has %d attempts, want %d", run, attempts(), want)
+		}
+	}
+	if n := strings.Count(logs.String(), poison); n != 1 {
+		t.Fatalf("the given-up row's event id is in the log %d times, want once: %s", n, logs.String())
+	}
+	var delivered bool
+	if err := pool.QueryRow(ctx, "SELECT delivered_at IS NOT NULL FROM outbox WHERE event_id=$1", poison).Scan(&delivered); err != nil || delivered {
+		t.Fatalf("the given-up row is marked delivered (%v, %v)", delivered, err)
+	}
+}
+
+// deadRelay is a relay whose Redis is stopped.
+func deadRelay(t *testing.T, ob pubsub.Outbox) *pubsub.Relay {
+	t.Helper()
+	rdb, err := rds.NewRedis("redis://127.0.0.1:1/1", rds.RedisConfig{DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	r, err := pubsub.NewRelay(ob, rdb, pubsub.RelayConfig{Grace: time.Millisecond, Batch: 1000, PublishTimeout: 200 * time.Millisecond}, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
