@@ -154,10 +154,14 @@ func TestThousandHandshakesOfOneUser(t *testing.T) {
 	if st.HandshakeQueueMax > queue || st.HandshakesActive != 0 || st.HandshakesQueued != 0 {
 		t.Fatalf("queue reached %d (bound %d); %d active, %d queued after the storm", st.HandshakeQueueMax, queue, st.HandshakesActive, st.HandshakesQueued)
 	}
-	if uint64(retry) != st.HandshakeRefusedFull+st.HandshakeRefusedWait {
-		t.Fatalf("%d told to retry, admission counted %d full and %d waited", retry, st.HandshakeRefusedFull, st.HandshakeRefusedWait)
+	// Told to retry: by admission (queue full, wait over), or by the
+	// user's handshake rate once past admission.
+	if uint64(retry) != st.HandshakeRefusedFull+st.HandshakeRefusedWait+st.Rejects["handshake_rate"] {
+		t.Fatalf("%d told to retry, admission counted %d full and %d waited, the user's rate %d",
+			retry, st.HandshakeRefusedFull, st.HandshakeRefusedWait, st.Rejects["handshake_rate"])
 	}
-	t.Logf("%d accepted, %d refused for the cap, %d told to retry (queue max %d, %d waits)", accepted, capped, retry, st.HandshakeQueueMax, st.HandshakeWaits)
+	t.Logf("%d accepted, %d refused for the cap, %d told to retry (queue max %d, %d waits, %d over the user's rate)",
+		accepted, capped, retry, st.HandshakeQueueMax, st.HandshakeWaits, st.Rejects["handshake_rate"])
 	in.connect(ids.New())
 }
 

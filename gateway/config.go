@@ -132,6 +132,15 @@ type Config struct {
 	HandshakeConcurrency int
 	HandshakeQueue       int
 	HandshakeWait        time.Duration
+	// UserHandshakeRate and UserHandshakeBurst bound one user's handshakes
+	// on this instance (userrate.go): UserHandshakeRate a second
+	// (HAN_WS_USER_HANDSHAKE_RATE; zero value means 1), at most
+	// UserHandshakeBurst at once (HAN_WS_USER_HANDSHAKE_BURST; zero value
+	// means 32). A handshake over them is closed with 1013 and a reconnect
+	// delay: the time until the user has a token again plus one drawn from
+	// [RetryMin, RetryMax].
+	UserHandshakeRate  float64
+	UserHandshakeBurst int
 
 	// Recovery of a subscribe with sinceSeq: the missed message.created
 	// events are replayed over the socket when there are at most
@@ -192,6 +201,10 @@ func (c *Config) defaults() {
 	num(&c.HandshakeConcurrency, 64)
 	num(&c.HandshakeQueue, 16384)
 	dur(&c.HandshakeWait, 6*time.Second)
+	if c.UserHandshakeRate <= 0 {
+		c.UserHandshakeRate = 1
+	}
+	num(&c.UserHandshakeBurst, 32)
 	dur(&c.RecoverWindow, 10*time.Minute)
 	num(&c.RecoverMax, 100)
 	num(&c.RecoverBytes, 256<<10)

@@ -219,7 +219,8 @@ func TestThousandsOfSocketsExpire(t *testing.T) {
 		workers = 16
 	)
 	pool := openPool(t)
-	in := newInstance(t, pool, opts{leeway: leeway, presence: func(c *presence.Config) { c.MaxConnsPerUser = n }})
+	in := newInstance(t, pool, opts{leeway: leeway, presence: func(c *presence.Config) { c.MaxConnsPerUser = n },
+		hub: func(c *gateway.Config) { c.UserHandshakeBurst = n }})
 	users := in.users(nUsers)
 	settle := func() int {
 		runtime.GC()

@@ -121,6 +121,12 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 	if !time.Now().Before(deadline) {
 		return nil, time.Time{}, refusal{CloseUnauthorized, CloseReasonTokenExpired, CloseReasonTokenExpired}
 	}
+	// The user's handshakes on this instance are rate-limited before the
+	// presence registration, the Redis work that connecting and closing
+	// in a loop would repeat.
+	if wait, ok := s.hub.users.take(userID); !ok {
+		return nil, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReasonAfter(wait), "handshake_rate"}
+	}
 	c := newConn(s.hub, ws, cork, userID, deadline)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
 		if errors.Is(err, presence.ErrTooManyConnections) {

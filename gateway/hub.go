@@ -40,6 +40,7 @@ type Hub struct {
 	stats  hubStats
 	rec    *recoverer
 	gate   *admission // handshakes' Redis and PostgreSQL work
+	users  *userHandshakes
 	frames *frameWorkers
 
 	mu       sync.RWMutex // guards conns, channels, draining, remover
@@ -58,6 +59,7 @@ func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 		channels: map[string]*members{}, empty: make(chan struct{}, 1)}
 	h.rec = newRecoverer(&h.cfg, deps.Recovery)
 	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
+	h.users = newUserHandshakes(cfg.UserHandshakeRate, cfg.UserHandshakeBurst)
 	h.frames = newFrameWorkers()
 	return h
 }
@@ -434,9 +436,14 @@ func (h *Hub) pingLoop(ctx context.Context) {
 }
 
 // retryReason is the 1001 close reason: the server-advised reconnect delay.
-func (h *Hub) retryReason() string {
+func (h *Hub) retryReason() string { return h.retryReasonAfter(0) }
+
+// retryReasonAfter is a close reason advising a reconnect after wait plus
+// a delay drawn from [RetryMin, RetryMax].
+func (h *Hub) retryReasonAfter(wait time.Duration) string {
 	lo, hi := h.cfg.RetryMin.Milliseconds(), h.cfg.RetryMax.Milliseconds()
-	return `{"retryMs":` + strconv.FormatInt(lo+rand.Int64N(hi-lo+1), 10) + `}`
+	ms := lo + rand.Int64N(hi-lo+1) + (wait + time.Millisecond - 1).Milliseconds()
+	return `{"retryMs":` + strconv.FormatInt(ms, 10) + `}`
 }
 
 // startDraining refuses new connections from now on and starts the

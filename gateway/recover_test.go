@@ -155,7 +155,9 @@ func TestRecoverExactlyOnceWhilePublishing(t *testing.T) {
 	}{{"joins a lingering read", 5 * time.Second}, {"one read each", time.Nanosecond}} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := newInstance(t, openPool(t), opts{
-				hub:      func(c *gateway.Config) { c.RecoverLinger, c.RecoverMax = tc.linger, 1000 },
+				hub: func(c *gateway.Config) {
+					c.RecoverLinger, c.RecoverMax, c.UserHandshakeBurst = tc.linger, 1000, 100
+				},
 				presence: func(c *presence.Config) { c.MaxConnsPerUser = 100 },
 			})
 			u := in.users(2)
@@ -289,7 +291,7 @@ func TestRecoverStormLowestSince(t *testing.T) {
 // every answer and that at most maxReads recovery reads were made.
 func storm(t *testing.T, n int, since []int64, maxReads uint64) {
 	in := newInstance(t, openPool(t), opts{
-		hub:      func(c *gateway.Config) { c.RecoverLinger = 30 * time.Second },
+		hub:      func(c *gateway.Config) { c.RecoverLinger, c.UserHandshakeBurst = 30*time.Second, 2000 },
 		presence: func(c *presence.Config) { c.MaxConnsPerUser = 2000 },
 	})
 	u := in.users(2)

@@ -170,6 +170,13 @@ type Config struct {
 	WSHandshakeConcurrency int
 	WSHandshakeQueue       int
 	WSHandshakeWait        time.Duration
+	// One user's handshakes on an instance: WSUserHandshakeRate a second
+	// (HAN_WS_USER_HANDSHAKE_RATE, default 1, a positive number up to
+	// 1000), at most WSUserHandshakeBurst at once
+	// (HAN_WS_USER_HANDSHAKE_BURST, default 32); one more is closed with
+	// 1013 and a reconnect delay.
+	WSUserHandshakeRate  float64
+	WSUserHandshakeBurst int
 	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s) is
 	// the base of the per-request body read and response write deadlines;
 	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s) closes idle
@@ -362,6 +369,20 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.WSHandshakeWait, err = duration(getenv("HAN_WS_HANDSHAKE_WAIT"), 6*time.Second); err != nil {
 		bad("HAN_WS_HANDSHAKE_WAIT: %v", err)
+	}
+	c.WSUserHandshakeRate = 1
+	if v := getenv("HAN_WS_USER_HANDSHAKE_RATE"); v != "" {
+		// ParseFloat takes NaN and Inf: the range check refuses both.
+		if c.WSUserHandshakeRate, err = strconv.ParseFloat(v, 64); err != nil ||
+			!(c.WSUserHandshakeRate > 0 && c.WSUserHandshakeRate <= 1000) {
+			bad("HAN_WS_USER_HANDSHAKE_RATE: must be a number of handshakes a second above 0, at most 1000")
+		}
+	}
+	c.WSUserHandshakeBurst = 32
+	if v := getenv("HAN_WS_USER_HANDSHAKE_BURST"); v != "" {
+		if c.WSUserHandshakeBurst, err = strconv.Atoi(v); err != nil || c.WSUserHandshakeBurst < 1 {
+			bad("HAN_WS_USER_HANDSHAKE_BURST: must be a positive number")
+		}
 	}
 	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil {
 		bad("HAN_HTTP_BODY_TIMEOUT: %v", err)

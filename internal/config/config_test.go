@@ -362,6 +362,35 @@ func TestWSHandshakeAdmission(t *testing.T) {
 	}
 }
 
+// One user's handshakes: HAN_WS_USER_HANDSHAKE_RATE (1 a second, above 0 up
+// to 1000; NaN and Inf refused) and HAN_WS_USER_HANDSHAKE_BURST (32,
+// positive).
+func TestWSUserHandshakeRate(t *testing.T) {
+	m := base()
+	c, err := Load(env(m))
+	if err != nil || c.WSUserHandshakeRate != 1 || c.WSUserHandshakeBurst != 32 {
+		t.Fatalf("defaults: rate %v burst %d %v", c.WSUserHandshakeRate, c.WSUserHandshakeBurst, err)
+	}
+	m["HAN_WS_USER_HANDSHAKE_RATE"], m["HAN_WS_USER_HANDSHAKE_BURST"] = "0.5", "8"
+	if c, err := Load(env(m)); err != nil || c.WSUserHandshakeRate != 0.5 || c.WSUserHandshakeBurst != 8 {
+		t.Fatalf("set: rate %v burst %d %v", c.WSUserHandshakeRate, c.WSUserHandshakeBurst, err)
+	}
+	for _, v := range []string{"0", "-1", "NaN", "Inf", "1001", "fast"} {
+		m := base()
+		m["HAN_WS_USER_HANDSHAKE_RATE"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_USER_HANDSHAKE_RATE") {
+			t.Errorf("rate %q: %v", v, err)
+		}
+	}
+	for _, v := range []string{"0", "-3", "2.5"} {
+		m := base()
+		m["HAN_WS_USER_HANDSHAKE_BURST"] = v
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_USER_HANDSHAKE_BURST") {
+			t.Errorf("burst %q: %v", v, err)
+		}
+	}
+}
+
 // The waits for company: HAN_SEND_LINGER (5ms), HAN_IDEMPOTENCY_LINGER
 // (2ms) and HAN_WS_LINGER (5ms), each 0 (off) to 100ms.
 func TestLingers(t *testing.T) {

@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+)
+
+// userHandshakes is a token bucket per user for the handshakes this
+// instance admits: Config.UserHandshakeRate a second, at most
+// Config.UserHandshakeBurst at once. The per-user connection cap bounds
+// how many sockets a user holds, not how fast they come and go: without
+// this, one valid token in a connect-and-close loop makes the instance
+// redo the handshake's Redis and PostgreSQL work as fast as it can
+// (presence registration and removal, the user's online transition), at
+// the cost of every other user's handshakes. A bucket is kept as the time
+// it is full again, as the inbound frame bucket is (conn.takeFrame).
+//
+// The map forgets users whose bucket is full again: it is kept in two
+// generations swapped every span (the time an empty bucket takes to fill),
+// and an entry untouched for a whole generation is full. Safe for
+// concurrent use.
+type userHandshakes struct {
+	per   time.Duration // one token
+	burst int
+	span  time.Duration // an empty bucket's time to fill: burst × per
+
+	mu      sync.Mutex
+	cur     map[string]time.Duration // user → when the bucket is full again (sinceStart)
+	old     map[string]time.Duration
+	swapped time.Duration
+}
+
+func newUserHandshakes(rate float64, burst int) *userHandshakes {
+	per := time.Duration(float64(time.Second) / rate)
+	return &userHandshakes{per: per, burst: burst, span: time.Duration(burst) * per,
+		cur: map[string]time.Duration{}, old: map[string]time.Duration{}, swapped: sinceStart()}
+}
+
+// take spends one of the user's tokens; when none is left it returns false
+// and how long until there is one.
+func (u *userHandshakes) take(userID string) (wait time.Duration, ok bool) {
+	now := sinceStart()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if now-u.swapped >= u.span {
+		clear(u.old)
+		u.old, u.cur, u.swapped = u.cur, u.old, now
+	}
+	full, found := u.cur[userID]
+	if !found {
+		if full, found = u.old[userID]; found {
+			delete(u.old, userID)
+		}
+	}
+	if ahead := full - now - time.Duration(u.burst-1)*u.per; ahead > 0 {
+		if found {
+			u.cur[userID] = full
+		}
+		return ahead, false
+	}
+	u.cur[userID] = max(full, now) + u.per
+	return 0, true
+}
