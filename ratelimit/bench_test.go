@@ -82,13 +82,13 @@ func BenchmarkDecision(b *testing.B) {
 	send := ratelimit.Policy{Algorithm: ratelimit.SlidingLog, Rules: []ratelimit.Rule{
 		big, {Family: ratelimit.FamilyIP, Limit: 1_000_000, Window: time.Second}, {Family: ratelimit.FamilyDialog, Limit: 1_000_000, Window: time.Second},
 	}}
-	lim, err := ratelimit.New(ratelimit.Config{Redis: c, Policies: ratelimit.Static{Set: ratelimit.MustPolicySet("bench", map[string]ratelimit.Policy{"POST /bench": send}, ratelimit.Policy{})}})
+	lim, err := ratelimit.New(ratelimit.Config{Redis: c, Policies: ratelimit.Static{Set: ratelimit.MustPolicySet("bench", map[string]ratelimit.Policy{ratelimit.MessageSendRoute: send}, ratelimit.Policy{})}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Run("sliding_3families_decide", func(b *testing.B) {
 		run(b, func(i int) error {
-			d, err := lim.Decide(ctx, "POST /bench", send, ratelimit.Subject{UserID: subjects[i], IPHMAC: subjects[(i+1)%identities], DialogID: subjects[(i+2)%identities]})
+			d, err := lim.Decide(ctx, ratelimit.MessageSendRoute, send, ratelimit.Subject{UserID: subjects[i], IPHMAC: subjects[(i+1)%identities], DialogID: subjects[(i+2)%identities]})
 			if err == nil && !d.Allowed {
 				b.Fatal("denied")
 			}

@@ -53,6 +53,16 @@ func (b *localBucket) level(now time.Time) float64 {
 	return t
 }
 
+// resize gives the bucket the quota of a changed policy (the window is part
+// of the key, so in practice only the limit changes). As in Redis's token
+// bucket the new rate counts from the last admission and the level is capped
+// by the new capacity (level does both), so a lowered limit applies at once.
+// Caller holds mu.
+func (b *localBucket) resize(capacity float64, window time.Duration) {
+	b.tokens = min(b.tokens, capacity)
+	b.cap, b.window = capacity, window
+}
+
 // msUntil is how long until the bucket holds `want` tokens.
 func (b *localBucket) msUntil(level, want float64) int64 {
 	if level >= want {
@@ -90,6 +100,8 @@ func (l *local) decide(label string, keys []string, rules []Rule, now time.Time)
 				continue
 			}
 			b = &localBucket{tokens: float64(lr.Limit), last: now, cap: float64(lr.Limit), window: r.Window}
+		} else if b.cap != float64(lr.Limit) || b.window != r.Window {
+			b.resize(float64(lr.Limit), r.Window)
 		}
 		bs[i] = b
 		levels[i] = b.level(now)

@@ -74,3 +74,40 @@ func (l *local) size() int {
 	defer l.mu.Unlock()
 	return len(l.buckets)
 }
+
+// A policy change reaches the fallback too: an identity the in-process
+// limiter already holds a bucket for gets the share of the new limit at
+// once (a lowered limit is not kept at its old, larger share while Redis is
+// down), and the quota it is told is the one enforced.
+func TestLocalLimiterFollowsALimitChange(t *testing.T) {
+	l := newLocal(0.25, 100)
+	t0 := time.UnixMilli(1_000_000)
+	old := []Rule{{Family: FamilyUser, Limit: 40, Window: time.Minute}} // local share 10
+	if d := l.decide("GET /x", []string{"u"}, old, t0); !d.Allowed || d.Families[0].Remaining != 9 {
+		t.Fatalf("first request: %+v", d)
+	}
+	lowered := []Rule{{Family: FamilyUser, Limit: 4, Window: time.Minute}} // local share 1
+	admitted := 0
+	var denial Decision
+	for range 10 {
+		d := l.decide("GET /x", []string{"u"}, lowered, t0)
+		if d.Families[0].Rule.Limit != 1 {
+			t.Fatalf("quota told %d, want the new share 1", d.Families[0].Rule.Limit)
+		}
+		if d.Allowed {
+			admitted++
+		} else if denial.NowMs == 0 {
+			denial = d
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("after the limit was lowered to a share of 1, %d requests were admitted", admitted)
+	}
+	if denial.ResetAtMs != t0.UnixMilli()+60_000 {
+		t.Fatalf("denial reset_at %d, want one token of a 1-per-minute bucket: %d", denial.ResetAtMs, t0.UnixMilli()+60_000)
+	}
+	raised := []Rule{{Family: FamilyUser, Limit: 400, Window: time.Minute}} // local share 100
+	if d := l.decide("GET /x", []string{"u"}, raised, t0.Add(6*time.Second)); !d.Allowed || d.Families[0].Remaining != 9 {
+		t.Fatalf("6 s after the limit was raised to a share of 100 (10 tokens refilled): %+v", d)
+	}
+}

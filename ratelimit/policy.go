@@ -67,6 +67,13 @@ type Policy struct {
 // OtherRoute is the label of every route outside the allow-list.
 const OtherRoute = "other"
 
+// MessageSendRoute is the one route label whose policy may have a dialog
+// family. The dialog key is shared by every route (it names the dialog, not
+// the route), and only message send gives a non-member's admission back:
+// on any other route outsiders who know a dialog's id could spend its limit
+// and silence its members.
+const MessageSendRoute = "POST /v1/dialogs/{id}/messages"
+
 // PolicySet is an immutable snapshot of the policies of every route, keyed by
 // route label "METHOD /template" (the mux path template of the route).
 type PolicySet struct {
@@ -119,13 +126,21 @@ func NewPolicySet(version string, routes map[string]Policy, other Policy) (*Poli
 			default:
 				return fmt.Errorf("ratelimit: policy %q: unknown family %q", label, r.Family)
 			}
+			if r.Family == FamilyDialog && label != MessageSendRoute {
+				return fmt.Errorf("ratelimit: policy %q: the dialog family applies to %s only", label, MessageSendRoute)
+			}
 			if seen[r.Family] {
 				return fmt.Errorf("ratelimit: policy %q: family %s twice", label, r.Family)
 			}
 			seen[r.Family] = true
 			ms := r.Window.Milliseconds()
-			if r.Limit < 1 || ms < 1 || r.Window%time.Millisecond != 0 || int64(r.Limit)*ms > maxCredit {
+			if r.Limit < 1 || ms < 1 || r.Window%time.Millisecond != 0 {
 				return fmt.Errorf("ratelimit: policy %q family %s: limit must be >= 1 and window a positive whole number of ms", label, r.Family)
+			}
+			// Divided, not multiplied: the product of a huge limit and a
+			// window wraps around in 64 bits and would pass.
+			if int64(r.Limit) > maxCredit/ms {
+				return fmt.Errorf("ratelimit: policy %q family %s: limit × window (ms) must be at most 2^50", label, r.Family)
 			}
 		}
 		return nil

@@ -62,6 +62,8 @@ func TestPolicyValidation(t *testing.T) {
 		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 0, Window: time.Second}}},
 		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1, Window: time.Microsecond}}},
 		{Algorithm: ratelimit.TokenBucket, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1 << 30, Window: 24 * time.Hour}}},
+		// limit × window wraps around to 0 in 64 bits
+		{Algorithm: ratelimit.TokenBucket, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1 << 61, Window: 8 * time.Millisecond}}},
 		{Algorithm: ratelimit.FixedWindow, Rules: []ratelimit.Rule{{Family: ratelimit.FamilyUser, Limit: 1, Window: time.Second}, {Family: ratelimit.FamilyUser, Limit: 2, Window: time.Second}}},
 	}
 	for i, p := range bad {

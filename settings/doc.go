@@ -16,9 +16,12 @@
 // the snapshot, while the others wait briefly for it (and read PostgreSQL
 // themselves if it does not come), so a change costs PostgreSQL one full
 // read rather than one per instance. PostgreSQL stays the truth: a missing
-// or unreachable Redis only means every instance reads it directly. An
-// invalid version is refused as a whole and the previous snapshot stays in
-// force.
+// or unreachable Redis only means every instance reads it directly, and so
+// does a shared snapshot that cannot be used (unreadable, over
+// MaxSnapshotBytes, or not a valid version): it is a copy, never the reason
+// to refuse a state, and the lock holder replaces it. An invalid version
+// (its rows in PostgreSQL) is refused as a whole and the previous snapshot
+// stays in force.
 //
 // A Provider is safe for concurrent use; Policies never blocks (an atomic
 // pointer to an immutable snapshot). Start runs one goroutine until Close.

@@ -2,6 +2,7 @@ package settings_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -151,3 +152,15 @@ func get(t *testing.T, lim *ratelimit.Limiter, user, method, template string) de
 	}
 	return decision{allowed: d.Allowed, policy: ratelimit.PolicyField(d), retryAfter: d.RetryAfterSeconds()}
 }
+
+// head is the state PostgreSQL is at.
+func (f *fixture) head() (int64, string) {
+	f.t.Helper()
+	h, err := f.store.SettingsHead(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return h.Version, h.Stamp
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }

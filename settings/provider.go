@@ -23,6 +23,12 @@ import (
 // SnapshotTTL is the life of a shared snapshot in Redis (docs/redis-keys.md).
 const SnapshotTTL = 5 * time.Minute
 
+// MaxSnapshotBytes bounds a shared snapshot. An instance reads at most this
+// much of the snapshot key (a larger value, planted or damaged, is ignored
+// and replaced), and a version whose snapshot is larger is not shared: every
+// instance reads it from PostgreSQL.
+const MaxSnapshotBytes = 4 << 20
+
 // SnapshotKey is han:settings:snapshot:<version>:<stamp> (DB1). The stamp
 // is part of the name because a version number alone may name two states
 // once PostgreSQL has gone back in time (see [Provider.Refresh]).
@@ -182,8 +188,8 @@ func (p *Provider) Refresh(ctx context.Context) error {
 		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: PostgreSQL is at another history than the settings in force (failover or restore); applying its state",
 			slog.Int64("version", h.version), slog.Int64("in_force", in.version))
 	}
-	if snap, ok := p.fetch(ctx, h); ok {
-		return p.apply(ctx, snap, "redis")
+	if snap, set, ok := p.fetch(ctx, h); ok {
+		return p.apply(ctx, snap, set, "redis")
 	}
 	lctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
 	lk, _, err := p.locker.Acquire(lctx, rds.LockSettingsRefresh, p.cfg.Scope, rds.DefaultLockTTL)
@@ -199,56 +205,71 @@ func (p *Provider) Refresh(ctx context.Context) error {
 			p.inLock()
 		}
 		// The previous holder may have published it meanwhile.
-		if snap, ok := p.fetch(ctx, h); ok {
-			return p.apply(ctx, snap, "redis")
+		if snap, set, ok := p.fetch(ctx, h); ok {
+			return p.apply(ctx, snap, set, "redis")
 		}
 		return p.loadAndApply(ctx, h, true)
 	case errors.Is(err, rds.ErrLockHeld):
-		if snap, ok := p.waitForPeer(ctx, h); ok {
-			return p.apply(ctx, snap, "redis")
+		if snap, set, ok := p.waitForPeer(ctx, h); ok {
+			return p.apply(ctx, snap, set, "redis")
 		}
 	}
 	// No snapshot from a peer, or DB1 unreachable: PostgreSQL is the truth.
 	return p.loadAndApply(ctx, h, false)
 }
 
-// fetch reads the shared snapshot of state h, if Redis holds a valid one.
-func (p *Provider) fetch(ctx context.Context, h head) (Snapshot, bool) {
+// fetch reads the shared snapshot of state h and its policy set, if Redis
+// holds a usable one. The snapshot is only a copy of PostgreSQL's rows: one
+// that is unreadable, names another state or does not make a valid policy
+// set (planted, or damaged) is ignored, never taken for a refusal of the
+// state, so the caller reads PostgreSQL and the lock holder replaces it.
+func (p *Provider) fetch(ctx context.Context, h head) (Snapshot, *ratelimit.PolicySet, bool) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
 	defer cancel()
-	b, err := p.db1.Get(ctx, SnapshotKey(h.version, h.stamp)).Bytes()
+	// GETRANGE, not GET: at most one byte past the bound is read. A missing
+	// key reads as "".
+	b, err := p.db1.GetRange(ctx, SnapshotKey(h.version, h.stamp), 0, MaxSnapshotBytes).Bytes()
 	if err != nil {
-		if !errors.Is(err, redis.Nil) {
-			p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
-		}
-		return Snapshot{}, false
+		p.logger.LogAttrs(ctx, slog.LevelDebug, "settings: snapshot read failed", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
+		return Snapshot{}, nil, false
+	}
+	if len(b) == 0 {
+		return Snapshot{}, nil, false
 	}
 	var s Snapshot
-	if err := json.Unmarshal(b, &s); err != nil || s.head() != h {
+	if len(b) > MaxSnapshotBytes || json.Unmarshal(b, &s) != nil || s.head() != h {
 		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring an unreadable shared snapshot", slog.Int64("version", h.version))
-		return Snapshot{}, false
+		return Snapshot{}, nil, false
 	}
-	return s, true
+	set, err := s.PolicySet(p.cfg.Base)
+	if err != nil {
+		// Its content came from Redis, not from the rows: nothing of it is
+		// logged (PostgreSQL's own refusal, if any, names the reason).
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring a shared snapshot that is not a valid version; reading PostgreSQL",
+			slog.Int64("version", h.version))
+		return Snapshot{}, nil, false
+	}
+	return s, set, true
 }
 
 // waitForPeer polls for the snapshot the lock holder is building.
-func (p *Provider) waitForPeer(ctx context.Context, h head) (Snapshot, bool) {
+func (p *Provider) waitForPeer(ctx context.Context, h head) (Snapshot, *ratelimit.PolicySet, bool) {
 	deadline := time.Now().Add(p.cfg.PeerWait)
 	t := time.NewTicker(max(p.cfg.PeerWait/20, 5*time.Millisecond))
 	defer t.Stop()
 	for time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
-			return Snapshot{}, false
+			return Snapshot{}, nil, false
 		case <-p.loop.Stopped():
-			return Snapshot{}, false
+			return Snapshot{}, nil, false
 		case <-t.C:
 		}
-		if s, ok := p.fetch(ctx, h); ok {
-			return s, true
+		if s, set, ok := p.fetch(ctx, h); ok {
+			return s, set, true
 		}
 	}
-	return Snapshot{}, false
+	return Snapshot{}, nil, false
 }
 
 // loadAndApply reads PostgreSQL, from state h on, and applies the result;
@@ -261,43 +282,52 @@ func (p *Provider) loadAndApply(ctx context.Context, h head, publish bool) error
 		return err
 	}
 	snap, err := fromRows(rows, h.stamp)
+	var set *ratelimit.PolicySet
 	if err == nil {
-		_, err = snap.PolicySet(p.cfg.Base)
+		set, err = snap.PolicySet(p.cfg.Base)
 	}
 	if err != nil {
 		return p.reject(ctx, h, err)
 	}
 	source := "postgres"
-	if publish {
-		b, err := json.Marshal(snap)
-		if err != nil {
-			return err
-		}
-		pctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
-		err = p.db1.Set(pctx, SnapshotKey(snap.Version, snap.Stamp), b, SnapshotTTL).Err()
-		cancel()
-		if err != nil {
-			p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
-		} else {
-			source = "postgres_published"
-			if p.cfg.OnPublish != nil {
-				p.cfg.OnPublish(snap.Version)
-			}
-		}
+	if publish && p.publish(ctx, snap) {
+		source = "postgres_published"
 	}
-	return p.apply(ctx, snap, source)
+	return p.apply(ctx, snap, set, source)
 }
 
-// apply swaps in a snapshot of the state PostgreSQL is at, unless it is
-// invalid or already in force. Its version may be lower than the one in
-// force: see Refresh.
-func (p *Provider) apply(ctx context.Context, s Snapshot, source string) error {
+// publish shares snap in Redis for SnapshotTTL; false when it is not shared
+// (Redis failed, or the snapshot is larger than MaxSnapshotBytes, which no
+// instance would take).
+func (p *Provider) publish(ctx context.Context, snap Snapshot) bool {
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return false
+	}
+	if len(b) > MaxSnapshotBytes {
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot too large to share; every instance reads PostgreSQL",
+			slog.Int64("version", snap.Version), slog.Int("bytes", len(b)))
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
+	err = p.db1.Set(pctx, SnapshotKey(snap.Version, snap.Stamp), b, SnapshotTTL).Err()
+	cancel()
+	if err != nil {
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot not shared", slog.String("kind", store.Kind(rds.ClassifyRedisError(err))))
+		return false
+	}
+	if p.cfg.OnPublish != nil {
+		p.cfg.OnPublish(snap.Version)
+	}
+	return true
+}
+
+// apply swaps in a snapshot of the state PostgreSQL is at and its policy
+// set (already validated), unless it is already in force. Its version may
+// be lower than the one in force: see Refresh.
+func (p *Provider) apply(ctx context.Context, s Snapshot, set *ratelimit.PolicySet, source string) error {
 	if s.head() == p.cur.Load().head {
 		return nil
-	}
-	set, err := s.PolicySet(p.cfg.Base)
-	if err != nil {
-		return p.reject(ctx, s.head(), err)
 	}
 	tun := s.Tunables
 	if tun == nil {
