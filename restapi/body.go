@@ -1,6 +1,7 @@
 package restapi
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -59,6 +60,12 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 // checks (invalid UTF-8, lone surrogates, duplicate keys, which Go's JSON
 // decoders would silently repair or let win) run before decoding, and every
 // failure is 400 invalid_json.
+//
+// A member fills a field only under the field's exact name. Go's decoders
+// also match names that differ in letter case, so {"body":"a","BODY":"b"}
+// would store "b" while every other reader of the same bytes (the sender's
+// client, a proxy, a moderation hook) sees "a"; here "BODY" is an unknown
+// member and ignored like any other.
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	ct := r.Header.Get("Content-Type")
 	if ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
@@ -68,7 +75,14 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	if err != nil {
 		return err
 	}
-	if err := jsonx.DecodeObject(b, v); err != nil {
+	if err := jsonx.Check(b); err != nil {
+		return errInvalidJSON
+	}
+	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		return errInvalidJSON
+	}
+	// Check refused trailing data, so nothing is left after the object.
+	if _, err := json.Parse(b, v, json.DontMatchCaseInsensitiveStructFields); err != nil {
 		return errInvalidJSON
 	}
 	return nil

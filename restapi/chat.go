@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -147,10 +148,11 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 	title := ""
 	if req.Title != nil {
 		// Control characters are refused anywhere, the ends included (not
-		// trimmed away), and so are format characters (bidi overrides,
-		// isolates, zero-width characters), which reorder or hide what the
-		// members read.
-		if hasControl(*req.Title) || hasFormat(*req.Title) {
+		// trimmed away), and so are the line and paragraph separators
+		// (U+2028, U+2029), which break the line as LF does, and format
+		// characters (bidi overrides, isolates, zero-width characters),
+		// which reorder or hide what the members read.
+		if hasControl(*req.Title) || strings.ContainsAny(*req.Title, "\u2028\u2029") || hasFormat(*req.Title) {
 			return apiErr(http.StatusBadRequest, "invalid_title")
 		}
 		title = strings.TrimSpace(*req.Title)
@@ -162,12 +164,40 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// pageLimit is parseLimit for the chat listings, where ?limit= given twice
+// is 400 invalid_limit: no value of the two is the one the client meant.
+func pageLimit(r *http.Request) (int, error) {
+	if len(r.URL.Query()["limit"]) > 1 {
+		return 0, apiErr(http.StatusBadRequest, "invalid_limit")
+	}
+	return parseLimit(r, DefaultPageLimit, MaxPageLimit)
+}
+
+// onceQuery reads a query parameter that may be given at most once; ok is
+// false when it is repeated (even with the same value, or empty): a client
+// that appends &cursor=<nextCursor> to the URL of the previous page must
+// learn of it, not get that page again.
+func onceQuery(q url.Values, name string) (v string, ok bool) {
+	vs := q[name]
+	if len(vs) > 1 {
+		return "", false
+	}
+	if len(vs) == 1 {
+		v = vs[0]
+	}
+	return v, true
+}
+
 func (s *Server) listDialogs(w http.ResponseWriter, r *http.Request) error {
-	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
+	limit, err := pageLimit(r)
 	if err != nil {
 		return err
 	}
-	items, next, err := s.store.ListDialogs(r.Context(), principal(r).UserID, r.URL.Query().Get("cursor"), limit)
+	cursor, ok := onceQuery(r.URL.Query(), "cursor")
+	if !ok {
+		return errInvalidCursor
+	}
+	items, next, err := s.store.ListDialogs(r.Context(), principal(r).UserID, cursor, limit)
 	if err != nil {
 		return err
 	}
@@ -276,7 +306,7 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	limit, err := parseLimit(r, DefaultPageLimit, MaxPageLimit)
+	limit, err := pageLimit(r)
 	if err != nil {
 		return err
 	}
@@ -309,15 +339,20 @@ func (s *Server) listMessages(w http.ResponseWriter, r *http.Request) error {
 
 // historyAfter reads where a history page starts: ?afterSeq=N, or
 // ?cursor=N, the nextCursor of the previous page, so a client can page by
-// following nextCursor as in every other listing. Both at once, or a value
-// that is not a seq, is 400 invalid_cursor; neither is the beginning.
-// Other query parameters are ignored (cache-busting clients add them).
+// following nextCursor as in every other listing. Both at once, either
+// given twice, or a value that is not a seq, is 400 invalid_cursor; neither
+// is the beginning. Other query parameters are ignored (cache-busting
+// clients add them).
 func historyAfter(r *http.Request) (int64, error) {
 	q := r.URL.Query()
-	v, cursor := q.Get("afterSeq"), q.Get("cursor")
+	v, ok1 := onceQuery(q, "afterSeq")
+	cursor, ok2 := onceQuery(q, "cursor")
+	if !ok1 || !ok2 {
+		return 0, errInvalidCursor
+	}
 	if cursor != "" {
 		if v != "" {
-			return 0, apiErr(http.StatusBadRequest, "invalid_cursor")
+			return 0, errInvalidCursor
 		}
 		v = cursor
 	}
@@ -326,7 +361,7 @@ func historyAfter(r *http.Request) (int64, error) {
 	}
 	after, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || after < 0 {
-		return 0, apiErr(http.StatusBadRequest, "invalid_cursor")
+		return 0, errInvalidCursor
 	}
 	return after, nil
 }

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -39,8 +41,7 @@ func newEnsureUsersBatcher(s *Store) *stmtBatcher[*ensureUserCall] {
 			for i, c := range live {
 				users[i] = c.id
 			}
-			_, err := s.reqExec(ctx, ensureUsersSQL, users)
-			return err
+			return s.execShared(ctx, ensureUsersSQL, users)
 		})
 }
 
@@ -50,6 +51,12 @@ func (s *Store) EnsureUserStats() SubscribeCheckStats { return s.ensureUsers.sta
 
 // recordUser records id, batched with other callers' records. An id that
 // is not a UUID goes alone, so its error is its own and no batch-mate's.
+//
+// The record, its wait for a statement included, is bounded by the request
+// budget from the call: a caller queued behind a stalled statement (a lock
+// on users) leaves at that deadline instead of waiting for the stalled
+// statement and then for its own, and running out of it is ErrDatabaseBusy
+// like any request statement past its budget.
 func (s *Store) recordUser(ctx context.Context, id string) error {
 	b := s.ensureUsers
 	if err := b.begin(ctx); err != nil {
@@ -60,5 +67,31 @@ func (s *Store) recordUser(ctx context.Context, id string) error {
 		_, err := s.reqExec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", id)
 		return err
 	}
-	return b.do(&ensureUserCall{sharedCall: sharedCall{ctx: ctx}, id: id})
+	bctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	defer cancel()
+	err := b.do(&ensureUserCall{sharedCall: sharedCall{ctx: bctx}, id: id})
+	if err != nil && err == bctx.Err() && ctx.Err() == nil {
+		// Never run: the statements ahead of it held the way past its budget.
+		return fmt.Errorf("%w: user record queued past its budget", ErrDatabaseBusy)
+	}
+	return err
+}
+
+// execShared is reqExec for a statement shared by the callers of a batch,
+// whose ctx (SharedContext) only their budgets end: a statement cut short
+// by them is ErrDatabaseBusy, as one past its own budget is. The pool wait
+// has a budget of its own, so what is left of the callers' budgets after
+// their wait in the queue never reads as an unreachable server.
+func (s *Store) execShared(ctx context.Context, sql string, args ...any) error {
+	conn, err := s.acquire(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	sctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
+	defer cancel()
+	if _, err = conn.Exec(sctx, sql, args...); err != nil && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
+	}
+	return err
 }
