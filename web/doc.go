@@ -5,7 +5,8 @@
 // project Redis API console. Its realtime connection, message sending and
 // history paging are the JavaScript SDK's (web/sdk), whose runtime modules
 // are embedded too and served under /sdk/. docs/web-client.md describes it; its end-to-end tests
-// drive it in headless Chromium (cmd/han-gateway/browser_test.go).
+// drive it in headless Chromium (cmd/han-gateway/browser_test.go against the real service,
+// web/browser_test.go against a server that answers what the real one never would).
 //
 // The package has no state; Handler is safe for concurrent use.
 package web

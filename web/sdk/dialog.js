@@ -6,6 +6,13 @@
 
 /** How long a gap may stay open before REST fills it: concurrent sends may publish out of seq order. */
 export const GAP_GRACE_MS = 500;
+/**
+ * At most this many messages are held behind a gap. While a gap stays open
+ * (REST unreachable, or a server announcing seqs that do not exist) live
+ * messages would pile up without end; beyond this many the newest are
+ * dropped, and the REST read that closes the gap brings them again.
+ */
+export const MAX_AHEAD = 10000;
 
 export class DialogState {
   /** @type {number | null} null until the first subscribed frame (or sinceSeq) sets it */
@@ -20,6 +27,8 @@ export class DialogState {
   reconciling = false;
   /** another one was asked for while it ran */
   again = false;
+  /** REST reads the gap timer started while the current gap stayed open */
+  gapReads = 0;
 
   /** @param {number | null} sinceSeq */
   constructor(sinceSeq) {
@@ -29,13 +38,14 @@ export class DialogState {
   /**
    * offer takes one message and returns those now deliverable, in seq order,
    * advancing known. Duplicates (seq ≤ known or already buffered) are dropped.
-   * Before known is set everything is buffered.
+   * Before known is set everything is buffered (up to MAX_AHEAD).
    * @param {Message} m
    * @returns {Message[]}
    */
   offer(m) {
     if (!Number.isSafeInteger(m.seq)) return [];
     if (this.known !== null && m.seq <= this.known) return [];
+    if (this.ahead.size >= MAX_AHEAD && !this.ahead.has(m.seq) && (this.known === null || m.seq !== this.known + 1)) return [];
     this.ahead.set(m.seq, m);
     return this.drain();
   }

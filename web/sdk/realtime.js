@@ -18,6 +18,10 @@ const STABLE_AFTER_MS = 60000; // a connection up this long resets the backoff
 const MAX_SUBSCRIPTIONS = 200;
 const MAX_ADVISED_MS = 5 * 60000;
 const MAX_TIMER_MS = 2 ** 31 - 1;
+/** The hello's heartbeatMs is used within these bounds: neither a ping loop nor a timer out of range. */
+const HEARTBEAT_MIN_MS = 1000;
+const HEARTBEAT_MAX_MS = 5 * 60000;
+const HEARTBEAT_DEFAULT_MS = 25000;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
 const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
 /**
@@ -37,6 +41,13 @@ export const SUBSCRIBE_BURST = 40;
 export const SUBSCRIBE_PER_SEC = 15;
 /** Ask for a new token this long before the connection's credential expires (at once when less is left). */
 export const REFRESH_AHEAD_MS = 60000;
+/**
+ * A new token for the live connection is asked for at most this often: a
+ * credential that keeps ending within REFRESH_AHEAD_MS (short-lived
+ * tokens, or a server that says so) or a refresh the server keeps refusing
+ * must not turn into a loop of getToken calls and refresh frames.
+ */
+export const REFRESH_MIN_GAP_MS = 10000;
 
 /**
  * @typedef {{type: "hello", connectionId: string, instance: string, heartbeatMs: number, expiresAt: number}} Hello
@@ -211,6 +222,8 @@ export class Realtime extends Emitter {
   #seen = new Set();
   #presenceAt = new PresenceOrder();
   #attempt = 0;
+  /** the latest connection attempt; stop() and a newer attempt end an older one still waiting for its token or ticket */
+  #attemptId = 0;
   /** @type {ReturnType<typeof setTimeout> | undefined} */
   #timer;
   /** @type {ReturnType<typeof setTimeout> | undefined} */
@@ -226,11 +239,12 @@ export class Realtime extends Emitter {
   #outboxTimer;
   #connectedAt = 0;
   #lastFrameAt = 0;
-  #heartbeatMs = 25000;
+  #heartbeatMs = HEARTBEAT_DEFAULT_MS;
   #stopped = true;
   /** ends the REST reads of running reconciliations (and their retry waits) on stop */
   #abort = new AbortController();
   #refreshSent = false;
+  #renewAskedAt = -Infinity; // when the live connection last asked for a new token
   #expired = false; // closed with token_expired: no reconnect before a new token
   /** @type {Map<string, number>} */
   #typingSent = new Map();
@@ -270,9 +284,14 @@ export class Realtime extends Emitter {
     void this.#connect();
   }
 
-  /** stop closes the connection, cancels every timer and ends running reconciliations (their REST reads and retry waits). */
+  /**
+   * stop closes the connection, cancels every timer and ends running
+   * reconciliations (their REST reads and retry waits) and a connection
+   * attempt still waiting for its token or ticket.
+   */
   stop() {
     this.#stopped = true;
+    this.#attemptId++;
     this.#abort.abort();
     clearTimeout(this.#timer);
     clearTimeout(this.#refreshTimer);
@@ -352,21 +371,22 @@ export class Realtime extends Emitter {
 
   async #connect() {
     if (this.#stopped) return;
+    const id = ++this.#attemptId;
     this.#setState({ phase: "connecting" });
     let ws;
     try {
       if (this.#auth === "bearer") {
         const token = await this.#tokens.current();
-        if (this.#stopped) return;
+        if (this.#stopped || id !== this.#attemptId) return;
         ws = new this.#WS(this.#url, SUBPROTOCOL, { headers: { ...this.#headers, Authorization: `Bearer ${token}` } });
       } else {
         const { ticket } = await this.#rest.ticket();
-        if (this.#stopped) return;
+        if (this.#stopped || id !== this.#attemptId) return;
         const url = `${this.#url}${this.#url.includes("?") ? "&" : "?"}ticket=${encodeURIComponent(ticket)}`;
         ws = this.#headers ? new this.#WS(url, SUBPROTOCOL, { headers: this.#headers }) : new this.#WS(url, SUBPROTOCOL);
       }
     } catch (e) {
-      if (this.#stopped) return;
+      if (this.#stopped || id !== this.#attemptId) return;
       const err = /** @type {any} */ (e);
       const status = err && err.status;
       if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
@@ -378,7 +398,8 @@ export class Realtime extends Emitter {
         this.#setState({ phase: "stopped", reason: err.code || "unauthorized" });
         return;
       }
-      this.#retry(err && err.retryAfterMs > 0 ? err.retryAfterMs : null, (err && err.code) || "network_error");
+      const after = err && err.retryAfterMs;
+      this.#retry(Number.isFinite(after) && after > 0 ? Math.min(after, MAX_ADVISED_MS) : null, (err && err.code) || "network_error");
       return;
     }
     this.#ws = ws;
@@ -391,11 +412,15 @@ export class Realtime extends Emitter {
     }, CONNECT_TIMEOUT_MS);
     ws.onerror = () => { /* onclose follows */ };
     ws.onmessage = (m) => {
+      if (this.#ws !== ws) return; // a socket given up (no hello in time, no heartbeat, stop)
       this.#lastFrameAt = Date.now();
       let f;
       try { f = JSON.parse(String(m.data)); } catch { return; }
       if (!f || typeof f !== "object" || typeof f.type !== "string") return;
       if (f.type === "hello") {
+        // The first frame of a connection, once: a repeated one would
+        // resubscribe everything and start another ping timer.
+        if (helloSeen) return;
         helloSeen = true;
         this.#onHello(f);
         return;
@@ -437,7 +462,8 @@ export class Realtime extends Emitter {
     this.#connectedAt = Date.now();
     this.#refreshSent = false;
     this.#setExpiry(f.expiresAt);
-    if (Number.isFinite(f.heartbeatMs) && f.heartbeatMs > 0) this.#heartbeatMs = f.heartbeatMs;
+    this.#heartbeatMs = Number.isFinite(f.heartbeatMs) && f.heartbeatMs > 0
+      ? Math.min(HEARTBEAT_MAX_MS, Math.max(HEARTBEAT_MIN_MS, f.heartbeatMs)) : HEARTBEAT_DEFAULT_MS;
     this.#typingSent.clear();
     clearTimeout(this.#connectTimer);
     // Every followed dialog is subscribed again, paced by a fresh budget
@@ -448,6 +474,7 @@ export class Realtime extends Emitter {
     this.#flush();
     // An application-level ping every heartbeat; no frame at all for two
     // heartbeats (plus slack) means the connection is dead.
+    clearInterval(this.#pingTimer);
     this.#pingTimer = setInterval(() => {
       if (Date.now() - this.#lastFrameAt > 2 * this.#heartbeatMs + 5000) {
         const ws = this.#ws;
@@ -517,7 +544,7 @@ export class Realtime extends Emitter {
         if (f.error === "unauthorized" && this.#refreshSent) {
           // The new token was refused; the connection keeps its old expiry.
           this.#refreshSent = false;
-          void this.#newToken("refused");
+          this.#renewSoon("refused", 0);
         }
         this.emit("error", new FrameError(String(f.error)));
         break;
@@ -586,13 +613,20 @@ export class Realtime extends Emitter {
   #watchGap(dialogId, d) {
     if (!d.hasGap) {
       d.clearGapTimer();
+      d.gapReads = 0;
       return;
     }
     if (d.gapTimer) return;
+    // The first read after the grace period; a gap those reads did not
+    // close (REST does not have the messages yet, or never will) is read
+    // again ever later, up to every 30 s, not in a loop.
+    const delay = Math.min(BACKOFF_CAP_MS, this.#gapGraceMs * 2 ** d.gapReads);
     d.gapTimer = setTimeout(() => {
       d.gapTimer = null;
-      if (d.hasGap && this.#dialogs.get(dialogId) === d) this.#reconcile(dialogId);
-    }, this.#gapGraceMs);
+      if (!d.hasGap || this.#dialogs.get(dialogId) !== d) return;
+      d.gapReads++;
+      this.#reconcile(dialogId);
+    }, delay);
   }
 
   /**
@@ -699,7 +733,22 @@ export class Realtime extends Emitter {
     clearTimeout(this.#refreshTimer);
     if (!Number.isFinite(ms) || ms <= 0) return;
     this.#tokens.expiresAt = ms;
-    this.#refreshTimer = setTimeout(() => void this.#newToken("expiring"), refreshDelay(ms));
+    this.#renewSoon("expiring", refreshDelay(ms));
+  }
+
+  /**
+   * renewSoon asks for a new token for the live connection after dueMs, but
+   * not sooner than REFRESH_MIN_GAP_MS after the last ask.
+   * @param {"expiring" | "refused"} reason
+   * @param {number} dueMs
+   */
+  #renewSoon(reason, dueMs) {
+    clearTimeout(this.#refreshTimer);
+    const wait = Math.max(dueMs, this.#renewAskedAt + REFRESH_MIN_GAP_MS - Date.now());
+    this.#refreshTimer = setTimeout(() => {
+      this.#renewAskedAt = Date.now();
+      void this.#newToken(reason);
+    }, Math.min(MAX_TIMER_MS, Math.max(0, wait)));
   }
 
   /**
@@ -735,7 +784,12 @@ export class Realtime extends Emitter {
    */
   #retry(advisedMs, reason, code) {
     if (this.#stopped) return;
-    const delay = advisedMs !== null ? advisedMs : backoffDelay(this.#attempt);
+    // The server's advice is the least wait, not the whole of it: a server
+    // that keeps closing at once with the same advice (or a ticket request
+    // that keeps answering Retry-After) is retried ever later, like any
+    // other failure, until a connection stays up.
+    const backoff = backoffDelay(this.#attempt);
+    const delay = Math.min(MAX_TIMER_MS, advisedMs !== null ? Math.max(advisedMs, backoff) : backoff);
     this.#attempt++;
     /** @type {State} */
     const s = { phase: "reconnecting", retryAt: Date.now() + delay, reason };

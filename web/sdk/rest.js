@@ -294,7 +294,9 @@ export class Rest {
 
   /**
    * historyPages yields every page after afterSeq, following nextCursor until
-   * it is null. Retryable failures are retried (reads are safe to repeat).
+   * it is null. A page without a cursor, or with the one just read, ends it
+   * too: a broken answer must not turn into an endless loop of reads.
+   * Retryable failures are retried (reads are safe to repeat).
    * @param {string} dialogId
    * @param {{afterSeq?: number, limit?: number} & RetryOptions} [opts]
    * @returns {AsyncGenerator<Message[], void, void>}
@@ -306,8 +308,9 @@ export class Rest {
       const page = await this.retrying(() => this.history(dialogId,
         { afterSeq: after, limit: opts.limit || 100, signal: opts.signal }), opts);
       yield page.items;
-      if (page.nextCursor === null || page.items.length === 0) return;
-      after = page.nextCursor;
+      const next = page.nextCursor;
+      if (next === null || next === undefined || next === "" || next === after || page.items.length === 0) return;
+      after = next;
     }
   }
 

@@ -1,10 +1,10 @@
 // DialogState: ordering, dedupe and gap detection without a server.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { DialogState } from "../dialog.js";
+import { DialogState, MAX_AHEAD } from "../dialog.js";
 import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS } from "../realtime.js";
 import { ApiError } from "../errors.js";
-import { retryDelay } from "../rest.js";
+import { Rest, retryDelay, Tokens } from "../rest.js";
 
 /** @param {number} seq */
 const msg = (seq) => ({ id: `m${seq}`, dialogId: "d", seq, senderId: "u", body: `b${seq}`, createdAt: 0, attachments: [] });
@@ -66,4 +66,44 @@ test("a presence transition older than the last one reported for its user is dro
   assert.equal(o.accept("u3", 10), true); // u1 is the longest unseen: forgotten
   assert.equal(o.accept("u1", 5), true);
   assert.equal(o.accept("u3", 9), false);
+});
+
+test("history paging ends when a page's cursor is missing or does not move on", async () => {
+  for (const cursor of [undefined, "same"]) {
+    let calls = 0;
+    /** @type {typeof fetch} */
+    const fetchImpl = async () => {
+      calls++;
+      const page = cursor === undefined ? { items: [msg(calls)] } : { items: [msg(calls)], nextCursor: cursor };
+      return new Response(JSON.stringify(page), { status: 200, headers: { "Content-Type": "application/json" } });
+    };
+    const rest = new Rest("http://api.invalid", new Tokens(() => "token"), fetchImpl);
+    let pages = 0;
+    for await (const items of rest.historyPages("d", { afterSeq: 0 })) {
+      assert.equal(items.length, 1);
+      if (++pages >= 20) break;
+    }
+    assert.ok(calls <= 2, `cursor ${cursor}: ${calls} requests`);
+  }
+});
+
+test("a close reason's retryMs is advice only when it is a number of ms from 0 to 5 min", () => {
+  assert.equal(advisedDelay('{"retryMs":-5}'), null);
+  assert.equal(advisedDelay('{"retryMs":"NaN"}'), null);
+  assert.equal(advisedDelay('{"retryMs":"1000"}'), null);
+  assert.equal(advisedDelay('{"retryMs":null}'), null);
+  assert.equal(advisedDelay("null"), null);
+  assert.equal(advisedDelay('{"retryMs":1e300}'), 5 * 60000);
+  assert.equal(advisedDelay('{"retryMs":0}'), 0);
+});
+
+test("messages held behind a gap are at most MAX_AHEAD; the ones kept follow the gap", () => {
+  const d = new DialogState(0);
+  for (let seq = 2; seq <= MAX_AHEAD + 5000; seq++) d.offer(msg(seq));
+  assert.ok(d.ahead.size <= MAX_AHEAD, `${d.ahead.size} held`);
+  const out = d.offer(msg(1));
+  const known = d.known ?? 0;
+  assert.equal(out.length, known);
+  assert.ok(out.every((m, i) => m.seq === i + 1), "delivered in seq order from 1");
+  assert.ok(known >= MAX_AHEAD - 1, `delivered through ${known}`);
 });

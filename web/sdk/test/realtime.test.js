@@ -216,3 +216,181 @@ test("1008 frame rate reconnects with backoff; the other 1008 closes stop the cl
   assert.equal(rt.state.phase, "stopped");
   rt.stop();
 });
+
+// ---- a hostile or broken server ----------------------------------------------------------
+
+/** real time passes (the timers that are not mocked) */
+const wait = (/** @type {number} */ ms) => new Promise((r) => setTimeout(r, ms));
+
+test("a Retry-After beyond what a timer can hold delays the next ticket request, never to 1 ms", async () => {
+  let asked = 0;
+  const { rt } = realtime({ auth: "ticket", ticket: async () => { asked++; throw new ApiError("rate_limited", 429, 3e9); } });
+  rt.start();
+  await wait(150);
+  const left = (rt.state.retryAt ?? 0) - Date.now();
+  rt.stop();
+  assert.equal(asked, 1, "one ticket request in 150 ms");
+  assert.ok(left > 0 && left <= 5 * 60000 + 1000, `next attempt in ${left} ms`);
+});
+
+test("a server that closes with retryMs right after every hello is retried with growing backoff, first after its advice", async () => {
+  for (const code of [1001, 1013]) {
+    mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+    mock.method(Math, "random", () => 0.5);
+    const { rt } = realtime();
+    rt.start();
+    await settle();
+    /** @type {number[]} */
+    const delays = [];
+    for (let i = 0; i < 10; i++) {
+      const ws = FakeSocket.all.at(-1);
+      assert.ok(ws && !ws.closed, `attempt ${i + 1} opened a socket`);
+      ws.hello();
+      ws.onclose?.({ code, reason: '{"retryMs":200}' });
+      assert.equal(rt.state.phase, "reconnecting");
+      const delay = (rt.state.retryAt ?? 0) - Date.now();
+      delays.push(delay);
+      mock.timers.tick(delay);
+      await settle();
+    }
+    rt.stop();
+    mock.restoreAll();
+    mock.timers.reset();
+    FakeSocket.all = [];
+    assert.equal(delays[0], 200 + 500, `${code}: the first wait is the advice plus jitter`);
+    assert.ok(delays.every((d) => d >= 700), `${code}: never sooner than the advice: ${delays}`);
+    assert.ok(delays[9] >= 15000, `${code}: the tenth wait has backed off: ${delays}`);
+  }
+});
+
+test("a heartbeatMs a timer cannot hold, or of 1 ms, does not make the client ping in a loop", async () => {
+  for (const heartbeatMs of [1e12, 1]) {
+    const { rt } = realtime();
+    rt.start();
+    await settle();
+    const ws = FakeSocket.all.at(-1);
+    assert.ok(ws);
+    ws.onmessage?.({ data: JSON.stringify({ type: "hello", connectionId: "c", instance: "i", heartbeatMs, expiresAt: Date.now() + 3600e3 }) });
+    await wait(100);
+    const pings = ws.frames("ping").length;
+    rt.stop();
+    FakeSocket.all = [];
+    assert.equal(pings, 0, `heartbeatMs ${heartbeatMs}: ${pings} pings in 100 ms`);
+  }
+});
+
+test("a second hello on the same socket starts no second ping timer and resubscribes nothing", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const { rt } = realtime();
+  rt.subscribe("d1", { sinceSeq: 0 });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  ws.hello();
+  mock.timers.tick(25000);
+  assert.equal(ws.frames("ping").length, 1, "one ping per heartbeat");
+  assert.equal(ws.frames("subscribe").length, 1, "one subscribe");
+  rt.stop();
+});
+
+test("a seq gap REST cannot fill is read again with backoff, not every 500 ms; once REST has the messages they arrive", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  let reads = 0;
+  /** @type {any[]} */
+  let stored = [];
+  const rest = /** @type {any} */ ({
+    ticket: async () => ({ ticket: "t", expiresAt: 0 }),
+    async *historyPages(/** @type {string} */ _id, /** @type {{afterSeq: number}} */ { afterSeq }) {
+      reads++;
+      yield stored.filter((m) => m.seq > afterSeq);
+    },
+  });
+  const rt = new Realtime({ url: "ws://gateway/v1/realtime", auth: "bearer", WebSocket: /** @type {any} */ (FakeSocket) }, rest, new Tokens(() => "token"));
+  /** @type {number[]} */
+  const got = [];
+  rt.on("message", ({ message }) => got.push(message.seq));
+  rt.subscribe("d", { sinceSeq: 0 });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  ws.onmessage?.({ data: JSON.stringify({ type: "subscribed", dialogId: "d", lastSeq: 0, recovered: true }) });
+  const msg = (/** @type {number} */ seq) => ({ id: `m${seq}`, dialogId: "d", seq, senderId: "u", body: `b${seq}`, createdAt: 0, attachments: [] });
+  ws.onmessage?.({ data: JSON.stringify({ type: "event", channel: "c", id: "e5", event: "message.created", entityId: "m5", dialogId: "d", seq: 5, data: msg(5) }) });
+  for (let t = 0; t < 60000; t += 100) {
+    mock.timers.tick(100);
+    await settle();
+  }
+  assert.ok(reads >= 2 && reads <= 10, `${reads} REST reads in a minute`);
+  assert.deepEqual(got, []);
+  stored = [1, 2, 3, 4, 5].map(msg);
+  for (let t = 0; t < 60000 && got.length < 5; t += 100) {
+    mock.timers.tick(100);
+    await settle();
+  }
+  assert.deepEqual(got, [1, 2, 3, 4, 5], "the gap is filled");
+  rt.stop();
+});
+
+test("a credential that keeps ending within a minute, or a refresh the server keeps refusing, is renewed at most every 10 s", async () => {
+  for (const answer of ["refreshed", "error"]) {
+    mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+    let asked = 0;
+    const tokens = new Tokens(() => { asked++; return `token${asked}`; });
+    tokens.set("token0");
+    const rest = /** @type {any} */ ({ ticket: async () => ({ ticket: "t", expiresAt: 0 }) });
+    const rt = new Realtime({ url: "ws://gateway/v1/realtime", auth: "bearer", WebSocket: /** @type {any} */ (FakeSocket) }, rest, tokens);
+    rt.on("error", () => {});
+    rt.start();
+    await settle();
+    const ws = FakeSocket.all[0];
+    // Credentials that last 30 s (a short-lived token, or a server that
+    // says so), then every refresh answered with another 30 s, or refused.
+    ws.onmessage?.({ data: JSON.stringify({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 25000, expiresAt: Date.now() + 30000 }) });
+    let answered = 0;
+    for (let t = 0; t < 20000; t += 100) {
+      mock.timers.tick(100);
+      await settle();
+      for (; answered < ws.frames("refresh").length; answered++) {
+        const f = answer === "refreshed" ? { type: "refreshed", expiresAt: Date.now() + 30000 } : { type: "error", error: "unauthorized" };
+        ws.onmessage?.({ data: JSON.stringify(f) });
+      }
+      await settle();
+    }
+    const phase = rt.state.phase;
+    rt.stop();
+    mock.timers.reset();
+    FakeSocket.all = [];
+    assert.ok(asked >= 2 && asked <= 3, `${answer}: getToken was asked ${asked} times in 20 s`);
+    assert.equal(phase, "live", answer);
+  }
+});
+
+test("stop and start while a ticket request is under way leave one socket, and frames of a socket given up change nothing", async () => {
+  /** @type {((v: any) => void)[]} */
+  const pending = [];
+  const { rt } = realtime({ auth: "ticket", ticket: () => new Promise((r) => pending.push(r)) });
+  rt.start();
+  await settle();
+  rt.stop();
+  rt.start();
+  await settle();
+  for (const r of pending) r({ ticket: "t", expiresAt: 0 });
+  await settle();
+  const open = FakeSocket.all.filter((s) => !s.closed);
+  assert.equal(open.length, 1, `${open.length} sockets open`);
+  rt.stop();
+  FakeSocket.all = [];
+
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const late = realtime();
+  late.rt.start();
+  await settle();
+  const first = FakeSocket.all[0];
+  mock.timers.tick(CONNECT_TIMEOUT_MS); // given up: no hello in time
+  assert.equal(late.rt.state.phase, "reconnecting");
+  first.hello(); // arrives after all
+  assert.equal(late.rt.state.phase, "reconnecting", "a hello on the abandoned socket does not make the client live");
+  late.rt.stop();
+});

@@ -51,6 +51,21 @@ export async function request(method, path, { body, rawBody, headers, signal, au
 
 export const get = async (path, opts) => (await request("GET", path, opts)).data;
 
+// blobURL is the address of an attachment's bytes taken from an upload or
+// download-url answer, when it is this origin's own
+// /v1/attachments/<id>/blob; null for anything else (another origin or
+// path, javascript:, data:), so a broken or hostile answer can neither
+// send the browser elsewhere nor have a file uploaded there.
+export function blobURL(url, id, origin = location.origin) {
+  try {
+    const u = new URL(String(url), origin);
+    if (u.origin !== origin || u.username || u.password) return null;
+    return u.pathname === `/v1/attachments/${encodeURIComponent(id)}/blob` ? u.href : null;
+  } catch {
+    return null; // not a URL, or an id that cannot be encoded
+  }
+}
+
 // retrying repeats fn while it fails with a retryable error, up to attempts
 // times, waiting Retry-After when the server gave one, else the SDK's
 // exponential backoff with jitter. onWait(err, delayMs, attempt) reports

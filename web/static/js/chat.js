@@ -6,8 +6,8 @@
 // or reconciled over REST after a reconnect, a resync or a gap; it also
 // sends messages and pages history.
 import { ApiError, FrameError } from "../sdk/index.js";
-import { get, request, retrying } from "./api.js";
-import { $, avatar, dayKey, dayLabel, formatBytes, formatDateTime, formatTime, h, icon, listTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
+import { blobURL, get, request, retrying } from "./api.js";
+import { $, avatar, dayKey, dayLabel, formatBytes, formatDateTime, formatTime, h, icon, isoTime, listTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView, sentence } from "./errors.js";
 import { Timeline } from "./timeline.js";
 
@@ -15,6 +15,18 @@ const TYPING_SHOWN_MS = 4000;
 const PRESENCE_USERS_MAX = 50;
 const POLL_MS = 5000;
 const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+// An open dialog read at its end shows at most this many messages; older
+// ones go behind "Load earlier messages", so a dialog that keeps receiving
+// for hours costs the same to show as a fresh one.
+const MESSAGES_SHOWN_MAX = 1000;
+
+// attachmentsOf: a message's attachments that are objects (a broken answer
+// may carry anything there), each with its name and type as text.
+function attachmentsOf(m) {
+  if (!Array.isArray(m.attachments)) return [];
+  return m.attachments.filter((a) => a && typeof a === "object")
+    .map((a) => ({ ...a, id: String(a.id ?? ""), filename: String(a.filename ?? ""), contentType: String(a.contentType ?? "") }));
+}
 
 // canRetry: whether a failed send may succeed when tried again with the
 // same key. A request the server refused as such (4xx: invalid_body,
@@ -251,7 +263,7 @@ export class ChatView {
         h("span", { class: "dialog-text" },
           h("span", { class: "dialog-top" },
             h("span", { class: "dialog-name", text: this.#title(d) }),
-            when ? h("time", { class: "dialog-time", datetime: new Date(when).toISOString(), title: formatDateTime(when), text: listTime(when) }) : null),
+            when ? h("time", { class: "dialog-time", datetime: isoTime(when), title: formatDateTime(when), text: listTime(when) }) : null),
           h("span", { class: "dialog-sub", dataset: { seq: last ? String(last.seq) : "" }, text: preview })),
         unread ? h("span", { class: "badge", "aria-label": `${unread} unread`, text: unread > 99 ? "99+" : String(unread) }) : null);
       return h("li", null, a);
@@ -265,7 +277,7 @@ export class ChatView {
   // #noteLast keeps a dialog's latest message for the list's preview.
   #noteLast(d, m) {
     if (!d || (d.last && d.last.seq >= m.seq)) return;
-    d.last = { seq: m.seq, body: m.body || "", senderId: m.senderId, createdAt: m.createdAt, atts: (m.attachments || []).length };
+    d.last = { seq: m.seq, body: m.body || "", senderId: m.senderId, createdAt: m.createdAt, atts: attachmentsOf(m).length };
     d.activity = Math.max(d.activity || 0, m.createdAt || 0);
   }
 
@@ -443,6 +455,10 @@ export class ChatView {
     if (!tl) return;
     const sc = this.scroller;
     const atBottom = forceBottom || sc.scrollHeight - sc.scrollTop - sc.clientHeight < 80;
+    // Read at its end, the list keeps the latest messages only (older
+    // ones load again with "Load earlier messages"); scrolled up, nothing
+    // moves under the reader.
+    if (atBottom) this.#trim(tl);
     const msgs = tl.messages();
     const els = [];
     let prev = null;
@@ -481,9 +497,21 @@ export class ChatView {
     if (atBottom) sc.scrollTop = sc.scrollHeight;
   }
 
+  // #trim lets a timeline's oldest messages go beyond MESSAGES_SHOWN_MAX,
+  // with their elements and previews.
+  #trim(tl) {
+    for (const m of tl.trim(MESSAGES_SHOWN_MAX)) {
+      this.msgEls.delete(m.id);
+      for (const a of attachmentsOf(m)) {
+        this.previews.get(a.id)?.then((u) => u && URL.revokeObjectURL(u));
+        this.previews.delete(a.id);
+      }
+    }
+  }
+
   #messageEl(m) {
     const mine = m.senderId === this.me;
-    const atts = (m.attachments || []).map((a) => this.#attachmentEl(a));
+    const atts = attachmentsOf(m).map((a) => this.#attachmentEl(a));
     // The seq number is for support and debugging: in the tooltip, and
     // shown beside the time on hover or keyboard focus only.
     return h("li", { class: `msg${mine ? " mine" : ""}`, dataset: { seq: String(m.seq), id: m.id, sender: m.senderId },
@@ -492,7 +520,7 @@ export class ChatView {
       h("div", { class: "msg-col" },
         h("div", { class: "msg-meta" },
           h("span", { class: "sender", text: mine ? "You" : shortId(m.senderId), title: m.senderId }),
-          h("time", { datetime: new Date(m.createdAt).toISOString(), title: formatDateTime(m.createdAt), text: formatTime(m.createdAt) }),
+          h("time", { datetime: isoTime(m.createdAt), title: formatDateTime(m.createdAt), text: formatTime(m.createdAt) }),
           h("span", { class: "seq", text: `#${m.seq}` })),
         h("div", { class: "bubble" },
           m.body ? h("p", { class: "body", text: m.body }) : null,
@@ -521,8 +549,10 @@ export class ChatView {
     if (!this.previews.has(a.id)) {
       this.previews.set(a.id, (async () => {
         try {
-          const { url } = await get(`/v1/attachments/${a.id}/download-url`);
-          const res = await fetch(url, { cache: "no-store" });
+          const { url } = await get(`/v1/attachments/${encodeURIComponent(a.id)}/download-url`);
+          const href = blobURL(url, a.id);
+          if (!href) return null;
+          const res = await fetch(href, { cache: "no-store", credentials: "omit" });
           if (!res.ok) return null;
           return URL.createObjectURL(await res.blob());
         } catch {
@@ -536,8 +566,10 @@ export class ChatView {
 
   async #download(a) {
     try {
-      const { url } = await get(`/v1/attachments/${a.id}/download-url`);
-      const link = h("a", { href: url, download: a.filename, hidden: true });
+      const { url } = await get(`/v1/attachments/${encodeURIComponent(a.id)}/download-url`);
+      const href = blobURL(url, a.id);
+      if (!href) throw new ApiError("invalid_response", 200);
+      const link = h("a", { href, download: a.filename, hidden: true });
       document.body.append(link);
       link.click();
       link.remove();
@@ -622,7 +654,7 @@ export class ChatView {
   #matchPending(dialogId, m) {
     const list = this.pending.get(dialogId);
     if (!list) return;
-    const ids = (m.attachments || []).map((a) => a.id).join(",");
+    const ids = attachmentsOf(m).map((a) => a.id).join(",");
     const p = list.find((x) => !x.matched && x.state !== "failed" && x.body === m.body && x.attachments.map((a) => a.id).join(",") === ids);
     if (p) p.matched = true;
   }
@@ -680,10 +712,12 @@ export class ChatView {
     try {
       const { data } = await retrying(() => request("POST", "/v1/attachments", {
         body: { dialogId, filename: file.name, contentType, sizeBytes: file.size }, headers: { "Idempotency-Key": key } }));
+      const uploadUrl = blobURL(data.uploadUrl, data.id);
+      if (!uploadUrl) throw new ApiError("invalid_response", 201);
       await retrying(async () => {
         let res;
         try {
-          res = await fetch(data.uploadUrl, { method: "PUT", headers: { "Content-Type": contentType }, body: file, credentials: "omit" });
+          res = await fetch(uploadUrl, { method: "PUT", headers: { "Content-Type": contentType }, body: file, credentials: "omit" });
         } catch {
           throw new ApiError("network_error", 0);
         }
@@ -730,8 +764,14 @@ export class ChatView {
   // #onMessage: the SDK's next message of a followed dialog.
   #onMessage(dialogId, m) {
     const tl = this.timelines.get(dialogId);
-    if (tl) tl.add([m]);
-    else if (this.dialogs.has(dialogId)) this.#onAdded(dialogId, [m]);
+    if (!tl) {
+      if (this.dialogs.has(dialogId)) this.#onAdded(dialogId, [m]);
+      return;
+    }
+    tl.add([m]);
+    // A dialog opened earlier keeps its latest messages only (the open one
+    // is trimmed as it is shown).
+    if (dialogId !== this.current) this.#trim(tl);
   }
 
   #onEvent(f) {

@@ -3,7 +3,7 @@
 // cache browser and editor, topics, subscriptions, publish, claim with a
 // lease countdown, acknowledgements and receipts.
 import { get, request, retrying } from "./api.js";
-import { $, countdown, formatBytes, formatDateTime, h, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
+import { $, countdown, formatBytes, formatDateTime, h, isoTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView } from "./errors.js";
 
 const RECENT_MAX = 8;
@@ -444,7 +444,7 @@ export class ConsoleView {
       h("td", { class: "mono value-cell", title: it.value, "data-label": "Value" }, h("span", { text: preview })),
       h("td", { class: "num", "data-label": "Size" }, h("span", { text: formatBytes(it.sizeBytes) })),
       h("td", { class: "expires-cell", "data-label": "Expires" },
-        h("time", { class: "expires", datetime: new Date(it.expiresAt).toISOString(), text: formatDateTime(it.expiresAt) }),
+        h("time", { class: "expires", datetime: isoTime(it.expiresAt), text: formatDateTime(it.expiresAt) }),
         h("div", { class: "muted rel", dataset: { rel: String(it.expiresAt) }, text: relative(it.expiresAt) }), badges),
       h("td", { class: "muted nowrap", title: it.updatedAt ? formatDateTime(it.updatedAt) : "unknown (legacy entry)", "data-label": "Updated" },
         h("span", { dataset: it.updatedAt ? { rel: String(it.updatedAt) } : null, text: it.updatedAt ? relative(it.updatedAt) : "—" })),

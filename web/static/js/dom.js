@@ -91,7 +91,15 @@ const dayFmt = new Intl.DateTimeFormat(undefined, { weekday: "long", day: "numer
 const weekdayFmt = new Intl.DateTimeFormat(undefined, { weekday: "short" });
 const shortDateFmt = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short", year: "numeric" });
 
-export const formatTime = (ms) => timeFmt.format(new Date(ms));
+// A timestamp is epoch ms within the range of Date; anything else (a
+// broken answer) formats as "–" and never throws, so one bad time cannot
+// stop a whole list from rendering.
+const isTime = (ms) => typeof ms === "number" && Math.abs(ms) <= 8.64e15;
+
+export const formatTime = (ms) => (isTime(ms) ? timeFmt.format(new Date(ms)) : "–");
+
+// isoTime is a timestamp for a datetime attribute ("" when it is none).
+export const isoTime = (ms) => (isTime(ms) ? new Date(ms).toISOString() : "");
 
 // dayKey is the local calendar day of a timestamp, "2026-12-02".
 export function dayKey(ms) {
@@ -110,6 +118,7 @@ function daysAgo(ms, now) {
 // dayLabel names a day for a separator: "Today", "Yesterday", else the
 // full date ("Monday, 30 November 2026" in the browser's locale).
 export function dayLabel(ms, now = Date.now()) {
+  if (!isTime(ms)) return "–";
   const n = daysAgo(ms, now);
   if (n === 0) return "Today";
   if (n === 1) return "Yesterday";
@@ -119,6 +128,7 @@ export function dayLabel(ms, now = Date.now()) {
 // listTime is a compact time for the dialog list: "14:05" today,
 // "Yesterday", a weekday within the week, else a short date.
 export function listTime(ms, now = Date.now()) {
+  if (!isTime(ms)) return "–";
   const n = daysAgo(ms, now);
   if (n === 0) return formatTime(ms);
   if (n === 1) return "Yesterday";
@@ -126,10 +136,11 @@ export function listTime(ms, now = Date.now()) {
   return shortDateFmt.format(new Date(ms));
 }
 // formatDateTime is an epoch-ms timestamp in the browser's local time zone.
-export const formatDateTime = (ms) => dateTimeFmt.format(new Date(ms));
+export const formatDateTime = (ms) => (isTime(ms) ? dateTimeFmt.format(new Date(ms)) : "–");
 
 // relative: "in 59 min", "3 s ago", "in 2 d".
 export function relative(ms, now = Date.now()) {
+  if (!isTime(ms)) return "–";
   const d = ms - now;
   const a = Math.abs(d);
   let s;

@@ -72,6 +72,23 @@ export class Timeline {
     return added;
   }
 
+  // trim keeps the latest max messages and returns the ones it let go:
+  // floor rises to the highest of them, so "load earlier" reads them again
+  // and a late duplicate of one is not held again.
+  trim(max) {
+    if (this.bySeq.size <= max) return [];
+    const seqs = Array.from(this.bySeq.keys()).sort((a, b) => a - b).slice(0, this.bySeq.size - max);
+    const gone = [];
+    for (const s of seqs) {
+      const m = this.bySeq.get(s);
+      this.bySeq.delete(s);
+      this.ids.delete(m.id);
+      gone.push(m);
+    }
+    this.floor = seqs[seqs.length - 1];
+    return gone;
+  }
+
   // loadOlder loads up to n messages below floor; false when there are none.
   async loadOlder(n = 50) {
     if (this.floor <= 0) return false;
