@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/segmentio/encoding/json"
 
@@ -68,7 +67,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 // member and ignored like any other.
 func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	ct := r.Header.Get("Content-Type")
-	if ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+	if !jsonx.MediaTypeOK(ct) {
 		return apierr.UnsupportedMediaType
 	}
 	b, err := readBody(w, r, limit)

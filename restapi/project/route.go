@@ -3,12 +3,12 @@ package projectapi
 import (
 	"context"
 	"net/http"
-	"strings"
 
 	"github.com/gorilla/mux"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/restapi/apierr"
 	"github.com/han-app/gateway/store"
 )
@@ -179,7 +179,7 @@ func (a *API) answer(w http.ResponseWriter, out reply) {
 // reading: SmallBodyLimit, or Deps.BodyLimit for a large body); a
 // Content-Type other than application/json is refused.
 func (a *API) readBody(w http.ResponseWriter, r *http.Request, large bool) ([]byte, error) {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+	if !jsonx.MediaTypeOK(r.Header.Get("Content-Type")) {
 		return nil, apierr.UnsupportedMediaType
 	}
 	limit := min(a.d.BodyLimit, SmallBodyLimit)
