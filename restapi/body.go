@@ -1,7 +1,6 @@
 package restapi
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -74,14 +73,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	if err != nil {
 		return err
 	}
-	if err := jsonx.Check(b); err != nil {
-		return errInvalidJSON
-	}
-	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return errInvalidJSON
-	}
-	// Check refused trailing data, so nothing is left after the object.
-	if _, err := json.Parse(b, v, json.DontMatchCaseInsensitiveStructFields); err != nil {
+	if err := jsonx.DecodeObject(b, v); err != nil {
 		return errInvalidJSON
 	}
 	return nil

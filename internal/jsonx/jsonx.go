@@ -81,15 +81,18 @@ func Check(data []byte) error {
 // *json.InvalidUnmarshalError unchanged, because that is a programming
 // error rather than a bad body.
 //
-// Members whose keys differ only in case may still both be matched to the
-// same struct field by the decoder's case-insensitive matching; the last
-// one wins. Only exact duplicates are refused.
+// A member fills a struct field only under the field's exact name. Go's
+// decoders also match names that differ in letter case, so
+// {"body":"a","BODY":"b"} would decode as "b" while every other reader of
+// the same bytes sees "a"; here "BODY" is an unknown member, ignored like
+// any other.
 func DecodeObject(data []byte, v any) error {
 	start, err := checkObject(data, nil)
 	if err != nil {
 		return err
 	}
-	if err := json.Unmarshal(data, v); err != nil {
+	// checkObject refused anything after the object, so nothing is left.
+	if _, err := json.Parse(data, v, json.DontMatchCaseInsensitiveStructFields); err != nil {
 		return decodeError(data, start, err)
 	}
 	return nil

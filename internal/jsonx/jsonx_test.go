@@ -281,7 +281,6 @@ func TestDecodeObject(t *testing.T) {
 		{name: "fraction for int", in: `{"conversationId":"c","ttlSeconds":1.5}`, reason: ReasonType, path: []string{"ttlSeconds"}, offset: 35},
 		{name: "overflow for int", in: `{"ttlSeconds":1e400}`, reason: ReasonType, path: []string{"ttlSeconds"}, offset: 14},
 		{name: "object for string", in: `{"conversationId":{}}`, reason: ReasonType, path: []string{"conversationId"}, offset: 18},
-		{name: "case-insensitive match", in: `{"TTLSECONDS":true}`, reason: ReasonType, path: []string{"TTLSECONDS"}, offset: 14},
 		{name: "array element", in: `{"tags":["a", 1]}`, reason: ReasonType, path: []string{"tags", "1"}, offset: 14},
 		{name: "nested field", in: `{"inner":{"n":true}}`, reason: ReasonType, path: []string{"inner", "n"}, offset: 14},
 		{name: "map key with dot", in: `{"limits":{"a":1,"x.y":"z"}}`, reason: ReasonType, path: []string{"limits", "x.y"}, offset: 23},
@@ -298,6 +297,23 @@ func TestDecodeObject(t *testing.T) {
 			assertCheck(t, DecodeObject([]byte(tc.in), &req), tc)
 		})
 	}
+
+	// A member fills a field only under its exact name: a case variant is
+	// an unknown member, so it neither overrides the field nor fails the
+	// decode for its type.
+	t.Run("case variant ignored", func(t *testing.T) {
+		var req ttlRequest
+		if err := DecodeObject([]byte(`{"ttlSeconds":60,"TTLSECONDS":7,"ConversationID":"x","conversationId":"c","TtlSeconds":true}`), &req); err != nil {
+			t.Fatalf("DecodeObject = %v", err)
+		}
+		if req.TTL != 60 || req.Conversation != "c" {
+			t.Fatalf("decoded %+v, want the exact names' values (60, c)", req)
+		}
+		req = ttlRequest{}
+		if err := DecodeObject([]byte(`{"TTLSECONDS":5}`), &req); err != nil || req.TTL != 0 {
+			t.Fatalf("a case variant alone filled the field: %+v %v", req, err)
+		}
+	})
 
 	t.Run("unmarshaler error", func(t *testing.T) {
 		var v struct {
