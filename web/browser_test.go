@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
+	browsertest "github.com/han-app/gateway/internal/testenv/browser"
 	"github.com/han-app/gateway/web"
 )
 
@@ -27,41 +26,14 @@ import (
 // dialog that keeps growing. What the real server sends is covered by the
 // browser tests of cmd/han-gateway.
 
-var chromiumFlags = []string{
-	"headless", "no-sandbox", "disable-gpu", "disable-quic", "no-first-run",
-	"disable-background-networking", "disable-component-update", "disable-sync",
-	"disable-dev-shm-usage", "no-default-browser-check", "disable-default-apps", "disable-extensions",
-	"disable-background-timer-throttling", "disable-renderer-backgrounding", "disable-backgrounding-occluded-windows",
-}
-
 // startChromium starts one headless Chromium for the test; without one in
 // PATH the test is skipped, or fails when CI=true. An uncaught exception
 // in the page fails the test.
 func startChromium(t *testing.T) context.Context {
 	t.Helper()
-	path := ""
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			path = p
-			break
-		}
-	}
-	if path == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("chromium not found in PATH: the browser tests need Debian's chromium package (apt-get install -y chromium)")
-		}
-		t.Skip("chromium not found in PATH (apt-get install -y chromium); the browser tests are required in CI")
-	}
-	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(path), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 860)}
-	for _, f := range chromiumFlags {
-		opts = append(opts, chromedp.Flag(f, true))
-	}
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(allocCtx)
+	ctx := browsertest.Start(t)
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 860)); err != nil {
-		cancel()
-		cancelAlloc()
-		t.Fatalf("start chromium (%s): %v", path, err)
+		t.Fatalf("viewport: %v", err)
 	}
 	var mu sync.Mutex
 	var thrown []string
@@ -84,9 +56,6 @@ func startChromium(t *testing.T) context.Context {
 			t.Errorf("uncaught exceptions in the page:\n  %s", strings.Join(thrown, "\n  "))
 		}
 		mu.Unlock()
-		_ = chromedp.Cancel(ctx)
-		cancel()
-		cancelAlloc()
 	})
 	return ctx
 }

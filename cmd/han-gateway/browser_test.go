@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/testenv"
+	browsertest "github.com/han-app/gateway/internal/testenv/browser"
 )
 
 // Browser tests: the real web client (web/static) in headless Chromium from
@@ -30,26 +30,6 @@ import (
 //
 // Screenshots of every step go to $HAN_SCREENSHOT_DIR, or else to a folder
 // in the test's temporary directory; the folder is logged.
-
-// chromiumFlags are the launch flags that work on the CI machines (no GPU,
-// no sandbox as root, nothing phoning home); a fresh user-data-dir is added
-// per run.
-var chromiumFlags = []string{
-	"headless", "no-sandbox", "disable-gpu", "disable-quic", "no-first-run",
-	"disable-background-networking", "disable-component-update", "disable-sync",
-	"disable-dev-shm-usage", "no-default-browser-check", "disable-default-apps", "disable-extensions",
-	"disable-background-timer-throttling", "disable-renderer-backgrounding", "disable-backgrounding-occluded-windows",
-}
-
-// chromiumPath finds Debian's chromium; it never downloads a browser.
-func chromiumPath() string {
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
 
 // browser is one Chromium process for a test.
 type browser struct {
@@ -62,32 +42,7 @@ type browser struct {
 
 func startBrowser(t *testing.T) *browser {
 	t.Helper()
-	path := chromiumPath()
-	if path == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("chromium not found in PATH: the browser tests need Debian's chromium package " +
-				"(apt-get install -y chromium; .ci/run and scripts/lib.sh han_ensure_packages --chromium install it)")
-		}
-		t.Skip("chromium not found in PATH (apt-get install -y chromium); the browser tests are required in CI")
-	}
-	opts := []chromedp.ExecAllocatorOption{chromedp.ExecPath(path), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 860)}
-	for _, f := range chromiumFlags {
-		opts = append(opts, chromedp.Flag(f, true))
-	}
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(allocCtx)
-	if err := chromedp.Do(ctx); err != nil { // starts the browser
-		cancel()
-		cancelAlloc()
-		t.Fatalf("start chromium (%s): %v", path, err)
-	}
-	b := &browser{t: t, ctx: ctx, shots: screenshotDir(t)}
-	t.Cleanup(func() {
-		_ = chromedp.Cancel(ctx)
-		cancel()
-		cancelAlloc()
-	})
-	return b
+	return &browser{t: t, ctx: browsertest.Start(t), shots: screenshotDir(t)}
 }
 
 func screenshotDir(t *testing.T) string {

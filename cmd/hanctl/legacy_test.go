@@ -10,28 +10,39 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
 )
 
-func TestProjectLegacyImport(t *testing.T) {
+// legacyImportEnv starts a private redis-server for an import test: its
+// admin client, the environment hanctl runs with (HAN_ENV stage), and a
+// writer of entries files.
+func legacyImportEnv(t *testing.T) (rs *testenv.RedisServer, admin *redis.Client, envs map[string]string, write func(string) string) {
+	t.Helper()
 	rs, err := testenv.StartRedis(testenv.RedisOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rs.Stop()
-	admin := rs.AdminClient(0)
-	defer admin.Close()
-	ctx := context.Background()
-	envs := map[string]string{"REDIS_URL": rs.URL(0), "HAN_ENV": "stage"}
-	write := func(body string) string {
+	t.Cleanup(rs.Stop)
+	admin = rs.AdminClient(0)
+	t.Cleanup(func() { admin.Close() })
+	envs = map[string]string{"REDIS_URL": rs.URL(0), "HAN_ENV": "stage"}
+	write = func(body string) string {
 		f := filepath.Join(t.TempDir(), "entries.json")
 		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return f
 	}
+	return rs, admin, envs, write
+}
+
+func TestProjectLegacyImport(t *testing.T) {
+	rs, admin, envs, write := legacyImportEnv(t)
+	ctx := context.Background()
 	projectID := ids.New()
 	keys := project.NewKeys("stage", projectID)
 
@@ -100,22 +111,8 @@ func TestProjectLegacyImport(t *testing.T) {
 // reaches Redis as several HSET commands (one command of a whole file
 // would hold Redis for as long as it takes to run it).
 func TestProjectLegacyImportSizes(t *testing.T) {
-	rs, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Stop()
-	admin := rs.AdminClient(0)
-	defer admin.Close()
+	_, admin, envs, write := legacyImportEnv(t)
 	ctx := context.Background()
-	envs := map[string]string{"REDIS_URL": rs.URL(0), "HAN_ENV": "stage"}
-	write := func(body string) string {
-		f := filepath.Join(t.TempDir(), "entries.json")
-		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
 	over := ids.New()
 	big := strings.Repeat("v", project.CacheQuotaMaxBytes)
 	if _, err := run(t, envs, "project", "legacy-import", "--project", over, "--file",
