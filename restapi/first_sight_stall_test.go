@@ -1,13 +1,10 @@
 package restapi_test
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
@@ -26,24 +23,7 @@ func TestFirstRequestQueuedBehindAStalledUserRecordEndsWithinTheBudget(t *testin
 	base := newHarness(t)
 	base.store.SetRequestTimeout(budget)
 	h, logs := base.withLog(nil)
-	ctx := context.Background()
-	locker, err := pgx.Connect(ctx, env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(ctx)
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var pid uint32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE users IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := testenv.LockTable(t, env.DatabaseURL, "users", "ACCESS EXCLUSIVE")
 
 	type answer struct {
 		code  int
@@ -64,14 +44,7 @@ func TestFirstRequestQueuedBehindAStalledUserRecordEndsWithinTheBudget(t *testin
 	go first(toks[0], stalled)
 	// The first record is in PostgreSQL, waiting for the lock; the others
 	// queue behind it.
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		var n int
-		if err := h.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))",
-			pid).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	}, "the first user record never waited for the lock")
+	lock.WaitBlocked(1)
 	queued := make(chan answer, len(toks)-1)
 	for _, tok := range toks[1:] {
 		go first(tok, queued)
@@ -94,9 +67,7 @@ func TestFirstRequestQueuedBehindAStalledUserRecordEndsWithinTheBudget(t *testin
 			t.Errorf("the log holds %.20q: %s", leak, logs)
 		}
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lock.Release()
 	for _, tok := range toks {
 		if code, b := h.do(tok, "GET", "/v1/me", ""); code != 200 {
 			t.Fatalf("first request after the lock was released: %d %s", code, b)

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
 )
 
@@ -214,42 +213,24 @@ func TestRealtimeLingerSharesOneQuery(t *testing.T) {
 // context's error, without waiting for the query; the stalled check is
 // answered once the stall ends.
 func TestASubscribeCheckQueuedBehindAStalledQueryLeavesAtItsDeadline(t *testing.T) {
-	st, pool := openStore(t)
+	st, _ := openStore(t)
 	f := newSendFixture(t, st, 2)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var pid uint32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE dialog_members IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := testenv.LockTable(t, env.DatabaseURL, "dialog_members", "ACCESS EXCLUSIVE")
 	stalled := make(chan error, 1)
 	go func() {
 		_, err := st.DialogLastSeq(ctx, f.dialog, f.users[0])
 		stalled <- err
 	}()
-	waitBlocked(t, pool, pid, 1)
+	lock.WaitBlocked(1)
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = st.DialogLastSeq(short, f.dialog, f.users[1])
+	_, err := st.DialogLastSeq(short, f.dialog, f.users[1])
 	if took := time.Since(start); took > time.Second || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a check with a 200ms deadline behind a stalled query: %v after %v", err, took)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lock.Release()
 	if err := <-stalled; err != nil {
 		t.Fatalf("the stalled check once the stall ended: %v", err)
 	}

@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 )
 
 type closeLog struct {
@@ -49,30 +48,10 @@ func TestCloseIsBoundedWhenPostgreSQLStalls(t *testing.T) {
 	vars["HAN_DB_REQUEST_TIMEOUT"] = "500ms"
 	lg := &closeLog{start: time.Now()}
 	m := runLogged(t, vars, lg)
-	ctx := context.Background()
 	_, bTok, dialogID := dialogWithSends(t, m, 1, "close-pgstall")
 
 	// The stall: another session holds a lock on messages.
-	conn, err := pgx.Connect(ctx, env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	lockTx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lockTx.Exec(ctx, "LOCK TABLE messages IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			_ = lockTx.Rollback(ctx)
-		}
-	}
-	defer release()
+	lock := testenv.LockTable(t, env.DatabaseURL, "messages", "ACCESS EXCLUSIVE")
 
 	// A history read arrives and waits.
 	got := make(chan string, 1)
@@ -112,7 +91,7 @@ func TestCloseIsBoundedWhenPostgreSQLStalls(t *testing.T) {
 				t.Logf("Close is blocked in:\n%s", g)
 			}
 		}
-		release()
+		lock.Release()
 		<-done
 		t.Fatalf("Main.Close with HAN_SHUTDOWN_TIMEOUT=1s had not returned after 15 s of a PostgreSQL lock wait "+
 			"(returned only once the lock was released, after %v)\nlog:\n%s",
