@@ -195,6 +195,10 @@ func (m *Main) Run(ctx context.Context) error {
 	apiStore.SetSendLinger(cfg.SendLinger)
 	apiStore.SetRealtimeLinger(cfg.WSLinger)
 	metrics.Registry.MustRegister(newSendCollector(apiStore)) // dbpool.go
+	// Before the realtime service clears this id's index (instance.go).
+	if err := m.checkInstanceID(ctx); err != nil {
+		return err
+	}
 	m.realtime, err = gateway.NewService(gateway.Deps{
 		Config: gateway.ServiceConfig{
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,
@@ -241,7 +245,7 @@ func (m *Main) Run(ctx context.Context) error {
 		project.BudgetReconcilerConfig{}, m.Logger)
 	m.budgets.Start()
 
-	if err := m.metrics.start(cfg.MetricsAddr, metrics.Handler(), m.Logger); err != nil {
+	if err := m.metrics.start(cfg.MetricsAddr, metrics.Handler(), cfg.HTTPIdleTimeout, m.Logger); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)

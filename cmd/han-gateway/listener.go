@@ -20,30 +20,48 @@ const descriptorReserve = 256
 
 // connCaps returns the process and per-peer connection caps: the
 // configured values, else RLIMIT_NOFILE minus the Redis and PostgreSQL pool
-// sizes minus descriptorReserve, and a quarter of that per peer.
+// sizes minus descriptorReserve, and a quarter of that per peer. A
+// configured HAN_MAX_CONNECTIONS above that room is refused: client
+// connections would use up the descriptors before the cap is reached, so
+// accept would fail (clients left unanswered instead of refused with 503)
+// and the pools could not dial.
 func (m *Main) connCaps() (total, perIP int, err error) {
 	total, perIP = m.Config.MaxConnections, m.Config.MaxConnsPerIP
-	if total == 0 {
-		var lim syscall.Rlimit
-		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-			return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit is unreadable: %w", err)
-		}
-		pools := int(m.pg.Config().MaxConns)
-		for _, c := range []redis.UniversalClient{m.rdb, m.rt, m.ops.stubDB2} {
-			if o, ok := c.(interface{ Options() *redis.Options }); ok {
-				pools += o.Options().PoolSize
-			}
-		}
-		total = int(min(lim.Cur, 1<<30)) - pools - descriptorReserve
-		if total < 1 {
-			return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit (%d) leaves no room after the pools (%d) and the reserve (%d)",
-				lim.Cur, pools, descriptorReserve)
-		}
+	room, limit, pools, rerr := m.descriptorRoom()
+	switch {
+	case total == 0 && rerr != nil:
+		return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit is unreadable: %w", rerr)
+	case total == 0 && room < 1:
+		return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit (%d) leaves no room after the pools (%d) and the reserve (%d)",
+			limit, pools, descriptorReserve)
+	case total == 0:
+		total = room
+	case rerr == nil && total > room:
+		return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: at most %d with the descriptor limit (%d) less the pools (%d) and the reserve (%d); "+
+			"raise the limit (ulimit -n, LimitNOFILE=) or lower the cap", max(room, 0), limit, pools, descriptorReserve)
 	}
 	if perIP == 0 {
 		perIP = max(total/4, 1)
 	}
 	return total, perIP, nil
+}
+
+// descriptorRoom is how many client connections the descriptor limit
+// (RLIMIT_NOFILE) leaves after the Redis and PostgreSQL pools and
+// descriptorReserve, with the limit and the pools' size.
+func (m *Main) descriptorRoom() (room int, limit uint64, pools int, err error) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, 0, 0, err
+	}
+	pools = int(m.pg.Config().MaxConns)
+	for _, c := range []redis.UniversalClient{m.rdb, m.rt, m.ops.stubDB2} {
+		if o, ok := c.(interface{ Options() *redis.Options }); ok {
+			pools += o.Options().PoolSize
+		}
+	}
+	limit = min(lim.Cur, 1<<30)
+	return int(limit) - pools - descriptorReserve, limit, pools, nil
 }
 
 // handshakeConcurrency is how many WebSocket handshakes do their Redis and

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,11 +20,19 @@ import (
 // INFO figures (clients and their output buffers — Pub/Sub subscribers
 // included —, memory, evictions). Each probe has its own short timeout; a
 // failed probe reports up=0 and skips that database's INFO families.
-// Labels: db ("0" or "1") only.
+// Labels: db ("0" or "1") only. The readings are taken at most once every
+// opsReadEvery and shared by the scrapes in between (a scrape during a
+// reading waits for it): /metrics may be public (on HAN_HTTP_ADDR when
+// HAN_METRICS_ADDR is unset), and a flood of scrapes must not become a
+// flood of PostgreSQL queries on the request pool and Redis INFO calls.
 type opsCollector struct {
 	store   *store.Store
 	dbs     [2]redis.UniversalClient
 	timeout time.Duration
+
+	mu       sync.Mutex // held during a reading
+	readAt   time.Time  // when the last reading ended
+	readings []prometheus.Metric
 
 	outbox, up, clients, pubsubChannels, outBuf, usedMem, maxMem, evicted *prometheus.Desc
 }
@@ -51,7 +60,34 @@ func (c *opsCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// opsReadEvery is the shortest time between two readings of opsCollector.
+const opsReadEvery = time.Second
+
 func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	if c.readAt.IsZero() || time.Since(c.readAt) >= opsReadEvery {
+		out := make(chan prometheus.Metric, 32)
+		go func() {
+			c.read(out)
+			close(out)
+		}()
+		// A new slice: scrapes still sending the previous one keep it.
+		var fresh []prometheus.Metric
+		for m := range out {
+			fresh = append(fresh, m)
+		}
+		c.readings, c.readAt = fresh, time.Now()
+	}
+	readings := c.readings
+	c.mu.Unlock()
+	for _, m := range readings {
+		ch <- m
+	}
+}
+
+// read takes the readings: the outbox backlog, then each Redis database's
+// reachability and INFO figures, all within c.timeout.
+func (c *opsCollector) read(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	if n, err := c.store.OutboxPending(ctx); err == nil {

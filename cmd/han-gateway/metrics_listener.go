@@ -18,7 +18,10 @@ type metricsListener struct {
 	errc chan error
 }
 
-func (l *metricsListener) start(addr string, h http.Handler, logger *slog.Logger) error {
+// start serves h on addr. Connections idle for idle (HAN_HTTP_IDLE_TIMEOUT)
+// are closed, as on the API port: the connections of this listener count
+// against no cap, and kept open they would hold descriptors for ever.
+func (l *metricsListener) start(addr string, h http.Handler, idle time.Duration, logger *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
@@ -29,7 +32,7 @@ func (l *metricsListener) start(addr string, h http.Handler, logger *slog.Logger
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
 	l.addr = ln.Addr().String()
-	l.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+	l.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: idle, MaxHeaderBytes: 64 << 10,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	l.errc = make(chan error, 1)
 	go func() { l.errc <- l.srv.Serve(ln) }()

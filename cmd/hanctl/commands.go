@@ -264,6 +264,9 @@ func cmdSeedDemo(ctx context.Context, args []string, getenv func(string) string,
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
+	if *ttl <= 0 {
+		return errors.New("--ttl must be positive")
+	}
 	secret, err := devSecret(getenv)
 	if err != nil {
 		return err

@@ -207,3 +207,19 @@ func TestMigrateUsesTheDirectURL(t *testing.T) {
 		t.Fatalf("migrate over the direct URL: %q %v", out, err)
 	}
 }
+
+// seed demo prints tokens a developer pastes into the web client and curl:
+// a lifetime that is not positive must be refused, like token's, instead of
+// printing tokens that are already expired (a negative --ttl) or that last
+// some other lifetime than the one asked for (0).
+func TestSeedDemoRefusesANonPositiveTTL(t *testing.T) {
+	for _, ttl := range []string{"-1h", "0s"} {
+		out, err := run(t, nil, "seed", "demo", "--ttl", ttl)
+		if err == nil || !strings.Contains(err.Error(), "--ttl must be positive") {
+			t.Errorf("seed demo --ttl %s: err %v, want a refusal naming --ttl", ttl, err)
+		}
+		if strings.Contains(out, "tokens") {
+			t.Errorf("seed demo --ttl %s printed tokens: %s", ttl, out)
+		}
+	}
+}

@@ -97,7 +97,9 @@ type Config struct {
 	// pgx's default, cache_statement. Behind PgBouncer in transaction
 	// pooling: exec or simple_protocol.
 	DBExecMode string
-	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s), HAN_PRESENCE_SWEEP_INTERVAL
+	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s; at least 1s and more
+	// than 1.5 × HAN_REDIS_TIMEOUT, since the marker is refreshed every third
+	// of it and a refresh may take the Redis timeout), HAN_PRESENCE_SWEEP_INTERVAL
 	// (default 5s) bound how long a crashed instance's users stay online;
 	// HAN_OUTBOX_GRACE (default 5s, at least 1s) is how old an unpublished
 	// outbox row must be before the relay publishes it; the request path
@@ -251,6 +253,11 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
 		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)
+	} else if c.InstanceLivenessTTL < time.Second || 3*c.RedisTimeout >= 2*c.InstanceLivenessTTL {
+		// The marker is refreshed every third of its TTL and a refresh may
+		// take HAN_REDIS_TIMEOUT: shorter, a running instance's marker
+		// expires and the others sweep its open connections out of presence.
+		bad("HAN_INSTANCE_LIVENESS_TTL: must be at least 1s and more than 1.5 × HAN_REDIS_TIMEOUT")
 	}
 	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil {
 		bad("HAN_PRESENCE_SWEEP_INTERVAL: %v", err)

@@ -441,3 +441,26 @@ func TestAttachmentUnsentTTL(t *testing.T) {
 		}
 	}
 }
+
+// The liveness marker is refreshed every third of its TTL, and a refresh
+// may take HAN_REDIS_TIMEOUT: a TTL that does not cover both lets the
+// marker of a running instance expire, and the other instances then sweep
+// its connections out of presence while they are open. A TTL under 1ms is
+// no TTL at all for Redis (it counts in milliseconds): the marker was
+// never written.
+func TestInstanceLivenessTTLCoversARefresh(t *testing.T) {
+	for _, tc := range []struct{ ttl, redisTimeout string }{{"500us", ""}, {"1s", ""}, {"1500ms", "1s"}, {"10s", "7s"}} {
+		m := base()
+		m["HAN_INSTANCE_LIVENESS_TTL"], m["HAN_REDIS_TIMEOUT"] = tc.ttl, tc.redisTimeout
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_INSTANCE_LIVENESS_TTL: must be") {
+			t.Errorf("HAN_INSTANCE_LIVENESS_TTL=%s HAN_REDIS_TIMEOUT=%q: %v, want a refusal", tc.ttl, tc.redisTimeout, err)
+		}
+	}
+	for _, tc := range []struct{ ttl, redisTimeout string }{{"", ""}, {"2s", ""}, {"1s", "500ms"}, {"10s", "6s"}} {
+		m := base()
+		m["HAN_INSTANCE_LIVENESS_TTL"], m["HAN_REDIS_TIMEOUT"] = tc.ttl, tc.redisTimeout
+		if _, err := Load(env(m)); err != nil {
+			t.Errorf("HAN_INSTANCE_LIVENESS_TTL=%q HAN_REDIS_TIMEOUT=%q refused: %v", tc.ttl, tc.redisTimeout, err)
+		}
+	}
+}

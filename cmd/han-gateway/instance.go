@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/store/rds"
+)
+
+// instanceIDPoll is how often checkInstanceID reads the liveness marker
+// while it waits for a refresh.
+const instanceIDPoll = 100 * time.Millisecond
+
+// errInstanceIDInUse refuses a start while another running instance
+// refreshes the liveness marker of the same HAN_INSTANCE_ID.
+var errInstanceIDInUse = errors.New("HAN_INSTANCE_ID: another running instance uses this id (its liveness marker is being refreshed): " +
+	"give every instance its own id, or leave it unset")
+
+// checkInstanceID refuses to start while another running instance uses
+// this HAN_INSTANCE_ID. Starting would clear that instance's connections
+// from presence (what a previous life of the id left) and share its
+// liveness marker and index from then on. A live instance refreshes its
+// marker every third of HAN_INSTANCE_LIVENESS_TTL; so the marker is watched
+// for that long plus the Redis timeout, less the time since its last
+// refresh, and a change means another owner. No marker (a clean stop), or
+// one not refreshed for that long (a crash), starts at once; so does an
+// instance that cannot read Redis now (it starts degraded).
+func (m *Main) checkInstanceID(ctx context.Context) error {
+	cfg := m.Config
+	key := presence.InstanceKey(cfg.InstanceID)
+	window := cfg.InstanceLivenessTTL/3 + cfg.RedisTimeout
+	read := func() (string, error) {
+		rctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
+		defer cancel()
+		return m.rt.Get(rctx, key).Result()
+	}
+	first, err := read()
+	if err != nil {
+		if !errors.Is(err, redis.Nil) {
+			m.Logger.Warn("HAN_INSTANCE_ID not checked for another running instance: Redis did not answer", slog.String("kind", rds.Kind(err)))
+		}
+		return nil
+	}
+	// The marker holds the Redis time of its last refresh, in ms.
+	wait := window
+	if last, perr := strconv.ParseInt(first, 10, 64); perr == nil {
+		rctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
+		now, terr := m.rt.Time(rctx).Result()
+		cancel()
+		if terr == nil {
+			wait = window - now.Sub(time.UnixMilli(last))
+		}
+	}
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(instanceIDPoll):
+		}
+		v, err := read()
+		switch {
+		case errors.Is(err, redis.Nil):
+			return nil
+		case err != nil:
+			m.Logger.Warn("HAN_INSTANCE_ID not checked for another running instance: Redis did not answer", slog.String("kind", rds.Kind(err)))
+			return nil
+		case v != first:
+			return errInstanceIDInUse
+		}
+	}
+	return nil
+}

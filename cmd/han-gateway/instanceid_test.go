@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/encoding/json"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/presence"
+)
+
+// A second instance started with the HAN_INSTANCE_ID of one that is
+// running (two deployments given the same id, a new process started before
+// the old one stopped) is refused at start-up, naming the variable, and the
+// running instance's users stay online. It used to start: clearing "its
+// previous life" at start-up removed the running instance's connections
+// from presence (their users went offline while connected), and the two
+// shared one liveness marker and index from then on.
+func TestSecondInstanceWithTheSameIDIsRefused(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_INSTANCE_ID"] = "dup-" + ids.New()[:8]
+	vars["HAN_INSTANCE_LIVENESS_TTL"] = "3s"
+	first := start(t, vars)
+	a, b := ids.New(), ids.New()
+	aTok, bTok := userToken(t, a), userToken(t, b)
+	restDialog(t, first, aTok, b)
+	connectRT(t, first, bTok)
+	connections := func() int {
+		t.Helper()
+		code, body := call(t, "GET", first.URL()+"/v1/users/"+b+"/presence", aTok, "")
+		var p struct{ Connections int }
+		if code != 200 || json.Unmarshal([]byte(body), &p) != nil {
+			t.Fatalf("presence: %d %s", code, body)
+		}
+		return p.Connections
+	}
+	if n := connections(); n != 1 {
+		t.Fatalf("b's connections before the second start: %d, want 1", n)
+	}
+
+	second := NewMain()
+	if err := second.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+		t.Fatal(err)
+	}
+	second.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	began := time.Now()
+	err := second.Run(context.Background())
+	t.Cleanup(func() { _ = second.Close() })
+	if n := connections(); n != 1 {
+		t.Errorf("b's connections on the running instance after the second start: %d, want 1", n)
+	}
+	if err == nil || !strings.Contains(err.Error(), "HAN_INSTANCE_ID") {
+		t.Fatalf("second instance with the same HAN_INSTANCE_ID: Run error %v, want a refusal naming HAN_INSTANCE_ID", err)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Errorf("the refusal took %v, want it within the liveness interval and the Redis timeout", d)
+	}
+}
+
+// The same id after a crash (a marker its previous life left, no longer
+// refreshed) or after a clean stop (no marker) starts, without waiting out
+// the marker's TTL.
+func TestInstanceRestartedAfterACrashStarts(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_INSTANCE_ID"] = "crashed-" + ids.New()[:8]
+	vars["HAN_INSTANCE_LIVENESS_TTL"] = "30s"
+	rdb := env.Redis.AdminClient(1)
+	defer rdb.Close()
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Last refreshed 12 s ago, more than a liveness interval (10 s) plus
+	// the Redis timeout: no instance refreshes it any more.
+	last := strconv.FormatInt(now.Add(-12*time.Second).UnixMilli(), 10)
+	if err := rdb.Set(ctx, presence.InstanceKey(vars["HAN_INSTANCE_ID"]), last, 18*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	start(t, vars)
+	if d := time.Since(began); d > 5*time.Second {
+		t.Errorf("restart after a crash took %v", d)
+	}
+}
