@@ -519,10 +519,21 @@ func (h *Hub) waitTeardowns(ctx context.Context) error {
 }
 
 // closeAll ends every connection at once (after a drain, or a crash) and
-// waits for their teardowns, presence removals included.
+// waits for their teardowns, presence removals included. The sockets are
+// closed under the WebSocket library first: a connection in a close
+// handshake (the drain's 1001 to a client that never answers) would hold
+// the library's CloseNow until the handshake's own 5 s wait ends, one
+// connection after another; with its socket closed, the handshake ends at
+// once.
 func (h *Hub) closeAll() {
 	r := h.startDraining()
-	for _, c := range h.snapshot() {
+	conns := h.snapshot()
+	for _, c := range conns {
+		if c.cork != nil {
+			_ = c.cork.Conn.Close()
+		}
+	}
+	for _, c := range conns {
 		_ = c.ws.CloseNow()
 		c.cancel()
 	}
