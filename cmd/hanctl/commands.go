@@ -159,7 +159,7 @@ func cmdMigrate(ctx context.Context, args []string, getenv func(string) string, 
 }
 
 func devSecret(getenv func(string) string) ([]byte, error) {
-	if getenv("HAN_ENV") == "prod" {
+	if config.IsProd(getenv("HAN_ENV")) {
 		return nil, errors.New("dev tokens are refused when HAN_ENV=prod")
 	}
 	s := getenv("HAN_JWT_DEV_HS256_SECRET")

@@ -259,8 +259,8 @@ func Load(getenv func(string) string) (Config, error) {
 		// expires and the others sweep its open connections out of presence.
 		bad("HAN_INSTANCE_LIVENESS_TTL: must be at least 1s and more than 1.5 × HAN_REDIS_TIMEOUT")
 	}
-	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil {
-		bad("HAN_PRESENCE_SWEEP_INTERVAL: %v", err)
+	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil || c.SweepInterval < minLoopInterval {
+		bad("HAN_PRESENCE_SWEEP_INTERVAL: must be a duration of at least 10ms like 5s")
 	}
 	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil || c.OutboxGrace < time.Second {
 		bad("HAN_OUTBOX_GRACE: must be a duration of at least 1s like 5s")
@@ -314,8 +314,9 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_LEGACY_STUB_MAX_POLLS: must be a positive number")
 		}
 	}
-	if c.SettingsRefreshInterval, err = duration(getenv("HAN_SETTINGS_REFRESH_INTERVAL"), 5*time.Second); err != nil {
-		bad("HAN_SETTINGS_REFRESH_INTERVAL: %v", err)
+	if c.SettingsRefreshInterval, err = duration(getenv("HAN_SETTINGS_REFRESH_INTERVAL"), 5*time.Second); err != nil ||
+		c.SettingsRefreshInterval < minLoopInterval {
+		bad("HAN_SETTINGS_REFRESH_INTERVAL: must be a duration of at least 10ms like 5s")
 	}
 	c.SendDialogQueue = 256
 	if v := getenv("HAN_SEND_DIALOG_QUEUE"); v != "" {
@@ -421,7 +422,7 @@ func Load(getenv func(string) string) (Config, error) {
 		if u, err := url.Parse(c.PublicRealtimeURL); err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 			bad("HAN_PUBLIC_REALTIME_URL: must be a ws:// or wss:// URL")
 		}
-	} else if c.Env == "prod" {
+	} else if IsProd(c.Env) {
 		bad("HAN_PUBLIC_REALTIME_URL: required when HAN_ENV=prod")
 	}
 	if c.InstanceID == "" {
@@ -474,7 +475,7 @@ func Load(getenv func(string) string) (Config, error) {
 		bad("auth: set only one of HAN_JWKS_URL and HAN_JWKS_FILE")
 	}
 	if c.DevHS256Secret != "" {
-		if c.Env == "prod" {
+		if IsProd(c.Env) {
 			bad("HAN_JWT_DEV_HS256_SECRET: refused when HAN_ENV=prod")
 		} else if len(c.DevHS256Secret) < 32 {
 			bad("HAN_JWT_DEV_HS256_SECRET: at least 32 bytes")
@@ -489,6 +490,17 @@ func Load(getenv func(string) string) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %s", ErrInvalid, strings.Join(problems, "; "))
 	}
 	return c, nil
+}
+
+// minLoopInterval is the shortest interval of a background loop that
+// reads Redis or PostgreSQL on every turn (the presence sweep, the
+// settings refresh): shorter, a typo such as 1ns would spin against them.
+const minLoopInterval = 10 * time.Millisecond
+
+// IsProd reports whether env names production: "prod" or "production",
+// in any case (the JWT verifier reads it the same way).
+func IsProd(env string) bool {
+	return strings.EqualFold(env, "prod") || strings.EqualFold(env, "production")
 }
 
 func or(v, d string) string {

@@ -464,3 +464,37 @@ func TestInstanceLivenessTTLCoversARefresh(t *testing.T) {
 		}
 	}
 }
+
+// "production" (any case) is production like "prod", as the JWT verifier
+// reads it: the dev secret is refused and a public realtime URL required.
+// Without this, HAN_ENV=production passed the configuration and only the
+// verifier refused the dev secret, at start.
+func TestProductionIsProd(t *testing.T) {
+	for _, name := range []string{"production", "Production", "PROD"} {
+		m := base()
+		m["HAN_ENV"] = name
+		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_JWT_DEV_HS256_SECRET: refused when HAN_ENV=prod") ||
+			!strings.Contains(err.Error(), "HAN_PUBLIC_REALTIME_URL: required") {
+			t.Errorf("HAN_ENV=%s with the dev secret and no public realtime URL: %v", name, err)
+		}
+	}
+}
+
+// The background loops that read Redis or PostgreSQL on every turn refuse
+// an interval that would spin (1ns, 1ms); 10ms and more are taken.
+func TestLoopIntervalsHaveAFloor(t *testing.T) {
+	for _, name := range []string{"HAN_PRESENCE_SWEEP_INTERVAL", "HAN_SETTINGS_REFRESH_INTERVAL"} {
+		for _, v := range []string{"1ns", "1ms", "9ms"} {
+			m := base()
+			m[name] = v
+			if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), name+": must be a duration of at least 10ms") {
+				t.Errorf("%s=%s: %v", name, v, err)
+			}
+		}
+		m := base()
+		m[name] = "10ms"
+		if _, err := Load(env(m)); err != nil {
+			t.Errorf("%s=10ms: %v", name, err)
+		}
+	}
+}
