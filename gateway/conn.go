@@ -37,6 +37,9 @@ type sub struct {
 	replayedUpTo    int64
 	ready           bool
 	pendingOverflow bool
+	// pendingLost: the Pub/Sub link came back before the subscription was
+	// ready; what it lost meanwhile needs a resync after subscribed.
+	pendingLost bool
 }
 
 // dialogID is the subscription's dialog (no allocation: a part of channel).

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"time"
 )
 
@@ -194,8 +195,36 @@ func (c *conn) queueResyncLocked(reason string) {
 	c.signal()
 }
 
+// resyncLastLocked moves the queued resync of every dialog (the one
+// resyncQueued stands for) to the end of the queue, behind the frames
+// queued after it. c.mu must be held.
+func (c *conn) resyncLastLocked() {
+	for i := len(c.q) - 1; i >= 0; i-- {
+		if f := c.q[i]; f.class == classControl && bytes.HasPrefix(f.b, resyncPrefix) && !bytes.Contains(f.b, dialogIDField) {
+			copy(c.q[i:], c.q[i+1:])
+			c.q[len(c.q)-1] = f
+			return
+		}
+	}
+}
+
+var (
+	resyncPrefix  = []byte(`{"type":"resync",`)
+	dialogIDField = []byte(`"dialogId":`)
+)
+
+// resync queues a resync for every dialog: the Pub/Sub link came back,
+// and what was published while it was down never reached this instance.
+// A subscription not yet ready may have lost events too, but its
+// subscribed frame comes after this resync, so the resync does not cover
+// it: ready queues another one after that frame.
 func (c *conn) resync(reason string) {
 	c.mu.Lock()
+	for _, s := range c.subs {
+		if !s.ready {
+			s.pendingLost = true
+		}
+	}
 	c.queueResyncLocked(reason)
 	c.mu.Unlock()
 }

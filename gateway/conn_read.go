@@ -275,6 +275,11 @@ func (c *conn) subscribe(raw string, since int64) {
 		// would interleave with it, so a sinceSeq is answered with a resync.
 		seq, err := h.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
 		if err != nil {
+			if errors.Is(err, store.ErrDialogNotFound) {
+				// No longer a member: the subscription ends here, and
+				// nothing of the dialog follows the error.
+				h.detach(c, dialogID)
+			}
 			c.send(encodeError(subscribeErrCode(err)))
 			return
 		}
@@ -332,32 +337,45 @@ func (c *conn) recoverSub(s *sub, since int64) {
 		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}
-	if !rec.ok {
-		head := []outFrame{{encodeDialogResync(ResyncRecoveryUnavailable, s.dialogID()), classControl}}
-		c.ready(s, head, subscribedJSON(s.dialogID(), rec.lastSeq, true, false), 0)
-		return
+	var head []outFrame
+	if rec.ok {
+		head = make([]outFrame, len(rec.frames))
+		for i, b := range rec.frames {
+			head[i] = outFrame{b, classDurable}
+		}
 	}
-	head := make([]outFrame, len(rec.frames))
-	for i, b := range rec.frames {
-		head[i] = outFrame{b, classDurable}
-	}
-	c.ready(s, head, subscribedJSON(s.dialogID(), rec.lastSeq, true, true), rec.upTo)
+	h.rec.count(c.ready(s, head, rec.lastSeq, sinceAnswer{set: true, recovered: rec.ok}, rec.upTo))
 }
 
-// ready queues head, the subscribed frame and the subscription's pending
-// events, leaving out message.created events with seq ≤ upTo (replayed in
-// head already), and lets later events through directly.
-func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
+// sinceAnswer is what subscribed says about a subscribe's sinceSeq: set
+// when it carried one, recovered when the missed events precede it.
+type sinceAnswer struct{ set, recovered bool }
+
+// ready queues head (a recovery's replay), the subscribed frame and the
+// subscription's pending events, leaving out message.created events with
+// seq ≤ upTo (replayed in head already), and lets later events through
+// directly. A recovery that was not possible, or whose replay the queue
+// could not take (it overflowed, or a resync waiting in it covers every
+// event queued after it), is announced by the dialog's resync and
+// recovered false. It reports whether the subscribe was answered as
+// recovered.
+func (c *conn) ready(s *sub, head []outFrame, lastSeq int64, since sinceAnswer, upTo int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return
+		return since.recovered
 	}
 	// Queued together, written together (one write when they fit).
 	for _, f := range head {
-		c.enqueueLocked(f)
+		if !c.enqueueLocked(f) {
+			since.recovered = false
+		}
 	}
-	c.enqueueLocked(outFrame{subscribed, classControl})
+	if since.set && !since.recovered {
+		c.enqueueLocked(outFrame{encodeDialogResync(ResyncRecoveryUnavailable, s.dialogID()), classControl})
+		upTo = 0
+	}
+	c.enqueueLocked(outFrame{subscribedJSON(s.dialogID(), lastSeq, since.set, since.recovered), classControl})
 	for _, f := range s.pending {
 		if upTo > 0 {
 			if seq := createdSeq(f.b); seq > 0 && seq <= upTo {
@@ -366,11 +384,20 @@ func (c *conn) ready(s *sub, head []outFrame, subscribed []byte, upTo int64) {
 		}
 		c.enqueueLocked(f)
 	}
-	c.signalInline()
-	if s.pendingOverflow {
+	switch {
+	case c.resyncQueued:
+		// The resync waiting in the queue is ahead of this subscribed
+		// frame, so it does not cover the dialog, yet the dialog's events
+		// are dropped as covered until it is written: it moves behind.
+		c.resyncLastLocked()
+	case s.pendingOverflow:
 		c.queueResyncLocked(ResyncSlowConsumer)
+	case s.pendingLost:
+		c.queueResyncLocked(ResyncReconnect)
 	}
-	s.pending, s.pendingOverflow, s.ready, s.replayedUpTo = nil, false, true, upTo
+	c.signalInline()
+	s.pending, s.pendingOverflow, s.pendingLost, s.ready, s.replayedUpTo = nil, false, false, true, upTo
+	return since.recovered
 }
 
 // joinSubscribed finishes a subscribe whose channel reference Join took:
@@ -396,7 +423,7 @@ func (c *conn) readyAfterCheck(ctx context.Context, s *sub, dialogID string) {
 		c.send(encodeError(subscribeErrCode(err)))
 		return
 	}
-	c.ready(s, nil, subscribedJSON(dialogID, seq, false, false), 0)
+	c.ready(s, nil, seq, sinceAnswer{}, 0)
 }
 
 // subscribedJSON is the subscribed frame; recovered is set only when the

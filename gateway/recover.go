@@ -104,13 +104,17 @@ func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, er
 			joined, extra, full = false, nil, false
 		}
 	}
-	rec := r.outcome(f.res, since, joined, extra, full)
-	if rec.ok {
+	return r.outcome(f.res, since, joined, extra, full), nil
+}
+
+// count records how a subscribe with sinceSeq was answered: recovered, or
+// with the dialog's resync.
+func (r *recoverer) count(recovered bool) {
+	if recovered {
 		r.recovered.Add(1)
 	} else {
 		r.resyncs.Add(1)
 	}
-	return rec, nil
 }
 
 // await returns the ended flight that serves since (see join), making its

@@ -1,0 +1,181 @@
+package gateway_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/gateway"
+	"github.com/han-app/gateway/internal/testenv"
+)
+
+// A member removed from a dialog who subscribes to it again gets
+// dialog_not_found, and that ends the subscription it held: none of the
+// dialog's later events reaches the socket, and typing there is refused.
+func TestResubscribeAfterRemovalEndsTheSubscription(t *testing.T) {
+	pool := openPool(t)
+	in := newInstance(t, pool, opts{})
+	u := in.users(2)
+	alice, bob := u[0], u[1]
+	d := in.dialog(alice, bob)
+
+	a := in.connect(alice)
+	a.subscribe(d)
+	b := in.connect(bob)
+	b.subscribe(d)
+	if _, err := pool.Exec(context.Background(), `DELETE FROM dialog_members WHERE dialog_id = $1 AND user_id = $2`, d, bob); err != nil {
+		t.Fatal(err)
+	}
+	b.send(`{"type":"subscribe","dialogId":"` + d + `"}`)
+	if f := b.expect("error"); f.Error != "dialog_not_found" {
+		t.Fatalf("resubscribe after removal: %s", f.raw)
+	}
+
+	m := in.post(alice, d, "after bob left")
+	if f := a.expect("event"); f.Seq != m.Seq {
+		t.Fatalf("alice: %s", f.raw)
+	}
+	// One dispatch queues the event for every local subscriber: had bob
+	// still been one, the event would come before the answer to his ping.
+	b.send(`{"type":"ping"}`)
+	if f := b.expect("pong"); f.Type != "pong" {
+		t.Fatalf("bob: %s", f.raw)
+	}
+	b.send(`{"type":"typing","dialogId":"` + d + `"}`)
+	if f := b.expect("error"); f.Error != "not_subscribed" {
+		t.Fatalf("typing after the subscription ended: %s", f.raw)
+	}
+	if st := in.svc.Stats(); st.Subscriptions != 1 {
+		t.Fatalf("%d dialog subscriptions, want alice's only", st.Subscriptions)
+	}
+}
+
+// subscribed with "recovered":true promises that the missed events came
+// just before it. A client whose queue has overflowed (a slow_consumer
+// resync waits in it, covering every durable event queued after) cannot
+// receive a replay: its subscribe with sinceSeq is answered with the
+// dialog's recovery_unavailable resync and "recovered":false instead.
+func TestRecoveryThatDoesNotFitTheQueueIsNotClaimed(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
+		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
+	}})
+	u := in.users(1)[0]
+	busy, missed := in.dialog(u), in.dialog(u)
+	for range 3 {
+		in.post(u, missed, "missed")
+	}
+	rc := in.rawConnect(u)
+	rc.write(`{"type":"subscribe","dialogId":"` + busy + `"}`)
+	if f := rc.readSkipPresence(); f.Type != "subscribed" {
+		t.Fatalf("%s", f.raw)
+	}
+	// The client stops reading until its queue overflows.
+	for seq := int64(1); seq < 2000 && in.svc.Stats().QueueOverflows == 0; seq++ {
+		publishEvent(t, in, busy, seq, 2000)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().QueueOverflows > 0 }, "no overflow")
+	rc.write(`{"type":"subscribe","dialogId":"` + missed + `","sinceSeq":0}`)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		st := in.svc.Stats()
+		return st.Recovered+st.RecoverResyncs > 0
+	}, "the subscribe with sinceSeq was not answered")
+
+	var replayed []int64
+	resynced := false
+	for {
+		f := rc.read()
+		switch {
+		case f.Type == "close":
+			t.Fatalf("closed: %q", f.raw)
+		case f.Type == "event" && f.DialogID == missed:
+			replayed = append(replayed, f.Seq)
+		case f.Type == "resync" && f.DialogID == missed:
+			resynced = true
+		case f.Type == "subscribed" && f.DialogID == missed:
+			if f.Recovered == nil || f.LastSeq != 3 {
+				t.Fatalf("subscribed: %s", f.raw)
+			}
+			if *f.Recovered && len(replayed) != 3 {
+				t.Fatalf("recovered:true after %v of the 3 missed events", replayed)
+			}
+			if !*f.Recovered && !resynced {
+				t.Fatalf("recovered:false without the dialog's resync before it")
+			}
+			return
+		}
+	}
+}
+
+// Field names are matched exactly: a member whose name differs from a
+// protocol field only in case is an unknown field and ignored, so it can
+// neither change the frame's type or dialog nor stand in for a missing
+// type.
+func TestFieldNamesAreMatchedExactly(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{})
+	u := in.users(1)[0]
+	d1, d2 := in.dialog(u), in.dialog(u)
+	c := in.connect(u)
+
+	c.sendRaw(`{"type":"ping","TYPE":"subscribe","dialogId":"` + d1 + `"}`)
+	c.expect("pong")
+	c.sendRaw(`{"type":"subscribe","dialogId":"` + d1 + `","DialogId":"` + d2 + `"}`)
+	if f := c.expect("subscribed"); f.DialogID != d1 {
+		t.Fatalf("subscribe to %s answered %s", d1, f.raw)
+	}
+	c.sendRaw(`{"type":"subscribe","dialogId":"` + d2 + `","SinceSeq":-1}`)
+	if f := c.expect("subscribed"); f.DialogID != d2 || f.Recovered != nil {
+		t.Fatalf("subscribe to %s without sinceSeq answered %s", d2, f.raw)
+	}
+	c.sendRaw(`{"Type":"ping"}`)
+	if f := c.expect("error"); f.Error != "invalid_frame" {
+		t.Fatalf("a frame without type: %s", f.raw)
+	}
+}
+
+// A resync without a dialogId covers the dialogs subscribed before it.
+// A client whose queue overflowed (its slow_consumer resync still waits
+// in the queue) and who subscribes to a dialog then must still learn of
+// every message of that dialog after lastSeq: delivered, or covered by a
+// resync that comes after its subscribed frame.
+func TestSubscribeBehindAQueuedResyncMissesNothing(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
+		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
+	}})
+	u := in.users(1)[0]
+	busy, fresh := in.dialog(u), in.dialog(u)
+	rc := in.rawConnect(u)
+	rc.write(`{"type":"subscribe","dialogId":"` + busy + `"}`)
+	if f := rc.readSkipPresence(); f.Type != "subscribed" {
+		t.Fatalf("%s", f.raw)
+	}
+	// The client stops reading until its queue overflows.
+	for seq := int64(1); seq < 2000 && in.svc.Stats().QueueOverflows == 0; seq++ {
+		publishEvent(t, in, busy, seq, 2000)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().QueueOverflows > 0 }, "no overflow")
+	rc.write(`{"type":"subscribe","dialogId":"` + fresh + `"}`)
+	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().Subscriptions == 2 }, "the subscribe was not answered")
+	covered := in.svc.Stats().CoveredDrops
+	m := in.post(u, fresh, "after subscribed")
+	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().CoveredDrops > covered }, "the message was not dispatched")
+	rc.write(`{"type":"ping"}`)
+
+	subscribed, told := false, false
+	for {
+		f := rc.read()
+		switch {
+		case f.Type == "close":
+			t.Fatalf("closed: %q", f.raw)
+		case f.Type == "subscribed" && f.DialogID == fresh:
+			// A lastSeq read after the message's commit covers it.
+			subscribed, told = true, f.LastSeq >= m.Seq
+		case subscribed && (f.Type == "resync" || f.Type == "event" && f.Seq == m.Seq):
+			told = true
+		case f.Type == "pong":
+			if !subscribed || !told {
+				t.Fatalf("subscribed %v; message %d of the dialog neither delivered nor covered by a resync after it", subscribed, m.Seq)
+			}
+			return
+		}
+	}
+}
