@@ -30,6 +30,7 @@ ALLOW=(
 	# testenv) import them; run 2 still checks they hold no dead code.
 	"internal/testenv *"
 	"internal/testenv/apicheck *"
+	"internal/testenv/browser *"
 	"internal/faultproxy *"
 	# The frame-schema checker of the realtime test clients (gateway,
 	# cmd/han-gateway): only their _test.go files import it.
