@@ -179,6 +179,9 @@ func TestOfflineCheckRunAgainAnswersTheSame(t *testing.T) {
 	if off("a") != 1 {
 		t.Fatal("the same check run again must report the transition again")
 	}
+	if off("") != 0 || off("a:") != 0 {
+		t.Fatal("a check whose token only shares a prefix must not report the transition again")
+	}
 	if off("b") != 0 {
 		t.Fatal("another check must not report the transition again")
 	}
@@ -186,8 +189,49 @@ func TestOfflineCheckRunAgainAnswersTheSame(t *testing.T) {
 	if err := c.ZAdd(ctx, user, redis.Z{Score: float64(time.Now().UnixMilli()), Member: "c1"}).Err(); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.Expire(ctx, user, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if off("a") != 0 {
 		t.Fatal("a check must not report offline while a connection is live")
+	}
+}
+
+// The offline transition's time is its disconnect's, unless the online
+// marker (the time of the user's latest registration or refresh) is later:
+// then the check's own, so it is later than any online transition it
+// ends. A check run again reports the same time.
+func TestOfflineTimeIsLaterThanTheLatestRegistration(t *testing.T) {
+	ctx := context.Background()
+	c := client(t)
+	user, online, record := "han:rt:user:{u8}:connections", "han:rt:user:{u8}:online", "han:rt:user:{u8}:offline"
+	now := time.Now().UnixMilli()
+	off := func(token string, disconnect int64) []any {
+		t.Helper()
+		v, err := lua.RTOffline.Run(ctx, c, []string{user, online, record}, 90000, token, 120000, disconnect).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		marker, disconnect int64
+		later              bool // the transition is stamped with the check's time
+	}{{now - 5000, now - 1000, false}, {now - 1000, now - 5000, true}, {1, now - 5000, false}} {
+		if err := c.Set(ctx, online, tc.marker, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		v := off("t", tc.disconnect)
+		if len(v) < 3 || v[0].(int64) != 1 {
+			t.Fatalf("%+v: reply %v", tc, v)
+		}
+		at, checked := v[2].(int64), v[1].(int64)
+		if tc.later && at != checked || !tc.later && at != tc.disconnect {
+			t.Fatalf("%+v: the transition's time is %d (check at %d)", tc, at, checked)
+		}
+		if again := off("t", tc.disconnect); len(again) < 3 || again[0].(int64) != 1 || again[2].(int64) != at {
+			t.Fatalf("%+v: the check run again answered %v, want its first time %d", tc, again, at)
+		}
 	}
 }
 
@@ -297,6 +341,22 @@ func TestDisconnectUserScript(t *testing.T) {
 	}
 	if r := run(); r[0].(int64) != 0 || r[1].(int64) != 1 {
 		t.Fatalf("a duplicate disconnect must remove nothing: %v", r)
+	}
+	// With the closed markers (a drain): each is left with the TTL, and a
+	// periodic heartbeat of the connection run afterwards registers nothing.
+	closed := conn("c3") + ":closed"
+	if err := lua.RTDisconnectUser.Run(ctx, c, []string{user, conn("c3"), closed}, 90000, "c3").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, closed).Val(); ttl <= 0 || ttl > 90*time.Second {
+		t.Fatalf("the closed marker's TTL is %v", ttl)
+	}
+	v, err := lua.RTHeartbeat.Run(ctx, c, []string{conn("c3"), user, online, closed}, "u7", "c3", "i1", 0, 90000, 120000, 100, 0).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[3].(int64) != 2 || c.Exists(ctx, conn("c3")).Val() != 0 || c.ZScore(ctx, user, "c3").Err() != redis.Nil {
+		t.Fatalf("a heartbeat after the drain registered the connection again: %v", v)
 	}
 }
 

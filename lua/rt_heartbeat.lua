@@ -5,7 +5,8 @@
 -- user's stale connection members.
 -- KEYS[1] connection HASH  han:rt:conn:{<user_id>}:<connection_id>
 -- KEYS[2] user ZSET        han:rt:user:{<user_id>}:connections
--- KEYS[3] online marker    han:rt:user:{<user_id>}:online
+-- KEYS[3] online marker    han:rt:user:{<user_id>}:online, holding the time
+--         in ms of the user's latest registration or refresh
 -- KEYS[4] closed marker    han:rt:conn:{<user_id>}:<connection_id>:closed
 --         (optional): with cap 0, a connection whose socket closed (its
 --         disconnect left the marker) is not registered again
@@ -70,8 +71,10 @@ if #stale > 0 then
   redis.call('ZREM', KEYS[2], unpack(stale))
 end
 redis.call('PEXPIRE', KEYS[2], ARGV[6])
--- The online marker's previous value tells whether the user was online.
-local wasOnline = redis.call('SET', KEYS[3], '1', 'PX', ARGV[6], 'GET')
+-- The online marker's previous value tells whether the user was online;
+-- its value is the time of this registration or refresh (rt_offline
+-- compares it with the disconnect its check follows).
+local wasOnline = redis.call('SET', KEYS[3], nowText, 'PX', ARGV[6], 'GET')
 if wasOnline then
   return {now, 0, #stale, 0}
 end

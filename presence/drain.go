@@ -22,14 +22,14 @@ import (
 const drainUsersPerTrip = 512
 
 // DisconnectMany removes conns, a duplicate or an already removed one
-// harmlessly, and schedules the offline check of every user left with no
-// live connection, as Disconnect does. It leaves their entries in this
-// instance's index (a stopping instance calls Deregister next). It returns
-// the time Redis recorded (now if nothing answered). On an error, the
-// connections of the failed round trip and of those after it are removed
-// again later, as DisconnectLater does, and their users' offline checks
-// follow that removal (or, should Redis not answer for ConnTTL, the
-// connections going stale).
+// harmlessly, marks them closed and schedules the offline check of every
+// user left with no live connection, as Disconnect does. It leaves their
+// entries in this instance's index (a stopping instance calls Deregister
+// next). It returns the time Redis recorded (now if nothing answered). On
+// an error, the connections of the failed round trip and of those after it
+// are removed again later, as DisconnectLater does, and their users'
+// offline checks follow that removal (or, should Redis not answer for
+// ConnTTL, the connections going stale).
 func (p *Presence) DisconnectMany(ctx context.Context, conns []Conn) (time.Time, error) {
 	at, left, err := p.disconnectMany(ctx, conns)
 	if err != nil {
@@ -92,15 +92,20 @@ func (p *Presence) disconnectMany(ctx context.Context, conns []Conn) (at time.Ti
 	return at, nil, nil
 }
 
-// disconnectUser queues the removal of a user's connections.
+// disconnectUser queues the removal of a user's connections. Each one is
+// marked closed (for ConnTTL), as Disconnect does: a periodic heartbeat
+// already on its way when the drain began does not register it again.
 func (p *Presence) disconnectUser(ctx context.Context, c redis.Scripter, userID string, connIDs []string) *redis.Cmd {
-	keys := make([]string, 0, 1+len(connIDs))
+	keys := make([]string, 0, 1+2*len(connIDs))
 	args := make([]any, 0, 1+len(connIDs))
 	keys = append(keys, UserConnsKey(userID))
 	args = append(args, ms(p.cfg.ConnTTL))
 	for _, c := range connIDs {
 		keys = append(keys, ConnKey(userID, c))
 		args = append(args, c)
+	}
+	for _, c := range connIDs {
+		keys = append(keys, ClosedKey(userID, c))
 	}
 	return lua.RTDisconnectUser.Run(ctx, c, keys, args...)
 }

@@ -39,10 +39,14 @@ const (
 // the queue and is skipped).
 type offlineCheck struct {
 	userID string
-	at     time.Time // the disconnect, reported with the transition
-	due    time.Time
-	until  time.Time     // no retry after this
-	retry  time.Duration // the pause before the next retry
+	// at is Redis's time of the disconnect, the transition's time unless
+	// a connection came and went after it (rt_offline); zero when Redis
+	// did not record the disconnect: the check's own time then (never
+	// this instance's clock, which may be off).
+	at    time.Time
+	due   time.Time
+	until time.Time     // no retry after this
+	retry time.Duration // the pause before the next retry
 	// token tells Redis a retry from another check: a retry whose earlier
 	// run deleted the marker (the reply was lost) still reports it.
 	token string
@@ -128,13 +132,13 @@ func (p *Presence) retryOffline(failed []*offlineCheck) {
 // removalFailed follows a removal of conns that got no answer: it is done
 // again later (the retake queue), whose success schedules the offline
 // checks as usual; and should Redis not answer before the connections go
-// stale (ConnTTL), their users are checked then anyway.
+// stale (ConnTTL), their users are checked then anyway, the transition
+// stamped with the check's time.
 func (p *Presence) removalFailed(conns []Conn) {
 	p.retakeLater(conns)
-	now := time.Now()
 	for i, c := range conns {
 		if i == 0 || conns[i-1].UserID != c.UserID {
-			p.scheduleOfflineIn(c.UserID, now, p.cfg.ConnTTL+p.cfg.OfflineDebounce)
+			p.scheduleOfflineIn(c.UserID, time.Time{}, p.cfg.ConnTTL+p.cfg.OfflineDebounce)
 		}
 	}
 }
@@ -199,8 +203,11 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 	defer cancel()
 	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 		for _, c := range batch {
-			lua.RTOffline.Run(ctx, pipe, []string{UserConnsKey(c.userID), OnlineKey(c.userID), OfflineKey(c.userID)},
-				ms(p.cfg.ConnTTL), c.token, ms(p.cfg.UserTTL))
+			args := []any{ms(p.cfg.ConnTTL), c.token, ms(p.cfg.UserTTL)}
+			if !c.at.IsZero() {
+				args = append(args, c.at.UnixMilli())
+			}
+			lua.RTOffline.Run(ctx, pipe, []string{UserConnsKey(c.userID), OnlineKey(c.userID), OfflineKey(c.userID)}, args...)
 		}
 	})
 	if err != nil {
@@ -219,8 +226,14 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 		}
 		if went, _ := v[0].(int64); went == 1 {
 			gone = append(gone, c.userID)
+			at := c.at
+			if len(v) > 2 {
+				if atMs, ok := v[2].(int64); ok {
+					at = time.UnixMilli(atMs)
+				}
+			}
 			if p.events != nil {
-				p.emit(c.userID, func(ctx context.Context) { p.events.Offline(ctx, c.userID, c.at) })
+				p.emit(c.userID, func(ctx context.Context) { p.events.Offline(ctx, c.userID, at) })
 			}
 		}
 	}

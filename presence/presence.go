@@ -21,9 +21,12 @@ type Conn struct {
 // must return promptly; one user's calls from one Presence run one at a
 // time, in the order of the transitions. at is Redis's time of the
 // transition: the registration that made the user online, or the user's
-// last disconnect. Transitions of one user seen by different instances
-// are ordered by at (a user's keys live on one Redis node, so one clock
-// stamps them all).
+// last disconnect on the reporting instance — the offline check's own
+// time when a connection registered after that disconnect (on any
+// instance) and has gone since, or when Redis never recorded the
+// disconnect. Transitions of one user seen by different instances are
+// ordered by at, an offline after the online it ends (a user's keys live
+// on one Redis node, so one clock stamps them all).
 type Events interface {
 	Online(ctx context.Context, userID string, at time.Time)
 	Offline(ctx context.Context, userID string, at time.Time)

@@ -357,8 +357,10 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 // instance's last heartbeat is older than that when its marker has
 // expired), and an index entry is removed only if its score is still the
 // one the sweep read. A batch that spared anything ends this sweep of the
-// instance: the next one looks at its marker again. spareFresh is false
-// for an earlier life of this instance's own id, which cannot come back.
+// instance, and so does its marker being back before the next batch (it
+// sets the marker before it registers its connections again, a chunk at a
+// time): the next sweep looks at the marker again. spareFresh is false for
+// an earlier life of this instance's own id, which cannot come back.
 func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int, spareFresh bool) (n int, done bool, err error) {
 	index := InstanceConnsKey(id)
 	var fresh []int64
@@ -366,6 +368,11 @@ func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int,
 		fresh = []int64{ms(p.cfg.LivenessTTL / 2)}
 	}
 	for b := 0; b < maxBatches; b++ {
+		if b > 0 && spareFresh {
+			if back, err := p.rdb.Exists(ctx, InstanceKey(id)).Result(); err != nil || back == 1 {
+				return n, false, err
+			}
+		}
 		entries, err := p.rdb.ZRangeWithScores(ctx, index, 0, int64(p.cfg.SweepBatch-1)).Result()
 		if err != nil {
 			return n, false, err
@@ -428,30 +435,52 @@ func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int,
 
 // pipelined runs fn's commands in one pipeline. Scripts queued in a
 // pipeline run as EVALSHA without the NOSCRIPT fallback, so after a Redis
-// restart or SCRIPT FLUSH the scripts are loaded and the pipeline retried
-// once.
+// restart or SCRIPT FLUSH the scripts are loaded and the commands Redis
+// refused with NOSCRIPT, and only those, are sent once more: the others
+// ran (another call's reload had loaded their scripts already), and a
+// script run twice answers differently the second time (a registration
+// would find its user online already, and the online transition would
+// never be announced).
 func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner)) ([]redis.Cmder, error) {
-	for attempt := 0; ; attempt++ {
-		cmds, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			fn(pipe)
-			return nil
-		})
-		if err == nil || attempt > 0 || !hasNoScript(cmds) {
+	cmds, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		fn(pipe)
+		return nil
+	})
+	if err == nil || !hasNoScript(cmds) {
+		return cmds, err
+	}
+	for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd, lua.RTIndexRemove} {
+		if err := s.Load(ctx, p.rdb); err != nil {
 			return cmds, err
 		}
-		for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd, lua.RTIndexRemove} {
-			if err := s.Load(ctx, p.rdb); err != nil {
-				return cmds, err
-			}
+	}
+	var again []redis.Cmder
+	for _, c := range cmds {
+		if isNoScript(c.Err()) {
+			again = append(again, c)
 		}
 	}
+	_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for _, c := range again {
+			_ = pipe.Process(ctx, c)
+		}
+		return nil
+	})
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return cmds, err
+		}
+	}
+	return cmds, nil
 }
 
 func hasNoScript(cmds []redis.Cmder) bool {
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if isNoScript(c.Err()) {
 			return true
 		}
 	}
 	return false
 }
+
+func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }

@@ -97,3 +97,56 @@ func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
 		return rdb.ZScore(ctx, presence.InstanceConnsKey(cfg.InstanceID), u+":"+c.ConnID).Err() == redis.Nil
 	}, "the closed connection is still in the instance index")
 }
+
+// The same for a draining instance: a socket it closes and removes with
+// DisconnectMany while a periodic heartbeat that still lists it is on its
+// way (sent before the drain began) is not registered again by that
+// heartbeat. Otherwise the registration outlives the instance (its index
+// goes with Deregister, so no sweep removes it), the drain's offline check
+// finds it live, and no instance ever announces the user offline.
+func TestHeartbeatDoesNotRestoreADrainedConnection(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	hold := &refreshHold{entered: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(hold)
+	rec := &recorder{}
+	cfg := presence.Config{InstanceID: "i-" + ids.New()[24:], RefreshInterval: 100 * time.Millisecond,
+		OfflineDebounce: 100 * time.Millisecond}
+	p, err := presence.New(rdb, cfg, rec, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	u := ids.New()
+	c := presence.Conn{UserID: u, ConnID: "c1"}
+	var open atomic.Bool
+	p.Start(func() []presence.Conn {
+		if open.Load() {
+			return []presence.Conn{c}
+		}
+		return nil
+	})
+	if err := p.Connect(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	open.Store(true)
+	testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+u) }, "no online transition")
+
+	hold.armed.Store(true)
+	select {
+	case <-hold.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no periodic heartbeat listed the connection")
+	}
+	open.Store(false) // the drain began: no heartbeat lists it any more
+	if _, err := p.DisconnectMany(ctx, []presence.Conn{c}); err != nil {
+		t.Fatal(err)
+	}
+	close(hold.release)
+
+	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
+		"the user was never announced offline: %v", rec.list())
+	if n, err := p.Online(ctx, u); err != nil || n != 0 {
+		t.Fatalf("live connections after the drain removed the only one: %d %v", n, err)
+	}
+}

@@ -98,6 +98,10 @@ func TestSweepSparesAnInstanceThatCameBack(t *testing.T) {
 		}
 	}
 
+	// Its marker (set by its last registrations) has expired.
+	if err := rdb.Del(ctx, presence.InstanceKey(deadCfg.InstanceID)).Err(); err != nil {
+		t.Fatal(err)
+	}
 	n, done, err = sweeper.SweepInstance(ctx, deadCfg.InstanceID, nil)
 	if err != nil || !done || n != len(deadConns) {
 		t.Fatalf("the dead instance's sweep: %d removed, done %v, %v", n, done, err)
@@ -142,5 +146,63 @@ func TestSweepSparesAnInstanceThatCameBack(t *testing.T) {
 		if alive[e] {
 			t.Fatalf("user %s was reported offline while its instance held its connection", e[1:])
 		}
+	}
+}
+
+// An instance that comes back while a survivor sweeps it sets its marker
+// first and only then registers its connections again, a chunk at a time:
+// with tens of thousands of them that takes seconds. The sweep in progress
+// must stop once the marker is back, not go on removing (and announcing
+// offline) every connection the instance has not registered again yet:
+// their sockets are open on it.
+func TestSweepStopsOnceTheInstanceIsBack(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	const liveness = 400 * time.Millisecond
+	cfg := func(name string) presence.Config {
+		return presence.Config{InstanceID: name + "-" + ids.New()[24:], LivenessTTL: liveness,
+			OfflineDebounce: 10 * time.Millisecond, SweepBatch: 7}
+	}
+	rec := &recorder{}
+	sweeper := newPresence(t, cfg("sweeper"), rec)
+	slowCfg := cfg("slow")
+	slow := newPresence(t, slowCfg, nil)
+	var conns []presence.Conn
+	for i := 0; i < 30; i++ {
+		c := presence.Conn{UserID: ids.New(), ConnID: fmt.Sprint("c", i)}
+		if err := slow.Connect(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(liveness/2 + 100*time.Millisecond) // its registrations are no longer fresh
+	// Its marker has expired: a survivor found it dead.
+	if err := rdb.Del(ctx, presence.InstanceKey(slowCfg.InstanceID)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	back := false
+	n, done, err := sweeper.SweepInstance(ctx, slowCfg.InstanceID, func() {
+		if !back {
+			back = true
+			if _, err := slow.RefreshLiveness(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := 0
+	for _, c := range conns {
+		if rdb.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() == nil {
+			left++
+		}
+	}
+	if done || n > 7 || left < len(conns)-7 {
+		t.Fatalf("the sweep went on after the instance was back: %d of %d connections removed (done %v), %d left",
+			n, len(conns), done, left)
+	}
+	if rdb.ZCard(ctx, presence.InstanceConnsKey(slowCfg.InstanceID)).Val() != int64(left) {
+		t.Fatal("the index no longer lists the connections the sweep left")
 	}
 }

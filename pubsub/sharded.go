@@ -201,6 +201,11 @@ func (s *Subscriber) shardLocked(ctx context.Context, shards *sync.WaitGroup, c 
 	if sh := s.shards[addr]; sh != nil {
 		return sh
 	}
+	if _, ok := s.hooked[c]; !ok {
+		// Its Pub/Sub connections read through a bulkLimiter.
+		s.hooked[c] = struct{}{}
+		c.AddHook(limitHook{})
+	}
 	sh := &shard{addr: addr, client: c, kick: make(chan struct{}, 1)}
 	s.shards[addr] = sh
 	shards.Add(1)
@@ -327,7 +332,7 @@ func (s *Subscriber) moveSlot(sh *shard, slot int, cause error) {
 // shardSession runs sh's connection until it fails. wasUp reports whether
 // it had answered a PING.
 func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithCancel(s.limited(ctx))
 	defer cancel()
 	ps := sh.client.SSubscribe(sctx)
 	defer ps.Close()
@@ -368,12 +373,7 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 		}
 		switch m := msg.(type) {
 		case *redis.Message:
-			if m.Channel == s.canary {
-				s.canaryReceived(m.Payload)
-				continue
-			}
-			s.metrics.messages.Inc()
-			s.onMessage(m.Channel, payloadBytes(m.Payload))
+			s.deliver(m.Channel, m.Payload)
 		case *redis.Subscription:
 			s.confirmShard(sh, m.Kind, m.Channel)
 		case *redis.Pong:

@@ -24,7 +24,7 @@ func stallSetup(t *testing.T, interval, deadline time.Duration) (*testenv.RedisS
 	r, c := testenv.StallableRedis(t, 1, time.Second)
 	k := &sink{msgs: map[string][]string{}}
 	s, err := pubsub.NewSubscriber(c, pubsub.SubscriberConfig{InstanceID: "ps-" + ids.New()[24:],
-		CanaryInterval: interval, CanaryDeadline: deadline,
+		CanaryInterval: interval, CanaryDeadline: deadline, MaxMessageBytes: 16 << 20,
 		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
 		discard, k.message, k.resync)
 	if err != nil {

@@ -40,6 +40,13 @@ type SubscriberConfig struct {
 	// BatchSize is the most channels one SUBSCRIBE/UNSUBSCRIBE command
 	// carries. Zero value means 500.
 	BatchSize int
+	// MaxMessageBytes bounds a message's payload. A larger one is dropped
+	// while it is read off the link, never held in memory whole, and its
+	// channel is handed to OnResync (its sockets missed a message); the
+	// link stays up. Zero value means 1 MiB, the outbound queue of one
+	// socket: no socket could take a larger event anyway. Values under
+	// 1 KiB mean 1 KiB (the limit applies to channel names too).
+	MaxMessageBytes int
 	// Registerer receives the subscriber's metrics; nil means none.
 	Registerer prometheus.Registerer
 	// Mode chooses sharded or classic Pub/Sub. Zero value means
@@ -64,6 +71,10 @@ func (c *SubscriberConfig) defaults() {
 	if c.BatchSize <= 0 {
 		c.BatchSize = 500
 	}
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = 1 << 20
+	}
+	c.MaxMessageBytes = max(c.MaxMessageBytes, 1<<10)
 }
 
 // ErrClosed is returned by Subscribe after Close.
@@ -130,7 +141,7 @@ type Subscriber struct {
 	shardReconnects *prometheus.CounterVec
 	shardLag        *prometheus.GaugeVec
 
-	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, downShards, reload, retryAt, backoff, lostN
+	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, hooked, downShards, reload, retryAt, backoff, lostN
 	chans   map[string]*chanState
 	dirty   map[string]struct{}
 	ps      *redis.PubSub // current session, nil while disconnected
@@ -139,6 +150,8 @@ type Subscriber struct {
 	started bool
 
 	shards map[string]*shard // by master address
+	// hooked: the masters' clients given limitHook.
+	hooked map[*redis.Client]struct{}
 	// downShards: lost shards whose channels are not confirmed elsewhere yet.
 	downShards map[string]struct{}
 	reload     bool      // the router must read the slot map afresh
@@ -157,6 +170,7 @@ type Subscriber struct {
 type subscriberMetrics struct {
 	reconnects prometheus.Counter
 	messages   prometheus.Counter
+	oversized  prometheus.Counter
 	lag        prometheus.Gauge
 	linkUp     prometheus.Gauge
 }
@@ -181,15 +195,21 @@ func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog
 	}
 	s := &Subscriber{cfg: cfg, rdb: rdb, logger: logger, onMessage: onMessage, onResync: onResync,
 		canary: CanaryChannel(cfg.InstanceID), chans: map[string]*chanState{}, dirty: map[string]struct{}{},
-		kick: make(chan struct{}, 1), shards: map[string]*shard{}, downShards: map[string]struct{}{}}
+		kick: make(chan struct{}, 1), shards: map[string]*shard{}, hooked: map[*redis.Client]struct{}{},
+		downShards: map[string]struct{}{}}
 	if sharded {
 		s.cluster = rdb.(*redis.ClusterClient)
+	} else {
+		// The shard connections get it from their master's client.
+		rdb.AddHook(limitHook{})
 	}
 	s.metrics = subscriberMetrics{
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_reconnects_total",
 			Help: "Redis Pub/Sub link re-establishments after a drop."}),
 		messages: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_messages_total",
 			Help: "Pub/Sub messages received (canary excluded)."}),
+		oversized: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_pubsub_oversized_messages_total",
+			Help: "Pub/Sub messages dropped while read because their payload exceeded the limit (1 MiB by default) or was empty; their channel was resynced."}),
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "han_pubsub_canary_lag_seconds",
 			Help: "Publish-to-receive lag of the last canary on this instance's Pub/Sub link."}),
 		linkUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "han_pubsub_link_up",
@@ -200,7 +220,7 @@ func NewSubscriber(rdb redis.UniversalClient, cfg SubscriberConfig, logger *slog
 			Help: "Channels this instance is subscribed to."}, func() float64 {
 			return float64(s.Channels())
 		})
-		for _, c := range []prometheus.Collector{s.metrics.reconnects, s.metrics.messages, s.metrics.lag, s.metrics.linkUp, channels} {
+		for _, c := range []prometheus.Collector{s.metrics.reconnects, s.metrics.messages, s.metrics.oversized, s.metrics.lag, s.metrics.linkUp, channels} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
 			}
@@ -440,7 +460,7 @@ func (s *Subscriber) attach(ps *redis.PubSub) []string {
 // whether its subscriptions had been confirmed (a drop after that is a
 // reconnect the sockets must hear about).
 func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := context.WithCancel(s.limited(ctx))
 	defer cancel()
 	ps := s.rdb.Subscribe(sctx)
 	defer ps.Close()
@@ -483,12 +503,7 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 		}
 		switch m := msg.(type) {
 		case *redis.Message:
-			if m.Channel == s.canary {
-				s.canaryReceived(m.Payload)
-				continue
-			}
-			s.metrics.messages.Inc()
-			s.onMessage(m.Channel, payloadBytes(m.Payload))
+			s.deliver(m.Channel, m.Payload)
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && !up {
 				delete(awaiting, m.Channel)
@@ -663,3 +678,20 @@ func (s *Subscriber) canaryReceived(payload string) {
 // keeps them for recovery, and writes into them nowhere. The copy this
 // saves was the largest allocation per event of the fan-out.
 func payloadBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+
+// deliver hands a received message to OnMessage (the canary's to the lag
+// measurement). An empty payload is what bulkLimiter leaves of a message
+// over MaxMessageBytes (and no event is empty): the channel's sockets
+// missed a message and are resynced.
+func (s *Subscriber) deliver(channel, payload string) {
+	switch {
+	case channel == s.canary:
+		s.canaryReceived(payload)
+	case payload == "":
+		s.metrics.oversized.Inc()
+		s.onResync([]string{channel})
+	default:
+		s.metrics.messages.Inc()
+		s.onMessage(channel, payloadBytes(payload))
+	}
+}
