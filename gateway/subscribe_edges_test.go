@@ -50,30 +50,40 @@ func TestResubscribeAfterRemovalEndsTheSubscription(t *testing.T) {
 	}
 }
 
+// overflowedClient is a raw client of a new user, subscribed to one busy
+// dialog, that stopped reading until its outbound queue (16 frames, a
+// 32 KiB socket buffer) overflowed: a slow_consumer resync now waits in
+// its queue. It also returns the instance and the user.
+func overflowedClient(t *testing.T) (*instance, string, *rawClient) {
+	t.Helper()
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
+		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
+	}})
+	u := in.users(1)[0]
+	busy := in.dialog(u)
+	rc := in.rawConnect(u)
+	rc.write(`{"type":"subscribe","dialogId":"` + busy + `"}`)
+	if f := rc.readSkipPresence(); f.Type != "subscribed" {
+		t.Fatalf("%s", f.raw)
+	}
+	for seq := int64(1); seq < 2000 && in.svc.Stats().QueueOverflows == 0; seq++ {
+		publishEvent(t, in, busy, seq, 2000)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().QueueOverflows > 0 }, "no overflow")
+	return in, u, rc
+}
+
 // subscribed with "recovered":true promises that the missed events came
 // just before it. A client whose queue has overflowed (a slow_consumer
 // resync waits in it, covering every durable event queued after) cannot
 // receive a replay: its subscribe with sinceSeq is answered with the
 // dialog's recovery_unavailable resync and "recovered":false instead.
 func TestRecoveryThatDoesNotFitTheQueueIsNotClaimed(t *testing.T) {
-	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
-		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
-	}})
-	u := in.users(1)[0]
-	busy, missed := in.dialog(u), in.dialog(u)
+	in, u, rc := overflowedClient(t)
+	missed := in.dialog(u)
 	for range 3 {
 		in.post(u, missed, "missed")
 	}
-	rc := in.rawConnect(u)
-	rc.write(`{"type":"subscribe","dialogId":"` + busy + `"}`)
-	if f := rc.readSkipPresence(); f.Type != "subscribed" {
-		t.Fatalf("%s", f.raw)
-	}
-	// The client stops reading until its queue overflows.
-	for seq := int64(1); seq < 2000 && in.svc.Stats().QueueOverflows == 0; seq++ {
-		publishEvent(t, in, busy, seq, 2000)
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().QueueOverflows > 0 }, "no overflow")
 	rc.write(`{"type":"subscribe","dialogId":"` + missed + `","sinceSeq":0}`)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		st := in.svc.Stats()
@@ -138,21 +148,8 @@ func TestFieldNamesAreMatchedExactly(t *testing.T) {
 // every message of that dialog after lastSeq: delivered, or covered by a
 // resync that comes after its subscribed frame.
 func TestSubscribeBehindAQueuedResyncMissesNothing(t *testing.T) {
-	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
-		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
-	}})
-	u := in.users(1)[0]
-	busy, fresh := in.dialog(u), in.dialog(u)
-	rc := in.rawConnect(u)
-	rc.write(`{"type":"subscribe","dialogId":"` + busy + `"}`)
-	if f := rc.readSkipPresence(); f.Type != "subscribed" {
-		t.Fatalf("%s", f.raw)
-	}
-	// The client stops reading until its queue overflows.
-	for seq := int64(1); seq < 2000 && in.svc.Stats().QueueOverflows == 0; seq++ {
-		publishEvent(t, in, busy, seq, 2000)
-	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().QueueOverflows > 0 }, "no overflow")
+	in, u, rc := overflowedClient(t)
+	fresh := in.dialog(u)
 	rc.write(`{"type":"subscribe","dialogId":"` + fresh + `"}`)
 	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().Subscriptions == 2 }, "the subscribe was not answered")
 	covered := in.svc.Stats().CoveredDrops

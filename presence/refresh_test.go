@@ -44,10 +44,13 @@ func (h *refreshHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
-// A socket that closes while the periodic heartbeat of a list that still
-// holds it is on its way is not registered again by that heartbeat: the
-// user has no live connection left and is announced offline.
-func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
+// heartbeatRace registers one connection, holds the next periodic
+// heartbeat that lists it, lets remove take the connection out of
+// presence meanwhile (the hub forgot it first: no later heartbeat lists
+// it), then lets the held heartbeat through and checks that it registered
+// nothing: the user is announced offline and has no live connection.
+func heartbeatRace(t *testing.T, remove func(ctx context.Context, p *presence.Presence, c presence.Conn) error) (redis.UniversalClient, presence.Config, presence.Conn) {
+	t.Helper()
 	ctx := context.Background()
 	rdb := client(t)
 	hold := &refreshHold{entered: make(chan struct{}), release: make(chan struct{})}
@@ -81,9 +84,8 @@ func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no periodic heartbeat listed the connection")
 	}
-	// The socket closes: the hub forgets it, then removes it from presence.
 	open.Store(false)
-	if _, err := p.Disconnect(ctx, u, c.ConnID); err != nil {
+	if err := remove(ctx, p, c); err != nil {
 		t.Fatal(err)
 	}
 	close(hold.release)
@@ -91,10 +93,21 @@ func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
 		"the user was never announced offline: %v", rec.list())
 	if n, err := p.Online(ctx, u); err != nil || n != 0 {
-		t.Fatalf("live connections after the only socket closed: %d %v", n, err)
+		t.Fatalf("live connections after the only one was removed: %d %v", n, err)
 	}
+	return rdb, cfg, c
+}
+
+// A socket that closes while the periodic heartbeat of a list that still
+// holds it is on its way is not registered again by that heartbeat: the
+// user has no live connection left and is announced offline.
+func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
+	rdb, cfg, c := heartbeatRace(t, func(ctx context.Context, p *presence.Presence, c presence.Conn) error {
+		_, err := p.Disconnect(ctx, c.UserID, c.ConnID)
+		return err
+	})
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		return rdb.ZScore(ctx, presence.InstanceConnsKey(cfg.InstanceID), u+":"+c.ConnID).Err() == redis.Nil
+		return rdb.ZScore(context.Background(), presence.InstanceConnsKey(cfg.InstanceID), c.UserID+":"+c.ConnID).Err() == redis.Nil
 	}, "the closed connection is still in the instance index")
 }
 
@@ -105,48 +118,8 @@ func TestHeartbeatDoesNotRestoreAClosedConnection(t *testing.T) {
 // goes with Deregister, so no sweep removes it), the drain's offline check
 // finds it live, and no instance ever announces the user offline.
 func TestHeartbeatDoesNotRestoreADrainedConnection(t *testing.T) {
-	ctx := context.Background()
-	rdb := client(t)
-	hold := &refreshHold{entered: make(chan struct{}), release: make(chan struct{})}
-	rdb.AddHook(hold)
-	rec := &recorder{}
-	cfg := presence.Config{InstanceID: "i-" + ids.New()[24:], RefreshInterval: 100 * time.Millisecond,
-		OfflineDebounce: 100 * time.Millisecond}
-	p, err := presence.New(rdb, cfg, rec, slog.New(slog.NewJSONHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u := ids.New()
-	c := presence.Conn{UserID: u, ConnID: "c1"}
-	var open atomic.Bool
-	p.Start(func() []presence.Conn {
-		if open.Load() {
-			return []presence.Conn{c}
-		}
-		return nil
+	heartbeatRace(t, func(ctx context.Context, p *presence.Presence, c presence.Conn) error {
+		_, err := p.DisconnectMany(ctx, []presence.Conn{c})
+		return err
 	})
-	if err := p.Connect(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	open.Store(true)
-	testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+u) }, "no online transition")
-
-	hold.armed.Store(true)
-	select {
-	case <-hold.entered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no periodic heartbeat listed the connection")
-	}
-	open.Store(false) // the drain began: no heartbeat lists it any more
-	if _, err := p.DisconnectMany(ctx, []presence.Conn{c}); err != nil {
-		t.Fatal(err)
-	}
-	close(hold.release)
-
-	testenv.Eventually(t, 10*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
-		"the user was never announced offline: %v", rec.list())
-	if n, err := p.Online(ctx, u); err != nil || n != 0 {
-		t.Fatalf("live connections after the drain removed the only one: %d %v", n, err)
-	}
 }

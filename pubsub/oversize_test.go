@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
@@ -41,27 +39,12 @@ func TestOversizedMessageIsDroppedWhileRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	k := &sink{msgs: map[string][]string{}}
-	s, err := pubsub.NewSubscriber(c, pubsub.SubscriberConfig{InstanceID: "big-" + ids.New()[24:],
-		CanaryInterval: 200 * time.Millisecond, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
-		discard, k.message, k.resync)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(s.Close)
-	testenv.Eventually(t, 5*time.Second, s.Healthy, "subscriber never came up")
+	s, k := startSink(t, c, pubsub.SubscriberConfig{}, 5*time.Second)
 	ch := pubsub.DialogChannel(ids.New())
 	if err := s.Subscribe(ctx, ch); err != nil {
 		t.Fatal(err)
 	}
-	opt, err := redis.ParseURL(r.AdminURL(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.ReadTimeout, opt.WriteTimeout = 30*time.Second, 30*time.Second
-	pub := redis.NewClient(opt)
-	t.Cleanup(func() { pub.Close() })
+	pub := adminPublisher(t, r, 30*time.Second)
 
 	const size = 64 << 20
 	big := bytes.Repeat([]byte{'x'}, size)
@@ -109,16 +92,7 @@ func TestOversizedMessageIsDroppedWhileRead(t *testing.T) {
 func TestMessagesAroundTheLimitArriveExactly(t *testing.T) {
 	ctx := context.Background()
 	const limit = 20000
-	k := &sink{msgs: map[string][]string{}}
-	s, err := pubsub.NewSubscriber(rtClient(t), pubsub.SubscriberConfig{InstanceID: "lim-" + ids.New()[24:],
-		CanaryInterval: 200 * time.Millisecond, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
-		MaxMessageBytes: limit}, discard, k.message, k.resync)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(s.Close)
-	testenv.Eventually(t, 5*time.Second, s.Healthy, "subscriber never came up")
+	s, k := startSink(t, rtClient(t), pubsub.SubscriberConfig{MaxMessageBytes: limit}, 5*time.Second)
 	ch := pubsub.DialogChannel(ids.New())
 	if err := s.Subscribe(ctx, ch); err != nil {
 		t.Fatal(err)
@@ -183,16 +157,7 @@ func TestOversizedShardMessageIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rdb.Close() })
-	k := &sink{msgs: map[string][]string{}}
-	s, err := pubsub.NewSubscriber(rdb, pubsub.SubscriberConfig{InstanceID: "bigs-" + ids.New()[24:],
-		CanaryInterval: 200 * time.Millisecond, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
-		discard, k.message, k.resync)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(s.Close)
-	testenv.Eventually(t, 10*time.Second, s.Healthy, "subscriber never came up")
+	s, k := startSink(t, rdb, pubsub.SubscriberConfig{}, 10*time.Second)
 	// Channels until every master holds one.
 	masters := map[string]string{}
 	var chans []string

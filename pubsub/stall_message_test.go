@@ -22,29 +22,47 @@ return 1`
 func stallSetup(t *testing.T, interval, deadline time.Duration) (*testenv.RedisServer, *pubsub.Subscriber, *sink, *redis.Client, string) {
 	t.Helper()
 	r, c := testenv.StallableRedis(t, 1, time.Second)
+	s, k := startSink(t, c, pubsub.SubscriberConfig{CanaryInterval: interval, CanaryDeadline: deadline, MaxMessageBytes: 16 << 20}, 5*time.Second)
+	ch := pubsub.DialogChannel(ids.New())
+	if err := s.Subscribe(context.Background(), ch); err != nil {
+		t.Fatal(err)
+	}
+	return r, s, k, adminPublisher(t, r, 10*time.Second), ch
+}
+
+// startSink starts a subscriber on c with cfg (a fresh instance id, fast
+// reconnects and, unless cfg sets one, a 200 ms canary) delivering to a
+// new sink, and waits up to up for it to be healthy.
+func startSink(t *testing.T, c redis.UniversalClient, cfg pubsub.SubscriberConfig, up time.Duration) (*pubsub.Subscriber, *sink) {
+	t.Helper()
+	cfg.InstanceID = "ps-" + ids.New()[24:]
+	cfg.ReconnectMin, cfg.ReconnectMax = 10*time.Millisecond, 100*time.Millisecond
+	if cfg.CanaryInterval == 0 {
+		cfg.CanaryInterval = 200 * time.Millisecond
+	}
 	k := &sink{msgs: map[string][]string{}}
-	s, err := pubsub.NewSubscriber(c, pubsub.SubscriberConfig{InstanceID: "ps-" + ids.New()[24:],
-		CanaryInterval: interval, CanaryDeadline: deadline, MaxMessageBytes: 16 << 20,
-		ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond},
-		discard, k.message, k.resync)
+	s, err := pubsub.NewSubscriber(c, cfg, discard, k.message, k.resync)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Start()
 	t.Cleanup(s.Close)
-	testenv.Eventually(t, 5*time.Second, s.Healthy, "subscriber never came up")
-	ch := pubsub.DialogChannel(ids.New())
-	if err := s.Subscribe(context.Background(), ch); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Eventually(t, up, s.Healthy, "subscriber never came up")
+	return s, k
+}
+
+// adminPublisher is a client of r's DB1 as its admin, with read and write
+// timeouts long enough for large messages.
+func adminPublisher(t *testing.T, r *testenv.RedisServer, timeout time.Duration) *redis.Client {
+	t.Helper()
 	opt, err := redis.ParseURL(r.AdminURL(1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt.ReadTimeout, opt.WriteTimeout = 10*time.Second, 10*time.Second
+	opt.ReadTimeout, opt.WriteTimeout = timeout, timeout
 	pub := redis.NewClient(opt)
 	t.Cleanup(func() { pub.Close() })
-	return r, s, k, pub, ch
+	return pub
 }
 
 // A Redis that pauses while it writes a message to the instance's link
