@@ -3,21 +3,13 @@ package main
 import (
 	"testing"
 	"time"
-
-	"github.com/han-app/gateway/internal/testenv"
 )
 
 // Main.Close with Redis (both roles) stalled instead of failing: every
 // step is bounded, so Close ends within HAN_DRAIN_DELAY +
 // HAN_SHUTDOWN_TIMEOUT and a few seconds, inside a supervisor's stop budget.
 func TestCloseIsBoundedWhenRedisStalls(t *testing.T) {
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	vars := baseEnv()
-	vars["REDIS_URL"], vars["REDIS_REALTIME_URL"] = r.URL(0), r.URL(1)
+	r, vars := ownRedisEnv(t)
 	vars["HAN_SHUTDOWN_TIMEOUT"] = "1s"
 	lg := &closeLog{start: time.Now()}
 	m := runLogged(t, vars, lg)

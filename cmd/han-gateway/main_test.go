@@ -44,6 +44,20 @@ func TestMain(m *testing.M) {
 
 const devSecret = "gateway-e2e-secret-0123456789abcdef"
 
+// ownRedisEnv starts a private redis-server for the test (stopped at its
+// end, after the instance) and returns it with baseEnv pointed at it.
+func ownRedisEnv(t *testing.T) (*testenv.RedisServer, map[string]string) {
+	t.Helper()
+	r, err := testenv.StartRedis(testenv.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	vars := baseEnv()
+	vars["REDIS_URL"], vars["REDIS_REALTIME_URL"] = r.URL(0), r.URL(1)
+	return r, vars
+}
+
 func baseEnv() map[string]string {
 	return map[string]string{
 		"HAN_HTTP_ADDR":            "127.0.0.1:0",

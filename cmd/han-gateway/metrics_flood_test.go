@@ -38,13 +38,7 @@ func infoCalls(t *testing.T, r *testenv.RedisServer) int {
 // most once a second and shared, so the cost to Redis and PostgreSQL stays
 // the same whatever the scrape rate, and every scrape still gets them.
 func TestMetricsFloodReadsTheDatabasesAtMostOnceASecond(t *testing.T) {
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	vars := baseEnv()
-	vars["REDIS_URL"], vars["REDIS_REALTIME_URL"] = r.URL(0), r.URL(1)
+	r, vars := ownRedisEnv(t)
 	m := start(t, vars)
 	if fams := scrape(t, m); fams["han_redis_up"] == nil || fams["han_outbox_backlog"] == nil {
 		t.Fatal("the first scrape has no han_redis_up or han_outbox_backlog")
