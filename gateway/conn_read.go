@@ -134,14 +134,23 @@ const frameWireFactor = 2
 // ahead of now.
 func (c *conn) takeFrame() bool {
 	cfg := &c.hub.cfg
-	now := sinceStart()
 	per := time.Duration(float64(time.Second) / cfg.FrameRate)
-	if c.frameFull-now > time.Duration(cfg.FrameBurst-1)*per {
+	if _, ok := takeToken(&c.frameFull, sinceStart(), per, cfg.FrameBurst); !ok {
 		c.frameFull = math.MaxInt64
 		return false
 	}
-	c.frameFull = max(c.frameFull, now) + per
 	return true
+}
+
+// takeToken spends a token of a bucket kept as the time it is full again
+// (*full, on sinceStart's clock): it holds burst tokens and gains one every
+// per. When none is left it returns false and how long until one is.
+func takeToken(full *time.Duration, now, per time.Duration, burst int) (wait time.Duration, ok bool) {
+	if ahead := *full - now - time.Duration(burst-1)*per; ahead > 0 {
+		return ahead, false
+	}
+	*full = max(*full, now) + per
+	return 0, true
 }
 
 // clockStart is the origin of sinceStart.

@@ -13,7 +13,7 @@ import (
 // redo the handshake's Redis and PostgreSQL work as fast as it can
 // (presence registration and removal, the user's online transition), at
 // the cost of every other user's handshakes. A bucket is kept as the time
-// it is full again, as the inbound frame bucket is (conn.takeFrame).
+// it is full again, as the inbound frame bucket is (takeToken).
 //
 // The map forgets users whose bucket is full again: it is kept in two
 // generations swapped every span (the time an empty bucket takes to fill),
@@ -52,12 +52,9 @@ func (u *userHandshakes) take(userID string) (wait time.Duration, ok bool) {
 			delete(u.old, userID)
 		}
 	}
-	if ahead := full - now - time.Duration(u.burst-1)*u.per; ahead > 0 {
-		if found {
-			u.cur[userID] = full
-		}
-		return ahead, false
+	wait, ok = takeToken(&full, now, u.per, u.burst)
+	if ok || found {
+		u.cur[userID] = full
 	}
-	u.cur[userID] = max(full, now) + u.per
-	return 0, true
+	return wait, ok
 }

@@ -57,11 +57,16 @@ func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args 
 		return s.s.Run(ctx, c, keys, args...)
 	}
 	cmd := s.EvalSha(ctx, p, keys, args...)
-	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+	if IsNoScript(cmd.Err()) {
 		cmd = evalOnce(ctx, p, "eval", s.Source, keys, args)
 	}
 	return cmd
 }
+
+// IsNoScript reports whether err is Redis's NOSCRIPT reply: the script's
+// SHA is not loaded (after a restart or SCRIPT FLUSH), so the EVALSHA did
+// not run.
+func IsNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
 
 // Processor runs (a client) or queues (a pipeline) one command.
 type Processor interface {

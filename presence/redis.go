@@ -456,7 +456,7 @@ func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner))
 	}
 	var again []redis.Cmder
 	for _, c := range cmds {
-		if isNoScript(c.Err()) {
+		if lua.IsNoScript(c.Err()) {
 			again = append(again, c)
 		}
 	}
@@ -476,11 +476,9 @@ func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner))
 
 func hasNoScript(cmds []redis.Cmder) bool {
 	for _, c := range cmds {
-		if isNoScript(c.Err()) {
+		if lua.IsNoScript(c.Err()) {
 			return true
 		}
 	}
 	return false
 }
-
-func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }

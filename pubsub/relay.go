@@ -172,7 +172,7 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 			return nil
 		}
 		err = rds.ClassifyRedisError(raw)
-		if _, reply := errors.AsType[redis.Error](raw); reply {
+		if !rds.Unanswered(raw) { // an error reply: Redis works and refused this row
 			err = fmt.Errorf("%w: %w", ErrRowRefused, err)
 		}
 		pubErr = err

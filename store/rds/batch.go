@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -368,7 +367,7 @@ func (l *lane) exec(batch []*batchCall) {
 		return cmds[0]
 	})
 	for _, c := range live {
-		if c.script != nil && c.res.Err() != nil && strings.HasPrefix(c.res.Err().Error(), "NOSCRIPT") {
+		if c.script != nil && lua.IsNoScript(c.res.Err()) {
 			b.alone(c)
 		}
 	}
