@@ -44,15 +44,15 @@ func PolicyVersion(v int64) string { return "settings-" + strconv.FormatInt(v, 1
 func (s Snapshot) head() head { return head{version: s.Version, stamp: s.Stamp} }
 
 // fromRows converts a PostgreSQL read of the state stamped stamp into a
-// snapshot, checking the JSON of every rule list strictly (unknown fields
-// refused).
+// snapshot, checking the JSON of every rule list strictly: field names
+// exactly as written (family, limit, windowMs: "Limit" is no field), unknown
+// fields refused.
 func fromRows(r store.SettingsRows, stamp string) (Snapshot, error) {
 	s := Snapshot{Version: r.Version, Stamp: stamp, Policies: map[string]PolicyOverride{}, Tunables: map[string]json.RawMessage{}}
 	for _, p := range r.Policies {
 		var rules []Rule
-		dec := json.NewDecoder(bytes.NewReader(p.Rules))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&rules); err != nil {
+		rest, err := json.Parse(p.Rules, &rules, json.DisallowUnknownFields|json.DontMatchCaseInsensitiveStructFields)
+		if err != nil || len(bytes.TrimSpace(rest)) > 0 {
 			return Snapshot{}, fmt.Errorf("settings: route %q: rules must be an array of {family, limit, windowMs}", p.Route)
 		}
 		s.Policies[p.Route] = PolicyOverride{Algorithm: p.Algorithm, OnFailure: p.OnFailure, Rules: rules}
