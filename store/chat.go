@@ -41,6 +41,8 @@ type Store struct {
 	userDialogs *stmtBatcher[*userDialogsCall]
 	// ensureUsers combines concurrent EnsureUser records (users_batch.go).
 	ensureUsers *stmtBatcher[*ensureUserCall]
+	// lastSeen combines concurrent TouchLastSeen records (lastseen_batch.go).
+	lastSeen *stmtBatcher[*lastSeenCall]
 	// known is the users EnsureUser already recorded (a bounded set: users
 	// are never deleted, so a known id needs no further write).
 	known knownUsers
@@ -55,6 +57,7 @@ func New(pool *pgxpool.Pool) *Store {
 	s.lastSeqs = newLastSeqBatcher(s)
 	s.userDialogs = newUserDialogsBatcher(s)
 	s.ensureUsers = newEnsureUsersBatcher(s)
+	s.lastSeen = newLastSeenBatcher(s)
 	return s
 }
 

@@ -32,16 +32,6 @@ func (s *Store) DialogIDsForUser(ctx context.Context, userID string, limit int) 
 	return s.readUserDialogs(ctx, userID, limit)
 }
 
-// TouchLastSeen records that a connection of the user ended at t; the
-// stored value only moves forward.
-func (s *Store) TouchLastSeen(ctx context.Context, userID string, t time.Time) error {
-	_, err := s.pool.Exec(ctx, `UPDATE users SET last_seen_at = GREATEST(COALESCE(last_seen_at, $2), $2) WHERE id = $1`, userID, t)
-	if err != nil {
-		return fmt.Errorf("touch last seen: %w", err)
-	}
-	return nil
-}
-
 // TouchLastSeenMany is TouchLastSeen for many users at once, one statement
 // (a draining instance's teardown). Unknown users are ignored.
 func (s *Store) TouchLastSeenMany(ctx context.Context, userIDs []string, t time.Time) error {

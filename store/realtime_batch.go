@@ -159,14 +159,16 @@ func (b *stmtBatcher[C]) do(c C) error {
 }
 
 // SetRealtimeLinger sets how long a subscribe check, a presence
-// transition's dialog read or a first-sight user record that finds its
-// statement free waits for others to share it (0: sent at once). Call it
+// transition's dialog read, a first-sight user record or a last-seen record
+// that finds its statement free waits for others to share it (0: sent at
+// once). Call it
 // before the Store is used.
 func (s *Store) SetRealtimeLinger(d time.Duration) {
 	d = max(d, 0)
 	s.lastSeqs.comb.Linger = d
 	s.userDialogs.comb.Linger = d
 	s.ensureUsers.comb.Linger = d
+	s.lastSeen.comb.Linger = d
 }
 
 // stats reads the counters.
