@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -187,4 +189,69 @@ func BenchmarkTouchLastSeen(b *testing.B) {
 	b.Run("batched", func(b *testing.B) {
 		run(b, func(u string, at time.Time) error { return s.TouchLastSeen(ctx, u, at) })
 	})
+}
+
+// Two instances record last-seen times of the same users at once — one
+// draining (TouchLastSeenMany), the other recording ended connections and
+// offline transitions in batches — each in whatever order its users come:
+// the rows are locked in one order everywhere, so no statement deadlocks
+// (PostgreSQL would abort one with 40P01 and its users' times would be
+// lost).
+func TestLastSeenFromTwoInstancesNeverDeadlocks(t *testing.T) {
+	a, pool, _ := countedStore(t, 10)
+	b, _, _ := countedStore(t, 10)
+	ctx := context.Background()
+	users := newUsers(t, pool, 400)
+	at := time.Now().Truncate(time.Microsecond)
+	var wg sync.WaitGroup
+	errs := make(chan error, 1024)
+	for round := range 20 {
+		perm := rand.Perm(len(users))
+		order := make([]string, len(users))
+		for i, k := range perm {
+			order[i] = users[k]
+		}
+		wg.Add(3)
+		go func() {
+			defer wg.Done()
+			errs <- a.TouchLastSeenMany(ctx, order, at.Add(time.Duration(round)*time.Millisecond))
+		}()
+		go func() {
+			defer wg.Done()
+			reversed := slices.Clone(order)
+			slices.Reverse(reversed)
+			errs <- b.TouchLastSeenMany(ctx, reversed, at.Add(time.Duration(round)*time.Millisecond))
+		}()
+		go func() {
+			defer wg.Done()
+			var inner sync.WaitGroup
+			for _, u := range order[:100] {
+				inner.Add(1)
+				go func() {
+					defer inner.Done()
+					if err := b.TouchLastSeen(ctx, u, at.Add(time.Duration(round)*time.Millisecond)); err != nil {
+						errs <- err
+					}
+				}()
+			}
+			inner.Wait()
+		}()
+		wg.Wait()
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a last-seen statement failed: %v", err)
+		}
+	}
+	latest := at.Add(19 * time.Millisecond)
+	seen := lastSeenOf(t, pool, users)
+	if len(seen) != len(users) {
+		t.Fatalf("%d of %d users have a last-seen time", len(seen), len(users))
+	}
+	for u, got := range seen {
+		if !got.Equal(latest) {
+			t.Fatalf("user %s: last seen %v, want %v", u, got, latest)
+		}
+	}
 }

@@ -33,13 +33,17 @@ func (s *Store) DialogIDsForUser(ctx context.Context, userID string, limit int) 
 }
 
 // TouchLastSeenMany is TouchLastSeen for many users at once, one statement
-// (a draining instance's teardown). Unknown users are ignored.
+// (a draining instance's teardown), locking the rows in the order the
+// batched records do. Unknown users are ignored.
 func (s *Store) TouchLastSeenMany(ctx context.Context, userIDs []string, t time.Time) error {
 	if len(userIDs) == 0 {
 		return nil
 	}
-	_, err := s.pool.Exec(ctx, `UPDATE users SET last_seen_at = GREATEST(COALESCE(last_seen_at, $2), $2) WHERE id = ANY($1::text[]::uuid[])`, userIDs, t)
-	if err != nil {
+	times := make([]time.Time, len(userIDs))
+	for i := range times {
+		times[i] = t
+	}
+	if _, err := s.pool.Exec(ctx, lastSeenSQL, userIDs, times); err != nil {
 		return fmt.Errorf("touch last seen: %w", err)
 	}
 	return nil
