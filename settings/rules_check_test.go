@@ -3,11 +3,8 @@ package settings_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 
@@ -370,34 +367,16 @@ func migratedDatabase(t *testing.T, name, badRules string) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(drop)
-	conn, err := pgx.Connect(ctx, direct)
+	old, err := store.OpenPG(ctx, direct, store.PGConfig{MaxConns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	defer old.Close()
+	if _, err := store.MigrateBefore(ctx, old, "0014"); err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob("../store/migrations/*.sql")
-	sort.Strings(files)
-	for _, file := range files {
-		v := strings.TrimSuffix(filepath.Base(file), ".sql")
-		if v >= "0014" {
-			break
-		}
-		sql, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.Exec(ctx, string(sql)); err != nil {
-			t.Fatalf("%s: %v", v, err)
-		}
-		if _, err := conn.Exec(ctx, "INSERT INTO schema_migrations(version) VALUES ($1)", v); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if badRules != "" {
-		if _, err := conn.Exec(ctx, `INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
+		if _, err := old.Exec(ctx, `INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
 			VALUES ('GET /v1/me', 'fixed', 'local', $1::text::jsonb)`, badRules); err != nil {
 			t.Fatal(err)
 		}

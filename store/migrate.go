@@ -34,6 +34,13 @@ const migrationLockID = 0x68616e6d6967 // "hanmig"
 // still migrates over HAN_DATABASE_DIRECT_URL, because DDL and long
 // statements belong on a direct connection.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	return MigrateBefore(ctx, pool, "")
+}
+
+// MigrateBefore is Migrate for the migrations whose version sorts before
+// version (all of them when version is ""): the schema an earlier release
+// left, which upgrade tests start from.
+func MigrateBefore(ctx context.Context, pool *pgxpool.Pool, version string) ([]string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: acquire: %w", err)
@@ -46,13 +53,16 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	sort.Strings(names)
 	var applied []string
 	for _, name := range names {
-		version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
-		done, err := migrateOne(ctx, conn, name, version)
+		v := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+		if version != "" && v >= version {
+			break
+		}
+		done, err := migrateOne(ctx, conn, name, v)
 		if err != nil {
 			return applied, err
 		}
 		if done {
-			applied = append(applied, version)
+			applied = append(applied, v)
 		}
 	}
 	return applied, nil

@@ -2,9 +2,6 @@ package store_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -115,26 +112,13 @@ func TestAnInvalidOutboxIndexIsRebuilt(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	// The database of the previous release: migrations up to 0005.
-	if _, err := conn.Exec(ctx, `CREATE TABLE schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	old, err := store.OpenPG(ctx, direct, store.PGConfig{MaxConns: 1})
+	if err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob("migrations/*.sql")
-	sort.Strings(files)
-	for _, f := range files {
-		v := strings.TrimSuffix(filepath.Base(f), ".sql")
-		if v >= "0006" {
-			break
-		}
-		sql, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := conn.Exec(ctx, string(sql)); err != nil {
-			t.Fatalf("%s: %v", v, err)
-		}
-		if _, err := conn.Exec(ctx, "INSERT INTO schema_migrations(version) VALUES ($1)", v); err != nil {
-			t.Fatal(err)
-		}
+	defer old.Close()
+	if _, err := store.MigrateBefore(ctx, old, "0006"); err != nil {
+		t.Fatal(err)
 	}
 	// The operator's concurrent build is cut short (here by a
 	// statement_timeout while an open transaction that wrote to the outbox
