@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"path"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -217,7 +218,7 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // Handler is the complete HTTP handler, every route under the body and
 // response deadlines.
 func (s *Server) Handler() http.Handler {
-	return s.deadlines(s.observe(s.cors(s.realtimeFirst(s.router))))
+	return s.deadlines(s.observe(s.cors(s.realtimeFirst(canonicalPath(s.router)))))
 }
 
 // SetDraining makes /readyz answer 503 so the load balancer stops sending
@@ -294,6 +295,42 @@ func (s *Server) MountWeb(h http.Handler) {
 	s.router.PathPrefix("/").Handler(h).Methods(http.MethodGet, http.MethodHead).
 		MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return !IsAPIPath(r.URL.Path) }).
 		Name(FallbackRouteName)
+}
+
+// canonicalPath answers 404 not_found, instead of the router's 301 to the
+// canonical form, a request whose path has a doubled slash or a "." or ".."
+// segment (plain or percent-encoded) when that form is an API path or the
+// method is not GET or HEAD. HTTP clients follow a 301 of a POST, PUT or
+// DELETE with a GET: a message sent to "//v1/dialogs/{id}/messages" (a
+// base URL ending in "/" joined with "/v1/…") would become a read of the
+// history, answered 200 with nothing stored. On the API's paths every
+// answer is JSON and no URL has two spellings; the web client's pages keep
+// the redirect of a GET.
+func canonicalPath(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if c := cleanPath(p); c != p && (IsAPIPath(c) || r.Method != http.MethodGet && r.Method != http.MethodHead) {
+			writeError(w, errNotFound)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// cleanPath is the canonical form the router redirects to: path.Clean,
+// rooted, with a trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if p[len(p)-1] == '/' && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 var probeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
