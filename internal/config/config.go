@@ -578,8 +578,23 @@ func origins(name, v string, bad func(string, ...any)) []string {
 				bad("%s: each entry must be an origin like https://chat.example.com", name)
 				continue
 			}
-			out = append(out, strings.TrimSuffix(o, "/"))
+			out = append(out, browserOrigin(u))
 		}
 	}
 	return out
+}
+
+// browserOrigin writes u as a browser sends it in Origin: scheme and host
+// in lower case, the scheme's default port left out. Origins are compared
+// as exact strings, so "https://Chat.example.com:443" in the configuration
+// would match no browser.
+func browserOrigin(u *url.URL) string {
+	host := strings.ToLower(u.Host)
+	switch {
+	case u.Scheme == "https" && strings.HasSuffix(host, ":443"):
+		host = strings.TrimSuffix(host, ":443")
+	case u.Scheme == "http" && strings.HasSuffix(host, ":80"):
+		host = strings.TrimSuffix(host, ":80")
+	}
+	return u.Scheme + "://" + host
 }

@@ -88,6 +88,16 @@ func TestValidation(t *testing.T) {
 	if err != nil || !slices.Equal(c.CORSOrigins, []string{"https://app.example", "http://localhost:5173"}) || len(c.AllowedOrigins) != 2 {
 		t.Fatalf("CORS origins: %v %v", c.CORSOrigins, err)
 	}
+	// Browsers send Origin in lower case without the scheme's default port;
+	// an entry written otherwise is kept as the browser sends it, or it
+	// would match no page.
+	m["HAN_CORS_ORIGINS"] = "HTTPS://Chat.Example:443/, http://LOCALHOST:80, http://[::1]:80, https://a.example:8443, http://b.example:443"
+	m["HAN_ALLOWED_ORIGINS"] = "https://Chat.Example:443"
+	c, err = Load(env(m))
+	want := []string{"https://chat.example", "http://localhost", "http://[::1]", "https://a.example:8443", "http://b.example:443"}
+	if err != nil || !slices.Equal(c.CORSOrigins, want) || !slices.Equal(c.AllowedOrigins, want[:1]) {
+		t.Fatalf("origins as browsers send them: CORS %v, WebSocket %v, %v", c.CORSOrigins, c.AllowedOrigins, err)
+	}
 }
 
 func TestWSMaxConnsPerUser(t *testing.T) {
