@@ -113,7 +113,7 @@ func TestLastSeenStormSharesStatements(t *testing.T) {
 		}
 	}
 	recs = append(recs, rec{ids.New(), base}, rec{"not-a-uuid", base}, rec{"", base})
-	before := counter.n.Load()
+	before, stats := counter.n.Load(), s.LastSeenStats()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(recs))
 	for _, r := range recs {
@@ -131,6 +131,10 @@ func TestLastSeenStormSharesStatements(t *testing.T) {
 		t.Fatalf("a record of the storm: %v", err)
 	}
 	statements := counter.n.Load() - before
+	if after := s.LastSeenStats(); after.Queries-stats.Queries != uint64(statements) || after.Checks-stats.Checks != uint64(len(recs)) {
+		t.Fatalf("LastSeenStats: %d records in %d statements; made %d, statements sent %d",
+			after.Checks-stats.Checks, after.Queries-stats.Queries, len(recs), statements)
+	}
 	if statements > int64(len(recs))/10 {
 		t.Fatalf("%d records took %d statements, want at most %d", len(recs), statements, len(recs)/10)
 	}
