@@ -25,6 +25,15 @@ const HEARTBEAT_DEFAULT_MS = 25000;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
 const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
 /**
+ * The largest frame taken from the server (ws's maxPayload; a browser's
+ * WebSocket ignores the option). The server's frames are far smaller (its
+ * whole queue per connection is 1 MiB); without a bound ws takes frames of
+ * up to 100 MiB, so a hostile or broken endpoint could make a Node client
+ * hold that much per frame. A larger frame closes the socket with 1009 and
+ * the client reconnects with backoff.
+ */
+export const MAX_FRAME_BYTES = 1 << 20;
+/**
  * How long a connection attempt may take from opening the socket to its
  * hello: more than the server's longest handshake wait (6 s in its
  * admission queue) plus its Redis and PostgreSQL work.
@@ -118,7 +127,7 @@ export function refreshDelay(expiresAt, now = Date.now()) {
  */
 
 /**
- * @typedef {new (url: string, protocols: string, options?: {headers: Record<string, string>}) => WebSocketLike} WebSocketCtor
+ * @typedef {new (url: string, protocols: string, options?: {headers?: Record<string, string>, maxPayload?: number}) => WebSocketLike} WebSocketCtor
  * a browser WebSocket, or `ws` in Node; bearer authentication needs one that
  * takes headers (ws).
  */
@@ -378,12 +387,13 @@ export class Realtime extends Emitter {
       if (this.#auth === "bearer") {
         const token = await this.#tokens.current();
         if (this.#stopped || id !== this.#attemptId) return;
-        ws = new this.#WS(this.#url, SUBPROTOCOL, { headers: { ...this.#headers, Authorization: `Bearer ${token}` } });
+        ws = new this.#WS(this.#url, SUBPROTOCOL,
+          { headers: { ...this.#headers, Authorization: `Bearer ${token}` }, maxPayload: MAX_FRAME_BYTES });
       } else {
         const { ticket } = await this.#rest.ticket();
         if (this.#stopped || id !== this.#attemptId) return;
         const url = `${this.#url}${this.#url.includes("?") ? "&" : "?"}ticket=${encodeURIComponent(ticket)}`;
-        ws = this.#headers ? new this.#WS(url, SUBPROTOCOL, { headers: this.#headers }) : new this.#WS(url, SUBPROTOCOL);
+        ws = new this.#WS(url, SUBPROTOCOL, { headers: this.#headers, maxPayload: MAX_FRAME_BYTES });
       }
     } catch (e) {
       if (this.#stopped || id !== this.#attemptId) return;

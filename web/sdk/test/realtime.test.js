@@ -4,7 +4,8 @@ import { test, mock, afterEach } from "node:test";
 import assert from "node:assert/strict";
 import { ApiError, CloseError } from "../errors.js";
 import { Tokens } from "../rest.js";
-import { CONNECT_TIMEOUT_MS, FrameBudget, Realtime, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
+import { WebSocket, WebSocketServer } from "ws";
+import { CONNECT_TIMEOUT_MS, FrameBudget, MAX_FRAME_BYTES, Realtime, SUBPROTOCOL, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
 
 // The server's inbound budget (docs/realtime-protocol.md, "Limits").
 const SERVER_BURST = 60;
@@ -393,4 +394,33 @@ test("stop and start while a ticket request is under way leave one socket, and f
   first.hello(); // arrives after all
   assert.equal(late.rt.state.phase, "reconnecting", "a hello on the abandoned socket does not make the client live");
   late.rt.stop();
+});
+
+test("a frame over MAX_FRAME_BYTES from the server ends the socket and the client reconnects", async () => {
+  const wss = new WebSocketServer({ host: "127.0.0.1", port: 0, handleProtocols: () => SUBPROTOCOL });
+  await new Promise((r) => wss.once("listening", r));
+  let connections = 0;
+  wss.on("connection", (sock) => {
+    connections++;
+    sock.send(JSON.stringify({ type: "hello", connectionId: `c${connections}`, instance: "i", heartbeatMs: 25000, expiresAt: Date.now() + 3600e3 }));
+    if (connections === 1) sock.send(JSON.stringify({ type: "pong", pad: "x".repeat(MAX_FRAME_BYTES) }));
+  });
+  const { port } = /** @type {import("node:net").AddressInfo} */ (wss.address());
+  const rt = new Realtime({ url: `ws://127.0.0.1:${port}/v1/realtime`, auth: "bearer", WebSocket: /** @type {any} */ (WebSocket) },
+    /** @type {any} */ ({}), new Tokens(() => "token"));
+  /** @type {number[]} */
+  const closes = [];
+  rt.on("error", (e) => { if (e instanceof CloseError) closes.push(e.code); });
+  const second = new Promise((resolve) => rt.on("state", (s) => { if (s.phase === "live" && connections === 2) resolve(null); }));
+  rt.start();
+  try {
+    await Promise.race([second, new Promise((_, reject) => setTimeout(() => reject(new Error(`no second connection; closes ${closes}`)), 10000))]);
+    // ws answers the frame with 1009 and drops the connection, so the local
+    // close reads 1006 (abnormal).
+    assert.equal(closes.length, 1, `one socket ended: ${closes}`);
+    assert.ok([1006, 1009].includes(closes[0]), `the oversized frame ended the first socket: ${closes}`);
+  } finally {
+    rt.stop();
+    wss.close();
+  }
 });
