@@ -350,11 +350,14 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 // (not the web client's catch-all) serves on r's path.
 func (s *Server) servedMethods(r *http.Request) []string {
 	var allow []string
+	// Matching reads the request and changes nothing in it: one shallow
+	// copy serves every probe (a 404 flood costs no deep copies).
+	probe := new(http.Request)
+	*probe = *r
 	for _, m := range probeMethods {
 		if m == r.Method {
 			continue
 		}
-		probe := r.Clone(r.Context())
 		probe.Method = m
 		var match mux.RouteMatch
 		ok := s.router.Match(probe, &match)
