@@ -201,20 +201,12 @@ func (s *Server) attachmentBlobRoutes(r *mux.Router) {
 
 // attachmentRoutes are the user routes, relative to /v1.
 func (s *Server) attachmentRoutes(user *mux.Router) {
-	user.HandleFunc("/attachments", s.handle(s.initAttachment)).Methods(http.MethodPost)
-	user.HandleFunc("/attachments/{id}/download-url", s.handle(s.downloadURL)).Methods(http.MethodGet)
+	s.answersDB0Outage(user.HandleFunc("/attachments", s.handle(s.initAttachment)).Methods(http.MethodPost), limitWithReserve)
+	s.answersDB0Outage(user.HandleFunc("/attachments/{id}/download-url", s.handle(s.downloadURL)).Methods(http.MethodGet), limitFirst)
 }
 
 // AttachmentDTO is an attachment as a message carries it.
 type AttachmentDTO = pubsub.Attachment
-
-func toAttachmentDTOs(refs []store.AttachmentRef) []AttachmentDTO {
-	out := make([]AttachmentDTO, len(refs))
-	for i, a := range refs {
-		out[i] = AttachmentDTO{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
-	}
-	return out
-}
 
 type uploadDTO struct {
 	ID        string `json:"id"`

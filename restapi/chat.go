@@ -62,10 +62,10 @@ type MessageDTO struct {
 	Safety string `json:"safety,omitempty"`
 }
 
-// ToMessageDTO converts a stored message.
+// ToMessageDTO converts a stored message (store.Message.Wire, the
+// conversion its message.created event uses too).
 func ToMessageDTO(m store.Message) MessageDTO {
-	return MessageDTO{Message: pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
-		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: toAttachmentDTOs(m.Attachments)}}
+	return MessageDTO{Message: m.Wire()}
 }
 
 type listDTO[T any] struct {

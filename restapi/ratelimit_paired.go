@@ -17,11 +17,8 @@ import (
 // decision alone, so a request over its limit gets 429 as it would have
 // without the pairing.
 
-// pairedLimitRoutes are the routes whose decision waits for the reserve.
-var pairedLimitRoutes = map[string]bool{
-	http.MethodPost + " /v1/dialogs/{id}/messages": true,
-	http.MethodPost + " /v1/attachments":           true,
-}
+// The routes whose decision waits for the reserve say so where they are
+// registered (answersDB0Outage with limitWithReserve).
 
 // pendingLimit is a decision the limiter left to the handler.
 type pendingLimit struct {
@@ -41,9 +38,9 @@ func (pl *pendingLimit) settle(ctx context.Context) bool {
 
 // limitHolder is where r's decision may be left pending (its limit field),
 // or nil when it must be made now.
-func limitHolder(r *http.Request, route string) *db0Deferral {
+func limitHolder(r *http.Request) *db0Deferral {
 	d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral)
-	if !ok || d.limit != nil || !pairedLimitRoutes[r.Method+" "+route] {
+	if !ok || d.limit != nil || !d.withReserve {
 		return nil
 	}
 	return d

@@ -53,7 +53,7 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 		}
 	}
 	q := limitQuery{label: label, p: p, subj: subj}
-	if holder := limitHolder(r, route); holder != nil {
+	if holder := limitHolder(r); holder != nil {
 		if pr := a.l.Prepare(label, p, subj); pr != nil {
 			holder.limit = &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, q, d, err) }}
 			return true

@@ -144,6 +144,10 @@ type Server struct {
 	prj      *projectapi.API // the project Redis API (restapi/project)
 	gw       RealtimeGateway
 	stub     *legacystub.Stub // nil: the legacy safety stub is off (safety.go)
+	// db0Routes are the routes whose handlers apply the DB0 outage rule
+	// themselves, by "METHOD /template" (answersDB0Outage in db0outage.go;
+	// written only while the routes are registered).
+	db0Routes map[string]db0Route
 
 	corsOrigins map[string]bool // CORSOrigins as a set
 	openapi     []byte          // docs/openapi.yaml as JSON, built once by NewServer
@@ -259,7 +263,7 @@ func (s *Server) routes() {
 	user.HandleFunc("/me", s.me).Methods(http.MethodGet)
 	user.HandleFunc("/dialogs", s.handle(s.createDialog)).Methods(http.MethodPost)
 	user.HandleFunc("/dialogs", s.handle(s.listDialogs)).Methods(http.MethodGet)
-	user.HandleFunc("/dialogs/{id}/messages", s.handle(s.sendMessage)).Methods(http.MethodPost)
+	s.answersDB0Outage(user.HandleFunc("/dialogs/{id}/messages", s.handle(s.sendMessage)).Methods(http.MethodPost), limitWithReserve)
 	user.HandleFunc("/dialogs/{id}/messages", s.handle(s.listMessages)).Methods(http.MethodGet)
 	s.attachmentRoutes(user)
 	s.realtimeUserRoutes(user)

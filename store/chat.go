@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/pubsub"
 )
 
 // Domain errors the API maps to stable codes.
@@ -100,6 +101,19 @@ type Message struct {
 	ClientMessageID string
 	CreatedAt       time.Time
 	Attachments     []AttachmentRef // in the sender's order; nil when none
+}
+
+// Wire is the message as clients see it: the data of its message.created
+// event and, in the REST API's message DTO, the answer of a send and of the
+// history. It is the one conversion, so the three carry the same fields: a
+// field clients should see is added here once (and to pubsub.Message).
+func (m Message) Wire() pubsub.Message {
+	atts := make([]pubsub.Attachment, len(m.Attachments))
+	for i, a := range m.Attachments {
+		atts[i] = pubsub.Attachment{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
+	}
+	return pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID, Body: m.Body,
+		CreatedAt: m.CreatedAt.UnixMilli(), Attachments: atts}
 }
 
 // OutboxEvent is a realtime event stored in the outbox in the same

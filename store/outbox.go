@@ -181,12 +181,7 @@ func (s *Store) OutboxPending(ctx context.Context) (int64, error) {
 // message.created frame as pubsub builds it under eventID, on the dialog's
 // channel.
 func messageCreatedEvent(eventID string, m Message) (OutboxEvent, error) {
-	atts := make([]pubsub.Attachment, len(m.Attachments))
-	for i, a := range m.Attachments {
-		atts[i] = pubsub.Attachment{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes}
-	}
-	frame, err := pubsub.MessageCreated(eventID, pubsub.Message{ID: m.ID, DialogID: m.DialogID, Seq: m.Seq, SenderID: m.SenderID,
-		Body: m.Body, CreatedAt: m.CreatedAt.UnixMilli(), Attachments: atts})
+	frame, err := pubsub.MessageCreated(eventID, m.Wire())
 	if err != nil {
 		return OutboxEvent{}, err
 	}
