@@ -106,6 +106,7 @@ func applyClusterDefaults(opt *redis.ClusterOptions, c RedisConfig) {
 	opt.PoolSize, opt.MinIdleConns = o.PoolSize, o.MinIdleConns
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout
 	opt.MinRetryBackoff, opt.MaxRetryBackoff, opt.MaxRetries = o.MinRetryBackoff, o.MaxRetryBackoff, o.MaxRetries
+	opt.DialerRetries = o.DialerRetries
 	opt.ContextTimeoutEnabled = true
 	if c.ClientName != "" {
 		opt.ClientName = c.ClientName
@@ -201,6 +202,13 @@ func applyRedisDefaults(opt *redis.Options, c RedisConfig) {
 	default:
 		opt.MaxRetries = c.MaxRetries
 	}
+	// One dial per connection attempt: go-redis dials a refused address
+	// five times, 100 ms apart, by default, so every call to a Redis that is
+	// down spent 0.8–1.2 s (the command's retry and the script runner's
+	// included) before it could answer "unavailable". The command retry
+	// above, and the script runner's for calls never sent, still cover a
+	// dial that fails for a moment (a failover).
+	opt.DialerRetries = 1
 	opt.ContextTimeoutEnabled = true
 	if c.ClientName != "" {
 		opt.ClientName = c.ClientName
