@@ -129,13 +129,16 @@ func TestStalledUploadsDoNotLockOutTransfers(t *testing.T) {
 
 // A body that keeps arriving at MinTransferRate or faster is never cut off
 // by the body deadline, even when it is far longer than the base timeout.
+// (The base is also the longest silence allowed between two reads: it is
+// kept well above the pauses between the chunks, which a loaded machine
+// stretches.)
 func TestSteadyUploadLongerThanTheBodyTimeoutSucceeds(t *testing.T) {
-	const base = 300 * time.Millisecond
+	const base = 500 * time.Millisecond
 	h, _ := attHarness(t, base, restapi.AttachmentConfig{})
 	_, aTok := h.user()
 	bob, _ := h.user()
 	d := h.dialog(aTok, bob)
-	const chunk, chunks = 16 << 10, 20 // 320 KiB at 128 KiB/s: 2.5 s, 8× the base
+	const chunk, chunks = 16 << 10, 32 // 512 KiB at 256 KiB/s (4× MinTransferRate): 2 s, 4× the base
 	code, b, _ := h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, "steady.zip", "application/zip", chunk*chunks), idemKey())
 	if code != 201 {
 		t.Fatalf("init: %d %s", code, b)
@@ -146,7 +149,7 @@ func TestSteadyUploadLongerThanTheBodyTimeoutSucceeds(t *testing.T) {
 		if _, err := conn.Write(make([]byte, chunk)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(chunk * time.Second / (128 << 10))
+		time.Sleep(chunk * time.Second / (256 << 10))
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -156,7 +159,7 @@ func TestSteadyUploadLongerThanTheBodyTimeoutSucceeds(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
-		t.Fatalf("a steady upload of %v: %d %s", chunks*chunk*time.Second/(128<<10), resp.StatusCode, body)
+		t.Fatalf("a steady upload of %v: %d %s", chunks*chunk*time.Second/(256<<10), resp.StatusCode, body)
 	}
 }
 
