@@ -68,6 +68,10 @@ type opts struct {
 	sub      func(*pubsub.SubscriberConfig)
 	relay    func(*pubsub.RelayConfig)
 	leeway   time.Duration // the verifier's leeway on exp; zero value: its default (30s)
+	// rtBudget bounds each call of the instance's DB1 client (dial and
+	// read); zero value: 500 ms, so that tests of a Redis outage see its
+	// refusals quickly.
+	rtBudget time.Duration
 }
 
 // instance is one gateway instance: the real gateway.Service on real Redis
@@ -100,7 +104,10 @@ func newInstance(t testing.TB, pool *pgxpool.Pool, o opts) *instance {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := rds.NewRedis(o.rtURL, rds.RedisConfig{ReadTimeout: 500 * time.Millisecond, DialTimeout: 500 * time.Millisecond})
+	if o.rtBudget == 0 {
+		o.rtBudget = 500 * time.Millisecond
+	}
+	rt, err := rds.NewRedis(o.rtURL, rds.RedisConfig{ReadTimeout: o.rtBudget, DialTimeout: o.rtBudget})
 	if err != nil {
 		t.Fatal(err)
 	}

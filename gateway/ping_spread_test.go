@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bufio"
 	"crypto/rand"
+	"errors"
 	"net"
 	"net/http"
 	"slices"
@@ -26,33 +27,40 @@ func maskedPong(payload []byte) []byte {
 	return b
 }
 
-// firstPing opens a raw WebSocket connection and returns when the server's
-// first ping arrived (answering it with a pong).
-func firstPing(addr, tok string) (time.Time, error) {
+// firstPing opens a raw WebSocket connection and returns when its hello
+// frame and the server's first ping arrived (answering the ping with a
+// pong).
+func firstPing(addr, tok string) (hello, ping time.Time, err error) {
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
-		return time.Time{}, err
+		return hello, ping, err
 	}
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Now().Add(20 * time.Second))
 	if _, err := nc.Write(upgradeRequest(addr, tok)); err != nil {
-		return time.Time{}, err
+		return hello, ping, err
 	}
 	br := bufio.NewReader(nc)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		return time.Time{}, err
+		return hello, ping, err
 	}
 	resp.Body.Close()
 	for {
 		op, p, err := readServerFrame(br)
 		if err != nil {
-			return time.Time{}, err
+			return hello, ping, err
 		}
-		if op == 0x9 {
-			at := time.Now()
+		switch {
+		case op == 0x1 && hello.IsZero():
+			hello = time.Now()
+		case op == 0x9:
+			if hello.IsZero() {
+				return hello, ping, errors.New("a ping before the hello frame")
+			}
+			ping = time.Now()
 			_, err := nc.Write(maskedPong(p))
-			return at, err
+			return hello, ping, err
 		}
 	}
 }
@@ -64,21 +72,22 @@ func TestFirstPingsOfAStormAreSpread(t *testing.T) {
 	const interval = 2 * time.Second
 	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.PingInterval = interval }})
 	addr := strings.TrimPrefix(in.srv.URL, "http://")
-	const n = 12
+	const n = 24
 	tokens := make([]string, n)
 	for i := range tokens {
 		tokens[i] = token(t, ids.New())
 	}
 	start := time.Now()
 	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		at   []time.Duration
-		errs []error
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		at    []time.Duration // first pings, from the start of the storm
+		after []time.Duration // first pings, from each connection's hello
+		errs  []error
 	)
 	for _, tok := range tokens {
 		wg.Go(func() {
-			ping, err := firstPing(addr, tok)
+			hello, ping, err := firstPing(addr, tok)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -86,6 +95,7 @@ func TestFirstPingsOfAStormAreSpread(t *testing.T) {
 				return
 			}
 			at = append(at, ping.Sub(start))
+			after = append(after, ping.Sub(hello))
 		})
 	}
 	wg.Wait()
@@ -93,14 +103,17 @@ func TestFirstPingsOfAStormAreSpread(t *testing.T) {
 		t.Fatalf("%d connections failed: %v", len(errs), errs[0])
 	}
 	slices.Sort(at)
-	// Every first ping within the interval (plus the hub's scan), and
-	// not all in one scan: without the spread they land in one scan of a
-	// quarter second, or two adjacent ones (at most ≈ 250 ms apart); with
-	// it they fall over four scans, and all twelve in two adjacent ones
-	// happens about once in 1,000 runs.
-	if at[n-1] > interval+interval/4+time.Second {
-		t.Fatalf("a first ping came %v after the connect, interval %v", at[n-1], interval)
+	// Every first ping within the interval (plus the hub's scan) of its
+	// own connect: the handshakes of the storm themselves may take a
+	// while on a busy machine, and that is not what is measured here.
+	if late := slices.Max(after); late > interval+interval/4+time.Second {
+		t.Fatalf("a first ping came %v after its connection's hello, interval %v", late, interval)
 	}
+	// Not all in one scan: without the spread they land in one scan of a
+	// quarter second, or two adjacent ones (at most ≈ 250 ms apart); with
+	// it they fall over four scans, and all of them in two adjacent ones
+	// happens about three times in 2^n runs (with twelve connections,
+	// once in 1,400 runs: a test that failed that often on its own).
 	if spread := at[n-1] - at[0]; spread < interval/5 {
 		t.Fatalf("first pings within %v of each other (%v): not spread over the interval", spread, at)
 	}

@@ -24,12 +24,17 @@ type liveConn struct {
 // member with TTLs; closing half removes theirs (a second disconnect is
 // harmless); the instance stopped without cleanup has the rest removed by
 // the other instance's sweeper within liveness TTL + sweep interval.
+//
+// The connects get the handshake's own budget for their DB1 calls: on a
+// loaded two-core machine under -race a registration took longer than the
+// harness's 500 ms, and its refusal (1013, as during an outage) is not what
+// this test checks.
 func TestThousandConnectionsPresenceAndSweep(t *testing.T) {
 	const liveness, sweep = time.Second, 300 * time.Millisecond
 	short := func(c *presence.Config) { c.LivenessTTL, c.SweepInterval = liveness, sweep }
 	pool := openPool(t)
-	a := newInstance(t, pool, opts{presence: short})
-	b := newInstance(t, pool, opts{presence: short})
+	a := newInstance(t, pool, opts{presence: short, rtBudget: 5 * time.Second})
+	b := newInstance(t, pool, opts{presence: short, rtBudget: 5 * time.Second})
 	users := a.users(250)
 	ctx := context.Background()
 	admin := env.Redis.AdminClient(1)
@@ -53,9 +58,9 @@ func TestThousandConnectionsPresenceAndSweep(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	if n := a.svc.Stats().Connections; n != 1000 {
-		t.Fatalf("instance holds %d connections, want 1000", n)
-	}
+	// The server writes hello before it adds the connection to its count.
+	testenv.Eventually(t, 10*time.Second, func() bool { return a.svc.Stats().Connections == 1000 },
+		"the instance never held the 1000 connections")
 
 	type state struct{ hashTTL, memberScore, zsetTTL, indexed int }
 	check := func(cs []liveConn) []state {

@@ -291,10 +291,16 @@ func StallableRedis(t testing.TB, db int, budget time.Duration) (*RedisServer, r
 // WarmPool leaves c's pool with handshaken connections, as on a running
 // service: a connection the pool dials in the background and first uses
 // while the server is stopped stalls in its handshake, and the command it
-// was taken for never reaches the server. Four connections, each taken
-// and handed back, leave more idle than the pool's minimum, so it dials
-// none of its own. A test that stalls the server again after calls timed
-// out (each took a connection out of the pool) warms it again first.
+// was taken for never reaches the server. Four connections are taken,
+// pinged and handed back. Taking them lets the pool fall below its minimum
+// of idle connections, and it dials more in the background (it also does so
+// when it is created); those join the idle list without a handshake, and the
+// list is last in, first out: one that lands after the four are handed back
+// is the next one used. So the four are held until the pool has no dial in
+// flight, and handed back on top of what it dialed; they leave more idle
+// than the minimum, so it dials none of its own afterwards. A test that
+// stalls the server again after calls timed out (each took a connection
+// out of the pool) warms it again first.
 func WarmPool(t testing.TB, c redis.UniversalClient) {
 	t.Helper()
 	sc, ok := c.(*redis.Client)
@@ -302,11 +308,34 @@ func WarmPool(t testing.TB, c redis.UniversalClient) {
 		return
 	}
 	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
 	conns := make([]*redis.Conn, 4)
 	for i := range conns {
-		conns[i] = sc.Conn()
-		if err := conns[i].Ping(ctx).Err(); err != nil {
-			t.Fatal(err)
+		// The client's budget is the short one of a stall test, which a
+		// busy machine can pass while the server is not stopped: a ping
+		// that timed out is tried again on a connection of its own.
+		for {
+			conns[i] = sc.Conn()
+			err := conns[i].Ping(ctx).Err()
+			if err == nil {
+				break
+			}
+			conns[i].Close()
+			if !rds.Unanswered(err) || time.Now().After(deadline) {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The pool counts a background dial as idle from its start, and as a
+	// connection once it is connected: with the four held, the pool is
+	// settled when its idle ones and the four are all its connections.
+	settled := func() bool {
+		st := sc.PoolStats()
+		return int(st.IdleConns)+len(conns) == int(st.TotalConns)
+	}
+	for settleBy := time.Now().Add(10 * time.Second); !settled(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(settleBy) {
+			t.Fatalf("the pool still dials after 10 s: %+v", *sc.PoolStats())
 		}
 	}
 	for _, cn := range conns {
