@@ -36,7 +36,9 @@ start_redis() {
   for i in $(seq 100); do redis-cli -p $rp --user api_backend --pass $pw --no-auth-warning ping 2>/dev/null | grep -q PONG && return; sleep 0.05; done
 }
 start_redis
-trap 'kill $(cat $W/redis.pid) 2>/dev/null; [ -n "${gpid:-}" ] && kill $gpid 2>/dev/null; [ -n "${lpid:-}" ] && kill $lpid 2>/dev/null; rm -rf "$W"; true' EXIT
+# errexit applies inside the trap too: a kill of a process already gone
+# would end the script with its status (1) after a passing run.
+trap 'set +e; kill $(cat $W/redis.pid) 2>/dev/null; [ -n "${gpid:-}" ] && kill $gpid 2>/dev/null; [ -n "${lpid:-}" ] && kill $lpid 2>/dev/null; rm -rf "$W"' EXIT
 export DATABASE_URL=$DB HAN_HTTP_ADDR=127.0.0.1:$hp REDIS_URL=redis://api_backend:$pw@127.0.0.1:$rp/0 \
   REDIS_REALTIME_URL=redis://api_backend:$pw@127.0.0.1:$rp/1 HAN_JWT_DEV_HS256_SECRET=lt-secret-0123456789abcdef0123456789 \
   HAN_HMAC_SECRET=lt-hmac-0123456789 HAN_ALLOWED_ORIGINS=http://localhost:8080 HAN_LOG_LEVEL=warn
@@ -64,3 +66,4 @@ echo "gateway CPU: $(python3 -c "print(round(($g1-$g0)/$tick,2))") s over $(pyth
 kill $gpid; wait $gpid 2>/dev/null || true
 kill $(cat $W/redis.pid) 2>/dev/null || true
 tail -60 "$W/loadtest.out"
+grep -q '^loadtest exit 0$' "$W/loadtest.out"
