@@ -27,6 +27,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/restapi/apierr"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -83,11 +84,11 @@ var (
 	errUnsupportedMedia  = apiErr(http.StatusUnsupportedMediaType, "unsupported_media_type")
 	errInvalidUUID       = apiErr(http.StatusBadRequest, "invalid_uuid")
 	// errBlobsBusy: MaxOpenBlobs uploads and downloads are under way.
-	errBlobsBusy = &Error{Status: http.StatusServiceUnavailable, Code: "attachments_busy", RetryAfter: 1}
+	errBlobsBusy = apierr.NewRetry(http.StatusServiceUnavailable, "attachments_busy", 1)
 	// errUploadInProgress: another PUT of the same attachment is being
 	// read on this instance. It ends within the body deadline when its
 	// client stalls, so a retry shortly after succeeds.
-	errUploadInProgress = &Error{Status: http.StatusConflict, Code: "upload_in_progress", RetryAfter: 1}
+	errUploadInProgress = apierr.NewRetry(http.StatusConflict, "upload_in_progress", 1)
 	errInvalidFilename  = apiErr(http.StatusBadRequest, "invalid_filename")
 	// The signed download's answers to a Range the blob cannot satisfy and
 	// to a precondition (If-Match, If-Unmodified-Since) that does not hold.

@@ -38,10 +38,10 @@ var (
 	// errDatabaseBusy: PostgreSQL answers but the request's budget ran out
 	// (pool wait, lock wait or statement); a retry a moment later usually
 	// succeeds.
-	errDatabaseBusy = &Error{Status: http.StatusServiceUnavailable, Code: "database_busy", RetryAfter: 1}
+	errDatabaseBusy = apierr.NewRetry(http.StatusServiceUnavailable, "database_busy", 1)
 	// errDialogBusy: this instance already holds as many sends into the
 	// dialog as its queue allows (HAN_SEND_DIALOG_QUEUE); nothing written.
-	errDialogBusy        = &Error{Status: http.StatusServiceUnavailable, Code: "dialog_busy", RetryAfter: 1}
+	errDialogBusy        = apierr.NewRetry(http.StatusServiceUnavailable, "dialog_busy", 1)
 	errRedisUnavailable  = apierr.RedisUnavailable
 	errRedisOOM          = apiErr(http.StatusServiceUnavailable, "redis_oom")
 	errRedisExpiryDenied = apiErr(http.StatusServiceUnavailable, "redis_expiry_denied")
@@ -57,7 +57,7 @@ var (
 	// read (folder gone or unwritable, descriptors exhausted, I/O error).
 	// Some of these pass (descriptors come back), others need an operator,
 	// so a retry waits a few seconds rather than one.
-	errBlobStoreUnavailable = &Error{Status: http.StatusServiceUnavailable, Code: "blob_store_unavailable", RetryAfter: 5}
+	errBlobStoreUnavailable = apierr.NewRetry(http.StatusServiceUnavailable, "blob_store_unavailable", 5)
 )
 
 // writeError writes exactly {"error":"<code>"}.

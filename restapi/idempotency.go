@@ -17,6 +17,7 @@ import (
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/restapi/apierr"
 	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -62,7 +63,7 @@ var (
 	errIdemKeyRequired = apiErr(http.StatusBadRequest, "idempotency_key_required")
 	errIdemKeyInvalid  = apiErr(http.StatusBadRequest, "invalid_idempotency_key")
 	errIdemKeyReused   = apiErr(http.StatusConflict, "idempotency_key_reused")
-	errIdemInProgress  = &Error{Status: http.StatusConflict, Code: "idempotency_in_progress", RetryAfter: 1}
+	errIdemInProgress  = apierr.NewRetry(http.StatusConflict, "idempotency_in_progress", 1)
 )
 
 const (

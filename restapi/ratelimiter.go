@@ -9,6 +9,7 @@ import (
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/ratelimit"
+	"github.com/han-app/gateway/restapi/apierr"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -155,8 +156,13 @@ func rateLimitedError(err error) (*Error, bool) {
 	if !errors.As(err, &le) {
 		return nil, false
 	}
-	return &Error{Status: http.StatusTooManyRequests, Code: "rate_limited", RetryAfter: le.Decision.RetryAfterSeconds()}, true
+	e := *errRateLimited
+	e.RetryAfter = le.Decision.RetryAfterSeconds()
+	return &e, true
 }
+
+// errRateLimited is the denial; each answer carries its own Retry-After.
+var errRateLimited = apierr.New(http.StatusTooManyRequests, "rate_limited")
 
 // isRateLimited is rateLimitedError in the shape of a case of fail's switch.
 func isRateLimited(err error, e **Error) bool {

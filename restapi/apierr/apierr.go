@@ -14,6 +14,12 @@ func (e *Error) Error() string { return "restapi: " + e.Code }
 // New is an Error without Retry-After.
 func New(status int, code string) *Error { return &Error{Status: status, Code: code} }
 
+// NewRetry is an Error whose answer carries Retry-After: retryAfter
+// seconds.
+func NewRetry(status int, code string, retryAfter int) *Error {
+	return &Error{Status: status, Code: code, RetryAfter: retryAfter}
+}
+
 // The codes more than one handler package answers.
 var (
 	Forbidden            = New(http.StatusForbidden, "forbidden")
