@@ -233,7 +233,7 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 				}
 			}
 			if p.events != nil {
-				p.emit(c.userID, func(ctx context.Context) { p.events.Offline(ctx, c.userID, at) })
+				p.emitDecided(c.userID, func(ctx context.Context) { p.events.Offline(ctx, c.userID, at) })
 			}
 		}
 	}

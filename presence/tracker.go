@@ -137,9 +137,22 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 // transition whose callback does more work (it records last seen in
 // PostgreSQL) must not reach the user's dialogs after the online one that
 // followed it.
-func (p *Presence) emit(userID string, fn func(ctx context.Context)) {
+func (p *Presence) emit(userID string, fn func(ctx context.Context)) { p.emitAfter(userID, fn, false) }
+
+// emitDecided is emit for a transition Redis has already made (an offline
+// check's answer), called from a goroutine Close waits for: it runs even
+// when Close has begun, so the instance never leaves a user shown online
+// whose marker it removed. Emits from elsewhere stop at Close.
+func (p *Presence) emitDecided(userID string, fn func(ctx context.Context)) {
+	p.emitAfter(userID, fn, true)
+}
+
+// emitAfter is emit; decided: see emitDecided. (The caller of a decided
+// emit holds an in-flight count, so adding one here never races with
+// Close's wait.)
+func (p *Presence) emitAfter(userID string, fn func(ctx context.Context), decided bool) {
 	p.mu.Lock()
-	if p.closed {
+	if p.closed && !decided {
 		p.mu.Unlock()
 		return
 	}
