@@ -5,39 +5,14 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/presence"
 )
-
-// offlineHold holds the first pipeline of offline checks until released.
-type offlineHold struct {
-	once             sync.Once
-	entered, release chan struct{}
-}
-
-func (h *offlineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *offlineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *offlineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if (&scriptFault{scripts: []*lua.Script{lua.RTOffline}}).matches(cmds) {
-			held := false
-			h.once.Do(func() { held = true })
-			if held {
-				close(h.entered)
-				<-h.release
-			}
-		}
-		return next(ctx, cmds)
-	}
-}
 
 // An offline check already running when the instance closes (its shutdown
 // wait ran out, or it is killed) still announces what Redis decided: the
@@ -47,7 +22,8 @@ func (h *offlineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func TestAnOfflineCheckRunningAtCloseIsAnnounced(t *testing.T) {
 	ctx := context.Background()
 	rdb := client(t)
-	hold := &offlineHold{entered: make(chan struct{}), release: make(chan struct{})}
+	hold := newPipelineHold((&scriptFault{scripts: []*lua.Script{lua.RTOffline}}).matches)
+	hold.armed.Store(true) // the first offline check
 	rdb.AddHook(hold)
 	rec := &recorder{}
 	p, err := presence.New(rdb, presence.Config{InstanceID: "i-" + ids.New()[24:], OfflineDebounce: 50 * time.Millisecond},

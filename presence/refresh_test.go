@@ -18,30 +18,39 @@ import (
 	"github.com/han-app/gateway/presence"
 )
 
-// refreshHold holds the next periodic refresh pipeline (heartbeats with
-// cap 0) once armed, until released.
-type refreshHold struct {
+// pipelineHold holds the next pipeline match accepts, once armed, until
+// released, then sends it as if it had been sent then.
+type pipelineHold struct {
+	match   func(cmds []redis.Cmder) bool
 	armed   atomic.Bool
 	entered chan struct{}
 	release chan struct{}
 }
 
-func (h *refreshHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *refreshHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *refreshHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func newPipelineHold(match func(cmds []redis.Cmder) bool) *pipelineHold {
+	return &pipelineHold{match: match, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *pipelineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 {
-			args := cmds[0].Args()
-			if len(args) > 2 && fmt.Sprint(args[1]) == lua.RTHeartbeat.Hash() && fmt.Sprint(args[len(args)-1]) == "0" &&
-				h.armed.CompareAndSwap(true, false) {
-				close(h.entered)
-				<-h.release
-				// Sent now, as if it had been sent now.
-				return next(context.WithoutCancel(ctx), cmds)
-			}
+		if h.match(cmds) && h.armed.CompareAndSwap(true, false) {
+			close(h.entered)
+			<-h.release
+			return next(context.WithoutCancel(ctx), cmds)
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// isRefresh matches a periodic refresh pipeline (heartbeats with cap 0).
+func isRefresh(cmds []redis.Cmder) bool {
+	if len(cmds) == 0 {
+		return false
+	}
+	args := cmds[0].Args()
+	return len(args) > 2 && fmt.Sprint(args[1]) == lua.RTHeartbeat.Hash() && fmt.Sprint(args[len(args)-1]) == "0"
 }
 
 // heartbeatRace registers one connection, holds the next periodic
@@ -53,7 +62,7 @@ func heartbeatRace(t *testing.T, remove func(ctx context.Context, p *presence.Pr
 	t.Helper()
 	ctx := context.Background()
 	rdb := client(t)
-	hold := &refreshHold{entered: make(chan struct{}), release: make(chan struct{})}
+	hold := newPipelineHold(isRefresh)
 	rdb.AddHook(hold)
 	rec := &recorder{}
 	cfg := presence.Config{InstanceID: "i-" + ids.New()[24:], RefreshInterval: 100 * time.Millisecond,

@@ -23,16 +23,7 @@ import (
 // a tenth of a long budget.
 func TestCallsToARedisThatRefusesFailFast(t *testing.T) {
 	const budget = 5 * time.Second
-	r, err := testenv.StartRedis(testenv.RedisOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	rdb, err := rds.NewRedis(r.URL(0), rds.RedisConfig{DialTimeout: budget, ReadTimeout: budget, WriteTimeout: budget, PoolTimeout: budget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
+	r, rdb := testenv.StallableRedis(t, 0, budget)
 	b := rds.NewBatcher(rdb)
 	t.Cleanup(b.Close)
 	ctx := context.Background()
