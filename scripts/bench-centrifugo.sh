@@ -56,7 +56,8 @@
 # pushed to the channel's other subscribers, as the gateway tells a dialog's
 # online members that a user came online), -gomaxprocs N (GOMAXPROCS=N for
 # both servers: Go code of each on N cores at a time; default each its
-# own: the machine's cores), -keep (keep the work
+# own: the machine's cores), -gw-env 'K=V …' (more environment for the
+# gateway alone, e.g. 'GOGC=100' for its collector at Go's default), -keep (keep the work
 # folder: summaries and logs). Bounded: each run by -max-duration (phase ×
 # steps + 90 s + 1 s per 50 connections);
 # everything it started is stopped on exit.
@@ -71,7 +72,7 @@ CENTRIFUGO_MODULE=github.com/centrifugal/centrifugo/v6
 CENTRIFUGO_VERSION=v6.9.1
 
 if [ "${1:-}" != --inner ]; then
-	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0 cf_presence=0 cf_join=0 procs=""
+	steps="" scenario=broadcast reps=2 conns=200 dialogs=20 rate=400 payload=128 phase=10 concurrency=200 keep=0 gen_profile=0 warmup=3 profile=0 cf_presence=0 cf_join=0 procs="" gw_env=""
 	cf_bin="${HAN_CENTRIFUGO_BIN:-}"
 	while [ $# -gt 0 ]; do
 		case "$1" in
@@ -92,6 +93,7 @@ if [ "${1:-}" != --inner ]; then
 		-cf-presence) cf_presence=1 ;;
 		-cf-join-leave) cf_join=1 ;;
 		-gomaxprocs) procs=$2 && shift ;;
+		-gw-env) gw_env=$2 && shift ;;
 		-h | --help)
 			sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 			exit 0
@@ -129,7 +131,7 @@ if [ "${1:-}" != --inner ]; then
 	han_log "building han-gateway, hanctl, han-loadtest"
 	go build -o "$work/bin/" ./cmd/han-gateway ./cmd/hanctl ./cmd/han-loadtest || han_die "go build failed"
 	HAN_BC_WORK="$work" HAN_BC_CF="$cf_bin" HAN_BC_SHAPE="$scenario $reps $conns $dialogs $rate $payload $phase $concurrency $warmup" \
-		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" HAN_BC_CF_PRESENCE="$cf_presence" HAN_BC_CF_JOIN="$cf_join" HAN_BC_PROCS="$procs" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
+		HAN_BC_CF_VERSION="$cf_version" HAN_BC_STEPS="$steps" HAN_BC_GEN_PROFILE="$gen_profile" HAN_BC_PROFILE="$profile" HAN_BC_CF_PRESENCE="$cf_presence" HAN_BC_CF_JOIN="$cf_join" HAN_BC_PROCS="$procs" HAN_BC_GW_ENV="$gw_env" go run ./internal/testenv/cmd/withpg -- bash "$0" --inner
 	exit $?
 fi
 
@@ -140,6 +142,8 @@ steps="$HAN_BC_STEPS" gen_profile="${HAN_BC_GEN_PROFILE:-0}" profile="${HAN_BC_P
 servers=() redises=() # pids this script started and has not stopped
 procs_env=()                  # -gomaxprocs: the environment of both servers
 [ -n "${HAN_BC_PROCS:-}" ] && procs_env=(GOMAXPROCS="$HAN_BC_PROCS")
+gw_env_vars=() # -gw-env: the gateway's extra environment, K=V words
+[ -n "${HAN_BC_GW_ENV:-}" ] && read -r -a gw_env_vars <<<"$HAN_BC_GW_ENV"
 # stop PID...: SIGTERM, up to 10 s to exit, then SIGKILL.
 stop() {
 	local p alive
@@ -217,7 +221,7 @@ start_gateway() {
 	local try
 	for try in 1 2 3; do
 		gw_port="$(han_pick_port 0)"
-		env "${procs_env[@]+"${procs_env[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+		env "${procs_env[@]+"${procs_env[@]}"}" "${gw_env_vars[@]+"${gw_env_vars[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
 			HAN_DEBUG_ENDPOINTS=1 HAN_INSTANCE_ID=bench-gw "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
 		gw_pid=$!
 		servers=("$gw_pid") # one server runs at a time
@@ -397,6 +401,7 @@ echo
 [ "${HAN_BC_CF_PRESENCE:-0}" = 1 ] && what="$what; Centrifugo with presence"
 [ "${HAN_BC_CF_JOIN:-0}" = 1 ] && what="$what; Centrifugo with join/leave pushed"
 [ -n "${HAN_BC_PROCS:-}" ] && what="$what; both servers at GOMAXPROCS=$HAN_BC_PROCS"
+[ -n "${HAN_BC_GW_ENV:-}" ] && what="$what; the gateway with $HAN_BC_GW_ENV"
 echo "Gateway vs $HAN_BC_CF_VERSION, $(date -u '+%Y-%m-%d %H:%M UTC'): $what, runs interleaved;" \
 	"load avg $(cut -d' ' -f1-3 /proc/loadavg)."
 [ "$scenario" = broadcast ] &&

@@ -270,9 +270,10 @@ func (m *Main) Run(ctx context.Context) error {
 	go func() { m.serveErr <- m.httpSrv.Serve(capped) }()
 	// gomaxprocs: how many cores the Go code runs on at once (GOMAXPROCS,
 	// else the CPU limit of the cgroup, else the machine's cores); see
-	// docs/runbook.md on sharing a machine with PostgreSQL and Redis.
+	// docs/runbook.md on sharing a machine with PostgreSQL and Redis. gogc:
+	// the collector's target (GOGC, else defaultGCPercent; -1 off).
 	m.Logger.Info("serving", slog.String("addr", m.addr), slog.String("instance", cfg.InstanceID), slog.String("env", cfg.Env),
-		slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)))
+		slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int("gogc", gcPercent()))
 	return nil
 }
 

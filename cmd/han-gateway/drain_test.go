@@ -68,6 +68,8 @@ type logLine struct {
 	Code    *int   `json:"code"`
 	// GoMaxProcs is the "serving" line's gomaxprocs.
 	GoMaxProcs *int `json:"gomaxprocs"`
+	// GOGC is the "serving" line's gogc: the collector's target.
+	GOGC *int `json:"gogc"`
 }
 
 // SIGTERM as a load balancer sees it: /readyz answers 503 for
@@ -112,6 +114,13 @@ func TestSIGTERMDrainKeepsServingWhileReadyzIs503(t *testing.T) {
 	serving := next("serving")
 	if serving.GoMaxProcs == nil || *serving.GoMaxProcs != 3 {
 		t.Fatalf("serving line gomaxprocs = %v, want 3 (GOMAXPROCS)", serving.GoMaxProcs)
+	}
+	// GOGC is not set for this program: the gateway's own target applies.
+	if serving.GOGC == nil {
+		t.Fatalf("serving line has no gogc")
+	}
+	if *serving.GOGC != defaultGCPercent {
+		t.Fatalf("serving line gogc = %d, want %d (GOGC unset)", *serving.GOGC, defaultGCPercent)
 	}
 	base := "http://" + serving.Addr
 

@@ -16,6 +16,7 @@ import (
 )
 
 func main() {
+	setDefaultGCPercent(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	m := NewMain()
