@@ -26,7 +26,7 @@ type RealtimeGateway interface {
 // /v1 user subrouter that requires a bearer token.
 func (s *Server) realtimeRoutes(r *mux.Router) {
 	if s.gw != nil {
-		r.Handle(realtimePath, s.gw.Handler()).Methods(http.MethodGet)
+		r.Handle(RealtimePath, s.gw.Handler()).Methods(http.MethodGet)
 	}
 }
 
@@ -42,18 +42,19 @@ func (s *Server) realtimeFirst(router http.Handler) http.Handler {
 	}
 	upgrade := s.gw.Handler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet || r.URL.Path != realtimePath {
+		if r.Method != http.MethodGet || r.URL.Path != RealtimePath {
 			router.ServeHTTP(w, r)
 			return
 		}
 		if h, ok := r.Context().Value(ctxRouteHolder).(*string); ok {
-			*h = realtimePath
+			*h = RealtimePath
 		}
 		upgrade.ServeHTTP(w, r)
 	})
 }
 
-const realtimePath = "/v1/realtime"
+// RealtimePath is the WebSocket endpoint.
+const RealtimePath = "/v1/realtime"
 
 // realtimeUserRoutes adds the ticket and presence endpoints (relative to /v1).
 func (s *Server) realtimeUserRoutes(user *mux.Router) {

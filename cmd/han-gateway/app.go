@@ -19,6 +19,7 @@ import (
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/config"
+	"github.com/han-app/gateway/internal/wsedge"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
@@ -258,20 +259,27 @@ func (m *Main) Run(ctx context.Context) error {
 		_ = ln.Close()
 		return err
 	}
+	handler := m.withDebug(m.api.Handler())
+	const headerTimeout = 10 * time.Second
+	// WebSocket handshakes are served by wsedge without net/http's
+	// per-connection buffers; every other connection reaches net/http
+	// untouched (internal/wsedge).
+	edge := wsedge.New(capped, wsedge.Config{Path: restapi.RealtimePath, Handler: handler,
+		HeaderTimeout: headerTimeout, Logger: m.Logger})
 	m.httpSrv = &http.Server{
-		Handler:           m.withDebug(m.api.Handler()),
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler:           handler,
+		ReadHeaderTimeout: headerTimeout,
 		IdleTimeout:       cfg.HTTPIdleTimeout,
 		// Requests whose header is larger are answered 431 by net/http.
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 	}
 	m.serveErr = make(chan error, 1)
-	go func() { m.serveErr <- m.httpSrv.Serve(capped) }()
+	go func() { m.serveErr <- m.httpSrv.Serve(edge) }()
 	// gomaxprocs: how many cores the Go code runs on at once (GOMAXPROCS,
 	// else the CPU limit of the cgroup, else the machine's cores); see
 	// docs/runbook.md on sharing a machine with PostgreSQL and Redis. gogc:
-	// the collector's target (GOGC, else defaultGCPercent; -1 off).
+	// the collector's target (GOGC, else 100; -1 off).
 	m.Logger.Info("serving", slog.String("addr", m.addr), slog.String("instance", cfg.InstanceID), slog.String("env", cfg.Env),
 		slog.Int("gomaxprocs", runtime.GOMAXPROCS(0)), slog.Int("gogc", gcPercent()))
 	return nil

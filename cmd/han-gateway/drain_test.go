@@ -86,6 +86,7 @@ func TestSIGTERMDrainKeepsServingWhileReadyzIs503(t *testing.T) {
 	// The "serving" line tells an operator how many cores the Go code
 	// runs on (docs/runbook.md, "Cores"): the environment's value here.
 	vars["GOMAXPROCS"] = "3"
+	vars["GOGC"] = "150" // and its collector's target (docs/runbook.md, "Memory")
 	cmd, lines := startProgram(t, vars)
 
 	var logs []logLine
@@ -115,12 +116,11 @@ func TestSIGTERMDrainKeepsServingWhileReadyzIs503(t *testing.T) {
 	if serving.GoMaxProcs == nil || *serving.GoMaxProcs != 3 {
 		t.Fatalf("serving line gomaxprocs = %v, want 3 (GOMAXPROCS)", serving.GoMaxProcs)
 	}
-	// GOGC is not set for this program: the gateway's own target applies.
 	if serving.GOGC == nil {
-		t.Fatalf("serving line has no gogc")
+		t.Fatal("serving line has no gogc")
 	}
-	if *serving.GOGC != defaultGCPercent {
-		t.Fatalf("serving line gogc = %d, want %d (GOGC unset)", *serving.GOGC, defaultGCPercent)
+	if *serving.GOGC != 150 {
+		t.Fatalf("serving line gogc = %d, want 150 (GOGC)", *serving.GOGC)
 	}
 	base := "http://" + serving.Addr
 

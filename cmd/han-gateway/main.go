@@ -16,7 +16,6 @@ import (
 )
 
 func main() {
-	setDefaultGCPercent(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	m := NewMain()

@@ -387,8 +387,11 @@ test("stop and start while a ticket request is under way leave one socket, and f
   mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
   const late = realtime();
   late.rt.start();
-  await settle();
+  // The socket (and its connect timer, armed with it) comes after the
+  // token's promise chain: wait for it rather than for a fixed number of turns.
+  for (let i = 0; i < 50 && FakeSocket.all.length === 0; i++) await settle();
   const first = FakeSocket.all[0];
+  assert.ok(first, "no socket was opened");
   mock.timers.tick(CONNECT_TIMEOUT_MS); // given up: no hello in time
   assert.equal(late.rt.state.phase, "reconnecting");
   first.hello(); // arrives after all

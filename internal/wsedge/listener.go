@@ -1,0 +1,333 @@
+package wsedge
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// peekBytes bounds the request header a Listener serves itself: a longer
+// one (large cookies, say) goes to net/http.
+const peekBytes = 4096
+
+// Config says which requests a Listener serves and with what.
+type Config struct {
+	// Path is the one path served here, e.g. "/v1/realtime" (no query).
+	Path string
+	// Handler serves the requests taken here: the server's whole handler,
+	// so they pass the same middleware as through net/http.
+	Handler http.Handler
+	// HeaderTimeout bounds the time from accept to the end of the request
+	// header; a connection that has not sent it by then is closed. Give
+	// net/http's ReadHeaderTimeout (0: no bound).
+	HeaderTimeout time.Duration
+	// Logger reports a handler's panic (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Listener wraps a net.Listener for an http.Server: Accept returns the
+// connections the Listener did not serve itself, with nothing read from
+// them. It is safe for concurrent use.
+type Listener struct {
+	inner   net.Listener
+	cfg     Config
+	prefix  []byte // "GET " + Path
+	handoff chan net.Conn
+	done    chan struct{}
+
+	mu       sync.Mutex
+	err      error                 // why accepting stopped, set before done closes
+	sniffing map[net.Conn]struct{} // connections whose first request is being looked at
+	closing  sync.Once
+	wg       sync.WaitGroup // the accept loop and the connections being looked at
+}
+
+// New starts accepting on inner.
+func New(inner net.Listener, cfg Config) *Listener {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l := &Listener{
+		inner:    inner,
+		cfg:      cfg,
+		prefix:   []byte("GET " + cfg.Path),
+		handoff:  make(chan net.Conn),
+		done:     make(chan struct{}),
+		sniffing: make(map[net.Conn]struct{}),
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l
+}
+
+// Accept returns the next connection for net/http.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.handoff:
+		return c, nil
+	case <-l.done:
+		return nil, l.err
+	}
+}
+
+// Addr is the inner listener's address.
+func (l *Listener) Addr() net.Addr { return l.inner.Addr() }
+
+// Close stops accepting, closes the connections whose first request is
+// still being looked at, and waits for them; requests already in their
+// handler run on (a hijacked connection is its handler's). Idempotent.
+func (l *Listener) Close() error {
+	var err error
+	l.closing.Do(func() { err = l.inner.Close() })
+	l.stop(net.ErrClosed)
+	l.wg.Wait()
+	return err
+}
+
+func (l *Listener) stop(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	l.err = err
+	close(l.done)
+	for c := range l.sniffing {
+		_ = c.Close()
+	}
+	clear(l.sniffing)
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	var delay time.Duration
+	for {
+		c, err := l.inner.Accept()
+		if err != nil {
+			// Out of descriptors and the like: wait and try again, as
+			// net/http does.
+			if t, ok := err.(interface{ Temporary() bool }); ok && t.Temporary() {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(delay):
+					continue
+				case <-l.done:
+					return
+				}
+			}
+			l.stop(err)
+			return
+		}
+		delay = 0
+		l.mu.Lock()
+		if l.err != nil {
+			l.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		l.sniffing[c] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go l.serve(c)
+	}
+}
+
+// untrack ends the look at c's first request; false when Close has
+// closed c meanwhile.
+func (l *Listener) untrack(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.sniffing[c]
+	delete(l.sniffing, c)
+	return ok
+}
+
+var peekBufs = sync.Pool{New: func() any { b := make([]byte, peekBytes); return &b }}
+
+// serve looks at c's first request and serves it, hands c to net/http, or
+// closes it.
+func (l *Listener) serve(c net.Conn) {
+	buf := peekBufs.Get().(*[]byte)
+	req, v := l.take(c, *buf)
+	peekBufs.Put(buf)
+	if !l.untrack(c) {
+		_ = c.Close()
+		l.wg.Done()
+		return
+	}
+	switch v {
+	case handOff:
+		// net/http sets its own deadlines; clear the look's.
+		_ = c.SetReadDeadline(time.Time{})
+		select {
+		case l.handoff <- c:
+		case <-l.done:
+			_ = c.Close()
+		}
+		l.wg.Done()
+	case taken:
+		l.wg.Done()
+		l.run(c, req)
+	default:
+		_ = c.Close()
+		l.wg.Done()
+	}
+}
+
+// verdict is what to do with a connection's first request.
+type verdict int
+
+const (
+	pending verdict = iota // not all of it has arrived
+	handOff                // net/http's
+	taken                  // read off the socket; serve it here
+	dropped                // nothing sent in time, the client went away, or a socket error: close
+)
+
+var crlfEnd = []byte("\n\r\n")
+
+// judge looks at the first bytes of a connection: the request is ours only
+// when it is a GET of the path whose whole header, in CRLF lines, is in
+// b. It returns the header's length when taken.
+func (l *Listener) judge(b []byte, full bool) (int, verdict) {
+	if k := min(len(b), len(l.prefix)); !bytes.Equal(b[:k], l.prefix[:k]) {
+		return 0, handOff
+	}
+	if len(b) <= len(l.prefix) {
+		return 0, pending
+	}
+	if c := b[len(l.prefix)]; c != ' ' && c != '?' {
+		return 0, handOff
+	}
+	end := bytes.Index(b, crlfEnd)
+	// A bare LF ends lines too for net/http; leave those requests to it.
+	if lf := bytes.Index(b, []byte("\n\n")); lf >= 0 && (end < 0 || lf < end) {
+		return 0, handOff
+	}
+	switch {
+	case end < 0 && full:
+		return 0, handOff
+	case end < 0:
+		return 0, pending
+	case b[end-1] != '\r':
+		return 0, handOff
+	}
+	return end + len(crlfEnd), taken
+}
+
+// peek waits, within the header timeout, until judge decides on what c
+// sent, without taking it off the socket.
+func (l *Listener) peek(c net.Conn, buf []byte) (int, verdict) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, handOff
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return 0, handOff
+	}
+	if l.cfg.HeaderTimeout > 0 {
+		if err := c.SetReadDeadline(time.Now().Add(l.cfg.HeaderTimeout)); err != nil {
+			return 0, dropped
+		}
+	}
+	n, v := 0, pending
+	err = raw.Read(func(fd uintptr) bool {
+		for {
+			m, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK)
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err == syscall.EAGAIN:
+				return false // wait for more bytes
+			case err != nil || m == 0:
+				v = dropped
+				return true
+			}
+			n, v = l.judge(buf[:m], m == len(buf))
+			return v != pending
+		}
+	})
+	if err != nil {
+		return 0, dropped // the header timeout, or closed
+	}
+	return n, v
+}
+
+var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, peekBytes) }}
+
+// take decides on c's first request; when it is taken, the request has
+// been read off the socket and parsed.
+func (l *Listener) take(c net.Conn, buf []byte) (*http.Request, verdict) {
+	n, v := l.peek(c, buf)
+	if v != taken {
+		return nil, v
+	}
+	br := headReaders.Get().(*bufio.Reader)
+	br.Reset(bytes.NewReader(buf[:n]))
+	req, err := http.ReadRequest(br)
+	br.Reset(nil)
+	headReaders.Put(br)
+	if err != nil || !upgradeRequest(req, buf[:n], l.cfg.Path) {
+		return nil, handOff
+	}
+	// The header is in the socket's buffer: this read takes exactly it,
+	// and what the client sent after it stays for the WebSocket reader.
+	if _, err := readFull(c, buf[:n]); err != nil {
+		return nil, dropped
+	}
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		return nil, dropped
+	}
+	req.RemoteAddr = c.RemoteAddr().String()
+	return req, taken
+}
+
+func readFull(c net.Conn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := c.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// run serves a taken request: the handler hijacks the connection, or its
+// answer is written with Connection: close and the connection closed.
+func (l *Listener) run(c net.Conn, req *http.Request) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req = req.WithContext(ctx)
+	w := &response{conn: c, header: make(http.Header)}
+	if !l.serveHTTP(w, req) {
+		_ = c.Close()
+		return
+	}
+	if w.hijacked {
+		return
+	}
+	w.finish()
+}
+
+// serveHTTP runs the handler; false when it panicked.
+func (l *Listener) serveHTTP(w *response, req *http.Request) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			ok = false
+			if p != http.ErrAbortHandler {
+				l.cfg.Logger.Error("wsedge: handler panicked", slog.String("path", l.cfg.Path), slog.Any("panic", p))
+			}
+		}
+	}()
+	l.cfg.Handler.ServeHTTP(w, req)
+	return true
+}
