@@ -67,13 +67,21 @@ func hasToken(vs []string, token string) bool {
 }
 
 // validName: an RFC 9110 token.
-func validName(s string) bool {
+func validName(s string) bool { return alnumOr(s, "!#$%&'*+-.^_`|~") }
+
+// validHost: a host name, IPv4 or bracketed IPv6 address, with an optional
+// port; nothing net/http's server would refuse.
+func validHost(s string) bool { return alnumOr(s, "-._:[]") }
+
+// alnumOr reports whether s is not empty and each of its bytes is an ASCII
+// letter or digit or one of extra.
+func alnumOr(s, extra string) bool {
 	if s == "" {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte(extra, c) >= 0 {
 			continue
 		}
 		return false
@@ -87,22 +95,6 @@ func validValue(s string) bool {
 		if c := s[i]; c < ' ' && c != '\t' || c == 0x7f {
 			return false
 		}
-	}
-	return true
-}
-
-// validHost: a host name, IPv4 or bracketed IPv6 address, with an optional
-// port; nothing net/http's server would refuse.
-func validHost(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._:[]", c) >= 0 {
-			continue
-		}
-		return false
 	}
 	return true
 }
