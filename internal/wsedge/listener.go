@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -153,15 +154,25 @@ var peekBufs = sync.Pool{New: func() any { b := make([]byte, peekBytes); return 
 // serve looks at c's first request and serves it, hands c to net/http, or
 // closes it.
 func (l *Listener) serve(c net.Conn) {
+	if req, v := l.look(c); v == taken {
+		l.run(c, req)
+	}
+}
+
+// look is the part of serve that Close waits for: it decides on c's first
+// request, and hands c to net/http or closes it unless the request is
+// taken.
+func (l *Listener) look(c net.Conn) (*http.Request, verdict) {
+	defer l.wg.Done()
 	buf := peekBufs.Get().(*[]byte)
 	req, v := l.take(c, *buf)
 	peekBufs.Put(buf)
 	if !l.untrack(c) {
-		_ = c.Close()
-		l.wg.Done()
-		return
+		v = dropped // closed by Close meanwhile
 	}
 	switch v {
+	case taken:
+		return req, v
 	case handOff:
 		// net/http sets its own deadlines; clear the look's.
 		_ = c.SetReadDeadline(time.Time{})
@@ -170,14 +181,10 @@ func (l *Listener) serve(c net.Conn) {
 		case <-l.done:
 			_ = c.Close()
 		}
-		l.wg.Done()
-	case taken:
-		l.wg.Done()
-		l.run(c, req)
 	default:
 		_ = c.Close()
-		l.wg.Done()
 	}
+	return nil, v
 }
 
 // verdict is what to do with a connection's first request.
@@ -190,7 +197,10 @@ const (
 	dropped                // nothing sent in time, the client went away, or a socket error: close
 )
 
-var crlfEnd = []byte("\n\r\n")
+var (
+	crlfEnd = []byte("\n\r\n")
+	lfEnd   = []byte("\n\n")
+)
 
 // judge looks at the first bytes of a connection: the request is ours only
 // when it is a GET of the path whose whole header, in CRLF lines, is in
@@ -207,7 +217,7 @@ func (l *Listener) judge(b []byte, full bool) (int, verdict) {
 	}
 	end := bytes.Index(b, crlfEnd)
 	// A bare LF ends lines too for net/http; leave those requests to it.
-	if lf := bytes.Index(b, []byte("\n\n")); lf >= 0 && (end < 0 || lf < end) {
+	if lf := bytes.Index(b, lfEnd); lf >= 0 && (end < 0 || lf < end) {
 		return 0, handOff
 	}
 	switch {
@@ -279,7 +289,7 @@ func (l *Listener) take(c net.Conn, buf []byte) (*http.Request, verdict) {
 	}
 	// The header is in the socket's buffer: this read takes exactly it,
 	// and what the client sent after it stays for the WebSocket reader.
-	if _, err := readFull(c, buf[:n]); err != nil {
+	if _, err := io.ReadFull(c, buf[:n]); err != nil {
 		return nil, dropped
 	}
 	if err := c.SetReadDeadline(time.Time{}); err != nil {
@@ -287,18 +297,6 @@ func (l *Listener) take(c net.Conn, buf []byte) (*http.Request, verdict) {
 	}
 	req.RemoteAddr = c.RemoteAddr().String()
 	return req, taken
-}
-
-func readFull(c net.Conn, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		m, err := c.Read(b[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // run serves a taken request: the handler hijacks the connection, or its
