@@ -52,6 +52,16 @@ func transferTime(n int64) time.Duration {
 func (s *Server) deadlines(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		if len(r.TransferEncoding) > 0 {
+			// A chunked request may also have carried a Content-Length,
+			// which net/http drops without a trace. A proxy in front that
+			// framed the body by that length would read the next request
+			// elsewhere on this connection than we do, so the connection
+			// ends with this answer, as HTTP/1.1 requires of a server given
+			// both; since the two cannot be told apart here, every chunked
+			// request gets it.
+			w.Header().Set("Connection", "close")
+		}
 		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), base: s.cfg.BodyTimeout}
 		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 			b := &deadlineBody{ReadCloser: r.Body, rc: dw.rc, start: start, base: dw.base}
