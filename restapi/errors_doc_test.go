@@ -96,3 +96,42 @@ func TestErrorCodesAreDocumented(t *testing.T) {
 		}
 	}
 }
+
+// The browser client shows every code with a sentence of its own
+// (web/static/js/errors.js): each code in docs/errors.md, REST and
+// WebSocket error frames alike, has one, and the client lists no code that
+// neither the reference nor the client itself makes.
+func TestWebClientHasASentenceForEveryCode(t *testing.T) {
+	js, err := os.ReadFile("../web/static/js/errors.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sentences := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  ([a-z0-9_]+): "`).FindAllStringSubmatch(string(js), -1) {
+		sentences[m[1]] = true
+	}
+	raw, err := os.ReadFile("../docs/errors.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| (?:[0-9]{3} \\| )?`([a-z0-9_]+)` \\|").FindAllStringSubmatch(string(raw), -1) {
+		documented[m[1]] = true
+	}
+	if len(documented) < 50 || len(sentences) < 50 {
+		t.Fatalf("read %d documented codes and %d sentences: the tables' format changed", len(documented), len(sentences))
+	}
+	// made by the client itself: no answer, an answer it cannot read, a
+	// token pasted for another user
+	clientOnly := map[string]bool{"network_error": true, "invalid_response": true, "token_user_mismatch": true}
+	for code := range documented {
+		if !sentences[code] && !codeOnly[code] {
+			t.Errorf("docs/errors.md lists %s, web/static/js/errors.js has no sentence for it", code)
+		}
+	}
+	for code := range sentences {
+		if !documented[code] && !clientOnly[code] {
+			t.Errorf("web/static/js/errors.js has a sentence for %s, which docs/errors.md does not list", code)
+		}
+	}
+}

@@ -60,6 +60,13 @@ const sentences = {
   insufficient_storage: "The server has no room for this file right now.",
   blob_store_unavailable: "File storage is unavailable right now. Try again in a moment.",
   invalid_filename: "The file name is not allowed (control or invisible characters, or a path).",
+  // service endpoints (the inbox for other services, the safety status of a message)
+  invalid_id: "The id is not 1 to 128 letters, digits or . _ : -.",
+  invalid_kind: "The kind is not 1 to 64 lower-case letters, digits or . _ -.",
+  invalid_target: "Give exactly one of a dialog id or a user id, as a UUID.",
+  invalid_data: "The data is not a JSON object of at most 16 KiB.",
+  inbox_conflict: "An item with this id was already delivered with other content.",
+  safety_task_not_found: "This message was sent while safety checks were off, so it has no check.",
   // realtime error frames
   invalid_frame: "The realtime server refused a malformed frame.",
   unknown_type: "The realtime server does not know this frame type.",
