@@ -382,9 +382,6 @@ if [ "$cluster" = 1 ]; then
 	export REDIS_URL="$REDIS_CLUSTER_URL"
 	export REDIS_REALTIME_URL="$REDIS_CLUSTER_URL"
 else
-	redis_port="$(han_pick_port "${HAN_DEV_REDIS_PORT:-56379}")"
-	export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
-	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
 	bin/hanctl redis acl --out "$DATA/redis/users.acl" || han_die "hanctl redis acl failed"
 
 	redis_ping() { # AUTH as api_backend and PING over the RESP inline protocol
@@ -395,17 +392,35 @@ else
 			[[ "$a" == +OK* && "$b" == +PONG* ]]
 		) 2>/dev/null
 	}
-	redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$DATA/redis/users.acl" --dir "$DATA/redis" \
-		--appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru --daemonize no \
-		--logfile "$DATA/logs/redis.log" </dev/null >/dev/null 2>&1 9>&- &
-	redis_pid=$!
-	echo "$redis_pid" >"$DATA/run/redis.pid"
-	for _ in $(seq 1 300); do
-		redis_ping && break
-		kill -0 "$redis_pid" 2>/dev/null || han_die "redis-server exited: $(tail -n 5 "$DATA/logs/redis.log" 2>/dev/null)"
-		sleep 0.2
+	# The port is free when picked but another process may take it before
+	# redis-server binds it: then it exits at once, and a new port is tried
+	# (as for PostgreSQL above).
+	redis_up=""
+	for attempt in 1 2 3 4 5; do
+		if [ "$attempt" = 1 ]; then
+			redis_port="$(han_pick_port "${HAN_DEV_REDIS_PORT:-56379}")"
+		else
+			redis_port="$(han_pick_port 0)"
+		fi
+		redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$DATA/redis/users.acl" --dir "$DATA/redis" \
+			--appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru --daemonize no \
+			--logfile "$DATA/logs/redis.log" </dev/null >/dev/null 2>&1 9>&- &
+		redis_pid=$!
+		echo "$redis_pid" >"$DATA/run/redis.pid"
+		for _ in $(seq 1 300); do
+			redis_ping && redis_up=1 && break
+			kill -0 "$redis_pid" 2>/dev/null || break
+			sleep 0.2
+		done
+		[ -n "$redis_up" ] && break
+		if kill -0 "$redis_pid" 2>/dev/null; then
+			han_die "redis-server on 127.0.0.1:$redis_port not answering as api_backend; see .data/logs/redis.log"
+		fi
+		han_log "redis-server did not start on port $redis_port: $(tail -n 2 "$DATA/logs/redis.log" 2>/dev/null | tr '\n' ' ')"
 	done
-	redis_ping || han_die "redis-server on 127.0.0.1:$redis_port not answering as api_backend; see .data/logs/redis.log"
+	[ -n "$redis_up" ] || han_die "could not start redis-server; see .data/logs/redis.log"
+	export REDIS_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/0"
+	export REDIS_REALTIME_URL="redis://api_backend:$HAN_REDIS_API_PASSWORD@127.0.0.1:$redis_port/1"
 	han_log "redis-server on 127.0.0.1:$redis_port (pid $redis_pid, ACL .data/redis/users.acl)"
 fi
 
