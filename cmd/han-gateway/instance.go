@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -25,12 +26,16 @@ var errInstanceIDInUse = errors.New("HAN_INSTANCE_ID: another running instance u
 // checkInstanceID refuses to start while another running instance uses
 // this HAN_INSTANCE_ID. Starting would clear that instance's connections
 // from presence (what a previous life of the id left) and share its
-// liveness marker and index from then on. A live instance refreshes its
-// marker every third of HAN_INSTANCE_LIVENESS_TTL; so the marker is watched
-// for that long plus the Redis timeout, less the time since its last
-// refresh, and a change means another owner. No marker (a clean stop), or
-// one not refreshed for that long (a crash), starts at once; so does an
-// instance that cannot read Redis now (it starts degraded).
+// liveness marker and index from then on. The marker is claimed first: set
+// only if absent, so of instances starting with one id at once exactly one
+// takes it and starts; the others find it, like one left by a running
+// instance or a crashed one. A live instance refreshes its marker every
+// third of HAN_INSTANCE_LIVENESS_TTL (the one that claimed it does so as it
+// starts); so a marker found is watched for that long plus the Redis
+// timeout, less the time since its last refresh, and a change means another
+// owner. No marker (a clean stop), or one not refreshed for that long (a
+// crash), starts at once; so does an instance that cannot reach Redis now
+// (it starts degraded).
 func (m *Main) checkInstanceID(ctx context.Context) error {
 	cfg := m.Config
 	key := presence.InstanceKey(cfg.InstanceID)
@@ -39,6 +44,14 @@ func (m *Main) checkInstanceID(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
 		defer cancel()
 		return m.rt.Get(rctx, key).Result()
+	}
+	claimed, err := m.claimInstanceID(ctx, key)
+	if err != nil {
+		m.Logger.Warn("HAN_INSTANCE_ID not checked for another running instance: Redis did not answer", slog.String("kind", rds.Kind(err)))
+		return nil
+	}
+	if claimed {
+		return nil
 	}
 	first, err := read()
 	if err != nil {
@@ -75,4 +88,16 @@ func (m *Main) checkInstanceID(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// claimInstanceID sets the liveness marker if it is absent. Its value is a
+// claim, not a refresh time (a refresh writes Redis's time in ms), so the
+// instance's first refresh always changes it, even within the same
+// millisecond: another instance that found the claim sees that change. A
+// claim outlives a start that fails before its first refresh by at most
+// HAN_INSTANCE_LIVENESS_TTL.
+func (m *Main) claimInstanceID(ctx context.Context, key string) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, m.Config.RedisTimeout)
+	defer cancel()
+	return m.rt.SetNX(rctx, key, "claimed:"+ids.New(), m.Config.InstanceLivenessTTL).Result()
 }

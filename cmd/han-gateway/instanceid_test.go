@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -87,5 +88,74 @@ func TestInstanceRestartedAfterACrashStarts(t *testing.T) {
 	start(t, vars)
 	if d := time.Since(began); d > 5*time.Second {
 		t.Errorf("restart after a crash took %v", d)
+	}
+}
+
+// Two instances given the same HAN_INSTANCE_ID and started at the same
+// moment: both used to find no liveness marker and both started. The marker
+// is now claimed (set only if absent), so exactly one starts; the other
+// finds the claim and is refused once the first refreshes its marker, as
+// the first does as soon as it runs (played here by the test).
+func TestInstancesStartingAtOnceWithTheSameIDStartOne(t *testing.T) {
+	for round := 0; round < 3; round++ {
+		vars := baseEnv()
+		vars["HAN_INSTANCE_ID"] = "twin-" + ids.New()[24:] // the random end: rounds start within one ms
+		vars["HAN_INSTANCE_LIVENESS_TTL"] = "3s"
+		ctx := context.Background()
+		twins := make([]*Main, 2)
+		for i := range twins {
+			m := NewMain()
+			if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+				t.Fatal(err)
+			}
+			m.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+			opt, err := redis.ParseURL(vars["REDIS_REALTIME_URL"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.rt = redis.NewClient(opt)
+			t.Cleanup(func() { _ = m.rt.Close() })
+			twins[i] = m
+		}
+		results := make(chan error, 2)
+		release := make(chan struct{})
+		for _, m := range twins {
+			go func() {
+				<-release
+				results <- m.checkInstanceID(ctx)
+			}()
+		}
+		close(release)
+		first := <-results
+		if first != nil {
+			t.Fatalf("round %d: the first answer is a refusal (%v): one of the two must start at once", round, first)
+		}
+		// The instance that started refreshes its marker as it runs (every
+		// third of the liveness TTL).
+		admin := env.Redis.AdminClient(1)
+		done := make(chan struct{})
+		refreshed := make(chan struct{})
+		go func() {
+			defer close(refreshed)
+			for {
+				_ = admin.Set(ctx, presence.InstanceKey(vars["HAN_INSTANCE_ID"]), strconv.FormatInt(time.Now().UnixMilli(), 10), 3*time.Second).Err()
+				select {
+				case <-done:
+					return
+				case <-time.After(time.Second):
+				}
+			}
+		}()
+		stop := func() { close(done); <-refreshed; admin.Close() }
+		select {
+		case second := <-results:
+			stop()
+			if second == nil || !strings.Contains(second.Error(), "HAN_INSTANCE_ID") {
+				t.Fatalf("round %d: the second instance with the same id: %v, want a refusal naming HAN_INSTANCE_ID", round, second)
+			}
+		case <-time.After(5 * time.Second):
+			stop()
+			t.Fatalf("round %d: the second instance's check did not end", round)
+		}
 	}
 }
