@@ -353,13 +353,15 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	pg_run "$PGBIN/initdb" -D "$PGDATA" -A trust -U postgres -E UTF8 --locale=C >"$DATA/logs/initdb.log" 2>&1 ||
 		han_die "initdb failed: $(tail -n 5 "$DATA/logs/initdb.log")"
 fi
+# attempt_port N PORT: the port for start attempt N of a server: PORT (or a
+# free one when it is busy) first, then any free port, since the one tried
+# was taken between the pick and the server's bind.
+attempt_port() {
+	if [ "$1" = 1 ]; then han_pick_port "$2"; else han_pick_port 0; fi
+}
 pg_port=""
 for attempt in 1 2 3 4 5; do
-	if [ "$attempt" = 1 ]; then
-		pg_port="$(han_pick_port "${HAN_DEV_PG_PORT:-55432}")"
-	else
-		pg_port="$(han_pick_port 0)"
-	fi
+	pg_port="$(attempt_port "$attempt" "${HAN_DEV_PG_PORT:-55432}")"
 	if pg_run "$PGBIN/pg_ctl" -D "$PGDATA" -l "$PGBASE/postgres.log" -w -t 60 \
 		-o "-p $pg_port -k $PGBASE -c listen_addresses=127.0.0.1" start >/dev/null 2>&1; then
 		pg_started=1
@@ -397,11 +399,7 @@ else
 	# (as for PostgreSQL above).
 	redis_up=""
 	for attempt in 1 2 3 4 5; do
-		if [ "$attempt" = 1 ]; then
-			redis_port="$(han_pick_port "${HAN_DEV_REDIS_PORT:-56379}")"
-		else
-			redis_port="$(han_pick_port 0)"
-		fi
+		redis_port="$(attempt_port "$attempt" "${HAN_DEV_REDIS_PORT:-56379}")"
 		redis-server --port "$redis_port" --bind 127.0.0.1 --aclfile "$DATA/redis/users.acl" --dir "$DATA/redis" \
 			--appendonly yes --appendfsync everysec --maxmemory-policy volatile-lru --daemonize no \
 			--logfile "$DATA/logs/redis.log" </dev/null >/dev/null 2>&1 9>&- &
