@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -99,5 +99,5 @@ func (m *Main) checkInstanceID(ctx context.Context) error {
 func (m *Main) claimInstanceID(ctx context.Context, key string) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, m.Config.RedisTimeout)
 	defer cancel()
-	return m.rt.SetNX(rctx, key, "claimed:"+ids.New(), m.Config.InstanceLivenessTTL).Result()
+	return m.rt.SetNX(rctx, key, "claimed:"+rand.Text(), m.Config.InstanceLivenessTTL).Result()
 }
