@@ -70,6 +70,27 @@ func benchCall(b *testing.B, srv *httptest.Server, tok, method, path, body, key 
 	return resp.StatusCode, string(out)
 }
 
+// benchDialog makes two users, the first creating a dialog with the
+// second, and returns the first's token and the dialog's messages path.
+func benchDialog(b *testing.B, srv *httptest.Server) (tok, path string) {
+	b.Helper()
+	mint := func(sub string) string {
+		s, err := auth.MintDevToken(devSecret, auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	alice, bob := ids.New(), ids.New()
+	tok = mint(alice)
+	benchCall(b, srv, mint(bob), "GET", "/v1/me", "", "")
+	code, body := benchCall(b, srv, tok, "POST", "/v1/dialogs", fmt.Sprintf(`{"memberIds":[%q]}`, bob), "")
+	if code != 201 {
+		b.Fatalf("dialog: %d %s", code, body)
+	}
+	return tok, "/v1/dialogs/" + body[strings.Index(body, `"id":"`)+6:][:36] + "/messages"
+}
+
 // BenchmarkIdempotentSendOverhead measures POST /v1/dialogs/{id}/messages
 // through the whole HTTP stack on real Redis and PostgreSQL: a send with a
 // fresh Idempotency-Key (reserve script, idempotency_records row in the send
@@ -79,21 +100,7 @@ func benchCall(b *testing.B, srv *httptest.Server, tok, method, path, body, key 
 // so they share the machine's state; the ratios are the result.
 func BenchmarkIdempotentSendOverhead(b *testing.B) {
 	srv := benchServer(b)
-	alice, bob := ids.New(), ids.New()
-	tok := func(sub string) string {
-		s, err := auth.MintDevToken(devSecret, auth.DevClaims{Subject: sub, Kind: auth.KindUser, TTL: time.Hour})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return s
-	}
-	aTok := tok(alice)
-	benchCall(b, srv, tok(bob), "GET", "/v1/me", "", "")
-	code, body := benchCall(b, srv, aTok, "POST", "/v1/dialogs", fmt.Sprintf(`{"memberIds":[%q]}`, bob), "")
-	if code != 201 {
-		b.Fatalf("dialog: %d %s", code, body)
-	}
-	path := "/v1/dialogs/" + body[strings.Index(body, `"id":"`)+6:][:36] + "/messages"
+	aTok, path := benchDialog(b, srv)
 	send := func(key string) time.Duration {
 		start := time.Now()
 		code, out := benchCall(b, srv, aTok, "POST", path, `{"body":"benchmark message"}`, key)
@@ -134,18 +141,7 @@ func BenchmarkIdempotentSendOverhead(b *testing.B) {
 func BenchmarkSendHandlerAllocs(b *testing.B) {
 	srv := benchServer(b)
 	h := srv.Config.Handler
-	alice, bob := ids.New(), ids.New()
-	aTok, err := auth.MintDevToken(devSecret, auth.DevClaims{Subject: alice, Kind: auth.KindUser, TTL: time.Hour})
-	if err != nil {
-		b.Fatal(err)
-	}
-	bTok, _ := auth.MintDevToken(devSecret, auth.DevClaims{Subject: bob, Kind: auth.KindUser, TTL: time.Hour})
-	benchCall(b, srv, bTok, "GET", "/v1/me", "", "")
-	code, body := benchCall(b, srv, aTok, "POST", "/v1/dialogs", fmt.Sprintf(`{"memberIds":[%q]}`, bob), "")
-	if code != 201 {
-		b.Fatalf("dialog: %d %s", code, body)
-	}
-	path := "/v1/dialogs/" + body[strings.Index(body, `"id":"`)+6:][:36] + "/messages"
+	aTok, path := benchDialog(b, srv)
 	send := func() {
 		req := httptest.NewRequest("POST", path, strings.NewReader(`{"body":"benchmark message"}`))
 		req.RemoteAddr = "192.0.2.7:40000"
