@@ -51,7 +51,7 @@ type Config struct {
 	// On the wire a frame may take at most twice that, its fragments'
 	// headers and the control frames sent between them included.
 	MaxFrameBytes int
-	// FrameTimeout bounds the read of one inbound frame once it has begun:
+	// FrameTimeout bounds the read of one inbound frame from its first byte:
 	// a frame whose fragments are not all in by then closes the
 	// connection with 1008. The wait between frames has no bound (idle
 	// connections are the norm). Zero value means 5s.

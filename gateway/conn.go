@@ -57,7 +57,7 @@ type conn struct {
 	ws     *websocket.Conn
 	id     string
 	userID string
-	cork   *corkConn // the hijacked connection; nil when not hijacked by us
+	cork   *corkConn // the hijacked connection
 
 	writer sync.WaitGroup // the running writer, if any
 	// writeLoopFn is c.writeLoop, made once: a go statement on a method
@@ -75,12 +75,18 @@ type conn struct {
 	resyncQueued bool       // a resync is queued and not yet taken by the writer
 	pingDue      bool
 	closed       bool
-	flushDue     bool       // the cork holds bytes an inline write left for the writer
-	overflows    int32      // since overflowFrom; an int32 fits in the space the flags leave
-	spare        []outFrame // a small batch slice kept for the next writer
-	q            []outFrame
-	qBytes       int
-	lastPing     time.Time
+	flushDue     bool // the cork holds bytes an inline write left for the writer
+	// closeStarted: the reading side has begun the close handshake
+	// (closeNow); no later request may interrupt its reads (wakeReader).
+	closeStarted bool
+	// pongWait: a ping is due or written and no pong has come since; the
+	// hub's scan ends the connection when it lasts PongTimeout.
+	pongWait  bool
+	overflows int32      // since overflowFrom; an int32 fits in the space the flags leave
+	spare     []outFrame // a small batch slice kept for the next writer
+	q         []outFrame
+	qBytes    int
+	lastPing  time.Time
 	// expires (Unix ns) is when the credential stops being valid: its exp
 	// plus the verifier's leeway. The ping loop closes the connection with
 	// 4001 token_expired then; a refresh frame moves it.
@@ -126,8 +132,10 @@ func (c *conn) subLocked(dialogID string) (*sub, int) {
 	return nil, -1
 }
 
-// closeLocked asks the writer to close the connection with code; the first
-// request wins.
+// closeLocked asks for the connection to be closed with code; the first
+// request wins. The writer writes what it has taken, then wakes the reader,
+// which performs the close handshake (closeNow): the reading side is the
+// only one that reads the socket.
 func (c *conn) closeLocked(code websocket.StatusCode, reason string) {
 	if c.closeCode != 0 || c.closed {
 		return
@@ -146,27 +154,59 @@ func (c *conn) closeWith(code websocket.StatusCode, reason string) {
 	c.mu.Unlock()
 }
 
-// closeNow closes from the reader goroutine (a protocol violation): the
-// reader performs the close handshake itself, since it is the one reading.
+// closeNow performs the close handshake on the reading side (the reader,
+// or the frame worker it waits for): with the close asked for first, or
+// with code when none was. Only the first call does anything.
 func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 	c.mu.Lock()
-	first := c.closeCode == 0 && !c.closed
+	first := !c.closeStarted && !c.closed
 	if first {
-		c.closeCode, c.closeReason = code, reason
-		c.q, c.qBytes = nil, 0
+		c.closeStarted = true
+		if c.closeCode == 0 {
+			c.closeCode, c.closeReason = code, reason
+			c.q, c.qBytes = nil, 0
+		}
+		code, reason = c.closeCode, c.closeReason
 	}
 	c.mu.Unlock()
-	if first {
-		c.hub.countClose(code)
-		if c.cork != nil {
-			// A writer mid-batch would otherwise buffer the close frame
-			// and drop it when its next write fails: the client would
-			// see EOF instead of the close code.
-			_ = c.cork.seal(time.Now().Add(c.hub.cfg.WriteTimeout))
-		}
-		_ = c.ws.Close(code, reason)
+	if !first {
+		return
+	}
+	c.hub.countClose(code)
+	// A wake-up (wakeReader) may have left a deadline in the past; none
+	// comes after closeStarted, and the handshake reads the client's
+	// close frame.
+	_ = c.cork.Conn.SetReadDeadline(time.Time{})
+	// A writer mid-batch would otherwise buffer the close frame and drop
+	// it when its next write fails: the client would see EOF instead of
+	// the close code.
+	_ = c.cork.seal(time.Now().Add(c.hub.cfg.WriteTimeout))
+	_ = c.ws.Close(code, reason)
+}
+
+// closeAsked reports whether a close was asked for that the reading side
+// has not begun.
+func (c *conn) closeAsked() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closeCode != 0 && !c.closeStarted && !c.closed
+}
+
+// wakeReader ends the reader's wait for the next frame with a read
+// deadline in the past, so it finds the close asked for (closeAsked). A
+// frame being read meets the deadline too and closes the same way. Under
+// c.mu with closeStarted: no deadline lands in the handshake's reads.
+func (c *conn) wakeReader() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closeStarted && !c.closed {
+		_ = c.cork.Conn.SetReadDeadline(pastDeadline)
 	}
 }
+
+// pastDeadline is a read deadline that has passed: set, it fails the read
+// in progress and every later one until cleared.
+var pastDeadline = time.Unix(1, 0)
 
 // teardown runs once the reader returned: stop the writer, leave every
 // channel, and record the disconnect in presence and PostgreSQL; while the

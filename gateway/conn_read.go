@@ -17,97 +17,188 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-// readLoop owns the connection: it reads and handles client frames until
-// the connection ends, then tears everything down.
+// readLoop owns the connection: it waits for each client frame and has it
+// read and answered, until the connection ends, then tears everything
+// down. Waiting is all it does itself: an idle connection is this
+// goroutine blocked in a read of the socket, and that read must stay on
+// the runtime's smallest stack (2 KiB). A goroutine's stack grows to the
+// deepest call it makes and, blocked in a read, never shrinks back (the
+// runtime halves an idle stack only while a quarter of it would hold what
+// is in use): coder/websocket's read of a frame header alone grows it to
+// 4 KiB. So the reader waits for the first byte of the next frame in the
+// read buffer, and a frame worker reads the frame, through coder/websocket
+// or, for a ping or pong between messages, itself (frameAside).
 func (c *conn) readLoop() {
 	h := c.hub
 	defer h.wg.Done()
 	defer c.teardown()
+	for c.waitFrame() && c.frameAside() {
+	}
+}
 
+// waitFrame waits until a byte of the client's next frame has arrived;
+// false when the connection is to end. A close asked for meanwhile
+// (wakeReader ends the wait) is performed here.
+func (c *conn) waitFrame() bool {
 	for {
-		// No cancellable context: closing the socket ends the read (see
-		// opContext). readContext carries the connection to the ping and
-		// pong callbacks.
-		typ, rd, err := c.ws.Reader((*readContext)(c))
-		if err != nil {
-			return
+		if c.closeAsked() {
+			c.closeNow(0, "")
+			return false
 		}
-		if !c.takeFrame() {
-			c.closeNow(ClosePolicy, "frame rate")
-			return
+		_, err := c.cork.br.Peek(1)
+		if err == nil {
+			return true
 		}
-		if typ != websocket.MessageText {
-			c.closeNow(CloseUnsupported, "text frames only")
-			return
-		}
-		if !c.frameAside(rd) {
-			return
+		if !errors.Is(err, os.ErrDeadlineExceeded) || !c.closeAsked() {
+			return false
 		}
 	}
 }
 
-// frameAside reads, decodes and answers one client text frame on a
-// short-lived goroutine while the reader waits for it, so frames are still
-// handled one at a time and in order; false when the connection is to end.
-// Reading the payload, decoding it and a subscribe (its PostgreSQL check,
-// Redis SUBSCRIBE, recovery) need a stack several times deeper than the
-// blocking read the reader spends its life in. Grown on the reader, that
-// stack would stay for the connection's life: the runtime halves an idle
-// goroutine's stack only while a quarter of it would still hold what is in
-// use, and the blocking read uses more than a quarter of 8 KiB
-// (docs/benchmarks.md, "Idle connections"). The helper is one of the hub's
-// frame workers (frame_workers.go), whose stacks go back to the runtime
-// once they have been idle a while.
-func (c *conn) frameAside(rd io.Reader) bool {
+// frameAside reads and answers the client's next frame on a frame worker
+// (frame_workers.go) while the reader waits for it, so frames are still
+// handled one at a time and in order; false when the connection is to
+// end. Reading a frame, decoding it and a subscribe (its PostgreSQL
+// check, Redis SUBSCRIBE, recovery) need a stack several times deeper
+// than the reader's wait; the workers' stacks go back to the runtime once
+// they have been idle a while.
+func (c *conn) frameAside() bool {
 	r := frameRuns.Get().(*frameRun)
-	r.c, r.rd = c, rd
+	r.c = c
 	c.hub.frames.run(r)
 	ok := <-r.done
-	r.c, r.rd = nil, nil
+	r.c = nil
 	frameRuns.Put(r)
 	return ok
 }
 
-// frameRun hands one frame to frameAside's helper. Pooled with its
+// frameRun hands one frame to frameAside's worker. Pooled with its
 // channel, so a frame allocates only the go statement's small closure.
 type frameRun struct {
 	c    *conn
-	rd   io.Reader
 	done chan bool
 }
 
 var frameRuns = sync.Pool{New: func() any { return &frameRun{done: make(chan bool, 1)} }}
 
-func runFrame(r *frameRun) { r.done <- r.c.frame(r.rd) }
+func runFrame(r *frameRun) { r.done <- r.c.nextFrame() }
 
-// frame reads one text frame's payload from rd and answers it. The frame
-// may come in fragments, which coder/websocket reads inside rd's Read
-// (empty ones without returning): so the reads of a frame are bounded on
-// the socket (corkConn.limitRead), in bytes, including the fragments'
-// headers, and in time. The reader waits for the next frame without
-// either.
+// nextFrame reads the client's next frame and answers it. Its reads are
+// bounded on the socket (corkConn.limitRead), in bytes and in time, from
+// its first byte to its end: a message may come in any number of
+// fragments, empty ones too, which coder/websocket reads inside one Read
+// of the message, and only the socket sees them all. The reader waits for
+// a frame's first byte without either bound.
+func (c *conn) nextFrame() bool {
+	h := c.hub
+	c.cork.limitRead(frameWireFactor*h.cfg.MaxFrameBytes+maxFrameHeader, time.Now().Add(h.cfg.FrameTimeout))
+	if b, err := c.cork.br.Peek(2); err == nil && ownControl(b) {
+		return c.control(b[0], int(b[1]&0x7f))
+	}
+	typ, rd, err := c.ws.Reader((*readContext)(c))
+	if err != nil {
+		c.cork.endRead()
+		c.closeForRead(err)
+		return false
+	}
+	if !c.takeFrame() {
+		c.cork.endRead()
+		c.closeNow(ClosePolicy, "frame rate")
+		return false
+	}
+	if typ != websocket.MessageText {
+		c.cork.endRead()
+		c.closeNow(CloseUnsupported, "text frames only")
+		return false
+	}
+	return c.frame(rd)
+}
+
+// maxFrameHeader is the longest WebSocket frame header a client sends
+// (2 bytes, a 64-bit length, the mask key).
+const maxFrameHeader = 14
+
+// closeForRead ends the connection after a failed read: a read over the
+// frame's bounds closes with 1008, a close asked for meanwhile (the
+// reader's wake-up ends a read too) is performed; anything else (the
+// client's close, a protocol error coder/websocket answered, a dead
+// socket) leaves the connection to end as it is.
+func (c *conn) closeForRead(err error) {
+	switch {
+	case c.closeAsked():
+		c.closeNow(0, "")
+	case errors.Is(err, errFrameWire):
+		c.closeNow(ClosePolicy, "frame too big")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.closeNow(ClosePolicy, "frame too slow")
+	}
+}
+
+// ownControl reports whether a frame starting with b (its first two
+// bytes) is a ping or pong the gateway reads itself: unfragmented, no
+// extension bits, masked (as every client frame must be) and at most 125
+// bytes of payload. Anything else is coder/websocket's to read, and to
+// refuse when it breaks the protocol.
+func ownControl(b []byte) bool {
+	return (b[0] == opPing || b[0] == opPong) && b[1]&0x80 != 0 && b[1]&0x7f <= 125
+}
+
+// control reads a ping or pong frame (ownControl) and answers it: a ping
+// with a pong carrying its payload, a pong by ending the wait for one
+// (pong). Each takes a token of the frame bucket like any frame.
+func (c *conn) control(op byte, size int) bool {
+	h := c.hub
+	buf := getFrameBuf(2 + 4 + size)
+	defer putFrameBuf(buf)
+	b := *buf
+	_, err := io.ReadFull(c.cork.br, b)
+	c.cork.endRead()
+	if err != nil {
+		c.closeForRead(err)
+		return false
+	}
+	if !c.takeFrame() {
+		c.closeNow(ClosePolicy, "frame rate")
+		return false
+	}
+	if op == opPong {
+		c.pong()
+		return true
+	}
+	payload := b[6:]
+	key := b[2:6]
+	for i := range payload {
+		payload[i] ^= key[i&3]
+	}
+	// A pong the socket does not take in time ends the connection, as a
+	// batch would.
+	return c.cork.writeControl(opPong, payload, time.Now(), h.cfg.WriteTimeout) == nil
+}
+
+// pong ends the wait for a pong: any pong answers the last ping (a client
+// may also send them unasked, as a heartbeat).
+func (c *conn) pong() {
+	c.mu.Lock()
+	c.pongWait = false
+	c.mu.Unlock()
+}
+
+// frame reads one text message's payload from rd, under the bounds
+// nextFrame set, and answers it.
 func (c *conn) frame(rd io.Reader) bool {
 	h := c.hub
-	if c.cork != nil {
-		c.cork.limitRead(frameWireFactor*h.cfg.MaxFrameBytes, time.Now().Add(h.cfg.FrameTimeout))
-	}
 	buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
 	n, err := io.ReadFull(rd, *buf)
-	if c.cork != nil {
-		c.cork.endRead()
-	}
+	c.cork.endRead()
 	switch {
-	case err == nil, errors.Is(err, errFrameWire):
+	case err == nil:
 		putFrameBuf(buf)
 		c.closeNow(ClosePolicy, "frame too big")
-		return false
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		putFrameBuf(buf)
-		c.closeNow(ClosePolicy, "frame too slow")
 		return false
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 	default:
 		putFrameBuf(buf)
+		c.closeForRead(err)
 		return false
 	}
 	f, ok := parseInFrame((*buf)[:n])
@@ -181,28 +272,34 @@ func (rc *readContext) Value(key any) any {
 	return nil
 }
 
-// pingReceived is the connection's AcceptOptions.OnPingReceived: a
-// WebSocket ping takes a token like any frame; the library answers it with
-// a pong only when it got one. Reads outside the reader (a close
-// handshake) carry no connection and are left to the library.
+// pingReceived is the connection's AcceptOptions.OnPingReceived, for the
+// pings coder/websocket reads itself (between the fragments of a message;
+// the gateway reads those between messages: conn.control): a WebSocket
+// ping takes a token like any frame; the library answers it with a pong
+// only when it got one. Reads without the connection in their context
+// are the library's close handshake: the close frame has gone out and no
+// frame may follow it (the library would fail the handshake writing the
+// pong, and close the socket on a client still sending: its unread bytes
+// would reset the connection, close frame and all).
 func pingReceived(ctx context.Context, _ []byte) bool {
 	c, ok := ctx.Value(readContextKey{}).(*conn)
-	return !ok || c.controlFrame()
+	return ok && c.controlFrame()
 }
 
 // pongReceived is OnPongReceived: a pong takes a token too, whether it
 // answers the server's ping or comes unasked.
 func pongReceived(ctx context.Context, _ []byte) {
-	if c, ok := ctx.Value(readContextKey{}).(*conn); ok {
-		c.controlFrame()
+	if c, ok := ctx.Value(readContextKey{}).(*conn); ok && c.controlFrame() {
+		c.pong()
 	}
 }
 
 // controlFrame charges a ping or pong of the client to the frame bucket;
 // false when it is over the rate. It runs inside coder/websocket's read,
 // which holds the library's read lock, and a close handshake waits for
-// that lock: so the over-rate client is closed by the writer
-// (closeLocked), with 1008 like a data frame over the rate.
+// that lock: so the close is asked for (closeWith), which ends the read,
+// and performed after it (closeForRead), with 1008 like a data frame over
+// the rate.
 func (c *conn) controlFrame() bool {
 	if c.takeFrame() {
 		return true

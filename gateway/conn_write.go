@@ -1,14 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"runtime"
 	"sync"
 	"time"
-
-	"github.com/coder/websocket"
 
 	"github.com/han-app/gateway/store"
 )
@@ -16,12 +13,13 @@ import (
 // writeLoop drains the queue: it takes everything queued, writes it as one
 // batch (one syscall through the cork), and exits when the queue is still
 // empty after one yield (signal starts the next writer). It also sends the
-// WebSocket pings the hub asks for and performs the closes the hub decides
-// on (drain, slow consumer). A writer that stops on an error leaves writing
-// set, so no other writer starts on the failed connection. One that stops
-// because the connection is closing (a close frame is being or was
-// written) leaves the close to whoever started it: closing the socket now
-// could cut that close frame off.
+// WebSocket pings the hub asks for, and for a close the hub decides on
+// (drain, slow consumer, expiry) it writes what it has taken and wakes the
+// reader, which performs the close handshake. A writer that stops on an
+// error leaves writing set, so no other writer starts on the failed
+// connection. One that stops because the connection is closing (a close
+// frame is being or was written) leaves the close to whoever started it:
+// closing the socket now could cut that close frame off.
 func (c *conn) writeLoop() {
 	defer c.writer.Done()
 	yielded := false
@@ -52,7 +50,7 @@ func (c *conn) writeLoop() {
 		c.spare = nil
 		ping := c.pingDue
 		c.pingDue = false
-		code, reason := c.closeCode, c.closeReason
+		code := c.closeCode
 		c.mu.Unlock()
 		if err := c.writeBatch(batch, flush); err != nil {
 			if !errors.Is(err, errDataAfterClose) {
@@ -62,16 +60,15 @@ func (c *conn) writeLoop() {
 		}
 		c.recycle(batch)
 		if code != 0 {
-			c.hub.countClose(code)
-			_ = c.ws.Close(code, reason)
-			c.cancel()
+			// The reader performs the close (closeNow); this writer
+			// stays marked as running, so no other starts.
+			c.wakeReader()
 			return
 		}
 		if ping {
-			pctx, cancel := opContext(c.hub.cfg.PongTimeout)
-			err := c.ws.Ping(pctx)
-			cancel()
-			if err != nil {
+			// The pong is the reading side's to see (conn.pong); the
+			// hub's scan ends the connection when it does not come.
+			if err := c.cork.writeControl(opPing, nil, time.Now(), c.hub.cfg.WriteTimeout); err != nil {
 				c.abort(err)
 				return
 			}
@@ -90,9 +87,6 @@ func (c *conn) writeBatch(batch []outFrame, flush bool) error {
 	if len(batch) == 0 && !flush {
 		return nil
 	}
-	if c.cork == nil {
-		return c.writeBatchUncorked(batch)
-	}
 	err := c.cork.cork(time.Now(), c.hub.cfg.WriteTimeout)
 	for i := 0; err == nil && i < len(batch); i++ {
 		var n int
@@ -109,23 +103,6 @@ func (c *conn) writeBatch(batch []outFrame, flush bool) error {
 		c.hub.stats.slowCloses.Add(1)
 	}
 	return err
-}
-
-// writeBatchUncorked bounds the batch by a context instead: the connection
-// was not hijacked through hijackWriter, so there is no socket to set a
-// deadline on.
-func (c *conn) writeBatchUncorked(batch []outFrame) error {
-	ctx, cancel := opContext(c.hub.cfg.WriteTimeout)
-	defer cancel()
-	for _, f := range batch {
-		if err := c.ws.Write(ctx, websocket.MessageText, f.b); err != nil {
-			if !c.ended.Load() && (errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
-				c.hub.stats.slowCloses.Add(1)
-			}
-			return err
-		}
-	}
-	return nil
 }
 
 // keptBatch is the largest batch slice a connection keeps for its next

@@ -111,7 +111,8 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		cc.early = bytes.Clone(b)
 	}
 	w.cork = cc
-	return cc, bufio.NewReadWriter(bufio.NewReaderSize(cc, connReadBuf), bufio.NewWriterSize(cc, connWriteBuf)), nil
+	cc.br = bufio.NewReaderSize(cc, connReadBuf)
+	return cc, bufio.NewReadWriter(cc.br, bufio.NewWriterSize(cc, connWriteBuf)), nil
 }
 
 // corkConn collects writes while corked and sends them in one write when
@@ -119,6 +120,13 @@ func (w *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // bytes that arrived with the upgrade request first.
 type corkConn struct {
 	net.Conn
+
+	// br is the read buffer handed to coder/websocket, which reads every
+	// frame through it: the reader waits on it for the next frame's first
+	// byte, and frames the gateway reads itself (a client's ping or pong
+	// between messages) come through it too. Only the reading side (the
+	// reader, or the frame worker it waits for) touches it.
+	br *bufio.Reader
 
 	// early holds bytes read from the client before the hijack; Read
 	// returns them before reading the socket. Only the connection's single
@@ -168,6 +176,8 @@ type corkConn struct {
 const (
 	frameText  = 0x81
 	frameClose = 0x88
+	opPing     = 0x89
+	opPong     = 0x8a
 )
 
 // errDataAfterClose refuses a data frame once the connection is closing.
@@ -257,6 +267,31 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	return c.Conn.Write(p)
+}
+
+// writeControl sends a ping or pong frame (op, FIN set) with payload (at
+// most 125 bytes): with the batch being collected when a writer has one
+// open, else at once, bounded by a write deadline as a batch is
+// (armLocked). Nothing goes out once closing: no frame may follow a close
+// frame.
+func (c *corkConn) writeControl(op byte, payload []byte, now time.Time, timeout time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sealed || c.closeSent {
+		return nil
+	}
+	if c.corked {
+		*c.buf = append(append(*c.buf, op, byte(len(payload))), payload...)
+		return nil
+	}
+	if err := c.armLocked(now, timeout); err != nil {
+		return err
+	}
+	b := make([]byte, 0, len(c.head)+2+len(payload))
+	b = append(append(append(b, c.head...), op, byte(len(payload))), payload...)
+	c.head = nil
+	_, err := c.Conn.Write(b)
+	return err
 }
 
 // sendHead writes the upgrade response now if it has not gone out yet.

@@ -381,12 +381,13 @@ const expiryResolution = time.Second
 
 // pingLoop is the one timer of every connection. Once per tick it asks each
 // connection's writer for a WebSocket ping when PingInterval has passed
-// since its last one (connections are spread over the interval by their own
-// start times), and closes with 4001 token_expired each connection whose
-// credential deadline (exp + the verifier's leeway) has passed, and starts
-// the writer of each connection whose queued presence frames wait for it
-// (at least every Config.PresenceDelay). The scan
-// holds Hub.mu for reading and takes each connection's mu in turn (the lock
+// since its last one was answered (connections are spread over the
+// interval by their own start times), ends each connection whose pong has
+// not come PongTimeout after its ping, closes with 4001 token_expired each
+// connection whose credential deadline (exp + the verifier's leeway) has
+// passed, and starts the writer of each connection whose queued presence
+// frames wait for it (at least every Config.PresenceDelay). The scan holds
+// Hub.mu for reading and takes each connection's mu in turn (the lock
 // order), so it allocates nothing and keeps nothing per connection: no
 // goroutine, timer or list entry per connection. The waiting frames are
 // written after the scan, with Hub.mu released (inline, as a dispatch
@@ -399,6 +400,7 @@ func (h *Hub) pingLoop(ctx context.Context) {
 	t := time.NewTicker(max(tick, 10*time.Millisecond))
 	defer t.Stop()
 	var flush []*conn // connections whose queued frames wait for this scan
+	var late []*conn  // connections whose pong did not come
 	for {
 		select {
 		case <-ctx.Done():
@@ -414,8 +416,14 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			case c.closed:
 			case nowNs >= c.expires:
 				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
-			case now.Sub(c.lastPing) >= h.cfg.PingInterval:
-				c.lastPing, c.pingDue = now, true
+			case c.pongWait && now.Sub(c.lastPing) >= h.cfg.PongTimeout:
+				// No pong: the peer is gone or does not read. Closing
+				// the socket ends the reader's wait, and its teardown
+				// follows.
+				c.pongWait = false
+				late = append(late, c)
+			case !c.pongWait && now.Sub(c.lastPing) >= h.cfg.PingInterval:
+				c.lastPing, c.pingDue, c.pongWait = now, true, true
 				c.signal()
 			case len(c.q) > 0 && !c.writing:
 				// Presence frames waiting for this scan: written
@@ -432,6 +440,12 @@ func (h *Hub) pingLoop(ctx context.Context) {
 		}
 		clear(flush)
 		flush = flush[:0]
+		for _, c := range late {
+			h.logger.Debug("websocket pong timeout", slog.String("connection", c.id))
+			_ = c.cork.Conn.Close()
+		}
+		clear(late)
+		late = late[:0]
 	}
 }
 

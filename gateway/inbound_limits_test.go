@@ -285,3 +285,27 @@ func TestUnfinishedFrameIsClosedAfterTheFrameTimeout(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return idleFrames.texts.Load() > 0 },
 		"the idle connection does not answer")
 }
+
+// A frame's time starts with its first byte, header included: a client
+// that sends part of a frame header and no more (one byte of a text
+// frame; a ping's first two bytes and half its mask key) is closed with
+// 1008 after FrameTimeout like one that stops inside a payload, and holds
+// nothing on the server after that.
+func TestUnfinishedFrameHeaderIsClosedAfterTheFrameTimeout(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.FrameTimeout = time.Second }})
+	parts := [][]byte{{0x81}, {opPing, 0x80 | 4, 1, 2}}
+	users := in.users(len(parts))
+	frames := make([]*serverFrames, len(parts))
+	for i, part := range parts {
+		rc := in.rawConnect(users[i])
+		frames[i] = watch(rc, true)
+		flood(rc, part)
+	}
+	for i, sf := range frames {
+		if code, reason := sf.closed(20 * time.Second); code != int(gateway.ClosePolicy) || reason != "frame too slow" {
+			t.Fatalf("header % x and nothing more: close %d %q, want 1008 %q", parts[i], code, reason, "frame too slow")
+		}
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return in.svc.Stats().Connections == 0 },
+		"connections with an unfinished frame header are still open")
+}

@@ -58,14 +58,16 @@ func TestInlineWritesLeaveTheRestToTheWriter(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() bool { return in.svc.Stats().InlineWrites > w }, "the next event was not written inline")
 }
 
-// A client that sends pings and never reads fills its socket with pongs,
-// and coder/websocket's pong write blocks (until its own timeout closes the
-// connection). An event for a dialog it shares with a reading client must
+// A client that sends pings and never reads (here under a frame rate
+// that lets it) fills its socket with pongs, and the pong write blocks
+// (until the write timeout ends the connection), holding the socket's
+// write lock. An event for a dialog it shares with a reading client must
 // not wait for that write: the reading client gets it while the stuck one
 // is still connected.
 func TestBlockedPongDoesNotStallDispatch(t *testing.T) {
 	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
 		c.WriteTimeout, c.SendBuffer = 30*time.Second, 8<<10
+		c.FrameRate, c.FrameBurst = 1e6, 1e6
 	}})
 	users := in.users(2)
 	d := in.dialog(users...)
