@@ -26,30 +26,35 @@
 // second). A refresh frame with a new token of the same user moves the
 // deadline; it is verified on the reader, bounded by Config.AuthTimeout.
 //
-// Concurrency: per connection, one reader goroutine owns the connection (reads,
-// handles client frames in order, tears down). Each client frame is read,
-// decoded and answered on a pooled frame worker the reader waits for (up to
-// 32 kept 2 s idle, frame_workers.go; a goroutine of its own when all are
-// busy), so the reader's stack stays as small as its blocking read needs
-// for the connection's life (conn_read.go, frameAside). A writer goroutine runs per
+// Concurrency: per connection, one reader goroutine owns the connection. It
+// only waits for the first byte of the client's next frame (and tears down
+// at the end): each frame is read, decoded and answered on a pooled frame
+// worker the reader waits for (up to 32 kept 2 s idle, frame_workers.go; a
+// goroutine of its own when all are busy), so the reader stays on the
+// runtime's smallest stack for the connection's life (conn_read.go). Only
+// the reading side reads the socket: a close decided elsewhere wakes the
+// reader, which performs the close handshake. A writer goroutine runs per
 // burst, not for the connection's life: queueing a frame, a ping or a close
 // starts one when none runs; it drains the bounded outbound queue in batches
-// (each message framed by the gateway straight into the hijacked connection's
-// cork buffer, one write deadline and one write per batch; coder/websocket
-// writes only the control frames), sends the WebSocket ping the hub's ping
-// loop marked due, performs the closes the hub decides on, and exits once
-// nothing is left (after yielding once, so a fan-out burst keeps its writer),
-// so an idle connection costs only its reader. A presence.changed frame does
-// not start a writer: the ping loop's scan does, within Config.PresenceDelay,
-// unless another frame comes first and takes it along, so a burst of
-// transitions reaches a socket in few writes. A writer that fails leaves the
-// connection marked as writing, so no other writer starts on it. Fan-out
-// (Hub.Dispatch) never blocks: it appends the shared, pre-encoded event bytes
-// to each queue under that connection's mutex, applying the backpressure policy
-// (ephemeral frames dropped first, durable overflow replaced by one resync,
-// persistent slowness closed with 4008). The hub's ping loop marks pings
-// due and closes expired connections under each connection's mu. Hub.mu is always taken before a
-// connection's mu. Service, Hub and Tickets are safe for concurrent use.
+// (each message framed by the gateway straight into the hijacked
+// connection's cork buffer, one write deadline and one write per batch;
+// coder/websocket writes only close frames and the pongs inside fragmented
+// messages), writes the WebSocket ping the hub's ping loop marked due
+// without waiting for the pong, hands the closes the hub decides on to the
+// reader, and exits once nothing is left (after yielding once, so a fan-out
+// burst keeps its writer), so an idle connection costs only its reader. A
+// presence.changed frame does not start a writer: the ping loop's scan
+// does, within Config.PresenceDelay, unless another frame comes first and
+// takes it along, so a burst of transitions reaches a socket in few writes.
+// A writer that fails leaves the connection marked as writing, so no other
+// writer starts on it. Fan-out (Hub.Dispatch) never blocks: it appends the
+// shared, pre-encoded event bytes to each queue under that connection's
+// mutex, applying the backpressure policy (ephemeral frames dropped first,
+// durable overflow replaced by one resync, persistent slowness closed with
+// 4008). The hub's ping loop marks pings due, ends connections whose pong
+// is late and closes expired connections under each connection's mu.
+// Hub.mu is always taken before a connection's mu. Service, Hub and Tickets
+// are safe for concurrent use.
 //
 // The protocol is documented in docs/realtime-protocol.md.
 package gateway
