@@ -94,11 +94,17 @@ func (p *Pool[T]) loop(first T) {
 // Close ends the idle workers and waits until the busy ones have finished
 // their job; TryRun refuses every job from then on. Idempotent.
 func (p *Pool[T]) Close() {
+	p.Stop()
+	p.wg.Wait()
+}
+
+// Stop is Close without the wait: the idle workers end now, the busy ones
+// once their job is done. Idempotent.
+func (p *Pool[T]) Stop() {
 	p.mu.Lock()
 	if !p.closed {
 		p.closed = true
 		close(p.quit)
 	}
 	p.mu.Unlock()
-	p.wg.Wait()
 }

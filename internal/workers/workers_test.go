@@ -113,6 +113,51 @@ func TestPoolWithoutIdleExitKeepsWorkers(t *testing.T) {
 	}
 }
 
+// Stop does not wait: it returns while a job still runs, refuses later
+// jobs, ends the idle workers at once and the busy one after its job.
+func TestPoolStopDoesNotWaitForBusyWorkers(t *testing.T) {
+	started, finished := make(chan struct{}, 2), make(chan struct{}, 2)
+	p := workers.New(2, 0, func(release chan struct{}) {
+		started <- struct{}{}
+		<-release
+		finished <- struct{}{}
+	})
+	first, second := make(chan struct{}), make(chan struct{})
+	for _, release := range []chan struct{}{first, second} {
+		if !p.TryRun(release) {
+			t.Fatal("refused")
+		}
+		<-started
+	}
+	close(first) // one worker idle, one busy
+	<-finished
+	stopped := make(chan struct{})
+	go func() {
+		p.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop waited for a busy worker")
+	}
+	if p.TryRun(make(chan struct{})) {
+		t.Fatal("a stopped pool took a job")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Workers() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers after Stop, want only the busy one", p.Workers())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(second)
+	p.Close() // waits for the last one
+	if p.Workers() != 0 {
+		t.Fatalf("%d workers after the busy one finished", p.Workers())
+	}
+}
+
 func goroutineID() string {
 	b := make([]byte, 32)
 	b = b[:runtime.Stack(b, false)]

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/han-app/gateway/internal/workers"
 )
 
 // peekBytes bounds the request header a Listener serves itself: a longer
@@ -47,7 +49,28 @@ type Listener struct {
 	sniffing map[net.Conn]struct{} // connections whose first request is being looked at
 	closing  sync.Once
 	wg       sync.WaitGroup // the accept loop and the connections being looked at
+
+	// runners serve the taken requests (run) on goroutines that wait for
+	// the next one instead of exiting. A handshake runs deep (the
+	// middleware, the upgrade, the token's verification, the presence
+	// registration): on the fresh goroutine of each connection its stack
+	// grew from the minimum in two or three copies, an eighth of the CPU
+	// of a connect storm. A runner keeps its grown stack; one idle for
+	// runnerIdle exits, and beyond runnersMax a request is served on its
+	// connection's own goroutine as before.
+	runners *workers.Pool[handshake]
 }
+
+// handshake is a request taken to be served here, with its connection.
+type handshake struct {
+	c   net.Conn
+	req *http.Request
+}
+
+const (
+	runnersMax = 128
+	runnerIdle = 2 * time.Second
+)
 
 // New starts accepting on inner.
 func New(inner net.Listener, cfg Config) *Listener {
@@ -62,6 +85,7 @@ func New(inner net.Listener, cfg Config) *Listener {
 		done:     make(chan struct{}),
 		sniffing: make(map[net.Conn]struct{}),
 	}
+	l.runners = workers.New(runnersMax, runnerIdle, func(h handshake) { l.run(h.c, h.req) })
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
@@ -88,6 +112,7 @@ func (l *Listener) Close() error {
 	l.closing.Do(func() { err = l.inner.Close() })
 	l.stop(net.ErrClosed)
 	l.wg.Wait()
+	l.runners.Stop() // requests in their handler run on
 	return err
 }
 
@@ -154,7 +179,7 @@ var peekBufs = sync.Pool{New: func() any { b := make([]byte, peekBytes); return 
 // serve looks at c's first request and serves it, hands c to net/http, or
 // closes it.
 func (l *Listener) serve(c net.Conn) {
-	if req, v := l.look(c); v == taken {
+	if req, v := l.look(c); v == taken && !l.runners.TryRun(handshake{c, req}) {
 		l.run(c, req)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,7 @@ type seen struct {
 	cookie   int
 	early    string // what the hijacked connection read first
 	hijacked bool
+	g        string // the goroutine that ran the handler
 }
 
 // server is an http.Server behind a Listener, on loopback, whose handler
@@ -48,7 +50,7 @@ func handler(out chan<- seen) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, edge := w.(*response)
 		s := seen{edge: edge, method: r.Method, uri: r.RequestURI, host: r.Host, hostHdr: r.Header["Host"] != nil,
-			remote: r.RemoteAddr, cookie: len(r.Header.Get("Cookie"))}
+			remote: r.RemoteAddr, cookie: len(r.Header.Get("Cookie")), g: goroutine()}
 		if r.Header.Get("X-Panic") != "" {
 			panic("test panic")
 		}
@@ -152,6 +154,42 @@ func TestAnUpgradeIsServedHereWithItsEarlyBytes(t *testing.T) {
 	if err != nil || line != "ok\n" {
 		t.Fatalf("reply %q, %v", line, err)
 	}
+}
+
+// Upgrades served one after another run on one goroutine, which keeps the
+// stack the handler grew, instead of a fresh goroutine per connection
+// whose stack grows anew in every handshake.
+func TestUpgradesReuseTheirHandlersGoroutine(t *testing.T) {
+	s := startServer(t, 5*time.Second)
+	gs := map[string]bool{}
+	for range 20 {
+		c := dial(t, s.addr)
+		if _, err := io.WriteString(c, upgradeHead+"frame"); err != nil {
+			t.Fatal(err)
+		}
+		got := s.next(t)
+		if !got.edge || !got.hijacked {
+			t.Fatalf("served by net/http or not hijacked: %+v", got)
+		}
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ok\n" {
+			t.Fatalf("reply %q, %v", line, err)
+		}
+		gs[got.g] = true
+	}
+	if len(gs) > 2 {
+		t.Fatalf("20 upgrades one after another ran on %d goroutines, want them on a reused one", len(gs))
+	}
+}
+
+// goroutine is the calling goroutine's id, from its stack trace's header.
+func goroutine() string {
+	b := make([]byte, 64)
+	b = b[:runtime.Stack(b, false)]
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
 }
 
 // A header that arrives a byte at a time is still served, once whole.
