@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -19,6 +20,10 @@ import (
 func TestIdleReaderKeepsTheSmallestStack(t *testing.T) {
 	in := newInstance(t, openPool(t), opts{})
 	const n, members = 200, 10
+	// Goroutines that ended leave their stacks for new ones to reuse,
+	// which would hide stacks from the measurements below: parked ones
+	// take them all first.
+	defer parkGoroutines(20000)()
 	floor := blockedReadStack(t, n) // held until the test ends: no stack of theirs is reused below
 	users := in.users(n)
 	dialogs := make([]string, n/members)
@@ -94,6 +99,24 @@ func blockedReadStack(t *testing.T, n int) float64 {
 	}
 	time.Sleep(100 * time.Millisecond)
 	return float64(stackInuse()-before) / float64(n)
+}
+
+// parkGoroutines starts n goroutines that wait until the returned func is
+// called.
+func parkGoroutines(n int) (release func()) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for range n {
+		go func() {
+			defer wg.Done()
+			<-stop
+		}()
+	}
+	return func() {
+		close(stop)
+		wg.Wait()
+	}
 }
 
 func stackInuse() uint64 {

@@ -50,21 +50,15 @@ type Listener struct {
 	closing  sync.Once
 	wg       sync.WaitGroup // the accept loop and the connections being looked at
 
-	// runners serve the taken requests (run) on goroutines that wait for
+	// runners serve new connections (serve) on goroutines that wait for
 	// the next one instead of exiting. A handshake runs deep (the
 	// middleware, the upgrade, the token's verification, the presence
-	// registration): on the fresh goroutine of each connection its stack
-	// grew from the minimum in two or three copies, an eighth of the CPU
-	// of a connect storm. A runner keeps its grown stack; one idle for
-	// runnerIdle exits, and beyond runnersMax a request is served on its
-	// connection's own goroutine as before.
-	runners *workers.Pool[handshake]
-}
-
-// handshake is a request taken to be served here, with its connection.
-type handshake struct {
-	c   net.Conn
-	req *http.Request
+	// registration): on a fresh goroutine per connection its stack grew
+	// from the minimum in two or three copies, an eighth of the CPU of a
+	// connect storm. A runner keeps its grown stack; one idle for
+	// runnerIdle exits, and beyond runnersMax a connection gets a
+	// goroutine of its own as before.
+	runners *workers.Pool[net.Conn]
 }
 
 const (
@@ -85,7 +79,7 @@ func New(inner net.Listener, cfg Config) *Listener {
 		done:     make(chan struct{}),
 		sniffing: make(map[net.Conn]struct{}),
 	}
-	l.runners = workers.New(runnersMax, runnerIdle, func(h handshake) { l.run(h.c, h.req) })
+	l.runners = workers.New(runnersMax, runnerIdle, l.serve)
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
@@ -160,7 +154,9 @@ func (l *Listener) acceptLoop() {
 		l.sniffing[c] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
-		go l.serve(c)
+		if !l.runners.TryRun(c) {
+			go l.serve(c)
+		}
 	}
 }
 
@@ -179,7 +175,7 @@ var peekBufs = sync.Pool{New: func() any { b := make([]byte, peekBytes); return 
 // serve looks at c's first request and serves it, hands c to net/http, or
 // closes it.
 func (l *Listener) serve(c net.Conn) {
-	if req, v := l.look(c); v == taken && !l.runners.TryRun(handshake{c, req}) {
+	if req, v := l.look(c); v == taken {
 		l.run(c, req)
 	}
 }
