@@ -134,13 +134,7 @@ func (s *server) none(t *testing.T, within time.Duration) {
 func TestAnUpgradeIsServedHereWithItsEarlyBytes(t *testing.T) {
 	s := startServer(t, 5*time.Second)
 	c := dial(t, s.addr)
-	if _, err := io.WriteString(c, upgradeHead+"frame"); err != nil {
-		t.Fatal(err)
-	}
-	got := s.next(t)
-	if !got.edge || !got.hijacked {
-		t.Fatalf("served by net/http or not hijacked: %+v", got)
-	}
+	got := s.upgrade(t, c)
 	if got.method != "GET" || got.uri != "/v1/realtime?ticket=abc" || got.host != "example.test" || got.hostHdr {
 		t.Fatalf("request as seen: %+v", got)
 	}
@@ -150,10 +144,23 @@ func TestAnUpgradeIsServedHereWithItsEarlyBytes(t *testing.T) {
 	if got.early != "frame" {
 		t.Fatalf("first bytes after the header: %q, want %q", got.early, "frame")
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil || line != "ok\n" {
+}
+
+// upgrade sends the upgrade request and a first frame on c and returns
+// what the handler saw, once it has hijacked the connection and answered.
+func (s *server) upgrade(t *testing.T, c net.Conn) seen {
+	t.Helper()
+	if _, err := io.WriteString(c, upgradeHead+"frame"); err != nil {
+		t.Fatal(err)
+	}
+	got := s.next(t)
+	if !got.edge || !got.hijacked {
+		t.Fatalf("served by net/http or not hijacked: %+v", got)
+	}
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ok\n" {
 		t.Fatalf("reply %q, %v", line, err)
 	}
+	return got
 }
 
 // Upgrades served one after another run on one goroutine, which keeps the
@@ -163,18 +170,7 @@ func TestUpgradesReuseTheirHandlersGoroutine(t *testing.T) {
 	s := startServer(t, 5*time.Second)
 	gs := map[string]bool{}
 	for range 20 {
-		c := dial(t, s.addr)
-		if _, err := io.WriteString(c, upgradeHead+"frame"); err != nil {
-			t.Fatal(err)
-		}
-		got := s.next(t)
-		if !got.edge || !got.hijacked {
-			t.Fatalf("served by net/http or not hijacked: %+v", got)
-		}
-		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ok\n" {
-			t.Fatalf("reply %q, %v", line, err)
-		}
-		gs[got.g] = true
+		gs[s.upgrade(t, dial(t, s.addr)).g] = true
 	}
 	if len(gs) > 2 {
 		t.Fatalf("20 upgrades one after another ran on %d goroutines, want them on a reused one", len(gs))
