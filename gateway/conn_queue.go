@@ -27,7 +27,7 @@ func (c *conn) signalInline() {
 	if c.writing || c.closed || len(c.q) == 0 {
 		return
 	}
-	if c.cork != nil && !c.pingDue && c.closeCode == 0 && len(c.q) <= inlineFrames && c.qBytes <= inlineBytes {
+	if !c.pingDue && c.closeCode == 0 && len(c.q) <= inlineFrames && c.qBytes <= inlineBytes {
 		if sent, rest := c.cork.tryWrite(c.q, time.Now(), c.hub.cfg.WriteTimeout); sent {
 			c.q, c.qBytes, c.resyncQueued = releaseBatch(c.q), 0, false
 			if !rest {

@@ -543,9 +543,7 @@ func (h *Hub) closeAll() {
 	r := h.startDraining()
 	conns := h.snapshot()
 	for _, c := range conns {
-		if c.cork != nil {
-			_ = c.cork.Conn.Close()
-		}
+		_ = c.cork.Conn.Close()
 	}
 	for _, c := range conns {
 		_ = c.ws.CloseNow()

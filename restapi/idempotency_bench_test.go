@@ -135,19 +135,23 @@ func BenchmarkIdempotentSendOverhead(b *testing.B) {
 // BenchmarkSendHandlerAllocs is one keyed send through the whole handler
 // chain (every middleware, the limiter and idempotency scripts, the send
 // transaction, the publish) served straight from api.Handler() with a
-// recorder, so the allocations per op are the server's alone (the process's
-// Redis and PostgreSQL clients included, no HTTP client). The send route's
-// rate-limit rules are the built-in ones.
+// recorder, so the allocations per op are the server's (the process's
+// Redis and PostgreSQL clients included, no HTTP client; the requests are
+// built before the timer, only the small recorder is the benchmark's). The
+// send route's rate-limit rules are the built-in ones.
 func BenchmarkSendHandlerAllocs(b *testing.B) {
 	srv := benchServer(b)
 	h := srv.Config.Handler
 	aTok, path := benchDialog(b, srv)
-	send := func() {
+	request := func() *http.Request {
 		req := httptest.NewRequest("POST", path, strings.NewReader(`{"body":"benchmark message"}`))
 		req.RemoteAddr = "192.0.2.7:40000"
 		req.Header.Set("Authorization", "Bearer "+aTok)
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", ids.New())
+		return req
+	}
+	send := func(req *http.Request) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		if rec.Code != 201 {
@@ -155,11 +159,15 @@ func BenchmarkSendHandlerAllocs(b *testing.B) {
 		}
 	}
 	for i := 0; i < 50; i++ { // warm pools and script caches
-		send()
+		send(request())
+	}
+	reqs := make([]*http.Request, b.N)
+	for i := range reqs {
+		reqs[i] = request()
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		send()
+	for _, req := range reqs {
+		send(req)
 	}
 }
