@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,5 +225,50 @@ func TestRefreshSurvivesScriptFlush(t *testing.T) {
 	}
 	if _, err := p.Disconnect(ctx, c.UserID, c.ConnID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// goroutineRecorder notes the goroutine each online transition ran on.
+type goroutineRecorder struct {
+	mu sync.Mutex
+	gs map[string]int
+	n  int
+}
+
+func (r *goroutineRecorder) Online(context.Context, string, time.Time) {
+	b := make([]byte, 64)
+	b = b[:runtime.Stack(b, false)]
+	f := strings.Fields(string(b)) // "goroutine <id> [running]:"
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(f) > 1 {
+		r.gs[f[1]]++
+	}
+	r.n++
+}
+
+func (r *goroutineRecorder) Offline(context.Context, string, time.Time) {}
+
+func (r *goroutineRecorder) counts() (transitions, goroutines int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n, len(r.gs)
+}
+
+// Transition callbacks run on goroutines that wait for the next one, so a
+// connect storm's callbacks (a PostgreSQL read and a publish each) do not
+// grow a fresh goroutine's stack for every user coming online.
+func TestTransitionCallbacksReuseTheirGoroutine(t *testing.T) {
+	ctx := context.Background()
+	rec := &goroutineRecorder{gs: map[string]int{}}
+	p := newPresence(t, presence.Config{}, rec)
+	for i := range 20 {
+		if err := p.Connect(ctx, presence.Conn{UserID: ids.New(), ConnID: "c"}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 5*time.Second, func() bool { n, _ := rec.counts(); return n == i+1 }, "no online transition")
+	}
+	if _, gs := rec.counts(); gs > 2 {
+		t.Fatalf("20 online transitions one after another ran on %d goroutines, want them on a reused one", gs)
 	}
 }

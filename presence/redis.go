@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/loop"
+	"github.com/han-app/gateway/internal/workers"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -44,6 +45,7 @@ type Presence struct {
 	// emitting holds, for each user whose transition callbacks are
 	// running, the callbacks waiting their turn.
 	emitting map[string][]func(ctx context.Context)
+	emitters *workers.Pool[string] // runs runEmits
 	closed   bool
 	started  bool
 	cancel   context.CancelFunc
@@ -72,6 +74,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 		sweptInstances: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_swept_instances_total",
 			Help: "Dead instances fully swept by this instance."}),
 	}
+	p.emitters = workers.New(emitWorkers, 2*time.Second, p.runEmits)
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{p.heartbeatFailures, p.sweptConns, p.sweptInstances} {
 			if err := cfg.Registerer.Register(c); err != nil {

@@ -161,26 +161,43 @@ func (p *Presence) emitAfter(userID string, fn func(ctx context.Context), decide
 		p.mu.Unlock()
 		return
 	}
-	p.emitting[userID] = nil
+	p.emitting[userID] = []func(ctx context.Context){fn}
 	p.inflight.Add(1)
 	p.mu.Unlock()
-	go func() {
-		defer p.inflight.Done()
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			fn(ctx)
-			cancel()
-			p.mu.Lock()
-			q := p.emitting[userID]
-			if len(q) == 0 {
-				delete(p.emitting, userID)
-				p.mu.Unlock()
-				return
-			}
-			fn, p.emitting[userID] = q[0], q[1:]
+	if !p.emitters.TryRun(userID) {
+		go p.runEmits(userID)
+	}
+}
+
+// emitWorkers bounds the goroutines that run transition callbacks and keep
+// their stacks between users: a callback reads the user's dialogs in
+// PostgreSQL and publishes through a Redis pipeline, deep enough that a
+// fresh goroutine grew its stack two or three times for every user coming
+// online in a connect storm. Beyond them a callback runs on a goroutine of
+// its own.
+const emitWorkers = 64
+
+// runEmits runs the user's queued transition callbacks in order until the
+// queue is empty (emitAfter queued the first and counted the run in
+// inflight).
+func (p *Presence) runEmits(userID string) {
+	defer p.inflight.Done()
+	for {
+		p.mu.Lock()
+		q := p.emitting[userID]
+		if len(q) == 0 {
+			delete(p.emitting, userID)
 			p.mu.Unlock()
+			return
 		}
-	}()
+		fn := q[0]
+		q[0] = nil
+		p.emitting[userID] = q[1:]
+		p.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		fn(ctx)
+		cancel()
+	}
 }
 
 // Shutdown stops the background loops but lets pending offline checks run
@@ -236,4 +253,5 @@ func (p *Presence) Close() {
 		cancel()
 	}
 	p.inflight.Wait()
+	p.emitters.Close()
 }

@@ -983,3 +983,25 @@ func BenchmarkVerifyHS256FreshTokens(b *testing.B) {
 		i++
 	}
 }
+
+// The token's times are read as golang-jwt reads them, whatever form their
+// number takes: the whole seconds every issuer writes, fractions, exponents,
+// quoted numbers, and what is not a number at all.
+func TestTimeClaimsReadAsTheLibraryReadsThem(t *testing.T) {
+	for _, raw := range []string{
+		"0", "1", "1700000000", "999999999999999", "1000000000000000", "99999999999999999999",
+		"1700000000.5", "1700000000.999999999", "1.7e9", "1.7E+9", "17e8", "-1", "-1700000000",
+		"01", "00", "1700000000.", ".5", "1_700", "0x10", "Inf", "NaN", "1e400",
+		`"1700000000"`, `"1.5"`, `"abc"`, "true", "null", "[]", "{}", "", " 1700000000", "1700000000 ",
+	} {
+		want := new(jwt.NumericDate)
+		wantErr := want.UnmarshalJSON([]byte(raw))
+		got, err := auth.ReadNumericDate([]byte(raw))
+		if (err != nil) != (wantErr != nil) {
+			t.Fatalf("%q: error %v, golang-jwt's %v", raw, err, wantErr)
+		}
+		if err == nil && !got.Time.Equal(want.Time) {
+			t.Fatalf("%q: %v, golang-jwt reads %v", raw, got.Time, want.Time)
+		}
+	}
+}

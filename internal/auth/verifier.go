@@ -205,11 +205,54 @@ func (v *Verifier) algAccepted(alg string) bool {
 	return false
 }
 
-// claims is the token body Verify understands.
+// claims is the token body Verify understands. The three times shadow the
+// embedded ones (a field of claims itself wins over a promoted field of the
+// same JSON name), so that their common form, whole seconds, is read
+// without a decoder of its own (numericDate).
 type claims struct {
 	jwt.RegisteredClaims
-	Typ *string `json:"typ,omitempty"`
-	Svc string  `json:"svc,omitempty"`
+	ExpiresAt *numericDate `json:"exp,omitempty"`
+	NotBefore *numericDate `json:"nbf,omitempty"`
+	IssuedAt  *numericDate `json:"iat,omitempty"`
+	Typ       *string      `json:"typ,omitempty"`
+	Svc       string       `json:"svc,omitempty"`
+}
+
+// GetExpirationTime, GetNotBefore and GetIssuedAt give the parser's
+// validation the times read into claims' own fields.
+func (c claims) GetExpirationTime() (*jwt.NumericDate, error) { return c.ExpiresAt.date(), nil }
+func (c claims) GetNotBefore() (*jwt.NumericDate, error)      { return c.NotBefore.date(), nil }
+func (c claims) GetIssuedAt() (*jwt.NumericDate, error)       { return c.IssuedAt.date(), nil }
+
+// numericDate is a JWT time claim, read as jwt.NumericDate reads it. A
+// plain integer of at most 15 digits (whole seconds; every real exp, iat
+// and nbf) is converted here; anything else goes to jwt.NumericDate's own
+// decoding, which decodes the number once more with encoding/json and
+// took ≈ 2 % of the gateway's CPU in a connect storm. The two agree on
+// every input: such an integer is exact as the float64 jwt converts it to.
+type numericDate struct{ jwt.NumericDate }
+
+func (d *numericDate) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || len(b) > 15 || (b[0] == '0' && len(b) > 1) {
+		return d.NumericDate.UnmarshalJSON(b)
+	}
+	var n int64
+	for _, ch := range b {
+		if ch < '0' || ch > '9' {
+			return d.NumericDate.UnmarshalJSON(b)
+		}
+		n = n*10 + int64(ch-'0')
+	}
+	d.NumericDate = *jwt.NewNumericDate(time.Unix(n, 0))
+	return nil
+}
+
+// date is d as the parser's validation takes it (nil when absent).
+func (d *numericDate) date() *jwt.NumericDate {
+	if d == nil {
+		return nil
+	}
+	return &d.NumericDate
 }
 
 // UnmarshalJSON reads each claim under its exact name only. Claim names are
