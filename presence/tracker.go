@@ -173,9 +173,12 @@ func (p *Presence) emitAfter(userID string, fn func(ctx context.Context), decide
 // their stacks between users: a callback reads the user's dialogs in
 // PostgreSQL and publishes through a Redis pipeline, deep enough that a
 // fresh goroutine grew its stack two or three times for every user coming
-// online in a connect storm. Beyond them a callback runs on a goroutine of
-// its own.
-const emitWorkers = 64
+// online in a connect storm. A callback waits a few milliseconds for the
+// batched read and publish of others, so a storm of 4,000 connections a
+// second keeps dozens running at once, and more in bursts (at 64, half of a
+// storm's callbacks still found every worker busy). Beyond them a callback
+// runs on a goroutine of its own. Idle workers exit after two seconds.
+const emitWorkers = 256
 
 // runEmits runs the user's queued transition callbacks in order until the
 // queue is empty (emitAfter queued the first and counted the run in
