@@ -56,6 +56,14 @@ type Config struct {
 	// connection with 1008. The wait between frames has no bound (idle
 	// connections are the norm). Zero value means 5s.
 	FrameTimeout time.Duration
+	// CloseTimeout bounds the close handshake's reads: once the server's
+	// close frame is out, the client's must come within it, after at most
+	// the rest of a frame in progress and a few control frames (a frame's
+	// bound on the wire); past either the socket is closed without waiting
+	// further. The library's own wait bounds only the frame headers, so a
+	// client that declared a huge frame and stopped, or kept sending, held
+	// the socket and its goroutine. Zero value means 5s.
+	CloseTimeout time.Duration
 	// FrameRate and FrameBurst are the inbound token bucket per connection
 	// (frames per second, bucket size); WebSocket pings and pongs the
 	// client sends take a token each too. Zero values mean 20 and 60.
@@ -172,6 +180,7 @@ func (c *Config) defaults() {
 	}
 	num(&c.MaxFrameBytes, 4096)
 	dur(&c.FrameTimeout, 5*time.Second)
+	dur(&c.CloseTimeout, 5*time.Second)
 	if c.FrameRate <= 0 {
 		c.FrameRate = 20
 	}

@@ -175,8 +175,8 @@ func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 	c.hub.countClose(code)
 	// A wake-up (wakeReader) may have left a deadline in the past; none
 	// comes after closeStarted, and the handshake reads the client's
-	// close frame.
-	_ = c.cork.Conn.SetReadDeadline(time.Time{})
+	// close frame, within its own bounds.
+	c.hub.boundCloseRead(c.cork)
 	// A writer mid-batch would otherwise buffer the close frame and drop
 	// it when its next write fails: the client would see EOF instead of
 	// the close code.

@@ -118,6 +118,18 @@ func (c *conn) nextFrame() bool {
 // (2 bytes, a 64-bit length, the mask key).
 const maxFrameHeader = 14
 
+// boundCloseRead bounds the reads of the close handshake on cc: the rest of
+// a frame being read and the client's close frame, with a few control
+// frames between, within CloseTimeout. coder/websocket's wait for the
+// client's close bounds only each frame header in time, and discards a
+// data frame's payload a byte at a time without any bound: a client that
+// declared a frame of 2^62 bytes and then sent nothing, or kept sending,
+// held the socket and its goroutine for good. Past either bound the read
+// fails and the library closes the socket.
+func (h *Hub) boundCloseRead(cc *corkConn) {
+	cc.limitRead(frameWireFactor*h.cfg.MaxFrameBytes+4*(maxFrameHeader+125), time.Now().Add(h.cfg.CloseTimeout))
+}
+
 // closeForRead ends the connection after a failed read: a read over the
 // frame's bounds closes with 1008, a close asked for meanwhile (the
 // reader's wake-up ends a read too) is performed; anything else (the

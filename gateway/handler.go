@@ -57,6 +57,9 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	refuse := func(code websocket.StatusCode, reason, metric string) {
 		h.countReject(metric)
 		h.countClose(code)
+		// The refused client's reply is bounded like any close
+		// handshake's: nothing else limits what it sends now.
+		h.boundCloseRead(hw.cork)
 		_ = ws.Close(code, reason)
 	}
 	if ref := hd.admit(origin, ticket, ws.Subprotocol()); ref.metric != "" {

@@ -1,0 +1,123 @@
+package gateway_test
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/han-app/gateway/gateway"
+	"github.com/han-app/gateway/internal/testenv"
+)
+
+// hugeFrameHeader is a masked binary frame header declaring 2^62 bytes of
+// payload: a client that sends it and then nothing, or then keeps sending,
+// while the server waits for its close frame.
+var hugeFrameHeader = []byte{0x82, 0x80 | 127, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4}
+
+// socketEnds reports whether nc's peer closes it within d: a read that
+// ends in EOF or a reset rather than the deadline.
+func socketEnds(nc net.Conn, br *bufio.Reader, d time.Duration) bool {
+	_ = nc.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, br)
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// A refused handshake (here a bad token) ends in a close frame whose
+// answer the server waits for; a client that follows its upgrade request
+// with the header of an endless frame and then sends nothing is closed
+// after CloseTimeout, instead of holding the socket and the handshake's
+// goroutine for good.
+func TestRefusedHandshakeDoesNotWaitForeverForTheCloseReply(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.CloseTimeout = 500 * time.Millisecond }})
+	addr := strings.TrimPrefix(in.srv.URL, "http://")
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	key := make([]byte, 16)
+	_, _ = rand.Read(key)
+	req := fmt.Sprintf("GET /v1/realtime HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: %s\r\nAuthorization: Bearer not-a-token\r\n\r\n",
+		addr, base64.StdEncoding.EncodeToString(key), gateway.Subprotocol)
+	if _, err := nc.Write(append([]byte(req), hugeFrameHeader...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	op, p, err := readServerFrame(br)
+	if err != nil || op != 0x8 || len(p) < 2 || binary.BigEndian.Uint16(p) != uint16(gateway.CloseUnauthorized) {
+		t.Fatalf("want a close 4001 frame, got op %x % x %v", op, p, err)
+	}
+	if !socketEnds(nc, br, 10*time.Second) {
+		t.Fatal("the refused socket is still open 10 s after its close frame: the server waits for a close reply without bound")
+	}
+}
+
+// After the server's close frame (here for a binary frame),
+// the handshake's reads are bounded in time and in bytes: a client that
+// declared an endless frame and went quiet is closed after CloseTimeout,
+// and one that keeps sending is closed once it has sent more than a frame
+// may take on the wire, long before CloseTimeout; both connections leave
+// the hub.
+func TestCloseHandshakeReadsAreBounded(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.CloseTimeout = 500 * time.Millisecond }})
+	long := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) { c.CloseTimeout = time.Minute }})
+
+	t.Run("quiet after the header", func(t *testing.T) {
+		rc := in.rawConnect(in.users(1)[0])
+		flood(rc, hugeFrameHeader)
+		sf := watch(rc, false)
+		if code, reason := sf.closed(10 * time.Second); code != int(gateway.CloseUnsupported) {
+			t.Fatalf("close %d %q, want 1003 (a binary frame)", code, reason)
+		}
+		if !socketEnds(rc.nc, rc.br, 10*time.Second) {
+			t.Fatal("socket still open 10 s after the close frame")
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().Connections == 0 }, "the connection is still in the hub")
+	})
+	t.Run("sending without end", func(t *testing.T) {
+		rc := long.rawConnect(long.users(1)[0])
+		sf := watch(rc, false)
+		stopped := make(chan time.Duration, 1)
+		go func() {
+			start := time.Now()
+			chunk := make([]byte, 16<<10)
+			_ = rc.nc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			if _, err := rc.nc.Write(hugeFrameHeader); err == nil {
+				for {
+					if _, err := rc.nc.Write(chunk); err != nil {
+						break
+					}
+				}
+			}
+			stopped <- time.Since(start)
+		}()
+		if code, reason := sf.closed(10 * time.Second); code != int(gateway.CloseUnsupported) {
+			t.Fatalf("close %d %q, want 1003 (a binary frame)", code, reason)
+		}
+		select {
+		case d := <-stopped:
+			if d >= 20*time.Second {
+				t.Fatalf("the server read the endless frame for %v", d)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the server still reads an endless frame 20 s after closing (CloseTimeout is a minute: the byte bound should have ended it)")
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool { return long.svc.Stats().Connections == 0 }, "the connection is still in the hub")
+	})
+}
