@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
@@ -120,4 +121,52 @@ func TestCloseHandshakeReadsAreBounded(t *testing.T) {
 		}
 		testenv.Eventually(t, 10*time.Second, func() bool { return long.svc.Stats().Connections == 0 }, "the connection is still in the hub")
 	})
+}
+
+// A close decided elsewhere (here a drain) while a client frame is half
+// read waits for that frame: the ping is answered, then the close frame
+// goes out and the handshake ends cleanly. Cut off in its middle, the
+// ping's remaining bytes were read by the handshake as frames.
+func TestACloseWaitsForTheFrameBeingRead(t *testing.T) {
+	in := newInstance(t, openPool(t), opts{})
+	rc := in.rawConnect(in.users(1)[0])
+	ping := clientFrame(opPing, []byte("abcd"))
+	flood(rc, ping[:3])
+	time.Sleep(200 * time.Millisecond) // a frame worker now waits in the ping's read
+	drained := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		drained <- in.svc.Drain(ctx)
+	}()
+	time.Sleep(300 * time.Millisecond) // the drain has asked for the close
+	flood(rc, ping[3:])
+	_ = rc.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var got []string
+	for {
+		op, p, err := readServerFrame(rc.br)
+		if err != nil {
+			t.Fatalf("frames %v, then %v", got, err)
+		}
+		if op == 0x1 {
+			continue // an event
+		}
+		got = append(got, fmt.Sprintf("%x:%q", op, p))
+		if op == 0x8 {
+			if len(p) < 2 || binary.BigEndian.Uint16(p) != uint16(gateway.CloseGoingAway) {
+				t.Fatalf("close frame % x, want 1001", p)
+			}
+			break
+		}
+	}
+	if len(got) != 2 || got[0] != fmt.Sprintf("a:%q", "abcd") {
+		t.Fatalf("frames %v, want the pong of the ping being read, then the close", got)
+	}
+	flood(rc, clientFrame(0x88, []byte{0x03, 0xe9}))
+	if !socketEnds(rc.nc, rc.br, 10*time.Second) {
+		t.Fatal("socket still open 10 s after the close reply")
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("drain: %v", err)
+	}
 }

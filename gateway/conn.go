@@ -81,7 +81,12 @@ type conn struct {
 	closeStarted bool
 	// pongWait: a ping is due or written and no pong has come since; the
 	// hub's scan ends the connection when it lasts PongTimeout.
-	pongWait  bool
+	pongWait bool
+	// reading: a frame worker is reading a client frame (beginRead to
+	// endRead). A close asked for meanwhile waits for the frame's end
+	// instead of cutting its reads short (wakeReader), so the close
+	// handshake starts at a frame boundary.
+	reading   bool
 	overflows int32      // since overflowFrom; an int32 fits in the space the flags leave
 	spare     []outFrame // a small batch slice kept for the next writer
 	q         []outFrame
@@ -194,14 +199,38 @@ func (c *conn) closeAsked() bool {
 
 // wakeReader ends the reader's wait for the next frame with a read
 // deadline in the past, so it finds the close asked for (closeAsked). A
-// frame being read meets the deadline too and closes the same way. Under
-// c.mu with closeStarted: no deadline lands in the handshake's reads.
+// frame being read is left whole: cut off in its middle, its remaining
+// bytes would be read by the close handshake as frames (a protocol error,
+// and a socket closed on unread bytes instead of the close code); the
+// reader finds the close once the frame is in (at most FrameTimeout).
+// Under c.mu with closeStarted and reading: no deadline lands in the
+// handshake's reads or a frame's.
 func (c *conn) wakeReader() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.closeStarted && !c.closed {
+	if !c.closeStarted && !c.closed && !c.reading {
 		_ = c.cork.Conn.SetReadDeadline(pastDeadline)
 	}
+}
+
+// beginRead bounds the reads of one client frame (corkConn.limitRead) and
+// marks it as being read, so that wakeReader leaves it whole. A wake-up
+// just before is overridden by the frame's deadline; the reader finds the
+// close after the frame (waitFrame).
+func (c *conn) beginRead(n int, deadline time.Time) {
+	c.mu.Lock()
+	c.reading = true
+	c.mu.Unlock()
+	c.cork.limitRead(n, deadline)
+}
+
+// endRead lifts the frame's bounds (corkConn.endRead); from now on a close
+// asked for ends the reader's wait.
+func (c *conn) endRead() {
+	c.cork.endRead()
+	c.mu.Lock()
+	c.reading = false
+	c.mu.Unlock()
 }
 
 // pastDeadline is a read deadline that has passed: set, it fails the read

@@ -91,23 +91,23 @@ func runFrame(r *frameRun) { r.done <- r.c.nextFrame() }
 // a frame's first byte without either bound.
 func (c *conn) nextFrame() bool {
 	h := c.hub
-	c.cork.limitRead(frameWireFactor*h.cfg.MaxFrameBytes+maxFrameHeader, time.Now().Add(h.cfg.FrameTimeout))
+	c.beginRead(frameWireFactor*h.cfg.MaxFrameBytes+maxFrameHeader, time.Now().Add(h.cfg.FrameTimeout))
 	if b, err := c.cork.br.Peek(2); err == nil && ownControl(b) {
 		return c.control(b[0], int(b[1]&0x7f))
 	}
 	typ, rd, err := c.ws.Reader((*readContext)(c))
 	if err != nil {
-		c.cork.endRead()
+		c.endRead()
 		c.closeForRead(err)
 		return false
 	}
 	if !c.takeFrame() {
-		c.cork.endRead()
+		c.endRead()
 		c.closeNow(ClosePolicy, "frame rate")
 		return false
 	}
 	if typ != websocket.MessageText {
-		c.cork.endRead()
+		c.endRead()
 		c.closeNow(CloseUnsupported, "text frames only")
 		return false
 	}
@@ -164,7 +164,7 @@ func (c *conn) control(op byte, size int) bool {
 	defer putFrameBuf(buf)
 	b := *buf
 	_, err := io.ReadFull(c.cork.br, b)
-	c.cork.endRead()
+	c.endRead()
 	if err != nil {
 		c.closeForRead(err)
 		return false
@@ -201,7 +201,7 @@ func (c *conn) frame(rd io.Reader) bool {
 	h := c.hub
 	buf := getFrameBuf(h.cfg.MaxFrameBytes + 1)
 	n, err := io.ReadFull(rd, *buf)
-	c.cork.endRead()
+	c.endRead()
 	switch {
 	case err == nil:
 		putFrameBuf(buf)

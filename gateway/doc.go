@@ -33,7 +33,8 @@
 // goroutine of its own when all are busy), so the reader stays on the
 // runtime's smallest stack for the connection's life (conn_read.go). Only
 // the reading side reads the socket: a close decided elsewhere wakes the
-// reader, which performs the close handshake. A writer goroutine runs per
+// reader (once a frame being read is in), which performs the close
+// handshake, its reads bounded in time and bytes. A writer goroutine runs per
 // burst, not for the connection's life: queueing a frame, a ping or a close
 // starts one when none runs; it drains the bounded outbound queue in batches
 // (each message framed by the gateway straight into the hijacked
