@@ -6,9 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -23,15 +21,6 @@ import (
 // payload: a client that sends it and then nothing, or then keeps sending,
 // while the server waits for its close frame.
 var hugeFrameHeader = []byte{0x82, 0x80 | 127, 0x40, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4}
-
-// socketEnds reports whether nc's peer closes it within d: a read that
-// ends in EOF or a reset rather than the deadline.
-func socketEnds(nc net.Conn, br *bufio.Reader, d time.Duration) bool {
-	_ = nc.SetReadDeadline(time.Now().Add(d))
-	_, err := io.Copy(io.Discard, br)
-	var ne net.Error
-	return !(errors.As(err, &ne) && ne.Timeout())
-}
 
 // A refused handshake (here a bad token) ends in a close frame whose
 // answer the server waits for; a client that follows its upgrade request
@@ -64,7 +53,7 @@ func TestRefusedHandshakeDoesNotWaitForeverForTheCloseReply(t *testing.T) {
 	if err != nil || op != 0x8 || len(p) < 2 || binary.BigEndian.Uint16(p) != uint16(gateway.CloseUnauthorized) {
 		t.Fatalf("want a close 4001 frame, got op %x % x %v", op, p, err)
 	}
-	if !socketEnds(nc, br, 10*time.Second) {
+	if !testenv.PeerCloses(nc, br, 10*time.Second) {
 		t.Fatal("the refused socket is still open 10 s after its close frame: the server waits for a close reply without bound")
 	}
 }
@@ -86,7 +75,7 @@ func TestCloseHandshakeReadsAreBounded(t *testing.T) {
 		if code, reason := sf.closed(10 * time.Second); code != int(gateway.CloseUnsupported) {
 			t.Fatalf("close %d %q, want 1003 (a binary frame)", code, reason)
 		}
-		if !socketEnds(rc.nc, rc.br, 10*time.Second) {
+		if !testenv.PeerCloses(rc.nc, rc.br, 10*time.Second) {
 			t.Fatal("socket still open 10 s after the close frame")
 		}
 		testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().Connections == 0 }, "the connection is still in the hub")
@@ -163,7 +152,7 @@ func TestACloseWaitsForTheFrameBeingRead(t *testing.T) {
 		t.Fatalf("frames %v, want the pong of the ping being read, then the close", got)
 	}
 	flood(rc, clientFrame(0x88, []byte{0x03, 0xe9}))
-	if !socketEnds(rc.nc, rc.br, 10*time.Second) {
+	if !testenv.PeerCloses(rc.nc, rc.br, 10*time.Second) {
 		t.Fatal("socket still open 10 s after the close reply")
 	}
 	if err := <-drained; err != nil {

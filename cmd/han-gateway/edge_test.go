@@ -86,15 +86,6 @@ func rawDial(t *testing.T, src, addr string, control func(network, address strin
 	return c
 }
 
-// closedWithin reports whether the server closes c (EOF or reset) within
-// d, discarding what it reads.
-func closedWithin(c net.Conn, br *bufio.Reader, d time.Duration) bool {
-	_ = c.SetReadDeadline(time.Now().Add(d))
-	_, err := io.Copy(io.Discard, br)
-	var ne net.Error
-	return !(errors.As(err, &ne) && ne.Timeout())
-}
-
 // Slow bodies hold nothing: attackers from one address beyond the per-peer
 // cap get the canned 503, the ones let in are answered and closed within
 // their body deadline (unauthenticated: at once, without reading the body;
@@ -179,7 +170,7 @@ func TestSlowBodiesAreCappedAndCutOffWhileOthersAreServed(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		results <- outcome{who: who, status: resp.StatusCode, body: string(b), closed: resp.Close && closedWithin(c, br, 20*time.Second)}
+		results <- outcome{who: who, status: resp.StatusCode, body: string(b), closed: resp.Close && testenv.PeerCloses(c, br, 20*time.Second)}
 	}
 	for _, c := range admitted {
 		wg.Add(1)
@@ -314,7 +305,7 @@ func TestUnauthenticatedBodyIsNotRead(t *testing.T) {
 	if resp.StatusCode != 401 || string(b) != `{"error":"unauthorized"}` || !resp.Close {
 		t.Fatalf("answer: %d %q %v", resp.StatusCode, b, resp.Header)
 	}
-	if !closedWithin(c, br, 20*time.Second) {
+	if !testenv.PeerCloses(c, br, 20*time.Second) {
 		t.Fatal("the connection stays open after the 401")
 	}
 }

@@ -2,7 +2,10 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -215,6 +218,16 @@ func Main(m *testing.M, opts Options, env **Env) {
 		}
 	}
 	os.Exit(code)
+}
+
+// PeerCloses reports whether the peer closes c (EOF or a reset) within d:
+// it reads and discards from r (c itself, or a reader buffering it) until
+// the read ends, and only a read deadline that passed counts as open.
+func PeerCloses(c net.Conn, r io.Reader, d time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, r)
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
 // Eventually polls cond until it returns true or timeout passes.
