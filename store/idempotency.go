@@ -286,9 +286,12 @@ func (i *Idempotency) Extend(ctx context.Context, k IdemKey, owner string) (int6
 }
 
 // LookupIdempotency reads the durable record of k from PostgreSQL; expired rows are
-// ignored (found is false).
+// ignored (found is false). A request statement like any other: its wait
+// for a connection and its run are bounded by the request budget, and
+// running out of it is ErrDatabaseBusy (a keyed request that meets a lock
+// held elsewhere, and every keyed send while Redis is out, read here).
 func (s *Store) LookupIdempotency(ctx context.Context, k IdemKey) (rec IdemRecord, found bool, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT fingerprint, status, resource_id, version, meta::text
+	err = s.reqQueryRow(ctx, `SELECT fingerprint, status, resource_id, version, meta::text
 		FROM idempotency_records WHERE scope=$1 AND user_id=$2 AND key_hmac=$3 AND expires_at > now()`,
 		k.Scope, k.UserID, k.KeyHMAC).Scan(&rec.Fingerprint, &rec.Status, &rec.ResourceID, &rec.Version, &rec.Meta)
 	if errors.Is(err, pgx.ErrNoRows) {

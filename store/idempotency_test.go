@@ -62,6 +62,44 @@ func TestIdempotencyRecordsInPostgres(t *testing.T) {
 	}
 }
 
+// The durable lookup is a request statement: behind a lock held elsewhere
+// (a migration, a VACUUM FULL) it returns database_busy within the request
+// budget instead of holding its request, whose context has no deadline,
+// for as long as the lock is held; once the lock goes it answers again.
+func TestIdempotencyLookupBehindALockIsBusyWithinTheBudget(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	user := ids.New()
+	if err := st.EnsureUser(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	k := store.IdemKey{Scope: "msg_send", UserID: user, KeyHMAC: "locked"}
+	if err := insertIdem(t, pool, k, store.IdemRecord{Fingerprint: "fp", Status: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	st.SetRequestTimeout(300 * time.Millisecond)
+	lock := testenv.LockTable(t, env.DatabaseURL, "idempotency_records", "ACCESS EXCLUSIVE")
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, _, err := st.LookupIdempotency(ctx, k)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if took := time.Since(start); !errors.Is(err, store.ErrDatabaseBusy) || took > 3*time.Second {
+			t.Fatalf("a lookup behind the lock: %v after %v, want database_busy within the budget", err, took)
+		}
+	case <-time.After(10 * time.Second):
+		lock.Release()
+		t.Fatal("a lookup behind the lock still waits after 10 s (request budget 300 ms)")
+	}
+	lock.Release()
+	if rec, found, err := st.LookupIdempotency(ctx, k); err != nil || !found || rec.Fingerprint != "fp" {
+		t.Fatalf("a lookup after the lock: %+v %v %v", rec, found, err)
+	}
+}
+
 func TestJanitorPurgesExpiredRecordsInBatches(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
