@@ -2,6 +2,7 @@ package restapi
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sort"
 
@@ -58,7 +59,7 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 			in.SafetyTask = s.stub != nil
 			m, ev, created, err := s.store.SendMessage(ctx, in)
 			if err != nil {
-				return idemResult{}, err
+				return idemResult{}, s.keyAnswers(ctx, target, err)
 			}
 			if !created && target != nil {
 				// A repeated clientMessageId is answered before the key's
@@ -95,6 +96,23 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 			return json.Marshal(dto)
 		},
 	})
+}
+
+// keyAnswers is the error of a keyed send whose own checks failed: the
+// checks (membership, attachments) run before the key's record is looked
+// at, and a retry of a send that committed fails them (its attachments are
+// linked now, its sender may have left the dialog since). When PostgreSQL
+// holds a live record of the key (Redis lost it, or the first attempt's
+// answer was lost after its commit), that record answers instead
+// (ErrIdemExists): the replay of the same request, or 409 for another.
+func (s *Server) keyAnswers(ctx context.Context, target *idemTarget, err error) error {
+	if target == nil || !(errors.Is(err, store.ErrInvalidAttachment) || errors.Is(err, store.ErrDialogNotFound)) {
+		return err
+	}
+	if _, found, lerr := s.store.LookupIdempotency(ctx, target.key); lerr == nil && found {
+		return store.ErrIdemExists
+	}
+	return err
 }
 
 // canonicalDialog is the validated dialog-create request.

@@ -393,3 +393,61 @@ func TestRedisLossReplaysFromPostgres(t *testing.T) {
 		})
 	}
 }
+
+// A send's own checks run before its key's record is looked at, so a retry
+// of a committed send failed them once Redis no longer held the answer:
+// its attachment is linked now (400 invalid_attachment) and its sender may
+// have left the dialog since (404). The key's record in PostgreSQL answers
+// instead: the same bytes, once, and 409 for another body under that key.
+func TestRetryOfACommittedSendWithAnAttachmentReplays(t *testing.T) {
+	r, rdb, rt := privateRedis(t, testenv.RedisOptions{}, time.Second)
+	h := newIdemHarness(t, idemOpts{rdb: rdb, rt: rt})
+	alice, aTok := h.user()
+	bob, bTok := h.user()
+	carol, _ := h.user()
+	d := h.dialog(aTok, bob, carol)
+	path := "/v1/dialogs/" + d.ID + "/messages"
+	flush := func() {
+		admin := r.AdminClient(0)
+		defer admin.Close()
+		if err := admin.FlushDB(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	att := h.uploadedAttachment(aTok, d.ID)
+	send := fmt.Sprintf(`{"body":"see attached","attachmentIds":[%q]}`, att.ID)
+	code, b1, _ := h.doH(aTok, "POST", path, send, keyHdr("with-file"))
+	if code != 201 {
+		t.Fatalf("%d %s", code, b1)
+	}
+	flush()
+	code, b2, hdr := h.doH(aTok, "POST", path, send, keyHdr("with-file"))
+	if code != 201 || !bytes.Equal(b1, b2) || hdr.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry with the attachment after Redis lost the record: %d %s, want %s", code, b2, b1)
+	}
+	if n := h.count("SELECT count(*) FROM messages WHERE sender_id=$1", alice); n != 1 {
+		t.Fatalf("%d message rows, want 1", n)
+	}
+	flush()
+	other := fmt.Sprintf(`{"body":"another text","attachmentIds":[%q]}`, att.ID)
+	code, b3, _ := h.doH(aTok, "POST", path, other, keyHdr("with-file"))
+	wantError(t, code, b3, 409, "idempotency_key_reused")
+
+	// A sender who left the dialog after the send.
+	code, c1, _ := h.doH(bTok, "POST", path, `{"body":"before leaving"}`, keyHdr("then-left"))
+	if code != 201 {
+		t.Fatalf("%d %s", code, c1)
+	}
+	if _, err := h.pool.Exec(context.Background(), "DELETE FROM dialog_members WHERE dialog_id=$1 AND user_id=$2", d.ID, bob); err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	code, c2, _ := h.doH(bTok, "POST", path, `{"body":"before leaving"}`, keyHdr("then-left"))
+	if code != 201 || !bytes.Equal(c1, c2) {
+		t.Fatalf("retry by a sender who left, after Redis lost the record: %d %s, want %s", code, c2, c1)
+	}
+	// Without a record of the key the checks still refuse.
+	code, c3, _ := h.doH(bTok, "POST", path, `{"body":"after leaving"}`, keyHdr("fresh"))
+	wantError(t, code, c3, 404, "dialog_not_found")
+}
