@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/han-app/gateway/internal/workers"
 )
 
@@ -268,7 +270,7 @@ func (l *Listener) peek(c net.Conn, buf []byte) (int, verdict) {
 			return 0, dropped
 		}
 	}
-	n, v := 0, pending
+	n, v, seen := 0, pending, -1
 	err = raw.Read(func(fd uintptr) bool {
 		for {
 			m, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK)
@@ -280,7 +282,18 @@ func (l *Listener) peek(c net.Conn, buf []byte) (int, verdict) {
 			case err != nil || m == 0:
 				v = dropped
 				return true
+			case m == seen && peerEnded(fd):
+				// Woken with no new bytes because the client ended its
+				// side: a FIN or a reset leaves the bytes queued, and a
+				// peek shows them again, never the end, so waiting here
+				// would hold the connection until the header timeout.
+				// net/http reads the bytes and then the end. (Most
+				// wake-ups without new bytes are the readiness of bytes
+				// already seen, and wait on.)
+				v = handOff
+				return true
 			}
+			seen = m
 			n, v = l.judge(buf[:m], m == len(buf))
 			return v != pending
 		}
@@ -289,6 +302,15 @@ func (l *Listener) peek(c net.Conn, buf []byte) (int, verdict) {
 		return 0, dropped // the header timeout, or closed
 	}
 	return n, v
+}
+
+// peerEnded reports whether the peer of the socket fd has ended its side
+// (shut down its writing, or reset): poll(2) without waiting, for
+// POLLRDHUP and the hang-up and error events.
+func peerEnded(fd uintptr) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(p, 0)
+	return err == nil && n > 0 && p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
 }
 
 var headReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, peekBytes) }}

@@ -355,3 +355,49 @@ func TestCloseEndsConnectionsBeingLookedAt(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// looking is how many connections l is looking at.
+func looking(l *Listener) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.sniffing)
+}
+
+// A client that sends the start of an upgrade request and then ends its
+// side (a FIN, or a reset) is not held until the header timeout: a peek
+// shows the queued bytes again, never the end, so the connection goes to
+// net/http, which reads them and the end and closes it at once.
+func TestAClientThatEndsItsSideMidRequestIsNotHeld(t *testing.T) {
+	s := startServer(t, 30*time.Second)
+	// A reset client cannot read its socket any more: the Listener's own
+	// count of connections it looks at tells.
+	for _, end := range []string{"fin", "reset"} {
+		c := dial(t, s.addr)
+		if _, err := io.WriteString(c, "GET /v1/realtime HTTP/1.1\r\nHost: h\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond) // looked at, still pending
+		tc := c.(*net.TCPConn)
+		start := time.Now()
+		if end == "fin" {
+			if err := tc.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.Copy(io.Discard, c); err != nil {
+				t.Fatalf("after the client's FIN: %v after %v, want the connection closed at once (header timeout 30 s)", err, time.Since(start))
+			}
+		} else {
+			_ = tc.SetLinger(0)
+			_ = c.Close()
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for looking(s.ln) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the connection is still being looked at after %v (header timeout 30 s)", end, time.Since(start))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	s.none(t, 50*time.Millisecond)
+}
