@@ -55,7 +55,11 @@ type Main struct {
 	budgets  *project.BudgetReconciler // reconciles the project API's module budget
 	ops      opsParts                  // runtime settings and the legacy stub (ops.go)
 	httpSrv  *http.Server
-	serveErr chan error
+	edge     *wsedge.Listener
+	// stopped closes when the server's Serve returns; serveErr is what it
+	// returned (read after stopped).
+	stopped  chan struct{}
+	serveErr error
 	metrics  metricsListener // HAN_METRICS_ADDR (metrics_listener.go)
 }
 
@@ -118,6 +122,15 @@ func (m *Main) Addr() string { return m.addr }
 // URL is the base URL of the running server, for the tests that drive the
 // real Main.
 func (m *Main) URL() string { return "http://" + m.addr }
+
+// Stopped is closed when the listener stops serving on its own, outside
+// Close: an accept error Go does not retry (ENOBUFS, ENOMEM, a closed
+// socket) ends net/http's Serve, and an instance left running without a
+// listener would serve nothing while it looked alive. The error says why.
+// nil before Run has started serving.
+func (m *Main) Stopped() (<-chan struct{}, func() error) {
+	return m.stopped, func() error { return m.serveErr }
+}
 
 // Run connects to the dependencies, migrates and starts serving. It does not
 // wait for Redis: an instance starts (degraded) while Redis is down.
@@ -274,8 +287,12 @@ func (m *Main) Run(ctx context.Context) error {
 		MaxHeaderBytes: 64 << 10,
 		ErrorLog:       slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 	}
-	m.serveErr = make(chan error, 1)
-	go func() { m.serveErr <- m.httpSrv.Serve(edge) }()
+	m.edge = edge
+	m.stopped = make(chan struct{})
+	go func() {
+		m.serveErr = m.httpSrv.Serve(edge)
+		close(m.stopped)
+	}()
 	// gomaxprocs: how many cores the Go code runs on at once (GOMAXPROCS,
 	// else the CPU limit of the cgroup, else the machine's cores); see
 	// docs/runbook.md on sharing a machine with PostgreSQL and Redis. gogc:
@@ -307,7 +324,8 @@ func (m *Main) Close() error {
 		go func() { shutdown <- srv.Shutdown(ctx) }()
 		// Serve returns as soon as Shutdown has closed the listener; the
 		// wait for in-flight requests goes on meanwhile.
-		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		<-m.stopped
+		if err := m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, err)
 		}
 		m.Logger.Info("drain: delay over, listener closed", slog.Duration("delay", m.Config.DrainDelay))

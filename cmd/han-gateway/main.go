@@ -31,7 +31,18 @@ func main() {
 		_ = m.Close()
 		os.Exit(1)
 	}
-	<-ctx.Done()
+	stopped, why := m.Stopped()
+	select {
+	case <-ctx.Done():
+	case <-stopped:
+		// The listener stopped on its own: nothing is served any more, so
+		// the instance drains what it holds and exits non-zero for its
+		// supervisor to restart it.
+		m.Logger.Error("listener stopped", "error", why().Error())
+		stop()
+		_ = m.Close()
+		os.Exit(1)
+	}
 	// A second signal while draining ends the process at once.
 	stop()
 	if err := m.Close(); err != nil {
