@@ -10,9 +10,9 @@ import (
 
 // A listener that stops on its own (here closed under the server, as an
 // accept error Go does not retry would end it) is reported by Stopped with
-// the error, so main drains and exits for its supervisor to restart it
-// instead of running on with nothing served. A stop by Close is not such a
-// report: its error is http.ErrServerClosed.
+// the error, and Close returns it, so main drains and exits 1 for its
+// supervisor to restart it instead of running on with nothing served. A
+// stop by Close is not such a report: its error is http.ErrServerClosed.
 func TestAListenerThatStopsOnItsOwnIsReported(t *testing.T) {
 	t.Run("on its own", func(t *testing.T) {
 		m := runLogged(t, baseEnv(), io.Discard)
@@ -31,6 +31,10 @@ func TestAListenerThatStopsOnItsOwnIsReported(t *testing.T) {
 		}
 		if err := why(); err == nil || errors.Is(err, http.ErrServerClosed) {
 			t.Fatalf("Stopped's error %v, want the listener's", err)
+		}
+		// main exits 1 on Close's error: the listener's is among it.
+		if err := m.Close(); err == nil {
+			t.Fatal("Close after the listener stopped on its own returned no error")
 		}
 	})
 	t.Run("by Close", func(t *testing.T) {

@@ -36,12 +36,9 @@ func main() {
 	case <-ctx.Done():
 	case <-stopped:
 		// The listener stopped on its own: nothing is served any more, so
-		// the instance drains what it holds and exits non-zero for its
-		// supervisor to restart it.
+		// the instance drains what it holds and exits non-zero (Close
+		// returns the listener's error) for its supervisor to restart it.
 		m.Logger.Error("listener stopped", "error", why().Error())
-		stop()
-		_ = m.Close()
-		os.Exit(1)
 	}
 	// A second signal while draining ends the process at once.
 	stop()

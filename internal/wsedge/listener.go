@@ -282,16 +282,18 @@ func (l *Listener) peek(c net.Conn, buf []byte) (int, verdict) {
 			case err != nil || m == 0:
 				v = dropped
 				return true
-			case m == seen && peerEnded(fd):
-				// Woken with no new bytes because the client ended its
-				// side: a FIN or a reset leaves the bytes queued, and a
-				// peek shows them again, never the end, so waiting here
-				// would hold the connection until the header timeout.
-				// net/http reads the bytes and then the end. (Most
-				// wake-ups without new bytes are the readiness of bytes
-				// already seen, and wait on.)
-				v = handOff
-				return true
+			case m == seen:
+				// Woken with no new bytes. Mostly the readiness of bytes
+				// already judged: wait on. Or the client ended its side:
+				// a FIN or a reset leaves the bytes queued, and a peek
+				// shows them again, never the end, so waiting would hold
+				// the connection until the header timeout; net/http
+				// reads the bytes and then the end.
+				if peerEnded(fd) {
+					v = handOff
+					return true
+				}
+				return false
 			}
 			seen = m
 			n, v = l.judge(buf[:m], m == len(buf))
