@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
 )
@@ -64,13 +66,15 @@ func (f queueFixture) reads() []queueReq {
 	}
 }
 
-// dumpAll serialises every han:prj:* key (the project's and the module
-// budget's) so a test can prove a refused request wrote nothing.
-func (h *prjHarness) dumpAll() string {
+// dumpAll serialises every key of p and of the module budget so a test can
+// prove a refused request wrote nothing. Keys of other projects are left
+// out: on a shared server an earlier test's entries expire at any moment.
+func (h *prjHarness) dumpAll(p testProject) string {
 	h.t.Helper()
 	ctx := context.Background()
 	var sb strings.Builder
-	for _, k := range h.keysUnder("han:prj:") {
+	keys := append(h.keysUnder(p.keys.Prefix()), h.keysUnder(project.NewModuleKeys(prjEnv).Prefix())...)
+	for _, k := range keys {
 		if h.admin.Type(ctx, k).Val() == "set" {
 			// A SET's DUMP follows its hash table's order, which a
 			// no-op SADD may change: compare the members.
@@ -80,6 +84,9 @@ func (h *prjHarness) dumpAll() string {
 			continue
 		}
 		v, err := h.admin.Dump(ctx, k).Result()
+		if err == redis.Nil {
+			continue // gone since the scan: absent, as the next scan will see it
+		}
 		if err != nil {
 			h.t.Fatal(err)
 		}
@@ -101,14 +108,14 @@ func TestQueueWritesRefusedUnderUnsafeEvictionPolicy(t *testing.T) {
 		if err := h.admin.ConfigSet(ctx, "maxmemory-policy", policy).Err(); err != nil {
 			t.Fatal(err)
 		}
-		before := h.dumpAll()
+		before := h.dumpAll(f.p)
 		for _, r := range f.writes() {
 			code, b := h.do(f.p.write, r.method, f.p.path(r.path), r.body)
 			if code != 503 || string(b) != `{"error":"unsafe_eviction_policy"}` {
 				t.Fatalf("%s %s %s under %s: %d %s", r.method, r.path, r.body, policy, code, b)
 			}
 		}
-		if after := h.dumpAll(); after != before {
+		if after := h.dumpAll(f.p); after != before {
 			t.Fatalf("refused writes changed Redis under %s", policy)
 		}
 		for _, r := range f.reads() {
@@ -142,14 +149,14 @@ func TestQueueWritesRefusedUnderOOM(t *testing.T) {
 	if err := h.admin.Set(ctx, "filler", "x", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM") {
 		t.Fatalf("the server is not out of memory: %v", err)
 	}
-	before := h.dumpAll()
+	before := h.dumpAll(f.p)
 	for _, r := range f.writes() {
 		code, b := h.do(f.p.write, r.method, f.p.path(r.path), r.body)
 		if code != 503 || string(b) != `{"error":"redis_oom"}` {
 			t.Fatalf("%s %s %s under OOM: %d %s", r.method, r.path, r.body, code, b)
 		}
 	}
-	if after := h.dumpAll(); after != before {
+	if after := h.dumpAll(f.p); after != before {
 		t.Fatal("refused writes changed Redis under OOM")
 	}
 	for _, r := range f.reads() {
@@ -183,14 +190,14 @@ func TestQueueDataStateInvalid(t *testing.T) {
 	}
 	check := func(t *testing.T, p testProject, reqs []queueReq) {
 		t.Helper()
-		before, m0 := h.dumpAll(), metric()
+		before, m0 := h.dumpAll(p), metric()
 		for _, r := range reqs {
 			code, b := h.do(p.write, r.method, p.path(r.path), r.body)
 			if code != 503 || string(b) != `{"error":"data_state_invalid"}` {
 				t.Fatalf("%s %s: %d %s", r.method, r.path, code, b)
 			}
 		}
-		if h.dumpAll() != before {
+		if h.dumpAll(p) != before {
 			t.Fatal("a refused request wrote to Redis")
 		}
 		if m1 := metric(); m1 == m0 || m1 == "" {
