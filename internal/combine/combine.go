@@ -74,50 +74,78 @@ func (c *Combiner[C]) Do(calls ...C) {
 	}
 }
 
-// DoCtx executes call as Do does, unless ctx ends while the call is still
-// queued: the call then leaves the queue unexecuted and DoCtx returns ctx's
+// DoCtx executes calls as Do does, unless ctx ends while some of them are
+// still queued: those leave the queue unexecuted and DoCtx returns ctx's
 // error, so a caller never waits past its own deadline for the batches in
 // flight ahead of it (a stalled one would hold every queued caller). A call
-// already taken into a batch, or leading one on this goroutine, waits for
-// that batch and DoCtx returns nil: Exec records the outcome in the call,
-// so its caller must not leave while the call may still be written; Exec
-// bounds the batch (SharedContext).
-func (c *Combiner[C]) DoCtx(ctx context.Context, call C) error {
+// already taken into a batch, or leading one on this goroutine, is waited
+// for: Exec records the outcome in the call, so its caller must not leave
+// while the call may still be written; Exec bounds the batch
+// (SharedContext). After an error the calls without an outcome are the
+// ones that left. DoCtx returns nil when every call was executed.
+func (c *Combiner[C]) DoCtx(ctx context.Context, calls ...C) error {
 	if ctx.Done() == nil {
-		c.Do(call)
+		c.Do(calls...)
 		return nil
 	}
-	w := &waiter[C]{call: call}
+	ws := make([]*waiter[C], len(calls))
+	for i, call := range calls {
+		ws[i] = &waiter[C]{call: call}
+	}
+	for _, w := range ws[1:] {
+		w.wake = make(chan []*waiter[C], 1)
+	}
 	c.mu.Lock()
 	if c.freeLocked() {
-		c.lead([]*waiter[C]{w})
+		c.lead(ws)
 		return nil
 	}
-	w.wake = make(chan []*waiter[C], 1)
-	c.queue = append(c.queue, w)
+	ws[0].wake = make(chan []*waiter[C], 1)
+	c.queue = append(c.queue, ws...)
 	c.company.Joined(len(c.queue))
 	c.mu.Unlock()
-	var batch []*waiter[C]
-	select {
-	case batch = <-w.wake:
-	case <-ctx.Done():
-		c.mu.Lock()
-		if i := slices.Index(c.queue, w); i >= 0 {
-			// A fresh array: the taken batches may share the queue's.
-			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
-			if len(c.queue) == 0 {
-				c.queue = nil
-			}
-			c.mu.Unlock()
-			return ctx.Err()
+	for i, w := range ws {
+		var batch []*waiter[C]
+		select {
+		case batch = <-w.wake:
+		case <-ctx.Done():
+			return c.leave(ctx, ws[i:])
 		}
-		c.mu.Unlock()
-		// Taken meanwhile: as a batch's member (nil) or as the caller who
-		// executes the next batch, which holds other callers' calls too.
-		batch = <-w.wake
+		if batch != nil {
+			c.send(batch)
+		}
 	}
-	if batch != nil {
-		c.send(batch)
+	return nil
+}
+
+// leave takes the calls of ws that are still queued out of the queue and
+// waits for the others, which were taken meanwhile: as a batch's members
+// (woken with nil) or as the caller who executes the next batch, which
+// holds other callers' calls too. It returns ctx's error when any call
+// left, else nil.
+func (c *Combiner[C]) leave(ctx context.Context, ws []*waiter[C]) error {
+	var taken []*waiter[C]
+	c.mu.Lock()
+	for _, w := range ws {
+		i := slices.Index(c.queue, w)
+		if i < 0 {
+			taken = append(taken, w)
+			continue
+		}
+		// A fresh array: the taken batches may share the queue's.
+		c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+	}
+	if len(c.queue) == 0 {
+		c.queue = nil
+	}
+	c.mu.Unlock()
+	for _, w := range taken {
+		if batch := <-w.wake; batch != nil {
+			c.send(batch)
+		}
+	}
+	if len(taken) < len(ws) {
+		return ctx.Err()
 	}
 	return nil
 }

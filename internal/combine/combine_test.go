@@ -262,3 +262,85 @@ func TestCombinerQueuedCallLeavesWhenItsContextEnds(t *testing.T) {
 		t.Fatalf("batches %v, want the stalled one and one of the two calls left", batches)
 	}
 }
+
+// A caller's calls queued together behind a stalled batch: when its context
+// ends, the ones still queued leave unexecuted and DoCtx returns the
+// context's error — but only after the ones already taken into a batch
+// were executed, since their outcome is written into them.
+func TestCombinerCallerWithSeveralCallsLeavesWithWhatIsStillQueued(t *testing.T) {
+	stall0, stall1 := make(chan struct{}), make(chan struct{})
+	started0, started1 := make(chan struct{}), make(chan struct{})
+	var (
+		mu      sync.Mutex
+		batches [][]int
+		ended   atomic.Bool // the batch holding the caller's first calls ended
+	)
+	c := &combine.Combiner[*call]{Max: 3, Exec: func(batch []*call) {
+		mu.Lock()
+		ids := make([]int, len(batch))
+		for i, cl := range batch {
+			ids[i] = cl.id
+			cl.done.Add(1)
+		}
+		batches = append(batches, ids)
+		mu.Unlock()
+		switch batch[0].id {
+		case 0:
+			close(started0)
+			<-stall0
+		case 10:
+			close(started1)
+			<-stall1
+			ended.Store(true)
+		}
+	}}
+	queued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for c.Queued() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls queued, want %d", c.Queued(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { c.Do(&call{id: 0}) })
+	<-started0
+	wg.Go(func() { c.Do(&call{id: 10}) }) // the next batch's executor
+	queued(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mine := []*call{{id: 1}, {id: 2}, {id: 3}}
+	type result struct {
+		err   error
+		ended bool
+	}
+	res := make(chan result, 1)
+	wg.Go(func() {
+		err := c.DoCtx(ctx, mine...)
+		res <- result{err, ended.Load()}
+	})
+	queued(4)
+	close(stall0) // calls 1 and 2 go out with 10, which stalls; 3 stays queued
+	<-started1
+	cancel()
+	queued(0) // 3 left
+	close(stall1)
+	r := <-res
+	wg.Wait()
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("DoCtx with a call that left: %v, want context.Canceled", r.err)
+	}
+	if !r.ended {
+		t.Fatal("DoCtx returned while a batch holding its calls was still executing")
+	}
+	for i, want := range []int32{1, 1, 0} {
+		if n := mine[i].done.Load(); n != want {
+			t.Fatalf("call %d executed %d times, want %d", mine[i].id, n, want)
+		}
+	}
+	if len(batches) != 2 || len(batches[1]) != 3 {
+		t.Fatalf("batches %v, want [0] and [10 1 2]", batches)
+	}
+}

@@ -22,8 +22,10 @@ import (
 // and when it ends they go out together. A lone call is sent at once (or
 // after the linger, SetLinger); under load, one write and one read on the
 // client and one wake-up of Redis carry many calls. Each script stays
-// atomic on its own; the pipeline only shares the connection. Safe for
-// concurrent use.
+// atomic on its own; the pipeline only shares the connection. A caller's
+// calls still queued when its context ends leave unsent with the context's
+// error (combine.Combiner.DoCtx): pipelines that a stalled Redis holds keep
+// no queued caller past its own deadline. Safe for concurrent use.
 //
 // On a Redis Cluster client a pipeline never spans nodes: calls are routed
 // by their first key (a publish by its channel) to the lane of the master
@@ -31,9 +33,8 @@ import (
 // calls nobody waits for — because go-redis answers a cluster pipeline only
 // once every node in it has answered: a master that stalls (before its
 // failover) would hold the calls of every healthy master that shared its
-// pipelines, and those queued behind them. A lone call (Script, Publish)
-// queued in a lane leaves at its own deadline (combine.Combiner.DoCtx); a
-// caller's calls for several masters (Scripts) go to their lanes at once.
+// pipelines, and those queued behind them. A caller's calls for several
+// masters (Scripts) go to their lanes at once.
 // The slot-to-master map is go-redis's own, reloaded on MOVED, when a node
 // stops answering and every ClusterSlotMapMaxAge; a call routed on a stale
 // map is still redirected by go-redis, its pipeline then spanning the old
@@ -216,26 +217,17 @@ func (b *Batcher) Scripts(ctx context.Context, calls ...ScriptCall) []*redis.Cmd
 }
 
 // do sends the calls cs of one caller, together when a pipeline is free
-// (else queued in order), and returns once each has its reply. On a
-// cluster a lone call leaves its lane's queue at its context's deadline,
-// and a caller's calls for several masters go to each master's lane at
-// once.
+// (else queued in order), and returns once each has its reply. Calls still
+// queued in a lane when their context ends leave it unsent with the
+// context's error (combine.Combiner.DoCtx); on a cluster a caller's calls
+// for several masters go to each master's lane at once.
 func (b *Batcher) do(cs ...*batchCall) {
 	if b.cluster == nil {
 		b.one.do(cs...)
 		return
 	}
-	if err := cs[0].ctx.Err(); err != nil {
-		for _, c := range cs {
-			c.fail(err)
-		}
-		return
-	}
 	if len(cs) == 1 {
-		c := cs[0]
-		if err := b.laneOf(c.ctx, c).comb.DoCtx(c.ctx, c); err != nil {
-			c.fail(err)
-		}
+		b.laneOf(cs[0].ctx, cs[0]).do(cs...)
 		return
 	}
 	type group struct {
@@ -254,21 +246,29 @@ func (b *Batcher) do(cs ...*batchCall) {
 	}
 	var wg sync.WaitGroup
 	for _, g := range groups[1:] {
-		wg.Go(func() { g.l.comb.Do(g.cs...) })
+		wg.Go(func() { g.l.do(g.cs...) })
 	}
-	groups[0].l.comb.Do(groups[0].cs...)
+	groups[0].l.do(groups[0].cs...)
 	wg.Wait()
 }
 
-// do sends the calls cs of one caller on this lane.
+// do sends the calls cs of one caller on this lane. They share one context
+// (the caller's).
 func (l *lane) do(cs ...*batchCall) {
-	if err := cs[0].ctx.Err(); err != nil {
+	ctx := cs[0].ctx
+	if err := ctx.Err(); err != nil {
 		for _, c := range cs {
 			c.fail(err)
 		}
 		return
 	}
-	l.comb.Do(cs...)
+	if err := l.comb.DoCtx(ctx, cs...); err != nil {
+		for _, c := range cs {
+			if c.res == nil && c.pub == nil { // left the queue unsent
+				c.fail(err)
+			}
+		}
+	}
 }
 
 // fail sets err as the call's reply.

@@ -369,3 +369,60 @@ func TestBatcherLingerSharesOneRoundTrip(t *testing.T) {
 		t.Fatalf("script calls per round trip %v, want the four reserves in one", st.trips)
 	}
 }
+
+// A caller queued behind pipelines that a stalled Redis holds leaves at its
+// own deadline with its context's error — all of its calls, a request's
+// several scripts too — instead of waiting for the stalled pipelines to
+// end, and nothing of it reaches Redis afterwards.
+func TestBatcherQueuedCallerLeavesAStalledRedisAtItsDeadline(t *testing.T) {
+	r, c := testenv.StallableRedis(t, 0, 10*time.Second)
+	b := rds.NewBatcher(c)
+	ctx := context.Background()
+	keys := func(name string) []string {
+		return []string{"han:api:idem:{stall:" + name + "}", "han:api:idemlock:{stall:" + name + "}", "han:api:idemgone:{stall:" + name + "}"}
+	}
+	if err := b.Script(ctx, lua.IdemReserve, keys("warm"), "fp", "o", 60000).Err(); err != nil {
+		t.Fatal(err) // loaded, as on a running service
+	}
+	sc := c.(*redis.Client)
+	busy := func() int { s := sc.PoolStats(); return int(s.TotalConns - s.IdleConns) }
+	base := busy()
+	thaw := r.Freeze(t)
+	order := make(chan string, 3)
+	var wg sync.WaitGroup
+	for _, name := range []string{"a1", "a2"} { // both pipelines in flight, stalled
+		wg.Go(func() {
+			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			b.Script(actx, lua.IdemReserve, keys(name), "fp", "o", 60000)
+			order <- name
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for busy() < base+2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two stalled pipelines never took their connections")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	bctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	res := b.Scripts(bctx,
+		rds.ScriptCall{Script: lua.IdemReserve, Keys: keys("b1"), Args: []any{"fp", "o", 60000}},
+		rds.ScriptCall{Script: lua.IdemReserve, Keys: keys("b2"), Args: []any{"fp", "o", 60000}})
+	order <- "b"
+	for i, cmd := range res {
+		if !errors.Is(cmd.Err(), context.DeadlineExceeded) {
+			t.Errorf("queued call %d: %v, want context.DeadlineExceeded", i, cmd.Err())
+		}
+	}
+	if first := <-order; first != "b" {
+		t.Fatalf("%s returned first: the queued caller waited for the stalled pipelines", first)
+	}
+	thaw()
+	wg.Wait()
+	testenv.WarmPool(t, c)
+	if n, err := c.Exists(ctx, append(keys("b1"), keys("b2")...)...).Result(); err != nil || n != 0 {
+		t.Fatalf("the calls that left wrote %d keys (%v)", n, err)
+	}
+}
