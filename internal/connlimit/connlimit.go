@@ -49,7 +49,8 @@ type Listener struct {
 	total  int
 	perIP  map[netip.Addr]int
 	linger atomic.Int32
-	wg     sync.WaitGroup // refusals in flight
+	closed bool           // guarded by mu: Close was called
+	wg     sync.WaitGroup // refusals in flight, added to under mu
 }
 
 // New wraps ln.
@@ -87,8 +88,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 			if l.cfg.OnRefuse != nil {
 				l.cfg.OnRefuse(reason)
 			}
-			l.wg.Add(1)
-			go l.refuseConn(c)
+			if l.refusing() {
+				go l.refuseConn(c)
+			} else {
+				_ = c.Close() // accepted as Close ran: no refusal outlives it
+			}
 			continue
 		}
 		return &conn{Conn: c, l: l, peer: peer}, nil
@@ -96,11 +100,27 @@ func (l *Listener) Accept() (net.Conn, error) {
 }
 
 // Close stops accepting and waits for refusals in flight (each bounded by
-// the write and linger timeouts).
+// the write and linger timeouts); a connection over a cap accepted as Close
+// runs is closed unanswered.
 func (l *Listener) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
 	err := l.Listener.Close()
 	l.wg.Wait()
 	return err
+}
+
+// refusing counts a refusal in flight, unless Close was called: an add to
+// the wait group must happen before Close waits on it.
+func (l *Listener) refusing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.wg.Add(1)
+	return true
 }
 
 func (l *Listener) acquire(peer netip.Addr) string {

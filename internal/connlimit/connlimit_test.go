@@ -172,3 +172,52 @@ func TestAcceptedConnKeepsItsSocket(t *testing.T) {
 		t.Fatalf("read %q: %v", b, err)
 	}
 }
+
+// A connection over the cap that Accept takes while Close runs is closed,
+// not refused in the background: Close waits for the refusals in flight, and
+// none starts after it returned to hold a descriptor and write to a client
+// of a listener that is gone.
+func TestNoRefusalOutlivesClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing, closed := make(chan struct{}), make(chan struct{})
+	l := connlimit.New(ln, connlimit.Config{Max: 1, PerIP: 1, OnRefuse: func(string) {
+		close(refusing)
+		<-closed // Close runs between the accept and the refusal
+	}})
+	accepted := make(chan net.Conn, 1)
+	acceptDone := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			acceptDone <- err
+			return
+		}
+		accepted <- c
+		_, err = l.Accept()
+		acceptDone <- err
+	}()
+	dialFrom(t, "127.0.0.1", ln.Addr().String()) // takes the one place
+	c := <-accepted
+	defer c.Close()
+	over := dialFrom(t, "127.0.0.1", ln.Addr().String())
+	<-refusing
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(closed)
+	if err := <-acceptDone; err == nil {
+		t.Fatal("Accept after Close returned a connection")
+	}
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(over); len(b) != 0 || isTimeout(err) {
+		t.Fatalf("the connection accepted as Close ran: read %q (%v), want it closed unanswered", b, err)
+	}
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
