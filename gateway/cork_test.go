@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -66,5 +67,51 @@ func TestCorkDeadlineCoversEveryBatchAndIsReused(t *testing.T) {
 	c.discard()
 	if last := dc.set[len(dc.set)-1]; last.Sub(now) < timeout {
 		t.Fatalf("after a cleared deadline the batch got %v", last.Sub(now))
+	}
+}
+
+// A write that the deadline cut off after part of a frame breaks the
+// stream: any byte written after it would be read by the client as the
+// rest of that frame. So nothing is written after it — not the close
+// frame coder/websocket sends next, nor a ping — and each of those reports
+// an error instead.
+func TestCorkWritesNothingAfterAFrameCutInTwo(t *testing.T) {
+	server, client := net.Pipe()
+	defer server.Close()
+	defer client.Close()
+	c := &corkConn{Conn: server}
+	if err := c.cork(time.Now(), 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.writeText(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 100)
+	read := make(chan error, 1)
+	go func() { // reads part of the frame, then stops reading
+		_, err := io.ReadFull(client, head)
+		read <- err
+	}()
+	err := c.uncork()
+	if !isTimeout(err) {
+		t.Fatalf("a batch the client stopped reading: %v, want a timeout", err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		_ = client.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		b, _ := io.ReadAll(client)
+		got <- b
+	}()
+	if err := c.writeControl(opPing, nil, time.Now(), time.Second); err == nil {
+		t.Error("a ping after a cut frame was written")
+	}
+	if _, err := c.Write([]byte{0x88, 2, 0x03, 0xe8}); err == nil { // close 1000
+		t.Error("a close frame after a cut frame was written")
+	}
+	if b := <-got; len(b) != 0 {
+		t.Fatalf("%d bytes went out after the cut frame: %x", len(b), b)
 	}
 }

@@ -153,8 +153,12 @@ type corkConn struct {
 	// closeSent: a close frame went through (coder/websocket writes each
 	// control frame in one Write); no data frame may follow it.
 	closeSent bool
-	until     time.Time
-	buf       *[]byte
+	// broken: a write ended with an error after part of its bytes went
+	// out (a deadline cut a frame in two). The client would read the next
+	// bytes as the rest of that frame, so nothing is written any more.
+	broken bool
+	until  time.Time
+	buf    *[]byte
 
 	// raw is the socket's file descriptor access (nil when the connection
 	// is not a socket): tryWrite writes through it without blocking.
@@ -182,6 +186,9 @@ const (
 
 // errDataAfterClose refuses a data frame once the connection is closing.
 var errDataAfterClose = fmt.Errorf("gateway: data frame after close: %w", net.ErrClosed)
+
+// errBroken refuses every write after one that cut a frame in two.
+var errBroken = fmt.Errorf("gateway: write after a frame cut short: %w", net.ErrClosed)
 
 // errFrameWire fails the reads of a client frame that took more bytes on
 // the wire than limitRead allowed.
@@ -261,12 +268,12 @@ func (c *corkConn) Write(p []byte) (int, error) {
 	if c.head != nil {
 		b := append(c.head, p...)
 		c.head = nil
-		if n, err := c.Conn.Write(b); err != nil {
+		if n, err := c.writeLocked(b); err != nil {
 			return max(n-(len(b)-len(p)), 0), err
 		}
 		return len(p), nil
 	}
-	return c.Conn.Write(p)
+	return c.writeLocked(p)
 }
 
 // writeControl sends a ping or pong frame (op, FIN set) with payload (at
@@ -290,7 +297,7 @@ func (c *corkConn) writeControl(op byte, payload []byte, now time.Time, timeout 
 	b := make([]byte, 0, len(c.head)+2+len(payload))
 	b = append(append(append(b, c.head...), op, byte(len(payload))), payload...)
 	c.head = nil
-	_, err := c.Conn.Write(b)
+	_, err := c.writeLocked(b)
 	return err
 }
 
@@ -302,7 +309,7 @@ func (c *corkConn) sendHead() {
 		return
 	}
 	// A fresh socket's send buffer takes these few hundred bytes at once.
-	_, _ = c.Conn.Write(c.head)
+	_, _ = c.writeLocked(c.head)
 	c.head = nil
 }
 
@@ -401,7 +408,7 @@ func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Durat
 		return false, false
 	}
 	defer c.mu.Unlock()
-	if c.raw == nil || c.corked || c.batch || c.sealed || c.closeSent ||
+	if c.raw == nil || c.corked || c.batch || c.sealed || c.closeSent || c.broken ||
 		(c.armed && !now.Before(c.until)) {
 		return false, false
 	}
@@ -503,9 +510,23 @@ func (c *corkConn) flushLocked() error {
 	if c.buf == nil || len(*c.buf) == 0 {
 		return nil
 	}
-	_, err := c.Conn.Write(*c.buf)
+	_, err := c.writeLocked(*c.buf)
 	*c.buf = (*c.buf)[:0]
 	return err
+}
+
+// writeLocked writes b to the socket, unless an earlier write broke the
+// stream; a write that fails after part of b went out breaks it. c.mu
+// must be held.
+func (c *corkConn) writeLocked(b []byte) (int, error) {
+	if c.broken {
+		return 0, errBroken
+	}
+	n, err := c.Conn.Write(b)
+	if err != nil && n > 0 {
+		c.broken = true
+	}
+	return n, err
 }
 
 func isTimeout(err error) bool {
