@@ -267,7 +267,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	m.addr = ln.Addr().String()
-	capped, err := m.capListener(ln, metrics.Registry)
+	capped, err := m.capListener(ctx, ln, metrics.Registry)
 	if err != nil {
 		_ = ln.Close()
 		return err

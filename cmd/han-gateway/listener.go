@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,25 +22,27 @@ const descriptorReserve = 256
 
 // connCaps returns the process and per-peer connection caps: the
 // configured values, else RLIMIT_NOFILE minus the Redis and PostgreSQL pool
-// sizes minus descriptorReserve, and a quarter of that per peer. A
-// configured HAN_MAX_CONNECTIONS above that room is refused: client
-// connections would use up the descriptors before the cap is reached, so
-// accept would fail (clients left unanswered instead of refused with 503)
-// and the pools could not dial.
-func (m *Main) connCaps() (total, perIP int, err error) {
+// sizes, descriptorReserve and the refusals that linger
+// (connlimit.MaxLingering), and a quarter of that per peer. A configured
+// HAN_MAX_CONNECTIONS above that room is refused: client connections would
+// use up the descriptors before the cap is reached, so accept would fail
+// (clients left unanswered instead of refused with 503) and the pools could
+// not dial.
+func (m *Main) connCaps(ctx context.Context) (total, perIP int, err error) {
 	total, perIP = m.Config.MaxConnections, m.Config.MaxConnsPerIP
-	room, limit, pools, rerr := m.descriptorRoom()
+	room, limit, pools, rerr := m.descriptorRoom(ctx)
+	kept := descriptorReserve + connlimit.MaxLingering
 	switch {
 	case total == 0 && rerr != nil:
 		return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit is unreadable: %w", rerr)
 	case total == 0 && room < 1:
 		return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: unset and the descriptor limit (%d) leaves no room after the pools (%d) and the reserve (%d)",
-			limit, pools, descriptorReserve)
+			limit, pools, kept)
 	case total == 0:
 		total = room
 	case rerr == nil && total > room:
 		return 0, 0, fmt.Errorf("HAN_MAX_CONNECTIONS: at most %d with the descriptor limit (%d) less the pools (%d) and the reserve (%d); "+
-			"raise the limit (ulimit -n, LimitNOFILE=) or lower the cap", max(room, 0), limit, pools, descriptorReserve)
+			"raise the limit (ulimit -n, LimitNOFILE=) or lower the cap", max(room, 0), limit, pools, kept)
 	}
 	if perIP == 0 {
 		perIP = max(total/4, 1)
@@ -47,21 +51,39 @@ func (m *Main) connCaps() (total, perIP int, err error) {
 }
 
 // descriptorRoom is how many client connections the descriptor limit
-// (RLIMIT_NOFILE) leaves after the Redis and PostgreSQL pools and
-// descriptorReserve, with the limit and the pools' size.
-func (m *Main) descriptorRoom() (room int, limit uint64, pools int, err error) {
+// (RLIMIT_NOFILE) leaves after the Redis and PostgreSQL pools,
+// descriptorReserve and the lingering refusals, with the limit and the
+// pools' size. A Redis Cluster client keeps a pool per node: its pool size
+// counts once per node it knows now (at least once per seed address).
+func (m *Main) descriptorRoom(ctx context.Context) (room int, limit uint64, pools int, err error) {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		return 0, 0, 0, err
 	}
 	pools = int(m.pg.Config().MaxConns)
+	ctx, cancel := context.WithTimeout(ctx, m.Config.RedisTimeout)
+	defer cancel()
 	for _, c := range []redis.UniversalClient{m.rdb, m.rt, m.ops.stubDB2} {
-		if o, ok := c.(interface{ Options() *redis.Options }); ok {
-			pools += o.Options().PoolSize
+		switch c := c.(type) {
+		case *redis.ClusterClient:
+			pools += clusterNodes(ctx, c) * c.Options().PoolSize
+		case interface{ Options() *redis.Options }:
+			pools += c.Options().PoolSize
 		}
 	}
 	limit = min(lim.Cur, 1<<30)
-	return int(limit) - pools - descriptorReserve, limit, pools, nil
+	return int(limit) - pools - descriptorReserve - connlimit.MaxLingering, limit, pools, nil
+}
+
+// clusterNodes is how many nodes (masters and replicas) c knows, at least
+// the number of its seed addresses: each may get a connection pool.
+func clusterNodes(ctx context.Context, c *redis.ClusterClient) int {
+	var n atomic.Int64
+	_ = c.ForEachShard(ctx, func(context.Context, *redis.Client) error {
+		n.Add(1)
+		return nil
+	})
+	return max(int(n.Load()), len(c.Options().Addrs), 1)
 }
 
 // handshakeConcurrency is how many WebSocket handshakes do their Redis and
@@ -86,8 +108,8 @@ func (m *Main) handshakeConcurrency() int {
 
 // capListener wraps ln with the connection caps; trusted proxies are
 // exempt from the per-peer cap because one proxy carries many clients.
-func (m *Main) capListener(ln net.Listener, reg prometheus.Registerer) (net.Listener, error) {
-	total, perIP, err := m.connCaps()
+func (m *Main) capListener(ctx context.Context, ln net.Listener, reg prometheus.Registerer) (net.Listener, error) {
+	total, perIP, err := m.connCaps(ctx)
 	if err != nil {
 		return nil, err
 	}

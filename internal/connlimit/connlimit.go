@@ -30,14 +30,18 @@ type Config struct {
 // never reads cannot hold the descriptor. What the client already sent is
 // then discarded (never parsed) for at most lingerTimeout after a FIN:
 // closing a socket with unread input makes the kernel send RST, which can
-// destroy the answer before the client reads it. At most maxLingering
+// destroy the answer before the client reads it. At most MaxLingering
 // refused connections linger at once; beyond that they close at once.
 const (
 	refuseWriteTimeout = time.Second
 	lingerTimeout      = time.Second
 	lingerMaxBytes     = 64 << 10
-	maxLingering       = 256
 )
+
+// MaxLingering bounds the refused connections that hold their descriptor
+// past the answer (each for at most a second): the descriptors a process
+// keeps free beside its cap must cover them.
+const MaxLingering = 64
 
 // Listener is a net.Listener that enforces Config.
 type Listener struct {
@@ -182,7 +186,7 @@ func (l *Listener) refuseConn(c net.Conn) {
 		return
 	}
 	cw, ok := c.(interface{ CloseWrite() error })
-	if !ok || l.linger.Add(1) > maxLingering {
+	if !ok || l.linger.Add(1) > MaxLingering {
 		l.linger.Add(-1)
 		return
 	}
