@@ -25,7 +25,9 @@ type Combiner[C any] struct {
 	Exec func(batch []C)
 	// InFlight is how many batches execute at once (at least 1).
 	InFlight int
-	// Max bounds one batch.
+	// Max bounds one batch, but one caller's calls are never split
+	// between batches: a batch may exceed Max by the rest of a caller's
+	// calls.
 	Max int
 	// Linger is how long a call that finds a batch free waits for other
 	// calls to join it before the batch is executed (0: at once). Calls
@@ -42,6 +44,11 @@ type Combiner[C any] struct {
 // waiter is one queued call.
 type waiter[C any] struct {
 	call C
+	// more: the next queued waiter is the same caller's next call. A
+	// caller's calls are taken into one batch together, never split: a
+	// caller whose later call heads the next batch must not still be
+	// waiting for its earlier call in a batch in flight.
+	more bool
 	// wake receives nil when the call was executed, or the batch this
 	// caller must now execute (it holds the caller's own call).
 	wake chan []*waiter[C]
@@ -63,9 +70,7 @@ func (c *Combiner[C]) Do(calls ...C) {
 		c.lead(ws)
 		return
 	}
-	ws[0].wake = make(chan []*waiter[C], 1)
-	c.queue = append(c.queue, ws...)
-	c.company.Joined(len(c.queue))
+	c.enqueueLocked(ws)
 	c.mu.Unlock()
 	for _, w := range ws {
 		if batch := <-w.wake; batch != nil {
@@ -74,15 +79,15 @@ func (c *Combiner[C]) Do(calls ...C) {
 	}
 }
 
-// DoCtx executes calls as Do does, unless ctx ends while some of them are
-// still queued: those leave the queue unexecuted and DoCtx returns ctx's
+// DoCtx executes calls as Do does, unless ctx ends while they are still
+// queued: they then leave the queue unexecuted and DoCtx returns ctx's
 // error, so a caller never waits past its own deadline for the batches in
-// flight ahead of it (a stalled one would hold every queued caller). A call
-// already taken into a batch, or leading one on this goroutine, is waited
-// for: Exec records the outcome in the call, so its caller must not leave
-// while the call may still be written; Exec bounds the batch
-// (SharedContext). After an error the calls without an outcome are the
-// ones that left. DoCtx returns nil when every call was executed.
+// flight ahead of it (a stalled one would hold every queued caller). A
+// caller's calls are taken into a batch together, so they leave together.
+// Calls already taken into a batch, or leading one on this goroutine, are
+// waited for and DoCtx returns nil: Exec records the outcome in the call,
+// so its caller must not leave while the call may still be written; Exec
+// bounds the batch (SharedContext).
 func (c *Combiner[C]) DoCtx(ctx context.Context, calls ...C) error {
 	if ctx.Done() == nil {
 		c.Do(calls...)
@@ -100,9 +105,7 @@ func (c *Combiner[C]) DoCtx(ctx context.Context, calls ...C) error {
 		c.lead(ws)
 		return nil
 	}
-	ws[0].wake = make(chan []*waiter[C], 1)
-	c.queue = append(c.queue, ws...)
-	c.company.Joined(len(c.queue))
+	c.enqueueLocked(ws)
 	c.mu.Unlock()
 	for i, w := range ws {
 		var batch []*waiter[C]
@@ -121,8 +124,8 @@ func (c *Combiner[C]) DoCtx(ctx context.Context, calls ...C) error {
 // leave takes the calls of ws that are still queued out of the queue and
 // waits for the others, which were taken meanwhile: as a batch's members
 // (woken with nil) or as the caller who executes the next batch, which
-// holds other callers' calls too. It returns ctx's error when any call
-// left, else nil.
+// holds other callers' calls too. It returns ctx's error when calls left,
+// else nil.
 func (c *Combiner[C]) leave(ctx context.Context, ws []*waiter[C]) error {
 	var taken []*waiter[C]
 	c.mu.Lock()
@@ -148,6 +151,16 @@ func (c *Combiner[C]) leave(ctx context.Context, ws []*waiter[C]) error {
 		return ctx.Err()
 	}
 	return nil
+}
+
+// enqueueLocked (c.mu held) queues one caller's calls, ws, together.
+func (c *Combiner[C]) enqueueLocked(ws []*waiter[C]) {
+	ws[0].wake = make(chan []*waiter[C], 1)
+	for _, w := range ws[:len(ws)-1] {
+		w.more = true
+	}
+	c.queue = append(c.queue, ws...)
+	c.company.Joined(len(c.queue))
 }
 
 // freeLocked (c.mu held) reports whether a new call starts a batch of its
@@ -213,9 +226,13 @@ func (c *Company) Joined(queued int) {
 	}
 }
 
-// takeLocked removes up to limit queued calls.
+// takeLocked removes up to limit queued calls, and beyond limit the rest
+// of the last one's caller's calls (a caller's calls stay together).
 func (c *Combiner[C]) takeLocked(limit int) []*waiter[C] {
 	n := min(len(c.queue), limit)
+	for n > 0 && n < len(c.queue) && c.queue[n-1].more {
+		n++
+	}
 	out := c.queue[:n:n]
 	c.queue = c.queue[n:]
 	if len(c.queue) == 0 {
@@ -241,11 +258,9 @@ func (c *Combiner[C]) send(batch []*waiter[C]) {
 		c.mu.Unlock()
 		return
 	}
-	next := c.queue[0]
-	c.queue = c.queue[1:]
-	batch = append([]*waiter[C]{next}, c.takeLocked(c.Max-1)...)
+	batch = c.takeLocked(max(c.Max, 1))
 	c.mu.Unlock()
-	next.wake <- batch
+	batch[0].wake <- batch
 }
 
 // SharedContext is the context of a batch shared by calls: it ends at the

@@ -3,6 +3,7 @@ package combine_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,17 +264,18 @@ func TestCombinerQueuedCallLeavesWhenItsContextEnds(t *testing.T) {
 	}
 }
 
-// A caller's calls queued together behind a stalled batch: when its context
-// ends, the ones still queued leave unexecuted and DoCtx returns the
-// context's error — but only after the ones already taken into a batch
-// were executed, since their outcome is written into them.
-func TestCombinerCallerWithSeveralCallsLeavesWithWhatIsStillQueued(t *testing.T) {
+// A caller's calls queued together behind a stalled batch leave together
+// when its context ends, unexecuted, with the context's error. Taken into a
+// batch (together, even beyond Max), they are waited for instead: DoCtx
+// returns nil only after that batch ended, since their outcome is written
+// into them.
+func TestCombinerCallerWithSeveralCallsLeavesOrIsWaitedFor(t *testing.T) {
 	stall0, stall1 := make(chan struct{}), make(chan struct{})
 	started0, started1 := make(chan struct{}), make(chan struct{})
 	var (
 		mu      sync.Mutex
 		batches [][]int
-		ended   atomic.Bool // the batch holding the caller's first calls ended
+		ended   atomic.Bool // the batch holding the first caller's calls ended
 	)
 	c := &combine.Combiner[*call]{Max: 3, Exec: func(batch []*call) {
 		mu.Lock()
@@ -304,43 +306,134 @@ func TestCombinerCallerWithSeveralCallsLeavesWithWhatIsStillQueued(t *testing.T)
 			time.Sleep(time.Millisecond)
 		}
 	}
+	type result struct {
+		err   error
+		ended bool
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { c.Do(&call{id: 0}) })
 	<-started0
 	wg.Go(func() { c.Do(&call{id: 10}) }) // the next batch's executor
 	queued(1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	mine := []*call{{id: 1}, {id: 2}, {id: 3}}
-	type result struct {
-		err   error
-		ended bool
-	}
-	res := make(chan result, 1)
+	takenCtx, cancelTaken := context.WithCancel(context.Background())
+	defer cancelTaken()
+	taken := []*call{{id: 1}, {id: 2}, {id: 3}}
+	takenRes := make(chan result, 1)
 	wg.Go(func() {
-		err := c.DoCtx(ctx, mine...)
-		res <- result{err, ended.Load()}
+		err := c.DoCtx(takenCtx, taken...)
+		takenRes <- result{err, ended.Load()}
 	})
 	queued(4)
-	close(stall0) // calls 1 and 2 go out with 10, which stalls; 3 stays queued
+	close(stall0) // 10 with 1, 2 and 3 (beyond Max: one caller's calls stay together), which stalls
 	<-started1
-	cancel()
-	queued(0) // 3 left
+	queued(0)
+	leftCtx, cancelLeft := context.WithCancel(context.Background())
+	left := []*call{{id: 4}, {id: 5}}
+	leftRes := make(chan error, 1)
+	wg.Go(func() { leftRes <- c.DoCtx(leftCtx, left...) })
+	queued(2)
+	cancelTaken()
+	cancelLeft()
+	if err := <-leftRes; !errors.Is(err, context.Canceled) { // while the batch in flight stalls
+		t.Fatalf("queued calls whose context ended: %v, want context.Canceled", err)
+	}
+	queued(0)
 	close(stall1)
-	r := <-res
+	r := <-takenRes
 	wg.Wait()
-	if !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("DoCtx with a call that left: %v, want context.Canceled", r.err)
+	if r.err != nil || !r.ended {
+		t.Fatalf("calls taken into a batch: DoCtx returned %v, the batch ended before: %v; want nil after the batch", r.err, r.ended)
 	}
-	if !r.ended {
-		t.Fatal("DoCtx returned while a batch holding its calls was still executing")
-	}
-	for i, want := range []int32{1, 1, 0} {
-		if n := mine[i].done.Load(); n != want {
-			t.Fatalf("call %d executed %d times, want %d", mine[i].id, n, want)
+	for _, cl := range taken {
+		if n := cl.done.Load(); n != 1 {
+			t.Fatalf("taken call %d executed %d times", cl.id, n)
 		}
 	}
-	if len(batches) != 2 || len(batches[1]) != 3 {
-		t.Fatalf("batches %v, want [0] and [10 1 2]", batches)
+	for _, cl := range left {
+		if n := cl.done.Load(); n != 0 {
+			t.Fatalf("call %d that left executed %d times", cl.id, n)
+		}
+	}
+	if len(batches) != 2 || !slices.Equal(batches[1], []int{10, 1, 2, 3}) {
+		t.Fatalf("batches %v, want [0] and [10 1 2 3]", batches)
+	}
+}
+
+// A caller's calls are never split between batches: were its first call
+// the last of a batch that stalls and its second the head of the next
+// batch, the calls of other callers in that next batch would wait for the
+// stalled one (the caller executes the batch it heads only once its first
+// call is answered) — past their own deadlines, with a batch slot free.
+func TestCombinerKeepsACallersCallsInOneBatch(t *testing.T) {
+	stall0, stall1, stallX := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	started0, started1, startedX := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var (
+		mu      sync.Mutex
+		batches [][]int
+	)
+	c := &combine.Combiner[*call]{Max: 2, InFlight: 2, Exec: func(batch []*call) {
+		mu.Lock()
+		ids := make([]int, len(batch))
+		for i, cl := range batch {
+			ids[i] = cl.id
+			cl.done.Add(1)
+		}
+		batches = append(batches, ids)
+		mu.Unlock()
+		switch batch[0].id {
+		case 0:
+			close(started0)
+			<-stall0
+		case 100:
+			close(started1)
+			<-stall1
+		case 1:
+			close(startedX)
+			<-stallX
+		}
+	}}
+	queued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for c.Queued() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls queued, want %d", c.Queued(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { c.Do(&call{id: 0}) })
+	<-started0
+	wg.Go(func() { c.Do(&call{id: 100}) })
+	<-started1
+	wg.Go(func() { c.Do(&call{id: 1}) }) // X: heads the next batch, which stalls
+	queued(1)
+	wg.Go(func() { c.Do(&call{id: 11}, &call{id: 12}) }) // A's two calls
+	queued(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	cDone := make(chan error, 1)
+	wg.Go(func() { cDone <- c.DoCtx(ctx, &call{id: 30}) }) // C, behind A
+	queued(4)
+	close(stall0) // X's batch goes out and stalls
+	<-startedX
+	close(stall1) // a slot is free for what is queued
+	select {
+	case <-cDone:
+	case <-time.After(5 * time.Second):
+		close(stallX)
+		t.Fatalf("a call behind a caller split across batches waited for the stalled batch; batches %v", batches)
+	}
+	close(stallX)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, b := range batches {
+		i11, i12 := slices.Index(b, 11), slices.Index(b, 12)
+		if (i11 < 0) != (i12 < 0) || (i11 >= 0 && i12 != i11+1) {
+			t.Fatalf("a caller's calls split or reordered between batches: %v", batches)
+		}
 	}
 }

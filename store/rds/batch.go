@@ -226,6 +226,12 @@ func (b *Batcher) do(cs ...*batchCall) {
 		b.one.do(cs...)
 		return
 	}
+	if err := cs[0].ctx.Err(); err != nil {
+		for _, c := range cs {
+			c.fail(err) // not routed: a first slot-map load would fail with it
+		}
+		return
+	}
 	if len(cs) == 1 {
 		b.laneOf(cs[0].ctx, cs[0]).do(cs...)
 		return
