@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"testing"
@@ -80,28 +81,39 @@ func TestCorkWritesNothingAfterAFrameCutInTwo(t *testing.T) {
 	defer server.Close()
 	defer client.Close()
 	c := &corkConn{Conn: server}
-	if err := c.cork(time.Now(), 100*time.Millisecond); err != nil {
+	head := make([]byte, 100)
+	read := make(chan error, 1)
+	go func() { // reads part of the frame, then stops reading
+		_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := io.ReadFull(client, head)
+		read <- err
+	}()
+	if err := c.cork(time.Now(), time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.writeText(make([]byte, 1000)); err != nil {
 		t.Fatal(err)
 	}
-	head := make([]byte, 100)
-	read := make(chan error, 1)
-	go func() { // reads part of the frame, then stops reading
-		_, err := io.ReadFull(client, head)
-		read <- err
-	}()
 	err := c.uncork()
 	if !isTimeout(err) {
 		t.Fatalf("a batch the client stopped reading: %v, want a timeout", err)
 	}
 	if err := <-read; err != nil {
-		t.Fatal(err)
+		t.Fatalf("the client's read of the frame's first bytes: %v", err)
 	}
+	if b := writeAfterCut(t, c, client, 500*time.Millisecond); len(b) != 0 {
+		t.Fatalf("%d bytes went out after the cut frame: %x", len(b), b)
+	}
+}
+
+// writeAfterCut has c write a ping and a close frame, as the connection
+// does after a failed write, which must each report an error, and returns
+// what client reads meanwhile (until wait passes).
+func writeAfterCut(t *testing.T, c *corkConn, client net.Conn, wait time.Duration) []byte {
+	t.Helper()
 	got := make(chan []byte, 1)
 	go func() {
-		_ = client.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_ = client.SetReadDeadline(time.Now().Add(wait))
 		b, _ := io.ReadAll(client)
 		got <- b
 	}()
@@ -111,7 +123,56 @@ func TestCorkWritesNothingAfterAFrameCutInTwo(t *testing.T) {
 	if _, err := c.Write([]byte{0x88, 2, 0x03, 0xe8}); err == nil { // close 1000
 		t.Error("a close frame after a cut frame was written")
 	}
-	if b := <-got; len(b) != 0 {
-		t.Fatalf("%d bytes went out after the cut frame: %x", len(b), b)
+	return <-got
+}
+
+// The same when the frame was cut by an inline write the socket took only
+// part of: the rest, collected for the writer, is the frame's continuation,
+// and a writer that cannot send it (the client still does not read) drops
+// it — so nothing may follow on the wire.
+func TestCorkWritesNothingAfterAnInlineWriteCutShort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	nc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	raw, err := nc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &corkConn{Conn: nc, raw: raw}
+	c.rawWriteFn = c.rawWrite
+	// Far more than the socket buffers take: the inline write is cut.
+	payload := bytes.Repeat([]byte{'a'}, 32<<20)
+	sent, rest := c.tryWrite([]outFrame{{b: payload}}, time.Now(), time.Second)
+	if !sent || !rest {
+		t.Fatalf("inline write of 32 MiB to a client that does not read: sent %v, rest %v; want the rest kept", sent, rest)
+	}
+	if err := c.cork(time.Now(), 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	err = c.flush()
+	if !isTimeout(err) {
+		t.Fatalf("flushing the rest to a client that does not read: %v, want a timeout", err)
+	}
+	c.discard()
+	// What the client can read now is a prefix of the one frame: its
+	// header, then the payload's bytes, nothing else.
+	b := writeAfterCut(t, c, client, 2*time.Second)
+	if len(b) < 10 || len(b) >= 10+len(payload) {
+		t.Fatalf("the client read %d bytes, want part of the one frame", len(b))
+	}
+	if i := bytes.IndexFunc(b[10:], func(r rune) bool { return r != 'a' }); i >= 0 {
+		t.Fatalf("bytes other than the frame's payload at %d after the frame began: %x", 10+i, b[10+i:min(len(b), 10+i+8)])
 	}
 }

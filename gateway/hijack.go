@@ -153,12 +153,16 @@ type corkConn struct {
 	// closeSent: a close frame went through (coder/websocket writes each
 	// control frame in one Write); no data frame may follow it.
 	closeSent bool
-	// broken: a write ended with an error after part of its bytes went
-	// out (a deadline cut a frame in two). The client would read the next
-	// bytes as the rest of that frame, so nothing is written any more.
+	// broken: a write ended with an error after part of a frame went out
+	// (a deadline cut a frame in two), or bytes that continue a frame on
+	// the wire were dropped. The client would read the next bytes as the
+	// rest of that frame, so nothing is written any more.
 	broken bool
-	until  time.Time
-	buf    *[]byte
+	// midFrame: the socket took only part of an inline write (tryWrite),
+	// so the collected bytes start inside a frame until written whole.
+	midFrame bool
+	until    time.Time
+	buf      *[]byte
 
 	// raw is the socket's file descriptor access (nil when the connection
 	// is not a socket): tryWrite writes through it without blocking.
@@ -430,6 +434,7 @@ func (c *corkConn) tryWrite(frames []outFrame, now time.Time, timeout time.Durat
 		return true, false
 	}
 	*c.buf = b[:copy(b, b[max(int(c.rawN), 0):])]
+	c.midFrame = c.rawN > 0
 	c.batch = true
 	_ = c.armLocked(now, timeout) // a failure (closed) is the writer's to meet
 	return true, true
@@ -489,6 +494,9 @@ func (c *corkConn) seal(deadline time.Time) error {
 func (c *corkConn) discard() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.midFrame && c.buf != nil && len(*c.buf) > 0 {
+		c.broken = true // the rest of a frame the client has begun to read
+	}
 	c.release()
 	c.batch = false
 }
@@ -516,16 +524,17 @@ func (c *corkConn) flushLocked() error {
 }
 
 // writeLocked writes b to the socket, unless an earlier write broke the
-// stream; a write that fails after part of b went out breaks it. c.mu
-// must be held.
+// stream; a write that fails after part of b went out, or that fails to
+// finish a frame begun inline (midFrame), breaks it. c.mu must be held.
 func (c *corkConn) writeLocked(b []byte) (int, error) {
 	if c.broken {
 		return 0, errBroken
 	}
 	n, err := c.Conn.Write(b)
-	if err != nil && n > 0 {
+	if err != nil && (n > 0 || c.midFrame) {
 		c.broken = true
 	}
+	c.midFrame = false // written whole, or broken
 	return n, err
 }
 
