@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync/atomic"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/connlimit"
+	"github.com/han-app/gateway/store"
 )
 
 // descriptorReserve is kept free under the default connection cap for what
@@ -54,7 +55,8 @@ func (m *Main) connCaps(ctx context.Context) (total, perIP int, err error) {
 // (RLIMIT_NOFILE) leaves after the Redis and PostgreSQL pools,
 // descriptorReserve and the lingering refusals, with the limit and the
 // pools' size. A Redis Cluster client keeps a pool per node: its pool size
-// counts once per node it knows now (at least once per seed address).
+// counts once per node it knows now and per seed address the nodes do not
+// announce.
 func (m *Main) descriptorRoom(ctx context.Context) (room int, limit uint64, pools int, err error) {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
@@ -66,7 +68,7 @@ func (m *Main) descriptorRoom(ctx context.Context) (room int, limit uint64, pool
 	for _, c := range []redis.UniversalClient{m.rdb, m.rt, m.ops.stubDB2} {
 		switch c := c.(type) {
 		case *redis.ClusterClient:
-			pools += clusterNodes(ctx, c) * c.Options().PoolSize
+			pools += m.clusterNodes(ctx, c) * c.Options().PoolSize
 		case interface{ Options() *redis.Options }:
 			pools += c.Options().PoolSize
 		}
@@ -75,15 +77,28 @@ func (m *Main) descriptorRoom(ctx context.Context) (room int, limit uint64, pool
 	return int(limit) - pools - descriptorReserve - connlimit.MaxLingering, limit, pools, nil
 }
 
-// clusterNodes is how many nodes (masters and replicas) c knows, at least
-// the number of its seed addresses: each may get a connection pool.
-func clusterNodes(ctx context.Context, c *redis.ClusterClient) int {
-	var n atomic.Int64
-	_ = c.ForEachShard(ctx, func(context.Context, *redis.Client) error {
-		n.Add(1)
+// clusterNodes is how many connection pools c may keep: one per node it
+// knows (masters and replicas) and one per seed address the nodes do not
+// announce (go-redis keeps a pool for each until it drops unused ones).
+// Nodes it cannot list now (the cluster unreachable at start-up) are not
+// counted, which the log says.
+func (m *Main) clusterNodes(ctx context.Context, c *redis.ClusterClient) int {
+	var mu sync.Mutex
+	addrs := map[string]bool{}
+	for _, a := range c.Options().Addrs {
+		addrs[a] = true
+	}
+	err := c.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		addrs[n.Options().Addr] = true
+		mu.Unlock()
 		return nil
 	})
-	return max(int(n.Load()), len(c.Options().Addrs), 1)
+	if err != nil {
+		m.Logger.Warn("connection caps: the Redis Cluster's nodes are unknown at start-up; its pools are counted once per seed address",
+			slog.Int("seed_addresses", len(c.Options().Addrs)), slog.String("kind", store.Kind(err)))
+	}
+	return max(len(addrs), 1)
 }
 
 // handshakeConcurrency is how many WebSocket handshakes do their Redis and
