@@ -90,7 +90,7 @@ type CreateAttachment struct {
 // truncated to the millisecond so signed URLs rebuilt from it match.
 func (s *Store) CreateAttachment(ctx context.Context, in CreateAttachment) (Attachment, error) {
 	var a Attachment
-	err := s.requestTx(ctx, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var member bool
 		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM dialog_members WHERE dialog_id=$1 AND user_id=$2)",
 			in.DialogID, in.UploaderID).Scan(&member); err != nil {
@@ -179,7 +179,7 @@ func (s *Store) MarkAttachmentUploaded(ctx context.Context, id, blobKey, sha256 
 	var a Attachment
 	lost := false       // the attachment was not pending: nothing to write
 	committing := false // the UPDATE applied; what fails after it is the COMMIT
-	err := s.requestTx(ctx, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		a, err = scanAttachment(tx.QueryRow(ctx, `UPDATE attachments SET status='uploaded', blob_key=$2, sha256=$3, uploaded_at=now()
 			WHERE id=$1 AND status='pending' RETURNING `+attachmentCols, id, blobKey, sha256))

@@ -186,7 +186,7 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 		}
 	}
 	var d Dialog
-	err := s.requestTx(ctx, func(tx pgx.Tx) error {
+	err := s.requestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var known int
 		if err := tx.QueryRow(ctx, "SELECT count(*) FROM users WHERE id = ANY($1::text[]::uuid[])", members).Scan(&known); err != nil {
 			return err

@@ -53,7 +53,7 @@ func (s *Store) AcceptInbox(ctx context.Context, in InboxItem) (InboxReceipt, Ou
 }
 
 func (s *Store) acceptInbox(ctx context.Context, in InboxItem) (r InboxReceipt, ev OutboxEvent, created bool, err error) {
-	err = s.requestTx(ctx, func(tx pgx.Tx) error {
+	err = s.requestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var dialog, user *string
 		if in.DialogID != "" {
 			dialog = &in.DialogID

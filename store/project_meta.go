@@ -86,7 +86,7 @@ const mirrorRestoreTimeout = time.Second
 // the error when that fails as well). A nil mirror writes PostgreSQL only.
 func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set ProjectSettings, mirror MirrorFunc) (ProjectInfo, error) {
 	p, before := ProjectInfo{ID: projectID}, ProjectInfo{ID: projectID}
-	err := s.mirroredTx(ctx, mirror, func(tx pgx.Tx) (project.Mirror, project.Mirror, error) {
+	err := s.mirroredTx(ctx, mirror, func(ctx context.Context, tx pgx.Tx) (project.Mirror, project.Mirror, error) {
 		var deadline *int64
 		// The sub-select locks the row and reads the values from before
 		// the change (restored into Redis should the commit fail).
@@ -118,11 +118,11 @@ func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set
 // mirroredTx runs change in a request transaction; change returns the
 // mirrored metadata before and after it. mirror(after) runs before the
 // commit; when the commit fails, mirror(before) puts Redis back.
-func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(tx pgx.Tx) (before, after project.Mirror, err error)) error {
+func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(ctx context.Context, tx pgx.Tx) (before, after project.Mirror, err error)) error {
 	var before project.Mirror
 	mirrored := false
-	err := s.requestTx(ctx, func(tx pgx.Tx) error {
-		b, a, err := change(tx)
+	err := s.requestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		b, a, err := change(ctx, tx)
 		if err != nil || mirror == nil {
 			return err
 		}
@@ -152,7 +152,7 @@ func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(t
 // metadata (with the deadline in force) to Redis.
 func (s *Store) FixLegacyDeadline(ctx context.Context, projectID string, candidateMs int64, mirror MirrorFunc) (int64, error) {
 	var d int64
-	err := s.mirroredTx(ctx, mirror, func(tx pgx.Tx) (project.Mirror, project.Mirror, error) {
+	err := s.mirroredTx(ctx, mirror, func(ctx context.Context, tx pgx.Tx) (project.Mirror, project.Mirror, error) {
 		var after project.Mirror
 		var old *int64
 		err := tx.QueryRow(ctx, `UPDATE projects p SET legacy_deadline_ms = COALESCE(old.legacy_deadline_ms, $2)

@@ -57,19 +57,24 @@ const (
 // lock_timeout and statement_timeout are set to it for this transaction
 // only (SET LOCAL, sent in the same simple-protocol message as BEGIN: one
 // round trip, and nothing outlives the transaction, so the setting is safe
-// behind a transaction-pooling proxy). A budget overrun comes back wrapped
-// in ErrDatabaseBusy. Background jobs and migrations do not use it: they
-// keep their own budgets.
-func (s *Store) requestTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+// behind a transaction-pooling proxy). The server's timeouts cannot end a
+// wait on a server that stalls (a stopped process, a network that drops
+// packets), so the client gives the whole transaction one budget more
+// than a statement's: fn gets that context, and its statements must use
+// it. A budget overrun comes back wrapped in ErrDatabaseBusy. Background
+// jobs and migrations do not use it: they keep their own budgets.
+func (s *Store) requestTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	conn, err := s.acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
+	tctx, cancel := context.WithTimeout(ctx, 2*s.reqTimeout)
+	defer cancel()
 	ms := s.reqTimeout.Milliseconds()
 	begin := fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms)
-	err = pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{BeginQuery: begin}, fn)
-	if err != nil && ctx.Err() == nil && IsDatabaseBusy(err) {
+	err = pgx.BeginTxFunc(tctx, conn, pgx.TxOptions{BeginQuery: begin}, func(tx pgx.Tx) error { return fn(tctx, tx) })
+	if err != nil && ctx.Err() == nil && (IsDatabaseBusy(err) || errors.Is(err, context.DeadlineExceeded)) {
 		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
 	}
 	return err

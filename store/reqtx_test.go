@@ -3,11 +3,13 @@ package store_test
 import (
 	"context"
 	"errors"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/han-app/gateway/internal/faultproxy"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
 )
@@ -99,4 +101,57 @@ func TestRequestTransactionsStayWithinTheirBudget(t *testing.T) {
 	if _, _, _, err := s.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: free.ID, SenderID: alice, Body: "x"}); err != nil {
 		t.Fatalf("send to an unlocked dialog: %v", err)
 	}
+}
+
+// A request transaction on a PostgreSQL that stops answering mid-way (a
+// stopped process, a network that drops packets) ends within its budget
+// with ErrDatabaseBusy: the server's own timeouts cannot fire on a server
+// that does not run, so the client bounds the transaction too. Without
+// that, the request held its connection (and an idempotency key its lock)
+// until the client hung up; now pgx closes the broken connection.
+func TestARequestTransactionOnAStalledServerEndsWithinItsBudget(t *testing.T) {
+	_, _ = openStore(t) // migrations
+	ctx := context.Background()
+	u, err := url.Parse(env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	u.Host = p.Addr()
+	pool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	defer func() { // before the pool closes: its broken connections' clean-up waits on the proxy
+		p.Blackhole(false)
+		p.Cut()
+	}()
+	s := store.New(pool)
+	s.SetRequestTimeout(300 * time.Millisecond)
+	alice, bob := ids.New(), ids.New()
+	for _, id := range []string{alice, bob} {
+		if err := s.EnsureUser(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.CreateDialog(ctx, ids.New(), alice, "warm", []string{bob}); err != nil {
+		t.Fatal(err) // the pool's connection was used just now: no ping before the next use
+	}
+	p.Blackhole(true)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = s.CreateDialog(wctx, ids.New(), alice, "stalled", []string{bob})
+	if wctx.Err() != nil {
+		t.Fatalf("the transaction waited for the stalled server until the caller gave up (%v)", time.Since(start))
+	}
+	if !errors.Is(err, store.ErrDatabaseBusy) {
+		t.Fatalf("transaction on a stalled server: %v, want ErrDatabaseBusy", err)
+	}
+	t.Logf("ended after %v", time.Since(start).Round(10*time.Millisecond))
 }
