@@ -51,6 +51,11 @@ type AttachmentConfig struct {
 	// once (each holds a file descriptor beside its connection's). Zero
 	// value means DefaultMaxOpenBlobs.
 	MaxOpenBlobs int
+	// MaxOpenBlobsPerClient bounds the open blobs of one client address
+	// (an IPv6 client's /64), so one client cannot take every slot: a few
+	// downloads that never read would refuse everyone's transfers. Zero
+	// value means an eighth of MaxOpenBlobs (at least 1).
+	MaxOpenBlobsPerClient int
 }
 
 // DefaultMaxOpenBlobs is half of the descriptors the gateway keeps free
@@ -109,6 +114,7 @@ type attachments struct {
 
 	mu        sync.Mutex
 	uploading map[string]bool // guarded by mu: attachments with a PUT in progress here
+	openBy    map[string]int  // guarded by mu: open blobs by client address (blobClient)
 }
 
 // startUpload claims the attachment's one upload in progress on this
@@ -132,21 +138,49 @@ func (a *attachments) endUpload(id string) {
 	delete(a.uploading, id)
 }
 
-// blobsFull reports whether every open-blob token is taken right now.
-func (a *attachments) blobsFull() bool { return len(a.open) == cap(a.open) }
+// blobsFull reports whether every open-blob token is taken right now, or
+// client has all of its own.
+func (a *attachments) blobsFull(client string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.open) == cap(a.open) || a.openBy[client] >= a.cfg.MaxOpenBlobsPerClient
+}
 
-// openBlob takes a token for one open blob, or reports false when
-// MaxOpenBlobs are open; closeBlob gives it back.
-func (a *attachments) openBlob() bool {
+// openBlob takes a token for one open blob of client, or reports false
+// when MaxOpenBlobs are open or MaxOpenBlobsPerClient of client's;
+// closeBlob gives it back.
+func (a *attachments) openBlob(client string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.openBy[client] >= a.cfg.MaxOpenBlobsPerClient {
+		return false
+	}
 	select {
 	case a.open <- struct{}{}:
+		a.openBy[client]++
 		return true
 	default:
 		return false
 	}
 }
 
-func (a *attachments) closeBlob() { <-a.open }
+func (a *attachments) closeBlob(client string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.openBy[client]--; a.openBy[client] <= 0 {
+		delete(a.openBy, client)
+	}
+	<-a.open
+}
+
+// blobClient is the client address r's open blobs count against: the
+// client's address (an IPv6 client's /64), through trusted proxies.
+func (s *Server) blobClient(r *http.Request) string {
+	if a := s.ClientAddr(r); a.IsValid() {
+		return clientNet(a)
+	}
+	return r.RemoteAddr
+}
 
 func (s *Server) initAttachments(d Deps) error {
 	cfg := d.Config.Attachments
@@ -165,8 +199,11 @@ func (s *Server) initAttachments(d Deps) error {
 	if cfg.MaxOpenBlobs <= 0 {
 		cfg.MaxOpenBlobs = DefaultMaxOpenBlobs
 	}
+	if cfg.MaxOpenBlobsPerClient <= 0 {
+		cfg.MaxOpenBlobsPerClient = max(cfg.MaxOpenBlobs/8, 1)
+	}
 	a := &attachments{cfg: cfg, types: map[string]bool{}, blobs: d.Blobs, open: make(chan struct{}, cfg.MaxOpenBlobs),
-		uploading: map[string]bool{}}
+		uploading: map[string]bool{}, openBy: map[string]int{}}
 	for _, t := range cfg.ContentTypes {
 		a.types[strings.ToLower(strings.TrimSpace(t))] = true
 	}
@@ -413,7 +450,8 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 	defer s.att.endUpload(a.ID)
 	// Refused before the body is asked for (Expect: 100-continue) when
 	// every slot is taken already.
-	if s.att.blobsFull() {
+	client := s.blobClient(r)
+	if s.att.blobsFull(client) {
 		return errBlobsBusy
 	}
 	h := sha256.New()
@@ -429,10 +467,10 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil && err != io.EOF {
 		return uploadReadError(err, body)
 	}
-	if !s.att.openBlob() {
+	if !s.att.openBlob(client) {
 		return errBlobsBusy
 	}
-	defer s.att.closeBlob()
+	defer s.att.closeBlob(client)
 	key := blobKey(a.ID)
 	n, err := s.att.blobs.Put(r.Context(), key, io.MultiReader(bytes.NewReader(first), body))
 	if err != nil {
@@ -538,10 +576,11 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if !s.att.openBlob() {
+	client := s.blobClient(r)
+	if !s.att.openBlob(client) {
 		return errBlobsBusy
 	}
-	defer s.att.closeBlob()
+	defer s.att.closeBlob(client)
 	f, err := s.att.blobs.Open(r.Context(), a.BlobKey)
 	if errors.Is(err, store.ErrBlobNotFound) {
 		err = store.ErrAttachmentNotFound

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -466,5 +467,77 @@ func TestOpenBlobsAreBounded(t *testing.T) {
 	}
 	if code, b := h.put(other.UploadURL, "text/plain", "ghi"); code != 200 {
 		t.Fatalf("the refused upload, retried: %d %s", code, b)
+	}
+}
+
+// One client cannot take every open-blob slot: its transfers beyond its own
+// share (an eighth of the slots) are refused with 503 attachments_busy while
+// another client's still go through. A few downloads that never read, from
+// one address, refused everybody's uploads and downloads before.
+func TestOneClientCannotTakeEveryBlobSlot(t *testing.T) {
+	h := newIdemHarness(t, idemOpts{att: restapi.AttachmentConfig{MaxOpenBlobs: 8},
+		trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	done := h.uploadedAttachment(aTok, d.ID)
+	dl := h.downloadURL(aTok, done.ID)
+	from := func(client, method, signed, contentType string, body io.Reader, size int64) *http.Request {
+		req, err := http.NewRequest(method, h.srv.URL+signed, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Forwarded-For", client)
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+			req.ContentLength = size
+		}
+		return req
+	}
+	send := func(req *http.Request) (int, []byte) {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	const greedy, other = "203.0.113.5", "198.51.100.7"
+
+	// The greedy client's slow upload holds its one slot.
+	code, b, _ := h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, "b.txt", "text/plain", 6), idemKey())
+	if code != 201 {
+		t.Fatalf("attachment init: %d %s", code, b)
+	}
+	slow := decode[uploadResp](t, b)
+	pr, pw := io.Pipe()
+	answered := make(chan int, 1)
+	go func() {
+		code, _ := send(from(greedy, "PUT", slow.UploadURL, "text/plain", pr, 6))
+		answered <- code
+	}()
+	if _, err := pw.Write([]byte("def")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		code, _ := send(from(greedy, "GET", dl.URL, "", nil, 0))
+		return code == 503
+	}, "the greedy client's download was served while its slow upload held its one slot")
+	code, b = send(from(greedy, "GET", dl.URL, "", nil, 0))
+	wantError(t, code, b, 503, "attachments_busy")
+	// Seven slots are free: another client is served.
+	if code, b := send(from(other, "GET", dl.URL, "", nil, 0)); code != 200 || string(b) != "abc" {
+		t.Fatalf("another client's download while one client holds its share: %d %s", code, b)
+	}
+	if _, err := pw.Write([]byte("def")); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if code := <-answered; code != 200 {
+		t.Fatalf("the slow upload: %d", code)
+	}
+	if code, b := send(from(greedy, "GET", dl.URL, "", nil, 0)); code != 200 || string(b) != "abc" {
+		t.Fatalf("the greedy client's download once its upload ended: %d %s", code, b)
 	}
 }

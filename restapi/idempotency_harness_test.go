@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"net/netip"
 	"runtime"
 	"strings"
 	"testing"
@@ -31,6 +32,7 @@ type idemOpts struct {
 	idem    restapi.IdempotencyConfig
 	att     restapi.AttachmentConfig
 	limiter restapi.RateLimiter
+	trusted []netip.Prefix // Config.TrustedProxies
 }
 
 // newIdemHarness is newHarness with the idempotency, attachment and Redis
@@ -50,7 +52,8 @@ func newIdemHarness(t *testing.T, o idemOpts) *harness {
 		t.Fatal(err)
 	}
 	api, err := restapi.NewServer(restapi.Deps{
-		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Idempotency: o.idem, Attachments: o.att},
+		Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789"), Idempotency: o.idem, Attachments: o.att,
+			TrustedProxies: o.trusted},
 		Logger: logger, Store: base.store, Redis: o.rdb, Realtime: o.rt, Verifier: v, RateLimiter: o.limiter})
 	if err != nil {
 		t.Fatal(err)
