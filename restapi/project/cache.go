@@ -182,7 +182,7 @@ func (a *API) listCache(ctx context.Context, c *call, cq project.CacheQuery) (re
 		return reply{}, err
 	}
 	return reply{noStore: true, stream: func(w http.ResponseWriter) {
-		a.streamCachePage(ctx, w, c.keys, page)
+		a.streamCachePage(ctx, w, c, page)
 		// Lazy cleanup of what the listing found expired or evicted; best
 		// effort (refused under OOM, where the listing itself still works).
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
@@ -193,26 +193,46 @@ func (a *API) listCache(ctx context.Context, c *call, cq project.CacheQuery) (re
 	}}, nil
 }
 
-// streamCachePage writes {"items":[…],"nextCursor":…} item by item.
-func (a *API) streamCachePage(ctx context.Context, w http.ResponseWriter, k project.Keys, page *project.CachePage) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
+// streamCachePage writes {"items":[…],"nextCursor":…} item by item. The
+// status line waits for the first item (or the end), so a Redis failure
+// before any item is answered as an error; one after cuts the response.
+func (a *API) streamCachePage(ctx context.Context, w http.ResponseWriter, c *call, page *project.CachePage) {
 	bw := bufio.NewWriterSize(w, 64<<10)
-	_, _ = bw.WriteString(`{"items":[`)
+	started := false
+	start := func() {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			_, _ = bw.WriteString(`{"items":[`)
+		}
+	}
 	n := 0
-	err := a.cache.EachItem(ctx, k, page, func(it project.CacheItem) error {
+	var writeErr error // the client's side: a write that failed
+	err := a.cache.EachItem(ctx, c.keys, page, func(it project.CacheItem) error {
 		b, err := json.Marshal(toCacheItemDTO(it))
 		if err != nil {
 			return err
 		}
+		start()
 		if n > 0 {
 			_ = bw.WriteByte(',')
 		}
 		n++
-		_, err = bw.Write(b)
-		return err
+		if _, writeErr = bw.Write(b); writeErr != nil {
+			return writeErr
+		}
+		return nil
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+	case writeErr != nil || ctx.Err() != nil:
+		// The client stopped reading or left: not a failure of Redis.
+		panic(http.ErrAbortHandler)
+	case !started:
+		a.d.Host.Fail(w, c.r, err) // counted and logged there, like any refusal
+		return
+	default:
 		// Half a page is already on the wire: cut the response so the
 		// client sees a failure instead of a short, valid-looking page.
 		a.d.DependencyErrors.WithLabelValues("redis", "project_cache_list").Inc()
@@ -220,6 +240,7 @@ func (a *API) streamCachePage(ctx context.Context, w http.ResponseWriter, k proj
 			slog.String("request_id", a.d.Host.RequestID(ctx)), slog.String("kind", store.Kind(err)))
 		panic(http.ErrAbortHandler)
 	}
+	start()
 	_, _ = bw.WriteString(`],"nextCursor":`)
 	if page.Next == "" {
 		_, _ = bw.WriteString("null}")
