@@ -101,14 +101,19 @@ func pathUUID(r *http.Request, name string) (string, error) {
 	return id, nil
 }
 
-// parseLimit reads ?limit= (default def, 1..max, else 400 invalid_limit).
+// parseLimit reads ?limit= (absent: def; given once, as digits, 1..max;
+// else 400 invalid_limit).
 func parseLimit(r *http.Request, def, max int) (int, error) {
-	v := r.URL.Query().Get("limit")
+	v, ok := onceQuery(r.URL.Query(), "limit")
+	if !ok {
+		return 0, apiErr(http.StatusBadRequest, "invalid_limit")
+	}
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > max {
+	if err != nil || v[0] < '0' || v[0] > '9' || n < 1 || n > max {
+		// Digits only: Atoi also takes a sign.
 		return 0, apiErr(http.StatusBadRequest, "invalid_limit")
 	}
 	return n, nil
@@ -167,9 +172,6 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 // pageLimit is parseLimit for the chat listings, where ?limit= given twice
 // is 400 invalid_limit: no value of the two is the one the client meant.
 func pageLimit(r *http.Request) (int, error) {
-	if len(r.URL.Query()["limit"]) > 1 {
-		return 0, apiErr(http.StatusBadRequest, "invalid_limit")
-	}
 	return parseLimit(r, DefaultPageLimit, MaxPageLimit)
 }
 

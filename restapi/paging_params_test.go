@@ -53,3 +53,38 @@ func TestRepeatedPagingParametersAreRefused(t *testing.T) {
 		t.Fatalf("limit=1&cursor=1: %d %s", code, b)
 	}
 }
+
+// The project listings follow the same rule (limit: invalid_limit; cursor:
+// invalid_cursor when given twice), and a limit is digits only: a sign,
+// which strconv would take, is invalid_limit on every listing.
+func TestProjectListingsRefuseRepeatedPagingParameters(t *testing.T) {
+	h := newPrjHarness(t)
+	p := h.project()
+	top := h.qTopic(p, "t")
+	sub := h.qSub(p, top.ID, "s")
+	h.qPublish(p, top.ID, "e1", `{"a":1}`)
+	h.putKV(p, "k1", "v1", 3600)
+	_, aTok := h.user()
+	for _, c := range []struct{ path, code string }{
+		{p.path("/cache?cursor=&cursor="), "invalid_cursor"},
+		{p.path("/cache?limit=5&limit=x"), "invalid_limit"},
+		{p.path("/cache?limit=+5"), "invalid_limit"},
+		{p.path("/topics/" + top.ID + "/messages?cursor=a&cursor=b"), "invalid_cursor"},
+		{p.path("/topics/" + top.ID + "/messages?limit=5&limit=5"), "invalid_limit"},
+		{p.path("/topics/" + top.ID + "/messages?limit=-1"), "invalid_limit"},
+		{p.path("/subscriptions/" + sub.ID + "/receipts?cursor=&cursor="), "invalid_cursor"},
+		{p.path("/subscriptions/" + sub.ID + "/receipts?limit=+1"), "invalid_limit"},
+	} {
+		code, b := h.do(p.read, "GET", c.path, "")
+		wantError(t, code, b, 400, c.code)
+	}
+	code, b := h.do(aTok, "GET", "/v1/dialogs?limit=+1", "")
+	wantError(t, code, b, 400, "invalid_limit")
+	// Once each, as before.
+	if code, b := h.do(p.read, "GET", p.path("/cache?limit=5"), ""); code != 200 {
+		t.Fatalf("cache?limit=5: %d %s", code, b)
+	}
+	if code, b := h.do(p.read, "GET", p.path("/topics/"+top.ID+"/messages?limit=05"), ""); code != 200 {
+		t.Fatalf("messages?limit=05: %d %s", code, b)
+	}
+}

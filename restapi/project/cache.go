@@ -166,7 +166,11 @@ func parseCacheQuery(c *call) (project.CacheQuery, error) {
 	if cq.Limit, err = c.limit(project.CachePageDefault, project.CachePageMax); err != nil {
 		return cq, err
 	}
-	cq.Cursor, err = project.ParseCacheCursor(q.Get("cursor"))
+	cursor, err := c.cursor()
+	if err != nil {
+		return cq, err
+	}
+	cq.Cursor, err = project.ParseCacheCursor(cursor)
 	return cq, err
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/restapi/apierr"
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/project"
 )
 
 // bodyMode says what a route reads from the request body.
@@ -91,8 +92,24 @@ type call struct {
 	host Host
 }
 
-// limit reads ?limit= (absent: def; 1..max, else invalid_limit).
+// limit reads ?limit= (absent: def; given once, as digits, 1..max; else
+// invalid_limit).
 func (c *call) limit(def, max int) (int, error) { return c.host.ParseLimit(c.r, def, max) }
+
+// cursor reads ?cursor= ("" when absent). Given more than once (even with
+// the same value) it is invalid_cursor: a client that appends the next
+// cursor to the previous page's URL must learn of it, not get that page
+// again.
+func (c *call) cursor() (string, error) {
+	vs := c.r.URL.Query()["cursor"]
+	switch len(vs) {
+	case 0:
+		return "", nil
+	case 1:
+		return vs[0], nil
+	}
+	return "", project.ErrInvalidCursor
+}
 
 // reply is a route's success: status and body (nil: none), or a writer of
 // its own that streams it.

@@ -148,7 +148,11 @@ type pageIn struct {
 
 func parsePage(c *call) (pageIn, error) {
 	n, err := c.limit(project.MessagePageDefault, project.CachePageMax)
-	return pageIn{limit: n, cursor: c.r.URL.Query().Get("cursor")}, err
+	if err != nil {
+		return pageIn{}, err
+	}
+	cursor, err := c.cursor()
+	return pageIn{limit: n, cursor: cursor}, err
 }
 
 func (a *API) listMessages(ctx context.Context, c *call, in pageIn) (reply, error) {
