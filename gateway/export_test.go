@@ -15,3 +15,10 @@ func (s *Service) HoldHandshakeSlots(n int) (release func()) {
 		}
 	}
 }
+
+// HoldHubLock takes the hub's lock, as a long connect, subscribe or
+// dispatch would, until the returned function gives it back.
+func (s *Service) HoldHubLock() (release func()) {
+	s.hub.mu.Lock()
+	return s.hub.mu.Unlock
+}

@@ -77,8 +77,15 @@ type hubStats struct {
 	inlineWhole    atomic.Uint64
 	inlineRest     atomic.Uint64
 	maxQueue       atomic.Int64
-	closes         sync.Map // websocket.StatusCode → *atomic.Uint64
-	rejects        sync.Map // reason → *atomic.Uint64
+	// conns and subs are the open connections and their dialog
+	// subscriptions, kept beside the hub's maps (changed under h.mu) so a
+	// metrics scrape reads them without taking any lock: a flood of
+	// scrapes would otherwise hold the hub's lock, and every connect,
+	// subscribe and delivery would wait behind it.
+	conns   atomic.Int64
+	subs    atomic.Int64
+	closes  sync.Map // websocket.StatusCode → *atomic.Uint64
+	rejects sync.Map // reason → *atomic.Uint64
 }
 
 func (s *hubStats) observeQueue(n int) {
@@ -168,15 +175,9 @@ func (h *Hub) Stats() Stats {
 		st.Rejects[k.(string)] = v.(*atomic.Uint64).Load()
 		return true
 	})
-	h.mu.RLock()
 	st.RecoverReads = h.rec.readsOK.Load() + st.RecoverReadErrors
-	st.Connections = len(h.conns)
-	for c := range h.conns {
-		c.mu.Lock()
-		st.Subscriptions += len(c.subs)
-		c.mu.Unlock()
-	}
-	h.mu.RUnlock()
+	st.Connections = int(h.stats.conns.Load())
+	st.Subscriptions = int(h.stats.subs.Load())
 	return st
 }
 
@@ -191,6 +192,7 @@ func (h *Hub) add(c *conn) bool {
 	}
 	h.wg.Add(1)
 	h.conns[c] = struct{}{}
+	h.stats.conns.Add(1)
 	h.membersLocked(ch).add(c, nil)
 	h.mu.Unlock()
 	h.deps.Subscriber.Add(ch)
@@ -207,11 +209,13 @@ func (h *Hub) remove(c *conn) ([]string, *drainRemover) {
 		return nil, h.remover
 	}
 	delete(h.conns, c)
+	h.stats.conns.Add(-1)
 	out := []string{pubsub.UserChannel(c.userID)}
 	c.mu.Lock()
 	for _, s := range c.subs {
 		out = append(out, s.channel)
 	}
+	h.stats.subs.Add(-int64(len(c.subs)))
 	c.subs = nil
 	c.mu.Unlock()
 	for _, ch := range out {
@@ -243,6 +247,7 @@ func (h *Hub) attach(c *conn, channel string) *sub {
 	m := h.membersLocked(channel)
 	s := &sub{channel: m.name}
 	c.subs = append(c.subs, s)
+	h.stats.subs.Add(1)
 	c.mu.Unlock()
 	m.add(c, s)
 	return s
@@ -255,6 +260,7 @@ func (h *Hub) detach(c *conn, dialogID string) {
 	s, i := c.subLocked(dialogID)
 	if s != nil {
 		c.subs = slices.Delete(c.subs, i, i+1)
+		h.stats.subs.Add(-1)
 		if len(c.subs) == 0 {
 			c.subs = nil
 		}

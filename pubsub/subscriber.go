@@ -141,6 +141,10 @@ type Subscriber struct {
 	shardReconnects *prometheus.CounterVec
 	shardLag        *prometheus.GaugeVec
 
+	// live is how many channels other than the canary have references,
+	// changed with chans (under mu) and read without it (Channels), so a
+	// metrics scrape never waits for, nor holds up, a publish or subscribe.
+	live    atomic.Int64
 	mu      sync.Mutex // guards chans, dirty, ps, up, closed, and on a cluster shards, hooked, downShards, reload, retryAt, backoff, lostN
 	chans   map[string]*chanState
 	dirty   map[string]struct{}
@@ -313,6 +317,9 @@ func (s *Subscriber) addLocked(channel string) *chanState {
 		s.chans[channel] = st
 	}
 	st.refs++
+	if st.refs == 1 && channel != s.canary {
+		s.live.Add(1)
+	}
 	if !(st.sent == sentSubscribe) {
 		s.dirty[channel] = struct{}{}
 	}
@@ -379,23 +386,17 @@ func (s *Subscriber) Unsubscribe(channel string) {
 	st.refs--
 	if st.refs == 0 {
 		s.dirty[channel] = struct{}{}
+		if channel != s.canary {
+			s.live.Add(-1)
+		}
 	}
 	s.mu.Unlock()
 	s.wake()
 }
 
-// Channels returns the number of channels with references.
-func (s *Subscriber) Channels() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for ch, st := range s.chans {
-		if st.refs > 0 && ch != s.canary {
-			n++
-		}
-	}
-	return n
-}
+// Channels returns the number of channels with references (the canary's
+// aside), without taking the subscriber's lock.
+func (s *Subscriber) Channels() int { return int(s.live.Load()) }
 
 func (s *Subscriber) wake() {
 	select {

@@ -214,3 +214,29 @@ func TestSubscribeWhileRedisIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The channel count a metrics scrape reads takes no lock of the
+// subscriber: scrapes walked every channel under the lock that each
+// publish and subscribe takes, so a flood of them held up deliveries.
+func TestChannelCountTakesNoLock(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newSubscriber(t)
+	for range 3 {
+		if err := s.Subscribe(ctx, pubsub.DialogChannel(ids.New())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := s.HoldLock()
+	got := make(chan int, 1)
+	go func() { got <- s.Channels() }()
+	select {
+	case n := <-got:
+		release()
+		if n != 3 {
+			t.Fatalf("channels: %d, want 3", n)
+		}
+	case <-time.After(5 * time.Second):
+		release()
+		t.Fatal("the channel count waited for the subscriber's lock")
+	}
+}
