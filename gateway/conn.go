@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -111,13 +112,26 @@ type conn struct {
 	frameFull time.Duration
 }
 
+// lastNs is the latest time a Unix ns int64 holds (2262-04-11).
+var lastNs = time.Unix(0, math.MaxInt64)
+
+// expiresNs is t in Unix ns, saturated: UnixNano wraps past 2262, and a
+// token whose exp lies beyond (9999999999 is a common "never") would read
+// as long expired.
+func expiresNs(t time.Time) int64 {
+	if t.After(lastNs) {
+		return math.MaxInt64
+	}
+	return t.UnixNano()
+}
+
 func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires time.Time) *conn {
 	// The first ping comes between half a PingInterval and a whole one
 	// after the connect: connections opened together (a storm, a load
 	// test) would otherwise all fall due in the same scan of the hub, and
 	// every interval after that, as one burst of pings and pongs.
 	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID,
-		lastPing: time.Now().Add(-rand.N(max(h.cfg.PingInterval/2, 1))), expires: expires.UnixNano()}
+		lastPing: time.Now().Add(-rand.N(max(h.cfg.PingInterval/2, 1))), expires: expiresNs(expires)}
 	c.writeLoopFn = c.writeLoop
 	return c
 }

@@ -365,7 +365,7 @@ func (c *conn) refresh(token string) bool {
 		return false
 	}
 	c.mu.Lock()
-	c.expires = p.Expires.Add(h.deps.Verifier.Leeway()).UnixNano()
+	c.expires = expiresNs(p.Expires.Add(h.deps.Verifier.Leeway()))
 	c.mu.Unlock()
 	c.send(mustJSON(refreshedFrame{Type: "refreshed", ExpiresAt: p.Expires.UnixMilli()}))
 	return true

@@ -311,3 +311,30 @@ func parallel(n, workers int, f func(i int)) {
 	}
 	wg.Wait()
 }
+
+// A token whose exp lies past 2262 (9999999999 is a common "never") keeps
+// its socket open as REST keeps answering it: its expiry is held in Unix
+// nanoseconds, which wrapped to the past and closed the socket with 4001
+// token_expired at the next check — on connect and on refresh alike.
+func TestTokenExpiringAfter2262KeepsTheSocketOpen(t *testing.T) {
+	pool := openPool(t)
+	in := newInstance(t, pool, opts{})
+	u := in.users(1)[0]
+	far := time.Until(time.Unix(9999999999, 0))
+	tok, exp := mint(t, u, auth.KindUser, far)
+	if exp.Year() < 2262 {
+		t.Fatalf("the token expires in %d, want after 2262", exp.Year())
+	}
+	direct := in.connectWith(dialOpts{token: tok})
+	if hello := direct.expect("hello"); hello.ExpiresAt != exp.UnixMilli() {
+		t.Fatalf("hello expiresAt %d, want %d", hello.ExpiresAt, exp.UnixMilli())
+	}
+	refreshed := in.connect(u)
+	refreshed.send(`{"type":"refresh","token":"` + tok + `"}`)
+	if f := refreshed.expect("refreshed"); f.ExpiresAt != exp.UnixMilli() {
+		t.Fatalf("refreshed expiresAt %d, want %d", f.ExpiresAt, exp.UnixMilli())
+	}
+	time.Sleep(2500 * time.Millisecond) // the server checks expiries every second
+	direct.ping()
+	refreshed.ping()
+}
