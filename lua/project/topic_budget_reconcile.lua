@@ -8,7 +8,9 @@
 --          leases past their expiry (their instance died or went idle; the
 --          bytes its scripts added are in the project budgets the scan
 --          sums, and a live instance commits them again when it returns the
---          lease, which only over-counts);
+--          lease, which only over-counts); their bytes move to committed,
+--          since the project scripts may have used them: until end (or
+--          when end never comes) the counter over-counts, never under;
 --          bump gen, open the window (rstart = now, rpos = 0).
 --   end:   if the window is still ours (gen = ARGV[2]), committed = the
 --          scanned sum + every byte committed during the window (rpos:
@@ -60,6 +62,7 @@ if ARGV[1] == 'begin' then
   local lbytes, ln = drop(KEYS[3], now)
   reserved = math.max(reserved - rbytes, 0)
   leased = math.max(leased - lbytes, 0)
+  committed = committed + rbytes + lbytes
   local dropped = rn + ln
   gen = gen + 1
   redis.call('HSET', KEYS[1], 'reserved', reserved, 'leased', leased, 'gen', gen, 'rstart', now, 'rpos', 0,

@@ -144,3 +144,32 @@ func TestBudgetReconcilerRunsPeriodically(t *testing.T) {
 	rc.Close()
 	rc.Close()
 }
+
+// Between a reconcile's begin and its end (and when its end never comes: a
+// failed scan) the module budget counts no less than the projects hold: the
+// bytes of a dropped reservation whose project script ran, and of an
+// expired lease the instance used, move to committed instead of leaving
+// the count. A reservation past the cap is refused meanwhile.
+func TestModuleBudgetNeverUnderCountsBetweenReconcilePhases(t *testing.T) {
+	e := newBudgetEnv(t)
+	ctx := context.Background()
+	if _, ok, err := e.mb.Reserve(ctx, e.pid, 1<<20); err != nil || !ok {
+		t.Fatalf("reserve the whole cap: %v %v", ok, err)
+	}
+	e.projectBytes(1 << 20) // the project script ran; the writer died before settling
+	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases()}
+	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", int64(0), time.Minute.Milliseconds()).Int64Slice()
+	if err != nil || begin[0] != 1 || begin[2] != 1 {
+		t.Fatalf("begin: %v %v, want the stale reservation dropped", begin, err)
+	}
+	if got := e.committed(); got != 1<<20 {
+		t.Fatalf("committed after begin %d, want the dropped reservation's %d", got, 1<<20)
+	}
+	if _, ok, err := e.mb.Reserve(ctx, e.pid, 1); err != nil || ok {
+		t.Fatalf("a reservation past the cap granted between the phases (%v)", err)
+	}
+	end, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "end", begin[1], int64(1<<20)).Int64Slice()
+	if err != nil || end[0] != 1 || end[2] != 1<<20 {
+		t.Fatalf("end: %v %v", end, err)
+	}
+}
