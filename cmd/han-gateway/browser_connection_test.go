@@ -26,6 +26,7 @@ import (
 func TestBrowserConnection(t *testing.T) {
 	b := startBrowser(t)
 	t.Run("many dialogs stay live", func(t *testing.T) { browserManyDialogs(t, b) })
+	t.Run("the open dialog is live past the subscription limit", func(t *testing.T) { browserOpenDialogPastTheLimit(t, b) })
 	t.Run("sign-out ends the old session", func(t *testing.T) { browserSignOutEndsSession(t, b) })
 	t.Run("one listing per reconnect", func(t *testing.T) { browserOneListingPerReconnect(t, b) })
 	t.Run("offline poll reads only new messages", func(t *testing.T) { browserOfflinePoll(t, b) })
@@ -168,6 +169,56 @@ func browserManyDialogs(t *testing.T, b *browser) {
 	m = start(t, vars)
 	bp.waitJS(40*time.Second, "bob live again", liveJS)
 	subscribedAll("after the restart", 2*dialogs)
+	if frames.has(false, `"type":"error"`) {
+		t.Errorf("error frames: %v", frames.received)
+	}
+	bp.noJSErrors()
+}
+
+// browserOpenDialogPastTheLimit: bob is in 201 dialogs; the socket follows
+// 200 (the SDK's limit), the newest in the listing. Opening the oldest makes
+// room for it (the least recently active followed dialog is dropped), so a
+// message sent to it reaches the open window over the socket at once, and
+// so does one sent to a dialog created after the limit was reached, once
+// opened.
+func browserOpenDialogPastTheLimit(t *testing.T, b *browser) {
+	const dialogs = 201
+	port := freePorts(t, 1)[0]
+	vars := instanceVars(port, "browser-limit", fmt.Sprintf("http://127.0.0.1:%d", port))
+	m := start(t, vars)
+	alice, bob := ids.New(), ids.New()
+	dlgIDs := dialogsWith(t, m, dialogs, alice, bob)
+	aTok := mintToken(t, alice)
+	bp := b.newPage(t, "bob")
+	frames := bp.recordWebSocket()
+	bp.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintToken(t, bob)))
+	bp.waitJS(deliveryBound, "all dialogs listed", fmt.Sprintf(`document.querySelectorAll("a.dialog-item").length === %d`, dialogs))
+	deadline := time.Now().Add(30 * time.Second)
+	for frames.count(false, `"type":"subscribed"`) < 200 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := frames.count(false, `"type":"subscribed"`); n != 200 {
+		t.Fatalf("%d subscribed frames, want the limit of 200", n)
+	}
+	send := func(id, body string) {
+		t.Helper()
+		if code, b := callH(t, "POST", m.URL()+"/v1/dialogs/"+id+"/messages", aTok, fmt.Sprintf(`{"body":%q}`, body),
+			map[string]string{"Idempotency-Key": ids.New()}); code != 201 {
+			t.Fatalf("send: %d %s", code, b)
+		}
+	}
+	oldest := dlgIDs[0] // last in the listing: not followed
+	bp.do("open the oldest dialog", chromedp.Navigate(m.URL()+"/#/chat/"+oldest))
+	bp.waitJS(deliveryBound, "dialog open", `document.querySelector("#dialog-title")?.textContent === "d0"`)
+	deadline = time.Now().Add(deliveryBound)
+	for !frames.has(false, `"type":"subscribed","dialogId":"`+oldest+`"`) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !frames.has(false, `"type":"subscribed","dialogId":"`+oldest+`"`) {
+		t.Fatal("opening a dialog past the limit did not subscribe it")
+	}
+	send(oldest, "to the oldest")
+	bp.waitSel(2*time.Second, "the message shown over the socket (the offline poll would take 5 s)", `#messages li.msg[data-seq="1"]`)
 	if frames.has(false, `"type":"error"`) {
 		t.Errorf("error frames: %v", frames.received)
 	}

@@ -47,6 +47,7 @@ export class ChatView {
     this.onSync = onSync || (() => {});
     this.dialogs = new Map(); // id → dialog DTO (+ activity)
     this.timelines = new Map(); // id → Timeline (dialogs opened this session)
+    this.followed = new Set(); // ids of the dialogs the socket follows (#follow)
     this.presence = new Map(); // user id → {online, lastSeenAt}
     this.typing = new Map(); // dialog id → Map(user id → shown until)
     this.pending = new Map(); // dialog id → [outgoing message]
@@ -330,6 +331,7 @@ export class ChatView {
     this.msgList.replaceChildren();
     this.msgEls.clear();
     let tl = this.timelines.get(id);
+    if (!this.followed.has(id)) this.#follow(id, tl ? Math.max(tl.heldThrough, d.lastSeq || 0) : d.lastSeq || 0);
     if (!tl) {
       const rest = this.client.rest;
       tl = new Timeline({
@@ -366,12 +368,29 @@ export class ChatView {
   }
 
   // #follow subscribes to a dialog from the seq the listing reported: the
-  // SDK then delivers every later message (dialogs beyond its limit of
-  // subscriptions are listed but not followed live).
+  // SDK then delivers every later message. It follows at most 200 dialogs:
+  // past that, the followed dialog least recently active (never the open
+  // one) makes room for a more recent one, and always for the open one, so
+  // the dialog on screen is live whatever its place in the listing.
   #follow(id, sinceSeq) {
+    if (this.followed.has(id)) return;
     try {
       this.rt.subscribe(id, { sinceSeq: sinceSeq || 0 });
+      this.followed.add(id);
+      return;
     } catch { /* too_many_subscriptions */ }
+    const activity = (x) => (x === this.current ? Infinity : (this.dialogs.get(x)?.activity || 0));
+    let victim = null;
+    for (const other of this.followed) {
+      if (other !== this.current && (victim === null || activity(other) < activity(victim))) victim = other;
+    }
+    if (victim === null || activity(victim) >= activity(id)) return;
+    this.rt.unsubscribe(victim);
+    this.followed.delete(victim);
+    try {
+      this.rt.subscribe(id, { sinceSeq: sinceSeq || 0 });
+      this.followed.add(id);
+    } catch { /* not expected: a place was just made */ }
   }
 
   // #poll runs every 5 s. An open dialog whose window failed to load tries
@@ -386,7 +405,7 @@ export class ChatView {
       return;
     }
     const tl = id && this.timelines.get(id);
-    if (this.rt.live || !tl || !tl.loaded || this.polling || this.rt.state.reason === "token_expired") return;
+    if ((this.rt.live && this.followed.has(id)) || !tl || !tl.loaded || this.polling || this.rt.state.reason === "token_expired") return;
     this.polling = true;
     try {
       await tl.catchUp(Math.max(this.rt.known(id) ?? 0, tl.heldThrough), 1);
