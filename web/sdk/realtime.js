@@ -288,6 +288,7 @@ export class Realtime extends Emitter {
   start() {
     if (!this.#stopped) return;
     this.#stopped = false;
+    this.#expired = false;
     if (this.#abort.signal.aborted) this.#abort = new AbortController();
     this.#attempt = 0;
     void this.#connect();
@@ -770,7 +771,12 @@ export class Realtime extends Emitter {
     if (this.#stopped) return;
     const tok = await this.#tokens.renew(reason);
     if (!tok || this.#stopped) {
-      if (this.#expired && !this.#stopped) this.#setState({ phase: "stopped", reason: "token_expired", code: 4001 });
+      if (this.#expired && !this.#stopped) {
+        // Given up: stopped for good (timers, reconciliations with the dead
+        // token), so a later start() connects again with a new token.
+        this.stop();
+        this.#setState({ phase: "stopped", reason: "token_expired", code: 4001 });
+      }
       return;
     }
     if (this.#expired) {

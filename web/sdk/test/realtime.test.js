@@ -427,3 +427,30 @@ test("a frame over MAX_FRAME_BYTES from the server ends the socket and the clien
     wss.close();
   }
 });
+
+test("after token_expired and a getToken that gives up, the client is stopped for good and start() connects again", async () => {
+  let answer = /** @type {string | null} */ (null);
+  const reasons = /** @type {string[]} */ ([]);
+  const tokens = new Tokens(({ reason }) => {
+    reasons.push(reason);
+    return reason === "initial" ? "t1" : answer;
+  });
+  const rest = /** @type {any} */ ({ ticket: async () => ({ ticket: "t", expiresAt: 0 }) });
+  const rt = new Realtime({ url: "ws://gateway/v1/realtime", auth: "bearer", WebSocket: /** @type {any} */ (FakeSocket) }, rest, tokens);
+  rt.start();
+  for (let i = 0; i < 50 && FakeSocket.all.length === 0; i++) await settle();
+  const first = FakeSocket.all[0];
+  first.hello();
+  first.readyState = 3;
+  first.onclose?.({ code: 4001, reason: "token_expired" });
+  for (let i = 0; i < 20 && rt.state.phase !== "stopped"; i++) await settle();
+  assert.equal(rt.state.phase, "stopped");
+  assert.equal(rt.state.reason, "token_expired");
+  assert.equal(FakeSocket.all.length, 1, "no reconnect with the expired token");
+
+  answer = "t2";
+  rt.start();
+  for (let i = 0; i < 50 && FakeSocket.all.length === 1; i++) await settle();
+  assert.equal(FakeSocket.all.length, 2, "start() after the client gave up opens a new connection");
+  rt.stop();
+});
