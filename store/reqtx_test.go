@@ -155,3 +155,58 @@ func TestARequestTransactionOnAStalledServerEndsWithinItsBudget(t *testing.T) {
 	}
 	t.Logf("ended after %v", time.Since(start).Round(10*time.Millisecond))
 }
+
+// A send whose statement reached PostgreSQL but whose answer did not come
+// back within the client's deadline (a stalled server or network) is not
+// answered database_busy, which promises nothing was committed: the
+// statement may have committed. It is database_unavailable, whose retry
+// with the same idempotency key or clientMessageId answers the outcome.
+func TestASendWhoseAnswerNeverComesIsNotBusy(t *testing.T) {
+	_, _ = openStore(t) // migrations
+	ctx := context.Background()
+	u, err := url.Parse(env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	u.Host = p.Addr()
+	pool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	defer func() {
+		p.Blackhole(false)
+		p.Cut()
+	}()
+	s := store.New(pool)
+	s.SetRequestTimeout(300 * time.Millisecond)
+	s.SetSendLinger(0)
+	alice, bob := ids.New(), ids.New()
+	for _, id := range []string{alice, bob} {
+		if err := s.EnsureUser(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := s.CreateDialog(ctx, ids.New(), alice, "", []string{bob})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := s.SendMessage(ctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: alice, Body: "warm"}); err != nil {
+		t.Fatal(err) // the pool's connection was used just now: no ping before the next use
+	}
+	p.Blackhole(true)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	_, _, _, err = s.SendMessage(wctx, store.SendMessage{ID: ids.New(), DialogID: d.ID, SenderID: alice, Body: "unanswered"})
+	if wctx.Err() != nil {
+		t.Fatal("the send waited until its caller gave up")
+	}
+	if err == nil || errors.Is(err, store.ErrDatabaseBusy) || !store.IsPGUnavailable(err) {
+		t.Fatalf("a send whose answer never came: %v, want unavailable (outcome unknown), not busy", err)
+	}
+}

@@ -280,10 +280,13 @@ func scanSendRows(rows pgx.Rows, group []*dialogBatch) ([][]sendRow, error) {
 }
 
 // sendError is the error a failed send statement returns: ErrDatabaseBusy
-// for a lock or statement over budget, the PostgreSQL error (wrapped) for
-// anything else.
+// for a lock or statement the server cut short over budget (nothing
+// committed), the error (wrapped) for anything else. A statement whose
+// answer did not come within the client's deadline is not busy: it was
+// sent and may have committed (IsPGUnavailable, its outcome unknown; a
+// retry with the same idempotency key or clientMessageId answers it).
 func sendError(err error) error {
-	if IsDatabaseBusy(err) || errors.Is(err, context.DeadlineExceeded) {
+	if IsDatabaseBusy(err) {
 		return fmt.Errorf("%w: send message: %w", ErrDatabaseBusy, err)
 	}
 	return fmt.Errorf("send message: %w", err)
