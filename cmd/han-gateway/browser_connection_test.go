@@ -27,6 +27,7 @@ func TestBrowserConnection(t *testing.T) {
 	b := startBrowser(t)
 	t.Run("many dialogs stay live", func(t *testing.T) { browserManyDialogs(t, b) })
 	t.Run("the open dialog is live past the subscription limit", func(t *testing.T) { browserOpenDialogPastTheLimit(t, b) })
+	t.Run("a sign-in link opened in a running tab", func(t *testing.T) { browserSignInLinkInRunningTab(t, b) })
 	t.Run("sign-out ends the old session", func(t *testing.T) { browserSignOutEndsSession(t, b) })
 	t.Run("one listing per reconnect", func(t *testing.T) { browserOneListingPerReconnect(t, b) })
 	t.Run("offline poll reads only new messages", func(t *testing.T) { browserOfflinePoll(t, b) })
@@ -223,6 +224,33 @@ func browserOpenDialogPastTheLimit(t *testing.T, b *browser) {
 		t.Errorf("error frames: %v", frames.received)
 	}
 	bp.noJSErrors()
+}
+
+// browserSignInLinkInRunningTab: a sign-in link opened in a tab that runs
+// already (a same-document navigation: only hashchange fires) signs in —
+// as another user over a running session, and after a sign-out — and its
+// token leaves the address bar at once, as on a fresh page.
+func browserSignInLinkInRunningTab(t *testing.T, b *browser) {
+	port := freePorts(t, 1)[0]
+	m := start(t, instanceVars(port, "browser-link", fmt.Sprintf("http://127.0.0.1:%d", port)))
+	alice, bob := ids.New(), ids.New()
+	p := b.newPage(t, "alice")
+	p.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintToken(t, alice)))
+	p.waitJS(deliveryBound, "alice live", liveJS)
+	signedInAs := func(what, user string) {
+		t.Helper()
+		p.waitJS(deliveryBound, what, fmt.Sprintf(`document.querySelector("#me-id")?.textContent === %q && document.querySelector("#conn")?.dataset.phase === "live"`, user[len(user)-8:]))
+		if href := mustEval[string](p, "location.href"); strings.Contains(href, "token=") {
+			t.Fatalf("%s: the token stayed in the address bar: %s", what, href)
+		}
+	}
+	_ = mustEval[bool](p, fmt.Sprintf(`(() => { location.hash = "#token=%s"; return true; })()`, mintToken(t, bob)))
+	signedInAs("bob's link over alice's session", bob)
+	p.click("#sign-out")
+	p.waitSel(deliveryBound, "sign-in form", "#signin-form")
+	_ = mustEval[bool](p, fmt.Sprintf(`(() => { location.hash = "#token=%s"; return true; })()`, mintToken(t, alice)))
+	signedInAs("alice's link after the sign-out", alice)
+	p.noJSErrors()
 }
 
 // browserSignOutEndsSession: alice signs out and in again in the same tab.

@@ -282,6 +282,16 @@ function route() {
   document.title = section === "chat" ? "HAN · Chat" : "HAN · Project console";
 }
 
+// signInFromLink signs in with the token of a sign-in link opened in a tab
+// already running: a session open before it ends first.
+async function signInFromLink(tok) {
+  if (app.me) signOut();
+  $("#main").replaceChildren(h("p", { class: "muted loading", text: "Signing in…" }));
+  const errBox = h("div");
+  if (await signIn(tok, errBox)) route();
+  else showSignIn(errBox.firstChild ? { code: errBox.firstChild.dataset.code } : null);
+}
+
 // ---- start ----------------------------------------------------------------------------------
 
 async function boot() {
@@ -290,12 +300,19 @@ async function boot() {
     toast((await copyText(app.me || "")) ? "Your user id was copied." : `Your user id: ${app.me}`, "success");
   });
   window.addEventListener("hashchange", () => {
-    // A sign-in link opened while a new token is asked for answers the ask.
-    if (renewal && /(^|&)token=/.test(location.hash.slice(1))) {
-      useNewToken(takeFragmentToken());
+    // A sign-in link opened in this tab: its token leaves the address bar
+    // and history at once. While a new token is asked for it answers the
+    // ask; otherwise it signs in (the session before it, if any, ends).
+    const tok = takeFragmentToken();
+    if (!tok) {
+      route();
       return;
     }
-    route();
+    if (renewal) {
+      useNewToken(tok);
+      return;
+    }
+    void signInFromLink(tok);
   });
   onAuthLost(() => { if (app.me) signOut({ code: "unauthorized", status: 401 }); });
   // Back online: skip the wait of a pending reconnect.
@@ -305,10 +322,7 @@ async function boot() {
     showSignIn();
     return;
   }
-  $("#main").replaceChildren(h("p", { class: "muted loading", text: "Signing in…" }));
-  const errBox = h("div");
-  if (await signIn(tok, errBox)) route();
-  else showSignIn(errBox.firstChild ? { code: errBox.firstChild.dataset.code } : null);
+  await signInFromLink(tok);
 }
 
 boot();
