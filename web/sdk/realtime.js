@@ -24,6 +24,10 @@ const HEARTBEAT_MAX_MS = 5 * 60000;
 const HEARTBEAT_DEFAULT_MS = 25000;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
 const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
+// At most this many dialogs are reconciled over REST at once: a resync of
+// every dialog (200 of them) must not become 200 concurrent reads against
+// the user's read rate limit; the others wait their turn.
+const MAX_RECONCILES = 4;
 /**
  * The largest frame taken from the server (ws's maxPayload; a browser's
  * WebSocket ignores the option). The server's frames are far smaller (its
@@ -255,6 +259,9 @@ export class Realtime extends Emitter {
   #refreshSent = false;
   #renewAskedAt = -Infinity; // when the live connection last asked for a new token
   #expired = false; // closed with token_expired: no reconnect before a new token
+  #reconciles = 0; // reconciliations running (at most MAX_RECONCILES)
+  /** @type {(() => void)[]} */
+  #reconcileQueue = []; // reconciliations waiting for a slot, in order
   /** @type {Map<string, number>} */
   #typingSent = new Map();
   /** @type {Set<string>} dialogs whose subscribe with sinceSeq awaits its subscribed frame */
@@ -649,6 +656,22 @@ export class Realtime extends Emitter {
     for (const message of msgs) this.emit("message", { dialogId, message, source });
   }
 
+  /** reconcileSlot waits for one of the MAX_RECONCILES slots. */
+  async #reconcileSlot() {
+    if (this.#reconciles < MAX_RECONCILES) {
+      this.#reconciles++;
+      return;
+    }
+    await new Promise((resolve) => this.#reconcileQueue.push(() => resolve(undefined)));
+  }
+
+  /** releaseReconcileSlot hands the slot to the next waiting reconcile. */
+  #releaseReconcileSlot() {
+    const next = this.#reconcileQueue.shift();
+    if (next) next();
+    else this.#reconciles--;
+  }
+
   /**
    * reconcile reads afterSeq=known over REST to the end and delivers what
    * was missing; one run per dialog at a time (a request during a run
@@ -663,7 +686,9 @@ export class Realtime extends Emitter {
       return;
     }
     d.reconciling = true;
+    await this.#reconcileSlot();
     try {
+      if (this.#stopped || this.#dialogs.get(dialogId) !== d) return;
       do {
         d.again = false;
         for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8, signal: this.#abort.signal })) {
@@ -685,6 +710,7 @@ export class Realtime extends Emitter {
       }
     } finally {
       d.reconciling = false;
+      this.#releaseReconcileSlot();
     }
   }
 

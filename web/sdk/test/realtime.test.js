@@ -454,3 +454,31 @@ test("after token_expired and a getToken that gives up, the client is stopped fo
   assert.equal(FakeSocket.all.length, 2, "start() after the client gave up opens a new connection");
   rt.stop();
 });
+
+test("a resync of every dialog reads at most 4 dialogs over REST at once, and reads each of them", async () => {
+  let inFlight = 0;
+  let most = 0;
+  const read = new Set();
+  const rest = /** @type {any} */ ({
+    ticket: async () => ({ ticket: "t", expiresAt: 0 }),
+    async *historyPages(/** @type {string} */ id) {
+      inFlight++;
+      most = Math.max(most, inFlight);
+      await new Promise((r) => setTimeout(r, 5));
+      inFlight--;
+      read.add(id);
+      yield [];
+    },
+  });
+  const rt = new Realtime({ url: "ws://gateway/v1/realtime", auth: "bearer", WebSocket: /** @type {any} */ (FakeSocket) }, rest, new Tokens(() => "token"));
+  for (const id of ids(200)) rt.subscribe(id, { sinceSeq: 0 });
+  rt.start();
+  for (let i = 0; i < 50 && FakeSocket.all.length === 0; i++) await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  ws.onmessage?.({ data: JSON.stringify({ type: "resync", reason: "pubsub_reconnect" }) });
+  for (let i = 0; i < 2000 && read.size < 200; i++) await new Promise((r) => setTimeout(r, 1));
+  assert.equal(read.size, 200, "every dialog is reconciled");
+  assert.ok(most <= 4, `${most} REST reads at once`);
+  rt.stop();
+});
