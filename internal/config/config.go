@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -236,8 +237,12 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.DrainDelay, err = time.ParseDuration(cmp.Or(getenv("HAN_DRAIN_DELAY"), "5s")); err != nil || c.DrainDelay < 0 {
 		bad("HAN_DRAIN_DELAY: must be a duration of at least 0 like 5s")
 	}
-	if c.DBRequestTimeout, err = duration(getenv("HAN_DB_REQUEST_TIMEOUT"), 2*time.Second); err != nil || c.DBRequestTimeout < time.Millisecond {
-		bad("HAN_DB_REQUEST_TIMEOUT: must be a duration of at least 1ms like 2s")
+	// At most an hour: it becomes the transactions' lock_timeout and
+	// statement_timeout, which PostgreSQL takes only up to 2^31-1 ms, and a
+	// request that may wait longer is no request budget.
+	if c.DBRequestTimeout, err = duration(getenv("HAN_DB_REQUEST_TIMEOUT"), 2*time.Second); err != nil ||
+		c.DBRequestTimeout < time.Millisecond || c.DBRequestTimeout > time.Hour {
+		bad("HAN_DB_REQUEST_TIMEOUT: must be a duration of 1ms to 1h like 2s")
 	}
 	// describe_exec, pgx's fifth mode, is left out on purpose: its two round
 	// trips may reach two server connections behind a pooling proxy.
@@ -559,11 +564,34 @@ func prefixes(v string) ([]netip.Prefix, error) {
 }
 
 // SameRedisInstance reports whether DB0 and DB1 URLs point at one server
-// (then the ACL must allow the handshake SELECT).
+// (then the ACL must allow the handshake SELECT). The addresses are
+// compared as the client dials them: the default port filled in, the host
+// in lower case, and the loopback names (localhost, 127.0.0.1, ::1) as one.
+// When in doubt it says "same": an ACL that allows SELECT on two servers
+// only allows more, one that denies it on one server breaks DB1.
 func SameRedisInstance(a, b string) bool {
 	ua, err1 := url.Parse(a)
 	ub, err2 := url.Parse(b)
-	return err1 == nil && err2 == nil && strings.EqualFold(ua.Host, ub.Host)
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return redisDialAddr(ua) == redisDialAddr(ub)
+}
+
+// redisDialAddr is where a redis:// or rediss:// URL dials, normalised
+// (a unix:// URL: its socket path).
+func redisDialAddr(u *url.URL) string {
+	if u.Scheme == "unix" {
+		return "unix:" + u.Path
+	}
+	host, port := strings.ToLower(u.Hostname()), u.Port()
+	if port == "" {
+		port = "6379"
+	}
+	if host == "" || host == "localhost" || host == "::1" || strings.HasPrefix(host, "127.") {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // origins parses a comma-separated list of exact origins

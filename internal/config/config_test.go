@@ -32,6 +32,28 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// DB0's and DB1's URLs name one server however they spell its address: the
+// default port written out or not, the host's case, the loopback's names.
+// Counted as two, the ACL denied DB1's SELECT and the realtime half never
+// came up.
+func TestSameRedisInstanceAsTheClientDials(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"redis://u:p@10.0.0.10/0", "redis://u:p@10.0.0.10:6379/1", true},
+		{"redis://u:p@Redis.Example/0", "redis://u:p@redis.example:6379/1", true},
+		{"redis://u:p@localhost:6380/0", "redis://u:p@127.0.0.1:6380/1", true},
+		{"redis://u:p@[::1]/0", "redis://u:p@localhost/1", true},
+		{"redis://u:p@10.0.0.10/0", "redis://u:p@10.0.0.11/1", false},
+		{"redis://u:p@10.0.0.10:6379/0", "redis://u:p@10.0.0.10:6380/1", false},
+	} {
+		if got := SameRedisInstance(c.a, c.b); got != c.same {
+			t.Errorf("%s and %s: same %v, want %v", c.a, c.b, got, c.same)
+		}
+	}
+}
+
 func TestValidation(t *testing.T) {
 	cases := []struct {
 		name, key, value, want string
@@ -180,7 +202,7 @@ func TestDBRequestTimeout(t *testing.T) {
 	if c, err := Load(env(m)); err != nil || c.DBRequestTimeout != 500*time.Millisecond {
 		t.Fatalf("set: %v %v", c.DBRequestTimeout, err)
 	}
-	for _, v := range []string{"0", "-1s", "500us", "soon"} {
+	for _, v := range []string{"0", "-1s", "500us", "soon", "61m", "600h"} {
 		m["HAN_DB_REQUEST_TIMEOUT"] = v
 		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_DB_REQUEST_TIMEOUT") {
 			t.Fatalf("%q: %v", v, err)
