@@ -191,6 +191,9 @@ func (b *opBatcher) send(batch []*presenceOp) {
 	var addErr, removeErr error
 	if idx := cmds[min(len(batch), len(cmds)):]; len(idx) > 0 || err != nil {
 		if len(added) > 0 {
+			if len(idx) > 0 {
+				p.noteMarker(idx[0])
+			}
 			addErr = pipelineErr(idx, 0, err)
 			idx = idx[min(1, len(idx)):]
 		}

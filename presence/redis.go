@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,12 @@ type Presence struct {
 	heartbeatFailures prometheus.Counter
 	sweptConns        prometheus.Counter
 	sweptInstances    prometheus.Counter
+
+	// markerLapsed: a connect batch or a heartbeat found the liveness
+	// marker gone and set it again (survivors may have swept this
+	// instance); the liveness loop then registers every connection anew,
+	// which its own refresh, finding the marker back, would not.
+	markerLapsed atomic.Bool
 
 	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, emitting, closed, started, cancel
 	pending  map[string]*offlineCheck // user → its scheduled offline check
@@ -189,6 +196,7 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 				}
 			}
 		}
+		p.noteMarker(cmds[len(cmds)-1])
 		if len(closed) > 0 {
 			// The batch's index update listed them again.
 			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(closed)...).Err(); err != nil {
@@ -282,6 +290,16 @@ func (p *Presence) RefreshLiveness(ctx context.Context) (lapsed bool, err error)
 		present, _ = v[1].(int64)
 	}
 	return present == 0, nil
+}
+
+// noteMarker reads an instance heartbeat's reply: a marker that was not
+// there is a lapse for the liveness loop to act on.
+func (p *Presence) noteMarker(cmd redis.Cmder) {
+	if v, err := lua.Reply(cmd).Slice(); err == nil && len(v) > 1 {
+		if present, _ := v[1].(int64); present == 0 {
+			p.markerLapsed.Store(true)
+		}
+	}
 }
 
 // Deregister removes this instance's marker, index and registry entry

@@ -3,12 +3,15 @@ package presence_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/presence"
 )
 
@@ -205,4 +208,53 @@ func TestSweepStopsOnceTheInstanceIsBack(t *testing.T) {
 	if rdb.ZCard(ctx, presence.InstanceConnsKey(slowCfg.InstanceID)).Val() != int64(left) {
 		t.Fatal("the index no longer lists the connections the sweep left")
 	}
+}
+
+// An instance whose marker lapsed (a pause, a cut link) and whose
+// connections survivors swept registers every connection anew at its next
+// liveness refresh — also when a connect (or a heartbeat) reached Redis
+// first and set the marker again: that one finds the marker gone, and the
+// liveness refresh, finding it back, used to conclude nothing had lapsed,
+// leaving the swept connections unregistered (their users offline) until
+// their periodic heartbeat.
+func TestConnectionsComeBackWhenAConnectFindsTheMarkerGone(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	const liveness = 3 * time.Second // refreshed every second; registrations younger than 1.5 s are fresh
+	id := "lapse-" + ids.New()[24:]
+	var mu sync.Mutex
+	var conns []presence.Conn
+	p := newPresence(t, presence.Config{InstanceID: id, LivenessTTL: liveness, RefreshInterval: time.Hour}, nil)
+	p.Start(func() []presence.Conn {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(conns)
+	})
+	for i := range 5 {
+		c := presence.Conn{UserID: ids.New(), ConnID: fmt.Sprint("c", i)}
+		if err := p.Connect(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	time.Sleep(liveness/2 + 200*time.Millisecond) // no longer fresh: a sweep removes them
+	sweeper := newPresence(t, presence.Config{InstanceID: "sweeper-" + ids.New()[24:], LivenessTTL: liveness}, nil)
+	rdb.Del(ctx, presence.InstanceKey(id)) // the marker lapsed
+	if n, _, err := sweeper.SweepInstance(ctx, id, nil); err != nil || n != 5 {
+		t.Fatalf("sweep removed %d (%v), want the 5 connections", n, err)
+	}
+	late := presence.Conn{UserID: ids.New(), ConnID: "late"}
+	if err := p.Connect(ctx, late); err != nil { // reaches Redis before the liveness refresh
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*liveness, func() bool {
+		for _, c := range conns {
+			if rdb.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() != nil {
+				return false
+			}
+		}
+		return true
+	}, "the swept connections were not registered again")
 }

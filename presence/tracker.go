@@ -63,6 +63,9 @@ func (p *Presence) livenessLoop(ctx context.Context, conns func() []Conn) {
 			p.logger.Warn("instance liveness refresh failed", slog.String("kind", rds.Kind(err)))
 			return
 		}
+		// A connect batch or a heartbeat may have found the marker gone
+		// first and set it again.
+		lapsed = p.markerLapsed.Swap(false) || lapsed
 		if lapsed && !first {
 			// Survivors may have swept us: put every connection back now
 			// rather than at the next periodic heartbeat.
