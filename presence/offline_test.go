@@ -265,3 +265,43 @@ func TestOfflineAnnouncedAfterAStalledCheck(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, func() bool { return slices.Contains(rec.list(), "-"+u) },
 		"Redis deleted the online marker but the user was never announced offline: %v", rec.list())
 }
+
+// A graceful shutdown whose last removal failed (Redis blinked) leaves that
+// connection to the survivors: Deregister takes only the liveness marker,
+// so the index still lists the connection and a survivor's sweep removes it
+// (and its user goes offline). Deleting the index too left the connection
+// registered and the user online with nobody to sweep it.
+func TestDeregisterLeavesAFailedRemovalToTheSurvivors(t *testing.T) {
+	ctx := context.Background()
+	admin := client(t)
+	id := "dereg-" + ids.New()[24:]
+	p, f := presenceWithFault(t, presence.Config{InstanceID: id, OfflineDebounce: 10 * time.Millisecond}, nil, lua.RTDisconnect)
+	if _, err := p.RefreshLiveness(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
+	if err := p.Connect(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	f.down.Store(true)
+	if _, err := p.Disconnect(ctx, c.UserID, c.ConnID); err == nil {
+		t.Fatal("the injected failure did not fail the removal")
+	}
+	if err := p.Deregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Close() // the removal's retry is dropped with the instance
+	if admin.Exists(ctx, presence.InstanceKey(id)).Val() != 0 {
+		t.Fatal("the liveness marker outlived the deregistration")
+	}
+	if err := admin.ZScore(ctx, presence.InstanceConnsKey(id), c.UserID+":"+c.ConnID).Err(); err != nil {
+		t.Fatalf("the connection left the index with its removal outstanding: %v", err)
+	}
+	sweeper := newPresence(t, presence.Config{LivenessTTL: 200 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond}, nil)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		if _, err := sweeper.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return admin.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() == redis.Nil
+	}, "no survivor swept the connection whose removal failed")
+}

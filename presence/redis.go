@@ -303,12 +303,21 @@ func (p *Presence) noteMarker(cmd redis.Cmder) {
 }
 
 // Deregister removes this instance's marker, index and registry entry
-// (graceful shutdown, after its connections disconnected).
+// (graceful shutdown, after its connections disconnected). While removals
+// that failed still wait to be taken again (DisconnectLater), only the
+// marker goes: the index lists those connections, and the survivors, who
+// find the marker gone, sweep them and announce their users offline — a
+// shutdown cannot promise to outlive the retry.
 func (p *Presence) Deregister(ctx context.Context) error {
+	p.mu.Lock()
+	outstanding := len(p.retakes) > 0
+	p.mu.Unlock()
 	_, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Del(ctx, InstanceKey(p.cfg.InstanceID))
-		pipe.Del(ctx, InstanceConnsKey(p.cfg.InstanceID))
-		pipe.ZRem(ctx, InstancesKey, p.cfg.InstanceID)
+		if !outstanding {
+			pipe.Del(ctx, InstanceConnsKey(p.cfg.InstanceID))
+			pipe.ZRem(ctx, InstancesKey, p.cfg.InstanceID)
+		}
 		return nil
 	})
 	return rds.ClassifyRedisError(err)
