@@ -305,3 +305,29 @@ func TestDeregisterLeavesAFailedRemovalToTheSurvivors(t *testing.T) {
 		return admin.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() == redis.Nil
 	}, "no survivor swept the connection whose removal failed")
 }
+
+// A removal that failed and was taken again later also takes the
+// connection out of the instance's index: nothing else would while the
+// instance lives, and every failure left an entry for the index to carry
+// (renewed by every liveness refresh) and for a sweeper to go through.
+func TestARetakenRemovalLeavesTheIndex(t *testing.T) {
+	ctx := context.Background()
+	admin := client(t)
+	id := "retake-" + ids.New()[24:]
+	p, f := presenceWithFault(t, presence.Config{InstanceID: id, RetakeAfter: 50 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond},
+		nil, lua.RTDisconnect)
+	c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
+	if err := p.Connect(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	f.down.Store(true)
+	if _, err := p.Disconnect(ctx, c.UserID, c.ConnID); err == nil {
+		t.Fatal("the injected failure did not fail the removal")
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return admin.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() == redis.Nil
+	}, "the failed removal was not taken again")
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return admin.ZScore(ctx, presence.InstanceConnsKey(id), c.UserID+":"+c.ConnID).Err() == redis.Nil
+	}, "the retaken connection stayed in the instance's index")
+}

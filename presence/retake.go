@@ -2,9 +2,11 @@ package presence
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/han-app/gateway/internal/loop"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Registrations taken back a second time. A handshake whose registration
@@ -95,6 +97,15 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 			// head of the queue.
 			p.retakes = p.retakes[len(batch):]
 			p.mu.Unlock()
+			// Their index entries go too (a removal that failed left them,
+			// and nothing else takes them out while the instance lives).
+			members := make([]any, len(batch))
+			for i, c := range batch {
+				members[i] = indexMember(c)
+			}
+			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), members...).Err(); err != nil {
+				p.logger.Warn("presence: removing retaken connections' index entries failed", slog.String("kind", rds.Kind(err)))
+			}
 		}
 	}
 	p.mu.Lock()
