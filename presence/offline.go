@@ -135,7 +135,7 @@ func (p *Presence) retryOffline(failed []*offlineCheck) {
 // stale (ConnTTL), their users are checked then anyway, the transition
 // stamped with the check's time.
 func (p *Presence) removalFailed(conns []Conn) {
-	p.retakeLater(conns)
+	p.retakeLater(conns, false)
 	for i, c := range conns {
 		if i == 0 || conns[i-1].UserID != c.UserID {
 			p.scheduleOfflineIn(c.UserID, time.Time{}, p.cfg.ConnTTL+p.cfg.OfflineDebounce)

@@ -331,3 +331,68 @@ func TestARetakenRemovalLeavesTheIndex(t *testing.T) {
 		return admin.ZScore(ctx, presence.InstanceConnsKey(id), c.UserID+":"+c.ConnID).Err() == redis.Nil
 	}, "the retaken connection stayed in the instance's index")
 }
+
+// lostReply runs pipelines that start with one of scripts and then loses
+// their replies, once armed: Redis ran the calls, the caller never learns.
+type lostReply struct {
+	scripts []*lua.Script
+	armed   atomic.Bool
+}
+
+func (f *lostReply) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (f *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if (&scriptFault{scripts: f.scripts}).matches(cmds) && f.armed.CompareAndSwap(true, false) {
+			err = errors.New("i/o timeout (injected, after the calls ran)")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+		}
+		return err
+	}
+}
+
+// A registration that ran but whose reply was lost (a Redis that stalled
+// and woke) set its user online with nobody told; the user's next connect
+// found the user online and announced nothing. Once the refused
+// registration is taken back (DisconnectLater), the user, live on the
+// later connection, is announced online.
+func TestAnUnknownRegistrationTakenBackAnnouncesALiveUser(t *testing.T) {
+	ctx := context.Background()
+	rec := &recorder{}
+	f := &lostReply{scripts: []*lua.Script{lua.RTHeartbeat}}
+	rdb := client(t)
+	rdb.AddHook(f)
+	p, err := presence.New(rdb, presence.Config{InstanceID: "lost-" + ids.New()[24:], RetakeAfter: 50 * time.Millisecond,
+		OfflineDebounce: 10 * time.Millisecond}, rec, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	// As on a running service, the scripts are loaded: the lost reply is
+	// of a registration that ran.
+	warm := presence.Conn{UserID: ids.New(), ConnID: "warm"}
+	if err := p.Connect(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	u := ids.New()
+	f.armed.Store(true)
+	refused := presence.Conn{UserID: u, ConnID: "refused"}
+	if err := p.Connect(ctx, refused); err == nil {
+		t.Fatal("the lost reply did not fail the registration")
+	}
+	p.DisconnectLater(refused) // as the handshake that was refused does
+	if err := p.Connect(ctx, presence.Conn{UserID: u, ConnID: "retry"}); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(rec.list(), "+"+u) {
+		t.Fatal("the retried connection announced the user, whose online marker the lost registration had set: the test shows nothing")
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return slices.Contains(rec.list(), "+"+u) },
+		"the user, live on the retried connection, was never announced online")
+	if got := rec.list(); slices.Contains(got, "-"+u) {
+		t.Fatalf("the user, live all along, was announced offline: %v", got)
+	}
+}

@@ -3,6 +3,7 @@ package presence
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/han-app/gateway/internal/loop"
@@ -37,6 +38,10 @@ const (
 type retake struct {
 	c          Conn
 	due, until time.Time
+	// unknown: the registration's outcome is unknown (DisconnectLater). If
+	// it ran, it may have set the user online with nobody told (its reply
+	// was lost, and a connect after it found the user online already).
+	unknown bool
 }
 
 func newRetakeLoop(p *Presence) *loop.Loop {
@@ -48,13 +53,20 @@ func newRetakeLoop(p *Presence) *loop.Loop {
 // answer, for at most ConnTTL. It reports false when the queue is full or
 // Presence is closed. A connection that never registered is a harmless
 // no-op.
+//
+// Once removed, a user who still has live connections is announced online:
+// the registration may have run with its reply lost, setting the user
+// online unannounced, and the user's next connect then found the user
+// online already and announced nothing. A second announcement of a user
+// known online changes nothing for the members.
 func (p *Presence) DisconnectLater(c Conn) bool {
-	return p.retakeLater([]Conn{c}) == 1
+	return p.retakeLater([]Conn{c}, true) == 1
 }
 
-// retakeLater queues the removal of conns as DisconnectLater does and
-// returns how many fit in the queue.
-func (p *Presence) retakeLater(conns []Conn) int {
+// retakeLater queues the removal of conns as DisconnectLater does (unknown:
+// their registrations' outcome is unknown) and returns how many fit in the
+// queue.
+func (p *Presence) retakeLater(conns []Conn, unknown bool) int {
 	now := time.Now()
 	p.mu.Lock()
 	if p.closed {
@@ -63,13 +75,27 @@ func (p *Presence) retakeLater(conns []Conn) int {
 	}
 	n := min(len(conns), retakeMax-len(p.retakes))
 	for _, c := range conns[:n] {
-		p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL)})
+		p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL), unknown: unknown})
 	}
 	p.mu.Unlock()
 	if n > 0 {
 		p.retakeLoop.Start()
 	}
 	return n
+}
+
+// announceOnline announces online each of users that has live
+// connections (see DisconnectLater).
+func (p *Presence) announceOnline(ctx context.Context, users []string) {
+	if p.events == nil {
+		return
+	}
+	for _, u := range users {
+		if n, err := p.Online(ctx, u); err == nil && n > 0 {
+			at := time.Now()
+			p.emit(u, func(ctx context.Context) { p.events.Online(ctx, u, at) })
+		}
+	}
 }
 
 // retakePass removes the queued registrations that fell due and reports
@@ -83,11 +109,15 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 		p.retakes = p.retakes[1:]
 	}
 	var batch []Conn
+	var unknown []string // users whose registration's outcome was unknown
 	for _, r := range p.retakes {
 		if r.due.After(now) || len(batch) == drainUsersPerTrip {
 			break
 		}
 		batch = append(batch, r.c)
+		if r.unknown && !slices.Contains(unknown, r.c.UserID) {
+			unknown = append(unknown, r.c.UserID)
+		}
 	}
 	p.mu.Unlock()
 	if len(batch) > 0 {
@@ -107,6 +137,7 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 				p.logger.Warn("presence: removing retaken connections' index entries failed", slog.String("kind", rds.Kind(err)))
 			}
 		}
+		p.announceOnline(ctx, unknown)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
