@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/han-app/gateway/internal/testenv"
@@ -57,5 +58,34 @@ func TestRedisACLOutFileIsPrivate(t *testing.T) {
 	}
 	if fi.Mode().Perm() != 0o600 {
 		t.Fatalf("ACL file with the api_backend password digest has mode %v, the help promises 0600", fi.Mode().Perm())
+	}
+}
+
+// Rendering over the ACL file Redis reads keeps the file's owner and group:
+// run as root (the folder is Redis's), the render left a root-owned 0600
+// file, and the next redis-server start (as its own user) could not read
+// its ACL and failed.
+func TestRedisACLOutFileKeepsItsOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving the file another owner needs root")
+	}
+	path := filepath.Join(t.TempDir(), "users.acl")
+	if err := os.WriteFile(path, []byte("# previous rendering\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const uid, gid = 65534, 65534 // nobody, as the redis user would be
+	if err := os.Chown(path, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, map[string]string{"HAN_REDIS_API_PASSWORD": "acl-test-password"}, "redis", "acl", "--out", path); err != nil {
+		t.Fatalf("redis acl --out: %q %v", out, err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if st.Uid != uid || st.Gid != gid || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("ACL file owned by %d:%d mode %v, want %d:%d 0600", st.Uid, st.Gid, fi.Mode().Perm(), uid, gid)
 	}
 }

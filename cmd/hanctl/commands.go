@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -364,7 +365,8 @@ func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error
 // writePrivate replaces file with data readable by its owner only (0600),
 // whatever the mode of a file already there: the data is written to a new
 // file beside it, made private, and renamed over it, so no reader ever sees
-// a partial file or the data under the old file's mode.
+// a partial file or the data under the old file's mode. A file already there
+// keeps its owner and group.
 func writePrivate(file string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
 	if err != nil {
@@ -374,6 +376,17 @@ func writePrivate(file string, data []byte) error {
 	if err := tmp.Chmod(0o600); err != nil {
 		tmp.Close()
 		return err
+	}
+	// The file replaced keeps its owner: Redis (its own user) reads the ACL
+	// file, and a render by root would leave it unreadable at the next
+	// start.
+	if fi, err := os.Stat(file); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			if err := tmp.Chown(int(st.Uid), int(st.Gid)); err != nil {
+				tmp.Close()
+				return fmt.Errorf("keep the owner of %s (run as root or as its owner): %w", file, err)
+			}
+		}
 	}
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
