@@ -71,7 +71,10 @@ han_ensure_packages() {
 	if [ "$want_systemd" = 1 ] && ! command -v systemd-analyze >/dev/null 2>&1; then pkgs+=(systemd); fi
 	if [ "$want_node" = 1 ] && ! command -v node >/dev/null 2>&1; then pkgs+=(nodejs); fi
 	if [ "$want_node" = 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
-	[ "${#pkgs[@]}" -eq 0 ] && return 0
+	if [ "${#pkgs[@]}" -eq 0 ]; then
+		[ "$want_node" = 1 ] && han_check_node
+		return 0
+	fi
 	command -v apt-get >/dev/null 2>&1 || han_die "missing ${pkgs[*]} and no apt-get to install them; install them by hand"
 	han_log "installing missing OS packages: ${pkgs[*]}"
 	han_as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null >&2 ||
@@ -83,6 +86,18 @@ han_ensure_packages() {
 	if [ "$want_pgbouncer" = 1 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
 		han_die "pgbouncer still not found after installing"
 	fi
+	[ "$want_node" = 1 ] && han_check_node
+	return 0
+}
+
+# han_check_node: the SDK's Node tests need Node.js 20.11 or later (node
+# --test-timeout, mock timers of Date); an older one (Debian 12 ships 18)
+# stops here with what to do, instead of failing inside the tests.
+han_check_node() {
+	local v
+	v=$(node -p 'process.versions.node' 2>/dev/null) || han_die "node not found after installing nodejs"
+	node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 11) ? 0 : 1)' ||
+		han_die "Node.js $v is too old: the SDK tests need 20.11 or later (Debian 12's nodejs is 18); install Node.js 20 (for example NodeSource's nodejs package) and run again"
 }
 
 # han_sdk_deps: installs the pinned npm packages of the JavaScript SDK
