@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -98,6 +99,10 @@ func (c Config) Validate() (Config, error) {
 	case c.PollInterval < time.Millisecond || c.MaxPolls < 1 || c.RecoveryBudget <= 0 || c.TaskTTL <= 0 ||
 		c.VerdictAfterPolls < 1 || c.RecoveryInterval <= 0 || c.RecoveryLease < time.Second:
 		return c, fmt.Errorf("%w: HAN_LEGACY_STUB_POLL_INTERVAL, HAN_LEGACY_STUB_MAX_POLLS, HAN_LEGACY_STUB_RECOVERY_BUDGET and HAN_LEGACY_STUB_TASK_TTL must be positive", ErrConfig)
+	case c.MaxPolls > int(math.MaxInt64/int64(c.PollInterval)) || c.PollBudget() > math.MaxInt64-c.RecoveryBudget:
+		// PollInterval × MaxPolls (+ RecoveryBudget) would wrap past what a
+		// duration holds, and a negative budget passes the check below.
+		return c, fmt.Errorf("%w: HAN_LEGACY_STUB_POLL_INTERVAL × HAN_LEGACY_STUB_MAX_POLLS + HAN_LEGACY_STUB_RECOVERY_BUDGET is too long", ErrConfig)
 	case c.TaskTTL < c.PollBudget()+c.RecoveryBudget:
 		return c, fmt.Errorf("%w: HAN_LEGACY_STUB_TASK_TTL must cover HAN_LEGACY_STUB_POLL_INTERVAL × HAN_LEGACY_STUB_MAX_POLLS + HAN_LEGACY_STUB_RECOVERY_BUDGET", ErrConfig)
 	case c.RecoveryInterval+c.RecoveryLease >= c.RecoveryBudget:

@@ -36,6 +36,9 @@ func TestConfigRefusesATTLShorterThanTheBudgets(t *testing.T) {
 		{"recovery budget shorter than interval + lease", legacystub.Config{RecoveryBudget: 40 * time.Second}, false},
 		{"verdict after more polls than allowed", legacystub.Config{VerdictAfterPolls: 31}, false},
 		{"negative max polls", legacystub.Config{MaxPolls: -1}, false},
+		// 1h × 3,000,000 wraps past a duration's range to a negative budget,
+		// which an hour's TTL would have passed.
+		{"poll budget past a duration's range", legacystub.Config{PollInterval: time.Hour, MaxPolls: 3_000_000, TaskTTL: time.Hour}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := tc.cfg.Validate()
