@@ -97,12 +97,23 @@ type scriptFault struct {
 	scripts []*lua.Script
 	armed   atomic.Bool
 	down    atomic.Bool
+	// lose: the next one runs and its reply is lost (Redis ran the calls,
+	// the caller never learns).
+	lose atomic.Bool
 }
 
 func (f *scriptFault) DialHook(next redis.DialHook) redis.DialHook          { return next }
 func (f *scriptFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (f *scriptFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if f.matches(cmds) && f.lose.CompareAndSwap(true, false) {
+			_ = next(ctx, cmds)
+			err := errors.New("i/o timeout (injected, after the calls ran)")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
 		if f.matches(cmds) && (f.down.Load() || f.armed.CompareAndSwap(true, false)) {
 			err := errors.New("i/o timeout (injected)")
 			for _, c := range cmds {
@@ -279,14 +290,7 @@ func TestDeregisterLeavesAFailedRemovalToTheSurvivors(t *testing.T) {
 	if _, err := p.RefreshLiveness(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
-	if err := p.Connect(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	f.down.Store(true)
-	if _, err := p.Disconnect(ctx, c.UserID, c.ConnID); err == nil {
-		t.Fatal("the injected failure did not fail the removal")
-	}
+	c := failedRemoval(t, p, f)
 	if err := p.Deregister(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -316,42 +320,13 @@ func TestARetakenRemovalLeavesTheIndex(t *testing.T) {
 	id := "retake-" + ids.New()[24:]
 	p, f := presenceWithFault(t, presence.Config{InstanceID: id, RetakeAfter: 50 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond},
 		nil, lua.RTDisconnect)
-	c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
-	if err := p.Connect(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	f.down.Store(true)
-	if _, err := p.Disconnect(ctx, c.UserID, c.ConnID); err == nil {
-		t.Fatal("the injected failure did not fail the removal")
-	}
+	c := failedRemoval(t, p, f)
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		return admin.ZScore(ctx, presence.UserConnsKey(c.UserID), c.ConnID).Err() == redis.Nil
 	}, "the failed removal was not taken again")
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		return admin.ZScore(ctx, presence.InstanceConnsKey(id), c.UserID+":"+c.ConnID).Err() == redis.Nil
 	}, "the retaken connection stayed in the instance's index")
-}
-
-// lostReply runs pipelines that start with one of scripts and then loses
-// their replies, once armed: Redis ran the calls, the caller never learns.
-type lostReply struct {
-	scripts []*lua.Script
-	armed   atomic.Bool
-}
-
-func (f *lostReply) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (f *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (f *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		if (&scriptFault{scripts: f.scripts}).matches(cmds) && f.armed.CompareAndSwap(true, false) {
-			err = errors.New("i/o timeout (injected, after the calls ran)")
-			for _, c := range cmds {
-				c.SetErr(err)
-			}
-		}
-		return err
-	}
 }
 
 // A registration that ran but whose reply was lost (a Redis that stalled
@@ -362,15 +337,8 @@ func (f *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func TestAnUnknownRegistrationTakenBackAnnouncesALiveUser(t *testing.T) {
 	ctx := context.Background()
 	rec := &recorder{}
-	f := &lostReply{scripts: []*lua.Script{lua.RTHeartbeat}}
-	rdb := client(t)
-	rdb.AddHook(f)
-	p, err := presence.New(rdb, presence.Config{InstanceID: "lost-" + ids.New()[24:], RetakeAfter: 50 * time.Millisecond,
-		OfflineDebounce: 10 * time.Millisecond}, rec, slog.New(slog.NewJSONHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p, f := presenceWithFault(t, presence.Config{RetakeAfter: 50 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond},
+		rec, lua.RTHeartbeat)
 	// As on a running service, the scripts are loaded: the lost reply is
 	// of a registration that ran.
 	warm := presence.Conn{UserID: ids.New(), ConnID: "warm"}
@@ -378,7 +346,7 @@ func TestAnUnknownRegistrationTakenBackAnnouncesALiveUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := ids.New()
-	f.armed.Store(true)
+	f.lose.Store(true)
 	refused := presence.Conn{UserID: u, ConnID: "refused"}
 	if err := p.Connect(ctx, refused); err == nil {
 		t.Fatal("the lost reply did not fail the registration")
@@ -395,4 +363,21 @@ func TestAnUnknownRegistrationTakenBackAnnouncesALiveUser(t *testing.T) {
 	if got := rec.list(); slices.Contains(got, "-"+u) {
 		t.Fatalf("the user, live all along, was announced offline: %v", got)
 	}
+}
+
+// failedRemoval registers a connection of a new user on p and removes it
+// with f failing every removal (f must fail RTDisconnect): the removal is
+// left for the retry.
+func failedRemoval(t *testing.T, p *presence.Presence, f *scriptFault) presence.Conn {
+	t.Helper()
+	ctx := context.Background()
+	c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
+	if err := p.Connect(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	f.down.Store(true)
+	if _, err := p.Disconnect(ctx, c.UserID, c.ConnID); err == nil {
+		t.Fatal("the injected failure did not fail the removal")
+	}
+	return c
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -28,17 +27,7 @@ func TestListingCursorOfTheLargestIDIsInvalid(t *testing.T) {
 	sub := h.qSub(p, top.ID, "s")
 	h.qPublish(p, top.ID, "e1", `{"a":1}`)
 	maxID := "18446744073709551615-18446744073709551615"
-	depErrs := func() string {
-		_, m := h.do("", "GET", "/metrics", "")
-		var out []string
-		for _, l := range strings.Split(string(m), "\n") {
-			if strings.HasPrefix(l, "han_dependency_errors_total{") {
-				out = append(out, l)
-			}
-		}
-		return strings.Join(out, "; ")
-	}
-	before := depErrs()
+	before := h.dependencyErrors()
 	for _, path := range []string{
 		p.path("/topics/" + top.ID + "/messages?cursor=" + rawB64(maxID)),
 		p.path("/subscriptions/" + sub.ID + "/receipts?cursor=" + rawB64(maxID)),
@@ -46,7 +35,7 @@ func TestListingCursorOfTheLargestIDIsInvalid(t *testing.T) {
 		code, b := h.do(p.read, "GET", path, "")
 		wantError(t, code, b, 400, "invalid_cursor")
 	}
-	if after := depErrs(); after != before {
+	if after := h.dependencyErrors(); after != before {
 		t.Fatalf("dependency errors counted: before [%s], after [%s]", before, after)
 	}
 }

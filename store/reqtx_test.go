@@ -110,29 +110,8 @@ func TestRequestTransactionsStayWithinTheirBudget(t *testing.T) {
 // that, the request held its connection (and an idempotency key its lock)
 // until the client hung up; now pgx closes the broken connection.
 func TestARequestTransactionOnAStalledServerEndsWithinItsBudget(t *testing.T) {
-	_, _ = openStore(t) // migrations
 	ctx := context.Background()
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	u.Host = p.Addr()
-	pool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	defer func() { // before the pool closes: its broken connections' clean-up waits on the proxy
-		p.Blackhole(false)
-		p.Cut()
-	}()
-	s := store.New(pool)
-	s.SetRequestTimeout(300 * time.Millisecond)
+	s, p := storeThroughProxy(t)
 	alice, bob := ids.New(), ids.New()
 	for _, id := range []string{alice, bob} {
 		if err := s.EnsureUser(ctx, id); err != nil {
@@ -146,7 +125,7 @@ func TestARequestTransactionOnAStalledServerEndsWithinItsBudget(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = s.CreateDialog(wctx, ids.New(), alice, "stalled", []string{bob})
+	_, err := s.CreateDialog(wctx, ids.New(), alice, "stalled", []string{bob})
 	if wctx.Err() != nil {
 		t.Fatalf("the transaction waited for the stalled server until the caller gave up (%v)", time.Since(start))
 	}
@@ -162,29 +141,8 @@ func TestARequestTransactionOnAStalledServerEndsWithinItsBudget(t *testing.T) {
 // statement may have committed. It is database_unavailable, whose retry
 // with the same idempotency key or clientMessageId answers the outcome.
 func TestASendWhoseAnswerNeverComesIsNotBusy(t *testing.T) {
-	_, _ = openStore(t) // migrations
 	ctx := context.Background()
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	u.Host = p.Addr()
-	pool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	defer func() {
-		p.Blackhole(false)
-		p.Cut()
-	}()
-	s := store.New(pool)
-	s.SetRequestTimeout(300 * time.Millisecond)
+	s, p := storeThroughProxy(t)
 	s.SetSendLinger(0)
 	alice, bob := ids.New(), ids.New()
 	for _, id := range []string{alice, bob} {
@@ -209,4 +167,36 @@ func TestASendWhoseAnswerNeverComesIsNotBusy(t *testing.T) {
 	if err == nil || errors.Is(err, store.ErrDatabaseBusy) || !store.IsPGUnavailable(err) {
 		t.Fatalf("a send whose answer never came: %v, want unavailable (outcome unknown), not busy", err)
 	}
+}
+
+// storeThroughProxy is a Store (300 ms request budget, a pool of 2) whose
+// PostgreSQL connections go through a fault proxy, for the tests of a
+// server that stalls. The proxy is opened again and its links cut before
+// the pool closes, so the clean-up of the connections pgx gave up on does
+// not wait on it.
+func storeThroughProxy(t *testing.T) (*store.Store, *faultproxy.Proxy) {
+	t.Helper()
+	_, _ = openStore(t) // migrations
+	u, err := url.Parse(env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	u.Host = p.Addr()
+	pool, err := store.OpenPG(context.Background(), u.String(), store.PGConfig{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	t.Cleanup(func() {
+		p.Blackhole(false)
+		p.Cut()
+	})
+	s := store.New(pool)
+	s.SetRequestTimeout(300 * time.Millisecond)
+	return s, p
 }

@@ -203,19 +203,9 @@ func TestCombinerQueuedCallLeavesWhenItsContextEnds(t *testing.T) {
 	started := make(chan struct{})
 	late, cancelLate := context.WithCancel(context.Background())
 	defer cancelLate()
-	var (
-		mu      sync.Mutex
-		batches [][]int
-	)
+	var log batchLog
 	c := &combine.Combiner[*call]{Max: 8, Exec: func(batch []*call) {
-		mu.Lock()
-		ids := make([]int, len(batch))
-		for i, cl := range batch {
-			ids[i] = cl.id
-			cl.done.Add(1)
-		}
-		batches = append(batches, ids)
-		mu.Unlock()
+		log.record(batch)
 		switch batch[0].id {
 		case 0:
 			close(started)
@@ -259,7 +249,7 @@ func TestCombinerQueuedCallLeavesWhenItsContextEnds(t *testing.T) {
 			t.Fatalf("call %d queued behind the one that left was executed %d times", cl.id, n)
 		}
 	}
-	if len(batches) != 2 || len(batches[1]) != 2 {
+	if batches := log.list(); len(batches) != 2 || len(batches[1]) != 2 {
 		t.Fatalf("batches %v, want the stalled one and one of the two calls left", batches)
 	}
 }
@@ -273,19 +263,11 @@ func TestCombinerCallerWithSeveralCallsLeavesOrIsWaitedFor(t *testing.T) {
 	stall0, stall1 := make(chan struct{}), make(chan struct{})
 	started0, started1 := make(chan struct{}), make(chan struct{})
 	var (
-		mu      sync.Mutex
-		batches [][]int
-		ended   atomic.Bool // the batch holding the first caller's calls ended
+		log   batchLog
+		ended atomic.Bool // the batch holding the first caller's calls ended
 	)
 	c := &combine.Combiner[*call]{Max: 3, Exec: func(batch []*call) {
-		mu.Lock()
-		ids := make([]int, len(batch))
-		for i, cl := range batch {
-			ids[i] = cl.id
-			cl.done.Add(1)
-		}
-		batches = append(batches, ids)
-		mu.Unlock()
+		log.record(batch)
 		switch batch[0].id {
 		case 0:
 			close(started0)
@@ -296,16 +278,7 @@ func TestCombinerCallerWithSeveralCallsLeavesOrIsWaitedFor(t *testing.T) {
 			ended.Store(true)
 		}
 	}}
-	queued := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for c.Queued() != n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d calls queued, want %d", c.Queued(), n)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	queued := func(n int) { t.Helper(); waitQueued(t, c, n) }
 	type result struct {
 		err   error
 		ended bool
@@ -354,7 +327,7 @@ func TestCombinerCallerWithSeveralCallsLeavesOrIsWaitedFor(t *testing.T) {
 			t.Fatalf("call %d that left executed %d times", cl.id, n)
 		}
 	}
-	if len(batches) != 2 || !slices.Equal(batches[1], []int{10, 1, 2, 3}) {
+	if batches := log.list(); len(batches) != 2 || !slices.Equal(batches[1], []int{10, 1, 2, 3}) {
 		t.Fatalf("batches %v, want [0] and [10 1 2 3]", batches)
 	}
 }
@@ -367,19 +340,9 @@ func TestCombinerCallerWithSeveralCallsLeavesOrIsWaitedFor(t *testing.T) {
 func TestCombinerKeepsACallersCallsInOneBatch(t *testing.T) {
 	stall0, stall1, stallX := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	started0, started1, startedX := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var (
-		mu      sync.Mutex
-		batches [][]int
-	)
+	var log batchLog
 	c := &combine.Combiner[*call]{Max: 2, InFlight: 2, Exec: func(batch []*call) {
-		mu.Lock()
-		ids := make([]int, len(batch))
-		for i, cl := range batch {
-			ids[i] = cl.id
-			cl.done.Add(1)
-		}
-		batches = append(batches, ids)
-		mu.Unlock()
+		log.record(batch)
 		switch batch[0].id {
 		case 0:
 			close(started0)
@@ -392,16 +355,7 @@ func TestCombinerKeepsACallersCallsInOneBatch(t *testing.T) {
 			<-stallX
 		}
 	}}
-	queued := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for c.Queued() != n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d calls queued, want %d", c.Queued(), n)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	queued := func(n int) { t.Helper(); waitQueued(t, c, n) }
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { c.Do(&call{id: 0}) })
@@ -424,16 +378,51 @@ func TestCombinerKeepsACallersCallsInOneBatch(t *testing.T) {
 	case <-cDone:
 	case <-time.After(5 * time.Second):
 		close(stallX)
-		t.Fatalf("a call behind a caller split across batches waited for the stalled batch; batches %v", batches)
+		t.Fatalf("a call behind a caller split across batches waited for the stalled batch; batches %v", log.list())
 	}
 	close(stallX)
 	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
+	batches := log.list()
 	for _, b := range batches {
 		i11, i12 := slices.Index(b, 11), slices.Index(b, 12)
 		if (i11 < 0) != (i12 < 0) || (i11 >= 0 && i12 != i11+1) {
 			t.Fatalf("a caller's calls split or reordered between batches: %v", batches)
 		}
 	}
+}
+
+// waitQueued waits until n calls wait in c's queue.
+func waitQueued(t *testing.T, c *combine.Combiner[*call], n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Queued() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", c.Queued(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// batchLog records the calls' ids of every batch executed, and counts each
+// call's executions in the call.
+type batchLog struct {
+	mu      sync.Mutex
+	batches [][]int
+}
+
+func (l *batchLog) record(batch []*call) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ids := make([]int, len(batch))
+	for i, cl := range batch {
+		ids[i] = cl.id
+		cl.done.Add(1)
+	}
+	l.batches = append(l.batches, ids)
+}
+
+func (l *batchLog) list() [][]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.batches)
 }
