@@ -136,8 +136,8 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), members...).Err(); err != nil {
 				p.logger.Warn("presence: removing retaken connections' index entries failed", slog.String("kind", rds.Kind(err)))
 			}
+			p.announceOnline(ctx, unknown)
 		}
-		p.announceOnline(ctx, unknown)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

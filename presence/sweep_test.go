@@ -241,6 +241,12 @@ func TestConnectionsComeBackWhenAConnectFindsTheMarkerGone(t *testing.T) {
 	}
 	time.Sleep(liveness/2 + 200*time.Millisecond) // no longer fresh: a sweep removes them
 	sweeper := newPresence(t, presence.Config{InstanceID: "sweeper-" + ids.New()[24:], LivenessTTL: liveness}, nil)
+	// Right after a liveness refresh (the marker's TTL back at its full
+	// length), so the next one comes a second later: the lapse, the sweep
+	// and the connect below happen between two refreshes.
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return rdb.PTTL(ctx, presence.InstanceKey(id)).Val() > liveness-50*time.Millisecond
+	}, "no liveness refresh seen")
 	rdb.Del(ctx, presence.InstanceKey(id)) // the marker lapsed
 	if n, _, err := sweeper.SweepInstance(ctx, id, nil); err != nil || n != 5 {
 		t.Fatalf("sweep removed %d (%v), want the 5 connections", n, err)

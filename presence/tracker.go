@@ -72,6 +72,7 @@ func (p *Presence) livenessLoop(ctx context.Context, conns func() []Conn) {
 			p.logger.Warn("instance liveness marker had expired; re-registering connections")
 			if err := p.Refresh(ctx, conns()); err != nil {
 				p.logger.Warn("presence heartbeat failed", slog.String("kind", rds.Kind(err)))
+				p.markerLapsed.Store(true) // not done: the next tick tries again
 			}
 		}
 		first = false

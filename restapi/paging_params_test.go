@@ -68,17 +68,17 @@ func TestProjectListingsRefuseRepeatedPagingParameters(t *testing.T) {
 	for _, c := range []struct{ path, code string }{
 		{p.path("/cache?cursor=&cursor="), "invalid_cursor"},
 		{p.path("/cache?limit=5&limit=x"), "invalid_limit"},
-		{p.path("/cache?limit=+5"), "invalid_limit"},
+		{p.path("/cache?limit=%2B5"), "invalid_limit"},
 		{p.path("/topics/" + top.ID + "/messages?cursor=a&cursor=b"), "invalid_cursor"},
 		{p.path("/topics/" + top.ID + "/messages?limit=5&limit=5"), "invalid_limit"},
 		{p.path("/topics/" + top.ID + "/messages?limit=-1"), "invalid_limit"},
 		{p.path("/subscriptions/" + sub.ID + "/receipts?cursor=&cursor="), "invalid_cursor"},
-		{p.path("/subscriptions/" + sub.ID + "/receipts?limit=+1"), "invalid_limit"},
+		{p.path("/subscriptions/" + sub.ID + "/receipts?limit=%2B1"), "invalid_limit"},
 	} {
 		code, b := h.do(p.read, "GET", c.path, "")
 		wantError(t, code, b, 400, c.code)
 	}
-	code, b := h.do(aTok, "GET", "/v1/dialogs?limit=+1", "")
+	code, b := h.do(aTok, "GET", "/v1/dialogs?limit=%2B1", "")
 	wantError(t, code, b, 400, "invalid_limit")
 	// Once each, as before.
 	if code, b := h.do(p.read, "GET", p.path("/cache?limit=5"), ""); code != 200 {

@@ -61,7 +61,8 @@ const (
 // wait on a server that stalls (a stopped process, a network that drops
 // packets), so the client gives the whole transaction one budget more
 // than a statement's: fn gets that context, and its statements must use
-// it. A budget overrun comes back wrapped in ErrDatabaseBusy. Background
+// it. A budget overrun comes back wrapped in ErrDatabaseBusy, but for a
+// COMMIT that got no answer in time (it may have committed). Background
 // jobs and migrations do not use it: they keep their own budgets.
 func (s *Store) requestTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	conn, err := s.acquire(ctx)
@@ -73,10 +74,23 @@ func (s *Store) requestTx(ctx context.Context, fn func(ctx context.Context, tx p
 	defer cancel()
 	ms := s.reqTimeout.Milliseconds()
 	begin := fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms)
-	err = pgx.BeginTxFunc(tctx, conn, pgx.TxOptions{BeginQuery: begin}, func(tx pgx.Tx) error { return fn(tctx, tx) })
-	if err != nil && ctx.Err() == nil && (IsDatabaseBusy(err) || errors.Is(err, context.DeadlineExceeded)) {
+	committing := false // fn succeeded: what fails after it is the COMMIT
+	err = pgx.BeginTxFunc(tctx, conn, pgx.TxOptions{BeginQuery: begin}, func(tx pgx.Tx) error {
+		err := fn(tctx, tx)
+		committing = err == nil
+		return err
+	})
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case IsDatabaseBusy(err):
+		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
+	case errors.Is(err, context.DeadlineExceeded) && !committing:
+		// Cut short before the COMMIT: nothing was committed.
 		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
 	}
+	// A COMMIT whose answer did not come in time may have committed: not
+	// busy (which says nothing was), but unavailable with its outcome
+	// unknown.
 	return err
 }
 

@@ -200,3 +200,43 @@ func storeThroughProxy(t *testing.T) (*store.Store, *faultproxy.Proxy) {
 	s.SetRequestTimeout(300 * time.Millisecond)
 	return s, p
 }
+
+// A request transaction cut short by its budget before its COMMIT committed
+// nothing: ErrDatabaseBusy. One whose COMMIT got no answer in time may have
+// committed: it is not busy (which promises nothing was), but unavailable,
+// its outcome unknown.
+func TestARequestTransactionTellsAnUnansweredCommitFromABusyOne(t *testing.T) {
+	ctx := context.Background()
+	s, p := storeThroughProxy(t)
+	if err := s.RequestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT 1")
+		return err
+	}); err != nil {
+		t.Fatal(err) // the connection was used just now: no ping before the next use
+	}
+	err := s.RequestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		p.Blackhole(true) // the statement gets no answer
+		_, err := tx.Exec(ctx, "SELECT 1")
+		return err
+	})
+	if !errors.Is(err, store.ErrDatabaseBusy) {
+		t.Fatalf("a statement without an answer before the COMMIT: %v, want ErrDatabaseBusy", err)
+	}
+	s, p = storeThroughProxy(t)
+	if err := s.RequestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT 1")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err = s.RequestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		p.Blackhole(true) // the COMMIT gets no answer
+		return nil
+	})
+	if err == nil || errors.Is(err, store.ErrDatabaseBusy) || !store.IsPGUnavailable(err) {
+		t.Fatalf("a COMMIT without an answer: %v, want unavailable (outcome unknown), not busy", err)
+	}
+}

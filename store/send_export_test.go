@@ -1,6 +1,11 @@
 package store
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // SendQueueDepth is how many sends into the dialog this instance holds,
 // waiting and being written (tests order sends through it).
@@ -27,3 +32,8 @@ func (s *Store) SendGroupWaiting() int {
 // to a quarter of its budget (instead of maxCommitterLockWait), so a test
 // can keep the committers busy with a held lock.
 func (s *Store) HoldCommitterOnLocks() { s.groups.lockWait = time.Hour }
+
+// RequestTx runs fn as a request transaction (requestTx).
+func (s *Store) RequestTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return s.requestTx(ctx, fn)
+}

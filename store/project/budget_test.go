@@ -158,7 +158,7 @@ func TestModuleBudgetNeverUnderCountsBetweenReconcilePhases(t *testing.T) {
 	}
 	e.projectBytes(1 << 20) // the project script ran; the writer died before settling
 	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases()}
-	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", int64(0), time.Minute.Milliseconds()).Int64Slice()
+	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", int64(-1), time.Minute.Milliseconds()).Int64Slice()
 	if err != nil || begin[0] != 1 || begin[2] != 1 {
 		t.Fatalf("begin: %v %v, want the stale reservation dropped", begin, err)
 	}
