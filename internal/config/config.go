@@ -566,16 +566,28 @@ func prefixes(v string) ([]netip.Prefix, error) {
 // SameRedisInstance reports whether DB0 and DB1 URLs point at one server
 // (then the ACL must allow the handshake SELECT). The addresses are
 // compared as the client dials them: the default port filled in, the host
-// in lower case, and the loopback names (localhost, 127.0.0.1, ::1) as one.
-// When in doubt it says "same": an ACL that allows SELECT on two servers
-// only allows more, one that denies it on one server breaks DB1.
+// in lower case, and the loopback names (localhost, 127.0.0.1, ::1) as one;
+// a host name may be any address, so only two literal addresses (or ports)
+// that differ are two servers. When in doubt it says "same": an ACL that
+// allows SELECT on two servers only allows more, one that denies it on one
+// server breaks DB1.
 func SameRedisInstance(a, b string) bool {
 	ua, err1 := url.Parse(a)
 	ub, err2 := url.Parse(b)
 	if err1 != nil || err2 != nil {
 		return true
 	}
-	return redisDialAddr(ua) == redisDialAddr(ub)
+	a1, a2 := redisDialAddr(ua), redisDialAddr(ub)
+	if a1 == a2 {
+		return true
+	}
+	// A name and an address, or two names, may be one server: only two
+	// literal addresses (or two socket paths) are known to differ.
+	h1, _, _ := net.SplitHostPort(a1)
+	h2, _, _ := net.SplitHostPort(a2)
+	_, e1 := netip.ParseAddr(h1)
+	_, e2 := netip.ParseAddr(h2)
+	return !strings.HasPrefix(a1, "unix:") && !strings.HasPrefix(a2, "unix:") && (e1 != nil || e2 != nil)
 }
 
 // redisDialAddr is where a redis:// or rediss:// URL dials, normalised
