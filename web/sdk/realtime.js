@@ -28,6 +28,11 @@ const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its re
 // every dialog (200 of them) must not become 200 concurrent reads against
 // the user's read rate limit; the others wait their turn.
 const MAX_RECONCILES = 4;
+// A reconciliation that has not ended within this long is given up (and
+// tried again RECONCILE_RETRY_MS later): a read hung on a dead path must
+// not hold one of the MAX_RECONCILES slots, and every other dialog, for
+// minutes.
+const RECONCILE_TIMEOUT_MS = 60000;
 /**
  * The largest frame taken from the server (ws's maxPayload; a browser's
  * WebSocket ignores the option). The server's frames are far smaller (its
@@ -691,7 +696,8 @@ export class Realtime extends Emitter {
       if (this.#stopped || this.#dialogs.get(dialogId) !== d) return;
       do {
         d.again = false;
-        for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8, signal: this.#abort.signal })) {
+        const signal = AbortSignal.any([this.#abort.signal, AbortSignal.timeout(RECONCILE_TIMEOUT_MS)]);
+        for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8, signal })) {
           if (this.#dialogs.get(dialogId) !== d) return;
           for (const m of items) this.#deliver(dialogId, d.offer(m), "rest");
         }

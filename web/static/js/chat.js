@@ -39,6 +39,25 @@ export function canRetry(err) {
   return !(s >= 400 && s < 500);
 }
 
+// Image previews download at most this many blobs at once (#preview).
+const PREVIEW_FETCHES = 4;
+let previewsRunning = 0;
+const previewWaiters = [];
+
+async function previewSlot() {
+  if (previewsRunning < PREVIEW_FETCHES) {
+    previewsRunning++;
+    return;
+  }
+  await new Promise((resolve) => previewWaiters.push(resolve));
+}
+
+function previewDone() {
+  const next = previewWaiters.shift();
+  if (next) next();
+  else previewsRunning--;
+}
+
 export class ChatView {
   constructor({ me, client, onSync }) {
     this.me = me;
@@ -564,19 +583,30 @@ export class ChatView {
     return li;
   }
 
+  // #preview downloads an image attachment for its thumbnail, at most
+  // PREVIEW_FETCHES at once: the server keeps each client address to a
+  // share of its open blobs, and a dialog full of images must neither take
+  // all of it nor be refused. A download refused as busy (503) is not kept,
+  // so the next render tries again.
   #preview(a) {
     if (!this.previews.has(a.id)) {
       this.previews.set(a.id, (async () => {
+        await previewSlot();
         try {
           const { url } = await get(`/v1/attachments/${encodeURIComponent(a.id)}/download-url`);
           const href = blobURL(url, a.id);
           if (!href) return null;
           const res = await fetch(href, { cache: "no-store", credentials: "omit" });
-          if (!res.ok) return null;
+          if (!res.ok) {
+            if (res.status === 503) this.previews.delete(a.id); // busy: another render tries again
+            return null;
+          }
           return URL.createObjectURL(await res.blob());
         } catch {
           this.previews.delete(a.id);
           return null;
+        } finally {
+          previewDone();
         }
       })());
     }

@@ -283,8 +283,17 @@ function route() {
 }
 
 // signInFromLink signs in with the token of a sign-in link opened in a tab
-// already running: a session open before it ends first.
-async function signInFromLink(tok) {
+// already running: a session open before it ends first. Sign-ins run one
+// after another: a link opened while one is under way waits for it, then
+// ends the session it started.
+let signingIn = Promise.resolve();
+
+function signInFromLink(tok) {
+  signingIn = signingIn.then(() => signInWith(tok), () => signInWith(tok));
+  return signingIn;
+}
+
+async function signInWith(tok) {
   if (app.me) signOut();
   $("#main").replaceChildren(h("p", { class: "muted loading", text: "Signing in…" }));
   const errBox = h("div");
