@@ -105,7 +105,11 @@ func (p *Presence) announceOnline(ctx context.Context, users []string) {
 func (p *Presence) retakePass(ctx context.Context) bool {
 	now := time.Now()
 	p.mu.Lock()
+	var expired []string // unknown registrations given up: stale by now
 	for len(p.retakes) > 0 && now.After(p.retakes[0].until) {
+		if r := p.retakes[0]; r.unknown && !slices.Contains(expired, r.c.UserID) {
+			expired = append(expired, r.c.UserID)
+		}
 		p.retakes = p.retakes[1:]
 	}
 	var batch []Conn
@@ -120,6 +124,9 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 		}
 	}
 	p.mu.Unlock()
+	// A registration whose removal never got through is stale now: its
+	// user is announced if live elsewhere, as after a removal.
+	p.announceOnline(ctx, expired)
 	if len(batch) > 0 {
 		if _, _, err := p.disconnectMany(ctx, batch); err == nil {
 			p.mu.Lock()

@@ -84,8 +84,9 @@ func (s *Store) requestTx(ctx context.Context, fn func(ctx context.Context, tx p
 	case err == nil || ctx.Err() != nil:
 	case IsDatabaseBusy(err):
 		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
-	case errors.Is(err, context.DeadlineExceeded) && !committing:
-		// Cut short before the COMMIT: nothing was committed.
+	case errors.Is(err, context.DeadlineExceeded) && (!committing || pgconn.SafeToRetry(err)):
+		// Cut short before the COMMIT, or the COMMIT never sent (its
+		// context was done already): nothing was committed.
 		return fmt.Errorf("%w: %w", ErrDatabaseBusy, err)
 	}
 	// A COMMIT whose answer did not come in time may have committed: not

@@ -583,11 +583,14 @@ func SameRedisInstance(a, b string) bool {
 	}
 	// A name and an address, or two names, may be one server: only two
 	// literal addresses (or two socket paths) are known to differ.
+	if u1, u2 := strings.HasPrefix(a1, "unix:"), strings.HasPrefix(a2, "unix:"); u1 || u2 {
+		return !(u1 && u2) // a socket and a TCP address may be one server; two sockets differ
+	}
 	h1, _, _ := net.SplitHostPort(a1)
 	h2, _, _ := net.SplitHostPort(a2)
 	_, e1 := netip.ParseAddr(h1)
 	_, e2 := netip.ParseAddr(h2)
-	return !strings.HasPrefix(a1, "unix:") && !strings.HasPrefix(a2, "unix:") && (e1 != nil || e2 != nil)
+	return e1 != nil || e2 != nil
 }
 
 // redisDialAddr is where a redis:// or rediss:// URL dials, normalised

@@ -48,6 +48,7 @@ func TestSameRedisInstanceAsTheClientDials(t *testing.T) {
 		{"redis://u:p@10.0.0.10/0", "redis://u:p@10.0.0.11/1", false},
 		{"redis://u:p@redis.internal/0", "redis://u:p@10.0.0.10/1", true}, // the name may be that address
 		{"redis://u:p@redis-a.internal/0", "redis://u:p@redis-b.internal/1", true},
+		{"unix:///run/redis/redis.sock?db=0", "redis://u:p@10.0.0.10/1", true}, // one server may listen on both
 		{"redis://u:p@10.0.0.10:6379/0", "redis://u:p@10.0.0.10:6380/1", false},
 	} {
 		if got := SameRedisInstance(c.a, c.b); got != c.same {

@@ -696,10 +696,21 @@ export class Realtime extends Emitter {
       if (this.#stopped || this.#dialogs.get(dialogId) !== d) return;
       do {
         d.again = false;
-        const signal = AbortSignal.any([this.#abort.signal, AbortSignal.timeout(RECONCILE_TIMEOUT_MS)]);
-        for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8, signal })) {
-          if (this.#dialogs.get(dialogId) !== d) return;
-          for (const m of items) this.#deliver(dialogId, d.offer(m), "rest");
+        // Ended by stop() or after RECONCILE_TIMEOUT_MS (AbortSignal.any is
+        // missing on some runtimes the SDK supports).
+        const ac = new AbortController();
+        const stopped = () => ac.abort(this.#abort.signal.reason);
+        if (this.#abort.signal.aborted) stopped();
+        else this.#abort.signal.addEventListener("abort", stopped, { once: true });
+        const timer = setTimeout(() => ac.abort(new DOMException("reconciliation timed out", "TimeoutError")), RECONCILE_TIMEOUT_MS);
+        try {
+          for await (const items of this.#rest.historyPages(dialogId, { afterSeq: d.known, attempts: 8, signal: ac.signal })) {
+            if (this.#dialogs.get(dialogId) !== d) return;
+            for (const m of items) this.#deliver(dialogId, d.offer(m), "rest");
+          }
+        } finally {
+          clearTimeout(timer);
+          this.#abort.signal.removeEventListener("abort", stopped);
         }
       } while (d.again && this.#dialogs.get(dialogId) === d);
       this.#watchGap(dialogId, d);

@@ -41,6 +41,7 @@ export function canRetry(err) {
 
 // Image previews download at most this many blobs at once (#preview).
 const PREVIEW_FETCHES = 4;
+const PREVIEW_TIMEOUT_MS = 30000;
 let previewsRunning = 0;
 const previewWaiters = [];
 
@@ -586,27 +587,31 @@ export class ChatView {
   // #preview downloads an image attachment for its thumbnail, at most
   // PREVIEW_FETCHES at once: the server keeps each client address to a
   // share of its open blobs, and a dialog full of images must neither take
-  // all of it nor be refused. A download refused as busy (503) is not kept,
-  // so the next render tries again.
+  // all of it nor be refused. A download refused as busy (503) is tried
+  // again a second later, up to three times; one that hangs is given up
+  // after PREVIEW_TIMEOUT_MS, so it holds no slot.
   #preview(a) {
     if (!this.previews.has(a.id)) {
       this.previews.set(a.id, (async () => {
-        await previewSlot();
-        try {
-          const { url } = await get(`/v1/attachments/${encodeURIComponent(a.id)}/download-url`);
-          const href = blobURL(url, a.id);
-          if (!href) return null;
-          const res = await fetch(href, { cache: "no-store", credentials: "omit" });
-          if (!res.ok) {
-            if (res.status === 503) this.previews.delete(a.id); // busy: another render tries again
+        // Busy (503): tried again after a second, a few times.
+        for (let attempt = 1; ; attempt++) {
+          await previewSlot();
+          let res;
+          try {
+            if (this.disposed) return null;
+            const { url } = await get(`/v1/attachments/${encodeURIComponent(a.id)}/download-url`);
+            const href = blobURL(url, a.id);
+            if (!href) return null;
+            res = await fetch(href, { cache: "no-store", credentials: "omit", signal: AbortSignal.timeout(PREVIEW_TIMEOUT_MS) });
+            if (res.ok) return URL.createObjectURL(await res.blob());
+          } catch {
+            this.previews.delete(a.id);
             return null;
+          } finally {
+            previewDone();
           }
-          return URL.createObjectURL(await res.blob());
-        } catch {
-          this.previews.delete(a.id);
-          return null;
-        } finally {
-          previewDone();
+          if (res.status !== 503 || attempt >= 3) return null;
+          await new Promise((resolve) => setTimeout(resolve, 1000));
         }
       })());
     }

@@ -287,9 +287,13 @@ function route() {
 // after another: a link opened while one is under way waits for it, then
 // ends the session it started.
 let signingIn = Promise.resolve();
+let newestLink = 0;
 
 function signInFromLink(tok) {
-  signingIn = signingIn.then(() => signInWith(tok), () => signInWith(tok));
+  const mine = ++newestLink;
+  // A link queued behind a newer one is passed over: only the newest signs in.
+  const run = () => (mine === newestLink ? signInWith(tok) : undefined);
+  signingIn = signingIn.then(run, run);
   return signingIn;
 }
 
