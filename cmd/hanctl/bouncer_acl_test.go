@@ -66,14 +66,27 @@ func TestRedisACLOutFileIsPrivate(t *testing.T) {
 // file, and the next redis-server start (as its own user) could not read
 // its ACL and failed.
 func TestRedisACLOutFileKeepsItsOwner(t *testing.T) {
+	// As root the file goes to nobody (as the redis user would own it);
+	// otherwise it keeps this user and goes to another group of its own,
+	// which a user may give its files.
+	uid, gid := 65534, 65534
 	if os.Geteuid() != 0 {
-		t.Skip("giving the file another owner needs root")
+		uid, gid = os.Getuid(), -1
+		groups, _ := os.Getgroups()
+		for _, g := range groups {
+			if g != os.Getgid() {
+				gid = g
+				break
+			}
+		}
+		if gid < 0 {
+			t.Skip("not root and in no second group: no owner or group to give the file that the render could lose")
+		}
 	}
 	path := filepath.Join(t.TempDir(), "users.acl")
 	if err := os.WriteFile(path, []byte("# previous rendering\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	const uid, gid = 65534, 65534 // nobody, as the redis user would be
 	if err := os.Chown(path, uid, gid); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +98,7 @@ func TestRedisACLOutFileKeepsItsOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := fi.Sys().(*syscall.Stat_t)
-	if st.Uid != uid || st.Gid != gid || fi.Mode().Perm() != 0o600 {
+	if int(st.Uid) != uid || int(st.Gid) != gid || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("ACL file owned by %d:%d mode %v, want %d:%d 0600", st.Uid, st.Gid, fi.Mode().Perm(), uid, gid)
 	}
 }
