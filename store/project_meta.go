@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/han-app/gateway/store/project"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // ProjectInfo is what one request of the project Redis API needs from
@@ -62,9 +63,10 @@ type ProjectSettings struct {
 	DeliveryPaused  *bool
 }
 
-// ErrMirrorRestore is joined to a commit failure when the Redis mirror,
-// already written for the change that did not commit, could not be put
-// back (the caller logs it; the next write repairs the mirror).
+// ErrMirrorRestore is joined to the error of a change that did not go
+// through when the Redis mirror, which may hold what PostgreSQL did not
+// commit (or miss what it did), could not be put in line with PostgreSQL
+// (the caller logs it; the next write repairs the mirror).
 var ErrMirrorRestore = errors.New("store: project mirror not restored")
 
 // MirrorFunc writes the project metadata that Redis mirrors.
@@ -81,30 +83,27 @@ const mirrorRestoreTimeout = time.Second
 // Both stores change together: mirror writes the new values to Redis while
 // the PostgreSQL transaction is still open, and the transaction commits only
 // after mirror succeeded, so a refused Redis write (OOM, outage) leaves
-// PostgreSQL unchanged too. If the commit itself fails, mirror runs again
-// with the values from before (best effort; ErrMirrorRestore is joined to
-// the error when that fails as well). A nil mirror writes PostgreSQL only.
+// PostgreSQL unchanged too. When the change fails after Redis may have
+// taken it (a mirror write without an answer, a failed or unanswered
+// COMMIT), the mirror is rewritten from PostgreSQL's row (see mirroredTx).
+// A nil mirror writes PostgreSQL only.
 func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set ProjectSettings, mirror MirrorFunc) (ProjectInfo, error) {
-	p, before := ProjectInfo{ID: projectID}, ProjectInfo{ID: projectID}
-	err := s.mirroredTx(ctx, mirror, func(ctx context.Context, tx pgx.Tx) (project.Mirror, project.Mirror, error) {
+	p := ProjectInfo{ID: projectID}
+	err := s.mirroredTx(ctx, projectID, mirror, func(ctx context.Context, tx pgx.Tx) (project.Mirror, error) {
 		var deadline *int64
-		// The sub-select locks the row and reads the values from before
-		// the change (restored into Redis should the commit fail).
-		err := tx.QueryRow(ctx, `UPDATE projects p SET
-			cache_quota_bytes = COALESCE($2, old.cache_quota_bytes),
-			delivery_paused = COALESCE($3, old.delivery_paused)
-			FROM (SELECT id, cache_quota_bytes, delivery_paused FROM projects WHERE id = $1 FOR UPDATE) old
-			WHERE p.id = old.id
-			RETURNING p.cache_quota_bytes, p.delivery_paused, p.legacy_deadline_ms, old.cache_quota_bytes, old.delivery_paused`,
-			projectID, set.CacheQuotaBytes, set.DeliveryPaused).Scan(&p.CacheQuotaBytes, &p.DeliveryPaused, &deadline,
-			&before.CacheQuotaBytes, &before.DeliveryPaused)
+		err := tx.QueryRow(ctx, `UPDATE projects SET
+			cache_quota_bytes = COALESCE($2, cache_quota_bytes),
+			delivery_paused = COALESCE($3, delivery_paused)
+			WHERE id = $1
+			RETURNING cache_quota_bytes, delivery_paused, legacy_deadline_ms`,
+			projectID, set.CacheQuotaBytes, set.DeliveryPaused).Scan(&p.CacheQuotaBytes, &p.DeliveryPaused, &deadline)
 		if err != nil {
-			return project.Mirror{}, project.Mirror{}, err
+			return project.Mirror{}, err
 		}
 		if deadline != nil {
-			p.LegacyDeadlineMs, before.LegacyDeadlineMs = *deadline, *deadline
+			p.LegacyDeadlineMs = *deadline
 		}
-		return before.Mirror(), p.Mirror(), nil
+		return p.Mirror(), nil
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ProjectInfo{}, ErrNotFound
@@ -116,32 +115,64 @@ func (s *Store) UpdateProjectSettings(ctx context.Context, projectID string, set
 }
 
 // mirroredTx runs change in a request transaction; change returns the
-// mirrored metadata before and after it. mirror(after) runs before the
-// commit; when the commit fails, mirror(before) puts Redis back.
-func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(ctx context.Context, tx pgx.Tx) (before, after project.Mirror, err error)) error {
-	var before project.Mirror
-	mirrored := false
+// mirrored metadata after it, and mirror writes that to Redis before the
+// commit. When the change fails after mirror may have written (its write
+// got no answer, or the COMMIT failed or got no answer: PostgreSQL may or
+// may not hold the change), the mirror is rewritten from what PostgreSQL
+// holds, read under the row's lock so that no other change's mirror write
+// lands in between. Putting back the values read before the change would
+// undo a change whose COMMIT went through unanswered, and a concurrent
+// change committed since. A mirror write Redis refused (out of memory,
+// denied, a key of the wrong type) wrote nothing: nothing to repair.
+func (s *Store) mirroredTx(ctx context.Context, projectID string, mirror MirrorFunc, change func(ctx context.Context, tx pgx.Tx) (after project.Mirror, err error)) error {
+	attempted := false
 	err := s.requestTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		b, a, err := change(ctx, tx)
+		a, err := change(ctx, tx)
 		if err != nil || mirror == nil {
 			return err
 		}
-		if err := mirror(ctx, a); err != nil {
-			return err
-		}
-		before, mirrored = b, true
-		return nil
+		err = mirror(ctx, a)
+		attempted = err == nil || !mirrorRefused(err)
+		return err
 	})
-	if err == nil || !mirrored {
+	if err == nil || !attempted {
 		return err
 	}
-	// The mirror holds values PostgreSQL did not commit.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mirrorRestoreTimeout)
 	defer cancel()
-	if rerr := mirror(rctx, before); rerr != nil {
+	if rerr := s.remirror(rctx, projectID, mirror); rerr != nil {
 		return errors.Join(err, ErrMirrorRestore)
 	}
 	return err
+}
+
+// mirrorRefused reports whether a mirror write's error is Redis's refusal,
+// which leaves the mirror as it was.
+func mirrorRefused(err error) bool {
+	return errors.Is(err, rds.ErrRedisOOM) || errors.Is(err, rds.ErrExpiryDenied) ||
+		errors.Is(err, rds.ErrRedisNoPerm) || errors.Is(err, project.ErrDataStateInvalid)
+}
+
+// remirror writes the project's metadata as PostgreSQL holds it to Redis,
+// holding the row's lock while it does. A project that is gone has nothing
+// to mirror.
+func (s *Store) remirror(ctx context.Context, projectID string, mirror MirrorFunc) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		var m project.Mirror
+		var deadline *int64
+		err := tx.QueryRow(ctx, `SELECT cache_quota_bytes, delivery_paused, legacy_deadline_ms
+			FROM projects WHERE id = $1 FOR UPDATE`, projectID).Scan(&m.CacheQuotaBytes, &m.DeliveryPaused, &deadline)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if deadline != nil {
+			m.LegacyDeadlineMs = *deadline
+		}
+		return mirror(ctx, m)
+	})
 }
 
 // FixLegacyDeadline records candidateMs as the project's legacy deadline
@@ -152,21 +183,14 @@ func (s *Store) mirroredTx(ctx context.Context, mirror MirrorFunc, change func(c
 // metadata (with the deadline in force) to Redis.
 func (s *Store) FixLegacyDeadline(ctx context.Context, projectID string, candidateMs int64, mirror MirrorFunc) (int64, error) {
 	var d int64
-	err := s.mirroredTx(ctx, mirror, func(ctx context.Context, tx pgx.Tx) (project.Mirror, project.Mirror, error) {
+	err := s.mirroredTx(ctx, projectID, mirror, func(ctx context.Context, tx pgx.Tx) (project.Mirror, error) {
 		var after project.Mirror
-		var old *int64
-		err := tx.QueryRow(ctx, `UPDATE projects p SET legacy_deadline_ms = COALESCE(old.legacy_deadline_ms, $2)
-			FROM (SELECT id, legacy_deadline_ms FROM projects WHERE id = $1 FOR UPDATE) old
-			WHERE p.id = old.id
-			RETURNING p.cache_quota_bytes, p.delivery_paused, p.legacy_deadline_ms, old.legacy_deadline_ms`,
-			projectID, candidateMs).Scan(&after.CacheQuotaBytes, &after.DeliveryPaused, &after.LegacyDeadlineMs, &old)
-		before := after
-		before.LegacyDeadlineMs = 0
-		if old != nil {
-			before.LegacyDeadlineMs = *old
-		}
+		err := tx.QueryRow(ctx, `UPDATE projects SET legacy_deadline_ms = COALESCE(legacy_deadline_ms, $2)
+			WHERE id = $1
+			RETURNING cache_quota_bytes, delivery_paused, legacy_deadline_ms`,
+			projectID, candidateMs).Scan(&after.CacheQuotaBytes, &after.DeliveryPaused, &after.LegacyDeadlineMs)
 		d = after.LegacyDeadlineMs
-		return before, after, err
+		return after, err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrNotFound

@@ -21,6 +21,7 @@ type Proxy struct {
 	mu        sync.Mutex // guards the fields below
 	latency   time.Duration
 	blackhole bool
+	muteReply bool
 	refuse    bool
 	closed    bool
 	links     map[net.Conn]struct{}
@@ -56,6 +57,15 @@ func (p *Proxy) SetLatency(d time.Duration) {
 func (p *Proxy) Blackhole(on bool) {
 	p.mu.Lock()
 	p.blackhole = on
+	p.mu.Unlock()
+}
+
+// MuteReplies makes the proxy swallow every byte from the target while on,
+// and forward the client's: requests arrive and run, their answers are
+// lost (a COMMIT that commits and never says so).
+func (p *Proxy) MuteReplies(on bool) {
+	p.mu.Lock()
+	p.muteReply = on
 	p.mu.Unlock()
 }
 
@@ -116,8 +126,8 @@ func (p *Proxy) acceptLoop() {
 			continue
 		}
 		p.wg.Add(2)
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, false)
+		go p.pipe(up, c, true)
 	}
 }
 
@@ -142,8 +152,9 @@ func (p *Proxy) untrack(a, b net.Conn) {
 	b.Close()
 }
 
-// pipe copies src to dst, applying the faults in force for each chunk.
-func (p *Proxy) pipe(src, dst net.Conn) {
+// pipe copies src to dst, applying the faults in force for each chunk;
+// reply is the direction from the target.
+func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 	defer p.wg.Done()
 	defer p.untrack(src, dst)
 	buf := make([]byte, 32<<10)
@@ -151,7 +162,7 @@ func (p *Proxy) pipe(src, dst net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			lat, hole := p.latency, p.blackhole
+			lat, hole := p.latency, p.blackhole || (reply && p.muteReply)
 			p.mu.Unlock()
 			if lat > 0 {
 				time.Sleep(lat)
