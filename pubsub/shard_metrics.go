@@ -44,12 +44,6 @@ func (c shardCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c shardCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	s.mu.Lock()
-	counts := make(map[*shard]int, len(s.shards))
-	for name, st := range s.chans {
-		if st.shard != nil && st.refs > 0 && name != s.canary {
-			counts[st.shard]++
-		}
-	}
 	type row struct {
 		addr     string
 		up       bool
@@ -57,7 +51,7 @@ func (c shardCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	rows := make([]row, 0, len(s.shards))
 	for addr, sh := range s.shards {
-		rows = append(rows, row{addr, sh.up, counts[sh]})
+		rows = append(rows, row{addr, sh.up, sh.live})
 	}
 	for addr := range s.downShards {
 		if s.shards[addr] == nil {

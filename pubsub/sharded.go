@@ -43,6 +43,10 @@ type shard struct {
 	// guarded by Subscriber.mu. A shard without any (its slots moved
 	// away) does not count for the subscriber's health.
 	chans int
+	// live counts those of them that are held and are not the canary
+	// (chanState.counted): the channels the shard metric reports, kept
+	// here so a scrape does not walk every channel under the lock.
+	live int
 	// resync holds the lost channels confirmed again, handed to OnResync
 	// together at the next PONG (a PING follows every SSUBSCRIBE batch,
 	// so it answers after the whole batch is confirmed).
@@ -222,10 +226,32 @@ func (s *Subscriber) shardLocked(ctx context.Context, shards *sync.WaitGroup, c 
 func setShardLocked(st *chanState, sh *shard) {
 	if st.shard != nil {
 		st.shard.chans--
+		if st.counted {
+			st.shard.live--
+		}
 	}
 	st.shard = sh
 	if sh != nil {
 		sh.chans++
+		if st.counted {
+			sh.live++
+		}
+	}
+}
+
+// setCountedLocked marks st held (or no longer), keeping its shard's live
+// count.
+func setCountedLocked(st *chanState, counted bool) {
+	if st.counted == counted {
+		return
+	}
+	st.counted = counted
+	if st.shard != nil {
+		if counted {
+			st.shard.live++
+		} else {
+			st.shard.live--
+		}
 	}
 }
 

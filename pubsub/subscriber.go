@@ -92,7 +92,10 @@ const (
 // chanState is one channel's state; every connection's user channel has
 // one, so its fields are ordered to keep it in the 64-byte size class.
 type chanState struct {
-	refs        int
+	refs int
+	// counted: the channel is held (refs > 0) and is not the canary; it
+	// counts in Subscriber.live and, while on a shard, in shard.live.
+	counted     bool
 	pendingSubs int // SUBSCRIBE confirmations outstanding
 	waiters     []chan struct{}
 	// On a cluster: the shard the channel is subscribed on (nil while
@@ -318,6 +321,7 @@ func (s *Subscriber) addLocked(channel string) *chanState {
 	}
 	st.refs++
 	if st.refs == 1 && channel != s.canary {
+		setCountedLocked(st, true)
 		s.live.Add(1)
 	}
 	if !(st.sent == sentSubscribe) {
@@ -387,6 +391,7 @@ func (s *Subscriber) Unsubscribe(channel string) {
 	if st.refs == 0 {
 		s.dirty[channel] = struct{}{}
 		if channel != s.canary {
+			setCountedLocked(st, false)
 			s.live.Add(-1)
 		}
 	}

@@ -208,6 +208,21 @@ func TestShardedPubSubAcrossMasters(t *testing.T) {
 	if got := a.resyncedChannels(); len(got) != 0 {
 		t.Fatalf("nothing failed, yet these channels were resynced: %v", got)
 	}
+	// The shard's channel count follows: one less on channels[0]'s master
+	// (held again, one more), whatever the scrape races with.
+	owner := ""
+	for addr, chs := range byMaster {
+		if slices.Contains(chs, channels[0]) {
+			owner = addr
+		}
+	}
+	if _, perShard := shardMetrics(t, reg); perShard[owner] != len(byMaster[owner])-1 {
+		t.Errorf("shard %s after an unsubscribe: %d channels, want %d", owner, perShard[owner], len(byMaster[owner])-1)
+	}
+	a.subscribe(t, channels[0])
+	if _, perShard := shardMetrics(t, reg); perShard[owner] != len(byMaster[owner]) {
+		t.Errorf("shard %s subscribed again: %d channels, want %d", owner, perShard[owner], len(byMaster[owner]))
+	}
 }
 
 // Kill one master: its replica takes over, the subscriber moves exactly
