@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/dev.sh — a working local HAN stack with the browser client
-# (README command #1, `make dev`).
+# (the README's first command, `make dev`).
 #
 #   scripts/dev.sh           # start everything, print URL + demo tokens, run until Ctrl-C
 #   scripts/dev.sh --check   # start everything, do a message round trip, stop, exit 0/1

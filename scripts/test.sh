@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/test.sh — the whole test suite, self-contained (README command #2,
+# scripts/test.sh — the whole test suite, self-contained (the README's second command,
 # `make test`).
 #
 #   scripts/test.sh                       # vet + gofmt + every package

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +41,28 @@ func TestRequestPathInEveryExecMode(t *testing.T) {
 				requestPathWorks(t, r.url, mode)
 			})
 		}
+	}
+}
+
+// describe_exec is refused however it is asked for: through the URL's
+// default_query_exec_mode as through HAN_DB_EXEC_MODE; a mode the variable
+// sets wins over the URL's.
+func TestDescribeExecInTheURLIsRefused(t *testing.T) {
+	ctx := context.Background()
+	url := "postgres://u@127.0.0.1:1/han?default_query_exec_mode=describe_exec"
+	if pool, err := store.OpenPG(ctx, url, store.PGConfig{}); err == nil {
+		pool.Close()
+		t.Fatal("describe_exec in DATABASE_URL was accepted")
+	} else if strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("the error quotes the URL: %v", err)
+	}
+	pool, err := store.OpenPG(ctx, url, store.PGConfig{ExecMode: pgx.QueryExecModeExec})
+	if err != nil {
+		t.Fatalf("HAN_DB_EXEC_MODE=exec over the URL's describe_exec: %v", err)
+	}
+	defer pool.Close()
+	if got := pool.Config().ConnConfig.DefaultQueryExecMode; got != pgx.QueryExecModeExec {
+		t.Fatalf("mode %v, want exec", got)
 	}
 }
 

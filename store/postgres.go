@@ -58,7 +58,9 @@ func ParseExecMode(s string) (pgx.QueryExecMode, error) {
 
 // OpenPG opens a pgx pool; it does not wait for the server to answer (the
 // readiness probe reports that). pool_max_conns and pool_min_conns in the
-// URL take precedence over the defaults (not over PGConfig).
+// URL take precedence over the defaults (not over PGConfig); so does
+// default_query_exec_mode, but describe_exec is refused there as in
+// HAN_DB_EXEC_MODE.
 func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -86,6 +88,11 @@ func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) 
 	}
 	if c.ExecMode != 0 {
 		cfg.ConnConfig.DefaultQueryExecMode = c.ExecMode
+	}
+	if cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeDescribeExec {
+		// Two round trips per statement, which a pooling proxy may send
+		// to two different server connections: refused however it is set.
+		return nil, errors.New("store: default_query_exec_mode=describe_exec in DATABASE_URL is not supported; use HAN_DB_EXEC_MODE")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -33,12 +33,14 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 // belong on a connection straight to PostgreSQL, not one through a
 // transaction-pooling proxy.
 func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
-	u := getenv("HAN_DATABASE_DIRECT_URL")
+	name := "HAN_DATABASE_DIRECT_URL"
+	u := getenv(name)
 	if u == "" {
-		u = getenv("DATABASE_URL")
+		name = "DATABASE_URL"
+		u = getenv(name)
 	}
 	if u == "" {
-		return nil, errors.New("DATABASE_URL is required")
+		return nil, errors.New("DATABASE_URL (or HAN_DATABASE_DIRECT_URL) is required")
 	}
 	// The gateway's exec mode: behind a transaction pooler (DATABASE_URL
 	// without HAN_DATABASE_DIRECT_URL) named prepared statements collide.
@@ -54,7 +56,7 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, errors.New("cannot reach PostgreSQL at DATABASE_URL")
+		return nil, fmt.Errorf("cannot reach PostgreSQL at %s", name)
 	}
 	return pool, nil
 }

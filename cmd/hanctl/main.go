@@ -128,18 +128,24 @@ var errHelp = errors.New("help printed")
 // of the command's FlagSet.
 var commandHelp = map[string]struct{ about, env string }{
 	"migrate": {"Applies the PostgreSQL migrations (idempotent).",
-		"  DATABASE_URL              required"},
+		"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set\n" +
+			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
+			"  HAN_DB_EXEC_MODE          how statements are sent (default cache_statement)"},
 	"token": {"Prints a dev HS256 token for a user or service (not with HAN_ENV=prod).",
 		"  HAN_JWT_DEV_HS256_SECRET  required, at least 32 bytes (the gateway's dev secret)\n" +
 			"  HAN_ENV                   prod refuses dev tokens\n" +
 			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims when the gateway checks them"},
 	"project create": {"Creates a project with its members; prints the project id.",
-		"  DATABASE_URL              required"},
+		"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set\n" +
+			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
+			"  HAN_DB_EXEC_MODE          how statements are sent (default cache_statement)"},
 	"project legacy-import": {"Writes cache entries in the legacy format into a project's cache container.",
 		"  REDIS_URL                 required (Redis DB0)\n" +
 			"  HAN_ENV                   environment name in the keys (default dev)"},
 	"seed demo": {"Migrates, creates the demo users, dialog and project; prints ids and tokens as JSON.",
-		"  DATABASE_URL              required\n" +
+		"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set\n" +
+			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
+			"  HAN_DB_EXEC_MODE          how statements are sent (default cache_statement)" + "\n" +
 			"  HAN_JWT_DEV_HS256_SECRET  required, at least 32 bytes\n" +
 			"  HAN_ENV                   prod refuses dev tokens\n" +
 			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims"},

@@ -208,6 +208,24 @@ func TestMigrateUsesTheDirectURL(t *testing.T) {
 	}
 }
 
+// A PostgreSQL that does not answer is named by the variable hanctl used,
+// so the operator checks the right one.
+func TestUnreachableDatabaseNamesTheVariableUsed(t *testing.T) {
+	nowhere := "postgres://postgres@127.0.0.1:1/nowhere?sslmode=disable&connect_timeout=1"
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"DATABASE_URL": env.DirectURL, "HAN_DATABASE_DIRECT_URL": nowhere}, "at HAN_DATABASE_DIRECT_URL"},
+		{map[string]string{"DATABASE_URL": nowhere}, "at DATABASE_URL"},
+	} {
+		_, err := run(t, tc.env, "migrate")
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "127.0.0.1:1") {
+			t.Fatalf("migrate against a PostgreSQL that does not answer: %v, want an error naming %q and no URL", err, tc.want)
+		}
+	}
+}
+
 // seed demo prints tokens a developer pastes into the web client and curl:
 // a lifetime that is not positive must be refused, like token's, instead of
 // printing tokens that are already expired (a negative --ttl) or that last
