@@ -351,6 +351,9 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	bodies = append(bodies, browserFailedSends(t, a, len(bodies)+1))
 	bp.waitSel(deliveryBound, "bob receives the retried message", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, len(bodies)))
 	assertExactlyOnce(t, "alice after the failed sends", messagesShown(a), bodies)
+	bodies = append(bodies, browserSendWrittenThenFailed(t, a, len(bodies)+1))
+	bp.waitSel(deliveryBound, "bob receives the message whose answers were lost", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, len(bodies)))
+	assertExactlyOnce(t, "alice after a send written but answered with failures", messagesShown(a), bodies)
 	browserDialogPreview(t, bp, dialogID, alice[len(alice)-8:]+": "+bodies[len(bodies)-1])
 
 	// The history in PostgreSQL is what both pages show.

@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/input"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+
+	"github.com/han-app/gateway/internal/testenv"
 )
 
 // Checks of the client's presentation: what a person sees (day
@@ -169,6 +173,51 @@ func browserFailedSends(t *testing.T, a *page, nextSeq int) string {
 	a.click(retryable + " .send-retry")
 	a.waitSel(deliveryBound, "the retried message is confirmed", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, nextSeq))
 	a.waitJS(deliveryBound, "no failed message left", `!document.querySelector("#messages li.pending")`)
+	return body
+}
+
+// browserSendWrittenThenFailed: the first try of a send is written but its
+// answer is lost, and every retry is answered 503 database_unavailable
+// until the composer gives up. The message itself arrives over the socket
+// meanwhile: it shows once, with no failed copy beside it. It returns the
+// body that was sent.
+func browserSendWrittenThenFailed(t *testing.T, a *page, seq int) string {
+	var mu sync.Mutex
+	tries := 0
+	stop := a.interceptWith("*/v1/dialogs/*/messages", fetch.RequestStageResponse, func(e *fetch.EventRequestPaused) requestAction {
+		if e.Request.Method != "POST" {
+			return continueRequest(e)
+		}
+		mu.Lock()
+		tries++
+		first := tries == 1
+		mu.Unlock()
+		return func(ctx context.Context, tg *chromedp.Target) error {
+			if first {
+				_, err := cdp.Call(ctx, tg, fetch.FailRequest, fetch.FailRequestParams{RequestID: e.RequestID, ErrorReason: network.ErrorReasonConnectionReset})
+				return err
+			}
+			_, err := cdp.Call(ctx, tg, fetch.FulfillRequest, fetch.FulfillRequestParams{RequestID: e.RequestID, ResponseCode: 503,
+				ResponseHeaders: []*fetch.HeaderEntry{{Name: "Content-Type", Value: "application/json"}, {Name: "Retry-After", Value: "1"}},
+				Body:            []byte(`{"error":"database_unavailable"}`)})
+			return err
+		}
+	})
+	defer stop()
+	body := "Written, though every answer was lost or refused"
+	a.typeInto("#composer-input", body)
+	a.pressEnter("#composer-input")
+	a.waitSel(deliveryBound, "the written message arrives over the socket", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, seq))
+	testenv.Eventually(t, 2*deliveryBound, func() bool { mu.Lock(); defer mu.Unlock(); return tries >= 6 },
+		"the composer did not try the send six times")
+	// The last answer has reached the composer: its failure is handled at
+	// once. Give the page a moment, then look.
+	time.Sleep(time.Second)
+	got := mustEval[string](a, `JSON.stringify({ pending: document.querySelectorAll("#messages li.pending").length,
+		failed: document.querySelectorAll("#messages li.pending-failed").length })`)
+	if got != `{"pending":0,"failed":0}` {
+		t.Fatalf("a message that arrived while its send failed: %s, want no pending or failed copy", got)
+	}
 	return body
 }
 

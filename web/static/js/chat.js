@@ -696,6 +696,15 @@ export class ChatView {
       else this.#onAdded(p.dialogId, [message]);
       if (p.dialogId === this.current) this.#renderMessages(true);
     } catch (e) {
+      if (p.matched && canRetry(e)) {
+        // The message arrived (by event or reconciliation) while the send
+        // kept failing in ways that do not say it was not written (no
+        // answer, 5xx, 429): it was written by an earlier try. Showing a
+        // failed copy beside it would show it twice.
+        this.#dropPending(p);
+        if (p.dialogId === this.current) this.#renderMessages(false);
+        return;
+      }
       p.state = "failed";
       p.error = e;
       p.matched = false;
@@ -704,13 +713,20 @@ export class ChatView {
   }
 
   // A message of ours that arrived (by event or reconciliation) before the
-  // send's answer hides its pending copy, so it is never shown twice.
+  // send's answer hides its pending copy, so it is never shown twice. A
+  // send that failed without saying it was not written (canRetry: no
+  // answer, 5xx, 429) may have been written by one of its tries: the
+  // message arriving is it, and its failed copy goes. A send the server
+  // refused (4xx) was not written; a same-body message from elsewhere does
+  // not hide it.
   #matchPending(dialogId, m) {
     const list = this.pending.get(dialogId);
     if (!list) return;
     const ids = attachmentsOf(m).map((a) => a.id).join(",");
-    const p = list.find((x) => !x.matched && x.state !== "failed" && x.body === m.body && x.attachments.map((a) => a.id).join(",") === ids);
-    if (p) p.matched = true;
+    const p = list.find((x) => !x.matched && (x.state !== "failed" || canRetry(x.error)) && x.body === m.body && x.attachments.map((a) => a.id).join(",") === ids);
+    if (!p) return;
+    if (p.state === "failed") this.#dropPending(p);
+    else p.matched = true;
   }
 
   #dropPending(p) {
