@@ -34,7 +34,7 @@ export class ApiError extends Error {
    */
   get retryable() {
     return this.status === 0 || this.status === 429 || this.status === 502 || this.status === 503 ||
-      this.status === 504 || this.code === "idempotency_in_progress";
+      this.status === 504 || this.code === "idempotency_in_progress" || this.code === "upload_in_progress";
   }
 }
 

@@ -52,6 +52,9 @@ test("retryable errors are the ones a repeat with the same key may fix", () => {
   assert.equal(new ApiError("network_error", 0).retryable, true);
   assert.equal(new ApiError("dialog_busy", 503).retryable, true);
   assert.equal(new ApiError("idempotency_in_progress", 409).retryable, true);
+  // A signed upload refused while an earlier upload of the same attachment
+  // (one whose answer was lost) is still being received: come back later.
+  assert.equal(new ApiError("upload_in_progress", 409).retryable, true);
   assert.equal(new ApiError("idempotency_key_reused", 409).retryable, false);
   assert.equal(new ApiError("invalid_body", 400).retryable, false);
 });
