@@ -105,11 +105,18 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 // holds a live record of the key (Redis lost it, or the first attempt's
 // answer was lost after its commit), that record answers instead
 // (ErrIdemExists): the replay of the same request, or 409 for another.
+// A lookup that fails answers its own error (503): the check's 4xx would
+// tell the client, for good, that nothing was written, and the send may
+// have been.
 func (s *Server) keyAnswers(ctx context.Context, target *idemTarget, err error) error {
 	if target == nil || !(errors.Is(err, store.ErrInvalidAttachment) || errors.Is(err, store.ErrDialogNotFound)) {
 		return err
 	}
-	if _, found, lerr := s.store.LookupIdempotency(ctx, target.key); lerr == nil && found {
+	_, found, lerr := s.store.LookupIdempotency(ctx, target.key)
+	switch {
+	case lerr != nil:
+		return lerr
+	case found:
 		return store.ErrIdemExists
 	}
 	return err

@@ -72,3 +72,49 @@ func TestRetryWithTheDialogIDInUpperCaseIsAReplay(t *testing.T) {
 		t.Fatalf("retry with the dialog id in upper case: %d %s, want 201 replay of %s", code, b2, b1)
 	}
 }
+
+// The retry of a committed send with an attachment fails the attachment
+// check (the attachment is linked now), and the key's record in PostgreSQL
+// answers instead, once Redis lost it. When that lookup itself fails
+// (PostgreSQL busy or unreachable), the answer is the lookup's 503, which a
+// client retries: not the check's 400 invalid_attachment, which tells the
+// client for good that a message it did write was not.
+func TestARetryWhoseKeyLookupFailsIsNotRefusedForGood(t *testing.T) {
+	r, rdb, rt := privateRedis(t, testenv.RedisOptions{}, time.Second)
+	h := newIdemHarness(t, idemOpts{rdb: rdb, rt: rt})
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	path := "/v1/dialogs/" + d.ID + "/messages"
+	att := h.uploadedAttachment(aTok, d.ID)
+	send := `{"body":"see attached","attachmentIds":["` + att.ID + `"]}`
+	code, b1, _ := h.doH(aTok, "POST", path, send, keyHdr("with-file"))
+	if code != 201 {
+		t.Fatalf("first send: %d %s", code, b1)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return strings.Contains(redisDump(t, r), "state=completed")
+	}, "the key's record was not completed in Redis")
+	admin := r.AdminClient(0)
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The idempotency table is locked elsewhere while the retry looks.
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	code, b, _ := h.doH(aTok, "POST", path, send, keyHdr("with-file"))
+	_ = tx.Rollback(ctx)
+	wantError(t, code, b, 503, "database_busy")
+	// With the table free again the retry is the first answer's replay.
+	code, b2, hdr := h.doH(aTok, "POST", path, send, keyHdr("with-file"))
+	if code != 201 || !bytes.Equal(b1, b2) || hdr.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the lock: %d %s, want the replay of %s", code, b2, b1)
+	}
+}
