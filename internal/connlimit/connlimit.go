@@ -155,10 +155,16 @@ func peerKey(a netip.Addr) netip.Addr {
 	return a
 }
 
+// release gives back what acquire took. A peer acquire did not count (a
+// trusted proxy, no address) uncounts nothing: its key may be another
+// peer's (an IPv6 /64 shared with an untrusted host).
 func (l *Listener) release(peer netip.Addr) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.total--
+	if !peer.IsValid() || l.unlimited(peer) {
+		return
+	}
 	peer = peerKey(peer)
 	if n, ok := l.perIP[peer]; ok {
 		if n <= 1 {

@@ -33,3 +33,27 @@ func TestAnIPv6PeerIsCountedByItsSlash64(t *testing.T) {
 		t.Fatalf("a neighbouring IPv4 address shares a cap: %s", r)
 	}
 }
+
+// A trusted proxy is not counted against the per-address cap, so its
+// connections closing uncount nothing: not the untrusted hosts of the /64
+// it shares, which stay at their cap.
+func TestATrustedProxyClosingDoesNotUncountItsSlash64(t *testing.T) {
+	proxy := netip.MustParseAddr("2001:db8:1:2::1")
+	l := New(nil, Config{Max: 100, PerIP: 2, Unlimited: []netip.Prefix{netip.PrefixFrom(proxy, 128)}})
+	for range 2 {
+		if r := l.acquire(proxy); r != "" {
+			t.Fatalf("the proxy was refused: %s", r)
+		}
+	}
+	client := netip.MustParseAddr("2001:db8:1:2::99")
+	for i := range 2 {
+		if r := l.acquire(client); r != "" {
+			t.Fatalf("client connection %d refused: %s", i+1, r)
+		}
+	}
+	l.release(proxy)
+	l.release(proxy)
+	if r := l.acquire(client); r != "per_ip" {
+		t.Fatalf("a third connection of a client at its cap got %q after the proxy's closed, want per_ip", r)
+	}
+}
