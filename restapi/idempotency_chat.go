@@ -61,18 +61,12 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 			if err != nil {
 				return idemResult{}, s.keyAnswers(ctx, target, err)
 			}
-			if !created && target != nil {
-				// A repeated clientMessageId is answered before the key's
-				// record is looked at. When PostgreSQL holds a live record
-				// of the key (Redis lost it), that record answers: a replay
-				// of the same request, or 409 for another one, never a
-				// success completed under this request's fingerprint.
-				if _, found, err := s.store.LookupIdempotency(ctx, target.key); err != nil {
-					return idemResult{}, err
-				} else if found {
-					return idemResult{}, store.ErrIdemExists
-				}
-			}
+			// A repeated clientMessageId (created false) answers the
+			// message it repeats, and the statement records the key for
+			// it as for a created one: a live record of the key (Redis
+			// lost it) came back as ErrIdemExists instead, which answers
+			// from that record (a replay of the same request, 409 for
+			// another one).
 			dto, err := s.sentMessageDTO(ctx, m, created)
 			if err != nil {
 				return idemResult{}, err

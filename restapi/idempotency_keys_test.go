@@ -118,3 +118,44 @@ func TestARetryWhoseKeyLookupFailsIsNotRefusedForGood(t *testing.T) {
 		t.Fatalf("retry after the lock: %d %s, want the replay of %s", code, b2, b1)
 	}
 }
+
+// A send answered with the message its clientMessageId repeats (a client
+// resending under a fresh key after a lost answer) records its key in
+// PostgreSQL too, naming that message. Once Redis lost the key's record,
+// the key reused for another request is refused 409 (no second message),
+// and the key's own request is replayed.
+func TestARepeatedClientMessageIDRecordsItsKey(t *testing.T) {
+	r, rdb, rt := privateRedis(t, testenv.RedisOptions{}, time.Second)
+	h := newIdemHarness(t, idemOpts{rdb: rdb, rt: rt})
+	alice, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	path := "/v1/dialogs/" + d.ID + "/messages"
+	orig := `{"body":"hello","clientMessageId":"c1"}`
+	code, b1, _ := h.doH(aTok, "POST", path, orig, keyHdr("k1"))
+	if code != 201 {
+		t.Fatalf("first send: %d %s", code, b1)
+	}
+	code, b2, hdr := h.doH(aTok, "POST", path, orig, keyHdr("k2"))
+	if code != 201 || !bytes.Equal(b1, b2) || hdr.Get("Idempotent-Replayed") == "true" {
+		t.Fatalf("the same message under a fresh key: %d %s (replayed %q), want 201 with the stored message, not a replay",
+			code, b2, hdr.Get("Idempotent-Replayed"))
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		return strings.Count(redisDump(t, r), "state=completed") == 2
+	}, "the keys' records were not completed in Redis")
+	admin := r.AdminClient(0)
+	defer admin.Close()
+	if err := admin.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	code, b, _ := h.doH(aTok, "POST", path, `{"body":"something else"}`, keyHdr("k2"))
+	wantError(t, code, b, 409, "idempotency_key_reused")
+	if n := h.count("SELECT count(*) FROM messages WHERE sender_id=$1", alice); n != 1 {
+		t.Fatalf("%d messages of alice, want 1", n)
+	}
+	code, b4, hdr := h.doH(aTok, "POST", path, orig, keyHdr("k2"))
+	if code != 201 || !bytes.Equal(b4, b2) || hdr.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of k2's request: %d %s, want the replay of %s", code, b4, b2)
+	}
+}

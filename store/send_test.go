@@ -272,10 +272,15 @@ func TestABatchFailsOnlyItsBadSends(t *testing.T) {
 	att := uploadedAttachment(t, s, f.dialog, alice)
 	other := uploadedAttachment(t, s, f.dialog, bob) // bob's: alice cannot send it
 	key := store.IdemKey{Scope: "msg_send", UserID: alice, KeyHMAC: ids.New()}
-	idem := func() *store.IdemWrite[store.Message] {
+	idemOf := func(key store.IdemKey) *store.IdemWrite[store.Message] {
 		return &store.IdemWrite[store.Message]{Key: key, Fingerprint: "fp", TTL: time.Hour,
 			Record: func(m store.Message) store.IdemRecord { return store.IdemRecord{Status: 201} }}
 	}
+	idem := func() *store.IdemWrite[store.Message] { return idemOf(key) }
+	// The repeats come with keys of their own: each is recorded naming the
+	// message its clientMessageId repeats.
+	repeatKey := store.IdemKey{Scope: "msg_send", UserID: alice, KeyHMAC: ids.New()}
+	leadRepeatKey := store.IdemKey{Scope: "msg_send", UserID: alice, KeyHMAC: ids.New()}
 	release, holder := holdDialogPID(t, f.dialog)
 	send := func(in store.SendMessage) <-chan sendOutcome {
 		in.ID, in.DialogID = ids.New(), f.dialog
@@ -292,8 +297,8 @@ func TestABatchFailsOnlyItsBadSends(t *testing.T) {
 	withAtt := send(store.SendMessage{SenderID: alice, Body: "with attachment", ClientMessageID: "c1", AttachmentIDs: []string{att}, Idem: idem()})
 	sameAtt := send(store.SendMessage{SenderID: bob, AttachmentIDs: []string{att}})
 	stranger := send(store.SendMessage{SenderID: ids.New()})
-	repeat := send(store.SendMessage{SenderID: alice, Body: "again", ClientMessageID: "c1"})
-	leadRepeat := send(store.SendMessage{SenderID: alice, Body: "lead again", ClientMessageID: "lead"})
+	repeat := send(store.SendMessage{SenderID: alice, Body: "again", ClientMessageID: "c1", Idem: idemOf(repeatKey)})
+	leadRepeat := send(store.SendMessage{SenderID: alice, Body: "lead again", ClientMessageID: "lead", Idem: idemOf(leadRepeatKey)})
 	sameKey := send(store.SendMessage{SenderID: alice, Idem: idem()})
 	nul := send(store.SendMessage{SenderID: bob, Body: "nul \x00 byte"})
 	last := send(store.SendMessage{SenderID: bob, Body: "last"})
@@ -337,9 +342,14 @@ func TestABatchFailsOnlyItsBadSends(t *testing.T) {
 			t.Fatalf("%s: %+v created %v: %v", name, o.m, o.created, o.err)
 		}
 	}
-	rec, found, err := s.LookupIdempotency(ctx, key)
-	if err != nil || !found || rec.ResourceID != oAtt.m.ID || rec.Version != oAtt.m.Seq || rec.Status != 201 {
-		t.Fatalf("idempotency record %+v: %v", rec, err)
+	for _, c := range []struct {
+		key  store.IdemKey
+		want store.Message
+	}{{key, oAtt.m}, {repeatKey, oAtt.m}, {leadRepeatKey, oLead.m}} {
+		rec, found, err := s.LookupIdempotency(ctx, c.key)
+		if err != nil || !found || rec.ResourceID != c.want.ID || rec.Version != c.want.Seq || rec.Status != 201 {
+			t.Fatalf("idempotency record %+v (found %v), want one naming message %d: %v", rec, found, c.want.Seq, err)
+		}
 	}
 	checkGapless(t, s, f.dialog, 3, []store.Message{oLead.m, oAtt.m, oLast.m})
 }
