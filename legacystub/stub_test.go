@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -293,7 +294,8 @@ func TestLeaseIsTheRealGuard(t *testing.T) {
 	admin1 := env.Redis.AdminClient(1)
 	defer admin1.Close()
 	admin1.Del(ctx, lockKey)
-	// B gets the lock but not the lease: it decides nothing.
+	// B could take the lock now, but A's lease keeps the task out of B's
+	// claim: it decides nothing.
 	if n, err := b.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("B decided %d tasks (%v) while A held the lease", n, err)
 	}
@@ -424,25 +426,30 @@ func TestRecovererLoop(t *testing.T) {
 	r.Close()
 }
 
-// The PostgreSQL guard itself, without the listing in front of it: owners
-// racing for one task's lease get it exactly once, only the holder can
-// decide, and a decided task can be leased by nobody.
+// The PostgreSQL guard itself, without the rest of a round: owners racing
+// to claim a stuck task get it exactly once, only the holder can decide, and
+// a decided task can be claimed by nobody.
 func TestLeaseAdmitsOneOwner(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, legacystub.Config{})
+	f.drain()
+	claims := func(owner, id string) bool {
+		got, err := f.store.ClaimStuckStubTasks(ctx, time.Minute, owner, time.Minute, 100)
+		if err != nil {
+			t.Error(err)
+		}
+		return slices.Contains(got, id)
+	}
 	for round := 0; round < 5; round++ {
 		id := f.send(false)
+		f.age(id)
 		var wg sync.WaitGroup
 		won := make([]bool, 8)
 		for i := range won {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ok, err := f.store.LeaseStubTask(ctx, id, fmt.Sprintf("owner-%d", i), time.Minute)
-				if err != nil {
-					t.Error(err)
-				}
-				won[i] = ok
+				won[i] = claims(fmt.Sprintf("owner-%d", i), id)
 			}()
 		}
 		wg.Wait()
@@ -465,8 +472,8 @@ func TestLeaseAdmitsOneOwner(t *testing.T) {
 		if ok, err := f.store.FinishStubRecovery(ctx, id, fmt.Sprintf("owner-%d", winner), store.VerdictRejected); err != nil || !ok {
 			t.Fatalf("the holder could not decide: %v %v", ok, err)
 		}
-		if ok, _ := f.store.LeaseStubTask(ctx, id, "late", time.Minute); ok {
-			t.Fatal("a decided task was leased")
+		if claims("late", id) {
+			t.Fatal("a decided task was claimed")
 		}
 		if row := f.task(id); row.Verdict != store.VerdictRejected || row.Recoveries != 1 {
 			t.Fatalf("task: %+v", row)

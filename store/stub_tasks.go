@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -95,35 +96,44 @@ func (s *Store) DecideStubTask(ctx context.Context, messageID, verdict string) (
 	return t, true, nil
 }
 
-// StuckStubTasks lists up to limit tasks pending for longer than olderThan
-// whose recovery lease is free, oldest first.
-func (s *Store) StuckStubTasks(ctx context.Context, olderThan time.Duration, limit int) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT message_id::text FROM stub_tasks
-		WHERE state='pending' AND created_at < now() - make_interval(secs => $1)
-		AND (lease_until IS NULL OR lease_until < now()) ORDER BY created_at LIMIT $2`, olderThan.Seconds(), limit)
+// ClaimStuckStubTasks takes the recovery lease, for owner, of up to limit
+// tasks pending for longer than olderThan whose lease is free or expired,
+// oldest first, and returns their ids. Listing and leasing are one
+// statement, and rows another claimer has locked are skipped (FOR UPDATE
+// SKIP LOCKED), so recoverers running at the same time claim different
+// tasks instead of all listing the same oldest ones and then colliding on
+// each. The lease, not the Redis lock, is what stops two recoverers
+// deciding one task.
+func (s *Store) ClaimStuckStubTasks(ctx context.Context, olderThan time.Duration, owner string, lease time.Duration, limit int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `WITH claim AS (SELECT message_id FROM stub_tasks
+			WHERE state='pending' AND created_at < now() - make_interval(secs => $1)
+			AND (lease_until IS NULL OR lease_until < now())
+			ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+		UPDATE stub_tasks t SET lease_owner=$3, lease_until=now() + make_interval(secs => $4)
+		FROM claim WHERE t.message_id = claim.message_id
+		RETURNING t.message_id::text, t.created_at`, olderThan.Seconds(), limit, owner, lease.Seconds())
 	if err != nil {
-		return nil, fmt.Errorf("list stuck safety tasks: %w", err)
+		return nil, fmt.Errorf("claim stuck safety tasks: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type claimed struct {
+		id      string
+		created time.Time
+	}
+	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
+		var c claimed
+		err := row.Scan(&c.id, &c.created)
+		return c, err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("list stuck safety tasks: %w", err)
+		return nil, fmt.Errorf("claim stuck safety tasks: %w", err)
+	}
+	// RETURNING keeps no order: the oldest are decided first.
+	slices.SortFunc(got, func(a, b claimed) int { return a.created.Compare(b.created) })
+	out := make([]string, len(got))
+	for i, c := range got {
+		out[i] = c.id
 	}
 	return out, nil
-}
-
-// LeaseStubTask takes the recovery lease of a pending task for owner, unless
-// another owner holds an unexpired lease or a concurrent lease-taker has the
-// row locked (FOR UPDATE SKIP LOCKED). It reports whether owner holds it now.
-// The lease, not the Redis lock, is what stops two recoverers deciding one
-// task.
-func (s *Store) LeaseStubTask(ctx context.Context, messageID, owner string, lease time.Duration) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE stub_tasks SET lease_owner=$2, lease_until=now() + make_interval(secs => $3)
-		WHERE message_id = (SELECT message_id FROM stub_tasks WHERE message_id=$1 AND state='pending'
-			AND (lease_until IS NULL OR lease_until < now()) FOR UPDATE SKIP LOCKED)`, messageID, owner, lease.Seconds())
-	if err != nil {
-		return false, fmt.Errorf("lease safety task: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // FinishStubRecovery decides a task that owner recovered: only while the
@@ -139,12 +149,16 @@ func (s *Store) FinishStubRecovery(ctx context.Context, messageID, owner, verdic
 	return tag.RowsAffected() == 1, nil
 }
 
-// ReleaseStubLease gives a lease back early (a recovery that could not
-// finish), so the next round need not wait for it to expire.
-func (s *Store) ReleaseStubLease(ctx context.Context, messageID, owner string) error {
+// ReleaseStubLeases gives owner's leases of the given tasks back early
+// (recoveries that could not finish, or claimed tasks a round did not reach),
+// so the next round need not wait for them to expire.
+func (s *Store) ReleaseStubLeases(ctx context.Context, messageIDs []string, owner string) error {
+	if len(messageIDs) == 0 {
+		return nil
+	}
 	if _, err := s.pool.Exec(ctx, `UPDATE stub_tasks SET lease_owner=NULL, lease_until=NULL
-		WHERE message_id=$1 AND lease_owner=$2`, messageID, owner); err != nil {
-		return fmt.Errorf("release safety lease: %w", err)
+		WHERE message_id = ANY($1::uuid[]) AND lease_owner=$2`, messageIDs, owner); err != nil {
+		return fmt.Errorf("release safety leases: %w", err)
 	}
 	return nil
 }
