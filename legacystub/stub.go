@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/store"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Safety states as clients see them: the message DTO's "safety" field and
@@ -51,6 +53,10 @@ type Config struct {
 	RecoveryLease time.Duration
 	// RedisTimeout bounds each DB2 call. Zero value means 1s.
 	RedisTimeout time.Duration
+	// CreateCooldown is how long Start skips DB2 after a task write found
+	// it unreachable (refused or timed out); then one Start at a time tries
+	// it again. Zero value means 5s.
+	CreateCooldown time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -64,6 +70,7 @@ func (c Config) withDefaults() Config {
 	def(&c.RecoveryInterval, 10*time.Second)
 	def(&c.RecoveryLease, 30*time.Second)
 	def(&c.RedisTimeout, time.Second)
+	def(&c.CreateCooldown, 5*time.Second)
 	if c.MaxPolls == 0 {
 		c.MaxPolls = 30
 	}
@@ -137,6 +144,11 @@ type Stub struct {
 	tunables Tunables
 	logger   *slog.Logger
 	events   *prometheus.CounterVec
+
+	// Start's breaker, as the rate limiter's own: a stalled DB2 must not
+	// hold every send for RedisTimeout.
+	downUntil atomic.Int64 // unix ns until which Start skips DB2; 0: up
+	probing   atomic.Bool  // one Start tries DB2 after the cooldown
 }
 
 // New validates cfg (refusing a task TTL that does not cover the budgets)
@@ -155,7 +167,7 @@ func New(cfg Config, d Deps) (*Stub, error) {
 	s := &Stub{cfg: cfg, db2: d.DB2, store: d.Store, tunables: d.Tunables, logger: d.Logger}
 	s.events = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "han_legacy_stub_tasks_total",
-		Help: "Legacy safety stub task events: created, create_failed, decided_poll, recovered, recovery_failed.",
+		Help: "Legacy safety stub task events: created, create_failed, create_skipped, decided_poll, recovered, recovery_failed.",
 	}, []string{"event"})
 	if d.Registerer != nil {
 		if err := d.Registerer.Register(s.events); err != nil {
@@ -175,16 +187,64 @@ func (s *Stub) Config() Config { return s.cfg }
 // Start writes the task into DB2 after the send committed. A failure is
 // logged and counted, not returned to the client: the row stays pending and
 // the Recoverer decides it once the poll budget has passed.
+//
+// Start runs before the send answers, so after a write that found DB2
+// unreachable it skips DB2 for CreateCooldown (counted as create_skipped)
+// and then lets one Start at a time try it again: a stalled DB2 holds one
+// send for RedisTimeout now and then instead of every send. Skipping loses
+// nothing: the stub_tasks row committed with the message is what recovery
+// lists, and a task missing from DB2 polls as pending until recovery
+// decides it.
 func (s *Stub) Start(ctx context.Context, messageID string) {
+	var prober bool
+	if !s.db2Usable(&prober) {
+		s.events.WithLabelValues("create_skipped").Inc()
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
 	defer cancel()
-	if _, err := store.CreateStubTask(ctx, s.db2, messageID, s.cfg.TaskTTL); err != nil {
+	_, err := store.CreateStubTask(ctx, s.db2, messageID, s.cfg.TaskTTL)
+	s.db2Done(prober, err)
+	if err != nil {
 		s.events.WithLabelValues("create_failed").Inc()
 		s.logger.LogAttrs(ctx, slog.LevelWarn, "legacy stub: task not created in DB2; left to recovery",
 			slog.String("message_id", messageID), slog.String("kind", store.Kind(err)))
 		return
 	}
 	s.events.WithLabelValues("created").Inc()
+}
+
+// db2Usable reports whether Start should write to DB2: always while it is
+// up; after it was found unreachable only once the cooldown passed, and
+// then for one prober at a time.
+func (s *Stub) db2Usable(prober *bool) bool {
+	until := s.downUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if time.Now().UnixNano() < until {
+		return false
+	}
+	if s.probing.CompareAndSwap(false, true) {
+		*prober = true
+		return true
+	}
+	return false
+}
+
+// db2Done records the outcome of a task write in Start's breaker. Only
+// unreachability opens it: an answer such as OOM or expiry_denied comes from
+// a live server, and the next send tries again.
+func (s *Stub) db2Done(prober bool, err error) {
+	if prober {
+		defer s.probing.Store(false)
+	}
+	switch {
+	case err == nil:
+		s.downUntil.Store(0)
+	case errors.Is(err, rds.ErrRedisUnavailable):
+		s.downUntil.Store(time.Now().Add(s.cfg.CreateCooldown).UnixNano())
+	}
 }
 
 // HasTask reports whether a message has a safety task.

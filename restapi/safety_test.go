@@ -27,6 +27,12 @@ import (
 // DB2 as legacy_stub, as on VM1 before cutover. db2 nil means the server's
 // DB2 as legacy_stub; pass another client to break it.
 func (h *harness) stubServer(rs *testenv.RedisServer, db2 redis.UniversalClient) (*harness, *legacystub.Stub) {
+	h.t.Helper()
+	return h.stubServerWith(rs, db2, legacystub.Config{RedisTimeout: 300 * time.Millisecond})
+}
+
+// stubServerWith is stubServer with the stub configured by cfg.
+func (h *harness) stubServerWith(rs *testenv.RedisServer, db2 redis.UniversalClient, cfg legacystub.Config) (*harness, *legacystub.Stub) {
 	t := h.t
 	t.Helper()
 	open := func(url string) redis.UniversalClient {
@@ -41,7 +47,7 @@ func (h *harness) stubServer(rs *testenv.RedisServer, db2 redis.UniversalClient)
 	if db2 == nil {
 		db2 = open(rs.LegacyStubURL(2))
 	}
-	stub, err := legacystub.New(legacystub.Config{RedisTimeout: 300 * time.Millisecond}, legacystub.Deps{DB2: db2, Store: h.store})
+	stub, err := legacystub.New(cfg, legacystub.Deps{DB2: db2, Store: h.store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,4 +220,55 @@ func TestLegacyStubWithDB2Down(t *testing.T) {
 	}
 	code, b := h.do(aTok, "GET", "/v1/messages/"+m.ID+"/safety", "")
 	wantError(t, code, b, 503, "redis_unavailable")
+}
+
+// A stalled DB2 (the legacy Redis paused, not refusing) does not hold every
+// message send until the stub's Redis timeout: the send that finds DB2
+// unreachable waits it out, and the sends after it skip DB2 for the cooldown
+// and answer at once, 201 with safety:"pending". Their tasks are not lost:
+// the rows are pending in PostgreSQL, where recovery finds them, and once DB2
+// answers again a poll of one answers pending (DB2 never got it) until
+// recovery decides it.
+func TestLegacyStubSendDoesNotWaitForAStalledDB2(t *testing.T) {
+	base := newHarness(t)
+	rs := startStubRedis(t)
+	cfg := legacystub.Config{RedisTimeout: time.Second, CreateCooldown: 10 * time.Second}
+	stalled := startStubRedis(t)
+	db2, err := rds.NewRedis(stalled.LegacyStubURL(2), rds.RedisConfig{DialTimeout: cfg.RedisTimeout,
+		ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db2.Close() })
+	testenv.WarmPool(t, db2)
+	h, _ := base.stubServerWith(rs, db2, cfg)
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+
+	thaw := stalled.Freeze(t)
+	var sent []messageResp
+	for i := range 3 {
+		start := time.Now()
+		code, body, _ := h.doH(aTok, "POST", "/v1/dialogs/"+d.ID+"/messages", `{"body":"x"}`, idemKey())
+		took := time.Since(start)
+		if code != 201 || !strings.Contains(string(body), `"safety":"pending"`) {
+			t.Fatalf("send %d with DB2 stalled: %d %s", i, code, body)
+		}
+		// The first send is the one that finds DB2 stalled.
+		if i > 0 && took >= cfg.RedisTimeout/2 {
+			t.Fatalf("send %d took %s: the committed message's answer waited for the stalled DB2", i, took.Round(time.Millisecond))
+		}
+		sent = append(sent, decode[messageResp](t, body))
+	}
+	for _, m := range sent {
+		if tk, err := h.store.StubTask(context.Background(), m.ID); err != nil || tk.State != store.StubPending {
+			t.Fatalf("task row of %s: %+v %v", m.ID, tk, err)
+		}
+	}
+	thaw()
+	code, body := h.do(aTok, "GET", "/v1/messages/"+sent[2].ID+"/safety", "")
+	if code != 200 || decode[safetyResp](t, body).Safety != legacystub.SafetyPending {
+		t.Fatalf("poll of a task DB2 never got: %d %s", code, body)
+	}
 }
