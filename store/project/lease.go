@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/han-app/gateway/lua"
+	"github.com/han-app/gateway/store/rds"
 )
 
 // Module budget leases. Reserving every publish's bytes on the module
@@ -35,6 +37,10 @@ const (
 	// moduleLeaseBackoff is how long an instance reserves exactly after a
 	// lease was refused, before it asks for one again.
 	moduleLeaseBackoff = time.Second
+	// moduleLeaseRetryAfter is how long the writes that need a renewal
+	// fail at once after a renewal Redis did not answer, instead of
+	// renewing again against a Redis that is likely still stalled.
+	moduleLeaseRetryAfter = 250 * time.Millisecond
 	// moduleLeaseAheadDivisor: once less than size/moduleLeaseAheadDivisor
 	// of the lease is left, the write that sees it takes the next lease
 	// while the others still draw on the rest.
@@ -61,16 +67,33 @@ type lease struct {
 type moduleLeases struct {
 	mb   *ModuleBudget
 	size int64 // 0: no leases
+	// budget is the queue's Redis budget: no write waits longer than it
+	// for a lease, whether it renews or waits for another write's renewal.
+	budget time.Duration
 
 	mu         sync.Mutex
 	cur        *lease
-	renewing   chan struct{}       // closed when the renewal in progress ends
+	renewing   *renewal            // the renewal in progress, if any
 	exactUntil time.Time           // a lease was refused: reserve exactly until then
 	known      map[string]struct{} // projects this instance added to the module's projects SET
+	// failedUntil: a renewal got no reply from Redis (failedErr); until
+	// then the writes that need a renewal fail with failedErr at once.
+	failedUntil time.Time
+	failedErr   error
 }
 
-func newModuleLeases(mb *ModuleBudget, size int64) *moduleLeases {
-	return &moduleLeases{mb: mb, size: min(max(size, 0), ModuleLeaseMaxBytes), known: map[string]struct{}{}}
+// renewal is one renewal of the lease in progress. The writes waiting for
+// it share its outcome: when it failed, they fail with its error instead
+// of renewing again one after another, each waiting out its own timeout
+// behind the others' (during a Redis stall the n-th write would answer
+// only after n timeouts).
+type renewal struct {
+	done chan struct{} // closed when the renewal ends
+	err  error         // why it failed (nil: it did not); set before done is closed
+}
+
+func newModuleLeases(mb *ModuleBudget, size int64, budget time.Duration) *moduleLeases {
+	return &moduleLeases{mb: mb, size: min(max(size, 0), ModuleLeaseMaxBytes), budget: budget, known: map[string]struct{}{}}
 }
 
 // grant is what one write holds of the module budget while its project
@@ -87,75 +110,117 @@ type grant struct {
 	renewed chan struct{}
 }
 
-// acquire grants need bytes to a write of projectID.
+// acquire grants need bytes to a write of projectID. It waits for a lease
+// no longer than ctx allows and the Redis budget.
 func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64) (grant, error) {
+	wctx, cancel := context.WithTimeout(ctx, m.budget)
+	defer cancel()
 	if m.size == 0 || need > m.size {
-		return m.exact(ctx, projectID, need)
+		return m.exact(wctx, projectID, need)
 	}
 	for {
 		m.mu.Lock()
 		now := time.Now()
 		_, known := m.known[projectID]
 		if l := m.cur; l != nil && known && now.Before(l.deadline) && l.size-l.used >= need {
-			l.used += need
-			l.inflight++
-			ahead := m.renewing == nil && l.size-l.used < m.size/moduleLeaseAheadDivisor && !now.Before(m.exactUntil)
-			var ch chan struct{}
-			if ahead {
-				ch = make(chan struct{})
-				m.renewing = ch
-			}
+			return m.drawLocked(wctx, l, projectID, need, now), nil
+		}
+		if now.Before(m.failedUntil) {
+			err := m.failedErr
 			m.mu.Unlock()
-			g := grant{l: l, amount: need, granted: true}
-			if ahead {
-				g.renewed = make(chan struct{})
-				go func() {
-					defer close(g.renewed)
-					m.renewAhead(ctx, projectID, now, ch)
-				}()
-			}
-			return g, nil
+			return grant{}, err
 		}
 		if m.cur == nil && now.Before(m.exactUntil) {
 			m.mu.Unlock()
-			return m.exact(ctx, projectID, need)
+			return m.exact(wctx, projectID, need)
 		}
-		if ch := m.renewing; ch != nil {
+		if r := m.renewing; r != nil {
 			m.mu.Unlock()
 			select {
-			case <-ch:
+			case <-r.done:
+				if r.err != nil {
+					return grant{}, r.err
+				}
 				continue
-			case <-ctx.Done():
-				return grant{}, classifyProject(ctx.Err())
+			case <-wctx.Done():
+				return grant{}, classifyProject(wctx.Err())
 			}
 		}
-		// This write renews: it retires the current lease, waits for the
-		// scripts still drawing on it (one round trip at most) so it is
-		// returned in the same call, and asks for the next lease, or an
-		// exact reservation for itself.
-		old := m.cur
-		ret := m.retireLocked()
-		var drained chan struct{}
-		if old != nil && ret == nil {
-			drained = make(chan struct{})
-			old.drained = drained
-		}
-		ch := make(chan struct{})
-		m.renewing = ch
-		m.mu.Unlock()
-		if drained != nil {
-			ret = m.awaitDrained(ctx, old, drained)
-		}
-		// The renewal also returns a lease: the client may not cancel it.
-		rctx, cancel := uncancelable(ctx)
-		g, err := m.renew(rctx, ret, projectID, need, now)
-		cancel()
-		m.mu.Lock()
-		m.renewing = nil
-		close(ch)
-		m.mu.Unlock()
-		return g, err
+		return m.renewLocked(wctx, projectID, need, now)
 	}
+}
+
+// drawLocked draws need bytes on l for a write of projectID and, when
+// that leaves little of l, starts the renewal ahead. Called with m.mu
+// held; it unlocks it.
+func (m *moduleLeases) drawLocked(ctx context.Context, l *lease, projectID string, need int64, now time.Time) grant {
+	l.used += need
+	l.inflight++
+	ahead := m.renewing == nil && l.size-l.used < m.size/moduleLeaseAheadDivisor && !now.Before(m.exactUntil) &&
+		!now.Before(m.failedUntil)
+	var r *renewal
+	if ahead {
+		r = &renewal{done: make(chan struct{})}
+		m.renewing = r
+	}
+	m.mu.Unlock()
+	g := grant{l: l, amount: need, granted: true}
+	if ahead {
+		g.renewed = make(chan struct{})
+		go func() {
+			defer close(g.renewed)
+			m.renewAhead(ctx, projectID, now, r)
+		}()
+	}
+	return g
+}
+
+// renewLocked is the renewal by this write: it retires the current lease,
+// waits for the scripts still drawing on it (one round trip at most) so it
+// is returned in the same call, and asks for the next lease, or an exact
+// reservation for itself. Called with m.mu held; it unlocks it. The writes
+// that arrive meanwhile wait for it and share its outcome.
+func (m *moduleLeases) renewLocked(ctx context.Context, projectID string, need int64, now time.Time) (grant, error) {
+	old := m.cur
+	ret := m.retireLocked()
+	var drained chan struct{}
+	if old != nil && ret == nil {
+		drained = make(chan struct{})
+		old.drained = drained
+	}
+	r := &renewal{done: make(chan struct{})}
+	m.renewing = r
+	m.mu.Unlock()
+	if drained != nil {
+		ret = m.awaitDrained(ctx, old, drained)
+	}
+	// The renewal also returns a lease: the client may not cancel it, but
+	// it ends with the write's budget.
+	rctx, cancel := budgeted(ctx)
+	g, err := m.renew(rctx, ret, projectID, need, now)
+	cancel()
+	m.mu.Lock()
+	m.endRenewalLocked(r, err)
+	m.mu.Unlock()
+	return g, err
+}
+
+// endRenewalLocked ends renewal r with err and wakes the writes waiting
+// for it. After a renewal Redis did not answer (a stall, a lost
+// connection) the writes that need a renewal fail at once for
+// moduleLeaseRetryAfter: the next renewal would most likely wait out a
+// full timeout as well. An answered error (OOM) holds off nothing. Called
+// with m.mu held.
+func (m *moduleLeases) endRenewalLocked(r *renewal, err error) {
+	r.err = err
+	m.renewing = nil
+	switch {
+	case err == nil:
+		m.failedUntil, m.failedErr = time.Time{}, nil
+	case errors.Is(err, rds.ErrRedisUnavailable):
+		m.failedUntil, m.failedErr = time.Now().Add(moduleLeaseRetryAfter), err
+	}
+	close(r.done)
 }
 
 // awaitDrained waits until no script draws on the retired lease l and
@@ -179,21 +244,21 @@ func (m *moduleLeases) awaitDrained(ctx context.Context, l *lease, drained chan 
 // renewAhead takes the next lease while the current one still has room
 // (the caller already drew on it, and its done waits for this renewal), so
 // the other writes go on drawing on the current lease instead of waiting
-// for a renewal when it runs out. The
-// current lease is retired when the next one is granted, and its last
-// script returns it. Near the cap no lease is granted: the current one
-// serves until it runs out, then writes reserve exactly. A failed call
-// changes nothing: the renewal happens when the lease runs out. ch is the
-// renewal marker the caller set; renewAhead clears and closes it.
-func (m *moduleLeases) renewAhead(ctx context.Context, projectID string, asked time.Time, ch chan struct{}) {
+// for a renewal when it runs out. The current lease is retired when the
+// next one is granted, and its last script returns it. Near the cap no
+// lease is granted: the current one serves until it runs out, then writes
+// reserve exactly. A failed call leaves the current lease in use: the
+// renewal happens when it runs out (the writes waiting meanwhile share the
+// failure, as with any renewal). r is the renewal marker the caller set;
+// renewAhead ends it. ctx's deadline, the write's budget, bounds the call.
+func (m *moduleLeases) renewAhead(ctx context.Context, projectID string, asked time.Time, r *renewal) {
 	id := newBudgetID()
-	rctx, cancel := uncancelable(ctx)
+	rctx, cancel := budgeted(ctx)
 	res, err := m.mb.lease(rctx, nil, leaseAsk{id: id, amount: m.size, projectID: projectID})
 	cancel()
 	m.mu.Lock()
 	defer func() {
-		m.renewing = nil
-		close(ch)
+		m.endRenewalLocked(r, err)
 		m.mu.Unlock()
 	}()
 	switch {
@@ -321,6 +386,17 @@ func (m *moduleLeases) giveBack(ctx context.Context, l *lease) error {
 // module calls that return bytes.
 func uncancelable(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+}
+
+// budgeted is uncancelable(ctx) that also ends at ctx's deadline, for the
+// lease calls a write waits for: they return bytes, so the client may not
+// cancel them, but no write waits for one past its budget.
+func budgeted(ctx context.Context) (context.Context, context.CancelFunc) {
+	end := time.Now().Add(2 * time.Second)
+	if d, ok := ctx.Deadline(); ok && d.Before(end) {
+		end = d
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), end)
 }
 
 // leaseAsk is the new lease (or exact reservation) a lease call asks for;

@@ -169,7 +169,8 @@ type Queue struct {
 
 // NewQueue returns the project queue over the DB0 client.
 func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
-	q := &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes), batch: rds.NewBatcher(rdb), cfg: cfg.withDefaults(),
+	cfg = cfg.withDefaults()
+	q := &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes, cfg.RedisBudget), batch: rds.NewBatcher(rdb), cfg: cfg,
 		subTopic: map[idKey]*subKeys{}, subsOf: map[idKey]*topicSubsKeys{}}
 	q.merger = combine.Combiner[*mergeCall]{Exec: q.execMerged, InFlight: mergeInFlight, Max: mergeMax}
 	return q
