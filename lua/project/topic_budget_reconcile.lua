@@ -17,6 +17,10 @@
 --          a write settled while the scan ran may or may not be in the
 --          sum; counting it twice only over-counts), close the window,
 --          bump gen (so releases read before it are not subtracted again).
+--          When the scan could not read some project's budget (ARGV[4] =
+--          1), the sum holds an allowance for it in place of its unknown
+--          bytes, and committed is never raised on that account: it becomes
+--          the smaller of the two values, both of which never under-count.
 -- Never under-counts, so the budget never over-admits.
 -- KEYS[1] budget  han:prj:{<env>:module}:budget  HASH committed, reserved, leased, gen, rstart, rpos
 -- KEYS[2] resv    han:prj:{<env>:module}:resv    HASH reservation id -> "<amount>:<created ms>"
@@ -24,7 +28,8 @@
 -- ARGV[1] 'begin' | 'end'
 -- begin: ARGV[2] reservation age in ms after which it is dropped,
 --        ARGV[3] window age in ms after which a running reconcile is presumed dead
--- end:   ARGV[2] gen returned by begin, ARGV[3] the scanned sum in bytes
+-- end:   ARGV[2] gen returned by begin, ARGV[3] the scanned sum in bytes,
+--        ARGV[4] 1 when some project was unreadable (committed is not raised), else 0
 -- Returns begin: {1, gen, dropped reservations and leases} | {0}; end: {1, committed before, committed after} | {0}.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
@@ -73,5 +78,8 @@ if rstart == 0 or gen ~= tonumber(ARGV[2]) then
   return {0}
 end
 local after = tonumber(ARGV[3]) + rpos
+if ARGV[4] == '1' and committed < after then
+  after = committed
+end
 redis.call('HSET', KEYS[1], 'committed', after, 'gen', gen + 1, 'rstart', 0, 'rpos', 0)
 return {1, committed, after}

@@ -134,12 +134,30 @@ type ReconcileResult struct {
 	Projects            int  // project budgets summed
 	Before, After       int64
 	DroppedReservations int64 // reservations and expired leases dropped
+	// Unreadable counts the projects whose budget could not be read (a
+	// counter negative or not a number, a key of another type); their
+	// ids, the first unreadableIDsMax of them, are in UnreadableIDs.
+	Unreadable    int
+	UnreadableIDs []string
 }
+
+// unreadableIDsMax bounds the unreadable project ids a reconcile reports.
+const unreadableIDsMax = 32
 
 // Reconcile sets the module counter to the sum of the project budgets
 // (plus what was committed while it scanned). Reservations older than
 // staleAfter are dropped first: their writer is gone; so are expired
 // leases.
+//
+// A project whose budget cannot be read is skipped, so one corrupt
+// project does not stop the reconcile of every other. Its bytes are
+// unknown: it is counted as holding a whole project budget (the service's,
+// ProjectBudgetBytes: no script admits bytes past it, and every script
+// that adds bytes refuses while the budget is unreadable),
+// and the counter is never raised on its account: it becomes the smaller
+// of its current value (which never under-counts) and the sum with that
+// allowance. So it is not under-counted, and an over-count of the other
+// projects is still brought down.
 func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) (ReconcileResult, error) {
 	keys := []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases()}
 	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "begin", staleAfter.Milliseconds(),
@@ -161,33 +179,24 @@ func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) 
 		if err != nil {
 			return res, classifyProject(err)
 		}
-		cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, id := range ids {
-				p.HMGet(ctx, NewKeys(b.env, id).Budget(), "msg", "rcpt", "dd")
-			}
-			return nil
-		})
+		n, unreadable, err := b.sumProjects(ctx, ids)
 		if err != nil {
-			return res, classifyProject(err)
+			return res, err
 		}
-		for _, c := range cmds {
-			for _, v := range c.(*redis.SliceCmd).Val() {
-				if v == nil {
-					continue
-				}
-				n, ok := parseSeq(v)
-				if !ok || n < 0 {
-					return res, ErrDataStateInvalid
-				}
-				sum += n
+		sum += n
+		res.Unreadable += len(unreadable)
+		res.Projects += len(ids) - len(unreadable)
+		for _, id := range unreadable {
+			if len(res.UnreadableIDs) < unreadableIDsMax {
+				res.UnreadableIDs = append(res.UnreadableIDs, id)
 			}
 		}
-		res.Projects += len(ids)
 		if cursor = next; cursor == 0 {
 			break
 		}
 	}
-	end, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "end", begin[1], sum).Int64Slice()
+	sum += int64(res.Unreadable) * ProjectBudgetBytes
+	end, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "end", begin[1], sum, b01(res.Unreadable > 0)).Int64Slice()
 	if err != nil {
 		return res, classifyProject(err)
 	}
@@ -197,6 +206,51 @@ func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) 
 	}
 	res.Before, res.After = end[1], end[2]
 	return res, nil
+}
+
+// sumProjects sums the reliable bytes of the projects ids and returns the
+// ids of those whose budget it cannot read (a counter negative or not a
+// number, or a key of another type). A call Redis did not answer fails the
+// whole sum.
+func (b *ModuleBudget) sumProjects(ctx context.Context, ids []string) (sum int64, unreadable []string, err error) {
+	cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, id := range ids {
+			p.HMGet(ctx, NewKeys(b.env, id).Budget(), "msg", "rcpt", "dd")
+		}
+		return nil
+	})
+	if err != nil && rds.Unanswered(err) {
+		return 0, nil, classifyProject(err)
+	}
+	for i, c := range cmds {
+		v, err := c.(*redis.SliceCmd).Result()
+		if err != nil && rds.Unanswered(err) {
+			return 0, nil, classifyProject(err)
+		}
+		n, ok := projectBytes(v)
+		if err != nil || !ok {
+			unreadable = append(unreadable, ids[i])
+			continue
+		}
+		sum += n
+	}
+	return sum, unreadable, nil
+}
+
+// projectBytes is the sum of one project's budget counters (a missing one
+// is 0); ok is false when one is negative or not a number.
+func projectBytes(v []any) (sum int64, ok bool) {
+	for _, x := range v {
+		if x == nil {
+			continue
+		}
+		n, ok := parseSeq(x)
+		if !ok || n < 0 {
+			return 0, false
+		}
+		sum += n
+	}
+	return sum, true
 }
 
 // reconcileWindow is how long a reconcile may run before another instance
@@ -252,6 +306,12 @@ func (r *BudgetReconciler) runOnce(ctx context.Context) {
 	case err != nil && ctx.Err() == nil:
 		// The error's kind only: Redis error text may carry key names.
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "module budget reconcile failed", slog.String("kind", rds.Kind(err)))
+	case err == nil && res.Unreadable > 0:
+		// Project ids only, never the values found: they name the
+		// projects an operator must repair.
+		r.logger.LogAttrs(ctx, slog.LevelWarn, "module budget reconcile skipped projects whose budget is unreadable",
+			slog.Int("unreadable", res.Unreadable), slog.Any("project_ids", res.UnreadableIDs),
+			slog.Int64("before", res.Before), slog.Int64("after", res.After), slog.Int("projects", res.Projects))
 	case err == nil && res.Ran && res.Before != res.After:
 		r.logger.LogAttrs(ctx, slog.LevelInfo, "module budget reconciled", slog.Int64("before", res.Before),
 			slog.Int64("after", res.After), slog.Int("projects", res.Projects),

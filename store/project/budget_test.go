@@ -1,9 +1,13 @@
 package project_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +28,7 @@ type budgetEnv struct {
 	admin   *redis.Client
 	mb      *project.ModuleBudget
 	mk      project.ModuleKeys
+	env     string
 	project project.Keys
 	pid     string
 }
@@ -39,7 +44,7 @@ func newBudgetEnv(t *testing.T) *budgetEnv {
 	t.Cleanup(func() { admin.Close() })
 	e := "mb" + ids.New()[24:]
 	pid := ids.New()
-	return &budgetEnv{t: t, rdb: rdb, admin: admin, mb: project.NewModuleBudget(rdb, e, 1<<20), mk: project.NewModuleKeys(e),
+	return &budgetEnv{t: t, rdb: rdb, admin: admin, mb: project.NewModuleBudget(rdb, e, 1<<20), mk: project.NewModuleKeys(e), env: e,
 		project: project.NewKeys(e, pid), pid: pid}
 }
 
@@ -172,4 +177,72 @@ func TestModuleBudgetNeverUnderCountsBetweenReconcilePhases(t *testing.T) {
 	if err != nil || end[0] != 1 || end[2] != 1<<20 {
 		t.Fatalf("end: %v %v", end, err)
 	}
+}
+
+// A project whose budget the reconcile cannot read (a counter negative or
+// not a number, or a key of another type) does not stop the reconcile of
+// every other project: that one used to fail the run before its end, so
+// the window stayed open and the module counter was never brought back
+// down. The run skips it and reports its id. Its bytes are unknown, so it
+// counts as a whole project budget, and the counter is never raised on its
+// account: an exact counter stays, an over-count comes down to the other
+// projects' bytes plus that allowance.
+func TestModuleBudgetReconcileSkipsUnreadableProjects(t *testing.T) {
+	e := newBudgetEnv(t)
+	ctx := context.Background()
+	e.projectBytes(100)
+	bad := []string{ids.New(), ids.New(), ids.New()}
+	e.admin.HSet(ctx, project.NewKeys(e.env, bad[0]).Budget(), "msg", "-5")
+	e.admin.HSet(ctx, project.NewKeys(e.env, bad[1]).Budget(), "rcpt", "not-a-number")
+	e.admin.Set(ctx, project.NewKeys(e.env, bad[2]).Budget(), "a string", 0)
+	e.admin.SAdd(ctx, e.mk.Projects(), e.pid, bad[0], bad[1], bad[2])
+	e.admin.HSet(ctx, e.mk.Budget(), "committed", 100)
+
+	res, err := e.mb.Reconcile(ctx, time.Hour)
+	if err != nil || !res.Ran || res.Projects != 1 || res.Unreadable != 3 {
+		t.Fatalf("reconcile: %+v %v; want it to run, sum the readable project and skip the 3 others", res, err)
+	}
+	if got := slices.Sorted(slices.Values(res.UnreadableIDs)); !slices.Equal(got, slices.Sorted(slices.Values(bad))) {
+		t.Fatalf("unreadable projects reported %v, want %v", got, bad)
+	}
+	if got := e.committed(); got != 100 {
+		t.Fatalf("committed %d after the reconcile, want the exact 100 kept (never raised for unreadable projects)", got)
+	}
+
+	// An over-count (writers that died between their phases) comes down,
+	// and the window closed: the next run is not refused.
+	e.admin.HIncrBy(ctx, e.mk.Budget(), "committed", 64<<20)
+	var logs syncBuffer
+	rc := project.NewBudgetReconciler(e.mb, project.BudgetReconcilerConfig{Interval: 20 * time.Millisecond}, slog.New(slog.NewJSONHandler(&logs, nil)))
+	rc.Start()
+	want := 100 + 3*int64(project.ProjectBudgetBytes)
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.committed() == want }, "committed %d, want %d", e.committed(), want)
+	rc.Close()
+	for _, id := range bad {
+		if !strings.Contains(logs.String(), id) {
+			t.Fatalf("the reconcile's log does not name unreadable project %s: %s", id, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), "not-a-number") {
+		t.Fatalf("the reconcile's log holds a value it found: %s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from another
+// goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
