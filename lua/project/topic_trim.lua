@@ -22,8 +22,11 @@
 -- ARGV[5] how many expired dedupe records to purge at most
 -- ARGV[6] number of subscriptions n the caller saw
 -- ARGV[7..6+n] their ids
--- Returns {'ok', trimmed, releasedBytes, more (1 | 0)} or, with nothing
--- written, {'topic_not_found'} | {'retry'} (the subscriptions changed).
+-- Returns {'ok', trimmed, releasedBytes, more (1 | 0), purgedBytes} or,
+-- with nothing written, {'topic_not_found'} | {'retry'} (the subscriptions
+-- changed). releasedBytes are the trimmed messages' and receipts' bytes;
+-- purgedBytes those of the expired dedupe records purged on the way (of
+-- any topic of the project), which the module budget releases too.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
 --#include topic_budget
@@ -140,4 +143,4 @@ local more = 0
 if redis.call('ZCARD', KEYS[8]) > 0 then
   more = 1
 end
-return {'ok', #ids, freedMsg + freedRcpt + purged, more}
+return {'ok', #ids, freedMsg + freedRcpt, more, purged}

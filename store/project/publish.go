@@ -200,7 +200,10 @@ func parseStreamMessage(topicID string, e any) (TopicMessage, bool) {
 	return m, seen == 5
 }
 
-// TrimResult is what one trim removed.
+// TrimResult is what one trim removed: ReleasedBytes are the message and
+// receipt bytes of the trimmed messages. The expired dedupe records a trim
+// purges on the way are released from the budgets too, but are not the
+// trim's doing and not counted here.
 type TrimResult struct {
 	Trimmed       int64
 	ReleasedBytes int64
@@ -243,8 +246,8 @@ func (q *Queue) Trim(ctx context.Context, k Keys, projectID, topicID string) (Tr
 		default:
 			return total, ErrDataStateInvalid
 		}
-		n, released, more := int64At(res, 1), int64At(res, 2), int64At(res, 3)
-		q.settle(ctx, Reservation{Gen: gen}, 0, released)
+		n, released, more, purged := int64At(res, 1), int64At(res, 2), int64At(res, 3), int64At(res, 4)
+		q.settle(ctx, Reservation{Gen: gen}, 0, released+purged)
 		total.Trimmed += n
 		total.ReleasedBytes += released
 		if more == 0 {
