@@ -2,6 +2,7 @@ package project_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -52,5 +53,39 @@ func TestTrimReleasesOnlyTheTrimmedBytes(t *testing.T) {
 	if held := e.projectBytes(tp); dd != "0" || committed != held || reserved != 0 {
 		t.Fatalf("after the trims: dedupe bytes %q, module committed %d reserved %d; want no dedupe bytes and the project's %d committed",
 			dd, committed, reserved, held)
+	}
+}
+
+// An ack repeated with the acknowledging token and the same status and
+// result answers the same receipt again, but only until the message is
+// trimmed: trim deletes the receipt with the message, and the repeat then
+// answers message not found (for a consumer that already processed the
+// message, a benign answer).
+func TestAckReplayAnswersUntilTheMessageIsTrimmed(t *testing.T) {
+	e := newLeaseEnv(t, 64<<20)
+	q := e.queue(project.QueueConfig{})
+	tp := e.topic(q)
+	if err := publishOne(q, tp, "m"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	items, err := q.Claim(ctx, tp.k, tp.sid, 1, false)
+	if err != nil || len(items) != 1 {
+		t.Fatalf("claim: %v %v", items, err)
+	}
+	it := items[0]
+	first, applied, err := q.Ack(ctx, tp.k, tp.sid, it.Message.ID, it.Token, "processed", "ok")
+	if err != nil || !applied {
+		t.Fatalf("ack: %+v %v %v", first, applied, err)
+	}
+	again, applied, err := q.Ack(ctx, tp.k, tp.sid, it.Message.ID, it.Token, "processed", "ok")
+	if err != nil || applied || again.Status != first.Status || again.UpdatedAt != first.UpdatedAt {
+		t.Fatalf("repeated ack before the trim: %+v applied=%v %v; want the same receipt %+v", again, applied, err, first)
+	}
+	if res, err := q.Trim(ctx, tp.k, tp.pid, tp.tid); err != nil || res.Trimmed != 1 {
+		t.Fatalf("trim: %+v %v", res, err)
+	}
+	if _, _, err := q.Ack(ctx, tp.k, tp.sid, it.Message.ID, it.Token, "processed", "ok"); !errors.Is(err, project.ErrMessageNotFound) {
+		t.Fatalf("repeated ack after the trim: %v, want message not found", err)
 	}
 }
