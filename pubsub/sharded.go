@@ -239,19 +239,20 @@ func setShardLocked(st *chanState, sh *shard) {
 	}
 }
 
-// setCountedLocked marks st held (or no longer), keeping its shard's live
-// count.
-func setCountedLocked(st *chanState, counted bool) {
+// setCountedLocked marks st held (or no longer), keeping the subscriber's
+// and its shard's live counts.
+func (s *Subscriber) setCountedLocked(st *chanState, counted bool) {
 	if st.counted == counted {
 		return
 	}
 	st.counted = counted
+	d := 1
+	if !counted {
+		d = -1
+	}
+	s.live.Add(int64(d))
 	if st.shard != nil {
-		if counted {
-			st.shard.live++
-		} else {
-			st.shard.live--
-		}
+		st.shard.live += d
 	}
 }
 

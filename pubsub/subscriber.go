@@ -92,11 +92,9 @@ const (
 // chanState is one channel's state; every connection's user channel has
 // one, so its fields are ordered to keep it in the 64-byte size class.
 type chanState struct {
-	refs int
-	// counted: the channel is held (refs > 0) and is not the canary; it
-	// counts in Subscriber.live and, while on a shard, in shard.live.
-	counted     bool
-	pendingSubs int // SUBSCRIBE confirmations outstanding
+	refs        int
+	counted     bool // refs > 0 and not the canary: counted in Subscriber.live and shard.live
+	pendingSubs int  // SUBSCRIBE confirmations outstanding
 	waiters     []chan struct{}
 	// On a cluster: the shard the channel is subscribed on (nil while
 	// unassigned), and whether its traffic may have been lost since it
@@ -321,8 +319,7 @@ func (s *Subscriber) addLocked(channel string) *chanState {
 	}
 	st.refs++
 	if st.refs == 1 && channel != s.canary {
-		setCountedLocked(st, true)
-		s.live.Add(1)
+		s.setCountedLocked(st, true)
 	}
 	if !(st.sent == sentSubscribe) {
 		s.dirty[channel] = struct{}{}
@@ -391,8 +388,7 @@ func (s *Subscriber) Unsubscribe(channel string) {
 	if st.refs == 0 {
 		s.dirty[channel] = struct{}{}
 		if channel != s.canary {
-			setCountedLocked(st, false)
-			s.live.Add(-1)
+			s.setCountedLocked(st, false)
 		}
 	}
 	s.mu.Unlock()
