@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -377,16 +378,47 @@ func (m *Main) Close() error {
 		}
 	}
 	m.rdb, m.rt = nil, nil
-	for _, p := range []*pgxpool.Pool{m.readyPG, m.pg} {
-		if p != nil {
-			p.Close()
-		}
-	}
+	m.closePools()
 	m.pg, m.readyPG = nil, nil
 	if pools && m.Logger != nil {
 		m.Logger.Info("drain: Redis and PostgreSQL connections closed")
 	}
 	return errors.Join(errs...)
+}
+
+// poolCloseWait bounds the wait for the PostgreSQL pools to close at the
+// end of the drain.
+const poolCloseWait = 2 * time.Second
+
+// closePools closes the PostgreSQL pools together and waits for them at
+// most poolCloseWait. A connection a deadline broke is closed by pgx in the
+// background, with a cancel request to the server and up to 15 s for its
+// answer, and closing a pool waits for that: against a server that stalls
+// (a partition, a stopped process) the drain would run 15 s past its bound
+// and the supervisor kill the process. Nothing is left to write by then,
+// and the process's exit closes the sockets.
+func (m *Main) closePools() {
+	var wg sync.WaitGroup
+	for _, p := range []*pgxpool.Pool{m.readyPG, m.pg} {
+		if p != nil {
+			wg.Go(p.Close)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(poolCloseWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		if m.Logger != nil {
+			m.Logger.Warn("drain: PostgreSQL connections not closed within the wait; leaving them to the exit",
+				slog.Duration("wait", poolCloseWait))
+		}
+	}
 }
 
 // closeJobs stops the background jobs that run on their own timers (the

@@ -7,12 +7,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/han-app/gateway/internal/faultproxy"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 )
@@ -137,4 +139,66 @@ func dialogWithSends(t *testing.T, m *Main, n int, key string) (aTok, bTok, dial
 		}
 	}
 	return aTok, bTok, dialogID
+}
+
+// With PostgreSQL not answering at all (a partition: bytes vanish, nothing
+// is refused) while sockets are open and sends are in flight, the
+// instance's shutdown still ends within HAN_DRAIN_DELAY +
+// HAN_SHUTDOWN_TIMEOUT + about 7 s (the offline transitions' wait, the
+// deregistration and the bounded wait for the pools). Closing the pools
+// used to wait for pgx's background close of every connection a deadline
+// broke, 15 s against such a server, and the supervisor killed the
+// process.
+func TestCloseIsBoundedWhenPostgreSQLStopsAnswering(t *testing.T) {
+	u, err := url.Parse(env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	u.Host = p.Addr()
+	vars := baseEnv()
+	vars["DATABASE_URL"] = u.String()
+	vars["HAN_SHUTDOWN_TIMEOUT"] = "1s"
+	vars["HAN_DB_REQUEST_TIMEOUT"] = "500ms"
+	lg := &closeLog{start: time.Now()}
+	m := runLogged(t, vars, lg)
+	aTok, bTok, dialogID := dialogWithSends(t, m, 1, "close-pgdark")
+	c := connectRT(t, m, bTok)
+	c.subscribe(dialogID)
+
+	p.Blackhole(true)
+	var sends sync.WaitGroup
+	for i := range 4 {
+		sends.Go(func() {
+			req, _ := http.NewRequest("POST", m.URL()+"/v1/dialogs/"+dialogID+"/messages", strings.NewReader(`{"body":"into the dark"}`))
+			req.Header.Set("Authorization", "Bearer "+aTok)
+			req.Header.Set("Idempotency-Key", fmt.Sprintf("close-pgdark-%d", i))
+			if resp, err := (&http.Client{Timeout: time.Minute}).Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond) // the sends are waiting on PostgreSQL
+
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- m.Close() }()
+	bound := 1*time.Second + 7*time.Second // HAN_DRAIN_DELAY is 0 here
+	select {
+	case <-done:
+		t.Logf("Close returned after %v", time.Since(start).Round(100*time.Millisecond))
+	case <-time.After(bound + 2*time.Second):
+		p.Blackhole(false)
+		<-done
+		t.Fatalf("Close with PostgreSQL not answering took %v, want at most about %v\nlog:\n%s",
+			time.Since(start).Round(100*time.Millisecond), bound, lg.String())
+	}
+	p.Blackhole(false)
+	p.Cut()
+	sends.Wait()
 }

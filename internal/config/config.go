@@ -258,10 +258,11 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
 		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)
-	} else if c.InstanceLivenessTTL < time.Second || 3*c.RedisTimeout >= 2*c.InstanceLivenessTTL {
+	} else if c.InstanceLivenessTTL < time.Second || 3*float64(c.RedisTimeout) >= 2*float64(c.InstanceLivenessTTL) {
 		// The marker is refreshed every third of its TTL and a refresh may
 		// take HAN_REDIS_TIMEOUT: shorter, a running instance's marker
 		// expires and the others sweep its open connections out of presence.
+		// (Compared as floats: three times a huge duration overflows.)
 		bad("HAN_INSTANCE_LIVENESS_TTL: must be at least 1s and more than 1.5 × HAN_REDIS_TIMEOUT")
 	}
 	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil || c.SweepInterval < minLoopInterval {

@@ -483,15 +483,18 @@ func TestAttachmentUnsentTTL(t *testing.T) {
 // its connections out of presence while they are open. A TTL under 1ms is
 // no TTL at all for Redis (it counts in milliseconds): the marker was
 // never written.
+// A Redis timeout so large that three times it overflows a duration is
+// refused like any other too large for the TTL; a huge TTL covers any
+// timeout.
 func TestInstanceLivenessTTLCoversARefresh(t *testing.T) {
-	for _, tc := range []struct{ ttl, redisTimeout string }{{"500us", ""}, {"1s", ""}, {"1500ms", "1s"}, {"10s", "7s"}} {
+	for _, tc := range []struct{ ttl, redisTimeout string }{{"500us", ""}, {"1s", ""}, {"1500ms", "1s"}, {"10s", "7s"}, {"", "1000000h"}} {
 		m := base()
 		m["HAN_INSTANCE_LIVENESS_TTL"], m["HAN_REDIS_TIMEOUT"] = tc.ttl, tc.redisTimeout
 		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_INSTANCE_LIVENESS_TTL: must be") {
 			t.Errorf("HAN_INSTANCE_LIVENESS_TTL=%s HAN_REDIS_TIMEOUT=%q: %v, want a refusal", tc.ttl, tc.redisTimeout, err)
 		}
 	}
-	for _, tc := range []struct{ ttl, redisTimeout string }{{"", ""}, {"2s", ""}, {"1s", "500ms"}, {"10s", "6s"}} {
+	for _, tc := range []struct{ ttl, redisTimeout string }{{"", ""}, {"2s", ""}, {"1s", "500ms"}, {"10s", "6s"}, {"2562047h", "1s"}} {
 		m := base()
 		m["HAN_INSTANCE_LIVENESS_TTL"], m["HAN_REDIS_TIMEOUT"] = tc.ttl, tc.redisTimeout
 		if _, err := Load(env(m)); err != nil {
