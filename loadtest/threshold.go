@@ -234,10 +234,16 @@ type ThresholdResult struct {
 }
 
 // Evaluate checks the bound threshold. A metric with no data fails: a
-// smoke test that delivered nothing must not pass on silence.
+// smoke test that delivered nothing must not pass on silence. A counter
+// is never without data: a tagged series nothing was counted in (e.g.
+// errors{status=429,code=rate_limited} in a run without a 429) was simply
+// never created, and reads 0.
 func (t Threshold) Evaluate(s Snapshot) ThresholdResult {
 	res := ThresholdResult{Expr: t.Expr}
 	v, ok := s.Metrics[t.Metric]
+	if !ok && t.kind == KindCounter {
+		v, ok = MetricValue{Name: t.Metric, Kind: KindCounter}, true
+	}
 	if !ok || !v.HasData() {
 		res.NoData, res.Shown = true, "no data"
 		return res

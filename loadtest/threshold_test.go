@@ -153,6 +153,29 @@ func TestThresholdEvaluation(t *testing.T) {
 	}
 }
 
+// A tagged series of a counter exists only once something was counted in
+// it: a clean run (no 429 at all) must pass the documented
+// errors{status=429,code=rate_limited}<5, not fail it as "no data", and a
+// run with 429s must be judged on their count.
+func TestThresholdOnATaggedCounterNeverCountedReadsZero(t *testing.T) {
+	const expr = "errors{status=429,code=rate_limited}<5"
+	reg := loadtest.NewRegistry()
+	res := evalAll(t, reg, expr, "errors{status=429,code=rate_limited}_rate<1", "errors{status=429,code=rate_limited}>0")
+	if r := res[expr]; !r.OK || r.NoData || r.Shown != "count=0" {
+		t.Errorf("%s on a clean run: %+v, want ok with count=0", expr, r)
+	}
+	if r := res["errors{status=429,code=rate_limited}_rate<1"]; !r.OK {
+		t.Errorf("the rate of a counter never counted: %+v, want ok", r)
+	}
+	if r := res["errors{status=429,code=rate_limited}>0"]; r.OK {
+		t.Errorf("a counter never counted is above 0: %+v", r)
+	}
+	reg.Counter(loadtest.Tagged(loadtest.MetricErrors, "status", "429", "code", "rate_limited")).Add(7)
+	if r := evalAll(t, reg, expr)[expr]; r.OK || r.Observed != 7 {
+		t.Errorf("%s with 7 counted: %+v, want failed at 7", expr, r)
+	}
+}
+
 func TestSummaryTextAndJSON(t *testing.T) {
 	reg := loadtest.NewRegistry()
 	reg.Trend(loadtest.MetricDeliveryLatency).Add(2 * time.Millisecond)
