@@ -139,7 +139,9 @@ func TestCentrifugoRepliesDriveTheConnection(t *testing.T) {
 	}
 	batch := strings.Join([]string{`{"id":2,"subscribe":{}}`, `{}`, pub(1), pub(2), pub(2),
 		`{"push":{"channel":"dialog:abc","join":{"info":{"user":"u","client":"c"}}}}`, pub(4)}, "\n")
-	dl.Published(3)
+	for _, seq := range []int64{1, 2, 4} {
+		dl.Published(dialog, seq, 1)
+	}
 	if err := feed(batch); err != nil {
 		t.Fatal(err)
 	}

@@ -2,15 +2,24 @@ package loadtest
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Deliveries accounts for realtime events end to end: publishers report
-// each accepted publish with the number of subscribers that should get it,
-// connections report what they received (deduplicated per connection and
-// dialog), and Finish turns the difference into loss. Latency is measured
-// from each event's scheduled send time. Safe for concurrent use.
+// each accepted publish (dialog, seq and the number of subscribers that
+// should get it), connections report what they received (deduplicated per
+// connection and dialog), and Finish turns the difference into loss.
+// Latency is measured from each event's scheduled send time. Safe for
+// concurrent use.
+//
+// Loss is counted per subscriber (connection × dialog): the accepted
+// events of its dialog it did not get. A delivery of an event whose publish
+// the generator saw fail (the server may still have delivered it) is not
+// expected anywhere and is counted in delivery_unexpected, so it can never
+// stand in for an accepted event another subscriber missed.
 type Deliveries struct {
 	reg           *Registry
 	latency       *Trend
@@ -21,6 +30,25 @@ type Deliveries struct {
 	publishFailed *Rate
 	expected      atomic.Int64
 	unique        atomic.Int64
+
+	mu      sync.Mutex // guards dialogs
+	dialogs map[string]*dialogDeliveries
+}
+
+// dialogDeliveries is what one dialog was sent and what its subscribers
+// got. Guarded by Deliveries.mu.
+type dialogDeliveries struct {
+	accepted    seqSet // seqs of the accepted publishes
+	subscribers int    // how many connections should get each (the most a publish named)
+	logs        []*subscriberLog
+}
+
+// subscriberLog is what one connection received of one dialog. Written by
+// the connection's read loop, read by Drain and Finish.
+type subscriberLog struct {
+	mu   sync.Mutex // guards seqs, far
+	seqs seqSet
+	far  int64 // seqs too far from the others to be stored: never matched
 }
 
 // NewDeliveries records into reg's delivery_* metrics.
@@ -30,12 +58,28 @@ func NewDeliveries(reg *Registry) *Deliveries {
 		duplicates: reg.Counter(MetricDeliveryDuplicates), unexpected: reg.Counter(MetricDeliveryUnexpected),
 		other:         reg.Counter(MetricWSEventsOther),
 		publishFailed: reg.Rate(MetricPublishFailed),
+		dialogs:       map[string]*dialogDeliveries{},
 	}
 }
 
-// Published records an accepted publish that subscribers connections
-// should each receive once.
-func (d *Deliveries) Published(subscribers int) {
+// dialog returns the record of dialogID, creating it. Call with d.mu held.
+func (d *Deliveries) dialog(dialogID string) *dialogDeliveries {
+	dd := d.dialogs[dialogID]
+	if dd == nil {
+		dd = &dialogDeliveries{}
+		d.dialogs[dialogID] = dd
+	}
+	return dd
+}
+
+// Published records an accepted publish of event seq (> 0) on dialogID
+// that subscribers connections should each receive once.
+func (d *Deliveries) Published(dialogID string, seq int64, subscribers int) {
+	d.mu.Lock()
+	dd := d.dialog(dialogID)
+	dd.accepted.add(seq)
+	dd.subscribers = max(dd.subscribers, subscribers)
+	d.mu.Unlock()
 	d.expected.Add(int64(subscribers))
 	d.reg.Counter(MetricDeliveryExpected).Add(int64(subscribers))
 	d.publishFailed.Add(false)
@@ -45,19 +89,74 @@ func (d *Deliveries) Published(subscribers int) {
 // event is not expected anywhere.
 func (d *Deliveries) PublishFailed() { d.publishFailed.Add(true) }
 
+// newLog registers one more subscriber of dialogID: a connection that got
+// an event of it. dialogID may alias a read buffer: it is copied.
+func (d *Deliveries) newLog(dialogID string) *subscriberLog {
+	l := &subscriberLog{}
+	d.mu.Lock()
+	dd := d.dialogs[dialogID]
+	if dd == nil {
+		dd = d.dialog(strings.Clone(dialogID))
+	}
+	dd.logs = append(dd.logs, l)
+	d.mu.Unlock()
+	return l
+}
+
+// mark records a unique delivery of seq.
+func (l *subscriberLog) mark(seq int64) {
+	l.mu.Lock()
+	if !l.seqs.add(seq) {
+		l.far++
+	}
+	l.mu.Unlock()
+}
+
 // Expected and Received are the running totals.
 func (d *Deliveries) Expected() int64 { return d.expected.Load() }
 
-// Received is the number of unique deliveries so far.
+// Received is the number of unique deliveries so far, those of events
+// whose publish failed included.
 func (d *Deliveries) Received() int64 { return d.unique.Load() }
 
-// Drain waits until every expected delivery arrived, timeout passed or ctx
-// ended; it reports whether everything arrived.
+// tally compares every subscriber's deliveries with its dialog's accepted
+// events: lost counts the accepted events subscribers did not get (a
+// subscriber that got nothing at all has no log and loses every one),
+// unaccepted the deliveries of events that were not accepted.
+func (d *Deliveries) tally() (lost, unaccepted int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, dd := range d.dialogs {
+		acc := int64(dd.accepted.n)
+		for _, l := range dd.logs {
+			l.mu.Lock()
+			got := int64(l.seqs.common(&dd.accepted))
+			lost += acc - got
+			unaccepted += int64(l.seqs.n) - got + l.far
+			l.mu.Unlock()
+		}
+		if missing := dd.subscribers - len(dd.logs); missing > 0 {
+			lost += int64(missing) * acc
+		}
+	}
+	return lost, unaccepted
+}
+
+// Drain waits until every subscriber got every accepted event of its
+// dialog, timeout passed or ctx ended; it reports whether everything
+// arrived.
 func (d *Deliveries) Drain(ctx context.Context, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
-	for d.unique.Load() < d.expected.Load() {
+	for {
+		// Fewer unique deliveries than expected ones cannot be complete;
+		// only then is the per-subscriber comparison worth its cost.
+		if d.unique.Load() >= d.expected.Load() {
+			if lost, _ := d.tally(); lost == 0 {
+				return true
+			}
+		}
 		if time.Now().After(deadline) {
 			return false
 		}
@@ -67,17 +166,18 @@ func (d *Deliveries) Drain(ctx context.Context, timeout time.Duration) bool {
 		case <-t.C:
 		}
 	}
-	return true
 }
 
-// Finish records delivery_lost, delivery_loss and delivery_rate (unique
+// Finish records delivery_lost, delivery_loss, the deliveries of events
+// not accepted (into delivery_unexpected) and delivery_rate (unique
 // deliveries per second over measured).
 func (d *Deliveries) Finish(measured time.Duration) {
 	exp, got := d.expected.Load(), d.unique.Load()
-	lost := max(exp-got, 0)
+	lost, unaccepted := d.tally()
 	d.reg.Counter(MetricDeliveryLost).Add(lost)
+	d.unexpected.Add(unaccepted)
 	if exp > 0 {
-		d.reg.Rate(MetricDeliveryLoss).AddN(lost, exp)
+		d.reg.Rate(MetricDeliveryLoss).AddN(min(lost, exp), exp)
 	}
 	if measured > 0 {
 		d.reg.Gauge(MetricDeliveryRate, UnitPerSecond).Set(float64(got) / measured.Seconds())

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -497,12 +498,16 @@ func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 	w.mu.Lock()
 	tr, p := w.subs[f.DialogID], w.pending
 	fresh := false
+	var log *subscriberLog
 	if tr != nil && f.Seq > 0 {
 		// Every seq of a subscribed dialog is tracked (Known, recovery),
 		// whoever sent the message.
 		fresh = tr.observe(f.Seq)
 		if fresh && p != nil && p.since >= 0 && p.dialogID == f.DialogID {
 			p.replayed++
+		}
+		if fresh && stamped && dl != nil {
+			log = tr.logFor(dl, f.DialogID)
 		}
 	}
 	w.mu.Unlock()
@@ -519,6 +524,9 @@ func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 		dl.duplicates.Inc()
 		return
 	}
+	if log != nil {
+		log.mark(f.Seq)
+	}
 	dl.received.Inc()
 	dl.unique.Add(1)
 	dl.latency.Add(recvAt.Sub(time.Unix(0, sched)))
@@ -534,13 +542,32 @@ func closeCode(err error) string {
 	return "ws_read"
 }
 
+// maxAhead bounds the seqs a seqTracker holds beyond a gap. A gap that
+// never closes (a publish that failed after taking its seq, a lost
+// delivery) would otherwise keep every later seq of the dialog in memory.
+const maxAhead = 1024
+
 // seqTracker detects duplicate deliveries on one (connection, dialog): seq
 // below next was seen; out-of-order arrivals wait in ahead until the gap
-// closes. Events of one dialog carry distinct, increasing seqs (one per
-// event id), so a repeated seq is a repeated event. Owned by the read loop.
+// closes, or until more than maxAhead wait: then the tracker gives the gap
+// up (an event of it arriving later counts as a duplicate). Events of one
+// dialog carry distinct, increasing seqs (one per event id), so a repeated
+// seq is a repeated event. Owned by the read loop (guarded by WSConn.mu).
 type seqTracker struct {
 	next  int64 // every seq in [1, next) was seen
 	ahead map[int64]struct{}
+	// log is where the unique deliveries go for the Deliveries logOf.
+	log   *subscriberLog
+	logOf *Deliveries
+}
+
+// logFor returns the tracker's log in dl, registering it on first use (a
+// new Deliveries per measurement step).
+func (t *seqTracker) logFor(dl *Deliveries, dialogID string) *subscriberLog {
+	if t.logOf != dl {
+		t.log, t.logOf = dl.newLog(dialogID), dl
+	}
+	return t.log
 }
 
 // observe records seq and reports whether it is new.
@@ -553,13 +580,7 @@ func (t *seqTracker) observe(seq int64) bool {
 	}
 	if seq == t.next {
 		t.next++
-		for len(t.ahead) > 0 {
-			if _, ok := t.ahead[t.next]; !ok {
-				break
-			}
-			delete(t.ahead, t.next)
-			t.next++
-		}
+		t.advance()
 		return true
 	}
 	if t.ahead == nil {
@@ -569,7 +590,40 @@ func (t *seqTracker) observe(seq int64) bool {
 		return false
 	}
 	t.ahead[seq] = struct{}{}
+	if len(t.ahead) > maxAhead {
+		t.giveUpGaps()
+	}
 	return true
+}
+
+// giveUpGaps moves next past the older gaps so that at most maxAhead/2
+// seqs stay waiting (halving, so that the sort is paid once per
+// maxAhead/2 arrivals).
+func (t *seqTracker) giveUpGaps() {
+	waiting := make([]int64, 0, len(t.ahead))
+	for s := range t.ahead {
+		waiting = append(waiting, s)
+	}
+	slices.Sort(waiting)
+	t.next = waiting[len(waiting)-maxAhead/2]
+	for _, s := range waiting {
+		if s >= t.next {
+			break
+		}
+		delete(t.ahead, s)
+	}
+	t.advance()
+}
+
+// advance moves next over the seqs waiting in ahead that now follow it.
+func (t *seqTracker) advance() {
+	for len(t.ahead) > 0 {
+		if _, ok := t.ahead[t.next]; !ok {
+			break
+		}
+		delete(t.ahead, t.next)
+		t.next++
+	}
 }
 
 // errorCounter counts failures by status and code into errors{status=…,code=…}.

@@ -103,8 +103,8 @@ func TestDeliveriesDedupeReorderAndLoss(t *testing.T) {
 	// Events the generator did not send (presence, typing) are not deliveries.
 	publish(t, s, "dlg", []byte(`{"type":"event","channel":"dialog:dlg","id":"p","event":"presence.changed","entityId":"u","dialogId":"dlg","data":{"userId":"u","online":true}}`))
 	// 4 is never published but expected: one loss.
-	for range 5 {
-		dl.Published(1)
+	for seq := range int64(5) {
+		dl.Published("dlg", seq+1, 1)
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool {
 		return reg.Counter(loadtest.MetricDeliveryReceived).Value()+reg.Counter(loadtest.MetricDeliveryDuplicates).Value() == 6 &&
@@ -128,6 +128,61 @@ func TestDeliveriesDedupeReorderAndLoss(t *testing.T) {
 	}
 	if loss := snap[loadtest.MetricDeliveryLoss]; loss.Rate != 0.2 {
 		t.Errorf("delivery_loss = %v, want 0.2", loss.Rate)
+	}
+}
+
+// Loss is counted per subscriber: an event whose publish the generator saw
+// fail (a timeout after the server had delivered it) is not expected
+// anywhere, so its deliveries must not make up for an accepted event
+// another subscriber never got. They are counted in delivery_unexpected.
+func TestDeliveriesOfAFailedPublishDoNotHideALoss(t *testing.T) {
+	s := startBaseline(t, baseline.Config{})
+	reg := loadtest.NewRegistry()
+	dl := loadtest.NewDeliveries(reg)
+	d := loadtest.NewWSDialer(reg, nil, dl)
+	defer d.Close()
+	ctx := context.Background()
+	a, err := d.Dial(ctx, wsURL(s), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := d.Dial(ctx, wsURL(s), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := a.Subscribe(ctx, "dlg"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixNano()
+	// Event 1 is accepted for both subscribers, but b is not listening
+	// yet: b loses it.
+	publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e1", 1, now, 64))
+	dl.Published("dlg", 1, 2)
+	testenv.Eventually(t, 5*time.Second, func() bool { return dl.Received() == 1 }, "a did not get event 1")
+	if _, err := b.Subscribe(ctx, "dlg"); err != nil {
+		t.Fatal(err)
+	}
+	// Event 2: the publisher saw an error, yet the server delivered it.
+	publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e2", 2, now, 64))
+	dl.PublishFailed()
+	// Event 3: accepted, both get it.
+	publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e3", 3, now, 64))
+	dl.Published("dlg", 3, 2)
+	testenv.Eventually(t, 5*time.Second, func() bool { return dl.Received() == 5 }, "deliveries did not arrive")
+	if dl.Drain(ctx, 50*time.Millisecond) {
+		t.Error("Drain reported complete although b never got event 1")
+	}
+	dl.Finish(time.Second)
+	m := reg.Snapshot().Metrics
+	for name, want := range map[string]int64{
+		loadtest.MetricDeliveryExpected: 4, loadtest.MetricDeliveryReceived: 5,
+		loadtest.MetricDeliveryLost: 1, loadtest.MetricDeliveryUnexpected: 2,
+	} {
+		if got := m[name].Count; got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
 	}
 }
 

@@ -24,13 +24,18 @@ func TestBroadcastDeliveriesOfFailedPublishesAreUnexpected(t *testing.T) {
 	if failed.Count != 100 || failed.Rate != 0.1 {
 		t.Fatalf("publish_failed = %v of %d, want 0.1 of 100", failed.Rate, failed.Count)
 	}
-	for name, want := range map[string]int64{
-		loadtest.MetricDeliveryExpected: 900, loadtest.MetricDeliveryLost: 0,
-		loadtest.MetricDeliveryUnexpected: 100, loadtest.MetricDeliveryReceived: 1000,
-	} {
+	for name, want := range map[string]int64{loadtest.MetricDeliveryExpected: 900, loadtest.MetricDeliveryLost: 0} {
 		if got := count(sum, name); got != want {
 			t.Errorf("%s = %d, want %d", name, got, want)
 		}
+	}
+	// The drain waits for the accepted events only, so the deliveries of
+	// the last publish (the 100th, failed) may still be on their way when
+	// the run is tallied. Those of the nine failed before it came ahead of
+	// later accepted events on every connection.
+	rcv, unexp := count(sum, loadtest.MetricDeliveryReceived), count(sum, loadtest.MetricDeliveryUnexpected)
+	if unexp < 90 || unexp > 100 || rcv < 990 || rcv > 1000 {
+		t.Errorf("delivery_received %d, delivery_unexpected %d: want 990..1000 and 90..100", rcv, unexp)
 	}
 }
 

@@ -28,6 +28,7 @@ type Broadcast struct {
 	drain                       time.Duration
 	compare                     string
 	faultDropEvery              int64
+	faultFailEvery              int64
 	stepRates                   string
 	steps                       []int
 	stepP99                     time.Duration
@@ -63,6 +64,7 @@ func (b *Broadcast) Flags(fs *flag.FlagSet, getenv func(string) string) {
 		"(the connections' first deliveries and the heap the set-up grew are not counted against the first step)")
 	fs.Var(&b.cpu, "cpu-pid", "name=PID (name=PID+: with its children): report that process's CPU-seconds per 1M unique deliveries of each measured phase (info <label>_cpu_s_per_1m_<name>); repeatable; the generator's own is always reported")
 	fs.Int64Var(&b.faultDropEvery, "fault-drop-every", 0, "fault injection: a baseline this run starts drops every n-th delivery (proves the thresholds catch loss)")
+	fs.Int64Var(&b.faultFailEvery, "fault-fail-publish-every", 0, "fault injection: every n-th publish is sent, then reported failed (proves its deliveries are not taken for expected ones and that a step with a failed publish does not hold)")
 	b.gw.register(fs, getenv, true)
 	b.gw.registerCentrifugo(fs)
 }
@@ -193,7 +195,24 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 		}
 		return reg.Gauge(loadtest.MetricDeliveryRate, loadtest.UnitPerSecond).Value(), nil
 	}
-	return st.climb(ctx, t, label)
+	return st.climb(ctx, t, reg, label)
+}
+
+// addStepTotals adds one measured step's delivery accounting to the run's
+// registry run, so that thresholds such as delivery_lost==0 or
+// publish_failed<1% judge every step together. Latency and delivery_rate
+// stay per step (in the step lines).
+func addStepTotals(run, step *loadtest.Registry) {
+	for _, n := range []string{loadtest.MetricDeliveryExpected, loadtest.MetricDeliveryReceived, loadtest.MetricDeliveryLost,
+		loadtest.MetricDeliveryDuplicates, loadtest.MetricDeliveryUnexpected, loadtest.MetricWSEventsOther,
+		loadtest.MetricIterations, loadtest.MetricDroppedIterations} {
+		run.Counter(n).Add(step.Counter(n).Value())
+	}
+	for _, n := range []string{loadtest.MetricDeliveryLoss, loadtest.MetricPublishFailed} {
+		r := step.Rate(n)
+		_, total := r.Value()
+		run.Rate(n).AddN(r.Hits(), total)
+	}
 }
 
 // open connects the shape's fleet to spec and the publisher; closeAll
@@ -264,6 +283,9 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	if err != nil {
 		return nil, nil, err
 	}
+	if b.faultFailEvery > 0 {
+		pub = &failingPublisher{publisher: pub, every: uint64(b.faultFailEvery)}
+	}
 	st = &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs),
 		centrifugo: tg.centrifugo}
 	for d, id := range fl.dialogIDs {
@@ -277,9 +299,10 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 }
 
 // climb measures each of -step-rates on the same connections until one
-// does not hold p99 with no loss, and returns the highest step's
-// deliveries/s that held.
-func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (float64, error) {
+// does not hold p99 with no loss, drop or failed publish, and returns the
+// highest step's deliveries/s that held. Each step's delivery counts are
+// added to reg.
+func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, label string) (float64, error) {
 	b, fl := st.b, st.fl
 	if b.warmup > 0 {
 		wreg := loadtest.NewRegistry()
@@ -305,13 +328,17 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, label string) (floa
 		if err != nil {
 			return best, err
 		}
+		addStepTotals(reg, sreg)
 		m := sreg.Snapshot().Metrics
 		got := m[loadtest.MetricDeliveryRate].Value
 		p99 := time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99))
 		lost, dropped := m[loadtest.MetricDeliveryLost].Count, m[loadtest.MetricDroppedIterations].Count
-		held := p99 <= b.stepP99 && lost == 0 && dropped == 0 && m[loadtest.MetricDeliveryLatency].Count > 0
-		line := fmt.Sprintf("%.0f deliveries/s, p99 %s, lost %d, dropped %d, held %v",
-			got, p99.Round(10*time.Microsecond), lost, dropped, held)
+		failed := sreg.Rate(loadtest.MetricPublishFailed).Hits()
+		// A step holds only when nothing was lost, dropped or refused: a
+		// publish that failed is an event the step did not carry.
+		held := p99 <= b.stepP99 && lost == 0 && dropped == 0 && failed == 0 && m[loadtest.MetricDeliveryLatency].Count > 0
+		line := fmt.Sprintf("%.0f deliveries/s, p99 %s, lost %d, dropped %d, publish failures %d, held %v",
+			got, p99.Round(10*time.Microsecond), lost, dropped, failed, held)
 		for _, name := range sortedKeys(cpu) {
 			line += fmt.Sprintf(", %s %.3f CPU-s/1M deliveries", name, cpu[name])
 		}
@@ -351,7 +378,7 @@ func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Reg
 			dl.PublishFailed()
 			return err
 		}
-		dl.Published(st.fl.subs[d])
+		dl.Published(st.fl.dialogIDs[d], seq, st.fl.subs[d])
 		return nil
 	})
 	if err != nil {

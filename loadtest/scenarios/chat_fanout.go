@@ -144,7 +144,7 @@ func (s *ChatFanout) sendRunOf(fl *fleet, apis []*loadtest.API, dl *loadtest.Del
 		return m.ID, m.Seq, err
 	}, httpStatusOf)
 	if dl != nil {
-		r.onOK = func(d int) { dl.Published(fl.subs[d]) }
+		r.onOK = func(d int, seq int64) { dl.Published(fl.dialogIDs[d], seq, fl.subs[d]) }
 		r.onFail = dl.PublishFailed
 	}
 	return r

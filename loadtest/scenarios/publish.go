@@ -111,3 +111,26 @@ func (p *baselinePublisher) Close() error {
 	}
 	return nil
 }
+
+// errInjectedFailure is the error of a publish failingPublisher reports
+// failed.
+var errInjectedFailure = errors.New("publish reported failed by -fault-fail-publish-every")
+
+// failingPublisher sends every publish but reports every n-th failed, as
+// a timeout after the target had taken the event would: the generator
+// does not expect that event, yet subscribers get it.
+type failingPublisher struct {
+	publisher
+	every uint64
+	n     atomic.Uint64
+}
+
+func (p *failingPublisher) Publish(ctx context.Context, channel string, frame []byte) error {
+	if err := p.publisher.Publish(ctx, channel, frame); err != nil {
+		return err
+	}
+	if p.n.Add(1)%p.every == 0 {
+		return errInjectedFailure
+	}
+	return nil
+}

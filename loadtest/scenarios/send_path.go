@@ -142,8 +142,8 @@ type sendRun struct {
 	f       *sendFlags
 	members [][]int
 	send    sendFunc
-	status  func(error) string // a failed send's label in the per-step error counts
-	onOK    func(d int)        // after an accepted send (chat-fanout: expect its deliveries)
+	status  func(error) string     // a failed send's label in the per-step error counts
+	onOK    func(d int, seq int64) // after an accepted send (chat-fanout: expect its deliveries)
 	onFail  func()
 
 	mu       sync.Mutex // guards accepted
@@ -249,7 +249,7 @@ func (r *sendRun) measure(ctx context.Context, t *loadtest.T, rate int, dur time
 		r.accepted[d] = append(r.accepted[d], sent{id: id, seq: seq, marker: marker, start: t0, done: done})
 		r.mu.Unlock()
 		if r.onOK != nil {
-			r.onOK(d)
+			r.onOK(d, seq)
 		}
 		return nil
 	})
