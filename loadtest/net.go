@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -154,8 +155,42 @@ func NewHTTPClient(src *SourceAddrs, maxConns int, timeout time.Duration) *http.
 // connection never returns to the pool) with no client timeout:
 // coder/websocket bounds the handshake with the dial context.
 func newWSHTTPClient(src *SourceAddrs) *http.Client {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := src.DialContext(ctx, network, addr)
+		if s, ok := ctx.Value(rawConnKey{}).(*rawConnSlot); ok && err == nil {
+			s.set(c)
+		}
+		return c, err
+	}
 	return &http.Client{
-		Transport:     &http.Transport{DialContext: src.DialContext, DisableCompression: true},
+		// No keep-alive: every handshake dials a connection of its own,
+		// so the one a Dial's rawConnSlot holds is the one its WebSocket
+		// runs on (an idle connection is never handed to another Dial).
+		Transport:     &http.Transport{DialContext: dial, DisableCompression: true, DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+}
+
+// rawConnKey is the context key of a Dial's rawConnSlot.
+type rawConnKey struct{}
+
+// rawConnSlot receives the TCP connection the transport dials for one
+// WebSocket handshake. Closing it is the only way to end a connection
+// whose close handshake is waiting on a peer that stopped answering:
+// the WebSocket library's own CloseNow waits for that handshake.
+type rawConnSlot struct {
+	mu sync.Mutex // guards c
+	c  net.Conn
+}
+
+func (s *rawConnSlot) set(c net.Conn) {
+	s.mu.Lock()
+	s.c = c
+	s.mu.Unlock()
+}
+
+func (s *rawConnSlot) get() net.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.c
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -122,7 +123,8 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 		target = targetLabel(wsURL)
 	}
 	t0 := time.Now()
-	c, resp, err := websocket.Dial(ctx, wsURL, opts)
+	raw := &rawConnSlot{}
+	c, resp, err := websocket.Dial(context.WithValue(ctx, rawConnKey{}, raw), wsURL, opts)
 	if err != nil {
 		de := &DialError{Err: err}
 		if resp != nil {
@@ -143,7 +145,7 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 		d.reg.Counter(Tagged(MetricWSSessions, MetricTargetTag, target)).Inc()
 	}
 	d.open.Set(float64(d.openN.Add(1)))
-	wc := &WSConn{d: d, c: c, target: target, helloCh: make(chan struct{}), done: make(chan struct{}), subs: map[string]*seqTracker{}}
+	wc := &WSConn{d: d, c: c, raw: raw.get(), target: target, helloCh: make(chan struct{}), done: make(chan struct{}), subs: map[string]*seqTracker{}}
 	go wc.readLoop()
 	if centrifugo {
 		if err := wc.Send(ctx, centrifugoConnectCommand(bearer)); err != nil {
@@ -172,7 +174,8 @@ func (d *WSDialer) Dial(ctx context.Context, wsURL, bearer string) (*WSConn, err
 type WSConn struct {
 	d       *WSDialer
 	c       *websocket.Conn
-	target  string // per-target tag value; empty unless the dialer counts per target
+	raw     net.Conn // the TCP connection under c (nil if the transport did not dial one)
+	target  string   // per-target tag value; empty unless the dialer counts per target
 	helloCh chan struct{}
 	done    chan struct{} // closed when the read loop returned
 	err     error         // why the read loop returned; read after done
@@ -324,9 +327,14 @@ func (w *WSConn) Close() {
 	<-w.done
 }
 
-// CloseNow drops the connection without a close handshake.
+// CloseNow drops the connection without a close handshake. It also ends
+// a Close still waiting for the peer's answer (up to 5 s against a peer
+// that stopped answering): the TCP connection is closed under it.
 func (w *WSConn) CloseNow() {
 	w.closing.Store(true)
+	if w.raw != nil {
+		_ = w.raw.Close()
+	}
 	_ = w.c.CloseNow()
 	<-w.done
 }

@@ -239,7 +239,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 			pub.Close()
 		}
 		if fl != nil {
-			fl.close(b.concurrency)
+			fl.close(ctx, b.concurrency)
 		}
 		tg.close()
 	}

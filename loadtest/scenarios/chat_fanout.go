@@ -84,7 +84,7 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	if err != nil {
 		return err
 	}
-	defer fl.close(s.sf.concurrency)
+	defer fl.close(ctx, s.sf.concurrency)
 	if dl != nil {
 		if err := fl.connect(ctx, t, tg, cfg); err != nil {
 			return err

@@ -132,7 +132,7 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 	if err != nil {
 		return err
 	}
-	defer fl.close(s.concurrency)
+	defer fl.close(ctx, s.concurrency)
 	connStart := time.Now()
 	if err := fl.connect(ctx, t, tg, cfg); err != nil {
 		return err

@@ -152,7 +152,7 @@ func prepare(ctx context.Context, t *loadtest.T, tg *target, cfg fleetConfig) (*
 	for _, base := range tg.bases {
 		api, err := loadtest.NewAPI(base, loadtest.NewHTTPClient(t.Src, cfg.concurrency, 30*time.Second), setupReg)
 		if err != nil {
-			fl.close(0)
+			fl.close(ctx, 0)
 			return nil, err
 		}
 		fl.ticketAPIs = append(fl.ticketAPIs, api)
@@ -246,15 +246,37 @@ func (fl *fleet) connect(ctx context.Context, t *loadtest.T, tg *target, cfg fle
 	})
 }
 
-// close ends every connection with a normal closure, concurrently, and
-// drops the setup clients' idle connections.
-func (fl *fleet) close(concurrency int) {
-	_ = forEach(context.Background(), len(fl.conns), concurrency, func(_ context.Context, i int) error {
+// closeBudget bounds the close handshakes of a fleet's teardown.
+const closeBudget = 10 * time.Second
+
+// close ends every connection with a normal closure, concurrency at a
+// time, and drops the setup clients' idle connections. A close handshake
+// waits up to 5 s for a peer that stopped answering; so once ctx is done
+// (the run's -max-duration) or closeBudget has passed, every connection
+// still open is dropped at once without one.
+func (fl *fleet) close(ctx context.Context, concurrency int) {
+	ctx, cancel := context.WithTimeout(ctx, closeBudget)
+	defer cancel()
+	var wg sync.WaitGroup
+	dropped := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(dropped)
+		for _, c := range fl.conns {
+			if c != nil {
+				wg.Go(c.CloseNow)
+			}
+		}
+	})
+	_ = forEach(ctx, len(fl.conns), concurrency, func(_ context.Context, i int) error {
 		if c := fl.conns[i]; c != nil {
 			c.Close()
 		}
 		return nil
 	})
+	if !stop() {
+		<-dropped
+		wg.Wait()
+	}
 	fl.dialer.Close()
 	for _, api := range fl.ticketAPIs {
 		api.Close()

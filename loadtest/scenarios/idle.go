@@ -101,7 +101,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	if err != nil {
 		return err
 	}
-	defer fl.close(s.concurrency)
+	defer fl.close(ctx, s.concurrency)
 	if tg.gateway {
 		// Setup traffic (users, dialogs) leaves garbage and pooled
 		// connections behind: take the "before" reading after it.
