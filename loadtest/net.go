@@ -34,7 +34,9 @@ func CheckLoopbackHost(host string) error {
 }
 
 // CheckLoopbackURL parses raw (http, https, ws, wss or redis URL) and
-// refuses it unless its host is loopback.
+// refuses it unless its host is loopback. A Redis Cluster URL also names
+// seed nodes in addr= parameters, which the client dials as well: each
+// must be loopback too.
 func CheckLoopbackURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
@@ -42,6 +44,15 @@ func CheckLoopbackURL(raw string) (*url.URL, error) {
 	}
 	if err := CheckLoopbackHost(u.Hostname()); err != nil {
 		return nil, err
+	}
+	for _, addr := range u.Query()["addr"] {
+		host := addr
+		if h, _, err := net.SplitHostPort(addr); err == nil {
+			host = h
+		}
+		if err := CheckLoopbackHost(host); err != nil {
+			return nil, err
+		}
 	}
 	return u, nil
 }

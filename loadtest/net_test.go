@@ -31,6 +31,16 @@ func TestOnlyLoopbackTargets(t *testing.T) {
 			t.Errorf("%s: %v, want ErrNotLoopback", bad, err)
 		}
 	}
+	// A Redis Cluster URL's addr= seeds are dialled too (the broadcast
+	// publisher's cluster client): every one must be loopback.
+	if _, err := loadtest.CheckLoopbackURL("redis://127.0.0.1:7000?addr=127.0.0.1:7001&addr=[::1]:7002"); err != nil {
+		t.Errorf("a loopback cluster URL refused: %v", err)
+	}
+	for _, bad := range []string{"redis://127.0.0.1:6379?addr=10.1.2.3:6379", "redis://127.0.0.1:7000?addr=127.0.0.1:7001&addr=example.com:7002"} {
+		if _, err := loadtest.CheckLoopbackURL(bad); !errors.Is(err, loadtest.ErrNotLoopback) {
+			t.Errorf("%s: %v, want ErrNotLoopback", bad, err)
+		}
+	}
 	if _, err := loadtest.NewAPI("http://10.0.0.1:8080", nil, loadtest.NewRegistry()); err == nil {
 		t.Error("NewAPI accepted a remote target")
 	}

@@ -165,16 +165,27 @@ func (s *SendSQL) open(ctx context.Context, t *loadtest.T) (*pgxpool.Pool, error
 	return pool, nil
 }
 
-// checkLoopbackDB refuses a PostgreSQL that is not on this machine.
+// checkLoopbackDB refuses a PostgreSQL that is not on this machine. A
+// URL with several hosts makes pgx try each in turn, so every one of them
+// (the first and the fallbacks) must be loopback or a Unix socket.
 func checkLoopbackDB(u string) error {
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
 		return errors.New("-database-url: not a PostgreSQL URL")
 	}
-	if h := cfg.ConnConfig.Host; len(h) > 0 && h[0] == '/' {
-		return nil // a Unix socket
+	hosts := []string{cfg.ConnConfig.Host}
+	for _, fb := range cfg.ConnConfig.Fallbacks {
+		hosts = append(hosts, fb.Host)
 	}
-	return loadtest.CheckLoopbackHost(cfg.ConnConfig.Host)
+	for _, h := range hosts {
+		if len(h) > 0 && h[0] == '/' {
+			continue // a Unix socket
+		}
+		if err := loadtest.CheckLoopbackHost(h); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // prepare records the users and creates the dialogs of the shape, as the

@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -245,6 +246,23 @@ func TestSendSQLWritesWhatTheGatewayWrites(t *testing.T) {
 	if sc := newScenario(t, "send-sql", "-database-url", "postgres://u@10.0.0.1:5432/db"); true {
 		if sum := run(t, sc, loadtest.Options{Target: DefaultTarget, Duration: time.Second}); sum.Err == nil {
 			t.Error("a remote PostgreSQL accepted")
+		}
+	}
+}
+
+// -database-url must be loopback or a Unix socket, every host of it: pgx
+// falls back to the further hosts of a multi-host URL.
+func TestDatabaseURLEveryHostMustBeLoopback(t *testing.T) {
+	for _, ok := range []string{"postgres://u:p@127.0.0.1:5432/db", "postgres://u:p@127.0.0.1:5432,[::1]:5433/db",
+		"postgres://u@localhost/db?host=/var/run/postgresql"} {
+		if err := checkLoopbackDB(ok); err != nil {
+			t.Errorf("%s refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"postgres://u:p@127.0.0.1:5432,10.1.2.3:5432/db", "postgres://u:p@10.1.2.3:5432,127.0.0.1:5432/db",
+		"host=127.0.0.1,db.example.com user=u dbname=db"} {
+		if err := checkLoopbackDB(bad); !errors.Is(err, loadtest.ErrNotLoopback) {
+			t.Errorf("%s: %v, want ErrNotLoopback", bad, err)
 		}
 	}
 }
