@@ -15,7 +15,8 @@
 # go into the dialogs over REST; every client reconnects as advised and
 # resubscribes with sinceSeq, so the server replays what it missed.
 # Thresholds: storm_gaps==0 (no resubscribe left a gap), storm_behind==0
-# (after the storm every client has every sent message), advice_ignored==0.
+# (after the storm every client has every sent message). The client waits
+# at least the retryMs the server advised by construction (not measured).
 # Per round it prints the first connect's rate, the storm as the restarted
 # instance saw it (first accepted handshake → last client resubscribed) and
 # that against N ÷ the connect rate, close-1013 refusals, replayed events,
@@ -131,7 +132,7 @@ for round in $(seq 1 "$reps"); do
 	"$work/bin/han-loadtest" run connect-storm -target "$url" -quiet -summary-export "$sum" -max-duration 10m \
 		-conns "$conns" -dialogs "$dialogs" -connect-concurrency "$conc" -send-rate "$rate" -wait 5m \
 		-restart-cmd "bash $work/gw.sh" -threshold 'storm_gaps==0' -threshold 'storm_behind==0' \
-		-threshold 'advice_ignored==0' >"$work/storm-$round.out" 2>&1 || rc=$?
+		>"$work/storm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
 	# The restarted instance's refusals by reason and its recovery reads.
 	curl -fsS "$url/metrics" 2>/dev/null | grep -E '^han_ws_(rejected_total|recover_reads_total|recoveries_total)' |

@@ -50,7 +50,6 @@ const (
 	MetricReconnectAttempts = "reconnect_attempts" // counter
 	MetricStormDuration     = "storm_duration"     // gauge, ns: first loss → last client resubscribed
 	MetricStormResubscribed = "storm_resubscribed" // gauge: clients back at the end
-	MetricAdviceIgnored     = "advice_ignored"     // counter: reconnects earlier than the server advised (must stay 0)
 	MetricStormReplayed     = "storm_replayed"     // counter: events the server replayed on resubscribes with sinceSeq
 	MetricStormResyncs      = "storm_resyncs"      // counter: resubscribes answered resync (that dialog read over REST)
 	MetricStormGaps         = "storm_gaps"         // counter: resubscribes with sinceSeq that left a gap (must stay 0)
@@ -92,7 +91,6 @@ func (s *ConnectStorm) Flags(fs *flag.FlagSet, getenv func(string) string) {
 func (s *ConnectStorm) DeclareMetrics(reg *loadtest.Registry) {
 	reg.Trend(MetricReconnectDuration)
 	reg.Counter(MetricReconnectAttempts)
-	reg.Counter(MetricAdviceIgnored)
 	reg.Gauge(MetricStormDuration, loadtest.UnitNone)
 	reg.Gauge(MetricStormResubscribed, loadtest.UnitNone)
 	for _, m := range []string{MetricStormReplayed, MetricStormResyncs, MetricStormGaps, MetricStormRESTReads, MetricStormSent, MetricStormSendErrors} {
@@ -268,14 +266,13 @@ func (s *ConnectStorm) reconnect(ctx context.Context, t *loadtest.T, tg *target,
 			delay = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(backoff*2, s.maxBackoff)
 		}
+		// Never before the server's advice (earliest): the client waits
+		// at least the advised retryMs by construction.
 		delay = max(delay, time.Until(earliest))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(delay):
-		}
-		if time.Now().Before(earliest) {
-			t.Reg.Counter(MetricAdviceIgnored).Inc()
 		}
 		attempts.Inc()
 		u, bearer, err := fl.wsURL(ctx, tg, cfg.gw, c)
