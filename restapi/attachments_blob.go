@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -250,6 +251,14 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 	h.Set("Content-Security-Policy", "default-src 'none'; sandbox")
 	h.Set("Content-Disposition", contentDisposition(a.Filename))
 	h.Set("Cache-Control", "private, no-store")
+	if rng, ok := withoutEmptySuffixes(r.Header.Get("Range")); !ok {
+		h.Del("Content-Disposition")
+		h.Set("Content-Range", "bytes */"+strconv.FormatInt(a.SizeBytes, 10))
+		return errRangeNotSatisfiable
+	} else if rng != r.Header.Get("Range") {
+		r = r.Clone(r.Context())
+		r.Header.Set("Range", rng)
+	}
 	cw := &contentWriter{ResponseWriter: w}
 	http.ServeContent(cw, r, "", time.Time{}, f)
 	if cw.failed == 0 {
@@ -263,6 +272,35 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request) error {
 		return errPreconditionFailed
 	}
 	return errBlobUnreadable
+}
+
+// withoutEmptySuffixes drops the suffix ranges of length zero ("-0") from
+// a Range header: they select no byte and are unsatisfiable (RFC 9110),
+// but net/http serves one as a 206 with the impossible Content-Range
+// "bytes <size>-<size-1>/<size>". ok is false when nothing else is left,
+// which is 416. A header that is not a byte-range set is returned as it
+// is, for ServeContent to judge.
+func withoutEmptySuffixes(h string) (string, bool) {
+	specs, found := strings.CutPrefix(h, "bytes=")
+	if !found {
+		return h, true
+	}
+	var kept []string
+	dropped := false
+	for spec := range strings.SplitSeq(specs, ",") {
+		if t := strings.TrimSpace(spec); strings.HasPrefix(t, "-") && strings.TrimLeft(t[1:], "0") == "" && len(t) > 1 {
+			dropped = true
+			continue
+		}
+		kept = append(kept, spec)
+	}
+	switch {
+	case !dropped:
+		return h, true
+	case len(kept) == 0:
+		return "", false
+	}
+	return "bytes=" + strings.Join(kept, ","), true
 }
 
 // contentDisposition makes the download a file named like the attachment:

@@ -349,20 +349,18 @@ func historyAfter(r *http.Request) (int64, error) {
 	q := r.URL.Query()
 	v, ok1 := onceQuery(q, "afterSeq")
 	cursor, ok2 := onceQuery(q, "cursor")
-	if !ok1 || !ok2 {
+	if !ok1 || !ok2 || (q.Has("afterSeq") && q.Has("cursor")) {
 		return 0, errInvalidCursor
 	}
 	if cursor != "" {
-		if v != "" {
-			return 0, errInvalidCursor
-		}
 		v = cursor
 	}
 	if v == "" {
 		return 0, nil
 	}
 	after, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || after < 0 {
+	if err != nil || v[0] < '0' || v[0] > '9' {
+		// Digits only: ParseInt also takes a sign ("+1", "-0").
 		return 0, errInvalidCursor
 	}
 	return after, nil

@@ -43,6 +43,13 @@ func TestRepeatedPagingParametersAreRefused(t *testing.T) {
 		{"/v1/dialogs?limit=1&limit=100", "invalid_limit"},
 		{"/v1/dialogs?limit=1&cursor=" + *next + "&cursor=" + *next, "invalid_cursor"},
 		{"/v1/dialogs?cursor=&cursor=" + *next, "invalid_cursor"},
+		// A seq is digits only: ParseInt would take a sign. Both
+		// parameters at once are refused even when one is empty.
+		{msgs + "?afterSeq=%2B1", "invalid_cursor"},
+		{msgs + "?cursor=%2B1", "invalid_cursor"},
+		{msgs + "?afterSeq=-0", "invalid_cursor"},
+		{msgs + "?cursor=-0", "invalid_cursor"},
+		{msgs + "?afterSeq=&cursor=1", "invalid_cursor"},
 	} {
 		code, b := h.do(aTok, "GET", c.path, "")
 		wantError(t, code, b, 400, c.code)
