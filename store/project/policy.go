@@ -35,14 +35,41 @@ func WritesAllowedUnder(policy string) bool {
 // api_backend by +info) and caches it for a few seconds, so the check costs
 // one INFO per instance per TTL rather than one per request. Safe for
 // concurrent use.
+//
+// No caller ever waits on another's Redis call: once the cached policy is
+// stale, concurrent callers share one refresh that runs detached from them,
+// and each waits for it only as long as its own context allows. A refresh
+// that fails is remembered for policyFailureTTL, so the callers that arrive
+// just after it get its error at once: a stalled Redis costs the gate one
+// timeout, not one per queued write.
 type EvictionGate struct {
 	rdb redis.UniversalClient
 	ttl time.Duration
 
-	mu      sync.Mutex // guards policy and fetched
-	policy  string
-	fetched time.Time
+	mu       sync.Mutex // guards the fields below; never held across a Redis call
+	policy   string
+	fetched  time.Time
+	failure  error        // the last refresh's error, nil after a success
+	failedAt time.Time    // when failure was learned
+	flight   *policyFetch // the refresh in progress, nil when none
 }
+
+// policyFetch is one INFO memory that concurrent callers share; policy and
+// err are set before done is closed.
+type policyFetch struct {
+	done   chan struct{}
+	policy string
+	err    error
+}
+
+const (
+	// policyFailureTTL is how long a failed refresh answers the callers that
+	// arrive after it, before the next one tries Redis again.
+	policyFailureTTL = 500 * time.Millisecond
+	// policyFetchTimeout bounds a shared refresh, which runs detached from
+	// its callers; the client's own read timeout normally ends it sooner.
+	policyFetchTimeout = 5 * time.Second
+)
 
 // NewEvictionGate returns a gate over rdb. A zero ttl means 3s.
 func NewEvictionGate(rdb redis.UniversalClient, ttl time.Duration) *EvictionGate {
@@ -52,24 +79,60 @@ func NewEvictionGate(rdb redis.UniversalClient, ttl time.Duration) *EvictionGate
 	return &EvictionGate{rdb: rdb, ttl: ttl}
 }
 
-// Policy returns the current maxmemory-policy (cached).
+// Policy returns the current maxmemory-policy (cached). When the cache is
+// stale it waits for the shared refresh, or until ctx ends.
 func (g *EvictionGate) Policy(ctx context.Context) (string, error) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.policy != "" && time.Since(g.fetched) < g.ttl {
-		return g.policy, nil
+	now := time.Now()
+	if g.policy != "" && now.Sub(g.fetched) < g.ttl {
+		p := g.policy
+		g.mu.Unlock()
+		return p, nil
 	}
+	if g.failure != nil && now.Sub(g.failedAt) < policyFailureTTL {
+		err := g.failure
+		g.mu.Unlock()
+		return "", err
+	}
+	f := g.flight
+	if f == nil {
+		f = &policyFetch{done: make(chan struct{})}
+		g.flight = f
+		// Detached from the caller: the callers sharing the refresh must
+		// not fail because the first one went away. The values of ctx go
+		// along.
+		go g.refresh(context.WithoutCancel(ctx), f)
+	}
+	g.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.policy, f.err
+	case <-ctx.Done():
+		return "", rds.ClassifyRedisError(ctx.Err())
+	}
+}
+
+// refresh runs one INFO memory for every caller waiting on f, records its
+// outcome in the gate and then closes f.done.
+func (g *EvictionGate) refresh(ctx context.Context, f *policyFetch) {
+	ctx, cancel := context.WithTimeout(ctx, policyFetchTimeout)
+	defer cancel()
 	info, err := g.rdb.Info(ctx, "memory").Result()
 	if err != nil {
-		return "", rds.ClassifyRedisError(err)
-	}
-	p := parseMaxmemoryPolicy(info)
-	if p == "" {
+		f.err = rds.ClassifyRedisError(err)
+	} else if f.policy = parseMaxmemoryPolicy(info); f.policy == "" {
 		// INFO without the field: an unknown policy, which is unsafe.
-		p = "unknown"
+		f.policy = "unknown"
 	}
-	g.policy, g.fetched = p, time.Now()
-	return p, nil
+	g.mu.Lock()
+	if f.err != nil {
+		g.failure, g.failedAt = f.err, time.Now()
+	} else {
+		g.policy, g.fetched, g.failure = f.policy, time.Now(), nil
+	}
+	g.flight = nil
+	g.mu.Unlock()
+	close(f.done)
 }
 
 // CheckWrite returns nil when writes are allowed, ErrUnsafeEvictionPolicy
