@@ -6,8 +6,11 @@
 -- ARGV[1] how many expired-but-unpurged members to account for (bound)
 -- Returns {now, metaExists (1|0), seq, usageBytes, entries, containerFields,
 -- containerPTTL (-2 absent, -1 no TTL, else ms), metaQuota, metaPaused,
--- metaLegacyDeadline}; usage and entries leave out entries already past
--- their deadline.
+-- metaLegacyDeadline, expiredMembers}; usage and entries leave out the same
+-- index members already past their deadline, at most ARGV[1] of them, so the
+-- two always describe the same entries. expiredMembers is how many members
+-- past their deadline the index holds: when it exceeds the bound, the caller
+-- forgets them (project_cache_prune) and reads again for exact figures.
 -- Errors: "ERR data_state_invalid".
 --#include key_types
 --#include cache_usage
@@ -23,7 +26,7 @@ if not bytes then
   return redis.error_reply('ERR data_state_invalid')
 end
 if not hasMeta then
-  return {now, 0, 0, 0, 0, containerFields, containerTTL, '', '', ''}
+  return {now, 0, 0, 0, 0, containerFields, containerTTL, '', '', '', 0}
 end
 local m = redis.call('HMGET', KEYS[1], 'seq', 'quota', 'paused', 'legacyDeadline')
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
@@ -35,8 +38,10 @@ end
 if bytes < 0 then
   bytes = 0
 end
-local entries = redis.call('ZCARD', KEYS[2]) - redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. now)
+local entries = redis.call('ZCARD', KEYS[2]) - #gone
 if entries < 0 then
   entries = 0
 end
-return {now, 1, tonumber(m[1] or '0'), bytes, entries, containerFields, containerTTL, m[2] or '', m[3] or '', m[4] or ''}
+local expired = redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. now)
+return {now, 1, tonumber(m[1] or '0'), bytes, entries, containerFields, containerTTL, m[2] or '', m[3] or '', m[4] or '',
+  expired}

@@ -32,7 +32,8 @@ const (
 	// script forgets on the way.
 	cachePurgeBatch = 64
 	// stateExpiredBound bounds how many expired-but-unpurged members the
-	// state script subtracts from the usage it reports.
+	// state script subtracts from the usage and entries it reports, and how
+	// many one cleanup forgets when State finds more of them waiting.
 	stateExpiredBound = 1000
 )
 
@@ -189,25 +190,54 @@ type CacheState struct {
 }
 
 // State reads the project's cache state with the structure checks (a
-// no-writes script: works under OOM).
+// no-writes script: works under OOM). Its usage and entry count are exact:
+// the script leaves out at most stateExpiredBound index members past their
+// deadline (a bounded cost), so when more of them wait to be forgotten,
+// State forgets them first, stateExpiredBound per cleanup script (allow-oom,
+// like every cleanup), and reads again. Should members expire faster than
+// the cleanups forget them, it stops and returns the last read, whose two
+// figures still describe the same entries (the expired ones beyond the
+// bound counted in both).
 func (c *Cache) State(ctx context.Context, k Keys) (CacheState, error) {
+	st, expired, err := c.readState(ctx, k)
+	for err == nil && expired > stateExpiredBound {
+		err = classifyProject(lua.ProjectCachePrune.Run(ctx, c.rdb, k.cacheScriptKeys(), 0, stateExpiredBound).Err())
+		if err != nil {
+			break
+		}
+		before := expired
+		if st, expired, err = c.readState(ctx, k); expired >= before {
+			break
+		}
+	}
+	if err != nil {
+		return CacheState{}, err
+	}
+	return st, nil
+}
+
+// readState runs the state script once; expired is how many index members
+// past their deadline it found.
+func (c *Cache) readState(ctx context.Context, k Keys) (st CacheState, expired int64, err error) {
 	res, err := lua.ProjectCacheState.Run(ctx, c.rdb, k.cacheScriptKeys(), stateExpiredBound).Slice()
 	if err != nil {
-		return CacheState{}, classifyProject(err)
+		return CacheState{}, 0, classifyProject(err)
 	}
-	if len(res) < 7 {
-		return CacheState{}, ErrDataStateInvalid
+	if len(res) < 11 {
+		return CacheState{}, 0, ErrDataStateInvalid
 	}
-	n := make([]int64, 7)
-	for i := range n {
-		v, ok := res[i].(int64)
+	// The state's figures and the expired count; the mirror fields between
+	// them (7 to 9) are not read here.
+	var n [8]int64
+	for i, j := range [8]int{0, 1, 2, 3, 4, 5, 6, 10} {
+		v, ok := res[j].(int64)
 		if !ok {
-			return CacheState{}, ErrDataStateInvalid
+			return CacheState{}, 0, ErrDataStateInvalid
 		}
 		n[i] = v
 	}
 	return CacheState{NowMs: n[0], MetaExists: n[1] == 1, Seq: n[2], UsageBytes: n[3], Entries: n[4],
-		LegacyEntries: n[5], ContainerPTTL: n[6]}, nil
+		LegacyEntries: n[5], ContainerPTTL: n[6]}, n[7], nil
 }
 
 // LegacyDeadlineCandidate looks at the legacy container before a PUT: when
