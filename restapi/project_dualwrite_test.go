@@ -146,3 +146,38 @@ func TestProjectLegacyDeadlineUnderOOMIsNotFixed(t *testing.T) {
 		t.Fatalf("Redis legacy deadline %q, PostgreSQL %d", v, d)
 	}
 }
+
+// A settings change whose COMMIT failed after its mirror write, and whose
+// repair failed too, leaves Redis mirroring values PostgreSQL never took (so
+// does an old dump restored). A cache PUT does not rewrite an existing mirror
+// (it would rewind a change committed after the request read PostgreSQL);
+// a PUT that finds the mirror differing from what it read rewrites it from
+// PostgreSQL's row instead, under the row's lock. A PUT the stale, lower
+// mirrored quota refuses answers 409 cache_quota_exceeded, and the same PUT
+// then succeeds.
+func TestProjectCachePutRepairsAStaleMirror(t *testing.T) {
+	h := newPrjHarness(t)
+	p := h.project()
+	ctx := context.Background()
+	h.putKV(p, "first", "1", 60) // creates the mirror from PostgreSQL's row
+	if err := h.admin.HSet(ctx, p.keys.Meta(), "paused", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.putKV(p, "second", "2", 60)
+	if v := h.admin.HGet(ctx, p.keys.Meta(), "paused").Val(); v != "0" {
+		t.Fatalf("mirrored paused after a PUT found it stale: %s, PostgreSQL holds false", v)
+	}
+
+	if err := h.admin.HSet(ctx, p.keys.Meta(), "quota", 16).Err(); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"key":"k","type":"string","value":"` + strings.Repeat("v", 100) + `"}`
+	code, b := h.put(p.write, p, body)
+	wantError(t, code, b, 409, "cache_quota_exceeded")
+	if q := h.admin.HGet(ctx, p.keys.Meta(), "quota").Val(); q != "1048576" {
+		t.Fatalf("mirrored quota after the refusal: %s, PostgreSQL holds 1048576", q)
+	}
+	if code, b := h.put(p.write, p, body); code != 201 {
+		t.Fatalf("the same PUT after the repair: %d %s", code, b)
+	}
+}

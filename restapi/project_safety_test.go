@@ -36,7 +36,7 @@ func TestProjectEvictionPolicyGate(t *testing.T) {
 			h := newPrjHarnessOn(t, rs, rs.URL(0))
 			p := h.project()
 			// Data written before the policy changed still reads.
-			if _, _, err := project.NewCache(h.rdb).Put(context.Background(), p.keys,
+			if _, err := project.NewCache(h.rdb).Put(context.Background(), p.keys,
 				project.Mirror{CacheQuotaBytes: 1 << 20}, project.CachePut{Key: "old", Type: "string", Value: "v", TTL: time.Hour}); err != nil {
 				t.Fatal(err)
 			}

@@ -601,7 +601,7 @@ func TestProjectCacheListingCapsValueBytes(t *testing.T) {
 	mirror := project.Mirror{CacheQuotaBytes: 16 << 20}
 	putDirect := func(key, value string) {
 		t.Helper()
-		if _, _, err := cache.Put(context.Background(), p.keys, mirror, project.CachePut{Key: key, Type: "string", Value: value, TTL: 10 * time.Minute}); err != nil {
+		if _, err := cache.Put(context.Background(), p.keys, mirror, project.CachePut{Key: key, Type: "string", Value: value, TTL: 10 * time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -66,7 +66,8 @@ type ProjectSettings struct {
 // ErrMirrorRestore is joined to the error of a change that did not go
 // through when the Redis mirror, which may hold what PostgreSQL did not
 // commit (or miss what it did), could not be put in line with PostgreSQL
-// (the caller logs it; the next write repairs the mirror).
+// (the caller logs it; the next settings change or cache PUT repairs the
+// mirror).
 var ErrMirrorRestore = errors.New("store: project mirror not restored")
 
 // MirrorFunc writes the project metadata that Redis mirrors.
@@ -151,6 +152,14 @@ func (s *Store) mirroredTx(ctx context.Context, projectID string, mirror MirrorF
 func mirrorRefused(err error) bool {
 	return errors.Is(err, rds.ErrRedisOOM) || errors.Is(err, rds.ErrExpiryDenied) ||
 		errors.Is(err, rds.ErrRedisNoPerm) || errors.Is(err, project.ErrDataStateInvalid)
+}
+
+// RemirrorProject writes the project's metadata as PostgreSQL holds it to
+// Redis through mirror, holding the row's lock while it does, so no
+// concurrent change's mirror write lands in between: it repairs a mirror
+// that a change which failed left ahead of PostgreSQL.
+func (s *Store) RemirrorProject(ctx context.Context, projectID string, mirror MirrorFunc) error {
+	return s.remirror(ctx, projectID, mirror)
 }
 
 // remirror writes the project's metadata as PostgreSQL holds it to Redis,

@@ -35,6 +35,7 @@ type Store interface {
 	ProjectAccess(ctx context.Context, projectID, userID string) (store.ProjectInfo, error)
 	UpdateProjectSettings(ctx context.Context, projectID string, set store.ProjectSettings, mirror store.MirrorFunc) (store.ProjectInfo, error)
 	FixLegacyDeadline(ctx context.Context, projectID string, candidateMs int64, mirror store.MirrorFunc) (int64, error)
+	RemirrorProject(ctx context.Context, projectID string, mirror store.MirrorFunc) error
 }
 
 // Host is what the API server lends the handlers: its body reader (limit
@@ -185,7 +186,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		a.dataState.Inc()
 	}
 	if errors.Is(err, store.ErrMirrorRestore) {
-		a.d.Logger.LogAttrs(r.Context(), slog.LevelWarn, "project metadata mirror not restored after a failed commit; the next write repairs it",
+		a.d.Logger.LogAttrs(r.Context(), slog.LevelWarn, "project metadata mirror not restored after a failed commit; the next cache PUT or settings change repairs it",
 			slog.String("request_id", a.d.Host.RequestID(r.Context())), slog.String("route", a.d.Host.Route(r)))
 	}
 	a.d.Host.Fail(w, r, err)

@@ -121,18 +121,38 @@ func (a *API) putCache(ctx context.Context, c *call, put project.CachePut) (repl
 			}
 		}
 	}
-	item, created, err := a.cache.Put(ctx, c.keys, m, put)
-	if errors.Is(err, project.ErrCacheKeyExists) {
-		err = ErrCacheKeyExists
+	res, err := a.cache.Put(ctx, c.keys, m, put)
+	if res.MirrorDiffers {
+		a.repairMirror(ctx, c)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, project.ErrCacheQuotaExceeded):
+		return reply{}, errCacheQuotaExceeded
+	case errors.Is(err, project.ErrCacheKeyExists):
+		return reply{}, ErrCacheKeyExists
+	case err != nil:
 		return reply{}, err
 	}
 	status := http.StatusOK
-	if created {
+	if res.Created {
 		status = http.StatusCreated
 	}
-	return reply{status: status, body: toCacheItemDTO(item)}, nil
+	return reply{status: status, body: toCacheItemDTO(res.Item)}, nil
+}
+
+// repairMirror runs when the put script found the Redis mirror holding
+// other values than this request read from PostgreSQL: either a settings
+// change landed in between (the mirror is right), or the mirror is stale (a
+// change that failed and whose repair failed too, a restored dump), and a
+// cache write no longer overwrites it, since it cannot tell which. Rewriting
+// the mirror from PostgreSQL's row, under its lock, keeps the first and
+// repairs the second, so the next PUT is judged by the quota in force.
+// Best effort: a failure is logged and the answer stands.
+func (a *API) repairMirror(ctx context.Context, c *call) {
+	if err := a.d.Store.RemirrorProject(ctx, c.info.ID, a.mirror(c.keys)); err != nil {
+		a.d.Logger.LogAttrs(ctx, slog.LevelWarn, "project metadata mirror not repaired after a cache write found it differing",
+			slog.String("request_id", a.d.Host.RequestID(ctx)), slog.String("kind", store.Kind(err)))
+	}
 }
 
 var cacheDeleteRoute = route[string]{

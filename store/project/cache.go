@@ -19,6 +19,10 @@ import (
 var (
 	ErrCacheKeyNotFound = errors.New("project: cache key not found")
 	ErrCacheKeyExists   = errors.New("project: cache key exists")
+	// ErrCacheQuotaExceeded means the item is above the quota mirrored in
+	// Redis, which a settings change may have lowered after the request
+	// read PostgreSQL's (the request checks that one itself).
+	ErrCacheQuotaExceeded = errors.New("project: cache quota exceeded")
 	// ErrDataStateInvalid means a project's Redis structure is inconsistent
 	// (a key of the wrong type, metadata missing while data keys exist, a
 	// counter below zero, a write sequence behind its index, an unreadable
@@ -113,25 +117,46 @@ func b01(b bool) int {
 	return 0
 }
 
-// Put writes one entry and its physical expiry in one script. created is
-// true for a new key (201), false for a replaced one (200).
-// ErrCacheKeyExists when CreateOnly finds the key (normal or legacy).
-func (c *Cache) Put(ctx context.Context, k Keys, m Mirror, p CachePut) (item CacheItem, created bool, err error) {
+// CachePutResult is what one Put did.
+type CachePutResult struct {
+	Item    CacheItem
+	Created bool // a new key (201) rather than a replaced one (200)
+	// MirrorDiffers says the metadata HASH mirrors other values than the
+	// Mirror passed to Put: a settings change landed after the request read
+	// PostgreSQL, or the mirror is stale (a change whose repair failed, a
+	// restored dump). It is also set along with ErrCacheKeyExists and
+	// ErrCacheQuotaExceeded.
+	MirrorDiffers bool
+}
+
+// Put writes one entry and its physical expiry in one script.
+// ErrCacheKeyExists when CreateOnly finds the key (normal or legacy);
+// ErrCacheQuotaExceeded when the item is above the quota the metadata
+// HASH mirrors. m only creates the mirror when the HASH does not hold it
+// yet (a new project, an empty Redis restore): one already there was
+// written by SyncMeta, maybe after the request read PostgreSQL, and a PUT
+// must not rewind it.
+func (c *Cache) Put(ctx context.Context, k Keys, m Mirror, p CachePut) (CachePutResult, error) {
 	size := CacheItemSize(p.Key, p.Value)
 	res, err := lua.ProjectCachePut.Run(ctx, c.rdb, k.cacheScriptKeys(k.CacheEntry(p.Key)),
 		p.Key, p.Type, p.Value, p.TTL.Milliseconds(), b01(p.CreateOnly), size,
 		m.CacheQuotaBytes, b01(m.DeliveryPaused), m.LegacyDeadlineMs, cachePurgeBatch).Int64Slice()
 	if err != nil {
-		return CacheItem{}, false, classifyProject(err)
+		return CachePutResult{}, classifyProject(err)
 	}
-	if len(res) != 4 {
-		return CacheItem{}, false, ErrDataStateInvalid
+	if len(res) != 5 {
+		return CachePutResult{}, ErrDataStateInvalid
 	}
-	if res[0] == 0 {
-		return CacheItem{}, false, ErrCacheKeyExists
+	r := CachePutResult{MirrorDiffers: res[4] == 1}
+	switch res[0] {
+	case 0:
+		return r, ErrCacheKeyExists
+	case 3:
+		return r, ErrCacheQuotaExceeded
 	}
-	return CacheItem{Key: p.Key, Type: p.Type, Value: p.Value, SizeBytes: size, ExpiresAt: res[2], UpdatedAt: res[3]},
-		res[0] == 1, nil
+	r.Item = CacheItem{Key: p.Key, Type: p.Type, Value: p.Value, SizeBytes: size, ExpiresAt: res[2], UpdatedAt: res[3]}
+	r.Created = res[0] == 1
+	return r, nil
 }
 
 // Delete removes one entry (normal or legacy); ErrCacheKeyNotFound when

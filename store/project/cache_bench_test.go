@@ -52,7 +52,7 @@ func BenchmarkProjectCache(b *testing.B) {
 	})
 	b.Run("put/script", func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
-			if _, _, err := cache.Put(ctx, keys, m, project.CachePut{Key: names[i%n], Type: "string", Value: value, TTL: time.Hour}); err != nil {
+			if _, err := cache.Put(ctx, keys, m, project.CachePut{Key: names[i%n], Type: "string", Value: value, TTL: time.Hour}); err != nil {
 				b.Fatal(err)
 			}
 		}
