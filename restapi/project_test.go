@@ -579,7 +579,7 @@ func TestProjectCacheListingPages(t *testing.T) {
 		code, b := h.do(p.read, "GET", p.path("/cache")+q, "")
 		wantError(t, code, b, 400, "invalid_limit")
 	}
-	for _, q := range []string{"?cursor=x", "?cursor=-1", "?cursor=L", "?cursor=L!!", "?cursor=1.5"} {
+	for _, q := range []string{"?cursor=x", "?cursor=-1", "?cursor=L=", "?cursor=L!!", "?cursor=1.5"} {
 		code, b := h.do(p.read, "GET", p.path("/cache")+q, "")
 		wantError(t, code, b, 400, "invalid_cursor")
 	}

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,6 +23,15 @@ type CacheCursor struct {
 	set    bool
 }
 
+// legacyCursorKeyMaxBytes bounds the key a legacy cursor may carry. A
+// legacy field restored from a pre-upgrade dump is not held to the rules of
+// a cache key (it may be longer than CacheKeyMaxBytes, empty, or not UTF-8),
+// and a listing that ends its page on it returns it as the cursor, so every
+// such key must parse back. The bound is the largest cache item a project
+// can have, as for legacy import; a cursor's key is only compared with the
+// container's fields, never used to name a key.
+const legacyCursorKeyMaxBytes = CacheQuotaMaxBytes
+
 // ParseCacheCursor parses a cursor returned by a listing; "" is the start.
 // Anything else fails with ErrInvalidCursor.
 func ParseCacheCursor(s string) (CacheCursor, error) {
@@ -31,8 +39,11 @@ func ParseCacheCursor(s string) (CacheCursor, error) {
 		return CacheCursor{}, nil
 	}
 	if rest, ok := strings.CutPrefix(s, "L"); ok {
+		if base64.RawURLEncoding.DecodedLen(len(rest)) > legacyCursorKeyMaxBytes {
+			return CacheCursor{}, ErrInvalidCursor
+		}
 		b, err := base64.RawURLEncoding.DecodeString(rest)
-		if err != nil || len(b) == 0 || len(b) > 256 || !utf8.Valid(b) {
+		if err != nil {
 			return CacheCursor{}, ErrInvalidCursor
 		}
 		return CacheCursor{Legacy: true, Key: string(b), set: true}, nil
