@@ -33,10 +33,12 @@ func TestStartSkipsAStalledDB2AndRecoveryDecidesTheSkippedTasks(t *testing.T) {
 	}
 	events := func(event string) float64 { return stubEvents(t, reg, event) }
 
-	thaw := srv.Freeze(t)
+	// The messages are written first, so the cooldown covers the starts
+	// alone, however slow PostgreSQL is.
 	first := f.send(false)
-	stub.Start(ctx, first) // waits out RedisTimeout: DB2 is found unreachable
 	skipped := []string{f.send(false), f.send(false), f.send(false)}
+	thaw := srv.Freeze(t)
+	stub.Start(ctx, first) // waits out RedisTimeout: DB2 is found unreachable
 	start := time.Now()
 	for _, id := range skipped {
 		stub.Start(ctx, id)
@@ -74,6 +76,52 @@ func TestStartSkipsAStalledDB2AndRecoveryDecidesTheSkippedTasks(t *testing.T) {
 	}
 	if c := events("created"); c != 1 {
 		t.Fatalf("created %v, want 1", c)
+	}
+}
+
+// An answer from a live DB2 (here out of memory) to the write that tries
+// it again after the cooldown closes the breaker: the starts that follow
+// try DB2 each, none is skipped, as when DB2 wrote. (The breaker used to
+// stay half-open, letting one start at a time through and skipping the
+// others until a write succeeded.)
+func TestAnAnsweredRefusalClosesTheStartBreaker(t *testing.T) {
+	ctx := context.Background()
+	cfg := legacystub.Config{RedisTimeout: 300 * time.Millisecond, CreateCooldown: 200 * time.Millisecond}
+	f := newFixture(t, cfg)
+	f.drain()
+	srv, db2 := stallableDB2(t, cfg.RedisTimeout)
+	reg := prometheus.NewRegistry()
+	stub, err := legacystub.New(cfg, legacystub.Deps{DB2: db2, Store: f.store, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{f.send(false), f.send(false), f.send(false), f.send(false)}
+	thaw := srv.Freeze(t)
+	stub.Start(ctx, ids[0]) // DB2 found unreachable: the breaker opens
+	thaw()
+	time.Sleep(cfg.CreateCooldown)
+	admin := srv.AdminClient(0)
+	defer admin.Close()
+	if err := admin.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	stub.Start(ctx, ids[1]) // the try after the cooldown: refused (OOM), answered
+	if err := admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Two starts at once against a stalled DB2: both try it.
+	thaw = srv.Freeze(t)
+	done := make(chan struct{})
+	go func() {
+		stub.Start(ctx, ids[2])
+		close(done)
+	}()
+	time.Sleep(50 * time.Millisecond) // the first is waiting on DB2
+	stub.Start(ctx, ids[3])
+	<-done
+	thaw()
+	if skips := stubEvents(t, reg, "create_skipped"); skips != 0 {
+		t.Fatalf("%v starts skipped DB2 after it answered: the breaker stayed half-open", skips)
 	}
 }
 

@@ -239,11 +239,11 @@ func (s *Stub) db2Done(prober bool, err error) {
 	if prober {
 		defer s.probing.Store(false)
 	}
-	switch {
-	case err == nil:
-		s.downUntil.Store(0)
-	case errors.Is(err, rds.ErrRedisUnavailable):
+	if errors.Is(err, rds.ErrRedisUnavailable) {
 		s.downUntil.Store(time.Now().Add(s.cfg.CreateCooldown).UnixNano())
+	} else {
+		// Written, or answered by a live DB2 (OOM, expiry_denied): closed.
+		s.downUntil.Store(0)
 	}
 }
 

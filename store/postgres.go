@@ -92,7 +92,7 @@ func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) 
 	if cfg.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeDescribeExec {
 		// Two round trips per statement, which a pooling proxy may send
 		// to two different server connections: refused however it is set.
-		return nil, errors.New("store: default_query_exec_mode=describe_exec in DATABASE_URL is not supported; use HAN_DB_EXEC_MODE")
+		return nil, errors.New("store: default_query_exec_mode=describe_exec in the PostgreSQL URL is not supported; use HAN_DB_EXEC_MODE")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -157,16 +157,23 @@ func mirrorRefused(err error) bool {
 // RemirrorProject writes the project's metadata as PostgreSQL holds it to
 // Redis through mirror, holding the row's lock while it does, so no
 // concurrent change's mirror write lands in between: it repairs a mirror
-// that a change which failed left ahead of PostgreSQL.
+// that a change which failed left ahead of PostgreSQL. It takes at most
+// mirrorRestoreTimeout, whatever ctx allows: the request it runs for has
+// its answer already.
 func (s *Store) RemirrorProject(ctx context.Context, projectID string, mirror MirrorFunc) error {
-	return s.remirror(ctx, projectID, mirror)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), mirrorRestoreTimeout)
+	defer cancel()
+	return s.remirror(rctx, projectID, mirror)
 }
 
 // remirror writes the project's metadata as PostgreSQL holds it to Redis,
 // holding the row's lock while it does. A project that is gone has nothing
-// to mirror.
+// to mirror. ctx bounds it (its callers give it mirrorRestoreTimeout); the
+// pool wait and the row lock's wait end with it, and the lock wait also by
+// lock_timeout, so a held row fails the repair rather than hanging on.
 func (s *Store) remirror(ctx context.Context, projectID string, mirror MirrorFunc) error {
-	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	begin := fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", mirrorRestoreTimeout.Milliseconds())
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{BeginQuery: begin}, func(tx pgx.Tx) error {
 		var m project.Mirror
 		var deadline *int64
 		err := tx.QueryRow(ctx, `SELECT cache_quota_bytes, delivery_paused, legacy_deadline_ms

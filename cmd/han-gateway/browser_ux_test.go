@@ -28,7 +28,7 @@ import (
 // labels.
 func browserPresentationModules(t *testing.T, p *page) {
 	got := mustEval[string](p, `(async () => {
-		const { canRetry } = await import("/js/chat.js");
+		const { canRetry, mayHaveWritten } = await import("/js/chat.js");
 		const { initials, dayLabel } = await import("/js/dom.js");
 		const e = (code, status) => ({ code, status });
 		const now = new Date(2026, 11, 2, 10, 0).getTime();
@@ -37,6 +37,9 @@ func browserPresentationModules(t *testing.T, p *page) {
 			retry: [e("invalid_body", 400), e("idempotency_key_reused", 409), e("dialog_not_found", 404), e("forbidden", 403),
 				e("payload_too_large", 413), e("idempotency_in_progress", 409), e("http_408", 408), e("rate_limited", 429),
 				e("network_error", 0), e("internal", 500), e("database_unavailable", 503)].map(canRetry),
+			written: [e("network_error", 0), e("internal", 500), e("bad_gateway", 502), e("http_504", 504), e("database_unavailable", 503),
+				e("idempotency_in_progress", 409), e("database_busy", 503), e("dialog_busy", 503), e("rate_limited", 429),
+				e("invalid_body", 400)].map(mayHaveWritten),
 			initials: [initials(null, "00000000-0000-7000-8000-00000000a11c"), initials(null, "00000000-0000-7000-8000-000000000b0b"),
 				initials("Launch plan", "x"), initials("Alice & Bob", "x"), initials("notes", "x"), initials(null, "00000000-0000-7000-8000-000000000000")],
 			days: [dayLabel(now - 3600e3, now), dayLabel(new Date(2026, 11, 1, 23, 59).getTime(), now),
@@ -45,6 +48,7 @@ func browserPresentationModules(t *testing.T, p *page) {
 	})()`)
 	var res struct {
 		Retry    []bool   `json:"retry"`
+		Written  []bool   `json:"written"`
 		Initials []string `json:"initials"`
 		Days     []any    `json:"days"`
 	}
@@ -53,6 +57,11 @@ func browserPresentationModules(t *testing.T, p *page) {
 	}
 	if want := []bool{false, false, false, false, false, true, true, true, true, true, true}; !reflect.DeepEqual(res.Retry, want) {
 		t.Errorf("Retry offered for (invalid_body, key_reused, not_found, forbidden, 413, in_progress, 408, 429, network, 500, 503): %v, want %v", res.Retry, want)
+	}
+	// A failed send is hidden by a same-body message only when one of its
+	// tries may have written it.
+	if want := []bool{true, true, true, true, true, true, false, false, false, false}; !reflect.DeepEqual(res.Written, want) {
+		t.Errorf("may have written (network, 500, 502, 504, database_unavailable, in_progress, database_busy, dialog_busy, 429, 400): %v, want %v", res.Written, want)
 	}
 	if want := []string{"A1", "B0", "LP", "AB", "NO", "0"}; !reflect.DeepEqual(res.Initials, want) {
 		t.Errorf("initials %q, want %q", res.Initials, want)

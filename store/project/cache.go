@@ -219,27 +219,40 @@ type CacheState struct {
 // the script leaves out at most stateExpiredBound index members past their
 // deadline (a bounded cost), so when more of them wait to be forgotten,
 // State forgets them first, stateExpiredBound per cleanup script (allow-oom,
-// like every cleanup), and reads again. Should members expire faster than
-// the cleanups forget them, it stops and returns the last read, whose two
-// figures still describe the same entries (the expired ones beyond the
-// bound counted in both).
+// like every cleanup), and reads again, at most stateCleanupPasses times so
+// that one read costs a bounded number of round trips. Should members
+// expire faster than the cleanups forget them, more of them wait than those
+// passes forget, or a cleanup fail (they are best effort everywhere), it
+// returns the last read, whose two figures still describe the same entries
+// (the expired ones beyond the bound counted in both).
 func (c *Cache) State(ctx context.Context, k Keys) (CacheState, error) {
 	st, expired, err := c.readState(ctx, k)
-	for err == nil && expired > stateExpiredBound {
-		err = classifyProject(lua.ProjectCachePrune.Run(ctx, c.rdb, k.cacheScriptKeys(), 0, stateExpiredBound).Err())
-		if err != nil {
-			break
-		}
-		before := expired
-		if st, expired, err = c.readState(ctx, k); expired >= before {
-			break
-		}
-	}
 	if err != nil {
 		return CacheState{}, err
 	}
+	for range stateCleanupPasses {
+		if expired <= stateExpiredBound {
+			break
+		}
+		if classifyProject(lua.ProjectCachePrune.Run(ctx, c.rdb, k.cacheScriptKeys(), 0, stateExpiredBound).Err()) != nil {
+			break
+		}
+		next, after, err := c.readState(ctx, k)
+		if err != nil {
+			break
+		}
+		progress := after < expired
+		st, expired = next, after
+		if !progress {
+			break
+		}
+	}
 	return st, nil
 }
+
+// stateCleanupPasses bounds the cleanups one State runs: each forgets
+// stateExpiredBound expired members.
+const stateCleanupPasses = 8
 
 // readState runs the state script once; expired is how many index members
 // past their deadline it found.

@@ -39,6 +39,17 @@ export function canRetry(err) {
   return !(s >= 400 && s < 500);
 }
 
+// mayHaveWritten: a send's try that ended this way may have written the
+// message (no answer came, the server failed without saying, the commit's
+// answer was lost, or another try of the same key was still running);
+// every other failure says it wrote nothing.
+export function mayHaveWritten(err) {
+  if (!err) return false;
+  const s = err.status;
+  return s === 0 || s === 500 || s === 502 || s === 504 ||
+    err.code === "database_unavailable" || err.code === "idempotency_in_progress";
+}
+
 // Image previews download at most this many blobs at once (#preview).
 const PREVIEW_FETCHES = 4;
 const PREVIEW_TIMEOUT_MS = 30000;
@@ -671,7 +682,7 @@ export class ChatView {
     // One key per message: every retry of this message reuses it, so the
     // server creates it at most once whatever the network does.
     const p = { localId: uuid(), key: uuid(), dialogId, body, attachments: ready.map((u) => u.att),
-      state: "sending", error: null, retryAt: 0, matched: false };
+      state: "sending", error: null, retryAt: 0, matched: false, maybeWritten: false };
     if (!this.pending.has(dialogId)) this.pending.set(dialogId, []);
     this.pending.get(dialogId).push(p);
     this.input.value = "";
@@ -686,7 +697,10 @@ export class ChatView {
     p.error = null;
     this.#refreshPending(p);
     const opts = { idempotencyKey: p.key, clientMessageId: p.localId, attempts: 6,
-      onRetry: (e, delay) => { p.state = "retrying"; p.error = e; p.retryAt = Date.now() + delay; this.#refreshPending(p); } };
+      onRetry: (e, delay) => {
+        p.maybeWritten ||= mayHaveWritten(e);
+        p.state = "retrying"; p.error = e; p.retryAt = Date.now() + delay; this.#refreshPending(p);
+      } };
     if (p.attachments.length) opts.attachmentIds = p.attachments.map((a) => a.id);
     try {
       const { message } = await this.client.rest.send(p.dialogId, p.body, opts);
@@ -696,11 +710,12 @@ export class ChatView {
       else this.#onAdded(p.dialogId, [message]);
       if (p.dialogId === this.current) this.#renderMessages(true);
     } catch (e) {
-      if (p.matched && canRetry(e)) {
-        // The message arrived (by event or reconciliation) while the send
-        // kept failing in ways that do not say it was not written (no
-        // answer, 5xx, 429): it was written by an earlier try. Showing a
-        // failed copy beside it would show it twice.
+      p.maybeWritten ||= mayHaveWritten(e);
+      if (p.matched && p.maybeWritten) {
+        // The message arrived (by event or reconciliation) while a try of
+        // the send ended without saying whether it was written (no answer,
+        // database_unavailable, …): that try wrote it. Showing a failed
+        // copy beside it would show it twice.
         this.#dropPending(p);
         if (p.dialogId === this.current) this.#renderMessages(false);
         return;
@@ -714,16 +729,16 @@ export class ChatView {
 
   // A message of ours that arrived (by event or reconciliation) before the
   // send's answer hides its pending copy, so it is never shown twice. A
-  // send that failed without saying it was not written (canRetry: no
-  // answer, 5xx, 429) may have been written by one of its tries: the
-  // message arriving is it, and its failed copy goes. A send the server
-  // refused (4xx) was not written; a same-body message from elsewhere does
-  // not hide it.
+  // failed send one of whose tries ended without saying whether it was
+  // written (mayHaveWritten) may have been written by it: the message
+  // arriving is it, and its failed copy goes. A send every try of which the
+  // server refused or put off (4xx, 429, database_busy) was not written; a
+  // same-body message from elsewhere does not hide it.
   #matchPending(dialogId, m) {
     const list = this.pending.get(dialogId);
     if (!list) return;
     const ids = attachmentsOf(m).map((a) => a.id).join(",");
-    const p = list.find((x) => !x.matched && (x.state !== "failed" || canRetry(x.error)) && x.body === m.body && x.attachments.map((a) => a.id).join(",") === ids);
+    const p = list.find((x) => !x.matched && (x.state !== "failed" || x.maybeWritten) && x.body === m.body && x.attachments.map((a) => a.id).join(",") === ids);
     if (!p) return;
     if (p.state === "failed") this.#dropPending(p);
     else p.matched = true;
