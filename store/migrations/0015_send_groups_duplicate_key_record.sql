@@ -86,12 +86,14 @@ BEGIN
             CONTINUE;
         END IF;
         v_key := '';
+        v_dup_id := NULL;
+        v_dup_seq := NULL;
+        v_ref := NULL;
         IF p_cmids[i] <> '' THEN
             v_key := g::text || ':' || p_senders[i]::text || ':' || p_cmids[i];
-            -- The message the clientMessageId repeats: one of this call's
-            -- (v_ref) or a stored one.
+            -- The message the clientMessageId repeats, if any: one of this
+            -- call's (v_ref) or a stored one.
             v_ref := array_position(c_cmkeys, v_key);
-            v_dup_id := NULL;
             IF v_ref IS NOT NULL THEN
                 v_dup_id := p_ids[c_ord[v_ref]];
                 v_dup_seq := c_seq[v_ref];
@@ -99,42 +101,9 @@ BEGIN
                 SELECT m.id, m.seq INTO v_dup_id, v_dup_seq FROM messages m
                     WHERE m.dialog_id = p_dialogs[g] AND m.sender_id = p_senders[i] AND m.client_message_id = p_cmids[i];
             END IF;
-            IF v_dup_id IS NOT NULL THEN
-                IF p_idem_keys[i] <> '' THEN
-                    IF (p_idem_scopes[i] || ':' || p_senders[i]::text || ':' || p_idem_keys[i]) = ANY (v_keys) THEN
-                        RETURN QUERY SELECT i, 'idem_exists', 0, '', 0::bigint, '', '', '', v_now, '[]';
-                        CONTINUE;
-                    END IF;
-                    INSERT INTO idempotency_records AS r
-                        (scope, user_id, key_hmac, fingerprint, status, resource_id, version, meta, created_at, expires_at)
-                        VALUES (p_idem_scopes[i], p_senders[i], p_idem_keys[i], p_idem_fps[i], p_idem_status[i], v_dup_id::text,
-                            v_dup_seq, p_idem_meta[i]::jsonb, v_now, v_now + p_idem_ttl_ms[i] * interval '1 millisecond')
-                        ON CONFLICT (scope, user_id, key_hmac) DO UPDATE SET
-                            fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status, resource_id = EXCLUDED.resource_id,
-                            version = EXCLUDED.version, meta = EXCLUDED.meta, created_at = EXCLUDED.created_at,
-                            expires_at = EXCLUDED.expires_at
-                        WHERE r.expires_at <= now();
-                    GET DIAGNOSTICS v_cnt = ROW_COUNT;
-                    IF v_cnt = 0 THEN
-                        RETURN QUERY SELECT i, 'idem_exists', 0, '', 0::bigint, '', '', '', v_now, '[]';
-                        CONTINUE;
-                    END IF;
-                    v_keys := v_keys || (p_idem_scopes[i] || ':' || p_senders[i]::text || ':' || p_idem_keys[i]);
-                END IF;
-                IF v_ref IS NOT NULL THEN
-                    RETURN QUERY SELECT i, 'duplicate', c_ord[v_ref], '', 0::bigint, '', '', '', v_now, '[]';
-                ELSE
-                    RETURN QUERY SELECT i, 'duplicate', 0, m.id::text, m.seq, m.sender_id::text, m.body, m.client_message_id,
-                        m.created_at, COALESCE((SELECT jsonb_agg(jsonb_build_object('id', a.id::text, 'filename', a.filename,
-                            'contentType', a.content_type, 'sizeBytes', a.size_bytes) ORDER BY a.position)
-                            FROM attachments a WHERE a.message_id = m.id), '[]'::jsonb)::text
-                        FROM messages m WHERE m.id = v_dup_id;
-                END IF;
-                CONTINUE;
-            END IF;
         END IF;
         v_json := '[]';
-        IF cardinality(v_atts) > 0 THEN
+        IF v_dup_id IS NULL AND cardinality(v_atts) > 0 THEN
             -- The rows are locked so that a concurrent delete either waits
             -- for this transaction or, committed first, leaves the row out.
             SELECT count(DISTINCT l.id), COALESCE(jsonb_agg(jsonb_build_object('id', l.id::text, 'filename', l.filename,
@@ -156,11 +125,15 @@ BEGIN
                 CONTINUE;
             END IF;
             -- As InsertIdempotencyTx: an expired record with the key is
-            -- replaced, a live one refuses the message.
+            -- replaced, a live one refuses the message. The record names
+            -- the message this send creates, or the one its
+            -- clientMessageId repeats.
             INSERT INTO idempotency_records AS r
                 (scope, user_id, key_hmac, fingerprint, status, resource_id, version, meta, created_at, expires_at)
-                VALUES (p_idem_scopes[i], p_senders[i], p_idem_keys[i], p_idem_fps[i], p_idem_status[i], p_ids[i]::text,
-                    v_last[g] + 1, p_idem_meta[i]::jsonb, v_now, v_now + p_idem_ttl_ms[i] * interval '1 millisecond')
+                VALUES (p_idem_scopes[i], p_senders[i], p_idem_keys[i], p_idem_fps[i], p_idem_status[i],
+                    CASE WHEN v_dup_id IS NULL THEN p_ids[i] ELSE v_dup_id END::text,
+                    CASE WHEN v_dup_id IS NULL THEN v_last[g] + 1 ELSE v_dup_seq END, p_idem_meta[i]::jsonb,
+                    v_now, v_now + p_idem_ttl_ms[i] * interval '1 millisecond')
                 ON CONFLICT (scope, user_id, key_hmac) DO UPDATE SET
                     fingerprint = EXCLUDED.fingerprint, status = EXCLUDED.status, resource_id = EXCLUDED.resource_id,
                     version = EXCLUDED.version, meta = EXCLUDED.meta, created_at = EXCLUDED.created_at,
@@ -172,6 +145,17 @@ BEGIN
                 CONTINUE;
             END IF;
             v_keys := v_keys || (p_idem_scopes[i] || ':' || p_senders[i]::text || ':' || p_idem_keys[i]);
+        END IF;
+        IF v_ref IS NOT NULL THEN
+            RETURN QUERY SELECT i, 'duplicate', c_ord[v_ref], '', 0::bigint, '', '', '', v_now, '[]';
+            CONTINUE;
+        ELSIF v_dup_id IS NOT NULL THEN
+            RETURN QUERY SELECT i, 'duplicate', 0, m.id::text, m.seq, m.sender_id::text, m.body, m.client_message_id,
+                m.created_at, COALESCE((SELECT jsonb_agg(jsonb_build_object('id', a.id::text, 'filename', a.filename,
+                    'contentType', a.content_type, 'sizeBytes', a.size_bytes) ORDER BY a.position)
+                    FROM attachments a WHERE a.message_id = m.id), '[]'::jsonb)::text
+                FROM messages m WHERE m.id = v_dup_id;
+            CONTINUE;
         END IF;
         v_last[g] := v_last[g] + 1;
         c_ord := c_ord || i;
