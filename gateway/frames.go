@@ -197,19 +197,25 @@ func parseSeq(b []byte) (int64, bool) {
 }
 
 var (
-	seqField         = []byte(`,"seq":`)
-	messageCreatedEv = []byte(`"event":"` + pubsub.EventMessageCreated + `"`)
+	seqField       = []byte(`,"seq":`)
+	dataField      = []byte(`,"data":`)
+	messageCreated = []byte(pubsub.EventMessageCreated + `"`)
 )
 
 // createdSeq is the seq of a message.created event frame, read without
-// decoding it (the first "seq" of our frames is the event's own, before
-// its data); 0 for any other frame.
+// decoding it; 0 for any other frame. The frame's own fields come before
+// its data, in pubsub.Event's order, and a field name cannot appear inside
+// a JSON string unescaped, so the frame's event is the first "event" and
+// its seq a "seq" before "data": what follows is the data, which an inbox
+// event's service chooses freely ({"event":"message.created","seq":3} is
+// no message).
 func createdSeq(payload []byte) int64 {
-	if !bytes.Contains(payload, messageCreatedEv) {
+	e := bytes.Index(payload, eventField)
+	if e < 0 || !bytes.HasPrefix(payload[e+len(eventField):], messageCreated) {
 		return 0
 	}
 	i := bytes.Index(payload, seqField)
-	if i < 0 {
+	if d := bytes.Index(payload, dataField); i < 0 || (d >= 0 && d < i) {
 		return 0
 	}
 	rest := payload[i+len(seqField):]
