@@ -67,8 +67,8 @@ func RenderACL(o ACLOptions) string {
 	}
 	b.WriteByte('\n')
 	if o.LegacyStubPassword != "" {
-		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels ~han:stub:* -@all +@read +@write +@scripting +@connection -@dangerous +time\n",
-			LegacyStubUser, passwordDigest(o.LegacyStubPassword))
+		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels ~han:stub:* -@all +@read +@write +@scripting +@connection -@dangerous +time%s\n",
+			LegacyStubUser, passwordDigest(o.LegacyStubPassword), ServerScriptDenials)
 	}
 	for _, l := range o.Extra {
 		b.WriteString(l)
@@ -76,6 +76,16 @@ func RenderACL(o ACLOptions) string {
 	}
 	return b.String()
 }
+
+// ServerScriptDenials takes from @scripting what acts on the whole server
+// rather than on the service's own keys, and is not in @dangerous: SCRIPT
+// DEBUG (SYNC freezes every client of the server inside a debugger; YES
+// forks it for every script), SCRIPT FLUSH and KILL (every client's script
+// cache, another application's running script), and the FUNCTION commands
+// that change or stop other applications' libraries. The service runs its
+// own scripts with EVALSHA and EVAL alone.
+const ServerScriptDenials = " -script|debug -script|flush -script|kill" +
+	" -function|flush -function|delete -function|load -function|restore -function|kill"
 
 // APIBackendRule renders the single ACL rule line for api_backend.
 func APIBackendRule(password string, separateInstances bool) string {
@@ -89,7 +99,7 @@ func APIBackendRule(password string, separateInstances bool) string {
 	}
 	// TIME is only in @fast and INFO is @dangerous: every script reads the
 	// clock, and the eviction-policy gate reads INFO memory.
-	b.WriteString(" -@all +@read +@write +@scripting +@pubsub +@connection -@dangerous +time +info -script|flush")
+	b.WriteString(" -@all +@read +@write +@scripting +@pubsub +@connection -@dangerous +time +info" + ServerScriptDenials)
 	if separateInstances {
 		b.WriteString(" -select")
 	}

@@ -54,6 +54,12 @@ func TestACLAllowsOnlyTheServicePrefixes(t *testing.T) {
 		{"flushall"}, {"flushdb"}, {"config", "get", "maxmemory"}, {"config", "set", "maxmemory", "1"},
 		{"keys", "*"}, {"client", "list"}, {"client", "kill", "type", "pubsub"}, {"acl", "list"},
 		{"replicaof", "no", "one"}, {"shutdown"}, {"script", "flush"}, {"monitor"}, {"save"},
+		// Server-wide scripting: a debugger that freezes every client
+		// (SYNC), another application's scripts and function libraries.
+		{"script", "debug", "sync"}, {"script", "debug", "yes"}, {"script", "kill"},
+		{"function", "flush"}, {"function", "delete", "otherapp"}, {"function", "kill"},
+		{"function", "load", "replace", "#!lua name=otherapp\nredis.register_function('f', function() return 1 end)"},
+		{"function", "restore", "x"},
 	}
 	for _, cmd := range denied {
 		if err := c.Do(ctx, cmd...).Err(); !isNoPerm(err) {
@@ -117,5 +123,26 @@ func TestRenderACLNeverHoldsThePassword(t *testing.T) {
 	}
 	if strings.Contains(rds.APIBackendRule("p", false), "-select") || !strings.Contains(rds.APIBackendRule("p", true), "-select") {
 		t.Error("-select must appear exactly when DB0 and DB1 are separate instances")
+	}
+}
+
+// legacy_stub runs scripts as api_backend does, and is denied the same
+// server-wide scripting: flushing every client's script cache, another
+// application's functions, the debugger that freezes the server.
+func TestLegacyStubCannotTouchServerWideScripting(t *testing.T) {
+	ctx := context.Background()
+	s, err := testenv.StartRedis(testenv.RedisOptions{LegacyStubPassword: "stub-pw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	c := apiClient(t, s.LegacyStubURL(2))
+	for _, cmd := range [][]any{{"script", "flush"}, {"script", "debug", "sync"}, {"script", "kill"}, {"function", "flush"}, {"function", "kill"}} {
+		if err := c.Do(ctx, cmd...).Err(); !isNoPerm(err) {
+			t.Errorf("legacy_stub %v: want NOPERM, got %v", cmd, err)
+		}
+	}
+	if err := c.Eval(ctx, "return redis.call('TIME')", nil).Err(); err != nil {
+		t.Errorf("legacy_stub EVAL: %v", err)
 	}
 }
