@@ -390,12 +390,27 @@ func writePrivate(file string, data []byte) error {
 			}
 		}
 	}
+	// On disk before the rename, and the rename itself after it: a crash
+	// must leave the old file or the new one, never an empty file in its
+	// place (an empty ACL file starts Redis with the default user open).
 	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), file)
+	if err := os.Rename(tmp.Name(), file); err != nil {
+		return err
+	}
+	dir, err := os.Open(filepath.Dir(file))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return dir.Sync()
 }

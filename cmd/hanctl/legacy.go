@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -91,7 +92,9 @@ func parseLegacyFile(b []byte) ([]project.LegacyEntry, error) {
 	if len(b) == 0 || b[firstNonSpace(b)] != '[' {
 		return nil, errors.New("--file: want a JSON array of {key, type, value}")
 	}
-	if err := json.Unmarshal(b, &raw); err != nil {
+	// Member names as written: a case-insensitive match would take "KEY"
+	// for "key", and of the two the check above let through, the last.
+	if rest, err := json.Parse(b, &raw, json.DontMatchCaseInsensitiveStructFields); err != nil || len(bytes.TrimSpace(rest)) > 0 {
 		return nil, errors.New("--file: want a JSON array of {key, type, value}")
 	}
 	if len(raw) == 0 {

@@ -156,3 +156,20 @@ func TestProjectLegacyImportSizes(t *testing.T) {
 		t.Fatalf("201 entries and 16 MiB went in %d HSET commands, want the large entry alone and 64 fields at most per command", calls)
 	}
 }
+
+// Member names are read as written: a file's "KEY", "Type" or "VALUE" is
+// not its "key", "type" or "value" (the decoder matched them regardless of
+// case and took the last of the two, which the checks had let through as
+// distinct members).
+func TestLegacyFileMembersAreReadAsWritten(t *testing.T) {
+	entries, err := parseLegacyFile([]byte(`[{"key":"a","type":"string","value":"x","KEY":"b","Type":"json","VALUE":"1"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Key != "a" || entries[0].Type != "string" || entries[0].Value != "x" {
+		t.Fatalf("imported %+v, want key a, type string, value x", entries)
+	}
+	if _, err := parseLegacyFile([]byte(`[{"KEY":"b","TYPE":"json","VALUE":"1"}]`)); err == nil {
+		t.Fatal("an entry with no member named key, type or value was accepted")
+	}
+}
