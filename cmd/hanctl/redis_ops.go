@@ -227,7 +227,10 @@ func cmdRedisCutover(ctx context.Context, args []string, getenv func(string) str
 		return fmt.Errorf("ACL SAVE failed (%w): the user would come back on restart; render the ACL file again "+
 			"with `hanctl redis acl` without HAN_LEGACY_STUB_PASSWORD and reload it", redactErr(err))
 	}
-	fmt.Fprintln(out, "ACL saved to the server's ACL file")
+	// Redis writes the file anew under its own umask (0644 under the usual
+	// 022): readable by every local user until rendered again.
+	fmt.Fprintln(out, "ACL saved to the server's ACL file (Redis wrote it with its default mode: render it again with "+
+		"`hanctl redis acl --out` to make it private)")
 	fmt.Fprintln(out, "next: remove HAN_LEGACY_STUB_ENABLED and HAN_LEGACY_STUB_URL from every instance's environment "+
 		"(and HAN_LEGACY_STUB_PASSWORD from the ACL rendering), then run `hanctl redis verify`")
 	return nil
