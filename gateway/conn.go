@@ -285,6 +285,12 @@ func (c *conn) teardown() {
 		h.logger.Warn("presence disconnect failed; it is done again once Redis answers",
 			slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
 	}
+	if at.IsZero() {
+		// Redis recorded no time. The last-seen time only moves forward,
+		// so this host's clock, which may be ahead, must not stand in for
+		// it; the user's offline transition records Redis's time.
+		return
+	}
 	if err := h.deps.Store.TouchLastSeen(ctx, c.userID, at); err != nil {
 		h.logger.Warn("last seen not recorded", slog.String("kind", store.Kind(err)))
 	}

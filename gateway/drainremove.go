@@ -115,8 +115,15 @@ func (r *drainRemover) flush() {
 	defer cancel()
 	at, err := h.deps.Presence.DisconnectMany(ctx, batch)
 	if err != nil {
-		h.logger.Warn("presence removal of drained connections failed; they expire with their TTL",
+		h.logger.Warn("presence removal of drained connections failed; they are removed again once Redis answers",
 			slog.Int("connections", len(batch)), slog.String("kind", store.Kind(err)))
+	}
+	if at.IsZero() {
+		// No removal answered, so Redis recorded no time: as after a
+		// single disconnect, this host's clock does not stand in for it
+		// (a last-seen time only moves forward); the users' offline
+		// transitions record Redis's time.
+		return
 	}
 	users := make([]string, 0, len(batch))
 	seen := make(map[string]struct{}, len(batch))

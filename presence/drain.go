@@ -25,7 +25,9 @@ const drainUsersPerTrip = 512
 // harmlessly, marks them closed and schedules the offline check of every
 // user left with no live connection, as Disconnect does. It leaves their
 // entries in this instance's index (a stopping instance calls Deregister
-// next). It returns the time Redis recorded (now if nothing answered). On
+// next). It returns the time Redis recorded, or the zero time when no
+// removal answered (the caller then records no last-seen time, as after a
+// Disconnect that got no answer). On
 // an error, the connections of the failed round trip and of those after it
 // are removed again later, as DisconnectLater does, and their users'
 // offline checks follow that removal (or, should Redis not answer for
@@ -63,7 +65,6 @@ func (p *Presence) disconnectMany(ctx context.Context, conns []Conn) (at time.Ti
 			}
 		}
 	}
-	at = time.Now()
 	for len(users) > 0 {
 		n := min(len(users), drainUsersPerTrip)
 		batch := users[:n]
@@ -79,7 +80,9 @@ func (p *Presence) disconnectMany(ctx context.Context, conns []Conn) (at time.Ti
 				break
 			}
 			if v, err := lua.Reply(cmds[i]).Slice(); err == nil {
-				at = p.afterDisconnect(u.id, v)
+				if t := p.afterDisconnect(u.id, v); !t.IsZero() {
+					at = t
+				}
 			} else {
 				unanswered(batch[i : i+1])
 			}

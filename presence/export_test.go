@@ -10,3 +10,15 @@ func (p *Presence) SweepInstance(ctx context.Context, id string, between func())
 	defer func() { p.afterSweepDisconnect = nil }()
 	return p.sweepInstance(ctx, id, 50, true)
 }
+
+// SetRetakeCap lowers the bound of the retake queue (retakeMax), so that a
+// test overflows it with a handful of connections.
+func (p *Presence) SetRetakeCap(n int) {
+	p.mu.Lock()
+	p.retakeCap = n
+	p.mu.Unlock()
+}
+
+// SetAfterSweepDisconnect sets the hook Sweep runs between a batch's
+// disconnects and its index removal (nil: none). Set it before the sweep.
+func (p *Presence) SetAfterSweepDisconnect(fn func()) { p.afterSweepDisconnect = fn }

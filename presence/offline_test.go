@@ -381,3 +381,142 @@ func failedRemoval(t *testing.T, p *presence.Presence, f *scriptFault) presence.
 	}
 	return c
 }
+
+// A drain whose removals fail (a stalled Redis) queues them to be taken
+// again, but the queue is bounded: what does not fit is never taken again
+// by this instance. Once the queued ones are retaken and the queue is
+// empty, Deregister must still leave the index to the survivors, or the
+// connections that overflowed would stay registered (their users reading
+// online) until they went stale, and their users would never be announced
+// offline.
+func TestDeregisterLeavesConnectionsThatOverflowedTheRetakeQueueToTheSurvivors(t *testing.T) {
+	ctx := context.Background()
+	admin := client(t)
+	rec := &recorder{}
+	id := "ovf-" + ids.New()[24:]
+	p := newPresence(t, presence.Config{InstanceID: id, RetakeAfter: 50 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond}, rec)
+	const queued = 4
+	p.SetRetakeCap(queued)
+	conns := make([]presence.Conn, 3*queued)
+	for i := range conns {
+		conns[i] = presence.Conn{UserID: ids.New(), ConnID: "c1"}
+		if err := p.Connect(ctx, conns[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.RefreshLiveness(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The drain's removal gets no answer.
+	dctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := p.DisconnectMany(dctx, conns); err == nil {
+		t.Fatal("the removal did not fail")
+	}
+	// Redis answers again: the queued removals are taken again, and their
+	// index entries go with them.
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		n := 0
+		for _, c := range conns {
+			if admin.ZScore(ctx, presence.InstanceConnsKey(id), c.UserID+":"+c.ConnID).Err() == redis.Nil {
+				n++
+			}
+		}
+		return n == queued
+	}, "the queued removals were not taken again")
+	if err := p.Deregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Its users' offline checks run; those of the connections it could
+	// not remove wait for ConnTTL and are dropped with the instance.
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	defer scancel()
+	p.Shutdown(sctx)
+
+	sweeper := newPresence(t, presence.Config{LivenessTTL: 200 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond}, rec)
+	if _, err := sweeper.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range conns {
+		if n, err := sweeper.Online(ctx, c.UserID); err != nil || n != 0 {
+			t.Fatalf("user %s, whose socket closed, still reads %d live connections (%v): nobody swept it", c.UserID, n, err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		got := rec.list()
+		for _, c := range conns {
+			if !slices.Contains(got, "-"+c.UserID) {
+				return false
+			}
+		}
+		return true
+	}, "not every user whose socket closed was announced offline: %v", rec.list())
+}
+
+// A user announced online once a refused registration is taken back
+// (DisconnectLater) is stamped with Redis's time, as every other
+// transition is: one clock for all of a user's transitions, so a client
+// that keeps the latest orders them right whichever instance's clock is
+// off. The host clock cannot be moved here, so the test checks the bound
+// that matters: the announcement is no later than Redis's time read after
+// it, and no earlier than Redis's time read before the take-back.
+func TestAnOnlineAnnouncedAfterATakeBackHasRedisTime(t *testing.T) {
+	ctx := context.Background()
+	admin := client(t)
+	rec := &timed{}
+	p := newPresence(t, presence.Config{RetakeAfter: 50 * time.Millisecond}, rec)
+	u := ids.New()
+	if err := p.Connect(ctx, presence.Conn{UserID: u, ConnID: "live"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return rec.count(true) == 1 }, "the connect was not announced")
+	before, err := admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.DisconnectLater(presence.Conn{UserID: u, ConnID: "refused"})
+	testenv.Eventually(t, 5*time.Second, func() bool { return rec.count(true) == 2 },
+		"the user, live after the take-back, was not announced online")
+	after, err := admin.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	at := rec.at[1]
+	rec.mu.Unlock()
+	if at.Before(before.Truncate(time.Millisecond)) || at.After(after.Truncate(time.Millisecond)) {
+		t.Fatalf("announced at %d ms, outside Redis's time around it [%d, %d] ms", at.UnixMilli(), before.UnixMilli(), after.UnixMilli())
+	}
+	if !at.Equal(at.Truncate(time.Millisecond)) {
+		t.Fatalf("announced at %v: not a Redis time (Redis's clock counts milliseconds)", at)
+	}
+}
+
+// A removal Redis did not answer reports no time: the caller records the
+// user's last-seen time from it, which only moves forward, so this host's
+// clock (possibly ahead) must not stand in for Redis's; the offline
+// transition that follows the removal's retry carries Redis's time.
+func TestARemovalRedisDidNotAnswerReportsNoTime(t *testing.T) {
+	ctx := context.Background()
+	p := newPresence(t, presence.Config{OfflineDebounce: 10 * time.Millisecond}, nil)
+	c := presence.Conn{UserID: ids.New(), ConnID: "c1"}
+	if err := p.Connect(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	if at, err := p.Disconnect(dead, c.UserID, c.ConnID); err == nil || !at.IsZero() {
+		t.Fatalf("a disconnect Redis did not answer reported %v (%v), want no time and an error", at, err)
+	}
+	if at, err := p.DisconnectMany(dead, []presence.Conn{c}); err == nil || !at.IsZero() {
+		t.Fatalf("a drain removal Redis did not answer reported %v (%v), want no time and an error", at, err)
+	}
+	before, err := client(t).Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, err := p.Disconnect(ctx, c.UserID, c.ConnID)
+	if err != nil || at.Before(before.Truncate(time.Millisecond)) {
+		t.Fatalf("a removal Redis answered reported %v (%v), want Redis's time, not before %v", at, err, before)
+	}
+}

@@ -40,7 +40,7 @@ type Presence struct {
 	// which its own refresh, finding the marker back, would not.
 	markerLapsed atomic.Bool
 
-	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, emitting, closed, started, cancel
+	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, retakesDropped, emitting, closed, started, cancel
 	pending  map[string]*offlineCheck // user → its scheduled offline check
 	due      []*offlineCheck          // scheduled checks in due order (cancelled ones skipped)
 	checking int                      // checks taken from due whose outcome is not yet reported
@@ -48,7 +48,12 @@ type Presence struct {
 	offlineRunning bool
 	offlineWake    chan struct{} // wakes that goroutine (Close)
 	retakes        []retake      // DisconnectLater's queue, in due order
-	retakeLoop     *loop.Loop    // runs while retakes holds entries
+	retakeCap      int           // bound of retakes (retakeMax; tests lower it)
+	// retakesDropped: a removal that failed did not fit in retakes, so
+	// nothing takes it again while this instance lives. Sticky: Deregister
+	// then leaves the index to the survivors for good.
+	retakesDropped bool
+	retakeLoop     *loop.Loop // runs while retakes holds entries
 	// emitting holds, for each user whose transition callbacks are
 	// running, the callbacks waiting their turn.
 	emitting map[string][]func(ctx context.Context)
@@ -72,7 +77,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 	}
 	cfg.defaults()
 	p := &Presence{cfg: cfg, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger, events: events,
-		pending: map[string]*offlineCheck{}, offlineWake: make(chan struct{}, 1),
+		pending: map[string]*offlineCheck{}, offlineWake: make(chan struct{}, 1), retakeCap: retakeMax,
 		emitting: map[string][]func(ctx context.Context){},
 		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_presence_heartbeat_failures_total",
 			Help: "Presence heartbeat batches or instance liveness refreshes that failed."}),
@@ -209,15 +214,18 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 
 // Disconnect removes a connection; a duplicate call is harmless. When the
 // user has no live connection left, the offline transition is checked
-// after OfflineDebounce. It returns the time Redis recorded. A removal that
-// gets no answer is done again later, as DisconnectLater does, and the
-// offline check follows that removal (or, should Redis not answer for
-// ConnTTL, the connection going stale).
+// after OfflineDebounce. It returns the time Redis recorded, or the zero
+// time when Redis recorded none (the caller then records no last-seen
+// time: this instance's clock may be ahead, and a last-seen time only
+// moves forward; the offline check's own Redis time is recorded when the
+// user goes offline). A removal that gets no answer is done again later,
+// as DisconnectLater does, and the offline check follows that removal (or,
+// should Redis not answer for ConnTTL, the connection going stale).
 func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.Time, error) {
 	op := &presenceOp{kind: opDisconnect, conn: Conn{UserID: userID, ConnID: connID}}
 	if err := p.ops.do(ctx, op); err != nil {
 		p.removalFailed([]Conn{op.conn})
-		return time.Now(), fmt.Errorf("presence disconnect: %w", err)
+		return time.Time{}, fmt.Errorf("presence disconnect: %w", err)
 	}
 	return p.afterDisconnect(userID, op.reply), nil
 }
@@ -238,9 +246,12 @@ func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, con
 	return lua.RTDisconnect.Run(ctx, c, keys, args...)
 }
 
+// afterDisconnect reads a removal's reply: it schedules the user's offline
+// check when no live connection is left and returns Redis's time of the
+// removal (zero when the reply carried none).
 func (p *Presence) afterDisconnect(userID string, v []any) time.Time {
 	if len(v) < 3 {
-		return time.Now()
+		return time.Time{}
 	}
 	live, _ := v[1].(int64)
 	nowMs, _ := v[2].(int64)
@@ -264,12 +275,29 @@ func (p *Presence) MarkOffline(ctx context.Context, userID string) (bool, error)
 
 // Online returns the number of live connections of the user.
 func (p *Presence) Online(ctx context.Context, userID string) (int, error) {
+	n, _, err := p.online(ctx, userID)
+	return n, err
+}
+
+// online is Online that also returns Redis's time of the count (zero when
+// the reply carried none): a transition announced from the count is
+// stamped with it, never with this instance's clock.
+func (p *Presence) online(ctx context.Context, userID string) (int, time.Time, error) {
 	v, err := lua.RTPresence.Run(ctx, p.rdb, []string{UserConnsKey(userID)}, ms(p.cfg.ConnTTL)).Slice()
 	if err != nil {
-		return 0, fmt.Errorf("presence: %w", rds.ClassifyRedisError(err))
+		return 0, time.Time{}, fmt.Errorf("presence: %w", rds.ClassifyRedisError(err))
 	}
-	n, _ := v[0].(int64)
-	return int(n), nil
+	var n int64
+	if len(v) > 0 {
+		n, _ = v[0].(int64)
+	}
+	var at time.Time
+	if len(v) > 1 {
+		if nowMs, ok := v[1].(int64); ok {
+			at = time.UnixMilli(nowMs)
+		}
+	}
+	return int(n), at, nil
 }
 
 // RefreshLiveness refreshes this instance's marker and registry entry.
@@ -304,13 +332,14 @@ func (p *Presence) noteMarker(cmd redis.Cmder) {
 
 // Deregister removes this instance's marker, index and registry entry
 // (graceful shutdown, after its connections disconnected). While removals
-// that failed still wait to be taken again (DisconnectLater), only the
+// that failed still wait to be taken again (DisconnectLater), or once one
+// did not fit in that queue (it will never be taken again), only the
 // marker goes: the index lists those connections, and the survivors, who
 // find the marker gone, sweep them and announce their users offline — a
 // shutdown cannot promise to outlive the retry.
 func (p *Presence) Deregister(ctx context.Context) error {
 	p.mu.Lock()
-	outstanding := len(p.retakes) > 0
+	outstanding := len(p.retakes) > 0 || p.retakesDropped
 	p.mu.Unlock()
 	_, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Del(ctx, InstanceKey(p.cfg.InstanceID))
@@ -351,30 +380,58 @@ func (p *Presence) Sweep(ctx context.Context) (SweepResult, error) {
 		if alive == 1 {
 			continue
 		}
-		lk, _, err := p.locker.Acquire(ctx, rds.LockPresenceSweep, id, rds.DefaultLockTTL)
-		if errors.Is(err, rds.ErrLockHeld) {
-			continue
+		n, swept, err := p.sweepDead(ctx, id)
+		res.Connections += n
+		if swept {
+			res.Instances++
 		}
 		if err != nil {
 			return res, fmt.Errorf("presence sweep: %w", err)
 		}
-		n, done, err := p.sweepInstance(ctx, id, 50, true)
-		res.Connections += n
-		if err == nil && done {
-			// Only now: a crash before this line leaves the entry for the
-			// next sweep, which finds an empty index and finishes.
-			err = p.rdb.ZRem(ctx, InstancesKey, id).Err()
-			if err == nil {
-				res.Instances++
-				p.sweptInstances.Inc()
-			}
-		}
-		_ = lk.Release(context.WithoutCancel(ctx))
-		if err != nil {
-			return res, fmt.Errorf("presence sweep: %w", rds.ClassifyRedisError(err))
-		}
 	}
 	return res, nil
+}
+
+// sweepBudget bounds one round of the sweeper (the sweep loop's timeout)
+// and is the lifetime of the lock a survivor holds while it sweeps one
+// dead instance. The lock only saves duplicate work, but while it stands
+// no other survivor sweeps that instance: a survivor that dies or stalls
+// in the middle of a sweep must hold the others back for about one sweep
+// interval, not for the 30 s of the other coordination locks, or the dead
+// instance's users would stay online well past liveness TTL + sweep
+// interval.
+func (p *Presence) sweepBudget() time.Duration { return max(p.cfg.SweepInterval, time.Second) }
+
+// sweepDead sweeps one dead instance under its sweep lock (skipped when
+// another survivor holds it): n connections removed; swept reports that
+// its index is empty and its registry entry gone. The sweep ends when the
+// lock would expire (what is left waits for the next round, which takes
+// the lock again), so it never runs on without the lock: a large index is
+// swept over several rounds.
+func (p *Presence) sweepDead(ctx context.Context, id string) (n int, swept bool, err error) {
+	// The deadline starts before the lock is taken, so it passes before
+	// the lock expires.
+	ctx, cancel := context.WithTimeout(ctx, p.sweepBudget())
+	defer cancel()
+	lk, _, err := p.locker.Acquire(ctx, rds.LockPresenceSweep, id, p.sweepBudget())
+	if errors.Is(err, rds.ErrLockHeld) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	defer func() { _ = lk.Release(context.WithoutCancel(ctx)) }()
+	n, done, err := p.sweepInstance(ctx, id, 50, true)
+	if err == nil && done {
+		// Only now: a crash before this line leaves the entry for the
+		// next sweep, which finds an empty index and finishes.
+		err = p.rdb.ZRem(ctx, InstancesKey, id).Err()
+		if err == nil {
+			swept = true
+			p.sweptInstances.Inc()
+		}
+	}
+	return n, swept, rds.ClassifyRedisError(err)
 }
 
 // sweepInstance removes up to maxBatches batches of an instance's indexed

@@ -27,7 +27,7 @@ const (
 	// while Redis does not answer.
 	retakeEvery = 250 * time.Millisecond
 	// retakeMax bounds the queue; past it a registration is left to go
-	// stale, as before.
+	// stale, and the instance's index to the survivors (Deregister).
 	retakeMax = 4096
 	// retakeBudget bounds one try.
 	retakeBudget = time.Second
@@ -65,15 +65,20 @@ func (p *Presence) DisconnectLater(c Conn) bool {
 
 // retakeLater queues the removal of conns as DisconnectLater does (unknown:
 // their registrations' outcome is unknown) and returns how many fit in the
-// queue.
+// queue. Those that do not fit stay registered, and listed in this
+// instance's index, until they go stale: Deregister is told to leave the
+// index to the survivors, whose sweep removes them and announces their
+// users offline.
 func (p *Presence) retakeLater(conns []Conn, unknown bool) int {
 	now := time.Now()
 	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return 0
+	n := 0
+	if !p.closed {
+		n = min(len(conns), p.retakeCap-len(p.retakes))
 	}
-	n := min(len(conns), retakeMax-len(p.retakes))
+	if n < len(conns) {
+		p.retakesDropped = true
+	}
 	for _, c := range conns[:n] {
 		p.retakes = append(p.retakes, retake{c: c, due: now.Add(p.cfg.RetakeAfter), until: now.Add(p.cfg.ConnTTL), unknown: unknown})
 	}
@@ -85,14 +90,15 @@ func (p *Presence) retakeLater(conns []Conn, unknown bool) int {
 }
 
 // announceOnline announces online each of users that has live
-// connections (see DisconnectLater).
+// connections (see DisconnectLater), stamped with Redis's time of the read
+// that found them live, as every transition is (the user's Redis node is
+// the one clock of all of the user's transitions).
 func (p *Presence) announceOnline(ctx context.Context, users []string) {
 	if p.events == nil {
 		return
 	}
 	for _, u := range users {
-		if n, err := p.Online(ctx, u); err == nil && n > 0 {
-			at := time.Now()
+		if n, at, err := p.online(ctx, u); err == nil && n > 0 && !at.IsZero() {
 			p.emit(u, func(ctx context.Context) { p.events.Online(ctx, u, at) })
 		}
 	}

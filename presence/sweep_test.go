@@ -264,3 +264,63 @@ func TestConnectionsComeBackWhenAConnectFindsTheMarkerGone(t *testing.T) {
 		return true
 	}, "the swept connections were not registered again")
 }
+
+// A survivor that takes a dead instance's sweep lock and then dies or
+// stalls in the middle of the sweep holds the other survivors back only
+// for about one sweep: the lock lives as long as one sweep may run, so
+// another survivor takes the instance over and its users go offline
+// within liveness TTL + sweep interval (+ the debounce) and a sweep more,
+// not after the 30 s of the other coordination locks. Both users are
+// announced: the one the stalled sweep removed (its offline check waited
+// in the stalled survivor's memory) and the one it never reached.
+func TestASweeperStalledWithTheLockHoldsOthersBackForOneSweep(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	rec := &recorder{}
+	deadID := "dead-" + ids.New()[24:]
+	dead := newPresence(t, presence.Config{InstanceID: deadID, LivenessTTL: 300 * time.Millisecond}, rec)
+	users := []string{ids.New(), ids.New()}
+	for _, u := range users {
+		if err := dead.Connect(ctx, presence.Conn{UserID: u, ConnID: "c1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := dead.RefreshLiveness(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dead.Close()
+	testenv.Eventually(t, 5*time.Second, func() bool { return rdb.Exists(ctx, presence.InstanceKey(deadID)).Val() == 0 },
+		"the dead instance's marker never expired")
+
+	// The first survivor sweeps one connection per batch and stalls after
+	// its first batch's disconnect, holding the lock; its own offline
+	// checks would wait a minute.
+	stalled := newPresence(t, presence.Config{LivenessTTL: 300 * time.Millisecond, SweepInterval: 200 * time.Millisecond,
+		SweepBatch: 1, OfflineDebounce: time.Minute}, rec)
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	stalled.SetAfterSweepDisconnect(func() {
+		once.Do(func() {
+			close(reached)
+			<-release
+		})
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = stalled.Sweep(ctx)
+	}()
+	t.Cleanup(func() {
+		close(release)
+		<-done
+	})
+	<-reached
+
+	s := newPresence(t, presence.Config{LivenessTTL: 300 * time.Millisecond, SweepInterval: 200 * time.Millisecond,
+		OfflineDebounce: 100 * time.Millisecond}, rec)
+	s.Start(func() []presence.Conn { return nil })
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		got := rec.list()
+		return slices.Contains(got, "-"+users[0]) && slices.Contains(got, "-"+users[1])
+	}, "the dead instance's users were not announced offline while a stalled sweeper held its lock: %v", rec.list())
+}
