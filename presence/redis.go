@@ -408,11 +408,19 @@ func (p *Presence) sweepBudget() time.Duration { return max(p.cfg.SweepInterval,
 // lock would expire (what is left waits for the next round, which takes
 // the lock again), so it never runs on without the lock: a large index is
 // swept over several rounds.
-func (p *Presence) sweepDead(ctx context.Context, id string) (n int, swept bool, err error) {
+func (p *Presence) sweepDead(parent context.Context, id string) (n int, swept bool, err error) {
 	// The deadline starts before the lock is taken, so it passes before
 	// the lock expires.
-	ctx, cancel := context.WithTimeout(ctx, p.sweepBudget())
+	ctx, cancel := context.WithTimeout(parent, p.sweepBudget())
 	defer cancel()
+	defer func() {
+		// The sweep's own budget ending is no failure: the next round goes
+		// on where this one stopped, and the other dead instances of this
+		// round are still swept.
+		if err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = nil
+		}
+	}()
 	lk, _, err := p.locker.Acquire(ctx, rds.LockPresenceSweep, id, p.sweepBudget())
 	if errors.Is(err, rds.ErrLockHeld) {
 		return 0, false, nil
