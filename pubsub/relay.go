@@ -35,9 +35,9 @@ type Outbox interface {
 	// id order and marks the rows publish succeeded on as delivered. A
 	// publish error wrapping rds.ErrLockHeld skips that row. One wrapping
 	// ErrRowRefused skips it too, and counts an attempt on it when another
-	// row of the batch was published (then Redis works and the row is what
-	// it refuses); a row whose frame cannot be built counts one without a
-	// publish. A row at OutboxMaxAttempts is given up: never claimed
+	// row of the batch was published or the error also wraps
+	// ErrRowRefusedAlone (then Redis works and the row is what it refuses);
+	// a row whose frame cannot be built counts one without a publish. A row at OutboxMaxAttempts is given up: never claimed
 	// again. Any other error ends the batch (Redis did not answer: the row
 	// is not to blame).
 	RelayOutbox(ctx context.Context, grace time.Duration, limit int,
@@ -62,6 +62,19 @@ const OutboxMaxAttempts = 10
 // the server works and refused this row (a channel its ACL does not
 // allow, say), unlike a timeout or a lost connection.
 var ErrRowRefused = errors.New("pubsub: redis refused the row's publish")
+
+// ErrRowRefusedAlone marks, beside ErrRowRefused, a refusal of this row
+// alone: a publish to the relay's probe channel went through right after
+// it, so Redis takes publishes and the row is what it refuses. Such a row
+// is charged an attempt even when no other row of its batch was published
+// (a batch made only of refused rows would otherwise be claimed again and
+// again, holding back every row behind it).
+var ErrRowRefusedAlone = errors.New("pubsub: redis refused the row's publish and took another")
+
+// relayProbeChannel is what the relay publishes to after a refusal, to
+// tell a refused row from a refused PUBLISH: a channel of the service's
+// own prefix that nobody subscribes to.
+const relayProbeChannel = "han:rt:relay-probe"
 
 // RelayConfig tunes the outbox relay.
 type RelayConfig struct {
@@ -174,13 +187,17 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 		err = rds.ClassifyRedisError(raw)
 		if !rds.Unanswered(raw) { // an error reply: Redis works and refused this row
 			err = fmt.Errorf("%w: %w", ErrRowRefused, err)
+			if r.publishesGoThrough(ctx) {
+				err = fmt.Errorf("%w: %w", ErrRowRefusedAlone, err)
+			}
 		}
 		pubErr = err
 		return err
 	})
 	claimed, published = run.Claimed, run.Delivered
-	if published > 0 && errors.Is(pubErr, ErrRowRefused) {
-		// Rows moved; the refused ones are charged, not the run.
+	if (published > 0 || errors.Is(pubErr, ErrRowRefusedAlone)) && errors.Is(pubErr, ErrRowRefused) {
+		// Rows moved, or Redis took the probe: the refused rows are
+		// charged, not the run.
 		pubErr = nil
 	}
 	for _, id := range run.GivenUp {
@@ -195,6 +212,14 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 		r.failures.Inc()
 	}
 	return claimed, published, err
+}
+
+// publishesGoThrough reports whether Redis takes a publish to the relay's
+// probe channel (after it refused a row's).
+func (r *Relay) publishesGoThrough(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	return rds.Publish(pctx, r.rdb, r.cfg.Mode, relayProbeChannel, []byte("probe")).Err() == nil
 }
 
 // deliveryLockTTL is the life of a row's delivery lock: it covers one

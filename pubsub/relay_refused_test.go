@@ -118,3 +118,51 @@ func deadRelay(t *testing.T, ob pubsub.Outbox) *pubsub.Relay {
 	}
 	return r
 }
+
+// A batch made only of rows Redis refuses (a channel the relay's user may
+// not publish on), with good rows behind it: Redis takes a publish to the
+// relay's probe channel, so the refused rows are what it refuses and are
+// charged, given up after OutboxMaxAttempts, and the rows behind them go
+// out. (They were charged only when another row of their batch was
+// published, so such a batch was claimed again and again and the rows
+// behind it never went out.)
+func TestARelayBatchOfRefusedRowsDoesNotHoldBackTheRest(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	user := "relayh-" + ids.New()[:8]
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels", "&han:rt:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+	rdb, err := rds.NewRedis("redis://"+user+":pw@"+env.Redis.Addr()+"/1", rds.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	const batch = 3
+	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: time.Millisecond, Batch: batch}, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var poison []string
+	for range batch {
+		id := ids.New()
+		poison = append(poison, id)
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox(event_id, channel, payload, created_at)
+			VALUES ($1, 'elsewhere:x', '{}', now() - interval '1 minute')`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { pool.Exec(context.Background(), "DELETE FROM outbox WHERE event_id = ANY($1::uuid[])", poison) })
+	d := postWithDeadRedis(t, st, pool, 2)
+	ch := pubsub.DialogChannel(d)
+	for range pubsub.OutboxMaxAttempts + 2 {
+		_, _, _ = relay.RunOnce(ctx)
+	}
+	if n := pendingFor(t, pool, ch); n != 0 {
+		t.Fatalf("after %d relay runs, %d good rows behind %d refused ones are still unpublished",
+			pubsub.OutboxMaxAttempts+2, n, batch)
+	}
+}

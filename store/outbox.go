@@ -108,6 +108,10 @@ func publishClaimed(ctx context.Context, batch []claimedRow,
 			ok = append(ok, c.row.ID)
 			continue
 		}
+		if errors.Is(err, pubsub.ErrRowRefusedAlone) {
+			charged = append(charged, c.row.ID)
+			continue
+		}
 		if errors.Is(err, pubsub.ErrRowRefused) {
 			refused = append(refused, c.row.ID)
 			continue
