@@ -88,16 +88,20 @@ func (r sizingResult) check() error {
 var sampleFamilies = []struct {
 	term, pattern string
 	realtime      bool
+	// skip: keys the pattern matches that are not of the family (a
+	// closed connection's small marker string beside the connections'
+	// HASHes, which would pull the average down).
+	skip string
 }{
-	{"rate", "han:api:rl:*", false},
-	{"idem", "han:api:idem:*", false},
-	{"conn", "han:rt:conn:*", true},
-	{"userconns", "han:rt:user:*", true},
+	{"rate", "han:api:rl:*", false, ""},
+	{"idem", "han:api:idem:*", false, ""},
+	{"conn", "han:rt:conn:*", true, ":closed"},
 }
 
-// sampleBytes scans at most limit keys of pattern and returns the average
-// MEMORY USAGE and how many keys it saw.
-func sampleBytes(ctx context.Context, c redis.UniversalClient, pattern string, limit int) (float64, int, error) {
+// sampleBytes scans at most limit keys of pattern (but those ending in
+// skip, when set) and returns the average MEMORY USAGE and how many keys it
+// saw.
+func sampleBytes(ctx context.Context, c redis.UniversalClient, pattern, skip string, limit int) (float64, int, error) {
 	var total int64
 	n := 0
 	var cursor uint64
@@ -109,6 +113,9 @@ func sampleBytes(ctx context.Context, c redis.UniversalClient, pattern string, l
 		for _, k := range keys {
 			if n >= limit {
 				break
+			}
+			if skip != "" && strings.HasSuffix(k, skip) {
+				continue
 			}
 			b, err := c.MemoryUsage(ctx, k).Result()
 			if errors.Is(err, redis.Nil) {
@@ -178,7 +185,7 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 			if f.realtime {
 				c = c1
 			}
-			avg, n, err := sampleBytes(ctx, c, f.pattern, *sampleMax)
+			avg, n, err := sampleBytes(ctx, c, f.pattern, f.skip, *sampleMax)
 			if err != nil {
 				return fmt.Errorf("sample %s: %w", f.pattern, rds.ClassifyRedisError(err))
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -60,12 +61,14 @@ func TestSizingSamplesALiveInstance(t *testing.T) {
 		c0.Expire(ctx, fmt.Sprintf("han:api:idem:{s:u:%d}", i), time.Minute)
 		c1.HSet(ctx, fmt.Sprintf("han:rt:conn:{u%d}:c", i), "user_id", "u", "instance", "i", "last_seen", 1)
 		c1.Expire(ctx, fmt.Sprintf("han:rt:conn:{u%d}:c", i), time.Minute)
+		// A closed connection's marker is no connection: not sampled.
+		c1.Set(ctx, fmt.Sprintf("han:rt:conn:{u%d}:d:closed", i), 1, time.Minute)
 	}
 	out, err := run(t, map[string]string{"REDIS_URL": r.URL(0), "REDIS_REALTIME_URL": r.URL(1)}, "sizing", "--sample", "--sample-keys", "20")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"sampled han:api:rl:*: 20 keys", "sampled han:api:idem:*: 20 keys", "sampled han:rt:conn:*: 20 keys", "sampled han:rt:user:*: 0 keys"} {
+	for _, want := range []string{"sampled han:api:rl:*: 20 keys", "sampled han:api:idem:*: 20 keys", "sampled han:rt:conn:*: 20 keys"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -78,5 +81,15 @@ func TestSizingSamplesALiveInstance(t *testing.T) {
 	}
 	if !strings.Contains(out, fmt.Sprintf("× 2 windows × %d B", avg)) {
 		t.Errorf("the rate term should use the sampled %d B/key:\n%s", avg, out)
+	}
+	// The connections' average is of their HASHes alone.
+	i = strings.Index(out, "sampled han:rt:conn:*")
+	lo, hi := int64(math.MaxInt64), int64(0)
+	for i := 0; i < 50; i++ {
+		b := c1.MemoryUsage(ctx, fmt.Sprintf("han:rt:conn:{u%d}:c", i)).Val()
+		lo, hi = min(lo, b), max(hi, b)
+	}
+	if _, err := fmt.Sscanf(out[i:], "sampled han:rt:conn:*: %d keys, %d bytes/key", &n, &avg); err != nil || int64(avg) < lo || int64(avg) > hi {
+		t.Errorf("sampled connection bytes %d (%v), want a HASH's (%d to %d): the closed markers were counted", avg, err, lo, hi)
 	}
 }
