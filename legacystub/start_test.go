@@ -23,14 +23,7 @@ import (
 func TestStartSkipsAStalledDB2AndRecoveryDecidesTheSkippedTasks(t *testing.T) {
 	ctx := context.Background()
 	cfg := legacystub.Config{RedisTimeout: 300 * time.Millisecond, CreateCooldown: 400 * time.Millisecond}
-	f := newFixture(t, cfg)
-	f.drain()
-	srv, db2 := stallableDB2(t, cfg.RedisTimeout)
-	reg := prometheus.NewRegistry()
-	stub, err := legacystub.New(cfg, legacystub.Deps{DB2: db2, Store: f.store, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, srv, db2, stub, reg := stalledDB2Stub(t, cfg)
 	events := func(event string) float64 { return stubEvents(t, reg, event) }
 
 	// The messages are written first, so the cooldown covers the starts
@@ -87,14 +80,7 @@ func TestStartSkipsAStalledDB2AndRecoveryDecidesTheSkippedTasks(t *testing.T) {
 func TestAnAnsweredRefusalClosesTheStartBreaker(t *testing.T) {
 	ctx := context.Background()
 	cfg := legacystub.Config{RedisTimeout: 300 * time.Millisecond, CreateCooldown: 200 * time.Millisecond}
-	f := newFixture(t, cfg)
-	f.drain()
-	srv, db2 := stallableDB2(t, cfg.RedisTimeout)
-	reg := prometheus.NewRegistry()
-	stub, err := legacystub.New(cfg, legacystub.Deps{DB2: db2, Store: f.store, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, srv, _, stub, reg := stalledDB2Stub(t, cfg)
 	ids := []string{f.send(false), f.send(false), f.send(false), f.send(false)}
 	thaw := srv.Freeze(t)
 	stub.Start(ctx, ids[0]) // DB2 found unreachable: the breaker opens
@@ -123,6 +109,21 @@ func TestAnAnsweredRefusalClosesTheStartBreaker(t *testing.T) {
 	if skips := stubEvents(t, reg, "create_skipped"); skips != 0 {
 		t.Fatalf("%v starts skipped DB2 after it answered: the breaker stayed half-open", skips)
 	}
+}
+
+// stalledDB2Stub is a stub with cfg over a fixture with no task left and a
+// DB2 of its own, which the test may freeze; reg holds the stub's metrics.
+func stalledDB2Stub(t *testing.T, cfg legacystub.Config) (*fixture, *testenv.RedisServer, redis.UniversalClient, *legacystub.Stub, *prometheus.Registry) {
+	t.Helper()
+	f := newFixture(t, cfg)
+	f.drain()
+	srv, db2 := stallableDB2(t, cfg.RedisTimeout)
+	reg := prometheus.NewRegistry()
+	stub, err := legacystub.New(cfg, legacystub.Deps{DB2: db2, Store: f.store, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, srv, db2, stub, reg
 }
 
 // stubEvents reads han_legacy_stub_tasks_total{event} from reg (0 when the

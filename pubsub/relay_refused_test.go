@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store/rds"
@@ -40,18 +42,7 @@ func (l *lockedBuffer) String() string {
 func TestRelayGoesPastARowRedisRefuses(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
-	admin := env.Redis.AdminClient(1)
-	defer admin.Close()
-	user := "relay-" + ids.New()[:8]
-	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels", "&han:rt:*", "+@all").Err(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
-	rdb, err := rds.NewRedis("redis://"+user+":pw@"+env.Redis.Addr()+"/1", rds.RedisConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
+	rdb := serviceChannelsOnly(t)
 	logs := &lockedBuffer{}
 	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: time.Millisecond, Batch: 1000},
 		slog.New(slog.NewJSONHandler(logs, nil)))
@@ -129,18 +120,7 @@ func deadRelay(t *testing.T, ob pubsub.Outbox) *pubsub.Relay {
 func TestARelayBatchOfRefusedRowsDoesNotHoldBackTheRest(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
-	admin := env.Redis.AdminClient(1)
-	defer admin.Close()
-	user := "relayh-" + ids.New()[:8]
-	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels", "&han:rt:*", "+@all").Err(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
-	rdb, err := rds.NewRedis("redis://"+user+":pw@"+env.Redis.Addr()+"/1", rds.RedisConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
+	rdb := serviceChannelsOnly(t)
 	const batch = 3
 	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: time.Millisecond, Batch: batch}, discard)
 	if err != nil {
@@ -165,4 +145,29 @@ func TestARelayBatchOfRefusedRowsDoesNotHoldBackTheRest(t *testing.T) {
 		t.Fatalf("after %d relay runs, %d good rows behind %d refused ones are still unpublished",
 			pubsub.OutboxMaxAttempts+2, n, batch)
 	}
+}
+
+// serviceChannelsOnly is a DB1 client of a Redis user of its own that may
+// publish on the service's channels (han:rt:*) only: a row on any other
+// channel is refused with an error reply.
+func serviceChannelsOnly(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	ctx := context.Background()
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	user := "relay-" + ids.New()[:8]
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels", "&han:rt:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a := env.Redis.AdminClient(1)
+		defer a.Close()
+		a.Do(context.Background(), "ACL", "DELUSER", user)
+	})
+	rdb, err := rds.NewRedis("redis://"+user+":pw@"+env.Redis.Addr()+"/1", rds.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }
