@@ -219,9 +219,9 @@ func browserSendWrittenThenFailed(t *testing.T, a *page, seq int) string {
 	a.waitSel(deliveryBound, "the written message arrives over the socket", fmt.Sprintf(`#messages li.msg[data-seq="%d"]`, seq))
 	testenv.Eventually(t, 2*deliveryBound, func() bool { mu.Lock(); defer mu.Unlock(); return tries >= 6 },
 		"the composer did not try the send six times")
-	// The last answer has reached the composer: its failure is handled at
-	// once. Give the page a moment, then look.
-	time.Sleep(time.Second)
+	// Look once the composer has settled the send (its data-sending count
+	// is back to 0): hidden or failed, nothing changes after that.
+	a.waitJS(deliveryBound, "the composer settled the send", `document.querySelector("#composer").dataset.sending === "0"`)
 	got := mustEval[string](a, `JSON.stringify({ pending: document.querySelectorAll("#messages li.pending").length,
 		failed: document.querySelectorAll("#messages li.pending-failed").length })`)
 	if got != `{"pending":0,"failed":0}` {

@@ -82,6 +82,7 @@ export class ChatView {
     this.presence = new Map(); // user id → {online, lastSeenAt}
     this.typing = new Map(); // dialog id → Map(user id → shown until)
     this.pending = new Map(); // dialog id → [outgoing message]
+    this.inFlight = 0; // sends not settled yet (#deliver)
     this.uploads = []; // attachments of the message being written
     this.current = null;
     this.syncing = 0;
@@ -140,7 +141,7 @@ export class ChatView {
     this.input = h("textarea", { id: "composer-input", rows: "1", maxlength: "4000", placeholder: "Write a message…",
       "aria-label": "Message", autocomplete: "off" });
     this.sendBtn = h("button", { type: "submit", class: "btn btn-primary", id: "send" }, "Send");
-    this.composer = h("form", { id: "composer", class: "composer" },
+    this.composer = h("form", { id: "composer", class: "composer", "data-sending": "0" },
       this.uploadsEl,
       h("div", { class: "composer-row" },
         h("label", { for: "attach-input", class: "btn btn-ghost btn-icon", title: "Attach files" },
@@ -692,7 +693,25 @@ export class ChatView {
     this.#deliver(p);
   }
 
+  // #deliver runs one send to its end: confirmed, hidden (its message
+  // arrived while a try that may have written it failed) or failed. The
+  // composer's data-sending counts the sends still running (a styling
+  // hook; 0 once every send has settled).
   async #deliver(p) {
+    this.#sending(1);
+    try {
+      await this.#deliverOnce(p);
+    } finally {
+      this.#sending(-1);
+    }
+  }
+
+  #sending(d) {
+    this.inFlight += d;
+    this.composer.dataset.sending = String(this.inFlight);
+  }
+
+  async #deliverOnce(p) {
     p.state = "sending";
     p.error = null;
     this.#refreshPending(p);
