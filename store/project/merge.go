@@ -17,12 +17,21 @@ import (
 // one item each, the others share its pipeline. A lone call is sent at once.
 // Redis then pays a script's entry, its checks and most of its commands
 // once for all the items, not once per call.
+//
+// There is one merger per node of the batcher (rds.Batcher.NodeOf): on a
+// standalone Redis one, on a cluster one per master, chosen by the slot of
+// the call's first key (a project's keys share one hash tag). A round trip
+// then holds the calls of one master only, as the batcher's pipelines do: a
+// master that stalls holds its own calls (which leave the queue at their
+// own deadline) and none of the healthy masters'. A call routed on a slot
+// map that is about to change still reaches the right master: the batcher
+// routes it again, and go-redis follows a MOVED.
 
 const (
-	// mergeInFlight is how many round trips run at once. One: the calls
-	// that arrive meanwhile wait for it and merge into fewer, larger script
-	// calls (two in flight cost Redis and the client more CPU per message
-	// in the queue benchmark, docs/benchmarks.md).
+	// mergeInFlight is how many round trips of one merger run at once. One:
+	// the calls that arrive meanwhile wait for it and merge into fewer,
+	// larger script calls (two in flight cost Redis and the client more CPU
+	// per message in the queue benchmark, docs/benchmarks.md).
 	mergeInFlight = 1
 	// mergeMax bounds the calls of one round trip.
 	mergeMax = 48
@@ -79,10 +88,24 @@ func (q *Queue) merge(c *mergeCall) ([]any, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, q.cfg.RedisBudget)
 	defer cancel()
 	c.ctx = ctx
-	if err := q.merger.DoCtx(ctx, c); err != nil {
+	if err := q.mergerOf(c).DoCtx(ctx, c); err != nil {
 		return nil, err
 	}
 	return c.res, c.err
+}
+
+// mergerOf returns the merger of c's node: that of the master owning the
+// slot of c's first key on a cluster, the only one on a standalone Redis.
+func (q *Queue) mergerOf(c *mergeCall) *combine.Combiner[*mergeCall] {
+	node := ""
+	if len(c.keys) > 0 {
+		node = q.batch.NodeOf(c.ctx, c.keys[0])
+	}
+	if m, ok := q.mergers.Load(node); ok {
+		return m.(*combine.Combiner[*mergeCall])
+	}
+	m, _ := q.mergers.LoadOrStore(node, &combine.Combiner[*mergeCall]{Exec: q.execMerged, InFlight: mergeInFlight, Max: mergeMax})
+	return m.(*combine.Combiner[*mergeCall])
 }
 
 // execMerged sends one batch: one script call per set of calls that merge,

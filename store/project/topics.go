@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/encoding/json"
 
-	"github.com/han-app/gateway/internal/combine"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -156,9 +155,11 @@ type Queue struct {
 	module *ModuleBudget
 	leases *moduleLeases
 	batch  *rds.Batcher
-	merger combine.Combiner[*mergeCall] // publish, claim and ack (merge.go)
-	tokens tokenPool                    // lease tokens claims did not use (tokens.go)
-	cfg    QueueConfig
+	// mergers gathers publish, claim and ack calls (merge.go), one
+	// *combine.Combiner[*mergeCall] per node of the batcher (rds.Batcher.NodeOf).
+	mergers sync.Map
+	tokens  tokenPool // lease tokens claims did not use (tokens.go)
+	cfg     QueueConfig
 
 	mu       sync.Mutex               // guards subTopic and subsOf
 	subTopic map[idKey]*subKeys       // subscription → its topic (never changes) and script keys
@@ -170,10 +171,8 @@ type Queue struct {
 // NewQueue returns the project queue over the DB0 client.
 func NewQueue(rdb redis.UniversalClient, module *ModuleBudget, cfg QueueConfig) *Queue {
 	cfg = cfg.withDefaults()
-	q := &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes, cfg.RedisBudget), batch: rds.NewBatcher(rdb), cfg: cfg,
+	return &Queue{rdb: rdb, module: module, leases: newModuleLeases(module, cfg.ModuleLeaseBytes, cfg.RedisBudget), batch: rds.NewBatcher(rdb), cfg: cfg,
 		subTopic: map[idKey]*subKeys{}, subsOf: map[idKey]*topicSubsKeys{}}
-	q.merger = combine.Combiner[*mergeCall]{Exec: q.execMerged, InFlight: mergeInFlight, Max: mergeMax}
-	return q
 }
 
 // Config is the configuration in force (defaults filled in).

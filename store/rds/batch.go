@@ -121,16 +121,29 @@ func (b *Batcher) laneOf(ctx context.Context, c *batchCall) *lane {
 			key = c.keys[0]
 		}
 	}
-	addr := ""
-	if key != "" {
-		if node, err := b.cluster.MasterForKey(ctx, key); err == nil {
-			addr = node.Options().Addr
-		}
-	}
+	addr := b.NodeOf(ctx, key)
 	if l := (*b.lanes.Load())[addr]; l != nil {
 		return l
 	}
 	return b.addLane(addr)
+}
+
+// NodeOf names the lane that calls whose first key (or channel) is key go
+// to: on a cluster client, the address of the master that owns key's slot
+// in the client's slot map (ctx bounds a first load of the map); "" on a
+// standalone client, for no key, or while the client has no slot map. A
+// layer that gathers calls before they reach the batcher (the project
+// queue's merged script calls) keeps one gathering per name, so that a
+// stalled master holds only the calls of its own slots there too.
+func (b *Batcher) NodeOf(ctx context.Context, key string) string {
+	if b.cluster == nil || key == "" {
+		return ""
+	}
+	node, err := b.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
 }
 
 func (b *Batcher) addLane(addr string) *lane {
