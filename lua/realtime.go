@@ -12,5 +12,6 @@ var (
 	RTInstanceHeartbeat = mustLoad("rt_instance_heartbeat")
 	RTInstancesAdd      = mustLoad("rt_instances_add")
 	RTIndexRemove       = mustLoad("rt_index_remove")
+	RTIndexUpdate       = mustLoad("rt_index_update")
 	RTTicketRedeem      = mustLoad("rt_ticket_redeem")
 )

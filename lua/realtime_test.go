@@ -40,6 +40,9 @@ func init() {
 		"rt_index_remove": func(ctx context.Context, c redis.Scripter) error {
 			return lua.RTIndexRemove.Run(ctx, c, []string{"han:rt:instance:{acl-i}:connections"}, "acl-u:c1", "1").Err()
 		},
+		"rt_index_update": func(ctx context.Context, c redis.Scripter) error {
+			return lua.RTIndexUpdate.Run(ctx, c, []string{"han:rt:instance:{acl-i}:connections"}, 120000, 1, "acl-u:c1", "acl-u:~offline").Err()
+		},
 		"rt_ticket_redeem": func(ctx context.Context, c redis.Scripter) error {
 			err := lua.RTTicketRedeem.Run(ctx, c, []string{"han:rt:ticket:acl"}).Err()
 			if err == redis.Nil {

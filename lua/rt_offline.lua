@@ -18,7 +18,9 @@
 --         refresh) is later. Then a connection came (on any instance)
 --         after that disconnect and has gone since, and the transition's
 --         time is now: later than the online transition it ends, whatever
---         instance reported that. Without ARGV[4] it is now as well.
+--         instance reported that. Without ARGV[4], or when it is later
+--         than now (a time read on another node's clock: a check handed
+--         on from a dead instance's index), it is now as well.
 -- Returns {went_offline, now_ms, at_ms}; at_ms (the transition's time) only
 -- when went_offline is 1. The record keeps "<token>:<at_ms>", so a check
 -- run again reports the same time.
@@ -32,7 +34,7 @@ local mark = redis.call('GET', KEYS[2])
 if mark then
   redis.call('DEL', KEYS[2])
   local at = tonumber(ARGV[4]) or now
-  if (tonumber(mark) or 0) > at then
+  if (tonumber(mark) or 0) > at or at > now then
     at = now
   end
   if KEYS[3] then

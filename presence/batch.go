@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,6 +44,9 @@ type presenceOp struct {
 	kind opKind
 	conn Conn
 	max  int // connect: the per-user cap
+	// score (disconnect): the score with which the batch listed the
+	// user's offline check in the instance's index.
+	score int64
 
 	reply []any // the connection's script reply
 	err   error
@@ -158,16 +162,24 @@ func (b *opBatcher) sendAll(batch []*presenceOp) {
 
 // send runs batch as one pipeline: every op's script, then one index
 // update per kind. A refused connect takes its index entry back afterwards.
+// The disconnects' index update also lists each of their users' offline
+// check (offlineMember), before anyone knows whether the user has a live
+// connection left: the check is scheduled from the reply, and the instance
+// may die right after it. The members of users who are still live go
+// afterwards.
 func (b *opBatcher) send(batch []*presenceOp) {
 	p := b.p
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	var added, removed []string
+	var added, removed, leaving []string
 	for _, op := range batch {
 		if op.kind == opConnect {
 			added = append(added, indexMember(op.conn))
 		} else {
 			removed = append(removed, indexMember(op.conn))
+			if !slices.Contains(leaving, op.conn.UserID) {
+				leaving = append(leaving, op.conn.UserID)
+			}
 		}
 	}
 	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
@@ -182,26 +194,15 @@ func (b *opBatcher) send(batch []*presenceOp) {
 			p.instanceHeartbeat(ctx, pipe, added)
 		}
 		if len(removed) > 0 {
-			pipe.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(removed)...)
+			p.listOffline(ctx, pipe, leaving, removed)
 		}
 	})
 	// Each op is answered by its own script and by the index update of its
 	// kind (the pipeline's error is only the first failed command's: one
 	// user's failing script must not fail the others).
-	var addErr, removeErr error
-	if idx := cmds[min(len(batch), len(cmds)):]; len(idx) > 0 || err != nil {
-		if len(added) > 0 {
-			if len(idx) > 0 {
-				p.noteMarker(idx[0])
-			}
-			addErr = pipelineErr(idx, 0, err)
-			idx = idx[min(1, len(idx)):]
-		}
-		if len(removed) > 0 {
-			removeErr = pipelineErr(idx, 0, err)
-		}
-	}
+	addErr, removeErr, score := p.indexReplies(cmds[min(len(batch), len(cmds)):], len(added) > 0, len(removed) > 0, err)
 	var refused []string
+	live := map[string]bool{} // users of answered disconnects: false once one left none live
 	for i, op := range batch {
 		if i >= len(cmds) {
 			op.err = fmt.Errorf("presence: no reply: %w", rds.ClassifyRedisError(err))
@@ -226,11 +227,57 @@ func (b *opBatcher) send(batch []*presenceOp) {
 				refused = append(refused, indexMember(op.conn))
 			}
 		}
+		if op.kind == opDisconnect {
+			op.score = score
+			n, _, ok := removalReply(op.reply)
+			still, seen := live[op.conn.UserID]
+			live[op.conn.UserID] = (still || !seen) && ok && n > 0
+		}
 	}
+	p.unlistLive(live, score)
 	if len(refused) > 0 {
 		if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(refused)...).Err(); err != nil {
 			p.logger.Warn("presence: removing refused connections' index entries failed", slog.String("kind", rds.Kind(err)))
 		}
+	}
+}
+
+// indexReplies reads the replies to a batch's index updates (idx, those
+// after the ops' own scripts; err, the pipeline's): the connects' error,
+// the disconnects' and the score with which the latter listed their users'
+// offline checks.
+func (p *Presence) indexReplies(idx []redis.Cmder, added, removed bool, err error) (addErr, removeErr error, score int64) {
+	if len(idx) == 0 && err == nil {
+		return nil, nil, 0
+	}
+	if added {
+		if len(idx) > 0 {
+			p.noteMarker(idx[0])
+		}
+		addErr = pipelineErr(idx, 0, err)
+		idx = idx[min(1, len(idx)):]
+	}
+	if removed {
+		removeErr = pipelineErr(idx, 0, err)
+		if removeErr == nil {
+			score, removeErr = lua.Reply(idx[0]).Int64()
+		}
+	}
+	return addErr, removeErr, score
+}
+
+// unlistLive removes the offline check members a batch of disconnects
+// listed for users who still have a live connection (live[user]), unless
+// a check of theirs is pending (it takes the member over).
+func (p *Presence) unlistLive(live map[string]bool, score int64) {
+	var users []string
+	for u, l := range live {
+		if l {
+			users = append(users, u)
+		}
+	}
+	if len(users) > 0 {
+		p.adopt(users, score)
 	}
 }
 

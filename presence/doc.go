@@ -8,7 +8,9 @@
 // liveness TTL + sweep interval. Online/offline transitions are reported
 // once each (an online marker per user, offline debounced from the user's
 // last disconnect; the debounced checks wait in one queue, those that fall
-// due together share a pipeline, and a check that fails runs again).
+// due together share a pipeline, and a check that fails runs again; each
+// pending check is listed in the instance's index, so a survivor that
+// sweeps a dead instance runs the checks it had not run).
 // Connects and disconnects that arrive together share pipelines; a
 // draining instance removes its connections with DisconnectMany, one
 // script per user and hundreds per round trip.

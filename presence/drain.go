@@ -16,9 +16,10 @@ import (
 // requires, but many users' scripts share one pipeline: draining N sockets
 // costs one script per user and one round trip per drainUsersPerTrip
 // users, instead of one script and a share of a small pipeline per
-// connection. The instance index keeps the members: Deregister deletes it
-// whole when the instance stops, and should the instance die first, the
-// survivors' sweep of what it still lists is a harmless repeat.
+// connection. The instance index keeps the members: Deregister replaces
+// them with the offline checks still pending when the instance stops, and
+// should the instance die first, the survivors' sweep of what it still
+// lists is a harmless repeat that runs the users' checks.
 const drainUsersPerTrip = 512
 
 // DisconnectMany removes conns, a duplicate or an already removed one
@@ -80,7 +81,7 @@ func (p *Presence) disconnectMany(ctx context.Context, conns []Conn) (at time.Ti
 				break
 			}
 			if v, err := lua.Reply(cmds[i]).Slice(); err == nil {
-				if t := p.afterDisconnect(u.id, v); !t.IsZero() {
+				if t := p.afterDisconnect(u.id, v, 0); !t.IsZero() {
 					at = t
 				}
 			} else {

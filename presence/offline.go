@@ -20,6 +20,16 @@ import (
 // queue with one goroutine and one timer, not a timer each. Checks that
 // fall due together (the users of a drain, of a dead instance's sweep) go
 // out as one pipeline per offlineBatchMax users.
+//
+// A check lives in this instance's memory, so it is also listed in the
+// instance's index, as the member "<user_id>:~offline" (offlineConnID: a
+// connection id is a UUID, never that), scored with Redis's time of the
+// listing. Should the instance die before the check runs, the survivor
+// that sweeps the index runs it instead (and lists it in its own index
+// first). The member goes once the check got its answer, was given up, or
+// was cancelled by a reconnect (when its turn comes); a member left over
+// only costs a survivor one check that announces nothing. Removals compare
+// the score, so they never take a member a later check listed again.
 const (
 	// offlineBatchMax bounds the checks of one pipeline.
 	offlineBatchMax = 512
@@ -33,6 +43,12 @@ const (
 	offlineRetryFirst = 250 * time.Millisecond
 	offlineRetryMax   = 5 * time.Second
 )
+
+// offlineConnID is the connection-id part of an offline check's index member.
+const offlineConnID = "~offline"
+
+// offlineMember is the index member of userID's offline check.
+func offlineMember(userID string) string { return userID + ":" + offlineConnID }
 
 // offlineCheck is one scheduled check; a reconnect cancels it, and a later
 // disconnect replaces it, by removing it from Presence.pending (it stays in
@@ -50,19 +66,24 @@ type offlineCheck struct {
 	// token tells Redis a retry from another check: a retry whose earlier
 	// run deleted the marker (the reply was lost) still reports it.
 	token string
+	// score is the score of the check's member in this instance's index;
+	// 0 while it is not listed there (nor needs to be: a drain's checks,
+	// whose connections the index still lists).
+	score int64
 }
 
 // scheduleOffline checks the user's offline transition after the debounce.
 // The debounce runs from the user's last disconnect: a check already
 // pending is replaced by this one (the old one stays in the queue and is
 // skipped).
-func (p *Presence) scheduleOffline(userID string, at time.Time) {
-	p.scheduleOfflineIn(userID, at, p.cfg.OfflineDebounce)
+// score: see offlineCheck.
+func (p *Presence) scheduleOffline(userID string, at time.Time, score int64) {
+	p.scheduleOfflineIn(userID, at, p.cfg.OfflineDebounce, score)
 }
 
 // scheduleOfflineIn checks the user's offline transition after wait,
 // replacing a check already pending.
-func (p *Presence) scheduleOfflineIn(userID string, at time.Time, wait time.Duration) {
+func (p *Presence) scheduleOfflineIn(userID string, at time.Time, wait time.Duration, score int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -70,7 +91,7 @@ func (p *Presence) scheduleOfflineIn(userID string, at time.Time, wait time.Dura
 	}
 	now := time.Now()
 	c := &offlineCheck{userID: userID, at: at, due: now.Add(wait),
-		until: now.Add(p.cfg.UserTTL), retry: offlineRetryFirst, token: strconv.FormatUint(rand.Uint64(), 36)}
+		until: now.Add(p.cfg.UserTTL), retry: offlineRetryFirst, token: strconv.FormatUint(rand.Uint64(), 36), score: score}
 	p.pending[userID] = c
 	p.queueLocked(c)
 }
@@ -100,13 +121,15 @@ func (p *Presence) queueLocked(cs ...*offlineCheck) {
 
 // retryOffline queues the checks that got no answer again, each after its
 // pause, unless the user was checked again meanwhile (a later disconnect)
-// or the check's time is up.
-func (p *Presence) retryOffline(failed []*offlineCheck) {
+// or the check's time is up; it returns those given up.
+func (p *Presence) retryOffline(failed []*offlineCheck) (dropped []*offlineCheck) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return
+		// Their index members stay for the survivors (Deregister).
+		p.checksDropped = p.checksDropped || len(failed) > 0
+		return nil
 	}
 	// Checks of one batch share a pause; bunched by pause they keep the
 	// queue in due order.
@@ -114,6 +137,7 @@ func (p *Presence) retryOffline(failed []*offlineCheck) {
 	var pauses []time.Duration
 	for _, c := range failed {
 		if p.pending[c.userID] != nil || now.Add(c.retry).After(c.until) {
+			dropped = append(dropped, c)
 			continue
 		}
 		c.due = now.Add(c.retry)
@@ -127,6 +151,7 @@ func (p *Presence) retryOffline(failed []*offlineCheck) {
 	for _, d := range pauses {
 		p.queueLocked(byPause[d]...)
 	}
+	return dropped
 }
 
 // removalFailed follows a removal of conns that got no answer: it is done
@@ -138,7 +163,7 @@ func (p *Presence) removalFailed(conns []Conn) {
 	p.retakeLater(conns, false)
 	for i, c := range conns {
 		if i == 0 || conns[i-1].UserID != c.UserID {
-			p.scheduleOfflineIn(c.UserID, time.Time{}, p.cfg.ConnTTL+p.cfg.OfflineDebounce)
+			p.scheduleOfflineIn(c.UserID, time.Time{}, p.cfg.ConnTTL+p.cfg.OfflineDebounce, 0)
 		}
 	}
 }
@@ -171,12 +196,14 @@ func (p *Presence) offlineLoop() {
 			continue
 		}
 		limit := time.Now().Add(offlineSlack)
-		var batch []*offlineCheck
+		var batch, skipped []*offlineCheck
 		i := 0
 		for ; i < len(p.due) && len(batch) < offlineBatchMax && !p.due[i].due.After(limit); i++ {
 			if c := p.due[i]; p.pending[c.userID] == c {
 				delete(p.pending, c.userID)
 				batch = append(batch, c)
+			} else if c.score != 0 {
+				skipped = append(skipped, c) // cancelled or replaced
 			}
 		}
 		p.due = p.due[i:]
@@ -186,7 +213,7 @@ func (p *Presence) offlineLoop() {
 		p.checking += len(batch)
 		p.mu.Unlock()
 		failed := p.runOffline(batch)
-		p.retryOffline(failed)
+		p.unlist(append(skipped, p.retryOffline(failed)...))
 		p.mu.Lock()
 		p.checking -= len(batch)
 		p.mu.Unlock()
@@ -214,6 +241,7 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 		p.logger.Warn("presence offline check failed", slog.String("kind", rds.Kind(rds.ClassifyRedisError(err))))
 	}
 	var gone []string // users whose check deleted the online marker
+	var answered []*offlineCheck
 	for i, c := range batch {
 		if i >= len(cmds) {
 			failed = append(failed, c)
@@ -224,6 +252,7 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 			failed = append(failed, c)
 			continue
 		}
+		answered = append(answered, c)
 		if went, _ := v[0].(int64); went == 1 {
 			gone = append(gone, c.userID)
 			at := c.at
@@ -249,5 +278,68 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 			p.logger.Warn("presence: removing offline check records failed", slog.String("kind", rds.Kind(rds.ClassifyRedisError(err))))
 		}
 	}
+	p.unlist(answered)
 	return failed
+}
+
+// unlist removes the index members of checks that are done with (answered,
+// given up, cancelled or replaced), each only while its score is the one
+// the check listed: a later check of the same user listed it again with a
+// later score (and a check that took over a member, with the same score, is
+// still pending: that one stays too).
+func (p *Presence) unlist(checks []*offlineCheck) {
+	p.mu.Lock()
+	args := make([]any, 0, 2*len(checks))
+	for _, c := range checks {
+		if c.score == 0 {
+			continue
+		}
+		if q := p.pending[c.userID]; q != nil && q.score == c.score {
+			continue
+		}
+		args = append(args, offlineMember(c.userID), strconv.FormatInt(c.score, 10))
+	}
+	p.mu.Unlock()
+	if len(args) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+		lua.RTIndexRemove.Run(ctx, pipe, []string{InstanceConnsKey(p.cfg.InstanceID)}, args...)
+	}); err != nil {
+		p.logger.Warn("presence: removing offline checks' index entries failed", slog.String("kind", rds.Kind(rds.ClassifyRedisError(err))))
+	}
+}
+
+// listOffline lists users' offline checks in this instance's index (one
+// member each, scored with Redis's time, which it returns), removing the
+// members remove in the same call.
+func (p *Presence) listOffline(ctx context.Context, c redis.Scripter, users []string, remove []string) *redis.Cmd {
+	args := make([]any, 0, 2+len(remove)+len(users))
+	args = append(args, ms(p.cfg.RegistryTTL), len(remove))
+	for _, m := range remove {
+		args = append(args, m)
+	}
+	for _, u := range users {
+		args = append(args, offlineMember(u))
+	}
+	return lua.RTIndexUpdate.Run(ctx, c, []string{InstanceConnsKey(p.cfg.InstanceID)}, args...)
+}
+
+// adopt gives the listing of users' checks (score) to their pending
+// checks; the members of users without one (a check that already ran, a
+// user still live) are removed.
+func (p *Presence) adopt(users []string, score int64) {
+	var stray []*offlineCheck
+	p.mu.Lock()
+	for _, u := range users {
+		if c := p.pending[u]; c != nil {
+			c.score = score
+		} else {
+			stray = append(stray, &offlineCheck{userID: u, score: score})
+		}
+	}
+	p.mu.Unlock()
+	p.unlist(stray)
 }

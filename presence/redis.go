@@ -40,7 +40,7 @@ type Presence struct {
 	// which its own refresh, finding the marker back, would not.
 	markerLapsed atomic.Bool
 
-	mu       sync.Mutex               // guards pending, due, checking, offlineRunning, retakes, retakesDropped, emitting, closed, started, cancel
+	mu       sync.Mutex               // guards pending (and their scores), due, checking, offlineRunning, retakes, retakesDropped, checksDropped, emitting, closed, started, cancel
 	pending  map[string]*offlineCheck // user → its scheduled offline check
 	due      []*offlineCheck          // scheduled checks in due order (cancelled ones skipped)
 	checking int                      // checks taken from due whose outcome is not yet reported
@@ -54,6 +54,10 @@ type Presence struct {
 	// then leaves the index to the survivors for good.
 	retakesDropped bool
 	retakeLoop     *loop.Loop // runs while retakes holds entries
+	// checksDropped: Close dropped offline checks that had not run (or a
+	// failed one it would have retried). Sticky: Deregister then leaves
+	// the index, which lists them, to the survivors.
+	checksDropped bool
 	// emitting holds, for each user whose transition callbacks are
 	// running, the callbacks waiting their turn.
 	emitting map[string][]func(ctx context.Context)
@@ -227,7 +231,7 @@ func (p *Presence) Disconnect(ctx context.Context, userID, connID string) (time.
 		p.removalFailed([]Conn{op.conn})
 		return time.Time{}, fmt.Errorf("presence disconnect: %w", err)
 	}
-	return p.afterDisconnect(userID, op.reply), nil
+	return p.afterDisconnect(userID, op.reply, op.score), nil
 }
 
 // disconnect removes a connection. closed marks its socket closed (for
@@ -247,19 +251,26 @@ func (p *Presence) disconnect(ctx context.Context, c redis.Scripter, userID, con
 }
 
 // afterDisconnect reads a removal's reply: it schedules the user's offline
-// check when no live connection is left and returns Redis's time of the
-// removal (zero when the reply carried none).
-func (p *Presence) afterDisconnect(userID string, v []any) time.Time {
-	if len(v) < 3 {
-		return time.Time{}
-	}
-	live, _ := v[1].(int64)
-	nowMs, _ := v[2].(int64)
-	at := time.UnixMilli(nowMs)
-	if live == 0 {
-		p.scheduleOffline(userID, at)
+// check (score: its member's in this instance's index, 0 for none) when no
+// live connection is left and returns Redis's time of the removal (zero
+// when the reply carried none).
+func (p *Presence) afterDisconnect(userID string, v []any, score int64) time.Time {
+	live, at, ok := removalReply(v)
+	if ok && live == 0 {
+		p.scheduleOffline(userID, at, score)
 	}
 	return at
+}
+
+// removalReply reads a removal's reply: the user's live connections left
+// and Redis's time of the removal; ok is false when it carried none.
+func removalReply(v []any) (live int64, at time.Time, ok bool) {
+	if len(v) < 3 {
+		return 0, time.Time{}, false
+	}
+	live, _ = v[1].(int64)
+	nowMs, _ := v[2].(int64)
+	return live, time.UnixMilli(nowMs), true
 }
 
 // MarkOffline reports the offline transition once: true when the user has
@@ -333,22 +344,45 @@ func (p *Presence) noteMarker(cmd redis.Cmder) {
 // Deregister removes this instance's marker, index and registry entry
 // (graceful shutdown, after its connections disconnected). While removals
 // that failed still wait to be taken again (DisconnectLater), or once one
-// did not fit in that queue (it will never be taken again), only the
-// marker goes: the index lists those connections, and the survivors, who
-// find the marker gone, sweep them and announce their users offline — a
-// shutdown cannot promise to outlive the retry.
+// did not fit in that queue (it will never be taken again), or once Close
+// dropped offline checks that had not run, only the marker goes: the index
+// lists those connections and checks, and the survivors, who find the
+// marker gone, sweep them and announce their users offline — a shutdown
+// cannot promise to outlive the retry.
+//
+// Offline checks still pending (a drain's, which run while Shutdown
+// waits) are handed on: the index is left holding one "~offline" member
+// for each and nothing else, with the registry entry, so that should the
+// instance die before they run, the survivors run them; each check run
+// here takes its member back, and a survivor's sweep of what is left
+// removes the entry.
 func (p *Presence) Deregister(ctx context.Context) error {
 	p.mu.Lock()
-	outstanding := len(p.retakes) > 0 || p.retakesDropped
+	outstanding := len(p.retakes) > 0 || p.retakesDropped || p.checksDropped
+	users := make([]string, 0, len(p.pending))
+	for u := range p.pending {
+		users = append(users, u)
+	}
 	p.mu.Unlock()
-	_, err := p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.Del(ctx, InstanceKey(p.cfg.InstanceID))
+	index := InstanceConnsKey(p.cfg.InstanceID)
+	var listed *redis.Cmd
+	_, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 		if !outstanding {
-			pipe.Del(ctx, InstanceConnsKey(p.cfg.InstanceID))
-			pipe.ZRem(ctx, InstancesKey, p.cfg.InstanceID)
+			pipe.Del(ctx, index)
+			if len(users) > 0 {
+				// The marker goes after it: a sweep between sees an
+				// instance still alive.
+				listed = p.listOffline(ctx, pipe, users, nil)
+			} else {
+				pipe.ZRem(ctx, InstancesKey, p.cfg.InstanceID)
+			}
 		}
-		return nil
+		pipe.Del(ctx, InstanceKey(p.cfg.InstanceID))
 	})
+	if err == nil && listed != nil {
+		score, _ := lua.Reply(listed).Int64()
+		p.adopt(users, score)
+	}
 	return rds.ClassifyRedisError(err)
 }
 
@@ -456,11 +490,28 @@ func (p *Presence) sweepDead(parent context.Context, id string) (n int, swept bo
 // sets the marker before it registers its connections again, a chunk at a
 // time): the next sweep looks at the marker again. spareFresh is false for
 // an earlier life of this instance's own id, which cannot come back.
+//
+// The offline checks the instance had not run yet (its "~offline"
+// members) and those of the users its removed connections leave with none
+// live are listed in this instance's index before the swept entries go,
+// then scheduled here: should this instance die too, whoever sweeps it
+// runs them. In an earlier life's index, which is this life's own, listing
+// a check moves its member past the entries the sweep reads (those older
+// than the sweep).
 func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int, spareFresh bool) (n int, done bool, err error) {
 	index := InstanceConnsKey(id)
 	var fresh []int64
+	until := "+inf"
 	if spareFresh {
 		fresh = []int64{ms(p.cfg.LivenessTTL / 2)}
+	} else {
+		// Redis's time on the index's own node: what this life lists
+		// from now on is not older.
+		start, err := p.listOffline(ctx, p.rdb, nil, nil).Int64()
+		if err != nil {
+			return 0, false, err
+		}
+		until = "(" + strconv.FormatInt(start, 10)
 	}
 	for b := 0; b < maxBatches; b++ {
 		if b > 0 && spareFresh {
@@ -468,64 +519,103 @@ func (p *Presence) sweepInstance(ctx context.Context, id string, maxBatches int,
 				return n, false, err
 			}
 		}
-		entries, err := p.rdb.ZRangeWithScores(ctx, index, 0, int64(p.cfg.SweepBatch-1)).Result()
+		entries, err := p.rdb.ZRangeByScoreWithScores(ctx, index, &redis.ZRangeBy{Min: "-inf", Max: until, Count: int64(p.cfg.SweepBatch)}).Result()
 		if err != nil {
 			return n, false, err
 		}
 		if len(entries) == 0 {
 			return n, true, nil
 		}
-		type target struct{ user, conn, member string }
-		targets := make([]target, 0, len(entries))
-		for _, e := range entries {
-			m, _ := e.Member.(string)
-			if u, c, ok := strings.Cut(m, ":"); ok {
-				targets = append(targets, target{u, c, m})
-			}
-		}
-		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
-			for _, t := range targets {
-				p.disconnect(ctx, pipe, t.user, t.conn, false, fresh...)
-			}
-		})
+		removed, args, spared, err := p.sweepBatch(ctx, entries, fresh, spareFresh)
+		n += removed
 		if err != nil {
 			return n, false, err
-		}
-		spared := map[string]bool{}
-		for i, t := range targets {
-			v, _ := lua.Reply(cmds[i]).Slice()
-			if len(v) > 0 {
-				if removed, _ := v[0].(int64); removed < 0 {
-					spared[t.member] = true
-					continue
-				}
-			}
-			p.afterDisconnect(t.user, v)
-			n++
 		}
 		if p.afterSweepDisconnect != nil {
 			p.afterSweepDisconnect()
 		}
-		args := make([]any, 0, 2*len(entries))
-		for _, e := range entries {
-			m, _ := e.Member.(string)
-			if !spared[m] {
-				args = append(args, m, strconv.FormatInt(int64(e.Score), 10))
-			}
-		}
-		removed := 0
+		gone := 0
 		if len(args) > 0 {
-			removed, err = lua.RTIndexRemove.Run(ctx, p.rdb, []string{index}, args...).Int()
+			gone, err = lua.RTIndexRemove.Run(ctx, p.rdb, []string{index}, args...).Int()
 			if err != nil {
 				return n, false, err
 			}
 		}
-		p.sweptConns.Add(float64(len(targets) - len(spared)))
-		if len(spared) > 0 || removed < len(args)/2 {
+		p.sweptConns.Add(float64(removed))
+		if spared || gone < len(args)/2 {
 			return n, false, nil
 		}
 	}
 	return n, false, nil
+}
+
+// sweepBatch removes one batch of a swept index's connections and takes
+// over the offline checks the batch leads to (sweepInstance). It returns
+// how many connections it removed, the entries to take out of the index
+// (member, score read) and whether it spared a fresh registration.
+func (p *Presence) sweepBatch(ctx context.Context, entries []redis.Z, fresh []int64, other bool) (n int, args []any, spared bool, err error) {
+	type target struct{ user, conn, member, score string }
+	var conns []target
+	checks := map[string]time.Time{} // user → the transition's time
+	var users []string
+	check := func(u string, at time.Time) {
+		if _, ok := checks[u]; !ok {
+			users = append(users, u)
+		}
+		if at.After(checks[u]) {
+			checks[u] = at
+		}
+	}
+	args = make([]any, 0, 2*len(entries))
+	for _, e := range entries {
+		m, _ := e.Member.(string)
+		score := strconv.FormatInt(int64(e.Score), 10)
+		u, c, ok := strings.Cut(m, ":")
+		switch {
+		case !ok:
+		case c == offlineConnID:
+			check(u, time.UnixMilli(int64(e.Score)))
+			if other {
+				args = append(args, m, score)
+			}
+		default:
+			conns = append(conns, target{u, c, m, score})
+		}
+	}
+	if len(conns) > 0 {
+		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
+			for _, t := range conns {
+				p.disconnect(ctx, pipe, t.user, t.conn, false, fresh...)
+			}
+		})
+		if err != nil {
+			return 0, nil, false, err
+		}
+		for i, t := range conns {
+			v, _ := lua.Reply(cmds[i]).Slice()
+			if len(v) > 0 {
+				if removed, _ := v[0].(int64); removed < 0 {
+					spared = true
+					continue
+				}
+			}
+			if live, at, ok := removalReply(v); ok && live == 0 {
+				check(t.user, at)
+			}
+			args = append(args, t.member, t.score)
+			n++
+		}
+	}
+	if len(users) > 0 {
+		score, err := p.listOffline(ctx, p.rdb, users, nil).Int64()
+		if err != nil {
+			return n, nil, spared, err
+		}
+		for _, u := range users {
+			p.scheduleOffline(u, checks[u], score)
+		}
+	}
+	return n, args, spared, nil
 }
 
 // pipelined runs fn's commands in one pipeline. Scripts queued in a
@@ -544,7 +634,7 @@ func (p *Presence) pipelined(ctx context.Context, fn func(pipe redis.Pipeliner))
 	if err == nil || !hasNoScript(cmds) {
 		return cmds, err
 	}
-	for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd, lua.RTIndexRemove} {
+	for _, s := range []*lua.Script{lua.RTHeartbeat, lua.RTDisconnect, lua.RTDisconnectUser, lua.RTOffline, lua.RTInstanceHeartbeat, lua.RTInstancesAdd, lua.RTIndexRemove, lua.RTIndexUpdate} {
 		if err := s.Load(ctx, p.rdb); err != nil {
 			return cmds, err
 		}

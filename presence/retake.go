@@ -141,13 +141,21 @@ func (p *Presence) retakePass(ctx context.Context) bool {
 			p.retakes = p.retakes[len(batch):]
 			p.mu.Unlock()
 			// Their index entries go too (a removal that failed left them,
-			// and nothing else takes them out while the instance lives).
-			members := make([]any, len(batch))
+			// and nothing else takes them out while the instance lives),
+			// and the offline checks the removal scheduled are listed in
+			// their place.
+			members := make([]string, len(batch))
+			var users []string
 			for i, c := range batch {
 				members[i] = indexMember(c)
+				if !slices.Contains(users, c.UserID) {
+					users = append(users, c.UserID)
+				}
 			}
-			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), members...).Err(); err != nil {
-				p.logger.Warn("presence: removing retaken connections' index entries failed", slog.String("kind", rds.Kind(err)))
+			if score, err := p.listOffline(ctx, p.rdb, users, members).Int64(); err != nil {
+				p.logger.Warn("presence: removing retaken connections' index entries failed", slog.String("kind", rds.Kind(rds.ClassifyRedisError(err))))
+			} else {
+				p.adopt(users, score)
 			}
 			p.announceOnline(ctx, unknown)
 		}

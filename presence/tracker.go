@@ -237,8 +237,10 @@ func (p *Presence) Shutdown(ctx context.Context) {
 	p.Close()
 }
 
-// Close stops the background work, drops pending offline checks and waits
-// for running callbacks. It removes nothing from Redis (Deregister does).
+// Close stops the background work, drops pending offline checks (their
+// index members stay: should the instance stop for good, the survivors run
+// them) and waits for running callbacks. It removes nothing from Redis
+// (Deregister does).
 // Idempotent.
 func (p *Presence) Close() {
 	p.mu.Lock()
@@ -247,6 +249,8 @@ func (p *Presence) Close() {
 		return
 	}
 	p.closed = true
+	// Their index members stay for the survivors (Deregister).
+	p.checksDropped = p.checksDropped || len(p.pending) > 0
 	clear(p.pending)
 	p.due = nil
 	cancel := p.cancel

@@ -117,6 +117,9 @@ var invocations = map[string]invocation{
 	"rt_index_remove": func(ctx context.Context, c redis.Scripter, p place) error {
 		return lua.RTIndexRemove.Run(ctx, c, []string{presence.InstanceConnsKey(p.instance())}, p.user()+":c1", "1").Err()
 	},
+	"rt_index_update": func(ctx context.Context, c redis.Scripter, p place) error {
+		return lua.RTIndexUpdate.Run(ctx, c, []string{presence.InstanceConnsKey(p.instance())}, 120000, 1, p.user()+":c1", p.user()+":~offline").Err()
+	},
 	"rt_ticket_redeem": func(ctx context.Context, c redis.Scripter, p place) error {
 		return nilOK(lua.RTTicketRedeem.Run(ctx, c, []string{"han:rt:ticket:v2:" + p.id(6)}).Err())
 	},
