@@ -200,7 +200,8 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 			return err
 		}
 		if _, err := tx.Exec(ctx,
-			"INSERT INTO dialog_members(dialog_id, user_id) SELECT $1, unnest($2::text[]::uuid[])", id, members); err != nil {
+			"INSERT INTO dialog_members(dialog_id, user_id, dialog_created_at) SELECT $1, unnest($2::text[]::uuid[]), $3",
+			id, members, d.CreatedAt); err != nil {
 			return err
 		}
 		d.ID, d.Title, d.MemberIDs = id, title, members
@@ -292,19 +293,24 @@ func (s *Store) ListDialogs(ctx context.Context, userID, cursor string, limit in
 
 // listDialogsSQL is the listing's statement: $1 the user, $2 the page size,
 // and with a cursor ($3, $4) the (created_at, id) the page starts after.
-// The page is chosen first; then each of its dialogs reads its newest
-// message with one backward probe of the unique (dialog_id, seq) index
-// (LIMIT 1, no sort), so the cost grows with the page, not with the
-// dialogs' messages. The same snapshot gives lastSeq and the message.
+// The page is chosen first, from the user's memberships in the
+// (user_id, dialog_created_at DESC, dialog_id DESC) index: each membership
+// carries its dialog's created_at, so the page is the index's next $2
+// entries, read in order, however many dialogs the user is in. Then each
+// of its dialogs reads its newest message with one backward probe of the
+// unique (dialog_id, seq) index (LIMIT 1, no sort), so the cost grows with
+// the page, not with the dialogs' messages. The same snapshot gives lastSeq
+// and the message.
 func listDialogsSQL(withCursor bool) string {
 	where := ""
 	if withCursor {
-		where = " AND (d.created_at, d.id) < ($3, $4)"
+		where = " AND (me.dialog_created_at, me.dialog_id) < ($3, $4)"
 	}
 	return `SELECT ` + dialogColumns + `, lm.*
-		FROM (SELECT d.id, d.title, d.last_seq, d.created_at FROM dialogs d
-			JOIN dialog_members me ON me.dialog_id = d.id AND me.user_id = $1
-			WHERE true` + where + ` ORDER BY d.created_at DESC, d.id DESC LIMIT $2) d
+		FROM (SELECT d.id, d.title, d.last_seq, d.created_at FROM dialog_members me
+			JOIN dialogs d ON d.id = me.dialog_id
+			WHERE me.user_id = $1` + where + `
+			ORDER BY me.dialog_created_at DESC, me.dialog_id DESC LIMIT $2) d
 		LEFT JOIN LATERAL (SELECT ` + messageColumns + ` FROM messages
 			WHERE messages.dialog_id = d.id ORDER BY messages.seq DESC LIMIT 1) lm ON true
 		ORDER BY d.created_at DESC, d.id DESC`

@@ -14,3 +14,10 @@ var ListDialogsSQL = listDialogsSQL
 // BlobError is the blob store's classification of a file system failure,
 // for the test of the errors it tells apart.
 var BlobError = blobError
+
+// MigrationSQL is the text of an embedded migration, for the tests that run
+// one again.
+func MigrationSQL(file string) (string, error) {
+	b, err := migrationFiles.ReadFile("migrations/" + file)
+	return string(b), err
+}
