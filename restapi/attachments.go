@@ -268,14 +268,13 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 	c.ContentType = mt
 	// sizeBytes: a plain positive integer (no sign, fraction or exponent).
 	raw := string(req.SizeBytes)
-	if raw == "" || raw[0] < '1' || raw[0] > '9' || len(raw) > 19 || strings.TrimLeft(raw, "0123456789") != "" {
+	if raw == "" || raw[0] < '1' || raw[0] > '9' || strings.TrimLeft(raw, "0123456789") != "" {
 		return c, apiErr(http.StatusBadRequest, "invalid_size")
 	}
+	// Digits only, without a leading zero: the one error ParseInt can give
+	// is a value past 64 bits, which is over any limit too.
 	n, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil {
-		return c, apiErr(http.StatusBadRequest, "invalid_size")
-	}
-	if n > s.att.cfg.MaxBytes {
+	if err != nil || n > s.att.cfg.MaxBytes {
 		return c, errPayloadTooLarge
 	}
 	c.SizeBytes = n

@@ -220,6 +220,13 @@ func TestAttachmentValidation(t *testing.T) {
 		{"size exponent", initBody(d.ID, "a.txt", "text/plain", "1e3"), aTok, 400, "invalid_size"},
 		{"size string", initBody(d.ID, "a.txt", "text/plain", `"5"`), aTok, 400, "invalid_size"},
 		{"size over the limit", initBody(d.ID, "a.txt", "text/plain", max+1), aTok, 413, "payload_too_large"},
+		// Every plain positive integer over the limit is too large, also
+		// one past 64 bits.
+		{"size of int64 max", initBody(d.ID, "a.txt", "text/plain", "9223372036854775807"), aTok, 413, "payload_too_large"},
+		{"size of 19 digits past int64", initBody(d.ID, "a.txt", "text/plain", "9223372036854775808"), aTok, 413, "payload_too_large"},
+		{"size of 20 digits", initBody(d.ID, "a.txt", "text/plain", "10000000000000000000"), aTok, 413, "payload_too_large"},
+		{"size of 400 digits", initBody(d.ID, "a.txt", "text/plain", strings.Repeat("9", 400)), aTok, 413, "payload_too_large"},
+		{"size of 20 digits with a fraction", initBody(d.ID, "a.txt", "text/plain", "10000000000000000000.5"), aTok, 400, "invalid_size"},
 		{"dialog not uuid", initBody("nope", "a.txt", "text/plain", 5), aTok, 400, "invalid_uuid"},
 		{"not a member", initBody(d.ID, "a.txt", "text/plain", 5), cTok, 404, "dialog_not_found"},
 	}
