@@ -15,7 +15,9 @@ import (
 	"github.com/han-app/gateway/store"
 )
 
-const listingMigration = "0017_dialog_listing_order.sql"
+// listingMigrations add the copy of each dialog's creation time to its
+// memberships, then fill it in and build the listing's index.
+var listingMigrations = []string{"0017_dialog_members_created_at.sql", "0018_dialog_listing_index.sql"}
 
 // previousRelease opens a new database at the schema the release before
 // the listing index left, with a user in three dialogs created as that
@@ -119,13 +121,17 @@ func TestListingMigrationUpgradesAServedDatabase(t *testing.T) {
 	dialogs = append([]string{oldCreateDialog(t, pool, user, other, 0)}, dialogs...)
 	checkListing(t, pool, user, dialogs)
 
-	sql, err := store.MigrationSQL(listingMigration)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tag, err := pool.Exec(ctx, sql)
-	if err != nil {
-		t.Fatalf("the migration run again: %v", err)
+	var tag string
+	for _, m := range listingMigrations {
+		sql, err := store.MigrationSQL(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := pool.Exec(ctx, sql)
+		if err != nil {
+			t.Fatalf("the migration %s run again: %v", m, err)
+		}
+		tag += res.String() + " "
 	}
 	var triggers, indexes int
 	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'dialog_members'::regclass AND NOT tgisinternal),
@@ -200,6 +206,43 @@ func TestListingMigrationAfterTheRunbookStepsLetsInsertsRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkListing(t, pool, user, append([]string{id}, dialogs...))
+}
+
+// The listing index's own migration (the backfill and the index build)
+// never holds dialog_members exclusively: a transaction that has read the
+// table and stays open (a listing, a membership check) does not stop it.
+// Only the column's migration before it takes the table for a moment.
+func TestListingBackfillLetsReadsRun(t *testing.T) {
+	ctx := context.Background()
+	url, user, dialogs := previousRelease(t, "store_listing_reads")
+	pool, err := store.OpenPG(ctx, url, store.PGConfig{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := store.MigrateBefore(ctx, pool, "0018"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM dialog_members WHERE user_id = $1`, user).Scan(&n); err != nil || n != len(dialogs) {
+		t.Fatalf("the reader's count: %d, %v", n, err)
+	}
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := store.Migrate(mctx, pool); err != nil {
+		t.Fatalf("the backfill and index build beside an open reader: %v", err)
+	}
+	checkListing(t, pool, user, dialogs)
 }
 
 // runbookListingSteps reads the SQL of the runbook's "Dialog listing
