@@ -258,7 +258,7 @@ export class ChatView {
       delete d.lastMessage;
       this.dialogs.set(d.id, d);
       if (!(d.id in this.read)) this.read[d.id] = d.lastSeq; // history before this browser counts as read
-      this.#follow(d.id, d.lastSeq);
+      if (!this.followed.has(d.id)) this.#follow(d.id, this.#followFrom(d.id));
     }
     saveJSON(this.readKey, this.read);
     this.#renderList();
@@ -363,7 +363,7 @@ export class ChatView {
     this.msgList.replaceChildren();
     this.msgEls.clear();
     let tl = this.timelines.get(id);
-    if (!this.followed.has(id)) this.#follow(id, tl ? Math.max(tl.heldThrough, d.lastSeq || 0) : d.lastSeq || 0);
+    if (!this.followed.has(id)) this.#follow(id, this.#followFrom(id));
     if (!tl) {
       const rest = this.client.rest;
       tl = new Timeline({
@@ -397,6 +397,15 @@ export class ChatView {
     this.statusEl.textContent = "";
     this.membersEl.replaceChildren();
     this.msgList.replaceChildren(h("li", { class: "msgs-empty" }, errorView({ code: "dialog_not_found", status: 404 })));
+  }
+
+  // #followFrom is the seq a dialog is followed from: what its timeline
+  // holds without a gap, when it has one (a dialog opened earlier, which
+  // made room for another and is followed again: the messages sent since
+  // then are read), else the listing's lastSeq.
+  #followFrom(id) {
+    const tl = this.timelines.get(id);
+    return tl ? tl.heldThrough : this.dialogs.get(id)?.lastSeq || 0;
   }
 
   // #follow subscribes to a dialog from the seq the listing reported: the
