@@ -29,6 +29,10 @@ export class DialogState {
   again = false;
   /** REST reads the gap timer started while the current gap stayed open */
   gapReads = 0;
+  /** @type {ReturnType<typeof setTimeout> | null} the subscribe sent again after the server was unavailable */
+  subscribeTimer = null;
+  /** subscribes refused as unavailable in a row (reset by subscribed) */
+  subscribeFails = 0;
 
   /** @param {number | null} sinceSeq */
   constructor(sinceSeq) {
@@ -72,6 +76,23 @@ export class DialogState {
   /** @returns {boolean} a message beyond known + 1 waits: there is a gap */
   get hasGap() {
     return this.known !== null && this.ahead.size > 0;
+  }
+
+  clearSubscribeTimer() {
+    if (this.subscribeTimer) clearTimeout(this.subscribeTimer);
+    this.subscribeTimer = null;
+  }
+
+  /**
+   * forget drops what the client held beyond lastSeq: the server said the
+   * dialog ends there (a sinceSeq the dialog never had, from a stale
+   * cache), so the next message is lastSeq + 1.
+   * @param {number} lastSeq
+   */
+  forget(lastSeq) {
+    this.known = lastSeq;
+    this.ahead.clear();
+    this.gapReads = 0;
   }
 
   clearGapTimer() {

@@ -38,13 +38,21 @@ export class ApiError extends Error {
   }
 }
 
-/** FrameError is a realtime `{"type":"error","error":"<code>"}` frame. */
+/**
+ * FrameError is a realtime `{"type":"error","error":"<code>"}` frame.
+ * `dialogId` is set when the frame answered a subscribe: the error frame
+ * names no dialog, the client knows it from the order of the answers.
+ */
 export class FrameError extends Error {
-  /** @param {string} code */
-  constructor(code) {
-    super(code);
+  /**
+   * @param {string} code
+   * @param {string} [dialogId] the dialog whose subscribe was refused
+   */
+  constructor(code, dialogId) {
+    super(dialogId === undefined ? code : `${code} (subscribe ${dialogId})`);
     this.name = "FrameError";
     this.code = code;
+    this.dialogId = dialogId;
   }
 }
 

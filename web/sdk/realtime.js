@@ -2,8 +2,9 @@
 // subprotocol han.v1, ticket or bearer authentication, in-band token
 // refresh, subscriptions kept across reconnects with recovery (sinceSeq),
 // gap detection and REST reconciliation, jittered reconnect honouring the
-// server's retryMs, subscribes paced under the server's frame rate.
-import { CloseError, FrameError } from "./errors.js";
+// server's retryMs, subscribes paced under the server's frame rate and sent
+// again while the server cannot answer them.
+import { ApiError, CLIENT_CODES, CloseError, FrameError } from "./errors.js";
 import { DialogState, GAP_GRACE_MS } from "./dialog.js";
 import { Emitter } from "./emitter.js";
 
@@ -43,11 +44,33 @@ const RECONCILE_TIMEOUT_MS = 60000;
  */
 export const MAX_FRAME_BYTES = 1 << 20;
 /**
- * How long a connection attempt may take from opening the socket to its
- * hello: more than the server's longest handshake wait (6 s in its
- * admission queue) plus its Redis and PostgreSQL work.
+ * How long each step of a connection attempt may take: getting its ticket
+ * (or, with bearer, the first token from getToken), and from opening the
+ * socket to its hello: more than the server's longest handshake wait (6 s
+ * in its admission queue) plus its Redis and PostgreSQL work. A step not
+ * done in time ends the attempt, and the client reconnects with backoff.
  */
 export const CONNECT_TIMEOUT_MS = 10000;
+/** The rejection of a connection step (ticket, token) that did not end within CONNECT_TIMEOUT_MS. */
+const CONNECT_STEP_TIMEOUT = new ApiError(CLIENT_CODES.network, 0);
+/**
+ * The largest frame the server reads from a client (docs/realtime-protocol.md,
+ * "Limits"; a larger one is closed with 1008 "frame too big"). A refresh
+ * whose token would not fit is not sent in band: the client reconnects with
+ * the new token instead (the ticket request and the upgrade take tokens of
+ * up to 8 KiB).
+ */
+export const SERVER_MAX_FRAME_BYTES = 4096;
+/**
+ * A subscribe the server refused with `unavailable` (Redis or PostgreSQL
+ * did not answer in time) is sent again after subscribeRetryDelay: from
+ * 0.5–1 s, doubling, up to 15–30 s; the first subscribed resets it.
+ */
+const SUBSCRIBE_RETRY_BASE_MS = 1000;
+const SUBSCRIBE_RETRY_CAP_MS = 30000;
+/** Error codes the server gives only in answer to a subscribe. */
+const SUBSCRIBE_ERRORS = new Set(["unavailable", "dialog_not_found", "too_many_subscriptions"]);
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 /**
  * The server closes a socket with 1008 "frame rate" beyond a burst of 60
  * frames and 20 frames/s after it (pings and pongs included). Subscribes
@@ -90,7 +113,8 @@ export const REFRESH_MIN_GAP_MS = 10000;
  *   order, and one older (by changedAt) than the last one reported for the user is not reported
  * @property {EventFrame} event every event frame, unknown events included
  * @property {{expiresAt: number}} refreshed the connection now ends at this credential expiry
- * @property {Error} error a refused frame (FrameError), a failed reconciliation (ApiError), a close (CloseError)
+ * @property {Error} error a refused frame (FrameError; with dialogId when it refused a subscribe), a failed
+ *   reconciliation (ApiError), a close (CloseError)
  */
 
 /**
@@ -100,6 +124,17 @@ export const REFRESH_MIN_GAP_MS = 10000;
  */
 export function backoffDelay(attempt, rnd = Math.random) {
   return Math.round(rnd() * Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** attempt));
+}
+
+/**
+ * subscribeRetryDelay: the wait before a subscribe refused as unavailable
+ * `fails` times in a row is sent again; half of it jittered.
+ * @param {number} fails 0 after the first refusal
+ * @param {() => number} [rnd]
+ */
+export function subscribeRetryDelay(fails, rnd = Math.random) {
+  const base = Math.min(SUBSCRIBE_RETRY_CAP_MS, SUBSCRIBE_RETRY_BASE_MS * 2 ** fails);
+  return Math.round(base / 2 + (rnd() * base) / 2);
 }
 
 /**
@@ -250,6 +285,10 @@ export class Realtime extends Emitter {
   #pingTimer;
   /** @type {ReturnType<typeof setTimeout> | undefined} ends an attempt whose hello does not come */
   #connectTimer;
+  /** @type {AbortController | null} ends the ticket request of the attempt under way */
+  #connectAbort = null;
+  /** @type {string[]} dialogs of the subscribes sent on this socket and not answered yet, in order */
+  #answers = [];
   /** @type {{type: "subscribe" | "unsubscribe", dialogId: string}[]} frames waiting for the budget, in order */
   #outbox = [];
   #budget = new FrameBudget(SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC);
@@ -314,6 +353,7 @@ export class Realtime extends Emitter {
   stop() {
     this.#stopped = true;
     this.#attemptId++;
+    this.#connectAbort?.abort();
     this.#abort.abort();
     clearTimeout(this.#timer);
     clearTimeout(this.#refreshTimer);
@@ -324,7 +364,12 @@ export class Realtime extends Emitter {
     this.#setState({ phase: "stopped" });
   }
 
-  /** reconnectNow skips the wait of a pending reconnect. */
+  /**
+   * reconnectNow skips the wait of a pending reconnect, and starts a
+   * connection attempt under way (waiting for its ticket, token or hello)
+   * anew: after the network came back, the old one may be stuck on a path
+   * that is gone. A live connection is kept.
+   */
   reconnectNow() {
     if (this.#stopped) return;
     if (this.#expired) {
@@ -332,7 +377,13 @@ export class Realtime extends Emitter {
       return;
     }
     clearTimeout(this.#timer);
-    if (!this.#ws) void this.#connect();
+    if (this.live) return;
+    const ws = this.#ws;
+    if (ws) {
+      this.#dropSocket();
+      try { ws.close(4000, "retry"); } catch { /* closing */ }
+    }
+    void this.#connect();
   }
 
   /**
@@ -355,6 +406,7 @@ export class Realtime extends Emitter {
     const d = this.#dialogs.get(dialogId);
     if (!d) return;
     d.clearGapTimer();
+    d.clearSubscribeTimer();
     this.#dialogs.delete(dialogId);
     // A subscribe still waiting for the budget is dropped: the server never
     // heard of it.
@@ -398,18 +450,24 @@ export class Realtime extends Emitter {
     let ws;
     try {
       if (this.#auth === "bearer") {
-        const token = await this.#tokens.current();
+        const token = await this.#connectStep(() => this.#tokens.current());
         if (this.#stopped || id !== this.#attemptId) return;
         ws = new this.#WS(this.#url, SUBPROTOCOL,
           { headers: { ...this.#headers, Authorization: `Bearer ${token}` }, maxPayload: MAX_FRAME_BYTES });
       } else {
-        const { ticket } = await this.#rest.ticket();
+        const { ticket } = await this.#connectStep((signal) => this.#rest.ticket({ signal }));
         if (this.#stopped || id !== this.#attemptId) return;
         const url = `${this.#url}${this.#url.includes("?") ? "&" : "?"}ticket=${encodeURIComponent(ticket)}`;
         ws = new this.#WS(url, SUBPROTOCOL, { headers: this.#headers, maxPayload: MAX_FRAME_BYTES });
       }
     } catch (e) {
       if (this.#stopped || id !== this.#attemptId) return;
+      if (e === CONNECT_STEP_TIMEOUT) {
+        // No ticket or token in time (a request black-holed after a network
+        // switch, a stalled proxy, a getToken that does not settle).
+        this.#retry(null, "connect_timeout");
+        return;
+      }
       const err = /** @type {any} */ (e);
       const status = err && err.status;
       if (status >= 400 && status < 500 && status !== 408 && status !== 429) {
@@ -458,8 +516,43 @@ export class Realtime extends Emitter {
     };
   }
 
+  /**
+   * connectStep runs one step of a connection attempt before its socket
+   * (the ticket request, or getToken for bearer) within CONNECT_TIMEOUT_MS;
+   * past it, it aborts the request and rejects with CONNECT_STEP_TIMEOUT. A
+   * newer attempt and stop() end it the same way. A getToken still running is left
+   * to end on its own (Tokens asks the hook once at a time; the next
+   * attempt waits for that same call).
+   * @template T
+   * @param {(signal: AbortSignal) => Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  async #connectStep(fn) {
+    this.#connectAbort?.abort();
+    const ac = new AbortController();
+    this.#connectAbort = ac;
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
+    const deadline = new Promise((_, reject) => {
+      timer = setTimeout(() => ac.abort(CONNECT_STEP_TIMEOUT), CONNECT_TIMEOUT_MS);
+      // Given up (in time, by a newer attempt or stop): the step ends now,
+      // whether or not the request (or getToken) heeds the signal.
+      ac.signal.addEventListener("abort", () => reject(ac.signal.reason), { once: true });
+    });
+    const work = fn(ac.signal);
+    work.catch(() => { /* a step given up may fail later */ });
+    try {
+      return /** @type {T} */ (await Promise.race([work, deadline]));
+    } finally {
+      clearTimeout(timer);
+      if (this.#connectAbort === ac) this.#connectAbort = null;
+    }
+  }
+
   #dropSocket() {
     this.#ws = null;
+    this.#answers = [];
+    for (const d of this.#dialogs.values()) d.clearSubscribeTimer();
     this.#pendingRecovery.clear();
     this.#outbox = [];
     clearTimeout(this.#outboxTimer);
@@ -540,15 +633,20 @@ export class Realtime extends Emitter {
       f.sinceSeq = d.known;
       this.#pendingRecovery.add(dialogId);
     }
-    this.#send(f);
+    if (this.#send(f)) this.#answers.push(dialogId);
   }
 
   /** @param {any} f */
   #onFrame(f) {
     switch (f.type) {
-      case "subscribed":
+      case "subscribed": {
+        // Answers come in the order of the subscribes, one each.
+        const id = String(f.dialogId).toLowerCase();
+        const i = this.#answers.findIndex((a) => a.toLowerCase() === id);
+        if (i >= 0) this.#answers.splice(0, i + 1);
         this.#onSubscribed(f.dialogId, Number(f.lastSeq) || 0, f.recovered === true);
         break;
+      }
       case "event":
         this.#onEvent(f);
         break;
@@ -563,16 +661,71 @@ export class Realtime extends Emitter {
         this.#setExpiry(f.expiresAt);
         this.emit("refreshed", { expiresAt: this.#tokens.expiresAt });
         break;
-      case "error":
-        if (f.error === "unauthorized" && this.#refreshSent) {
+      case "error": {
+        const code = String(f.error);
+        const dialogId = this.#refusedSubscribe(code);
+        if (dialogId !== null) {
+          this.#onSubscribeRefused(dialogId, code);
+          break;
+        }
+        if (code === "unauthorized" && this.#refreshSent) {
           // The new token was refused; the connection keeps its old expiry.
           this.#refreshSent = false;
           this.#renewSoon("refused", 0);
         }
-        this.emit("error", new FrameError(String(f.error)));
+        this.emit("error", new FrameError(code));
         break;
+      }
       default: // pong, and frames of later versions
     }
+  }
+
+  /**
+   * refusedSubscribe tells whether an error frame answers a subscribe, and
+   * whose: the frame names no dialog, but each subscribe is answered by one
+   * subscribed or one error, in the order they were sent, so it is the
+   * oldest unanswered one. Errors of other frames (typing, refresh) come
+   * between them, so only codes no other frame gets count, and
+   * invalid_uuid when the oldest unanswered subscribe's dialogId is not a
+   * UUID (such a subscribe is always answered with it).
+   * @param {string} code
+   * @returns {string | null} the dialogId, or null when the error answers another frame
+   */
+  #refusedSubscribe(code) {
+    const oldest = this.#answers[0];
+    if (oldest === undefined) return null;
+    if (SUBSCRIBE_ERRORS.has(code) || (code === "invalid_uuid" && !UUID.test(oldest))) {
+      this.#answers.shift();
+      return oldest;
+    }
+    return null;
+  }
+
+  /**
+   * onSubscribeRefused: a subscribe the server could not answer now
+   * (unavailable) is sent again after a backoff; any other refusal (not a
+   * member, too many subscriptions, not a UUID) ends following the dialog,
+   * so no reconnect sends it again. Either way the error names the dialog.
+   * @param {string} dialogId
+   * @param {string} code
+   */
+  #onSubscribeRefused(dialogId, code) {
+    const d = this.#dialogs.get(dialogId);
+    if (d) {
+      this.#pendingRecovery.delete(dialogId);
+      if (code === "unavailable") {
+        d.clearSubscribeTimer();
+        d.subscribeTimer = setTimeout(() => {
+          d.subscribeTimer = null;
+          if (this.live && this.#dialogs.get(dialogId) === d) this.#enqueue({ type: "subscribe", dialogId });
+        }, subscribeRetryDelay(d.subscribeFails++));
+      } else {
+        d.clearGapTimer();
+        d.clearSubscribeTimer();
+        this.#dialogs.delete(dialogId);
+      }
+    }
+    this.emit("error", new FrameError(code, dialogId));
   }
 
   /**
@@ -584,10 +737,18 @@ export class Realtime extends Emitter {
     const d = this.#dialogs.get(dialogId);
     if (!d) return;
     this.#pendingRecovery.delete(dialogId);
+    d.subscribeFails = 0;
     this.emit("subscribed", { dialogId, lastSeq, recovered });
     if (d.known === null) {
       d.known = lastSeq; // first subscribe without sinceSeq: live from here
       this.#deliver(dialogId, d.drain(), "live");
+    } else if (!recovered && d.known > lastSeq) {
+      // sinceSeq was beyond the dialog's last seq (a seq it never had: a
+      // stale cache, another dialog's): the dialog ends at lastSeq, and
+      // what the client held beyond it is not the dialog's. Kept, every
+      // later message would be dropped as a duplicate.
+      d.forget(lastSeq);
+      this.#watchGap(dialogId, d);
     }
     // A server that did not recover (or does not know sinceSeq) answers
     // without recovered:true: what was missed comes over REST.
@@ -831,8 +992,20 @@ export class Realtime extends Emitter {
       return;
     }
     if (this.live) {
+      const frame = JSON.stringify({ type: "refresh", token: tok });
+      if (new TextEncoder().encode(frame).length > SERVER_MAX_FRAME_BYTES) {
+        // The server would close the socket with 1008 "frame too big": a
+        // new connection carries the new token instead (its ticket request,
+        // or its upgrade, takes it). Its subscribes recover what passes
+        // between the two.
+        const ws = this.#ws;
+        this.#dropSocket();
+        try { ws?.close(1000, "new token"); } catch { /* closing */ }
+        void this.#connect();
+        return;
+      }
       this.#refreshSent = true;
-      this.#send({ type: "refresh", token: tok });
+      this.#sendText(frame);
     }
   }
 
@@ -858,9 +1031,22 @@ export class Realtime extends Emitter {
     this.#timer = setTimeout(() => void this.#connect(), delay);
   }
 
-  /** @param {object} obj */
+  /**
+   * @param {object} obj
+   * @returns {boolean} whether it went out
+   */
   #send(obj) {
+    return this.#sendText(JSON.stringify(obj));
+  }
+
+  /**
+   * @param {string} text
+   * @returns {boolean} whether it went out
+   */
+  #sendText(text) {
     const ws = this.#ws;
-    if (ws && ws.readyState === 1) ws.send(JSON.stringify(obj));
+    if (!ws || ws.readyState !== 1) return false;
+    ws.send(text);
+    return true;
   }
 }

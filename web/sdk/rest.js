@@ -41,6 +41,16 @@ import { ApiError, CLIENT_CODES } from "./errors.js";
  */
 
 const MAX_RETRY_WAIT_MS = 60000;
+/**
+ * One try of a request (its answer and body included) that has not ended
+ * within this long is given up as a network_error (status 0, retryable):
+ * the server answers well within it (its database work is bounded at a few
+ * seconds, a response it writes at 15 s plus its size at 64 KiB/s), so a
+ * try still running is hung on a dead path (a connection black-holed after
+ * a network switch). The retries of send and createDialog repeat it with
+ * the same Idempotency-Key.
+ */
+export const REQUEST_TIMEOUT_MS = 30000;
 
 /**
  * sleep resolves after ms, or rejects when signal aborts.
@@ -184,18 +194,40 @@ export class Rest {
     /** @type {Record<string, string>} */
     const hdrs = { ...headers, Authorization: `Bearer ${token}` };
     if (body !== undefined) hdrs["Content-Type"] = "application/json";
+    // Ended by the caller's signal or after REQUEST_TIMEOUT_MS (AbortSignal.any
+    // is missing on some runtimes the SDK supports). The try is raced
+    // against it as well, for a fetch that does not honour its signal.
+    const ac = new AbortController();
+    const abort = () => ac.abort(signal?.reason);
+    if (signal?.aborted) abort();
+    else signal?.addEventListener("abort", abort, { once: true });
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
+    const ended = new Promise((_, reject) => {
+      timer = setTimeout(() => ac.abort(new DOMException("request timed out", "TimeoutError")), REQUEST_TIMEOUT_MS);
+      ac.signal.addEventListener("abort", () => reject(ac.signal.reason), { once: true });
+      if (ac.signal.aborted) reject(ac.signal.reason);
+    });
+    ended.catch(() => { /* raced below */ });
     let res;
     let text;
     try {
-      res = await this.#fetch(this.#base + path, {
-        method, headers: hdrs, body: body === undefined ? undefined : JSON.stringify(body), signal,
-        cache: "no-store", credentials: "omit",
-      });
-      text = await res.text();
+      const attempt = (async () => {
+        const r = await this.#fetch(this.#base + path, {
+          method, headers: hdrs, body: body === undefined ? undefined : JSON.stringify(body), signal: ac.signal,
+          cache: "no-store", credentials: "omit",
+        });
+        return { r, t: await r.text() };
+      })();
+      attempt.catch(() => { /* a try given up may fail later */ });
+      ({ r: res, t: text } = await Promise.race([attempt, ended]));
     } catch (e) {
-      if (signal?.aborted) throw e;
-      // No answer, or it broke off: the outcome is unknown.
+      if (signal?.aborted) throw signal.reason ?? e;
+      // No answer, or it broke off, or none in time: the outcome is unknown.
       throw new ApiError(CLIENT_CODES.network, 0);
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", abort);
     }
     let data;
     try {
@@ -322,9 +354,12 @@ export class Rest {
     return (await this.request("GET", `/v1/users/${encodeURIComponent(userId)}/presence`)).data;
   }
 
-  /** @returns {Promise<{ticket: string, expiresAt: number}>} a one-use WebSocket ticket (30 s) */
-  async ticket() {
-    return (await this.request("POST", "/v1/realtime/tickets")).data;
+  /**
+   * @param {{signal?: AbortSignal}} [opts]
+   * @returns {Promise<{ticket: string, expiresAt: number}>} a one-use WebSocket ticket (30 s)
+   */
+  async ticket(opts = {}) {
+    return (await this.request("POST", "/v1/realtime/tickets", { signal: opts.signal })).data;
   }
 }
 

@@ -1,10 +1,10 @@
 // DialogState: ordering, dedupe and gap detection without a server.
-import { test } from "node:test";
+import { test, mock } from "node:test";
 import assert from "node:assert/strict";
 import { DialogState, MAX_AHEAD } from "../dialog.js";
-import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS } from "../realtime.js";
+import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS, subscribeRetryDelay } from "../realtime.js";
 import { ApiError } from "../errors.js";
-import { Rest, retryDelay, Tokens } from "../rest.js";
+import { Rest, REQUEST_TIMEOUT_MS, retryDelay, Tokens } from "../rest.js";
 
 /** @param {number} seq */
 const msg = (seq) => ({ id: `m${seq}`, dialogId: "d", seq, senderId: "u", body: `b${seq}`, createdAt: 0, attachments: [] });
@@ -46,6 +46,9 @@ test("retry and reconnect delays honour the server's advice", () => {
   assert.equal(backoffDelay(20, () => 1), 30000);
   assert.equal(refreshDelay(10 * REFRESH_AHEAD_MS, 0), 9 * REFRESH_AHEAD_MS);
   assert.equal(refreshDelay(1000, 0), 0);
+  assert.equal(subscribeRetryDelay(0, () => 0), 500);
+  assert.equal(subscribeRetryDelay(0, () => 1), 1000);
+  assert.equal(subscribeRetryDelay(40, () => 1), 30000);
 });
 
 test("retryable errors are the ones a repeat with the same key may fix", () => {
@@ -109,4 +112,42 @@ test("messages held behind a gap are at most MAX_AHEAD; the ones kept follow the
   assert.equal(out.length, known);
   assert.ok(out.every((m, i) => m.seq === i + 1), "delivered in seq order from 1");
   assert.ok(known >= MAX_AHEAD - 1, `delivered through ${known}`);
+});
+
+test("a send whose try gets no answer is tried again after REQUEST_TIMEOUT_MS with the same Idempotency-Key", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "Date"], now: 1_000_000 });
+  try {
+    /** @type {string[]} */
+    const keys = [];
+    /** @type {typeof fetch} */
+    const fetchImpl = async (_url, init) => {
+      keys.push(new Headers(init?.headers).get("Idempotency-Key") || "");
+      if (keys.length === 1) {
+        // A connection black-holed after a network switch: no answer, and
+        // the abort is the only way out.
+        return new Promise((_, reject) => init?.signal?.addEventListener("abort", () => reject(init.signal?.reason)));
+      }
+      return new Response(JSON.stringify(msg(1)), { status: 201, headers: { "Content-Type": "application/json" } });
+    };
+    const rest = new Rest("http://api.invalid", new Tokens(() => "token"), fetchImpl);
+    let done = false;
+    const sent = rest.send("d", "hello").finally(() => { done = true; });
+    const settle = async () => { for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r)); };
+    await settle();
+    mock.timers.tick(REQUEST_TIMEOUT_MS - 1);
+    await settle();
+    assert.equal(keys.length, 1, "still waiting for the first try");
+    for (let t = 0; t < 10000 && !done; t += 100) {
+      mock.timers.tick(100);
+      await settle();
+    }
+    assert.ok(done, `the send has not ended ${REQUEST_TIMEOUT_MS + 10000} ms after it began (${keys.length} tries)`);
+    const res = await sent;
+    assert.equal(res.message.seq, 1);
+    assert.equal(keys.length, 2, "a second try");
+    assert.equal(keys[1], keys[0], "with the same key");
+    assert.equal(res.idempotencyKey, keys[0]);
+  } finally {
+    mock.timers.reset();
+  }
 });

@@ -2,10 +2,10 @@
 // timers show what the client sends and when it gives up.
 import { test, mock, afterEach } from "node:test";
 import assert from "node:assert/strict";
-import { ApiError, CloseError } from "../errors.js";
+import { ApiError, CloseError, FrameError } from "../errors.js";
 import { Tokens } from "../rest.js";
 import { WebSocket, WebSocketServer } from "ws";
-import { CONNECT_TIMEOUT_MS, FrameBudget, MAX_FRAME_BYTES, Realtime, SUBPROTOCOL, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
+import { CONNECT_TIMEOUT_MS, FrameBudget, MAX_FRAME_BYTES, Realtime, SERVER_MAX_FRAME_BYTES, SUBPROTOCOL, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
 
 // The server's inbound budget (docs/realtime-protocol.md, "Limits").
 const SERVER_BURST = 60;
@@ -15,8 +15,12 @@ class FakeSocket {
   /** @type {FakeSocket[]} */
   static all = [];
   readyState = 1;
-  /** @type {{at: number, frame: any}[]} */
+  /** @type {{at: number, raw: string, frame: any}[]} */
   sent = [];
+  /** @type {string} */
+  url;
+  /** @type {{headers?: Record<string, string>}} */
+  opts;
   /** @type {{code?: number, reason?: string} | null} */
   closed = null;
   /** @type {((ev: {data: any}) => void) | null} */
@@ -26,13 +30,25 @@ class FakeSocket {
   /** @type {((ev: any) => void) | null} */
   onerror = null;
 
-  constructor() {
+  /**
+   * @param {string} url
+   * @param {string} _protocol
+   * @param {{headers?: Record<string, string>}} [opts]
+   */
+  constructor(url, _protocol, opts = {}) {
+    this.url = url;
+    this.opts = opts;
     FakeSocket.all.push(this);
   }
 
   /** @param {string} data */
   send(data) {
-    this.sent.push({ at: Date.now(), frame: JSON.parse(data) });
+    this.sent.push({ at: Date.now(), raw: data, frame: JSON.parse(data) });
+  }
+
+  /** @param {object} f a frame from the server */
+  recv(f) {
+    this.onmessage?.({ data: JSON.stringify(f) });
   }
 
   /**
@@ -44,8 +60,9 @@ class FakeSocket {
     this.readyState = 3;
   }
 
-  hello() {
-    this.onmessage?.({ data: JSON.stringify({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 25000, expiresAt: Date.now() + 3600e3 }) });
+  /** @param {number} [expiresIn] ms until the connection's credential expires */
+  hello(expiresIn = 3600e3) {
+    this.recv({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 25000, expiresAt: Date.now() + expiresIn });
   }
 
   /** @param {string} type */
@@ -60,11 +77,15 @@ const settle = async () => {
 };
 
 /**
- * @param {{auth?: "ticket" | "bearer", ticket?: () => Promise<any>}} [opts]
+ * @param {{auth?: "ticket" | "bearer", ticket?: (opts?: {signal?: AbortSignal}) => Promise<any>,
+ *   tokens?: Tokens, historyPages?: (id: string, opts: {afterSeq: number}) => AsyncGenerator<any[]>}} [opts]
  */
 function realtime(opts = {}) {
-  const tokens = new Tokens(() => "token");
-  const rest = /** @type {any} */ ({ ticket: opts.ticket || (async () => ({ ticket: "t", expiresAt: 0 })) });
+  const tokens = opts.tokens || new Tokens(() => "token");
+  const rest = /** @type {any} */ ({
+    ticket: opts.ticket || (async () => ({ ticket: "t", expiresAt: 0 })),
+    historyPages: opts.historyPages || (async function* () { yield []; }),
+  });
   const rt = new Realtime({ url: "ws://gateway/v1/realtime", auth: opts.auth || "bearer", WebSocket: /** @type {any} */ (FakeSocket) }, rest, tokens);
   /** @type {any[]} */
   const states = [];
@@ -480,5 +501,216 @@ test("a resync of every dialog reads at most 4 dialogs over REST at once, and re
   for (let i = 0; i < 2000 && read.size < 200; i++) await new Promise((r) => setTimeout(r, 1));
   assert.equal(read.size, 200, "every dialog is reconciled");
   assert.ok(most <= 4, `${most} REST reads at once`);
+  rt.stop();
+});
+
+// ---- subscribe answers, connection steps, tokens ---------------------------------------------
+
+/**
+ * pass lets ms of mocked time go by in steps, letting promises settle, and
+ * answers the client's pings, so a connection stays up however long.
+ * @param {number} ms
+ * @param {FakeSocket | undefined} [ws]
+ * @param {(ws: FakeSocket) => void} [each] called after every step
+ */
+async function pass(ms, ws, each) {
+  for (let t = 0; t < ms; t += 100) {
+    mock.timers.tick(100);
+    await settle();
+    if (ws) {
+      for (const p of ws.frames("ping")) if (!p.frame.answered) { p.frame.answered = true; ws.recv({ type: "pong" }); }
+      each?.(ws);
+    }
+  }
+}
+
+/**
+ * socketAfter lets mocked time go by until the client has opened its n-th
+ * socket (at most maxMs), and returns it.
+ * @param {number} n
+ * @param {number} maxMs
+ * @param {FakeSocket} [ws] a connection to keep up meanwhile
+ */
+async function socketAfter(n, maxMs, ws) {
+  for (let t = 0; t < maxMs && FakeSocket.all.length < n; t += 100) await pass(100, ws);
+  const s = FakeSocket.all[n - 1];
+  assert.ok(s, `no socket ${n} within ${maxMs} ms`);
+  return s;
+}
+
+test("a subscribe refused as unavailable is sent again with a growing, bounded backoff until subscribed; one refused as not a member is no longer followed", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const { rt, errors } = realtime();
+  rt.subscribe("d0", { sinceSeq: 5 });
+  rt.subscribe("d1");
+  rt.subscribe("d2", { sinceSeq: 0 });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  assert.deepEqual(ws.frames("subscribe").map((s) => s.frame.dialogId), ["d0", "d1", "d2"]);
+  // One answer per subscribe, in their order; error frames name no dialog.
+  // The error of another frame (a typing before its subscribe was answered)
+  // comes between them.
+  ws.recv({ type: "error", error: "unavailable" });
+  ws.recv({ type: "error", error: "not_subscribed" });
+  ws.recv({ type: "subscribed", dialogId: "d1", lastSeq: 3 });
+  ws.recv({ type: "error", error: "dialog_not_found" });
+  const refusals = () => errors.filter((e) => e instanceof FrameError && e.dialogId).map((e) => `${/** @type {FrameError} */ (e).code} ${/** @type {FrameError} */ (e).dialogId}`);
+  assert.deepEqual(refusals(), ["unavailable d0", "dialog_not_found d2"], "each refusal names its dialog");
+  assert.ok(errors.some((e) => e instanceof FrameError && e.code === "not_subscribed" && e.dialogId === undefined));
+  assert.equal(rt.known("d2"), null, "d2 is no longer followed");
+
+  // d0 is asked for again while the server keeps answering unavailable.
+  /** @type {number[]} */
+  const d0At = [ws.frames("subscribe")[0].at]; // refused at once
+  const answer = (/** @type {FakeSocket} */ s, /** @type {object} */ f) => {
+    for (const sub of s.frames("subscribe")) {
+      if (sub.frame.answered) continue;
+      sub.frame.answered = true;
+      if (sub.frame.dialogId === "d0") d0At.push(sub.at);
+      s.recv(f);
+    }
+  };
+  ws.frames("subscribe").forEach((x) => { x.frame.answered = true; });
+  await pass(5 * 60000, ws, (s) => answer(s, { type: "error", error: "unavailable" }));
+  assert.equal(rt.state.phase, "live");
+  assert.ok(d0At.length >= 8, `d0 was subscribed again ${d0At.length} times in 5 min`);
+  const gaps = d0At.slice(1).map((t, i) => t - d0At[i]);
+  assert.ok(gaps.every((g) => g >= 400 && g <= 30000), `the waits stay within 0.5–30 s: ${gaps}`);
+  assert.ok(gaps[0] >= 500 && gaps[0] <= 1000, `the first wait is 0.5–1 s: ${gaps}`);
+  assert.ok((gaps.at(-1) ?? 0) >= 15000, `the waits grew: ${gaps}`);
+  assert.ok(ws.frames("subscribe").every((s) => s.frame.dialogId === "d0" ? s.frame.sinceSeq === 5 : true), "with its sinceSeq");
+  assert.ok(!ws.frames("subscribe").slice(3).some((s) => s.frame.dialogId !== "d0"), "only d0 is sent again");
+
+  // Subscribed at last: nothing more is sent.
+  await pass(30000, ws, (s) => answer(s, { type: "subscribed", dialogId: "d0", lastSeq: 5, recovered: true }));
+  const sent = ws.frames("subscribe").length;
+  await pass(60000, ws);
+  assert.equal(ws.frames("subscribe").length, sent, "no subscribe after subscribed");
+
+  // A new connection subscribes the followed dialogs (not d2), and the
+  // backoff starts over.
+  ws.readyState = 3;
+  ws.onclose?.({ code: 1006, reason: "" });
+  const ws2 = await socketAfter(2, 30000);
+  ws2.hello();
+  assert.deepEqual(ws2.frames("subscribe").map((s) => s.frame.dialogId), ["d0", "d1"]);
+  ws2.recv({ type: "error", error: "unavailable" });
+  ws2.recv({ type: "subscribed", dialogId: "d1", lastSeq: 3, recovered: true });
+  ws2.frames("subscribe").forEach((x) => { x.frame.answered = true; });
+  await pass(1000, ws2);
+  assert.equal(ws2.frames("subscribe").length, 3, "d0 again within a second of its first refusal since it was subscribed");
+  rt.stop();
+});
+
+test("a ticket request or getToken that never answers is given up after the connect timeout, and the client connects again", async () => {
+  for (const auth of /** @type {const} */ (["ticket", "bearer"])) {
+    mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+    /** @type {(AbortSignal | undefined)[]} */
+    const signals = [];
+    /** @type {(t: string) => void} */
+    let giveToken = () => {};
+    const { rt } = realtime({
+      auth,
+      // The first ticket request never answers (a connection black-holed
+      // after a network switch); the ones after it do.
+      ticket: (opts) => { signals.push(opts?.signal); return signals.length === 1 ? new Promise(() => {}) : Promise.resolve({ ticket: "t", expiresAt: 0 }); },
+      // getToken answers only much later.
+      tokens: new Tokens(() => new Promise((r) => { giveToken = r; })),
+    });
+    rt.start();
+    await settle();
+    await pass(CONNECT_TIMEOUT_MS - 100);
+    assert.equal(rt.state.phase, "connecting", auth);
+    await pass(100);
+    assert.equal(rt.state.phase, "reconnecting", `${auth}: given up after CONNECT_TIMEOUT_MS`);
+    assert.equal(rt.state.reason, "connect_timeout");
+    if (auth === "ticket") assert.equal(signals[0]?.aborted, true, "the hung ticket request is aborted");
+    else giveToken("late");
+    const ws = await socketAfter(1, 60000);
+    if (auth === "bearer") assert.equal(ws.opts.headers?.Authorization, "Bearer late");
+    ws.hello();
+    assert.equal(rt.state.phase, "live", auth);
+    rt.stop();
+    mock.timers.reset();
+    FakeSocket.all = [];
+  }
+});
+
+test("reconnectNow starts an attempt still connecting anew, and leaves a live connection alone", async () => {
+  /** @type {AbortSignal[]} */
+  const signals = [];
+  const { rt } = realtime({ auth: "ticket", ticket: (opts) => { signals.push(/** @type {AbortSignal} */ (opts?.signal)); return signals.length === 1 ? new Promise(() => {}) : Promise.resolve({ ticket: "t", expiresAt: 0 }); } });
+  rt.start();
+  await settle();
+  assert.equal(rt.state.phase, "connecting");
+  rt.reconnectNow(); // e.g. the browser's online event
+  await settle();
+  assert.equal(signals.length, 2, "a second ticket request");
+  assert.equal(signals[0].aborted, true, "the first one is given up");
+  assert.equal(FakeSocket.all.length, 1);
+  rt.reconnectNow(); // a socket waiting for its hello
+  await settle();
+  assert.equal(FakeSocket.all.length, 2);
+  assert.deepEqual(FakeSocket.all[0].closed, { code: 4000, reason: "retry" });
+  FakeSocket.all[1].hello();
+  rt.reconnectNow();
+  await settle();
+  assert.equal(FakeSocket.all.length, 2, "a live connection is kept");
+  assert.equal(rt.state.phase, "live");
+  rt.stop();
+});
+
+test("a new token too large for a refresh frame is not sent in band: the client reconnects with it", async () => {
+  for (const auth of /** @type {const} */ (["bearer", "ticket"])) {
+    mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+    // A JWT of about 5 KiB (many claims): the upgrade and REST take tokens
+    // up to 8 KiB, a client frame is at most 4 KiB.
+    const big = `eyJ.${"a".repeat(5000)}.sig`;
+    let tickets = 0;
+    const tokens = new Tokens(({ reason }) => (reason === "initial" ? "small" : big));
+    const { rt } = realtime({ auth, tokens, ticket: async () => { tickets++; return { ticket: `t${tickets}`, expiresAt: 0 }; } });
+    rt.subscribe("d", { sinceSeq: 7 });
+    rt.start();
+    for (let i = 0; i < 50 && FakeSocket.all.length === 0; i++) await settle();
+    const ws = FakeSocket.all[0];
+    ws.hello(90e3); // the refresh is due in 30 s
+    ws.recv({ type: "subscribed", dialogId: "d", lastSeq: 7, recovered: true });
+    const ws2 = await socketAfter(2, 40000, ws);
+    const tooBig = ws.sent.filter((s) => Buffer.byteLength(s.raw) > SERVER_MAX_FRAME_BYTES);
+    assert.deepEqual(tooBig.map((s) => s.frame.type), [], `${auth}: no frame over the server's limit`);
+    assert.deepEqual(ws.closed, { code: 1000, reason: "new token" }, auth);
+    if (auth === "bearer") assert.equal(ws2.opts.headers?.Authorization, `Bearer ${big}`);
+    else assert.equal(tickets, 2, "a new ticket, asked for with the new token");
+    ws2.hello(3600e3);
+    assert.equal(rt.state.phase, "live", auth);
+    assert.deepEqual(ws2.frames("subscribe").map((s) => s.frame), [{ type: "subscribe", dialogId: "d", sinceSeq: 7 }]);
+    rt.stop();
+    mock.timers.reset();
+    FakeSocket.all = [];
+  }
+});
+
+test("a subscribed whose lastSeq is below sinceSeq (a seq the dialog never had) is where the dialog's messages go on", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  let reads = 0;
+  const { rt } = realtime({ historyPages: async function* () { reads++; yield []; } });
+  /** @type {number[]} */
+  const got = [];
+  rt.on("message", ({ message }) => got.push(message.seq));
+  rt.subscribe("d", { sinceSeq: 50 }); // a stale cache
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  ws.recv({ type: "resync", reason: "recovery_unavailable", dialogId: "d" });
+  ws.recv({ type: "subscribed", dialogId: "d", lastSeq: 3, recovered: false });
+  assert.equal(rt.known("d"), 3);
+  const msg = (/** @type {number} */ seq) => ({ id: `m${seq}`, dialogId: "d", seq, senderId: "u", body: "hi", createdAt: 0, attachments: [] });
+  ws.recv({ type: "event", channel: "dialog:d", id: "e4", event: "message.created", entityId: "m4", dialogId: "d", seq: 4, data: msg(4) });
+  await pass(5000, ws);
+  assert.deepEqual(got, [4], "the next message is delivered");
+  assert.equal(reads, 0, "nothing to read over REST");
   rt.stop();
 });

@@ -904,8 +904,28 @@ export class ChatView {
   // are the banner's.
   #onError(e) {
     if (e instanceof FrameError) {
-      if (e.code !== "not_subscribed") toast(`${e.code}: ${sentence(e.code)}`, "error");
+      if (e.dialogId) this.#subscribeRefused(e);
+      else if (e.code !== "not_subscribed") toast(`${e.code}: ${sentence(e.code)}`, "error");
     } else if (e instanceof ApiError && !e.retryable) this.#restFailed(e);
+  }
+
+  // #subscribeRefused: a subscribe the server could not answer now
+  // (unavailable) is sent again by the SDK, unannounced. Any other refusal
+  // ends the SDK's following of the dialog: it is no longer followed here
+  // either, so the poll reads it while it is open and a later listing or
+  // open follows it again. A dialog the user is not a member of (any more)
+  // leaves the list.
+  #subscribeRefused(e) {
+    if (e.code === "unavailable") return;
+    const id = e.dialogId;
+    this.followed.delete(id);
+    if (e.code === "dialog_not_found" && this.dialogs.has(id)) {
+      this.dialogs.delete(id);
+      this.timelines.delete(id);
+      this.#renderList();
+      if (id === this.current) this.#notFound();
+    }
+    toast(`${e.code}: ${sentence(e.code)}`, "error");
   }
 
   // refreshPresence reads presence over REST for the users shown (after

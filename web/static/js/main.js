@@ -222,6 +222,10 @@ function signOut(err) {
 // ---- connection banner ----------------------------------------------------------------
 
 let connTimer = null;
+let connectingSince = 0; // when the banner began to say Connecting…
+// An attempt still connecting after this long offers Retry (most take far
+// less; the SDK gives a step up after 10 s by itself).
+const RETRY_OFFER_MS = 3000;
 
 function renderConn() {
   const el = $("#conn");
@@ -237,10 +241,16 @@ function renderConn() {
   let action = null;
   if (phase === "live" && app.syncing > 0) phase = "resyncing";
   if (renewal && s.reason === "token_expired") renewal.say("expired");
+  if (phase !== "connecting") connectingSince = 0;
   switch (phase) {
-    case "connecting":
+    case "connecting": {
       text = "Connecting…";
+      connectingSince ||= Date.now();
+      const left = connectingSince + RETRY_OFFER_MS - Date.now();
+      if (left > 0) connTimer = setTimeout(renderConn, left);
+      else action = h("button", { type: "button", class: "btn btn-sm btn-ghost", id: "conn-retry", onclick: () => rt.reconnectNow() }, "Retry now");
       break;
+    }
     case "live":
       text = "Live";
       break;
@@ -328,8 +338,12 @@ async function boot() {
     void signInFromLink(tok);
   });
   onAuthLost(() => { if (app.me) signOut({ code: "unauthorized", status: 401 }); });
-  // Back online: skip the wait of a pending reconnect.
-  window.addEventListener("online", () => { if (app.rt?.state.phase === "reconnecting") app.rt.reconnectNow(); });
+  // Back online: skip the wait of a pending reconnect, and start an
+  // attempt still connecting anew (it may be stuck on the path that went).
+  window.addEventListener("online", () => {
+    const phase = app.rt?.state.phase;
+    if (phase === "reconnecting" || phase === "connecting") app.rt.reconnectNow();
+  });
   const tok = takeFragmentToken() || sessionStorage.getItem(TOKEN_KEY);
   if (!tok) {
     showSignIn();
