@@ -72,3 +72,14 @@ func (s *Store) ProjectRole(ctx context.Context, projectID, userID string) (stri
 	}
 	return *role, nil
 }
+
+// ProjectExists reports whether PostgreSQL has the project's row: the
+// gateway serves a project's Redis keys only once it has found that row,
+// so a tool that writes them first checks here.
+func (s *Store) ProjectExists(ctx context.Context, projectID string) (bool, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM projects WHERE id=$1)", projectID).Scan(&exists); err != nil {
+		return false, fmt.Errorf("project exists: %w", err)
+	}
+	return exists, nil
+}

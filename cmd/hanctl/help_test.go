@@ -29,7 +29,7 @@ func TestHelpExitsZeroAndNamesTheEnvironment(t *testing.T) {
 		{"token --help", []string{"HAN_JWT_DEV_HS256_SECRET", "-ttl"}},
 		{"project -h", []string{"hanctl project create", "hanctl project legacy-import"}},
 		{"project create -h", []string{"DATABASE_URL", "HAN_DATABASE_DIRECT_URL", "-member"}},
-		{"project legacy-import -h", []string{"REDIS_URL", "HAN_ENV", "-file"}},
+		{"project legacy-import -h", []string{"REDIS_URL", "HAN_ENV", "DATABASE_URL", "HAN_DATABASE_DIRECT_URL", "-file"}},
 		{"seed -h", []string{"hanctl seed demo"}},
 		{"seed demo -h", []string{"DATABASE_URL", "HAN_DATABASE_DIRECT_URL", "HAN_JWT_DEV_HS256_SECRET", "-ttl"}},
 		{"redis -h", []string{"hanctl redis acl", "hanctl redis cutover"}},

@@ -11,10 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/jsonx"
+	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/project"
 	"github.com/han-app/gateway/store/rds"
 )
@@ -24,7 +26,11 @@ import (
 // {"type","value"}, no per-field expiry) so that the legacy behaviour of the
 // project Redis API can be exercised and pre-upgrade data restored. The file
 // is a JSON array of {"key","type":"json"|"string","value"}. It needs
-// REDIS_URL and HAN_ENV (default dev).
+// REDIS_URL, HAN_ENV (no default: the keys must carry the environment name
+// the gateway runs with) and DATABASE_URL (or HAN_DATABASE_DIRECT_URL), where
+// the project must exist: the gateway serves a project's keys only once it
+// has found the project's row, so keys under an id PostgreSQL does not know
+// would belong to nobody. Every refusal comes before anything is written.
 func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("project legacy-import", flag.ContinueOnError)
 	projectID := fs.String("project", "", "project id (UUID)")
@@ -45,13 +51,16 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	}
 	env := getenv("HAN_ENV")
 	if env == "" {
-		env = "dev"
+		return errors.New("HAN_ENV is required: set it to the gateway's HAN_ENV (dev when the gateway has none), the environment name its project keys carry")
 	}
 	if strings.ContainsAny(env, "{}: \t\n") {
 		return errors.New("HAN_ENV: must be a name without braces, colons or spaces")
 	}
 	if getenv("REDIS_URL") == "" {
 		return errors.New("REDIS_URL is required")
+	}
+	if getenv("DATABASE_URL") == "" && getenv("HAN_DATABASE_DIRECT_URL") == "" {
+		return errors.New("DATABASE_URL (or HAN_DATABASE_DIRECT_URL) is required: the project must exist in PostgreSQL")
 	}
 	b, err := os.ReadFile(*file)
 	if err != nil {
@@ -61,18 +70,43 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	if err != nil {
 		return err
 	}
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := checkProjectExists(ictx, getenv, id); err != nil {
+		return err
+	}
 	rdb, err := rds.NewRedis(getenv("REDIS_URL"), rds.RedisConfig{})
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	keys := project.NewKeys(env, id)
 	if err := project.ImportLegacyCache(ictx, rdb, keys, entries, *ttl); err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
 	fmt.Fprintf(out, "imported %d legacy entries into %s\n", len(entries), keys.CacheContainer())
+	return nil
+}
+
+// checkProjectExists refuses a project PostgreSQL has no row for. A
+// failed query is named by its kind only (PostgreSQL's text may quote
+// values).
+func checkProjectExists(ctx context.Context, getenv func(string) string, id string) error {
+	pool, err := openDB(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	exists, err := store.New(pool).ProjectExists(ctx, id)
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "42P01": // undefined_table
+		return errors.New("PostgreSQL has no projects table: run hanctl migrate against this database first")
+	case err != nil:
+		return fmt.Errorf("cannot check that project %s exists in PostgreSQL (%s)", id, store.Kind(err))
+	case !exists:
+		return fmt.Errorf("project %s does not exist in PostgreSQL: check the id, or create it first with hanctl project create --id %s --name NAME", id, id)
+	}
 	return nil
 }
 

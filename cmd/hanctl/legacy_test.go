@@ -18,10 +18,13 @@ import (
 )
 
 // legacyImportEnv starts a private redis-server for an import test: its
-// admin client, the environment hanctl runs with (HAN_ENV stage), and a
-// writer of entries files.
+// admin client, the environment hanctl runs with (HAN_ENV stage, the
+// package's migrated database), and a writer of entries files.
 func legacyImportEnv(t *testing.T) (rs *testenv.RedisServer, admin *redis.Client, envs map[string]string, write func(string) string) {
 	t.Helper()
+	if _, err := run(t, nil, "migrate"); err != nil {
+		t.Fatal(err)
+	}
 	rs, err := testenv.StartRedis(testenv.RedisOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -40,10 +43,30 @@ func legacyImportEnv(t *testing.T) (rs *testenv.RedisServer, admin *redis.Client
 	return rs, admin, envs, write
 }
 
+// newProject creates a project in the package's database and returns its id.
+func newProject(t *testing.T) string {
+	t.Helper()
+	out, err := run(t, nil, "project", "create", "--name", "legacy import")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(out)
+}
+
+// han:prj keys in the server's DB0: what an import wrote.
+func projectKeys(t *testing.T, admin *redis.Client) []string {
+	t.Helper()
+	keys, err := admin.Keys(context.Background(), "han:prj:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
 func TestProjectLegacyImport(t *testing.T) {
 	rs, admin, envs, write := legacyImportEnv(t)
 	ctx := context.Background()
-	projectID := ids.New()
+	projectID := newProject(t)
 	keys := project.NewKeys("stage", projectID)
 
 	f := write(`[{"key":"a","type":"string","value":"1"},{"key":"b/ü","type":"json","value":"{\"x\":[1]}"}]`)
@@ -60,7 +83,7 @@ func TestProjectLegacyImport(t *testing.T) {
 	}
 
 	// --container-ttl gives the container a physical TTL.
-	other := ids.New()
+	other := newProject(t)
 	if _, err := run(t, envs, "project", "legacy-import", "--project", other, "--file", f, "--container-ttl", "1h"); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +92,7 @@ func TestProjectLegacyImport(t *testing.T) {
 	}
 
 	// Refusals write nothing.
-	bad := ids.New()
+	bad := newProject(t)
 	for name, c := range map[string]struct {
 		env  map[string]string
 		body string
@@ -113,7 +136,7 @@ func TestProjectLegacyImport(t *testing.T) {
 func TestProjectLegacyImportSizes(t *testing.T) {
 	_, admin, envs, write := legacyImportEnv(t)
 	ctx := context.Background()
-	over := ids.New()
+	over := newProject(t)
 	big := strings.Repeat("v", project.CacheQuotaMaxBytes)
 	if _, err := run(t, envs, "project", "legacy-import", "--project", over, "--file",
 		write(`[{"key":"a","type":"string","value":"1"},{"key":"k","type":"string","value":"`+big+`"}]`)); err == nil ||
@@ -124,7 +147,7 @@ func TestProjectLegacyImportSizes(t *testing.T) {
 		t.Fatal("a refused import wrote the container")
 	}
 
-	fits := ids.New()
+	fits := newProject(t)
 	var b strings.Builder
 	b.WriteString(`[{"key":"k","type":"string","value":"` + big[1:] + `"}`)
 	for i := range 200 {
@@ -171,5 +194,71 @@ func TestLegacyFileMembersAreReadAsWritten(t *testing.T) {
 	}
 	if _, err := parseLegacyFile([]byte(`[{"KEY":"b","TYPE":"json","VALUE":"1"}]`)); err == nil {
 		t.Fatal("an entry with no member named key, type or value was accepted")
+	}
+}
+
+// A project id PostgreSQL does not know is refused before anything is
+// written: the gateway answers for a project only after finding its row,
+// so keys written under a mistyped id would belong to nobody. The refusal
+// names the cause, never PostgreSQL's own error text, and so does every
+// refusal for want of a database to check against.
+func TestLegacyImportRefusesAProjectPostgreSQLDoesNotKnow(t *testing.T) {
+	_, admin, envs, write := legacyImportEnv(t)
+	f := write(`[{"key":"a","type":"string","value":"1"}]`)
+	unknown := ids.New()
+	_, err := run(t, envs, "project", "legacy-import", "--project", unknown, "--file", f)
+	if err == nil || !strings.Contains(err.Error(), "project "+unknown+" does not exist") ||
+		!strings.Contains(err.Error(), "hanctl project create") {
+		t.Fatalf("an unknown project: %v", err)
+	}
+	if keys := projectKeys(t, admin); len(keys) != 0 {
+		t.Fatalf("a refused import wrote %v", keys)
+	}
+
+	// A database the migrations never ran on has no projects table.
+	bare, drop, err := testenv.CreateDatabase(context.Background(), env.DirectURL, "hanctl_legacy_bare")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	for name, c := range map[string]struct {
+		db   map[string]string
+		want string
+	}{
+		"no DATABASE_URL":     {map[string]string{"DATABASE_URL": ""}, "DATABASE_URL"},
+		"unreachable":         {map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}, "cannot reach PostgreSQL"},
+		"database unmigrated": {map[string]string{"DATABASE_URL": bare}, "hanctl migrate"},
+	} {
+		vars := map[string]string{}
+		for k, v := range envs {
+			vars[k] = v
+		}
+		for k, v := range c.db {
+			vars[k] = v
+		}
+		_, err := run(t, vars, "project", "legacy-import", "--project", unknown, "--file", f)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "relation") ||
+			strings.Contains(err.Error(), "SQLSTATE") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if keys := projectKeys(t, admin); len(keys) != 0 {
+		t.Fatalf("a refused import wrote %v", keys)
+	}
+}
+
+// Without HAN_ENV the import is refused, naming the variable: the keys
+// carry the environment name the gateway runs with, and a default could be
+// one no gateway reads.
+func TestLegacyImportRefusesAnUnsetHANENV(t *testing.T) {
+	_, admin, envs, write := legacyImportEnv(t)
+	projectID := newProject(t)
+	_, err := run(t, map[string]string{"REDIS_URL": envs["REDIS_URL"]}, "project", "legacy-import",
+		"--project", projectID, "--file", write(`[{"key":"a","type":"string","value":"1"}]`))
+	if err == nil || !strings.Contains(err.Error(), "HAN_ENV") {
+		t.Fatalf("no HAN_ENV: %v", err)
+	}
+	if keys := projectKeys(t, admin); len(keys) != 0 {
+		t.Fatalf("a refused import wrote %v", keys)
 	}
 }

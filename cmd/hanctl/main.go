@@ -139,9 +139,12 @@ var commandHelp = map[string]struct{ about, env string }{
 		"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set\n" +
 			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
 			"  HAN_DB_EXEC_MODE          how statements are sent (default cache_statement)"},
-	"project legacy-import": {"Writes cache entries in the legacy format into a project's cache container.",
+	"project legacy-import": {"Writes cache entries in the legacy format into the cache container of a project that exists in PostgreSQL.",
 		"  REDIS_URL                 required (Redis DB0)\n" +
-			"  HAN_ENV                   environment name in the keys (default dev)"},
+			"  HAN_ENV                   required: the gateway's HAN_ENV (dev when it has none), the environment name in the keys\n" +
+			"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set: the project must exist there\n" +
+			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
+			"  HAN_DB_EXEC_MODE          how statements are sent (default cache_statement)"},
 	"seed demo": {"Migrates, creates the demo users, dialog and project; prints ids and tokens as JSON.",
 		"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set\n" +
 			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
