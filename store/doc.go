@@ -62,6 +62,16 @@
 // edited (every database that applied it would no longer match the
 // repository), only its comments may be, which change nothing applied.
 //
+// A binary needs every migration built into it: the gateway asks
+// MissingMigrations (one query) at start and refuses to run on a database
+// that lacks one. Versions recorded that the binary does not know are
+// accepted, because a migration is written so that the binary of the
+// release before it still runs on the schema it leaves: during a rolling
+// deploy the new binary's migrations run first and old instances go on
+// serving (or restart) on the newer schema. A migration therefore never
+// drops, renames or changes the arguments or results of anything the
+// previous release's binary uses; that waits a release.
+//
 // Numbers 0003 and 0004 do not exist and never did: no file with those
 // numbers was ever committed (git log -- store/migrations shows 0001, 0002,
 // then 0005), the numbers were skipped when 0005 was added. The gap is

@@ -3,12 +3,14 @@ package store
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -46,18 +48,12 @@ func MigrateBefore(ctx context.Context, pool *pgxpool.Pool, version string) ([]s
 		return nil, fmt.Errorf("migrate: acquire: %w", err)
 	}
 	defer conn.Release()
-	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(names)
 	var applied []string
-	for _, name := range names {
-		v := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+	for _, v := range embeddedVersions() {
 		if version != "" && v >= version {
 			break
 		}
-		done, err := migrateOne(ctx, conn, name, v)
+		done, err := migrateOne(ctx, conn, "migrations/"+v+".sql", v)
 		if err != nil {
 			return applied, err
 		}
@@ -66,6 +62,45 @@ func MigrateBefore(ctx context.Context, pool *pgxpool.Pool, version string) ([]s
 		}
 	}
 	return applied, nil
+}
+
+// embeddedVersions are the versions of the migrations built into the
+// binary (their file names without .sql), in the order they apply.
+func embeddedVersions() []string {
+	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		panic(err) // only a malformed pattern fails, and this one is fixed
+	}
+	sort.Strings(names)
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
+	}
+	return names
+}
+
+// MissingMigrations returns, in order, the migrations built into the binary
+// that schema_migrations does not record: all of them when the table does
+// not exist (the database was never migrated). It is one query, cheap
+// enough for every start. Versions recorded that the binary does not know
+// are no concern of it: a newer binary applied them, and a migration is
+// written so that the binary of the release before it still runs on the
+// schema it leaves (a rolling deploy runs both at once).
+func MissingMigrations(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	versions := embeddedVersions()
+	rows, err := pool.Query(ctx, `SELECT v FROM unnest($1::text[]) WITH ORDINALITY AS e(v, i)
+		WHERE NOT EXISTS (SELECT 1 FROM schema_migrations m WHERE m.version = e.v) ORDER BY e.i`, versions)
+	var missing []string
+	if err == nil {
+		missing, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "42P01": // undefined_table: never migrated
+		return versions, nil
+	case err != nil:
+		return nil, fmt.Errorf("missing migrations: %w", err)
+	}
+	return missing, nil
 }
 
 // migrateOne applies one migration unless it is recorded already, all in

@@ -133,8 +133,9 @@ func (m *Main) Stopped() (<-chan struct{}, func() error) {
 	return m.stopped, func() error { return m.serveErr }
 }
 
-// Run connects to the dependencies, migrates and starts serving. It does not
-// wait for Redis: an instance starts (degraded) while Redis is down.
+// Run connects to the dependencies, migrates, checks that the schema has
+// every migration the binary knows (schema.go) and starts serving. It does
+// not wait for Redis: an instance starts (degraded) while Redis is down.
 func (m *Main) Run(ctx context.Context) error {
 	cfg := m.Config
 	if m.Logger == nil {
@@ -159,6 +160,9 @@ func (m *Main) Run(ctx context.Context) error {
 		if err := migrateDirect(ctx, cfg.DatabaseDirectURL); err != nil {
 			return err
 		}
+	}
+	if err := m.checkSchema(ctx); err != nil { // schema.go
+		return err
 	}
 	rc := rds.RedisConfig{ReadTimeout: cfg.RedisTimeout, WriteTimeout: cfg.RedisTimeout, PoolTimeout: cfg.RedisTimeout,
 		DialTimeout: cfg.RedisTimeout, ClientName: "han-gateway:" + cfg.InstanceID}
