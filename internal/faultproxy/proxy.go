@@ -1,13 +1,14 @@
 // Package faultproxy is a loopback TCP proxy for fault tests: it sits between
 // the service and its redis-server and can add latency, blackhole traffic
-// (a partition: bytes vanish, nothing is reset), refuse new connections and
-// cut the open ones.
+// (a partition: bytes vanish, nothing is reset), hold back one request on
+// the link that sends it, refuse new connections and cut the open ones.
 //
 // All methods are safe for concurrent use. Close stops the listener, cuts
 // every link and waits for the proxy's goroutines.
 package faultproxy
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ type Proxy struct {
 	closed    bool
 	links     map[net.Conn]struct{}
 	dials     []time.Time // every accepted connection attempt, refused ones too
+	holds     []*hold     // every HoldRequest; the last one is the one in force
 
 	wg sync.WaitGroup
 }
@@ -76,6 +78,53 @@ func (p *Proxy) Refuse(on bool) {
 	p.mu.Unlock()
 }
 
+// hold is a HoldRequest: seen once the marked chunk arrived.
+type hold struct {
+	marker  []byte
+	seen    bool
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *hold) free() { h.once.Do(func() { close(h.release) }) }
+
+// HoldRequest holds back the first chunk a client sends that contains
+// marker, and with it everything that client sends after it on the same
+// link, until release is called; the link's replies keep flowing, and so
+// does every other link. It is a request stuck on its way, on one
+// connection only (a SUBSCRIBE on the Pub/Sub connection, say, while the
+// pool's commands go through). held is closed once the chunk arrived. A
+// later call replaces a hold that has not caught its chunk yet; Close
+// releases every hold.
+func (p *Proxy) HoldRequest(marker []byte) (held <-chan struct{}, release func()) {
+	h := &hold{marker: bytes.Clone(marker), held: make(chan struct{}), release: make(chan struct{})}
+	p.mu.Lock()
+	if p.closed {
+		h.free()
+	}
+	p.holds = append(p.holds, h)
+	p.mu.Unlock()
+	return h.held, h.free
+}
+
+// caught is the hold whose marker chunk is b, if any (only its first
+// sighting counts).
+func (p *Proxy) caught(b []byte) *hold {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.holds) == 0 {
+		return nil
+	}
+	h := p.holds[len(p.holds)-1]
+	if h.seen || !bytes.Contains(b, h.marker) {
+		return nil
+	}
+	h.seen = true
+	close(h.held)
+	return h
+}
+
 // Cut closes every open link (both sides see a reset/EOF).
 func (p *Proxy) Cut() {
 	p.mu.Lock()
@@ -96,6 +145,9 @@ func (p *Proxy) Dials() []time.Time {
 func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
+	for _, h := range p.holds {
+		h.free()
+	}
 	p.mu.Unlock()
 	p.ln.Close()
 	p.Cut()
@@ -166,6 +218,11 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 			p.mu.Unlock()
 			if lat > 0 {
 				time.Sleep(lat)
+			}
+			if !reply {
+				if h := p.caught(buf[:n]); h != nil {
+					<-h.release
+				}
 			}
 			if !hole {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
