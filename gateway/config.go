@@ -15,7 +15,7 @@ const (
 	CloseUnsupported   = websocket.StatusUnsupportedData // 1003: a binary frame
 	ClosePolicy        = websocket.StatusPolicyViolation // 1008: bad Origin, frame too big or too slow, frame rate, subprotocol, per-user connection cap
 	CloseInternal      = websocket.StatusInternalError   // 1011
-	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable, or the handshake queue full; reason {"retryMs":n} for the queue
+	CloseTryAgainLater = websocket.StatusTryAgainLater   // 1013: Redis DB1 or PostgreSQL unavailable (the user channel not confirmed in time included), or the handshake queue full; reason {"retryMs":n} for the queue
 	CloseUnauthorized  = websocket.StatusCode(4001)      // no valid ticket or token; reason token_expired: the credential expired
 	CloseForbidden     = websocket.StatusCode(4003)      // not a user session, or a refresh token of another user
 	CloseSlowConsumer  = websocket.StatusCode(4008)      // cannot keep up

@@ -12,6 +12,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/presence"
+	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -67,20 +68,19 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	c, expires, ref := hd.register(ws, hw.cork, ticket, token, hasBearer)
+	c, expires, budget, ref := hd.register(ws, hw.cork, ticket, token, hasBearer)
 	if ref.metric != "" {
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
-	userID := c.userID
-	c.send(mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
-		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli()}))
-	if !h.add(c) {
+	hello := mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
+		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli()})
+	if ref := hd.open(c, hello, budget); ref.metric != "" {
 		// Registered in presence a moment ago: take it back.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, _ = s.presence.Disconnect(ctx, userID, c.id)
+		_, _ = s.presence.Disconnect(ctx, c.userID, c.id)
 		cancel()
-		refuse(CloseGoingAway, h.retryReason(), "draining")
+		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
 	// Read on a fresh goroutine and let net/http's handler goroutine (and
@@ -89,14 +89,20 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	go c.readLoop()
 }
 
+// handshakeBudget bounds a handshake's work once it is admitted: the
+// ticket or token, the presence registration and the confirmation of the
+// user's channel together.
+const handshakeBudget = 5 * time.Second
+
 // register authenticates the handshake and records its connection in
 // presence: the Redis and PostgreSQL work of a handshake, run under an
 // admission slot (admission.go); beyond the admission queue's bounds the
 // client is refused with 1013 and a reconnect delay. It writes nothing to
 // the client but, when the handshake has to queue, the upgrade response (a
 // few hundred bytes a fresh socket takes at once), so a client that does
-// not read holds no slot.
-func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token string, hasBearer bool) (*conn, time.Time, refusal) {
+// not read holds no slot. It returns the connection, its credential's exp
+// and the end of the handshake's budget.
+func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token string, hasBearer bool) (*conn, time.Time, time.Time, refusal) {
 	s := hd.s
 	// The upgrade response waits for the hello frame (one write for both)
 	// unless the handshake has to queue: then it goes out now, so the
@@ -106,34 +112,35 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 		if errors.Is(err, errAdmissionWait) {
 			metric = "handshake_queue_timeout"
 		}
-		return nil, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReason(), metric}
+		return nil, time.Time{}, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReason(), metric}
 	}
 	defer s.hub.gate.release()
 	if s.hub.isDraining() { // began while this handshake waited
-		return nil, time.Time{}, refusal{CloseGoingAway, s.hub.retryReason(), "draining"}
+		return nil, time.Time{}, time.Time{}, refusal{CloseGoingAway, s.hub.retryReason(), "draining"}
 	}
 	// The budget of the work starts once it is admitted.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	budget := time.Now().Add(handshakeBudget)
+	ctx, cancel := context.WithDeadline(context.Background(), budget)
 	defer cancel()
 	userID, expires, ref := s.authenticate(ctx, ticket, token, hasBearer)
 	if ref.metric != "" {
-		return nil, time.Time{}, ref
+		return nil, time.Time{}, time.Time{}, ref
 	}
 	// A ticket redeemed after its issuing token expired opens nothing.
 	deadline := expires.Add(s.verifier.Leeway())
 	if !time.Now().Before(deadline) {
-		return nil, time.Time{}, refusal{CloseUnauthorized, CloseReasonTokenExpired, CloseReasonTokenExpired}
+		return nil, time.Time{}, time.Time{}, refusal{CloseUnauthorized, CloseReasonTokenExpired, CloseReasonTokenExpired}
 	}
 	// The user's handshakes on this instance are rate-limited before the
 	// presence registration, the Redis work that connecting and closing
 	// in a loop would repeat.
 	if wait, ok := s.hub.users.take(userID); !ok {
-		return nil, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReasonAfter(wait), "handshake_rate"}
+		return nil, time.Time{}, time.Time{}, refusal{CloseTryAgainLater, s.hub.retryReasonAfter(wait), "handshake_rate"}
 	}
 	c := newConn(s.hub, ws, cork, userID, deadline)
 	if err := s.presence.Connect(ctx, presence.Conn{UserID: userID, ConnID: c.id}); err != nil {
 		if errors.Is(err, presence.ErrTooManyConnections) {
-			return nil, time.Time{}, refusal{ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections}
+			return nil, time.Time{}, time.Time{}, refusal{ClosePolicy, CloseReasonTooManyConnections, CloseReasonTooManyConnections}
 		}
 		// DB1 is needed to record presence: refuse new connections while it
 		// is out; existing ones keep their local fan-out (docs/degraded-mode.md).
@@ -144,9 +151,38 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 		s.logger.Warn("realtime connection refused: presence unavailable", slog.String("kind", rds.Kind(err)))
 		_, _ = s.presence.Disconnect(ctx, userID, c.id)
 		s.presence.DisconnectLater(presence.Conn{UserID: userID, ConnID: c.id})
-		return nil, time.Time{}, refuseUnavailable
+		return nil, time.Time{}, time.Time{}, refuseUnavailable
 	}
-	return c, expires, refusal{}
+	return c, expires, budget, refusal{}
+}
+
+// open starts a registered connection: it takes the connection's
+// reference on its user's channel and, unless the instance holds the
+// channel's confirmed subscription already (no Redis work), waits until
+// deadline for Redis to confirm it, without an admission slot: the
+// SUBSCRIBE travels on the Pub/Sub connection, shared by the handshakes
+// that wait together, not on a pool connection. Only then does hello go
+// out (Hub.add), so every event published on the user's channel after the
+// client got hello reaches it (unless a resync or the connection's end
+// says otherwise). A subscription not confirmed in time refuses the
+// handshake as an unavailable dependency does (1013).
+func (hd *handler) open(c *conn, hello []byte, deadline time.Time) refusal {
+	h := hd.s.hub
+	ch := pubsub.UserChannel(c.userID)
+	if !h.deps.Subscriber.Join(ch) {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := h.deps.Subscriber.Subscribe(ctx, ch)
+		cancel()
+		if err != nil {
+			hd.s.logger.Warn("realtime connection refused: user channel subscription not confirmed")
+			return refusal{CloseTryAgainLater, refuseUnavailable.reason, "pubsub_unavailable"}
+		}
+	}
+	if !h.add(c, hello) {
+		h.deps.Subscriber.Unsubscribe(ch)
+		return refusal{CloseGoingAway, h.retryReason(), "draining"}
+	}
+	return refusal{}
 }
 
 // refusal is why a handshake ends in a close frame: code and reason go to

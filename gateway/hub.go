@@ -181,10 +181,17 @@ func (h *Hub) Stats() Stats {
 	return st
 }
 
-// add registers a connection (its goroutine is counted in wg) and
-// subscribes it to its user's channel; false while draining.
-func (h *Hub) add(c *conn) bool {
+// add registers a connection (its goroutine is counted in wg) among the
+// members of its user's channel, whose subscription reference the caller
+// took, and sends hello: queued before the connection joins the members
+// and written after, so it is the connection's first frame and every event
+// dispatched on the channel from then on follows it. False while draining:
+// then nothing is written.
+func (h *Hub) add(c *conn, hello []byte) bool {
 	ch := pubsub.UserChannel(c.userID)
+	c.mu.Lock()
+	c.enqueueLocked(outFrame{hello, classControl})
+	c.mu.Unlock()
 	h.mu.Lock()
 	if h.draining {
 		h.mu.Unlock()
@@ -195,7 +202,9 @@ func (h *Hub) add(c *conn) bool {
 	h.stats.conns.Add(1)
 	h.membersLocked(ch).add(c, nil)
 	h.mu.Unlock()
-	h.deps.Subscriber.Add(ch)
+	c.mu.Lock()
+	c.signalInline()
+	c.mu.Unlock()
 	return true
 }
 

@@ -303,14 +303,6 @@ func (s *Subscriber) Healthy() bool {
 // CanaryLag is the lag of the last canary received.
 func (s *Subscriber) CanaryLag() time.Duration { return time.Duration(s.canaryLagNs.Load()) }
 
-// Add takes a reference on channel without waiting for Redis to confirm.
-func (s *Subscriber) Add(channel string) {
-	s.mu.Lock()
-	s.addLocked(channel)
-	s.mu.Unlock()
-	s.wake()
-}
-
 func (s *Subscriber) addLocked(channel string) *chanState {
 	st := s.chans[channel]
 	if st == nil {
