@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -347,6 +348,13 @@ func (s *Subscriber) Subscribe(ctx context.Context, channel string) error {
 		}
 		return nil
 	case <-ctx.Done():
+		// The waiter goes with its caller: callers that give up one after
+		// another while Redis stalls leave nothing behind.
+		s.mu.Lock()
+		if st := s.chans[channel]; st != nil {
+			st.waiters = slices.DeleteFunc(st.waiters, func(x chan struct{}) bool { return x == w })
+		}
+		s.mu.Unlock()
 		s.Unsubscribe(channel)
 		return ctx.Err()
 	}

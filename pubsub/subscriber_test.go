@@ -206,12 +206,31 @@ func TestSubscribeWhileRedisIsDown(t *testing.T) {
 	if s.Channels() != 0 {
 		t.Fatal("a failed subscribe kept its reference")
 	}
+	// One caller waits on; the others give up one after another, as first
+	// sockets do during a long stall: each takes its waiter with it.
+	patient := make(chan error, 1)
+	go func() { patient <- s.Subscribe(context.Background(), "han:rt:dialog:y") }()
+	testenv.Eventually(t, 5*time.Second, func() bool { return s.Waiters("han:rt:dialog:y") == 1 }, "the patient subscribe is not waiting")
+	for i := 0; i < 5; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := s.Subscribe(ctx, "han:rt:dialog:y")
+		cancel()
+		if err == nil {
+			t.Fatal("subscribe succeeded without Redis")
+		}
+	}
+	if n := s.Waiters("han:rt:dialog:y"); n != 1 {
+		t.Fatalf("%d waiters after five callers gave up beside one that waits, want 1", n)
+	}
 	if err := r.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, s.Healthy, "subscriber did not reconnect")
 	if err := s.Subscribe(context.Background(), "han:rt:dialog:x"); err != nil {
 		t.Fatal(err)
+	}
+	if err := <-patient; err != nil {
+		t.Fatalf("the subscribe that waited through the outage: %v", err)
 	}
 }
 
