@@ -46,11 +46,12 @@ export const MAX_FRAME_BYTES = 1 << 20;
 /**
  * How long each step of a connection attempt may take: getting its ticket
  * (or, with bearer, the first token from getToken), and from opening the
- * socket to its hello: more than the server's longest handshake wait (6 s
- * in its admission queue) plus its Redis and PostgreSQL work. A step not
- * done in time ends the attempt, and the client reconnects with backoff.
+ * socket to its hello: more than the server's longest handshake (up to 6 s
+ * in its admission queue, then at most 5 s of Redis and PostgreSQL work and
+ * the user channel's subscription). A step not done in time ends the
+ * attempt, and the client reconnects with backoff.
  */
-export const CONNECT_TIMEOUT_MS = 10000;
+export const CONNECT_TIMEOUT_MS = 15000;
 /** The rejection of a connection step (ticket, token) that did not end within CONNECT_TIMEOUT_MS. */
 const CONNECT_STEP_TIMEOUT = new ApiError(CLIENT_CODES.network, 0);
 /**
