@@ -303,7 +303,27 @@ func TestPresenceConnectionCap(t *testing.T) {
 	if refused(hb("c1", 2)) || refused(hb("c2", 1)) {
 		t.Fatal("a registered connection's heartbeat is never refused")
 	}
-	if refused(hb("c3", 0)) {
+	// A connection no longer registered (a sweep removed its member, or
+	// its member went stale) is registered again only within the cap.
+	if !refused(hb("stale", 2)) {
+		t.Fatal("a connection whose member is stale must be refused at the cap")
+	}
+	if err := c.ZRem(ctx, user, "c2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ZAdd(ctx, user, redis.Z{Score: 2, Member: "stale2"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if refused(hb("c2", 2)) {
+		t.Fatal("a swept connection must be registered again while the user is under the cap")
+	}
+	if err := c.ZRem(ctx, user, "c2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if refused(hb("c3", 2)) || !refused(hb("c2", 2)) {
+		t.Fatal("a swept connection must be refused once the user has reached the cap meanwhile")
+	}
+	if refused(hb("c2", 0)) {
 		t.Fatal("cap 0 means no cap")
 	}
 	if err := lua.RTDisconnect.Run(ctx, c, []string{conn("c1"), user}, "c1", 90000, 10).Err(); err != nil {

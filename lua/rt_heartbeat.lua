@@ -8,8 +8,9 @@
 -- KEYS[3] online marker    han:rt:user:{<user_id>}:online, holding the time
 --         in ms of the user's latest registration or refresh
 -- KEYS[4] closed marker    han:rt:conn:{<user_id>}:<connection_id>:closed
---         (optional): with cap 0, a connection whose socket closed (its
---         disconnect left the marker) is not registered again
+--         (optional, passed by the periodic refresh): a connection whose
+--         socket closed (its disconnect left the marker) is not registered
+--         again
 -- ARGV[1] user id
 -- ARGV[2] connection id
 -- ARGV[3] instance id
@@ -18,11 +19,14 @@
 -- ARGV[6] user ZSET and online marker TTL in ms (120 s)
 -- ARGV[7] stale batch: at most this many members whose heartbeat is older
 --         than the HASH TTL are removed by this call
--- ARGV[8] per-user connection cap, 0 (or absent) for none: a connection not yet in the
---         ZSET is refused when the user already has this many live members
---         (heartbeat within the HASH TTL), whatever instance holds them.
---         Connect passes the cap; the periodic refresh of connections that
---         are already open passes 0.
+-- ARGV[8] per-user connection cap, 0 (or absent) for none: a connection that
+--         is not registered (no member in the ZSET, or a stale one: its HASH
+--         has expired) is refused when the user already has this many live
+--         members (heartbeat within the HASH TTL), whatever instance holds
+--         them; the refresh of a registered connection (a live member) is
+--         never refused. Connect passes the cap, and so does the periodic
+--         refresh: a connection that survivors swept while its instance
+--         looked dead (a long pause) comes back only within the cap.
 -- Returns {now_ms, became_online, removed_stale, refused}; became_online is
 -- 1 when the online marker was absent (the user's first live connection);
 -- refused is 1 when the cap refused the connection (nothing written); 2
@@ -41,7 +45,7 @@ for i = 1, 3 do
 end
 local connTTL = tonumber(ARGV[5])
 local cap = tonumber(ARGV[8]) or 0
-if cap == 0 and KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then
   return {now, 0, 0, 2}
 end
 local cut = string.format('%d', now - connTTL)
@@ -50,8 +54,9 @@ local cut = string.format('%d', now - connTTL)
 -- a user with no members has nothing stale, and one with fewer members than
 -- the cap cannot be at it.
 local n = redis.call('ZCARD', KEYS[2])
-if cap > 0 and n >= cap and not redis.call('ZSCORE', KEYS[2], ARGV[2]) then
-  if redis.call('ZCOUNT', KEYS[2], cut, '+inf') >= cap then
+if cap > 0 and n >= cap then
+  local own = redis.call('ZSCORE', KEYS[2], ARGV[2])
+  if (not own or tonumber(own) < now - connTTL) and redis.call('ZCOUNT', KEYS[2], cut, '+inf') >= cap then
     return {now, 0, 0, 1}
   end
 end

@@ -43,7 +43,6 @@ const (
 type presenceOp struct {
 	kind opKind
 	conn Conn
-	max  int // connect: the per-user cap
 	// score (disconnect): the score with which the batch listed the
 	// user's offline check in the instance's index.
 	score int64
@@ -185,7 +184,7 @@ func (b *opBatcher) send(batch []*presenceOp) {
 	cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 		for _, op := range batch {
 			if op.kind == opConnect {
-				p.heartbeat(ctx, pipe, op.conn, op.max)
+				p.heartbeat(ctx, pipe, op.conn, false)
 			} else {
 				p.disconnect(ctx, pipe, op.conn.UserID, op.conn.ConnID, true)
 			}

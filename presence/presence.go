@@ -64,8 +64,9 @@ type Config struct {
 	// MaxConnsPerUser caps a user's live connections across all instances
 	// (HAN_WS_MAX_CONNS_PER_USER): Connect refuses one more with
 	// ErrTooManyConnections. A connection's slot is free again when it
-	// disconnects, is swept with its dead instance or goes stale. Zero
-	// value means 16.
+	// disconnects, is swept with its dead instance or goes stale; such a
+	// connection, still open on an instance that was only paused, gets a
+	// slot again only within the cap (see Refused). Zero value means 16.
 	MaxConnsPerUser int
 	// StaleBatch bounds the stale ZSET members one heartbeat removes. Zero
 	// value means 100.
@@ -82,6 +83,15 @@ type Config struct {
 	RetakeAfter time.Duration
 	// Registerer receives the metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Refused, when set, is called by the periodic refresh with the open
+	// connections it found no longer registered (survivors swept them
+	// while this instance looked dead: a long pause) and could not
+	// register again, because the user has reached MaxConnsPerUser on
+	// other connections meanwhile. Their sockets should close as a connect
+	// over the cap is refused; until they do, each refresh refuses them
+	// again (or registers them, once a slot is free). Called on the
+	// refresh's goroutine: it must not block.
+	Refused func(conns []Conn)
 }
 
 func (c *Config) defaults() {

@@ -111,18 +111,19 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 func indexMember(c Conn) string { return c.UserID + ":" + c.ConnID }
 
-// heartbeat registers or refreshes conn. maxConns > 0 refuses a new
-// registration when the user already has that many live connections; 0
-// never refuses (the refresh of connections already open) but skips a
-// connection whose socket has closed since: a refresh sent before the
-// disconnect must not register it again.
-func (p *Presence) heartbeat(ctx context.Context, c redis.Scripter, conn Conn, maxConns int) *redis.Cmd {
+// heartbeat registers or refreshes conn under the per-user cap: a
+// connection that is not registered is refused when the user already has
+// MaxConnsPerUser live connections; a registered one is refreshed whatever
+// the count. refresh (the periodic heartbeat of connections already open)
+// also skips a connection whose socket has closed since: a refresh sent
+// before the disconnect must not register it again.
+func (p *Presence) heartbeat(ctx context.Context, c redis.Scripter, conn Conn, refresh bool) *redis.Cmd {
 	keys := []string{ConnKey(conn.UserID, conn.ConnID), UserConnsKey(conn.UserID), OnlineKey(conn.UserID)}
-	if maxConns == 0 {
+	if refresh {
 		keys = append(keys, ClosedKey(conn.UserID, conn.ConnID))
 	}
 	return lua.RTHeartbeat.Run(ctx, c, keys,
-		conn.UserID, conn.ConnID, p.cfg.InstanceID, conn.Subscriptions, ms(p.cfg.ConnTTL), ms(p.cfg.UserTTL), p.cfg.StaleBatch, maxConns)
+		conn.UserID, conn.ConnID, p.cfg.InstanceID, conn.Subscriptions, ms(p.cfg.ConnTTL), ms(p.cfg.UserTTL), p.cfg.StaleBatch, p.cfg.MaxConnsPerUser)
 }
 
 func (p *Presence) instanceHeartbeat(ctx context.Context, c redis.Scripter, members []string) *redis.Cmd {
@@ -147,7 +148,7 @@ func (p *Presence) Connect(ctx context.Context, c Conn) error {
 	// The registration shares a pipeline with other connects and
 	// disconnects in flight, and the instance index entry is one command
 	// for the batch; a refused registration's entry is taken back.
-	op := &presenceOp{kind: opConnect, conn: c, max: p.cfg.MaxConnsPerUser}
+	op := &presenceOp{kind: opConnect, conn: c}
 	if err := p.ops.do(ctx, op); err != nil {
 		return fmt.Errorf("presence connect: %w", err)
 	}
@@ -170,7 +171,10 @@ func (p *Presence) Connect(ctx context.Context, c Conn) error {
 }
 
 // Refresh runs the heartbeat of every given connection (pipelined) and
-// refreshes their members in this instance's index.
+// refreshes their members in this instance's index. A connection that is
+// no longer registered (survivors swept it while this instance looked dead)
+// is registered again only within the per-user cap; the ones the cap
+// refuses are handed to Config.Refused, whose sockets should close.
 func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 	const chunk = 500
 	for len(conns) > 0 {
@@ -183,7 +187,7 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 		}
 		cmds, err := p.pipelined(ctx, func(pipe redis.Pipeliner) {
 			for _, c := range batch {
-				p.heartbeat(ctx, pipe, c, 0)
+				p.heartbeat(ctx, pipe, c, true)
 			}
 			p.instanceHeartbeat(ctx, pipe, members)
 		})
@@ -191,11 +195,16 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 			p.heartbeatFailures.Inc()
 			return fmt.Errorf("presence refresh: %w", rds.ClassifyRedisError(err))
 		}
-		var closed []string
+		var unlisted []string // closed or refused: not in the index
+		var refused []Conn
 		for i, c := range batch {
 			if v, err := lua.Reply(cmds[i]).Slice(); err == nil && len(v) > 3 {
-				if skipped, _ := v[3].(int64); skipped == 2 {
-					closed = append(closed, indexMember(c))
+				switch skipped, _ := v[3].(int64); skipped {
+				case 1:
+					refused = append(refused, c)
+					unlisted = append(unlisted, indexMember(c))
+				case 2:
+					unlisted = append(unlisted, indexMember(c))
 				}
 				if became, _ := v[1].(int64); became == 1 && p.events != nil {
 					user := c.UserID
@@ -206,11 +215,14 @@ func (p *Presence) Refresh(ctx context.Context, conns []Conn) error {
 			}
 		}
 		p.noteMarker(cmds[len(cmds)-1])
-		if len(closed) > 0 {
+		if len(unlisted) > 0 {
 			// The batch's index update listed them again.
-			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(closed)...).Err(); err != nil {
-				p.logger.Warn("presence: removing closed connections' index entries failed", slog.String("kind", rds.Kind(err)))
+			if err := p.rdb.ZRem(ctx, InstanceConnsKey(p.cfg.InstanceID), toAny(unlisted)...).Err(); err != nil {
+				p.logger.Warn("presence: removing unregistered connections' index entries failed", slog.String("kind", rds.Kind(err)))
 			}
+		}
+		if len(refused) > 0 && p.cfg.Refused != nil {
+			p.cfg.Refused(refused)
 		}
 	}
 	return nil

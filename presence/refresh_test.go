@@ -44,13 +44,14 @@ func (h *pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-// isRefresh matches a periodic refresh pipeline (heartbeats with cap 0).
+// isRefresh matches a periodic refresh pipeline (heartbeats passing the
+// closed marker, a fourth key).
 func isRefresh(cmds []redis.Cmder) bool {
 	if len(cmds) == 0 {
 		return false
 	}
 	args := cmds[0].Args()
-	return len(args) > 2 && fmt.Sprint(args[1]) == lua.RTHeartbeat.Hash() && fmt.Sprint(args[len(args)-1]) == "0"
+	return len(args) > 2 && fmt.Sprint(args[1]) == lua.RTHeartbeat.Hash() && fmt.Sprint(args[2]) == "4"
 }
 
 // heartbeatRace registers one connection, holds the next periodic
