@@ -12,11 +12,14 @@
 // 4003, 1013), because a browser cannot read the status of a failed upgrade.
 // It then registers presence (refused with 1008 too_many_connections when the
 // user already holds the per-user cap of connections, counted across all
-// instances) and hands the connection to the Hub. Authentication and the
-// presence registration, the handshake's Redis and PostgreSQL work, run under
-// one of a bounded number of admission slots; handshakes beyond them wait in a
-// bounded FIFO queue for a bounded time, and only beyond those bounds are
-// refused with 1013 and a reconnect delay (admission.go).
+// instances) and hands the connection to the Hub. An open connection that
+// survivors swept while this instance was paused is closed the same way
+// when, back, its presence refresh finds the user at the cap (overcap.go).
+// Authentication and the presence registration, the handshake's Redis and
+// PostgreSQL work, run under one of a bounded number of admission slots;
+// handshakes beyond them wait in a bounded FIFO queue for a bounded time, and
+// only beyond those bounds are refused with 1013 and a reconnect delay
+// (admission.go).
 //
 // Expiry: every connection carries the deadline of its credential, the exp
 // of its bearer token or of the token that issued its ticket (stored with

@@ -97,7 +97,9 @@ func NewService(d Deps) (*Service, error) {
 		return nil, err
 	}
 	s.publisher = pubsub.NewPublisher(d.Realtime, cfg.PubSubMode, s.subscriber, dispatch)
-	if s.presence, err = presence.New(d.Realtime, cfg.Presence, s, d.Logger); err != nil {
+	pcfg := cfg.Presence
+	pcfg.Refused = s.closeOverCap
+	if s.presence, err = presence.New(d.Realtime, pcfg, s, d.Logger); err != nil {
 		return nil, err
 	}
 	if s.relay, err = pubsub.NewRelay(d.Store, d.Realtime, cfg.Relay, d.Logger); err != nil {

@@ -128,3 +128,53 @@ func TestConnectionCapHoldsUnderConcurrentHandshakes(t *testing.T) {
 		t.Fatalf("%d accepted and %d refused for the cap, want 5 and %d", accepted, capped, tries-5)
 	}
 }
+
+// An instance that was only paused (a long GC, a frozen VM) comes back after
+// survivors swept its connections and their user opened up to the cap
+// elsewhere: its sockets over the cap are closed with 1008
+// too_many_connections, as a handshake over the cap would be, and the user
+// never holds more registered connections than the cap.
+func TestSweptSocketsOverTheCapCloseWhenTheirInstanceComesBack(t *testing.T) {
+	pool := openPool(t)
+	// No periodic refresh during the test: the liveness loop's
+	// re-registration after its marker lapsed is the instance coming back.
+	a := newInstance(t, pool, opts{presence: func(c *presence.Config) {
+		c.LivenessTTL, c.RefreshInterval = 3*time.Second, time.Hour
+	}})
+	b := newInstance(t, pool, opts{})
+	u := a.users(1)[0]
+	ctx := context.Background()
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+
+	var onA []*client
+	for range 4 {
+		onA = append(onA, a.connect(u))
+	}
+	// The pause: a's connections are swept (their HASHes and members go,
+	// as a survivor's sweep removes them) while a still holds the sockets.
+	for _, c := range onA {
+		id := c.hello.ConnectionID
+		if err := admin.Del(ctx, presence.ConnKey(u, id)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.ZRem(ctx, presence.UserConnsKey(u), id).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 16 {
+		b.connect(u)
+	}
+	// a comes back: its marker had expired.
+	if err := admin.Del(ctx, presence.InstanceKey(a.id)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range onA {
+		wantTooMany(t, c)
+	}
+	if n := admin.ZCard(ctx, presence.UserConnsKey(u)).Val(); n != 16 {
+		t.Fatalf("the user has %d registered connections, want the cap (16)", n)
+	}
+	// The 16 on b still hold the cap.
+	wantTooMany(t, a.connectWith(dialOpts{token: token(t, u)}))
+}
