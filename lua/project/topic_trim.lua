@@ -16,7 +16,9 @@
 -- KEYS[9..] per subscription (ARGV[7..] order) its receipts HASH …:s:<sid>:r
 --           and its leases ZSET …:s:<sid>:l
 -- ARGV[1] topic id
--- ARGV[2] batch: most messages removed by this call
+-- ARGV[2] batch: most messages removed by this call; every one is looked
+--         up in every subscription's receipts (one HMGET per subscription),
+--         so the caller keeps batch x n bounded (Queue.Trim: 4,096)
 -- ARGV[3] most attempts per receipt
 -- ARGV[4] bytes reserved per receipt
 -- ARGV[5] how many expired dedupe records to purge at most
@@ -84,7 +86,7 @@ for i = 1, n do
   end
 end
 local ids = redis.call('ZRANGE', KEYS[8], 0, batch - 1)
-local freedMsg, receipts = 0, 0
+local freedMsg = 0
 for _, id in ipairs(ids) do
   local e = redis.call('XRANGE', KEYS[5], id, id)
   if not e[1] then
@@ -101,8 +103,20 @@ for _, id in ipairs(ids) do
     return redis.error_reply('ERR data_state_invalid')
   end
   freedMsg = freedMsg + z
+end
+-- The batch's receipts: one read per subscription, whatever the batch.
+local held, receipts = {}, 0
+if #ids > 0 then
   for i = 1, n do
-    receipts = receipts + redis.call('HEXISTS', KEYS[7 + 2 * i], id)
+    local got = redis.call('HMGET', KEYS[7 + 2 * i], unpack(ids))
+    local here = {}
+    for j = 1, #ids do
+      if got[j] then
+        here[#here + 1] = ids[j]
+      end
+    end
+    held[i] = here
+    receipts = receipts + #here
   end
 end
 local freedRcpt = receipts * per
@@ -122,11 +136,13 @@ for _, x in ipairs(exhaust) do
     redis.call('ZADD', KEYS[8], now, id)
   end
 end
-for _, id in ipairs(ids) do
-  redis.call('XDEL', KEYS[5], id)
-  redis.call('ZREM', KEYS[8], id)
+if #ids > 0 then
+  redis.call('XDEL', KEYS[5], unpack(ids))
+  redis.call('ZREM', KEYS[8], unpack(ids))
   for i = 1, n do
-    redis.call('HDEL', KEYS[7 + 2 * i], id)
+    if #held[i] > 0 then
+      redis.call('HDEL', KEYS[7 + 2 * i], unpack(held[i]))
+    end
   end
 end
 if freedMsg > 0 then

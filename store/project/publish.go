@@ -211,7 +211,8 @@ type TrimResult struct {
 
 // Trim removes every message of the topic that is terminal for every
 // subscription, with its receipts, and releases their budget. It works in
-// bounded batches (each one atomic).
+// bounded batches (each one atomic): up to 256 messages, fewer when the
+// topic has more than 16 subscriptions (trimReceiptLookups).
 func (q *Queue) Trim(ctx context.Context, k Keys, projectID, topicID string) (TrimResult, error) {
 	gen, err := q.module.Gen(ctx)
 	if err != nil {
@@ -225,7 +226,7 @@ func (q *Queue) Trim(ctx context.Context, k Keys, projectID, topicID string) (Tr
 		}
 		keys := []string{k.Topics(), k.Budget(), k.Dedupe(), k.DedupeExpiry(), k.TopicStream(topicID),
 			k.TopicSubscriptions(topicID), k.TopicOpen(topicID), k.TopicDone(topicID)}
-		args := []any{topicID, trimBatch, ReceiptMaxAttempts, ReceiptReserveBytes, dedupePurgeBatch, len(sids)}
+		args := []any{topicID, trimBatchFor(len(sids)), ReceiptMaxAttempts, ReceiptReserveBytes, dedupePurgeBatch, len(sids)}
 		for _, sid := range sids {
 			keys = append(keys, k.Receipts(sid), k.Leases(sid))
 			args = append(args, sid)
@@ -255,6 +256,16 @@ func (q *Queue) Trim(ctx context.Context, k Keys, projectID, topicID string) (Tr
 		}
 	}
 	return total, nil
+}
+
+// trimBatchFor is the batch of one trim script on a topic with subs
+// subscriptions: at most trimBatch messages and trimReceiptLookups
+// receipt lookups, and at least one message.
+func trimBatchFor(subs int) int {
+	if subs <= 1 {
+		return trimBatch
+	}
+	return max(1, min(trimBatch, trimReceiptLookups/subs))
 }
 
 // StreamCursor is the opaque listing cursor after message id.

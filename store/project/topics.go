@@ -46,6 +46,11 @@ const (
 	claimExpiredScan = 256
 	// trimBatch is how many messages one trim script removes; Trim loops.
 	trimBatch = 256
+	// trimReceiptLookups bounds one trim script's messages x subscriptions:
+	// each message of a batch is looked up in every subscription's
+	// receipts, so a topic with many subscriptions trims in smaller
+	// batches and no script holds Redis for long.
+	trimReceiptLookups = 4096
 )
 
 // QueueConfig tunes the project queue. Every zero value picks the default
