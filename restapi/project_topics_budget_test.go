@@ -20,6 +20,11 @@ func ddBytes(topicID, producer, event string) int64 {
 	return project.DedupeRecordBytes(topicID, producer, event)
 }
 
+// cost is what a published message holds of the budget until trim.
+func cost(m msgResp) int64 {
+	return m.SizeBytes + int64(len(m.ProducerID)+len(m.ClientEventID)) + project.MessageOverheadBytes
+}
+
 // Trim removes only messages terminal for every subscription (and those
 // published while the topic had none), and the snapshot shows the release;
 // the dedupe records stay counted; a retry after trim replays the stored
@@ -35,7 +40,7 @@ func TestQueueTrim(t *testing.T) {
 	m3 := h.qPublish(p, top.ID, "m3", `{"n":3}`)
 	dd := ddBytes(top.ID, "producer-1", "lonely") + ddBytes(top.ID, "producer-1", "m1") +
 		ddBytes(top.ID, "producer-1", "m2") + ddBytes(top.ID, "producer-1", "m3")
-	msgBytes := lonely.SizeBytes + m1.SizeBytes + m2.SizeBytes + m3.SizeBytes
+	msgBytes := cost(lonely) + cost(m1) + cost(m2) + cost(m3)
 	s0 := h.qSnap(p).Budget
 	if s0.MessageBytes != msgBytes || s0.ReceiptBytes != 6*receiptBytes || s0.DedupeBytes != dd ||
 		s0.UsedBytes != msgBytes+6*receiptBytes+dd || s0.LimitBytes != 2<<20 {
@@ -61,11 +66,11 @@ func TestQueueTrim(t *testing.T) {
 		r := decode[struct{ Trimmed, ReleasedBytes int64 }](t, body)
 		return r.Trimmed, r.ReleasedBytes
 	}
-	if n, rel := trim(); n != 2 || rel != lonely.SizeBytes+m1.SizeBytes+2*receiptBytes {
+	if n, rel := trim(); n != 2 || rel != cost(lonely)+cost(m1)+2*receiptBytes {
 		t.Fatalf("trim removed %d, released %d", n, rel)
 	}
 	s1 := h.qSnap(p).Budget
-	if s1.UsedBytes != s0.UsedBytes-lonely.SizeBytes-m1.SizeBytes-2*receiptBytes || s1.DedupeBytes != dd {
+	if s1.UsedBytes != s0.UsedBytes-cost(lonely)-cost(m1)-2*receiptBytes || s1.DedupeBytes != dd {
 		t.Fatalf("budget after trim: %+v", s1)
 	}
 	listed := func() []string {
@@ -104,7 +109,7 @@ func TestQueueTrim(t *testing.T) {
 		t.Fatalf("receipts of a after trims: %+v", rs)
 	}
 	final := h.qSnap(p).Budget
-	if final.UsedBytes != m3.SizeBytes+2*receiptBytes+dd || final.DedupeBytes != dd {
+	if final.UsedBytes != cost(m3)+2*receiptBytes+dd || final.DedupeBytes != dd {
 		t.Fatalf("final budget: %+v", final)
 	}
 	code, body = h.do(p.write, "POST", p.path("/topics/"+top.ID+"/trim"), `[`)
@@ -119,7 +124,7 @@ func TestQueueProjectBudget(t *testing.T) {
 	top := h.qTopic(p, "big")
 	sub := h.qSub(p, top.ID, "s")
 	payload := `{"k":"` + strings.Repeat("x", 16384-8) + `"}`
-	per := int64(16384) + receiptBytes
+	per := project.MessageBytes("producer-1", "e000", []byte(payload)) + receiptBytes
 	var published []msgResp
 	var dd int64
 	for i := 0; ; i++ {

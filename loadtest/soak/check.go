@@ -247,9 +247,9 @@ func BudgetFloor(project map[string]int64, minDedupe, maxDedupe int64) []Violati
 }
 
 // DedupeRecordBytes is what one dedupe record holds of the project budget:
-// topic id + producerId + clientEventId + 2, plus 128.
+// its identity (topic id + producerId + clientEventId + 2) twice, plus 320.
 func DedupeRecordBytes(topicID, producerID, clientEventID string) int64 {
-	return int64(len(topicID)+len(producerID)+len(clientEventID)+2) + 128
+	return 2*int64(len(topicID)+len(producerID)+len(clientEventID)+2) + 320
 }
 
 // TTLFamilies are the key families whose every key carries a TTL (the key

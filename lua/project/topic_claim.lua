@@ -19,7 +19,7 @@
 -- number.
 -- KEYS[1] topics    han:prj:{<env>:<pid>}:q:topics     HASH topicId -> topic JSON
 -- KEYS[2] subs      han:prj:{<env>:<pid>}:q:subs       HASH subscriptionId -> subscription JSON
--- KEYS[3] stream    han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a}
+-- KEYS[3] stream    han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a, b}
 -- KEYS[4] open      han:prj:{<env>:<pid>}:t:<tid>:o    HASH messageId -> receipts not yet terminal
 -- KEYS[5] done      han:prj:{<env>:<pid>}:t:<tid>:d    ZSET messages terminal for every subscription
 -- KEYS[6] receipts  han:prj:{<env>:<pid>}:s:<sid>:r    HASH messageId -> receipt JSON {s, a, l, u, r, h}
@@ -96,7 +96,7 @@ local function openCount(c)
   return c ~= nil and c >= 1
 end
 -- item is the reply row of a lease; a publish writes the fields p, c, d,
--- z, a in this order, anything else is looked up by name.
+-- z, a in this order (then b), anything else is looked up by name.
 local function item(id, attempts, leaseUntilMs, fv, index)
   if not (fv[1] == 'p' and fv[3] == 'c' and fv[5] == 'd' and fv[7] == 'z' and fv[9] == 'a') then
     local f = {}

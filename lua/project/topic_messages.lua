@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 -- project_topic_messages: one page of a topic's messages in publish order.
 -- KEYS[1] topics  han:prj:{<env>:<pid>}:q:topics   HASH topicId -> topic JSON
--- KEYS[2] stream  han:prj:{<env>:<pid>}:t:<tid>:s  STREAM messages {p, c, d, z, a}
+-- KEYS[2] stream  han:prj:{<env>:<pid>}:t:<tid>:s  STREAM messages {p, c, d, z, a, b}
 -- ARGV[1] topic id
 -- ARGV[2] exclusive start: the last message id of the previous page, '' for the first page
 -- ARGV[3] limit (1..100)

@@ -20,7 +20,7 @@
 -- KEYS[2] budget   han:prj:{<env>:<pid>}:q:budget     HASH msg, rcpt, dd (reliable bytes), tb:<tid> (message bytes of a topic)
 -- KEYS[3] dd       han:prj:{<env>:<pid>}:q:dd         HASH identity -> dedupe JSON {m, f, a, z, b, x}
 -- KEYS[4] ddx      han:prj:{<env>:<pid>}:q:ddx        ZSET identity -> expiresAt ms
--- KEYS[5] stream   han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a}
+-- KEYS[5] stream   han:prj:{<env>:<pid>}:t:<tid>:s    STREAM messages {p, c, d, z, a, b}
 -- KEYS[6] tsubs    han:prj:{<env>:<pid>}:t:<tid>:subs SET subscription ids
 -- KEYS[7] open     han:prj:{<env>:<pid>}:t:<tid>:o    HASH messageId -> receipts not yet terminal
 -- KEYS[8] done     han:prj:{<env>:<pid>}:t:<tid>:d    ZSET publishedAt -> messageId terminal for every subscription
@@ -35,8 +35,9 @@
 -- then eight per message:
 --   identity (topicId "\n" producerId "\n" clientEventId), fingerprint of
 --   the canonical payload (hex SHA-256), producerId, clientEventId,
---   canonical payload, message bytes (payload bytes), dedupe record bytes,
---   bytes reserved on the module budget for this message
+--   canonical payload, message bytes (what the message costs of the
+--   budget, stored in its entry as b: trim releases it), dedupe record
+--   bytes, bytes reserved on the module budget for this message
 -- Returns one row per message, {outcome, messageId, publishedAt, added,
 -- purged}: outcome is 'created' (added = bytes charged), 'replay'
 -- (messageId/publishedAt of the stored message), 'conflict', 'budget'
@@ -128,17 +129,18 @@ for j = 1, m do
     end
   end
   if not row then
-    local z, b = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-    local need = z + b + n * per
+    local cost, b = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+    local need = cost + b + n * per
     if used - old + need > budget then
       row = {'budget', '', 0, 0, 0}
     elseif need > tonumber(ARGV[a + 8]) then
       row = {'module', '', 0, 0, 0}
     else
-      used, size, ddBytes, replaced = used - old + need, size + z, ddBytes + b, replaced + old
+      used, size, ddBytes, replaced = used - old + need, size + cost, ddBytes + b, replaced + old
       row = {'created', '', now, need, 0}
       created[identity] = {f = ARGV[a + 2], row = row}
-      table.insert(news, {a, row})
+      -- The entry's z is the payload's bytes (the message's sizeBytes).
+      table.insert(news, {a, row, tostring(#ARGV[a + 5])})
     end
   end
   rows[j] = row
@@ -162,7 +164,8 @@ if #news > 0 then
   -- ARGV ones as the caller sent them.
   for _, x in ipairs(news) do
     local a = x[1]
-    x[2][2] = redis.call('XADD', KEYS[5], '*', 'p', ARGV[a + 3], 'c', ARGV[a + 4], 'd', ARGV[a + 5], 'z', ARGV[a + 6], 'a', nowText)
+    x[2][2] = redis.call('XADD', KEYS[5], '*', 'p', ARGV[a + 3], 'c', ARGV[a + 4], 'd', ARGV[a + 5], 'z', x[3], 'a', nowText,
+      'b', ARGV[a + 6])
   end
 end
 dedupePurge(KEYS[3], KEYS[4], expired)
@@ -196,7 +199,7 @@ for i, y in ipairs(news) do
   -- The record is built as text: every value is a number, the stream id or
   -- the hex fingerprint, none of which needs escaping in JSON.
   records[2 * i - 1] = ARGV[a + 1]
-  records[2 * i] = '{"m":"' .. id .. '","f":"' .. ARGV[a + 2] .. '","a":' .. nowText .. ',"z":' .. ARGV[a + 6] ..
+  records[2 * i] = '{"m":"' .. id .. '","f":"' .. ARGV[a + 2] .. '","a":' .. nowText .. ',"z":' .. y[3] ..
     ',"b":' .. ARGV[a + 7] .. ',"x":' .. x .. '}'
   expiries[2 * i - 1], expiries[2 * i] = x, ARGV[a + 1]
 end

@@ -92,17 +92,23 @@ for _, id in ipairs(ids) do
   if not e[1] then
     return redis.error_reply('ERR data_state_invalid')
   end
+  -- The message's charge is b; an entry without b (b stays false), written
+  -- before messages were charged their identifiers and overhead, was
+  -- charged z, its payload bytes. A b that is not a number (nil) is
+  -- refused.
   local f = e[1][2]
-  local z
+  local z, b = nil, false
   for j = 1, #f, 2 do
     if f[j] == 'z' then
       z = tonumber(f[j + 1])
+    elseif f[j] == 'b' then
+      b = tonumber(f[j + 1])
     end
   end
-  if z == nil or redis.call('HEXISTS', KEYS[7], id) == 1 then
+  if z == nil or b == nil or redis.call('HEXISTS', KEYS[7], id) == 1 then
     return redis.error_reply('ERR data_state_invalid')
   end
-  freedMsg = freedMsg + z
+  freedMsg = freedMsg + (b or z)
 end
 -- The batch's receipts: one read per subscription, whatever the batch.
 local held, receipts = {}, 0

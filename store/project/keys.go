@@ -30,7 +30,7 @@ package project
 //	…:q:budget         HASH  reliable bytes: msg, rcpt, dd; tb:<topicId> (message bytes of a topic)
 //	…:q:dd             HASH  publish identity → dedupe JSON {m, f, a, z, b, x}
 //	…:q:ddx            ZSET  publish identity → dedupe expiresAt ms
-//	…:t:<tid>:s        STREAM the topic's messages {p, c, d, z, a}
+//	…:t:<tid>:s        STREAM the topic's messages {p, c, d, z, a, b}
 //	…:t:<tid>:subs     SET   the topic's subscription ids
 //	…:t:<tid>:o        HASH  messageId → receipts not yet terminal
 //	…:t:<tid>:d        ZSET  messages terminal for every subscription (trimmable)

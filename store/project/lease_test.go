@@ -167,9 +167,10 @@ func TestModuleLeaseRenewedAheadReturnsTheOldOne(t *testing.T) {
 	e := newLeaseEnv(t, 4<<20)
 	q := e.queue(project.QueueConfig{})
 	tp := e.topic(q)
-	// Each publish with one subscription needs a little over 4 KiB, so a
-	// 64 KiB lease serves about 14 of them: 20 cross one renewal.
-	for i := range 20 {
+	// Each publish with one subscription needs a little under 5 KiB (a
+	// receipt, the message and its dedupe record), so a 64 KiB lease is
+	// renewed ahead at its tenth: 15 cross one renewal.
+	for i := range 15 {
 		if err := publishOne(q, tp, fmt.Sprint("e", i)); err != nil {
 			t.Fatal(err)
 		}

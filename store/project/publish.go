@@ -43,9 +43,19 @@ func publishIdentity(topicID, producerID, clientEventID string) string {
 	return topicID + "\n" + producerID + "\n" + clientEventID
 }
 
-// DedupeRecordBytes is what a publish's dedupe record costs of the budget.
+// DedupeRecordBytes is what a publish's dedupe record costs of the budget:
+// its identity twice (the record's field and its expiry's member) and
+// DedupeRecordOverhead.
 func DedupeRecordBytes(topicID, producerID, clientEventID string) int64 {
-	return int64(len(publishIdentity(topicID, producerID, clientEventID))) + DedupeRecordOverhead
+	return 2*int64(len(publishIdentity(topicID, producerID, clientEventID))) + DedupeRecordOverhead
+}
+
+// MessageBytes is what a message costs of the budget until it is trimmed:
+// the strings its stream entry stores (payload, producerId,
+// clientEventId) and MessageOverheadBytes. The entry stores its charge,
+// and trim releases what is stored.
+func MessageBytes(producerID, clientEventID string, payload []byte) int64 {
+	return int64(len(payload)+len(producerID)+len(clientEventID)) + MessageOverheadBytes
 }
 
 // Publish publishes one message. replay is true when the identity was
@@ -55,9 +65,10 @@ func DedupeRecordBytes(topicID, producerID, clientEventID string) int64 {
 func (q *Queue) Publish(ctx context.Context, k Keys, projectID, topicID string, in PublishInput) (msg TopicMessage, replay bool, err error) {
 	identity := publishIdentity(topicID, in.ProducerID, in.ClientEventID)
 	fp := Fingerprint(in.Payload)
-	size := int64(len(in.Payload))
+	size := MessageBytes(in.ProducerID, in.ClientEventID, in.Payload)
 	ddBytes := DedupeRecordBytes(topicID, in.ProducerID, in.ClientEventID)
-	msg = TopicMessage{TopicID: topicID, ProducerID: in.ProducerID, ClientEventID: in.ClientEventID, Payload: in.Payload, SizeBytes: size}
+	msg = TopicMessage{TopicID: topicID, ProducerID: in.ProducerID, ClientEventID: in.ClientEventID, Payload: in.Payload,
+		SizeBytes: int64(len(in.Payload))}
 	fresh := false
 	for range 5 {
 		t, err := q.publishKeys(ctx, k, topicID, fresh)
