@@ -94,10 +94,6 @@ func (c *RedisCluster) create(ctx context.Context) error {
 	for i, s := range c.Nodes {
 		a := s.AdminClient(0)
 		id, err := a.Do(ctx, "cluster", "myid").Text()
-		if err == nil && i > 0 {
-			// The bus port is not port+10000 here: name it.
-			err = a.Do(ctx, "cluster", "meet", "127.0.0.1", c.Nodes[0].Port, c.Nodes[0].BusPort).Err()
-		}
 		if err == nil && i < m {
 			err = a.Do(ctx, "cluster", "addslotsrange", i*16384/m, (i+1)*16384/m-1).Err()
 		}
@@ -107,12 +103,27 @@ func (c *RedisCluster) create(ctx context.Context) error {
 		}
 		ids[i] = id
 	}
-	// A replica can follow its master only once it knows the master.
-	if err := c.waitAll(ctx, func(ctx context.Context, a *redis.Client) bool {
+	// A replica can follow its master only once it knows the master. A
+	// handshake that does not finish within the node timeout (a loaded
+	// machine) is forgotten by Redis, so the meetings are asked for again
+	// every second until every node knows every other.
+	met := func(ctx context.Context, a *redis.Client) bool {
 		nodes, err := a.ClusterNodes(ctx).Result()
 		return err == nil && strings.Count(nodes, "\n") == len(c.Nodes) && !strings.Contains(nodes, "handshake")
-	}); err != nil {
-		return errors.New("nodes did not meet")
+	}
+	for {
+		if err := c.meet(ctx); err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := c.waitAll(wctx, met)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return errors.New("nodes did not meet")
+		}
 	}
 	for i := m; i < len(c.Nodes); i++ {
 		a := c.Nodes[i].AdminClient(0)
@@ -123,6 +134,21 @@ func (c *RedisCluster) create(ctx context.Context) error {
 		}
 	}
 	return c.WaitHealthy(ctx)
+}
+
+// meet asks every node but the first to meet the first (the bus port is
+// not port+10000 here: it is named). Asking again is harmless: a node
+// already known is recognised once its handshake answers.
+func (c *RedisCluster) meet(ctx context.Context) error {
+	for i, s := range c.Nodes[1:] {
+		a := s.AdminClient(0)
+		err := a.Do(ctx, "cluster", "meet", "127.0.0.1", c.Nodes[0].Port, c.Nodes[0].BusPort).Err()
+		a.Close()
+		if err != nil {
+			return fmt.Errorf("node %d: %w", i+1, err)
+		}
+	}
+	return nil
 }
 
 // WaitHealthy waits until every running node reports cluster_state:ok,
