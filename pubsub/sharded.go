@@ -34,10 +34,37 @@ import (
 type shard struct {
 	addr   string
 	client *redis.Client
-	// subs and unsubs are the channels the connection must send next;
-	// up is set once the connection answered its first PING. All three
-	// are guarded by Subscriber.mu.
-	subs, unsubs []string
+	// subs and unsubs are the channels whose SSUBSCRIBE or SUNSUBSCRIBE is
+	// queued on the connection and not yet written; up is set once the
+	// connection answered its first PING. All three are guarded by
+	// Subscriber.mu.
+	//
+	// A flush writes the unsubscribes before the subscribes, and the
+	// server answers in the order it was written to. So a channel is never
+	// in both: the queue holds at most one command per channel, the one
+	// that brings the server to the channel's latest state.
+	//   - A channel is in subs only while its state names this shard with
+	//     sent == sentSubscribe, and its pendingSubs counts that command.
+	//   - An unsubscribe of a channel still in subs takes the SSUBSCRIBE
+	//     back (it never reached the server, nothing will confirm it) and
+	//     queues the SUNSUBSCRIBE alone, which leaves the server without
+	//     the channel whatever an earlier connection state left there; its
+	//     confirmation then finds no SSUBSCRIBE outstanding and ends the
+	//     state. Queuing it behind the SSUBSCRIBE instead would reach the
+	//     server reversed: subscribed, with the state stuck waiting for an
+	//     unsubscribe confirmation that had already been ignored.
+	//   - A channel whose SUNSUBSCRIBE is queued or written is subscribed
+	//     again only once that is confirmed (route), so its next
+	//     SSUBSCRIBE goes out in a later flush, after it.
+	//   - An SSUBSCRIBE written already is answered before any SUNSUBSCRIBE
+	//     queued after it: that confirmation finds the state unsubscribing
+	//     and is ignored, and the SUNSUBSCRIBE's ends it.
+	//   - Detaching a channel (shard lost, slot moved) takes its queued
+	//     SSUBSCRIBE back; a queued SUNSUBSCRIBE still goes out (the server
+	//     may hold the channel) and its answer, for a channel no longer on
+	//     this shard, is ignored, unless the channel is subscribed on this
+	//     shard again first: that SSUBSCRIBE supersedes it.
+	subs, unsubs map[string]struct{}
 	up           bool
 	// chans counts the channels whose state names this shard (st.shard);
 	// guarded by Subscriber.mu. A shard without any (its slots moved
@@ -165,15 +192,11 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 				continue
 			}
 			sh := s.shardLocked(ctx, shards, c)
-			st.sent, st.confirmed = sentSubscribe, false
-			setShardLocked(st, sh)
-			st.pendingSubs++
-			sh.subs = append(sh.subs, ch)
+			queueSubscribeLocked(sh, ch, st)
 			touched[sh] = struct{}{}
 		case st.refs == 0 && st.sent == sentSubscribe:
-			st.sent, st.confirmed = sentUnsubscribe, false
-			st.shard.unsubs = append(st.shard.unsubs, ch)
 			touched[st.shard] = struct{}{}
+			queueUnsubscribeLocked(ch, st)
 		case st.refs == 0 && st.sent == sentNone:
 			s.dropLocked(ch, st)
 		}
@@ -182,6 +205,29 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 		sh.wake()
 	}
 	return wait
+}
+
+// queueSubscribeLocked puts ch on sh and queues its SSUBSCRIBE there; a
+// SUNSUBSCRIBE of it still queued on sh from before it was detached is
+// superseded (see shard.subs).
+func queueSubscribeLocked(sh *shard, ch string, st *chanState) {
+	st.sent, st.confirmed = sentSubscribe, false
+	setShardLocked(st, sh)
+	st.pendingSubs++
+	delete(sh.unsubs, ch)
+	sh.subs[ch] = struct{}{}
+}
+
+// queueUnsubscribeLocked queues ch's SUNSUBSCRIBE on its shard, taking its
+// SSUBSCRIBE back if that was not written yet (see shard.subs).
+func queueUnsubscribeLocked(ch string, st *chanState) {
+	sh := st.shard
+	if _, queued := sh.subs[ch]; queued {
+		delete(sh.subs, ch)
+		st.pendingSubs--
+	}
+	st.sent, st.confirmed = sentUnsubscribe, false
+	sh.unsubs[ch] = struct{}{}
 }
 
 // staleOwnerLocked reports whether c, the owner of st's channel in the
@@ -210,7 +256,7 @@ func (s *Subscriber) shardLocked(ctx context.Context, shards *sync.WaitGroup, c 
 		s.hooked[c] = struct{}{}
 		c.AddHook(limitHook{})
 	}
-	sh := &shard{addr: addr, client: c, kick: make(chan struct{}, 1)}
+	sh := &shard{addr: addr, client: c, kick: make(chan struct{}, 1), subs: map[string]struct{}{}, unsubs: map[string]struct{}{}}
 	s.shards[addr] = sh
 	shards.Add(1)
 	go func() {
@@ -280,6 +326,9 @@ func (s *Subscriber) unlostLocked() {
 // is confirmed again.
 func (s *Subscriber) detachLocked(ch string, st *chanState) {
 	wasConfirmed := st.confirmed && st.sent == sentSubscribe
+	if st.shard != nil {
+		delete(st.shard.subs, ch)
+	}
 	setShardLocked(st, nil)
 	st.sent, st.pendingSubs, st.confirmed, st.retry = sentNone, 0, false, true
 	if st.refs == 0 {
@@ -518,7 +567,7 @@ func (s *Subscriber) shardFlushLoop(ctx context.Context, sh *shard, ps *redis.Pu
 			continue
 		}
 		subs, unsubs := sh.subs, sh.unsubs
-		sh.subs, sh.unsubs = nil, nil
+		sh.subs, sh.unsubs = map[string]struct{}{}, map[string]struct{}{}
 		s.mu.Unlock()
 		err := s.sendBySlot(ctx, ps, false, unsubs)
 		if err == nil && len(subs) > 0 {
@@ -534,9 +583,9 @@ func (s *Subscriber) shardFlushLoop(ctx context.Context, sh *shard, ps *redis.Pu
 	}
 }
 
-func (s *Subscriber) sendBySlot(ctx context.Context, ps *redis.PubSub, sub bool, channels []string) error {
+func (s *Subscriber) sendBySlot(ctx context.Context, ps *redis.PubSub, sub bool, channels map[string]struct{}) error {
 	bySlot := map[int][]string{}
-	for _, ch := range channels {
+	for ch := range channels {
 		slot := rds.Slot(ch)
 		bySlot[slot] = append(bySlot[slot], ch)
 	}

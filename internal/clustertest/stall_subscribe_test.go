@@ -81,3 +81,67 @@ func TestAStalledMasterDoesNotDelaySubscribesOnTheOthers(t *testing.T) {
 		t.Fatalf("%d of 25 subscribes to channels of healthy masters failed or took over 3 s (worst %v) while another master stalled", slow, worst.Round(time.Millisecond))
 	}
 }
+
+// A subscribe whose caller gives up while its master's shard connection is
+// still coming up (the master stalled for a second) leaves the channel
+// subscribable: the shard had queued its SSUBSCRIBE and then, on the
+// give-up, its SUNSUBSCRIBE; both must not reach the master reversed,
+// leaving it subscribed and the subscriber waiting forever for an
+// unsubscribe confirmation before it would subscribe the channel again.
+// The next socket subscribing the dialog is answered, the master carries
+// no subscription nobody holds meanwhile, and a socket that subscribes
+// again while the stall lasts is answered once it is over.
+func TestSubscribeCancelledWhileShardConnectsStaysSubscribable(t *testing.T) {
+	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second})
+	ctx := context.Background()
+	// The default canary (2 s, deadline 6 s): the 1 s stall below is no
+	// dead link.
+	r := subscriberWithConfig(t, c, pubsub.SubscriberConfig{InstanceID: "inst-cancel"})
+	testenv.Eventually(t, 10*time.Second, r.sub.Healthy, "subscriber never came up")
+	victim := masterWithoutCanary(t, c, "inst-cancel")
+	chs := channelsByMaster(t, c, 3)[victim.Addr()]
+	ch, again, other := chs[0], chs[1], chs[2]
+
+	thaw := victim.Freeze(t)
+	for _, x := range []string{ch, again} {
+		sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := r.sub.Subscribe(sctx, x) // the gateway's SubscribeTimeout ran out
+		cancel()
+		if err == nil {
+			t.Fatal("subscribe answered while its master was frozen")
+		}
+	}
+	resubscribed := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resubscribed <- r.sub.Subscribe(sctx, again)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	thaw() // a 1 s stall: far below the read timeout and the canary deadline
+
+	if err := <-resubscribed; err != nil {
+		t.Fatalf("a subscribe of %s made during the stall never completes: %v", again, err)
+	}
+	// Another channel of that master, subscribed once the stall is over:
+	// its confirmation follows whatever the shard had queued before.
+	r.subscribe(t, other)
+	admin := victim.AdminClient(0)
+	defer admin.Close()
+	for x, want := range map[string]int64{ch: 0, again: 1} {
+		n, err := admin.Do(ctx, "pubsub", "shardnumsub", x).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(n) != 2 || n[1] != want {
+			t.Fatalf("PUBSUB SHARDNUMSUB on the master = %v, want %d subscriber(s)", n, want)
+		}
+	}
+
+	// The next socket subscribing the dialog.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.sub.Subscribe(sctx, ch); err != nil {
+		t.Fatalf("a later subscribe of %s never completes: %v", ch, err)
+	}
+}
