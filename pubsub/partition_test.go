@@ -1,10 +1,13 @@
 package pubsub_test
 
 import (
+	"bytes"
 	"context"
+	"net"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,4 +100,158 @@ func TestPubSubReconnectBackoffAcrossPartition(t *testing.T) {
 		defer mu.Unlock()
 		return len(got) >= 2 && got[len(got)-1] == "after"
 	}, "messages do not flow after the partition healed")
+}
+
+// silentOnSubscribe is a connection that goes silent (a half-open TCP
+// link: writes vanish, reads never return until it is closed) at its
+// SUBSCRIBE, while armed is positive; its handshake (HELLO/AUTH/SELECT)
+// was answered normally. subs counts the SUBSCRIBEs written.
+type silentOnSubscribe struct {
+	net.Conn
+	armed, subs *atomic.Int64
+	dead        atomic.Bool
+	once        sync.Once
+	closed      chan struct{}
+}
+
+func (c *silentOnSubscribe) Write(b []byte) (int, error) {
+	if bytes.Contains(bytes.ToLower(b), []byte("subscribe")) {
+		c.subs.Add(1)
+		if c.armed.Add(-1) >= 0 {
+			c.dead.Store(true)
+		}
+	}
+	if c.dead.Load() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *silentOnSubscribe) Read(b []byte) (int, error) {
+	if c.dead.Load() {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	n, err := c.Conn.Read(b)
+	if c.dead.Load() { // went silent while this read waited
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+func (c *silentOnSubscribe) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// A link that goes silent after its handshake, before Redis confirmed its
+// initial SUBSCRIBE batch, is ended and tried again like one that goes
+// silent later: the instance would otherwise get no cross-instance event
+// until the kernel gave up on the socket, minutes later.
+func TestPubSubLinkSilentBeforeItsSubscriptionsAreConfirmedIsReconnected(t *testing.T) {
+	var armed, subs atomic.Int64
+	link := redis.NewClient(&redis.Options{Addr: env.Redis.Addr(), Username: rds.APIBackendUser, Password: env.Redis.Password,
+		DB: 1, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &silentOnSubscribe{Conn: c, armed: &armed, subs: &subs, closed: make(chan struct{})}, nil
+		}})
+	defer link.Close()
+	s, err := pubsub.NewSubscriber(link, pubsub.SubscriberConfig{InstanceID: "i-" + ids.New()[24:],
+		CanaryInterval: 100 * time.Millisecond, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}, discard,
+		func(string, []byte) {}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	defer s.Close()
+	if err := s.Subscribe(context.Background(), pubsub.DialogChannel(ids.New())); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, s.Healthy, "never healthy")
+
+	// Redis drops the link (restart, failover); the next connection's
+	// SUBSCRIBE goes unanswered. Two are armed: go-redis's own reconnect
+	// of the dying PubSub, and the subscriber's next session.
+	armed.Store(2)
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	if err := admin.ClientKillByFilter(context.Background(), "USER", rds.APIBackendUser, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return armed.Load() <= 0 }, "the link did not reconnect")
+	start := subs.Load()
+	// CanaryDeadline is 300 ms: the silent session is ended long before.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && !s.Healthy() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !s.Healthy() {
+		t.Fatalf("the link is still down 5 s after the reconnect, %d new SUBSCRIBEs tried: a session whose initial SUBSCRIBE is never answered waits forever", subs.Load()-start)
+	}
+}
+
+// slowReads hands a reader at most 32 bytes at a time, 2 ms apart, while
+// slow is set: a live link that is slow to deliver.
+type slowReads struct {
+	net.Conn
+	slow *atomic.Bool
+}
+
+func (c *slowReads) Read(b []byte) (int, error) {
+	if c.slow.Load() {
+		time.Sleep(2 * time.Millisecond)
+		b = b[:min(len(b), 32)]
+	}
+	return c.Conn.Read(b)
+}
+
+// A link that is slow but alive is not taken for a silent one while its
+// initial SUBSCRIBE batch is confirmed, even when reading all of the
+// confirmations takes many times CanaryDeadline: the confirmations keep
+// coming (a canary published meanwhile arrives only after them all).
+func TestPubSubSlowInitialConfirmationIsNotTakenForASilentLink(t *testing.T) {
+	var slow atomic.Bool
+	link := redis.NewClient(&redis.Options{Addr: env.Redis.Addr(), Username: rds.APIBackendUser, Password: env.Redis.Password,
+		DB: 1, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &slowReads{Conn: c, slow: &slow}, nil
+		}})
+	defer link.Close()
+	s, err := pubsub.NewSubscriber(link, pubsub.SubscriberConfig{InstanceID: "i-" + ids.New()[24:],
+		CanaryInterval: 100 * time.Millisecond, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond}, discard,
+		func(string, []byte) {}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	defer s.Close()
+	// 600 confirmations of about 85 bytes: some 1,600 slow reads, seconds
+	// against a CanaryDeadline of 300 ms.
+	ctx := context.Background()
+	for range 600 {
+		if err := s.Subscribe(ctx, pubsub.DialogChannel(ids.New())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, s.Healthy, "never healthy")
+
+	slow.Store(true)
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	if err := admin.ClientKillByFilter(ctx, "USER", rds.APIBackendUser, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool { return !s.Healthy() }, "the link did not notice the kill")
+	start := time.Now()
+	testenv.Eventually(t, 30*time.Second, s.Healthy, "the slow link never came up: its sessions were ended while Redis was still confirming")
+	t.Logf("up again after %v", time.Since(start).Round(time.Millisecond))
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +31,9 @@ type SubscriberConfig struct {
 	// CanaryInterval is how often the canary publishes. Zero value means 2s.
 	CanaryInterval time.Duration
 	// CanaryDeadline: a link on which no canary arrived for this long is
-	// treated as dead and reconnected. Zero value means 3 × CanaryInterval.
+	// treated as dead and reconnected, and so is one that answered nothing
+	// for this long while its initial subscriptions were being confirmed.
+	// Zero value means 3 × CanaryInterval.
 	CanaryDeadline time.Duration
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between reconnect attempts. Zero values mean 100ms and 5s.
@@ -483,10 +484,21 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
+	// Until the session is up, any reply shows the link alive: the initial
+	// batch's confirmations come in order, one per channel, however many
+	// there are (a canary published meanwhile may wait behind all of
+	// them), while a link that went silent after its handshake sends none
+	// and is ended after CanaryDeadline. From then on the canary does.
 	var upNow, lost atomic.Bool
+	var heard atomic.Int64
+	heard.Store(time.Now().UnixNano())
 	goAll(&bg, func() { s.flushLoop(sctx, ps) }, func() { s.canaryLoop(sctx) }, func() {
 		s.watch(sctx, func() bool {
-			return upNow.Load() && time.Since(time.Unix(0, s.lastCanary.Load())) > s.cfg.CanaryDeadline
+			last := &s.lastCanary
+			if !upNow.Load() {
+				last = &heard
+			}
+			return time.Since(time.Unix(0, last.Load())) > s.cfg.CanaryDeadline
 		}, func() { lost.Store(true); cancel() })
 	})
 
@@ -502,6 +514,9 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 				return up, errCanaryLost
 			}
 			return up, err
+		}
+		if !up {
+			heard.Store(time.Now().UnixNano())
 		}
 		switch m := msg.(type) {
 		case *redis.Message:
@@ -619,57 +634,6 @@ func (s *Subscriber) flushLoop(ctx context.Context, ps *redis.PubSub) {
 			_ = ps.Close()
 			return
 		}
-	}
-}
-
-// goAll runs each of fns on a goroutine of its own, counted by bg.
-func goAll(bg *sync.WaitGroup, fns ...func()) {
-	for _, fn := range fns {
-		bg.Go(fn)
-	}
-}
-
-// watch calls onDead once dead reports true (checked every half canary
-// interval) and returns; or returns when ctx ends. It is what ends a
-// session whose link went quiet: the session reads without a deadline.
-func (s *Subscriber) watch(ctx context.Context, dead func() bool, onDead func()) {
-	t := time.NewTicker(max(s.cfg.CanaryInterval/2, time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if dead() {
-			onDead()
-			return
-		}
-	}
-}
-
-func (s *Subscriber) canaryLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.CanaryInterval)
-	defer t.Stop()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, s.cfg.CanaryInterval)
-		_ = rds.Publish(pctx, s.rdb, s.cfg.Mode, s.canary, []byte(strconv.FormatInt(time.Now().UnixNano(), 10))).Err()
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (s *Subscriber) canaryReceived(payload string) {
-	now := time.Now()
-	s.lastCanary.Store(now.UnixNano())
-	if sent, err := strconv.ParseInt(payload, 10, 64); err == nil {
-		lag := max(now.Sub(time.Unix(0, sent)), 0)
-		s.canaryLagNs.Store(int64(lag))
-		s.metrics.lag.Set(lag.Seconds())
 	}
 }
 
