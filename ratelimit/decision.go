@@ -64,3 +64,64 @@ func (d Decision) RetryAfterSeconds() int {
 type LimitedError struct{ Decision Decision }
 
 func (e *LimitedError) Error() string { return "ratelimit: rate limited" }
+
+// DeniedOnlyBy reports whether d is a denial that family f alone made:
+// f's item is exhausted and every other family still had room.
+func (d Decision) DeniedOnlyBy(f Family) bool {
+	if d.Allowed {
+		return false
+	}
+	found := false
+	for _, fd := range d.Families {
+		switch {
+		case fd.Rule.Family == f:
+			found = fd.Remaining <= 0
+		case fd.Remaining <= 0:
+			return false
+		}
+	}
+	return found
+}
+
+// Without is d as if family f had not applied: f's item is left out, and
+// Remaining and ResetAtMs (RetryAfterMs of a denial) are recomputed from the
+// families left, as the decision scripts compute them: of an admission, the
+// family closest to its limit; of a denial, the latest reset among the
+// families that deny, so its Retry-After tells nothing of f. A denial that f
+// alone made keeps its times (there is nothing else to wait for). It is for
+// an answer that must not describe f; Refund of the result gives nothing of
+// f back.
+func (d Decision) Without(f Family) Decision {
+	out := d
+	out.Families = make([]FamilyDecision, 0, len(d.Families))
+	for _, fd := range d.Families {
+		if fd.Rule.Family != f {
+			out.Families = append(out.Families, fd)
+		}
+	}
+	if len(out.Families) == len(d.Families) || len(out.Families) == 0 {
+		return out
+	}
+	if d.Allowed {
+		out.Remaining = -1
+		for _, fd := range out.Families {
+			if out.Remaining < 0 || fd.Remaining < out.Remaining || (fd.Remaining == out.Remaining && fd.ResetAtMs > out.ResetAtMs) {
+				out.Remaining, out.ResetAtMs = fd.Remaining, fd.ResetAtMs
+			}
+		}
+		return out
+	}
+	var reset int64
+	for i, fd := range out.Families {
+		if i == 0 || fd.Remaining < out.Remaining {
+			out.Remaining = max(fd.Remaining, 0)
+		}
+		if fd.Remaining <= 0 && fd.ResetAtMs > reset {
+			reset = fd.ResetAtMs
+		}
+	}
+	if reset > 0 {
+		out.ResetAtMs, out.RetryAfterMs = reset, reset-d.NowMs
+	}
+	return out
+}

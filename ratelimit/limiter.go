@@ -474,9 +474,10 @@ func (l *Limiter) refund(ctx context.Context, a Algorithm, id, key string, r Rul
 // Refund gives back the admission allowed decision d made on family f, and
 // only that one: the request's other families stay charged. It is for a
 // request answered without reaching what f protects, which must not spend
-// f's budget — a message send refused because its sender is not a member
-// of the dialog must not use up the dialog's limit, or outsiders could
-// silence the dialog while their own user limit still pays for each try.
+// f's budget — a message send that put no message into the dialog (refused,
+// its sender no member, or a replay) must not use up the dialog's limit, or
+// outsiders could silence the dialog while their own user limit still pays
+// for each try.
 // Every algorithm gives back exactly this admission: the sliding log removes
 // the request's own entry; the fixed window decrements the counter of the
 // window the admission was counted in, and does nothing once that window

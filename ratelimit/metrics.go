@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route", "result"}),
 		refunds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "han_ratelimit_refunds_total",
-			Help: "Admissions given back, by result: ok after a later family denied the request (per-family mode), unanswered for a refused request whose decision got no reply and ran late, dialog_not_found for a message send into a dialog its sender is not in; failed when a refund could not be made.",
+			Help: "Admissions given back, by result: ok after a later family denied the request (per-family mode), unanswered for a refused request whose decision got no reply and ran late, dialog_not_found for a message send into a dialog its sender is not in, dialog_unsent for a message send answered otherwise without sending (refused, replayed); failed when a refund could not be made.",
 		}, []string{"result"}),
 	}
 	// Several limiters on one registry (one per server in tests) share the

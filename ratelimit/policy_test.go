@@ -88,3 +88,37 @@ func TestRateLimitFields(t *testing.T) {
 		t.Errorf("Retry-After %d, want 3", got)
 	}
 }
+
+// A decision answered without the dialog family describes the other
+// families alone: a denial's Retry-After is the latest reset of the other
+// families that deny, never the dialog's.
+func TestDecisionWithoutAFamily(t *testing.T) {
+	user := ratelimit.Rule{Family: ratelimit.FamilyUser, Limit: 30, Window: 10 * time.Second}
+	ip := ratelimit.Rule{Family: ratelimit.FamilyIP, Limit: 600, Window: 10 * time.Second}
+	dialog := ratelimit.Rule{Family: ratelimit.FamilyDialog, Limit: 60, Window: 10 * time.Second}
+	both := ratelimit.Decision{NowMs: 10_000, ResetAtMs: 19_000, RetryAfterMs: 9_000, Families: []ratelimit.FamilyDecision{
+		{Rule: user, Remaining: 0, ResetAtMs: 12_000}, {Rule: ip, Remaining: 7, ResetAtMs: 18_000},
+		{Rule: dialog, Remaining: 0, ResetAtMs: 19_000},
+	}}
+	if both.DeniedOnlyBy(ratelimit.FamilyDialog) {
+		t.Error("a denial the user family shares is reported as the dialog's alone")
+	}
+	got := both.Without(ratelimit.FamilyDialog)
+	if ratelimit.StateField(got) != `"user";r=0;t=2, "ip";r=7;t=8` || got.RetryAfterSeconds() != 2 || got.Remaining != 0 {
+		t.Errorf("without the dialog: %q, Retry-After %d, remaining %d", ratelimit.StateField(got), got.RetryAfterSeconds(), got.Remaining)
+	}
+	if ratelimit.StateField(both) != `"user";r=0;t=2, "ip";r=7;t=8, "dialog";r=0;t=9` {
+		t.Errorf("Without changed the decision it was given: %q", ratelimit.StateField(both))
+	}
+	alone := both
+	alone.Families = []ratelimit.FamilyDecision{{Rule: user, Remaining: 4, ResetAtMs: 12_000}, both.Families[2]}
+	if !alone.DeniedOnlyBy(ratelimit.FamilyDialog) || alone.DeniedOnlyBy(ratelimit.FamilyUser) {
+		t.Error("a denial the dialog family alone made is not reported as such")
+	}
+	allowed := ratelimit.Decision{Allowed: true, NowMs: 10_000, Remaining: 1, ResetAtMs: 15_000, Families: []ratelimit.FamilyDecision{
+		{Rule: user, Remaining: 20, ResetAtMs: 17_000}, {Rule: dialog, Remaining: 1, ResetAtMs: 15_000},
+	}}
+	if got := allowed.Without(ratelimit.FamilyDialog); got.Remaining != 20 || got.ResetAtMs != 17_000 || ratelimit.PolicyField(got) != `"user";q=30;w=10` {
+		t.Errorf("admission without the dialog: remaining %d reset %d policy %q", got.Remaining, got.ResetAtMs, ratelimit.PolicyField(got))
+	}
+}

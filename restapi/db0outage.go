@@ -8,7 +8,6 @@ import (
 
 	"github.com/gorilla/mux"
 
-	"github.com/han-app/gateway/store"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -62,13 +61,16 @@ func (s *Server) answersDB0Outage(rt *mux.Route, limit limitTiming) *mux.Route {
 
 // db0Deferral carries a DB0 failure met before the handler ran, the
 // rate-limit decision left pending for the idempotency reserve
-// (ratelimit_paired.go), and what the limiter gives back when the request
-// is answered dialog_not_found (notMember).
+// (ratelimit_paired.go), and a message send's dialog admission until its
+// answer settles it (ratelimit_dialog.go).
 type db0Deferral struct {
 	err         error
 	withReserve bool // the route's declaration (answersDB0Outage)
 	limit       *pendingLimit
-	notMember   func()
+	dialog      *dialogSpend
+	// outsider: the dialog's limit was used up and the limiter found the
+	// sender is no member of it.
+	outsider bool
 }
 
 type ctxDB0Deferral struct{}
@@ -103,29 +105,6 @@ func DeferDB0Failure(r *http.Request, err error) bool {
 	}
 	d.err = err
 	return true
-}
-
-// onDialogNotFound is for RateLimiter implementations: fn runs if r is
-// answered dialog_not_found (a send by a non-member, or into no dialog),
-// before the answer is written, to give back what the request spent of the
-// dialog's limit.
-func onDialogNotFound(r *http.Request, fn func()) {
-	if d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral); ok {
-		d.notMember = fn
-	}
-}
-
-// execFailed answers op's failure err; a dialog_not_found first gives the
-// dialog's limit back (onDialogNotFound).
-func (s *Server) execFailed(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, store.ErrDialogNotFound) {
-		if d, ok := r.Context().Value(ctxDB0Deferral{}).(*db0Deferral); ok && d.notMember != nil {
-			fn := d.notMember
-			d.notMember = nil
-			fn()
-		}
-	}
-	s.fail(w, r, err)
 }
 
 // deferredDB0 returns the DB0 failure the limiter deferred to the handler.

@@ -159,6 +159,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		return // over its limit: answered 429 (or 503) as the limiter decides first
 	}
 	e := s.answer(r, err)
+	settleDialogSpend(r, failedSendResult(err))
 	s.metrics.countFailure(r, err, e)
 	writeError(w, e)
 }

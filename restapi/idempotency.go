@@ -306,7 +306,7 @@ func (s *Server) serveUnkeyed(w http.ResponseWriter, r *http.Request, op idemOp)
 	}
 	res, err := op.exec(r.Context(), nil)
 	if err != nil {
-		s.execFailed(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	if res.after != nil {
@@ -421,7 +421,7 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 	case err != nil:
 		s.idemRelease(ctx, k, owner)
 		s.idemCount(op, idemOutcomeFailed)
-		s.execFailed(w, r, err)
+		s.fail(w, r, err)
 		return
 	}
 	out.rec.Fingerprint = fp
@@ -572,6 +572,8 @@ func (s *Server) idemFallback(w http.ResponseWriter, r *http.Request, op idemOp,
 
 // idemReplay answers with the stored outcome, rebuilt from its resource.
 func (s *Server) idemReplay(w http.ResponseWriter, r *http.Request, op idemOp, rec store.IdemRecord) {
+	// It sends nothing: a message send's dialog admission goes back.
+	settleDialogSpend(r, refundDialogUnsent)
 	body, err := op.render(r.Context(), rec)
 	if err != nil {
 		s.fail(w, r, err)

@@ -57,7 +57,14 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 				return store.IdemRecord{Status: http.StatusCreated, ResourceID: m.ID, Version: m.Seq}
 			})
 			in.SafetyTask = s.stub != nil
+			if knownOutsider(ctx) {
+				// The limiter found the sender is no member (of a
+				// dialog whose limit is used up): answered as the
+				// statement would answer it, without running it.
+				return idemResult{}, s.keyAnswers(ctx, target, store.ErrDialogNotFound)
+			}
 			m, ev, created, err := s.store.SendMessage(ctx, in)
+			sendOutcome(ctx, err)
 			if err != nil {
 				return idemResult{}, s.keyAnswers(ctx, target, err)
 			}

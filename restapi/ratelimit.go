@@ -24,5 +24,8 @@ func (s *Server) rateLimit(next http.Handler) http.Handler {
 		if pl := takeLimit(r.Context()); pl != nil {
 			_, _ = pl.pr.Finish(pl.pr.Send(context.WithoutCancel(r.Context())))
 		}
+		// A dialog admission no answer settled belongs to a request that
+		// committed no send (a commit settles it): it goes back.
+		settleDialogSpend(r, refundDialogUnsent)
 	})
 }

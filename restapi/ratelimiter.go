@@ -1,6 +1,7 @@
 package restapi
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -72,7 +73,9 @@ type limitQuery struct {
 }
 
 // apply answers decision d (or the failure err) of q: the RateLimit fields,
-// or the 429/503 response; false when the request must stop.
+// or the 429/503 response; false when the request must stop. A message
+// send's dialog admission is left to the answer (ratelimit_dialog.go), and
+// the fields show the dialog only once the send proved its sender a member.
 func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, q limitQuery, d ratelimit.Decision, err error) bool {
 	if err != nil {
 		// The limiter keeps its own breaker; tell the server's DB0 health
@@ -88,7 +91,10 @@ func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, q limit
 		// PostgreSQL (a completed record is replayed, else 503), and each
 		// such answer costs a PostgreSQL lookup: the in-process limiter
 		// bounds them as it bounds the fallback-local routes, or one client
-		// could spend the pool while DB0 is down.
+		// could spend the pool while DB0 is down. No send is written then,
+		// so the dialog's limit has nothing to protect and is left out (an
+		// outsider would spend it, and learn of the dialog from its 429).
+		q.subj.DialogID = ""
 		d = a.l.DecideLocal(q.label, q.p, q.subj)
 		if d.Allowed {
 			// No RateLimit fields: the answer is a replay or a 503,
@@ -99,37 +105,76 @@ func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, q limit
 		a.s.fail(w, r, &ratelimit.LimitedError{Decision: d})
 		return false
 	}
-	setRateLimitFields(w, d)
 	if !d.Allowed {
-		a.s.fail(w, r, &ratelimit.LimitedError{Decision: d})
-		return false
+		return a.deny(w, r, q, d)
 	}
-	if hasFamily(d, ratelimit.FamilyDialog) {
-		onDialogNotFound(r, func() { a.refundDialog(w, r, d) })
+	if !hasFamily(d, ratelimit.FamilyDialog) {
+		setRateLimitFields(w, d)
+		return true
 	}
+	setRateLimitFields(w, d.Without(ratelimit.FamilyDialog))
+	holdDialogSpend(r, &dialogSpend{
+		refund: func(result string) { a.l.Refund(r.Context(), d, ratelimit.FamilyDialog, result) },
+		show:   func() { setRateLimitFields(w, d) },
+	})
 	return true
 }
 
-// refundDialog gives back admission d's dialog family when the request was
-// answered dialog_not_found (its sender is not a member, or the dialog does
-// not exist): the dialog's limit protects its members from a flood, and
-// outsiders who spent it would silence them, each refused try costing them
-// only their own user limit, which stays charged. The answer's RateLimit
-// fields then leave the dialog out, so an outsider learns nothing of its
-// traffic.
-func (a *redisRateLimiter) refundDialog(w http.ResponseWriter, r *http.Request, d ratelimit.Decision) {
-	a.l.Refund(r.Context(), d, ratelimit.FamilyDialog, "dialog_not_found")
-	kept := d
-	kept.Families = make([]ratelimit.FamilyDecision, 0, len(d.Families))
+// deny answers denial d of q with 429. Its fields and Retry-After leave the
+// dialog out, unless the dialog's limit alone refused the request: then
+// whether the sender is a member decides (fullDialog).
+func (a *redisRateLimiter) deny(w http.ResponseWriter, r *http.Request, q limitQuery, d ratelimit.Decision) bool {
+	if d.DeniedOnlyBy(ratelimit.FamilyDialog) && q.subj.UserID != "" {
+		return a.fullDialog(w, r, q, d)
+	}
+	d = d.Without(ratelimit.FamilyDialog)
+	setRateLimitFields(w, d)
+	a.s.fail(w, r, &ratelimit.LimitedError{Decision: d})
+	return false
+}
+
+// fullDialog answers a send that the dialog's used-up limit alone refused
+// (denial full). A member is answered 429 with the dialog's quota; anyone
+// else gets what an unknown dialog id gets — its request goes on under its
+// user and ip limits and is answered 404 dialog_not_found (or whatever
+// refuses it first) — so a full dialog tells an outsider nothing. Telling
+// the two apart takes a PostgreSQL query, so the request is first decided
+// without the dialog: it is paid for from the sender's own limits, and past
+// them answered 429 without a dialog item, before any query.
+func (a *redisRateLimiter) fullDialog(w http.ResponseWriter, r *http.Request, q limitQuery, full ratelimit.Decision) bool {
+	rest := q
+	rest.subj.DialogID = ""
+	d, err := a.l.Decide(context.WithoutCancel(r.Context()), rest.label, rest.p, rest.subj)
+	if err != nil || !d.Allowed {
+		return a.apply(w, r, rest, d, err)
+	}
+	member, err := a.s.store.IsMember(r.Context(), q.subj.DialogID, q.subj.UserID)
+	switch {
+	case err != nil:
+		setRateLimitFields(w, d)
+		a.s.fail(w, r, err)
+		return false
+	case !member:
+		markOutsider(r)
+		return a.apply(w, r, rest, d, nil)
+	}
+	// The member's 429: its own limits as they are now, the dialog's as
+	// the denial found it, Retry-After when the dialog has room again.
+	shown := full
+	shown.Families = append(d.Families[:len(d.Families):len(d.Families)], dialogItem(full)...)
+	setRateLimitFields(w, shown)
+	a.s.fail(w, r, &ratelimit.LimitedError{Decision: shown})
+	return false
+}
+
+// dialogItem is d's dialog family, if any.
+func dialogItem(d ratelimit.Decision) []ratelimit.FamilyDecision {
 	for _, f := range d.Families {
-		if f.Rule.Family != ratelimit.FamilyDialog {
-			kept.Families = append(kept.Families, f)
+		if f.Rule.Family == ratelimit.FamilyDialog {
+			return []ratelimit.FamilyDecision{f}
 		}
 	}
-	h := w.Header()
-	h.Del("RateLimit-Policy")
-	h.Del("RateLimit")
-	setRateLimitFields(w, kept)
+	return nil
 }
 
 func setRateLimitFields(w http.ResponseWriter, d ratelimit.Decision) {
