@@ -52,8 +52,9 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 // unique, is held only while PostgreSQL runs it and commits.
 //
 // Concurrent sends into one dialog on this instance are combined (see
-// sendCombiner): one transaction writes them all, seqs in the order they
-// reached the combiner, and each caller gets its own message. A send that
+// sendCombiner): one transaction writes them all (up to maxGroupSends; the
+// rest, in order, the next), seqs in the order they reached the combiner,
+// and each caller gets its own message. A send that
 // fails its own checks (not a member: ErrDialogNotFound; a bad attachment:
 // ErrInvalidAttachment; a live idempotency record: ErrIdemExists) fails
 // alone. A repeat of the same sender's clientMessageId returns the stored
@@ -178,7 +179,7 @@ type sendRow struct {
 // one message's data (a value PostgreSQL refuses), nothing was committed
 // and each send is written again on its own, so that message fails alone; a
 // busy or unreachable database fails the whole batch.
-func (s *Store) writeBatch(dialogID string, batch []*sendReq, refill func() []*sendReq) {
+func (s *Store) writeBatch(dialogID string, batch []*sendReq, refill func(int) []*sendReq) {
 	now := time.Now()
 	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch)), refill: refill}
 	for _, r := range batch {

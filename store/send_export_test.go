@@ -37,3 +37,6 @@ func (s *Store) HoldCommitterOnLocks() { s.groups.lockWait = time.Hour }
 func (s *Store) RequestTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	return s.requestTx(ctx, fn)
 }
+
+// MaxGroupSends is the most sends one send transaction writes.
+const MaxGroupSends = maxGroupSends

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,11 +29,27 @@ const maxCommitterLockWait = 100 * time.Millisecond
 // carries.
 const maxGroupDialogs = 32
 
+// maxGroupSends bounds how many sends one send transaction (one send_groups
+// statement) writes, whatever the dialogs: a dialog's batch takes at most
+// that many of its queue, and a group takes waiting batches, in arrival
+// order, only while their sends fit. The sends left behind are written by
+// the next transaction, which the committer starts at once. send_groups'
+// time grows with the sends it writes (about 50 ms for 512 on the
+// benchmark machine; 8,192, which 32 full dialog queues once made one
+// statement, took seconds, past the 2 s budget: docs/benchmarks.md,
+// "send_groups: cost per message"). Bounded, a statement stays far within
+// the budget of the sends it carries, and sends
+// that a backlog keeps from being written within their budget are answered
+// database_busy unwritten while they wait, instead of failing together when
+// one huge statement outlives them.
+const maxGroupSends = 512
+
 // commitGroups is the second stage of the send path, after the per-dialog
 // combiner: the batches of different dialogs that are ready at the same
 // time are written in one transaction (a group commit). At most max groups
 // are in flight; a batch that finds them all busy waits, and the next free
-// committer takes every waiting batch as its group. A batch that finds a
+// committer takes the waiting batches as its group (as many as fit in one:
+// maxGroupDialogs, maxGroupSends). A batch that finds a
 // committer free waits up to linger (HAN_SEND_LINGER) for company: the
 // batches that arrive meanwhile join its group (0: it is written at once,
 // alone).
@@ -85,22 +100,21 @@ type dialogBatch struct {
 	rows     []sendRow
 	err      error
 	done     chan struct{} // closed once rows or err is set (settle)
-	// refill takes the sends of the dialog that queued behind the batch
-	// (nil: none may join, as for a send written again alone).
-	refill func() []*sendReq
+	// refill takes up to n sends of the dialog that queued behind the
+	// batch, oldest first (nil: none may join, as for a send written again
+	// alone).
+	refill func(n int) []*sendReq
 }
 
-// topUp adds to b the sends of its dialog that queued while it waited (for
-// a send transaction or for company); one whose budget ran out meanwhile is
+// topUp adds to b up to room sends of its dialog that queued while it
+// waited (for a send transaction or for company), oldest first, and returns
+// how many it took from the queue; one whose budget ran out meanwhile is
 // answered unwritten.
-func (b *dialogBatch) topUp() {
-	if b.refill == nil {
-		return
+func (b *dialogBatch) topUp(room int) int {
+	if b.refill == nil || room <= 0 {
+		return 0
 	}
-	more := b.refill()
-	if len(more) == 0 {
-		return
-	}
+	more := b.refill(room)
 	now := time.Now()
 	for _, r := range more {
 		if !now.Before(r.deadline) {
@@ -112,6 +126,7 @@ func (b *dialogBatch) topUp() {
 		}
 		b.reqs = append(b.reqs, r)
 	}
+	return len(more)
 }
 
 // prune answers the sends of b whose budget ran out (ErrDatabaseBusy,
@@ -233,9 +248,27 @@ func (g *commitGroups) commit(b *dialogBatch) {
 // one commit, one WAL flush and one round trip for several.
 func (g *commitGroups) gatherLocked(b *dialogBatch) []*dialogBatch {
 	g.company.Wait(&g.mu, g.linger, maxGroupDialogs-1)
-	n := min(len(g.waiting), maxGroupDialogs-1)
-	group := make([]*dialogBatch, 0, n+1)
-	group = append(append(group, b), g.waiting[:n]...)
+	return g.takeLocked([]*dialogBatch{b})
+}
+
+// takeLocked (g.mu held) moves the waiting batches that fit in group into
+// it, in arrival order: at most maxGroupDialogs batches and maxGroupSends
+// sends in all, and at least one batch. The first batch that does not fit
+// heads the next group.
+func (g *commitGroups) takeLocked(group []*dialogBatch) []*dialogBatch {
+	sends := 0
+	for _, b := range group {
+		sends += len(b.reqs)
+	}
+	n := 0
+	for ; n < len(g.waiting) && len(group) < maxGroupDialogs; n++ {
+		b := g.waiting[n]
+		if len(group) > 0 && sends+len(b.reqs) > maxGroupSends {
+			break
+		}
+		group = append(group, b)
+		sends += len(b.reqs)
+	}
 	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
 	return group
 }
@@ -248,9 +281,9 @@ func (g *commitGroups) drain(group []*dialogBatch) {
 	}
 }
 
-// next takes the waiting batches as the next group (at most
-// maxGroupDialogs of them, in arrival order), or gives up the committer's
-// slot and returns nil when none waits.
+// next takes the waiting batches as the next group (those that fit in one,
+// in arrival order: takeLocked), or gives up the committer's slot and
+// returns nil when none waits.
 func (g *commitGroups) next() []*dialogBatch {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -258,10 +291,7 @@ func (g *commitGroups) next() []*dialogBatch {
 		g.active--
 		return nil
 	}
-	n := min(len(g.waiting), maxGroupDialogs)
-	group := slices.Clone(g.waiting[:n])
-	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
-	return group
+	return g.takeLocked(nil)
 }
 
 // execGroup writes a group in one send_groups statement. A batch that could
@@ -279,9 +309,15 @@ func (g *commitGroups) next() []*dialogBatch {
 // is in hand, and the lock wait is derived from the earliest budget of the
 // sends written.
 func (s *Store) execGroup(group []*dialogBatch) {
-	// The sends that queued behind each batch while it waited go with it.
+	// The sends that queued behind each batch while it waited go with it,
+	// as many as the group has room for (maxGroupSends); the rest wait for
+	// the dialog's next batch.
+	room := maxGroupSends
 	for _, b := range group {
-		b.topUp()
+		room -= len(b.reqs)
+	}
+	for _, b := range group {
+		room -= b.topUp(room)
 	}
 	if group = liveBatches(group); len(group) == 0 {
 		return

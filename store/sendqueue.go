@@ -11,8 +11,9 @@ const DefaultSendQueue = 256
 
 // sendCombiner is the instance-wide write combiner of message sends: one
 // queue per dialog with sends in it, and at most one writer per queue.
-// The writer takes every send waiting in its queue and writes them in one
-// transaction (write), in the order they arrived; sends that arrive
+// The writer takes the sends waiting in its queue (up to maxGroupSends, the
+// oldest) and writes them in one transaction (write), in the order they
+// arrived; the rest wait for the next batch, and sends that arrive
 // meanwhile wait for the next one, unless the batch has not yet gone to
 // PostgreSQL (it waits for company or for a send transaction: refill), in
 // which case they join it. A lone send is a batch of one.
@@ -23,9 +24,9 @@ const DefaultSendQueue = 256
 // send is being written, the caller waits for the outcome, which the write's
 // own budget bounds.
 type sendCombiner struct {
-	// write writes a batch; refill takes the sends that queued behind it
-	// meanwhile into it (see refill).
-	write func(dialogID string, batch []*sendReq, refill func() []*sendReq)
+	// write writes a batch; refill takes up to n of the sends that queued
+	// behind it meanwhile into it (see refill).
+	write func(dialogID string, batch []*sendReq, refill func(n int) []*sendReq)
 
 	mu     sync.Mutex
 	bound  int
@@ -38,14 +39,14 @@ type dialogQueue struct {
 	writing  bool // the queue has its writer (drain)
 }
 
-func newSendCombiner(write func(string, []*sendReq, func() []*sendReq)) *sendCombiner {
+func newSendCombiner(write func(string, []*sendReq, func(int) []*sendReq)) *sendCombiner {
 	return &sendCombiner{write: write, bound: DefaultSendQueue, queues: map[string]*dialogQueue{}}
 }
 
 // SetSendQueue sets how many sends into one dialog this instance holds at
 // once, waiting and being written (n ≥ 1; smaller values are ignored); a
-// send over it fails with ErrDialogBusy. It is also the most sends one
-// transaction writes.
+// send over it fails with ErrDialogBusy. One transaction writes at most
+// maxGroupSends of them; the rest wait for the next.
 func (s *Store) SetSendQueue(n int) {
 	if n >= 1 {
 		s.sends.mu.Lock()
@@ -80,7 +81,7 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 		q.writing = true
 		batch := c.take(q)
 		c.mu.Unlock()
-		c.write(id, batch, func() []*sendReq { return c.refill(q) })
+		c.write(id, batch, func(n int) []*sendReq { return c.refill(q, n) })
 		if c.next(id, q) {
 			go c.drain(id, q)
 		}
@@ -117,39 +118,48 @@ func (c *sendCombiner) drain(id string, q *dialogQueue) {
 		c.mu.Lock()
 		batch := c.take(q)
 		c.mu.Unlock()
-		c.write(id, batch, func() []*sendReq { return c.refill(q) })
+		c.write(id, batch, func(n int) []*sendReq { return c.refill(q, n) })
 		if !c.next(id, q) {
 			return
 		}
 	}
 }
 
-// take removes every waiting send of q as the next batch; c.mu is held.
+// take removes the waiting sends of q as the next batch, oldest first, at
+// most maxGroupSends (the rest wait for the batch after it); c.mu is held.
 func (c *sendCombiner) take(q *dialogQueue) []*sendReq {
-	batch := q.waiting
-	q.waiting = nil
-	for _, r := range batch {
-		r.taken = true
-	}
+	batch := q.takeWaiting(maxGroupSends)
 	q.inFlight = len(batch)
 	return batch
 }
 
-// refill takes the sends waiting in q into the batch being written, while
-// that batch has not yet gone to PostgreSQL (it waited for a send
-// transaction, or for company): they go in the same statement, after the
-// batch's own sends, in the order they arrived. The queue's bound counts
-// them as before (waiting, then being written).
-func (c *sendCombiner) refill(q *dialogQueue) []*sendReq {
+// refill takes up to n of the sends waiting in q, oldest first, into the
+// batch being written, while that batch has not yet gone to PostgreSQL (it
+// waited for a send transaction, or for company): they go in the same
+// statement, after the batch's own sends, in the order they arrived. The
+// queue's bound counts them as before (waiting, then being written).
+func (c *sendCombiner) refill(q *dialogQueue, n int) []*sendReq {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	more := q.waiting
-	q.waiting = nil
-	for _, r := range more {
-		r.taken = true
-	}
+	more := q.takeWaiting(n)
 	q.inFlight += len(more)
 	return more
+}
+
+// takeWaiting removes up to n of q's waiting sends, oldest first, and marks
+// them taken; the combiner's mutex is held.
+func (q *dialogQueue) takeWaiting(n int) []*sendReq {
+	n = min(n, len(q.waiting))
+	taken := q.waiting[:n:n]
+	if n == len(q.waiting) {
+		q.waiting = nil
+	} else {
+		q.waiting = q.waiting[n:]
+	}
+	for _, r := range taken {
+		r.taken = true
+	}
+	return taken
 }
 
 // next reports whether sends wait in q after a batch was written; when
