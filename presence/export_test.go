@@ -22,3 +22,7 @@ func (p *Presence) SetRetakeCap(n int) {
 // SetAfterSweepDisconnect sets the hook Sweep runs between a batch's
 // disconnects and its index removal (nil: none). Set it before the sweep.
 func (p *Presence) SetAfterSweepDisconnect(fn func()) { p.afterSweepDisconnect = fn }
+
+// Adopt hands a listing of users' offline checks (score) to their pending
+// checks, as a disconnect pipeline's bookkeeping does.
+func (p *Presence) Adopt(users []string, score int64) { p.adopt(users, score) }

@@ -229,3 +229,33 @@ func TestADrainedUserIsAnnouncedWhenTheInstanceDiesAfterDeregistering(t *testing
 	testenv.Eventually(t, 10*time.Second, func() bool { return rdb.ZScore(ctx, presence.InstancesKey, id).Err() == redis.Nil },
 		"the deregistered instance stayed in the registry")
 }
+
+// Two disconnect pipelines of one user run at once: the first (whose
+// removal left the user another connection) lists the user's check, the
+// second (the last connection) lists it again, a little later, and
+// schedules the check. The first's bookkeeping, coming last, must not hand
+// the check its older score: the check would then remove only a member
+// at that score, and the one listed later would stay in the index.
+func TestALateListingReplyLeavesNoMemberBehind(t *testing.T) {
+	ctx := context.Background()
+	rdb := client(t)
+	rec := &recorder{}
+	id := "late-" + ids.New()[24:]
+	p := newPresence(t, presence.Config{InstanceID: id, OfflineDebounce: 300 * time.Millisecond}, rec)
+	index := presence.InstanceConnsKey(id)
+	u := ids.New()
+	if err := p.Connect(ctx, presence.Conn{UserID: u, ConnID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Disconnect(ctx, u, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := rdb.ZScore(ctx, index, u+":~offline").Result()
+	if err != nil {
+		t.Fatalf("the pending check is not listed in the index: %v", err)
+	}
+	p.Adopt([]string{u}, int64(listed)-5) // the earlier pipeline's reply
+	testenv.Eventually(t, 10*time.Second, func() bool { return offlineEvents(rec, u) == 1 }, "the user was not announced offline")
+	testenv.Eventually(t, 10*time.Second, func() bool { return rdb.Exists(ctx, index).Val() == 0 || rdb.ZCard(ctx, index).Val() == 0 },
+		"the index still holds %v after the check ran", rdb.ZRangeWithScores(ctx, index, 0, -1).Val())
+}

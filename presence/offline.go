@@ -285,8 +285,8 @@ func (p *Presence) runOffline(batch []*offlineCheck) (failed []*offlineCheck) {
 // unlist removes the index members of checks that are done with (answered,
 // given up, cancelled or replaced), each only while its score is the one
 // the check listed: a later check of the same user listed it again with a
-// later score (and a check that took over a member, with the same score, is
-// still pending: that one stays too).
+// later score (and a member that a pending check listed at the same score
+// or later stays too: that check removes it).
 func (p *Presence) unlist(checks []*offlineCheck) {
 	p.mu.Lock()
 	args := make([]any, 0, 2*len(checks))
@@ -294,7 +294,7 @@ func (p *Presence) unlist(checks []*offlineCheck) {
 		if c.score == 0 {
 			continue
 		}
-		if q := p.pending[c.userID]; q != nil && q.score == c.score {
+		if q := p.pending[c.userID]; q != nil && q.score >= c.score {
 			continue
 		}
 		args = append(args, offlineMember(c.userID), strconv.FormatInt(c.score, 10))
@@ -335,7 +335,10 @@ func (p *Presence) adopt(users []string, score int64) {
 	p.mu.Lock()
 	for _, u := range users {
 		if c := p.pending[u]; c != nil {
-			c.score = score
+			// A listing's reply may come after a later listing's (two
+			// disconnect pipelines run at once): the member holds the
+			// latest score, and so must the check that removes it.
+			c.score = max(c.score, score)
 		} else {
 			stray = append(stray, &offlineCheck{userID: u, score: score})
 		}
