@@ -64,7 +64,7 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 				return idemResult{}, s.keyAnswers(ctx, target, store.ErrDialogNotFound)
 			}
 			m, ev, created, err := s.store.SendMessage(ctx, in)
-			sendOutcome(ctx, err)
+			sendOutcome(ctx, err, created)
 			if err != nil {
 				return idemResult{}, s.keyAnswers(ctx, target, err)
 			}

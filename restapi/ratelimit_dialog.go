@@ -50,16 +50,19 @@ func holdDialogSpend(r *http.Request, sp *dialogSpend) {
 	}
 }
 
-// sendOutcome records what the send's outcome err (nil: committed) means
-// for its dialog admission: a committed send keeps it and shows the dialog
-// (its sender is a member); a statement that failed without a known outcome
-// keeps it (the message may be in the dialog).
-func sendOutcome(ctx context.Context, err error) {
+// sendOutcome records what the send's outcome err (nil: the statement
+// committed; created: it wrote a message) means for its dialog admission: a
+// send that wrote a message keeps it and shows the dialog (its sender is a
+// member); one that repeated an earlier clientMessageId wrote nothing into
+// the dialog and gives it back, as a replay does; a statement that failed
+// without a known outcome keeps it (the message may be in the dialog).
+func sendOutcome(ctx context.Context, err error, created bool) {
 	d := requestLimits(ctx)
 	if d == nil || d.dialog == nil {
 		return
 	}
 	switch {
+	case err == nil && !created:
 	case err == nil:
 		d.dialog.kept = true
 		d.dialog.show()

@@ -205,6 +205,33 @@ func TestHTTPReplaysSpendNoDialogLimit(t *testing.T) {
 	}
 }
 
+// A send that repeats an earlier clientMessageId under a new
+// Idempotency-Key answers the message it repeats and writes nothing into
+// the dialog: like a replay, it gives its dialog admission back.
+func TestHTTPRepeatedClientMessageIDSpendsNoDialogLimit(t *testing.T) {
+	base := newHarness(t)
+	w := 10 * time.Second
+	l := dialogLimited(t, base, 2, w)
+	_, aTok := l.user()
+	bob, bTok := l.user()
+	d := l.dialog(aTok, bob)
+	body := `{"body":"once","clientMessageId":"c-1"}`
+	if code, b, _ := l.sendTo(aTok, d.ID, body, idemKey()); code != 201 {
+		t.Fatalf("send: %d %s", code, b)
+	}
+	for i := range 3 {
+		if code, b, _ := l.sendTo(aTok, d.ID, body, idemKey()); code != 200 && code != 201 {
+			t.Fatalf("repeat %d: %d %s", i, code, b)
+		}
+	}
+	if n := dialogAdmissions(t, d.ID, w); n != 1 {
+		t.Fatalf("the dialog's log holds %d admissions after one message and three repeats of it, want 1", n)
+	}
+	if code, b, hdr := l.sendTo(bTok, d.ID, `{"body":"second"}`, idemKey()); code != 201 || !strings.Contains(hdr.Get("RateLimit"), `"dialog";r=0;`) {
+		t.Fatalf("second message after three repeats: %d %s RateLimit %q", code, b, hdr.Get("RateLimit"))
+	}
+}
+
 // A send whose statement reached PostgreSQL but whose answer was lost may
 // have committed: it is answered 503 database_unavailable and keeps its
 // dialog admission (the message may be in the dialog), unlike a refusal.
