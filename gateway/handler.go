@@ -55,7 +55,17 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.countReject("handshake")
 		return
 	}
+	end, ok := h.beginHandshake()
+	if !ok {
+		h.countReject("draining")
+		h.countClose(CloseGoingAway)
+		h.boundCloseRead(hw.cork)
+		_ = ws.Close(CloseGoingAway, h.retryReason())
+		return
+	}
+	defer end()
 	refuse := func(code websocket.StatusCode, reason, metric string) {
+		end() // the registration, if any, is taken back by now
 		h.countReject(metric)
 		h.countClose(code)
 		// The refused client's reply is bounded like any close
@@ -170,10 +180,14 @@ func (hd *handler) open(c *conn, hello []byte, deadline time.Time) refusal {
 	h := hd.s.hub
 	ch := pubsub.UserChannel(c.userID)
 	if !h.deps.Subscriber.Join(ch) {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		// Bounded by the handshake's budget, and ended by a drain.
+		ctx, cancel := context.WithDeadline(h.stopping, deadline)
 		err := h.deps.Subscriber.Subscribe(ctx, ch)
 		cancel()
 		if err != nil {
+			if h.stopping.Err() != nil {
+				return refusal{CloseGoingAway, h.retryReason(), "draining"}
+			}
 			hd.s.logger.Warn("realtime connection refused: user channel subscription not confirmed")
 			return refusal{CloseTryAgainLater, refuseUnavailable.reason, "pubsub_unavailable"}
 		}

@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/han-app/gateway/gateway"
 	"github.com/han-app/gateway/internal/faultproxy"
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/presence"
 	"github.com/han-app/gateway/pubsub"
 )
 
@@ -121,5 +124,65 @@ func TestUnconfirmedUserChannelRefusesTheSocket(t *testing.T) {
 	id := publishToUser(t, u)
 	if f := later.expect("event"); f.ID != id {
 		t.Fatalf("got %s, want the event %s", f.raw, id)
+	}
+}
+
+// An instance shut down while a first socket waits for its user channel's
+// subscription: the wait ends with the drain, the socket is refused with
+// 1001 like any handshake a drain meets, and the shutdown deregisters the
+// instance only after the handshake took its presence registration back.
+// Nothing of the socket is left in Redis: no registration of the user, no
+// index entry of an instance that is no longer listed.
+func TestShutdownWaitsForAHandshakeWaitingOnItsChannel(t *testing.T) {
+	in, proxy := subscribeHoldRig(t)
+	u := in.users(1)[0]
+	held, release := proxy.HoldRequest([]byte(pubsub.UserChannel(u)))
+	t.Cleanup(release)
+	// The upgrade response leaves with hello or the refusal: dial aside.
+	status := make(chan websocket.StatusCode, 1)
+	tok := token(t, u)
+	go func() {
+		ws, _, err := in.dialRaw(dialOpts{token: tok})
+		if err != nil {
+			status <- -1
+			return
+		}
+		defer ws.CloseNow()
+		for {
+			if _, _, err := ws.Read(context.Background()); err != nil {
+				status <- websocket.CloseStatus(err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the instance never sent the SUBSCRIBE of the user's channel")
+	}
+	closed := make(chan struct{})
+	go func() { in.svc.Close(); close(closed) }()
+	select {
+	case code := <-status:
+		if code != gateway.CloseGoingAway {
+			t.Fatalf("the waiting handshake closed with %d, want 1001", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting handshake was never closed")
+	}
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the shutdown did not end")
+	}
+	ctx := context.Background()
+	admin := env.Redis.AdminClient(1)
+	defer admin.Close()
+	if n := admin.ZCard(ctx, presence.UserConnsKey(u)).Val(); n != 0 {
+		t.Fatalf("the user still has %d registered connections after the shutdown", n)
+	}
+	listed := admin.ZScore(ctx, presence.InstancesKey, in.id).Err() == nil
+	if idx := admin.ZRange(ctx, presence.InstanceConnsKey(in.id), 0, -1).Val(); len(idx) > 0 && !listed {
+		t.Fatalf("the index holds %v for an instance no longer listed: no survivor would sweep it", idx)
 	}
 }

@@ -52,6 +52,16 @@ type Hub struct {
 	killed atomic.Bool    // connections end without presence cleanup (a crash)
 	wg     sync.WaitGroup // connection goroutines
 	empty  chan struct{}  // signalled when the last connection leaves
+	// handshakes counts the handshakes under way (beginHandshake) until
+	// each is a connection or its presence registration is taken back:
+	// closeAll waits for them, so that the instance deregisters only after
+	// the last of them (one that registered a moment before the drain and
+	// is refused after it takes its registration back in an index that
+	// still stands). stopping ends with the drain: a handshake waiting for
+	// its user channel's subscription gives up at once.
+	handshakes sync.WaitGroup
+	stopping   context.Context
+	stop       context.CancelFunc
 }
 
 func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
@@ -61,7 +71,20 @@ func newHub(cfg Config, deps hubDeps, logger *slog.Logger) *Hub {
 	h.gate = newAdmission(cfg.HandshakeConcurrency, cfg.HandshakeQueue, cfg.HandshakeWait)
 	h.users = newUserHandshakes(cfg.UserHandshakeRate, cfg.UserHandshakeBurst)
 	h.frames = newFrameWorkers()
+	h.stopping, h.stop = context.WithCancel(context.Background())
 	return h
+}
+
+// beginHandshake counts a handshake under way (its end: the returned
+// function, safe to call more than once); false once the hub drains.
+func (h *Hub) beginHandshake() (end func(), ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.draining {
+		return nil, false
+	}
+	h.handshakes.Add(1)
+	return sync.OnceFunc(h.handshakes.Done), true
 }
 
 // hubStats are the hub's counters; Prometheus reads them through
@@ -481,6 +504,7 @@ func (h *Hub) startDraining() *drainRemover {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.draining = true
+	h.stop()
 	if h.remover == nil {
 		h.remover = newDrainRemover(h)
 	}
@@ -564,6 +588,9 @@ func (h *Hub) closeAll() {
 		_ = c.ws.CloseNow()
 		c.cancel()
 	}
+	// Handshakes still under way end as refusals now (add refuses while
+	// the hub drains) and take their presence registrations back.
+	h.handshakes.Wait()
 	h.wg.Wait()
 	r.stop()
 	h.frames.stop()
