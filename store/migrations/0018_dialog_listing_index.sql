@@ -3,10 +3,10 @@
 -- trigger that fills it in for new memberships): the memberships that
 -- existed before are filled in, then the index is built.
 --
--- A migration of its own, so that it never holds dialog_members
--- exclusively: the backfill takes row locks (reads, inserts and listing go
--- on), the index build a SHARE lock (reads go on; membership inserts, that
--- is dialog creation, wait for the build). On a large table the backfill
+-- A migration of its own, so that it does not hold dialog_members
+-- exclusively (but for the repair below): the backfill takes row locks
+-- (reads, inserts and listing go on), the index build a SHARE lock (reads
+-- go on; membership inserts, that is dialog creation, wait for the build). On a large table the backfill
 -- still takes long in one transaction (one million memberships took about
 -- a minute on a two-core test machine, longer than the gateway's own
 -- migration at start allows): do it first by hand, in batches, and build
@@ -20,7 +20,10 @@ UPDATE dialog_members m SET dialog_created_at = d.created_at
     WHERE d.id = m.dialog_id AND m.dialog_created_at IS NULL;
 
 -- A concurrent build by hand that was cut short leaves an invalid index
--- under the name, which PostgreSQL never uses: it is built again here.
+-- under the name, which PostgreSQL never uses: it is built again here. Its
+-- DROP INDEX holds dialog_members exclusively (reads too) until this
+-- transaction commits, the one case where this migration does; the
+-- runbook says to drop such an index concurrently by hand first.
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('dialog_members_listing_idx') AND NOT indisvalid) THEN
