@@ -72,6 +72,17 @@ const SUBSCRIBE_RETRY_CAP_MS = 30000;
 /** Error codes the server gives only in answer to a subscribe. */
 const SUBSCRIBE_ERRORS = new Set(["unavailable", "dialog_not_found", "too_many_subscriptions"]);
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/**
+ * dialogKey is the form of a dialog id the client keys its dialogs by: the
+ * server answers and sends events with the lowercase form of a UUID, so an
+ * id given in capitals is the same dialog. Anything else is kept as given
+ * (the server refuses it as invalid_uuid).
+ * @param {string} dialogId
+ */
+function dialogKey(dialogId) {
+  return UUID.test(dialogId) ? dialogId.toLowerCase() : dialogId;
+}
 /**
  * The server closes a socket with 1008 "frame rate" beyond a burst of 60
  * frames and 20 frames/s after it (pings and pongs included). Subscribes
@@ -396,6 +407,7 @@ export class Realtime extends Emitter {
    * @param {{sinceSeq?: number}} [opts]
    */
   subscribe(dialogId, opts = {}) {
+    dialogId = dialogKey(dialogId);
     if (this.#dialogs.has(dialogId)) return;
     if (this.#dialogs.size >= MAX_SUBSCRIPTIONS) throw new RangeError("too_many_subscriptions");
     this.#dialogs.set(dialogId, new DialogState(Number.isSafeInteger(opts.sinceSeq) ? /** @type {number} */ (opts.sinceSeq) : null));
@@ -404,6 +416,7 @@ export class Realtime extends Emitter {
 
   /** @param {string} dialogId */
   unsubscribe(dialogId) {
+    dialogId = dialogKey(dialogId);
     const d = this.#dialogs.get(dialogId);
     if (!d) return;
     d.clearGapTimer();
@@ -422,6 +435,7 @@ export class Realtime extends Emitter {
    * @returns {number | null}
    */
   known(dialogId) {
+    dialogId = dialogKey(dialogId);
     return this.#dialogs.get(dialogId)?.known ?? null;
   }
 
@@ -431,6 +445,7 @@ export class Realtime extends Emitter {
    * @param {string} dialogId
    */
   typing(dialogId) {
+    dialogId = dialogKey(dialogId);
     if (!this.live || !this.#dialogs.has(dialogId)) return;
     const now = Date.now();
     if (now - (this.#typingSent.get(dialogId) || 0) < 2000) return;

@@ -714,3 +714,31 @@ test("a subscribed whose lastSeq is below sinceSeq (a seq the dialog never had) 
   assert.equal(reads, 0, "nothing to read over REST");
   rt.stop();
 });
+
+test("a dialog subscribed by its id in capitals is the dialog the server answers and sends in lowercase", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const { rt } = realtime({ historyPages: async function* () { yield []; } });
+  const upper = "0192D1A4-7C3B-7E10-8A2B-3C4D5E6F7A8B";
+  const lower = upper.toLowerCase();
+  /** @type {number[]} */
+  const got = [];
+  rt.on("message", ({ message }) => got.push(message.seq));
+  rt.subscribe(upper, { sinceSeq: 1 });
+  rt.subscribe(lower); // the same dialog: nothing more is sent
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  await pass(1000, ws);
+  assert.deepEqual(ws.frames("subscribe").map((s) => s.frame.dialogId), [lower], "one subscribe, in the server's form");
+  ws.recv({ type: "subscribed", dialogId: lower, lastSeq: 1, recovered: true });
+  const msg = { id: "m2", dialogId: lower, seq: 2, senderId: "u", body: "hi", createdAt: 0, attachments: [] };
+  ws.recv({ type: "event", channel: `dialog:${lower}`, id: "e2", event: "message.created", entityId: "m2", dialogId: lower, seq: 2, data: msg });
+  await pass(1000, ws);
+  assert.deepEqual(got, [2], "the message is delivered");
+  assert.equal(rt.known(upper), 2);
+  rt.unsubscribe(upper);
+  await pass(1000, ws);
+  assert.deepEqual(ws.frames("unsubscribe").map((s) => s.frame.dialogId), [lower]);
+  rt.stop();
+});
