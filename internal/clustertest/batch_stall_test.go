@@ -7,10 +7,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/lua"
 	"github.com/han-app/gateway/store/rds"
 )
+
+// stallCluster is a cluster of its own that does not fail over while a
+// test stalls a master (a 15 s node timeout), and a client of it with the
+// service's defaults.
+func stallCluster(t *testing.T) (*testenv.RedisCluster, redis.UniversalClient) {
+	t.Helper()
+	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second})
+	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return c, rdb
+}
 
 // One stalled master (stopped, before any failover) must not hold the
 // Redis calls of the healthy masters: a request's publishes (sharded, and
@@ -20,13 +36,8 @@ import (
 // pipelines between callers (rds.Batcher), and go-redis answers a cluster
 // pipeline only once every node in it has answered.
 func TestHealthyMastersAnswerWhileOneStalls(t *testing.T) {
-	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // no failover during the test
+	c, rdb := stallCluster(t)
 	ctx := context.Background()
-	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{}) // the service's defaults
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
 	b := rds.NewBatcher(rdb)
 	defer b.Close()
 

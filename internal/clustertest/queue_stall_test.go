@@ -11,7 +11,6 @@ import (
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
-	"github.com/han-app/gateway/store/rds"
 )
 
 // One stalled master (stopped, before any failover) must not hold the
@@ -25,13 +24,8 @@ import (
 // one holding the environment's module budget, which every project's
 // publishes lease bytes from.
 func TestQueueHealthyProjectsAnswerWhileOneMasterStalls(t *testing.T) {
-	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // no failover during the test
+	c, rdb := stallCluster(t)
 	ctx := context.Background()
-	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{}) // the service's defaults
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
 	const env = "stall"
 	q := project.NewQueue(rdb, project.NewModuleBudget(rdb, env, 64<<20), project.QueueConfig{})
 	const budget = time.Second // the request's Redis budget

@@ -9,7 +9,6 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/store/rds"
 )
 
 // While one master stalls (SIGSTOP: the kernel accepts connections, nothing
@@ -19,13 +18,8 @@ import (
 // pubsub/sharded.go) runs on the service's client defaults (1 s read
 // timeout) and the gateway gives a subscribe SubscribeTimeout (5 s).
 func TestAStalledMasterDoesNotDelaySubscribesOnTheOthers(t *testing.T) {
-	c := ownCluster(t, testenv.ClusterOptions{NodeTimeout: 15 * time.Second}) // production-like: no failover during the test
+	c, rdb := stallCluster(t)
 	ctx := context.Background()
-	rdb, err := rds.NewRedis(c.URL(), rds.RedisConfig{}) // the service's defaults
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
 	sub, err := pubsub.NewSubscriber(rdb, pubsub.SubscriberConfig{InstanceID: "inst-a", CanaryInterval: 500 * time.Millisecond},
 		slog.New(slog.DiscardHandler), func(string, []byte) {}, nil)
 	if err != nil {
