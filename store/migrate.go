@@ -3,14 +3,12 @@ package store
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -93,9 +91,8 @@ func MissingMigrations(ctx context.Context, pool *pgxpool.Pool) ([]string, error
 	if err == nil {
 		missing, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	var pe *pgconn.PgError
 	switch {
-	case errors.As(err, &pe) && pe.Code == "42P01": // undefined_table: never migrated
+	case IsPGUndefinedTable(err): // never migrated
 		return versions, nil
 	case err != nil:
 		return nil, fmt.Errorf("missing migrations: %w", err)

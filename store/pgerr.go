@@ -49,6 +49,14 @@ func isFileError(err error) bool {
 		errors.Is(err, ErrBlobStoreFull) || errors.Is(err, ErrBlobStoreUnavailable)
 }
 
+// IsPGUndefinedTable reports whether PostgreSQL refused a statement because
+// a table it names does not exist (42P01): a database the migrations never
+// ran on.
+func IsPGUndefinedTable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42P01"
+}
+
 // IsPGUnstorableText reports whether PostgreSQL refused a value because
 // text or jsonb cannot hold it: U+0000 in text (22021) or "\u0000" in a
 // jsonb string (22P05). That is the request's fault, never a server error;

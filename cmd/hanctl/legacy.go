@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -98,9 +97,8 @@ func checkProjectExists(ctx context.Context, getenv func(string) string, id stri
 	}
 	defer pool.Close()
 	exists, err := store.New(pool).ProjectExists(ctx, id)
-	var pe *pgconn.PgError
 	switch {
-	case errors.As(err, &pe) && pe.Code == "42P01": // undefined_table
+	case store.IsPGUndefinedTable(err):
 		return errors.New("PostgreSQL has no projects table: run hanctl migrate against this database first")
 	case err != nil:
 		return fmt.Errorf("cannot check that project %s exists in PostgreSQL (%s)", id, store.Kind(err))

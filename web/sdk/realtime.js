@@ -417,16 +417,26 @@ export class Realtime extends Emitter {
   /** @param {string} dialogId */
   unsubscribe(dialogId) {
     dialogId = dialogKey(dialogId);
-    const d = this.#dialogs.get(dialogId);
-    if (!d) return;
-    d.clearGapTimer();
-    d.clearSubscribeTimer();
-    this.#dialogs.delete(dialogId);
+    if (!this.#forget(dialogId)) return;
     // A subscribe still waiting for the budget is dropped: the server never
     // heard of it.
     const i = this.#outbox.findIndex((f) => f.type === "subscribe" && f.dialogId === dialogId);
     if (i >= 0) this.#outbox.splice(i, 1);
     else if (this.live) this.#enqueue({ type: "unsubscribe", dialogId });
+  }
+
+  /**
+   * forget stops following a dialog: its timers end and it is no longer
+   * resubscribed; false if it was not followed.
+   * @param {string} dialogId
+   */
+  #forget(dialogId) {
+    const d = this.#dialogs.get(dialogId);
+    if (!d) return false;
+    d.clearGapTimer();
+    d.clearSubscribeTimer();
+    this.#dialogs.delete(dialogId);
+    return true;
   }
 
   /**
@@ -656,9 +666,9 @@ export class Realtime extends Emitter {
   #onFrame(f) {
     switch (f.type) {
       case "subscribed": {
-        // Answers come in the order of the subscribes, one each.
-        const id = String(f.dialogId).toLowerCase();
-        const i = this.#answers.findIndex((a) => a.toLowerCase() === id);
+        // Answers come in the order of the subscribes, one each (both
+        // carry the lowercase form: dialogKey).
+        const i = this.#answers.indexOf(f.dialogId);
         if (i >= 0) this.#answers.splice(0, i + 1);
         this.#onSubscribed(f.dialogId, Number(f.lastSeq) || 0, f.recovered === true);
         break;
@@ -736,9 +746,7 @@ export class Realtime extends Emitter {
           if (this.live && this.#dialogs.get(dialogId) === d) this.#enqueue({ type: "subscribe", dialogId });
         }, subscribeRetryDelay(d.subscribeFails++));
       } else {
-        d.clearGapTimer();
-        d.clearSubscribeTimer();
-        this.#dialogs.delete(dialogId);
+        this.#forget(dialogId);
       }
     }
     this.emit("error", new FrameError(code, dialogId));
