@@ -7,11 +7,14 @@
 export const CLIENT_CODES = Object.freeze({
   network: "network_error", // no answer arrived: the outcome is unknown
   invalidResponse: "invalid_response", // the answer was not the JSON expected
+  tokenTimeout: "token_timeout", // the getToken hook did not answer within TOKEN_TIMEOUT_MS
 });
 
 /**
  * ApiError is a REST failure: `code` is the body's `error`, or `http_<status>`
- * when the body had none, or `network_error` (status 0) when no answer came.
+ * when the body had none, or `network_error` (status 0) when no answer came,
+ * or `token_timeout` (status 0) when the getToken hook did not answer in time
+ * (the request was not sent).
  */
 export class ApiError extends Error {
   /**

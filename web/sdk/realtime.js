@@ -384,11 +384,11 @@ export class Realtime extends Emitter {
    */
   reconnectNow() {
     if (this.#stopped) return;
+    clearTimeout(this.#timer);
     if (this.#expired) {
       void this.#newToken("expired");
       return;
     }
-    clearTimeout(this.#timer);
     if (this.live) return;
     const ws = this.#ws;
     if (ws) {
@@ -488,9 +488,11 @@ export class Realtime extends Emitter {
       }
     } catch (e) {
       if (this.#stopped || id !== this.#attemptId) return;
-      if (e === CONNECT_STEP_TIMEOUT) {
+      if (e === CONNECT_STEP_TIMEOUT || (e instanceof ApiError && e.code === CLIENT_CODES.tokenTimeout)) {
         // No ticket or token in time (a request black-holed after a network
-        // switch, a stalled proxy, a getToken that does not settle).
+        // switch, a stalled proxy, a getToken that does not settle: Tokens
+        // gives such a call up within TOKEN_TIMEOUT_MS, so the next attempt
+        // asks the hook again).
         this.#retry(null, "connect_timeout");
         return;
       }
@@ -547,8 +549,9 @@ export class Realtime extends Emitter {
    * (the ticket request, or getToken for bearer) within CONNECT_TIMEOUT_MS;
    * past it, it aborts the request and rejects with CONNECT_STEP_TIMEOUT. A
    * newer attempt and stop() end it the same way. A getToken still running is left
-   * to end on its own (Tokens asks the hook once at a time; the next
-   * attempt waits for that same call).
+   * to Tokens, which shares it with the next attempt until it is
+   * TOKEN_TIMEOUT_MS old (no longer than this step's bound), then asks the
+   * hook anew.
    * @template T
    * @param {(signal: AbortSignal) => Promise<T>} fn
    * @returns {Promise<T>}
@@ -997,7 +1000,14 @@ export class Realtime extends Emitter {
    */
   async #newToken(reason) {
     if (this.#stopped) return;
-    const tok = await this.#tokens.renew(reason);
+    let tok;
+    try {
+      tok = await this.#tokens.renew(reason);
+    } catch {
+      // getToken did not answer within TOKEN_TIMEOUT_MS: asked again later.
+      this.#tokenTimedOut(reason);
+      return;
+    }
     if (!tok || this.#stopped) {
       if (this.#expired && !this.#stopped) {
         // Given up: stopped for good (timers, reconciliations with the dead
@@ -1031,6 +1041,26 @@ export class Realtime extends Emitter {
       this.#refreshSent = true;
       this.#sendText(frame);
     }
+  }
+
+  /**
+   * tokenTimedOut: a getToken call that did not answer in time is asked
+   * again, like any other failure: after token_expired through the
+   * reconnect backoff (state `reconnecting`, reason `token_timeout`), for
+   * the live connection (which keeps its credential meanwhile) after
+   * REFRESH_MIN_GAP_MS.
+   * @param {import("./rest.js").TokenReason} reason
+   */
+  #tokenTimedOut(reason) {
+    if (this.#stopped) return;
+    if (this.#expired) {
+      const delay = backoffDelay(this.#attempt++);
+      this.#setState({ phase: "reconnecting", retryAt: Date.now() + delay, reason: "token_timeout" });
+      clearTimeout(this.#timer);
+      this.#timer = setTimeout(() => void this.#newToken("expired"), delay);
+      return;
+    }
+    if (this.live && (reason === "expiring" || reason === "refused")) this.#renewSoon(reason, REFRESH_MIN_GAP_MS);
   }
 
   /**

@@ -98,12 +98,29 @@ export function newIdempotencyKey() {
   return globalThis.crypto.randomUUID();
 }
 
-/** Tokens holds the current user token and asks the getToken hook for new ones, one request at a time. */
+/**
+ * A getToken call that has not answered within this long is given up: the
+ * callers waiting for it get an ApiError `token_timeout` (status 0,
+ * retryable), and the next renew asks the hook again instead of waiting for
+ * that same call. It is the bound of a connection attempt's step
+ * (CONNECT_TIMEOUT_MS), so a hook that never settles costs one attempt, not
+ * every attempt after it.
+ */
+export const TOKEN_TIMEOUT_MS = 15000;
+
+/**
+ * Tokens holds the current user token and asks the getToken hook for new
+ * ones, one call at a time, each within TOKEN_TIMEOUT_MS.
+ */
 export class Tokens {
   /** @type {string} */
   #token = "";
   /** @type {Promise<string | null> | null} */
   #pending = null;
+  /** calls of the hook (and set()) so far; each answer knows its number */
+  #asked = 0;
+  /** the number of the call (or set()) that gave the current token */
+  #tokenFrom = 0;
   #getToken;
   expiresAt = 0;
 
@@ -112,7 +129,11 @@ export class Tokens {
     this.#getToken = getToken;
   }
 
-  /** @returns {Promise<string>} the current token, asking for the first one */
+  /**
+   * @returns {Promise<string>} the current token, asking for the first one;
+   *   rejects with ApiError `unauthorized` (401) when getToken gave none, or
+   *   `token_timeout` (status 0) when it did not answer in time
+   */
   async current() {
     if (this.#token) return this.#token;
     const t = await this.renew("initial");
@@ -123,28 +144,42 @@ export class Tokens {
   /** @param {string} t */
   set(t) {
     this.#token = t;
+    this.#tokenFrom = ++this.#asked;
   }
 
   /**
-   * renew asks the hook for a new token; concurrent callers share one request.
+   * renew asks the hook for a new token; concurrent callers share one call.
+   * A call not answered within TOKEN_TIMEOUT_MS rejects its callers with
+   * ApiError `token_timeout` and is no longer shared: the next renew asks
+   * the hook again. Should the abandoned call answer after all, its token is
+   * kept only if no later call (or set()) has given one since.
    * @param {TokenReason} reason
-   * @returns {Promise<string | null>}
+   * @returns {Promise<string | null>} the new token, or null when the hook gave none
    */
   renew(reason) {
-    if (!this.#pending) {
-      this.#pending = (async () => {
-        try {
-          const t = await this.#getToken({ reason, expiresAt: this.expiresAt });
-          if (typeof t === "string" && t) this.#token = t;
-          return typeof t === "string" && t ? t : null;
-        } catch {
-          return null;
-        } finally {
-          this.#pending = null;
-        }
-      })();
-    }
-    return this.#pending;
+    if (this.#pending) return this.#pending;
+    const n = ++this.#asked;
+    const call = (async () => {
+      const t = await this.#getToken({ reason, expiresAt: this.expiresAt });
+      if (typeof t !== "string" || !t) return null;
+      if (n > this.#tokenFrom) {
+        this.#token = t;
+        this.#tokenFrom = n;
+      }
+      return t;
+    })().catch(() => null);
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
+    const deadline = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new ApiError(CLIENT_CODES.tokenTimeout, 0)), TOKEN_TIMEOUT_MS);
+    });
+    /** @type {Promise<string | null>} */
+    const pending = Promise.race([call, deadline]).finally(() => {
+      clearTimeout(timer);
+      if (this.#pending === pending) this.#pending = null;
+    });
+    this.#pending = pending;
+    return pending;
   }
 }
 

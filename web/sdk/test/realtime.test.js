@@ -2,8 +2,8 @@
 // timers show what the client sends and when it gives up.
 import { test, mock, afterEach } from "node:test";
 import assert from "node:assert/strict";
-import { ApiError, CloseError, FrameError } from "../errors.js";
-import { Tokens } from "../rest.js";
+import { ApiError, CLIENT_CODES, CloseError, FrameError } from "../errors.js";
+import { Rest, Tokens } from "../rest.js";
 import { WebSocket, WebSocketServer } from "ws";
 import { CONNECT_TIMEOUT_MS, FrameBudget, MAX_FRAME_BYTES, Realtime, SERVER_MAX_FRAME_BYTES, SUBPROTOCOL, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
 
@@ -741,4 +741,106 @@ test("a dialog subscribed by its id in capitals is the dialog the server answers
   await pass(1000, ws);
   assert.deepEqual(ws.frames("unsubscribe").map((s) => s.frame.dialogId), [lower]);
   rt.stop();
+});
+
+// ---- a getToken that never answers ---------------------------------------------------------
+
+/**
+ * hangingHook: a getToken whose calls numbered in `hang` (from 1) never
+ * answer until the test answers them (hung); each other call answers at
+ * once with `t<call>`. It records every call's reason.
+ * @param {number[]} hang
+ */
+function hangingHook(hang) {
+  /** @type {string[]} */
+  const reasons = [];
+  /** @type {((t: string) => void)[]} */
+  const hung = [];
+  /** @param {{reason: string}} info */
+  const getToken = ({ reason }) => {
+    reasons.push(reason);
+    if (!hang.includes(reasons.length)) return `t${reasons.length}`;
+    return new Promise((/** @type {(t: string) => void} */ r) => hung.push(r));
+  };
+  return { getToken, reasons, hung };
+}
+
+test("a getToken call that never answers fails REST calls retryably within the connect bound, the next call asks getToken again, and its late answer does not replace the newer token", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const hook = hangingHook([1]);
+  const tokens = new Tokens(hook.getToken);
+  /** @type {string[]} */
+  const sentWith = [];
+  const fetchImpl = /** @type {typeof fetch} */ (async (_url, init) => {
+    sentWith.push(/** @type {Record<string, string>} */ (init?.headers).Authorization);
+    return new Response(JSON.stringify({ id: "u" }), { status: 200, headers: { "Content-Type": "application/json" } });
+  });
+  const rest = new Rest("https://chat.example.com", tokens, fetchImpl);
+  /** @type {unknown} */
+  let outcome;
+  rest.me().then((v) => { outcome = v; }, (e) => { outcome = e; });
+  await pass(CONNECT_TIMEOUT_MS);
+  assert.ok(outcome instanceof ApiError, `the call waiting for getToken has ended: ${outcome}`);
+  assert.equal(outcome.code, CLIENT_CODES.tokenTimeout);
+  assert.equal(outcome.retryable, true, "retried like a lost answer (send keeps its Idempotency-Key)");
+  assert.deepEqual(sentWith, [], "nothing was sent without a token");
+
+  // getToken would answer a fresh call: the next REST call asks it again.
+  assert.deepEqual(await rest.me(), { id: "u" });
+  assert.deepEqual(hook.reasons, ["initial", "initial"]);
+  // The abandoned call answers after all: the newer token stays.
+  hook.hung[0]("stale");
+  await settle();
+  assert.equal(await tokens.current(), "t2");
+  await rest.me();
+  assert.deepEqual(sentWith, ["Bearer t2", "Bearer t2"]);
+});
+
+test("a getToken call that never answers costs one connection attempt: the next one, after the backoff, asks getToken again", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const hook = hangingHook([1]);
+  const { rt, states } = realtime({ auth: "bearer", tokens: new Tokens(hook.getToken) });
+  rt.start();
+  const ws = await socketAfter(1, 2 * 60000);
+  assert.equal(ws.opts.headers?.Authorization, "Bearer t2", "the token of the second call");
+  assert.deepEqual(hook.reasons, ["initial", "initial"], "getToken was asked once more, not in a loop");
+  const failed = states.find((s) => s.phase === "reconnecting");
+  assert.equal(failed?.reason, "connect_timeout");
+  assert.ok(failed && typeof failed.retryAt === "number", "the attempt after it waits for the backoff");
+  ws.hello();
+  assert.equal(rt.state.phase, "live");
+  rt.stop();
+});
+
+test("a getToken that never answers after token_expired is asked again after the backoff, and the client reconnects with the new token", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const hook = hangingHook([2]);
+  const expired = realtime({ auth: "bearer", tokens: new Tokens(hook.getToken) });
+  expired.rt.start();
+  const ws1 = await socketAfter(1, 1000);
+  ws1.hello();
+  ws1.readyState = 3;
+  ws1.onclose?.({ code: 4001, reason: "token_expired" });
+  const ws2 = await socketAfter(2, 2 * 60000);
+  assert.equal(ws2.opts.headers?.Authorization, "Bearer t3");
+  assert.deepEqual(hook.reasons, ["initial", "expired", "expired"]);
+  assert.ok(expired.states.some((s) => s.phase === "reconnecting" && s.reason === "token_timeout" && typeof s.retryAt === "number"),
+    "the new ask waits for the backoff");
+  ws2.hello();
+  assert.equal(expired.rt.state.phase, "live");
+  expired.rt.stop();
+});
+
+test("a getToken that never answers for a refresh is asked again, and the live connection, kept meanwhile, is refreshed with the new token", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const hook = hangingHook([2]);
+  const live = realtime({ auth: "bearer", tokens: new Tokens(hook.getToken) });
+  live.rt.start();
+  const ws = await socketAfter(1, 1000);
+  ws.hello(5 * 60000); // the refresh is due in 4 min
+  await pass(4 * 60000 + CONNECT_TIMEOUT_MS + 30000, ws);
+  assert.deepEqual(hook.reasons, ["initial", "expiring", "expiring"]);
+  assert.deepEqual(ws.frames("refresh").map((s) => s.frame.token), ["t3"]);
+  assert.equal(live.rt.state.phase, "live");
+  live.rt.stop();
 });
