@@ -1,7 +1,9 @@
 package scenarios
 
 import (
+	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,5 +82,72 @@ func TestBroadcastStepWithFailedPublishesDoesNotHold(t *testing.T) {
 	}
 	if steps != 1 || sum.ThresholdsPassed() {
 		t.Errorf("steps measured %d (want 1), max_delivery_rate %v (want 0)", steps, sum.Snapshot.Metrics[MetricMaxDeliveryRate].Value)
+	}
+}
+
+// warmupFaults skips the third publish (reported accepted, so every
+// subscriber of its dialog loses it) and sends the seventh twice (every
+// subscriber gets it twice); the others pass.
+type warmupFaults struct {
+	publisher
+	n atomic.Int64
+}
+
+func (p *warmupFaults) Publish(ctx context.Context, channel string, frame []byte) error {
+	switch p.n.Add(1) {
+	case 3:
+		return nil
+	case 7:
+		if err := p.publisher.Publish(ctx, channel, frame); err != nil {
+			return err
+		}
+	}
+	return p.publisher.Publish(ctx, channel, frame)
+}
+
+// The warm-up is unmeasured for speed, not for correctness: an event it
+// lost or delivered twice must reach the run's delivery_lost and
+// delivery_duplicates, and fail their thresholds, as a step's would, even
+// when every step that follows carried everything.
+func TestBroadcastWarmupLossAndDuplicatesReachTheRunsThresholds(t *testing.T) {
+	sc := newScenario(t, "broadcast", "-conns", "20", "-dialogs", "2", "-step-rates", "50", "-step-p99", "30s",
+		"-warmup", "1s", "-publishers", "2", "-drain", "500ms")
+	sc.(*Broadcast).faults = func(p publisher) publisher { return &warmupFaults{publisher: p} }
+	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 500 * time.Millisecond,
+		Thresholds: []string{"delivery_lost==0", "delivery_duplicates==0"}})
+	if sum.Err != nil {
+		t.Fatal(sum.Err)
+	}
+	// Both faults fall in the warm-up's 50 publishes; a dialog has 10
+	// subscribers.
+	lost, dups := count(sum, loadtest.MetricDeliveryLost), count(sum, loadtest.MetricDeliveryDuplicates)
+	if lost != 10 || dups != 10 {
+		t.Errorf("delivery_lost %d, delivery_duplicates %d: want 10 each (the warm-up's)", lost, dups)
+	}
+	if len(sum.Thresholds) != 2 {
+		t.Fatalf("thresholds evaluated: %+v", sum.Thresholds)
+	}
+	for _, th := range sum.Thresholds {
+		if th.OK {
+			t.Errorf("threshold %s passed although the warm-up lost and doubled deliveries", th.Expr)
+		}
+	}
+	if exp := count(sum, loadtest.MetricDeliveryExpected); exp != 750 {
+		t.Errorf("delivery_expected = %d, want 750 (500 of the warm-up, 250 of the step)", exp)
+	}
+	var warm, step string
+	for _, in := range sum.Info {
+		switch in.Key {
+		case "target_warmup":
+			warm = in.Value.(string)
+		case "target_step_50":
+			step = in.Value.(string)
+		}
+	}
+	if !strings.Contains(warm, "lost 10, duplicates 10") {
+		t.Errorf("warm-up line %q: want its loss and duplicates", warm)
+	}
+	if !strings.Contains(step, "lost 0") || !strings.Contains(step, "held true") {
+		t.Errorf("step line %q: the step itself carried everything", step)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,9 @@ type Broadcast struct {
 	warmup                      time.Duration
 	cpu                         loadtest.ProcCPU
 	gw                          gatewayFlags
+	// faults wraps the publisher once it is up (tests: a publish skipped
+	// or sent twice at a chosen point of the run).
+	faults func(publisher) publisher
 }
 
 // Describe implements Scenario.
@@ -61,7 +65,7 @@ func (b *Broadcast) Flags(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&b.stepRates, "step-rates", "", "comma-separated publish rates measured one after another on the same connections (each for -duration) while p99 ≤ -step-p99 with no loss: sets max_delivery_rate")
 	fs.DurationVar(&b.stepP99, "step-p99", 100*time.Millisecond, "the p99 (from schedule) a step must hold")
 	fs.DurationVar(&b.warmup, "warmup", 0, "with -step-rates: publish at the first step's rate this long before the steps, unmeasured, then collect the generator's garbage "+
-		"(the connections' first deliveries and the heap the set-up grew are not counted against the first step)")
+		"(the connections' first deliveries and the heap the set-up grew are not counted against the first step; its lost and duplicated deliveries are, in the run's totals)")
 	fs.Var(&b.cpu, "cpu-pid", "name=PID (name=PID+: with its children): report that process's CPU-seconds per 1M unique deliveries of each measured phase (info <label>_cpu_s_per_1m_<name>); repeatable; the generator's own is always reported")
 	fs.Int64Var(&b.faultDropEvery, "fault-drop-every", 0, "fault injection: a baseline this run starts drops every n-th delivery (proves the thresholds catch loss)")
 	fs.Int64Var(&b.faultFailEvery, "fault-fail-publish-every", 0, "fault injection: every n-th publish is sent, then reported failed (proves its deliveries are not taken for expected ones and that a step with a failed publish does not hold)")
@@ -198,18 +202,37 @@ func (b *Broadcast) phase(ctx context.Context, t *loadtest.T, spec string, reg *
 	return st.climb(ctx, t, reg, label)
 }
 
+// deliveryCounts are the delivery accounting of a phase: what was
+// expected, what arrived, and what was lost, doubled or not expected.
+var deliveryCounts = []string{loadtest.MetricDeliveryExpected, loadtest.MetricDeliveryReceived, loadtest.MetricDeliveryLost,
+	loadtest.MetricDeliveryDuplicates, loadtest.MetricDeliveryUnexpected}
+
 // addStepTotals adds one measured step's delivery accounting to the run's
 // registry run, so that thresholds such as delivery_lost==0 or
 // publish_failed<1% judge every step together. Latency and delivery_rate
 // stay per step (in the step lines).
 func addStepTotals(run, step *loadtest.Registry) {
-	for _, n := range []string{loadtest.MetricDeliveryExpected, loadtest.MetricDeliveryReceived, loadtest.MetricDeliveryLost,
-		loadtest.MetricDeliveryDuplicates, loadtest.MetricDeliveryUnexpected, loadtest.MetricWSEventsOther,
-		loadtest.MetricIterations, loadtest.MetricDroppedIterations} {
-		run.Counter(n).Add(step.Counter(n).Value())
+	addTotals(run, step, slices.Concat(deliveryCounts, []string{loadtest.MetricWSEventsOther, loadtest.MetricIterations, loadtest.MetricDroppedIterations}),
+		loadtest.MetricDeliveryLoss, loadtest.MetricPublishFailed)
+}
+
+// addWarmupTotals adds the warm-up's delivery accounting to the run's
+// registry run. The warm-up is unmeasured for speed (its latency,
+// delivery_rate, publishes, dropped iterations and publish failures stay
+// out of the figures), not for correctness: an event it lost or delivered
+// twice is lost or duplicated all the same, so delivery_lost==0 and
+// delivery_duplicates==0 judge it as they judge the steps.
+func addWarmupTotals(run, warm *loadtest.Registry) {
+	addTotals(run, warm, deliveryCounts, loadtest.MetricDeliveryLoss)
+}
+
+// addTotals adds the counters and rates of phase to run.
+func addTotals(run, phase *loadtest.Registry, counters []string, rates ...string) {
+	for _, n := range counters {
+		run.Counter(n).Add(phase.Counter(n).Value())
 	}
-	for _, n := range []string{loadtest.MetricDeliveryLoss, loadtest.MetricPublishFailed} {
-		r := step.Rate(n)
+	for _, n := range rates {
+		r := phase.Rate(n)
 		_, total := r.Value()
 		run.Rate(n).AddN(r.Hits(), total)
 	}
@@ -283,9 +306,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	if err != nil {
 		return nil, nil, err
 	}
-	if b.faultFailEvery > 0 {
-		pub = &failingPublisher{publisher: pub, every: uint64(b.faultFailEvery)}
-	}
+	pub = b.withFaults(pub)
 	st = &stepper{b: b, fl: fl, pub: pub, seqs: make([]atomic.Int64, b.dialogs), channels: make([]string, b.dialogs),
 		centrifugo: tg.centrifugo}
 	for d, id := range fl.dialogIDs {
@@ -298,10 +319,22 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	return st, closeAll, nil
 }
 
+// withFaults wraps pub in the fault injections of the run: reported
+// failures (-fault-fail-publish-every), then the faults a test set.
+func (b *Broadcast) withFaults(pub publisher) publisher {
+	if b.faultFailEvery > 0 {
+		pub = &failingPublisher{publisher: pub, every: uint64(b.faultFailEvery)}
+	}
+	if b.faults != nil {
+		pub = b.faults(pub)
+	}
+	return pub
+}
+
 // climb measures each of -step-rates on the same connections until one
 // does not hold p99 with no loss, drop or failed publish, and returns the
-// highest step's deliveries/s that held. Each step's delivery counts are
-// added to reg.
+// highest step's deliveries/s that held. Each step's delivery counts, and
+// those of the warm-up, are added to reg.
 func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, label string) (float64, error) {
 	b, fl := st.b, st.fl
 	if b.warmup > 0 {
@@ -311,10 +344,12 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Regis
 		if _, err := st.measure(ctx, t, wreg, wdl, b.steps[0], b.warmup, label+" warm-up"); err != nil {
 			return 0, err
 		}
+		addWarmupTotals(reg, wreg)
 		m := wreg.Snapshot().Metrics
-		t.Info(label+"_warmup", fmt.Sprintf("%d events/s for %s: %.0f deliveries/s, p99 %s, lost %d",
+		t.Info(label+"_warmup", fmt.Sprintf("%d events/s for %s: %.0f deliveries/s, p99 %s, lost %d, duplicates %d, unexpected %d",
 			b.steps[0], b.warmup, m[loadtest.MetricDeliveryRate].Value,
-			time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99)).Round(10*time.Microsecond), m[loadtest.MetricDeliveryLost].Count))
+			time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99)).Round(10*time.Microsecond), m[loadtest.MetricDeliveryLost].Count,
+			m[loadtest.MetricDeliveryDuplicates].Count, m[loadtest.MetricDeliveryUnexpected].Count))
 		// The heap the set-up and the warm-up grew is collected now, not
 		// in the middle of the first step.
 		runtime.GC()
