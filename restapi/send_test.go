@@ -6,6 +6,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 )
 
 // 100 members send two messages each into one dialog at once over HTTP,
@@ -151,5 +154,60 @@ func TestSendOverTheDialogQueueAnswersDialogBusy(t *testing.T) {
 		if code != 201 || decode[messageResp](t, b).Seq != int64(i+2) {
 			t.Fatalf("retry of a refused send: %d %s", code, b)
 		}
+	}
+}
+
+// A send into a dialog whose queue on this instance is full is answered 503
+// dialog_busy only to a member: a sender who is no member of the dialog gets
+// 404 dialog_not_found, exactly as a send into an unknown dialog id does, so
+// an outsider learns neither that the dialog exists nor that it is busy.
+func TestAnOutsidersSendIntoABusyDialogIsAnsweredAsAnUnknownDialog(t *testing.T) {
+	h := newHarness(t)
+	h.store.SetSendQueue(1)
+	h.store.SetRequestTimeout(20 * time.Second) // the held lock must not end the queued send
+	_, aTok := h.user()
+	bob, bTok := h.user()
+	_, eTok := h.user()
+	d := h.dialog(aTok, bob)
+	ctx := context.Background()
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var pid uint32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid() FROM dialogs WHERE id=$1 FOR UPDATE", d.ID).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan int, 1)
+	go func() {
+		code, _, _ := h.sendTo(aTok, d.ID, `{"body":"queued"}`, idemKey())
+		queued <- code
+	}()
+	// The queued send waits for the held row lock: the queue is full.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var n int
+		if err := h.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY(pg_blocking_pids(pid))", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}, "the queued send never waited for the dialog's lock")
+	code, b, _ := h.sendTo(bTok, d.ID, `{"body":"member"}`, idemKey())
+	wantError(t, code, b, 503, "dialog_busy")
+	for _, target := range []string{d.ID, ids.New()} {
+		code, b, hdr := h.sendTo(eTok, target, `{"body":"outsider"}`, idemKey())
+		wantError(t, code, b, 404, "dialog_not_found")
+		if hdr.Get("Retry-After") != "" {
+			t.Fatalf("outsider's send: Retry-After %q", hdr.Get("Retry-After"))
+		}
+	}
+	_ = tx.Rollback(ctx)
+	if code := <-queued; code != 201 {
+		t.Fatalf("queued send: %d", code)
 	}
 }

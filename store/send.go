@@ -41,8 +41,9 @@ type SendMessage struct {
 
 // ErrDialogBusy means this instance already holds as many sends into the
 // dialog as its queue allows (SetSendQueue, HAN_SEND_DIALOG_QUEUE): the
-// send was refused before anything was written. The API answers 503
-// dialog_busy with Retry-After.
+// send was refused before anything was written. Only a member of the
+// dialog is told so; a sender who is no member gets ErrDialogNotFound. The
+// API answers 503 dialog_busy with Retry-After.
 var ErrDialogBusy = errors.New("store: dialog busy")
 
 // SendMessage inserts a message with the next seq of its dialog, with its
@@ -59,10 +60,10 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 // ErrInvalidAttachment; a live idempotency record: ErrIdemExists) fails
 // alone. A repeat of the same sender's clientMessageId returns the stored
 // message with created=false and writes nothing. A full dialog queue is
-// ErrDialogBusy; a caller whose context ends while its send still waits is
-// dropped from the queue (nothing written); once its send is being written
-// it waits for the outcome, which its idempotency record and
-// clientMessageId cover anyway.
+// ErrDialogBusy for a member, ErrDialogNotFound for anyone else; a caller
+// whose context ends while its send still waits is dropped from the queue
+// (nothing written); once its send is being written it waits for the
+// outcome, which its idempotency record and clientMessageId cover anyway.
 func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev OutboxEvent, created bool, err error) {
 	r := &sendReq{in: in, deadline: time.Now().Add(s.reqTimeout), done: make(chan struct{})}
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
@@ -79,9 +80,28 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 		}
 	}
 	if err := s.sends.send(ctx, r); err != nil {
+		if errors.Is(err, ErrDialogBusy) {
+			err = s.busyForMember(ctx, in)
+		}
 		return Message{}, OutboxEvent{}, false, err
 	}
 	return r.res.m, r.res.ev, r.res.created, r.res.err
+}
+
+// busyForMember is the answer to a send its dialog's full queue refused:
+// ErrDialogBusy for a member of the dialog, ErrDialogNotFound for anyone
+// else, as for every other send of theirs and for a dialog that does not
+// exist, so a dialog's load tells an outsider nothing. The membership read
+// runs only on this path, never on a send the queue takes.
+func (s *Store) busyForMember(ctx context.Context, in SendMessage) error {
+	member, err := s.IsMember(ctx, in.DialogID, in.SenderID)
+	switch {
+	case err != nil:
+		return err
+	case !member:
+		return ErrDialogNotFound
+	}
+	return ErrDialogBusy
 }
 
 // sendReq is one send waiting in, or written by, the combiner.
