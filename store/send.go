@@ -195,13 +195,15 @@ type sendRow struct {
 // transactions are all busy: commitGroups) and answers each of them. A send
 // whose budget ran out while it waited is answered ErrDatabaseBusy
 // unwritten; the statement gets what is left of the earliest budget of the
-// others. When the statement fails as a whole for a reason that may lie in
-// one message's data (a value PostgreSQL refuses), nothing was committed
-// and each send is written again on its own, so that message fails alone; a
-// busy or unreachable database fails the whole batch.
-func (s *Store) writeBatch(dialogID string, batch []*sendReq, refill func(int) []*sendReq) {
+// others (its lock waits and its run, bounded on the server:
+// runSendGroup). When the statement fails as a whole for a reason that may
+// lie in one message's data (a value PostgreSQL refuses), nothing was
+// committed and each send is written again on its own, so that message
+// fails alone. A busy database answers database_busy only the sends whose
+// budget ran out (writeAlone); an unreachable one fails the whole batch.
+func (s *Store) writeBatch(dialogID string, batch []*sendReq, queue *queueRef) {
 	now := time.Now()
-	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch)), refill: refill}
+	b := &dialogBatch{dialogID: dialogID, reqs: make([]*sendReq, 0, len(batch)), queue: queue}
 	for _, r := range batch {
 		if !now.Before(r.deadline) {
 			r.finish(sendResult{err: errQueuedPastBudget()})
@@ -230,15 +232,6 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq, refill func(int) [
 		return
 	}
 	answerBatch(b.reqs, b.rows)
-}
-
-// execSendBatch writes one dialog's batch alone (execSendGroup).
-func (s *Store) execSendBatch(dialogID string, budget, lockWait time.Duration, batch []*sendReq) ([]sendRow, error) {
-	out, err := s.execSendGroup(budget, lockWait, []*dialogBatch{{dialogID: dialogID, reqs: batch}})
-	if err != nil {
-		return nil, err
-	}
-	return out[0], nil
 }
 
 // sendConn is a pool connection for a send statement within budget (at

@@ -3,10 +3,12 @@ package store
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -22,7 +24,8 @@ const DefaultSendCommitters = 1
 // maxCommitterLockWait bounds how long a send transaction waits for one
 // dialog's row lock (at most a quarter of its budget): a dialog locked
 // elsewhere for longer leaves the committer, and its batch is written again
-// on its own, outside it, with the rest of its budget.
+// on its own, outside it, each send within the rest of its budget
+// (writeAlone).
 const maxCommitterLockWait = 100 * time.Millisecond
 
 // maxGroupDialogs bounds how many dialogs' batches one group transaction
@@ -67,8 +70,10 @@ const maxGroupSends = 512
 // stays with that dialog. A committer waits for a dialog's row lock at most
 // maxCommitterLockWait (and a quarter of the budget): a batch whose dialog
 // is locked elsewhere for longer, like every batch of a failed group, is
-// written again on its own goroutine, outside the committers, with the rest
-// of its budget, so a held lock delays only its own dialog.
+// written again on its own goroutine, outside the committers, each send
+// within the rest of its own budget (writeAlone), so a held lock delays only
+// its own dialog. Every send statement is bounded on the server by the
+// earliest budget of the sends it writes (runSendGroup).
 type commitGroups struct {
 	exec func(group []*dialogBatch)
 
@@ -100,10 +105,10 @@ type dialogBatch struct {
 	rows     []sendRow
 	err      error
 	done     chan struct{} // closed once rows or err is set (settle)
-	// refill takes up to n sends of the dialog that queued behind the
-	// batch, oldest first (nil: none may join, as for a send written again
-	// alone).
-	refill func(n int) []*sendReq
+	// queue is the dialog's queue, which sends that queued behind the
+	// batch join it from and sends it gives up on return to (nil: none
+	// joins, as for a send written again alone).
+	queue *queueRef
 }
 
 // topUp adds to b up to room sends of its dialog that queued while it
@@ -111,10 +116,10 @@ type dialogBatch struct {
 // how many it took from the queue; one whose budget ran out meanwhile is
 // answered unwritten.
 func (b *dialogBatch) topUp(room int) int {
-	if b.refill == nil || room <= 0 {
+	if b.queue == nil || room <= 0 {
 		return 0
 	}
-	more := b.refill(room)
+	more := b.queue.refill(room)
 	now := time.Now()
 	for _, r := range more {
 		if !now.Before(r.deadline) {
@@ -138,11 +143,18 @@ func (b *dialogBatch) prune(now time.Time) bool {
 	if now.Before(b.deadline) {
 		return true // b.deadline is the earliest: none ran out
 	}
+	return b.drop(func(r *sendReq) bool { return !now.Before(r.deadline) }, errQueuedPastBudget())
+}
+
+// drop answers err to the sends of b that gone picks and takes them out of
+// it; b.deadline becomes the earliest budget of the sends left. It reports
+// whether any send is left.
+func (b *dialogBatch) drop(gone func(*sendReq) bool, err error) bool {
 	kept := b.reqs[:0]
 	var deadline time.Time
 	for _, r := range b.reqs {
-		if !now.Before(r.deadline) {
-			r.finish(sendResult{err: errQueuedPastBudget()})
+		if gone(r) {
+			r.finish(sendResult{err: err})
 			continue
 		}
 		if deadline.IsZero() || r.deadline.Before(deadline) {
@@ -350,7 +362,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 	}
 	budget := time.Until(deadline)
 	s.groups.count(group...)
-	out, err := s.runSendGroup(ctx, conn, min(budget/4, s.groups.lockWait), group)
+	out, err := s.runSendGroup(ctx, conn, budget, min(budget/4, s.groups.lockWait), group)
 	done()
 	if err == nil {
 		for i, b := range group {
@@ -359,7 +371,7 @@ func (s *Store) execGroup(group []*dialogBatch) {
 		return
 	}
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || (len(group) == 1 && pe.Code != codeLockNotAvailable) {
+	if !errors.As(err, &pe) || (len(group) == 1 && !IsDatabaseBusy(err)) {
 		// A failed connection, or a lone batch's own error: nothing to
 		// gain from writing it again.
 		for _, b := range group {
@@ -368,16 +380,43 @@ func (s *Store) execGroup(group []*dialogBatch) {
 		return
 	}
 	for _, b := range group {
-		go func() {
-			if b.prune(time.Now()) {
-				left := time.Until(b.deadline)
-				s.groups.count(b)
-				b.settle(s.execSendBatch(b.dialogID, left, left, b.reqs))
-				return
-			}
-			b.settle(nil, errQueuedPastBudget())
-		}()
+		go s.writeAlone(b)
 	}
+}
+
+// writeAlone writes b again on its own, outside the committers, after its
+// group's statement failed (nothing of it was committed). Each send keeps
+// its own budget: the write is bounded (pool wait, lock waits, statement)
+// by what is left of the earliest budget among the sends in b, and when the
+// database stays busy that long (no connection came free, the dialog's lock
+// was not granted, the statement was cut short: nothing written), only the
+// sends whose budget that was are answered database_busy. The others go
+// back to the head of their dialog's queue and are written by its next
+// batch, with what is left of their own budgets (a send written again alone
+// after a refused value has no queue, and its batch no other send).
+// Written with the earliest budget of the batch instead, a lock held a
+// little longer than the shortest budget failed every send of the batch.
+func (s *Store) writeAlone(b *dialogBatch) {
+	for b.prune(time.Now()) {
+		s.groups.count(b)
+		out, err := s.execSendGroup(b.deadline, []*dialogBatch{b})
+		if err == nil {
+			b.settle(out[0], nil)
+			return
+		}
+		earliest := b.deadline
+		if !IsDatabaseBusy(err) || !b.drop(func(r *sendReq) bool { return !r.deadline.After(earliest) }, err) {
+			b.settle(nil, err)
+			return
+		}
+		if b.queue != nil {
+			b.queue.requeue(b.reqs)
+			b.reqs = nil
+			b.settle(nil, nil)
+			return
+		}
+	}
+	b.settle(nil, errQueuedPastBudget())
 }
 
 // liveBatches prunes each batch of group (see prune) and returns, in
@@ -396,30 +435,52 @@ func liveBatches(group []*dialogBatch) []*dialogBatch {
 	return live
 }
 
-// execSendGroup writes the batches of group in one statement, send_groups,
-// in its own implicit transaction: one round trip, one commit. The pool
-// wait is bounded by budget, each lock wait by lockWait (lock_timeout, set
-// by the function for its own transaction only; at most the budget), and
-// the client gives the statement one request budget more before it gives
-// up on the connection. The rows are returned only when that commit
-// succeeded; on an error nothing was committed.
-func (s *Store) execSendGroup(budget, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
-	ctx, conn, done, err := s.sendConn(budget)
+// execSendGroup writes the batches of group in one statement (runSendGroup)
+// within the budget that ends at deadline: the pool wait, each lock wait
+// and the statement are bounded by what is left of it.
+func (s *Store) execSendGroup(deadline time.Time, group []*dialogBatch) ([][]sendRow, error) {
+	ctx, conn, done, err := s.sendConn(time.Until(deadline))
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	return s.runSendGroup(ctx, conn, min(lockWait, budget), group)
+	budget := time.Until(deadline)
+	return s.runSendGroup(ctx, conn, budget, budget, group)
 }
 
-// runSendGroup runs send_groups for group on conn (see execSendGroup),
-// each lock wait bounded by lockWait (at least 1 ms).
-func (s *Store) runSendGroup(ctx context.Context, conn *pgxpool.Conn, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
-	lockWait = max(lockWait, time.Millisecond)
-	rows, err := conn.Query(ctx, sendGroupsSQL, sendArgs(lockWait, group)...)
+// setStatementTimeoutSQL bounds the statement after it, for its transaction
+// only.
+const setStatementTimeoutSQL = "SELECT set_config('statement_timeout', $1, true)"
+
+// runSendGroup runs send_groups for group on conn in one implicit
+// transaction: one round trip, one commit. The server bounds it by budget
+// (statement_timeout, sent ahead of the statement in the same round trip
+// and transaction) and each lock wait by lockWait (lock_timeout, set by the
+// function; at most budget), both for this transaction only and at least
+// 1 ms, so neither a lock nor a slow statement holds the connection and the
+// dialogs' row locks past the budget: cut short, the statement answers
+// ErrDatabaseBusy with nothing committed. The client (ctx) gives it one
+// request budget more before it gives up on the connection, for a server
+// that stalls. The rows are returned only when the commit succeeded; on an
+// error nothing was committed, but for a statement whose answer did not
+// come in time (sendError).
+func (s *Store) runSendGroup(ctx context.Context, conn *pgxpool.Conn, budget, lockWait time.Duration, group []*dialogBatch) ([][]sendRow, error) {
+	budget = max(budget, time.Millisecond)
+	lockWait = min(max(lockWait, time.Millisecond), budget)
+	batch := &pgx.Batch{}
+	batch.Queue(setStatementTimeoutSQL, strconv.FormatInt(budget.Milliseconds(), 10))
+	batch.Queue(sendGroupsSQL, sendArgs(lockWait, group)...)
+	br := conn.SendBatch(ctx, batch)
+	_, err := br.Exec()
 	var out [][]sendRow
 	if err == nil {
-		out, err = scanSendRows(rows, group)
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			out, err = scanSendRows(rows, group)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		return nil, sendError(err)

@@ -21,12 +21,12 @@ const DefaultSendQueue = 256
 // A queue holds at most bound sends, waiting and being written; one more is
 // refused with ErrDialogBusy. A caller whose context ends while its send is
 // waiting takes it out of the queue (nothing of it is written); once the
-// send is being written, the caller waits for the outcome, which the write's
-// own budget bounds.
+// send is being written, the caller waits for the outcome, which the send's
+// own budget bounds (a batch that gives up on some of its sends puts them
+// back at the head of the queue: queueRef.requeue).
 type sendCombiner struct {
-	// write writes a batch; refill takes up to n of the sends that queued
-	// behind it meanwhile into it (see refill).
-	write func(dialogID string, batch []*sendReq, refill func(n int) []*sendReq)
+	// write writes a batch of the dialog queue q (see queueRef).
+	write func(dialogID string, batch []*sendReq, q *queueRef)
 
 	mu     sync.Mutex
 	bound  int
@@ -39,7 +39,7 @@ type dialogQueue struct {
 	writing  bool // the queue has its writer (drain)
 }
 
-func newSendCombiner(write func(string, []*sendReq, func(int) []*sendReq)) *sendCombiner {
+func newSendCombiner(write func(string, []*sendReq, *queueRef)) *sendCombiner {
 	return &sendCombiner{write: write, bound: DefaultSendQueue, queues: map[string]*dialogQueue{}}
 }
 
@@ -81,7 +81,7 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 		q.writing = true
 		batch := c.take(q)
 		c.mu.Unlock()
-		c.write(id, batch, func(n int) []*sendReq { return c.refill(q, n) })
+		c.write(id, batch, &queueRef{c, q})
 		if c.next(id, q) {
 			go c.drain(id, q)
 		}
@@ -118,7 +118,7 @@ func (c *sendCombiner) drain(id string, q *dialogQueue) {
 		c.mu.Lock()
 		batch := c.take(q)
 		c.mu.Unlock()
-		c.write(id, batch, func(n int) []*sendReq { return c.refill(q, n) })
+		c.write(id, batch, &queueRef{c, q})
 		if !c.next(id, q) {
 			return
 		}
@@ -133,17 +133,39 @@ func (c *sendCombiner) take(q *dialogQueue) []*sendReq {
 	return batch
 }
 
-// refill takes up to n of the sends waiting in q, oldest first, into the
-// batch being written, while that batch has not yet gone to PostgreSQL (it
-// waited for a send transaction, or for company): they go in the same
-// statement, after the batch's own sends, in the order they arrived. The
-// queue's bound counts them as before (waiting, then being written).
-func (c *sendCombiner) refill(q *dialogQueue, n int) []*sendReq {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	more := q.takeWaiting(n)
-	q.inFlight += len(more)
+// queueRef is the dialog queue of the batch being written.
+type queueRef struct {
+	c *sendCombiner
+	q *dialogQueue
+}
+
+// refill takes up to n of the sends waiting in the queue, oldest first,
+// into the batch being written, while that batch has not yet gone to
+// PostgreSQL (it waited for a send transaction, or for company): they go in
+// the same statement, after the batch's own sends, in the order they
+// arrived. The queue's bound counts them as before (waiting, then being
+// written).
+func (r *queueRef) refill(n int) []*sendReq {
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	more := r.q.takeWaiting(n)
+	r.q.inFlight += len(more)
 	return more
+}
+
+// requeue puts sends of the batch being written back at the head of the
+// queue, unwritten and in their order, for the dialog's next batch to take
+// first (seqs stay in arrival order): the batch gave up on them and ends
+// without them, so that the sends it did answer, its writer's among them,
+// are not held until they are written. The bound counts them as waiting.
+func (r *queueRef) requeue(rs []*sendReq) {
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	for _, s := range rs {
+		s.taken = false
+	}
+	r.q.waiting = append(rs[:len(rs):len(rs)], r.q.waiting...)
+	r.q.inFlight -= len(rs)
 }
 
 // takeWaiting removes up to n of q's waiting sends, oldest first, and marks
