@@ -66,10 +66,12 @@ type conn struct {
 	// burst; starting this func value allocates nothing.
 	writeLoopFn func()
 
-	// ended is set by cancel: the connection is over (see opContext). It
-	// sits with the flags below to keep the struct in a smaller size class
-	// (an idle connection holds one); it is atomic, not guarded by mu.
-	ended atomic.Bool
+	// state holds two flags in one word, which sits with the flags below
+	// to keep the struct in a smaller size class (an idle connection holds
+	// one): stateEnded, set by cancel (the connection is over, see
+	// opContext), read without mu; and stateHandling, changed and read
+	// under mu (beginRead, endFrame).
+	state atomic.Uint32
 
 	mu           sync.Mutex // guards everything below but frameFull
 	writing      bool       // a writer goroutine runs
@@ -136,9 +138,27 @@ func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires 
 	return c
 }
 
+// The flags of conn.state.
+const (
+	// stateEnded: the connection is over (cancel).
+	stateEnded uint32 = 1 << iota
+	// stateHandling: a frame worker is reading or answering a client
+	// frame (beginRead to endFrame). The client's next frames, a pong
+	// among them, wait unread meanwhile, so the hub's scan does not count
+	// the wait for a pong against it (Hub.pingLoop).
+	stateHandling
+)
+
 // cancel marks the connection over; whoever calls it also closes the
 // socket, which ends any read, write or ping in progress (see opContext).
-func (c *conn) cancel() { c.ended.Store(true) }
+func (c *conn) cancel() { c.state.Or(stateEnded) }
+
+// ended reports whether the connection is over (cancel).
+func (c *conn) ended() bool { return c.state.Load()&stateEnded != 0 }
+
+// handlingLocked reports whether a client frame is being read or answered
+// (stateHandling). c.mu must be held.
+func (c *conn) handlingLocked() bool { return c.state.Load()&stateHandling != 0 }
 
 // subLocked is the subscription to dialogID and its index in subs, or nil
 // and -1. c.mu must be held.
@@ -234,6 +254,7 @@ func (c *conn) wakeReader() {
 func (c *conn) beginRead(n int, deadline time.Time) {
 	c.mu.Lock()
 	c.reading = true
+	c.state.Or(stateHandling)
 	c.mu.Unlock()
 	c.cork.limitRead(n, deadline)
 }
@@ -244,6 +265,20 @@ func (c *conn) endRead() {
 	c.cork.endRead()
 	c.mu.Lock()
 	c.reading = false
+	c.mu.Unlock()
+}
+
+// endFrame marks the end of a client frame's handling (from beginRead:
+// its read and its answer, a subscribe's PostgreSQL and Redis work
+// included). A ping the client had to answer meanwhile gets its whole
+// PongTimeout from now: its pong could not be read before, queued behind
+// the frames the server was busy with.
+func (c *conn) endFrame() {
+	c.mu.Lock()
+	c.state.And(^stateHandling)
+	if c.pongWait {
+		c.lastPing = time.Now()
+	}
 	c.mu.Unlock()
 }
 

@@ -81,7 +81,11 @@ type frameRun struct {
 
 var frameRuns = sync.Pool{New: func() any { return &frameRun{done: make(chan bool, 1)} }}
 
-func runFrame(r *frameRun) { r.done <- r.c.nextFrame() }
+func runFrame(r *frameRun) {
+	ok := r.c.nextFrame()
+	r.c.endFrame()
+	r.done <- ok
+}
 
 // nextFrame reads the client's next frame and answers it. Its reads are
 // bounded on the socket (corkConn.limitRead), in bytes and in time, from

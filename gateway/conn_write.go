@@ -25,7 +25,7 @@ func (c *conn) writeLoop() {
 	yielded := false
 	for {
 		c.mu.Lock()
-		if c.ended.Load() {
+		if c.ended() {
 			c.mu.Unlock()
 			return
 		}
@@ -99,7 +99,7 @@ func (c *conn) writeBatch(batch []outFrame, flush bool) error {
 	} else {
 		err = c.cork.uncork()
 	}
-	if err != nil && !c.ended.Load() && isTimeout(err) {
+	if err != nil && !c.ended() && isTimeout(err) {
 		c.hub.stats.slowCloses.Add(1)
 	}
 	return err
@@ -161,7 +161,7 @@ func (c *conn) growQueueLocked() {
 
 // abort ends a connection whose writer failed (write timeout, dead peer).
 func (c *conn) abort(err error) {
-	if !c.ended.Load() {
+	if !c.ended() {
 		c.hub.logger.Debug("websocket writer stopped", slog.String("connection", c.id), slog.String("kind", store.Kind(err)))
 	}
 	_ = c.ws.CloseNow()

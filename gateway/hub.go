@@ -421,7 +421,8 @@ const expiryResolution = time.Second
 // connection's writer for a WebSocket ping when PingInterval has passed
 // since its last one was answered (connections are spread over the
 // interval by their own start times), ends each connection whose pong has
-// not come PongTimeout after its ping, closes with 4001 token_expired each
+// not come PongTimeout after its ping (or after the end of the handling of
+// a client frame that held its pong unread), closes with 4001 token_expired each
 // connection whose credential deadline (exp + the verifier's leeway) has
 // passed, and starts the writer of each connection whose queued presence
 // frames wait for it (at least every Config.PresenceDelay). The scan holds
@@ -454,10 +455,13 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			case c.closed:
 			case nowNs >= c.expires:
 				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
-			case c.pongWait && now.Sub(c.lastPing) >= h.cfg.PongTimeout:
+			case c.pongWait && !c.handlingLocked() && now.Sub(c.lastPing) >= h.cfg.PongTimeout:
 				// No pong: the peer is gone or does not read. Closing
 				// the socket ends the reader's wait, and its teardown
-				// follows.
+				// follows. Not while one of the client's frames is
+				// being handled: its pong may wait unread behind it
+				// (a subscribe waiting on PostgreSQL), and the wait
+				// counts again from the frame's end (conn.endFrame).
 				c.pongWait = false
 				late = append(late, c)
 			case !c.pongWait && now.Sub(c.lastPing) >= h.cfg.PingInterval:
