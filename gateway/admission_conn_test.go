@@ -89,10 +89,12 @@ func TestHandshakeQueueWaitIsBounded(t *testing.T) {
 }
 
 // A thousand simultaneous handshakes of one user: exactly the per-user cap
-// gets in, every other one is refused with a close frame (1008
-// too_many_connections, or 1013 with the advice when the queue is full),
-// the queue never exceeds its bound, nothing stays held, and another user
-// connects at once afterwards.
+// gets in; of the others, those that got one of the user's handshake
+// tokens (the burst: the rate here gives no more during the storm) find
+// the cap full and are refused with 1008 too_many_connections, and every
+// other one with 1013 and the advice (the user's handshake rate, or the
+// queue full); the queue never exceeds its bound, nothing stays held, and
+// another user connects at once afterwards.
 //
 // Redis and PostgreSQL work here, and a handshake they do not serve within
 // its budget is refused with a plain 1013 "try again later", as during an
@@ -104,10 +106,11 @@ func TestHandshakeQueueWaitIsBounded(t *testing.T) {
 // before the storm, as a returning user is.
 func TestThousandHandshakesOfOneUser(t *testing.T) {
 	pool := openPool(t)
-	const capPerUser, queue, n = 5, 64, 1000
+	const capPerUser, burst, queue, n = 5, 12, 64, 1000
 	in := newInstance(t, pool, opts{
 		hub: func(c *gateway.Config) {
 			c.HandshakeConcurrency, c.HandshakeQueue, c.HandshakeWait = 4, queue, 5*time.Second
+			c.UserHandshakeBurst, c.UserHandshakeRate = burst, 1.0/3600
 		},
 		presence: func(c *presence.Config) { c.MaxConnsPerUser = capPerUser },
 		rtBudget: 5 * time.Second,
@@ -157,8 +160,9 @@ func TestThousandHandshakesOfOneUser(t *testing.T) {
 	if len(other) > 0 {
 		t.Fatalf("%d handshakes ended otherwise, e.g. %s", len(other), other[0])
 	}
-	if accepted != capPerUser || capped+retry != n-capPerUser {
-		t.Fatalf("%d accepted, %d refused for the cap, %d told to retry; want %d accepted and the rest refused", accepted, capped, retry, capPerUser)
+	if accepted != capPerUser || capped != burst-capPerUser || retry != n-burst {
+		t.Fatalf("%d accepted, %d refused for the cap, %d told to retry; want %d, %d (the rest of the user's burst of %d) and %d",
+			accepted, capped, retry, capPerUser, burst-capPerUser, burst, n-burst)
 	}
 	st := in.svc.Stats()
 	if st.HandshakeQueueMax > queue || st.HandshakesActive != 0 || st.HandshakesQueued != 0 {
