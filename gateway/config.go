@@ -156,7 +156,8 @@ type Config struct {
 	// frames total at most RecoverBytes (zero value means 256 KiB) and each
 	// was written within RecoverWindow (HAN_WS_RECOVER_WINDOW, which must
 	// not exceed the outbox retention; zero value means 10m). Otherwise the
-	// client gets a resync for that dialog.
+	// client gets a resync for that dialog. A recovery read builds no more
+	// than RecoverBytes of frames (store.Store.RecoverDialog).
 	RecoverWindow time.Duration
 	RecoverMax    int
 	RecoverBytes  int

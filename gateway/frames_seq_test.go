@@ -44,7 +44,7 @@ func TestCreatedSeqReadsTheFramesOwnFields(t *testing.T) {
 
 type fixedRecovery struct{ res store.DialogRecovery }
 
-func (f fixedRecovery) RecoverDialog(context.Context, string, int64, time.Duration, int) (store.DialogRecovery, error) {
+func (f fixedRecovery) RecoverDialog(context.Context, string, int64, time.Duration, int, int) (store.DialogRecovery, error) {
 	return f.res, nil
 }
 

@@ -15,7 +15,7 @@ import (
 // dialog's last seq and the message.created frames of its newest messages
 // after a seq, in one snapshot (store.Store).
 type recoveryReader interface {
-	RecoverDialog(ctx context.Context, dialogID string, afterSeq int64, window time.Duration, limit int) (store.DialogRecovery, error)
+	RecoverDialog(ctx context.Context, dialogID string, afterSeq int64, window time.Duration, limit, maxBytes int) (store.DialogRecovery, error)
 }
 
 var _ recoveryReader = (*store.Store)(nil)
@@ -169,7 +169,11 @@ func (r *recoverer) run(channel string, f *flight) {
 		r.mu.Unlock()
 	}
 	ctx, cancel := opContext(r.cfg.SubscribeTimeout)
-	res, err := r.read.RecoverDialog(ctx, f.dialogID, f.since, r.cfg.RecoverWindow, r.cfg.RecoverMax+1)
+	// Bounded as it reads, by count and by bytes: a read that goes past
+	// either answers its own subscribers with a resync, and keeps (for
+	// the joiners of the linger) only the newest events, within
+	// RecoverBytes of frames.
+	res, err := r.read.RecoverDialog(ctx, f.dialogID, f.since, r.cfg.RecoverWindow, r.cfg.RecoverMax+1, r.cfg.RecoverBytes)
 	cancel()
 	if err != nil {
 		r.readErrors.Add(1)

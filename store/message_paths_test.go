@@ -64,7 +64,7 @@ func TestEveryMessageReadGivesTheSameMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.RecoverDialog(ctx, f.dialog, 0, time.Hour, 10)
+	rec, err := s.RecoverDialog(ctx, f.dialog, 0, time.Hour, 10, 1<<20)
 	if err != nil || len(rec.Events) != 1 {
 		t.Fatalf("recovery %+v: %v", rec, err)
 	}

@@ -21,17 +21,22 @@ type DialogRecovery struct {
 	LastSeq int64            // the dialog's last assigned seq
 	Events  []RecoveredEvent // ascending seq, the newest messages after afterSeq
 	// Complete: Events holds every message after afterSeq (fewer than
-	// limit existed).
+	// limit existed, and the read did not stop at maxBytes).
 	Complete bool
 }
 
 // RecoverDialog reads, in one statement, the dialog's last seq and its
 // newest limit messages with seq > afterSeq with their message.created
-// frames, as far as their outbox rows were written within window. It does
-// not check membership (the caller did). ErrDialogNotFound if there is no
-// such dialog.
+// frames, as far as their outbox rows were written within window. The
+// frames are bounded by maxBytes as they are built, newest first: the read
+// stops at the message whose frame takes their total past maxBytes, and
+// returns it without its frame (a replay that needs it is over the bound
+// whatever else it holds) and not Complete. So a read builds and keeps at
+// most maxBytes of frames, however long the bodies. It does not check
+// membership (the caller did). ErrDialogNotFound if there is no such
+// dialog.
 func (s *Store) RecoverDialog(ctx context.Context, dialogID string, afterSeq int64, window time.Duration,
-	limit int) (DialogRecovery, error) {
+	limit, maxBytes int) (DialogRecovery, error) {
 	rows, err := s.pool.Query(ctx, `SELECT d.last_seq, x.seq, x.event_id, x.fresh, x.id, x.sender_id, x.body, x.created_at, x.atts
 		FROM dialogs d LEFT JOIN LATERAL (
 			SELECT messages.seq, COALESCE(o.event_id::text, '') AS event_id,
@@ -46,8 +51,8 @@ func (s *Store) RecoverDialog(ctx context.Context, dialogID string, afterSeq int
 		return DialogRecovery{}, fmt.Errorf("recover dialog: %w", err)
 	}
 	var out DialogRecovery
-	found := false
-	for rows.Next() {
+	found, stopped, size := false, false, 0
+	for !stopped && rows.Next() {
 		found = true
 		var (
 			seq                             *int64
@@ -74,10 +79,15 @@ func (s *Store) RecoverDialog(ctx context.Context, dialogID string, afterSeq int
 				rows.Close()
 				return DialogRecovery{}, fmt.Errorf("recover dialog: %w", err)
 			}
-			ev.Frame = oe.Payload
+			if size += len(oe.Payload); size > maxBytes {
+				stopped = true // the older messages are not read
+			} else {
+				ev.Frame = oe.Payload
+			}
 		}
 		out.Events = append(out.Events, ev)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
 		return DialogRecovery{}, fmt.Errorf("recover dialog: %w", err)
 	}
@@ -87,6 +97,6 @@ func (s *Store) RecoverDialog(ctx context.Context, dialogID string, afterSeq int
 	for i, j := 0, len(out.Events)-1; i < j; i, j = i+1, j-1 {
 		out.Events[i], out.Events[j] = out.Events[j], out.Events[i]
 	}
-	out.Complete = len(out.Events) < limit
+	out.Complete = !stopped && len(out.Events) < limit
 	return out, nil
 }

@@ -25,7 +25,7 @@ func TestRecoverDialog(t *testing.T) {
 		}
 		published[m.Seq] = string(ev.Payload)
 	}
-	r, err := st.RecoverDialog(ctx, dialogID, 1, time.Minute, 10)
+	r, err := st.RecoverDialog(ctx, dialogID, 1, time.Minute, 10, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestRecoverDialog(t *testing.T) {
 		}
 	}
 	// The newest limit only, and not complete.
-	if r, err := st.RecoverDialog(ctx, dialogID, 0, time.Minute, 2); err != nil || r.Complete || len(r.Events) != 2 ||
+	if r, err := st.RecoverDialog(ctx, dialogID, 0, time.Minute, 2, 1<<20); err != nil || r.Complete || len(r.Events) != 2 ||
 		r.Events[0].Seq != 4 || r.Events[1].Seq != 5 {
 		t.Fatalf("limit 2: %+v %v", r, err)
 	}
@@ -52,14 +52,14 @@ func TestRecoverDialog(t *testing.T) {
 		WHERE message_id = (SELECT id FROM messages WHERE dialog_id = $1 AND seq = 5)`, dialogID); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := st.RecoverDialog(ctx, dialogID, 4, time.Minute, 10); err != nil || len(r.Events) != 1 || r.Events[0].Frame != nil {
+	if r, err := st.RecoverDialog(ctx, dialogID, 4, time.Minute, 10, 1<<20); err != nil || len(r.Events) != 1 || r.Events[0].Frame != nil {
 		t.Fatalf("old row: %+v %v", r, err)
 	}
 	// Nothing after the last seq; an unknown dialog.
-	if r, err := st.RecoverDialog(ctx, dialogID, 5, time.Minute, 10); err != nil || len(r.Events) != 0 || !r.Complete || r.LastSeq != 5 {
+	if r, err := st.RecoverDialog(ctx, dialogID, 5, time.Minute, 10, 1<<20); err != nil || len(r.Events) != 0 || !r.Complete || r.LastSeq != 5 {
 		t.Fatalf("up to date: %+v %v", r, err)
 	}
-	if _, err := st.RecoverDialog(ctx, ids.New(), 0, time.Minute, 10); !errors.Is(err, store.ErrDialogNotFound) {
+	if _, err := st.RecoverDialog(ctx, ids.New(), 0, time.Minute, 10, 1<<20); !errors.Is(err, store.ErrDialogNotFound) {
 		t.Fatalf("unknown dialog: %v", err)
 	}
 }
