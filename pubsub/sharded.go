@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,9 +25,11 @@ import (
 // channels it carried, and only those, go back to the router, which
 // reloads the slot map and subscribes them on the new owner; when the
 // server ends a subscription itself (the slot moved away: it sends
-// SUNSUBSCRIBE) or answers MOVED, only that slot's channels move. A
-// channel that was confirmed before and is confirmed again after such a
-// move is handed to OnResync: its traffic may have been lost meanwhile.
+// SUNSUBSCRIBE), only that slot's channels move; when it refuses a command
+// (MOVED, CLUSTERDOWN), only that command's channels are tried again
+// (shard_link.go). A channel that was confirmed before and is confirmed
+// again after such a move is handed to OnResync: its traffic may have
+// been lost meanwhile.
 
 // shard is the subscriber's connection to one master.
 type shard struct {
@@ -63,7 +64,12 @@ type shard struct {
 	//     SSUBSCRIBE back; a queued SUNSUBSCRIBE still goes out (the server
 	//     may hold the channel) and its answer, for a channel no longer on
 	//     this shard, is ignored, unless the channel is subscribed on this
-	//     shard again first: that SSUBSCRIBE supersedes it.
+	//     shard again first: that SSUBSCRIBE supersedes it. An SSUBSCRIBE
+	//     of it written already is carried out all the same: its
+	//     confirmation, for a channel no longer on this shard, queues an
+	//     SUNSUBSCRIBE of it here.
+	//   - A refused SUNSUBSCRIBE is queued again once the retry time is
+	//     due (chanState.retry while unsubscribing).
 	subs, unsubs map[string]struct{}
 	up           bool
 	// chans counts the channels whose state names this shard (st.shard);
@@ -172,6 +178,12 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 		st := s.chans[ch]
 		switch {
 		case st == nil:
+		case st.sent == sentUnsubscribe && st.retry:
+			if d := s.unsubscribeAgainLocked(ch, st, now); d > 0 {
+				wait = d
+				continue
+			}
+			touched[st.shard] = struct{}{}
 		case st.refs > 0 && st.sent == sentUnsubscribe:
 			// Subscribed again once its SUNSUBSCRIBE is confirmed, so
 			// that confirmation is never taken for the server's own.
@@ -207,6 +219,19 @@ func (s *Subscriber) route(ctx context.Context, shards *sync.WaitGroup) time.Dur
 	return wait
 }
 
+// unsubscribeAgainLocked queues ch's refused SUNSUBSCRIBE again on its
+// shard once the retry time is due; before, it leaves ch dirty and
+// returns how long until then.
+func (s *Subscriber) unsubscribeAgainLocked(ch string, st *chanState, now time.Time) time.Duration {
+	if now.Before(s.retryAt) {
+		s.dirty[ch] = struct{}{}
+		return max(s.retryAt.Sub(now), time.Millisecond)
+	}
+	st.retry = false
+	st.shard.unsubs[ch] = struct{}{}
+	return 0
+}
+
 // queueSubscribeLocked puts ch on sh and queues its SSUBSCRIBE there; a
 // SUNSUBSCRIBE of it still queued on sh from before it was detached is
 // superseded (see shard.subs).
@@ -226,7 +251,7 @@ func queueUnsubscribeLocked(ch string, st *chanState) {
 		delete(sh.subs, ch)
 		st.pendingSubs--
 	}
-	st.sent, st.confirmed = sentUnsubscribe, false
+	st.sent, st.confirmed, st.retry = sentUnsubscribe, false, false
 	sh.unsubs[ch] = struct{}{}
 }
 
@@ -383,47 +408,25 @@ func (s *Subscriber) shardLost(sh *shard, wasUp bool, err error) {
 	s.wake()
 }
 
-// moveSlot hands the channels of one slot on sh back to the router (the
-// server said the slot is elsewhere now). With slot < 0 (the server
-// refused a subscription for another reason) it moves the channels on sh
-// whose subscription is not confirmed yet, with a growing backoff.
-func (s *Subscriber) moveSlot(sh *shard, slot int, cause error) {
-	if slot < 0 {
-		s.logger.Warn("pubsub shard refused a subscription; retrying", slog.String("shard", sh.addr),
-			slog.String("kind", rds.Kind(cause)))
-	}
-	s.mu.Lock()
-	for ch, st := range s.chans {
-		if st.shard != sh || (slot >= 0 && rds.Slot(ch) != slot) || (slot < 0 && st.confirmed) {
-			continue
-		}
-		s.detachLocked(ch, st)
-	}
-	s.reload = true
-	s.retryAt = time.Now().Add(s.nextBackoffLocked(slot < 0))
-	s.mu.Unlock()
-	s.wake()
-}
-
 // shardSession runs sh's connection until it fails. wasUp reports whether
 // it had answered a PING.
 func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, err error) {
 	sctx, cancel := context.WithCancel(s.limited(ctx))
 	defer cancel()
-	ps := sh.client.SSubscribe(sctx)
-	defer ps.Close()
-	stop := context.AfterFunc(sctx, func() { _ = ps.Close() })
+	link := &shardLink{ps: sh.client.SSubscribe(sctx)}
+	defer link.ps.Close()
+	stop := context.AfterFunc(sctx, func() { _ = link.ps.Close() })
 	defer stop()
 	// A connection that never answers its first PING is dead as well.
 	sh.lastPong.Store(time.Now().UnixNano())
-	if err := ps.Ping(sctx, strconv.FormatInt(time.Now().UnixNano(), 10)); err != nil {
+	if err := link.ping(sctx); err != nil {
 		return false, err
 	}
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
 	var lost atomic.Bool
-	goAll(&bg, func() { s.shardFlushLoop(sctx, sh, ps) }, func() { s.shardPingLoop(sctx, ps) }, func() {
+	goAll(&bg, func() { s.shardFlushLoop(sctx, sh, link) }, func() { s.shardPingLoop(sctx, link) }, func() {
 		s.watch(sctx, func() bool {
 			return time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline
 		}, func() { lost.Store(true); cancel() })
@@ -431,62 +434,69 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 	for {
 		// No read deadline (see session): a quiet link is ended by the
 		// watchdog when its PINGs go unanswered.
-		msg, err := ps.Receive(sctx)
-		if err != nil {
-			if lost.Load() {
-				return wasUp, errCanaryLost
-			}
-			var rerr redis.Error
-			if errors.As(err, &rerr) && sctx.Err() == nil {
-				// The answer to one SSUBSCRIBE: MOVED names the slot
-				// that is elsewhere now; anything else (CLUSTERDOWN
-				// while a failover runs) concerns the commands not yet
-				// confirmed.
-				s.moveSlot(sh, movedSlot(rerr.Error()), err)
-				continue
-			}
+		msg, err := link.ps.Receive(sctx)
+		var rerr redis.Error
+		switch {
+		case err != nil && lost.Load():
+			return wasUp, errCanaryLost
+		case err != nil && (!errors.As(err, &rerr) || sctx.Err() != nil):
 			return wasUp, err
 		}
-		switch m := msg.(type) {
-		case *redis.Message:
-			s.deliver(m.Channel, m.Payload)
-		case *redis.Subscription:
-			s.confirmShard(sh, m.Kind, m.Channel)
-		case *redis.Pong:
-			s.pongReceived(sh, m.Payload)
-			s.mu.Lock()
-			batch := sh.resync
-			sh.resync = nil
-			s.mu.Unlock()
-			if len(batch) > 0 {
-				s.onResync(batch)
+		if err != nil {
+			// The answer to one command: it alone was refused.
+			cmd := link.refused()
+			if cmd == nil {
+				return wasUp, errOutOfStep
 			}
-			if !wasUp {
-				wasUp = true
-				s.mu.Lock()
-				sh.up = true
-				s.backoff = 0
-				whole := s.lostN == 0
-				s.mu.Unlock()
-				if whole {
-					s.metrics.linkUp.Set(1)
-				}
-				sh.wake()
+			if !s.refusedShard(sh, cmd, err) {
+				return wasUp, err
 			}
+			continue
+		}
+		if err := s.shardReply(sh, link, msg, &wasUp); err != nil {
+			return wasUp, err
 		}
 	}
 }
 
-// movedSlot is the slot of a "MOVED <slot> <addr>" or "ASK <slot> <addr>"
-// error, or -1.
-func movedSlot(msg string) int {
-	f := strings.Fields(msg)
-	if len(f) >= 2 && (f[0] == "MOVED" || f[0] == "ASK") {
-		if n, err := strconv.Atoi(f[1]); err == nil {
-			return n
+// shardReply applies one message or reply read on sh's connection; an
+// error ends the connection.
+func (s *Subscriber) shardReply(sh *shard, link *shardLink, msg any, wasUp *bool) error {
+	switch m := msg.(type) {
+	case *redis.Message:
+		s.deliver(m.Channel, m.Payload)
+	case *redis.Subscription:
+		push, ok := link.confirmation(m.Kind, m.Channel)
+		if !ok {
+			return errOutOfStep
+		}
+		s.confirmShard(sh, m.Kind, m.Channel, push)
+	case *redis.Pong:
+		if !link.pong() {
+			return errOutOfStep
+		}
+		s.pongReceived(sh, m.Payload)
+		s.mu.Lock()
+		batch := sh.resync
+		sh.resync = nil
+		s.mu.Unlock()
+		if len(batch) > 0 {
+			s.onResync(batch)
+		}
+		if !*wasUp {
+			*wasUp = true
+			s.mu.Lock()
+			sh.up = true
+			s.backoff = 0
+			whole := s.lostN == 0
+			s.mu.Unlock()
+			if whole {
+				s.metrics.linkUp.Set(1)
+			}
+			sh.wake()
 		}
 	}
-	return -1
+	return nil
 }
 
 func (s *Subscriber) pongReceived(sh *shard, payload string) {
@@ -498,125 +508,78 @@ func (s *Subscriber) pongReceived(sh *shard, payload string) {
 	}
 }
 
-// confirmShard applies an SSUBSCRIBE/SUNSUBSCRIBE from sh's master. An
-// SUNSUBSCRIBE nobody asked for is the server dropping the channel because
-// its slot moved away.
-func (s *Subscriber) confirmShard(sh *shard, kind, channel string) {
+// confirmShard applies an SSUBSCRIBE/SUNSUBSCRIBE confirmation from sh's
+// master; push marks an SUNSUBSCRIBE that answers none of the commands
+// written: the server dropping the channel because its slot moved away.
+func (s *Subscriber) confirmShard(sh *shard, kind, channel string, push bool) {
 	s.mu.Lock()
+	defer s.wake()
+	defer s.mu.Unlock()
 	st := s.chans[channel]
 	if st == nil || st.shard != sh {
-		s.mu.Unlock()
+		if kind == "ssubscribe" {
+			// The server holds a channel the subscriber no longer has
+			// on this connection (taken off it while its SSUBSCRIBE was
+			// on the way): it is unsubscribed, unless subscribed here
+			// again first (see shard.subs).
+			sh.unsubs[channel] = struct{}{}
+			sh.wake()
+		}
 		return
 	}
-	switch kind {
-	case "ssubscribe":
-		if st.pendingSubs > 0 {
-			st.pendingSubs--
-		}
-		if st.pendingSubs == 0 && st.sent == sentSubscribe {
-			st.confirmed, st.retry, st.leftAddr = true, false, ""
-			for _, w := range st.waiters {
-				close(w)
-			}
-			st.waiters = nil
-			if st.lost {
-				st.lost = false
-				if channel != s.canary {
-					sh.resync = append(sh.resync, channel)
-				}
-				s.unlostLocked()
-			}
-		}
-	case "sunsubscribe":
-		switch {
-		case st.sent == sentUnsubscribe && st.pendingSubs == 0:
-			setShardLocked(st, nil)
-			st.sent = sentNone
-			if st.refs == 0 {
-				s.dropLocked(channel, st)
-			} else {
-				s.dirty[channel] = struct{}{}
-			}
-		case st.sent == sentSubscribe:
-			// The slot moved away. A replica serves SSUBSCRIBE for its
-			// master's slots, so a slot map that still names this node
-			// (read from a node the failover has not reached yet) would
-			// confirm the channel here again, fed by replication, and
-			// nothing would ever move it to the master.
-			s.detachLocked(channel, st)
-			st.leftAddr, st.leftUntil = sh.addr, time.Now().Add(rds.ClusterSlotMapMaxAge)
-			s.reload = true
-		}
+	switch {
+	case kind == "ssubscribe":
+		s.subscribedLocked(sh, channel, st)
+	case !push && st.sent == sentUnsubscribe:
+		s.unsubscribedLocked(channel, st)
+	case push && st.sent == sentSubscribe:
+		// The slot moved away. A replica serves SSUBSCRIBE for its
+		// master's slots, so a slot map that still names this node
+		// (read from a node the failover has not reached yet) would
+		// confirm the channel here again, fed by replication, and
+		// nothing would ever move it to the master.
+		s.detachLocked(channel, st)
+		st.leftAddr, st.leftUntil = sh.addr, time.Now().Add(rds.ClusterSlotMapMaxAge)
+		s.reload = true
 	}
-	s.mu.Unlock()
-	s.wake()
+	// Otherwise: the answer to an SUNSUBSCRIBE written before the
+	// channel's SSUBSCRIBE here, whose confirmation follows; or the
+	// server ending a subscription whose SUNSUBSCRIBE is on the way,
+	// whose answer ends the state.
 }
 
-// shardFlushLoop sends the SSUBSCRIBE/SUNSUBSCRIBE commands the router
-// queued on sh, one command per slot.
-func (s *Subscriber) shardFlushLoop(ctx context.Context, sh *shard, ps *redis.PubSub) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-sh.kick:
+// subscribedLocked applies an SSUBSCRIBE confirmation of ch on sh.
+func (s *Subscriber) subscribedLocked(sh *shard, ch string, st *chanState) {
+	if st.pendingSubs > 0 {
+		st.pendingSubs--
+	}
+	if st.pendingSubs != 0 || st.sent != sentSubscribe {
+		return
+	}
+	st.confirmed, st.retry, st.leftAddr = true, false, ""
+	for _, w := range st.waiters {
+		close(w)
+	}
+	st.waiters = nil
+	if st.lost {
+		st.lost = false
+		if ch != s.canary {
+			sh.resync = append(sh.resync, ch)
 		}
-		s.mu.Lock()
-		if !sh.up {
-			s.mu.Unlock()
-			continue
-		}
-		subs, unsubs := sh.subs, sh.unsubs
-		sh.subs, sh.unsubs = map[string]struct{}{}, map[string]struct{}{}
-		s.mu.Unlock()
-		err := s.sendBySlot(ctx, ps, false, unsubs)
-		if err == nil && len(subs) > 0 {
-			err = s.sendBySlot(ctx, ps, true, subs)
-			if err == nil {
-				err = ps.Ping(ctx, strconv.FormatInt(time.Now().UnixNano(), 10))
-			}
-		}
-		if err != nil {
-			_ = ps.Close()
-			return
-		}
+		s.unlostLocked()
 	}
 }
 
-func (s *Subscriber) sendBySlot(ctx context.Context, ps *redis.PubSub, sub bool, channels map[string]struct{}) error {
-	bySlot := map[int][]string{}
-	for ch := range channels {
-		slot := rds.Slot(ch)
-		bySlot[slot] = append(bySlot[slot], ch)
-	}
-	for _, group := range bySlot {
-		for len(group) > 0 {
-			n := min(len(group), s.cfg.BatchSize)
-			var err error
-			if sub {
-				err = ps.SSubscribe(ctx, group[:n]...)
-			} else {
-				err = ps.SUnsubscribe(ctx, group[:n]...)
-			}
-			if err != nil {
-				return err
-			}
-			group = group[n:]
-		}
-	}
-	return nil
-}
-
-func (s *Subscriber) shardPingLoop(ctx context.Context, ps *redis.PubSub) {
-	t := time.NewTicker(s.cfg.CanaryInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		_ = ps.Ping(ctx, strconv.FormatInt(time.Now().UnixNano(), 10))
+// unsubscribedLocked ends an unsubscribing channel's state: the server
+// holds it no longer. Every SSUBSCRIBE written before its SUNSUBSCRIBE
+// was answered before it.
+func (s *Subscriber) unsubscribedLocked(ch string, st *chanState) {
+	setShardLocked(st, nil)
+	st.sent, st.pendingSubs = sentNone, 0
+	if st.refs == 0 {
+		s.dropLocked(ch, st)
+	} else {
+		s.dirty[ch] = struct{}{}
 	}
 }
 
