@@ -425,10 +425,17 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
+	// Anything read shows the connection alive: a PONG, a confirmation,
+	// and a message too, since under a flood of messages the PONG waits
+	// behind them however well the connection reads. One that reads
+	// nothing for CanaryDeadline (a stalled master, a half-open TCP link:
+	// its PINGs go unanswered) is ended.
 	var lost atomic.Bool
+	var heard atomic.Int64
+	heard.Store(time.Now().UnixNano())
 	goAll(&bg, func() { s.shardFlushLoop(sctx, sh, link) }, func() { s.shardPingLoop(sctx, link) }, func() {
 		s.watch(sctx, func() bool {
-			return time.Since(time.Unix(0, sh.lastPong.Load())) > s.cfg.CanaryDeadline
+			return time.Since(time.Unix(0, heard.Load())) > s.cfg.CanaryDeadline
 		}, func() { lost.Store(true); cancel() })
 	})
 	for {
@@ -442,6 +449,7 @@ func (s *Subscriber) shardSession(ctx context.Context, sh *shard) (wasUp bool, e
 		case err != nil && (!errors.As(err, &rerr) || sctx.Err() != nil):
 			return wasUp, err
 		}
+		heard.Store(time.Now().UnixNano())
 		if err != nil {
 			// The answer to one command: it alone was refused.
 			cmd := link.refused()

@@ -30,10 +30,13 @@ type SubscriberConfig struct {
 	InstanceID string // required: names the canary channel
 	// CanaryInterval is how often the canary publishes. Zero value means 2s.
 	CanaryInterval time.Duration
-	// CanaryDeadline: a link on which no canary arrived for this long is
-	// treated as dead and reconnected, and so is one that answered nothing
-	// for this long while its initial subscriptions were being confirmed.
-	// Zero value means 3 × CanaryInterval.
+	// CanaryDeadline: a link on which nothing at all was read for this
+	// long (no canary, message, confirmation or, on a cluster, PONG to the
+	// PING sent every CanaryInterval) is treated as dead and reconnected;
+	// a link that reads, however far behind, is not. The subscriber
+	// reports itself unhealthy once no canary (on a cluster, also no PONG
+	// of a shard) arrived for this long. Zero value means 3 ×
+	// CanaryInterval.
 	CanaryDeadline time.Duration
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between reconnect attempts. Zero values mean 100ms and 5s.
@@ -485,21 +488,20 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
-	// Until the session is up, any reply shows the link alive: the initial
-	// batch's confirmations come in order, one per channel, however many
-	// there are (a canary published meanwhile may wait behind all of
-	// them), while a link that went silent after its handshake sends none
-	// and is ended after CanaryDeadline. From then on the canary does.
-	var upNow, lost atomic.Bool
+	// Anything read shows the link alive. Until the session is up that
+	// is the initial batch's confirmations, which come in order, one per
+	// channel, however many there are (a canary published meanwhile may
+	// wait behind all of them); after, the canary, published every
+	// CanaryInterval, and the messages, behind which the canary waits
+	// under a flood however well the link reads. A link that read nothing
+	// for CanaryDeadline (it went silent: a stalled Redis, a half-open TCP
+	// link) is ended.
+	var lost atomic.Bool
 	var heard atomic.Int64
 	heard.Store(time.Now().UnixNano())
 	goAll(&bg, func() { s.flushLoop(sctx, ps) }, func() { s.canaryLoop(sctx) }, func() {
 		s.watch(sctx, func() bool {
-			last := &s.lastCanary
-			if !upNow.Load() {
-				last = &heard
-			}
-			return time.Since(time.Unix(0, last.Load())) > s.cfg.CanaryDeadline
+			return time.Since(time.Unix(0, heard.Load())) > s.cfg.CanaryDeadline
 		}, func() { lost.Store(true); cancel() })
 	})
 
@@ -516,9 +518,7 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 			}
 			return up, err
 		}
-		if !up {
-			heard.Store(time.Now().UnixNano())
-		}
+		heard.Store(time.Now().UnixNano())
 		switch m := msg.(type) {
 		case *redis.Message:
 			s.deliver(m.Channel, m.Payload)
@@ -530,7 +530,6 @@ func (s *Subscriber) session(ctx context.Context) (wasUp bool, err error) {
 			if !up && len(awaiting) == 0 {
 				up = true
 				s.lastCanary.Store(time.Now().UnixNano())
-				upNow.Store(true)
 				s.mu.Lock()
 				s.up = true
 				s.mu.Unlock()
