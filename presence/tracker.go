@@ -118,7 +118,9 @@ func refreshPart(connID string, slices int) int {
 	return int(h.Sum32() % uint32(slices))
 }
 
-// every runs fn now and then every interval (±10% jitter) until ctx ends.
+// every runs fn now and then every interval (±10% jitter) until ctx ends:
+// after each run it sleeps at least 0.9 × interval and at most
+// maxSleep(interval).
 func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
 	for {
 		rctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
@@ -134,6 +136,16 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 		}
 	}
 }
+
+// maxSleep is the longest sleep of every between two runs of fn.
+func maxSleep(interval time.Duration) time.Duration { return interval*9/10 + interval/5 }
+
+// MaxLivenessGap is the longest time between two refreshes of a running
+// instance's liveness marker (its liveness interval a third of
+// livenessTTL, the loop's longest sleep), not counting the refreshes' own
+// round trips to Redis. An idle instance refreshes it no more often than
+// that; connections' heartbeats refresh it in between.
+func MaxLivenessGap(livenessTTL time.Duration) time.Duration { return maxSleep(livenessTTL / 3) }
 
 // emit runs fn for userID on a tracked goroutine (transition callbacks
 // must not hold up the connection that caused them). One user's

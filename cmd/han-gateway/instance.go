@@ -30,16 +30,16 @@ var errInstanceIDInUse = errors.New("HAN_INSTANCE_ID: another running instance u
 // only if absent, so of instances starting with one id at once exactly one
 // takes it and starts; the others find it, like one left by a running
 // instance or a crashed one. A live instance refreshes its marker every
-// third of HAN_INSTANCE_LIVENESS_TTL (the one that claimed it does so as it
-// starts); so a marker found is watched for that long plus the Redis
-// timeout, less the time since its last refresh, and a change means another
-// owner. No marker (a clean stop), or one not refreshed for that long (a
-// crash), starts at once; so does an instance that cannot reach Redis now
-// (it starts degraded).
+// third of HAN_INSTANCE_LIVENESS_TTL, +10% jitter (the one that claimed it
+// does so as it starts); so a marker found is watched for the longest gap
+// between two refreshes (instanceIDWindow), less the time since its last
+// refresh, and a change means another owner. No marker (a clean stop), or
+// one not refreshed for that long (a crash), starts at once; so does an
+// instance that cannot reach Redis now (it starts degraded).
 func (m *Main) checkInstanceID(ctx context.Context) error {
 	cfg := m.Config
 	key := presence.InstanceKey(cfg.InstanceID)
-	window := cfg.InstanceLivenessTTL/3 + cfg.RedisTimeout
+	window := instanceIDWindow(cfg.InstanceLivenessTTL, cfg.RedisTimeout)
 	read := func() (string, error) {
 		rctx, cancel := context.WithTimeout(ctx, cfg.RedisTimeout)
 		defer cancel()
@@ -88,6 +88,15 @@ func (m *Main) checkInstanceID(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// instanceIDWindow is how long after a marker's last refresh
+// checkInstanceID waits for the next one: the longest sleep of the owner's
+// liveness loop (an idle instance refreshes it only from there), the
+// refresh's own round trip (bounded by the Redis timeout) and one poll
+// step. 4.8 s at the defaults (TTL 10 s, Redis timeout 1 s).
+func instanceIDWindow(livenessTTL, redisTimeout time.Duration) time.Duration {
+	return presence.MaxLivenessGap(livenessTTL) + redisTimeout + instanceIDPoll
 }
 
 // claimInstanceID sets the liveness marker if it is absent. Its value is a

@@ -78,10 +78,11 @@ func TestInstanceRestartedAfterACrashStarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Last refreshed 12 s ago, more than a liveness interval (10 s) plus
-	// the Redis timeout: no instance refreshes it any more.
-	last := strconv.FormatInt(now.Add(-12*time.Second).UnixMilli(), 10)
-	if err := rdb.Set(ctx, presence.InstanceKey(vars["HAN_INSTANCE_ID"]), last, 18*time.Second).Err(); err != nil {
+	// Last refreshed 13 s ago, more than the longest gap between two
+	// refreshes (a liveness interval of 10 s + 10% jitter) plus the Redis
+	// timeout: no instance refreshes it any more.
+	last := strconv.FormatInt(now.Add(-13*time.Second).UnixMilli(), 10)
+	if err := rdb.Set(ctx, presence.InstanceKey(vars["HAN_INSTANCE_ID"]), last, 17*time.Second).Err(); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
@@ -157,5 +158,83 @@ func TestInstancesStartingAtOnceWithTheSameIDStartOne(t *testing.T) {
 			stop()
 			t.Fatalf("round %d: the second instance's check did not end", round)
 		}
+	}
+}
+
+// An idle running instance (no sockets) refreshes its liveness marker only
+// from its liveness loop, a third of HAN_INSTANCE_LIVENESS_TTL apart plus
+// up to 10% jitter, plus the refresh's round trip. A second instance with
+// its id is refused every time, also when its TTL makes that jitter larger
+// than HAN_REDIS_TIMEOUT: the check used to watch the marker for only a
+// third of the TTL plus the Redis timeout, and with a 60 s TTL and the
+// default 1 s timeout about one start in four went ahead beside the
+// running instance. Scaled down: TTL 9 s (refreshes 2.7–3.3 s apart),
+// Redis timeout 100 ms.
+func TestSecondInstanceBesideAnIdleOneIsRefused(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_INSTANCE_ID"] = "dupidle-" + ids.New()[:8]
+	vars["HAN_INSTANCE_LIVENESS_TTL"] = "9s"
+	vars["HAN_REDIS_TIMEOUT"] = "100ms"
+	start(t, vars) // running, idle: no sockets
+	for attempt := range 10 {
+		second := NewMain()
+		if err := second.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+			t.Fatal(err)
+		}
+		second.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+		err := second.Run(context.Background())
+		_ = second.Close()
+		if err == nil || !strings.Contains(err.Error(), "HAN_INSTANCE_ID") {
+			t.Fatalf("attempt %d: a second instance with the HAN_INSTANCE_ID of a running idle one: Run error %v, want a refusal naming HAN_INSTANCE_ID",
+				attempt, err)
+		}
+	}
+}
+
+// The check waits out the longest gap the owner's liveness loop can leave
+// between two refreshes: here an owner (played by the test) whose loop
+// slept its longest, 1.1 × a third of the TTL, refreshes the marker after
+// the old window (a third of the TTL plus the Redis timeout) had ended.
+// The check sees that refresh and refuses.
+func TestInstanceIDCheckWaitsOutTheLongestLivenessGap(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_INSTANCE_ID"] = "slowowner-" + ids.New()[:8]
+	vars["HAN_INSTANCE_LIVENESS_TTL"] = "9s"
+	vars["HAN_REDIS_TIMEOUT"] = "100ms"
+	m := NewMain()
+	if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+		t.Fatal(err)
+	}
+	m.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	opt, err := redis.ParseURL(vars["REDIS_REALTIME_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.rt = redis.NewClient(opt)
+	t.Cleanup(func() { _ = m.rt.Close() })
+	admin := env.Redis.AdminClient(1)
+	t.Cleanup(func() { admin.Close() })
+	ctx := context.Background()
+	key := presence.InstanceKey(vars["HAN_INSTANCE_ID"])
+	refresh := func() {
+		now, err := admin.Time(ctx).Result()
+		if err == nil {
+			err = admin.Set(ctx, key, strconv.FormatInt(now.UnixMilli(), 10), 9*time.Second).Err()
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	refresh()
+	refreshed := make(chan struct{})
+	go func() {
+		defer close(refreshed)
+		time.Sleep(3 * time.Second * 11 / 10) // the liveness loop's longest sleep
+		refresh()
+	}()
+	err = m.checkInstanceID(ctx)
+	<-refreshed
+	if err == nil || !strings.Contains(err.Error(), "HAN_INSTANCE_ID") {
+		t.Fatalf("an owner refreshing its marker after its loop's longest sleep: check %v, want a refusal naming HAN_INSTANCE_ID", err)
 	}
 }
