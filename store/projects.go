@@ -24,18 +24,40 @@ type ProjectMember struct {
 	Role   string
 }
 
+// ErrProjectExists is CreateNewProject's refusal of an id a project
+// already has; nothing was written.
+var ErrProjectExists = errors.New("store: project already exists")
+
 // CreateProject creates a project (or renames an existing one with that id)
 // and upserts its members, creating unseen users; it may be repeated.
 func (s *Store) CreateProject(ctx context.Context, id, name string, members []ProjectMember) error {
+	return s.createProject(ctx, id, name, members, true)
+}
+
+// CreateNewProject is CreateProject for an id no project has yet: an
+// existing project with that id is refused with ErrProjectExists and left
+// as it was (its name and its members' roles).
+func (s *Store) CreateNewProject(ctx context.Context, id, name string, members []ProjectMember) error {
+	return s.createProject(ctx, id, name, members, false)
+}
+
+func (s *Store) createProject(ctx context.Context, id, name string, members []ProjectMember, update bool) error {
 	for _, m := range members {
 		if m.Role != RoleRead && m.Role != RoleWrite && m.Role != RoleAdmin {
 			return ErrInvalidRole
 		}
 	}
+	insert := `INSERT INTO projects(id, name) VALUES ($1,$2) ON CONFLICT (id) DO NOTHING`
+	if update {
+		insert = `INSERT INTO projects(id, name) VALUES ($1,$2) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name`
+	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO projects(id, name) VALUES ($1,$2)
-			ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name`, id, name); err != nil {
+		tag, err := tx.Exec(ctx, insert, id, name)
+		if err != nil {
 			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrProjectExists
 		}
 		for _, m := range members {
 			if _, err := tx.Exec(ctx, "INSERT INTO users(id) VALUES ($1) ON CONFLICT DO NOTHING", m.UserID); err != nil {

@@ -161,6 +161,20 @@ func TestProjectRoles(t *testing.T) {
 	if err := st.CreateProject(ctx, p, "p", []store.ProjectMember{{UserID: u, Role: "owner"}}); !errors.Is(err, store.ErrInvalidRole) {
 		t.Fatalf("invalid role: %v", err)
 	}
+	// CreateNewProject refuses an id a project has and changes nothing.
+	if err := st.CreateNewProject(ctx, p, "p3", []store.ProjectMember{{UserID: u, Role: store.RoleRead}}); !errors.Is(err, store.ErrProjectExists) {
+		t.Fatalf("CreateNewProject of an existing id: %v, want ErrProjectExists", err)
+	}
+	if role, err := st.ProjectRole(ctx, p, u); err != nil || role != store.RoleAdmin {
+		t.Fatalf("role after a refused CreateNewProject: %q %v", role, err)
+	}
+	fresh := ids.New()
+	if err := st.CreateNewProject(ctx, fresh, "new", []store.ProjectMember{{UserID: other, Role: store.RoleRead}}); err != nil {
+		t.Fatal(err)
+	}
+	if role, err := st.ProjectRole(ctx, fresh, other); err != nil || role != store.RoleRead {
+		t.Fatalf("role in a new project: %q %v", role, err)
+	}
 }
 
 func TestClassifyRedisError(t *testing.T) {

@@ -207,7 +207,8 @@ func cmdToken(args []string, getenv func(string) string, out io.Writer) error {
 func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("project create", flag.ContinueOnError)
 	name := fs.String("name", "", "project name")
-	idFlag := fs.String("id", "", "project id (UUID); default: a new one")
+	idFlag := fs.String("id", "", "project id (UUID); default: a new one. An id a project already has is refused unless --update is given")
+	update := fs.Bool("update", false, "with --id of an existing project: rename it to --name and set the roles of the --member users (other members keep theirs)")
 	var members multi
 	fs.Var(&members, "member", "UUID:read|write|admin (repeatable)")
 	timeout := timeoutFlag(fs)
@@ -223,6 +224,8 @@ func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) st
 		if id, ok = ids.Canonical(*idFlag); !ok {
 			return errors.New("--id must be a UUID")
 		}
+	} else if *update {
+		return errors.New("--update needs the --id of the project to update")
 	}
 	var ms []store.ProjectMember
 	for _, m := range members {
@@ -238,7 +241,15 @@ func cmdProjectCreate(ctx context.Context, args []string, getenv func(string) st
 		return err
 	}
 	defer db.close()
-	if err := db.check("create project", store.New(db.pool).CreateProject(db.ctx, id, strings.TrimSpace(*name), ms)); err != nil {
+	create := store.New(db.pool).CreateNewProject
+	if *update {
+		create = store.New(db.pool).CreateProject
+	}
+	err = create(db.ctx, id, strings.TrimSpace(*name), ms)
+	if errors.Is(err, store.ErrProjectExists) {
+		return fmt.Errorf("project %s already exists: nothing changed (to rename it and set the roles of the --member users, add --update)", id)
+	}
+	if err := db.check("create project", err); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, id)

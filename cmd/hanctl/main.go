@@ -3,7 +3,7 @@
 //
 //	hanctl migrate [--timeout 5m]
 //	hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
-//	hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin ... [--timeout 5m]
+//	hanctl project create --name NAME [--id UUID [--update]] --member UUID:read|write|admin ... [--timeout 5m]
 //	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
 //	hanctl seed demo [--timeout 5m]
 //	hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
@@ -50,7 +50,7 @@ func main() {
 const usage = `usage:
   hanctl migrate [--timeout 5m]
   hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
-  hanctl project create --name NAME [--id UUID] --member UUID:read|write|admin [--member ...] [--timeout 5m]
+  hanctl project create --name NAME [--id UUID [--update]] --member UUID:read|write|admin [--member ...] [--timeout 5m]
   hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
   hanctl seed demo [--timeout 5m]
   hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
@@ -135,7 +135,8 @@ var commandHelp = map[string]struct{ about, env string }{
 		"  HAN_JWT_DEV_HS256_SECRET  required, at least 32 bytes (the gateway's dev secret)\n" +
 			"  HAN_ENV                   prod refuses dev tokens\n" +
 			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims when the gateway checks them"},
-	"project create": {"Creates a project with its members; prints the project id.",
+	"project create": {"Creates a project with its members; prints the project id. An --id a project already has is refused\n" +
+		"(nothing changes) unless --update is given: then that project is renamed and the --member users get the roles given.",
 		"  DATABASE_URL              required unless HAN_DATABASE_DIRECT_URL is set\n" +
 			"  HAN_DATABASE_DIRECT_URL   used instead of DATABASE_URL when set (PostgreSQL without a pooling proxy)\n" +
 			"  HAN_DB_EXEC_MODE          how statements are sent (default cache_statement)"},

@@ -101,10 +101,14 @@ func TestProjectCreateAndSeed(t *testing.T) {
 	}
 	u := ids.New()
 	pid := ids.New()
-	for i := 0; i < 2; i++ { // may repeat
-		out, err := run(t, nil, "project", "create", "--name", "Acme", "--id", pid, "--member", u+":write")
+	out, err := run(t, nil, "project", "create", "--name", "Acme", "--id", pid, "--member", u+":read")
+	if err != nil || strings.TrimSpace(out) != pid {
+		t.Fatalf("project create: %q %v", out, err)
+	}
+	for i := 0; i < 2; i++ { // --update may repeat
+		out, err := run(t, nil, "project", "create", "--name", "Acme", "--id", pid, "--member", u+":write", "--update")
 		if err != nil || strings.TrimSpace(out) != pid {
-			t.Fatalf("project create #%d: %q %v", i, out, err)
+			t.Fatalf("project create --update #%d: %q %v", i, out, err)
 		}
 	}
 	if _, err := run(t, nil, "project", "create", "--name", "Acme", "--member", u+":owner"); err == nil {
@@ -239,5 +243,61 @@ func TestSeedDemoRefusesANonPositiveTTL(t *testing.T) {
 		if strings.Contains(out, "tokens") {
 			t.Errorf("seed demo --ttl %s printed tokens: %s", ttl, out)
 		}
+	}
+}
+
+// "hanctl project create --id" with the id of a project that exists
+// (pasted from the wrong place) is refused, exits non-zero and changes
+// nothing: it used to rename the live project and rewrite the roles of
+// the members it named (an admin became read), printing the id as if it
+// had created it. --update makes the change on purpose.
+func TestProjectCreateRefusesAnExistingID(t *testing.T) {
+	if _, err := run(t, nil, "migrate"); err != nil {
+		t.Fatal(err)
+	}
+	admin := ids.New()
+	out, err := run(t, nil, "project", "create", "--name", "billing", "--member", admin+":admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.TrimSpace(out)
+	ctx := context.Background()
+	pool, err := store.OpenPG(ctx, env.DatabaseURL, store.PGConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	state := func() (name, role string) {
+		t.Helper()
+		role, err := store.New(pool).ProjectRole(ctx, id, admin)
+		if err == nil {
+			err = pool.QueryRow(ctx, "SELECT name FROM projects WHERE id=$1", id).Scan(&name)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return name, role
+	}
+
+	out, err = run(t, nil, "project", "create", "--id", strings.ToUpper(id), "--name", "scratch", "--member", admin+":read")
+	if err == nil || !strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), "--update") {
+		t.Fatalf("project create --id <existing>: %q %v, want a refusal that names --update", out, err)
+	}
+	if out != "" {
+		t.Errorf("a refused create printed %q", out)
+	}
+	if name, role := state(); name != "billing" || role != store.RoleAdmin {
+		t.Fatalf("after a refused create the project is named %q and its admin's role is %q", name, role)
+	}
+
+	if _, err := run(t, nil, "project", "create", "--name", "x", "--update"); err == nil || !strings.Contains(err.Error(), "--id") {
+		t.Fatalf("--update without --id: %v", err)
+	}
+	out, err = run(t, nil, "project", "create", "--id", id, "--name", "scratch", "--member", admin+":read", "--update")
+	if err != nil || strings.TrimSpace(out) != id {
+		t.Fatalf("project create --id <existing> --update: %q %v", out, err)
+	}
+	if name, role := state(); name != "scratch" || role != store.RoleRead {
+		t.Fatalf("after --update the project is named %q and the member's role is %q", name, role)
 	}
 }
