@@ -5,6 +5,8 @@ import (
 	"context"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,6 +137,10 @@ func TestDBCommandsFailWhenPostgresStalls(t *testing.T) {
 		t.Fatalf("migrate -h must show --timeout and its default %s: %v\n%s", defaultDBTimeout, err, out)
 	}
 	const timeout = 2 * time.Second
+	entries := filepath.Join(t.TempDir(), "entries.json")
+	if err := os.WriteFile(entries, []byte(`[{"key":"a","type":"string","value":"1"}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		trigger, step string
 		args          []string
@@ -142,13 +148,16 @@ func TestDBCommandsFailWhenPostgresStalls(t *testing.T) {
 		{"pg_advisory_xact_lock", "apply migrations", []string{"migrate"}},
 		{"pg_advisory_xact_lock", "apply migrations", []string{"seed", "demo"}},
 		{"INSERT INTO projects", "create project", []string{"project", "create", "--name", "stalled", "--member", ids.New() + ":admin"}},
+		// Redis is never reached: the project check comes first.
+		{"SELECT EXISTS (SELECT 1 FROM projects", "check project", []string{"project", "legacy-import", "--project", ids.New(), "--file", entries}},
 	} {
 		t.Run(strings.Join(tc.args[:min(2, len(tc.args))], " "), func(t *testing.T) {
 			dsn := stallingPG(t, tc.trigger)
 			// Generous: the deadline, the wait for the connections to
 			// close, and room for a slow machine.
 			limit := timeout + closeWait + 25*time.Second
-			r := runBounded(t, limit, map[string]string{"DATABASE_URL": dsn}, append(tc.args, "--timeout", timeout.String())...)
+			vars := map[string]string{"DATABASE_URL": dsn, "REDIS_URL": "redis://127.0.0.1:1/0", "HAN_ENV": "stage"}
+			r := runBounded(t, limit, vars, append(tc.args, "--timeout", timeout.String())...)
 			if r.hung {
 				t.Fatalf("hanctl %v against a stalled PostgreSQL still waiting after %s (returned only when cancelled: %v)\n%s",
 					tc.args, limit, r.err, r.out)

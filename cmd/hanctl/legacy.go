@@ -30,11 +30,15 @@ import (
 // the project must exist: the gateway serves a project's keys only once it
 // has found the project's row, so keys under an id PostgreSQL does not know
 // would belong to nobody. Every refusal comes before anything is written.
+// The whole command has --timeout (as the PostgreSQL commands do), and
+// Redis has its own client (legacyImportRedis) sized for bulk writes.
 func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("project legacy-import", flag.ContinueOnError)
 	projectID := fs.String("project", "", "project id (UUID)")
 	file := fs.String("file", "", "JSON array of {key, type, value}")
 	ttl := fs.Duration("container-ttl", 0, "give the container a physical TTL (default: none, as legacy data had)")
+	timeout := fs.Duration("timeout", defaultDBTimeout,
+		"give up when the import has not finished within this time (PostgreSQL or Redis stalled, a slow link); the step is named")
 	if err := parseFlags(fs, args, out); err != nil {
 		return err
 	}
@@ -69,38 +73,90 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	if err != nil {
 		return err
 	}
-	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := checkProjectExists(ictx, getenv, id); err != nil {
+	db, err := startDBCommand(ctx, *timeout, getenv)
+	if err != nil {
 		return err
 	}
-	rdb, err := rds.NewRedis(getenv("REDIS_URL"), rds.RedisConfig{})
+	defer db.close()
+	if err := checkProjectExists(db, id); err != nil {
+		return err
+	}
+	rdb, err := rds.NewRedis(getenv("REDIS_URL"), legacyImportRedis)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
 	keys := project.NewKeys(env, id)
-	if err := project.ImportLegacyCache(ictx, rdb, keys, entries, *ttl); err != nil {
-		return fmt.Errorf("import: %w", err)
+	if err := project.ImportLegacyCache(db.ctx, rdb, keys, entries, *ttl); err != nil {
+		return legacyImportError(db, len(entries), err)
 	}
 	fmt.Fprintf(out, "imported %d legacy entries into %s\n", len(entries), keys.CacheContainer())
 	return nil
 }
 
+// legacyRedisTimeout bounds each round trip of an import to Redis: a
+// pipeline of at most about 1 MiB (or one larger entry, up to 16 MiB) must
+// reach Redis, and its answer come back, within it. The gateway's request
+// budget (HAN_REDIS_TIMEOUT, 1 s) would fail any file that takes longer than
+// that to cross the link.
+const legacyRedisTimeout = time.Minute
+
+// legacyImportRedis is the import's Redis client: one connection at a time,
+// legacyRedisTimeout per round trip (--timeout bounds the whole), and no
+// retry: a pipeline cut off may have been applied in part, and the
+// operator, told so, runs the import again.
+var legacyImportRedis = rds.RedisConfig{PoolSize: 1, MinIdleConns: 1, DialTimeout: 10 * time.Second,
+	ReadTimeout: legacyRedisTimeout, WriteTimeout: legacyRedisTimeout, PoolTimeout: legacyRedisTimeout, MaxRetries: -1}
+
+// legacyImportError says which step of the import failed and how: a
+// timeout as a timeout (--timeout, or a round trip over
+// legacyRedisTimeout), and how many entries were written before it. Redis's
+// own text never appears (project.LegacyImportError holds its class only).
+func legacyImportError(db *dbCommand, total int, err error) error {
+	var ie *project.LegacyImportError
+	if !errors.As(err, &ie) {
+		return fmt.Errorf("import: %w", err)
+	}
+	var msg string
+	switch {
+	case errors.Is(context.Cause(db.ctx), errDBTimeout) || (ie.TimedOut && deadlinePassed(db.ctx)):
+		msg = fmt.Sprintf("%s: timed out: not done within --timeout %s (Redis stalled, or a slow link: a larger --timeout gives a big file more time)",
+			ie.Step, db.timeout)
+	case db.ctx.Err() != nil:
+		msg = ie.Step + ": interrupted"
+	case ie.TimedOut:
+		msg = fmt.Sprintf("%s: timed out: Redis did not answer one round trip (at most about 1 MiB of entries) within %s (Redis stalled, or a link too slow)",
+			ie.Step, legacyRedisTimeout)
+	default:
+		msg = fmt.Sprintf("%s: %v", ie.Step, ie.Err)
+	}
+	if ie.Step == "check entries" {
+		return fmt.Errorf("%s; nothing was written", msg)
+	}
+	return fmt.Errorf("%s; %d of the %d entries were written before it, and the last round trip may have written some more: "+
+		"running the same import again writes them all (docs/project-redis-api.md, \"Legacy entries\")", msg, ie.Written, total)
+}
+
+// deadlinePassed reports whether ctx's deadline is past: a Redis round trip
+// cut off by it fails as a network timeout, which may come a moment before
+// the context itself reports its end.
+func deadlinePassed(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 // checkProjectExists refuses a project PostgreSQL has no row for. A
 // failed query is named by its kind only (PostgreSQL's text may quote
-// values).
-func checkProjectExists(ctx context.Context, getenv func(string) string, id string) error {
-	pool, err := openDB(ctx, getenv)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	exists, err := store.New(pool).ProjectExists(ctx, id)
+// values); a stalled one ends at the command's --timeout.
+func checkProjectExists(db *dbCommand, id string) error {
+	exists, err := store.New(db.pool).ProjectExists(db.ctx, id)
 	switch {
 	case store.IsPGUndefinedTable(err):
 		return errors.New("PostgreSQL has no projects table: run hanctl migrate against this database first")
 	case err != nil:
+		if err := db.check("check project", err); db.ctx.Err() != nil {
+			return err
+		}
 		return fmt.Errorf("cannot check that project %s exists in PostgreSQL (%s)", id, store.Kind(err))
 	case !exists:
 		return fmt.Errorf("project %s does not exist in PostgreSQL: check the id, or create it first with hanctl project create --id %s --name NAME", id, id)

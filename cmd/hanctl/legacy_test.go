@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/han-app/gateway/internal/faultproxy"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store/project"
@@ -260,5 +262,107 @@ func TestLegacyImportRefusesAnUnsetHANENV(t *testing.T) {
 	}
 	if keys := projectKeys(t, admin); len(keys) != 0 {
 		t.Fatalf("a refused import wrote %v", keys)
+	}
+}
+
+// legacyMiBEntries is a file of n entries k0..k<n-1> of a MiB each; entry
+// marked (if any) is made of legacyHoldMarker, which no other byte of the
+// import carries.
+func legacyMiBEntries(n, marked int) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		val := strings.Repeat("v", 1<<20)
+		if i == marked {
+			val = strings.Repeat(legacyHoldMarker, (1<<20)/len(legacyHoldMarker))
+		}
+		b.WriteString(`{"key":"k` + strconv.Itoa(i) + `","type":"string","value":"` + val + `"}`)
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+const legacyHoldMarker = "HOLD"
+
+// redisVia returns a proxy to rs and the REDIS_URL of DB0 through it.
+func redisVia(t *testing.T, rs *testenv.RedisServer) (*faultproxy.Proxy, string) {
+	t.Helper()
+	p, err := faultproxy.Start(rs.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, strings.Replace(rs.URL(0), rs.Addr(), p.Addr(), 1)
+}
+
+// A big file over a slow link (a VPN, a tunnel, another region) is
+// imported whole. It used to go to Redis as one pipeline under the
+// gateway's per-request budget (1 s): any file that took longer to cross
+// the link failed as "redis unavailable", after part of it was written.
+// 10 MiB here, at about 3 MiB/s.
+func TestLegacyImportOverASlowLink(t *testing.T) {
+	rs, admin, envs, write := legacyImportEnv(t)
+	ctx := context.Background()
+	id := newProject(t)
+	f := write(legacyMiBEntries(10, -1))
+	p, url := redisVia(t, rs)
+	p.SetLatency(10 * time.Millisecond) // each read of at most 32 KiB waits 10 ms
+	envs["REDIS_URL"] = url
+	out, err := run(t, envs, "project", "legacy-import", "--project", id, "--file", f)
+	container := project.NewKeys("stage", id).CacheContainer()
+	if err != nil {
+		t.Fatalf("a 10 MiB import over a slow link: %v (output %q); the container holds %d of the 10 entries",
+			err, out, admin.HLen(ctx, container).Val())
+	}
+	if n := admin.HLen(ctx, container).Val(); n != 10 || !strings.Contains(out, "imported 10 legacy entries") {
+		t.Fatalf("container holds %d entries, output %q", n, out)
+	}
+	if v := admin.HGet(ctx, container, "k9").Val(); len(v) < 1<<20 {
+		t.Fatalf("k9 holds %d bytes", len(v))
+	}
+}
+
+// An import Redis stops answering half-way ends at --timeout, reported as
+// a timeout of the step that did not finish with how many entries were
+// written (not as "redis unavailable"); running the same import again
+// finishes it, and running it once more changes nothing.
+func TestLegacyImportTimeoutThenReRun(t *testing.T) {
+	rs, admin, envs, write := legacyImportEnv(t)
+	ctx := context.Background()
+	id := newProject(t)
+	f := write(legacyMiBEntries(4, 2))
+	p, url := redisVia(t, rs)
+	held, _ := p.HoldRequest([]byte(legacyHoldMarker)) // entry 2's write never reaches Redis
+	stalled := maps.Clone(envs)
+	stalled["REDIS_URL"] = url
+	r := runBounded(t, 30*time.Second, stalled, "project", "legacy-import", "--project", id, "--file", f, "--timeout", "3s")
+	if r.hung || r.err == nil {
+		t.Fatalf("an import whose Redis stopped answering: hung=%v err=%v out=%q", r.hung, r.err, r.out)
+	}
+	select {
+	case <-held:
+	default:
+		t.Fatalf("the import failed before it sent entry 2: %v", r.err)
+	}
+	msg := r.err.Error()
+	if !strings.HasPrefix(msg, "write entries: timed out") || !strings.Contains(msg, "--timeout 3s") ||
+		!strings.Contains(msg, "2 of the 4 entries were written") || strings.Contains(msg, "unavailable") {
+		t.Fatalf("import cut off by --timeout: %q, want the step named as timed out after --timeout 3s, with 2 of the 4 entries written", msg)
+	}
+	container := project.NewKeys("stage", id).CacheContainer()
+	if n := admin.HLen(ctx, container).Val(); n != 2 {
+		t.Fatalf("after the timed-out import the container holds %d entries, want the 2 written", n)
+	}
+	for range 2 {
+		if out, err := run(t, envs, "project", "legacy-import", "--project", id, "--file", f); err != nil {
+			t.Fatalf("the same import again: %v %q", err, out)
+		}
+		got := admin.HGetAll(ctx, container).Val()
+		if len(got) != 4 || !strings.Contains(got["k2"], legacyHoldMarker) || !strings.Contains(got["k3"], `"value":"vvv`) {
+			t.Fatalf("after the re-run the container holds %d entries", len(got))
+		}
 	}
 }

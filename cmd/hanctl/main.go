@@ -4,7 +4,7 @@
 //	hanctl migrate [--timeout 5m]
 //	hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
 //	hanctl project create --name NAME [--id UUID [--update]] --member UUID:read|write|admin ... [--timeout 5m]
-//	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
+//	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h] [--timeout 5m]
 //	hanctl seed demo [--timeout 5m]
 //	hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
 //	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
@@ -51,7 +51,7 @@ const usage = `usage:
   hanctl migrate [--timeout 5m]
   hanctl token --sub UUID [--typ user|service] [--svc NAME] [--ttl 1h]
   hanctl project create --name NAME [--id UUID [--update]] --member UUID:read|write|admin [--member ...] [--timeout 5m]
-  hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h]
+  hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h] [--timeout 5m]
   hanctl seed demo [--timeout 5m]
   hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
   hanctl redis cutover [--force]   (HAN_REDIS_ADMIN_URL; removes the legacy DB2 stub)
