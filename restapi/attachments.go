@@ -254,8 +254,8 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 	}
 	c.Filename = strings.TrimSpace(*req.Filename)
 	if c.Filename == "" || len(c.Filename) > MaxFilenameBytes || !utf8.ValidString(c.Filename) ||
-		hasControl(c.Filename) || hasFormat(c.Filename) || strings.ContainsAny(c.Filename, `/\`) ||
-		c.Filename == "." || c.Filename == ".." {
+		hasControl(c.Filename) || hasLineSeparator(c.Filename) || hasFormat(c.Filename) ||
+		strings.ContainsAny(c.Filename, `/\`) || c.Filename == "." || c.Filename == ".." {
 		return c, errInvalidFilename
 	}
 	if req.ContentType == nil {

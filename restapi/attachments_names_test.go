@@ -96,6 +96,23 @@ func TestFilenameWithFormatCharactersRefused(t *testing.T) {
 	}
 }
 
+// A filename with a line or paragraph separator (U+2028, U+2029) is
+// refused with 400 invalid_filename, as a dialog title with one is: it
+// breaks the line where the name is shown, so "report.pdf\u2028.exe" poses
+// as "report.pdf" with ".exe" on the next line.
+func TestFilenameWithLineSeparatorRefused(t *testing.T) {
+	h, _ := attHarness(t, 0, restapi.AttachmentConfig{})
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	for _, name := range []string{"report.pdf\u2028.exe", "report.pdf\u2029.exe"} {
+		code, b, _ := h.doH(aTok, "POST", "/v1/attachments", initBody(d.ID, name, "application/pdf", 10), idemKey())
+		if code != 400 || !strings.Contains(string(b), `"invalid_filename"`) {
+			t.Errorf("filename %+q: %d %s, want 400 invalid_filename", name, code, b)
+		}
+	}
+}
+
 // HEAD of a signed download answers exactly the headers GET would (type,
 // length, disposition and the headers that keep a browser from running
 // the file), so a client can check a file before fetching it.

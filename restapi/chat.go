@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
@@ -157,7 +158,7 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 		// (U+2028, U+2029), which break the line as LF does, and format
 		// characters (bidi overrides, isolates, zero-width characters),
 		// which reorder or hide what the members read.
-		if hasControl(*req.Title) || strings.ContainsAny(*req.Title, "\u2028\u2029") || hasFormat(*req.Title) {
+		if hasControl(*req.Title) || hasLineSeparator(*req.Title) || hasFormat(*req.Title) {
 			return apiErr(http.StatusBadRequest, "invalid_title")
 		}
 		title = strings.TrimSpace(*req.Title)
@@ -369,6 +370,19 @@ func historyAfter(r *http.Request) (int64, error) {
 func hasControl(s string) bool {
 	for _, r := range s {
 		if r < 0x20 || (r >= 0x7f && r < 0xa0) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasLineSeparator reports whether s holds a line or paragraph separator
+// (categories Zl and Zp: U+2028, U+2029). They break the line where s is
+// shown, as LF does, so "report.pdf\u2028.exe" shows as "report.pdf" with
+// ".exe" on the next line.
+func hasLineSeparator(s string) bool {
+	for _, r := range s {
+		if unicode.In(r, unicode.Zl, unicode.Zp) {
 			return true
 		}
 	}
