@@ -113,7 +113,7 @@ func TestPurgeKeepsAnAttachmentASendIsLinking(t *testing.T) {
 	}
 	purged := make(chan int64, 1)
 	go func() {
-		n, _ := h.store.PurgeUnsentAttachments(ctx, blobs, 24*time.Hour, 100)
+		n, _ := h.store.PurgeUnsentAttachments(ctx, blobs, 24*time.Hour, 24*time.Hour, 100)
 		purged <- n
 	}()
 	testenv.Eventually(t, 5*time.Second, func() bool {
@@ -131,5 +131,45 @@ func TestPurgeKeepsAnAttachmentASendIsLinking(t *testing.T) {
 	}
 	if resp, got := h.get(decode[downloadResp](t, b).URL); resp.StatusCode != 200 || string(got) != "abc" {
 		t.Fatalf("download of the linked attachment: %d %q", resp.StatusCode, got)
+	}
+}
+
+// An init replayed while its idempotency record lives answers its first
+// 201 byte for byte even when HAN_ATTACHMENT_UNSENT_TTL (at least 1h) is
+// shorter than HAN_IDEMPOTENCY_TTL (24h): the janitor, wired as the
+// gateway wires it, keeps an uploaded attachment no message links until
+// HAN_IDEMPOTENCY_TTL after its upload URL expired, and deletes it then.
+func TestInitReplayFindsAnUnsentAttachmentPastTheUnsentTTL(t *testing.T) {
+	h, _, blobs := janitorHarness(t)
+	_, aTok := h.user()
+	bob, _ := h.user()
+	d := h.dialog(aTok, bob)
+	body := initBody(d.ID, "a.txt", "text/plain", 3)
+	code, first, _ := h.doH(aTok, "POST", "/v1/attachments", body, keyHdr("k-unsent"))
+	if code != 201 {
+		t.Fatal(code, string(first))
+	}
+	u := decode[uploadResp](t, first)
+	if code, b := h.put(u.UploadURL, "text/plain", "abc"); code != 200 {
+		t.Fatal(code, string(b))
+	}
+	ageAttachment(t, h, u.ID, 2*time.Hour)
+	j := store.NewJanitor(h.store, store.JanitorConfig{Blobs: blobs, UnsentRetention: time.Hour,
+		PendingRetention: 24 * time.Hour}, nil)
+	if _, err := j.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	code, again, hdr := h.doH(aTok, "POST", "/v1/attachments", body, keyHdr("k-unsent"))
+	if code != 201 || string(again) != string(first) || hdr.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay while its record lives: %d %s, want 201 %s replayed", code, again, first)
+	}
+
+	// Once the record of its init is gone too, nothing can find it.
+	ageAttachment(t, h, u.ID, 24*time.Hour)
+	if _, err := j.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count("SELECT count(*) FROM attachments WHERE id=$1", u.ID); n != 0 {
+		t.Fatal("an unsent attachment older than both TTLs survives the janitor")
 	}
 }

@@ -249,11 +249,14 @@ func (s *Store) PurgeAbandonedAttachments(ctx context.Context, retention time.Du
 }
 
 // PurgeUnsentAttachments deletes uploaded attachments that no message
-// links and that were uploaded more than retention ago, in batches, then
-// their blobs through blobs; it returns how many rows it deleted. Without
-// it, an upload the user removed from the composer, a failed send or a
-// script would keep its blob forever and fill the disk at the init rate
-// limit.
+// links, that were uploaded more than retention ago and whose upload URL
+// expired more than replay ago, in batches, then their blobs through
+// blobs; it returns how many rows it deleted. Without it, an upload the
+// user removed from the composer, a failed send or a script would keep its
+// blob forever and fill the disk at the init rate limit. replay is the
+// idempotency record TTL, as for PurgeAbandonedAttachments: until the
+// record of the init is gone, a replay of the init re-reads the attachment
+// and must find it, however short retention is.
 //
 // The row goes first: the send locks the attachment rows it links and
 // re-checks message_id IS NULL under the lock, so a send either commits
@@ -262,7 +265,7 @@ func (s *Store) PurgeAbandonedAttachments(ctx context.Context, retention time.Du
 // could leave a message whose attachment has no bytes. A blob whose
 // delete fails is left behind, counted in the error; no row refers to it
 // any more, and the janitor's orphan sweep deletes it later.
-func (s *Store) PurgeUnsentAttachments(ctx context.Context, blobs BlobStore, retention time.Duration, batch int) (int64, error) {
+func (s *Store) PurgeUnsentAttachments(ctx context.Context, blobs BlobStore, retention, replay time.Duration, batch int) (int64, error) {
 	var total int64
 	var blobErr error
 	for {
@@ -271,8 +274,10 @@ func (s *Store) PurgeUnsentAttachments(ctx context.Context, blobs BlobStore, ret
 		rows, err := s.pool.Query(ctx, `DELETE FROM attachments WHERE id = ANY(ARRAY(
 			SELECT id FROM attachments WHERE status='uploaded' AND message_id IS NULL
 				AND uploaded_at < now() - $1 * interval '1 millisecond'
+				AND upload_expires_at < now() - $3 * interval '1 millisecond'
 			LIMIT $2)) AND status='uploaded' AND message_id IS NULL AND uploaded_at < now() - $1 * interval '1 millisecond'
-			RETURNING COALESCE(blob_key, '')`, retention.Milliseconds(), batch)
+			AND upload_expires_at < now() - $3 * interval '1 millisecond'
+			RETURNING COALESCE(blob_key, '')`, retention.Milliseconds(), batch, replay.Milliseconds())
 		if err != nil {
 			return total, fmt.Errorf("purge unsent attachments: %w", err)
 		}

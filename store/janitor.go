@@ -15,13 +15,16 @@ type JanitorConfig struct {
 	Interval time.Duration
 	// Batch is the most rows one DELETE removes. Zero value means 1000.
 	Batch int
-	// PendingRetention is how long a never-uploaded attachment is kept after
-	// its upload URL expired, so an idempotent replay of its init still finds
-	// it. Zero value means 24h (the default idempotency record TTL).
+	// PendingRetention is how long an attachment that no message links is
+	// kept after its upload URL expired, so an idempotent replay of its init
+	// still finds it: the idempotency record TTL. A never-uploaded one is
+	// deleted then, an uploaded one once UnsentRetention has passed too.
+	// Zero value means 24h (the default idempotency record TTL).
 	PendingRetention time.Duration
 	// UnsentRetention is how long an uploaded attachment that no message
-	// links is kept after its upload, for the send that should link it.
-	// Zero value means 24h.
+	// links is kept after its upload, for the send that should link it
+	// (and at least PendingRetention after its upload URL expired). Zero
+	// value means 24h.
 	UnsentRetention time.Duration
 	// Blobs is the blob store the unsent attachments' bytes are deleted
 	// from. Nil means unsent attachments are kept: deleting their rows
@@ -102,7 +105,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (int64, error) {
 	}
 	var u int64
 	if j.cfg.Blobs != nil {
-		u, err = j.store.PurgeUnsentAttachments(ctx, j.cfg.Blobs, j.cfg.UnsentRetention, j.cfg.Batch)
+		u, err = j.store.PurgeUnsentAttachments(ctx, j.cfg.Blobs, j.cfg.UnsentRetention, j.cfg.PendingRetention, j.cfg.Batch)
 		if err != nil {
 			j.logger.Warn("janitor: purge unsent attachments failed", slog.String("kind", Kind(err)))
 		}

@@ -118,8 +118,9 @@ type Config struct {
 	// (default <temp dir>/han-blobs) the local attachment folder;
 	// HAN_ATTACHMENT_MAX_BYTES (default 25 MiB) the largest attachment;
 	// HAN_ATTACHMENT_UNSENT_TTL (default 24h, at least 1h) how long an
-	// uploaded attachment no message links is kept before the janitor
-	// deletes it and its blob.
+	// uploaded attachment no message links is kept after its upload before
+	// the janitor deletes it and its blob (never sooner than
+	// HAN_IDEMPOTENCY_TTL after its upload URL expired, for init replays).
 	IdempotencyTTL      time.Duration
 	BlobDir             string
 	AttachmentMaxBytes  int64
