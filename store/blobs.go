@@ -55,6 +55,8 @@ type BlobStore interface {
 // a temporary file and renamed into place).
 type LocalBlobs struct {
 	dir string
+	// syncDir flushes a folder's entries to disk; nil means syncDir.
+	syncDir func(dir string) error
 }
 
 var _ BlobStore = (*LocalBlobs)(nil)
@@ -64,10 +66,11 @@ func NewLocalBlobs(dir string) (*LocalBlobs, error) {
 	if dir == "" {
 		return nil, errors.New("store: blob folder not set")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	l := &LocalBlobs{dir: dir}
+	if err := l.mkdirAll(dir); err != nil {
 		return nil, fmt.Errorf("store: create blob folder: %w", err)
 	}
-	return &LocalBlobs{dir: dir}, nil
+	return l, nil
 }
 
 // Dir is the folder.
@@ -91,13 +94,16 @@ func (l *LocalBlobs) path(key string) (string, error) {
 	return filepath.Join(l.dir, filepath.FromSlash(key)), nil
 }
 
-// Put writes r to a temporary file beside the target and renames it.
+// Put writes r to a temporary file beside the target, syncs it, renames it
+// and syncs the folder: once Put returns, the blob is on disk for good, so
+// a power loss cannot take the file of an attachment PostgreSQL says is
+// uploaded. A folder it fails to sync fails the Put, and the blob goes.
 func (l *LocalBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, error) {
 	p, err := l.path(key)
 	if err != nil {
 		return 0, err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+	if err := l.mkdirAll(filepath.Dir(p)); err != nil {
 		return 0, blobError("folder", err)
 	}
 	f, err := os.CreateTemp(filepath.Dir(p), ".upload-*")
@@ -131,7 +137,66 @@ func (l *LocalBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, e
 		return n, blobError("rename", err)
 	}
 	done = true
+	if err := l.sync(filepath.Dir(p)); err != nil {
+		os.Remove(p)
+		return n, blobError("sync folder", err)
+	}
 	return n, nil
+}
+
+// mkdirAll creates dir and its missing parents like os.MkdirAll, syncing
+// the parent of each folder it creates, so the new folder, and the blobs
+// renamed into it, survive a power loss. A folder another Put created
+// meanwhile has its parent synced all the same: that Put may not have
+// synced it yet.
+func (l *LocalBlobs) mkdirAll(dir string) error {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err == nil {
+			if !fi.IsDir() {
+				return &os.PathError{Op: "mkdir", Path: d, Err: syscall.ENOTDIR}
+			}
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if err := l.sync(filepath.Dir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *LocalBlobs) sync(dir string) error {
+	if l.syncDir != nil {
+		return l.syncDir(dir)
+	}
+	return syncDir(dir)
+}
+
+// syncDir flushes dir's entries (files created, renamed or removed in it)
+// to disk.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Open opens the blob's file.

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,5 +83,61 @@ func TestLocalBlobsTellsItsFailureFromTheUploads(t *testing.T) {
 	}
 	if _, err := b.Open(ctx, "ab/x"); !errors.Is(err, store.ErrBlobStoreUnavailable) {
 		t.Fatalf("Open in a folder that is a file: %v", err)
+	}
+}
+
+// A blob is on disk for good once Put returns: besides its file, Put syncs
+// the folder it renamed the file into and the parent of every folder it
+// created, or a power loss could take the file of an attachment
+// PostgreSQL already says is uploaded. A folder that cannot be synced
+// fails the Put as the store's own failure and leaves no blob behind.
+func TestLocalBlobsPutSyncsItsFolders(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "blobs")
+	b, err := store.NewLocalBlobs(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var synced []string
+	b.SetSyncDir(func(dir string) error {
+		synced = append(synced, dir)
+		return store.SyncDir(dir)
+	})
+	ctx := context.Background()
+	readBlob := func(key string) (string, error) {
+		f, err := b.Open(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		got, err := io.ReadAll(f)
+		return string(got), err
+	}
+
+	if _, err := b.Put(ctx, "ab/cd/x", strings.NewReader("hello")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{root, filepath.Join(root, "ab"), filepath.Join(root, "ab", "cd")}
+	if !slices.Equal(synced, want) {
+		t.Fatalf("a Put that created two folders synced %q, want %q", synced, want)
+	}
+	if got, err := readBlob("ab/cd/x"); err != nil || got != "hello" {
+		t.Fatalf("the blob after Put: %q %v", got, err)
+	}
+	synced = nil
+	if _, err := b.Put(ctx, "ab/cd/y", strings.NewReader("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{filepath.Join(root, "ab", "cd")}; !slices.Equal(synced, want) {
+		t.Fatalf("a Put into an existing folder synced %q, want %q", synced, want)
+	}
+
+	b.SetSyncDir(func(dir string) error { return &fs.PathError{Op: "sync", Path: dir, Err: syscall.EIO} })
+	for _, key := range []string{"ab/cd/z", "ef/z"} {
+		if _, err := b.Put(ctx, key, strings.NewReader("lost")); !errors.Is(err, store.ErrBlobStoreUnavailable) {
+			t.Fatalf("Put %s with a folder that cannot be synced: %v, want ErrBlobStoreUnavailable", key, err)
+		}
+		if _, err := b.Open(ctx, key); !errors.Is(err, store.ErrBlobNotFound) {
+			t.Fatalf("Open %s after its failed Put: %v, want ErrBlobNotFound", key, err)
+		}
 	}
 }

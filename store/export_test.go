@@ -11,6 +11,12 @@ const MarkOutboxSQL = markOutboxSQL
 // checks its plan.
 var ListDialogsSQL = listDialogsSQL
 
+// SetSyncDir replaces how l flushes a folder to disk, for the test of the
+// folders Put syncs; SyncDir is the real one.
+func (l *LocalBlobs) SetSyncDir(f func(dir string) error) { l.syncDir = f }
+
+var SyncDir = syncDir
+
 // BlobError is the blob store's classification of a file system failure,
 // for the test of the errors it tells apart.
 var BlobError = blobError
