@@ -21,9 +21,13 @@ import (
 
 // Chat limits (docs/api.md and docs/decisions.md).
 const (
-	MaxMessageChars    = 4000
-	MaxTitleChars      = 200
-	MaxDialogMembers   = 100 // including the creator
+	MaxMessageChars  = 4000
+	MaxTitleChars    = 200
+	MaxDialogMembers = 100 // including the creator
+	// maxMemberIDEntries bounds the entries of memberIds before repeats and
+	// the creator are removed: a list may name members more than once, but
+	// not without end.
+	maxMemberIDEntries = 10 * MaxDialogMembers
 	MaxPageLimit       = 100
 	DefaultPageLimit   = 50
 	MaxClientMessageID = 64
@@ -131,12 +135,13 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	me := principal(r).UserID
-	if req.MemberIDs == nil || len(*req.MemberIDs) == 0 || len(*req.MemberIDs) >= MaxDialogMembers {
+	if req.MemberIDs == nil || len(*req.MemberIDs) == 0 || len(*req.MemberIDs) > maxMemberIDEntries {
 		return apiErr(http.StatusBadRequest, "invalid_members")
 	}
 	// The other members, each once, in a fixed order: the creator is added
 	// by the store, and a retry that lists them otherwise (another order,
-	// a repeat, the creator) is the same request.
+	// a repeat, the creator) is the same request. The member bound counts
+	// the dialog's members, the creator included, not the entries.
 	members := make([]string, 0, len(*req.MemberIDs))
 	for _, m := range *req.MemberIDs {
 		id, ok := ids.Canonical(m)
@@ -148,7 +153,7 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	slices.Sort(members)
-	if members = slices.Compact(members); len(members) == 0 {
+	if members = slices.Compact(members); len(members) == 0 || len(members)+1 > MaxDialogMembers {
 		return apiErr(http.StatusBadRequest, "invalid_members")
 	}
 	title := ""

@@ -3,7 +3,9 @@ package restapi_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/han-app/gateway/internal/auth"
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/restapi"
 )
 
 // A dialog title is shown to every member: Unicode format characters
@@ -112,23 +115,24 @@ func TestConcurrentDialogCreatesWithOneKeyAndTwoBodies(t *testing.T) {
 	}
 }
 
-// Member lists: duplicates, the creator listed, the 99/100 boundary, 10,000
+// Member lists: duplicates, the creator listed, the bound on entries, 10,000
 // ids (refused before any work), a 1 MB title.
 func TestDialogMemberBounds(t *testing.T) {
 	h := newHarness(t)
 	me, aTok := h.user()
 	bob, _ := h.user()
-	dup := make([]string, 99)
+	dup := make([]string, 1000) // the bound on entries (docs/api.md)
 	for i := range dup {
 		dup[i] = bob
 	}
 	code, b := h.do(aTok, "POST", "/v1/dialogs", fmt.Sprintf(`{"memberIds":["%s"]}`, strings.Join(dup, `","`)))
 	if code != 201 {
-		t.Fatalf("99 copies of bob: %d %s", code, b)
+		t.Fatalf("%d copies of bob: %d %s", len(dup), code, b)
 	}
 	if d := decode[dialogResp](t, b); len(d.MemberIDs) != 2 || d.MemberIDs[0] != me || d.MemberIDs[1] != bob {
 		t.Fatalf("members: %s", b)
 	}
+	// One entry past the bound on entries, though still two members.
 	code, b = h.do(aTok, "POST", "/v1/dialogs", fmt.Sprintf(`{"memberIds":["%s","%s"]}`, strings.Join(dup, `","`), bob))
 	wantError(t, code, b, 400, "invalid_members")
 	many := make([]string, 10000)
@@ -239,5 +243,56 @@ func TestManyFirstRequestsOfANewUserAtOnce(t *testing.T) {
 			t.Errorf("first sight: %s", e)
 		}
 		h.dialog(aTok, strings.ToUpper(id))
+	}
+}
+
+// The member bound counts the dialog's members, the creator included, as
+// /v1/public/config's dialogMembersMax says: the creator listed beside 99
+// others makes a dialog of 100 and is accepted like the same 99 without the
+// creator; 100 others (101 members) are refused, listed once or with
+// repeats and the creator.
+func TestDialogMemberBoundCountsMembersNotEntries(t *testing.T) {
+	h := newHarness(t)
+	me, tok := h.user()
+	_, cfg := h.do("", "GET", "/v1/public/config", "")
+	var pc struct {
+		Limits struct {
+			DialogMembersMax int `json:"dialogMembersMax"`
+		} `json:"limits"`
+	}
+	if err := json.Unmarshal(cfg, &pc); err != nil || pc.Limits.DialogMembersMax != restapi.MaxDialogMembers {
+		t.Fatalf("public config: %s (%v)", cfg, err)
+	}
+	maxMembers := pc.Limits.DialogMembersMax
+	others := make([]string, maxMembers)
+	for i := range others {
+		others[i], _ = h.user()
+	}
+	create := func(list []string) (int, []byte) {
+		return h.do(tok, "POST", "/v1/dialogs", fmt.Sprintf(`{"memberIds":["%s"]}`, strings.Join(list, `","`)))
+	}
+	most := others[:maxMembers-1]
+	for name, list := range map[string][]string{
+		"99 others":                             most,
+		"the creator and 99 others":             append([]string{me}, most...),
+		"99 others, repeated, with the creator": append(append(slices.Clone(most), most...), me, me),
+	} {
+		code, b := create(list)
+		if code != 201 {
+			t.Errorf("%s (%d members with the creator): %d %s", name, maxMembers, code, b)
+			continue
+		}
+		if d := decode[dialogResp](t, b); len(d.MemberIDs) != maxMembers {
+			t.Errorf("%s: %d members", name, len(d.MemberIDs))
+		}
+	}
+	for name, list := range map[string][]string{
+		"100 others":                 others,
+		"100 others and the creator": append([]string{me}, others...),
+		"100 others, the last twice": append(slices.Clone(others), others[len(others)-1]),
+	} {
+		if code, b := create(list); code != 400 || string(b) != `{"error":"invalid_members"}` {
+			t.Errorf("%s: %d %s, want 400 invalid_members", name, code, b)
+		}
 	}
 }
