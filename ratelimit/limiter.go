@@ -175,8 +175,11 @@ func (l *Limiter) Policies() *PolicySet { return l.policies.Policies() }
 // Decide evaluates policy p of route label for subject s. It returns a
 // Decision (allowed or denied) or, when Redis cannot decide and the policy
 // fails closed, one of rds.ErrRedisUnavailable, rds.ErrRedisOOM,
-// rds.ErrExpiryDenied. A policy with no applicable family is allowed with
-// an empty Families list and touches nothing.
+// rds.ErrExpiryDenied. A family whose subject s lacks is skipped, and a
+// request left with no family is allowed with an empty Families list and
+// touches nothing: that is what a policy without rules means (not limited).
+// A policy with rules always counts its route's callers by some family, as
+// NewPolicySet refuses one that does not (Callers).
 func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject) (Decision, error) {
 	keys, rules := l.subjectKeys(label, p, s)
 	if len(rules) == 0 {

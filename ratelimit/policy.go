@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -109,55 +111,110 @@ const maxCredit = 1 << 50
 // other applies to every route not in it.
 func NewPolicySet(version string, routes map[string]Policy, other Policy) (*PolicySet, error) {
 	s := &PolicySet{Version: version, routes: make(map[string]Policy, len(routes)), other: other}
-	check := func(label string, p Policy) error {
-		switch p.Algorithm {
-		case SlidingLog, FixedWindow, TokenBucket:
-		case "":
-			if len(p.Rules) > 0 {
-				return fmt.Errorf("ratelimit: policy %q: no algorithm", label)
-			}
-		default:
-			return fmt.Errorf("ratelimit: policy %q: unknown algorithm %q", label, p.Algorithm)
-		}
-		seen := map[Family]bool{}
-		for _, r := range p.Rules {
-			switch r.Family {
-			case FamilyUser, FamilyIP, FamilyDialog, FamilyService:
-			default:
-				return fmt.Errorf("ratelimit: policy %q: unknown family %q", label, r.Family)
-			}
-			if r.Family == FamilyDialog && label != MessageSendRoute {
-				return fmt.Errorf("ratelimit: policy %q: the dialog family applies to %s only", label, MessageSendRoute)
-			}
-			if seen[r.Family] {
-				return fmt.Errorf("ratelimit: policy %q: family %s twice", label, r.Family)
-			}
-			seen[r.Family] = true
-			ms := r.Window.Milliseconds()
-			if r.Limit < 1 || ms < 1 || r.Window%time.Millisecond != 0 {
-				return fmt.Errorf("ratelimit: policy %q family %s: limit must be >= 1 and window a positive whole number of ms", label, r.Family)
-			}
-			// Divided, not multiplied: the product of a huge limit and a
-			// window wraps around in 64 bits and would pass.
-			if int64(r.Limit) > maxCredit/ms {
-				return fmt.Errorf("ratelimit: policy %q family %s: limit × window (ms) must be at most 2^50", label, r.Family)
-			}
-		}
-		return nil
-	}
 	for label, p := range routes {
 		if label == OtherRoute {
 			return nil, errors.New("ratelimit: \"other\" is given as the other policy, not as a route")
 		}
-		if err := check(label, p); err != nil {
+		if err := checkPolicy(label, p); err != nil {
 			return nil, err
 		}
 		s.routes[label] = p
 	}
-	if err := check(OtherRoute, other); err != nil {
+	if err := checkPolicy(OtherRoute, other); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkPolicy validates the policy of route label.
+func checkPolicy(label string, p Policy) error {
+	switch p.Algorithm {
+	case SlidingLog, FixedWindow, TokenBucket:
+	case "":
+		if len(p.Rules) > 0 {
+			return fmt.Errorf("ratelimit: policy %q: no algorithm", label)
+		}
+	default:
+		return fmt.Errorf("ratelimit: policy %q: unknown algorithm %q", label, p.Algorithm)
+	}
+	seen := map[Family]bool{}
+	for _, r := range p.Rules {
+		switch r.Family {
+		case FamilyUser, FamilyIP, FamilyDialog, FamilyService:
+		default:
+			return fmt.Errorf("ratelimit: policy %q: unknown family %q", label, r.Family)
+		}
+		if r.Family == FamilyDialog && label != MessageSendRoute {
+			return fmt.Errorf("ratelimit: policy %q: the dialog family applies to %s only", label, MessageSendRoute)
+		}
+		if seen[r.Family] {
+			return fmt.Errorf("ratelimit: policy %q: family %s twice", label, r.Family)
+		}
+		seen[r.Family] = true
+		ms := r.Window.Milliseconds()
+		if r.Limit < 1 || ms < 1 || r.Window%time.Millisecond != 0 {
+			return fmt.Errorf("ratelimit: policy %q family %s: limit must be >= 1 and window a positive whole number of ms", label, r.Family)
+		}
+		// Divided, not multiplied: the product of a huge limit and a
+		// window wraps around in 64 bits and would pass.
+		if int64(r.Limit) > maxCredit/ms {
+			return fmt.Errorf("ratelimit: policy %q family %s: limit × window (ms) must be at most 2^50", label, r.Family)
+		}
+	}
+	if len(p.Rules) == 0 {
+		return nil // not limited, said explicitly
+	}
+	for _, c := range Callers(label) {
+		if !slices.ContainsFunc(c.Families, func(f Family) bool { return seen[f] }) {
+			return fmt.Errorf("ratelimit: policy %q: no family counts %s (%s); [] is the way to leave a route unlimited",
+				label, c.Name, familyList(c.Families))
+		}
+	}
+	return nil
+}
+
+// Caller is a kind of principal that reaches a route, with the families
+// whose subject it always has.
+type Caller struct {
+	Name     string
+	Families []Family
+}
+
+// The kinds of caller. Every caller has a client address (ip). The dialog
+// family counts a dialog, not its caller: it alone never limits who calls.
+var (
+	AnonymousCaller = Caller{"an anonymous caller", []Family{FamilyIP}}
+	UserCaller      = Caller{"a user", []Family{FamilyUser, FamilyIP}}
+	ServiceCaller   = Caller{"a service", []Family{FamilyService, FamilyIP}}
+)
+
+// Callers are the kinds of caller that reach the routes of label: the
+// public routes (/v1/public/…) take no token, the internal ones
+// (/v1/internal/…) service tokens only, every other limited route user
+// tokens only, and "other" gathers user and service routes. A policy that
+// limits must count each of them by at least one family: the limiter skips
+// a family whose subject the caller lacks, and a request left with no
+// family would not be limited at all.
+func Callers(label string) []Caller {
+	if label == OtherRoute {
+		return []Caller{UserCaller, ServiceCaller}
+	}
+	_, template, _ := strings.Cut(label, " ")
+	switch {
+	case strings.HasPrefix(template+"/", "/v1/public/"):
+		return []Caller{AnonymousCaller}
+	case strings.HasPrefix(template+"/", "/v1/internal/"):
+		return []Caller{ServiceCaller}
+	}
+	return []Caller{UserCaller}
+}
+
+func familyList(fs []Family) string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = string(f)
+	}
+	return strings.Join(out, " or ")
 }
 
 // MustPolicySet is NewPolicySet for configuration known to be valid.

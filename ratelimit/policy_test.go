@@ -122,3 +122,53 @@ func TestDecisionWithoutAFamily(t *testing.T) {
 		t.Errorf("admission without the dialog: remaining %d reset %d policy %q", got.Remaining, got.ResetAtMs, ratelimit.PolicyField(got))
 	}
 }
+
+// A policy that limits counts every caller of its route by some family:
+// the limiter skips a family whose subject the caller lacks, so a rule
+// list naming none of the caller's would leave it unlimited. No rules at
+// all is the one way to say a route is not limited. The built-in table
+// passes.
+func TestPolicyCountsEveryCallerOfItsRoute(t *testing.T) {
+	r := func(fs ...ratelimit.Family) ratelimit.Policy {
+		p := ratelimit.Policy{Algorithm: ratelimit.FixedWindow}
+		for _, f := range fs {
+			p.Rules = append(p.Rules, ratelimit.Rule{Family: f, Limit: 5, Window: time.Second})
+		}
+		return p
+	}
+	const (
+		user, ip, dialog, service = ratelimit.FamilyUser, ratelimit.FamilyIP, ratelimit.FamilyDialog, ratelimit.FamilyService
+		public, inbox, me         = "GET /v1/public/config", "POST /v1/internal/inbox", "GET /v1/me"
+	)
+	for _, c := range []struct {
+		label string
+		p     ratelimit.Policy
+		ok    bool
+	}{
+		{public, r(ip), true}, {public, r(user), false}, {public, r(user, service), false}, {public, r(), true},
+		{me, r(user), true}, {me, r(ip), true}, {me, r(service), false},
+		{ratelimit.MessageSendRoute, r(service), false}, {ratelimit.MessageSendRoute, r(dialog), false},
+		{ratelimit.MessageSendRoute, r(dialog, ip), true}, {ratelimit.MessageSendRoute, r(user, dialog), true},
+		{inbox, r(service), true}, {inbox, r(ip), true}, {inbox, r(user), false},
+		{"GET /projects/{projectId}/redis", r(service), false},
+		{ratelimit.OtherRoute, r(user, service), true}, {ratelimit.OtherRoute, r(ip), true},
+		{ratelimit.OtherRoute, r(user), false}, {ratelimit.OtherRoute, r(service), false}, {ratelimit.OtherRoute, r(), true},
+	} {
+		routes, other := map[string]ratelimit.Policy{c.label: c.p}, ratelimit.Policy{}
+		if c.label == ratelimit.OtherRoute {
+			routes, other = nil, c.p
+		}
+		_, err := ratelimit.NewPolicySet("v", routes, other)
+		if (err == nil) != c.ok {
+			t.Errorf("%s %+v: %v, want ok=%v", c.label, c.p.Rules, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "no family counts") {
+			t.Errorf("%s %+v: %v does not name the caller left uncounted", c.label, c.p.Rules, err)
+		}
+	}
+	for _, l := range ratelimit.DefaultPolicies().Labels() {
+		if len(ratelimit.Callers(l)) == 0 {
+			t.Errorf("%s: no callers", l)
+		}
+	}
+}

@@ -18,7 +18,11 @@ import (
 // it finds the route's policy (allow-listed template or "other"), names the
 // subject of each family (user id, HMAC of the client address, the dialog of
 // a message send, the svc claim of a service token), asks the limiter and
-// sets the RateLimit-Policy / RateLimit fields. Denials and fail-closed Redis
+// sets the RateLimit-Policy / RateLimit fields. Which principals reach a
+// route (none on /v1/public, service tokens on /v1/internal, user tokens on
+// the rest) is what ratelimit.Callers assumes when it refuses a policy that
+// would count none of them: the router's authentication and that function
+// must agree (TestRateLimitCallersMatchTheRouter). Denials and fail-closed Redis
 // failures go through Server.fail, so their bodies come from the one mapping
 // place (429 rate_limited with Retry-After, 503 redis_unavailable/redis_oom).
 type redisRateLimiter struct {

@@ -188,7 +188,7 @@ func TestDialogFamilyOutsideMessageSendIsRefused(t *testing.T) {
 	}
 	// On message send it is the built-in family.
 	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
-		VALUES ('POST /v1/dialogs/{id}/messages', 'sliding', 'fail-closed', '[{"family":"dialog","limit":5,"windowMs":10000}]')`)
+		VALUES ('POST /v1/dialogs/{id}/messages', 'sliding', 'fail-closed', '[{"family":"user","limit":5,"windowMs":10000},{"family":"dialog","limit":5,"windowMs":10000}]')`)
 	if err := p.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,13 @@ const rulesConstraint = "rate_limit_policies_rules_valid"
 // sendRoute is the one route whose policy may count the dialog family.
 const sendRoute = "POST /v1/dialogs/{id}/messages"
 
+// publicRoute takes no token (its callers are counted by ip only);
+// inboxRoute takes service tokens only.
+const (
+	publicRoute = "GET /v1/public/config"
+	inboxRoute  = "POST /v1/internal/inbox"
+)
+
 // ruleCase is one rules value written to a route, and whether it is a valid
 // version: the Go validator of the refresh and PostgreSQL must both accept
 // it, or both refuse it.
@@ -92,7 +99,8 @@ var ruleCases = []ruleCase{
 	{name: "family an array", rules: `[{"family":["user"],"limit":5,"windowMs":1000}]`},
 	{name: "family twice", rules: `[{"family":"user","limit":5,"windowMs":1000},{"family":"user","limit":9,"windowMs":60000}]`},
 	{name: "two families", rules: `[{"family":"user","limit":5,"windowMs":1000},{"family":"ip","limit":9,"windowMs":60000}]`, ok: true},
-	{name: "service family", rules: `[{"family":"service","limit":5,"windowMs":1000}]`, ok: true},
+	{name: "service family on a service route", route: inboxRoute, rules: `[{"family":"service","limit":5,"windowMs":1000}]`, ok: true},
+	{name: "service family alone on a user route", rules: `[{"family":"service","limit":5,"windowMs":1000}]`},
 	{name: "a bad second rule", rules: `[{"family":"user","limit":5,"windowMs":1000},{"family":"ip","limit":0,"windowMs":1000}]`},
 	{name: "unknown field", rules: `[{"family":"user","limit":5,"windowMs":1000,"burst":9}]`},
 	{name: "unknown field null", rules: `[{"family":"user","limit":5,"windowMs":1000,"x":null}]`},
@@ -123,7 +131,29 @@ var ruleCases = []ruleCase{
 		rules: `[{"family":"dialog","limit":30,"windowMs":10000},{"family":"dialog","limit":60,"windowMs":60000}]`},
 	{name: "dialog on history", route: "GET /v1/dialogs/{id}/messages", rules: `[{"family":"dialog","limit":60,"windowMs":10000}]`},
 	{name: "dialog on other", route: "other", rules: `[{"family":"dialog","limit":60,"windowMs":10000}]`},
-	{name: "user on other", route: "other", rules: `[{"family":"user","limit":600,"windowMs":60000}]`, ok: true},
+	{name: "user and service on other", route: "other", ok: true,
+		rules: `[{"family":"user","limit":600,"windowMs":60000},{"family":"service","limit":600,"windowMs":60000}]`},
+	{name: "ip on other", route: "other", rules: `[{"family":"ip","limit":600,"windowMs":60000}]`, ok: true},
+	{name: "user alone on other", route: "other", rules: `[{"family":"user","limit":600,"windowMs":60000}]`},
+	{name: "service alone on other", route: "other", rules: `[{"family":"service","limit":600,"windowMs":60000}]`},
+	{name: "empty array on other", route: "other", rules: `[]`, ok: true},
+	{name: "ip on the public config", route: publicRoute, rules: `[{"family":"ip","limit":300,"windowMs":60000}]`, ok: true},
+	{name: "user on the public config", route: publicRoute, rules: `[{"family":"user","limit":1,"windowMs":60000}]`},
+	{name: "user and service on the public config", route: publicRoute,
+		rules: `[{"family":"user","limit":1,"windowMs":60000},{"family":"service","limit":1,"windowMs":60000}]`},
+	{name: "empty array on the public config", route: publicRoute, rules: `[]`, ok: true},
+	{name: "service alone on message send", route: sendRoute, rules: `[{"family":"service","limit":1,"windowMs":10000}]`},
+	{name: "dialog alone on message send", route: sendRoute, rules: `[{"family":"dialog","limit":60,"windowMs":10000}]`},
+	{name: "ip and dialog on message send", route: sendRoute, ok: true,
+		rules: `[{"family":"ip","limit":600,"windowMs":10000},{"family":"dialog","limit":60,"windowMs":10000}]`},
+	{name: "user on the internal inbox", route: inboxRoute, rules: `[{"family":"user","limit":200,"windowMs":10000}]`},
+	{name: "ip on the internal inbox", route: inboxRoute, rules: `[{"family":"ip","limit":200,"windowMs":10000}]`, ok: true},
+	{name: "a route under /v1/public that is not the config", route: "GET /v1/public/other",
+		rules: `[{"family":"user","limit":1,"windowMs":1000}]`},
+	{name: "a route that only begins like /v1/public", route: "GET /v1/publicx",
+		rules: `[{"family":"user","limit":1,"windowMs":1000}]`, ok: true},
+	{name: "a project route", route: "GET /projects/{projectId}/redis/cache",
+		rules: `[{"family":"service","limit":1,"windowMs":1000}]`},
 }
 
 // The Go validator of the refresh and the table's CHECK never disagree: every
@@ -176,7 +206,8 @@ func TestRulesCheckAgreesWithTheRefresh(t *testing.T) {
 }
 
 // writeRules writes rules to route by an INSERT of a new row, then by an
-// UPDATE of a valid row, and returns each statement's error.
+// UPDATE of a valid row (an ip rule: it counts every caller of every
+// route), and returns each statement's error.
 func writeRules(t *testing.T, f *fixture, route, rules string) (insErr, updErr error) {
 	t.Helper()
 	ctx := context.Background()
@@ -184,19 +215,20 @@ func writeRules(t *testing.T, f *fixture, route, rules string) (insErr, updErr e
 	_, insErr = f.pool.Exec(ctx, `INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
 		VALUES ($1, 'fixed', 'local', $2::text::jsonb)`, route, rules)
 	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
-		VALUES ($1, 'fixed', 'local', '[{"family":"user","limit":1,"windowMs":1000}]')
+		VALUES ($1, 'fixed', 'local', '[{"family":"ip","limit":1,"windowMs":1000}]')
 		ON CONFLICT (route) DO UPDATE SET rules = EXCLUDED.rules`, route)
 	_, updErr = f.pool.Exec(ctx, "UPDATE rate_limit_policies SET rules = $2::text::jsonb WHERE route = $1", route, rules)
 	return insErr, updErr
 }
 
 // checkRefusal asserts that err is the rules CHECK's refusal, naming the
-// rule by its index in the array.
+// rule by its index in the array, or the caller of the route no rule counts.
 func checkRefusal(t *testing.T, err error) {
 	t.Helper()
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "23514" || pe.ConstraintName != rulesConstraint || !strings.Contains(pe.Message, "rules[") {
-		t.Errorf("want a check violation of %s naming the rule, got %v", rulesConstraint, err)
+	if !errors.As(err, &pe) || pe.Code != "23514" || pe.ConstraintName != rulesConstraint ||
+		!strings.Contains(pe.Message, "rules[") && !strings.Contains(pe.Message, "rules: no family counts ") {
+		t.Errorf("want a check violation of %s naming the rule or the caller, got %v", rulesConstraint, err)
 	}
 }
 
@@ -239,7 +271,7 @@ func TestRefusedRulesWriteChangesNothing(t *testing.T) {
 	f := newFixture(t)
 	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules) VALUES
 		('GET /v1/me', 'fixed', 'local', '[{"family":"user","limit":7,"windowMs":60000}]'),
-		($1, 'sliding', 'fail-closed', '[{"family":"dialog","limit":5,"windowMs":10000}]')`, sendRoute)
+		($1, 'sliding', 'fail-closed', '[{"family":"dialog","limit":5,"windowMs":10000},{"family":"user","limit":5,"windowMs":10000}]')`, sendRoute)
 	p := f.provider(settings.Config{})
 	v, stamp := f.head()
 	rows := f.policyRows()
@@ -360,6 +392,14 @@ func TestRulesCheckMigrationKeepsAnOldBadRow(t *testing.T) {
 // service does (through PgBouncer when the package runs behind one) and
 // checks that it applied 0014.
 func migratedDatabase(t *testing.T, name, badRules string) *pgxpool.Pool {
+	return migratedFrom(t, name, "0014_rate_limit_rules_check", "GET /v1/me", badRules)
+}
+
+// migratedFrom creates a database at the migrations before migration,
+// writes badRules (when given) to route there, then runs Migrate as the
+// service does (through PgBouncer when the package runs behind one) and
+// checks that it applied migration.
+func migratedFrom(t *testing.T, name, migration, route, badRules string) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	direct, drop, err := testenv.CreateDatabase(ctx, env.DirectURL, name)
@@ -372,12 +412,12 @@ func migratedDatabase(t *testing.T, name, badRules string) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	defer old.Close()
-	if _, err := store.MigrateBefore(ctx, old, "0014"); err != nil {
+	if _, err := store.MigrateBefore(ctx, old, migration[:4]); err != nil {
 		t.Fatal(err)
 	}
 	if badRules != "" {
 		if _, err := old.Exec(ctx, `INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
-			VALUES ('GET /v1/me', 'fixed', 'local', $1::text::jsonb)`, badRules); err != nil {
+			VALUES ($1, 'fixed', 'local', $2::text::jsonb)`, route, badRules); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -391,7 +431,7 @@ func migratedDatabase(t *testing.T, name, badRules string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	applied, err := store.Migrate(ctx, pool)
-	if err != nil || !slices.Contains(applied, "0014_rate_limit_rules_check") {
+	if err != nil || !slices.Contains(applied, migration) {
 		t.Fatalf("migrate: applied %v, %v", applied, err)
 	}
 	return pool
@@ -405,4 +445,56 @@ func rulesConstraintValid(t *testing.T, pool *pgxpool.Pool) bool {
 		t.Fatal(err)
 	}
 	return valid
+}
+
+// The migration that refuses an override counting none of its route's
+// callers applies on a database that already holds such a row (user on the
+// public config, accepted before): the row stays, the constraint is left
+// NOT VALID, and the refresh refuses that version, so the public config keeps
+// its ip limit. The row can be fixed but not rewritten as it is; once fixed,
+// the constraint validates. On a database without such a row the migration
+// leaves the constraint validated.
+func TestRulesCallersMigrationKeepsAnOldBadRow(t *testing.T) {
+	ctx := context.Background()
+	const migration = "0019_rate_limit_rules_callers"
+	pool := migratedFrom(t, "settings_rules_callers_clean", migration, publicRoute, `[{"family":"ip","limit":5,"windowMs":1000}]`)
+	if !rulesConstraintValid(t, pool) {
+		t.Fatal("on a database without a bad row the rules constraint was left NOT VALID")
+	}
+	pool = migratedFrom(t, "settings_rules_callers_bad", migration, publicRoute, `[{"family":"user","limit":1,"windowMs":60000}]`)
+	if rulesConstraintValid(t, pool) {
+		t.Fatal("the constraint is validated over a row it refuses")
+	}
+	db1, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db1.Close()
+	p, err := settings.New(settings.Config{Scope: "rulescallers"}, store.New(pool), db1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ipLimit := func() int {
+		_, pol := p.Policies().Lookup("GET", "/v1/public/config")
+		if len(pol.Rules) != 1 || pol.Rules[0].Family != "ip" {
+			t.Fatalf("public config policy: %+v", pol)
+		}
+		return pol.Rules[0].Limit
+	}
+	if err := p.Refresh(ctx); !errors.Is(err, settings.ErrInvalid) || p.Version() != 0 || ipLimit() != 300 {
+		t.Fatalf("refresh over the old bad row: %v, version %d; want ErrInvalid and the built-in policy", err, p.Version())
+	}
+	_, err = pool.Exec(ctx, "UPDATE rate_limit_policies SET algorithm = 'sliding' WHERE route = $1", publicRoute)
+	checkRefusal(t, err)
+	if _, err := pool.Exec(ctx, `UPDATE rate_limit_policies SET rules = '[{"family":"ip","limit":5,"windowMs":1000}]'
+		WHERE route = $1`, publicRoute); err != nil {
+		t.Fatalf("fixing the old row: %v", err)
+	}
+	if err := p.Refresh(ctx); err != nil || ipLimit() != 5 {
+		t.Fatalf("refresh after the fix: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "ALTER TABLE rate_limit_policies VALIDATE CONSTRAINT "+rulesConstraint); err != nil || !rulesConstraintValid(t, pool) {
+		t.Fatalf("validating the constraint after the fix: %v", err)
+	}
 }

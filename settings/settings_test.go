@@ -183,7 +183,7 @@ func TestInvalidVersionKeepsThePreviousSettings(t *testing.T) {
 	}
 	// "other" overrides the catch-all policy.
 	f.exec(`INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules)
-		VALUES ('other', 'sliding', 'fail-closed', '[{"family":"user","limit":9,"windowMs":10000}]')`)
+		VALUES ('other', 'sliding', 'fail-closed', '[{"family":"user","limit":9,"windowMs":10000},{"family":"service","limit":9,"windowMs":10000}]')`)
 	if err := p.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
