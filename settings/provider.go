@@ -147,11 +147,12 @@ func (p *Provider) Policies() *ratelimit.PolicySet { return p.cur.Load().policie
 // Version is the settings version in force (0 before the first refresh).
 func (p *Provider) Version() int64 { return p.cur.Load().version }
 
-// Int returns tunable name as an integer, or def when it is absent or not a
-// JSON integer.
+// Int returns tunable name as an integer, or def when it is absent, JSON
+// null or not a JSON integer. A known tunable whose new value cannot be
+// used keeps the value in force (see servedTunables).
 func (p *Provider) Int(name string, def int) int {
 	raw, ok := p.cur.Load().tunables[name]
-	if !ok {
+	if !ok || isNull(raw) {
 		return def
 	}
 	var v int
@@ -326,13 +327,11 @@ func (p *Provider) publish(ctx context.Context, snap Snapshot) bool {
 // set (already validated), unless it is already in force. Its version may
 // be lower than the one in force: see Refresh.
 func (p *Provider) apply(ctx context.Context, s Snapshot, set *ratelimit.PolicySet, source string) error {
-	if s.head() == p.cur.Load().head {
+	in := p.cur.Load()
+	if s.head() == in.head {
 		return nil
 	}
-	tun := s.Tunables
-	if tun == nil {
-		tun = map[string]json.RawMessage{}
-	}
+	tun := p.servedTunables(ctx, s.Version, s.Tunables, in.tunables)
 	p.cur.Store(&current{head: s.head(), policies: set, tunables: tun})
 	p.version.Set(float64(s.Version))
 	p.refreshes.WithLabelValues(source).Inc()
