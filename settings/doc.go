@@ -17,9 +17,10 @@
 // themselves if it does not come), so a change costs PostgreSQL one full
 // read rather than one per instance. PostgreSQL stays the truth: a missing
 // or unreachable Redis only means every instance reads it directly, and so
-// does a shared snapshot that cannot be used (unreadable, over
-// MaxSnapshotBytes, or not a valid version): it is a copy, never the reason
-// to refuse a state, and the lock holder replaces it. An invalid version
+// does a shared snapshot that cannot be used (not signed with the
+// deployment's secret for its key, unreadable, over MaxSnapshotBytes, or
+// not a valid version): it is a copy, never the reason to refuse a state,
+// and the lock holder replaces it. An invalid version
 // (its rows in PostgreSQL) is refused as a whole and the previous snapshot
 // stays in force.
 //

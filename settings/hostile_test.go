@@ -54,33 +54,56 @@ func TestLimitTimesWindowOverflowIsRefused(t *testing.T) {
 	}
 }
 
-// The shared snapshot is only a copy of what PostgreSQL holds: a snapshot
-// under the key of the state PostgreSQL is at that cannot be used (not
-// JSON, another Redis type, naming another state, or with policies no
-// version could pass) is ignored, the instance applies PostgreSQL's rows,
-// and the copy is replaced, so the instances that read it next take the
-// right one. Someone with Redis access who plants a bad copy cannot keep a
-// committed change from the instances.
+// The shared snapshot is only a copy of what PostgreSQL holds, and an
+// instance takes it only when it is signed with the deployment's secret
+// (HAN_HMAC_SECRET) for the key it is under. A value under the key of the
+// state PostgreSQL is at that is not so signed - planted by someone who
+// holds DB1's credentials but not the secret: a well-formed copy naming
+// that state with every route unlimited, one signed with another secret, a
+// genuine snapshot of another state copied there - is ignored, and so is a
+// signed one that cannot be used (not JSON, another Redis type, naming
+// another state, or with policies no version could pass). The instance
+// applies PostgreSQL's rows, and the copy is replaced, so the instances that
+// read it next take the right one. So without the secret, a copy planted
+// in Redis cannot keep a committed change from the instances; with it, it
+// can (docs/runtime-settings.md, "Trust").
 func TestUnusableSharedSnapshotIsReplacedFromPostgreSQL(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	p := f.provider(settings.Config{})
 	invalidRule := `{"GET /v1/me":{"algorithm":"fixed","onFailure":"local","rules":[{"family":"user","limit":0,"windowMs":1000}]}}`
+	unlimited := `{"GET /v1/me":{"algorithm":"fixed","onFailure":"local","rules":[]},"POST /v1/dialogs/{id}/messages":{"algorithm":"sliding","onFailure":"local","rules":[]}}`
+	snapshot := func(v int64, stamp, policies string) []byte {
+		return []byte(`{"version":` + itoa(v) + `,"stamp":"` + stamp + `","policies":` + policies + `,"tunables":{}}`)
+	}
+	signed := func(key string, body []byte) []byte { return settings.SealSnapshot(testSecret, key, body) }
 	for i, c := range []struct {
 		name  string
 		plant func(key string, version int64, stamp string)
 	}{
-		{"not JSON", func(key string, _ int64, _ string) { f.db1.Set(ctx, key, "{not json", 0) }},
+		{"unsigned, naming the state, every route unlimited", func(key string, v int64, stamp string) {
+			f.db1.Set(ctx, key, snapshot(v, stamp, unlimited), 0)
+		}},
+		{"signed with another secret", func(key string, v int64, stamp string) {
+			f.db1.Set(ctx, key, settings.SealSnapshot([]byte("another-secret-0123456789"), key, snapshot(v, stamp, unlimited)), 0)
+		}},
+		{"a signed snapshot of another state copied here", func(key string, v int64, stamp string) {
+			other := settings.SnapshotKey(v+1, stamp)
+			f.db1.Set(ctx, key, signed(other, snapshot(v, stamp, unlimited)), 0)
+		}},
+		{"a signature cut short", func(key string, v int64, stamp string) {
+			f.db1.Set(ctx, key, signed(key, snapshot(v, stamp, unlimited))[1:], 0)
+		}},
+		{"not JSON", func(key string, _ int64, _ string) { f.db1.Set(ctx, key, signed(key, []byte("{not json")), 0) }},
 		{"a hash", func(key string, _ int64, _ string) { f.db1.HSet(ctx, key, "version", "1") }},
 		{"another state", func(key string, v int64, _ string) {
-			f.db1.Set(ctx, key, `{"version":`+itoa(v-1)+`,"stamp":"`+ids.New()+`","policies":{},"tunables":{}}`, 0)
+			f.db1.Set(ctx, key, signed(key, snapshot(v-1, ids.New(), `{}`)), 0)
 		}},
 		{"an invalid rule", func(key string, v int64, stamp string) {
-			f.db1.Set(ctx, key, `{"version":`+itoa(v)+`,"stamp":"`+stamp+`","policies":`+invalidRule+`,"tunables":{}}`, 0)
+			f.db1.Set(ctx, key, signed(key, snapshot(v, stamp, invalidRule)), 0)
 		}},
 		{"an unknown family", func(key string, v int64, stamp string) {
-			f.db1.Set(ctx, key, `{"version":`+itoa(v)+`,"stamp":"`+stamp+`","policies":`+
-				strings.Replace(invalidRule, `"user","limit":0`, `"planet","limit":5`, 1)+`,"tunables":{}}`, 0)
+			f.db1.Set(ctx, key, signed(key, snapshot(v, stamp, strings.Replace(invalidRule, `"user","limit":0`, `"planet","limit":5`, 1))), 0)
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,8 +123,9 @@ func TestUnusableSharedSnapshotIsReplacedFromPostgreSQL(t *testing.T) {
 					p.Version(), userLimit(t, p, "GET", "/v1/me"), v, limit)
 			}
 			var s settings.Snapshot
-			b, err := f.db1.Get(ctx, key).Bytes()
-			if err != nil || json.Unmarshal(b, &s) != nil || s.Version != v || s.Stamp != stamp ||
+			stored, err := f.db1.Get(ctx, key).Bytes()
+			b, signed := settings.OpenSnapshot(testSecret, key, stored)
+			if err != nil || !signed || json.Unmarshal(b, &s) != nil || s.Version != v || s.Stamp != stamp ||
 				len(s.Policies["GET /v1/me"].Rules) != 1 || s.Policies["GET /v1/me"].Rules[0].Limit != limit {
 				t.Fatalf("the shared snapshot was not replaced: %s %v", b, err)
 			}

@@ -18,6 +18,10 @@ import (
 
 var env *testenv.Env
 
+// testSecret is the deployment secret the instances of the tests share
+// (HAN_HMAC_SECRET): it signs the snapshots they share.
+var testSecret = []byte("settings-test-secret-0123456789")
+
 func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{Redis: true, Postgres: true}, &env) }
 
 var (
@@ -69,6 +73,9 @@ func (f *fixture) provider(cfg settings.Config) *settings.Provider {
 	f.t.Helper()
 	if cfg.Scope == "" {
 		cfg.Scope = "test"
+	}
+	if cfg.Secret == nil {
+		cfg.Secret = testSecret
 	}
 	cfg.OnPublish = func(v int64) {
 		f.mu.Lock()

@@ -42,6 +42,11 @@ type Config struct {
 	// the refresh lock han:coord:lock:settings-refresh:{<scope>}. The
 	// service uses HAN_ENV. Required; no braces, colons or spaces.
 	Scope string
+	// Secret signs the shared snapshots (a key derived from it): an
+	// instance takes only a snapshot signed with it, so holding DB1's
+	// credentials is not enough to put settings in force. The service uses
+	// HAN_HMAC_SECRET. Required.
+	Secret []byte
 	// RefreshInterval is how often the version is checked: the bound on how
 	// long a committed change takes to reach an instance. Zero value means
 	// 5s.
@@ -74,6 +79,7 @@ type current struct {
 // Provider serves the current settings and refreshes them.
 type Provider struct {
 	cfg    Config
+	key    []byte // signs the shared snapshots (snapshotKeyFrom)
 	store  *store.Store
 	db1    redis.UniversalClient
 	locker *rds.Locker
@@ -102,6 +108,9 @@ func New(cfg Config, st *store.Store, db1 redis.UniversalClient) (*Provider, err
 	if cfg.Scope == "" {
 		return nil, errors.New("settings: Scope is required")
 	}
+	if len(cfg.Secret) == 0 {
+		return nil, errors.New("settings: Secret is required")
+	}
 	if cfg.RefreshInterval <= 0 {
 		cfg.RefreshInterval = 5 * time.Second
 	}
@@ -117,7 +126,7 @@ func New(cfg Config, st *store.Store, db1 redis.UniversalClient) (*Provider, err
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Provider{cfg: cfg, store: st, db1: db1, locker: rds.NewLocker(db1), logger: cfg.Logger}
+	p := &Provider{cfg: cfg, key: signingKey(cfg.Secret), store: st, db1: db1, locker: rds.NewLocker(db1), logger: cfg.Logger}
 	p.loop = loop.New(loop.Config{Interval: cfg.RefreshInterval, Timeout: cfg.RefreshInterval + cfg.PeerWait + 5*time.Second},
 		func(ctx context.Context) bool {
 			_ = p.Refresh(ctx)
@@ -221,9 +230,10 @@ func (p *Provider) Refresh(ctx context.Context) error {
 
 // fetch reads the shared snapshot of state h and its policy set, if Redis
 // holds a usable one. The snapshot is only a copy of PostgreSQL's rows: one
-// that is unreadable, names another state or does not make a valid policy
-// set (planted, or damaged) is ignored, never taken for a refusal of the
-// state, so the caller reads PostgreSQL and the lock holder replaces it.
+// that is not signed with this deployment's key (sign.go), is unreadable,
+// names another state or does not make a valid policy set (planted, or
+// damaged) is ignored, never taken for a refusal of the state, so the
+// caller reads PostgreSQL and the lock holder replaces it.
 func (p *Provider) fetch(ctx context.Context, h head) (Snapshot, *ratelimit.PolicySet, bool) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.RedisTimeout)
 	defer cancel()
@@ -237,8 +247,16 @@ func (p *Provider) fetch(ctx context.Context, h head) (Snapshot, *ratelimit.Poli
 	if len(b) == 0 {
 		return Snapshot{}, nil, false
 	}
+	b, signed := p.opened(SnapshotKey(h.version, h.stamp), b)
+	if !signed {
+		// Not written by an instance of this deployment (planted, or
+		// signed with another secret): nothing of it is trusted or logged.
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring a shared snapshot without this deployment's signature; reading PostgreSQL",
+			slog.Int64("version", h.version))
+		return Snapshot{}, nil, false
+	}
 	var s Snapshot
-	if len(b) > MaxSnapshotBytes || json.Unmarshal(b, &s) != nil || s.head() != h {
+	if json.Unmarshal(b, &s) != nil || s.head() != h {
 		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: ignoring an unreadable shared snapshot", slog.Int64("version", h.version))
 		return Snapshot{}, nil, false
 	}
@@ -297,14 +315,15 @@ func (p *Provider) loadAndApply(ctx context.Context, h head, publish bool) error
 	return p.apply(ctx, snap, set, source)
 }
 
-// publish shares snap in Redis for SnapshotTTL; false when it is not shared
-// (Redis failed, or the snapshot is larger than MaxSnapshotBytes, which no
-// instance would take).
+// publish shares snap in Redis for SnapshotTTL, signed; false when it is
+// not shared (Redis failed, or the stored value is larger than
+// MaxSnapshotBytes, which no instance would take).
 func (p *Provider) publish(ctx context.Context, snap Snapshot) bool {
 	b, err := json.Marshal(snap)
 	if err != nil {
 		return false
 	}
+	b = p.sealed(SnapshotKey(snap.Version, snap.Stamp), b)
 	if len(b) > MaxSnapshotBytes {
 		p.logger.LogAttrs(ctx, slog.LevelWarn, "settings: snapshot too large to share; every instance reads PostgreSQL",
 			slog.Int64("version", snap.Version), slog.Int("bytes", len(b)))

@@ -364,7 +364,7 @@ func TestRulesCheckMigrationKeepsAnOldBadRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db1.Close()
-	p, err := settings.New(settings.Config{Scope: "rulescheck"}, store.New(pool), db1)
+	p, err := settings.New(settings.Config{Scope: "rulescheck", Secret: testSecret}, store.New(pool), db1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +470,7 @@ func TestRulesCallersMigrationKeepsAnOldBadRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db1.Close()
-	p, err := settings.New(settings.Config{Scope: "rulescallers"}, store.New(pool), db1)
+	p, err := settings.New(settings.Config{Scope: "rulescallers", Secret: testSecret}, store.New(pool), db1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -203,7 +203,7 @@ func TestSettingsWithoutRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dead.Close()
-	p, err := settings.New(settings.Config{Scope: "test", RedisTimeout: 200 * time.Millisecond}, f.store, dead)
+	p, err := settings.New(settings.Config{Scope: "test", RedisTimeout: 200 * time.Millisecond, Secret: testSecret}, f.store, dead)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func (m *Main) checkLegacyStub() error {
 // cannot be read now; the refresh loop retries) and starts refreshing.
 func (m *Main) startSettings(ctx context.Context, metrics *restapi.Metrics) error {
 	cfg := m.Config
-	p, err := settings.New(settings.Config{Scope: cfg.Env, RefreshInterval: cfg.SettingsRefreshInterval,
+	p, err := settings.New(settings.Config{Scope: cfg.Env, Secret: []byte(cfg.HMACSecret), RefreshInterval: cfg.SettingsRefreshInterval,
 		RedisTimeout: cfg.RedisTimeout, Logger: m.Logger, Registerer: metrics.Registry}, store.New(m.pg), m.rt)
 	if err != nil {
 		return err
