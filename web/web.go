@@ -23,7 +23,10 @@ const csp = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 's
 // Handler serves the embedded browser client. Files are revalidated on
 // every load (no-cache) so a new deployment's modules are never mixed with
 // an old cached one. Folders are not browsable: a directory other than the
-// root (which serves index.html) is 404.
+// root (which serves index.html) is 404. Cross-Origin-Opener-Policy
+// same-origin puts the page in a browsing context group of its own: a page
+// of another origin that opened it, or that it opened, holds no reference
+// to it, so cannot navigate it (to a sign-in link, say).
 func Handler() http.Handler {
 	fsrv := http.FileServer(http.FS(noDirs{Files()}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -31,6 +34,7 @@ func Handler() http.Handler {
 		h.Set("Content-Security-Policy", csp)
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cross-Origin-Opener-Policy", "same-origin")
 		h.Set("Cache-Control", "no-cache")
 		fsrv.ServeHTTP(w, r)
 	})

@@ -21,7 +21,9 @@ func get(t *testing.T, p string) *http.Response {
 }
 
 // The page is served with a CSP that allows only this origin's scripts (no
-// inline script), blob: images for attachment previews, and WebSockets.
+// inline script), blob: images for attachment previews, and WebSockets,
+// and in a browsing context group of its own (no window of another origin
+// holds a reference to it).
 func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
 	res := get(t, "/")
 	body, _ := io.ReadAll(res.Body)
@@ -37,7 +39,8 @@ func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
 	if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
 		t.Errorf("CSP allows inline code: %q", csp)
 	}
-	for h, want := range map[string]string{"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"} {
+	for h, want := range map[string]string{"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
+		"Cross-Origin-Opener-Policy": "same-origin"} {
 		if got := res.Header.Get(h); got != want {
 			t.Errorf("%s: %q, want %q", h, got, want)
 		}

@@ -227,9 +227,10 @@ func browserOpenDialogPastTheLimit(t *testing.T, b *browser) {
 }
 
 // browserSignInLinkInRunningTab: a sign-in link opened in a tab that runs
-// already (a same-document navigation: only hashchange fires) signs in —
-// as another user over a running session, and after a sign-out — and its
-// token leaves the address bar at once, as on a fresh page.
+// already (a same-document navigation: only hashchange fires) — of another
+// user over a running session, which asks first and switches once told to,
+// and after a sign-out, which signs in at once — and its token leaves the
+// address bar at once, as on a fresh page.
 func browserSignInLinkInRunningTab(t *testing.T, b *browser) {
 	port := freePorts(t, 1)[0]
 	m := start(t, instanceVars(port, "browser-link", fmt.Sprintf("http://127.0.0.1:%d", port)))
@@ -245,6 +246,9 @@ func browserSignInLinkInRunningTab(t *testing.T, b *browser) {
 		}
 	}
 	_ = mustEval[bool](p, fmt.Sprintf(`(() => { location.hash = "#token=%s"; return true; })()`, mintToken(t, bob)))
+	p.waitSel(deliveryBound, "the switch question", "#switch-user")
+	signedInAs("alice's session while asked", alice)
+	p.click("#switch-go")
 	signedInAs("bob's link over alice's session", bob)
 	p.click("#sign-out")
 	p.waitSel(deliveryBound, "sign-in form", "#signin-form")

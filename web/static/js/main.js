@@ -2,11 +2,11 @@
 // the connection banner and the SDK client (web/sdk, served under /sdk/)
 // shared by the views: its realtime connection, REST calls and token hook.
 import { HanClient } from "../sdk/index.js";
-import { get, onAuthLost, setToken } from "./api.js";
+import { get, getToken, onAuthLost, setToken } from "./api.js";
 import { ChatView } from "./chat.js";
 import { ConsoleView } from "./console.js";
 import { $, copyText, formatDateTime, h, hue, initials, relative, shortId, toast } from "./dom.js";
-import { errorView } from "./errors.js";
+import { errorView, sentence } from "./errors.js";
 
 const TOKEN_KEY = "han.token";
 // session is the signed-in session's own object: what an old session's
@@ -15,8 +15,11 @@ const app = { me: null, session: null, client: null, rt: null, chat: null, conso
 let renewal = null; // the open request for a new token: {resolve, card, text, errBox}
 
 // A dev sign-in link carries the token in the fragment (/#token=…&project=…),
-// which browsers never send to the server; it is removed from the address
-// bar (and history) at once.
+// which browsers never send to the server. The client rewrites the tab's
+// own history entry at once: the address bar shows the link's view
+// (#/chat or #/console/<project>) without the token. The browser's history
+// database has recorded the visit by then, token included; no page script
+// can take it out of there (docs/web-client.md).
 function takeFragmentToken() {
   const frag = location.hash.slice(1);
   if (!/(^|&)token=/.test(frag)) return null;
@@ -136,6 +139,12 @@ function tokenHook({ reason, expiresAt }) {
     if (app.me) signOut({ code: "unauthorized", status: 401 });
     return null;
   }
+  // A token given since (a sign-in link of this user opened in the tab)
+  // that outlives the connection's credential answers at once. Not after a
+  // refusal: the server has just refused the token it was sent.
+  const tok = getToken();
+  const exp = tokenExpiry(tok);
+  if (reason !== "refused" && exp && exp > expiresAt && exp > Date.now()) return tok;
   return askForToken({ reason, expiresAt });
 }
 
@@ -205,6 +214,7 @@ async function useNewToken(raw) {
 
 function signOut(err) {
   renewal?.resolve(null);
+  closeSwitch();
   sessionStorage.removeItem(TOKEN_KEY);
   setToken("");
   if (app.client) {
@@ -292,27 +302,124 @@ function route() {
   document.title = section === "chat" ? "HAN · Chat" : "HAN · Project console";
 }
 
-// signInFromLink signs in with the token of a sign-in link opened in a tab
-// already running: a session open before it ends first. Sign-ins run one
-// after another: a link opened while one is under way waits for it, then
-// ends the session it started.
-let signingIn = Promise.resolve();
-let newestLink = 0;
+// ---- sign-in links -----------------------------------------------------------------
 
-function signInFromLink(tok) {
-  const mine = ++newestLink;
-  // A link queued behind a newer one is passed over: only the newest signs in.
-  const run = () => (mine === newestLink ? signInWith(tok) : undefined);
-  signingIn = signingIn.then(run, run);
-  return signingIn;
+// Sign-in links are taken one after another: a link opened while one is
+// under way waits for it, and a link queued behind a newer one is passed
+// over (only the newest counts).
+let linkQueue = Promise.resolve();
+let newestLink = 0;
+let switching = null; // the open "Switch to user …?" card: {card}
+
+function queue(fn) {
+  linkQueue = linkQueue.then(fn, fn);
+  return linkQueue;
 }
 
-async function signInWith(tok) {
+// linkArrived takes the token of a sign-in link opened in this tab. at:
+// the address the tab showed before the link (back) and the link's own
+// view (to); a link that does not end the session leaves the tab at back.
+function linkArrived(tok, at) {
+  const mine = ++newestLink;
+  return queue(() => (mine === newestLink ? takeLink(tok, at) : undefined));
+}
+
+// takeLink: in a tab without a session the link signs in. In a tab with
+// one, its token is checked first (GET /v1/me; a 401 there does not sign
+// out), and the session stays as it is until there is reason to end it:
+// a refused token is reported and changes nothing; a token of the
+// signed-in user becomes the session's token; a token of another user is
+// used only once the user confirms the switch. Anyone who can navigate
+// this tab (a page it opened, or that opened it) can open a link in it.
+async function takeLink(tok, at) {
+  if (!app.me) return signInWith(tok);
+  const session = app.session;
+  history.replaceState(null, "", at.back);
+  let me;
+  try {
+    me = await checkToken(tok);
+  } catch (e) {
+    if (app.session === session) linkRefused(e);
+    return;
+  }
+  if (app.session !== session) return; // signed out (or in anew) meanwhile
+  if (me.id === app.me) useToken(tok);
+  else askToSwitch(tok, me.id, at.to);
+}
+
+// checkToken asks the server whose token tok is, without it becoming the
+// session's token; a 401 does not sign the tab out.
+function checkToken(tok) {
+  return get("/v1/me", { auth: false, headers: { Authorization: `Bearer ${tok}` } });
+}
+
+// useToken makes a checked token of the signed-in user the session's:
+// every request and ticket use it, and the live connection is given it
+// when it next asks for one (tokenHook).
+function useToken(tok) {
+  setToken(tok);
+  app.client.tokens.set(tok);
+  sessionStorage.setItem(TOKEN_KEY, tok);
+  showTokenExpiry(tok);
+}
+
+function linkRefused(err) {
+  const code = (err && err.code) || "internal";
+  toast(h("span", { class: "link-refused", dataset: { code } }, "The sign-in link was not used: ",
+    h("code", { class: "code", text: code }), " ", sentence(code, err && err.status)), "error");
+}
+
+function closeSwitch() {
+  switching?.card.remove();
+  switching = null;
+}
+
+// askToSwitch asks before a sign-in link of another user ends the session.
+// The session runs on meanwhile; Stay (the focused choice, so an Enter
+// meant for the composer keeps it) drops the link's token.
+function askToSwitch(tok, user, view) {
+  closeSwitch();
+  const stay = h("button", { type: "button", class: "btn btn-sm", id: "switch-stay" }, `Stay signed in as ${shortId(app.me)}`);
+  const go = h("button", { type: "button", class: "btn btn-primary btn-sm", id: "switch-go" }, "Switch user");
+  const card = h("div", { id: "switch-user", class: "card renew", role: "alertdialog", "aria-labelledby": "switch-title",
+    "aria-describedby": "switch-text", dataset: { user } },
+    h("h2", { id: "switch-title", text: `Switch to user ${shortId(user)}?` }),
+    h("p", { id: "switch-text" }, "A sign-in link for user ", h("code", { text: user }), " was opened in this tab, which is signed in as ",
+      h("code", { text: app.me }), ". Switching ends this session. If you did not open that link yourself, stay signed in."),
+    h("div", { class: "renew-actions" }, stay, go));
+  const session = app.session;
+  stay.addEventListener("click", closeSwitch);
+  go.addEventListener("click", () => {
+    closeSwitch();
+    if (app.session === session) void queue(() => switchTo(tok, view));
+  });
+  switching = { card };
+  document.body.append(card);
+  stay.focus();
+}
+
+// signInWith ends the session open in the tab, if any, and signs in with
+// tok. quiet: a refused token leaves the page as it is (a sign-in link
+// follows that decides).
+async function signInWith(tok, { quiet = false } = {}) {
   if (app.me) signOut();
   $("#main").replaceChildren(h("p", { class: "muted loading", text: "Signing in…" }));
   const errBox = h("div");
   if (await signIn(tok, errBox)) route();
-  else showSignIn(errBox.firstChild ? { code: errBox.firstChild.dataset.code } : null);
+  else if (!quiet) showSignIn(errBox.firstChild ? { code: errBox.firstChild.dataset.code } : null);
+}
+
+// switchTo ends the session for a confirmed link's user, once its token is
+// still good, and opens the link's view.
+async function switchTo(tok, view) {
+  try {
+    await checkToken(tok);
+  } catch (e) {
+    linkRefused(e);
+    return;
+  }
+  history.replaceState(null, "", view);
+  await signInWith(tok);
 }
 
 // ---- start ----------------------------------------------------------------------------------
@@ -322,20 +429,23 @@ async function boot() {
   $("#copy-me").addEventListener("click", async () => {
     toast((await copyText(app.me || "")) ? "Your user id was copied." : `Your user id: ${app.me}`, "success");
   });
-  window.addEventListener("hashchange", () => {
+  window.addEventListener("hashchange", (e) => {
     // A sign-in link opened in this tab: its token leaves the address bar
-    // and history at once. While a new token is asked for it answers the
-    // ask; otherwise it signs in (the session before it, if any, ends).
+    // at once. While a new token is asked for it answers the ask;
+    // otherwise it is taken as a link (takeLink: a session open in the tab
+    // is not ended without the user's say).
     const tok = takeFragmentToken();
     if (!tok) {
       route();
       return;
     }
+    const at = { back: `${location.pathname}${location.search}${new URL(e.oldURL).hash}`, to: location.href };
     if (renewal) {
+      history.replaceState(null, "", at.back);
       useNewToken(tok);
       return;
     }
-    void signInFromLink(tok);
+    void linkArrived(tok, at);
   });
   onAuthLost(() => { if (app.me) signOut({ code: "unauthorized", status: 401 }); });
   // Back online: skip the wait of a pending reconnect, and start an
@@ -344,12 +454,13 @@ async function boot() {
     const phase = app.rt?.state.phase;
     if (phase === "reconnecting" || phase === "connecting") app.rt.reconnectNow();
   });
-  const tok = takeFragmentToken() || sessionStorage.getItem(TOKEN_KEY);
-  if (!tok) {
-    showSignIn();
-    return;
-  }
-  await signInFromLink(tok);
+  // The tab's own session (a reload) comes back first: a sign-in link the
+  // tab was sent to then meets a running session, as one opened later does.
+  const link = takeFragmentToken();
+  const stored = sessionStorage.getItem(TOKEN_KEY);
+  if (stored) await queue(() => signInWith(stored, { quiet: !!link }));
+  if (link) await linkArrived(link, { back: location.href, to: location.href });
+  else if (!stored) showSignIn();
 }
 
 boot();
