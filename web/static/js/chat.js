@@ -354,6 +354,7 @@ export class ChatView {
     const d = this.dialogs.get(id);
     if (!d) {
       this.titleEl.textContent = "Loading…";
+      this.titleEl.title = "";
       this.membersEl.replaceChildren();
       this.msgList.replaceChildren();
       return; // refreshDialogs opens it once the list is known
@@ -394,6 +395,7 @@ export class ChatView {
   #notFound() {
     this.composer.hidden = true;
     this.titleEl.textContent = "Dialog not found";
+    this.titleEl.title = "";
     this.statusEl.textContent = "";
     this.membersEl.replaceChildren();
     this.msgList.replaceChildren(h("li", { class: "msgs-empty" }, errorView({ code: "dialog_not_found", status: 404 })));
@@ -466,6 +468,7 @@ export class ChatView {
     const d = this.dialogs.get(this.current);
     if (!d) return;
     this.titleEl.textContent = this.#title(d);
+    this.titleEl.title = this.titleEl.textContent; // whole, where the line cuts it
     this.membersEl.replaceChildren(...(d.memberIds || []).map((m) =>
       h("li", { class: "member", dataset: { user: m } }, this.#dot(m),
         h("span", { text: m === this.me ? "You" : shortId(m), title: m }))));
