@@ -1,6 +1,7 @@
 package web_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -51,7 +52,57 @@ func TestALongUnbrokenTitleStaysInItsHeader(t *testing.T) {
 	}
 }
 
+// typeInto types text into the element sel matches, as keystrokes.
+func typeInto(t *testing.T, ctx context.Context, sel, text string) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(c, chromedp.SendKeys(chromedp.CSS(sel), text, chromedp.NodeVisible)); err != nil {
+		t.Fatalf("type into %s: %v", sel, err)
+	}
+}
+
 func jsInt(n int64) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// Text is laid out in its own direction: a Hebrew message, title and
+// list preview read right to left (the closing "!" of "שלום, עולם!" at the
+// left end, where an RTL reader ends the sentence), English left to right;
+// the composer takes the direction of what is typed into it.
+func TestTextShowsInItsOwnDirection(t *testing.T) {
+	ctx := startChromium(t)
+	for _, c := range []struct{ title, body, dir string }{
+		{"שיחה", "שלום, עולם!", "rtl"},
+		{"Team", "Hello, world!", "ltr"},
+	} {
+		a := newUsersAPI(c.title, c.body)
+		srv := a.serve(t)
+		signInTab(t, ctx, srv.URL, a.token(aliceID, time.Hour), aliceDialogID)
+		typeInto(t, ctx, "#composer-input", c.body)
+		got := evalJS[string](t, ctx, `(() => {
+			const dir = (...sels) => getComputedStyle(sels.map((s) => document.querySelector(s)).find(Boolean)).direction;
+			const p = document.querySelector('#messages li.msg .body');
+			const text = p.firstChild, n = text.data.length;
+			const x = (i) => { const r = document.createRange(); r.setStart(text, i); r.setEnd(text, i + 1); return r.getBoundingClientRect().left; };
+			return JSON.stringify({body: dir('#messages li.msg .body'), title: dir('#dialog-title'), listed: dir('.dialog-name'),
+				preview: dir('.dialog-sub bdi', '.dialog-sub'), composer: dir('#composer-input'), typed: document.querySelector('#composer-input').value,
+				endLeftOfStart: x(n - 1) < x(0)});
+		})()`)
+		var res struct {
+			Body, Title, Listed, Preview, Composer, Typed string
+			EndLeftOfStart                                bool
+		}
+		if err := json.Unmarshal([]byte(got), &res); err != nil {
+			t.Fatalf("%v: %s", err, got)
+		}
+		want := struct {
+			Body, Title, Listed, Preview, Composer, Typed string
+			EndLeftOfStart                                bool
+		}{c.dir, c.dir, c.dir, c.dir, c.dir, c.body, c.dir == "rtl"}
+		if res != want {
+			t.Errorf("%q: directions %+v, want %+v", c.body, res, want)
+		}
+	}
 }

@@ -125,7 +125,10 @@ export class ChatView {
       this.listEl,
       h("details", { class: "new-dialog", id: "new-dialog-box" }, h("summary", { text: "New dialog" }), this.newForm));
 
-    this.titleEl = h("h2", { id: "dialog-title", text: "" });
+    // Members' text (titles, bodies, what is typed) takes the direction of
+    // its first strong character (dir="auto"): Hebrew or Arabic reads right
+    // to left, whatever the page's direction.
+    this.titleEl = h("h2", { id: "dialog-title", dir: "auto", text: "" });
     this.statusEl = h("small", { id: "dialog-status", class: "muted" });
     this.membersEl = h("ul", { class: "members", id: "members", "aria-label": "Members" });
     // The log region wraps the list: a role on the <ol> itself would take
@@ -138,7 +141,7 @@ export class ChatView {
     this.typingEl = h("div", { id: "typing", class: "typing", "aria-live": "polite" });
     this.fileInput = h("input", { type: "file", id: "attach-input", class: "visually-hidden", multiple: true });
     this.uploadsEl = h("ul", { id: "uploads", class: "uploads", "aria-label": "Attachments to send" });
-    this.input = h("textarea", { id: "composer-input", rows: "1", maxlength: "4000", placeholder: "Write a message…",
+    this.input = h("textarea", { id: "composer-input", dir: "auto", rows: "1", maxlength: "4000", placeholder: "Write a message…",
       "aria-label": "Message", autocomplete: "off" });
     this.sendBtn = h("button", { type: "submit", class: "btn btn-primary", id: "send" }, "Send");
     this.composer = h("form", { id: "composer", class: "composer", "data-sending": "0" },
@@ -284,8 +287,9 @@ export class ChatView {
       let preview;
       if (last) {
         const who = last.senderId === this.me ? "You" : shortId(last.senderId);
-        const text = last.body || (last.atts ? plural(last.atts, "attachment") : "");
-        preview = `${who}: ${text}`;
+        // The body in its own direction, isolated from the sender before it.
+        preview = last.body ? [`${who}: `, h("bdi", { text: last.body })]
+          : `${who}: ${last.atts ? plural(last.atts, "attachment") : ""}`;
       } else {
         preview = d.lastSeq ? plural(d.lastSeq, "message") : `No messages yet · ${plural((d.memberIds || []).length, "member")}`;
       }
@@ -295,9 +299,9 @@ export class ChatView {
         h("span", { class: "avatar-wrap" }, avatar(others[0] || d.id, d.title || null), dot),
         h("span", { class: "dialog-text" },
           h("span", { class: "dialog-top" },
-            h("span", { class: "dialog-name", text: this.#title(d) }),
+            h("span", { class: "dialog-name", dir: "auto", text: this.#title(d) }),
             when ? h("time", { class: "dialog-time", datetime: isoTime(when), title: formatDateTime(when), text: listTime(when) }) : null),
-          h("span", { class: "dialog-sub", dataset: { seq: last ? String(last.seq) : "" }, text: preview })),
+          h("span", { class: "dialog-sub", dataset: { seq: last ? String(last.seq) : "" } }, preview)),
         unread ? h("span", { class: "badge", "aria-label": `${unread} unread`, text: unread > 99 ? "99+" : String(unread) }) : null);
       return h("li", null, a);
     });
@@ -586,7 +590,7 @@ export class ChatView {
           h("time", { datetime: isoTime(m.createdAt), title: formatDateTime(m.createdAt), text: formatTime(m.createdAt) }),
           h("span", { class: "seq", text: `#${m.seq}` })),
         h("div", { class: "bubble" },
-          m.body ? h("p", { class: "body", text: m.body }) : null,
+          m.body ? h("p", { class: "body", dir: "auto", text: m.body }) : null,
           atts.length ? h("ul", { class: "atts" }, atts) : null)));
   }
 
@@ -596,7 +600,7 @@ export class ChatView {
     li.append(h("div", { class: "att-row" },
       h("span", { class: "att-badge", "aria-hidden": "true", text: ext || "FILE" }),
       h("span", { class: "att-text" },
-        h("span", { class: "att-name", text: a.filename, title: a.filename }),
+        h("span", { class: "att-name", dir: "auto", text: a.filename, title: a.filename }),
         h("span", { class: "att-size", text: `${formatBytes(a.sizeBytes)} · ${a.contentType}` })),
       h("button", { type: "button", class: "btn btn-sm btn-ghost att-dl", "aria-label": `Download ${a.filename}`, title: "Download",
         onclick: () => this.#download(a) }, icon("download"))));
@@ -809,9 +813,9 @@ export class ChatView {
     return h("li", { class: `msg mine pending pending-${p.state}`, dataset: { local: p.localId, state: p.state } },
       h("div", { class: "msg-col" },
         h("div", { class: "msg-meta" }, h("span", { class: "sender", text: "You" }), status),
-        h("div", { class: "bubble" }, h("p", { class: "body", text: p.body }),
+        h("div", { class: "bubble" }, h("p", { class: "body", dir: "auto", text: p.body }),
           p.attachments.length ? h("ul", { class: "atts" }, p.attachments.map((a) => h("li", { class: "att" },
-            h("span", { class: "att-name", text: a.filename })))) : null),
+            h("span", { class: "att-name", dir: "auto", text: a.filename })))) : null),
         failure));
   }
 
@@ -855,7 +859,7 @@ export class ChatView {
 
   #renderUploads() {
     this.uploadsEl.replaceChildren(...this.uploads.map((u) => h("li", { class: `upload upload-${u.state}`, dataset: { state: u.state } },
-      h("span", { class: "att-name", text: u.file.name }),
+      h("span", { class: "att-name", dir: "auto", text: u.file.name }),
       h("span", { class: "muted", text: u.state === "uploading" ? "uploading…" : u.state === "ready" ? formatBytes(u.file.size) : "" }),
       u.error ? h("code", { class: "code", title: sentence(u.error.code, u.error.status), text: u.error.code }) : null,
       h("button", { type: "button", class: "btn btn-sm btn-ghost", "aria-label": `Remove ${u.file.name}`,
