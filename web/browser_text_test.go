@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 )
 
@@ -105,4 +107,88 @@ func TestTextShowsInItsOwnDirection(t *testing.T) {
 			t.Errorf("%q: directions %+v, want %+v", c.body, res, want)
 		}
 	}
+}
+
+// The composer holds 4000 characters as the server counts them (Unicode
+// code points, utf8.RuneCount), not 4000 UTF-16 units: 4000 emoji fit,
+// typed or pasted; what an edit brings past the limit is cut at it,
+// without splitting a character. The new dialog's title holds 200 the
+// same way.
+func TestTheComposerCountsCharactersAsTheServerDoes(t *testing.T) {
+	ctx := startChromium(t)
+	a := newUsersAPI("Team", "hi")
+	srv := a.serve(t)
+	signInTab(t, ctx, srv.URL, a.token(aliceID, time.Hour), aliceDialogID)
+	const emoji = "😀" // one character, two UTF-16 units
+	// state: the field's length in characters and UTF-16 units, and its
+	// last three characters.
+	state := func(sel string) (chars, units int, end string) {
+		t.Helper()
+		got := evalJS[string](t, ctx, `(() => { const v = document.querySelector('`+sel+`').value;
+			return JSON.stringify([[...v].length, v.length, [...v].slice(-3).join("")]); })()`)
+		var r [3]any
+		if err := json.Unmarshal([]byte(got), &r); err != nil {
+			t.Fatalf("%v: %s", err, got)
+		}
+		return int(r[0].(float64)), int(r[1].(float64)), r[2].(string)
+	}
+	set := func(sel, v string) {
+		evalJS[bool](t, ctx, `(document.querySelector('`+sel+`').value = `+jsString(v)+`, true)`)
+	}
+
+	for _, c := range []struct {
+		what, before, typed string
+		wantEnd             string
+	}{
+		{"typed after 3998 letters", strings.Repeat("a", 3998), emoji + emoji + emoji, "a" + emoji + emoji},
+		{"typed after 3999 emoji", strings.Repeat(emoji, 3999), emoji + emoji, emoji + emoji + emoji},
+		{"pasted into an empty composer", "", strings.Repeat(emoji, 4001), emoji + emoji + emoji},
+	} {
+		set("#composer-input", c.before)
+		if strings.HasPrefix(c.what, "pasted") {
+			insertText(t, ctx, "#composer-input", c.typed)
+		} else {
+			typeInto(t, ctx, "#composer-input", c.typed)
+		}
+		if chars, units, end := state("#composer-input"); chars != 4000 || end != c.wantEnd {
+			t.Errorf("%s: the composer holds %d characters (%d UTF-16 units) ending %q, want 4000 ending %q", c.what, chars, units, end, c.wantEnd)
+		}
+	}
+
+	// At the caret, in the middle: what was there stays, the insert is cut.
+	set("#composer-input", strings.Repeat("a", 3998)+"Z")
+	evalJS[bool](t, ctx, `(document.querySelector('#composer-input').setSelectionRange(1, 1), true)`)
+	insertText(t, ctx, "#composer-input", emoji+emoji)
+	got := evalJS[string](t, ctx, `(() => { const el = document.querySelector('#composer-input');
+		return JSON.stringify([el.value === "a" + "`+emoji+`" + "a".repeat(3997) + "Z", el.selectionStart]); })()`)
+	if got != "[true,3]" {
+		t.Errorf("an insert in the middle: [value kept around one emoji, caret]: %s, want [true,3]", got)
+	}
+
+	evalJS[bool](t, ctx, `(document.querySelector('#new-dialog-box').open = true, true)`)
+	insertText(t, ctx, "#new-title", strings.Repeat(emoji, 201))
+	if chars, units, _ := state("#new-title"); chars != 200 {
+		t.Errorf("the new dialog's title holds %d characters (%d UTF-16 units), want 200", chars, units)
+	}
+}
+
+// insertText puts text into the focused element sel matches at once, as a
+// paste or an input method does.
+func insertText(t *testing.T, ctx context.Context, sel, text string) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := chromedp.Do(c, chromedp.Focus(chromedp.CSS(sel), chromedp.NodeVisible),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, input.InsertText, input.InsertTextParams{Text: text})
+			return err
+		}))
+	if err != nil {
+		t.Fatalf("insert into %s: %v", sel, err)
+	}
+}
+
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }

@@ -7,11 +7,14 @@
 // sends messages and pages history.
 import { ApiError, FrameError } from "../sdk/index.js";
 import { blobURL, get, request, retrying } from "./api.js";
-import { $, avatar, dayKey, dayLabel, formatBytes, formatDateTime, formatTime, h, icon, isoTime, listTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
+import { $, avatar, dayKey, dayLabel, formatBytes, formatDateTime, formatTime, h, icon, isoTime, limitChars, listTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView, sentence } from "./errors.js";
 import { Timeline } from "./timeline.js";
 
 const TYPING_SHOWN_MS = 4000;
+// The server's limits, in characters (Unicode code points).
+const MAX_BODY_CHARS = 4000;
+const MAX_TITLE_CHARS = 200;
 const PRESENCE_USERS_MAX = 50;
 const POLL_MS = 5000;
 const PREVIEW_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
@@ -112,10 +115,12 @@ export class ChatView {
 
   #build() {
     this.listEl = h("ul", { id: "dialog-list", class: "dialog-list" });
+    const titleInput = h("input", { id: "new-title", dir: "auto", autocomplete: "off" });
+    limitChars(titleInput, MAX_TITLE_CHARS);
     this.newForm = h("form", { id: "new-dialog", class: "stack" },
       fieldRow("Member user ids", h("textarea", { id: "new-members", rows: "2", required: true, spellcheck: "false",
         placeholder: "one or more UUIDs, separated by spaces or commas" })),
-      fieldRow("Title (optional)", h("input", { id: "new-title", maxlength: "200", autocomplete: "off" })),
+      fieldRow("Title (optional)", titleInput),
       h("div", { id: "new-dialog-error" }),
       h("button", { type: "submit", class: "btn btn-primary" }, "Create dialog"));
     const sidebar = h("aside", { class: "sidebar", "aria-label": "Dialogs" },
@@ -141,8 +146,9 @@ export class ChatView {
     this.typingEl = h("div", { id: "typing", class: "typing", "aria-live": "polite" });
     this.fileInput = h("input", { type: "file", id: "attach-input", class: "visually-hidden", multiple: true });
     this.uploadsEl = h("ul", { id: "uploads", class: "uploads", "aria-label": "Attachments to send" });
-    this.input = h("textarea", { id: "composer-input", dir: "auto", rows: "1", maxlength: "4000", placeholder: "Write a message…",
+    this.input = h("textarea", { id: "composer-input", dir: "auto", rows: "1", placeholder: "Write a message…",
       "aria-label": "Message", autocomplete: "off" });
+    limitChars(this.input, MAX_BODY_CHARS);
     this.sendBtn = h("button", { type: "submit", class: "btn btn-primary", id: "send" }, "Send");
     this.composer = h("form", { id: "composer", class: "composer", "data-sending": "0" },
       this.uploadsEl,

@@ -158,6 +158,46 @@ export function countdown(ms) {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`;
 }
 
+// limitChars caps what the user enters into a text field at max characters
+// as the server counts them: Unicode code points (Go's utf8.RuneCount),
+// where maxlength counts UTF-16 units (an emoji is two, so maxlength 4000
+// holds 2000 emoji). Like maxlength it limits the user's edits only (a
+// value set by script stays as it is) and keeps what an edit inserts up to
+// the room left, at the caret, never splitting a character; what was there
+// before stays whole.
+export function limitChars(el, max) {
+  let before = el.value;
+  const fit = () => {
+    const v = el.value;
+    if (codePoints(v) <= max) return;
+    // The edit replaced what lies between a common start (p) and a common
+    // end (q units from the end) of the value before and after it.
+    let p = 0;
+    while (p < v.length && p < before.length && v[p] === before[p]) p++;
+    let q = 0;
+    while (q < v.length - p && q < before.length - p && v[v.length - 1 - q] === before[before.length - 1 - q]) q++;
+    if (p > 0 && isHighSurrogate(v.charCodeAt(p - 1))) p--;
+    if (q > 0 && isLowSurrogate(v.charCodeAt(v.length - q))) q--;
+    const head = v.slice(0, p);
+    const tail = v.slice(v.length - q);
+    const room = Math.max(0, max - codePoints(head) - codePoints(tail));
+    const kept = Array.from(v.slice(p, v.length - q)).slice(0, room).join("");
+    el.value = head + kept + tail;
+    el.setSelectionRange(p + kept.length, p + kept.length);
+  };
+  el.addEventListener("beforeinput", () => { before = el.value; });
+  el.addEventListener("input", (e) => {
+    // An IME's text is limited once composed (compositionend).
+    if (e.inputType && !e.isComposing) fit();
+  });
+  el.addEventListener("compositionend", fit);
+}
+
+const codePoints = (s) => [...s].length;
+
+const isHighSurrogate = (c) => c >= 0xd800 && c <= 0xdbff;
+const isLowSurrogate = (c) => c >= 0xdc00 && c <= 0xdfff;
+
 // toast shows a short message in the corner; kind: info | error | success.
 export function toast(message, kind = "info") {
   const box = document.getElementById("toasts");
