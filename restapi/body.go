@@ -25,19 +25,28 @@ const (
 // limit is refused before reading anything; a chunked body is cut off by
 // http.MaxBytesReader as soon as it passes the limit, so an oversized body
 // is never held in memory.
+//
+// The buffer follows the bytes received, not the length declared: it
+// starts at bodyStartBuf at most and doubles as it fills (never past the
+// declared length). A client that declares 64 KiB, sends a byte and stalls
+// holds 4 KiB of the server's memory until the body deadline, not 64 KiB.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, errPayloadTooLarge
 	}
 	rd := http.MaxBytesReader(w, r.Body, limit)
-	size := r.ContentLength
-	if size < 0 || size > 64<<10 {
-		size = 512
+	// One byte past the declared length lets the read that meets the end
+	// of the body find room and see io.EOF without growing the buffer.
+	declared, start := r.ContentLength+1, int64(bodyStartBuf)
+	if r.ContentLength < 0 {
+		declared, start = limit+1, chunkedStartBuf
 	}
-	buf := make([]byte, 0, size+1)
+	buf := make([]byte, 0, min(declared, start))
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			grown := make([]byte, len(buf), max(min(2*int64(cap(buf)), declared), int64(cap(buf))+1))
+			copy(grown, buf)
+			buf = grown
 		}
 		n, err := rd.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -53,6 +62,13 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		}
 	}
 }
+
+// The most readBody allocates before a body's bytes arrive: for a declared
+// length, and for a chunked body (mostly small requests of scripts).
+const (
+	bodyStartBuf    = 4 << 10
+	chunkedStartBuf = 512
+)
 
 // decodeJSON reads and strictly decodes a JSON object body into v: the raw
 // checks (invalid UTF-8, lone surrogates, duplicate keys, which Go's JSON
