@@ -20,7 +20,9 @@ const (
 // their browser keeps the answer from the page. It answers OPTIONS itself,
 // before the router: a preflight carries no token, so it must not meet
 // authentication, and OPTIONS is no method mismatch: 204 on any path an API
-// route serves, 404 not_found elsewhere.
+// route serves, 404 not_found elsewhere, and on a path not in canonical
+// form (a "." or ".." segment fills a route's {var}, yet every method but
+// GET and HEAD is 404 on such a path: canonicalPath).
 func (s *Server) cors(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !IsAPIPath(r.URL.Path) {
@@ -36,7 +38,7 @@ func (s *Server) cors(next http.Handler) http.Handler {
 			h.Add("Vary", "Origin")
 		}
 		if r.Method == http.MethodOptions {
-			if len(s.servedMethods(r)) == 0 {
+			if refusedSpelling(r) || len(s.servedMethods(r)) == 0 {
 				writeError(w, errNotFound)
 				return
 			}

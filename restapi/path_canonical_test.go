@@ -2,8 +2,12 @@ package restapi_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"testing"
+
+	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/restapi"
 )
 
 // A client that joins a base URL ending in "/" with "/v1/…" sends
@@ -55,5 +59,36 @@ func TestNonCanonicalAPIPathsAreNotFoundNotRedirected(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != "/app/index.html" {
 		t.Fatalf("GET //app/x/../index.html: %d Location %q, want 301 to /app/index.html", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+// OPTIONS, answered before the router for CORS preflights, follows the
+// same rule: a path with a "." or ".." segment (plain or percent-encoded)
+// or a doubled slash is 404 not_found, not a 204 whose preflight would let
+// a page send the request (every such request is 404 anyway).
+func TestOptionsOfANonCanonicalAPIPathIsNotFound(t *testing.T) {
+	const origin = "https://app.example"
+	base := newHarness(t)
+	h := base.server(io.Discard, func(d *restapi.Deps) {
+		d.Redis, d.Realtime = base.rdb, base.rt
+		d.Config.CORSOrigins = []string{origin}
+	})
+	preflight := map[string]string{"Origin": origin, "Access-Control-Request-Method": "POST"}
+	id := ids.New()
+	for _, p := range []string{
+		"/v1/dialogs/../messages", "/v1/dialogs/./messages", "/v1/dialogs/%2e%2e/messages",
+		"/v1/dialogs/" + id + "/./messages", "/v1/x/../dialogs", "/v1/./me", "//v1/dialogs", "/v1//dialogs",
+	} {
+		code, b, hdr := h.doH("", "OPTIONS", p, "", preflight)
+		if code != http.StatusNotFound || string(b) != `{"error":"not_found"}` || hdr.Get("Access-Control-Allow-Methods") != "" {
+			t.Errorf("OPTIONS %s: %d %s, Allow-Methods %q; want 404 not_found and no preflight", p, code, b, hdr.Get("Access-Control-Allow-Methods"))
+		}
+	}
+	// The canonical paths still answer the preflight.
+	for _, p := range []string{"/v1/dialogs/" + id + "/messages", "/v1/dialogs", "/v1/me"} {
+		code, b, hdr := h.doH("", "OPTIONS", p, "", preflight)
+		if code != http.StatusNoContent || len(b) != 0 || hdr.Get("Access-Control-Allow-Origin") != origin {
+			t.Errorf("OPTIONS %s: %d %s, Allow-Origin %q; want the 204 preflight", p, code, b, hdr.Get("Access-Control-Allow-Origin"))
+		}
 	}
 }

@@ -312,13 +312,22 @@ func (s *Server) MountWeb(h http.Handler) {
 // the redirect of a GET.
 func canonicalPath(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := r.URL.Path
-		if c := cleanPath(p); c != p && (IsAPIPath(c) || r.Method != http.MethodGet && r.Method != http.MethodHead) {
+		if refusedSpelling(r) {
 			writeError(w, errNotFound)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refusedSpelling reports whether canonicalPath answers r 404: its path is
+// not in canonical form and that form is an API path, or its method is not
+// GET or HEAD. cors asks it too, since it answers OPTIONS before
+// canonicalPath runs.
+func refusedSpelling(r *http.Request) bool {
+	p := r.URL.Path
+	c := cleanPath(p)
+	return c != p && (IsAPIPath(c) || r.Method != http.MethodGet && r.Method != http.MethodHead)
 }
 
 // cleanPath is the canonical form the router redirects to: path.Clean,
