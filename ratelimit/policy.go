@@ -100,8 +100,16 @@ type Static struct{ Set *PolicySet }
 // Policies returns the snapshot.
 func (s Static) Policies() *PolicySet { return s.Set }
 
-// Label is the route label of a request: "METHOD /template".
-func Label(method, template string) string { return method + " " + template }
+// Label is the route label of a request: "METHOD /template". A HEAD is
+// labelled as its route's GET: the same handler answers it with the same
+// status and headers, so it spends the GET's limit rather than an "other"
+// one of its own.
+func Label(method, template string) string {
+	if method == http.MethodHead {
+		method = http.MethodGet
+	}
+	return method + " " + template
+}
 
 // maxCredit bounds limit × window (ms) so the token bucket's integer credit
 // stays exact in Lua's doubles.

@@ -165,13 +165,13 @@ func (s *Server) Blobs() store.BlobStore { return s.att.blobs }
 // registered on the root router before the /v1 user subrouter.
 func (s *Server) attachmentBlobRoutes(r *mux.Router) {
 	r.HandleFunc("/v1/attachments/{id}/blob", s.handle(s.uploadBlob)).Methods(http.MethodPut)
-	r.HandleFunc("/v1/attachments/{id}/blob", s.handle(s.serveBlob)).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/v1/attachments/{id}/blob", s.handle(s.serveBlob)).Methods(readMethods...)
 }
 
 // attachmentRoutes are the user routes, relative to /v1.
 func (s *Server) attachmentRoutes(user *mux.Router) {
 	s.answersDB0Outage(user.HandleFunc("/attachments", s.handle(s.initAttachment)).Methods(http.MethodPost), limitWithReserve)
-	s.answersDB0Outage(user.HandleFunc("/attachments/{id}/download-url", s.handle(s.downloadURL)).Methods(http.MethodGet), limitFirst)
+	s.answersDB0Outage(user.HandleFunc("/attachments/{id}/download-url", s.handle(s.downloadURL)).Methods(readMethods...), limitFirst)
 }
 
 // AttachmentDTO is an attachment as a message carries it.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/han-app/gateway/ratelimit"
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -54,7 +55,7 @@ func (s *Server) answersDB0Outage(rt *mux.Route, limit limitTiming) *mux.Route {
 		s.db0Routes = map[string]db0Route{}
 	}
 	for _, m := range methods {
-		s.db0Routes[m+" "+tpl] = db0Route{withReserve: limit == limitWithReserve}
+		s.db0Routes[ratelimit.Label(m, tpl)] = db0Route{withReserve: limit == limitWithReserve}
 	}
 	return rt
 }
@@ -79,7 +80,7 @@ type ctxDB0Deferral struct{}
 // receive a DB0 failure from the rate limiter (DeferDB0Failure).
 func (s *Server) deferDB0Failures(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rt, ok := s.db0Routes[r.Method+" "+RouteTemplate(r)]; ok {
+		if rt, ok := s.db0Routes[ratelimit.Label(r.Method, RouteTemplate(r))]; ok {
 			r = r.WithContext(context.WithValue(r.Context(), ctxDB0Deferral{}, &db0Deferral{withReserve: rt.withReserve}))
 		}
 		next.ServeHTTP(w, r)

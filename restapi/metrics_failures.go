@@ -67,7 +67,7 @@ func (m *Metrics) countFailure(r *http.Request, err error, e *Error) {
 	if l, ok := dependencyFailure(err); ok {
 		m.errors.WithLabelValues(l[0], l[1]).Inc()
 	}
-	if r.Method == http.MethodGet || !strings.HasPrefix(r.URL.Path, "/projects/") {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead || !strings.HasPrefix(r.URL.Path, "/projects/") {
 		return
 	}
 	switch e.Code {

@@ -23,11 +23,26 @@ type RealtimeGateway interface {
 }
 
 // realtimeRoutes mounts GET /v1/realtime on the root router, before the
-// /v1 user subrouter that requires a bearer token.
+// /v1 user subrouter that requires a bearer token, and HEAD like every
+// route that reads. A HEAD is never a handshake: it is answered as a GET
+// without the upgrade headers (426 with Upgrade: websocket), whatever
+// headers it carries.
 func (s *Server) realtimeRoutes(r *mux.Router) {
 	if s.gw != nil {
 		r.Handle(RealtimePath, s.gw.Handler()).Methods(http.MethodGet)
+		r.Handle(RealtimePath, noHandshake(s.gw.Handler())).Methods(http.MethodHead)
 	}
+}
+
+// noHandshake serves r through h without the headers that ask for a
+// WebSocket upgrade.
+func noHandshake(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = r.Clone(r.Context())
+		r.Header.Del("Connection")
+		r.Header.Del("Upgrade")
+		h.ServeHTTP(w, r)
+	})
 }
 
 // realtimeFirst serves GET /v1/realtime without the router: a connect
@@ -60,7 +75,7 @@ const RealtimePath = "/v1/realtime"
 func (s *Server) realtimeUserRoutes(user *mux.Router) {
 	if s.gw != nil {
 		user.HandleFunc("/realtime/tickets", s.handle(s.issueTicket)).Methods(http.MethodPost)
-		user.HandleFunc("/users/{id}/presence", s.handle(s.userPresence)).Methods(http.MethodGet)
+		user.HandleFunc("/users/{id}/presence", s.handle(s.userPresence)).Methods(readMethods...)
 	}
 }
 

@@ -31,7 +31,7 @@ func (s *Server) safetyRoutes(user *mux.Router) {
 	if s.stub == nil {
 		return
 	}
-	user.HandleFunc("/messages/{id}/safety", s.handle(s.messageSafety)).Methods(http.MethodGet)
+	user.HandleFunc("/messages/{id}/safety", s.handle(s.messageSafety)).Methods(readMethods...)
 }
 
 // startSafetyTask writes a new message's task into DB2 after the commit.

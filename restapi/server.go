@@ -145,8 +145,9 @@ type Server struct {
 	gw       RealtimeGateway
 	stub     *legacystub.Stub // nil: the legacy safety stub is off (safety.go)
 	// db0Routes are the routes whose handlers apply the DB0 outage rule
-	// themselves, by "METHOD /template" (answersDB0Outage in db0outage.go;
-	// written only while the routes are registered).
+	// themselves, by rate-limit label (ratelimit.Label: a HEAD is its
+	// route's GET; answersDB0Outage in db0outage.go; written only while the
+	// routes are registered).
 	db0Routes map[string]db0Route
 
 	corsOrigins map[string]bool // CORSOrigins as a set
@@ -239,15 +240,15 @@ func (s *Server) routes() {
 	// into a method mismatch: notFound decides between 404 and 405.
 	r.MethodNotAllowedHandler = http.HandlerFunc(s.notFound)
 
-	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
-	r.HandleFunc("/readyz", s.readyz).Methods(http.MethodGet)
+	r.HandleFunc("/healthz", s.healthz).Methods(readMethods...)
+	r.HandleFunc("/readyz", s.readyz).Methods(readMethods...)
 	if !s.cfg.MetricsElsewhere {
-		r.Handle("/metrics", s.metrics.Handler()).Methods(http.MethodGet)
+		r.Handle("/metrics", s.metrics.Handler()).Methods(readMethods...)
 	}
-	r.Handle("/v1/public/config", s.rateLimit(http.HandlerFunc(s.publicConfig))).Methods(http.MethodGet)
+	r.Handle("/v1/public/config", s.rateLimit(http.HandlerFunc(s.publicConfig))).Methods(readMethods...)
 	// Public like the config: a client reads the description before it
 	// has a token.
-	r.HandleFunc("/v1/openapi.json", s.openAPIDoc).Methods(http.MethodGet)
+	r.HandleFunc("/v1/openapi.json", s.openAPIDoc).Methods(readMethods...)
 
 	// Signed blob URLs and service routes come before the /v1 user
 	// subrouter, which matches the whole /v1 prefix.
@@ -260,11 +261,11 @@ func (s *Server) routes() {
 	user.Use(s.authenticate(true))
 	user.Use(s.deferDB0Failures) // before rateLimit: see DeferDB0Failure
 	user.Use(s.rateLimit)
-	user.HandleFunc("/me", s.me).Methods(http.MethodGet)
+	user.HandleFunc("/me", s.me).Methods(readMethods...)
 	user.HandleFunc("/dialogs", s.handle(s.createDialog)).Methods(http.MethodPost)
-	user.HandleFunc("/dialogs", s.handle(s.listDialogs)).Methods(http.MethodGet)
+	user.HandleFunc("/dialogs", s.handle(s.listDialogs)).Methods(readMethods...)
 	s.answersDB0Outage(user.HandleFunc("/dialogs/{id}/messages", s.handle(s.sendMessage)).Methods(http.MethodPost), limitWithReserve)
-	user.HandleFunc("/dialogs/{id}/messages", s.handle(s.listMessages)).Methods(http.MethodGet)
+	user.HandleFunc("/dialogs/{id}/messages", s.handle(s.listMessages)).Methods(readMethods...)
 	s.attachmentRoutes(user)
 	s.realtimeUserRoutes(user)
 	s.safetyRoutes(user)
@@ -272,6 +273,13 @@ func (s *Server) routes() {
 	s.projectRoutes(r)
 	s.router, s.v1 = r, user
 }
+
+// readMethods are the methods of a route that reads: HEAD wherever GET is
+// served. net/http sends a HEAD answer's status and headers (the
+// Content-Length of the body the GET would carry included) and drops its
+// body, so the GET handler serves both; load balancers and uptime monitors
+// probe with HEAD.
+var readMethods = []string{http.MethodGet, http.MethodHead}
 
 // FallbackRouteName names the web client's catch-all route (MountWeb); a
 // path that only it matches is "not found" for other methods.
@@ -296,7 +304,7 @@ func IsAPIPath(path string) bool {
 // the API's roots. Registered last, it answers only what no API route
 // matched; an unknown API path still gets the JSON 404/405.
 func (s *Server) MountWeb(h http.Handler) {
-	s.router.PathPrefix("/").Handler(h).Methods(http.MethodGet, http.MethodHead).
+	s.router.PathPrefix("/").Handler(h).Methods(readMethods...).
 		MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return !IsAPIPath(r.URL.Path) }).
 		Name(FallbackRouteName)
 }

@@ -156,10 +156,14 @@ type handler func(http.ResponseWriter, *http.Request) error
 type methods map[string]handler
 
 // byMethod dispatches one path by method and answers 405 with Allow for
-// the others. (gorilla/mux v1.8.1 loses a method mismatch inside a
-// subrouter once a later route of it fails on the path, and answers 404
-// instead.)
+// the others; a path served for GET is served for HEAD by the same handler
+// (net/http drops the body of a HEAD answer). (gorilla/mux v1.8.1 loses a
+// method mismatch inside a subrouter once a later route of it fails on the
+// path, and answers 404 instead.)
 func (a *API) byMethod(hs methods) http.HandlerFunc {
+	if get, ok := hs[http.MethodGet]; ok {
+		hs[http.MethodHead] = get
+	}
 	allow := make([]string, 0, len(hs))
 	for m := range hs {
 		allow = append(allow, m)
