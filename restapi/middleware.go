@@ -209,9 +209,14 @@ func HMACHex(secret []byte, v string) string {
 
 // authenticate verifies the bearer token; userOnly refuses service tokens
 // with 403 user_session_required. Users are recorded on first sight.
+//
+// Every answer of an authenticated route carries Cache-Control: no-store:
+// it is one caller's data (messages, dialogs, project values), which no
+// shared cache and no browser disk cache may keep.
 func (s *Server) authenticate(userOnly bool) mux.MiddlewareFunc {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Cache-Control", "no-store")
 			tok, ok := auth.BearerToken(r)
 			if !ok {
 				writeError(w, errUnauthorized)
