@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Config is the whole service configuration.
@@ -623,10 +624,26 @@ func origins(name, v string, bad func(string, ...any)) []string {
 				bad("%s: each entry must be an origin like https://chat.example.com", name)
 				continue
 			}
+			if !ascii(u.Host) {
+				// Browsers send an internationalized host name in Origin in
+				// its ASCII form, so a Unicode entry would match no page.
+				bad("%s: %q: write a host name that is not ASCII in its punycode form (xn--…), as browsers send it in Origin", name, o)
+				continue
+			}
 			out = append(out, browserOrigin(u))
 		}
 	}
 	return out
+}
+
+// ascii reports whether s is all ASCII.
+func ascii(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // browserOrigin writes u as a browser sends it in Origin: scheme and host

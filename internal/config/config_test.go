@@ -125,6 +125,34 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// Browsers send an internationalized host name in Origin in its ASCII
+// (punycode) form, so an entry written in Unicode would match no page:
+// start-up refuses it, naming the variable and the entry; the punycode
+// form is accepted.
+func TestOriginsWithAHostNameThatIsNotASCIIAreRefused(t *testing.T) {
+	for _, name := range []string{"HAN_CORS_ORIGINS", "HAN_ALLOWED_ORIGINS"} {
+		for _, entry := range []string{"https://bücher.example", "https://B%C3%BCcher.example", "https://чат.example:8443"} {
+			m := base()
+			m[name] = "https://app.example, " + entry
+			_, err := Load(env(m))
+			if err == nil || !strings.Contains(err.Error(), name+": ") || !strings.Contains(err.Error(), entry) ||
+				!strings.Contains(err.Error(), "punycode") {
+				t.Errorf("%s=%q: %v, want a refusal naming the variable, the entry and its punycode form", name, entry, err)
+			}
+		}
+		m := base()
+		m[name] = "https://xn--bcher-kva.example"
+		c, err := Load(env(m))
+		got := c.CORSOrigins
+		if name == "HAN_ALLOWED_ORIGINS" {
+			got = c.AllowedOrigins
+		}
+		if err != nil || !slices.Equal(got, []string{"https://xn--bcher-kva.example"}) {
+			t.Errorf("%s in punycode: %v %v", name, got, err)
+		}
+	}
+}
+
 func TestWSMaxConnsPerUser(t *testing.T) {
 	m := base()
 	if c, err := Load(env(m)); err != nil || c.WSMaxConnsPerUser != 16 {
