@@ -30,14 +30,35 @@ import (
 // still run, on a context of their own bounded by markTimeout: rolled back
 // with the cancelled context, every row already published would be
 // published again by the next relay.
+//
+// No step waits on PostgreSQL without a deadline, whatever ctx carries:
+// the relay runs on a context only its Close ends, and a connection that
+// goes silent (a request lost on its way, nothing reset) would otherwise
+// hold the relay until the kernel gives the connection up, many minutes
+// later. The claim (pool wait, BEGIN and the SELECT) gets twice the
+// claim budget (relayClaimBudget) and the server cuts each of the
+// transaction's statements and lock waits at one budget (SET LOCAL
+// lock_timeout and statement_timeout, sent with BEGIN); each publish is
+// bounded by the relay, and the marks and the commit, or the rollback, get
+// markTimeout. A claim cut short drops its connection (the pool dials a
+// new one) and fails the run; the rows stay undelivered for the next run.
 func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 	publish func(ctx context.Context, row pubsub.OutboxRow) error) (run pubsub.OutboxRun, err error) {
-	tx, err := s.pool.Begin(ctx)
+	budget := s.relayClaimBudget()
+	cctx, ccancel := context.WithTimeout(ctx, 2*budget)
+	defer ccancel()
+	ms := budget.Milliseconds()
+	tx, err := s.pool.BeginTx(cctx, pgx.TxOptions{
+		BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; SET LOCAL statement_timeout = %d", ms, ms)})
 	if err != nil {
 		return run, fmt.Errorf("relay outbox: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `SELECT o.id, o.event_id::text, o.channel, o.entity_id, o.payload, o.attempts, `+outboxMessageColumns+`
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		_ = tx.Rollback(rctx)
+		cancel()
+	}()
+	rows, err := tx.Query(cctx, `SELECT o.id, o.event_id::text, o.channel, o.entity_id, o.payload, o.attempts, `+outboxMessageColumns+`
 		FROM outbox o LEFT JOIN messages ON messages.id = o.message_id
 		WHERE o.delivered_at IS NULL AND o.created_at < now() - make_interval(secs => $1)
 			AND (o.message_id IS NULL OR messages.id IS NOT NULL) AND o.attempts < $3
@@ -127,8 +148,19 @@ func publishClaimed(ctx context.Context, batch []claimedRow,
 }
 
 // markTimeout bounds the relay's marks and commit once its batch is
-// published, whatever happened to the run's context.
+// published, whatever happened to the run's context, and its rollback.
 const markTimeout = 2 * time.Second
+
+// relayClaimBudget is the server-side bound (lock_timeout,
+// statement_timeout) of the relay transaction's statements; the claim as
+// a whole gets twice as long on the client. It is the request budget
+// (HAN_DB_REQUEST_TIMEOUT), but at least minRelayClaimBudget: a request
+// budget tuned tight for request latency must not starve the relay, which
+// is what delivers the events the request path could not publish.
+func (s *Store) relayClaimBudget() time.Duration { return max(s.reqTimeout, minRelayClaimBudget) }
+
+// minRelayClaimBudget is the least relayClaimBudget.
+const minRelayClaimBudget = time.Second
 
 // outboxMessageColumns is the message of a message.created outbox row
 // (message_id set), whose frame is built from it: messageColumns of the
