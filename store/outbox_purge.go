@@ -21,8 +21,11 @@ type OutboxPurgerConfig struct {
 	Interval time.Duration
 	// Batch is the most rows one DELETE removes. Zero value means 5000.
 	Batch int
-	// Budget: a run starts no further DELETE once it has run this long.
-	// Zero value means 30s.
+	// Budget: a run starts no further DELETE once it has run this long,
+	// and each of its statements gets at most this long to answer. A run
+	// therefore ends within three budgets (DELETEs started within one,
+	// the last one's answer, the count of old undelivered rows), also on
+	// a connection that went silent. Zero value means 30s.
 	Budget time.Duration
 	// Registerer receives the purger's metrics; nil means none.
 	Registerer prometheus.Registerer
@@ -73,7 +76,7 @@ func NewOutboxPurger(s *Store, cfg OutboxPurgerConfig, logger *slog.Logger) (*Ou
 			}
 		}
 	}
-	p.loop = loop.New(loop.Config{Interval: cfg.Interval, Immediate: true}, func(ctx context.Context) bool {
+	p.loop = loop.New(loop.Config{Interval: cfg.Interval, Immediate: true, Timeout: 3 * cfg.Budget}, func(ctx context.Context) bool {
 		_, _ = p.RunOnce(ctx)
 		return true
 	})
@@ -90,13 +93,19 @@ func (p *OutboxPurger) Close() { p.loop.Close() }
 // RunOnce deletes delivered rows past the retention, batch by batch, until
 // a batch comes back short or the budget is used, then counts the
 // undelivered rows past the retention. It returns how many rows it deleted.
+// Each statement gets at most one Budget: one whose connection went silent
+// (its request lost on the way, nothing reset) is cut, its connection is
+// dropped, and the run ends with the error; the next run goes on with a
+// new connection.
 func (p *OutboxPurger) RunOnce(ctx context.Context) (int64, error) {
 	deadline := time.Now().Add(p.cfg.Budget)
 	var total int64
 	var err error
 	for {
 		var n int64
-		n, err = p.store.PurgeDeliveredOutbox(ctx, p.cfg.Retention, p.cfg.Batch)
+		sctx, cancel := context.WithTimeout(ctx, p.cfg.Budget)
+		n, err = p.store.PurgeDeliveredOutbox(sctx, p.cfg.Retention, p.cfg.Batch)
+		cancel()
 		total += n
 		p.purged.Add(float64(n))
 		if err != nil || n < int64(p.cfg.Batch) || time.Now().After(deadline) || ctx.Err() != nil {
@@ -107,7 +116,9 @@ func (p *OutboxPurger) RunOnce(ctx context.Context) (int64, error) {
 		p.logger.Warn("outbox purge failed", slog.String("kind", Kind(err)), slog.Int64("purged", total))
 		return total, err
 	}
-	stale, err := p.store.UndeliveredOutboxOlderThan(ctx, p.cfg.Retention)
+	sctx, cancel := context.WithTimeout(ctx, p.cfg.Budget)
+	stale, err := p.store.UndeliveredOutboxOlderThan(sctx, p.cfg.Retention)
+	cancel()
 	if err != nil {
 		p.logger.Warn("outbox purge: counting old undelivered rows failed", slog.String("kind", Kind(err)))
 		return total, err
