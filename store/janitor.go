@@ -11,7 +11,8 @@ import (
 
 // JanitorConfig tunes the Janitor.
 type JanitorConfig struct {
-	// Interval between runs. Zero value means 5m.
+	// Interval between runs. Zero value means 5m. A run started by Start
+	// gets at most one Interval, and at most janitorMaxRun.
 	Interval time.Duration
 	// Batch is the most rows one DELETE removes. Zero value means 1000.
 	Batch int
@@ -81,12 +82,21 @@ func NewJanitor(s *Store, cfg JanitorConfig, logger *slog.Logger) *Janitor {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	j := &Janitor{store: s, cfg: cfg, logger: logger}
-	j.loop = loop.New(loop.Config{Interval: cfg.Interval, Immediate: true}, func(ctx context.Context) bool {
+	j.loop = loop.New(loop.Config{Interval: cfg.Interval, Immediate: true, Timeout: min(cfg.Interval, janitorMaxRun)}, func(ctx context.Context) bool {
 		_, _ = j.RunOnce(ctx)
 		return true
 	})
 	return j
 }
+
+// janitorMaxRun is the longest run of a started janitor (its deletes, its
+// orphan sweep and their queries). A run not finished by then, such as one
+// waiting on a connection that went silent (its request lost on the way,
+// nothing reset), is cut: the connection is dropped, and the next run
+// resumes, since every step deletes in batches and the orphan sweep goes
+// on from where it stopped. A run is cut at its Interval when that is
+// shorter: a longer run would only hold back the next one.
+const janitorMaxRun = time.Minute
 
 // Start runs the janitor until Close: once right away, then every Interval.
 func (j *Janitor) Start() { j.loop.Start() }
