@@ -39,7 +39,12 @@
 // sends into one dialog are combined into one batch (send.go, sendqueue.go),
 // and the batches of different dialogs that wait for a send transaction are
 // written together by one such statement (sendgroup.go).
-// Background jobs and migrations keep their own budgets.
+// Background jobs and migrations keep their own budgets, and no background
+// job waits on PostgreSQL without a deadline: the relay's transaction
+// (RelayOutbox), each purge statement and run (OutboxPurger) and each
+// janitor run (Janitor) are cut when a connection goes silent, so the job
+// goes on with a new connection instead of waiting until the kernel gives
+// the silent one up.
 //
 // Nothing relies on session state between transactions, so the pool may sit
 // behind PgBouncer in transaction pooling mode: no session SET (only SET
