@@ -146,7 +146,9 @@ type Config struct {
 	// UserHandshakeBurst at once (HAN_WS_USER_HANDSHAKE_BURST; zero value
 	// means 32). A handshake over them is closed with 1013 and a reconnect
 	// delay: the time until the user has a token again plus one drawn from
-	// [RetryMin, RetryMax].
+	// [RetryMin, RetryMax], at most five minutes (maxRetryAdvice). Any
+	// values are safe (bucketShape); the service takes 0.001 to 1000 and 1
+	// to 1,000,000.
 	UserHandshakeRate  float64
 	UserHandshakeBurst int
 

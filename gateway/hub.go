@@ -494,12 +494,18 @@ func (h *Hub) pingLoop(ctx context.Context) {
 // retryReason is the 1001 close reason: the server-advised reconnect delay.
 func (h *Hub) retryReason() string { return h.retryReasonAfter(0) }
 
+// maxRetryAdvice is the longest reconnect delay a close reason advises,
+// whatever the wait behind it: the longest a client honours (the SDK caps
+// the advice there too), so a longer one would only tell a client to stay
+// away for nothing.
+const maxRetryAdvice = 5 * time.Minute
+
 // retryReasonAfter is a close reason advising a reconnect after wait plus
-// a delay drawn from [RetryMin, RetryMax].
+// a delay drawn from [RetryMin, RetryMax], at most maxRetryAdvice.
 func (h *Hub) retryReasonAfter(wait time.Duration) string {
 	lo, hi := h.cfg.RetryMin.Milliseconds(), h.cfg.RetryMax.Milliseconds()
-	ms := lo + rand.Int64N(hi-lo+1) + (wait + time.Millisecond - 1).Milliseconds()
-	return `{"retryMs":` + strconv.FormatInt(ms, 10) + `}`
+	ms := lo + rand.Int64N(hi-lo+1) + (min(wait, maxRetryAdvice) + time.Millisecond - 1).Milliseconds()
+	return `{"retryMs":` + strconv.FormatInt(min(ms, maxRetryAdvice.Milliseconds()), 10) + `}`
 }
 
 // startDraining refuses new connections from now on and starts the

@@ -30,10 +30,32 @@ type userHandshakes struct {
 	swapped time.Duration
 }
 
+// maxBucketSpan bounds an empty bucket's time to fill (burst × per): the
+// bucket's times, on sinceStart's clock, stay far from a duration's range
+// whatever the rate and burst. A bucket that fills in no less than ten
+// years is one no user empties anyway.
+const maxBucketSpan = 10 * 365 * 24 * time.Hour
+
 func newUserHandshakes(rate float64, burst int) *userHandshakes {
-	per := time.Duration(float64(time.Second) / rate)
+	per, burst := bucketShape(rate, burst)
 	return &userHandshakes{per: per, burst: burst, span: time.Duration(burst) * per,
 		cur: map[string]time.Duration{}, old: map[string]time.Duration{}, swapped: sinceStart()}
+}
+
+// bucketShape is the token period of rate a second and the burst, both
+// within maxBucketSpan (computed in floating point, so a tiny rate or a
+// huge burst cannot overflow): per at least 1ns and at most maxBucketSpan,
+// burst at least 1 and burst × per at most maxBucketSpan.
+func bucketShape(rate float64, burst int) (time.Duration, int) {
+	per := maxBucketSpan
+	if p := float64(time.Second) / rate; rate > 0 && p < float64(maxBucketSpan) { // NaN, 0 and below keep the longest
+		per = max(time.Duration(p), 1)
+	}
+	burst = max(burst, 1)
+	if float64(burst)*float64(per) > float64(maxBucketSpan) {
+		burst = max(int(maxBucketSpan/per), 1)
+	}
+	return per, burst
 }
 
 // take spends one of the user's tokens; when none is left it returns false

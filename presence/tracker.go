@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -126,8 +127,8 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 		rctx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
 		fn(rctx)
 		cancel()
-		d := interval*9/10 + rand.N(interval/5+1)
-		t := time.NewTimer(d)
+		lo, spread := sleepRange(interval)
+		t := time.NewTimer(addSat(lo, rand.N(spread+1)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -137,8 +138,28 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 	}
 }
 
+// sleepRange is every's sleep between two runs of fn: lo plus a jitter
+// drawn from [0, spread], lo being 0.9 × interval and spread 0.2 × interval.
+// Neither is computed as interval × 9 (which wraps negative from about
+// 284,700 h on, and the loop then ran back to back), and maxSleep and
+// every's draw add them with addSat, so no interval makes the loop spin
+// (the configuration keeps the intervals to a day anyway). MaxLivenessGap
+// is maxSleep of the liveness loop's interval: the two stay one formula.
+func sleepRange(interval time.Duration) (lo, spread time.Duration) {
+	interval = max(interval, 0)
+	return interval - interval/10, interval / 5
+}
+
 // maxSleep is the longest sleep of every between two runs of fn.
-func maxSleep(interval time.Duration) time.Duration { return interval*9/10 + interval/5 }
+func maxSleep(interval time.Duration) time.Duration { return addSat(sleepRange(interval)) }
+
+// addSat is a + b for durations of at least 0, at most the longest duration.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
 
 // MaxLivenessGap is the longest time between two refreshes of a running
 // instance's liveness marker (its liveness interval a third of

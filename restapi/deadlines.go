@@ -3,6 +3,7 @@ package restapi
 import (
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -20,6 +21,18 @@ const MinTransferRate = 64 << 10
 func transferTime(n int64) time.Duration {
 	const most = 1 << 40 // keeps the product far from overflowing
 	return time.Duration(min(n, most)) * time.Second / MinTransferRate
+}
+
+// allowance is base + transferTime(n), at most the longest duration: a
+// huge base (HAN_HTTP_BODY_TIMEOUT is bounded by the configuration, the
+// Config field is not) must not wrap the sum negative, which put the
+// deadline in the past and cut responses off mid-body.
+func allowance(base time.Duration, n int64) time.Duration {
+	t := transferTime(n)
+	if base > math.MaxInt64-t {
+		return math.MaxInt64
+	}
+	return base + t
 }
 
 // deadlines bounds the socket time of every request it wraps:
@@ -96,7 +109,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	b.read += int64(n)
 	if err == io.EOF {
 		b.eof.Store(true)
-		_ = b.rc.SetReadDeadline(b.start.Add(b.base + transferTime(b.read)))
+		_ = b.rc.SetReadDeadline(b.start.Add(allowance(b.base, b.read)))
 	}
 	return n, err
 }
@@ -104,7 +117,7 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 // deadline is when a read that starts at now must end: the allowance of
 // the bytes received so far, and no more than BodyTimeout of silence.
 func (b *deadlineBody) deadline(now time.Time) time.Time {
-	d := b.start.Add(b.base + transferTime(b.read))
+	d := b.start.Add(allowance(b.base, b.read))
 	if idle := now.Add(b.base); idle.Before(d) {
 		return idle
 	}
@@ -142,7 +155,7 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 	total := 0
 	for len(p) > 0 {
 		c := p[:min(len(p), writeChunk)]
-		_ = w.rc.SetWriteDeadline(w.t0.Add(w.base + transferTime(w.written+int64(len(c)))))
+		_ = w.rc.SetWriteDeadline(w.t0.Add(allowance(w.base, w.written+int64(len(c)))))
 		n, err := w.ResponseWriter.Write(c)
 		total += n
 		w.written += int64(n)

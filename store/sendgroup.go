@@ -257,11 +257,20 @@ func (g *commitGroups) commit(b *dialogBatch) {
 // (less when the waiting batches fill a group first) and returns b with the
 // batches that arrived meanwhile as one group. At a moderate rate most
 // transactions would carry one dialog's batch; the wait lets PostgreSQL pay
-// one commit, one WAL flush and one round trip for several.
+// one commit, one WAL flush and one round trip for several. The wait is at
+// most lingerShare of what is left of b's budget (none once it ran out):
+// the rest is the statement's, so a linger near the request budget delays
+// a lone send instead of failing it.
 func (g *commitGroups) gatherLocked(b *dialogBatch) []*dialogBatch {
-	g.company.Wait(&g.mu, g.linger, maxGroupDialogs-1)
+	if wait := min(g.linger, time.Until(b.deadline)/lingerShare); wait > 0 {
+		g.company.Wait(&g.mu, wait, maxGroupDialogs-1)
+	}
 	return g.takeLocked([]*dialogBatch{b})
 }
+
+// lingerShare: a batch waits for company at most 1/lingerShare of what is
+// left of its budget.
+const lingerShare = 4
 
 // takeLocked (g.mu held) moves the waiting batches that fit in group into
 // it, in arrival order: at most maxGroupDialogs batches and maxGroupSends

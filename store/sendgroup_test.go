@@ -566,3 +566,23 @@ func TestSendMessagesOfThePreviousReleaseStillWrites(t *testing.T) {
 	}
 	checkGapless(t, s, f.dialog, 1, nil)
 }
+
+// A lone send's wait for company never takes its whole budget: with a
+// linger as long as the request budget, a send that finds the send
+// transaction free waited the full linger and then had no time left for
+// its statement, and every send at a moderate rate answered
+// database_busy. The wait is at most a quarter of what is left of the
+// batch's budget.
+func TestALingerAsLongAsTheBudgetStillWritesALoneSend(t *testing.T) {
+	s, _ := openStore(t)
+	s.SetRequestTimeout(400 * time.Millisecond)
+	s.SetSendCommitters(1)
+	s.SetSendLinger(400 * time.Millisecond)
+	f := newSendFixture(t, s, 2)
+	for i := range 3 {
+		o := <-queueSend(t, s, context.Background(), store.SendMessage{ID: ids.New(), DialogID: f.dialog, SenderID: f.users[0], Body: "alone"})
+		if o.err != nil || !o.created || o.m.Seq != int64(i+1) {
+			t.Fatalf("lone send %d with a linger as long as its budget: %+v created %v: %v", i, o.m, o.created, o.err)
+		}
+	}
+}

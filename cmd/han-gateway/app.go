@@ -40,7 +40,7 @@ type Main struct {
 	// Migrate applies migrations at start-up (flag -migrate, default true).
 	Migrate bool
 	// Debug serves /debug/memstats and /debug/pprof/ to loopback peers
-	// (HAN_DEBUG_ENDPOINTS=1 or -debug-endpoints; debug.go).
+	// (HAN_DEBUG_ENDPOINTS=true or -debug-endpoints; debug.go).
 	Debug bool
 
 	addr     string // bound address after Run
@@ -96,7 +96,11 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.SetOutput(io.Discard)
 	addr := fs.String("addr", "", "listen address (overrides HAN_HTTP_ADDR)")
 	migrate := fs.Bool("migrate", true, "apply database migrations at start-up")
-	debug := fs.Bool("debug-endpoints", getenv(debugEnv) == "1", "serve /debug/memstats and /debug/pprof/ to loopback peers ("+debugEnv+"=1)")
+	debugOn, err := debugEndpoints(getenv) // startcheck.go
+	if err != nil {
+		return err
+	}
+	debug := fs.Bool("debug-endpoints", debugOn, "serve /debug/memstats and /debug/pprof/ to loopback peers ("+debugEnv+"=true)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(os.Stdout)
@@ -142,6 +146,7 @@ func (m *Main) Run(ctx context.Context) error {
 		m.Logger = newLogger(cfg.LogLevel)
 	}
 	rds.SetRedisLogger(m.Logger)
+	m.warnConfig() // startcheck.go
 	if err := m.checkLegacyStub(); err != nil {
 		return err
 	}
@@ -157,7 +162,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.Migrate {
-		if err := migrateDirect(ctx, cfg.DatabaseDirectURL); err != nil {
+		if err := migrateDirect(ctx, cfg.DatabaseDirectURL, directURLName(cfg)); err != nil {
 			return err
 		}
 	}
@@ -210,7 +215,7 @@ func (m *Main) Run(ctx context.Context) error {
 	apiStore := store.New(m.pg)
 	apiStore.SetRequestTimeout(cfg.DBRequestTimeout)
 	apiStore.SetSendQueue(cfg.SendDialogQueue)
-	apiStore.SetSendCommitters(cfg.SendCommitters)
+	apiStore.SetSendCommitters(m.sendCommitters()) // startcheck.go
 	apiStore.SetSendLinger(cfg.SendLinger)
 	apiStore.SetRealtimeLinger(cfg.WSLinger)
 	metrics.Registry.MustRegister(newSendCollector(apiStore)) // dbpool.go
@@ -452,17 +457,19 @@ func newLogger(level string) *slog.Logger {
 // migrateDirect applies the migrations over HAN_DATABASE_DIRECT_URL, on a
 // connection of its own closed afterwards: migrations take the migration
 // lock and run DDL, which belong on a connection straight to PostgreSQL,
-// not one shared through a transaction-pooling proxy.
-func migrateDirect(ctx context.Context, url string) error {
+// not one shared through a transaction-pooling proxy. name is the variable
+// that holds url; a failure names it and the error's kind, never the
+// error's text, which quotes the URL's user, host and database.
+func migrateDirect(ctx context.Context, url, name string) error {
 	pool, err := store.OpenPG(ctx, url, store.PGConfig{MaxConns: 1, MinConns: 1})
 	if err != nil {
-		return fmt.Errorf("HAN_DATABASE_DIRECT_URL: %w", err)
+		return fmt.Errorf("%s: %w", name, err) // OpenPG's errors quote nothing of the URL
 	}
 	defer pool.Close()
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := store.Migrate(mctx, pool); err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return dbURLError(name, "migrations not applied", err)
 	}
 	return nil
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/han-app/gateway/restapi"
 )
 
-// debugEnv switches the debug endpoints on (HAN_DEBUG_ENDPOINTS=1 or the
-// -debug-endpoints flag). Off by default.
+// debugEnv switches the debug endpoints on (HAN_DEBUG_ENDPOINTS, a boolean
+// read by debugEndpoints, or the -debug-endpoints flag). Off by default.
 const debugEnv = "HAN_DEBUG_ENDPOINTS"
 
 // memStats is the /debug/memstats document, the same shape the load test's

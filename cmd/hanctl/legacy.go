@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/segmentio/encoding/json"
 
+	"github.com/han-app/gateway/internal/config"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/jsonx"
 	"github.com/han-app/gateway/store"
@@ -56,8 +56,8 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	if env == "" {
 		return errors.New("HAN_ENV is required: set it to the gateway's HAN_ENV (dev when the gateway has none), the environment name its project keys carry")
 	}
-	if strings.ContainsAny(env, "{}: \t\n") {
-		return errors.New("HAN_ENV: must be a name without braces, colons or spaces")
+	if !config.IsName(env) {
+		return errors.New("HAN_ENV: must be a name of letters, digits, '.', '_' and '-' only")
 	}
 	if getenv("REDIS_URL") == "" {
 		return errors.New("REDIS_URL is required")

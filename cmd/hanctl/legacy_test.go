@@ -115,6 +115,15 @@ func TestProjectLegacyImport(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+	// HAN_ENV is a name of letters, digits, '.', '_' and '-', as the
+	// gateway reads it: "stage\r" (an env file with CRLF line ends) would
+	// write keys the gateway of HAN_ENV=stage never reads.
+	for _, v := range []string{"stage\r", "stage\u00a0"} {
+		_, err := run(t, map[string]string{"REDIS_URL": rs.URL(0), "HAN_ENV": v}, "project", "legacy-import", "--project", bad, "--file", f)
+		if err == nil || !strings.Contains(err.Error(), "HAN_ENV") {
+			t.Errorf("HAN_ENV=%q: %v", v, err)
+		}
+	}
 	if _, err := run(t, envs, "project", "legacy-import", "--project", "nope", "--file", f); err == nil {
 		t.Error("a non-UUID project was accepted")
 	}

@@ -28,8 +28,8 @@ type Config struct {
 	RedisURL         string   // REDIS_URL (DB0)
 	RedisRealtimeURL string   // REDIS_REALTIME_URL (DB1)
 	DatabaseURL      string   // DATABASE_URL
-	Env              string   // HAN_ENV, default dev
-	InstanceID       string   // HAN_INSTANCE_ID, default hostname + random suffix
+	Env              string   // HAN_ENV, default dev; a name (IsName)
+	InstanceID       string   // HAN_INSTANCE_ID, default hostname + random suffix; a name (IsName)
 	JWTIssuer        string   // HAN_JWT_ISSUER
 	JWTAudience      string   // HAN_JWT_AUDIENCE
 	JWKSURL          string   // HAN_JWKS_URL
@@ -68,10 +68,10 @@ type Config struct {
 	// transactions an instance runs at once; the batches of different
 	// dialogs that wait for one are written together in one transaction.
 	SendCommitters int
-	// SendLinger (HAN_SEND_LINGER, default 5ms; 0 turns it off) is how
-	// long a send transaction that could start at once waits for the sends
-	// of other dialogs to join it: fewer commits and round trips per send
-	// at moderate rates, for at most that much more latency.
+	// SendLinger (HAN_SEND_LINGER, default 5ms, at most a quarter of
+	// DBRequestTimeout; 0 turns it off) is how long a send transaction that
+	// could start at once waits for the sends of other dialogs to join it:
+	// fewer commits per send at moderate rates, for that much more latency.
 	SendLinger time.Duration
 	// IdempotencyLinger (HAN_IDEMPOTENCY_LINGER, default 2ms; 0 turns it
 	// off) is how long a keyed write's idempotency reserve (with its
@@ -99,10 +99,10 @@ type Config struct {
 	// pgx's default, cache_statement. Behind PgBouncer in transaction
 	// pooling: exec or simple_protocol.
 	DBExecMode string
-	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s; at least 1s and more
+	// Realtime: HAN_INSTANCE_LIVENESS_TTL (default 10s; 1s to 24h and more
 	// than 1.5 × HAN_REDIS_TIMEOUT, since the marker is refreshed every third
 	// of it and a refresh may take the Redis timeout), HAN_PRESENCE_SWEEP_INTERVAL
-	// (default 5s) bound how long a crashed instance's users stay online;
+	// (default 5s, 10ms to 24h) bound how long a crashed instance's users stay online;
 	// HAN_OUTBOX_GRACE (default 5s, at least 1s) is how old an unpublished
 	// outbox row must be before the relay publishes it; the request path
 	// marks its published rows delivered in batches within 50 ms
@@ -142,8 +142,8 @@ type Config struct {
 	LegacyStubMaxPolls       int
 	LegacyStubRecoveryBudget time.Duration
 	LegacyStubTaskTTL        time.Duration
-	// SettingsRefreshInterval (HAN_SETTINGS_REFRESH_INTERVAL, default 5s)
-	// bounds how long a runtime settings change in PostgreSQL takes to
+	// SettingsRefreshInterval (HAN_SETTINGS_REFRESH_INTERVAL, default 5s,
+	// 10ms to 24h) bounds how long a runtime settings change in PostgreSQL takes to
 	// reach an instance.
 	SettingsRefreshInterval time.Duration
 	// WSMaxConnsPerUser (HAN_WS_MAX_CONNS_PER_USER, default 16) caps one
@@ -176,14 +176,14 @@ type Config struct {
 	WSHandshakeQueue       int
 	WSHandshakeWait        time.Duration
 	// One user's handshakes on an instance: WSUserHandshakeRate a second
-	// (HAN_WS_USER_HANDSHAKE_RATE, default 1, a positive number up to
-	// 1000), at most WSUserHandshakeBurst at once
-	// (HAN_WS_USER_HANDSHAKE_BURST, default 32); one more is closed with
+	// (HAN_WS_USER_HANDSHAKE_RATE, default 1, from 0.001 to 1000), at most
+	// WSUserHandshakeBurst at once (HAN_WS_USER_HANDSHAKE_BURST, default 32,
+	// at most 1,000,000); one more is closed with
 	// 1013 and a reconnect delay.
 	WSUserHandshakeRate  float64
 	WSUserHandshakeBurst int
-	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s) is
-	// the base of the per-request body read and response write deadlines;
+	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s, at
+	// most 1h) is the base of the per-request body read and response write deadlines;
 	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s) closes idle
 	// keep-alive connections. MaxConnections (HAN_MAX_CONNECTIONS) and
 	// MaxConnsPerIP (HAN_MAX_CONNS_PER_IP) cap open client connections;
@@ -260,15 +260,17 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.InstanceLivenessTTL, err = duration(getenv("HAN_INSTANCE_LIVENESS_TTL"), 10*time.Second); err != nil {
 		bad("HAN_INSTANCE_LIVENESS_TTL: %v", err)
-	} else if c.InstanceLivenessTTL < time.Second || 3*float64(c.RedisTimeout) >= 2*float64(c.InstanceLivenessTTL) {
+	} else if c.InstanceLivenessTTL < time.Second || c.InstanceLivenessTTL > maxLoopInterval ||
+		3*float64(c.RedisTimeout) >= 2*float64(c.InstanceLivenessTTL) {
 		// The marker is refreshed every third of its TTL and a refresh may
 		// take HAN_REDIS_TIMEOUT: shorter, a running instance's marker
 		// expires and the others sweep its open connections out of presence.
 		// (Compared as floats: three times a huge duration overflows.)
-		bad("HAN_INSTANCE_LIVENESS_TTL: must be at least 1s and more than 1.5 × HAN_REDIS_TIMEOUT")
+		bad("HAN_INSTANCE_LIVENESS_TTL: must be 1s to 24h and more than 1.5 × HAN_REDIS_TIMEOUT")
 	}
-	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil || c.SweepInterval < minLoopInterval {
-		bad("HAN_PRESENCE_SWEEP_INTERVAL: must be a duration of at least 10ms like 5s")
+	if c.SweepInterval, err = duration(getenv("HAN_PRESENCE_SWEEP_INTERVAL"), 5*time.Second); err != nil ||
+		c.SweepInterval < minLoopInterval || c.SweepInterval > maxLoopInterval {
+		bad("HAN_PRESENCE_SWEEP_INTERVAL: must be a duration of 10ms to 24h like 5s")
 	}
 	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil || c.OutboxGrace < time.Second {
 		bad("HAN_OUTBOX_GRACE: must be a duration of at least 1s like 5s")
@@ -323,8 +325,8 @@ func Load(getenv func(string) string) (Config, error) {
 		}
 	}
 	if c.SettingsRefreshInterval, err = duration(getenv("HAN_SETTINGS_REFRESH_INTERVAL"), 5*time.Second); err != nil ||
-		c.SettingsRefreshInterval < minLoopInterval {
-		bad("HAN_SETTINGS_REFRESH_INTERVAL: must be a duration of at least 10ms like 5s")
+		c.SettingsRefreshInterval < minLoopInterval || c.SettingsRefreshInterval > maxLoopInterval {
+		bad("HAN_SETTINGS_REFRESH_INTERVAL: must be a duration of 10ms to 24h like 5s")
 	}
 	c.SendDialogQueue = 256
 	if v := getenv("HAN_SEND_DIALOG_QUEUE"); v != "" {
@@ -338,8 +340,13 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_SEND_COMMITTERS: must be a positive number")
 		}
 	}
-	if c.SendLinger, err = linger(getenv("HAN_SEND_LINGER"), 5*time.Millisecond); err != nil {
+	// A lone send waits the linger within its HAN_DB_REQUEST_TIMEOUT: at
+	// most a quarter of it, the rest is the statement's. The default
+	// shrinks to that; a value set above it is refused.
+	if c.SendLinger, err = linger(getenv("HAN_SEND_LINGER"), min(5*time.Millisecond, c.DBRequestTimeout/4)); err != nil {
 		bad("HAN_SEND_LINGER: %v", err)
+	} else if c.SendLinger > c.DBRequestTimeout/4 && c.DBRequestTimeout >= time.Millisecond {
+		bad("HAN_SEND_LINGER: must be at most a quarter of HAN_DB_REQUEST_TIMEOUT")
 	}
 	if c.IdempotencyLinger, err = linger(getenv("HAN_IDEMPOTENCY_LINGER"), 2*time.Millisecond); err != nil {
 		bad("HAN_IDEMPOTENCY_LINGER: %v", err)
@@ -390,18 +397,19 @@ func Load(getenv func(string) string) (Config, error) {
 	if v := getenv("HAN_WS_USER_HANDSHAKE_RATE"); v != "" {
 		// ParseFloat takes NaN and Inf: the range check refuses both.
 		if c.WSUserHandshakeRate, err = strconv.ParseFloat(v, 64); err != nil ||
-			!(c.WSUserHandshakeRate > 0 && c.WSUserHandshakeRate <= 1000) {
-			bad("HAN_WS_USER_HANDSHAKE_RATE: must be a number of handshakes a second above 0, at most 1000")
+			!(c.WSUserHandshakeRate >= minUserHandshakeRate && c.WSUserHandshakeRate <= maxUserHandshakeRate) {
+			bad("HAN_WS_USER_HANDSHAKE_RATE: must be a number of handshakes a second from 0.001 to 1000")
 		}
 	}
 	c.WSUserHandshakeBurst = 32
 	if v := getenv("HAN_WS_USER_HANDSHAKE_BURST"); v != "" {
-		if c.WSUserHandshakeBurst, err = strconv.Atoi(v); err != nil || c.WSUserHandshakeBurst < 1 {
-			bad("HAN_WS_USER_HANDSHAKE_BURST: must be a positive number")
+		if c.WSUserHandshakeBurst, err = strconv.Atoi(v); err != nil || c.WSUserHandshakeBurst < 1 ||
+			c.WSUserHandshakeBurst > maxUserHandshakeBurst {
+			bad("HAN_WS_USER_HANDSHAKE_BURST: must be a number from 1 to 1000000")
 		}
 	}
-	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil {
-		bad("HAN_HTTP_BODY_TIMEOUT: %v", err)
+	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil || c.HTTPBodyTimeout > maxBodyTimeout {
+		bad("HAN_HTTP_BODY_TIMEOUT: must be a duration above 0, at most 1h, like 15s")
 	}
 	if c.HTTPIdleTimeout, err = duration(getenv("HAN_HTTP_IDLE_TIMEOUT"), 120*time.Second); err != nil {
 		bad("HAN_HTTP_IDLE_TIMEOUT: %v", err)
@@ -440,13 +448,13 @@ func Load(getenv func(string) string) (Config, error) {
 		}
 		b := make([]byte, 3)
 		_, _ = rand.Read(b)
-		c.InstanceID = host + "-" + hex.EncodeToString(b)
+		c.InstanceID = asName(host) + "-" + hex.EncodeToString(b)
 	}
-	if strings.ContainsAny(c.InstanceID, "{}: \t\n") {
-		bad("HAN_INSTANCE_ID: must not contain braces, colons or spaces")
+	if !IsName(c.InstanceID) {
+		bad("HAN_INSTANCE_ID: must be a name of letters, digits, '.', '_' and '-' only")
 	}
-	if strings.ContainsAny(c.Env, "{}: \t\n") || c.Env == "" {
-		bad("HAN_ENV: must be a non-empty name without braces, colons or spaces")
+	if !IsName(c.Env) {
+		bad("HAN_ENV: must be a name of letters, digits, '.', '_' and '-' only")
 	}
 	checkRedis := func(name, v string) {
 		if v == "" {
@@ -456,6 +464,8 @@ func Load(getenv func(string) string) (Config, error) {
 		u, err := url.Parse(v)
 		if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
 			bad("%s: must be a redis:// or rediss:// URL", name)
+		} else if atAfterHost(u) {
+			bad("%s", unencodedPassword(name))
 		}
 	}
 	checkRedis("REDIS_URL", c.RedisURL)
@@ -463,15 +473,22 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.LegacyStubEnabled {
 		checkRedis("HAN_LEGACY_STUB_URL", c.LegacyStubURL)
 	}
+	checkPG := func(name, v string) {
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			bad("%s: must be a postgres:// URL", name)
+		} else if atAfterHost(u) {
+			bad("%s", unencodedPassword(name))
+		}
+	}
 	if c.DatabaseURL == "" {
 		bad("DATABASE_URL: required")
-	} else if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		bad("DATABASE_URL: must be a postgres:// URL")
+	} else {
+		checkPG("DATABASE_URL", c.DatabaseURL)
 	}
 	if c.DatabaseDirectURL = getenv("HAN_DATABASE_DIRECT_URL"); c.DatabaseDirectURL == "" {
 		c.DatabaseDirectURL = c.DatabaseURL
-	} else if u, err := url.Parse(c.DatabaseDirectURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		bad("HAN_DATABASE_DIRECT_URL: must be a postgres:// URL")
+	} else {
+		checkPG("HAN_DATABASE_DIRECT_URL", c.DatabaseDirectURL)
 	}
 	if len(c.HMACSecret) < 16 {
 		bad("HAN_HMAC_SECRET: required, at least 16 bytes")

@@ -1,0 +1,140 @@
+package config
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// refused loads base() with vars set and fails the test unless the load
+// is refused with a message naming name.
+func refused(t *testing.T, name string, vars map[string]string) string {
+	t.Helper()
+	m := base()
+	for k, v := range vars {
+		m[k] = v
+	}
+	_, err := Load(env(m))
+	if err == nil || !strings.Contains(err.Error(), name+":") {
+		t.Errorf("%v: %v, want a refusal naming %s", vars, err, name)
+		return ""
+	}
+	return err.Error()
+}
+
+// accepted loads base() with vars set and returns the configuration.
+func accepted(t *testing.T, vars map[string]string) Config {
+	t.Helper()
+	m := base()
+	for k, v := range vars {
+		m[k] = v
+	}
+	c, err := Load(env(m))
+	if err != nil {
+		t.Errorf("%v: refused: %v", vars, err)
+	}
+	return c
+}
+
+// HAN_ENV and HAN_INSTANCE_ID are names of letters, digits, '.', '_' and
+// '-'. A carriage return (an env file saved with CRLF line ends and read by
+// docker --env-file, a ConfigMap or a shell), a vertical tab, a form feed
+// or a no-break space passed the old check: "prod\r" was then not
+// production, the dev HS256 secret was accepted and no public realtime URL
+// required, without a word, and the keys carried the "\r".
+func TestEnvAndInstanceIDAreNames(t *testing.T) {
+	for _, v := range []string{"prod\r", "prod\v", "prod\f", "prod\u00a0", "production\r", "pr od", "a:b", "a{b}", "prød", "prod\x00"} {
+		refused(t, "HAN_ENV", map[string]string{"HAN_ENV": v})
+		refused(t, "HAN_INSTANCE_ID", map[string]string{"HAN_INSTANCE_ID": v})
+	}
+	for _, v := range []string{"dev", "stage-2", "eu_west.1", "PROD"} {
+		accepted(t, map[string]string{"HAN_INSTANCE_ID": v, "HAN_ENV": v, "HAN_PUBLIC_REALTIME_URL": "wss://rt.example.com/v1/realtime",
+			"HAN_JWT_DEV_HS256_SECRET": "", "HAN_JWKS_FILE": "/etc/han/jwks.json"})
+	}
+	// The default id is the host name (each other byte a '-') and a suffix.
+	if c := accepted(t, nil); !regexp.MustCompile(`^[A-Za-z0-9._-]+-[0-9a-f]{6}$`).MatchString(c.InstanceID) {
+		t.Errorf("default HAN_INSTANCE_ID %q is no name", c.InstanceID)
+	}
+}
+
+// One user's handshake bucket: 0.001 to 1000 a second, a burst of at most
+// a million. A huge burst or a tiny rate overflowed the bucket's period
+// and every handshake of every user was refused with 1013.
+func TestUserHandshakeBucketBounds(t *testing.T) {
+	for _, v := range []string{"1e-9", "0.0009", "1001"} {
+		refused(t, "HAN_WS_USER_HANDSHAKE_RATE", map[string]string{"HAN_WS_USER_HANDSHAKE_RATE": v})
+	}
+	for _, v := range []string{"10000000000", "1000001"} {
+		refused(t, "HAN_WS_USER_HANDSHAKE_BURST", map[string]string{"HAN_WS_USER_HANDSHAKE_BURST": v})
+	}
+	c := accepted(t, map[string]string{"HAN_WS_USER_HANDSHAKE_RATE": "0.001", "HAN_WS_USER_HANDSHAKE_BURST": "1000000"})
+	if c.WSUserHandshakeRate != 0.001 || c.WSUserHandshakeBurst != 1000000 {
+		t.Errorf("rate %v burst %d", c.WSUserHandshakeRate, c.WSUserHandshakeBurst)
+	}
+}
+
+// A lone send waits HAN_SEND_LINGER within its HAN_DB_REQUEST_TIMEOUT: a
+// linger above a quarter of the budget is refused (at or above the budget
+// every lone send answered 503 database_busy); the default shrinks to a
+// quarter of a budget under 20ms.
+func TestSendLingerWithinTheDBBudget(t *testing.T) {
+	msg := refused(t, "HAN_SEND_LINGER", map[string]string{"HAN_DB_REQUEST_TIMEOUT": "80ms", "HAN_SEND_LINGER": "100ms"})
+	if !strings.Contains(msg, "HAN_SEND_LINGER: must be at most a quarter of HAN_DB_REQUEST_TIMEOUT") {
+		t.Errorf("refusal: %s", msg)
+	}
+	refused(t, "HAN_SEND_LINGER", map[string]string{"HAN_DB_REQUEST_TIMEOUT": "80ms", "HAN_SEND_LINGER": "21ms"})
+	if c := accepted(t, map[string]string{"HAN_DB_REQUEST_TIMEOUT": "80ms", "HAN_SEND_LINGER": "20ms"}); c.SendLinger != 20*time.Millisecond {
+		t.Errorf("linger %v, want 20ms", c.SendLinger)
+	}
+	if c := accepted(t, map[string]string{"HAN_DB_REQUEST_TIMEOUT": "1ms"}); c.SendLinger != 250*time.Microsecond {
+		t.Errorf("default linger with a 1ms budget: %v, want 250µs", c.SendLinger)
+	}
+	if c := accepted(t, nil); c.SendLinger != 5*time.Millisecond {
+		t.Errorf("default linger: %v, want 5ms", c.SendLinger)
+	}
+}
+
+// The presence loops' and the settings refresh's intervals, and the
+// liveness TTL, are at most a day: from about 284,700 h on the loops'
+// jitter wrapped negative and they ran back to back against Redis.
+func TestLoopBounds(t *testing.T) {
+	for name, v := range map[string]string{"HAN_PRESENCE_SWEEP_INTERVAL": "300000h", "HAN_INSTANCE_LIVENESS_TTL": "900000h",
+		"HAN_SETTINGS_REFRESH_INTERVAL": "25h"} {
+		refused(t, name, map[string]string{name: v})
+		refused(t, name, map[string]string{name: "24h1ms"})
+		accepted(t, map[string]string{name: "24h"})
+	}
+}
+
+// HAN_HTTP_BODY_TIMEOUT is at most an hour: the transfer allowance of the
+// bytes is added to it, and with the longest duration the sum wrapped.
+func TestBodyTimeoutBound(t *testing.T) {
+	for _, v := range []string{"2562047h47m16s", "61m"} {
+		refused(t, "HAN_HTTP_BODY_TIMEOUT", map[string]string{"HAN_HTTP_BODY_TIMEOUT": v})
+	}
+	if c := accepted(t, map[string]string{"HAN_HTTP_BODY_TIMEOUT": "1h"}); c.HTTPBodyTimeout != time.Hour {
+		t.Errorf("HAN_HTTP_BODY_TIMEOUT=1h: %v", c.HTTPBodyTimeout)
+	}
+}
+
+// A password with a '/', '?' or '#' written without percent-encoding ends
+// the URL's host early: postgres://han:4/secret@host/db reads as host han,
+// port 4 and a path holding the rest of the password, which a connection
+// error then printed as the database name. Such a URL is refused, naming
+// the variable and nothing of its value; the percent-encoded form is taken.
+func TestUnencodedPasswordIsRefused(t *testing.T) {
+	const tail = "Zq9SecretTail"
+	for name, bad := range map[string]string{
+		"DATABASE_URL":            "postgres://han:4/" + tail + "@127.0.0.1:5432/db",
+		"HAN_DATABASE_DIRECT_URL": "postgresql://han:4?" + tail + "@127.0.0.1:5432/db",
+		"REDIS_URL":               "redis://api_backend:6/" + tail + "@127.0.0.1:6379/0",
+		"REDIS_REALTIME_URL":      "rediss://api_backend:6#" + tail + "@127.0.0.1:6379/1",
+	} {
+		if msg := refused(t, name, map[string]string{name: bad}); strings.Contains(msg, tail) || strings.Contains(msg, "han:4") {
+			t.Errorf("%s: the refusal quotes the URL: %s", name, msg)
+		}
+	}
+	accepted(t, map[string]string{"DATABASE_URL": "postgres://han:4%2F" + tail + "@127.0.0.1:5432/db",
+		"REDIS_URL": "redis://api_backend:6%2F" + tail + "@127.0.0.1:6379/0", "HAN_DATABASE_DIRECT_URL": "postgres://han:pw@127.0.0.1/db?application_name=a@b"})
+}
