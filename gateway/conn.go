@@ -83,7 +83,10 @@ type conn struct {
 	// (closeNow); no later request may interrupt its reads (wakeReader).
 	closeStarted bool
 	// pongWait: a ping is due or written and no pong has come since; the
-	// hub's scan ends the connection when it lasts PongTimeout.
+	// hub's scan ends the connection when it lasts PongTimeout from the
+	// ping's write (pingDue stays set until the writer has written it:
+	// a ping queued behind a batch the client is slow to take is not yet
+	// the client's to answer).
 	pongWait bool
 	// reading: a frame worker is reading a client frame (beginRead to
 	// endRead). A close asked for meanwhile waits for the frame's end

@@ -48,8 +48,10 @@ func (c *conn) writeLoop() {
 		batch, flush := c.q, c.flushDue
 		c.q, c.qBytes, c.resyncQueued, c.flushDue = c.spare, 0, false, false
 		c.spare = nil
+		// pingDue stays set until the ping is written (below): the pong
+		// wait counts from then, not from while the batch ahead of it
+		// waited for the client to take it.
 		ping := c.pingDue
-		c.pingDue = false
 		code := c.closeCode
 		c.mu.Unlock()
 		if err := c.writeBatch(batch, flush); err != nil {
@@ -72,6 +74,12 @@ func (c *conn) writeLoop() {
 				c.abort(err)
 				return
 			}
+			c.mu.Lock()
+			c.pingDue = false
+			if c.pongWait {
+				c.lastPing = time.Now()
+			}
+			c.mu.Unlock()
 		}
 	}
 }

@@ -455,13 +455,17 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			case c.closed:
 			case nowNs >= c.expires:
 				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
-			case c.pongWait && !c.handlingLocked() && now.Sub(c.lastPing) >= h.cfg.PongTimeout:
+			case c.pongWait && !c.pingDue && !c.handlingLocked() && now.Sub(c.lastPing) >= h.cfg.PongTimeout:
 				// No pong: the peer is gone or does not read. Closing
 				// the socket ends the reader's wait, and its teardown
-				// follows. Not while one of the client's frames is
-				// being handled: its pong may wait unread behind it
-				// (a subscribe waiting on PostgreSQL), and the wait
-				// counts again from the frame's end (conn.endFrame).
+				// follows. Not before the ping is written (a batch the
+				// client is slow to take may hold it back, within the
+				// write timeout, which ends a client that takes
+				// nothing): the wait counts from the write. Nor while
+				// one of the client's frames is being handled: its pong
+				// may wait unread behind it (a subscribe waiting on
+				// PostgreSQL), and the wait counts again from the
+				// frame's end (conn.endFrame).
 				c.pongWait = false
 				late = append(late, c)
 			case !c.pongWait && now.Sub(c.lastPing) >= h.cfg.PingInterval:
