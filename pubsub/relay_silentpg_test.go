@@ -2,7 +2,6 @@ package pubsub_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
@@ -24,17 +23,8 @@ func TestRelayClaimIsBoundedWhenItsConnectionGoesSilent(t *testing.T) {
 	st, pool := openStore(t) // direct: the send path, and the checks
 	ctx := context.Background()
 
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	rpool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 4})
+	p, proxied := faultproxy.ForURL(t, env.DatabaseURL)
+	rpool, err := store.OpenPG(ctx, proxied, store.PGConfig{MaxConns: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

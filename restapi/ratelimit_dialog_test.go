@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -237,17 +236,8 @@ func TestHTTPRepeatedClientMessageIDSpendsNoDialogLimit(t *testing.T) {
 // dialog admission (the message may be in the dialog), unlike a refusal.
 func TestHTTPSendOfUnknownOutcomeKeepsItsDialogAdmission(t *testing.T) {
 	base := newHarness(t)
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	pool, err := store.OpenPG(context.Background(), u.String(), store.PGConfig{MaxConns: 4})
+	p, dbURL := faultproxy.ForURL(t, env.DatabaseURL)
+	pool, err := store.OpenPG(context.Background(), dbURL, store.PGConfig{MaxConns: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
@@ -22,17 +21,8 @@ import (
 func TestJanitorRunIsBoundedWhenItsConnectionGoesSilent(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	jpool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 4})
+	p, proxied := faultproxy.ForURL(t, env.DatabaseURL)
+	jpool, err := store.OpenPG(ctx, proxied, store.PGConfig{MaxConns: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

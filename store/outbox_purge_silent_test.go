@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
 
@@ -20,17 +19,8 @@ import (
 func TestOutboxPurgeIsBoundedWhenItsConnectionGoesSilent(t *testing.T) {
 	_, pool := openStore(t)
 	ctx := context.Background()
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	ppool, err := store.OpenPG(ctx, u.String(), store.PGConfig{MaxConns: 4})
+	p, proxied := faultproxy.ForURL(t, env.DatabaseURL)
+	ppool, err := store.OpenPG(ctx, proxied, store.PGConfig{MaxConns: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

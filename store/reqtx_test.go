@@ -3,7 +3,6 @@ package store_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
@@ -177,17 +176,8 @@ func TestASendWhoseAnswerNeverComesIsNotBusy(t *testing.T) {
 func storeThroughProxy(t *testing.T) (*store.Store, *faultproxy.Proxy) {
 	t.Helper()
 	_, _ = openStore(t) // migrations
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	pool, err := store.OpenPG(context.Background(), u.String(), store.PGConfig{MaxConns: 2})
+	p, proxied := faultproxy.ForURL(t, env.DatabaseURL)
+	pool, err := store.OpenPG(context.Background(), proxied, store.PGConfig{MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -150,18 +149,9 @@ func dialogWithSends(t *testing.T, m *Main, n int, key string) (aTok, bTok, dial
 // broke, 15 s against such a server, and the supervisor killed the
 // process.
 func TestCloseIsBoundedWhenPostgreSQLStopsAnswering(t *testing.T) {
-	u, err := url.Parse(env.DatabaseURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.Start(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	u.Host = p.Addr()
+	p, proxied := faultproxy.ForURL(t, env.DatabaseURL)
 	vars := baseEnv()
-	vars["DATABASE_URL"] = u.String()
+	vars["DATABASE_URL"] = proxied
 	vars["HAN_SHUTDOWN_TIMEOUT"] = "1s"
 	vars["HAN_DB_REQUEST_TIMEOUT"] = "500ms"
 	lg := &closeLog{start: time.Now()}

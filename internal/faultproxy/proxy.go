@@ -10,6 +10,7 @@ package faultproxy
 import (
 	"bytes"
 	"net"
+	"net/url"
 	"sync"
 	"time"
 )
@@ -42,6 +43,31 @@ func Start(target string) (*Proxy, error) {
 	p.wg.Add(1)
 	go p.acceptLoop()
 	return p, nil
+}
+
+// TB is what ForURL needs of a test (testing.TB has it).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(f func())
+}
+
+// ForURL starts a proxy to the host of rawURL (a postgres:// or redis://
+// URL), closed when the test ends, and returns it with rawURL pointing at
+// it instead: a client opened with that URL goes through the proxy.
+func ForURL(t TB, rawURL string) (*Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	u.Host = p.Addr()
+	return p, u.String()
 }
 
 // Addr is the proxy's host:port.
