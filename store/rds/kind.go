@@ -21,8 +21,10 @@ import (
 // "redis_oom", "redis_expiry_denied", "redis_noperm" and
 // "redis_unavailable" for the Redis sentinels; "closed" for a closed
 // client; "timeout" for a passed deadline or a network timeout; "canceled";
-// "EOF"; the system error of a failed call ("connection refused");
-// otherwise the Go type of the innermost wrapped error.
+// "EOF"; the system error of a failed call ("connection refused"); "pg:"
+// and the SQLSTATE of a PostgreSQL error (one with a SQLState method, as
+// pgconn's has: a package below the store that sees one logs its code, not
+// its Go type); otherwise the Go type of the innermost wrapped error.
 func Kind(err error) string {
 	var named *namedError
 	switch {
@@ -54,6 +56,10 @@ func Kind(err error) string {
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
 		return errno.Error()
+	}
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return "pg:" + coded.SQLState()
 	}
 	for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
 		err = u

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/han-app/gateway/store/rds"
 )
 
@@ -46,10 +48,16 @@ func TestKindNamesRedisFailuresWithoutTheirText(t *testing.T) {
 	if got := rds.Kind(fmt.Errorf("session: %w", named)); got != "canary_lost" {
 		t.Errorf("named error: kind %q", got)
 	}
+	// A PostgreSQL error reaching a package below the store (the outbox
+	// relay's run) is named by its SQLSTATE, never its text.
+	pgErr := fmt.Errorf("relay outbox: %w", &pgconn.PgError{Code: "55P03", Message: "lock on " + secret})
+	if got := rds.Kind(pgErr); got != "pg:55P03" {
+		t.Errorf("PostgreSQL error: kind %q, want pg:55P03", got)
+	}
 	if got := rds.Kind(nil); got != "none" {
 		t.Errorf("nil: kind %q", got)
 	}
-	for _, err := range []error{noperm, fmt.Errorf("parse %s: %w", secret, context.Canceled)} {
+	for _, err := range []error{noperm, fmt.Errorf("parse %s: %w", secret, context.Canceled), pgErr} {
 		if k := rds.Kind(err); strings.Contains(k, secret) {
 			t.Errorf("kind %q quotes the key", k)
 		}
