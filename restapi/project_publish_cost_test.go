@@ -12,10 +12,10 @@ import (
 // raw-body checks every route runs do, whatever the payload holds. Each
 // test compares a publish with a baseline request of the same size
 // measured in the same test, so the bounds are ratios, not wall-clock
-// limits: the bytes allocated (the same on a busy machine as on a quiet
-// one) closely, the time only against a blow-up (work that grows faster
-// than the body: seconds where the baseline takes milliseconds), with
-// room for a machine whose cores other processes share.
+// limits, and each only against a blow-up (work or memory that grows
+// faster than the body: seconds where the baseline takes milliseconds),
+// with room for a machine whose cores other processes share and for what
+// the process's other goroutines allocate meanwhile.
 
 // cost sends one request and returns the answer with the wall time it took
 // and the bytes the process allocated meanwhile (the server runs in this
@@ -89,8 +89,12 @@ func TestPublishLongNumberTokenCostsAsMuchAsAString(t *testing.T) {
 				t.Errorf("got %d %.200s, want %d with %s", code, b, c.status, c.want)
 			}
 			t.Logf("%v, %d KiB; a string of the same size %v, %d KiB", took, alloc>>10, baseline, baseAlloc>>10)
-			if alloc > baseAlloc*3/2 {
-				t.Errorf("allocated %d KiB, a string payload of the same size %d KiB", alloc>>10, baseAlloc>>10)
+			// A copy or two of the token is fine; what grows with the
+			// number's digits beyond that (big-number arithmetic) is not.
+			// The process's other goroutines allocate meanwhile too, so
+			// the bound is the baseline plus a multiple of the body.
+			if limit := baseAlloc + 8*n; alloc > limit {
+				t.Errorf("allocated %d KiB, a string payload of the same size %d KiB (limit %d KiB)", alloc>>10, baseAlloc>>10, limit>>10)
 			}
 			if limit := 20*baseline + time.Second; took > limit {
 				t.Errorf("took %v, a string payload of the same size %v (limit %v)", took, baseline, limit)
