@@ -8,13 +8,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/han-app/gateway/internal/faultproxy"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
-	"github.com/han-app/gateway/store/rds"
 )
 
 // A link busy delivering a flood of messages reads: the canary, published
@@ -23,14 +20,7 @@ import (
 // instance, and the flood went on on the next link. A link that reads
 // nothing at all is still ended, within the canary deadline.
 func TestALinkDeliveringAFloodIsNotTakenForDead(t *testing.T) {
-	p, err := faultproxy.Start(env.Redis.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	link := redis.NewClient(&redis.Options{Addr: p.Addr(), Username: rds.APIBackendUser, Password: env.Redis.Password,
-		DB: 1, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
-	defer link.Close()
+	p, link := proxiedLink(t)
 	ch := pubsub.DialogChannel(ids.New())
 	reg := prometheus.NewRegistry()
 	var mu sync.Mutex

@@ -20,21 +20,29 @@ import (
 	"github.com/han-app/gateway/store/rds"
 )
 
+// proxiedLink is a Pub/Sub link client on DB 1 whose connections go
+// through a fault proxy; both are closed when the test ends. The client is
+// its own (no idle pool), so the proxy sees only the link's dials.
+func proxiedLink(t *testing.T) (*faultproxy.Proxy, *redis.Client) {
+	t.Helper()
+	p, err := faultproxy.Start(env.Redis.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	link := redis.NewClient(&redis.Options{Addr: p.Addr(), Username: rds.APIBackendUser, Password: env.Redis.Password,
+		DB: 1, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	t.Cleanup(func() { _ = link.Close() })
+	return p, link
+}
+
 // Network partition and reconnect backoff: the instance's Pub/Sub
 // link goes through a fault proxy. While Redis cannot be reached the
 // subscriber retries with a growing backoff (not a hot loop); once the
 // partition heals it resubscribes every channel, reports the resync, and
 // messages flow again.
 func TestPubSubReconnectBackoffAcrossPartition(t *testing.T) {
-	p, err := faultproxy.Start(env.Redis.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	// A client of its own (no idle pool) so the proxy sees only the link's dials.
-	link := redis.NewClient(&redis.Options{Addr: p.Addr(), Username: rds.APIBackendUser, Password: env.Redis.Password,
-		DB: 1, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
-	defer link.Close()
+	p, link := proxiedLink(t)
 	pub, err := rds.NewRedis(env.Redis.URL(1), rds.RedisConfig{})
 	if err != nil {
 		t.Fatal(err)
