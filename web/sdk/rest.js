@@ -12,8 +12,10 @@ import { ApiError, CLIENT_CODES } from "./errors.js";
 
 /**
  * @callback GetToken
- * @param {{reason: TokenReason, expiresAt: number}} info expiresAt: the
- *   current credential's expiry (epoch ms) when known, else 0
+ * @param {{reason: TokenReason, expiresAt: number, signal: AbortSignal}} info
+ *   expiresAt: the current credential's expiry (epoch ms) when known, else 0;
+ *   signal: aborted when the SDK gives this call up (TOKEN_TIMEOUT_MS), so a
+ *   hook that fetches its token can pass it on and stop waiting too
  * @returns {Promise<string | null> | string | null} a user JWT, or null to give up
  */
 
@@ -151,16 +153,19 @@ export class Tokens {
    * renew asks the hook for a new token; concurrent callers share one call.
    * A call not answered within TOKEN_TIMEOUT_MS rejects its callers with
    * ApiError `token_timeout` and is no longer shared: the next renew asks
-   * the hook again. Should the abandoned call answer after all, its token is
-   * kept only if no later call (or set()) has given one since.
+   * the hook again, and the call's signal is aborted (a hook that passed it
+   * to its fetch ends that request). Should the abandoned call answer after
+   * all, its token is kept only if no later call (or set()) has given one
+   * since.
    * @param {TokenReason} reason
    * @returns {Promise<string | null>} the new token, or null when the hook gave none
    */
   renew(reason) {
     if (this.#pending) return this.#pending;
     const n = ++this.#asked;
+    const abort = new AbortController();
     const call = (async () => {
-      const t = await this.#getToken({ reason, expiresAt: this.expiresAt });
+      const t = await this.#getToken({ reason, expiresAt: this.expiresAt, signal: abort.signal });
       if (typeof t !== "string" || !t) return null;
       if (n > this.#tokenFrom) {
         this.#token = t;
@@ -171,7 +176,10 @@ export class Tokens {
     /** @type {ReturnType<typeof setTimeout> | undefined} */
     let timer;
     const deadline = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new ApiError(CLIENT_CODES.tokenTimeout, 0)), TOKEN_TIMEOUT_MS);
+      timer = setTimeout(() => {
+        reject(new ApiError(CLIENT_CODES.tokenTimeout, 0));
+        abort.abort(new ApiError(CLIENT_CODES.tokenTimeout, 0));
+      }, TOKEN_TIMEOUT_MS);
     });
     /** @type {Promise<string | null>} */
     const pending = Promise.race([call, deadline]).finally(() => {

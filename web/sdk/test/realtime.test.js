@@ -756,13 +756,16 @@ function hangingHook(hang) {
   const reasons = [];
   /** @type {((t: string) => void)[]} */
   const hung = [];
-  /** @param {{reason: string}} info */
-  const getToken = ({ reason }) => {
+  /** @type {AbortSignal[]} */
+  const signals = [];
+  /** @param {{reason: string, signal: AbortSignal}} info */
+  const getToken = ({ reason, signal }) => {
     reasons.push(reason);
+    signals.push(signal);
     if (!hang.includes(reasons.length)) return `t${reasons.length}`;
     return new Promise((/** @type {(t: string) => void} */ r) => hung.push(r));
   };
-  return { getToken, reasons, hung };
+  return { getToken, reasons, hung, signals };
 }
 
 test("a getToken call that never answers fails REST calls retryably within the connect bound, the next call asks getToken again, and its late answer does not replace the newer token", async () => {
@@ -779,9 +782,12 @@ test("a getToken call that never answers fails REST calls retryably within the c
   /** @type {unknown} */
   let outcome;
   rest.me().then((v) => { outcome = v; }, (e) => { outcome = e; });
-  await pass(CONNECT_TIMEOUT_MS);
+  await pass(CONNECT_TIMEOUT_MS - 100);
+  assert.equal(hook.signals[0].aborted, false, "the hook's signal stays open while its call is waited for");
+  await pass(100);
   assert.ok(outcome instanceof ApiError, `the call waiting for getToken has ended: ${outcome}`);
   assert.equal(outcome.code, CLIENT_CODES.tokenTimeout);
+  assert.equal(hook.signals[0].aborted, true, "the given-up call's signal is aborted, so the hook's own fetch can end");
   assert.equal(outcome.retryable, true, "retried like a lost answer (send keeps its Idempotency-Key)");
   assert.deepEqual(sentWith, [], "nothing was sent without a token");
 
