@@ -24,7 +24,96 @@ const (
 	minUserHandshakeRate  = 0.001
 	maxUserHandshakeRate  = 1000
 	maxUserHandshakeBurst = 1_000_000
+	// maxRedisTimeout is the longest HAN_REDIS_TIMEOUT: a Redis that takes
+	// longer to answer one command is down, and a request waits up to this
+	// for each of its Redis steps. An idempotency lock lives 30 s and is
+	// extended every 10 s, each extension within this budget: at most 10 s,
+	// an extension lands with 10 s to spare before the lock would expire.
+	maxRedisTimeout = 10 * time.Second
+	// maxShutdownTimeout is the longest HAN_SHUTDOWN_TIMEOUT and
+	// maxDrainDelay the longest HAN_DRAIN_DELAY: longer than any
+	// orchestrator's grace period an operator would set, and an instance
+	// that takes longer to stop is one that does not stop.
+	maxShutdownTimeout = time.Hour
+	maxDrainDelay      = 10 * time.Minute
+	// maxOutboxGrace is the longest HAN_OUTBOX_GRACE: a message whose
+	// publish the request path lost reaches its subscribers only after
+	// it, and later than minutes is no realtime delivery.
+	maxOutboxGrace = 10 * time.Minute
+	// maxOutboxRetention is the longest HAN_OUTBOX_RETENTION, so the
+	// longest HAN_WS_RECOVER_WINDOW: the outbox holds every event of that
+	// long (about 900,000 rows for 15 minutes at 1,000 messages a second),
+	// and a client away longer reconciles over REST anyway.
+	maxOutboxRetention = 7 * 24 * time.Hour
+	// maxIdempotencyTTL is the longest HAN_IDEMPOTENCY_TTL: every keyed
+	// request keeps a record this long in Redis (memory) and PostgreSQL,
+	// and clients retry within minutes, not weeks.
+	maxIdempotencyTTL = 7 * 24 * time.Hour
+	// maxAttachmentUnsentTTL is the longest HAN_ATTACHMENT_UNSENT_TTL: the
+	// blob of an upload no message links is kept on disk this long.
+	maxAttachmentUnsentTTL = 30 * 24 * time.Hour
+	// maxHandshakeWait is the longest HAN_WS_HANDSHAKE_WAIT: a queued
+	// handshake holds an accepted socket, and clients give up far sooner
+	// (the JavaScript SDK after 15 s).
+	maxHandshakeWait = time.Minute
+	// maxIdleTimeout is the longest HAN_HTTP_IDLE_TIMEOUT: an idle
+	// keep-alive connection holds a descriptor and a place under
+	// HAN_MAX_CONNECTIONS and HAN_MAX_CONNS_PER_IP.
+	maxIdleTimeout = time.Hour
+	// maxRecoverEvents is the largest HAN_WS_RECOVER_MAX: a replay is at
+	// most 256 KiB of frames anyway, far fewer than 10,000 events, and the
+	// recovery reads one event more than it, which wraps at the largest int.
+	maxRecoverEvents = 10_000
 )
+
+// readLingers reads the waits for company. Each is spent from the budget
+// of the work it delays, before that work starts, so each is at most a
+// quarter of every such budget (the rest is the work's own), and its
+// default shrinks to that:
+//   - HAN_SEND_LINGER: a lone send's HAN_DB_REQUEST_TIMEOUT;
+//   - HAN_IDEMPOTENCY_LINGER: a keyed write's idempotency script, whose
+//     budget is HAN_REDIS_TIMEOUT (at or above it every lone keyed write
+//     answered 503);
+//   - HAN_WS_LINGER: the presence pipeline, a Redis round trip
+//     (HAN_REDIS_TIMEOUT), and the subscribe checks, dialog reads and
+//     user records, each within HAN_DB_REQUEST_TIMEOUT (at or above it
+//     every lone one failed as database_busy).
+func (c *Config) readLingers(getenv func(string) string, bad func(string, ...any)) {
+	redis := budget{"HAN_REDIS_TIMEOUT", c.RedisTimeout}
+	db := budget{"HAN_DB_REQUEST_TIMEOUT", c.DBRequestTimeout}
+	c.SendLinger = readLinger(getenv, bad, "HAN_SEND_LINGER", 5*time.Millisecond, db)
+	c.IdempotencyLinger = readLinger(getenv, bad, "HAN_IDEMPOTENCY_LINGER", 2*time.Millisecond, redis)
+	c.WSLinger = readLinger(getenv, bad, "HAN_WS_LINGER", 5*time.Millisecond, redis, db)
+}
+
+// budget is a setting a linger is spent from: its variable and value.
+type budget struct {
+	name string
+	d    time.Duration
+}
+
+// readLinger reads the linger name (default def, shrunk to a quarter of
+// the smallest budget) and refuses one above a quarter of a budget. A
+// budget of 0 was refused itself and is not compared.
+func readLinger(getenv func(string) string, bad func(string, ...any), name string, def time.Duration, budgets ...budget) time.Duration {
+	for _, b := range budgets {
+		if b.d > 0 {
+			def = min(def, b.d/4)
+		}
+	}
+	d, err := linger(getenv(name), def)
+	if err != nil {
+		bad("%s: %v", name, err)
+		return 0
+	}
+	for _, b := range budgets {
+		if b.d > 0 && d > b.d/4 {
+			bad("%s: must be at most a quarter of %s", name, b.name)
+			break
+		}
+	}
+	return d
+}
 
 // IsName reports whether s is a non-empty name of ASCII letters, digits,
 // '.', '_' and '-' only: what HAN_ENV and HAN_INSTANCE_ID may hold. They

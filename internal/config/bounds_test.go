@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"regexp"
 	"strings"
 	"testing"
@@ -137,4 +138,96 @@ func TestUnencodedPasswordIsRefused(t *testing.T) {
 	}
 	accepted(t, map[string]string{"DATABASE_URL": "postgres://han:4%2F" + tail + "@127.0.0.1:5432/db",
 		"REDIS_URL": "redis://api_backend:6%2F" + tail + "@127.0.0.1:6379/0", "HAN_DATABASE_DIRECT_URL": "postgres://han:pw@127.0.0.1/db?application_name=a@b"})
+}
+
+// A wait for company is spent from the budget of the work it delays, before
+// that work starts: HAN_IDEMPOTENCY_LINGER from the idempotency script's
+// HAN_REDIS_TIMEOUT, HAN_WS_LINGER from the presence pipeline's
+// HAN_REDIS_TIMEOUT and the realtime reads' HAN_DB_REQUEST_TIMEOUT. With a
+// linger at or above its budget every lone keyed write answered 503 (every
+// lone first-sight user record, subscribe check or dialog read failed): a
+// linger above a quarter of a budget is refused, naming the budget, and
+// the defaults shrink to a quarter of a small one.
+func TestLingersWithinTheirBudgets(t *testing.T) {
+	for _, c := range []struct {
+		name, linger, budget, budgetName string
+	}{
+		{"HAN_IDEMPOTENCY_LINGER", "100ms", "90ms", "HAN_REDIS_TIMEOUT"},
+		{"HAN_IDEMPOTENCY_LINGER", "26ms", "100ms", "HAN_REDIS_TIMEOUT"},
+		{"HAN_WS_LINGER", "100ms", "90ms", "HAN_REDIS_TIMEOUT"},
+		{"HAN_WS_LINGER", "26ms", "100ms", "HAN_REDIS_TIMEOUT"},
+		{"HAN_WS_LINGER", "100ms", "90ms", "HAN_DB_REQUEST_TIMEOUT"},
+		{"HAN_WS_LINGER", "26ms", "100ms", "HAN_DB_REQUEST_TIMEOUT"},
+	} {
+		msg := refused(t, c.name, map[string]string{c.name: c.linger, c.budgetName: c.budget})
+		if want := c.name + ": must be at most a quarter of " + c.budgetName; !strings.Contains(msg, want) {
+			t.Errorf("%s=%s %s=%s: %s, want %q", c.name, c.linger, c.budgetName, c.budget, msg, want)
+		}
+	}
+	c := accepted(t, map[string]string{"HAN_REDIS_TIMEOUT": "100ms", "HAN_DB_REQUEST_TIMEOUT": "100ms",
+		"HAN_IDEMPOTENCY_LINGER": "25ms", "HAN_WS_LINGER": "25ms"})
+	if c.IdempotencyLinger != 25*time.Millisecond || c.WSLinger != 25*time.Millisecond {
+		t.Errorf("at a quarter of their budgets: idempotency %v, ws %v", c.IdempotencyLinger, c.WSLinger)
+	}
+	c = accepted(t, map[string]string{"HAN_REDIS_TIMEOUT": "4ms", "HAN_DB_REQUEST_TIMEOUT": "8ms"})
+	if c.IdempotencyLinger != time.Millisecond || c.WSLinger != time.Millisecond {
+		t.Errorf("defaults with a 4ms Redis budget: idempotency %v, ws %v; want 1ms", c.IdempotencyLinger, c.WSLinger)
+	}
+	if c = accepted(t, map[string]string{"HAN_DB_REQUEST_TIMEOUT": "8ms"}); c.WSLinger != 2*time.Millisecond || c.IdempotencyLinger != 2*time.Millisecond {
+		t.Errorf("defaults with an 8ms PostgreSQL budget: ws %v, idempotency %v; want 2ms", c.WSLinger, c.IdempotencyLinger)
+	}
+	if c = accepted(t, nil); c.IdempotencyLinger != 2*time.Millisecond || c.WSLinger != 5*time.Millisecond {
+		t.Errorf("defaults: idempotency %v, ws %v", c.IdempotencyLinger, c.WSLinger)
+	}
+}
+
+// Each duration and count has a largest value, so a typo (an extra zero,
+// a unit of h for s) or the largest duration is refused at start-up naming
+// the variable instead of holding requests, records or sockets for weeks,
+// or wrapping in the service's arithmetic; the largest value itself starts.
+func TestUpperBounds(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		refused []string
+		largest string
+		with    map[string]string // what the largest value needs of other settings
+	}{
+		// The liveness marker must outlast 1.5 × the Redis budget.
+		{"HAN_REDIS_TIMEOUT", []string{"10001ms", "2562047h", "999us"}, "10s", map[string]string{"HAN_INSTANCE_LIVENESS_TTL": "16s"}},
+		{"HAN_SHUTDOWN_TIMEOUT", []string{"1h1s", "2562047h"}, "1h", nil},
+		{"HAN_DRAIN_DELAY", []string{"10m1s", "2562047h"}, "10m", nil},
+		{"HAN_OUTBOX_RETENTION", []string{"168h1s", "2562047h"}, "168h", nil},
+		{"HAN_OUTBOX_GRACE", []string{"10m1s", "2562047h"}, "10m", map[string]string{"HAN_OUTBOX_RETENTION": "10m1s"}},
+		{"HAN_IDEMPOTENCY_TTL", []string{"168h1s", "2562047h"}, "168h", nil},
+		{"HAN_ATTACHMENT_UNSENT_TTL", []string{"720h1s", "2562047h"}, "720h", nil},
+		{"HAN_WS_HANDSHAKE_WAIT", []string{"61s", "2562047h"}, "1m", nil},
+		{"HAN_HTTP_IDLE_TIMEOUT", []string{"1h1s", "2562047h"}, "1h", nil},
+		// The recovery reads one event more: the largest int wrapped.
+		{"HAN_WS_RECOVER_MAX", []string{"10001", "9223372036854775807"}, "10000", nil},
+	} {
+		vars := maps.Clone(c.with)
+		if vars == nil {
+			vars = map[string]string{}
+		}
+		for _, v := range c.refused {
+			vars[c.name] = v
+			refused(t, c.name, vars)
+		}
+		vars[c.name] = c.largest
+		accepted(t, vars)
+	}
+}
+
+// The relay publishes a row the request path did not after
+// HAN_OUTBOX_GRACE, and the purge counts undelivered rows older than
+// HAN_OUTBOX_RETENTION as stuck: a grace at or above the retention would
+// report every row the relay is still waiting for as stuck.
+func TestOutboxGraceBelowRetention(t *testing.T) {
+	for _, v := range []map[string]string{{"HAN_OUTBOX_GRACE": "5m", "HAN_OUTBOX_RETENTION": "5m", "HAN_WS_RECOVER_WINDOW": "5m"},
+		{"HAN_OUTBOX_GRACE": "6m", "HAN_OUTBOX_RETENTION": "5m", "HAN_WS_RECOVER_WINDOW": "5m"}} {
+		if msg := refused(t, "HAN_OUTBOX_GRACE", v); !strings.Contains(msg, "HAN_OUTBOX_GRACE: must be less than HAN_OUTBOX_RETENTION") {
+			t.Errorf("%v: %s", v, msg)
+		}
+	}
+	accepted(t, map[string]string{"HAN_OUTBOX_GRACE": "4m59s", "HAN_OUTBOX_RETENTION": "5m", "HAN_WS_RECOVER_WINDOW": "5m"})
 }

@@ -47,9 +47,13 @@ type Config struct {
 	// /v1/public/config; required when HAN_ENV=prod, because a URL built
 	// from the request's Host would let any client choose it.
 	PublicRealtimeURL string
-	RedisTimeout      time.Duration
-	ShutdownTimeout   time.Duration
-	// DrainDelay (HAN_DRAIN_DELAY, default 5s, 0 allowed) is how long the
+	// RedisTimeout (HAN_REDIS_TIMEOUT, default 1s, 1ms to 10s) is the
+	// budget of one Redis command; ShutdownTimeout (HAN_SHUTDOWN_TIMEOUT,
+	// default 15s, at most 1h) that of the shutdown after the drain delay.
+	// bounds.go says why each bound is where it is.
+	RedisTimeout    time.Duration
+	ShutdownTimeout time.Duration
+	// DrainDelay (HAN_DRAIN_DELAY, default 5s, 0 to 10m) is how long the
 	// listener keeps serving after SIGTERM while /readyz already answers
 	// 503, so load balancers see the instance leave before it stops
 	// accepting connections.
@@ -73,12 +77,13 @@ type Config struct {
 	// could start at once waits for the sends of other dialogs to join it:
 	// fewer commits per send at moderate rates, for that much more latency.
 	SendLinger time.Duration
-	// IdempotencyLinger (HAN_IDEMPOTENCY_LINGER, default 2ms; 0 turns it
-	// off) is how long a keyed write's idempotency reserve (with its
+	// IdempotencyLinger (HAN_IDEMPOTENCY_LINGER, default 2ms, at most a
+	// quarter of RedisTimeout; 0 turns it off) is how long a keyed write's idempotency reserve (with its
 	// rate-limit decision) that finds the shared Redis pipeline free waits
 	// for other requests' scripts to join it.
 	IdempotencyLinger time.Duration
-	// WSLinger (HAN_WS_LINGER, default 5ms; 0 turns it off) is how long the
+	// WSLinger (HAN_WS_LINGER, default 5ms, at most a quarter of
+	// RedisTimeout and of DBRequestTimeout; 0 turns it off) is how long the
 	// shared work of handshakes and subscribes (presence registrations and
 	// removals in Redis, subscribe checks, the presence transitions' dialog
 	// reads and first-sight user records in PostgreSQL) waits for company
@@ -103,22 +108,22 @@ type Config struct {
 	// than 1.5 × HAN_REDIS_TIMEOUT, since the marker is refreshed every third
 	// of it and a refresh may take the Redis timeout), HAN_PRESENCE_SWEEP_INTERVAL
 	// (default 5s, 10ms to 24h) bound how long a crashed instance's users stay online;
-	// HAN_OUTBOX_GRACE (default 5s, at least 1s) is how old an unpublished
+	// HAN_OUTBOX_GRACE (default 5s, 1s to 10m, less than the retention) is how old an unpublished
 	// outbox row must be before the relay publishes it; the request path
 	// marks its published rows delivered in batches within 50 ms
 	// (store.MarkFlushInterval), so the grace stays at twenty times that or
 	// more and the relay does not publish those rows again.
-	// HAN_OUTBOX_RETENTION (default 15m) is how long a delivered outbox row
+	// HAN_OUTBOX_RETENTION (default 15m, at most 168h) is how long a delivered outbox row
 	// is kept after its delivery before the purge deletes it.
 	InstanceLivenessTTL time.Duration
 	SweepInterval       time.Duration
 	OutboxGrace         time.Duration
 	OutboxRetention     time.Duration
-	// Idempotency and attachments: HAN_IDEMPOTENCY_TTL (default 24h) is the
+	// Idempotency and attachments: HAN_IDEMPOTENCY_TTL (default 24h, 1s to 168h) is the
 	// life of idempotency records in Redis and PostgreSQL; HAN_BLOB_DIR
 	// (default <temp dir>/han-blobs) the local attachment folder;
 	// HAN_ATTACHMENT_MAX_BYTES (default 25 MiB) the largest attachment;
-	// HAN_ATTACHMENT_UNSENT_TTL (default 24h, at least 1h) how long an
+	// HAN_ATTACHMENT_UNSENT_TTL (default 24h, 1h to 720h) how long an
 	// uploaded attachment no message links is kept after its upload before
 	// the janitor deletes it and its blob (never sooner than
 	// HAN_IDEMPOTENCY_TTL after its upload URL expired, for init replays).
@@ -152,7 +157,7 @@ type Config struct {
 	// WSRecoverWindow (HAN_WS_RECOVER_WINDOW, default 10m, at most
 	// HAN_OUTBOX_RETENTION) is how old a missed message may be for a
 	// subscribe with sinceSeq to replay it over the socket; WSRecoverMax
-	// (HAN_WS_RECOVER_MAX, default 100) is the most events replayed. Beyond
+	// (HAN_WS_RECOVER_MAX, default 100, at most 10000) is the most events replayed. Beyond
 	// either the client gets a resync for the dialog and reconciles over
 	// REST.
 	WSRecoverWindow time.Duration
@@ -166,7 +171,7 @@ type Config struct {
 	// PostgreSQL pool plus the realtime Redis pool) handshakes do their
 	// Redis and PostgreSQL work at once; up to WSHandshakeQueue
 	// (HAN_WS_HANDSHAKE_QUEUE, default 16384) more wait, each at most
-	// WSHandshakeWait (HAN_WS_HANDSHAKE_WAIT, default 6s); beyond that a
+	// WSHandshakeWait (HAN_WS_HANDSHAKE_WAIT, default 6s, at most 1m); beyond that a
 	// handshake is closed with 1013 and a reconnect delay. The defaults let
 	// a whole instance's sockets (10,000 measured) reconnect after a restart
 	// without a refusal: a queued handshake is an accepted socket, already
@@ -184,7 +189,7 @@ type Config struct {
 	WSUserHandshakeBurst int
 	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s, at
 	// most 1h) is the base of the per-request body read and response write deadlines;
-	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s) closes idle
+	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s, at most 1h) closes idle
 	// keep-alive connections. MaxConnections (HAN_MAX_CONNECTIONS) and
 	// MaxConnsPerIP (HAN_MAX_CONNS_PER_IP) cap open client connections;
 	// zero means "derive at start-up" from the descriptor limit and the
@@ -230,14 +235,15 @@ func Load(getenv func(string) string) (Config, error) {
 	c.AllowedOrigins = origins("HAN_ALLOWED_ORIGINS", getenv("HAN_ALLOWED_ORIGINS"), bad)
 	c.CORSOrigins = origins("HAN_CORS_ORIGINS", getenv("HAN_CORS_ORIGINS"), bad)
 	var err error
-	if c.RedisTimeout, err = duration(getenv("HAN_REDIS_TIMEOUT"), time.Second); err != nil {
-		bad("HAN_REDIS_TIMEOUT: %v", err)
+	if c.RedisTimeout, err = duration(getenv("HAN_REDIS_TIMEOUT"), time.Second); err != nil ||
+		c.RedisTimeout < time.Millisecond || c.RedisTimeout > maxRedisTimeout {
+		bad("HAN_REDIS_TIMEOUT: must be a duration of 1ms to 10s like 1s")
 	}
-	if c.ShutdownTimeout, err = duration(getenv("HAN_SHUTDOWN_TIMEOUT"), 15*time.Second); err != nil {
-		bad("HAN_SHUTDOWN_TIMEOUT: %v", err)
+	if c.ShutdownTimeout, err = duration(getenv("HAN_SHUTDOWN_TIMEOUT"), 15*time.Second); err != nil || c.ShutdownTimeout > maxShutdownTimeout {
+		bad("HAN_SHUTDOWN_TIMEOUT: must be a duration above 0, at most 1h, like 15s")
 	}
-	if c.DrainDelay, err = time.ParseDuration(cmp.Or(getenv("HAN_DRAIN_DELAY"), "5s")); err != nil || c.DrainDelay < 0 {
-		bad("HAN_DRAIN_DELAY: must be a duration of at least 0 like 5s")
+	if c.DrainDelay, err = time.ParseDuration(cmp.Or(getenv("HAN_DRAIN_DELAY"), "5s")); err != nil || c.DrainDelay < 0 || c.DrainDelay > maxDrainDelay {
+		bad("HAN_DRAIN_DELAY: must be a duration of 0 to 10m like 5s")
 	}
 	// At most an hour: it becomes the transactions' lock_timeout and
 	// statement_timeout, which PostgreSQL takes only up to 2^31-1 ms, and a
@@ -272,18 +278,23 @@ func Load(getenv func(string) string) (Config, error) {
 		c.SweepInterval < minLoopInterval || c.SweepInterval > maxLoopInterval {
 		bad("HAN_PRESENCE_SWEEP_INTERVAL: must be a duration of 10ms to 24h like 5s")
 	}
-	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil || c.OutboxGrace < time.Second {
-		bad("HAN_OUTBOX_GRACE: must be a duration of at least 1s like 5s")
+	if c.OutboxRetention, err = duration(getenv("HAN_OUTBOX_RETENTION"), 15*time.Minute); err != nil || c.OutboxRetention > maxOutboxRetention {
+		bad("HAN_OUTBOX_RETENTION: must be a duration above 0, at most 168h (7 days), like 15m")
 	}
-	if c.OutboxRetention, err = duration(getenv("HAN_OUTBOX_RETENTION"), 15*time.Minute); err != nil {
-		bad("HAN_OUTBOX_RETENTION: %v", err)
+	if c.OutboxGrace, err = duration(getenv("HAN_OUTBOX_GRACE"), 5*time.Second); err != nil || c.OutboxGrace < time.Second ||
+		c.OutboxGrace > maxOutboxGrace {
+		bad("HAN_OUTBOX_GRACE: must be a duration of 1s to 10m like 5s")
+	} else if c.OutboxGrace >= c.OutboxRetention && c.OutboxRetention > 0 {
+		// The purge counts undelivered rows older than the retention as
+		// stuck (han_outbox_undelivered_past_retention): rows the relay is still
+		// meant to wait for would read as stuck.
+		bad("HAN_OUTBOX_GRACE: must be less than HAN_OUTBOX_RETENTION")
 	}
-	if c.IdempotencyTTL, err = duration(getenv("HAN_IDEMPOTENCY_TTL"), 24*time.Hour); err != nil {
-		bad("HAN_IDEMPOTENCY_TTL: %v", err)
-	} else if c.IdempotencyTTL < time.Second {
-		// Records expire in whole milliseconds: a shorter life would be
-		// none, and idempotency would be off without a word.
-		bad("HAN_IDEMPOTENCY_TTL: must be a duration of at least 1s like 24h")
+	// Records expire in whole milliseconds: a life under a second would be
+	// none, and idempotency off without a word.
+	if c.IdempotencyTTL, err = duration(getenv("HAN_IDEMPOTENCY_TTL"), 24*time.Hour); err != nil ||
+		c.IdempotencyTTL < time.Second || c.IdempotencyTTL > maxIdempotencyTTL {
+		bad("HAN_IDEMPOTENCY_TTL: must be a duration of 1s to 168h (7 days) like 24h")
 	}
 	c.BlobDir = getenv("HAN_BLOB_DIR")
 	c.AttachmentMaxBytes = 25 << 20
@@ -293,10 +304,10 @@ func Load(getenv func(string) string) (Config, error) {
 		}
 	}
 	if c.AttachmentUnsentTTL, err = duration(getenv("HAN_ATTACHMENT_UNSENT_TTL"), 24*time.Hour); err != nil ||
-		c.AttachmentUnsentTTL < time.Hour {
+		c.AttachmentUnsentTTL < time.Hour || c.AttachmentUnsentTTL > maxAttachmentUnsentTTL {
 		// Shorter, an attachment could go while its message is still being
 		// written, and the send would fail with invalid_attachment.
-		bad("HAN_ATTACHMENT_UNSENT_TTL: must be a duration of at least 1h like 24h")
+		bad("HAN_ATTACHMENT_UNSENT_TTL: must be a duration of 1h to 720h (30 days) like 24h")
 	}
 	c.ProjectModuleLeaseBytes = 64 << 10
 	if v := getenv("HAN_PROJECT_MODULE_LEASE_BYTES"); v != "" {
@@ -340,20 +351,7 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_SEND_COMMITTERS: must be a positive number")
 		}
 	}
-	// A lone send waits the linger within its HAN_DB_REQUEST_TIMEOUT: at
-	// most a quarter of it, the rest is the statement's. The default
-	// shrinks to that; a value set above it is refused.
-	if c.SendLinger, err = linger(getenv("HAN_SEND_LINGER"), min(5*time.Millisecond, c.DBRequestTimeout/4)); err != nil {
-		bad("HAN_SEND_LINGER: %v", err)
-	} else if c.SendLinger > c.DBRequestTimeout/4 && c.DBRequestTimeout >= time.Millisecond {
-		bad("HAN_SEND_LINGER: must be at most a quarter of HAN_DB_REQUEST_TIMEOUT")
-	}
-	if c.IdempotencyLinger, err = linger(getenv("HAN_IDEMPOTENCY_LINGER"), 2*time.Millisecond); err != nil {
-		bad("HAN_IDEMPOTENCY_LINGER: %v", err)
-	}
-	if c.WSLinger, err = linger(getenv("HAN_WS_LINGER"), 5*time.Millisecond); err != nil {
-		bad("HAN_WS_LINGER: %v", err)
-	}
+	c.readLingers(getenv, bad) // bounds.go
 	c.WSMaxConnsPerUser = 16
 	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {
 		if c.WSMaxConnsPerUser, err = strconv.Atoi(v); err != nil || c.WSMaxConnsPerUser < 1 {
@@ -369,8 +367,8 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	c.WSRecoverMax = 100
 	if v := getenv("HAN_WS_RECOVER_MAX"); v != "" {
-		if c.WSRecoverMax, err = strconv.Atoi(v); err != nil || c.WSRecoverMax < 1 {
-			bad("HAN_WS_RECOVER_MAX: must be a positive number")
+		if c.WSRecoverMax, err = strconv.Atoi(v); err != nil || c.WSRecoverMax < 1 || c.WSRecoverMax > maxRecoverEvents {
+			bad("HAN_WS_RECOVER_MAX: must be a positive number, at most 10000")
 		}
 	}
 	c.WSPresenceDelay = time.Second
@@ -390,8 +388,8 @@ func Load(getenv func(string) string) (Config, error) {
 			}
 		}
 	}
-	if c.WSHandshakeWait, err = duration(getenv("HAN_WS_HANDSHAKE_WAIT"), 6*time.Second); err != nil {
-		bad("HAN_WS_HANDSHAKE_WAIT: %v", err)
+	if c.WSHandshakeWait, err = duration(getenv("HAN_WS_HANDSHAKE_WAIT"), 6*time.Second); err != nil || c.WSHandshakeWait > maxHandshakeWait {
+		bad("HAN_WS_HANDSHAKE_WAIT: must be a duration above 0, at most 1m, like 6s")
 	}
 	c.WSUserHandshakeRate = 1
 	if v := getenv("HAN_WS_USER_HANDSHAKE_RATE"); v != "" {
@@ -411,8 +409,8 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.HTTPBodyTimeout, err = duration(getenv("HAN_HTTP_BODY_TIMEOUT"), 15*time.Second); err != nil || c.HTTPBodyTimeout > maxBodyTimeout {
 		bad("HAN_HTTP_BODY_TIMEOUT: must be a duration above 0, at most 1h, like 15s")
 	}
-	if c.HTTPIdleTimeout, err = duration(getenv("HAN_HTTP_IDLE_TIMEOUT"), 120*time.Second); err != nil {
-		bad("HAN_HTTP_IDLE_TIMEOUT: %v", err)
+	if c.HTTPIdleTimeout, err = duration(getenv("HAN_HTTP_IDLE_TIMEOUT"), 120*time.Second); err != nil || c.HTTPIdleTimeout > maxIdleTimeout {
+		bad("HAN_HTTP_IDLE_TIMEOUT: must be a duration above 0, at most 1h, like 120s")
 	}
 	for _, n := range []struct {
 		name string
