@@ -18,3 +18,28 @@ func (s *Service) RecoveryKept(dialogID string) (bytes int, ok bool) {
 	}
 	return bytes, true
 }
+
+// PendingHeld is what the subscriptions to dialogID not yet answered with
+// subscribed hold for their connections: frames and their bytes, and
+// whether any of them gave up holding (its connection gets a resync).
+func (s *Service) PendingHeld(dialogID string) (frames, bytes int, overflowed bool) {
+	h := s.hub
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	m := h.channels[pubsub.DialogChannel(dialogID)]
+	if m == nil {
+		return 0, 0, false
+	}
+	for _, e := range m.list {
+		e.c.mu.Lock()
+		if e.s != nil && !e.s.ready {
+			frames += len(e.s.pending)
+			for _, f := range e.s.pending {
+				bytes += len(f.b)
+			}
+			overflowed = overflowed || e.s.pendingOverflow
+		}
+		e.c.mu.Unlock()
+	}
+	return frames, bytes, overflowed
+}
