@@ -75,8 +75,10 @@ type Config struct {
 	// per interval; extra typing frames are dropped. Zero value means 1s.
 	TypingInterval time.Duration
 
-	// QueueFrames and QueueBytes bound a connection's outbound queue. Zero
-	// values mean 256 frames and 1 MiB.
+	// QueueFrames and QueueBytes bound a connection's outbound queue, and
+	// the live events each of its subscriptions holds until its subscribed
+	// frame is queued. Zero values mean 256 frames and 1 MiB; QueueBytes
+	// is at most 1 GiB.
 	QueueFrames int
 	QueueBytes  int
 	// MaxOverflows: a connection whose queue overflows more than this many
@@ -192,6 +194,7 @@ func (c *Config) defaults() {
 	dur(&c.TypingInterval, time.Second)
 	num(&c.QueueFrames, 256)
 	num(&c.QueueBytes, 1<<20)
+	c.QueueBytes = min(c.QueueBytes, 1<<30) // sub.pendingBytes is an int32
 	num(&c.MaxOverflows, 3)
 	dur(&c.OverflowWindow, time.Minute)
 	dur(&c.WriteTimeout, 10*time.Second)

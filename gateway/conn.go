@@ -24,8 +24,10 @@ type outFrame struct {
 
 // sub is one dialog subscription of a connection. Until ready (the
 // subscribed frame is queued) its events wait in pending, so no event of a
-// dialog reaches the client before its subscribed frame. It is kept small:
-// every idle connection holds one per dialog it follows.
+// dialog reaches the client before its subscribed frame; pending is bounded
+// as the outbound queue it goes to is, by QueueFrames and by QueueBytes
+// (conn.deliver). It is kept small: every idle connection holds one per
+// dialog it follows (64 bytes).
 type sub struct {
 	// channel is the dialog's Redis channel, the same string for every
 	// local subscriber of the dialog (the hub's members name); the dialog
@@ -41,6 +43,9 @@ type sub struct {
 	// pendingLost: the Pub/Sub link came back before the subscription was
 	// ready; what it lost meanwhile needs a resync after subscribed.
 	pendingLost bool
+	// pendingBytes is the bytes of pending's frames, at most QueueBytes
+	// (an int32 fits in the space the flags leave).
+	pendingBytes int32
 }
 
 // dialogID is the subscription's dialog (no allocation: a part of channel).

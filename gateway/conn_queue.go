@@ -60,13 +60,18 @@ func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64, inline boo
 		return
 	}
 	if s != nil && !s.ready {
-		switch {
+		// Held as the outbound queue would hold them, within its bounds:
+		// what does not fit is dropped with the rest, and ready follows
+		// the subscribed frame with a resync.
+		switch cfg := &c.hub.cfg; {
 		case class.ephemeral():
 			c.hub.stats.ephemeralDrops.Add(1)
-		case len(s.pending) >= c.hub.cfg.QueueFrames:
-			s.pending, s.pendingOverflow = nil, true
-		case !s.pendingOverflow:
+		case s.pendingOverflow:
+		case len(s.pending) >= cfg.QueueFrames || int(s.pendingBytes)+len(b) > cfg.QueueBytes:
+			s.pending, s.pendingBytes, s.pendingOverflow = nil, 0, true
+		default:
 			s.pending = append(s.pending, outFrame{b, class})
+			s.pendingBytes += int32(len(b)) // fits: the total is at most QueueBytes
 		}
 		return
 	}

@@ -518,7 +518,7 @@ func (c *conn) ready(s *sub, head []outFrame, lastSeq int64, since sinceAnswer, 
 		c.queueResyncLocked(ResyncReconnect)
 	}
 	c.signalInline()
-	s.pending, s.pendingOverflow, s.pendingLost, s.ready, s.replayedUpTo = nil, false, false, true, upTo
+	s.pending, s.pendingBytes, s.pendingOverflow, s.pendingLost, s.ready, s.replayedUpTo = nil, 0, false, false, true, upTo
 	return since.recovered
 }
 
