@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,8 +40,9 @@ type Outbox interface {
 	// row of the batch was published or the error also wraps
 	// ErrRowRefusedAlone (then Redis works and the row is what it refuses);
 	// a row whose frame cannot be built counts one without a publish. A row at OutboxMaxAttempts is given up: never claimed
-	// again. Any other error ends the batch (Redis did not answer: the row
-	// is not to blame).
+	// again. Any other error ends the batch (Redis did not answer, or the
+	// server of the row's slot refuses every publish: the row is not to
+	// blame).
 	RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 		publish func(ctx context.Context, row OutboxRow) error) (OutboxRun, error)
 }
@@ -60,21 +63,25 @@ const OutboxMaxAttempts = 10
 
 // ErrRowRefused marks a publish that Redis answered with an error reply:
 // the server works and refused this row (a channel its ACL does not
-// allow, say), unlike a timeout or a lost connection.
+// allow, say), unlike a timeout or a lost connection. The relay returns it
+// only together with ErrRowRefusedAlone.
 var ErrRowRefused = errors.New("pubsub: redis refused the row's publish")
 
 // ErrRowRefusedAlone marks, beside ErrRowRefused, a refusal of this row
-// alone: a publish to the relay's probe channel went through right after
-// it, so Redis takes publishes and the row is what it refuses. Such a row
-// is charged an attempt even when no other row of its batch was published
-// (a batch made only of refused rows would otherwise be claimed again and
-// again, holding back every row behind it).
+// alone: a publish to the relay's probe channel of the row's hash slot
+// went through right after it, so the server that refused the row takes
+// publishes and the row is what it refuses. Such a row is charged an
+// attempt even when no other row of its batch was published (a batch made
+// only of refused rows would otherwise be claimed again and again,
+// holding back every row behind it). When the probe is refused too, the
+// publish error is returned as it is: that server refuses publishes, as
+// one that does not answer, and the row is not to blame.
 var ErrRowRefusedAlone = errors.New("pubsub: redis refused the row's publish and took another")
 
-// relayProbeChannel is what the relay publishes to after a refusal, to
-// tell a refused row from a refused PUBLISH: a channel of the service's
-// own prefix that nobody subscribes to.
-const relayProbeChannel = "han:rt:relay-probe"
+// relayProbePrefix starts the channels the relay publishes to after a
+// refusal, to tell a refused row from refused publishes: channels of the
+// service's own prefix that nobody subscribes to.
+const relayProbePrefix = "han:rt:relay-probe:"
 
 // RelayConfig tunes the outbox relay.
 type RelayConfig struct {
@@ -185,19 +192,17 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 			return nil
 		}
 		err = rds.ClassifyRedisError(raw)
-		if !rds.Unanswered(raw) { // an error reply: Redis works and refused this row
-			err = fmt.Errorf("%w: %w", ErrRowRefused, err)
-			if r.publishesGoThrough(ctx) {
-				err = fmt.Errorf("%w: %w", ErrRowRefusedAlone, err)
-			}
+		// An error reply, and the same server takes the probe: it refuses
+		// this row. Otherwise the batch ends, charging nobody.
+		if !rds.Unanswered(raw) && r.publishesGoThrough(ctx, row.Channel) {
+			err = fmt.Errorf("%w: %w: %w", ErrRowRefusedAlone, ErrRowRefused, err)
 		}
 		pubErr = err
 		return err
 	})
 	claimed, published = run.Claimed, run.Delivered
-	if (published > 0 || errors.Is(pubErr, ErrRowRefusedAlone)) && errors.Is(pubErr, ErrRowRefused) {
-		// Rows moved, or Redis took the probe: the refused rows are
-		// charged, not the run.
+	if errors.Is(pubErr, ErrRowRefusedAlone) {
+		// Redis took the probe: the refused rows are charged, not the run.
 		pubErr = nil
 	}
 	for _, id := range run.GivenUp {
@@ -215,11 +220,40 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 }
 
 // publishesGoThrough reports whether Redis takes a publish to the relay's
-// probe channel (after it refused a row's).
-func (r *Relay) publishesGoThrough(ctx context.Context) bool {
+// probe channel of channel's hash slot (after it refused a row's publish
+// on channel).
+func (r *Relay) publishesGoThrough(ctx context.Context, channel string) bool {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
-	return rds.Publish(pctx, r.rdb, r.cfg.Mode, relayProbeChannel, []byte("probe")).Err() == nil
+	return rds.Publish(pctx, r.rdb, r.cfg.Mode, probeChannel(channel), []byte("probe")).Err() == nil
+}
+
+// probeChannel is the relay's probe channel on the hash slot of channel.
+// On a Redis Cluster a publish goes to the master that owns its channel's
+// slot (SPUBLISH, and PUBLISH as the service sends it), and one master may
+// refuse every publish (its own ACL, a node in trouble) while the others
+// take them: only a probe on the row's own slot asks the server that
+// refused the row. The probe's hash tag is the text Redis hashes for
+// channel: its own tag (between the first "{" and the next "}", if not
+// empty), else the whole name. A name that cannot be quoted as a tag (no
+// tag of its own but a "}") gets the smallest decimal number of its slot
+// as the tag instead; the numbers below 109,758 cover all 16384 slots.
+func probeChannel(channel string) string {
+	hashed := channel
+	if i := strings.IndexByte(channel, '{'); i >= 0 {
+		if j := strings.IndexByte(channel[i+1:], '}'); j > 0 {
+			hashed = channel[i+1 : i+1+j]
+		}
+	}
+	if hashed == "" || strings.Contains(hashed, "}") {
+		slot := rds.Slot(channel)
+		for n := 0; ; n++ {
+			if hashed = strconv.Itoa(n); rds.Slot(hashed) == slot {
+				break
+			}
+		}
+	}
+	return relayProbePrefix + "{" + hashed + "}"
 }
 
 // deliveryLockTTL is the life of a row's delivery lock: it covers one
