@@ -194,11 +194,17 @@ func TestNonMemberGets404(t *testing.T) {
 	}
 }
 
+// 50 sends into one dialog at once, five from each of ten members (within
+// a sender's share of the dialog's queue), get seqs 1..50.
 func TestConcurrentSendsGetGaplessSeq(t *testing.T) {
 	h := newHarness(t)
-	_, aTok := h.user()
-	bob, bTok := h.user()
-	d := h.dialog(aTok, bob)
+	toks := make([]string, 10)
+	members := make([]string, len(toks)-1)
+	_, toks[0] = h.user()
+	for i := range members {
+		members[i], toks[i+1] = h.user()
+	}
+	d := h.dialog(toks[0], members...)
 
 	const n = 50
 	seqs := make([]int64, n)
@@ -208,10 +214,7 @@ func TestConcurrentSendsGetGaplessSeq(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			tok := aTok
-			if i%2 == 1 {
-				tok = bTok
-			}
+			tok := toks[i%len(toks)]
 			code, b, _ := h.doH(tok, "POST", "/v1/dialogs/"+d.ID+"/messages", fmt.Sprintf(`{"body":"m%d"}`, i), idemKey())
 			if code != 201 {
 				errs <- fmt.Sprintf("send %d: %d %s", i, code, b)
@@ -234,7 +237,7 @@ func TestConcurrentSendsGetGaplessSeq(t *testing.T) {
 		}
 	}
 	// PostgreSQL agrees, and the dialog's lastSeq is n.
-	_, b := h.do(aTok, "GET", "/v1/dialogs/"+d.ID+"/messages?limit=100", "")
+	_, b := h.do(toks[0], "GET", "/v1/dialogs/"+d.ID+"/messages?limit=100", "")
 	l := decode[listResp[messageResp]](t, b)
 	if len(l.Items) != n || l.Items[n-1].Seq != n {
 		t.Fatalf("history has %d items", len(l.Items))

@@ -40,7 +40,8 @@ type SendMessage struct {
 }
 
 // ErrDialogBusy means this instance already holds as many sends into the
-// dialog as its queue allows (SetSendQueue, HAN_SEND_DIALOG_QUEUE): the
+// dialog as its queue allows (SetSendQueue, HAN_SEND_DIALOG_QUEUE), or as
+// many of the sender's own as one sender may hold in it (sendShare): the
 // send was refused before anything was written. Only a member of the
 // dialog is told so; a sender who is no member gets ErrDialogNotFound. The
 // API answers 503 dialog_busy with Retry-After.
@@ -59,8 +60,9 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 // fails its own checks (not a member: ErrDialogNotFound; a bad attachment:
 // ErrInvalidAttachment; a live idempotency record: ErrIdemExists) fails
 // alone. A repeat of the same sender's clientMessageId returns the stored
-// message with created=false and writes nothing. A full dialog queue is
-// ErrDialogBusy for a member, ErrDialogNotFound for anyone else; a caller
+// message with created=false and writes nothing. A full dialog queue, or a
+// sender's full share of it, is ErrDialogBusy for a member,
+// ErrDialogNotFound for anyone else; a caller
 // whose context ends while its send still waits is dropped from the queue
 // (nothing written); once its send is being written it waits for the
 // outcome, which its idempotency record and clientMessageId cover anyway.
@@ -88,11 +90,12 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 	return r.res.m, r.res.ev, r.res.created, r.res.err
 }
 
-// busyForMember is the answer to a send its dialog's full queue refused:
-// ErrDialogBusy for a member of the dialog, ErrDialogNotFound for anyone
-// else, as for every other send of theirs and for a dialog that does not
-// exist, so a dialog's load tells an outsider nothing. The membership read
-// runs only on this path, never on a send the queue takes.
+// busyForMember is the answer to a send its dialog's queue refused (full,
+// or the sender's share of it full): ErrDialogBusy for a member of the
+// dialog, ErrDialogNotFound for anyone else, as for every other send of
+// theirs and for a dialog that does not exist, so a dialog's load tells an
+// outsider nothing. The membership read runs only on this path, never on a
+// send the queue takes.
 func (s *Store) busyForMember(ctx context.Context, in SendMessage) error {
 	member, err := s.IsMember(ctx, in.DialogID, in.SenderID)
 	switch {

@@ -17,8 +17,19 @@ func (s *Store) SendQueueDepth(dialogID string) int {
 	if q == nil {
 		return 0
 	}
-	return len(q.waiting) + q.inFlight
+	return len(q.waiting) + len(q.flight)
 }
+
+// SetSendShare sets how many of a dialog queue's sends one sender may hold
+// (sendShare), for tests that fill a queue from a few senders.
+func (s *Store) SetSendShare(n int) {
+	s.sends.mu.Lock()
+	s.sends.share = n
+	s.sends.mu.Unlock()
+}
+
+// SendShare is how many of a dialog queue's sends one sender may hold.
+const SendShare = sendShare
 
 // SendGroupWaiting is how many dialogs' batches wait for a free send
 // transaction.

@@ -43,6 +43,7 @@ func mostSendsInOneTransaction(t *testing.T, dialogs ...string) int {
 func TestABacklogOfSendsIsAnsweredWrittenOrBusy(t *testing.T) {
 	s, _ := openStore(t) // the default request budget
 	const dialogs, per = 32, 256
+	s.SetSendShare(per) // two senders fill each queue
 	fixtures := make([]sendFixture, dialogs)
 	names := make([]string, dialogs)
 	for i := range fixtures {
@@ -129,6 +130,7 @@ func TestADialogsBacklogIsWrittenInOrderAcrossTransactions(t *testing.T) {
 	s.SetRequestTimeout(30 * time.Second) // every send is written within its budget
 	n := store.MaxGroupSends + 88
 	s.SetSendQueue(n)
+	s.SetSendShare(n) // three senders fill the queue
 	release, first := occupy(t, s)
 	f := newSendFixture(t, s, 3)
 	outs := make([]<-chan sendOutcome, n)

@@ -9,6 +9,14 @@ import (
 // once when HAN_SEND_DIALOG_QUEUE is not set.
 const DefaultSendQueue = 256
 
+// sendShare is how many of a dialog queue's sends one sender may hold at
+// once, waiting and being written: one sender's burst, or an outsider's
+// sends that will be refused anyway, cannot fill the queue and leave the
+// dialog's members dialog_busy. A member's client has a send or two in
+// flight (a hot dialog of 100 members with two concurrent sends each stays
+// well within it); a burst over it gets the answer of a full queue.
+const sendShare = 8
+
 // sendCombiner is the instance-wide write combiner of message sends: one
 // queue per dialog with sends in it, and at most one writer per queue.
 // The writer takes the sends waiting in its queue (up to maxGroupSends, the
@@ -18,8 +26,10 @@ const DefaultSendQueue = 256
 // PostgreSQL (it waits for company or for a send transaction: refill), in
 // which case they join it. A lone send is a batch of one.
 //
-// A queue holds at most bound sends, waiting and being written; one more is
-// refused with ErrDialogBusy. A caller whose context ends while its send is
+// A queue holds at most bound sends, waiting and being written, and at most
+// share of them from one sender; one more is refused with ErrDialogBusy
+// (the send never enters the queue, so the seqs of the sends it holds keep
+// their arrival order). Neither check costs a round trip. A caller whose context ends while its send is
 // waiting takes it out of the queue (nothing of it is written); once the
 // send is being written, the caller waits for the outcome, which the send's
 // own budget bounds (a batch that gives up on some of its sends puts them
@@ -28,24 +38,31 @@ type sendCombiner struct {
 	// write writes a batch of the dialog queue q (see queueRef).
 	write func(dialogID string, batch []*sendReq, q *queueRef)
 
-	mu     sync.Mutex
+	mu     sync.Mutex // guards bound, share, queues and every queue in it
 	bound  int
+	share  int // sendShare (tests change it)
 	queues map[string]*dialogQueue
 }
 
 type dialogQueue struct {
-	waiting  []*sendReq
-	inFlight int  // sends of the batch being written
-	writing  bool // the queue has its writer (drain)
+	waiting []*sendReq
+	// flight is the batch being written: the sends it took from the
+	// queue, refills in, requeued sends out. Its sends leave the queue
+	// (its bound and their senders' shares) when the next batch is taken
+	// or the queue goes idle.
+	flight  []*sendReq
+	writing bool           // the queue has its writer (drain)
+	held    map[string]int // sends in waiting and flight by sender id
 }
 
 func newSendCombiner(write func(string, []*sendReq, *queueRef)) *sendCombiner {
-	return &sendCombiner{write: write, bound: DefaultSendQueue, queues: map[string]*dialogQueue{}}
+	return &sendCombiner{write: write, bound: DefaultSendQueue, share: sendShare, queues: map[string]*dialogQueue{}}
 }
 
 // SetSendQueue sets how many sends into one dialog this instance holds at
 // once, waiting and being written (n ≥ 1; smaller values are ignored); a
-// send over it fails with ErrDialogBusy. One transaction writes at most
+// send over it, or over its sender's share of it (sendShare), fails with
+// ErrDialogBusy. One transaction writes at most
 // maxGroupSends of them; the rest wait for the next.
 func (s *Store) SetSendQueue(n int) {
 	if n >= 1 {
@@ -61,18 +78,19 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	id := r.in.DialogID
+	id, sender := r.in.DialogID, r.in.SenderID
 	c.mu.Lock()
 	q := c.queues[id]
 	if q == nil {
-		q = &dialogQueue{}
+		q = &dialogQueue{held: map[string]int{}}
 		c.queues[id] = q
 	}
-	if len(q.waiting)+q.inFlight >= c.bound {
+	if len(q.waiting)+len(q.flight) >= c.bound || q.held[sender] >= c.share {
 		c.mu.Unlock()
 		return ErrDialogBusy
 	}
 	q.waiting = append(q.waiting, r)
+	q.held[sender]++
 	// The queue has a writer while it has a batch in flight or sends
 	// waiting. The first send into an idle queue is its writer: it writes
 	// the batch it heads at once, on its own goroutine (a lone send costs
@@ -100,6 +118,7 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 		for i, w := range q.waiting {
 			if w == r {
 				q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+				q.release(r)
 				break
 			}
 		}
@@ -126,11 +145,24 @@ func (c *sendCombiner) drain(id string, q *dialogQueue) {
 }
 
 // take removes the waiting sends of q as the next batch, oldest first, at
-// most maxGroupSends (the rest wait for the batch after it); c.mu is held.
+// most maxGroupSends (the rest wait for the batch after it); the batch
+// written before it leaves the queue. c.mu is held.
 func (c *sendCombiner) take(q *dialogQueue) []*sendReq {
-	batch := q.takeWaiting(maxGroupSends)
-	q.inFlight = len(batch)
-	return batch
+	q.release(q.flight...)
+	q.flight = q.takeWaiting(maxGroupSends)
+	return q.flight
+}
+
+// release gives back the slots of rs, which left q, to their senders'
+// shares; the combiner's mutex is held.
+func (q *dialogQueue) release(rs ...*sendReq) {
+	for _, r := range rs {
+		if n := q.held[r.in.SenderID] - 1; n > 0 {
+			q.held[r.in.SenderID] = n
+		} else {
+			delete(q.held, r.in.SenderID)
+		}
+	}
 }
 
 // queueRef is the dialog queue of the batch being written.
@@ -143,13 +175,13 @@ type queueRef struct {
 // into the batch being written, while that batch has not yet gone to
 // PostgreSQL (it waited for a send transaction, or for company): they go in
 // the same statement, after the batch's own sends, in the order they
-// arrived. The queue's bound counts them as before (waiting, then being
-// written).
+// arrived. The queue's bound and their senders' shares count them as
+// before (waiting, then being written).
 func (r *queueRef) refill(n int) []*sendReq {
 	r.c.mu.Lock()
 	defer r.c.mu.Unlock()
 	more := r.q.takeWaiting(n)
-	r.q.inFlight += len(more)
+	r.q.flight = append(r.q.flight, more...)
 	return more
 }
 
@@ -157,7 +189,8 @@ func (r *queueRef) refill(n int) []*sendReq {
 // queue, unwritten and in their order, for the dialog's next batch to take
 // first (seqs stay in arrival order): the batch gave up on them and ends
 // without them, so that the sends it did answer, its writer's among them,
-// are not held until they are written. The bound counts them as waiting.
+// are not held until they are written. The bound and their senders' shares
+// count them as waiting.
 func (r *queueRef) requeue(rs []*sendReq) {
 	r.c.mu.Lock()
 	defer r.c.mu.Unlock()
@@ -165,7 +198,13 @@ func (r *queueRef) requeue(rs []*sendReq) {
 		s.taken = false
 	}
 	r.q.waiting = append(rs[:len(rs):len(rs)], r.q.waiting...)
-	r.q.inFlight -= len(rs)
+	flight := make([]*sendReq, 0, len(r.q.flight)-len(rs))
+	for _, s := range r.q.flight {
+		if s.taken {
+			flight = append(flight, s)
+		}
+	}
+	r.q.flight = flight
 }
 
 // takeWaiting removes up to n of q's waiting sends, oldest first, and marks
@@ -192,7 +231,8 @@ func (c *sendCombiner) next(id string, q *dialogQueue) bool {
 	if len(q.waiting) > 0 {
 		return true
 	}
-	q.inFlight, q.writing = 0, false
+	q.release(q.flight...)
+	q.flight, q.writing = nil, false
 	delete(c.queues, id)
 	return false
 }
