@@ -29,11 +29,12 @@ const sendShare = 8
 // A queue holds at most bound sends, waiting and being written, and at most
 // share of them from one sender; one more is refused with ErrDialogBusy
 // (the send never enters the queue, so the seqs of the sends it holds keep
-// their arrival order). Neither check costs a round trip. A caller whose context ends while its send is
-// waiting takes it out of the queue (nothing of it is written); once the
-// send is being written, the caller waits for the outcome, which the send's
-// own budget bounds (a batch that gives up on some of its sends puts them
-// back at the head of the queue: queueRef.requeue).
+// their arrival order). Neither check costs a round trip. A caller whose
+// context ends while its send is waiting takes it out of the queue (nothing
+// of it is written); once the send is being written, the caller waits for
+// the outcome, which the send's own budget bounds (a batch that gives up on
+// some of its sends puts them back at the head of the queue:
+// queueRef.requeue).
 type sendCombiner struct {
 	// write writes a batch of the dialog queue q (see queueRef).
 	write func(dialogID string, batch []*sendReq, q *queueRef)
@@ -62,8 +63,8 @@ func newSendCombiner(write func(string, []*sendReq, *queueRef)) *sendCombiner {
 // SetSendQueue sets how many sends into one dialog this instance holds at
 // once, waiting and being written (n ≥ 1; smaller values are ignored); a
 // send over it, or over its sender's share of it (sendShare), fails with
-// ErrDialogBusy. One transaction writes at most
-// maxGroupSends of them; the rest wait for the next.
+// ErrDialogBusy. One transaction writes at most maxGroupSends of them; the
+// rest wait for the next.
 func (s *Store) SetSendQueue(n int) {
 	if n >= 1 {
 		s.sends.mu.Lock()

@@ -65,8 +65,9 @@ type Config struct {
 	DBRequestTimeout time.Duration
 	// SendDialogQueue (HAN_SEND_DIALOG_QUEUE, default 256) is how many
 	// sends into one dialog an instance holds at once, waiting and being
-	// written; they are combined into one transaction per batch, and one
-	// more send answers 503 dialog_busy.
+	// written, at most 8 of them from one sender; they are combined into
+	// one transaction per batch, and one more send answers 503
+	// dialog_busy.
 	SendDialogQueue int
 	// SendCommitters (HAN_SEND_COMMITTERS, default 1) is how many send
 	// transactions an instance runs at once; the batches of different
