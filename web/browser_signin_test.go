@@ -15,6 +15,107 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
+// A sign-in link opened in a signed-out tab — a fragment change in the
+// tab showing the sign-in form, or a new load — does not sign in by
+// itself: someone who sends the user a link with their own token would
+// otherwise have the user chat as them, and read what the user writes.
+// The tab names the link's user and asks, with Don't sign in focused;
+// until the answer the token is used for GET /v1/me alone, kept nowhere,
+// and gone from the address bar and the tab's history. Declining leaves
+// the tab signed out, also after a reload; Sign in signs in as the link's
+// user.
+func TestASignInLinkInASignedOutTabAsksFirst(t *testing.T) {
+	ctx := startChromium(t)
+	a := newUsersAPI("Team", "hello")
+	srv := a.serve(t)
+	c, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := chromedp.Do(c, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 10*time.Second, "the sign-in form", `document.querySelector('#signin-form')`)
+	mallory := a.token(malloryID, time.Hour)
+	evalJS[bool](t, ctx, fmt.Sprintf(`(location.hash = "#token=%s", true)`, mallory))
+	asked(t, ctx, a, malloryID)
+
+	click(t, ctx, "#link-signin-no")
+	waitJS(t, ctx, 5*time.Second, "the sign-in form again", `document.querySelector('#signin-form') && !document.querySelector('#link-signin')`)
+	signedOut := func(when string) {
+		t.Helper()
+		got := evalJS[string](t, ctx, `[location.href.includes("token="), sessionStorage.getItem("han.token")].join(" ")`)
+		if who := signedInAs(t, ctx); who != "(signed out)" || got != "false " {
+			t.Errorf("%s: signed in as %s; token in the address, token stored: %q, want signed out, \"false \"", when, who, got)
+		}
+	}
+	signedOut("after Don't sign in")
+	// Back and Forward walk the tab's history: no entry holds the token.
+	for _, step := range []string{"history.back()", "history.forward()"} {
+		before := evalJS[string](t, ctx, `location.href`)
+		evalJS[bool](t, ctx, "("+step+", true)")
+		waitJS(t, ctx, 5*time.Second, step, fmt.Sprintf(`location.href !== %q`, before))
+		if href := evalJS[string](t, ctx, `location.href`); strings.Contains(href, "token=") {
+			t.Errorf("after %s the address holds the token: %s", step, href)
+		}
+	}
+	if err := chromedp.Do(c, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 10*time.Second, "the sign-in form after a reload", `document.querySelector('#signin-form')`)
+	signedOut("after a reload")
+	if calls := a.callsOf(malloryID); len(calls) != 1 || calls[0] != "/v1/me" {
+		t.Errorf("declined link's token was used for %v, want GET /v1/me once", calls)
+	}
+
+	// A new load of alice's link: asked; Sign in signs her in.
+	alice := a.token(aliceID, time.Hour)
+	if err := chromedp.Do(c, chromedp.Navigate(srv.URL+"/?again#token="+alice)); err != nil {
+		t.Fatal(err)
+	}
+	asked(t, ctx, a, aliceID)
+	click(t, ctx, "#link-signin-go")
+	waitJS(t, ctx, 10*time.Second, "alice signed in", fmt.Sprintf(`document.querySelector('#me-id').title === %q &&
+		document.querySelector('[data-dialog=%q]') && !document.querySelector('#link-signin')`, aliceID, aliceDialogID))
+	if got := evalJS[string](t, ctx, `sessionStorage.getItem("han.token")`); got != alice {
+		t.Errorf("after Sign in the tab keeps %q, want alice's token", got)
+	}
+	if href := evalJS[string](t, ctx, `location.href`); strings.Contains(href, "token=") {
+		t.Errorf("the token stayed in the address bar: %s", href)
+	}
+}
+
+// asked waits for the question a sign-in link asks in a signed-out tab
+// and checks it names user, with Don't sign in focused, while the tab is
+// signed out, keeps no token and shows none in its address.
+func asked(t *testing.T, ctx context.Context, a *usersAPI, user string) {
+	t.Helper()
+	waitJS(t, ctx, 10*time.Second, "the sign-in question (or a sign-in)",
+		`document.querySelector('#link-signin') || (!document.querySelector('#me').hidden && document.querySelector('#me-id').title)`)
+	if who := signedInAs(t, ctx); who != "(signed out)" {
+		t.Fatalf("the link signed the tab in as %s without asking", who)
+	}
+	got := evalJS[string](t, ctx, `JSON.stringify({user: document.querySelector('#link-signin').dataset.user,
+		question: document.querySelector('#link-signin-title').textContent, text: document.querySelector('#link-signin-text').textContent,
+		focused: document.activeElement.id, href: location.href, stored: sessionStorage.getItem("han.token")})`)
+	var q struct {
+		User, Question, Text, Focused, Href string
+		Stored                              *string
+	}
+	if err := json.Unmarshal([]byte(got), &q); err != nil {
+		t.Fatalf("%v: %s", err, got)
+	}
+	if q.User != user || q.Question != "Sign in as user "+user[len(user)-8:]+"?" || !strings.Contains(q.Text, user) || q.Focused != "link-signin-no" {
+		t.Errorf("question %q (%q) for user %s, focus on #%s; want it to name %s, Don't sign in focused", q.Question, q.Text, q.User, q.Focused, user)
+	}
+	if q.Stored != nil || strings.Contains(q.Href, "token=") {
+		t.Errorf("while asked: token stored %v, address %s; want none kept and none in the address", q.Stored != nil, q.Href)
+	}
+	for _, p := range a.callsOf(user) {
+		if p != "/v1/me" {
+			t.Errorf("while asked the link's token was used for %s", p)
+		}
+	}
+}
+
 // A sign-in link of another user opened in a signed-in tab — by a page
 // that can navigate the tab, as a fragment navigation (only hashchange
 // fires) or a new load (the tab's session is in sessionStorage) — does
@@ -178,6 +279,7 @@ func TestAnotherOriginHoldsNoReferenceToTheTab(t *testing.T) {
 	if err := chromedp.Do(han); err != nil {
 		t.Fatalf("attach: %v", err)
 	}
+	confirmLinkSignIn(t, han)
 	waitJS(t, han, 10*time.Second, "alice signed in", fmt.Sprintf(`document.querySelector('#me-id') && document.querySelector('#me-id').title === %q`, aliceID))
 	if !evalJS[bool](t, ctx, `w.closed`) {
 		t.Error("the opener of another origin still holds a live reference to the signed-in tab")

@@ -205,6 +205,7 @@ func openDialog(t *testing.T, ctx context.Context, base string, a *hostileAPI) {
 	if err := chromedp.Do(c, chromedp.Navigate(base+"/#token=anything")); err != nil {
 		t.Fatalf("open: %v", err)
 	}
+	confirmLinkSignIn(t, ctx)
 	waitJS(t, ctx, 10*time.Second, "the dialog list", fmt.Sprintf("document.querySelector('[data-dialog=%q]')", a.dialog))
 	evalJS[bool](t, ctx, fmt.Sprintf("(location.hash = %q, true)", "#/chat/"+a.dialog))
 	waitJS(t, ctx, 10*time.Second, "the messages", "document.querySelector('#messages li.msg')")

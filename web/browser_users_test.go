@@ -53,6 +53,7 @@ type usersAPI struct {
 	exps      map[string]time.Time // token → exp
 	ticketFor string               // the token the last ticket was asked with
 	tickets   int
+	calls     []string // "<user> <path>" of each request with a known token
 
 	upgradedOnce sync.Once
 	upgraded     chan struct{} // closed when the WebSocket is open
@@ -108,6 +109,9 @@ func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	a.mu.Lock()
 	me, ok := a.tokens[tok]
+	if ok {
+		a.calls = append(a.calls, me+" "+p)
+	}
 	a.mu.Unlock()
 	if !ok {
 		reply(401, map[string]any{"error": "unauthorized"})
@@ -191,6 +195,7 @@ func signInTab(t *testing.T, ctx context.Context, base, tok, dialog string) {
 	if err := chromedp.Do(c, chromedp.Navigate(base+"/#token="+tok)); err != nil {
 		t.Fatalf("open: %v", err)
 	}
+	confirmLinkSignIn(t, ctx)
 	waitJS(t, ctx, 10*time.Second, "the dialog list", fmt.Sprintf("document.querySelector('[data-dialog=%q]')", dialog))
 	evalJS[bool](t, ctx, fmt.Sprintf("(location.hash = %q, true)", "#/chat/"+dialog))
 	waitJS(t, ctx, 10*time.Second, "the messages", "document.querySelector('#messages li.msg .body')")
@@ -201,4 +206,25 @@ func signedInAs(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	return evalJS[string](t, ctx, `(!document.querySelector('#me').hidden && !document.querySelector('#signin-form') &&
 		document.querySelector('#me-id').title) || "(signed out)"`)
+}
+
+// confirmLinkSignIn answers Sign in to the question a sign-in link opened
+// in a signed-out tab asks.
+func confirmLinkSignIn(t *testing.T, ctx context.Context) {
+	t.Helper()
+	waitJS(t, ctx, 10*time.Second, "the sign-in question", `document.querySelector('#link-signin-go')`)
+	click(t, ctx, "#link-signin-go")
+}
+
+// callsOf are the paths the server was asked for with user's tokens.
+func (a *usersAPI) callsOf(user string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var paths []string
+	for _, c := range a.calls {
+		if u, p, _ := strings.Cut(c, " "); u == user {
+			paths = append(paths, p)
+		}
+	}
+	return paths
 }

@@ -56,8 +56,8 @@ function showSignIn(err) {
     h("button", { type: "submit", class: "btn btn-primary btn-block", id: "signin-btn" }, "Sign in"),
     h("details", { class: "dev-help" }, h("summary", { text: "Local development" }),
       h("p", null, "Run ", h("code", { text: "scripts/dev.sh" }),
-        ": it prints dev tokens for the demo users alice and bob, and sign-in links (", h("code", { text: "/#token=…" }),
-        ") that open this page already signed in. Mint more with ", h("code", { text: "hanctl token --sub <uuid>" }), ".")));
+        ": it prints short-lived dev tokens for the demo users alice and bob, and sign-in links (", h("code", { text: "/#token=…" }),
+        ") that sign this tab in once you confirm the user they name. Mint more with ", h("code", { text: "hanctl token --sub <uuid>" }), ".")));
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     errBox.replaceChildren();
@@ -324,15 +324,17 @@ function linkArrived(tok, at) {
   return queue(() => (mine === newestLink ? takeLink(tok, at) : undefined));
 }
 
-// takeLink: in a tab without a session the link signs in. In a tab with
-// one, its token is checked first (GET /v1/me; a 401 there does not sign
-// out), and the session stays as it is until there is reason to end it:
-// a refused token is reported and changes nothing; a token of the
-// signed-in user becomes the session's token; a token of another user is
-// used only once the user confirms the switch. Anyone who can navigate
-// this tab (a page it opened, or that opened it) can open a link in it.
+// takeLink: the link's token is checked first (GET /v1/me; a 401 there
+// does not sign out) and used only with the user's say. In a tab without a
+// session the user confirms signing in as the user it names. In a tab with
+// one, the session stays as it is until there is reason to end it: a
+// refused token is reported and changes nothing; a token of the signed-in
+// user becomes the session's token; a token of another user is used only
+// once the user confirms the switch. Anyone who can send the user a link,
+// or navigate this tab (a page it opened, or that opened it), can open one
+// in it.
 async function takeLink(tok, at) {
-  if (!app.me) return signInWith(tok);
+  if (!app.me) return confirmSignIn(tok, at.to);
   const session = app.session;
   history.replaceState(null, "", at.back);
   let me;
@@ -396,6 +398,42 @@ function askToSwitch(tok, user, view) {
   switching = { card };
   document.body.append(card);
   stay.focus();
+}
+
+// confirmSignIn asks before a sign-in link signs in a tab without a
+// session. A link whose token is someone else's (sent to the user, or
+// opened in the tab by another page) would otherwise sign the tab in as
+// them without a word: whatever the user then writes or uploads would go
+// out as that account, to its owner. The card names the link's user;
+// nothing is kept or used until Sign in, and Don't sign in (focused)
+// drops the token and shows the sign-in form. view: the link's own view.
+async function confirmSignIn(tok, view) {
+  $("#main").replaceChildren(h("p", { class: "muted loading", text: "Checking the sign-in link…" }));
+  let me;
+  try {
+    me = await checkToken(tok);
+  } catch (e) {
+    if (!app.me) showSignIn(e);
+    return;
+  }
+  if (app.me) return; // signed in meanwhile
+  const user = me.id;
+  const no = h("button", { type: "button", class: "btn", id: "link-signin-no" }, "Don't sign in");
+  const go = h("button", { type: "button", class: "btn btn-primary", id: "link-signin-go" }, `Sign in as ${shortId(user)}`);
+  const card = h("section", { id: "link-signin", class: "card signin-card", "aria-labelledby": "link-signin-title",
+    "aria-describedby": "link-signin-text", dataset: { user } },
+    h("h1", { id: "link-signin-title", text: `Sign in as user ${shortId(user)}?` }),
+    h("p", { id: "link-signin-text" }, "A sign-in link for user ", h("code", { text: user }),
+      " was opened in this tab. Once signed in, everything you do here (the messages you write, the files you attach, changes in the project console) is done as that user. If someone sent you this link, or you did not open it yourself, don't sign in."),
+    h("div", { class: "renew-actions" }, no, go));
+  no.addEventListener("click", () => { if (card.isConnected && !app.me) showSignIn(); });
+  go.addEventListener("click", () => {
+    if (!card.isConnected || app.me) return;
+    history.replaceState(null, "", view);
+    void queue(() => (app.me ? undefined : signInWith(tok)));
+  });
+  $("#main").replaceChildren(h("div", { class: "signin" }, card));
+  no.focus();
 }
 
 // signInWith ends the session open in the tab, if any, and signs in with
