@@ -147,6 +147,7 @@ func browserManyDialogs(t *testing.T, b *browser) {
 	bp := b.newPage(t, "bob")
 	frames := bp.recordWebSocket()
 	bp.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintToken(t, bob)))
+	bp.confirmLinkSignIn()
 	bp.waitJS(deliveryBound, "all dialogs listed", fmt.Sprintf(`document.querySelectorAll("a.dialog-item").length === %d`, dialogs))
 	subscribedAll := func(what string, want int) {
 		t.Helper()
@@ -193,6 +194,7 @@ func browserOpenDialogPastTheLimit(t *testing.T, b *browser) {
 	bp := b.newPage(t, "bob")
 	frames := bp.recordWebSocket()
 	bp.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintToken(t, bob)))
+	bp.confirmLinkSignIn()
 	bp.waitJS(deliveryBound, "all dialogs listed", fmt.Sprintf(`document.querySelectorAll("a.dialog-item").length === %d`, dialogs))
 	deadline := time.Now().Add(30 * time.Second)
 	for frames.count(false, `"type":"subscribed"`) < 200 && time.Now().Before(deadline) {
@@ -229,14 +231,15 @@ func browserOpenDialogPastTheLimit(t *testing.T, b *browser) {
 // browserSignInLinkInRunningTab: a sign-in link opened in a tab that runs
 // already (a same-document navigation: only hashchange fires) — of another
 // user over a running session, which asks first and switches once told to,
-// and after a sign-out, which signs in at once — and its token leaves the
-// address bar at once, as on a fresh page.
+// and after a sign-out, which asks to sign in as a fresh page does — and
+// its token leaves the address bar at once, as on a fresh page.
 func browserSignInLinkInRunningTab(t *testing.T, b *browser) {
 	port := freePorts(t, 1)[0]
 	m := start(t, instanceVars(port, "browser-link", fmt.Sprintf("http://127.0.0.1:%d", port)))
 	alice, bob := ids.New(), ids.New()
 	p := b.newPage(t, "alice")
 	p.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintToken(t, alice)))
+	p.confirmLinkSignIn()
 	p.waitJS(deliveryBound, "alice live", liveJS)
 	signedInAs := func(what, user string) {
 		t.Helper()
@@ -253,6 +256,7 @@ func browserSignInLinkInRunningTab(t *testing.T, b *browser) {
 	p.click("#sign-out")
 	p.waitSel(deliveryBound, "sign-in form", "#signin-form")
 	_ = mustEval[bool](p, fmt.Sprintf(`(() => { location.hash = "#token=%s"; return true; })()`, mintToken(t, alice)))
+	p.confirmLinkSignIn()
 	signedInAs("alice's link after the sign-out", alice)
 	p.noJSErrors()
 }
@@ -273,6 +277,7 @@ func browserSignOutEndsSession(t *testing.T, b *browser) {
 	p := b.newPage(t, "alice")
 	log := p.recordAuth()
 	p.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+oldTok))
+	p.confirmLinkSignIn()
 	p.waitJS(deliveryBound, "alice live", liveJS)
 
 	p.click("#sign-out")
@@ -346,6 +351,7 @@ func browserOneListingPerReconnect(t *testing.T, b *browser) {
 	frames := bp.recordWebSocket()
 	log := bp.recordAuth()
 	bp.do("open sign-in link", chromedp.Navigate(my.URL()+"/#token="+bTok))
+	bp.confirmLinkSignIn()
 	bp.waitJS(deliveryBound, "bob live", liveJS)
 	bp.waitJS(deliveryBound, "all dialogs listed", fmt.Sprintf(`document.querySelectorAll("a.dialog-item").length === %d`, dialogs))
 	deadline := time.Now().Add(deliveryBound)
@@ -401,6 +407,7 @@ func browserOfflinePoll(t *testing.T, b *browser) {
 	bp := b.newPage(t, "bob")
 	log := bp.recordAuth()
 	bp.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintToken(t, bob)))
+	bp.confirmLinkSignIn()
 	bp.waitJS(deliveryBound, "bob live", liveJS)
 	bp.do("open dialog", chromedp.Navigate(m.URL()+"/#/chat/"+d))
 	bp.waitJS(deliveryBound, "dialog open", `document.querySelector("#dialog-title")?.textContent === "d0"`)

@@ -195,6 +195,10 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 
 	// Alice opens a dev sign-in link on instance X.
 	a.do("open sign-in link", chromedp.Navigate(mx.URL()+"/#token="+aTok))
+	a.waitSel(deliveryBound, "the sign-in question", "#link-signin-go")
+	a.shot("sign-in-link")
+	a.axe("sign-in-link")
+	a.confirmLinkSignIn()
 	a.waitJS(deliveryBound, "alice live", `document.querySelector("#conn")?.dataset.phase === "live"`)
 	if h := mustEval[string](a, "location.hash"); strings.Contains(h, "token") {
 		t.Fatalf("the token stayed in the address bar: %s", h)
@@ -382,6 +386,7 @@ func browserChat(t *testing.T, b *browser, mx *Main, my **Main, varsY map[string
 	shiftDay(t, mx, dialogID, 3)
 	b2 := b.newPage(t, "bob-next-day")
 	b2.do("open sign-in link", chromedp.Navigate(mx.URL()+"/#token="+bTok))
+	b2.confirmLinkSignIn()
 	b2.waitJS(deliveryBound, "bob live", `document.querySelector("#conn")?.dataset.phase === "live"`)
 	// A fresh page's preview is the listing's lastMessage: no history is
 	// read before a dialog is opened.
@@ -439,6 +444,7 @@ func browserConsole(t *testing.T, b *browser, mx *Main, alice, aTok string) {
 	}
 	p := b.newPage(t, "console")
 	p.do("open console link", chromedp.Navigate(mx.URL()+"/#token="+aTok+"&project="+pid))
+	p.confirmLinkSignIn()
 	p.waitJS(deliveryBound, "snapshot shown", `document.querySelector("#project-role")?.textContent === "admin"`)
 	if got := p.text("#eviction-policy"); got != "noeviction" {
 		t.Fatalf("eviction policy shown: %q", got)

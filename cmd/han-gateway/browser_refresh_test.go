@@ -100,6 +100,7 @@ func browserTokenRefresh(t *testing.T, b *browser, m *Main) {
 	frames := c.recordWebSocket()
 	oldEnd := time.Now().Add(-10 * time.Second).Truncate(time.Second).Add(serverLeeway)
 	c.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintTTL(t, carol, -10*time.Second)))
+	c.confirmLinkSignIn()
 	c.waitJS(deliveryBound, "carol live", live)
 	c.waitJS(deliveryBound, "new token asked for", `document.querySelector("#renew")?.dataset.reason === "expiring"`)
 	c.shot("renew-asked")
@@ -136,6 +137,7 @@ func browserTokenRefresh(t *testing.T, b *browser, m *Main) {
 	// Dave: exp 25 s ago, so the socket ends about 5 s from now.
 	d := b.newPage(t, "dave")
 	d.do("open sign-in link", chromedp.Navigate(m.URL()+"/#token="+mintTTL(t, dave, -25*time.Second)))
+	d.confirmLinkSignIn()
 	d.waitJS(deliveryBound, "dave live", live)
 	d.waitJS(deliveryBound, "new token asked for", `document.querySelector("#renew")`)
 	d.waitJS(serverLeeway, "closed with token_expired",

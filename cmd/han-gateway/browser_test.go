@@ -237,6 +237,14 @@ func (p *page) click(sel string) {
 	}
 }
 
+// confirmLinkSignIn answers Sign in to the question a sign-in link opened
+// in a signed-out tab asks.
+func (p *page) confirmLinkSignIn() {
+	p.t.Helper()
+	p.waitSel(deliveryBound, "the sign-in question", "#link-signin-go")
+	p.click("#link-signin-go")
+}
+
 func (p *page) typeInto(sel, keys string) {
 	p.t.Helper()
 	p.do("type into "+sel, chromedp.SendKeys(chromedp.CSS(sel), keys, chromedp.NodeVisible))

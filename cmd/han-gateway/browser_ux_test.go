@@ -311,6 +311,7 @@ func assertCacheTableFits(t *testing.T, p *page, row string) {
 func browserReadOnlyConsole(t *testing.T, b *browser, mx *Main, pid, rTok string) {
 	p := b.newPage(t, "reader")
 	p.do("open console link", chromedp.Navigate(mx.URL()+"/#token="+rTok+"&project="+pid))
+	p.confirmLinkSignIn()
 	p.waitJS(deliveryBound, "snapshot shown", `document.querySelector("#project-role")?.textContent === "read"`)
 	p.waitSel(deliveryBound, "cache listed", `#cache-rows tr[data-key="legacy:banner"]`)
 	if !p.visible("#read-only-note") || !strings.Contains(p.text("#read-only-note"), "needs the write role") {
