@@ -45,7 +45,14 @@
 # gateway), HAN_DEV_PG_PORT (55432), HAN_DEV_REDIS_PORT (56379; 0 = any free
 # port, also for HAN_HTTP_ADDR), HAN_DEV_EXIT_AFTER_READY=1 (= --check),
 # HAN_DEV_DATA (default .data: the state folder; another one runs a second,
-# separate stack), HAN_DEV_CLUSTER=1 (= --cluster).
+# separate stack), HAN_DEV_CLUSTER=1 (= --cluster), HAN_DEV_TOKEN_TTL (default
+# 1h: the lifetime of the printed demo tokens and sign-in links; a Go duration).
+#
+# The demo tokens are short-lived on purpose: a sign-in link stays in the
+# browser's history, token included, so it should be dead soon after. Mint a
+# fresh token or link for the running stack with hanctl:
+#   eval "$(scripts/dev.sh --env)"; bin/hanctl token --sub <user id> --ttl 1h
+#   echo "$HAN_BASE_URL/#token=$(bin/hanctl token --sub <user id> --ttl 1h)"
 #
 # --cluster: instead of the one redis-server, six cluster nodes on 57001-57006
 # (cluster bus +1000; HAN_DEV_REDIS_PORT moves the first, 0 = free ports),
@@ -424,10 +431,11 @@ fi
 
 # --- schema and demo data ---------------------------------------------------------
 export HAN_ENV="${HAN_ENV:-dev}"
+token_ttl="${HAN_DEV_TOKEN_TTL:-1h}"
 bin/hanctl migrate || han_die "hanctl migrate failed"
 (
 	umask 077
-	bin/hanctl seed demo >"$DATA/demo.json.tmp"
+	bin/hanctl seed demo --ttl "$token_ttl" >"$DATA/demo.json.tmp"
 ) || han_die "hanctl seed demo failed"
 mv "$DATA/demo.json.tmp" "$DATA/demo.json"
 
@@ -619,7 +627,7 @@ HAN dev stack is up
   PostgreSQL   $DATABASE_URL   (data $PGDATA)
 $(stack_lines)
 
-Demo data (also in .data/demo.json; tokens valid 24 h, re-run to renew):
+Demo data (also in .data/demo.json; tokens valid $token_ttl (HAN_DEV_TOKEN_TTL), fresh ones below):
   alice    $alice_id
   bob      $bob_id
   dialog   $dialog_id
@@ -631,6 +639,11 @@ Sign-in links for the web client (the token is in the URL fragment, which is nev
 server; the client keeps it per tab, so open the two in two tabs to chat as both):
   alice        $BASE/#token=$alice_tok&project=$project_id
   bob          $BASE/#token=$bob_tok
+A link names its user and signs the tab in only once you confirm. When a token runs out the tab
+asks for a new one: mint it (or a fresh link) from another shell in $HAN_ROOT:
+  eval "\$(scripts/dev.sh --env)"
+  bin/hanctl token --sub $alice_id --ttl $token_ttl   # a token for alice
+  echo "\$HAN_BASE_URL/#token=\$(bin/hanctl token --sub $bob_id --ttl $token_ttl)"   # a sign-in link for bob
 
 Try it from another shell in $HAN_ROOT (README, "Try it by hand"):
   eval "\$(scripts/dev.sh --env)"     # HAN_BASE_URL, DATABASE_URL, REDIS_URL, dev secrets: hanctl works too

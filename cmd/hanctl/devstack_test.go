@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -91,6 +93,7 @@ func TestDevScriptEnvAndStop(t *testing.T) {
 	if !strings.Contains(devLog(), "first build takes minutes") {
 		t.Errorf("no build progress line:\n%s", devLog())
 	}
+	devTokensAreShortLived(t, filepath.Join(data, "demo.json"), devLog)
 
 	out, err := script("scripts/dev.sh --env").Output()
 	if err != nil {
@@ -142,5 +145,42 @@ func TestDevScriptEnvAndStop(t *testing.T) {
 	}
 	if out, err := script("scripts/dev.sh --env").CombinedOutput(); err == nil {
 		t.Fatalf("dev.sh --env with no stack running succeeded: %s", out)
+	}
+}
+
+// devTokensAreShortLived: the demo tokens dev.sh prints, and the sign-in
+// links that carry them, expire within an hour by default (a link stays in
+// the browser's history, token included), and the banner says how to mint
+// fresh ones.
+func devTokensAreShortLived(t *testing.T, demoFile string, devLog func() string) {
+	t.Helper()
+	b, err := os.ReadFile(demoFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var demo struct{ Tokens map[string]string }
+	if err := json.Unmarshal(b, &demo); err != nil || len(demo.Tokens) == 0 {
+		t.Fatalf("demo.json: %v %s", err, b)
+	}
+	for name, tok := range demo.Tokens {
+		parts := strings.Split(tok, ".")
+		var claims struct{ Exp int64 }
+		if len(parts) != 3 {
+			t.Fatalf("%s's demo token is not a JWT", name)
+		}
+		payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+		if err != nil || json.Unmarshal(payload, &claims) != nil {
+			t.Fatalf("%s's demo token: unreadable claims", name)
+		}
+		if left := time.Until(time.Unix(claims.Exp, 0)); left > time.Hour || left < 50*time.Minute {
+			t.Errorf("%s's demo token expires in %s, want about an hour", name, left.Round(time.Second))
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(devLog(), "HAN dev stack is up") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(devLog(), "tokens valid 1h") || !strings.Contains(devLog(), "bin/hanctl token --sub ") {
+		t.Errorf("the banner does not say how long the demo tokens last and how to mint fresh ones:\n%s", devLog())
 	}
 }
