@@ -36,9 +36,8 @@ type Outbox interface {
 	// that no other relay takes them meanwhile, calls publish for each in
 	// id order and marks the rows publish succeeded on as delivered. A
 	// publish error wrapping rds.ErrLockHeld skips that row. One wrapping
-	// ErrRowRefused skips it too, and counts an attempt on it when another
-	// row of the batch was published or the error also wraps
-	// ErrRowRefusedAlone (then Redis works and the row is what it refuses);
+	// ErrRowRefusedAlone skips it too and counts an attempt on it (the
+	// server of its slot takes publishes and the row is what it refuses);
 	// a row whose frame cannot be built counts one without a publish. A row at OutboxMaxAttempts is given up: never claimed
 	// again. Any other error ends the batch (Redis did not answer, or the
 	// server of the row's slot refuses every publish: the row is not to

@@ -17,9 +17,10 @@ import (
 // never take the same row at the same time) and calls publish for each in
 // id order. In the same transaction it marks the rows publish succeeded on
 // as delivered. A publish error wrapping rds.ErrLockHeld skips that row;
-// one wrapping pubsub.ErrRowRefused skips it and charges it an attempt
-// when another row of the batch was published; a row whose frame cannot
-// be built is charged without a publish. Rows at pubsub.OutboxMaxAttempts
+// one wrapping pubsub.ErrRowRefusedAlone (the server of the row's slot
+// took a probe right after refusing the row) skips it and charges it an
+// attempt; a row whose frame cannot be built is charged without a
+// publish. Rows at pubsub.OutboxMaxAttempts
 // are not claimed again (given up). Any other error ends the batch (Redis
 // is likely down: the rest stay untouched for the next run, and nothing is
 // charged: the rows are not to blame). Publish runs while the row locks
@@ -115,7 +116,6 @@ func collectGivenUp(rows pgx.Rows) ([]string, error) {
 // returns the ids of those published and of those to charge an attempt.
 func publishClaimed(ctx context.Context, batch []claimedRow,
 	publish func(ctx context.Context, row pubsub.OutboxRow) error) (ok, charged []int64) {
-	var refused []int64
 	for _, c := range batch {
 		if ctx.Err() != nil {
 			break
@@ -133,16 +133,9 @@ func publishClaimed(ctx context.Context, batch []claimedRow,
 			charged = append(charged, c.row.ID)
 			continue
 		}
-		if errors.Is(err, pubsub.ErrRowRefused) {
-			refused = append(refused, c.row.ID)
-			continue
-		}
 		if !errors.Is(err, rds.ErrLockHeld) {
 			break
 		}
-	}
-	if len(ok) > 0 {
-		charged = append(charged, refused...)
 	}
 	return ok, charged
 }
