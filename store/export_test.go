@@ -11,6 +11,10 @@ const MarkOutboxSQL = markOutboxSQL
 // checks its plan.
 var ListDialogsSQL = listDialogsSQL
 
+// UserDialogsSQL is the batched read of users' dialogs, for the test that
+// checks its plan.
+const UserDialogsSQL = userDialogsSQL
+
 // SetSyncDir replaces how l flushes a folder to disk, for the test of the
 // folders Put syncs; SyncDir is the real one.
 func (l *LocalBlobs) SetSyncDir(f func(dir string) error) { l.syncDir = f }

@@ -22,13 +22,18 @@ const (
 )
 
 // userDialogsSQL answers, for each (user, limit) pair of the arrays, the
-// user's dialog ids in id order, at most limit of them; i is the pair's
-// 1-based position. The (user_id, dialog_id) index serves each user's rows.
+// ids of the user's limit most recent dialogs, newest first, in the order
+// the dialog listing shows them (creation time, then id, both descending);
+// i is the pair's 1-based position. Each user's rows are the first limit
+// entries of dialog_members_listing_idx (user_id, dialog_created_at DESC,
+// dialog_id DESC), read in order, however many dialogs the user is in. The
+// outer ORDER BY keeps each user's rows in that order; it sorts only the
+// rows the batch returns.
 const userDialogsSQL = `SELECT r.i, d.dialog_id::text
 	FROM unnest($1::text[]::uuid[], $2::int[]) WITH ORDINALITY AS r(user_id, lim, i)
-	CROSS JOIN LATERAL (SELECT m.dialog_id FROM dialog_members m WHERE m.user_id = r.user_id
-		ORDER BY m.dialog_id LIMIT r.lim) d
-	ORDER BY r.i, d.dialog_id`
+	CROSS JOIN LATERAL (SELECT m.dialog_id, m.dialog_created_at FROM dialog_members m WHERE m.user_id = r.user_id
+		ORDER BY m.dialog_created_at DESC, m.dialog_id DESC LIMIT r.lim) d
+	ORDER BY r.i, d.dialog_created_at DESC, d.dialog_id DESC`
 
 // userDialogsCall is one read waiting in a batch.
 type userDialogsCall struct {

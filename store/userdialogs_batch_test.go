@@ -7,12 +7,14 @@ import (
 	"testing"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/store"
 )
 
 // A connect storm's presence transitions: 600 concurrent DialogIDsForUser
 // reads (users with no, one and many dialogs, limits that cut the list, an
 // id that is not a UUID) each get exactly the dialogs a query of their own
-// would return, in id order, and share far fewer queries than reads.
+// would return, newest first as the dialog listing orders them, and share
+// far fewer queries than reads.
 func TestDialogIDsForUserBatchesConcurrentReadsExactly(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
@@ -30,7 +32,8 @@ func TestDialogIDsForUserBatchesConcurrentReadsExactly(t *testing.T) {
 		}
 	}
 	want := func(user string, limit int) []string {
-		rows, err := pool.Query(ctx, `SELECT dialog_id::text FROM dialog_members WHERE user_id = $1 ORDER BY dialog_id LIMIT $2`, user, limit)
+		rows, err := pool.Query(ctx, `SELECT dialog_id::text FROM dialog_members WHERE user_id = $1
+			ORDER BY dialog_created_at DESC, dialog_id DESC LIMIT $2`, user, limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,5 +93,86 @@ func TestDialogIDsForUserBatchesConcurrentReadsExactly(t *testing.T) {
 	reads, queries := st2.Checks-before.Checks, st2.Queries-before.Queries
 	if reads != n || queries == 0 || queries > n/4 {
 		t.Fatalf("%d reads took %d queries, want far fewer queries than reads", reads, queries)
+	}
+}
+
+// A presence transition of a user in more dialogs than it is published to
+// goes to the user's most recent dialogs, the ones at the top of the
+// dialog listing, not the oldest: for a user in 3,000 dialogs the read
+// returns the 1,000 newest, newest first (ties on the creation time by id),
+// and the statement reads them from dialog_members_listing_idx, 1,000
+// memberships and no more, without scanning the table, beside another
+// user's read in the same batch.
+func TestDialogIDsForUserReadsTheNewestDialogs(t *testing.T) {
+	st, pool := openStore(t)
+	ctx := context.Background()
+	const n, limit = 3000, 1000
+	u, other := ids.New(), ids.New()
+	for _, step := range []struct {
+		q    string
+		args []any
+	}{
+		{`INSERT INTO users(id) VALUES ($1), ($2)`, []any{u, other}},
+		// Two dialogs per minute, the newest first in id order: neither the
+		// ids nor the insert order give the newest.
+		{`INSERT INTO dialogs(id, created_by, created_at) SELECT gen_random_uuid(), $1,
+			date_trunc('minute', now()) - (g / 2) * interval '1 minute' FROM generate_series(1, $2::int) g`, []any{u, n}},
+		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $1 FROM dialogs WHERE created_by = $1`, []any{u}},
+		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $2 FROM dialogs WHERE created_by = $1
+			ORDER BY created_at LIMIT 3`, []any{u, other}},
+		{`ANALYZE dialogs`, nil},
+		{`ANALYZE dialog_members`, nil},
+	} {
+		if _, err := pool.Exec(ctx, step.q, step.args...); err != nil {
+			t.Fatalf("%s: %v", step.q, err)
+		}
+	}
+	var want []string
+	rows, _ := pool.Query(ctx, `SELECT id::text FROM dialogs WHERE created_by = $1
+		ORDER BY created_at DESC, id DESC LIMIT $2`, u, limit)
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	if err := rows.Err(); err != nil || len(want) != limit {
+		t.Fatalf("%d dialogs, %v", len(want), err)
+	}
+	got, err := st.DialogIDsForUser(ctx, u, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("read %d dialogs, not the user's %d newest, newest first", len(got), limit)
+	}
+
+	plan := listingPlan(t, pool, store.UserDialogsSQL, []string{u, other}, []int32{limit, limit})
+	var nodes []planNode
+	var walk func(planNode)
+	walk = func(p planNode) {
+		nodes = append(nodes, p)
+		for _, c := range p.Plans {
+			walk(c)
+		}
+	}
+	walk(plan)
+	t.Logf("plan: %v", nodes)
+	fromIndex := false
+	for _, p := range nodes {
+		if p.Relation == "dialog_members" && p.Index != "dialog_members_listing_idx" {
+			t.Errorf("memberships read by %v, not in listing order from dialog_members_listing_idx", p)
+		}
+		if p.Index == "dialog_members_listing_idx" {
+			fromIndex = true
+		}
+		// 1,003 memberships, the loops' average rounded.
+		if p.read() > limit+3+2 {
+			t.Errorf("%v reads more memberships than the two users' reads return", p)
+		}
+	}
+	if !fromIndex {
+		t.Errorf("the memberships do not come from dialog_members_listing_idx: %v", nodes)
 	}
 }
