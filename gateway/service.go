@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -236,9 +237,28 @@ func (s *Service) Offline(ctx context.Context, userID string, at time.Time) {
 	s.publishPresence(ctx, userID, false, &ms, ms)
 }
 
-// maxPresenceDialogs bounds the dialogs one transition is published to.
+// maxPresenceDialogs bounds the dialogs one transition is published to:
+// the user's most recent ones, as the dialog listing orders them
+// (store.DialogIDsForUser). The members of the user's older dialogs read
+// the user's presence over REST (docs/realtime-protocol.md).
 const maxPresenceDialogs = 1000
 
+// publishPresence publishes a transition to each of the user's most recent
+// dialogs. The publishes join the publisher's shared pipelines
+// (pubsub.Publisher.PublishLater) instead of going out one round trip
+// after another: a transition costs its share of one batched PostgreSQL
+// read and of the pipelines that carry its publishes (a few dozen each,
+// in flight together), and while Redis does not answer it waits for one
+// pipeline's budget, not one per dialog. Each dialog's publish succeeds or
+// fails on its own; a failed one still reaches this instance's sockets
+// (the publisher's local fallback). It returns once every publish is
+// answered (or ctx ends), so the user's next transition is handed to
+// Pub/Sub after this one.
+//
+// Once the service is closing, the publisher takes no more publishes that
+// nobody waits for (Close sent the last of them), while the offline
+// transitions of the users it drained are still due: those are published
+// one by one and waited for, within ctx.
 func (s *Service) publishPresence(ctx context.Context, userID string, online bool, lastSeen *int64, changedAt int64) {
 	dialogs, err := s.store.DialogIDsForUser(ctx, userID, maxPresenceDialogs)
 	if err != nil {
@@ -246,15 +266,55 @@ func (s *Service) publishPresence(ctx context.Context, userID string, online boo
 		return
 	}
 	data := mustJSON(presenceData{UserID: userID, Online: online, LastSeenAt: lastSeen, ChangedAt: changedAt})
+	s.mu.Lock()
+	closing := s.closed
+	s.mu.Unlock()
+	fan := newPresenceFanout(s.logger, len(dialogs))
 	for _, d := range dialogs {
 		payload, err := pubsub.NewDialogEvent(ids.New(), EventPresenceChanged, userID, d, 0, data).Encode()
-		if err != nil {
-			continue
+		switch {
+		case err != nil:
+			fan.done(nil)
+		case closing:
+			fan.done(s.publisher.Publish(ctx, pubsub.DialogChannel(d), payload))
+		default:
+			s.publisher.PublishLater(pubsub.DialogChannel(d), payload, fan.done)
 		}
-		if err := s.publisher.Publish(ctx, pubsub.DialogChannel(d), payload); err != nil {
-			s.logger.Debug("presence transition publish failed", slog.String("kind", store.Kind(err)))
+		if ctx.Err() != nil {
 			return
 		}
+	}
+	select {
+	case <-fan.answered:
+	case <-ctx.Done():
+	}
+}
+
+// presenceFanout follows the publishes of one transition.
+type presenceFanout struct {
+	logger   *slog.Logger
+	left     atomic.Int64  // publishes not answered yet
+	failed   atomic.Bool   // one log line per transition, not per dialog
+	answered chan struct{} // closed once left reaches zero
+}
+
+func newPresenceFanout(logger *slog.Logger, n int) *presenceFanout {
+	f := &presenceFanout{logger: logger, answered: make(chan struct{})}
+	f.left.Store(int64(n))
+	if n == 0 {
+		close(f.answered)
+	}
+	return f
+}
+
+// done records one publish's outcome; it may run on the publisher's
+// goroutine, and is short.
+func (f *presenceFanout) done(err error) {
+	if err != nil && !f.failed.Swap(true) {
+		f.logger.Debug("presence transition publish failed", slog.String("kind", store.Kind(err)))
+	}
+	if f.left.Add(-1) == 0 {
+		close(f.answered)
 	}
 }
 

@@ -208,13 +208,15 @@ func (p *Presence) emitAfter(userID string, fn func(ctx context.Context), decide
 
 // emitWorkers bounds the goroutines that run transition callbacks and keep
 // their stacks between users: a callback reads the user's dialogs in
-// PostgreSQL and publishes through a Redis pipeline, deep enough that a
-// fresh goroutine grew its stack two or three times for every user coming
-// online in a connect storm. A callback waits a few milliseconds for the
-// batched read and publish of others, so a storm of 4,000 connections a
-// second keeps dozens running at once, and more in bursts (at 64, half of a
-// storm's callbacks still found every worker busy). Beyond them a callback
-// runs on a goroutine of its own. Idle workers exit after two seconds.
+// PostgreSQL and queues a publish per dialog on the publisher's shared
+// Redis pipelines, deep enough that a fresh goroutine grew its stack two or
+// three times for every user coming online in a connect storm. A callback
+// waits a few milliseconds for the read and the pipelines it shares with
+// others' (the publishes of one callback go out together, not one round
+// trip after another), so a storm of 4,000 connections a second keeps
+// dozens running at once, and more in bursts (at 64, half of a storm's
+// callbacks still found every worker busy). Beyond them a callback runs on
+// a goroutine of its own. Idle workers exit after two seconds.
 const emitWorkers = 256
 
 // runEmits runs the user's queued transition callbacks in order until the

@@ -26,8 +26,9 @@ func (s *Store) DialogLastSeq(ctx context.Context, dialogID, userID string) (int
 	return seq, nil
 }
 
-// DialogIDsForUser returns up to limit ids of the user's dialogs (presence
-// transitions are published to each of them).
+// DialogIDsForUser returns the ids of the user's limit most recent
+// dialogs, newest first in the dialog listing's order (presence transitions
+// are published to each of them).
 func (s *Store) DialogIDsForUser(ctx context.Context, userID string, limit int) ([]string, error) {
 	return s.readUserDialogs(ctx, userID, limit)
 }
