@@ -25,7 +25,11 @@ const (
 	drainLinger = 20 * time.Millisecond
 	// drainFlushMax: this many queued removals go out without waiting.
 	drainFlushMax = 1024
-	// drainFlushTimeout bounds one flush's Redis and PostgreSQL work.
+	// drainFlushTimeout bounds one flush's Redis and PostgreSQL work, and
+	// so does the deadline of the drain or shutdown under way: a flush
+	// spends at most what is left of it. Removals a flush did not finish
+	// are taken again while the instance lives and are otherwise left in
+	// its index, which the survivors sweep.
 	drainFlushTimeout = 5 * time.Second
 )
 
@@ -35,8 +39,12 @@ const (
 type drainRemover struct {
 	h *Hub
 
-	mu    sync.Mutex // guards queue
+	mu    sync.Mutex // guards queue, deadline
 	queue []presence.Conn
+	// deadline is that of the drain or shutdown under way (zero: none).
+	// It is a deadline rather than a context: a Redis command that stalls
+	// ends at its connection's deadline, not at a cancellation.
+	deadline time.Time
 
 	kick     chan struct{}      // something was queued
 	flushReq chan chan struct{} // flush everything queued, then reply
@@ -50,6 +58,15 @@ func newDrainRemover(h *Hub) *drainRemover {
 		quit: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
 	return r
+}
+
+// bound makes the flushes from now on end by ctx's deadline (or only by
+// their own budget when ctx has none).
+func (r *drainRemover) bound(ctx context.Context) {
+	d, _ := ctx.Deadline()
+	r.mu.Lock()
+	r.deadline = d
+	r.mu.Unlock()
 }
 
 // add queues the removal of a connection that ended.
@@ -106,12 +123,18 @@ func (r *drainRemover) flush() {
 	r.mu.Lock()
 	batch := r.queue
 	r.queue = nil
+	budget := drainFlushTimeout
+	if !r.deadline.IsZero() {
+		budget = min(budget, time.Until(r.deadline))
+	}
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return
 	}
 	h := r.h
-	ctx, cancel := context.WithTimeout(context.Background(), drainFlushTimeout)
+	// Past the deadline the context is done at once: DisconnectMany then
+	// hands the removals on to be taken again later.
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
 	defer cancel()
 	at, err := h.deps.Presence.DisconnectMany(ctx, batch)
 	if err != nil {

@@ -513,8 +513,9 @@ func (h *Hub) retryReasonAfter(wait time.Duration) string {
 }
 
 // startDraining refuses new connections from now on and starts the
-// batched presence removal of the connections that end.
-func (h *Hub) startDraining() *drainRemover {
+// batched presence removal of the connections that end, whose flushes end
+// by ctx's deadline.
+func (h *Hub) startDraining(ctx context.Context) *drainRemover {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.draining = true
@@ -522,6 +523,7 @@ func (h *Hub) startDraining() *drainRemover {
 	if h.remover == nil {
 		h.remover = newDrainRemover(h)
 	}
+	h.remover.bound(ctx)
 	return h.remover
 }
 
@@ -529,7 +531,7 @@ func (h *Hub) startDraining() *drainRemover {
 // in batches, then waits until all are gone and their presence removed, or
 // ctx ends.
 func (h *Hub) drain(ctx context.Context) error {
-	r := h.startDraining()
+	r := h.startDraining(ctx)
 	conns := h.snapshot()
 	// A user's sockets close in the same batch, so their removals tend to
 	// share one script (drainremove.go).
@@ -591,9 +593,9 @@ func (h *Hub) waitTeardowns(ctx context.Context) error {
 // handshake (the drain's 1001 to a client that never answers) would hold
 // the library's CloseNow until the handshake's own 5 s wait ends, one
 // connection after another; with its socket closed, the handshake ends at
-// once.
-func (h *Hub) closeAll() {
-	r := h.startDraining()
+// once. The presence removals spend at most what is left of ctx.
+func (h *Hub) closeAll(ctx context.Context) {
+	r := h.startDraining(ctx)
 	conns := h.snapshot()
 	for _, c := range conns {
 		_ = c.cork.Conn.Close()

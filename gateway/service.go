@@ -172,19 +172,30 @@ func (s *Service) Stats() Stats { return s.hub.Stats() }
 func (s *Service) Drain(ctx context.Context) error { return s.hub.drain(ctx) }
 
 // Close ends what is left, removes this instance from presence and stops
-// the background work. Idempotent.
+// the background work, each step within a budget of its own. Idempotent.
 func (s *Service) Close() {
-	s.shutdown(false)
+	s.shutdown(context.Background(), false)
+}
+
+// Shutdown is Close within ctx: the steps that wait on Redis or PostgreSQL
+// (the presence removals, the deregistration, the wait for the offline
+// transitions, the relay's marks) spend at most what is left of it, so a
+// stalled dependency does not hold the instance past its stop budget.
+// What a cut step leaves is not lost: presence entries stay in this
+// instance's index for the survivors' sweep, and outbox rows stay
+// undelivered for another instance's relay.
+func (s *Service) Shutdown(ctx context.Context) {
+	s.shutdown(ctx, false)
 }
 
 // Kill stops the instance as a crash would: connections drop without
 // close frames and nothing is removed from Redis; the survivors' sweeper
 // cleans up. For fault drills and tests.
 func (s *Service) Kill() {
-	s.shutdown(true)
+	s.shutdown(context.Background(), true)
 }
 
-func (s *Service) shutdown(kill bool) {
+func (s *Service) shutdown(ctx context.Context, kill bool) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -203,18 +214,19 @@ func (s *Service) shutdown(kill bool) {
 		s.relay.Close()
 		s.subscriber.Close()
 	}
-	s.hub.closeAll()
+	s.hub.closeAll(ctx)
 	if !kill {
-		ctx, cancelDereg := context.WithTimeout(context.Background(), 2*time.Second)
-		if err := s.presence.Deregister(ctx); err != nil {
+		dctx, cancelDereg := context.WithTimeout(ctx, 2*time.Second)
+		if err := s.presence.Deregister(dctx); err != nil {
 			s.logger.Warn("instance deregistration failed; survivors will sweep it", slog.String("kind", store.Kind(err)))
 		}
 		cancelDereg()
-		// Offline checks of the drained users run at their time (bounded).
-		ctx, cancelWait := context.WithTimeout(context.Background(), s.presence.Config().OfflineDebounce+time.Second)
-		s.presence.Shutdown(ctx)
+		// Offline checks of the drained users run at their time (bounded);
+		// those still pending at the end are handed on by Deregister.
+		wctx, cancelWait := context.WithTimeout(ctx, s.presence.Config().OfflineDebounce+time.Second)
+		s.presence.Shutdown(wctx)
 		cancelWait()
-		s.relay.Close()
+		s.relay.Shutdown(ctx)
 		s.subscriber.Close()
 	}
 	if cancel != nil {

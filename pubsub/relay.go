@@ -143,6 +143,10 @@ type Relay struct {
 	cancel  context.CancelFunc
 	started bool
 	wg      sync.WaitGroup
+	// bound ends the marks of a run that outlive its cancellation
+	// (MarksContext); Shutdown ends it when its context ends.
+	bound    context.Context
+	endBound context.CancelFunc
 }
 
 // NewRelay returns a relay publishing on the DB1 client.
@@ -151,7 +155,8 @@ func NewRelay(ob Outbox, rdb redis.UniversalClient, cfg RelayConfig, logger *slo
 		return nil, errors.New("pubsub: relay needs a store, a Redis client and a logger")
 	}
 	cfg.defaults()
-	r := &Relay{cfg: cfg, outbox: ob, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger,
+	bound, endBound := context.WithCancel(context.Background())
+	r := &Relay{cfg: cfg, outbox: ob, rdb: rdb, locker: rds.NewLocker(rdb), logger: logger, bound: bound, endBound: endBound,
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_relay_published_total",
 			Help: "Outbox events published by the relay (not by the request path)."}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_relay_failures_total",
@@ -186,7 +191,9 @@ func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error)
 		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 		raw := rds.Publish(pctx, r.rdb, r.cfg.Mode, row.Channel, row.Payload).Err()
 		cancel()
-		_ = lk.Release(context.WithoutCancel(ctx))
+		rctx, rcancel := MarksContext(ctx, r.cfg.PublishTimeout)
+		_ = lk.Release(rctx)
+		rcancel()
 		if raw == nil {
 			return nil
 		}
@@ -270,7 +277,7 @@ func (r *Relay) Start() {
 		return
 	}
 	r.started = true
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), boundKey{}, r.bound))
 	r.cancel = cancel
 	r.wg.Add(1)
 	go func() {
@@ -312,8 +319,18 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 }
 
-// Close stops the relay and waits for the run in progress. Idempotent.
-func (r *Relay) Close() {
+// Close is Shutdown with no deadline: the marks of the run in progress
+// get their own budget.
+func (r *Relay) Close() { r.Shutdown(context.Background()) }
+
+// Shutdown stops the relay and waits for the run in progress: it stops
+// publishing at the next row, and the marks of the rows it published
+// still go out (MarksContext), unless ctx ends first, which cuts them. The
+// instance's shutdown has one deadline, and a stalled PostgreSQL must not
+// hold it past that; the rows whose marks were cut stay undelivered, and
+// the relay of another instance publishes them again (clients drop the
+// duplicate by its event id). Idempotent.
+func (r *Relay) Shutdown(ctx context.Context) {
 	r.mu.Lock()
 	cancel := r.cancel
 	r.cancel = nil
@@ -321,5 +338,29 @@ func (r *Relay) Close() {
 	if cancel != nil {
 		cancel()
 	}
+	stopCut := context.AfterFunc(ctx, r.endBound)
 	r.wg.Wait()
+	stopCut()
+	r.endBound()
+}
+
+// boundKey carries, in a run's context, the relay's bound (Shutdown).
+type boundKey struct{}
+
+// MarksContext is the context for the work a relay run owes once rows are
+// published (their delivered marks, the commit, the release of a delivery
+// lock): it outlives the cancellation of the run's ctx, so that a relay
+// closed mid-run keeps the marks of what it published, for at most d, and
+// ends when the relay's Shutdown runs out of time.
+func MarksContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	bound, ok := ctx.Value(boundKey{}).(context.Context)
+	if !ok {
+		return mctx, cancel
+	}
+	stop := context.AfterFunc(bound, cancel)
+	return mctx, func() {
+		stop()
+		cancel()
+	}
 }

@@ -164,11 +164,15 @@ func registerOrReuse[T prometheus.Collector](reg *prometheus.Registry, c T) T {
 // created) and marks the outbox rows it published delivered (call it after
 // the last request ended, before the PostgreSQL pool closes). It is
 // idempotent; the caller closes what it passed in Deps.
-func (s *Server) Close() {
+func (s *Server) Close() { s.Shutdown(context.Background()) }
+
+// Shutdown is Close with the delivered marks bounded by ctx as well as by
+// their own budget: marks it cuts leave their rows for the outbox relay.
+func (s *Server) Shutdown(ctx context.Context) {
 	if s.idem != nil && s.idem.store != nil {
 		s.idem.store.Close() // the completes still queued
 	}
-	s.marker.Close()
+	s.marker.Shutdown(ctx)
 	if s.idem != nil && s.idem.ownHealth {
 		s.idem.health.Close()
 	}

@@ -55,7 +55,7 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 		return run, fmt.Errorf("relay outbox: %w", err)
 	}
 	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		rctx, cancel := pubsub.MarksContext(ctx, markTimeout)
 		_ = tx.Rollback(rctx)
 		cancel()
 	}()
@@ -72,7 +72,7 @@ func (s *Store) RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 		return run, fmt.Errorf("relay outbox: %w", err)
 	}
 	ok, charged := publishClaimed(ctx, batch, publish)
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	mctx, cancel := pubsub.MarksContext(ctx, markTimeout)
 	defer cancel()
 	if len(ok) > 0 {
 		if _, err := tx.Exec(mctx, `UPDATE outbox SET delivered_at = now(), attempts = attempts + 1
@@ -141,7 +141,8 @@ func publishClaimed(ctx context.Context, batch []claimedRow,
 }
 
 // markTimeout bounds the relay's marks and commit once its batch is
-// published, whatever happened to the run's context, and its rollback.
+// published, whatever happened to the run's context, and its rollback;
+// the relay's Shutdown may cut them sooner (pubsub.MarksContext).
 const markTimeout = 2 * time.Second
 
 // relayClaimBudget is the server-side bound (lock_timeout,

@@ -47,8 +47,8 @@ type OutboxMarkerConfig struct {
 // once and clients drop a duplicate by its event id.
 //
 // Its goroutine runs only while ids are queued, so an idle marker holds
-// none. Close flushes what is queued and waits; marks after Close are
-// dropped. Safe for concurrent use.
+// none. Shutdown (or Close) flushes what is queued and waits; marks after
+// it are dropped. Safe for concurrent use.
 type OutboxMarker struct {
 	store  *Store
 	cfg    OutboxMarkerConfig
@@ -64,6 +64,10 @@ type OutboxMarker struct {
 	kick    chan struct{} // a full batch is queued (capacity 1)
 	stop    chan struct{} // closed by Close
 	wg      sync.WaitGroup
+	// life bounds every flush besides its Timeout; Shutdown cancels it
+	// when its context ends, cutting a flush already under way.
+	life    context.Context
+	endLife context.CancelFunc
 }
 
 // NewOutboxMarker builds an idle marker writing through s.
@@ -83,7 +87,9 @@ func NewOutboxMarker(s *Store, cfg OutboxMarkerConfig, logger *slog.Logger) (*Ou
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	life, endLife := context.WithCancel(context.Background())
 	m := &OutboxMarker{store: s, cfg: cfg, logger: logger, kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		life: life, endLife: endLife,
 		marked: prometheus.NewCounter(prometheus.CounterOpts{Name: "han_outbox_marks_total",
 			Help: "Outbox rows the request path published and the batched marker updated (one UPDATE per batch)."}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "han_outbox_marks_dropped_total",
@@ -202,7 +208,7 @@ func (m *OutboxMarker) take() []string {
 // flush marks one batch delivered within its own Timeout and counts the
 // outcome.
 func (m *OutboxMarker) flush(batch []string) {
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(m.life, m.cfg.Timeout)
 	defer cancel()
 	m.flushWithin(ctx, batch)
 }
@@ -224,13 +230,19 @@ func (m *OutboxMarker) flushWithin(ctx context.Context, batch []string) bool {
 	return true
 }
 
-// Close stops taking marks, flushes the ids still queued and waits. The
-// flushes share one Timeout: with PostgreSQL stalled and the queue full,
-// a Timeout per batch would hold the instance's shutdown for 16 of them,
-// past the stop budget of its supervisor. A failed flush or the end of the
-// budget drops what is left (counted as closed; the relay publishes those
-// rows again). It is idempotent.
-func (m *OutboxMarker) Close() {
+// Close is Shutdown with no deadline but the flushes' own Timeout.
+func (m *OutboxMarker) Close() { m.Shutdown(context.Background()) }
+
+// Shutdown stops taking marks, flushes the ids still queued and waits,
+// within ctx: the instance's shutdown has one deadline, and a stalled
+// PostgreSQL must not hold it past that. A flush under way when ctx ends
+// is cut, and the flushes of what is queued share one Timeout, itself cut
+// at ctx's end: with the queue full, a Timeout per batch would hold the
+// shutdown for 16 of them. A failed flush or the end of the budget drops
+// what is left (counted as closed); those rows stay undelivered, and the
+// relay of this or another instance publishes them again after the grace.
+// It is idempotent.
+func (m *OutboxMarker) Shutdown(ctx context.Context) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -240,16 +252,21 @@ func (m *OutboxMarker) Close() {
 	m.closed = true
 	close(m.stop)
 	m.mu.Unlock()
+	stopCut := context.AfterFunc(ctx, m.endLife)
+	defer func() {
+		stopCut()
+		m.endLife()
+	}()
 	m.wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
 	for {
 		batch := m.take()
 		if len(batch) == 0 {
 			return
 		}
-		tried := ctx.Err() == nil
-		if tried && m.flushWithin(ctx, batch) {
+		tried := fctx.Err() == nil
+		if tried && m.flushWithin(fctx, batch) {
 			continue
 		}
 		dropped := 0

@@ -315,20 +315,65 @@ func (m *Main) Run(ctx context.Context) error {
 // Close drains: readiness turns 503 at once while the listener keeps
 // serving for HAN_DRAIN_DELAY (load balancers need a few probes to take the
 // instance out), then the listener stops accepting, sockets are closed with
-// 1001 and a reconnect delay, in-flight requests finish within the shutdown
-// timeout, and connections to Redis and PostgreSQL close. Every step is
+// 1001 and a reconnect delay, in-flight requests finish, and connections to
+// Redis and PostgreSQL close. Every step after the delay spends only what
+// is left of one deadline, HAN_SHUTDOWN_TIMEOUT away, so that a stalled
+// Redis or PostgreSQL does not hold the process past it; a step cut short
+// loses nothing durable (presence entries stay for the survivors' sweep,
+// outbox rows undelivered for another instance's relay). Every step is
 // logged. It is idempotent; a Close after a failed Run skips the delay.
 func (m *Main) Close() error {
-	var errs []error
 	if m.api != nil {
 		m.api.SetDraining()
 	}
-	var shutdown chan error
 	if m.httpSrv != nil {
 		m.Logger.Info("drain started: /readyz answers 503, still serving", slog.Duration("delay", m.Config.DrainDelay))
 		time.Sleep(m.Config.DrainDelay)
-		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
-		defer cancel()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+	defer cancel()
+	errs := m.drain(ctx)
+	if err := m.metrics.close(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if m.realtime != nil {
+		m.realtime.Shutdown(ctx)
+		m.realtime = nil
+	}
+	if m.verifier != nil {
+		// A JWKS refetch started by a request that is gone may still run;
+		// it uses the Redis client closed below.
+		m.verifier.Close()
+		m.verifier = nil
+	}
+	m.closeJobs()
+	if m.api != nil {
+		m.api.Shutdown(ctx) // the DB0 health prober; flushes the outbox delivered marks
+	}
+	if err := m.closeOps(); err != nil {
+		errs = append(errs, err)
+	}
+	pools := m.pg != nil || m.rdb != nil
+	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	m.rdb, m.rt = nil, nil
+	m.closePools(ctx)
+	m.pg, m.readyPG = nil, nil
+	if pools && m.Logger != nil {
+		m.Logger.Info("drain: Redis and PostgreSQL connections closed")
+	}
+	return errors.Join(errs...)
+}
+
+// drain stops the listener, closes the sockets with 1001 and waits for the
+// in-flight requests, within ctx.
+func (m *Main) drain(ctx context.Context) []error {
+	var errs []error
+	var shutdown chan error
+	if m.httpSrv != nil {
 		shutdown = make(chan error, 1)
 		srv := m.httpSrv
 		go func() { shutdown <- srv.Shutdown(ctx) }()
@@ -344,11 +389,9 @@ func (m *Main) Close() error {
 		// http.Server.Shutdown does not wait for hijacked (WebSocket)
 		// connections: they are closed here.
 		n := m.realtime.Stats().Connections
-		ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 		if err := m.realtime.Drain(ctx); err != nil {
 			m.Logger.Warn("realtime drain incomplete", slog.String("kind", fmt.Sprintf("%T", errors.Unwrap(err))))
 		}
-		cancel()
 		m.Logger.Info("drain: sockets closed with 1001", slog.Int("sockets", n))
 	}
 	if shutdown != nil {
@@ -360,53 +403,22 @@ func (m *Main) Close() error {
 		}
 		m.httpSrv = nil
 	}
-	if err := m.metrics.close(m.Config.ShutdownTimeout); err != nil {
-		errs = append(errs, err)
-	}
-	if m.realtime != nil {
-		m.realtime.Close()
-		m.realtime = nil
-	}
-	if m.verifier != nil {
-		// A JWKS refetch started by a request that is gone may still run;
-		// it uses the Redis client closed below.
-		m.verifier.Close()
-		m.verifier = nil
-	}
-	m.closeJobs()
-	if m.api != nil {
-		m.api.Close() // the DB0 health prober; flushes the outbox delivered marks
-	}
-	if err := m.closeOps(); err != nil {
-		errs = append(errs, err)
-	}
-	pools := m.pg != nil || m.rdb != nil
-	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
-		if c != nil {
-			_ = c.Close()
-		}
-	}
-	m.rdb, m.rt = nil, nil
-	m.closePools()
-	m.pg, m.readyPG = nil, nil
-	if pools && m.Logger != nil {
-		m.Logger.Info("drain: Redis and PostgreSQL connections closed")
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // poolCloseWait bounds the wait for the PostgreSQL pools to close at the
-// end of the drain.
+// end of the drain, and so does what is left of the drain's deadline.
 const poolCloseWait = 2 * time.Second
 
 // closePools closes the PostgreSQL pools together and waits for them at
-// most poolCloseWait. A connection a deadline broke is closed by pgx in the
-// background, with a cancel request to the server and up to 15 s for its
-// answer, and closing a pool waits for that: against a server that stalls
-// (a partition, a stopped process) the drain would run 15 s past its bound
-// and the supervisor kill the process. Nothing is left to write by then,
-// and the process's exit closes the sockets.
-func (m *Main) closePools() {
+// most poolCloseWait, and not past ctx's deadline. A connection a deadline
+// broke is closed by pgx in the background, with a cancel request to the
+// server and up to 15 s for its answer, and closing a pool waits for that:
+// against a server that stalls (a partition, a stopped process) the drain
+// would run 15 s past its bound and the supervisor kill the process.
+// Nothing is left to write by then, and the process's exit closes the
+// sockets.
+func (m *Main) closePools(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, p := range []*pgxpool.Pool{m.readyPG, m.pg} {
 		if p != nil {
@@ -418,11 +430,11 @@ func (m *Main) closePools() {
 		wg.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(poolCloseWait)
-	defer t.Stop()
+	wctx, cancel := context.WithTimeout(ctx, poolCloseWait)
+	defer cancel()
 	select {
 	case <-done:
-	case <-t.C:
+	case <-wctx.Done():
 		if m.Logger != nil {
 			m.Logger.Warn("drain: PostgreSQL connections not closed within the wait; leaving them to the exit",
 				slog.Duration("wait", poolCloseWait))

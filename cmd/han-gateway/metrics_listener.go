@@ -40,13 +40,11 @@ func (l *metricsListener) start(addr string, h http.Handler, idle time.Duration,
 	return nil
 }
 
-// close is idempotent.
-func (l *metricsListener) close(timeout time.Duration) error {
+// close waits for the scrapes under way within ctx. It is idempotent.
+func (l *metricsListener) close(ctx context.Context) error {
 	if l.srv == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	err := l.srv.Shutdown(ctx)
 	if serr := <-l.errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
