@@ -62,6 +62,10 @@ type Presence struct {
 	// running, the callbacks waiting their turn.
 	emitting map[string][]func(ctx context.Context)
 	emitters *workers.Pool[string] // runs runEmits
+	// emitLife bounds the transition callbacks besides their own budget;
+	// Shutdown ends it when its context ends.
+	emitLife context.Context
+	cutEmits context.CancelFunc
 	closed   bool
 	started  bool
 	cancel   context.CancelFunc
@@ -91,6 +95,7 @@ func New(rdb redis.UniversalClient, cfg Config, events Events, logger *slog.Logg
 			Help: "Dead instances fully swept by this instance."}),
 	}
 	p.emitters = workers.New(emitWorkers, 2*time.Second, p.runEmits)
+	p.emitLife, p.cutEmits = context.WithCancel(context.Background())
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{p.heartbeatFailures, p.sweptConns, p.sweptInstances} {
 			if err := cfg.Registerer.Register(c); err != nil {

@@ -236,7 +236,7 @@ func (p *Presence) runEmits(userID string) {
 		q[0] = nil
 		p.emitting[userID] = q[1:]
 		p.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(p.emitLife, 5*time.Second)
 		fn(ctx)
 		cancel()
 	}
@@ -245,8 +245,13 @@ func (p *Presence) runEmits(userID string) {
 // Shutdown stops the background loops but lets pending offline checks run
 // at their time (so users of a draining instance who do not come back
 // elsewhere are reported offline), waits for them until ctx ends, then
-// closes.
+// closes. A transition callback still running when ctx ends is cut: the
+// instance's shutdown has one deadline, which a stalled PostgreSQL must
+// not hold it past (the checks not run stay in the index for the
+// survivors, Deregister).
 func (p *Presence) Shutdown(ctx context.Context) {
+	stopCut := context.AfterFunc(ctx, p.cutEmits)
+	defer stopCut()
 	p.mu.Lock()
 	cancel := p.cancel
 	p.mu.Unlock()
@@ -300,4 +305,5 @@ func (p *Presence) Close() {
 	}
 	p.inflight.Wait()
 	p.emitters.Close()
+	p.cutEmits()
 }

@@ -332,6 +332,19 @@ func (m *Main) Close() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 	defer cancel()
+	// Past the deadline nothing waits on Redis any more: closing the
+	// clients ends at once the commands in flight (a presence refresh, the
+	// Pub/Sub link's read, a relay publish), each of which would otherwise
+	// run out its own HAN_REDIS_TIMEOUT, one step after another.
+	clients := []redis.UniversalClient{m.rdb, m.rt}
+	closeRedis := func() {
+		for _, c := range clients {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}
+	stopRedisCut := context.AfterFunc(ctx, closeRedis)
 	errs := m.drain(ctx)
 	if err := m.metrics.close(ctx); err != nil {
 		errs = append(errs, err)
@@ -354,11 +367,8 @@ func (m *Main) Close() error {
 		errs = append(errs, err)
 	}
 	pools := m.pg != nil || m.rdb != nil
-	for _, c := range []redis.UniversalClient{m.rdb, m.rt} {
-		if c != nil {
-			_ = c.Close()
-		}
-	}
+	stopRedisCut()
+	closeRedis() // a second Close of a client only says it is closed
 	m.rdb, m.rt = nil, nil
 	m.closePools(ctx)
 	m.pg, m.readyPG = nil, nil

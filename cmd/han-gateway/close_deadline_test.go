@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,16 +14,26 @@ import (
 )
 
 // The drain spends one deadline, HAN_SHUTDOWN_TIMEOUT after the drain
-// delay, however much work PostgreSQL and Redis leave pending when they
-// stall: a batch of delivered marks on its way, marks queued behind it, a
-// relay run marking what it published, and open sockets whose presence
-// removals go out in batches. Each of those steps used to wait on its own
-// budget (2 s for the marks, 2 s more for the relay's commit and its
-// rollback, 5 s for a removal batch), one after another, so the process
-// overran its stop budget by seconds. What a cut step leaves is not lost:
-// the rows stay undelivered for the relay of another instance, and the
-// presence entries stay for the survivors' sweep.
-func TestCloseSpendsOneDeadlineWhenPostgreSQLAndRedisStall(t *testing.T) {
+// delay, however much work PostgreSQL or Redis (or both) leave pending
+// when they stall: a batch of delivered marks on its way, marks queued
+// behind it, a relay run marking what it published, and open sockets
+// whose presence removals go out in batches. Each of those steps used to
+// wait on its own budget (2 s for the marks, 2 s more for the relay's
+// commit and its rollback, 5 s for a removal batch, a Redis timeout for
+// every command in flight), one after another, so the process overran its
+// stop budget by seconds. What a cut step leaves is not lost: the rows
+// stay undelivered for the relay of another instance, and the presence
+// entries stay for the survivors' sweep.
+func TestCloseSpendsOneDeadlineWhenPostgreSQLOrRedisStalls(t *testing.T) {
+	for _, stalled := range []string{"postgres+redis", "postgres", "redis"} {
+		t.Run(stalled, func(t *testing.T) { closeWithStalls(t, stalled) })
+	}
+}
+
+// closeWithStalls leaves work pending on every path, stalls the stalled
+// dependencies ("postgres", "redis" or both, joined by +) and checks that
+// Close ends within its deadline.
+func closeWithStalls(t *testing.T, stalled string) {
 	pg, pgURL := faultproxy.ForURL(t, env.DatabaseURL)
 	rd0, rd0URL := faultproxy.ForURL(t, env.Redis.URL(0))
 	rd1, rd1URL := faultproxy.ForURL(t, env.Redis.URL(1))
@@ -69,7 +80,14 @@ func TestCloseSpendsOneDeadlineWhenPostgreSQLAndRedisStall(t *testing.T) {
 		t.Fatalf("the relay did not mark the rows it published\nlog:\n%s", lg.String())
 	}
 
-	for _, p := range []*faultproxy.Proxy{pg, rd0, rd1} {
+	var stall []*faultproxy.Proxy
+	if strings.Contains(stalled, "postgres") {
+		stall = append(stall, pg)
+	}
+	if strings.Contains(stalled, "redis") {
+		stall = append(stall, rd0, rd1)
+	}
+	for _, p := range stall {
 		p.Blackhole(true)
 	}
 	start := time.Now()
@@ -86,12 +104,12 @@ func TestCloseSpendsOneDeadlineWhenPostgreSQLAndRedisStall(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("Close had not returned after 30 s\nlog:\n%s", lg.String())
 	}
-	for _, p := range []*faultproxy.Proxy{pg, rd0, rd1} {
+	for _, p := range stall {
 		p.Blackhole(false)
 	}
 	if took > bound+slack {
-		t.Fatalf("Close with PostgreSQL and Redis stalled took %v, want at most HAN_SHUTDOWN_TIMEOUT=%v (+%v slack)\nlog:\n%s",
-			took.Round(10*time.Millisecond), bound, slack, lg.String())
+		t.Fatalf("Close with %s stalled took %v, want at most HAN_SHUTDOWN_TIMEOUT=%v (+%v slack)\nlog:\n%s",
+			stalled, took.Round(10*time.Millisecond), bound, slack, lg.String())
 	}
 	t.Logf("Close returned after %v", took.Round(10*time.Millisecond))
 
