@@ -81,9 +81,19 @@ func (s *Store) recordUser(ctx context.Context, id string) error {
 // whose ctx (SharedContext) only their budgets end: a statement cut short
 // by them is ErrDatabaseBusy, as one past its own budget is. The pool wait
 // has a budget of its own, so what is left of the callers' budgets after
-// their wait in the queue never reads as an unreachable server.
+// their wait in the queue never reads as an unreachable server; but once
+// every caller has left (ctx canceled, not past its deadline: an instance
+// shutting down) nobody waits for the connection, and the wait ends.
 func (s *Store) execShared(ctx context.Context, sql string, args ...any) error {
-	conn, err := s.acquire(context.WithoutCancel(ctx))
+	actx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWait()
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			cancelWait()
+		}
+	})
+	defer stop()
+	conn, err := s.acquire(actx)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -265,24 +266,49 @@ func (c *Combiner[C]) send(batch []*waiter[C]) {
 
 // SharedContext is the context of a batch shared by calls: it ends at the
 // latest deadline among the calls' contexts (ctxOf), at most budget away,
-// and is not canceled when any one of them is — so no caller is cut short
-// by another leaving, and the batch ends once every caller's deadline has
-// passed. A caller queued behind batches in flight leaves at its own
-// deadline (Combiner.DoCtx); one whose call is in the batch waits for it,
-// at most until the latest deadline among its batch-mates'. Its values
-// are those of the first call's context.
+// or once every one of those contexts has ended, whichever comes first. It
+// is not canceled when any one of them is — so no caller is cut short by
+// another leaving — but a batch that no caller waits for any more (all
+// were canceled: an instance shutting down) stops at once instead of
+// running out its deadline. A caller queued behind batches in flight
+// leaves at its own deadline (Combiner.DoCtx); one whose call is in the
+// batch waits for it, at most until the latest deadline among its
+// batch-mates'. Its values are those of the first call's context. A call
+// whose context can never end keeps the batch to its deadline.
 func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
 	limit := time.Now().Add(budget)
 	var latest time.Time
+	endless := false
 	for _, call := range calls {
-		d, ok := ctxOf(call).Deadline()
+		c := ctxOf(call)
+		if c.Done() == nil {
+			endless = true
+		}
+		d, ok := c.Deadline()
 		if !ok || d.After(limit) {
 			latest = limit
-			break
-		}
-		if d.After(latest) {
+		} else if d.After(latest) {
 			latest = d
 		}
 	}
-	return context.WithDeadline(context.WithoutCancel(ctxOf(calls[0])), latest)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctxOf(calls[0])), latest)
+	if endless {
+		return ctx, cancel
+	}
+	var left atomic.Int64
+	left.Store(int64(len(calls)))
+	stops := make([]func() bool, len(calls))
+	for i, call := range calls {
+		stops[i] = context.AfterFunc(ctxOf(call), func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }

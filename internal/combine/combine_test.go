@@ -426,3 +426,43 @@ func (l *batchLog) list() [][]int {
 	defer l.mu.Unlock()
 	return slices.Clone(l.batches)
 }
+
+// A shared batch is not cut short by one caller leaving, but once every
+// caller has left nobody waits for it: it ends then, not at the latest
+// deadline among theirs (an instance shutting down cancels the callers of
+// a statement that PostgreSQL stopped answering).
+func TestSharedContextEndsOnceEveryCallerHasLeft(t *testing.T) {
+	ctxOf := func(c context.Context) context.Context { return c }
+	a, cancelA := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelA()
+	b, cancelB := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelB()
+	shared, cancel := combine.SharedContext([]context.Context{a, b}, ctxOf, time.Hour)
+	defer cancel()
+	cancelA()
+	select {
+	case <-shared.Done():
+		t.Fatal("the shared batch ended when one of its two callers left")
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancelB()
+	select {
+	case <-shared.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shared batch still runs after every caller left")
+	}
+
+	// A caller whose context never ends keeps the batch to its deadline.
+	c, cancelC := context.WithCancel(context.Background())
+	shared2, cancel2 := combine.SharedContext([]context.Context{c, context.Background()}, ctxOf, time.Hour)
+	defer cancel2()
+	cancelC()
+	select {
+	case <-shared2.Done():
+		t.Fatal("the shared batch ended although a caller that cannot leave waits for it")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if d, ok := shared2.Deadline(); !ok || time.Until(d) < 59*time.Minute {
+		t.Fatalf("the batch's deadline is %v, want the budget's hour", d)
+	}
+}
