@@ -3,12 +3,17 @@ package store
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
+	"math/rand/v2"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -18,6 +23,27 @@ var migrationFiles embed.FS
 // migrationLockID is the advisory lock that serialises concurrent migrators
 // (several instances starting at once).
 const migrationLockID = 0x68616e6d6967 // "hanmig"
+
+// migrationLockTimeout bounds each wait of a migration for a table lock
+// (lock_timeout, set for the migration's transaction only). While DDL waits
+// for its lock, every new query on the table queues behind it, so this is
+// what a request of the running release may lose to a migration: a
+// quarter of the request budget HAN_DB_REQUEST_TIMEOUT (2 s by default),
+// which leaves the request most of its budget. It is still far longer than
+// a request's own transactions on the tables (milliseconds, and never more
+// than that budget), which an attempt waits out.
+const migrationLockTimeout = 500 * time.Millisecond
+
+// migrationRetryFirst and migrationRetryMax bound the pause between two
+// attempts of a migration whose lock wait timed out: it doubles from the
+// first to the max, and each pause is drawn at random from its upper half,
+// so migrators retrying together spread out. Between attempts nothing
+// queues on the table; during one, a query waits migrationLockTimeout at
+// most, however many attempts a long reader (pg_dump) causes.
+const (
+	migrationRetryFirst = 500 * time.Millisecond
+	migrationRetryMax   = 5 * time.Second
+)
 
 // Migrate applies every embedded migration not yet recorded in
 // schema_migrations, each in its own transaction. It is idempotent and safe
@@ -33,6 +59,14 @@ const migrationLockID = 0x68616e6d6967 // "hanmig"
 // would collide with the next migrator's of the same name. The service
 // still migrates over HAN_DATABASE_DIRECT_URL, because DDL and long
 // statements belong on a direct connection.
+//
+// A migration never makes the running release's queries wait long behind
+// it: each of its lock waits gives up after migrationLockTimeout, the
+// transaction rolls back, and the migration is tried again after a short
+// random pause (logged through slog.Default with its version and the
+// error's kind) until ctx ends, when the last lock error is returned. No
+// statement_timeout is set: a data migration may rightly run for minutes,
+// and ctx already bounds the whole run.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	return MigrateBefore(ctx, pool, "")
 }
@@ -51,7 +85,7 @@ func MigrateBefore(ctx context.Context, pool *pgxpool.Pool, version string) ([]s
 		if version != "" && v >= version {
 			break
 		}
-		done, err := migrateOne(ctx, conn, "migrations/"+v+".sql", v)
+		done, err := migrateRetrying(ctx, conn, v)
 		if err != nil {
 			return applied, err
 		}
@@ -100,8 +134,47 @@ func MissingMigrations(ctx context.Context, pool *pgxpool.Pool) ([]string, error
 	return missing, nil
 }
 
+// migrateRetrying runs migrateOne for version until it is applied or found
+// recorded, trying again after a pause while it fails for want of a table
+// lock (SQLSTATE 55P03: lock_timeout). Each attempt is a transaction of its
+// own, rolled back on failure, so the migration is applied and recorded
+// once whatever the number of attempts.
+func migrateRetrying(ctx context.Context, conn *pgxpool.Conn, version string) (bool, error) {
+	pause := migrationRetryFirst
+	for attempt := 1; ; attempt++ {
+		done, err := migrateOne(ctx, conn, "migrations/"+version+".sql", version)
+		if !isLockNotAvailable(err) || ctx.Err() != nil {
+			return done, err
+		}
+		wait := pause/2 + rand.N(pause/2+1)
+		slog.Default().Warn("migrate: a table the migration locks is in use; trying again",
+			slog.String("version", version), slog.Int("attempt", attempt),
+			slog.String("kind", Kind(err)), slog.Duration("retry_in", wait))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, err
+		case <-t.C:
+		}
+		pause = min(2*pause, migrationRetryMax)
+	}
+}
+
+// isLockNotAvailable reports whether err is PostgreSQL's lock_timeout
+// (55P03): the statement gave up waiting for a lock.
+func isLockNotAvailable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == codeLockNotAvailable
+}
+
 // migrateOne applies one migration unless it is recorded already, all in
 // one transaction under the migration lock. It reports whether it applied it.
+//
+// lock_timeout is set once the migration lock is held: waiting for that
+// lock (another migrator at work) delays no query but the other
+// migrators', while a wait for a table lock makes every new query on the
+// table queue behind it.
 func migrateOne(ctx context.Context, conn *pgxpool.Conn, name, version string) (bool, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -110,6 +183,9 @@ func migrateOne(ctx context.Context, conn *pgxpool.Conn, name, version string) (
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", pgx.QueryExecModeExec, int64(migrationLockID)); err != nil {
 		return false, fmt.Errorf("migrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrationLockTimeout.Milliseconds())); err != nil {
+		return false, fmt.Errorf("migrate: set lock_timeout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
