@@ -17,7 +17,8 @@
 #   - installs redis-server, postgresql (and curl) from the OS packages when missing;
 #   - keeps all state in the git-ignored .data/ folder of the repo:
 #       .data/secrets.env  generated once (mode 600): HAN_JWT_DEV_HS256_SECRET,
-#                          HAN_HMAC_SECRET, HAN_REDIS_API_PASSWORD (api_backend)
+#                          HAN_HMAC_SECRET, HAN_REDIS_API_PASSWORD (api_backend),
+#                          HAN_DEV_PG_PASSWORD (PostgreSQL's superuser postgres)
 #       .data/pg/          PostgreSQL cluster (data/, socket, postgres.log); when
 #                          the repo is not reachable by the postgres user (root
 #                          runs PostgreSQL as `postgres`) or the path is too long
@@ -26,12 +27,18 @@
 #       .data/redis/       users.acl (rendered by hanctl), AOF and RDB files
 #       .data/logs/        gateway.log, redis.log, initdb.log
 #       .data/demo.json    output of `hanctl seed demo` (user ids, tokens, dialog)
-#       .data/run/stack.env  while the stack runs: HAN_BASE_URL, DATABASE_URL,
-#                          REDIS_URL, REDIS_REALTIME_URL, HAN_ENV
+#       .data/run/stack.env  while the stack runs (mode 600): HAN_BASE_URL,
+#                          DATABASE_URL, REDIS_URL, REDIS_REALTIME_URL, HAN_ENV
+#                          (the URLs carry their passwords)
 #                          (scripts/loadtest-smoke.sh, --env)
 #       .data/run/dev.pid  while the stack runs: the pid of dev.sh (--stop)
-#   - starts a private PostgreSQL (127.0.0.1, port 55432 or a free one, trust
-#     auth, database `han`), a private redis-server (127.0.0.1, port 56379 or a
+#   - starts a private PostgreSQL (127.0.0.1, port 55432 or a free one,
+#     database `han`; over TCP the superuser postgres needs its password,
+#     HAN_DEV_PG_PASSWORD: every account on the machine reaches 127.0.0.1;
+#     without one only on the unix socket, in the pg folder of mode 700 that
+#     only this account enters; pg_hba.conf is rewritten so at every start,
+#     which also closes a cluster an older dev.sh made with trust over TCP),
+#     a private redis-server (127.0.0.1, port 56379 or a
 #     free one, ACL file with the default user off, AOF everysec), builds ./bin,
 #     runs `hanctl migrate` and `hanctl seed demo`, starts bin/han-gateway on
 #     HAN_HTTP_ADDR (default 127.0.0.1:8080, a free port when that is busy) and
@@ -126,7 +133,7 @@ env)
 		# shellcheck source=/dev/null
 		. "$DATA/secrets.env"
 		for v in HAN_BASE_URL DATABASE_URL REDIS_URL REDIS_REALTIME_URL HAN_ENV \
-			HAN_JWT_DEV_HS256_SECRET HAN_HMAC_SECRET HAN_REDIS_API_PASSWORD; do
+			HAN_JWT_DEV_HS256_SECRET HAN_HMAC_SECRET HAN_REDIS_API_PASSWORD HAN_DEV_PG_PASSWORD; do
 			printf 'export %s=%q\n' "$v" "${!v:-}"
 		done
 		# A cluster stack's second gateway, and both as one list.
@@ -228,6 +235,32 @@ fi
 PSQL="$PGBIN/psql"
 [ -x "$PSQL" ] || PSQL="$(command -v psql)" || han_die "psql not found (install postgresql-client)"
 
+# pg_write_hba: who may connect, rewritten before every start (so a cluster
+# an older dev.sh made with trust over TCP is closed too). 127.0.0.1 is
+# reachable by every account on the machine and a TCP connection carries no
+# OS identity: there the password is required. The unix socket is in
+# $PGBASE, mode 700, which only this account (and root) enters: there the
+# tools of dev.sh connect without one.
+pg_write_hba() {
+	cat >"$PGDATA/pg_hba.conf" <<'EOT' || han_die "cannot write pg_hba.conf in $PGDATA"
+# Written by scripts/dev.sh at every start; edits here are lost.
+# TYPE  DATABASE  USER  ADDRESS       METHOD
+local   all       all                 trust
+host    all       all   127.0.0.1/32  scram-sha-256
+host    all       all   ::1/128       scram-sha-256
+EOT
+}
+
+# pg_set_password: give postgres the password of secrets.env, over the
+# socket and on psql's stdin (never in a process's arguments). A cluster an
+# older dev.sh made has none yet; a regenerated secrets.env brings a new one.
+pg_set_password() {
+	"${psql_[@]}" >/dev/null <<EOT || han_die "could not set the password of postgres; see $PGBASE/postgres.log"
+SET log_statement = 'none';
+ALTER ROLE postgres PASSWORD '$HAN_DEV_PG_PASSWORD';
+EOT
+}
+
 gw_pid=""
 gw2_pid=""
 redis_pid=""
@@ -326,6 +359,7 @@ SECRETS="$DATA/secrets.env"
 	grep -q '^HAN_JWT_DEV_HS256_SECRET=' "$SECRETS" || echo "HAN_JWT_DEV_HS256_SECRET=$(han_random_hex 24)" >>"$SECRETS"
 	grep -q '^HAN_HMAC_SECRET=' "$SECRETS" || echo "HAN_HMAC_SECRET=$(han_random_hex 32)" >>"$SECRETS"
 	grep -q '^HAN_REDIS_API_PASSWORD=' "$SECRETS" || echo "HAN_REDIS_API_PASSWORD=$(han_random_hex 32)" >>"$SECRETS"
+	grep -q '^HAN_DEV_PG_PASSWORD=' "$SECRETS" || echo "HAN_DEV_PG_PASSWORD=$(han_random_hex 32)" >>"$SECRETS"
 	if [ "$cluster" = 1 ]; then
 		grep -q '^HAN_REDIS_ADMIN_PASSWORD=' "$SECRETS" || echo "HAN_REDIS_ADMIN_PASSWORD=$(han_random_hex 32)" >>"$SECRETS"
 	fi
@@ -357,9 +391,21 @@ han_log "built bin/han-gateway, bin/hanctl, bin/han-loadtest"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
 	rm -rf "$PGDATA"
 	han_log "initdb $PGDATA"
-	pg_run "$PGBIN/initdb" -D "$PGDATA" -A trust -U postgres -E UTF8 --locale=C >"$DATA/logs/initdb.log" 2>&1 ||
+	# The password reaches initdb in a file only the cluster's owner reads,
+	# never in its arguments (ps shows those to every account).
+	(
+		umask 077
+		printf '%s\n' "$HAN_DEV_PG_PASSWORD" >"$PGBASE/initdb.pw"
+	)
+	[ "$is_root" = 1 ] && chown postgres: "$PGBASE/initdb.pw"
+	pg_run "$PGBIN/initdb" -D "$PGDATA" --auth-local=trust --auth-host=scram-sha-256 --pwfile="$PGBASE/initdb.pw" \
+		-U postgres -E UTF8 --locale=C >"$DATA/logs/initdb.log" 2>&1 || {
+		rm -f "$PGBASE/initdb.pw"
 		han_die "initdb failed: $(tail -n 5 "$DATA/logs/initdb.log")"
+	}
+	rm -f "$PGBASE/initdb.pw"
 fi
+pg_write_hba
 # attempt_port N PORT: the port for start attempt N of a server: PORT (or a
 # free one when it is busy) first, then any free port, since the one tried
 # was taken between the pick and the server's bind.
@@ -378,12 +424,15 @@ for attempt in 1 2 3 4 5; do
 done
 [ "$pg_started" = 1 ] || han_die "could not start PostgreSQL; see $PGBASE/postgres.log"
 han_log "PostgreSQL on 127.0.0.1:$pg_port ($PGDATA)"
-psql_=("$PSQL" -X -q -w -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -v ON_ERROR_STOP=1)
+# Over the unix socket: the one way in without the password.
+psql_=("$PSQL" -X -q -w -h "$PGBASE" -p "$pg_port" -U postgres -d postgres -v ON_ERROR_STOP=1)
+pg_set_password
 if [ "$("${psql_[@]}" -tAc "SELECT 1 FROM pg_database WHERE datname = 'han'")" != 1 ]; then
 	"${psql_[@]}" -c 'CREATE DATABASE han' || han_die "CREATE DATABASE han failed"
 	han_log "created database han"
 fi
-export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/han?sslmode=disable"
+# The password is hex: nothing in it needs escaping in a URL.
+export DATABASE_URL="postgres://postgres:$HAN_DEV_PG_PASSWORD@127.0.0.1:$pg_port/han?sslmode=disable"
 
 # --- Redis ------------------------------------------------------------------------
 if [ "$cluster" = 1 ]; then
@@ -624,7 +673,8 @@ cat <<EOF
 HAN dev stack is up
   web client   $BASE/
   API          $BASE/v1   (health: $BASE/healthz  $BASE/readyz  $BASE/metrics)
-  PostgreSQL   $DATABASE_URL   (data $PGDATA)
+  PostgreSQL   127.0.0.1:$pg_port, database han, user postgres (password: HAN_DEV_PG_PASSWORD in .data/secrets.env;
+               the whole URL is DATABASE_URL of scripts/dev.sh --env; data $PGDATA)
 $(stack_lines)
 
 Demo data (also in .data/demo.json; tokens valid $token_ttl (HAN_DEV_TOKEN_TTL), fresh ones below):
