@@ -21,6 +21,10 @@ type PGConfig struct {
 	// Zero value: what the URL's default_query_exec_mode says, else
 	// cache_statement.
 	ExecMode pgx.QueryExecMode
+	// URLName is the variable that holds the URL, named when the URL does
+	// not parse (the URL itself is never quoted: it holds a password).
+	// Zero value: DATABASE_URL.
+	URLName string
 }
 
 // ParseExecMode reads HAN_DB_EXEC_MODE. The empty string means "keep the
@@ -64,7 +68,11 @@ func ParseExecMode(s string) (pgx.QueryExecMode, error) {
 func OpenPG(ctx context.Context, url string, c PGConfig) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, errors.New("store: invalid DATABASE_URL")
+		name := c.URLName
+		if name == "" {
+			name = "DATABASE_URL"
+		}
+		return nil, fmt.Errorf("store: invalid %s", name)
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = 20

@@ -48,7 +48,7 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	if err != nil {
 		return nil, err
 	}
-	pool, err := store.OpenPG(ctx, u, store.PGConfig{MaxConns: 4, MinConns: 1, ExecMode: mode})
+	pool, err := store.OpenPG(ctx, u, store.PGConfig{MaxConns: 4, MinConns: 1, ExecMode: mode, URLName: name})
 	if err != nil {
 		return nil, err
 	}
@@ -56,9 +56,35 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s", name)
+		return nil, connectError(name, err)
 	}
 	return pool, nil
+}
+
+// refusals says in words what the SQLSTATEs a server most often refuses a
+// connection with mean.
+var refusals = map[string]string{
+	"pg:3D000": "the database does not exist",
+	"pg:28P01": "wrong password",
+	"pg:28000": "the role does not exist or pg_hba.conf refuses it",
+	"pg:53300": "too many connections",
+	"pg:57P03": "the server is starting up or shutting down",
+}
+
+// connectError is a failed first connection over the URL in variable name:
+// a server that answered and refused it (its SQLSTATE) or one not reached
+// (the network error's kind). Never the error's text: pgx quotes the user,
+// host and database, and a password written without percent-encoding ends
+// up there.
+func connectError(name string, err error) error {
+	kind := store.Kind(err)
+	if !strings.HasPrefix(kind, "pg:") {
+		return fmt.Errorf("cannot reach PostgreSQL at %s (%s)", name, kind)
+	}
+	if why := refusals[kind]; why != "" {
+		kind += ": " + why
+	}
+	return fmt.Errorf("PostgreSQL refused the connection over %s (%s)", name, kind)
 }
 
 // defaultDBTimeout is how long a PostgreSQL command (migrate, seed demo,
