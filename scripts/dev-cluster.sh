@@ -81,8 +81,9 @@ cluster_start() {
 	command -v redis-cli >/dev/null 2>&1 || han_die "redis-cli not found (install the redis-tools package)"
 	mkdir -p "$CLUSTER_DIR"
 	chmod 700 "$CLUSTER_DIR"
-	bin/hanctl redis acl --cluster --out "$CLUSTER_DIR/users.acl" || han_die "hanctl redis acl --cluster failed"
-	printf 'user %s on >%s ~* &* +@all\n' "$CLUSTER_ADMIN_USER" "$HAN_REDIS_ADMIN_PASSWORD" >>"$CLUSTER_DIR/users.acl"
+	# The admin user: its password from HAN_REDIS_ADMIN_PASSWORD (exported).
+	bin/hanctl redis acl --cluster --admin-user "$CLUSTER_ADMIN_USER" --out "$CLUSTER_DIR/users.acl" >/dev/null ||
+		han_die "hanctl redis acl --cluster failed"
 	for ((n = 1; n <= CLUSTER_NODES; n++)); do
 		# A port found free can be taken before the node binds it: then
 		# retry on free ones.

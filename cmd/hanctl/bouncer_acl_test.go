@@ -38,7 +38,7 @@ func TestMigrateTwiceThroughPgBouncer(t *testing.T) {
 // an existing world-readable file makes it private too.
 func TestRedisACLOutFileIsPrivate(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "users.acl")
-	if err := os.WriteFile(path, []byte("# previous rendering\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("user default off\n") /* a previous rendering */, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(path, 0o644); err != nil {
@@ -84,7 +84,7 @@ func TestRedisACLOutFileKeepsItsOwner(t *testing.T) {
 		}
 	}
 	path := filepath.Join(t.TempDir(), "users.acl")
-	if err := os.WriteFile(path, []byte("# previous rendering\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("user default off\n") /* a previous rendering */, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chown(path, uid, gid); err != nil {

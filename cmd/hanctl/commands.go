@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"github.com/han-app/gateway/internal/config"
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
-	"github.com/han-app/gateway/store/rds"
 )
 
 type multi []string
@@ -361,44 +359,6 @@ func seedDemo(db *dbCommand) error {
 	}
 	return db.check("create demo project", st.CreateProject(ctx, demoProject, "Demo project", []store.ProjectMember{
 		{UserID: demoAlice, Role: store.RoleAdmin}, {UserID: demoBob, Role: store.RoleRead}}))
-}
-
-// cmdRedisACL renders the ACL file. The api_backend password comes from
-// HAN_REDIS_API_PASSWORD or, failing that, from REDIS_URL's userinfo;
-// whether DB0 and DB1 share an instance is read from the two URLs unless
-// --separate-instances says so. --cluster (or a cluster URL in REDIS_URL or
-// REDIS_REALTIME_URL) renders the file every node of a Redis Cluster loads.
-func cmdRedisACL(args []string, getenv func(string) string, out io.Writer) error {
-	fs := flag.NewFlagSet("redis acl", flag.ContinueOnError)
-	separate := fs.Bool("separate-instances", false, "DB0 and DB1 are separate instances: deny SELECT")
-	cluster := fs.Bool("cluster", false, "render the ACL of a Redis Cluster node (load it on every node)")
-	outFile := fs.String("out", "", "write to FILE (mode 0600) instead of stdout")
-	if err := parseFlags(fs, args, out); err != nil {
-		return err
-	}
-	if rds.IsClusterURL(getenv("REDIS_URL")) || rds.IsClusterURL(getenv("REDIS_REALTIME_URL")) {
-		*cluster = true
-	}
-	pw := getenv("HAN_REDIS_API_PASSWORD")
-	if pw == "" && getenv("REDIS_URL") != "" {
-		if u, err := url.Parse(getenv("REDIS_URL")); err == nil && u.User != nil {
-			pw, _ = u.User.Password()
-		}
-	}
-	if pw == "" {
-		return errors.New("set HAN_REDIS_API_PASSWORD (or a password in REDIS_URL)")
-	}
-	sep := *separate
-	if !sep && getenv("REDIS_URL") != "" && getenv("REDIS_REALTIME_URL") != "" {
-		sep = !config.SameRedisInstance(getenv("REDIS_URL"), getenv("REDIS_REALTIME_URL"))
-	}
-	text := rds.RenderACL(rds.ACLOptions{APIBackendPassword: pw, SeparateInstances: sep, Cluster: *cluster,
-		LegacyStubPassword: getenv("HAN_LEGACY_STUB_PASSWORD")})
-	if *outFile != "" {
-		return writePrivate(*outFile, []byte(text))
-	}
-	_, err := io.WriteString(out, text)
-	return err
 }
 
 // writePrivate replaces file with data readable by its owner only (0600),

@@ -6,7 +6,7 @@
 //	hanctl project create --name NAME [--id UUID [--update]] --member UUID:read|write|admin ... [--timeout 5m]
 //	hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h] [--timeout 5m]
 //	hanctl seed demo [--timeout 5m]
-//	hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
+//	hanctl redis acl [--separate-instances] [--cluster] [--admin-user NAME] [--out FILE [--force]]
 //	hanctl redis cutover [--force]     (HAN_REDIS_ADMIN_URL)
 //	hanctl redis verify                (HAN_REDIS_ADMIN_URL)
 //	hanctl sizing [--identities N ...] [--sample]
@@ -53,7 +53,7 @@ const usage = `usage:
   hanctl project create --name NAME [--id UUID [--update]] --member UUID:read|write|admin [--member ...] [--timeout 5m]
   hanctl project legacy-import --project UUID --file entries.json [--container-ttl 1h] [--timeout 5m]
   hanctl seed demo [--timeout 5m]
-  hanctl redis acl [--separate-instances] [--cluster] [--out FILE]
+  hanctl redis acl [--separate-instances] [--cluster] [--admin-user NAME] [--out FILE [--force]]
   hanctl redis cutover [--force]   (HAN_REDIS_ADMIN_URL; removes the legacy DB2 stub)
   hanctl redis verify              (HAN_REDIS_ADMIN_URL; no stub left, TTL rules hold)
   hanctl sizing [--identities N ...] [--sample]
@@ -153,11 +153,13 @@ var commandHelp = map[string]struct{ about, env string }{
 			"  HAN_JWT_DEV_HS256_SECRET  required, at least 32 bytes\n" +
 			"  HAN_ENV                   prod refuses dev tokens\n" +
 			"  HAN_JWT_ISSUER, HAN_JWT_AUDIENCE  set the iss / aud claims"},
-	"redis acl": {"Renders the Redis ACL file.",
+	"redis acl": {"Renders the Redis ACL file: default (off), api_backend, legacy_stub and an admin user. With --out, the users of\n" +
+		"FILE it does not render (an admin, a monitoring user) are kept as they are; dropping a user of FILE needs --force.",
 		"  HAN_REDIS_API_PASSWORD    api_backend password (default: the password in REDIS_URL)\n" +
 			"  REDIS_URL, REDIS_REALTIME_URL  two different servers: SELECT is denied;\n" +
 			"                            a cluster URL (addr= seeds) implies --cluster\n" +
-			"  HAN_LEGACY_STUB_PASSWORD  adds the legacy_stub user"},
+			"  HAN_LEGACY_STUB_PASSWORD  adds the legacy_stub user\n" +
+			"  HAN_REDIS_ADMIN_PASSWORD  the --admin-user password (default: the password in HAN_REDIS_ADMIN_URL if its user is that NAME)"},
 	"redis cutover": {"Removes the legacy DB2 safety stub: the legacy_stub ACL user (closing its connections), then its keys.",
 		"  HAN_REDIS_ADMIN_URL       required: an admin connection to the Redis server"},
 	"redis verify": {"Checks that no stub is left and every key carries its TTL.",

@@ -42,8 +42,26 @@ type ACLOptions struct {
 	Cluster bool
 	// LegacyStubPassword, when set, adds the legacy_stub user (han:stub:*).
 	LegacyStubPassword string
-	// Extra lines appended verbatim (the test harness adds its admin user).
+	// AdminUser, when set, adds an administrator of that name with every
+	// command, key and channel (AdminRule): the operator's user for ACL
+	// LOAD, CONFIG, the hanctl admin commands and a replica's masteruser.
+	// AdminPassword is stored as a SHA-256 digest, never in clear text.
+	AdminUser, AdminPassword string
+	// Extra lines appended verbatim (the test harness adds its admin user;
+	// hanctl the lines of the users it does not render, kept from the file
+	// it replaces).
 	Extra []string
+}
+
+// OwnedUsers are the users RenderACL renders from its options: a file it
+// replaces keeps its other users only if they are passed back as Extra.
+// legacy_stub is one of them even when not rendered.
+func (o ACLOptions) OwnedUsers() []string {
+	u := []string{"default", APIBackendUser, LegacyStubUser}
+	if o.AdminUser != "" {
+		u = append(u, o.AdminUser)
+	}
+	return u
 }
 
 // RenderACL renders an ACL file for redis-server's aclfile directive. The
@@ -69,6 +87,9 @@ func RenderACL(o ACLOptions) string {
 	if o.LegacyStubPassword != "" {
 		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels ~han:stub:* -@all +@read +@write +@scripting +@connection -@dangerous +time%s\n",
 			LegacyStubUser, passwordDigest(o.LegacyStubPassword), ServerScriptDenials)
+	}
+	if o.AdminUser != "" {
+		b.WriteString(AdminRule(o.AdminUser, o.AdminPassword) + "\n")
 	}
 	for _, l := range o.Extra {
 		b.WriteString(l)
@@ -104,6 +125,38 @@ func APIBackendRule(password string, separateInstances bool) string {
 		b.WriteString(" -select")
 	}
 	return b.String()
+}
+
+// AdminRule renders the ACL rule line of an administrator: every command,
+// key and channel.
+func AdminRule(name, password string) string {
+	return fmt.Sprintf("user %s on #%s ~* &* +@all", name, passwordDigest(password))
+}
+
+// ACLFileUser is one user line of an ACL file.
+type ACLFileUser struct {
+	Name string
+	Line string // the whole line, as in the file
+}
+
+// ParseACLFile lists the users of an ACL file in their order. Every line
+// that is not blank must be a user line ("user NAME rules…"), as
+// redis-server requires; the error names the first that is not by its
+// number only (a line may hold a password).
+func ParseACLFile(text string) ([]ACLFileUser, error) {
+	var users []ACLFileUser
+	for i, l := range strings.Split(text, "\n") {
+		l = strings.TrimRight(l, "\r")
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) < 2 || f[0] != "user" {
+			return nil, fmt.Errorf("line %d is not a user line", i+1)
+		}
+		users = append(users, ACLFileUser{Name: f[1], Line: strings.TrimSpace(l)})
+	}
+	return users, nil
 }
 
 func passwordDigest(p string) string {
