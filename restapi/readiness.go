@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/han-app/gateway/store"
 )
 
@@ -21,7 +23,13 @@ type readyChecks struct {
 	postgres, redis, redisRealtime *readyCheck
 }
 
-func (s *Server) initReadiness() {
+// initReadiness sets up the checks and exports the PostgreSQL one as
+// han_postgres_up, so an outage shows in metrics whatever the traffic (with
+// no request arriving, no request fails). A scrape takes the check's
+// shared result like a probe does: it adds no ping beyond one a second on
+// the readiness connection, never queues the load balancer's probe behind
+// its own, and waits at most ReadyTimeout for a stalled PostgreSQL.
+func (s *Server) initReadiness() error {
 	s.ready.postgres = newReadyCheck(s.cfg.ReadyTimeout, s.readyPG.Ping)
 	if s.rdb != nil {
 		s.ready.redis = newReadyCheck(s.cfg.ReadyTimeout, func(ctx context.Context) error { return s.rdb.Ping(ctx).Err() })
@@ -29,6 +37,14 @@ func (s *Server) initReadiness() {
 	if s.rt != nil {
 		s.ready.redisRealtime = newReadyCheck(s.cfg.ReadyTimeout, func(ctx context.Context) error { return s.rt.Ping(ctx).Err() })
 	}
+	return s.metrics.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "han_postgres_up",
+		Help: "1 when PostgreSQL answered the readiness check's ping (its own connection, shared with /readyz) at scrape time."},
+		func() float64 {
+			if s.ready.postgres.up(context.Background()) {
+				return 1
+			}
+			return 0
+		}))
 }
 
 // readyCheck is one dependency's check, shared by every readiness probe:

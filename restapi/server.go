@@ -186,7 +186,9 @@ func NewServer(d Deps) (*Server, error) {
 	if s.readyPG == nil {
 		s.readyPG = d.Store
 	}
-	s.initReadiness()
+	if err := s.initReadiness(); err != nil { // readiness.go
+		return nil, err
+	}
 	if s.limiter == nil && d.RateLimits != nil {
 		s.limiter = &redisRateLimiter{s: s, l: d.RateLimits}
 	}

@@ -18,8 +18,12 @@ import (
 // opsCollector reads, at scrape time, what no request path counts: the
 // outbox backlog in PostgreSQL and each Redis database's reachability and
 // INFO figures (clients and their output buffers — Pub/Sub subscribers
-// included —, memory, evictions). Each probe has its own short timeout; a
-// failed probe reports up=0 and skips that database's INFO families.
+// included —, memory, evictions). PostgreSQL and Redis are read side by
+// side, each within the timeout, so a stalled PostgreSQL does not use up
+// the Redis probes' time and read as Redis down. A failed Redis probe
+// reports up=0 and skips that database's INFO families; a backlog that
+// could not be counted is left out, not guessed (han_postgres_up, from the
+// readiness check, says whether PostgreSQL answers).
 // Labels: db ("0" or "1") only. The readings are taken at most once every
 // opsReadEvery and shared by the scrapes in between (a scrape during a
 // reading waits for it): /metrics may be public (on HAN_HTTP_ADDR when
@@ -43,7 +47,7 @@ func newOpsCollector(st *store.Store, db0, db1 redis.UniversalClient, timeout ti
 	}
 	db := []string{"db"}
 	return &opsCollector{store: st, dbs: [2]redis.UniversalClient{db0, db1}, timeout: timeout,
-		outbox:         prometheus.NewDesc("han_outbox_backlog", "Outbox rows not yet delivered to Pub/Sub (PostgreSQL).", nil, nil),
+		outbox:         prometheus.NewDesc("han_outbox_backlog", "Outbox rows not yet delivered to Pub/Sub (PostgreSQL); absent when they could not be counted.", nil, nil),
 		up:             prometheus.NewDesc("han_redis_up", "1 when the Redis database answered PING at scrape time (degraded state when 0).", db, nil),
 		clients:        prometheus.NewDesc("han_redis_connected_clients", "INFO clients connected_clients of the Redis server behind the database.", db, nil),
 		pubsubChannels: prometheus.NewDesc("han_redis_pubsub_channels", "INFO stats pubsub_channels: channels with at least one subscriber.", db, nil),
@@ -85,14 +89,23 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// read takes the readings: the outbox backlog, then each Redis database's
-// reachability and INFO figures, all within c.timeout.
+// read takes the readings, PostgreSQL's and Redis's side by side, all
+// within c.timeout.
 func (c *opsCollector) read(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	if n, err := c.store.OutboxPending(ctx); err == nil {
-		ch <- prometheus.MustNewConstMetric(c.outbox, prometheus.GaugeValue, float64(n))
-	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if n, err := c.store.OutboxPending(ctx); err == nil {
+			ch <- prometheus.MustNewConstMetric(c.outbox, prometheus.GaugeValue, float64(n))
+		}
+	})
+	c.readRedis(ctx, ch)
+	wg.Wait()
+}
+
+// readRedis reads each Redis database's reachability and INFO figures.
+func (c *opsCollector) readRedis(ctx context.Context, ch chan<- prometheus.Metric) {
 	for i, rdb := range c.dbs {
 		if rdb == nil {
 			continue

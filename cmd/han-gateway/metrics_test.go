@@ -108,9 +108,11 @@ var requiredFamilies = []string{
 	"han_pubsub_canary_lag_seconds",                   // canary lag
 	"han_redis_client_recent_max_output_buffer_bytes", // output buffers from INFO clients
 	"han_redis_connected_clients",
-	"han_outbox_backlog",      // outbox backlog
-	"han_outbox_marks_total",  // delivered marks written in batches
-	"han_outbox_purged_total", // delivered rows purged after the retention
+	"han_outbox_backlog",              // outbox backlog
+	"han_outbox_relay_failures_total", // failed relay runs (PostgreSQL or Redis out)
+	"han_postgres_up",                 // PostgreSQL reachability, read at scrape time
+	"han_outbox_marks_total",          // delivered marks written in batches
+	"han_outbox_purged_total",         // delivered rows purged after the retention
 	"han_outbox_undelivered_past_retention",
 	"han_dependency_errors_total",       // Redis and PostgreSQL errors by kind
 	"han_redis_db0_degraded",            // degraded state
