@@ -71,24 +71,27 @@ func init() {
 			tid, 4096, 16, 0).Err()
 	}
 	invocations["project/topic_budget_reserve"] = func(ctx context.Context, c redis.Scripter) error {
-		return lua.ProjectTopicBudgetReserve.Run(ctx, c, []string{m + "budget", m + "resv", m + "projects"}, "r1", 100, 1<<20, "p").Err()
+		return lua.ProjectTopicBudgetReserve.Run(ctx, c, []string{m + "budget", m + "resv", m + "projects", m + "seen"}, "r1", 100, 1<<20, "p").Err()
 	}
 	invocations["project/topic_budget_settle"] = func(ctx context.Context, c redis.Scripter) error {
 		return lua.ProjectTopicBudgetSettle.Run(ctx, c, []string{m + "budget", m + "resv"}, "r1", 100, 0, 0).Err()
 	}
 	invocations["project/topic_budget_lease"] = func(ctx context.Context, c redis.Scripter) error {
-		keys := []string{m + "budget", m + "resv", m + "leases", m + "projects"}
-		res, err := lua.ProjectTopicBudgetLease.Run(ctx, c, keys, "", 0, 0, 0, "l1", 65536, 10000, 1<<20, 1<<16, 100, "p").Int64Slice()
+		keys := []string{m + "budget", m + "resv", m + "leases", m + "projects", m + "seen"}
+		res, err := lua.ProjectTopicBudgetLease.Run(ctx, c, keys, "", 0, 0, 0, "l1", 65536, 10000, 1<<20, 1<<16, 100, "p", "q").Int64Slice()
 		if err != nil || res[0] != 2 {
 			return fmt.Errorf("take: %v %v", res, err)
 		}
 		return lua.ProjectTopicBudgetLease.Run(ctx, c, keys, "l1", 100, 0, res[1], "", 0, 10000, 1<<20, 1<<16, 0, "p").Err()
 	}
 	invocations["project/topic_budget_reconcile"] = func(ctx context.Context, c redis.Scripter) error {
-		keys := []string{m + "budget", m + "resv", m + "leases"}
+		keys := []string{m + "budget", m + "resv", m + "leases", m + "projects", m + "seen"}
 		res, err := lua.ProjectTopicBudgetReconcile.Run(ctx, c, keys, "begin", 60000, 60000).Int64Slice()
 		if err != nil || res[0] != 1 {
 			return fmt.Errorf("begin: %v %v", res, err)
+		}
+		if err := lua.ProjectTopicBudgetReconcile.Run(ctx, c, keys, "prune", res[1], 0, "p", "q").Err(); err != nil {
+			return fmt.Errorf("prune: %w", err)
 		}
 		return lua.ProjectTopicBudgetReconcile.Run(ctx, c, keys, "end", res[1], 0).Err()
 	}

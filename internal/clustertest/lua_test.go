@@ -91,7 +91,7 @@ func TestKeyBuildersShareOneTagPerCall(t *testing.T) {
 			k.Topics(), k.TopicNames(), k.Subscriptions(), k.Budget(), k.Dedupe(), k.DedupeExpiry(),
 			k.TopicStream(p.topic()), k.TopicSubscriptions(p.topic()), k.TopicOpen(p.topic()), k.TopicDone(p.topic()),
 			k.Receipts(p.sub()), k.Leases(p.sub())},
-		"module":   {m.Budget(), m.Reservations(), m.Leases(), m.Projects()},
+		"module":   {m.Budget(), m.Reservations(), m.Leases(), m.Projects(), m.Seen()},
 		"idem":     idemKeys(p),
 		"presence": {presence.ConnKey(p.user(), "c1"), presence.ConnKey(p.user(), "c2"), presence.UserConnsKey(p.user()), presence.OnlineKey(p.user())},
 		"instance": {presence.InstanceKey(p.instance()), presence.InstanceConnsKey(p.instance())},

@@ -104,7 +104,7 @@ func init() {
 		},
 		"project/topic_budget_reserve": func(ctx context.Context, c redis.Scripter, p place) error {
 			m := p.module()
-			return lua.ProjectTopicBudgetReserve.Run(ctx, c, []string{m.Budget(), m.Reservations(), m.Projects()}, "r1", 100, 1<<20, "p").Err()
+			return lua.ProjectTopicBudgetReserve.Run(ctx, c, []string{m.Budget(), m.Reservations(), m.Projects(), m.Seen()}, "r1", 100, 1<<20, "p").Err()
 		},
 		"project/topic_budget_settle": func(ctx context.Context, c redis.Scripter, p place) error {
 			m := p.module()
@@ -112,8 +112,8 @@ func init() {
 		},
 		"project/topic_budget_lease": func(ctx context.Context, c redis.Scripter, p place) error {
 			m := p.module()
-			keys := []string{m.Budget(), m.Reservations(), m.Leases(), m.Projects()}
-			res, err := lua.ProjectTopicBudgetLease.Run(ctx, c, keys, "", 0, 0, 0, "l1", 65536, 10000, 1<<20, 1<<16, 100, "p").Int64Slice()
+			keys := []string{m.Budget(), m.Reservations(), m.Leases(), m.Projects(), m.Seen()}
+			res, err := lua.ProjectTopicBudgetLease.Run(ctx, c, keys, "", 0, 0, 0, "l1", 65536, 10000, 1<<20, 1<<16, 100, "p", "q").Int64Slice()
 			if err != nil || res[0] != 2 {
 				return fmt.Errorf("take: %v %v", res, err)
 			}
@@ -121,10 +121,13 @@ func init() {
 		},
 		"project/topic_budget_reconcile": func(ctx context.Context, c redis.Scripter, p place) error {
 			m := p.module()
-			keys := []string{m.Budget(), m.Reservations(), m.Leases()}
+			keys := []string{m.Budget(), m.Reservations(), m.Leases(), m.Projects(), m.Seen()}
 			res, err := lua.ProjectTopicBudgetReconcile.Run(ctx, c, keys, "begin", 60000, 60000).Int64Slice()
 			if err != nil || res[0] != 1 {
 				return fmt.Errorf("begin: %v %v", res, err)
+			}
+			if err := lua.ProjectTopicBudgetReconcile.Run(ctx, c, keys, "prune", res[1], 0, "p", "q").Err(); err != nil {
+				return fmt.Errorf("prune: %w", err)
 			}
 			return lua.ProjectTopicBudgetReconcile.Run(ctx, c, keys, "end", res[1], 0).Err()
 		},

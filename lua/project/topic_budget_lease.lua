@@ -24,6 +24,7 @@
 -- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
 -- KEYS[3] leases    han:prj:{<env>:module}:leases    HASH lease id -> "<amount>:<expires ms>"
 -- KEYS[4] projects  han:prj:{<env>:module}:projects  SET project ids holding reliable bytes (for reconcile)
+-- KEYS[5] seen      han:prj:{<env>:module}:seen      HASH project id -> ms of the last call that named it
 -- ARGV[1] id of the lease returned, '' for none
 -- ARGV[2] bytes the project scripts added under it (>= 0)
 -- ARGV[3] bytes they released under it (>= 0)
@@ -35,13 +36,22 @@
 -- ARGV[9] bytes no lease may take: the last part of the cap is reserved exactly
 -- ARGV[10] exact reservation to make when no lease is granted (0: none)
 -- ARGV[11] project id of the write that asks
+-- ARGV[12..] project ids the new lease may also draw for (those the
+--          instance drew for on its previous lease), used only when a
+--          lease is granted
+-- Every project id the call grants bytes for (the asker's, and with a
+-- lease the others) is added to the projects SET and stamped with the
+-- time of the call: the instance draws for a project only on a lease
+-- whose call named it, and for 5 s at most, so the reconcile, which drops
+-- ids whose stamp is old and whose budget it read empty, never drops one
+-- a write may still fill.
 -- Returns {outcome, gen, committed, reserved, leased}: outcome 2 = lease
 -- granted, 1 = exact reservation made, 0 = neither.
 -- Structure: every key the call writes is read first (the budget with
--- HMGET, a returned lease's entry with HGET, the projects SET with
--- SISMEMBER) or, when only written, checked with TYPE, all before the
--- first write, so a key of the wrong type fails (WRONGTYPE, which the
--- caller maps to data_state_invalid) or is refused with nothing written.
+-- HMGET, a returned lease's entry with HGET) or, when only written,
+-- checked with TYPE, all before the first write, so a key of the wrong
+-- type fails (WRONGTYPE, which the caller maps to data_state_invalid) or
+-- is refused with nothing written.
 -- Numbers go to Redis as integer text (string.format), not through Lua's
 -- floating-point formatting.
 -- Errors: "ERR data_state_invalid" (nothing written).
@@ -91,7 +101,6 @@ if ARGV[5] ~= '' then
     outcome = 1
   end
 end
-local member = 1
 if outcome > 0 then
   if outcome == 2 and ARGV[1] == '' and not writable(KEYS[3], 'hash') then
     return redis.error_reply('ERR data_state_invalid')
@@ -99,7 +108,9 @@ if outcome > 0 then
   if outcome == 1 and not writable(KEYS[2], 'hash') then
     return redis.error_reply('ERR data_state_invalid')
   end
-  member = redis.call('SISMEMBER', KEYS[4], ARGV[11])
+  if not (writable(KEYS[4], 'set') and writable(KEYS[5], 'hash')) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
@@ -118,8 +129,13 @@ elseif outcome == 1 then
   redis.call('HSET', KEYS[2], ARGV[5], ARGV[10] .. ':' .. decimal(now))
   reserved = reserved + exact
 end
-if member == 0 then
-  redis.call('SADD', KEYS[4], ARGV[11])
+if outcome > 0 then
+  local last = outcome == 2 and #ARGV or 11
+  local stamp = decimal(now)
+  for i = 11, last do
+    redis.call('SADD', KEYS[4], ARGV[i])
+    redis.call('HSET', KEYS[5], ARGV[i], stamp)
+  end
 end
 redis.call('HSET', KEYS[1], 'committed', decimal(committed), 'reserved', decimal(reserved), 'leased', decimal(leased))
 return {outcome, gen, committed, reserved, leased}

@@ -21,19 +21,35 @@
 --          1), the sum holds an allowance for it in place of its unknown
 --          bytes, and committed is never raised on that account: it becomes
 --          the smaller of the two values, both of which never under-count.
+--   prune: between begin and end, for the ids the scan read with nothing
+--          held (budget missing or all zero): each leaves the projects SET
+--          when its last stamp (the time of the last reservation or lease
+--          call that named it, which stamps and adds it in the same script)
+--          is older than the window's start minus ARGV[3], the longest a
+--          write may still add bytes after such a call. Then every write
+--          the id's stamp allowed ended before the window opened, so before
+--          the scan read the id, and a write the scan could have missed has
+--          a newer stamp and keeps the id. An id without a stamp (added
+--          before stamps existed) is stamped now and kept. Only while the
+--          window is ours (gen = ARGV[2]): a newer window's start may
+--          follow the read.
 -- Never under-counts, so the budget never over-admits.
--- KEYS[1] budget  han:prj:{<env>:module}:budget  HASH committed, reserved, leased, gen, rstart, rpos
--- KEYS[2] resv    han:prj:{<env>:module}:resv    HASH reservation id -> "<amount>:<created ms>"
--- KEYS[3] leases  han:prj:{<env>:module}:leases  HASH lease id -> "<amount>:<expires ms>"
--- ARGV[1] 'begin' | 'end'
+-- KEYS[1] budget    han:prj:{<env>:module}:budget    HASH committed, reserved, leased, gen, rstart, rpos
+-- KEYS[2] resv      han:prj:{<env>:module}:resv      HASH reservation id -> "<amount>:<created ms>"
+-- KEYS[3] leases    han:prj:{<env>:module}:leases    HASH lease id -> "<amount>:<expires ms>"
+-- KEYS[4] projects  han:prj:{<env>:module}:projects  SET project ids holding reliable bytes (what the scan sums)
+-- KEYS[5] seen      han:prj:{<env>:module}:seen      HASH project id -> ms of the last call that named it
+-- ARGV[1] 'begin' | 'end' | 'prune'
 -- begin: ARGV[2] reservation age in ms after which it is dropped,
 --        ARGV[3] window age in ms after which a running reconcile is presumed dead
 -- end:   ARGV[2] gen returned by begin, ARGV[3] the scanned sum in bytes,
 --        ARGV[4] 1 when some project was unreadable (committed is not raised), else 0
--- Returns begin: {1, gen, dropped reservations and leases} | {0}; end: {1, committed before, committed after} | {0}.
+-- prune: ARGV[2] gen returned by begin, ARGV[3] grace in ms, ARGV[4..] project ids read empty
+-- Returns begin: {1, gen, dropped reservations and leases} | {0}; end: {1, committed before, committed after} | {0};
+-- prune: {1, ids removed} | {0}.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
-if not keyTypesMatch({'hash', 'hash', 'hash'}) then
+if not keyTypesMatch({'hash', 'hash', 'hash', 'set', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart', 'rpos', 'leased')
@@ -76,6 +92,20 @@ if ARGV[1] == 'begin' then
 end
 if rstart == 0 or gen ~= tonumber(ARGV[2]) then
   return {0}
+end
+if ARGV[1] == 'prune' then
+  local before, removed = rstart - tonumber(ARGV[3]), 0
+  for i = 4, #ARGV do
+    local id = ARGV[i]
+    local stamp = redis.call('HGET', KEYS[5], id)
+    if not stamp or not tonumber(stamp) then
+      redis.call('HSET', KEYS[5], id, string.format('%d', now))
+    elseif tonumber(stamp) < before then
+      removed = removed + redis.call('SREM', KEYS[4], id)
+      redis.call('HDEL', KEYS[5], id)
+    end
+  end
+  return {1, removed}
 end
 local after = tonumber(ARGV[3]) + rpos
 if ARGV[4] == '1' and committed < after then

@@ -55,7 +55,7 @@ type Reservation struct {
 // release a refused write may cause, e.g. its dedupe purge).
 func (b *ModuleBudget) Reserve(ctx context.Context, projectID string, amount int64) (r Reservation, granted bool, err error) {
 	id := newBudgetID()
-	res, err := lua.ProjectTopicBudgetReserve.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Projects()},
+	res, err := lua.ProjectTopicBudgetReserve.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Projects(), b.keys.Seen()},
 		id, amount, b.cap, projectID).Int64Slice()
 	if err != nil {
 		return Reservation{}, false, classifyProject(err)
@@ -139,6 +139,9 @@ type ReconcileResult struct {
 	// ids, the first unreadableIDsMax of them, are in UnreadableIDs.
 	Unreadable    int
 	UnreadableIDs []string
+	// Pruned counts the ids dropped from the projects SET: their budget
+	// held nothing and no reservation or lease named them for the grace.
+	Pruned int
 }
 
 // unreadableIDsMax bounds the unreadable project ids a reconcile reports.
@@ -158,8 +161,13 @@ const unreadableIDsMax = 32
 // of its current value (which never under-counts) and the sum with that
 // allowance. So it is not under-counted, and an over-count of the other
 // projects is still brought down.
+//
+// A project the scan reads with nothing held leaves the projects SET when
+// no reservation or lease call has named it for the grace (staleAfter, at
+// least the lease lifetime), so the SET, and the scan, hold only projects
+// that hold bytes or wrote lately.
 func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) (ReconcileResult, error) {
-	keys := []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases()}
+	keys := b.reconcileKeys()
 	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "begin", staleAfter.Milliseconds(),
 		reconcileWindow.Milliseconds()).Int64Slice()
 	if err != nil {
@@ -172,28 +180,9 @@ func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) 
 		return ReconcileResult{}, ErrDataStateInvalid
 	}
 	res := ReconcileResult{Ran: true, DroppedReservations: begin[2]}
-	var sum int64
-	var cursor uint64
-	for {
-		ids, next, err := b.rdb.SScan(ctx, b.keys.Projects(), cursor, "", 256).Result()
-		if err != nil {
-			return res, classifyProject(err)
-		}
-		n, unreadable, err := b.sumProjects(ctx, ids)
-		if err != nil {
-			return res, err
-		}
-		sum += n
-		res.Unreadable += len(unreadable)
-		res.Projects += len(ids) - len(unreadable)
-		for _, id := range unreadable {
-			if len(res.UnreadableIDs) < unreadableIDsMax {
-				res.UnreadableIDs = append(res.UnreadableIDs, id)
-			}
-		}
-		if cursor = next; cursor == 0 {
-			break
-		}
+	sum, err := b.scan(ctx, begin[1], max(staleAfter, moduleLeaseTTL), &res)
+	if err != nil {
+		return res, err
 	}
 	sum += int64(res.Unreadable) * ProjectBudgetBytes
 	end, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, keys, "end", begin[1], sum, b01(res.Unreadable > 0)).Int64Slice()
@@ -208,11 +197,68 @@ func (b *ModuleBudget) Reconcile(ctx context.Context, staleAfter time.Duration) 
 	return res, nil
 }
 
+func (b *ModuleBudget) reconcileKeys() []string {
+	return []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases(), b.keys.Projects(), b.keys.Seen()}
+}
+
+// scan sums the budgets of the projects SET, reconcileChunk ids per round
+// trip, and asks the window gen's reconcile to drop each chunk's ids read
+// with nothing held whose stamp is older than grace. It fills res's
+// counts.
+func (b *ModuleBudget) scan(ctx context.Context, gen int64, grace time.Duration, res *ReconcileResult) (int64, error) {
+	var sum int64
+	var cursor uint64
+	for {
+		ids, next, err := b.rdb.SScan(ctx, b.keys.Projects(), cursor, "", reconcileChunk).Result()
+		if err != nil {
+			return 0, classifyProject(err)
+		}
+		n, unreadable, empty, err := b.sumProjects(ctx, ids)
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+		res.Unreadable += len(unreadable)
+		res.Projects += len(ids) - len(unreadable)
+		for _, id := range unreadable {
+			if len(res.UnreadableIDs) < unreadableIDsMax {
+				res.UnreadableIDs = append(res.UnreadableIDs, id)
+			}
+		}
+		if len(empty) > 0 {
+			args := append([]any{"prune", gen, grace.Milliseconds()}, anys(empty)...)
+			pr, err := lua.ProjectTopicBudgetReconcile.Run(ctx, b.rdb, b.reconcileKeys(), args...).Int64Slice()
+			if err != nil {
+				return 0, classifyProject(err)
+			}
+			if len(pr) == 2 && pr[0] == 1 {
+				res.Pruned += int(pr[1])
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return sum, nil
+		}
+	}
+}
+
+// reconcileChunk is how many project ids the reconcile reads per round
+// trip.
+const reconcileChunk = 256
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
 // sumProjects sums the reliable bytes of the projects ids and returns the
 // ids of those whose budget it cannot read (a counter negative or not a
-// number, or a key of another type). A call Redis did not answer fails the
+// number, or a key of another type) and of those that hold nothing (no
+// budget, or every counter 0). A call Redis did not answer fails the
 // whole sum.
-func (b *ModuleBudget) sumProjects(ctx context.Context, ids []string) (sum int64, unreadable []string, err error) {
+func (b *ModuleBudget) sumProjects(ctx context.Context, ids []string) (sum int64, unreadable, empty []string, err error) {
 	cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, id := range ids {
 			p.HMGet(ctx, NewKeys(b.env, id).Budget(), "msg", "rcpt", "dd")
@@ -220,21 +266,23 @@ func (b *ModuleBudget) sumProjects(ctx context.Context, ids []string) (sum int64
 		return nil
 	})
 	if err != nil && rds.Unanswered(err) {
-		return 0, nil, classifyProject(err)
+		return 0, nil, nil, classifyProject(err)
 	}
 	for i, c := range cmds {
 		v, err := c.(*redis.SliceCmd).Result()
 		if err != nil && rds.Unanswered(err) {
-			return 0, nil, classifyProject(err)
+			return 0, nil, nil, classifyProject(err)
 		}
 		n, ok := projectBytes(v)
-		if err != nil || !ok {
+		switch {
+		case err != nil || !ok:
 			unreadable = append(unreadable, ids[i])
-			continue
+		case n == 0:
+			empty = append(empty, ids[i])
 		}
 		sum += n
 	}
-	return sum, unreadable, nil
+	return sum, unreadable, empty, nil
 }
 
 // projectBytes is the sum of one project's budget counters (a missing one
@@ -262,8 +310,9 @@ type BudgetReconcilerConfig struct {
 	// Interval between runs; zero value means 1m.
 	Interval time.Duration
 	// StaleReservation is the age after which an unsettled reservation
-	// is dropped; zero value means 5m (far beyond any request's Redis
-	// budget).
+	// is dropped, and how long a project that holds nothing stays in the
+	// reconcile's scan after the last reservation or lease naming it;
+	// zero value means 5m (far beyond any request's Redis budget).
 	StaleReservation time.Duration
 	// Timeout of one run; zero value means 30s.
 	Timeout time.Duration
@@ -312,9 +361,9 @@ func (r *BudgetReconciler) runOnce(ctx context.Context) {
 		r.logger.LogAttrs(ctx, slog.LevelWarn, "module budget reconcile skipped projects whose budget is unreadable",
 			slog.Int("unreadable", res.Unreadable), slog.Any("project_ids", res.UnreadableIDs),
 			slog.Int64("before", res.Before), slog.Int64("after", res.After), slog.Int("projects", res.Projects))
-	case err == nil && res.Ran && res.Before != res.After:
+	case err == nil && res.Ran && (res.Before != res.After || res.Pruned > 0):
 		r.logger.LogAttrs(ctx, slog.LevelInfo, "module budget reconciled", slog.Int64("before", res.Before),
-			slog.Int64("after", res.After), slog.Int("projects", res.Projects),
+			slog.Int64("after", res.After), slog.Int("projects", res.Projects), slog.Int("pruned", res.Pruned),
 			slog.String("dropped_reservations", strconv.FormatInt(res.DroppedReservations, 10)))
 	}
 }

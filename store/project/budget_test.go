@@ -101,7 +101,7 @@ func TestModuleBudgetProtocolAroundReconcile(t *testing.T) {
 	}
 
 	// A write settled while the reconcile scans is counted by its end.
-	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases()}
+	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases(), e.mk.Projects(), e.mk.Seen()}
 	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", time.Hour.Milliseconds(), time.Minute.Milliseconds()).Int64Slice()
 	if err != nil || begin[0] != 1 {
 		t.Fatalf("begin: %v %v", begin, err)
@@ -162,7 +162,7 @@ func TestModuleBudgetNeverUnderCountsBetweenReconcilePhases(t *testing.T) {
 		t.Fatalf("reserve the whole cap: %v %v", ok, err)
 	}
 	e.projectBytes(1 << 20) // the project script ran; the writer died before settling
-	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases()}
+	keys := []string{e.mk.Budget(), e.mk.Reservations(), e.mk.Leases(), e.mk.Projects(), e.mk.Seen()}
 	begin, err := lua.ProjectTopicBudgetReconcile.Run(ctx, e.rdb, keys, "begin", int64(-1), time.Minute.Milliseconds()).Int64Slice()
 	if err != nil || begin[0] != 1 || begin[2] != 1 {
 		t.Fatalf("begin: %v %v, want the stale reservation dropped", begin, err)

@@ -130,7 +130,8 @@ func (k Keys) SubscriptionPrefix(subID string) string { return k.prefix + "s:" +
 //	…:budget    HASH committed, reserved, leased, gen, rstart, rpos
 //	…:resv      HASH reservation id → "<amount>:<created ms>"
 //	…:leases    HASH lease id → "<amount>:<expires ms>"
-//	…:projects  SET  project ids that ever reserved bytes (the reconcile scan)
+//	…:projects  SET  project ids that may hold reliable bytes (the reconcile scan)
+//	…:seen      HASH project id → ms of the last reservation or lease call naming it
 type ModuleKeys struct {
 	prefix string
 }
@@ -149,6 +150,11 @@ func (m ModuleKeys) Leases() string { return m.prefix + "leases" }
 
 // Projects is the SET of project ids the reconcile job sums.
 func (m ModuleKeys) Projects() string { return m.prefix + "projects" }
+
+// Seen is the HASH project id → ms of the last reservation or lease call
+// that named it: the reconcile drops an id from Projects only once this
+// is old and its budget is empty.
+func (m ModuleKeys) Seen() string { return m.prefix + "seen" }
 
 // Prefix is han:prj:{<env>:module}:.
 func (m ModuleKeys) Prefix() string { return m.prefix }

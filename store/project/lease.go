@@ -45,6 +45,10 @@ const (
 	// of the lease is left, the write that sees it takes the next lease
 	// while the others still draw on the rest.
 	moduleLeaseAheadDivisor = 4
+	// moduleLeaseCarryMax bounds the projects a lease call names besides
+	// the asker's: those the instance drew for within moduleLeaseUse, which
+	// the next lease may then draw for without a call of their own.
+	moduleLeaseCarryMax = 512
 )
 
 // lease is one lease this instance holds; guarded by moduleLeases.mu.
@@ -57,6 +61,10 @@ type lease struct {
 	released int64     // bytes the scripts released
 	inflight int       // scripts drawing on it now
 	retired  bool      // replaced: returned when the last script is done
+	// projects are those it may draw for: the call that granted it named
+	// them, which added them to the module's projects SET and stamped them
+	// there, so the reconcile keeps them while the lease is drawn on.
+	projects map[string]struct{}
 	// drained, when set, is closed by the last script instead of
 	// returning the lease itself: the renewal waiting on it returns it.
 	drained chan struct{}
@@ -73,9 +81,12 @@ type moduleLeases struct {
 
 	mu         sync.Mutex
 	cur        *lease
-	renewing   *renewal            // the renewal in progress, if any
-	exactUntil time.Time           // a lease was refused: reserve exactly until then
-	known      map[string]struct{} // projects this instance added to the module's projects SET
+	renewing   *renewal  // the renewal in progress, if any
+	exactUntil time.Time // a lease was refused: reserve exactly until then
+	// drawnAt is when the instance last drew for each project (within
+	// moduleLeaseUse, 4×moduleLeaseCarryMax projects at most): the call
+	// that takes the next lease names them again.
+	drawnAt map[string]time.Time
 	// failedUntil: a renewal got no reply from Redis (failedErr); until
 	// then the writes that need a renewal fail with failedErr at once.
 	failedUntil time.Time
@@ -93,7 +104,44 @@ type renewal struct {
 }
 
 func newModuleLeases(mb *ModuleBudget, size int64, budget time.Duration) *moduleLeases {
-	return &moduleLeases{mb: mb, size: min(max(size, 0), ModuleLeaseMaxBytes), budget: budget, known: map[string]struct{}{}}
+	return &moduleLeases{mb: mb, size: min(max(size, 0), ModuleLeaseMaxBytes), budget: budget, drawnAt: map[string]time.Time{}}
+}
+
+// newLease is the lease id granted by a call at asked that named asker
+// and carried.
+func newLease(id string, size, gen int64, asked time.Time, asker string, carried []string) *lease {
+	l := &lease{id: id, size: size, gen: gen, deadline: asked.Add(moduleLeaseUse),
+		projects: make(map[string]struct{}, len(carried)+1)}
+	l.projects[asker] = struct{}{}
+	for _, p := range carried {
+		l.projects[p] = struct{}{}
+	}
+	return l
+}
+
+// drewLocked notes a draw for projectID at now. Called with m.mu held.
+func (m *moduleLeases) drewLocked(projectID string, now time.Time) {
+	if _, ok := m.drawnAt[projectID]; ok || len(m.drawnAt) < 4*moduleLeaseCarryMax {
+		m.drawnAt[projectID] = now
+	}
+}
+
+// carriedLocked lists the projects drawn for within moduleLeaseUse before
+// now (moduleLeaseCarryMax at most), for the call that takes the next
+// lease to name: the projects written steadily stay named from lease to
+// lease, an idle one needs a call of its own again. It forgets the older
+// draws. Called with m.mu held.
+func (m *moduleLeases) carriedLocked(now time.Time) []string {
+	var out []string
+	for p, at := range m.drawnAt {
+		switch {
+		case now.Sub(at) > moduleLeaseUse:
+			delete(m.drawnAt, p)
+		case len(out) < moduleLeaseCarryMax:
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // grant is what one write holds of the module budget while its project
@@ -121,9 +169,10 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 	for {
 		m.mu.Lock()
 		now := time.Now()
-		_, known := m.known[projectID]
-		if l := m.cur; l != nil && known && now.Before(l.deadline) && l.size-l.used >= need {
-			return m.drawLocked(wctx, l, projectID, need, now), nil
+		if l := m.cur; l != nil && now.Before(l.deadline) && l.size-l.used >= need {
+			if _, named := l.projects[projectID]; named {
+				return m.drawLocked(wctx, l, projectID, need, now), nil
+			}
 		}
 		if now.Before(m.failedUntil) {
 			err := m.failedErr
@@ -156,12 +205,15 @@ func (m *moduleLeases) acquire(ctx context.Context, projectID string, need int64
 func (m *moduleLeases) drawLocked(ctx context.Context, l *lease, projectID string, need int64, now time.Time) grant {
 	l.used += need
 	l.inflight++
+	m.drewLocked(projectID, now)
 	ahead := m.renewing == nil && l.size-l.used < m.size/moduleLeaseAheadDivisor && !now.Before(m.exactUntil) &&
 		!now.Before(m.failedUntil)
 	var r *renewal
+	var carry []string
 	if ahead {
 		r = &renewal{done: make(chan struct{})}
 		m.renewing = r
+		carry = m.carriedLocked(now)
 	}
 	m.mu.Unlock()
 	g := grant{l: l, amount: need, granted: true}
@@ -169,7 +221,7 @@ func (m *moduleLeases) drawLocked(ctx context.Context, l *lease, projectID strin
 		g.renewed = make(chan struct{})
 		go func() {
 			defer close(g.renewed)
-			m.renewAhead(ctx, projectID, now, r)
+			m.renewAhead(ctx, projectID, carry, now, r)
 		}()
 	}
 	return g
@@ -182,6 +234,7 @@ func (m *moduleLeases) drawLocked(ctx context.Context, l *lease, projectID strin
 // that arrive meanwhile wait for it and share its outcome.
 func (m *moduleLeases) renewLocked(ctx context.Context, projectID string, need int64, now time.Time) (grant, error) {
 	old := m.cur
+	carry := m.carriedLocked(now)
 	ret := m.retireLocked()
 	var drained chan struct{}
 	if old != nil && ret == nil {
@@ -197,7 +250,7 @@ func (m *moduleLeases) renewLocked(ctx context.Context, projectID string, need i
 	// The renewal also returns a lease: the client may not cancel it, but
 	// it ends with the write's budget.
 	rctx, cancel := budgeted(ctx)
-	g, err := m.renew(rctx, ret, projectID, need, now)
+	g, err := m.renew(rctx, ret, projectID, carry, need, now)
 	cancel()
 	m.mu.Lock()
 	m.endRenewalLocked(r, err)
@@ -251,10 +304,10 @@ func (m *moduleLeases) awaitDrained(ctx context.Context, l *lease, drained chan 
 // renewal happens when it runs out (the writes waiting meanwhile share the
 // failure, as with any renewal). r is the renewal marker the caller set;
 // renewAhead ends it. ctx's deadline, the write's budget, bounds the call.
-func (m *moduleLeases) renewAhead(ctx context.Context, projectID string, asked time.Time, r *renewal) {
+func (m *moduleLeases) renewAhead(ctx context.Context, projectID string, carry []string, asked time.Time, r *renewal) {
 	id := newBudgetID()
 	rctx, cancel := budgeted(ctx)
-	res, err := m.mb.lease(rctx, nil, leaseAsk{id: id, amount: m.size, projectID: projectID})
+	res, err := m.mb.lease(rctx, nil, leaseAsk{id: id, amount: m.size, projectID: projectID, carry: carry})
 	cancel()
 	m.mu.Lock()
 	defer func() {
@@ -267,7 +320,7 @@ func (m *moduleLeases) renewAhead(ctx context.Context, projectID string, asked t
 		// The caller's own grant draws on the current lease, so it is
 		// never returnable here: its last script returns it.
 		m.retireLocked()
-		m.cur = &lease{id: id, size: m.size, gen: res.gen, deadline: asked.Add(moduleLeaseUse)}
+		m.cur = newLease(id, m.size, res.gen, asked, projectID, carry)
 	default:
 		m.exactUntil = time.Now().Add(moduleLeaseBackoff)
 	}
@@ -289,10 +342,11 @@ func (m *moduleLeases) retireLocked() *lease {
 }
 
 // renew returns ret (if any) and takes a new lease drawing need for the
-// caller, or an exact reservation of need when the module is near its cap.
-func (m *moduleLeases) renew(ctx context.Context, ret *lease, projectID string, need int64, asked time.Time) (grant, error) {
+// caller (and naming the carried projects too), or an exact reservation
+// of need when the module is near its cap.
+func (m *moduleLeases) renew(ctx context.Context, ret *lease, projectID string, carry []string, need int64, asked time.Time) (grant, error) {
 	id := newBudgetID()
-	res, err := m.mb.lease(ctx, ret, leaseAsk{id: id, amount: m.size, exact: need, projectID: projectID})
+	res, err := m.mb.lease(ctx, ret, leaseAsk{id: id, amount: m.size, exact: need, projectID: projectID, carry: carry})
 	if err != nil {
 		// ret stays unreturned: its bytes stay counted until the
 		// reconcile drops it, which only over-counts.
@@ -302,28 +356,18 @@ func (m *moduleLeases) renew(ctx context.Context, ret *lease, projectID string, 
 	defer m.mu.Unlock()
 	switch res.outcome {
 	case 2:
-		m.remember(projectID)
 		// Renewals run one at a time, so m.cur is nil here.
-		l := &lease{id: id, size: m.size, gen: res.gen, deadline: asked.Add(moduleLeaseUse), used: need, inflight: 1}
+		l := newLease(id, m.size, res.gen, asked, projectID, carry)
+		l.used, l.inflight = need, 1
+		m.drewLocked(projectID, time.Now())
 		m.cur = l
 		return grant{l: l, amount: need, granted: true}, nil
 	case 1:
-		m.remember(projectID)
 		m.exactUntil = time.Now().Add(moduleLeaseBackoff)
 		return grant{r: Reservation{ID: id, Amount: need, Gen: res.gen}, amount: need, granted: true}, nil
 	}
 	m.exactUntil = time.Now().Add(moduleLeaseBackoff)
 	return grant{r: Reservation{Gen: res.gen}}, nil
-}
-
-// remember notes that projectID is in the module's projects SET (the
-// reconcile sums its budget), so its writes may draw on a lease. Called
-// with m.mu held.
-func (m *moduleLeases) remember(projectID string) {
-	if len(m.known) >= 1<<16 {
-		clear(m.known)
-	}
-	m.known[projectID] = struct{}{}
 }
 
 // exact reserves need bytes for this write alone.
@@ -400,12 +444,14 @@ func budgeted(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // leaseAsk is the new lease (or exact reservation) a lease call asks for;
-// a zero value asks for none.
+// a zero value asks for none. A granted lease may draw for projectID and
+// carry; an exact reservation is for projectID alone.
 type leaseAsk struct {
 	id        string
 	amount    int64
 	exact     int64
 	projectID string
+	carry     []string
 }
 
 type leaseResult struct {
@@ -419,9 +465,10 @@ func (b *ModuleBudget) lease(ctx context.Context, ret *lease, ask leaseAsk) (lea
 	if ret != nil {
 		retID, used, released, gen = ret.id, ret.used, ret.released, ret.gen
 	}
-	res, err := lua.ProjectTopicBudgetLease.Run(ctx, b.rdb, []string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases(), b.keys.Projects()},
-		retID, used, released, gen, ask.id, ask.amount, moduleLeaseTTL.Milliseconds(), b.cap, b.cap/ModuleLeaseKeepDivisor,
-		ask.exact, ask.projectID).Int64Slice()
+	args := append([]any{retID, used, released, gen, ask.id, ask.amount, moduleLeaseTTL.Milliseconds(), b.cap,
+		b.cap / ModuleLeaseKeepDivisor, ask.exact, ask.projectID}, anys(ask.carry)...)
+	res, err := lua.ProjectTopicBudgetLease.Run(ctx, b.rdb,
+		[]string{b.keys.Budget(), b.keys.Reservations(), b.keys.Leases(), b.keys.Projects(), b.keys.Seen()}, args...).Int64Slice()
 	if err != nil {
 		return leaseResult{}, classifyProject(err)
 	}

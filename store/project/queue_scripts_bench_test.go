@@ -91,7 +91,7 @@ func BenchmarkProjectQueueScripts(b *testing.B) {
 	// Module budget leases: each call returns the previous lease (with
 	// the bytes its publishes kept) and takes the next, as a renewal does.
 	mk := project.NewModuleKeys("scr" + ids.New()[24:])
-	defer admin.Del(ctx, mk.Budget(), mk.Reservations(), mk.Leases(), mk.Projects())
+	defer admin.Del(ctx, mk.Budget(), mk.Reservations(), mk.Leases(), mk.Projects(), mk.Seen())
 	prev := ""
 	phase("lease", b.N, func(i int) {
 		id := "l" + strconv.Itoa(i)
@@ -99,7 +99,7 @@ func BenchmarkProjectQueueScripts(b *testing.B) {
 		if prev != "" {
 			kept = 40000
 		}
-		err := lua.ProjectTopicBudgetLease.Run(ctx, rdb, []string{mk.Budget(), mk.Reservations(), mk.Leases(), mk.Projects()},
+		err := lua.ProjectTopicBudgetLease.Run(ctx, rdb, []string{mk.Budget(), mk.Reservations(), mk.Leases(), mk.Projects(), mk.Seen()},
 			prev, kept, 0, 0, id, project.ModuleLeaseMaxBytes, 10000, int64(1<<40), int64(1<<36), 0, pid).Err()
 		if err != nil {
 			b.Fatal(err)
