@@ -170,6 +170,16 @@ type Config struct {
 	// events dispatched since the read began, so a later subscriber misses
 	// nothing). Zero value means 2s.
 	RecoverLinger time.Duration
+	// RecoverReadRate and RecoverReadBurst bound, per user, the recovery
+	// reads this instance makes for their subscribes (a subscribe served
+	// by a read of the dialog already under way or lingering costs none):
+	// RecoverReadRate a second (zero value means 2), at most
+	// RecoverReadBurst at once (zero value means 200, a reconnect of one
+	// socket holding as many subscriptions as it may). A subscribe past
+	// them is answered with the dialog's resync instead of a replay. Any
+	// values are safe (bucketShape).
+	RecoverReadRate  float64
+	RecoverReadBurst int
 }
 
 func (c *Config) defaults() {
@@ -224,4 +234,8 @@ func (c *Config) defaults() {
 	num(&c.RecoverMax, 100)
 	num(&c.RecoverBytes, 256<<10)
 	dur(&c.RecoverLinger, 2*time.Second)
+	if c.RecoverReadRate <= 0 {
+		c.RecoverReadRate = 2
+	}
+	num(&c.RecoverReadBurst, 200)
 }

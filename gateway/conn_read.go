@@ -445,15 +445,26 @@ func (c *conn) subscribe(raw string, since int64) {
 	}
 	// Read after the SUBSCRIBE is confirmed: everything published before
 	// the confirmation has a seq ≤ lastSeq (publishes follow commits).
-	c.readyAfterCheck(ctx, s, dialogID)
+	c.readyAfterCheck(ctx, s, dialogID, sinceAnswer{})
 }
 
 // recoverSub finishes a subscribe with sinceSeq whose channel is attached:
 // the missed events, subscribed, then the live events that arrived
-// meanwhile and are not among the replayed ones.
+// meanwhile and are not among the replayed ones. When the user has no
+// recovery read left (recoverer) it is answered as a subscribe whose
+// replay is not possible: the dialog's resync, then subscribed with the
+// lastSeq of a read made after the attach, then the live events.
 func (c *conn) recoverSub(s *sub, since int64) {
 	h := c.hub
-	rec, err := h.rec.recover(s.dialogID(), s.channel, since)
+	rec, err := h.rec.recover(c.userID, s.dialogID(), s.channel, since)
+	if errors.Is(err, errRecoveryBudget) {
+		ctx, cancel := opContext(h.cfg.SubscribeTimeout) // the subscribe's may be spent waiting on a joined read
+		defer cancel()
+		if c.readyAfterCheck(ctx, s, s.dialogID(), sinceAnswer{set: true}) {
+			h.rec.count(false)
+		}
+		return
+	}
 	if err != nil {
 		h.detach(c, s.dialogID())
 		c.send(encodeError(subscribeErrCode(err)))
@@ -532,20 +543,21 @@ func (c *conn) joinSubscribed(ctx context.Context, dialogID, channel string) {
 		h.deps.Subscriber.Unsubscribe(channel)
 		return
 	}
-	c.readyAfterCheck(ctx, s, dialogID)
+	c.readyAfterCheck(ctx, s, dialogID, sinceAnswer{})
 }
 
 // readyAfterCheck reads the dialog's lastSeq (checking membership with the
-// same read) for an attached subscription and makes it ready, or detaches
-// it with the error.
-func (c *conn) readyAfterCheck(ctx context.Context, s *sub, dialogID string) {
+// same read) for an attached subscription and makes it ready with no
+// replay, or detaches it with the error; false when it did.
+func (c *conn) readyAfterCheck(ctx context.Context, s *sub, dialogID string, since sinceAnswer) bool {
 	seq, err := c.hub.deps.Store.DialogLastSeq(ctx, dialogID, c.userID)
 	if err != nil {
 		c.hub.detach(c, dialogID)
 		c.send(encodeError(subscribeErrCode(err)))
-		return
+		return false
 	}
-	c.ready(s, nil, seq, sinceAnswer{}, 0)
+	c.ready(s, nil, seq, since, 0)
+	return true
 }
 
 // subscribedJSON is the subscribed frame; recovered is set only when the

@@ -59,12 +59,12 @@ func TestAJoinedRecoveryTakesNoInboxEventForAMessage(t *testing.T) {
 	d := ids.New()
 	ch := pubsub.DialogChannel(d)
 	r := newRecoverer(&cfg, fixedRecovery{store.DialogRecovery{LastSeq: 2, Complete: true}})
-	if _, err := r.recover(d, ch, 2); err != nil { // a first subscriber's read, which lingers
+	if _, err := r.recover("u", d, ch, 2); err != nil { // a first subscriber's read, which lingers
 		t.Fatal(err)
 	}
 	b := inboxFrame(t, d, `{"source":"webhook","event":"message.created","seq":3}`)
 	r.observe(ch, createdSeq(b), b) // as the hub's dispatch does
-	rec, err := r.recover(d, ch, 2)
+	rec, err := r.recover("u", d, ch, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

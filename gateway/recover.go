@@ -3,6 +3,7 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -31,9 +32,19 @@ var _ recoveryReader = (*store.Store)(nil)
 // A subscriber whose sinceSeq is beyond every seq the read it joined knows
 // gets a read of its own after it (recover), so it is answered as if it
 // had not joined.
+//
+// A read that no flight of the dialog can serve costs its user one of the
+// recovery reads this instance grants them (Config.RecoverReadRate and
+// RecoverReadBurst): a socket subscribing and unsubscribing one dialog in
+// a loop would otherwise make a PostgreSQL read per cycle (the read stops
+// serving joiners when the dialog's channel empties), bounded only by its
+// frame rate. Past the user's budget the subscribe is answered with the
+// dialog's resync, as when a replay is not possible, and the client
+// reconciles over REST, whose reads the REST rate limit bounds.
 type recoverer struct {
-	cfg  *Config
-	read recoveryReader
+	cfg   *Config
+	read  recoveryReader
+	reads *userHandshakes // per user: the reads their subscribes may lead
 
 	readsOK, readErrors atomic.Uint64 // reads made, by result
 	recovered, resyncs  atomic.Uint64 // subscribes answered with recovered true / false
@@ -74,15 +85,24 @@ type recovery struct {
 	upTo    int64    // pending message.created events with seq ≤ upTo are already covered
 }
 
+// errRecoveryBudget: the subscribe needs a recovery read of its own and
+// its user has none left on this instance for now.
+var errRecoveryBudget = errors.New("gateway: recovery reads spent")
+
 func newRecoverer(cfg *Config, read recoveryReader) *recoverer {
-	return &recoverer{cfg: cfg, read: read, dialogs: map[string]*dialogFlights{}}
+	return &recoverer{cfg: cfg, read: read, dialogs: map[string]*dialogFlights{},
+		reads: newUserHandshakes(cfg.RecoverReadRate, cfg.RecoverReadBurst)}
 }
 
-// recover serves a subscribe to dialogID with sinceSeq since whose channel
-// is attached already (its events wait in the subscription's pending
-// queue).
-func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, error) {
-	f, joined := r.await(dialogID, channel, since, true)
+// recover serves userID's subscribe to dialogID with sinceSeq since whose
+// channel is attached already (its events wait in the subscription's
+// pending queue). It fails with errRecoveryBudget when the subscribe needs
+// a read the user has no budget for.
+func (r *recoverer) recover(userID, dialogID, channel string, since int64) (recovery, error) {
+	f, joined, err := r.await(userID, dialogID, channel, since, true)
+	if err != nil {
+		return recovery{}, err
+	}
 	if f.err != nil {
 		return recovery{}, f.err
 	}
@@ -98,7 +118,10 @@ func (r *recoverer) recover(dialogID, channel string, since int64) (recovery, er
 			// instance yet. A read of its own tells which, so the
 			// subscribe gets the answer it would have got without
 			// joining.
-			if f, _ = r.await(dialogID, channel, since, false); f.err != nil {
+			if f, _, err = r.await(userID, dialogID, channel, since, false); err != nil {
+				return recovery{}, err
+			}
+			if f.err != nil {
 				return recovery{}, f.err
 			}
 			joined, extra, full = false, nil, false
@@ -119,35 +142,44 @@ func (r *recoverer) count(recovered bool) {
 
 // await returns the ended flight that serves since (see join), making its
 // read when this caller leads it; joined as join reports it.
-func (r *recoverer) await(dialogID, channel string, since int64, mayJoin bool) (f *flight, joined bool) {
-	f, leader, joined := r.join(dialogID, channel, since, mayJoin)
+func (r *recoverer) await(userID, dialogID, channel string, since int64, mayJoin bool) (f *flight, joined bool, err error) {
+	f, leader, joined, err := r.join(userID, dialogID, channel, since, mayJoin)
+	if err != nil {
+		return nil, false, err
+	}
 	if leader {
 		r.run(channel, f)
 	} else {
 		<-f.done // bounded: at most two reads of SubscribeTimeout each
 	}
-	return f, joined
+	return f, joined, nil
 }
 
 // join finds the flight that serves since: the current one when it reads
 // from at most since (its buffer covers whatever it read before this
 // subscriber attached) and mayJoin, else the next one (lowering its
-// since), else a new one this caller leads.
-func (r *recoverer) join(dialogID, channel string, since int64, mayJoin bool) (f *flight, leader, joined bool) {
+// since), else a new one this caller leads, paid for with one of
+// userID's recovery reads (errRecoveryBudget when none is left).
+func (r *recoverer) join(userID, dialogID, channel string, since int64, mayJoin bool) (f *flight, leader, joined bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	df := r.dialogs[channel]
+	if df != nil {
+		if cur := df.cur; mayJoin && cur != nil && since >= cur.since && !cur.bufFull && (!cur.ended || cur.err == nil) {
+			return cur, false, true, nil
+		}
+		if df.next != nil {
+			df.next.since = min(df.next.since, since)
+			return df.next, false, false, nil
+		}
+	}
+	if _, ok := r.reads.take(userID); !ok {
+		return nil, false, false, errRecoveryBudget
+	}
 	if df == nil {
 		df = &dialogFlights{}
 		r.dialogs[channel] = df
 		r.active.Add(1)
-	}
-	if cur := df.cur; mayJoin && cur != nil && since >= cur.since && !cur.bufFull && (!cur.ended || cur.err == nil) {
-		return cur, false, true
-	}
-	if df.next != nil {
-		df.next.since = min(df.next.since, since)
-		return df.next, false, false
 	}
 	f = &flight{dialogID: dialogID, since: since, done: make(chan struct{})}
 	if df.cur == nil || df.cur.ended {
@@ -155,7 +187,7 @@ func (r *recoverer) join(dialogID, channel string, since int64, mayJoin bool) (f
 	} else {
 		f.prev, df.next = df.cur, f
 	}
-	return f, true, false
+	return f, true, false, nil
 }
 
 // run makes the read of f (after the one it waits for) and publishes the
