@@ -43,3 +43,21 @@ func (s *Service) PendingHeld(dialogID string) (frames, bytes int, overflowed bo
 	}
 	return frames, bytes, overflowed
 }
+
+// RecoveryBuffered is the bytes of message.created frames kept beside the
+// dialog's current recovery read (dispatched since it began), and whether
+// it let go of them for overflowing; ok false when the dialog has no
+// current read.
+func (s *Service) RecoveryBuffered(dialogID string) (bytes int, full, ok bool) {
+	r := s.hub.rec
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	df := r.dialogs[pubsub.DialogChannel(dialogID)]
+	if df == nil || df.cur == nil {
+		return 0, false, false
+	}
+	for _, e := range df.cur.buf {
+		bytes += len(e.b)
+	}
+	return bytes, df.cur.bufFull, true
+}

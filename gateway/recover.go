@@ -50,7 +50,7 @@ type recoverer struct {
 	recovered, resyncs  atomic.Uint64 // subscribes answered with recovered true / false
 
 	active  atomic.Int64              // len(dialogs): Dispatch's fast path when zero
-	mu      sync.Mutex                // guards dialogs and every flight's since, buf, bufFull, ended
+	mu      sync.Mutex                // guards dialogs and every flight's since, buf, bufBytes, bufFull, ended
 	dialogs map[string]*dialogFlights // dialog channel → its flights
 }
 
@@ -69,7 +69,8 @@ type flight struct {
 	err      error
 	ended    bool
 	buf      []bufferedEvent // message.created frames dispatched since it started reading
-	bufFull  bool            // more than RecoverMax were dispatched: no longer joinable
+	bufBytes int             // the bytes of buf's frames
+	bufFull  bool            // more than RecoverMax, or RecoverBytes of them, were dispatched: no longer joinable
 }
 
 type bufferedEvent struct {
@@ -277,7 +278,11 @@ func (r *recoverer) forgetLocked(ch string) {
 
 // observe keeps a message.created frame (seq > 0) dispatched on channel
 // beside the dialog's current read. Hub.Dispatch calls it for every
-// durable frame.
+// durable frame. Beside a read it keeps at most RecoverMax frames and
+// RecoverBytes of them, as much as one replay may carry (a replay that
+// needs more is a resync): past either bound it lets go of them all, the
+// read serves no later subscribe (the next one gets a read of its own),
+// and the subscribes that joined it already get the dialog's resync.
 func (r *recoverer) observe(channel string, seq int64, payload []byte) {
 	if seq == 0 || r.active.Load() == 0 {
 		return
@@ -285,10 +290,11 @@ func (r *recoverer) observe(channel string, seq int64, payload []byte) {
 	r.mu.Lock()
 	if df := r.dialogs[channel]; df != nil && df.cur != nil && !df.cur.bufFull {
 		f := df.cur
-		if len(f.buf) >= r.cfg.RecoverMax {
-			f.buf, f.bufFull = nil, true
+		if len(f.buf) >= r.cfg.RecoverMax || f.bufBytes+len(payload) > r.cfg.RecoverBytes {
+			f.buf, f.bufBytes, f.bufFull = nil, 0, true
 		} else {
 			f.buf = append(f.buf, bufferedEvent{seq, payload})
+			f.bufBytes += len(payload)
 		}
 	}
 	r.mu.Unlock()
