@@ -1,6 +1,13 @@
 package gateway
 
-import "github.com/han-app/gateway/pubsub"
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/han-app/gateway/pubsub"
+	"github.com/han-app/gateway/store"
+)
 
 // RecoveryKept is the bytes of message.created frames the dialog's
 // recovery read keeps for the subscribes that join it while it lingers;
@@ -60,4 +67,30 @@ func (s *Service) RecoveryBuffered(dialogID string) (bytes int, full, ok bool) {
 		bytes += len(e.b)
 	}
 	return bytes, df.cur.bufFull, true
+}
+
+// HoldRecoveryReads makes each recovery read of the instance, once it has
+// read PostgreSQL, wait until release is called before its subscribers
+// are answered; read receives a value as each read has been made. Call it
+// before the reads it holds begin.
+func (s *Service) HoldRecoveryReads() (read <-chan struct{}, release func()) {
+	r := s.hub.rec
+	h := &heldReader{read: make(chan struct{}, 16), release: make(chan struct{})}
+	r.mu.Lock() // join, which precedes every read, takes it
+	h.next, r.read = r.read, h
+	r.mu.Unlock()
+	return h.read, sync.OnceFunc(func() { close(h.release) })
+}
+
+type heldReader struct {
+	next    recoveryReader
+	read    chan struct{}
+	release chan struct{}
+}
+
+func (h *heldReader) RecoverDialog(ctx context.Context, dialogID string, afterSeq int64, window time.Duration, limit, maxBytes int) (store.DialogRecovery, error) {
+	res, err := h.next.RecoverDialog(ctx, dialogID, afterSeq, window, limit, maxBytes)
+	h.read <- struct{}{}
+	<-h.release
+	return res, err
 }

@@ -50,7 +50,7 @@ type recoverer struct {
 	recovered, resyncs  atomic.Uint64 // subscribes answered with recovered true / false
 
 	active  atomic.Int64              // len(dialogs): Dispatch's fast path when zero
-	mu      sync.Mutex                // guards dialogs and every flight's since, buf, bufBytes, bufFull, ended
+	mu      sync.Mutex                // guards dialogs and every flight's since, buf, bufBytes, bufLast, bufFull, ended
 	dialogs map[string]*dialogFlights // dialog channel → its flights
 }
 
@@ -70,12 +70,22 @@ type flight struct {
 	ended    bool
 	buf      []bufferedEvent // message.created frames dispatched since it started reading
 	bufBytes int             // the bytes of buf's frames
+	bufLast  int64           // the highest seq dispatched since it started reading, kept when buf is let go
 	bufFull  bool            // more than RecoverMax, or RecoverBytes of them, were dispatched: no longer joinable
 }
 
 type bufferedEvent struct {
 	seq int64
 	b   []byte
+}
+
+// kept is what a subscriber that joined a read finds beside it: the
+// events dispatched since the read began (none once full), and the
+// highest seq among them, which it still knows when full.
+type kept struct {
+	events []bufferedEvent
+	full   bool
+	last   int64
 }
 
 // recovery is what one subscribe with sinceSeq gets.
@@ -107,13 +117,12 @@ func (r *recoverer) recover(userID, dialogID, channel string, since int64) (reco
 	if f.err != nil {
 		return recovery{}, f.err
 	}
-	var extra []bufferedEvent
-	full := false
+	var k kept
 	if joined {
 		r.mu.Lock()
-		extra, full = slices.Clone(f.buf), f.bufFull
+		k = kept{slices.Clone(f.buf), f.bufFull, f.bufLast}
 		r.mu.Unlock()
-		if since > knownLastSeq(f.res, extra) {
+		if since > knownLastSeq(f.res, k.events) {
 			// The read it joined knows no seq as high as since: either
 			// the dialog never had it, or its event has not reached this
 			// instance yet. A read of its own tells which, so the
@@ -125,10 +134,10 @@ func (r *recoverer) recover(userID, dialogID, channel string, since int64) (reco
 			if f.err != nil {
 				return recovery{}, f.err
 			}
-			joined, extra, full = false, nil, false
+			joined, k = false, kept{}
 		}
 	}
-	return r.outcome(f.res, since, joined, extra, full), nil
+	return r.outcome(f.res, since, joined, k), nil
 }
 
 // count records how a subscribe with sinceSeq was answered: recovered, or
@@ -290,6 +299,7 @@ func (r *recoverer) observe(channel string, seq int64, payload []byte) {
 	r.mu.Lock()
 	if df := r.dialogs[channel]; df != nil && df.cur != nil && !df.cur.bufFull {
 		f := df.cur
+		f.bufLast = max(f.bufLast, seq)
 		if len(f.buf) >= r.cfg.RecoverMax || f.bufBytes+len(payload) > r.cfg.RecoverBytes {
 			f.buf, f.bufBytes, f.bufFull = nil, 0, true
 		} else {
@@ -312,12 +322,14 @@ func knownLastSeq(res store.DialogRecovery, extra []bufferedEvent) int64 {
 
 // outcome decides what a subscriber with sinceSeq since gets from a read
 // (and, when it joined a read already under way, from the events
-// dispatched since that read began). Recovered, the subscription drops the
-// message.created events up to since (conn.deliver): so a since beyond
+// dispatched since that read began, k). Recovered, the subscription drops
+// the message.created events up to since (conn.deliver): so a since beyond
 // every seq the read knows is never recovered, whether the subscriber made
-// the read or joined it.
-func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, extra []bufferedEvent, extraFull bool) recovery {
-	fail := recovery{lastSeq: knownLastSeq(res, extra)}
+// the read or joined it. Not recovered, lastSeq is still the highest seq
+// dispatched beside the read when its events were let go: a joiner
+// attached after some of them, and is told to reconcile up to them.
+func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, k kept) recovery {
+	fail := recovery{lastSeq: max(knownLastSeq(res, k.events), k.last)}
 	evs := res.Events
 	if !res.Complete && (len(evs) == 0 || evs[0].Seq > since) {
 		return fail // more than RecoverMax after since
@@ -339,11 +351,11 @@ func (r *recoverer) outcome(res store.DialogRecovery, since int64, joined bool, 
 		out.upTo = e.Seq
 	}
 	if joined {
-		if extraFull {
+		if k.full {
 			return fail
 		}
-		slices.SortFunc(extra, func(a, b bufferedEvent) int { return cmp.Compare(a.seq, b.seq) })
-		for _, e := range extra {
+		slices.SortFunc(k.events, func(a, b bufferedEvent) int { return cmp.Compare(a.seq, b.seq) })
+		for _, e := range k.events {
 			switch {
 			case e.seq <= out.upTo:
 			case e.seq == out.upTo+1:

@@ -31,6 +31,13 @@ type recovered struct {
 func (c *client) subscribeSince(dialogID string, since int64) recovered {
 	c.t.Helper()
 	c.send(fmt.Sprintf(`{"type":"subscribe","dialogId":"%s","sinceSeq":%d}`, dialogID, since))
+	return c.recoveryAnswer(dialogID)
+}
+
+// recoveryAnswer reads the answer to a subscribe with sinceSeq sent
+// already: the replayed events or the resync, then subscribed.
+func (c *client) recoveryAnswer(dialogID string) recovered {
+	c.t.Helper()
 	var r recovered
 	for {
 		f := c.next(20 * time.Second)
