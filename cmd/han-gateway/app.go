@@ -483,7 +483,7 @@ func newLogger(level string) *slog.Logger {
 // that holds url; a failure names it and the error's kind, never the
 // error's text, which quotes the URL's user, host and database.
 func migrateDirect(ctx context.Context, url, name string) error {
-	pool, err := store.OpenPG(ctx, url, store.PGConfig{MaxConns: 1, MinConns: 1})
+	pool, err := store.OpenPG(ctx, url, store.PGConfig{MaxConns: 1, MinConns: 1, URLName: name})
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err) // OpenPG's errors quote nothing of the URL
 	}
