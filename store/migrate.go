@@ -64,17 +64,28 @@ const (
 // it: each of its lock waits gives up after migrationLockTimeout, the
 // transaction rolls back, and the migration is tried again after a short
 // random pause (logged through slog.Default with its version and the
-// error's kind) until ctx ends, when the last lock error is returned. No
-// statement_timeout is set: a data migration may rightly run for minutes,
-// and ctx already bounds the whole run.
+// error's kind; MigrateLogged names another logger) until ctx ends, when
+// the last lock error is returned. No statement_timeout is set: a data
+// migration may rightly run for minutes, and ctx already bounds the whole
+// run.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	return MigrateBefore(ctx, pool, "")
+	return migrate(ctx, pool, "", slog.Default())
+}
+
+// MigrateLogged is Migrate with its retries logged to logger (the
+// service's own log, in its format).
+func MigrateLogged(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) ([]string, error) {
+	return migrate(ctx, pool, "", logger)
 }
 
 // MigrateBefore is Migrate for the migrations whose version sorts before
 // version (all of them when version is ""): the schema an earlier release
 // left, which upgrade tests start from.
 func MigrateBefore(ctx context.Context, pool *pgxpool.Pool, version string) ([]string, error) {
+	return migrate(ctx, pool, version, slog.Default())
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, version string, logger *slog.Logger) ([]string, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: acquire: %w", err)
@@ -85,7 +96,7 @@ func MigrateBefore(ctx context.Context, pool *pgxpool.Pool, version string) ([]s
 		if version != "" && v >= version {
 			break
 		}
-		done, err := migrateRetrying(ctx, conn, v)
+		done, err := migrateRetrying(ctx, conn, v, logger)
 		if err != nil {
 			return applied, err
 		}
@@ -139,7 +150,7 @@ func MissingMigrations(ctx context.Context, pool *pgxpool.Pool) ([]string, error
 // lock (SQLSTATE 55P03: lock_timeout). Each attempt is a transaction of its
 // own, rolled back on failure, so the migration is applied and recorded
 // once whatever the number of attempts.
-func migrateRetrying(ctx context.Context, conn *pgxpool.Conn, version string) (bool, error) {
+func migrateRetrying(ctx context.Context, conn *pgxpool.Conn, version string, logger *slog.Logger) (bool, error) {
 	pause := migrationRetryFirst
 	for attempt := 1; ; attempt++ {
 		done, err := migrateOne(ctx, conn, "migrations/"+version+".sql", version)
@@ -147,7 +158,7 @@ func migrateRetrying(ctx context.Context, conn *pgxpool.Conn, version string) (b
 			return done, err
 		}
 		wait := pause/2 + rand.N(pause/2+1)
-		slog.Default().Warn("migrate: a table the migration locks is in use; trying again",
+		logger.Warn("migrate: a table the migration locks is in use; trying again",
 			slog.String("version", version), slog.Int("attempt", attempt),
 			slog.String("kind", Kind(err)), slog.Duration("retry_in", wait))
 		t := time.NewTimer(wait)

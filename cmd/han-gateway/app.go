@@ -162,7 +162,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.Migrate {
-		if err := migrateDirect(ctx, cfg.DatabaseDirectURL, directURLName(cfg)); err != nil {
+		if err := migrateDirect(ctx, cfg.DatabaseDirectURL, directURLName(cfg), m.Logger); err != nil {
 			return err
 		}
 	}
@@ -482,7 +482,7 @@ func newLogger(level string) *slog.Logger {
 // not one shared through a transaction-pooling proxy. name is the variable
 // that holds url; a failure names it and the error's kind, never the
 // error's text, which quotes the URL's user, host and database.
-func migrateDirect(ctx context.Context, url, name string) error {
+func migrateDirect(ctx context.Context, url, name string, logger *slog.Logger) error {
 	pool, err := store.OpenPG(ctx, url, store.PGConfig{MaxConns: 1, MinConns: 1, URLName: name})
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err) // OpenPG's errors quote nothing of the URL
@@ -490,7 +490,7 @@ func migrateDirect(ctx context.Context, url, name string) error {
 	defer pool.Close()
 	mctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := store.Migrate(mctx, pool); err != nil {
+	if _, err := store.MigrateLogged(mctx, pool, logger); err != nil {
 		return dbURLError(name, "migrations not applied", err)
 	}
 	return nil
