@@ -1,38 +1,19 @@
 package pubsub_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
 	"github.com/han-app/gateway/store/rds"
 )
-
-// lockedBuffer is a log sink the relay may write to while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // One outbox row Redis refuses (here a channel the relay's Redis user may
 // not publish on) does not hold back the rows after it: they are published
@@ -43,7 +24,7 @@ func TestRelayGoesPastARowRedisRefuses(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
 	rdb := serviceChannelsOnly(t)
-	logs := &lockedBuffer{}
+	logs := &testenv.LogBuffer{}
 	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: time.Millisecond, Batch: 1000},
 		slog.New(slog.NewJSONHandler(logs, nil)))
 	if err != nil {

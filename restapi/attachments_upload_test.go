@@ -21,7 +21,7 @@ import (
 // attHarness is an API server on real Redis/PostgreSQL with the given body
 // timeout (zero: the default) and attachment settings, a blob folder of the
 // test's own unless att names one, and its log kept.
-func attHarness(t *testing.T, bodyTimeout time.Duration, att restapi.AttachmentConfig) (*harness, *syncBuffer) {
+func attHarness(t *testing.T, bodyTimeout time.Duration, att restapi.AttachmentConfig) (*harness, *testenv.LogBuffer) {
 	t.Helper()
 	if att.BlobDir == "" {
 		att.BlobDir = t.TempDir()

@@ -88,8 +88,8 @@ func (h *harness) withClients(rdb, rt redis.UniversalClient) *harness {
 
 // withLog builds another server on h's database and Redis clients that
 // keeps its log; edit, if not nil, changes its Deps first.
-func (h *harness) withLog(edit func(*restapi.Deps)) (*harness, *syncBuffer) {
-	logs := &syncBuffer{}
+func (h *harness) withLog(edit func(*restapi.Deps)) (*harness, *testenv.LogBuffer) {
+	logs := &testenv.LogBuffer{}
 	return h.server(logs, func(d *restapi.Deps) {
 		d.Redis, d.Realtime = h.rdb, h.rt
 		if edit != nil {

@@ -1,14 +1,12 @@
 package restapi_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,31 +25,13 @@ import (
 // in every physical key.
 const prjEnv = "test"
 
-// syncBuffer collects log output from concurrent handlers.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // prjHarness is one API server for the project Redis API on a given Redis
 // (the package's server, or a private one for fault tests), with an admin
 // client on the same server to look at the physical keys.
 type prjHarness struct {
 	*harness
 	admin *redis.Client
-	logs  *syncBuffer
+	logs  *testenv.LogBuffer
 }
 
 // newPrjHarness serves the project API on the package's redis-server.
@@ -76,7 +56,7 @@ func newPrjHarnessOn(t *testing.T, rs *testenv.RedisServer, url string) *prjHarn
 
 func (h *harness) projectServer(rdb redis.UniversalClient, rs *testenv.RedisServer) *prjHarness {
 	t := h.t
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
 	if err != nil {

@@ -41,7 +41,7 @@ func newQueueHarness(t *testing.T, cfg project.QueueConfig, rs *testenv.RedisSer
 		t.Cleanup(func() { c.Close() })
 		rdb = c
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
 	if err != nil {

@@ -1,37 +1,16 @@
 package store_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/store"
 )
-
-// lockedBuffer is a log destination safe for the migrator's goroutine and
-// the test's reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // The gateway migrates at start with its own JSON log: a migration that
 // waits for a table in use says so in that log (one JSON line per retry,
@@ -52,7 +31,7 @@ func TestMigrationRetriesGoToTheCallersLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	lock := testenv.LockTable(t, url, "dialog_members", "ACCESS SHARE")
-	var out lockedBuffer
+	var out testenv.LogBuffer
 	logger := slog.New(slog.NewJSONHandler(&out, nil))
 	type result struct {
 		applied []string

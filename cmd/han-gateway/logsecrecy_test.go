@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,24 +14,6 @@ import (
 
 	"github.com/han-app/gateway/internal/testenv"
 )
-
-// syncBuffer is the log sink: handlers write from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Logs contain no secret, cached value or PII: the real program logs at
 // debug level into a buffer across a full scenario — authentication (and a
@@ -47,7 +27,7 @@ func TestLogsCarryNoSecrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	vars := baseEnv()
 	vars["REDIS_URL"], vars["REDIS_REALTIME_URL"] = r.URL(0), r.URL(1)
 	vars["HAN_LOG_LEVEL"] = "debug"

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/han-app/gateway/internal/testenv"
 )
 
 // HAN_DEBUG_ENDPOINTS is read as the other booleans are (strconv.ParseBool):
@@ -102,7 +104,7 @@ func TestStartWarnings(t *testing.T) {
 		if err := m.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
 			t.Fatal(err)
 		}
-		var log syncBuffer
+		var log testenv.LogBuffer
 		m.Logger = slog.New(slog.NewJSONHandler(&log, nil))
 		if err := m.Run(context.Background()); err != nil {
 			t.Fatal(err)

@@ -1,7 +1,6 @@
 package auth_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -189,25 +188,7 @@ func newRedisClient(t testing.TB, url string) *redis.Client {
 	return rdb
 }
 
-// syncBuffer collects log output from concurrent goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func debugLogger(buf *syncBuffer) *slog.Logger {
+func debugLogger(buf *testenv.LogBuffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
@@ -310,7 +291,7 @@ func TestVerify(t *testing.T) {
 	rdb := newRedisClient(t, env.Redis.URL(0))
 	now := time.Now().Truncate(time.Second)
 	clock := func() time.Time { return now }
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cfg := auth.Config{
 		Issuer: testIssuer, Audience: testAudience, JWKSURL: srv.URL,
 		Redis: rdb, HTTPClient: srv.Client(), Now: clock,

@@ -1,13 +1,11 @@
 package project_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -212,7 +210,7 @@ func TestModuleBudgetReconcileSkipsUnreadableProjects(t *testing.T) {
 	// An over-count (writers that died between their phases) comes down,
 	// and the window closed: the next run is not refused.
 	e.admin.HIncrBy(ctx, e.mk.Budget(), "committed", 64<<20)
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	rc := project.NewBudgetReconciler(e.mb, project.BudgetReconcilerConfig{Interval: 20 * time.Millisecond}, slog.New(slog.NewJSONHandler(&logs, nil)))
 	rc.Start()
 	want := 100 + 3*int64(project.ProjectBudgetBytes)
@@ -226,23 +224,4 @@ func TestModuleBudgetReconcileSkipsUnreadableProjects(t *testing.T) {
 	if strings.Contains(logs.String(), "not-a-number") {
 		t.Fatalf("the reconcile's log holds a value it found: %s", logs.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from another
-// goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
