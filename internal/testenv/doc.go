@@ -3,6 +3,11 @@
 // test connects as api_backend and the suite proves the ACL suffices) and a
 // private PostgreSQL cluster, in which every package creates its own database.
 //
+// The private cluster and bouncers listen on 127.0.0.1, which every account
+// on the machine reaches, so they ask every client for a password
+// (scram-sha-256), random per cluster; it travels inside the URLs, which go
+// to processes through their environment, never their arguments.
+//
 // Nothing here mocks Redis or PostgreSQL. A shared PostgreSQL is used only
 // when HAN_TEST_DATABASE_URL (set by scripts/test.sh for its own private
 // cluster) or DATABASE_URL is set on purpose; Redis is always private because

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // PgBouncerEnv, set to 1, makes Start put a private PgBouncer in transaction
@@ -56,8 +59,13 @@ func PgBouncerBin() (string, error) {
 
 // StartPgBouncer starts a bouncer that forwards every database of the
 // server behind serverURL (any database name: new test databases need no
-// reload). Clients log in as the server's user without a password (auth
-// trust on a loopback port, like the private cluster).
+// reload). Clients log in as the server's user with the URL's password
+// (scram-sha-256): the loopback port is reachable by every account on the
+// machine. Its auth file (mode 600) holds the user's SCRAM secret, read
+// from pg_authid, with which the bouncer also logs in to the server for
+// the client; the password itself when the URL's user cannot read
+// pg_authid. A URL without a password (a shared server used on purpose
+// that needs none) gets a bouncer that asks for none either.
 func StartPgBouncer(serverURL string) (*PgBouncer, error) {
 	bin, err := PgBouncerBin()
 	if err != nil {
@@ -86,8 +94,13 @@ func StartPgBouncer(serverURL string) (*PgBouncer, error) {
 		return nil, fmt.Errorf("create pgbouncer dir: %w", err)
 	}
 	b := &PgBouncer{Dir: dir}
+	authType, secret, err := bouncerAuth(serverURL, su)
+	if err != nil {
+		b.Stop()
+		return nil, err
+	}
 	authFile := filepath.Join(dir, "users.txt")
-	if err := os.WriteFile(authFile, []byte(fmt.Sprintf("%q \"\"\n", dbUser)), 0o600); err != nil {
+	if err := os.WriteFile(authFile, []byte(authFileQuote(dbUser)+" "+authFileQuote(secret)+"\n"), 0o600); err != nil {
 		b.Stop()
 		return nil, err
 	}
@@ -107,7 +120,7 @@ func StartPgBouncer(serverURL string) (*PgBouncer, error) {
 			b.Stop()
 			return nil, err
 		}
-		if lastErr = b.start(bin, runAs, su.Hostname(), su.Port(), authFile); lastErr == nil {
+		if lastErr = b.start(bin, runAs, su.Hostname(), su.Port(), authType, authFile); lastErr == nil {
 			return b, nil
 		}
 	}
@@ -115,7 +128,33 @@ func StartPgBouncer(serverURL string) (*PgBouncer, error) {
 	return nil, lastErr
 }
 
-func (b *PgBouncer) start(bin string, runAs *user.User, host, port, authFile string) error {
+// bouncerAuth picks the bouncer's auth_type and the auth file's secret for
+// the user of serverURL (see StartPgBouncer).
+func bouncerAuth(serverURL string, su *url.URL) (authType, secret string, err error) {
+	password, ok := su.User.Password()
+	if !ok || password == "" {
+		return "trust", "", nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return "", "", fmt.Errorf("connect test postgres for the bouncer's auth file: %w", err)
+	}
+	defer conn.Close(ctx)
+	// Only a superuser reads pg_authid; anyone else keeps the password.
+	if conn.QueryRow(ctx, "SELECT rolpassword FROM pg_authid WHERE rolname = current_user").Scan(&secret) == nil &&
+		strings.HasPrefix(secret, "SCRAM-SHA-256$") {
+		return "scram-sha-256", secret, nil
+	}
+	return "scram-sha-256", password, nil
+}
+
+// authFileQuote quotes s for pgbouncer's auth file, which doubles a quote
+// inside a quoted field.
+func authFileQuote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+func (b *PgBouncer) start(bin string, runAs *user.User, host, port, authType, authFile string) error {
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%s
 
@@ -123,7 +162,7 @@ func (b *PgBouncer) start(bin string, runAs *user.User, host, port, authFile str
 listen_addr = 127.0.0.1
 listen_port = %d
 unix_socket_dir =
-auth_type = trust
+auth_type = %s
 auth_file = %s
 pool_mode = transaction
 default_pool_size = %d
@@ -131,7 +170,7 @@ max_client_conn = 2000
 server_reset_query =
 ignore_startup_parameters = extra_float_digits
 logfile = %s
-`, host, port, b.Port, authFile, PgBouncerPoolSize, filepath.Join(b.Dir, "pgbouncer.log"))
+`, host, port, b.Port, authType, authFile, PgBouncerPoolSize, filepath.Join(b.Dir, "pgbouncer.log"))
 	cfg := filepath.Join(b.Dir, "pgbouncer.ini")
 	if err := os.WriteFile(cfg, []byte(ini), 0o644); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -28,10 +29,19 @@ const ServerURLEnv = "HAN_TEST_DATABASE_URL"
 // PGCluster is a private PostgreSQL cluster started for tests or the local
 // stack. It runs as the "postgres" system user when the caller is root,
 // because PostgreSQL refuses to run as root.
+//
+// 127.0.0.1 is reachable by every account on the machine, and the superuser
+// can run programs on the server (COPY ... TO PROGRAM): every connection,
+// over TCP and over the unix socket (in Dir, mode 700), must prove a
+// password (scram-sha-256) that is random per cluster and reaches initdb in
+// a file of mode 600, never in a process's arguments.
 type PGCluster struct {
 	Dir  string // data directory (also holds the unix socket)
 	Port int
-	URL  string // server-level URL for the superuser "postgres", database "postgres"
+	// URL is the server-level URL for the superuser "postgres", database
+	// "postgres", password included: pass it in the environment, never as
+	// an argument, and never print it.
+	URL string
 
 	bin       string
 	runAs     *user.User // nil: run as the current user
@@ -64,8 +74,9 @@ func pgVersion(dir string) int {
 	return v
 }
 
-// StartPGCluster creates and starts a fresh cluster (initdb -A trust) in a new
-// temporary directory outside /root, on a free loopback port.
+// StartPGCluster creates and starts a fresh cluster in a new temporary
+// directory outside /root, on a free loopback port, with a new random
+// password for the superuser (see PGCluster).
 func StartPGCluster() (*PGCluster, error) {
 	bin, err := PGBinDir()
 	if err != nil {
@@ -93,9 +104,10 @@ func StartPGCluster() (*PGCluster, error) {
 		return nil, err
 	}
 	data := filepath.Join(dir, "data")
-	if out, err := c.run("initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+	password := randHex(24)
+	if err := c.initdb(data, password); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %w: %s", err, lastLines(out, 5))
+		return nil, err
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
@@ -107,13 +119,35 @@ func StartPGCluster() (*PGCluster, error) {
 		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400 -c shared_buffers=64MB", port, dir)
 		out, err := c.run("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start")
 		if err == nil {
-			c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+			u := url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password),
+				Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable"}
+			c.URL = u.String()
 			return c, nil
 		}
 		lastErr = fmt.Errorf("pg_ctl start: %w: %s", err, lastLines(out, 5))
 	}
 	os.RemoveAll(dir)
 	return nil, lastErr
+}
+
+// initdb creates the cluster in data with password for the superuser
+// postgres, required on every connection. The password file lives only
+// while initdb runs.
+func (c *PGCluster) initdb(data, password string) error {
+	pwfile := filepath.Join(c.Dir, "initdb.pw")
+	if err := os.WriteFile(pwfile, []byte(password+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write initdb password file: %w", err)
+	}
+	defer os.Remove(pwfile)
+	if err := c.chown(pwfile); err != nil {
+		return err
+	}
+	out, err := c.run("initdb", "-D", data, "--auth=scram-sha-256", "--pwfile="+pwfile, "-U", "postgres",
+		"-E", "UTF8", "--locale=C", "--no-sync")
+	if err != nil {
+		return fmt.Errorf("initdb: %w: %s", err, lastLines(out, 5))
+	}
+	return nil
 }
 
 // Stop stops the cluster immediately and removes its directory.

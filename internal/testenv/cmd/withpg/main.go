@@ -1,11 +1,13 @@
 // Command withpg starts one private PostgreSQL cluster, runs the given
-// command with HAN_TEST_DATABASE_URL pointing at it, stops the cluster and
-// exits with the command's status. scripts/test.sh runs `go test` through it
+// command with HAN_TEST_DATABASE_URL pointing at it (the superuser's random
+// password included: it reaches the command in its environment only, and
+// withpg never prints it), stops the cluster and exits with the command's
+// status. scripts/test.sh runs `go test` through it
 // so every test package shares one cluster (each in its own database).
 //
 // withpg -pgbouncer -- command also starts a private PgBouncer in transaction
 // pooling mode in front of the cluster and hands the command its URL
-// (same user and database) in HAN_TEST_PGBOUNCER_URL
+// (same user, password and database) in HAN_TEST_PGBOUNCER_URL
 // (scripts/bench-pgbouncer.sh).
 package main
 
