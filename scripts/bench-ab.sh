@@ -148,7 +148,7 @@ if [ "$HAN_AB_LOAD" = 1 ]; then
 	PSQL="$(han_pg_bindir)/psql"
 	declare -A url
 	for side in old new; do
-		"$PSQL" -X -qtA -d "$HAN_TEST_DATABASE_URL" -c "CREATE DATABASE han_ab_$side" >/dev/null
+		han_psql "$PSQL" "$HAN_TEST_DATABASE_URL" -X -qtA -c "CREATE DATABASE han_ab_$side" >/dev/null
 		db="$server/han_ab_$side?sslmode=disable"
 		DATABASE_URL="$db" "$work/bin-$side/hanctl" migrate >/dev/null
 		port="$(han_pick_port 0)"

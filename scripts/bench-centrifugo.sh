@@ -221,7 +221,8 @@ start_gateway() {
 	local try
 	for try in 1 2 3; do
 		gw_port="$(han_pick_port 0)"
-		env "${procs_env[@]+"${procs_env[@]}"}" "${gw_env_vars[@]+"${gw_env_vars[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$gw_port" DATABASE_URL="$HAN_TEST_DATABASE_URL" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
+		# DATABASE_URL (its password) is set before env: its environment, not its arguments.
+		DATABASE_URL="$HAN_TEST_DATABASE_URL" env "${procs_env[@]+"${procs_env[@]}"}" "${gw_env_vars[@]+"${gw_env_vars[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$gw_port" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 \
 			HAN_DEBUG_ENDPOINTS=1 HAN_INSTANCE_ID=bench-gw "$work/bin/han-gateway" -migrate=false </dev/null >>"$work/gateway.log" 2>&1 &
 		gw_pid=$!
 		servers=("$gw_pid") # one server runs at a time

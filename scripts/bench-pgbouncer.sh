@@ -64,7 +64,7 @@ trap cleanup EXIT
 direct="$HAN_TEST_DATABASE_URL"
 bounced="$HAN_TEST_PGBOUNCER_URL"
 PSQL="$(han_pg_bindir)/psql"
-postmaster="$(head -n 1 "$("$PSQL" -X -qtA -d "$direct" -c 'SHOW data_directory')/postmaster.pid")"
+postmaster="$(head -n 1 "$(han_psql "$PSQL" "$direct" -X -qtA -c 'SHOW data_directory')/postmaster.pid")"
 
 export HAN_ENV=dev HAN_REDIS_API_PASSWORD="bench-$RANDOM$RANDOM$RANDOM"
 export HAN_JWT_DEV_HS256_SECRET="bench-secret-$RANDOM$RANDOM-0123456789abcdef"
@@ -107,8 +107,10 @@ start_gateway() {
 	shift 2
 	for attempt in 1 2 3 4 5; do
 		port="$(han_pick_port 0)"
-		env HAN_HTTP_ADDR="127.0.0.1:$port" HAN_ALLOWED_ORIGINS="http://127.0.0.1:$port" HAN_INSTANCE_ID="bench-$name" \
-			DATABASE_URL="$db" HAN_DATABASE_DIRECT_URL="$direct" HAN_LOG_LEVEL=warn "$@" \
+		# The URLs (passwords) are set before env: its environment, not its arguments.
+		DATABASE_URL="$db" HAN_DATABASE_DIRECT_URL="$direct" \
+			env HAN_HTTP_ADDR="127.0.0.1:$port" HAN_ALLOWED_ORIGINS="http://127.0.0.1:$port" HAN_INSTANCE_ID="bench-$name" \
+			HAN_LOG_LEVEL=warn "$@" \
 			bin/han-gateway -migrate=false </dev/null >"$work/$name.log" 2>&1 &
 		pid=$!
 		for _ in $(seq 1 150); do

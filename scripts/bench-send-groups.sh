@@ -21,6 +21,8 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 : "${HAN_TEST_DATABASE_URL:?run under go run ./internal/testenv/cmd/withpg --}"
 old="${HAN_BENCH_OLD:-store/migrations/0015_send_groups_duplicate_key_record.sql}"
 sizes="${HAN_BENCH_SIZES:-1:256 2:256 32:16 4:256 8:256 16:256 32:256}"
@@ -28,13 +30,14 @@ rounds="${HAN_BENCH_ROUNDS:-3}"
 
 server="$HAN_TEST_DATABASE_URL"
 db="bench_send_groups_$$"
-psql -X -q -v ON_ERROR_STOP=1 "$server" -c "CREATE DATABASE $db" >/dev/null
+# han_psql: the URL's password reaches psql in its environment, not its arguments.
+han_psql psql "$server" -X -q -v ON_ERROR_STOP=1 -c "CREATE DATABASE $db" >/dev/null
 url="${server%/*}/$db"
 for f in store/migrations/*.sql; do
-	psql -X -q -v ON_ERROR_STOP=1 "$url" -f "$f" >/dev/null
+	han_psql psql "$url" -X -q -v ON_ERROR_STOP=1 -f "$f" >/dev/null
 done
-sed 's/FUNCTION send_groups(/FUNCTION send_groups_old(/' "$old" | psql -X -q -v ON_ERROR_STOP=1 "$url" >/dev/null
-psql -X -q -v ON_ERROR_STOP=1 "$url" >/dev/null <<'SQL'
+sed 's/FUNCTION send_groups(/FUNCTION send_groups_old(/' "$old" | han_psql psql "$url" -X -q -v ON_ERROR_STOP=1 >/dev/null
+han_psql psql "$url" -X -q -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
 INSERT INTO users (id) VALUES ('10000000-0000-0000-0000-000000000001');
 INSERT INTO dialogs (id, created_by) SELECT gen_random_uuid(), '10000000-0000-0000-0000-000000000001' FROM generate_series(1, 40);
 INSERT INTO dialog_members (dialog_id, user_id) SELECT id, created_by FROM dialogs;
@@ -69,11 +72,11 @@ for r in $(seq "$rounds"); do
 	for s in $sizes; do
 		nd="${s%%:*}" per="${s##*:}"
 		for fn in send_groups_old send_groups; do
-			out="$(printf '%s\n' "$call" | psql -X -tA -v ON_ERROR_STOP=1 -v nd="$nd" -v per="$per" -v fn="$fn" "$url")"
+			out="$(printf '%s\n' "$call" | han_psql psql "$url" -X -tA -v ON_ERROR_STOP=1 -v nd="$nd" -v per="$per" -v fn="$fn")"
 			created="$(printf '%s\n' "$out" | grep -E '^[0-9]+$' | head -n 1)"
 			ms="$(printf '%s\n' "$out" | grep '^Time:' | sed -n 2p | awk '{print $2}')"
 			echo "$fn round=$r dialogs=$nd per=$per msgs=$((nd * per)) created=$created ms=$ms"
 		done
 	done
 done
-psql -X -q "$server" -c "DROP DATABASE $db WITH (FORCE)" >/dev/null
+han_psql psql "$server" -X -q -c "DROP DATABASE $db WITH (FORCE)" >/dev/null

@@ -9,7 +9,8 @@
 #   scripts/bench-send.sh -duration 2s -rates-many 50,100 -rates-hot 50,100 -reps 1   # a quick try
 #
 # It starts its own servers, all on loopback, all stopped at the end: one
-# PostgreSQL cluster (initdb in a temporary folder; fsync and
+# PostgreSQL cluster (initdb in a temporary folder, a random password for
+# every connection, scram-sha-256; fsync and
 # synchronous_commit at their defaults, on — `-fsync off|both` turns fsync
 # off with ALTER SYSTEM on this cluster only; it never touches a server it
 # did not start), one redis-server, and one han-gateway per arm, each arm on
@@ -171,18 +172,27 @@ PGBIN="$(han_pg_bindir)" || han_die "PostgreSQL binaries not found"
 as_pg() {
 	if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
-mkdir -p "$work/pg"
-[ "$(id -u)" -eq 0 ] && chown postgres "$work/pg"
-as_pg "$PGBIN/initdb" -D "$work/pg/data" -A trust -U postgres -E UTF8 --locale=C >"$work/initdb.log" 2>&1 ||
+# 127.0.0.1 is open to every account on the machine, and the superuser can
+# run programs on the server: every connection, over TCP and the socket (in
+# $work/pg, mode 700), needs this run's random password. It reaches initdb
+# in a file only the cluster's owner reads, never in its arguments, and the
+# tools below in their environment (DATABASE_URL; psql's PGPASSWORD).
+pg_pw="$(han_random_hex 32)"
+mkdir -m 700 "$work/pg"
+(umask 077 && printf '%s\n' "$pg_pw" >"$work/pg/initdb.pw")
+[ "$(id -u)" -eq 0 ] && chown postgres "$work/pg" "$work/pg/initdb.pw"
+as_pg "$PGBIN/initdb" -D "$work/pg/data" --auth=scram-sha-256 --pwfile="$work/pg/initdb.pw" -U postgres -E UTF8 --locale=C >"$work/initdb.log" 2>&1 ||
 	han_die "initdb failed: $(tail -n 3 "$work/initdb.log")"
+rm -f "$work/pg/initdb.pw"
 pg_port="$(han_pick_port 0)"
 as_pg "$PGBIN/pg_ctl" -D "$work/pg/data" -l "$work/pg/log" -w -t 60 \
 	-o "-p $pg_port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300 -c log_checkpoints=on -c log_autovacuum_min_duration=0 -c log_min_duration_statement=100 $pg_opts" start >/dev/null ||
 	han_die "PostgreSQL did not start: $(tail -n 3 "$work/pg/log")"
 pg_ctl_stop="as_pg '$PGBIN/pg_ctl' -D '$work/pg/data' -m fast -w stop"
 postmaster="$(head -n 1 "$work/pg/data/postmaster.pid")"
-server="postgres://postgres@127.0.0.1:$pg_port"
-psql_() { "$PGBIN/psql" -X -qtA -v ON_ERROR_STOP=1 -d "$server/${1}?sslmode=disable" -c "$2"; }
+# The password is hex: nothing in it needs escaping in a URL.
+server="postgres://postgres:$pg_pw@127.0.0.1:$pg_port"
+psql_() { han_psql "$PGBIN/psql" "$server/${1}?sslmode=disable" -X -qtA -v ON_ERROR_STOP=1 -c "$2"; }
 for db in han_gw han_sql han_sql_p1 han_sql_nl han_old; do psql_ postgres "CREATE DATABASE $db" >/dev/null; done
 
 # --- Redis ---------------------------------------------------------------------
@@ -239,8 +249,9 @@ start_gateway() { # ARM BIN DB
 	local procs=()
 	[ "$arm" = gw-p1 ] && procs=(GOMAXPROCS=1)
 	[ "$arm" = gw-nl ] && procs=(HAN_SEND_LINGER=0 HAN_IDEMPOTENCY_LINGER=0)
-	env "${procs[@]+"${procs[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$port" DATABASE_URL="$(if [ "$bin" = "$work/new/han-gateway" ]; then poolurl "$db"; else dburl "$db"; fi)" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
-		HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
+	# The URLs (passwords) are set before env, so they are in its environment, not its arguments.
+	DATABASE_URL="$(if [ "$bin" = "$work/new/han-gateway" ]; then poolurl "$db"; else dburl "$db"; fi)" REDIS_URL="$(redis_url "$rdb")" REDIS_REALTIME_URL="$(redis_url $((rdb + 1)))" \
+		env "${procs[@]+"${procs[@]}"}" HAN_HTTP_ADDR="127.0.0.1:$port" HAN_INSTANCE_ID="bench-$arm" HAN_LOG_LEVEL=warn HAN_DRAIN_DELAY=0 HAN_DEBUG_ENDPOINTS="${debug_endpoints:-0}" \
 		HAN_DB_EXEC_MODE="$exec_mode" HAN_SEND_COMMITTERS="$committers" "$bin" -migrate=false </dev/null >>"$work/$arm.log" 2>&1 &
 	gw_pid[$arm]=$!
 	pids+=("$!")
@@ -295,12 +306,14 @@ phase() { # FSYNC SHAPE ARM ROUND
 	fi
 	args+=(-step-p99 "$step_p99" -duration "$duration" -warmup "$warmup" -max-duration "$((secs * 8 + wsecs + 120))s" -quiet -summary-export "$sum")
 	args+=(-cpu-pid "postgres=$postmaster+" -cpu-pid "redis=$redis_pid")
-	local lt_env=()
+	local lt_env=() lt_db=""
 	[ "$arm" = sql-p1 ] && lt_env=(GOMAXPROCS=1)
 	if [ "${arm%-*}" = sql ]; then
 		local nl=()
 		[ "$arm" = sql-nl ] && nl=(-send-linger 0)
-		args=(send-sql -database-url "$(poolurl "han_${arm//-/_}")" -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${nl[@]+"${nl[@]}"}" "${args[@]}")
+		# send-sql reads DATABASE_URL: the password stays out of its arguments.
+		lt_db="$(poolurl "han_${arm//-/_}")"
+		args=(send-sql -exec-mode "$exec_mode" ${committers:+-send-committers "$committers"} "${nl[@]+"${nl[@]}"}" "${args[@]}")
 	else
 		# A fresh gateway per phase, so no idle gateway of another arm adds
 		# its background work to PostgreSQL's and Redis's CPU.
@@ -311,7 +324,7 @@ phase() { # FSYNC SHAPE ARM ROUND
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats0"
 	l0="$(cut -d' ' -f1 /proc/loadavg)"
 	read -r st0 t0 < <(han_steal_ticks)
-	env "${lt_env[@]+"${lt_env[@]}"}" "$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
+	DATABASE_URL="$lt_db" env "${lt_env[@]+"${lt_env[@]}"}" "$LT" run "${args[@]}" -threshold 'history_missing==0' -threshold 'history_duplicates==0' \
 		-threshold 'history_reordered==0' >"$work/$fs-$shape-$arm-$round.out" 2>&1 || rc=$?
 	l1="$(cut -d' ' -f1 /proc/loadavg)"
 	cmdstats >"$work/$fs-$shape-$arm-$round.cmdstats1"

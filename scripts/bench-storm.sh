@@ -88,6 +88,8 @@ url="http://127.0.0.1:$port"
 # The restart command: SIGTERM, wait for the exit, start again on the same
 # port, wait for /readyz. The send and history routes' limits are raised so
 # the storm's own traffic is never denied (the limiter still runs).
+# It holds DATABASE_URL (the password): readable by this account alone.
+(umask 077 && : >"$work/gw.sh")
 cat >"$work/gw.sh" <<EOF
 #!/usr/bin/env bash
 if [ -r "$work/gw.pid" ]; then

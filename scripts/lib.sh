@@ -151,6 +151,20 @@ han_random_hex() {
 	od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'
 }
 
+# han_psql PSQL URL ARGS...: run the psql binary PSQL on the PostgreSQL URL
+# with ARGS; the URL's password (URL-encoded) goes to psql in PGPASSWORD,
+# never in its arguments, which ps shows to every account.
+han_psql() {
+	local psql=$1 url=$2 pw="" re='^(postgres(ql)?://[^:@/]*):([^@/]*)@(.*)$'
+	shift 2
+	if [[ "$url" =~ $re ]]; then
+		url="${BASH_REMATCH[1]}@${BASH_REMATCH[4]}"
+		pw="${BASH_REMATCH[3]}"
+		pw="$(printf '%b' "${pw//%/\\x}")"
+	fi
+	PGPASSWORD="$pw" "$psql" -d "$url" "$@"
+}
+
 # han_hash STRING: a short stable hash (12 hex chars).
 han_hash() {
 	printf '%s' "$1" | sha256sum | cut -c1-12

@@ -13,6 +13,8 @@
 # REST path, not the limiter, is measured.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh # han_psql: a URL's password reaches psql in its environment, not its arguments
 if [[ -z "${HAN_TEST_DATABASE_URL:-}" ]]; then
 	exec go run ./internal/testenv/cmd/withpg -- bash "$0" "$@"
 fi
@@ -23,7 +25,7 @@ go build -o "$W/han-loadtest" ./cmd/han-loadtest
 RATE=${RATE:-1000}
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 base=${HAN_TEST_DATABASE_URL%/*}
-psql "$HAN_TEST_DATABASE_URL" -qc 'CREATE DATABASE han_lt' >/dev/null
+han_psql psql "$HAN_TEST_DATABASE_URL" -qc 'CREATE DATABASE han_lt' >/dev/null
 DB="$base/han_lt"
 rp=$(free_port); hp=$(free_port)
 pw=api-$RANDOM$RANDOM$RANDOM
@@ -43,7 +45,7 @@ export DATABASE_URL=$DB HAN_HTTP_ADDR=127.0.0.1:$hp REDIS_URL=redis://api_backen
   REDIS_REALTIME_URL=redis://api_backend:$pw@127.0.0.1:$rp/1 HAN_JWT_DEV_HS256_SECRET=lt-secret-0123456789abcdef0123456789 \
   HAN_HMAC_SECRET=lt-hmac-0123456789 HAN_ALLOWED_ORIGINS=http://localhost:8080 HAN_LOG_LEVEL=warn
 $W/hanctl migrate >/dev/null
-psql "$DB" -qc "INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules) VALUES ('POST /v1/dialogs/{id}/messages', 'sliding', 'fail-closed', '[{\"family\":\"user\",\"limit\":1000,\"windowMs\":10000},{\"family\":\"dialog\",\"limit\":1000,\"windowMs\":10000},{\"family\":\"ip\",\"limit\":100000,\"windowMs\":10000}]')"
+han_psql psql "$DB" -qc "INSERT INTO rate_limit_policies(route, algorithm, on_failure, rules) VALUES ('POST /v1/dialogs/{id}/messages', 'sliding', 'fail-closed', '[{\"family\":\"user\",\"limit\":1000,\"windowMs\":10000},{\"family\":\"dialog\",\"limit\":1000,\"windowMs\":10000},{\"family\":\"ip\",\"limit\":100000,\"windowMs\":10000}]')"
 $W/han-gateway >$W/gateway.log 2>&1 &
 gpid=$!
 for i in $(seq 200); do curl -fs http://127.0.0.1:$hp/readyz >/dev/null 2>&1 && break; sleep 0.05; done

@@ -22,8 +22,9 @@
 #      through the module proxy);
 #   3. `go test -race -count=1 -timeout 20m <ARGS>` through
 #      `go run ./internal/testenv/cmd/withpg --`, which starts one private
-#      PostgreSQL cluster (initdb -A trust, free port, data dir in /tmp) for the
-#      run; every test package starts its own private redis-server(s).
+#      PostgreSQL cluster (free port, data dir in /tmp; every connection needs
+#      its random password, scram-sha-256, carried in HAN_TEST_DATABASE_URL)
+#      for the run; every test package starts its own private redis-server(s).
 #
 # --pgbouncer (first argument): the bouncer suite. Every test database is
 # reached through a private PgBouncer in transaction pooling mode
