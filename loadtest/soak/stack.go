@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -206,8 +207,24 @@ func (s *Stack) startPG(ctx context.Context) error {
 		return cmd
 	}
 	data := filepath.Join(dir, "data")
-	if out, err := asPG(exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres",
-		"-E", "UTF8", "--locale=C", "--no-sync")).CombinedOutput(); err != nil {
+	// Every connection gives a password made for this run (scram-sha-256):
+	// with trust, any account on the machine could log in as superuser
+	// while the soak runs. initdb reads it from a file only its owner can
+	// read, removed once it has run, never from its arguments.
+	password := randomHex(24)
+	pwfile := filepath.Join(dir, "initdb.pw")
+	if err := os.WriteFile(pwfile, []byte(password+"\n"), 0o600); err != nil {
+		return err
+	}
+	if cred != nil {
+		if err := os.Chown(pwfile, int(cred.Uid), int(cred.Gid)); err != nil {
+			return err
+		}
+	}
+	out, err := asPG(exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "--auth=scram-sha-256",
+		"--pwfile="+pwfile, "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")).CombinedOutput()
+	os.Remove(pwfile)
+	if err != nil {
 		return fmt.Errorf("initdb: %w: %s", err, lastLines(out))
 	}
 	port, err := freePort()
@@ -215,8 +232,9 @@ func (s *Stack) startPG(ctx context.Context) error {
 		return err
 	}
 	s.PGPort = port
-	server := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	s.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/han_soak?sslmode=disable", port)
+	auth := url.UserPassword("postgres", password).String()
+	server := fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", auth, port)
+	s.DatabaseURL = fmt.Sprintf("postgres://%s@127.0.0.1:%d/han_soak?sslmode=disable", auth, port)
 	s.PG = &proc{name: "postgres", args: func() *exec.Cmd {
 		cmd := asPG(exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", strconv.Itoa(port), "-k", dir,
 			"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"))
