@@ -69,7 +69,7 @@ const (
 // migration may rightly run for minutes, and ctx already bounds the whole
 // run.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	return migrate(ctx, pool, "", slog.Default())
+	return MigrateBefore(ctx, pool, "")
 }
 
 // MigrateLogged is Migrate with its retries logged to logger (the
