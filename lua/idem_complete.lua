@@ -8,7 +8,8 @@
 -- ARGV[4] resource id
 -- ARGV[5] resource version
 -- ARGV[6] meta (what rebuilding the response needs; never a body, token or URL)
--- ARGV[7] record TTL in ms (24 h by default)
+-- ARGV[7] record TTL in ms, >= 1: what is left of the PostgreSQL record's life
+--         (HAN_IDEMPOTENCY_TTL, 24 h by default, counted from the request's start)
 -- Returns 1 completed (lock released), 0 the lock belongs to another owner,
 -- -1 no lock (it expired); nothing is written unless 1.
 -- Errors: "ERR expiry_denied" when the ACL refuses PEXPIRE (nothing written).

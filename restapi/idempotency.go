@@ -413,6 +413,10 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 	ctx := r.Context()
 	stop := s.idemHeartbeat(k, owner)
 	s.idemStage("locked")
+	// The durable record expires RecordTTL after its transaction's start,
+	// which is after this: counted from here, the Redis record does not
+	// outlive it.
+	expires := time.Now().Add(s.idem.cfg.RecordTTL)
 	out, err := op.exec(ctx, &idemTarget{key: k, fp: fp, ttl: s.idem.cfg.RecordTTL})
 	if err == nil {
 		s.idemStage("committed")
@@ -431,11 +435,15 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 	out.rec.Fingerprint = fp
 	// Not waited for: PostgreSQL already holds the record, and a retry
 	// that meets the lock before the complete lands is answered from it.
-	s.idem.store.CompleteLater(k, owner, out.rec, func(err error) {
-		if err != nil {
-			s.metrics.errors.WithLabelValues("redis", "idempotency_complete").Inc()
-		}
-	})
+	if ttl := time.Until(expires); ttl >= time.Millisecond {
+		s.idem.store.CompleteLater(k, owner, out.rec, ttl, func(err error) {
+			if err != nil {
+				s.metrics.errors.WithLabelValues("redis", "idempotency_complete").Inc()
+			}
+		})
+	} else {
+		s.idemRelease(ctx, k, owner)
+	}
 	if out.after != nil {
 		out.after()
 	}
@@ -445,8 +453,11 @@ func (s *Server) idemRun(w http.ResponseWriter, r *http.Request, op idemOp, k st
 
 // idemRecover is the recover phase: PostgreSQL holds a live record that
 // Redis lost (eviction, restart, empty restore), so the request is answered
-// from it and Redis re-warmed. The business transaction rolled back, so
-// nothing happened twice.
+// from it and Redis re-warmed for what is left of the row's life, never a
+// fresh RecordTTL: once the row expired the key is absent in both, and the
+// attachment janitor, which counts a record's life from its creation, does
+// not purge a resource a Redis record still replays. The business
+// transaction rolled back, so nothing happened twice.
 func (s *Server) idemRecover(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp, owner string) {
 	ctx := r.Context()
 	rec, found, err := s.store.LookupIdempotency(ctx, k)
@@ -464,7 +475,11 @@ func (s *Server) idemRecover(w http.ResponseWriter, r *http.Request, op idemOp, 
 		s.idemCount(op, idemOutcomeConflict)
 		s.fail(w, r, errIdemKeyReused)
 	default:
-		s.idemComplete(ctx, k, owner, rec)
+		if ttl := time.Until(rec.Expires); ttl >= time.Millisecond {
+			s.idemComplete(ctx, k, owner, rec, ttl)
+		} else {
+			s.idemRelease(ctx, k, owner)
+		}
 		s.idemCount(op, idemOutcomeReplayPG)
 		s.idemReplay(w, r, op, rec)
 	}
@@ -591,10 +606,10 @@ func (s *Server) idemReplay(w http.ResponseWriter, r *http.Request, op idemOp, r
 // client's cancellation: a client that hung up must not leave the key
 // locked. A failure is harmless: PostgreSQL holds completed records, and an
 // unreleased lock expires.
-func (s *Server) idemComplete(ctx context.Context, k store.IdemKey, owner string, rec store.IdemRecord) {
+func (s *Server) idemComplete(ctx context.Context, k store.IdemKey, owner string, rec store.IdemRecord, ttl time.Duration) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.idem.cfg.RedisBudget)
 	defer cancel()
-	if _, err := s.idem.store.Complete(ctx, k, owner, rec); err != nil {
+	if _, err := s.idem.store.Complete(ctx, k, owner, rec, ttl); err != nil {
 		s.metrics.errors.WithLabelValues("redis", "idempotency_complete").Inc()
 	}
 }

@@ -55,6 +55,12 @@ type IdemRecord struct {
 	// Meta is a small JSON object (e.g. an upload URL's expiry); "" or
 	// "{}" when unused.
 	Meta string
+	// Expires is when the durable record expires, on this process's
+	// monotonic clock; set by LookupIdempotency only. It is the lookup's
+	// start plus the life PostgreSQL said the row had left, so it is never
+	// later than the row's own expiry: a Redis record re-warmed from the
+	// row lives time.Until(Expires), not a fresh RecordTTL.
+	Expires time.Time
 }
 
 // IdemOutcome is the answer of a reservation.
@@ -219,11 +225,14 @@ func reservation(cmd *redis.Cmd, fp, op string) (IdemReservation, error) {
 	return IdemReservation{}, fmt.Errorf("%s: unexpected reply: %w", op, rds.ErrRedisUnavailable)
 }
 
-// Complete stores rec as completed and releases the lock, only if owner
-// still holds it. It returns 1 stored, 0 another owner holds the lock, -1 no
-// lock (nothing is written unless 1).
-func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec IdemRecord) (int64, error) {
-	cmd, err := i.run(ctx, lua.IdemComplete, k, k.lockKeys(), "", owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds())
+// Complete stores rec as completed for ttl and releases the lock, only if
+// owner still holds it. ttl is what is left of the durable record's life
+// (RecordTTL at most), so the Redis record does not outlive it; a caller
+// with less than a millisecond left releases the lock instead. It returns 1
+// stored, 0 another owner holds the lock, -1 no lock (nothing is written
+// unless 1).
+func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec IdemRecord, ttl time.Duration) (int64, error) {
+	cmd, err := i.run(ctx, lua.IdemComplete, k, k.lockKeys(), "", owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, ttl.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("idempotency complete: %w", err)
 	}
@@ -236,14 +245,14 @@ func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec
 // done, if not nil, gets Complete's error. Meanwhile the lock still says
 // in progress, and a retry that meets it is answered from the PostgreSQL
 // record the business transaction wrote.
-func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, done func(error)) {
+func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, ttl time.Duration, done func(error)) {
 	if err := i.health.Check(); err != nil {
 		if done != nil {
 			done(fmt.Errorf("idempotency complete: %w", err))
 		}
 		return
 	}
-	args := []any{owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, i.cfg.RecordTTL.Milliseconds()}
+	args := []any{owner, rec.Fingerprint, rec.Status, rec.ResourceID, rec.Version, rec.Meta, ttl.Milliseconds()}
 	i.rdb.ScriptLater(lua.IdemComplete, k.lockKeys(), args, func(cmd *redis.Cmd) {
 		err := cmd.Err()
 		if err != nil {
@@ -290,10 +299,18 @@ func (i *Idempotency) Extend(ctx context.Context, k IdemKey, owner string) (int6
 // for a connection and its run are bounded by the request budget, and
 // running out of it is ErrDatabaseBusy (a keyed request that meets a lock
 // held elsewhere, and every keyed send while Redis is out, read here).
+//
+// rec.Expires is the row's expiry on this process's clock: PostgreSQL
+// computes the life left (expires_at - now(), its own clock, so the two
+// hosts' clocks need not agree), counted from before the query was sent.
 func (s *Store) LookupIdempotency(ctx context.Context, k IdemKey) (rec IdemRecord, found bool, err error) {
-	err = s.reqQueryRow(ctx, `SELECT fingerprint, status, resource_id, version, meta::text
+	start := time.Now()
+	var leftMs int64
+	err = s.reqQueryRow(ctx, `SELECT fingerprint, status, resource_id, version, meta::text,
+			floor(extract(epoch FROM expires_at - now()) * 1000)::bigint
 		FROM idempotency_records WHERE scope=$1 AND user_id=$2 AND key_hmac=$3 AND expires_at > now()`,
-		k.Scope, k.UserID, k.KeyHMAC).Scan(&rec.Fingerprint, &rec.Status, &rec.ResourceID, &rec.Version, &rec.Meta)
+		k.Scope, k.UserID, k.KeyHMAC).Scan(&rec.Fingerprint, &rec.Status, &rec.ResourceID, &rec.Version, &rec.Meta, &leftMs)
+	rec.Expires = start.Add(time.Duration(leftMs) * time.Millisecond)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return IdemRecord{}, false, nil
 	}

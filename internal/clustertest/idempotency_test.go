@@ -3,6 +3,7 @@ package clustertest_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/han-app/gateway/store"
 )
@@ -29,10 +30,10 @@ func TestIdempotencyOnCluster(t *testing.T) {
 			t.Fatalf("place %d: concurrent reserve: %+v %v", p.n, r, err)
 		}
 		rec := store.IdemRecord{Fingerprint: "fp-a", Status: 201, ResourceID: "res-1", Version: 7, Meta: "{}"}
-		if n, err := idem.Complete(ctx, k, "owner-2", rec); err != nil || n != 0 {
+		if n, err := idem.Complete(ctx, k, "owner-2", rec, time.Hour); err != nil || n != 0 {
 			t.Fatalf("place %d: complete by a non-owner must write nothing: %d %v", p.n, n, err)
 		}
-		if n, err := idem.Complete(ctx, k, "owner-1", rec); err != nil || n != 1 {
+		if n, err := idem.Complete(ctx, k, "owner-1", rec, time.Hour); err != nil || n != 1 {
 			t.Fatalf("place %d: complete: %d %v", p.n, n, err)
 		}
 		r, err := idem.Reserve(ctx, k, "fp-a", "owner-3")
