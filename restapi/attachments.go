@@ -319,7 +319,7 @@ func (s *Server) initAttachment(w http.ResponseWriter, r *http.Request) error {
 				Idem: idemWrite(target, uploadRecord)}
 			a, err := s.store.CreateAttachment(ctx, in)
 			if err != nil {
-				return idemResult{}, err
+				return idemResult{}, s.keyAnswers(ctx, target, err)
 			}
 			rec := uploadRecord(a)
 			body, err := json.Marshal(s.uploadDTO(a.ID, a.UploadExpiresAt.UnixMilli()))

@@ -99,16 +99,16 @@ func (s *Server) sendMessageIdempotent(w http.ResponseWriter, r *http.Request, i
 	})
 }
 
-// keyAnswers is the error of a keyed send whose own checks failed: the
-// checks (membership, attachments) run before the key's record is looked
-// at, and a retry of a send that committed fails them (its attachments are
-// linked now, its sender may have left the dialog since). When PostgreSQL
-// holds a live record of the key (Redis lost it, or the first attempt's
-// answer was lost after its commit), that record answers instead
-// (ErrIdemExists): the replay of the same request, or 409 for another.
-// A lookup that fails answers its own error (503): the check's 4xx would
-// tell the client, for good, that nothing was written, and the send may
-// have been.
+// keyAnswers is the error of a keyed send or attachment init whose own
+// checks failed: the checks (membership, attachments) run before the key's
+// record is looked at, and a retry of a request that committed fails them
+// (a send's attachments are linked now, the sender or uploader may have
+// left the dialog since). When PostgreSQL holds a live record of the key
+// (Redis lost it, or the first attempt's answer was lost after its commit),
+// that record answers instead (ErrIdemExists): the replay of the same
+// request, or 409 for another. A lookup that fails answers its own error
+// (503): the check's 4xx would tell the client, for good, that nothing was
+// written, and the request's effect may have been.
 func (s *Server) keyAnswers(ctx context.Context, target *idemTarget, err error) error {
 	if target == nil || !(errors.Is(err, store.ErrInvalidAttachment) || errors.Is(err, store.ErrDialogNotFound)) {
 		return err

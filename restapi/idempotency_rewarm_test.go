@@ -127,3 +127,35 @@ func TestRewarmedInitRecordDoesNotOutliveItsAttachment(t *testing.T) {
 			code, a3, hdr.Get("Idempotent-Replayed"))
 	}
 }
+
+// A committed attachment init whose uploader then left the dialog, and whose
+// Redis record was lost, is replayed to its retry from PostgreSQL: the
+// membership check runs before the key's row is looked at, and the key's
+// live row answers instead of its 404 dialog_not_found.
+func TestInitRetryAfterLeavingReplays(t *testing.T) {
+	r, rdb, rt := privateRedis(t, testenv.RedisOptions{}, time.Second)
+	h := newIdemHarness(t, idemOpts{rdb: rdb, rt: rt})
+	_, aTok := h.user()
+	bob, bTok := h.user()
+	d := h.dialog(aTok, bob)
+	initBody := fmt.Sprintf(`{"dialogId":%q,"filename":"a.txt","contentType":"text/plain","sizeBytes":3}`, d.ID)
+	code, a1, _ := h.doH(bTok, "POST", "/v1/attachments", initBody, keyHdr("init-then-left"))
+	if code != 201 {
+		t.Fatalf("%d %s", code, a1)
+	}
+	loseRedisRecord(t, r)
+	if _, err := h.pool.Exec(context.Background(), "DELETE FROM dialog_members WHERE dialog_id=$1 AND user_id=$2", d.ID, bob); err != nil {
+		t.Fatal(err)
+	}
+	code, a2, hdr := h.doH(bTok, "POST", "/v1/attachments", initBody, keyHdr("init-then-left"))
+	if code != 201 || !bytes.Equal(a1, a2) || hdr.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of a committed init after leaving and a Redis loss: %d %s, want the replay of %s", code, a2, a1)
+	}
+	// Another request under the key is still 409, and one without a
+	// record is still 404.
+	other := strings.Replace(initBody, "a.txt", "b.txt", 1)
+	code, b, _ := h.doH(bTok, "POST", "/v1/attachments", other, keyHdr("init-then-left"))
+	wantError(t, code, b, 409, "idempotency_key_reused")
+	code, b, _ = h.doH(bTok, "POST", "/v1/attachments", other, keyHdr("init-never-ran"))
+	wantError(t, code, b, 404, "dialog_not_found")
+}
