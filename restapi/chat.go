@@ -130,6 +130,9 @@ type createDialogReq struct {
 }
 
 func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
+	if _, _, err := idemKeyHeader(r); err != nil {
+		return err
+	}
 	var req createDialogReq
 	if err := decodeJSON(w, r, ChatBodyLimit, &req); err != nil {
 		return err

@@ -3,6 +3,7 @@ package restapi_test
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -31,4 +32,13 @@ func TestDialogCreateRetryWithMembersReorderedIsAReplay(t *testing.T) {
 			t.Errorf("retry with memberIds %s: %d %s, want the replay of %s", members, code, b2, b1)
 		}
 	}
+}
+
+// The Idempotency-Key's syntax is checked before the body, as on the other
+// keyed routes: a bad key with a bad body is 400 invalid_idempotency_key.
+func TestDialogCreateKeySyntaxCheckedFirst(t *testing.T) {
+	h := newHarness(t)
+	_, aTok := h.user()
+	code, b, _ := h.doH(aTok, "POST", "/v1/dialogs", `{"memberIds":[]}`, keyHdr(strings.Repeat("k", 256)))
+	wantError(t, code, b, 400, "invalid_idempotency_key")
 }
