@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
@@ -254,7 +253,7 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 	}
 	c.Filename = strings.TrimSpace(*req.Filename)
 	if c.Filename == "" || len(c.Filename) > MaxFilenameBytes || !utf8.ValidString(c.Filename) ||
-		hasControl(c.Filename) || hasLineSeparator(c.Filename) || hasFormat(c.Filename) ||
+		hasControl(c.Filename) || hasLineSeparator(c.Filename) || hasHiddenChar(c.Filename) ||
 		strings.ContainsAny(c.Filename, `/\`) || c.Filename == "." || c.Filename == ".." {
 		return c, errInvalidFilename
 	}
@@ -279,20 +278,6 @@ func (s *Server) validateInit(req initAttachmentReq) (canonicalInit, error) {
 	}
 	c.SizeBytes = n
 	return c, nil
-}
-
-// hasFormat reports whether s holds a Unicode format character (category
-// Cf): bidirectional overrides and isolates, zero-width characters, the
-// byte order mark. They are invisible, and the bidi ones reorder what
-// follows, so "invoice\u202Efdp.exe" shows as "invoiceexe.pdf" wherever
-// the name is displayed: a file could pose as another type.
-func hasFormat(s string) bool {
-	for _, r := range s {
-		if unicode.Is(unicode.Cf, r) {
-			return true
-		}
-	}
-	return false
 }
 
 // initAttachment: POST /v1/attachments (Idempotency-Key required) → 201

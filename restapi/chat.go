@@ -163,10 +163,10 @@ func (s *Server) createDialog(w http.ResponseWriter, r *http.Request) error {
 	if req.Title != nil {
 		// Control characters are refused anywhere, the ends included (not
 		// trimmed away), and so are the line and paragraph separators
-		// (U+2028, U+2029), which break the line as LF does, and format
-		// characters (bidi overrides, isolates, zero-width characters),
+		// (U+2028, U+2029), which break the line as LF does, and invisible
+		// characters outside the text that needs them (hasHiddenChar),
 		// which reorder or hide what the members read.
-		if hasControl(*req.Title) || hasLineSeparator(*req.Title) || hasFormat(*req.Title) {
+		if hasControl(*req.Title) || hasLineSeparator(*req.Title) || hasHiddenChar(*req.Title) {
 			return apiErr(http.StatusBadRequest, "invalid_title")
 		}
 		title = strings.TrimSpace(*req.Title)

@@ -34,7 +34,7 @@ const sentences = {
   dialog_busy: "This dialog is receiving too many messages at once. The message was not sent; try again in a moment.",
   invalid_uuid: "That id is not a valid UUID.",
   invalid_members: "Members must be 1 to 99 user ids (UUIDs).",
-  invalid_title: "The title is too long or contains control characters.",
+  invalid_title: "The title is too long or contains control or invisible characters.",
   invalid_client_message_id: "The client message id is not valid.",
   invalid_limit: "The page size is out of range.",
   invalid_cursor: "The page cursor is not valid; start from the first page.",
