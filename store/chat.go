@@ -83,7 +83,7 @@ func (s *Store) PoolLoad() PoolLoad {
 type Dialog struct {
 	ID        string
 	Title     string
-	MemberIDs []string
+	MemberIDs []string // the creator first, then the others by id
 	LastSeq   int64
 	CreatedAt time.Time
 	// LastMessage is the newest message, filled by ListDialogs only (nil
@@ -222,8 +222,12 @@ func (s *Store) CreateDialog(ctx context.Context, id, creator, title string, mem
 	return d, nil
 }
 
+// dialogColumns reads a dialog d; its members come in the order its
+// creation answers them (the creator first, then the others by id), so the
+// dialog reads the same in every answer.
 const dialogColumns = `d.id::text, d.title, d.last_seq, d.created_at,
-	ARRAY(SELECT m.user_id::text FROM dialog_members m WHERE m.dialog_id = d.id ORDER BY m.joined_at, m.user_id)`
+	ARRAY(SELECT m.user_id::text FROM dialog_members m WHERE m.dialog_id = d.id
+		ORDER BY m.user_id <> d.created_by, m.user_id)`
 
 func scanDialog(row pgx.Row) (Dialog, error) {
 	var d Dialog
@@ -307,7 +311,7 @@ func listDialogsSQL(withCursor bool) string {
 		where = " AND (me.dialog_created_at, me.dialog_id) < ($3, $4)"
 	}
 	return `SELECT ` + dialogColumns + `, lm.*
-		FROM (SELECT d.id, d.title, d.last_seq, d.created_at FROM dialog_members me
+		FROM (SELECT d.id, d.title, d.last_seq, d.created_at, d.created_by FROM dialog_members me
 			JOIN dialogs d ON d.id = me.dialog_id
 			WHERE me.user_id = $1` + where + `
 			ORDER BY me.dialog_created_at DESC, me.dialog_id DESC LIMIT $2) d
