@@ -394,8 +394,11 @@ func TestRecoveryWithStalledRedisStaysWithinTheBudget(t *testing.T) {
 	start := time.Now()
 	n, err := stalled.NewRecoverer(db1, "stalled-redis").RunOnce(ctx)
 	took := time.Since(start)
-	if err != nil || n != len(ids) {
-		t.Fatalf("recovery with Redis stalled: %d %v", n, err)
+	// Tasks an earlier test of the package left running may come due
+	// during this one and be recovered in the same round: at least this
+	// test's own, each checked below.
+	if err != nil || n < len(ids) {
+		t.Fatalf("recovery with Redis stalled: %d %v, want at least this test's %d", n, err, len(ids))
 	}
 	// The budget a round has: a stuck task waits at most one interval to
 	// be picked up.
