@@ -207,25 +207,9 @@ func (s *Stack) startPG(ctx context.Context) error {
 		return cmd
 	}
 	data := filepath.Join(dir, "data")
-	// Every connection gives a password made for this run (scram-sha-256):
-	// with trust, any account on the machine could log in as superuser
-	// while the soak runs. initdb reads it from a file only its owner can
-	// read, removed once it has run, never from its arguments.
-	password := randomHex(24)
-	pwfile := filepath.Join(dir, "initdb.pw")
-	if err := os.WriteFile(pwfile, []byte(password+"\n"), 0o600); err != nil {
-		return err
-	}
-	if cred != nil {
-		if err := os.Chown(pwfile, int(cred.Uid), int(cred.Gid)); err != nil {
-			return err
-		}
-	}
-	out, err := asPG(exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "--auth=scram-sha-256",
-		"--pwfile="+pwfile, "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")).CombinedOutput()
-	os.Remove(pwfile)
+	password, err := initPGData(ctx, bin, dir, data, cred, asPG)
 	if err != nil {
-		return fmt.Errorf("initdb: %w: %s", err, lastLines(out))
+		return err
 	}
 	port, err := freePort()
 	if err != nil {
@@ -260,6 +244,31 @@ func (s *Stack) startPG(ctx context.Context) error {
 	defer c.Close(ctx)
 	_, err = c.Exec(ctx, "CREATE DATABASE han_soak")
 	return err
+}
+
+// initPGData runs initdb for the soak's PostgreSQL in data and returns the
+// password it set. Every connection gives that password, made for this run
+// (scram-sha-256): with trust, any account on the machine could log in as
+// superuser while the soak runs. initdb reads it from a file only its owner
+// can read, removed once it has run, never from its arguments.
+func initPGData(ctx context.Context, bin, dir, data string, cred *syscall.Credential, asPG func(*exec.Cmd) *exec.Cmd) (string, error) {
+	password := randomHex(24)
+	pwfile := filepath.Join(dir, "initdb.pw")
+	if err := os.WriteFile(pwfile, []byte(password+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	defer os.Remove(pwfile)
+	if cred != nil {
+		if err := os.Chown(pwfile, int(cred.Uid), int(cred.Gid)); err != nil {
+			return "", err
+		}
+	}
+	out, err := asPG(exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "--auth=scram-sha-256",
+		"--pwfile="+pwfile, "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("initdb: %w: %s", err, lastLines(out))
+	}
+	return password, nil
 }
 
 func (s *Stack) startGateway(ctx context.Context, i int) error {
