@@ -27,24 +27,7 @@ func TestDialogListingPageReadsOnlyThePage(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
 	const n, limit = 5000, 50
-	u, other := ids.New(), ids.New()
-	for _, step := range []struct {
-		q    string
-		args []any
-	}{
-		{`INSERT INTO users(id) VALUES ($1), ($2)`, []any{u, other}},
-		// Two dialogs per minute: ties on created_at, broken by id.
-		{`INSERT INTO dialogs(id, created_by, created_at) SELECT gen_random_uuid(), $1,
-			date_trunc('minute', now()) - (g / 2) * interval '1 minute' FROM generate_series(1, $2::int) g`, []any{u, n}},
-		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $1 FROM dialogs WHERE created_by = $1`, []any{u}},
-		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $2 FROM dialogs WHERE created_by = $1`, []any{u, other}},
-		{`ANALYZE dialogs`, nil},
-		{`ANALYZE dialog_members`, nil},
-	} {
-		if _, err := pool.Exec(ctx, step.q, step.args...); err != nil {
-			t.Fatalf("%s: %v", step.q, err)
-		}
-	}
+	u, _ := userInManyDialogs(t, pool, n, 0)
 	var want []string
 	rows, _ := pool.Query(ctx, `SELECT id::text FROM dialogs WHERE created_by = $1 ORDER BY created_at DESC, id DESC`, u)
 	for rows.Next() {
@@ -159,4 +142,37 @@ func checkPageReads(t *testing.T, pool *pgxpool.Pool, plan planNode, page, perDi
 	if !fromIndex {
 		t.Errorf("the page's memberships do not come from dialog_members_listing_idx: %v", nodes)
 	}
+}
+
+// userInManyDialogs writes a user u in n dialogs that u created, two a
+// minute going back from now (ties on the creation time, broken by id;
+// neither the ids nor the insert order give the newest), and another user
+// in the oldest otherIn of them (all when otherIn is 0), with the
+// memberships written as the release before the listing index writes
+// them, without their dialog's creation time; then ANALYZE.
+func userInManyDialogs(t *testing.T, pool *pgxpool.Pool, n, otherIn int) (u, other string) {
+	t.Helper()
+	ctx := context.Background()
+	u, other = ids.New(), ids.New()
+	if otherIn == 0 {
+		otherIn = n
+	}
+	for _, step := range []struct {
+		q    string
+		args []any
+	}{
+		{`INSERT INTO users(id) VALUES ($1), ($2)`, []any{u, other}},
+		{`INSERT INTO dialogs(id, created_by, created_at) SELECT gen_random_uuid(), $1,
+			date_trunc('minute', now()) - (g / 2) * interval '1 minute' FROM generate_series(1, $2::int) g`, []any{u, n}},
+		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $1 FROM dialogs WHERE created_by = $1`, []any{u}},
+		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $2 FROM dialogs WHERE created_by = $1
+			ORDER BY created_at LIMIT $3`, []any{u, other, otherIn}},
+		{`ANALYZE dialogs`, nil},
+		{`ANALYZE dialog_members`, nil},
+	} {
+		if _, err := pool.Exec(ctx, step.q, step.args...); err != nil {
+			t.Fatalf("%s: %v", step.q, err)
+		}
+	}
+	return u, other
 }

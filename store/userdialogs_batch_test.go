@@ -107,26 +107,7 @@ func TestDialogIDsForUserReadsTheNewestDialogs(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
 	const n, limit = 3000, 1000
-	u, other := ids.New(), ids.New()
-	for _, step := range []struct {
-		q    string
-		args []any
-	}{
-		{`INSERT INTO users(id) VALUES ($1), ($2)`, []any{u, other}},
-		// Two dialogs per minute, the newest first in id order: neither the
-		// ids nor the insert order give the newest.
-		{`INSERT INTO dialogs(id, created_by, created_at) SELECT gen_random_uuid(), $1,
-			date_trunc('minute', now()) - (g / 2) * interval '1 minute' FROM generate_series(1, $2::int) g`, []any{u, n}},
-		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $1 FROM dialogs WHERE created_by = $1`, []any{u}},
-		{`INSERT INTO dialog_members(dialog_id, user_id) SELECT id, $2 FROM dialogs WHERE created_by = $1
-			ORDER BY created_at LIMIT 3`, []any{u, other}},
-		{`ANALYZE dialogs`, nil},
-		{`ANALYZE dialog_members`, nil},
-	} {
-		if _, err := pool.Exec(ctx, step.q, step.args...); err != nil {
-			t.Fatalf("%s: %v", step.q, err)
-		}
-	}
+	u, other := userInManyDialogs(t, pool, n, 3)
 	var want []string
 	rows, _ := pool.Query(ctx, `SELECT id::text FROM dialogs WHERE created_by = $1
 		ORDER BY created_at DESC, id DESC LIMIT $2`, u, limit)
