@@ -194,7 +194,7 @@ EOF
 		[ $((round % 2)) = 0 ] && order=(new old)
 		for side in "${order[@]}"; do
 			load "broadcast delivery_p99 ms" "$side" "$round" '.metrics.delivery_latency.values["p(99)"]' broadcast \
-				-redis-url "$REDIS_REALTIME_URL" -conns 200 -dialogs 20 -rate 400 -duration "$d"
+				-conns 200 -dialogs 20 -rate 400 -duration "$d" # Redis from REDIS_REALTIME_URL, not an argument
 		done
 		for side in "${order[@]}"; do
 			load "connect-storm storm_duration ms" "$side" "$round" '(.metrics.storm_duration.values.value / 1e6)' connect-storm \

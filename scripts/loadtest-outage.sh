@@ -35,7 +35,7 @@ start_redis() {
   redis-server --port $rp --bind 127.0.0.1 --aclfile $W/redis/users.acl --dir $W/redis --appendonly yes \
     --appendfsync everysec --save "" --maxmemory-policy volatile-lru --daemonize no --logfile $W/redis/redis.log </dev/null >/dev/null 2>&1 &
   echo $! > $W/redis.pid
-  for i in $(seq 100); do redis-cli -p $rp --user api_backend --pass $pw --no-auth-warning ping 2>/dev/null | grep -q PONG && return; sleep 0.05; done
+  for i in $(seq 100); do REDISCLI_AUTH=$pw redis-cli -p $rp --user api_backend ping 2>/dev/null | grep -q PONG && return; sleep 0.05; done
 }
 start_redis
 # errexit applies inside the trap too: a kill of a process already gone
@@ -55,7 +55,7 @@ tick=$(getconf CLK_TCK)
     -duration ${DUR:-20s} -dev-secret $HAN_JWT_DEV_HS256_SECRET -quiet -summary-export $W/summary.json > $W/loadtest.out 2>&1; echo "loadtest exit $?" >> $W/loadtest.out ) &
 lpid=$!
 # Wait for the measured phase (the first idempotency record), then 7 s; kill Redis for 5 s.
-for i in $(seq 600); do c=$(redis-cli -p $rp --user api_backend --pass $pw --no-auth-warning --scan --pattern 'han:api:idem:*' 2>/dev/null | head -1 || true); [ -n "$c" ] && break; sleep 0.1; done
+for i in $(seq 600); do c=$(REDISCLI_AUTH=$pw redis-cli -p $rp --user api_backend --scan --pattern 'han:api:idem:*' 2>/dev/null | head -1 || true); [ -n "$c" ] && break; sleep 0.1; done
 kill -0 $gpid || { cat $W/gateway.log; exit 1; }
 g0=$(cpu $gpid); t0=$(date +%s.%N)
 sleep 7
