@@ -33,7 +33,7 @@ const sentences = {
   invalid_body: "A message needs 1 to 4000 characters and cannot be blank.",
   dialog_busy: "This dialog is receiving too many messages at once. The message was not sent; try again in a moment.",
   invalid_uuid: "That id is not a valid UUID.",
-  invalid_members: "Members must be 1 to 99 user ids (UUIDs).",
+  invalid_members: "Members must be other users' ids (UUIDs), at most 99 besides you.",
   invalid_title: "The title is too long or contains control or invisible characters.",
   invalid_client_message_id: "The client message id is not valid.",
   invalid_limit: "The page size is out of range.",
