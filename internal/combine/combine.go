@@ -264,36 +264,42 @@ func (c *Combiner[C]) send(batch []*waiter[C]) {
 	batch[0].wake <- batch
 }
 
-// SharedContext is the context of a batch shared by calls: it ends at the
-// latest deadline among the calls' contexts (ctxOf), at most budget away,
-// or once every one of those contexts has ended, whichever comes first. It
-// is not canceled when any one of them is — so no caller is cut short by
-// another leaving — but a batch that no caller waits for any more (all
-// were canceled: an instance shutting down) stops at once instead of
-// running out its deadline. A caller queued behind batches in flight
+// SharedDeadline is the context of a batch shared by calls: it ends at
+// the latest deadline among the calls' contexts (ctxOf), at most budget
+// away, and is not canceled when any of them is — so no caller is cut
+// short by another leaving. A caller queued behind batches in flight
 // leaves at its own deadline (Combiner.DoCtx); one whose call is in the
 // batch waits for it, at most until the latest deadline among its
-// batch-mates'. Its values are those of the first call's context. A call
-// whose context can never end keeps the batch to its deadline.
-func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
+// batch-mates'. Its values are those of the first call's context. For a
+// batch that also carries work nobody waits for (it must run to its
+// deadline whoever leaves).
+func SharedDeadline[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
 	limit := time.Now().Add(budget)
 	var latest time.Time
-	endless := false
 	for _, call := range calls {
-		c := ctxOf(call)
-		if c.Done() == nil {
-			endless = true
-		}
-		d, ok := c.Deadline()
+		d, ok := ctxOf(call).Deadline()
 		if !ok || d.After(limit) {
 			latest = limit
-		} else if d.After(latest) {
+			break
+		}
+		if d.After(latest) {
 			latest = d
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctxOf(calls[0])), latest)
-	if endless {
-		return ctx, cancel
+	return context.WithDeadline(context.WithoutCancel(ctxOf(calls[0])), latest)
+}
+
+// SharedContext is SharedDeadline that also ends once every one of the
+// calls' contexts has ended: a batch that no caller waits for any more
+// (all were canceled: an instance shutting down) stops at once instead of
+// running out its deadline. A call whose context can never end keeps the
+// batch to its deadline.
+func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := SharedDeadline(calls, ctxOf, budget)
+	for _, call := range calls {
+		if ctxOf(call).Done() == nil {
+			return ctx, cancel
+		}
 	}
 	var left atomic.Int64
 	left.Store(int64(len(calls)))

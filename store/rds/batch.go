@@ -357,8 +357,14 @@ func (l *lane) exec(batch []*batchCall) {
 		return
 	}
 	// The pipeline's context covers this lane's callers only: on a
-	// cluster, those of one master.
-	ctx, cancel := combine.SharedContext(live, func(c *batchCall) context.Context { return c.ctx }, batchSharedBudget)
+	// cluster, those of one master. With rides on board it runs to its
+	// deadline even when every waiting caller leaves: the rides wait for
+	// no one and must still go out.
+	shared := combine.SharedContext[*batchCall]
+	if len(rides) > 0 {
+		shared = combine.SharedDeadline[*batchCall]
+	}
+	ctx, cancel := shared(live, func(c *batchCall) context.Context { return c.ctx }, batchSharedBudget)
 	defer cancel()
 	if len(rides) > 0 {
 		for _, c := range rides {
