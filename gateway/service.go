@@ -223,9 +223,9 @@ func (s *Service) shutdown(ctx context.Context, kill bool) {
 		cancelDereg()
 		// Offline checks of the drained users run at their time (bounded);
 		// those still pending at the end are handed on by Deregister.
-		wctx, cancelWait := context.WithTimeout(ctx, s.presence.Config().OfflineDebounce+time.Second)
-		s.presence.Shutdown(wctx)
-		cancelWait()
+		// The wait is bounded; the callbacks already telling other
+		// instances are cut only at the shutdown's own deadline.
+		s.presence.Shutdown(ctx, s.presence.Config().OfflineDebounce+time.Second)
 		s.relay.Shutdown(ctx)
 		s.subscriber.Close()
 	}

@@ -429,9 +429,7 @@ func TestDeregisterLeavesConnectionsThatOverflowedTheRetakeQueueToTheSurvivors(t
 	}
 	// Its users' offline checks run; those of the connections it could
 	// not remove wait for ConnTTL and are dropped with the instance.
-	sctx, scancel := context.WithTimeout(ctx, time.Second)
-	defer scancel()
-	p.Shutdown(sctx)
+	p.Shutdown(ctx, time.Second)
 
 	sweeper := newPresence(t, presence.Config{LivenessTTL: 200 * time.Millisecond, OfflineDebounce: 10 * time.Millisecond}, rec)
 	if _, err := sweeper.Sweep(ctx); err != nil {

@@ -244,12 +244,14 @@ func (p *Presence) runEmits(userID string) {
 
 // Shutdown stops the background loops but lets pending offline checks run
 // at their time (so users of a draining instance who do not come back
-// elsewhere are reported offline), waits for them until ctx ends, then
-// closes. A transition callback still running when ctx ends is cut: the
-// instance's shutdown has one deadline, which a stalled PostgreSQL must
-// not hold it past (the checks not run stay in the index for the
-// survivors, Deregister).
-func (p *Presence) Shutdown(ctx context.Context) {
+// elsewhere are reported offline), waits for them at most wait and never
+// past ctx, then closes (Close waits for the transition callbacks already
+// running). A callback still running when ctx ends is cut: the instance's
+// shutdown has one deadline, which a stalled PostgreSQL must not hold it
+// past (the checks not run stay in the index for the survivors,
+// Deregister). Only ctx cuts: the end of wait stops the wait for pending
+// checks, not the callbacks telling other instances a user went offline.
+func (p *Presence) Shutdown(ctx context.Context, wait time.Duration) {
 	stopCut := context.AfterFunc(ctx, p.cutEmits)
 	defer stopCut()
 	p.mu.Lock()
@@ -258,11 +260,12 @@ func (p *Presence) Shutdown(ctx context.Context) {
 	if cancel != nil {
 		cancel()
 	}
+	until := time.Now().Add(wait)
 	for {
 		p.mu.Lock()
 		n := len(p.pending) + p.checking
 		p.mu.Unlock()
-		if n == 0 {
+		if n == 0 || !time.Now().Before(until) {
 			break
 		}
 		t := time.NewTimer(20 * time.Millisecond)
