@@ -9,6 +9,7 @@ package combine
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -290,10 +291,13 @@ func SharedDeadline[C any](calls []C, ctxOf func(C) context.Context, budget time
 }
 
 // SharedContext is SharedDeadline that also ends once every one of the
-// calls' contexts has ended: a batch that no caller waits for any more
-// (all were canceled: an instance shutting down) stops at once instead of
-// running out its deadline. A call whose context can never end keeps the
-// batch to its deadline.
+// calls' contexts has ended and at least one was canceled: a batch that no
+// caller waits for any more (they were canceled: an instance shutting
+// down) stops at once instead of running out its deadline. When every
+// caller's context ended by its deadline, the batch's own deadline (the
+// latest of theirs) ends it as before, so it reads as past its budget, not
+// as canceled. A call whose context can never end keeps the batch to its
+// deadline.
 func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := SharedDeadline(calls, ctxOf, budget)
 	for _, call := range calls {
@@ -302,11 +306,16 @@ func SharedContext[C any](calls []C, ctxOf func(C) context.Context, budget time.
 		}
 	}
 	var left atomic.Int64
+	var canceled atomic.Bool
 	left.Store(int64(len(calls)))
 	stops := make([]func() bool, len(calls))
 	for i, call := range calls {
-		stops[i] = context.AfterFunc(ctxOf(call), func() {
-			if left.Add(-1) == 0 {
+		c := ctxOf(call)
+		stops[i] = context.AfterFunc(c, func() {
+			if errors.Is(c.Err(), context.Canceled) {
+				canceled.Store(true)
+			}
+			if left.Add(-1) == 0 && canceled.Load() {
 				cancel()
 			}
 		})

@@ -466,3 +466,24 @@ func TestSharedContextEndsOnceEveryCallerHasLeft(t *testing.T) {
 		t.Fatalf("the batch's deadline is %v, want the budget's hour", d)
 	}
 }
+
+// A batch whose callers all reached their deadlines ends by its own
+// deadline, so it reads as past its budget (DeadlineExceeded), never as
+// canceled: the callers' answers tell a busy database from a client that
+// went away by that.
+func TestSharedContextOfCallersPastTheirDeadlinesEndsByItsDeadline(t *testing.T) {
+	ctxOf := func(c context.Context) context.Context { return c }
+	for range 50 {
+		d := time.Now().Add(20 * time.Millisecond)
+		a, cancelA := context.WithDeadline(context.Background(), d)
+		b, cancelB := context.WithDeadline(context.Background(), d)
+		shared, cancel := combine.SharedContext([]context.Context{a, b}, ctxOf, time.Hour)
+		<-shared.Done()
+		if !errors.Is(shared.Err(), context.DeadlineExceeded) {
+			t.Fatalf("the batch of callers past their deadlines ended with %v, want DeadlineExceeded", shared.Err())
+		}
+		cancel()
+		cancelA()
+		cancelB()
+	}
+}
