@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/han-app/gateway/internal/ids"
@@ -27,19 +28,7 @@ func TestDialogListingPageReadsOnlyThePage(t *testing.T) {
 	st, pool := openStore(t)
 	ctx := context.Background()
 	const n, limit = 5000, 50
-	u, _ := userInManyDialogs(t, pool, n, 0)
-	var want []string
-	rows, _ := pool.Query(ctx, `SELECT id::text FROM dialogs WHERE created_by = $1 ORDER BY created_at DESC, id DESC`, u)
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		want = append(want, id)
-	}
-	if err := rows.Err(); err != nil || len(want) != n {
-		t.Fatalf("%d dialogs, %v", len(want), err)
-	}
+	u, _, want := userInManyDialogs(t, pool, n, 0)
 
 	checkPageReads(t, pool, listingPlan(t, pool, store.ListDialogsSQL(false), u, limit+1), limit+1, 2)
 	var mid store.Dialog
@@ -149,8 +138,9 @@ func checkPageReads(t *testing.T, pool *pgxpool.Pool, plan planNode, page, perDi
 // neither the ids nor the insert order give the newest), and another user
 // in the oldest otherIn of them (all when otherIn is 0), with the
 // memberships written as the release before the listing index writes
-// them, without their dialog's creation time; then ANALYZE.
-func userInManyDialogs(t *testing.T, pool *pgxpool.Pool, n, otherIn int) (u, other string) {
+// them, without their dialog's creation time; then ANALYZE. newest is u's
+// dialogs as the listing orders them, newest first (ties by id).
+func userInManyDialogs(t *testing.T, pool *pgxpool.Pool, n, otherIn int) (u, other string, newest []string) {
 	t.Helper()
 	ctx := context.Background()
 	u, other = ids.New(), ids.New()
@@ -174,5 +164,12 @@ func userInManyDialogs(t *testing.T, pool *pgxpool.Pool, n, otherIn int) (u, oth
 			t.Fatalf("%s: %v", step.q, err)
 		}
 	}
-	return u, other
+	rows, err := pool.Query(ctx, `SELECT id::text FROM dialogs WHERE created_by = $1 ORDER BY created_at DESC, id DESC`, u)
+	if err == nil {
+		newest, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || len(newest) != n {
+		t.Fatalf("%d dialogs, %v", len(newest), err)
+	}
+	return u, other, newest
 }
