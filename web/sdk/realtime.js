@@ -23,6 +23,16 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
 const HEARTBEAT_MIN_MS = 1000;
 const HEARTBEAT_MAX_MS = 5 * 60000;
 const HEARTBEAT_DEFAULT_MS = 25000;
+/**
+ * A ping is answered when any frame arrives after it. One unanswered for
+ * the heartbeat plus PONG_SLACK_MS ends the connection; one sent on a run
+ * of the heartbeat timer that came late (by more than PONG_SLACK_MS: the
+ * tab was asleep, so the server has likely dropped the socket) has
+ * PONG_SLACK_MS only. Silence alone proves nothing: a hidden tab's timers
+ * run as rarely as once a minute, so its pings are that far apart, and a
+ * quiet dialog sends nothing between them.
+ */
+const PONG_SLACK_MS = 5000;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
 const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
 // At most this many dialogs are reconciled over REST at once: a resync of
@@ -307,7 +317,12 @@ export class Realtime extends Emitter {
   /** @type {ReturnType<typeof setTimeout> | undefined} */
   #outboxTimer;
   #connectedAt = 0;
-  #lastFrameAt = 0;
+  /** when the ping not answered yet went out (no frame has come since); 0 when none is */
+  #pingAt = 0;
+  /** when the heartbeat timer last ran (or was started) */
+  #tickAt = 0;
+  /** @type {ReturnType<typeof setTimeout> | undefined} ends the connection when the ping under way stays unanswered */
+  #pongTimer;
   #heartbeatMs = HEARTBEAT_DEFAULT_MS;
   #stopped = true;
   /** ends the REST reads of running reconciliations (and their retry waits) on stop */
@@ -522,7 +537,7 @@ export class Realtime extends Emitter {
     ws.onerror = () => { /* onclose follows */ };
     ws.onmessage = (m) => {
       if (this.#ws !== ws) return; // a socket given up (no hello in time, no heartbeat, stop)
-      this.#lastFrameAt = Date.now();
+      this.#pingAt = 0; // any frame answers the ping
       let f;
       try { f = JSON.parse(String(m.data)); } catch { return; }
       if (!f || typeof f !== "object" || typeof f.type !== "string") return;
@@ -587,6 +602,7 @@ export class Realtime extends Emitter {
     clearTimeout(this.#outboxTimer);
     clearTimeout(this.#connectTimer);
     clearInterval(this.#pingTimer);
+    clearTimeout(this.#pongTimer);
   }
 
   /**
@@ -617,18 +633,36 @@ export class Realtime extends Emitter {
     this.#outbox = Array.from(this.#dialogs.keys(), (dialogId) => ({ type: /** @type {const} */ ("subscribe"), dialogId }));
     this.#setState({ phase: "live" });
     this.#flush();
-    // An application-level ping every heartbeat; no frame at all for two
-    // heartbeats (plus slack) means the connection is dead.
+    // An application-level ping every heartbeat; one left unanswered
+    // means the connection is dead.
     clearInterval(this.#pingTimer);
-    this.#pingTimer = setInterval(() => {
-      if (Date.now() - this.#lastFrameAt > 2 * this.#heartbeatMs + 5000) {
-        const ws = this.#ws;
-        if (ws) this.#abandon(ws, "no heartbeat", true);
-        return;
-      }
-      this.#send({ type: "ping" });
-    }, this.#heartbeatMs);
+    clearTimeout(this.#pongTimer);
+    this.#pingAt = 0;
+    this.#tickAt = Date.now();
+    this.#pingTimer = setInterval(() => this.#heartbeat(), this.#heartbeatMs);
     this.emit("open", f);
+  }
+
+  /**
+   * heartbeat sends a ping unless one is still unanswered, and gives the
+   * socket up when that ping's answer does not come in time (see
+   * PONG_SLACK_MS). Only a ping's answer is awaited, never silence as such:
+   * timers held back in a hidden tab (once a minute) must not end a healthy
+   * connection whose server has nothing to say.
+   */
+  #heartbeat() {
+    const ws = this.#ws;
+    if (!ws) return;
+    const now = Date.now();
+    const late = now - this.#tickAt > this.#heartbeatMs + PONG_SLACK_MS;
+    this.#tickAt = now;
+    if (this.#pingAt !== 0 || !this.#send({ type: "ping" })) return;
+    const sentAt = now;
+    this.#pingAt = sentAt;
+    clearTimeout(this.#pongTimer);
+    this.#pongTimer = setTimeout(() => {
+      if (this.#ws === ws && this.#pingAt === sentAt) this.#abandon(ws, "no heartbeat", true);
+    }, late ? PONG_SLACK_MS : this.#heartbeatMs + PONG_SLACK_MS);
   }
 
   /** @param {{type: "subscribe" | "unsubscribe", dialogId: string}} f */

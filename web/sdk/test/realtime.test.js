@@ -850,3 +850,53 @@ test("a getToken that never answers for a refresh is asked again, and the live c
   assert.equal(live.rt.state.phase, "live");
   live.rt.stop();
 });
+
+test("a tab whose timers run once a minute (hidden, throttled) keeps its healthy connection; a ping left unanswered still ends it, and one unanswered across a sleep at once", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const { rt } = realtime();
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello(); // heartbeatMs 25000
+  // A hidden tab's timers are held back to one run a minute (Chrome's
+  // intensive throttling): each run is late, the server answers every ping
+  // at once, and no other frame comes (a quiet dialog).
+  let pongs = 0;
+  for (let minute = 1; minute <= 10; minute++) {
+    mock.timers.setTime(1_000_000 + minute * 60_000);
+    mock.timers.tick(0);
+    while (pongs < ws.frames("ping").length) {
+      pongs++;
+      ws.recv({ type: "pong" });
+    }
+  }
+  assert.ok(pongs >= 9, `the client kept pinging: ${pongs} pings in 10 min`);
+  assert.equal(ws.closed, null, "a connection that answers every ping is kept");
+  assert.equal(FakeSocket.all.length, 1, "no reconnect");
+  assert.equal(rt.state.phase, "live");
+
+  // The path goes dead: the next ping gets no answer, and the connection
+  // ends at the following run of the timers.
+  mock.timers.setTime(1_000_000 + 11 * 60_000);
+  mock.timers.tick(0);
+  assert.equal(ws.frames("ping").length, pongs + 1, "a ping went out");
+  assert.equal(ws.closed, null, "judged once its answer is overdue, not before");
+  mock.timers.setTime(1_000_000 + 12 * 60_000);
+  mock.timers.tick(0);
+  assert.deepEqual(ws.closed, { code: 4000, reason: "no heartbeat" });
+  assert.equal(rt.state.phase, "reconnecting");
+
+  // A laptop that sleeps right after a ping: on waking, that ping is
+  // overdue, so the dead connection ends at once.
+  mock.timers.tick(60_000);
+  await settle();
+  const ws2 = FakeSocket.all[1];
+  assert.ok(ws2, "reconnected");
+  ws2.hello();
+  mock.timers.tick(25_000);
+  assert.equal(ws2.frames("ping").length, 1);
+  mock.timers.setTime(Date.now() + 3600e3);
+  mock.timers.tick(0);
+  assert.deepEqual(ws2.closed, { code: 4000, reason: "no heartbeat" });
+  rt.stop();
+});
