@@ -29,6 +29,8 @@ export class DialogState {
   again = false;
   /** REST reads the gap timer started while the current gap stayed open */
   gapReads = 0;
+  /** reconciliations that failed in a row (reset by one that ends well) */
+  reconcileFails = 0;
   /** @type {ReturnType<typeof setTimeout> | null} the subscribe sent again after the server was unavailable */
   subscribeTimer = null;
   /** subscribes refused as unavailable in a row (reset by subscribed) */

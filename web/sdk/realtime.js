@@ -34,7 +34,12 @@ const HEARTBEAT_DEFAULT_MS = 25000;
  */
 const PONG_SLACK_MS = 5000;
 const SEEN_IDS = 2048; // recent event ids kept for dedupe
-const RECONCILE_RETRY_MS = 5000; // after a reconciliation failed despite its retries
+// A reconciliation that failed despite its retries is tried again after
+// reconcileRetryDelay: 2.5–5 s, doubling with each failure in a row up to
+// 2.5–5 min. A REST that keeps refusing (or is down while the socket is up)
+// is not read every 5 s for as long as it lasts, by every client at once.
+const RECONCILE_RETRY_MS = 5000;
+const RECONCILE_RETRY_CAP_MS = 5 * 60000;
 // At most this many dialogs are reconciled over REST at once: a resync of
 // every dialog (200 of them) must not become 200 concurrent reads against
 // the user's read rate limit; the others wait their turn.
@@ -156,6 +161,18 @@ export function backoffDelay(attempt, rnd = Math.random) {
  */
 export function subscribeRetryDelay(fails, rnd = Math.random) {
   const base = Math.min(SUBSCRIBE_RETRY_CAP_MS, SUBSCRIBE_RETRY_BASE_MS * 2 ** fails);
+  return Math.round(base / 2 + (rnd() * base) / 2);
+}
+
+/**
+ * reconcileRetryDelay: the wait before a reconciliation that failed `fails`
+ * times in a row (despite its own retries) is tried again; half of it
+ * jittered.
+ * @param {number} fails 0 after the first failure
+ * @param {() => number} [rnd]
+ */
+export function reconcileRetryDelay(fails, rnd = Math.random) {
+  const base = Math.min(RECONCILE_RETRY_CAP_MS, RECONCILE_RETRY_MS * 2 ** fails);
   return Math.round(base / 2 + (rnd() * base) / 2);
 }
 
@@ -935,17 +952,18 @@ export class Realtime extends Emitter {
           this.#abort.signal.removeEventListener("abort", stopped);
         }
       } while (d.again && this.#dialogs.get(dialogId) === d);
+      d.reconcileFails = 0;
       this.#watchGap(dialogId, d);
     } catch (e) {
       if (this.#stopped) return; // stop ended it
       this.emit("error", /** @type {Error} */ (e));
-      // REST failed after its own retries: try again later, while the
-      // dialog is still followed.
+      // REST failed after its own retries: try again later, ever later
+      // while it keeps failing, as long as the dialog is followed.
       if (!this.#stopped && !d.retryTimer) {
         d.retryTimer = setTimeout(() => {
           d.retryTimer = null;
           if (!this.#stopped && this.#dialogs.get(dialogId) === d) void this.#reconcile(dialogId);
-        }, RECONCILE_RETRY_MS);
+        }, reconcileRetryDelay(d.reconcileFails++));
       }
     } finally {
       d.reconciling = false;

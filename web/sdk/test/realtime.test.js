@@ -900,3 +900,37 @@ test("a tab whose timers run once a minute (hidden, throttled) keeps its healthy
   assert.deepEqual(ws2.closed, { code: 4000, reason: "no heartbeat" });
   rt.stop();
 });
+
+test("a reconciliation REST keeps refusing is tried again ever later, up to every 5 min, not every 5 s; once REST answers the messages arrive", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  let refuse = true;
+  /** @type {number[]} */
+  const readsAt = [];
+  const { rt, errors } = realtime({
+    async *historyPages(_id, { afterSeq }) {
+      readsAt.push(Date.now());
+      if (refuse) throw new ApiError("invalid_cursor", 400);
+      yield [{ id: "m6", dialogId: "d0", seq: afterSeq + 1, senderId: "u", body: "hi", createdAt: 0, attachments: [] }];
+    },
+  });
+  /** @type {number[]} */
+  const got = [];
+  rt.on("message", ({ message }) => got.push(message.seq));
+  rt.subscribe("d0", { sinceSeq: 5 });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  ws.recv({ type: "subscribed", dialogId: "d0", lastSeq: 5, recovered: true });
+  ws.recv({ type: "resync", reason: "slow_consumer" });
+  await pass(30 * 60_000, ws);
+  const gaps = readsAt.slice(1).map((t, i) => t - readsAt[i]);
+  assert.ok(readsAt.length <= 20, `${readsAt.length} reads in 30 min (every 5 s would be 360), waits ${gaps}`);
+  assert.ok(gaps.every((g, i) => i === 0 || g >= gaps[i - 1] || g >= 150_000), `the waits grow: ${gaps}`);
+  assert.ok(gaps.every((g) => g <= 5 * 60_000), `never more than 5 min: ${gaps}`);
+  assert.equal(errors.filter((e) => e instanceof ApiError).length, readsAt.length, "each failure is reported");
+  refuse = false;
+  await pass(5 * 60_000, ws);
+  assert.deepEqual(got, [6], "the missed message arrives once REST answers");
+  rt.stop();
+});
