@@ -99,6 +99,16 @@ function dialogKey(dialogId) {
   return UUID.test(dialogId) ? dialogId.toLowerCase() : dialogId;
 }
 /**
+ * seqOrNull: v when it is a seq the server takes as sinceSeq (an integer
+ * >= 0), else null. The seq a dialog is known up to is always one, so no
+ * resubscribe is refused for it.
+ * @param {unknown} v
+ * @returns {number | null}
+ */
+function seqOrNull(v) {
+  return typeof v === "number" && Number.isSafeInteger(v) && v >= 0 ? v : null;
+}
+/**
  * The server closes a socket with 1008 "frame rate" beyond a burst of 60
  * frames and 20 frames/s after it (pings and pongs included). Subscribes
  * and unsubscribes are paced under a smaller budget, which leaves room for
@@ -434,7 +444,10 @@ export class Realtime extends Emitter {
    * subscribe follows a dialog until unsubscribe, across reconnects. With
    * sinceSeq the client delivers every message after it ("message" events),
    * recovered by the server or read over REST; without it, delivery starts
-   * after the lastSeq of the first subscribed frame.
+   * after the lastSeq of the first subscribed frame. A sinceSeq that is not
+   * an integer >= 0 counts as none: the server would refuse the subscribe as
+   * invalid_frame, an error that names no dialog and that other frames get
+   * too, so it could not be told apart as this subscribe's answer.
    * @param {string} dialogId
    * @param {{sinceSeq?: number}} [opts]
    */
@@ -442,7 +455,7 @@ export class Realtime extends Emitter {
     dialogId = dialogKey(dialogId);
     if (this.#dialogs.has(dialogId)) return;
     if (this.#dialogs.size >= MAX_SUBSCRIPTIONS) throw new RangeError("too_many_subscriptions");
-    this.#dialogs.set(dialogId, new DialogState(Number.isSafeInteger(opts.sinceSeq) ? /** @type {number} */ (opts.sinceSeq) : null));
+    this.#dialogs.set(dialogId, new DialogState(seqOrNull(opts.sinceSeq)));
     if (this.live) this.#enqueue({ type: "subscribe", dialogId });
   }
 
@@ -724,7 +737,7 @@ export class Realtime extends Emitter {
         // carry the lowercase form: dialogKey).
         const i = this.#answers.indexOf(f.dialogId);
         if (i >= 0) this.#answers.splice(0, i + 1);
-        this.#onSubscribed(f.dialogId, Number(f.lastSeq) || 0, f.recovered === true);
+        this.#onSubscribed(f.dialogId, seqOrNull(Number(f.lastSeq)) ?? 0, f.recovered === true);
         break;
       }
       case "event":

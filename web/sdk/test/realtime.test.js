@@ -934,3 +934,29 @@ test("a reconciliation REST keeps refusing is tried again ever later, up to ever
   assert.deepEqual(got, [6], "the missed message arrives once REST answers");
   rt.stop();
 });
+
+test("a sinceSeq the server would refuse (below 0) is not sent, so the answers of later subscribes stay with their own dialogs", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  const { rt, errors } = realtime();
+  rt.subscribe("d0", { sinceSeq: -1 });
+  rt.subscribe("d1", { sinceSeq: 4 });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello();
+  const subs = ws.frames("subscribe").map((s) => s.frame);
+  // The server refuses a subscribe whose sinceSeq is not an integer >= 0
+  // with invalid_frame, an error that names no dialog and that other frames
+  // get too: the client could not tell which subscribe it answered.
+  assert.ok(subs.every((f) => f.sinceSeq === undefined || (Number.isSafeInteger(f.sinceSeq) && f.sinceSeq >= 0)),
+    `every sinceSeq sent is one the server takes: ${JSON.stringify(subs)}`);
+  for (const f of subs) {
+    if (f.sinceSeq !== undefined && f.sinceSeq < 0) ws.recv({ type: "error", error: "invalid_frame" });
+    else if (f.dialogId === "d0") ws.recv({ type: "subscribed", dialogId: "d0", lastSeq: 9 });
+    else ws.recv({ type: "error", error: "dialog_not_found" });
+  }
+  const refused = errors.filter((e) => e instanceof FrameError && e.dialogId).map((e) => /** @type {FrameError} */ (e).dialogId);
+  assert.deepEqual(refused, ["d1"], "the refusal is d1's");
+  assert.equal(rt.known("d0"), 9, "d0 is followed from its lastSeq");
+  rt.stop();
+});
