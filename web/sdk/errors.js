@@ -28,6 +28,13 @@ export class ApiError extends Error {
     this.code = code;
     this.status = status;
     this.retryAfterMs = retryAfterMs;
+    /**
+     * The Idempotency-Key every try of a failed send or createDialog
+     * carried: the request sent again with it is done at most once, also
+     * when a try whose answer was lost did it.
+     * @type {string | undefined}
+     */
+    this.idempotencyKey = undefined;
   }
 
   /**

@@ -322,8 +322,8 @@ export class Rest {
     /** @type {Record<string, unknown>} */
     const body = { memberIds };
     if (opts.title !== undefined) body.title = opts.title;
-    return this.retrying(async () => (await this.request("POST", "/v1/dialogs",
-      { body, headers: { "Idempotency-Key": key }, signal: opts.signal })).data, opts);
+    return withKey(key, this.retrying(async () => (await this.request("POST", "/v1/dialogs",
+      { body, headers: { "Idempotency-Key": key }, signal: opts.signal })).data, opts));
   }
 
   /**
@@ -338,7 +338,9 @@ export class Rest {
    * send posts a message with an Idempotency-Key (generated unless given) and
    * retries retryable failures with that same key, so a retry after a lost
    * answer yields the message once. `replayed` is true when the server
-   * answered a repeat of a request it had already done.
+   * answered a repeat of a request it had already done. A send that fails
+   * rejects with an ApiError naming its key (idempotencyKey): sending the
+   * message again with it writes it at most once.
    * @param {string} dialogId
    * @param {string} body
    * @param {{idempotencyKey?: string, clientMessageId?: string, attachmentIds?: string[]} & RetryOptions} [opts]
@@ -350,8 +352,8 @@ export class Rest {
     const payload = { body };
     if (opts.clientMessageId !== undefined) payload.clientMessageId = opts.clientMessageId;
     if (opts.attachmentIds !== undefined) payload.attachmentIds = opts.attachmentIds;
-    const res = await this.retrying(() => this.request("POST", `/v1/dialogs/${encodeURIComponent(dialogId)}/messages`,
-      { body: payload, headers: { "Idempotency-Key": key }, signal: opts.signal }), opts);
+    const res = await withKey(key, this.retrying(() => this.request("POST", `/v1/dialogs/${encodeURIComponent(dialogId)}/messages`,
+      { body: payload, headers: { "Idempotency-Key": key }, signal: opts.signal }), opts));
     return { message: res.data, idempotencyKey: key, replayed: res.headers.get("Idempotent-Replayed") === "true" };
   }
 
@@ -403,6 +405,23 @@ export class Rest {
    */
   async ticket(opts = {}) {
     return (await this.request("POST", "/v1/realtime/tickets", { signal: opts.signal })).data;
+  }
+}
+
+/**
+ * withKey names the Idempotency-Key of a request in the ApiError it fails
+ * with, so the caller can send it again with the same key.
+ * @template T
+ * @param {string} key
+ * @param {Promise<T>} p
+ * @returns {Promise<T>}
+ */
+async function withKey(key, p) {
+  try {
+    return await p;
+  } catch (e) {
+    if (e instanceof ApiError) e.idempotencyKey = key;
+    throw e;
   }
 }
 

@@ -151,3 +151,29 @@ test("a send whose try gets no answer is tried again after REQUEST_TIMEOUT_MS wi
     mock.timers.reset();
   }
 });
+
+test("a send that fails after its tries names its Idempotency-Key, so sending it again with that key writes the message at most once", async () => {
+  /** @type {string[]} */
+  const keys = [];
+  let up = false;
+  /** @type {Map<string, any>} */
+  const written = new Map(); // key → message: the server's idempotency record
+  /** @type {typeof fetch} */
+  const fetchImpl = async (_url, init) => {
+    const key = new Headers(init?.headers).get("Idempotency-Key") || "";
+    keys.push(key);
+    // The first try commits, and its answer is lost like every other while
+    // the network is down.
+    if (!written.has(key)) written.set(key, msg(written.size + 1));
+    if (!up) throw new TypeError("fetch failed");
+    return new Response(JSON.stringify(written.get(key)), { status: 201, headers: { "Content-Type": "application/json" } });
+  };
+  const rest = new Rest("http://api.invalid", new Tokens(() => "token"), fetchImpl);
+  const err = await rest.send("d", "hello", { attempts: 2, onRetry: () => {} }).then(() => null, (e) => e);
+  assert.ok(err instanceof ApiError && err.code === "network_error", `the send failed: ${err}`);
+  assert.equal(err.idempotencyKey, keys[0], "the error names the key its tries used");
+  up = true;
+  const again = await rest.send("d", "hello", { idempotencyKey: err.idempotencyKey });
+  assert.equal(again.message.seq, 1, "the message the first try wrote");
+  assert.equal(written.size, 1, "written once");
+});
