@@ -59,6 +59,10 @@ type usersAPI struct {
 	upgraded     chan struct{} // closed when the WebSocket is open
 	helloGo      chan struct{} // closed by the test: send hello
 	refreshes    chan string   // the tokens of refresh frames
+
+	// createDialog, when set, answers POST /v1/dialogs given the request's
+	// Idempotency-Key (under mu).
+	createDialog func(key string) (int, any)
 }
 
 func newUsersAPI(title, body string) *usersAPI {
@@ -129,6 +133,11 @@ func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(201, map[string]any{"ticket": realtimeTicket, "expiresAt": time.Now().Add(30 * time.Second).UnixMilli()})
 	case p == "/v1/realtime/tickets":
 		reply(503, map[string]any{"error": "redis_unavailable"})
+	case p == "/v1/dialogs" && r.Method == http.MethodPost && a.createDialog != nil:
+		a.mu.Lock()
+		code, v := a.createDialog(r.Header.Get("Idempotency-Key"))
+		a.mu.Unlock()
+		reply(code, v)
 	case p == "/v1/dialogs":
 		reply(200, map[string]any{"nextCursor": nil, "items": []any{map[string]any{
 			"id": d, "title": a.title, "memberIds": []string{me, otherMemberID},

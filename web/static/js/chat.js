@@ -92,6 +92,7 @@ export class ChatView {
     this.disposed = false; // after sign-out: async work that comes back changes nothing
     this.listing = null; // the running refreshDialogs
     this.listAgain = false; // a refresh asked for while one runs
+    this.creating = null; // {what, key}: the dialog the new-dialog form creates, and its Idempotency-Key
     this.msgEls = new Map(); // message id → <li>
     this.previews = new Map(); // attachment id → Promise<object URL>
     this.readKey = `han.read.${me}`;
@@ -334,8 +335,17 @@ export class ChatView {
       return;
     }
     const title = $("#new-title", this.newForm).value.trim();
+    // One key per dialog to create: the form submitted again unchanged
+    // (after a failure whose try may have written it, or a second click
+    // while the first runs) is the same dialog, answered once; a changed
+    // form is another one. The server keeps successes only, so a refusal
+    // fixed meanwhile (a member who has signed in since) passes with it.
+    const what = JSON.stringify([ids, title]);
+    if (!this.creating || this.creating.what !== what) this.creating = { what, key: uuid() };
+    const idempotencyKey = this.creating.key;
     try {
-      const data = await this.client.rest.createDialog(ids, title ? { title, idempotencyKey: uuid() } : { idempotencyKey: uuid() });
+      const data = await this.client.rest.createDialog(ids, title ? { title, idempotencyKey } : { idempotencyKey });
+      if (this.creating?.key === idempotencyKey) this.creating = null;
       data.activity = Date.now();
       this.dialogs.set(data.id, data);
       this.read[data.id] = data.lastSeq || 0;
