@@ -552,8 +552,12 @@ export class Realtime extends Emitter {
         this.#setState({ phase: "stopped", reason: err.code || "unauthorized" });
         return;
       }
+      // A Retry-After is the least wait, like a close's retryMs, plus our
+      // own 0–1 s: the clients a refusing server told the same thing at the
+      // same moment do not all come back at once.
       const after = err && err.retryAfterMs;
-      this.#retry(Number.isFinite(after) && after > 0 ? Math.min(after, MAX_ADVISED_MS) : null, (err && err.code) || "network_error");
+      this.#retry(Number.isFinite(after) && after > 0 ? Math.min(after, MAX_ADVISED_MS) + Math.random() * 1000 : null,
+        (err && err.code) || "network_error");
       return;
     }
     this.#ws = ws;

@@ -960,3 +960,20 @@ test("a sinceSeq the server would refuse (below 0) is not sent, so the answers o
   assert.equal(rt.known("d0"), 9, "d0 is followed from its lastSeq");
   rt.stop();
 });
+
+test("clients a ticket request told to come back after Retry-After come back spread over the second after it, not all at once", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  /** @type {number[]} */
+  const delays = [];
+  for (let i = 0; i < 20; i++) {
+    const { rt } = realtime({ auth: "ticket", ticket: async () => { throw new ApiError("redis_unavailable", 503, 5000); } });
+    rt.start();
+    await settle();
+    assert.equal(rt.state.phase, "reconnecting");
+    delays.push((rt.state.retryAt ?? 0) - Date.now());
+    rt.stop();
+  }
+  assert.ok(delays.every((d) => d >= 5000 && d <= 6000), `never before the advice, at most a second after: ${delays}`);
+  const spread = Math.max(...delays) - Math.min(...delays);
+  assert.ok(spread >= 300, `20 clients come back within ${spread} ms of each other: ${delays}`);
+});
