@@ -45,8 +45,9 @@
 //     receipts, subscription status and delete).
 //   - cache_usage: cacheUsage, the cache meta checked against its index (cache
 //     put, delete, state).
-//   - cache_forget: cacheForget, entries removed from the cache index (cache
-//     put, delete, prune).
+//   - cache_forget: cacheSizes, the recorded sizes of entries read and checked
+//     before a script's first write, and cacheForget, those entries removed
+//     from the cache index (cache put, delete, prune).
 //   - legacy_deadline: legacyDeadline, the fixed legacy deadline applied to the
 //     legacy container (cache put, delete, prune).
 //

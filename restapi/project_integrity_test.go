@@ -136,3 +136,56 @@ func TestCacheMetaWithANonNumericSeqIsDataStateInvalid(t *testing.T) {
 		t.Fatalf("the cache index holds %d keys after the refused calls, want the one written before", n)
 	}
 }
+
+// The cache's sizes HASH holds each entry's size as a decimal integer. One
+// that is not is data the service did not write: a PUT or DELETE that would
+// read it answers 503 data_state_invalid and writes nothing — not
+// redis_unavailable after it has already removed the entry or forgotten
+// other expired entries (a script that fails halfway keeps its writes).
+func TestCacheUnreadableSizeIsDataStateInvalidWithNothingWritten(t *testing.T) {
+	h := newPrjHarness(t)
+	ctx := context.Background()
+	cases := []struct {
+		name  string
+		plant func(p testProject)
+		req   func(p testProject) (string, string, string)
+	}{
+		{"delete of the entry", func(p testProject) { h.admin.HSet(ctx, p.keys.CacheSizes(), "k", "abc") },
+			func(p testProject) (string, string, string) { return "DELETE", p.path("/cache?key=k"), "" }},
+		{"put of the entry", func(p testProject) { h.admin.HSet(ctx, p.keys.CacheSizes(), "k", "1.5") },
+			func(p testProject) (string, string, string) {
+				return "PUT", p.path("/cache"), `{"key":"k","type":"string","value":"new"}`
+			}},
+		{"put forgetting expired entries", func(p testProject) {
+			// Two entries past their deadline that no write has forgotten
+			// yet, the second with an unreadable size.
+			h.admin.ZAdd(ctx, p.keys.CacheExpiry(), redis.Z{Score: 1, Member: "gone-1"}, redis.Z{Score: 2, Member: "gone-2"})
+			h.admin.HSet(ctx, p.keys.CacheSizes(), "gone-1", "3", "gone-2", "-")
+		}, func(p testProject) (string, string, string) {
+			return "PUT", p.path("/cache"), `{"key":"fresh","type":"string","value":"new"}`
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer h.as(t)()
+			p := h.project()
+			h.putKV(p, "k", "v", 600)
+			c.plant(p)
+			dump := func() string {
+				var s string
+				for _, k := range h.projectKeys(p) {
+					v, _ := h.admin.Dump(ctx, k).Result()
+					s += fmt.Sprintf("%s=%x;", k, v)
+				}
+				return s
+			}
+			before := dump()
+			method, path, body := c.req(p)
+			code, b := h.do(p.write, method, path, body)
+			wantError(t, code, b, 503, "data_state_invalid")
+			if dump() != before {
+				t.Fatal("a refused request wrote to Redis")
+			}
+		})
+	}
+}

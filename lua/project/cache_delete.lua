@@ -29,6 +29,15 @@ local canExpire = redis.acl_check_cmd('pexpireat', KEYS[5], tostring(now))
 local existed = redis.call('EXISTS', KEYS[6]) == 1
 local inContainer = redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1
 local legacyLive = inContainer and not (deadline > 0 and deadline <= now)
+local forget, sizes = {}, {}
+if hasMeta then
+  forget = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[3]))
+  table.insert(forget, ARGV[1])
+  sizes = cacheSizes(KEYS[4], forget)
+  if not sizes then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
 
 -- Writes from here on.
 if existed then
@@ -38,9 +47,7 @@ if inContainer then
   redis.call('HDEL', KEYS[5], ARGV[1])
 end
 if hasMeta then
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[3]))
-  table.insert(expired, ARGV[1])
-  bytes = cacheForget(KEYS[2], KEYS[3], KEYS[4], expired, bytes)
+  bytes = cacheForget(KEYS[2], KEYS[3], KEYS[4], forget, sizes, bytes)
   if bytes < 0 then
     bytes = 0
   end

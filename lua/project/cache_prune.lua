@@ -29,11 +29,9 @@ if hasMeta then
     return redis.error_reply('ERR data_state_invalid')
   end
 end
-
--- Writes from here on.
-local removed = 0
+local gone, sizes = {}, {}
 if hasMeta then
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[2]))
+  gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[2]))
   for i = 3, #ARGV, 2 do
     -- A PUT since the listing gave the key a new seq: keep it.
     local score = redis.call('ZSCORE', KEYS[2], ARGV[i])
@@ -41,7 +39,16 @@ if hasMeta then
       table.insert(gone, ARGV[i])
     end
   end
-  bytes, removed = cacheForget(KEYS[2], KEYS[3], KEYS[4], gone, bytes)
+  sizes = cacheSizes(KEYS[4], gone)
+  if not sizes then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
+
+-- Writes from here on.
+local removed = 0
+if hasMeta then
+  bytes, removed = cacheForget(KEYS[2], KEYS[3], KEYS[4], gone, sizes, bytes)
   if bytes < 0 then
     bytes = 0
   end

@@ -74,9 +74,14 @@ if ARGV[5] == '1' and (existed or legacyLive) then
   return {0, 0, 0, now, differs}
 end
 
--- Writes from here on.
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[10]))
-bytes = cacheForget(KEYS[2], KEYS[3], KEYS[4], expired, bytes)
+local sizes = cacheSizes(KEYS[4], expired)
+if not sizes or not cacheSizes(KEYS[4], {ARGV[1]}) then
+  return redis.error_reply('ERR data_state_invalid')
+end
+
+-- Writes from here on.
+bytes = cacheForget(KEYS[2], KEYS[3], KEYS[4], expired, sizes, bytes)
 local old = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or '0')
 bytes = bytes - old + tonumber(ARGV[6])
 if bytes < 0 then
