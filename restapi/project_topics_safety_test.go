@@ -259,6 +259,20 @@ func TestQueueDataStateInvalid(t *testing.T) {
 			{"POST", "/topics/" + f.top.ID + "/messages", `{"producerId":"p","clientEventId":"x","payload":{}}`},
 		})
 	})
+	// A subscription record that is JSON but not a subscription (no id of
+	// its own, no topic, name or status) is not rewritten with the new
+	// status: a pause or resume refuses it before writing.
+	for _, rec := range []string{`{"id":1}`, `{}`, `[]`} {
+		t.Run("a subscription record that is not one: "+rec, func(t *testing.T) {
+			defer h.as(t)()
+			f := h.queueFixture()
+			h.admin.HSet(ctx, f.p.keys.Subscriptions(), f.sub.ID, rec)
+			check(t, f.p, []queueReq{
+				{"PATCH", "/subscriptions/" + f.sub.ID, `{"status":"paused"}`},
+				{"PATCH", "/subscriptions/" + f.sub.ID, `{"status":"online"}`},
+			})
+		})
+	}
 	if strings.Contains(h.logs.String(), "ERR") || strings.Contains(h.logs.String(), "WRONGTYPE") {
 		t.Fatalf("raw Redis text in the logs:\n%s", h.logs.String())
 	}

@@ -18,6 +18,12 @@ end
 if not sub then
   return {'subscription_not_found'}
 end
+-- The record is rewritten whole: one that is not this subscription (its
+-- id, topic, name, status, creation time) is refused before the write.
+if sub.id ~= ARGV[1] or type(sub.topicId) ~= 'string' or type(sub.name) ~= 'string' or
+   type(sub.createdAt) ~= 'number' or (sub.status ~= 'online' and sub.status ~= 'paused') then
+  return redis.error_reply('ERR data_state_invalid')
+end
 if sub.status ~= ARGV[2] then
   sub.status = ARGV[2]
   raw = cjson.encode(sub)
