@@ -326,7 +326,7 @@ func (s *Server) serveUnkeyed(w http.ResponseWriter, r *http.Request, op idemOp)
 func (s *Server) idemReserve(w http.ResponseWriter, r *http.Request, op idemOp, k store.IdemKey, fp string) (string, bool) {
 	ctx := r.Context()
 	pl := takeLimit(ctx)
-	if pl != nil && s.idem.store != nil && pl.pr.Call() != nil {
+	if pl != nil && s.idem.store != nil && pl.paired() {
 		return s.idemReserveWithLimit(w, r, op, k, fp, pl)
 	}
 	if pl != nil && !pl.settle(ctx) {

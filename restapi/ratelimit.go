@@ -1,7 +1,6 @@
 package restapi
 
 import (
-	"context"
 	"net/http"
 )
 
@@ -22,7 +21,7 @@ func (s *Server) rateLimit(next http.Handler) http.Handler {
 		// A decision left pending that no answer settled (a handler that
 		// answered without the reserve or an error) is still counted.
 		if pl := takeLimit(r.Context()); pl != nil {
-			_, _ = pl.pr.Finish(pl.pr.Send(context.WithoutCancel(r.Context())))
+			_, _ = pl.decision(r.Context())
 		}
 		// A dialog admission no answer settled belongs to a request that
 		// committed no send (a commit settles it): it goes back.

@@ -36,6 +36,13 @@ type limited struct {
 // (nil: base's DB0) and the given policies; unknown routes are unlimited.
 func newLimited(t *testing.T, base *harness, rdb redis.UniversalClient, routes map[string]ratelimit.Policy, timeout time.Duration) *limited {
 	t.Helper()
+	return newLimitedMode(t, base, rdb, routes, timeout, ratelimit.ModeAuto)
+}
+
+// newLimitedMode is newLimited with the limiter in mode (ModePerFamily: as
+// on a Redis Cluster, one call per family).
+func newLimitedMode(t *testing.T, base *harness, rdb redis.UniversalClient, routes map[string]ratelimit.Policy, timeout time.Duration, mode ratelimit.Mode) *limited {
+	t.Helper()
 	if rdb == nil {
 		rdb = base.rdb
 	}
@@ -43,7 +50,7 @@ func newLimited(t *testing.T, base *harness, rdb redis.UniversalClient, routes m
 	metrics := restapi.NewMetrics()
 	lim, err := ratelimit.New(ratelimit.Config{
 		Redis: rdb, Policies: ratelimit.Static{Set: ratelimit.MustPolicySet("test", routes, ratelimit.Policy{})},
-		Timeout: timeout, Registerer: metrics.Registry,
+		Timeout: timeout, Mode: mode, Registerer: metrics.Registry,
 		OnDecision: func(label string, d ratelimit.Decision) {
 			l.mu.Lock()
 			l.last[label] = d

@@ -60,10 +60,14 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 	}
 	q := limitQuery{label: label, p: p, subj: subj}
 	if holder := limitHolder(r); holder != nil {
-		if pr := a.l.Prepare(label, p, subj); pr != nil {
-			holder.limit = &pendingLimit{pr: pr, apply: func(d ratelimit.Decision, err error) bool { return a.apply(w, r, q, d, err) }}
-			return true
+		// Decided when the reserve is sent, after the body (on a Redis
+		// Cluster alone, one call per family: ratelimit_paired.go).
+		holder.limit = &pendingLimit{
+			pr:     a.l.Prepare(label, p, subj),
+			decide: func(ctx context.Context) (ratelimit.Decision, error) { return a.l.Decide(ctx, label, p, subj) },
+			apply:  func(d ratelimit.Decision, err error) bool { return a.apply(w, r, q, d, err) },
 		}
+		return true
 	}
 	d, err := a.l.Decide(r.Context(), label, p, subj)
 	return a.apply(w, r, q, d, err)
