@@ -1,6 +1,7 @@
 package restapi
 
 import (
+	"iter"
 	"net"
 	"net/http"
 	"net/netip"
@@ -75,16 +76,20 @@ func (s *Server) trusted(a netip.Addr) bool {
 	return false
 }
 
-// hopClient walks hops (left = farthest) from the right. It returns false
-// when there are no hops. An entry that is not an address ends the walk at
-// the last address established, which is a trusted proxy.
-func (s *Server) hopClient(peer netip.Addr, hops []string) (netip.Addr, bool) {
-	if len(hops) == 0 {
-		return netip.Addr{}, false
-	}
-	last := peer
-	for i := len(hops) - 1; i >= 0; i-- {
-		a, ok := parseHop(hops[i])
+// hopClient walks hops, nearest first. It returns false when there are no
+// hops. An entry that is not an address ends the walk at the last address
+// established, which is a trusted proxy.
+//
+// hops yields one hop at a time, from the right: everything left of the
+// client's own address was written by the client, up to the header size
+// limit (tens of thousands of entries in 64 KiB), and is never looked at.
+// Splitting the whole header first cost milliseconds and megabytes per
+// call, several calls per request, for a client of a trusted proxy.
+func (s *Server) hopClient(peer netip.Addr, hops iter.Seq[string]) (netip.Addr, bool) {
+	last, seen := peer, false
+	for hop := range hops {
+		seen = true
+		a, ok := parseHop(hop)
 		if !ok {
 			return last, true
 		}
@@ -92,6 +97,9 @@ func (s *Server) hopClient(peer netip.Addr, hops []string) (netip.Addr, bool) {
 			return a, true
 		}
 		last = a
+	}
+	if !seen {
+		return netip.Addr{}, false
 	}
 	return last, true
 }
@@ -104,32 +112,55 @@ func peerAddr(r *http.Request) netip.Addr {
 	return ap.Addr().Unmap()
 }
 
-func xForwardedFor(h http.Header) []string {
-	var hops []string
-	for _, v := range h.Values("X-Forwarded-For") {
-		for _, e := range strings.Split(v, ",") {
-			hops = append(hops, strings.TrimSpace(e))
+// xForwardedFor yields the hops of X-Forwarded-For, nearest first.
+func xForwardedFor(h http.Header) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for elem := range fromRight(h.Values("X-Forwarded-For")) {
+			if !yield(strings.TrimSpace(elem)) {
+				return
+			}
 		}
 	}
-	return hops
 }
 
-// forwardedFor lists the for= parameters of the Forwarded header
-// (RFC 7239), one per element; an element without for= is an unknown hop.
-func forwardedFor(h http.Header) []string {
-	var hops []string
-	for _, v := range h.Values("Forwarded") {
-		for _, elem := range strings.Split(v, ",") {
+// forwardedFor yields the for= parameters of the Forwarded header
+// (RFC 7239), one per element, nearest first; an element without for= is
+// an unknown hop.
+func forwardedFor(h http.Header) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for elem := range fromRight(h.Values("Forwarded")) {
 			hop := "unknown"
-			for _, pair := range strings.Split(elem, ";") {
+			for pair := range strings.SplitSeq(elem, ";") {
 				if k, val, ok := strings.Cut(strings.TrimSpace(pair), "="); ok && strings.EqualFold(k, "for") {
 					hop = strings.Trim(val, `"`)
 				}
 			}
-			hops = append(hops, hop)
+			if !yield(hop) {
+				return
+			}
 		}
 	}
-	return hops
+}
+
+// fromRight yields the comma-separated elements of the header values, the
+// last element of the last value first, without splitting what is never
+// reached.
+func fromRight(values []string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for i := len(values) - 1; i >= 0; i-- {
+			v := values[i]
+			for {
+				j := strings.LastIndexByte(v, ',')
+				if !yield(v[j+1:]) {
+					return
+				}
+				if j < 0 {
+					break
+				}
+				v = v[:j]
+			}
+		}
+	}
 }
 
 // parseHop accepts "addr", "addr:port", "[v6]" and "[v6]:port".
