@@ -12,13 +12,25 @@ import (
 // map holds at most max buckets: when it is full, buckets that have refilled
 // completely (the same as absent) are dropped, and if it is still full a new
 // identity is denied (conservative) rather than letting churn reset others.
+//
+// A full map is swept at most once per sweepEvery, the time a newcomer it
+// denies is told to wait. A sweep looks at every bucket under the lock that
+// every fallback decision takes; run for each newcomer, a client that
+// rotates identities (a host with a /48 has 65,536 IPv6 /64s) while Redis
+// is down would make every request of the instance queue behind passes
+// over the whole map.
 type local struct {
 	fraction float64
 	max      int
 
-	mu      sync.Mutex // guards buckets
-	buckets map[string]*localBucket
+	mu        sync.Mutex // guards the fields below
+	buckets   map[string]*localBucket
+	nextSweep time.Time // a full map is not swept before this
+	sweeps    int       // sweeps run
 }
+
+// sweepEvery is how often a full map may be swept.
+const sweepEvery = time.Second
 
 type localBucket struct {
 	tokens float64
@@ -90,13 +102,13 @@ func (l *local) decide(label string, keys []string, rules []Rule, now time.Time)
 		k := label + "\x00" + keys[i]
 		b := l.buckets[k]
 		if b == nil {
-			if len(l.buckets) >= l.max {
+			if len(l.buckets) >= l.max && !now.Before(l.nextSweep) {
 				l.sweep(now)
 			}
 			if len(l.buckets) >= l.max {
 				// Full of active identities: deny the newcomer for a second.
 				d.Allowed = false
-				d.Families[i].ResetAtMs = nowMs + 1000
+				d.Families[i].ResetAtMs = nowMs + sweepEvery.Milliseconds()
 				continue
 			}
 			b = &localBucket{tokens: float64(lr.Limit), last: now, cap: float64(lr.Limit), window: r.Window}
@@ -146,6 +158,8 @@ func (l *local) decide(label string, keys []string, rules []Rule, now time.Time)
 
 // sweep drops buckets that have refilled completely. Caller holds mu.
 func (l *local) sweep(now time.Time) {
+	l.sweeps++
+	l.nextSweep = now.Add(sweepEvery)
 	for k, b := range l.buckets {
 		if b.level(now) >= b.cap {
 			delete(l.buckets, k)

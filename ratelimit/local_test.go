@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -65,6 +66,37 @@ func TestLocalLimiterIsBounded(t *testing.T) {
 	}
 	if n := l.size(); n != 1 {
 		t.Fatalf("%d buckets after the sweep, want 1", n)
+	}
+}
+
+// While Redis is down, a client that rotates identities (a host with a /48
+// has 65,536 IPv6 /64s) keeps the fallback's map full of active buckets,
+// and each of its newcomers is denied. Finding that out must not cost a
+// pass over every bucket each time, under the lock every fallback decision
+// of the instance takes: a full map is swept at most once a second, the
+// time the denial tells the newcomer to wait.
+func TestNewcomersToAFullLocalLimiterDoNotSweepItEachTime(t *testing.T) {
+	const entries = 1000
+	l := newLocal(1, entries)
+	rule := []Rule{{Family: FamilyIP, Limit: 2, Window: time.Minute}}
+	t0 := time.UnixMilli(1_000_000)
+	for i := range entries {
+		if d := l.decide("GET /x", []string{fmt.Sprint("active-", i)}, rule, t0); !d.Allowed {
+			t.Fatalf("identity %d of %d denied", i, entries)
+		}
+	}
+	for i := range entries {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		d := l.decide("GET /x", []string{fmt.Sprint("newcomer-", i)}, rule, now)
+		if d.Allowed || d.RetryAfterMs != 1000 {
+			t.Fatalf("newcomer %d to a full map of active buckets: %+v, want denied for a second", i, d)
+		}
+	}
+	l.mu.Lock()
+	sweeps := l.sweeps
+	l.mu.Unlock()
+	if sweeps > 1 {
+		t.Fatalf("%d newcomers within a second swept the full map %d times, want once", entries, sweeps)
 	}
 }
 
