@@ -92,6 +92,11 @@ type Config struct {
 	// again (or registers them, once a slot is free). Called on the
 	// refresh's goroutine: it must not block.
 	Refused func(conns []Conn)
+	// Jitter draws the jitter of the background loops' sleeps (liveness,
+	// heartbeats, sweeps): a duration in [0, spread], clamped to it. Nil
+	// means uniformly at random. A test pins it to spread to run the loops
+	// at their longest sleep, the gap MaxLivenessGap promises to cover.
+	Jitter func(spread time.Duration) time.Duration
 }
 
 func (c *Config) defaults() {

@@ -128,7 +128,7 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 		fn(rctx)
 		cancel()
 		lo, spread := sleepRange(interval)
-		t := time.NewTimer(addSat(lo, rand.N(spread+1)))
+		t := time.NewTimer(addSat(lo, p.jitter(spread)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -136,6 +136,15 @@ func (p *Presence) every(ctx context.Context, interval time.Duration, fn func(ct
 		case <-t.C:
 		}
 	}
+}
+
+// jitter is a duration in [0, spread]: Config.Jitter's, or uniformly
+// random.
+func (p *Presence) jitter(spread time.Duration) time.Duration {
+	if p.cfg.Jitter == nil {
+		return rand.N(spread + 1)
+	}
+	return min(max(p.cfg.Jitter(spread), 0), spread)
 }
 
 // sleepRange is every's sleep between two runs of fn: lo plus a jitter

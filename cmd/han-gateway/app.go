@@ -62,6 +62,10 @@ type Main struct {
 	stopped  chan struct{}
 	serveErr error
 	metrics  metricsListener // HAN_METRICS_ADDR (metrics_listener.go)
+	// presenceJitter, when set, draws the jitter of the presence loops'
+	// sleeps (presence.Config.Jitter): tests pin the liveness refreshes to
+	// their longest gap. Nil: random.
+	presenceJitter func(spread time.Duration) time.Duration
 }
 
 const usage = `usage: han-gateway [flags]
@@ -230,7 +234,8 @@ func (m *Main) Run(ctx context.Context) error {
 				HandshakeConcurrency: m.handshakeConcurrency(), HandshakeQueue: cfg.WSHandshakeQueue,
 				HandshakeWait: cfg.WSHandshakeWait, PresenceDelay: presenceDelay(cfg.WSPresenceDelay),
 				UserHandshakeRate: cfg.WSUserHandshakeRate, UserHandshakeBurst: cfg.WSUserHandshakeBurst},
-			Presence:   presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser, Linger: cfg.WSLinger},
+			Presence: presence.Config{LivenessTTL: cfg.InstanceLivenessTTL, SweepInterval: cfg.SweepInterval, MaxConnsPerUser: cfg.WSMaxConnsPerUser, Linger: cfg.WSLinger,
+				Jitter: m.presenceJitter},
 			Relay:      pubsub.RelayConfig{Grace: cfg.OutboxGrace},
 			PubSubMode: psMode,
 			Registerer: metrics.Registry,

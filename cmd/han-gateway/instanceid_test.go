@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/encoding/json"
 
 	"github.com/han-app/gateway/internal/ids"
+	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/presence"
 )
 
@@ -168,21 +169,45 @@ func TestInstancesStartingAtOnceWithTheSameIDStartOne(t *testing.T) {
 // than HAN_REDIS_TIMEOUT: the check used to watch the marker for only a
 // third of the TTL plus the Redis timeout, and with a 60 s TTL and the
 // default 1 s timeout about one start in four went ahead beside the
-// running instance. Scaled down: TTL 9 s (refreshes 2.7–3.3 s apart),
-// Redis timeout 100 ms.
+// running instance. Scaled down: TTL 9 s, Redis timeout 100 ms, and the
+// worst case every time: the running instance's loop always sleeps its
+// longest (3.3 s, its jitter pinned to the most), and each second instance
+// starts just after a refresh, so its check must wait out that whole gap.
 func TestSecondInstanceBesideAnIdleOneIsRefused(t *testing.T) {
 	vars := baseEnv()
 	vars["HAN_INSTANCE_ID"] = "dupidle-" + ids.New()[:8]
 	vars["HAN_INSTANCE_LIVENESS_TTL"] = "9s"
 	vars["HAN_REDIS_TIMEOUT"] = "100ms"
-	start(t, vars) // running, idle: no sockets
-	for attempt := range 10 {
+	owner := NewMain()
+	if err := owner.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
+		t.Fatal(err)
+	}
+	owner.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	owner.presenceJitter = func(spread time.Duration) time.Duration { return spread }
+	if err := owner.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = owner.Close() }) // running, idle: no sockets
+	admin := env.Redis.AdminClient(1)
+	t.Cleanup(func() { admin.Close() })
+	key := presence.InstanceKey(vars["HAN_INSTANCE_ID"])
+	for attempt := range 2 {
+		// Wait for the owner's next refresh: the check then starts with
+		// the longest gap ahead of it.
+		before, err := admin.Get(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 5*time.Second, func() bool {
+			v, err := admin.Get(context.Background(), key).Result()
+			return err == nil && v != before
+		}, "the running instance refreshes its liveness marker")
 		second := NewMain()
 		if err := second.ParseFlags(nil, func(k string) string { return vars[k] }); err != nil {
 			t.Fatal(err)
 		}
 		second.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
-		err := second.Run(context.Background())
+		err = second.Run(context.Background())
 		_ = second.Close()
 		if err == nil || !strings.Contains(err.Error(), "HAN_INSTANCE_ID") {
 			t.Fatalf("attempt %d: a second instance with the HAN_INSTANCE_ID of a running idle one: Run error %v, want a refusal naming HAN_INSTANCE_ID",
