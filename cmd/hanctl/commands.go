@@ -44,7 +44,7 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	// without HAN_DATABASE_DIRECT_URL) named prepared statements collide.
 	mode, err := store.ParseExecMode(getenv("HAN_DB_EXEC_MODE"))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("HAN_DB_EXEC_MODE: %w", err)
 	}
 	pool, err := store.OpenPG(ctx, u, store.PGConfig{MaxConns: 4, MinConns: 1, ExecMode: mode, URLName: name})
 	if err != nil {

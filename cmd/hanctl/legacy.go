@@ -81,7 +81,7 @@ func cmdLegacyImport(ctx context.Context, args []string, getenv func(string) str
 	if err := checkProjectExists(db, id); err != nil {
 		return err
 	}
-	rdb, err := rds.NewRedis(getenv("REDIS_URL"), legacyImportRedis)
+	rdb, err := openRedis("REDIS_URL", getenv, legacyImportRedis)
 	if err != nil {
 		return err
 	}

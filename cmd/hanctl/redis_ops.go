@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -42,13 +43,13 @@ func openAdmin(ctx context.Context, getenv func(string) string) (*adminRedis, er
 	if err != nil {
 		return nil, errors.New("HAN_REDIS_ADMIN_URL: invalid redis URL") // never echo: it holds a password
 	}
-	opt.ReadTimeout, opt.WriteTimeout, opt.DialTimeout = 10*time.Second, 10*time.Second, 5*time.Second
+	opt.ReadTimeout, opt.WriteTimeout, opt.DialTimeout = adminRedisTimeout, adminRedisTimeout, 5*time.Second
 	a := &adminRedis{opt: opt, c: map[int]*redis.Client{}}
 	// How many databases: CONFIG GET databases; Redis Cluster has one.
 	res, err := a.db(0).ConfigGet(ctx, "databases").Result()
 	if err != nil {
 		a.Close()
-		return nil, fmt.Errorf("admin connection: %w", redactErr(err))
+		return nil, fmt.Errorf("admin connection: %w", redisFailure("HAN_REDIS_ADMIN_URL", adminRedisTimeout, err))
 	}
 	a.dbs, _ = strconv.Atoi(res["databases"])
 	if a.dbs < 1 {
@@ -123,6 +124,30 @@ func (a *adminRedis) stubUserExists(ctx context.Context) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// adminRedisTimeout bounds each command of the admin connection.
+const adminRedisTimeout = 10 * time.Second
+
+// redisFailure is a failed command over the Redis URL in variable name,
+// each command bounded by timeout: a server that did not answer in time
+// (stalled, or a partition) says so; other errors as redactErr keeps them.
+func redisFailure(name string, timeout time.Duration, err error) error {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%s: Redis did not answer within %s (a stalled server, or a network partition)", name, timeout)
+	}
+	return fmt.Errorf("%s: %w", name, redactErr(err))
+}
+
+// openRedis opens a client over the Redis URL in variable name; a URL it
+// cannot read is named, never echoed (it holds a password).
+func openRedis(name string, getenv func(string) string, cfg rds.RedisConfig) (redis.UniversalClient, error) {
+	c, err := rds.NewRedis(getenv(name), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return c, nil
 }
 
 // redactErr keeps a Redis error's class, not text that could quote values:

@@ -138,6 +138,9 @@ func sampleBytes(ctx context.Context, c redis.UniversalClient, pattern, skip str
 	return float64(total) / float64(n), n, nil
 }
 
+// sampleRedisTimeout bounds each command of sizing --sample.
+const sampleRedisTimeout = 5 * time.Second
+
 func cmdSizing(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("sizing", flag.ContinueOnError)
 	in := sizingInputs{}
@@ -165,29 +168,28 @@ func cmdSizing(ctx context.Context, args []string, getenv func(string) string, o
 		if *sampleMax < 1 || *sampleMax > 100000 {
 			return errors.New("--sample-keys must be 1..100000")
 		}
-		db0, db1 := getenv("REDIS_URL"), getenv("REDIS_REALTIME_URL")
-		if db0 == "" || db1 == "" {
+		if getenv("REDIS_URL") == "" || getenv("REDIS_REALTIME_URL") == "" {
 			return errors.New("--sample needs REDIS_URL and REDIS_REALTIME_URL")
 		}
-		c0, err := rds.NewRedis(db0, rds.RedisConfig{ReadTimeout: 5 * time.Second})
+		c0, err := openRedis("REDIS_URL", getenv, rds.RedisConfig{ReadTimeout: sampleRedisTimeout})
 		if err != nil {
 			return err
 		}
 		defer c0.Close()
-		c1, err := rds.NewRedis(db1, rds.RedisConfig{ReadTimeout: 5 * time.Second})
+		c1, err := openRedis("REDIS_REALTIME_URL", getenv, rds.RedisConfig{ReadTimeout: sampleRedisTimeout})
 		if err != nil {
 			return err
 		}
 		defer c1.Close()
 		measured := map[string]float64{}
 		for _, f := range sampleFamilies {
-			c := c0
+			c, name := c0, "REDIS_URL"
 			if f.realtime {
-				c = c1
+				c, name = c1, "REDIS_REALTIME_URL"
 			}
 			avg, n, err := sampleBytes(ctx, c, f.pattern, f.skip, *sampleMax)
 			if err != nil {
-				return fmt.Errorf("sample %s: %w", f.pattern, rds.ClassifyRedisError(err))
+				return fmt.Errorf("sample %s: %w", f.pattern, redisFailure(name, sampleRedisTimeout, err))
 			}
 			notes = append(notes, fmt.Sprintf("sampled %s: %d keys, %.0f bytes/key", f.pattern, n, avg))
 			if n > 0 {
