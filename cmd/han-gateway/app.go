@@ -113,12 +113,18 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 		}
 		return err
 	}
-	cfg, err := config.Load(getenv)
+	env := getenv
+	if *addr != "" { // -addr is checked as HAN_HTTP_ADDR is
+		env = func(k string) string {
+			if k == "HAN_HTTP_ADDR" {
+				return *addr
+			}
+			return getenv(k)
+		}
+	}
+	cfg, err := config.Load(env)
 	if err != nil {
 		return err
-	}
-	if *addr != "" {
-		cfg.HTTPAddr = *addr
 	}
 	m.Config, m.Migrate, m.Debug = cfg, *migrate, *debug
 	return nil
@@ -279,7 +285,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return fmt.Errorf("HAN_HTTP_ADDR: listen: %w", err)
 	}
 	m.addr = ln.Addr().String()
 	capped, err := m.capListener(ctx, ln, metrics.Registry)

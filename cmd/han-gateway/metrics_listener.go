@@ -27,7 +27,7 @@ func (l *metricsListener) start(addr string, h http.Handler, idle time.Duration,
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics listen: %w", err)
+		return fmt.Errorf("HAN_METRICS_ADDR: listen: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)

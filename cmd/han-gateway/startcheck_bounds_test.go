@@ -65,3 +65,28 @@ func TestOutOfRangeSettingsStopStartUp(t *testing.T) {
 		}
 	}
 }
+
+// The -addr flag is checked as HAN_HTTP_ADDR is, and it, not
+// HAN_HTTP_ADDR, is where the API listens: a metrics address on its port
+// is refused before anything starts.
+func TestAddrFlagIsCheckedAsHTTPAddr(t *testing.T) {
+	vars := baseEnv()
+	vars["HAN_HTTP_ADDR"] = "127.0.0.1:0"
+	for _, tc := range []struct {
+		addr, metrics, want string
+	}{
+		{"127.0.0.1:8080 ", "", "HAN_HTTP_ADDR (or -addr): must be host:port"},
+		{"127.0.0.1:18080", "127.0.0.1:18080", "HAN_METRICS_ADDR: must differ from HAN_HTTP_ADDR (or -addr"},
+	} {
+		vars["HAN_METRICS_ADDR"] = tc.metrics
+		err := NewMain().ParseFlags([]string{"-addr", tc.addr}, func(k string) string { return vars[k] })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("-addr %q, HAN_METRICS_ADDR %q: %v, want %q", tc.addr, tc.metrics, err, tc.want)
+		}
+	}
+	vars["HAN_METRICS_ADDR"] = ""
+	m := NewMain()
+	if err := m.ParseFlags([]string{"-addr", "127.0.0.1:18080"}, func(k string) string { return vars[k] }); err != nil || m.Config.HTTPAddr != "127.0.0.1:18080" {
+		t.Errorf("-addr 127.0.0.1:18080: %v, listen address %q", err, m.Config.HTTPAddr)
+	}
+}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -163,3 +164,46 @@ func atAfterHost(u *url.URL) bool {
 func unencodedPassword(name string) string {
 	return name + ": an '@' follows the host: a password holding '/', '?' or '#' must be percent-encoded (%2F, %3F, %23)"
 }
+
+// checkListenAddrs refuses a HAN_HTTP_ADDR or HAN_METRICS_ADDR that is no
+// host:port (a space or control character from an env file, no port, a
+// port beyond 65535), and a metrics address that would bind the API's port:
+// the same port, not 0, on the same host or where either is every address.
+// Else start-up failed at the second listen with "address already in use",
+// after the migrations, naming neither variable.
+func (c *Config) checkListenAddrs(bad func(string, ...any)) {
+	httpHost, httpPort, httpOK := listenAddr(c.HTTPAddr)
+	if !httpOK {
+		bad("HAN_HTTP_ADDR (or -addr): must be host:port like 127.0.0.1:8080 (no spaces)")
+	}
+	if c.MetricsAddr == "" {
+		return
+	}
+	host, port, ok := listenAddr(c.MetricsAddr)
+	switch {
+	case !ok:
+		bad("HAN_METRICS_ADDR: must be host:port like 127.0.0.1:9090 (no spaces)")
+	case httpOK && port != 0 && port == httpPort && (strings.EqualFold(host, httpHost) || anyAddr(host) || anyAddr(httpHost)):
+		bad("HAN_METRICS_ADDR: must differ from HAN_HTTP_ADDR (or -addr; another port: /metrics gets a listener of its own)")
+	}
+}
+
+// listenAddr splits a listen address into its host and port number.
+func listenAddr(addr string) (host string, port int, ok bool) {
+	for i := 0; i < len(addr); i++ {
+		if addr[i] <= ' ' || addr[i] == 0x7f {
+			return "", 0, false
+		}
+	}
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil || p == "" {
+		return "", 0, false
+	}
+	if port, err = net.LookupPort("tcp", p); err != nil {
+		return "", 0, false
+	}
+	return host, port, true
+}
+
+// anyAddr reports whether a listen host means every address.
+func anyAddr(host string) bool { return host == "" || host == "0.0.0.0" || host == "::" }

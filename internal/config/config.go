@@ -233,6 +233,7 @@ func Load(getenv func(string) string) (Config, error) {
 	var problems []string
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 
+	c.checkListenAddrs(bad) // bounds.go
 	c.AllowedOrigins = origins("HAN_ALLOWED_ORIGINS", getenv("HAN_ALLOWED_ORIGINS"), bad)
 	c.CORSOrigins = origins("HAN_CORS_ORIGINS", getenv("HAN_CORS_ORIGINS"), bad)
 	var err error
