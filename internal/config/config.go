@@ -155,8 +155,8 @@ type Config struct {
 	// WSMaxConnsPerUser (HAN_WS_MAX_CONNS_PER_USER, default 16) caps one
 	// user's open WebSocket connections across all instances.
 	WSMaxConnsPerUser int
-	// WSRecoverWindow (HAN_WS_RECOVER_WINDOW, default 10m, at most
-	// HAN_OUTBOX_RETENTION) is how old a missed message may be for a
+	// WSRecoverWindow (HAN_WS_RECOVER_WINDOW, default 10m or
+	// HAN_OUTBOX_RETENTION when shorter, at most HAN_OUTBOX_RETENTION) is how old a missed message may be for a
 	// subscribe with sinceSeq to replay it over the socket; WSRecoverMax
 	// (HAN_WS_RECOVER_MAX, default 100, at most 10000) is the most events replayed. Beyond
 	// either the client gets a resync for the dialog and reconciles over
@@ -360,7 +360,10 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_WS_MAX_CONNS_PER_USER: must be a positive number")
 		}
 	}
-	if c.WSRecoverWindow, err = duration(getenv("HAN_WS_RECOVER_WINDOW"), 10*time.Minute); err != nil {
+	// Unset, the window is 10 minutes or the outbox retention when that is
+	// shorter, as the lingers' defaults shrink to fit their budgets: only a
+	// window set longer than the retention is refused.
+	if c.WSRecoverWindow, err = duration(getenv("HAN_WS_RECOVER_WINDOW"), min(10*time.Minute, c.OutboxRetention)); err != nil {
 		bad("HAN_WS_RECOVER_WINDOW: %v", err)
 	} else if c.WSRecoverWindow > c.OutboxRetention {
 		// Rows older than the retention may be purged: replaying from them

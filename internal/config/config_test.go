@@ -344,9 +344,10 @@ func TestOutboxGraceAndRetention(t *testing.T) {
 	}
 }
 
-// HAN_WS_RECOVER_WINDOW (10m) and HAN_WS_RECOVER_MAX (100) bound the
-// replay of a subscribe with sinceSeq; the window may not outlast the
-// outbox rows it replays from (HAN_OUTBOX_RETENTION).
+// HAN_WS_RECOVER_WINDOW (10m, or a shorter HAN_OUTBOX_RETENTION) and
+// HAN_WS_RECOVER_MAX (100) bound the replay of a subscribe with sinceSeq;
+// the window may not outlast the outbox rows it replays from
+// (HAN_OUTBOX_RETENTION).
 func TestWSRecover(t *testing.T) {
 	m := base()
 	c, err := Load(env(m))
@@ -357,7 +358,14 @@ func TestWSRecover(t *testing.T) {
 	if c, err := Load(env(m)); err != nil || c.WSRecoverWindow != 15*time.Minute || c.WSRecoverMax != 7 {
 		t.Fatalf("set: window %v max %d %v", c.WSRecoverWindow, c.WSRecoverMax, err)
 	}
-	for _, tc := range []struct{ window, retention string }{{"16m", "15m"}, {"", "5m"}, {"0", ""}, {"soon", ""}} {
+	// Unset, the window shrinks to a shorter retention instead of refusing
+	// the retention alone.
+	m = base()
+	m["HAN_OUTBOX_RETENTION"] = "5m"
+	if c, err := Load(env(m)); err != nil || c.WSRecoverWindow != 5*time.Minute {
+		t.Fatalf("HAN_OUTBOX_RETENTION=5m alone: window %v %v, want 5m", c.WSRecoverWindow, err)
+	}
+	for _, tc := range []struct{ window, retention string }{{"16m", "15m"}, {"6m", "5m"}, {"0", ""}, {"soon", ""}} {
 		m := base()
 		m["HAN_WS_RECOVER_WINDOW"], m["HAN_OUTBOX_RETENTION"] = tc.window, tc.retention
 		if _, err := Load(env(m)); err == nil || !strings.Contains(err.Error(), "HAN_WS_RECOVER_WINDOW") {
