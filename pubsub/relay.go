@@ -35,13 +35,13 @@ type Outbox interface {
 	// RelayOutbox claims up to limit undelivered rows older than grace so
 	// that no other relay takes them meanwhile, calls publish for each in
 	// id order and marks the rows publish succeeded on as delivered. A
-	// publish error wrapping rds.ErrLockHeld skips that row. One wrapping
-	// ErrRowRefusedAlone skips it too and counts an attempt on it (the
-	// server of its slot takes publishes and the row is what it refuses);
-	// a row whose frame cannot be built counts one without a publish. A row at OutboxMaxAttempts is given up: never claimed
-	// again. Any other error ends the batch (Redis did not answer, or the
-	// server of the row's slot refuses every publish: the row is not to
-	// blame).
+	// publish error wrapping rds.ErrLockHeld or ErrRowDeferred skips that
+	// row (another deliverer holds it; its Redis node failed: the row is
+	// not to blame). One wrapping ErrRowRefusedAlone skips it too and
+	// counts an attempt on it (the server of its slot takes publishes and
+	// the row is what it refuses); a row whose frame cannot be built
+	// counts one without a publish. A row at OutboxMaxAttempts is given
+	// up: never claimed again. Any other error ends the batch.
 	RelayOutbox(ctx context.Context, grace time.Duration, limit int,
 		publish func(ctx context.Context, row OutboxRow) error) (OutboxRun, error)
 }
@@ -76,6 +76,13 @@ var ErrRowRefused = errors.New("pubsub: redis refused the row's publish")
 // publish error is returned as it is: that server refuses publishes, as
 // one that does not answer, and the row is not to blame.
 var ErrRowRefusedAlone = errors.New("pubsub: redis refused the row's publish and took another")
+
+// ErrRowDeferred marks a row left for a later run without a charge: the
+// Redis node its publish goes to did not take it (no answer, or it
+// refuses every publish: the probe was refused too), or failed earlier in
+// the same batch. The row is not to blame, and the batch goes on: the
+// other nodes of a Redis Cluster may take their rows.
+var ErrRowDeferred = errors.New("pubsub: the row's redis node failed; left for a later run")
 
 // relayProbePrefix starts the channels the relay publishes to after a
 // refusal, to tell a refused row from refused publishes: channels of the
@@ -125,10 +132,11 @@ func (c *RelayConfig) defaults() {
 // commit and publish, a Redis outage). Every instance runs one: rows are
 // claimed with FOR UPDATE SKIP LOCKED, so two relays never hold the same
 // row, and each publish runs under han:coord:lock:delivery:{<message_id>}
-// (the Redis lock is an optimisation next to the row lock). A row
-// may be published twice (published, then the commit failed); both
-// copies carry the same event id, which clients dedupe on. Safe for
-// concurrent use.
+// (the Redis lock is an optimisation next to the row lock). A Redis node
+// that fails a row leaves only the rows it serves for a later run
+// (relayBatch). A row may be published twice (published, then the commit
+// failed); both copies carry the same event id, which clients dedupe on.
+// Safe for concurrent use.
 type Relay struct {
 	cfg    RelayConfig
 	outbox Outbox
@@ -175,54 +183,111 @@ func NewRelay(ob Outbox, rdb redis.UniversalClient, cfg RelayConfig, logger *slo
 // RunOnce claims one batch and publishes it. It returns how many rows it
 // claimed and published.
 func (r *Relay) RunOnce(ctx context.Context) (claimed, published int, err error) {
-	var pubErr error
-	run, err := r.outbox.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, func(ctx context.Context, row OutboxRow) error {
-		id := row.EntityID
-		if !ids.Valid(id) {
-			id = row.EventID
-		}
-		lk, _, err := r.locker.Acquire(ctx, rds.LockDelivery, id, r.deliveryLockTTL())
-		if err != nil {
-			if !errors.Is(err, rds.ErrLockHeld) {
-				pubErr = err
-			}
-			return err
-		}
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-		raw := rds.Publish(pctx, r.rdb, r.cfg.Mode, row.Channel, row.Payload).Err()
-		cancel()
-		rctx, rcancel := MarksContext(ctx, r.cfg.PublishTimeout)
-		_ = lk.Release(rctx)
-		rcancel()
-		if raw == nil {
-			return nil
-		}
-		err = rds.ClassifyRedisError(raw)
-		// An error reply, and the same server takes the probe: it refuses
-		// this row. Otherwise the batch ends, charging nobody.
-		if !rds.Unanswered(raw) && r.publishesGoThrough(ctx, row.Channel) {
-			err = fmt.Errorf("%w: %w: %w", ErrRowRefusedAlone, ErrRowRefused, err)
-		}
-		pubErr = err
-		return err
-	})
+	b := &relayBatch{r: r, down: map[string]bool{}}
+	run, err := r.outbox.RelayOutbox(ctx, r.cfg.Grace, r.cfg.Batch, b.publish)
 	claimed, published = run.Claimed, run.Delivered
-	if errors.Is(pubErr, ErrRowRefusedAlone) {
-		// Redis took the probe: the refused rows are charged, not the run.
-		pubErr = nil
-	}
 	for _, id := range run.GivenUp {
 		r.logger.Error("outbox relay gave up a row: redis refused it every time", slog.String("event_id", id),
 			slog.Int("attempts", OutboxMaxAttempts))
 	}
 	r.published.Add(float64(published))
-	if err == nil && pubErr != nil {
-		err = fmt.Errorf("relay publish: %w", pubErr)
+	if err == nil && b.failed != nil {
+		// A node did not take publishes: the run failed, though the rows
+		// of the other nodes went out.
+		err = fmt.Errorf("relay publish: %w", b.failed)
 	}
 	if err != nil {
 		r.failures.Inc()
 	}
 	return claimed, published, err
+}
+
+// relayBatch is one RunOnce: the Redis nodes that failed it so far. A row
+// whose publish (or delivery lock) goes to one of them is deferred
+// without a call, so a node that does not answer costs one publish budget
+// per batch, not one per row, and the rows of the other nodes still go
+// out: on a Redis Cluster one master failing (stalled, dead until its
+// failover, refusing publishes) is not the cluster failing. On a
+// standalone Redis every row goes to the one node, and the first failure
+// defers the rest of the batch. Once a node failed, the batch goes on for
+// at most a delivery lock's life (the rows stay locked in PostgreSQL
+// meanwhile) and defers the rows left after that.
+type relayBatch struct {
+	r      *Relay
+	down   map[string]bool
+	failed error     // the first node failure
+	until  time.Time // set with failed: the rows after it are deferred
+}
+
+func (b *relayBatch) fail(node string, err error) error {
+	b.down[node] = true
+	if b.failed == nil {
+		b.failed, b.until = err, time.Now().Add(b.r.deliveryLockTTL())
+	}
+	return fmt.Errorf("%w: %w", ErrRowDeferred, err)
+}
+
+// publish is the batch's Outbox publish callback.
+func (b *relayBatch) publish(ctx context.Context, row OutboxRow) error {
+	r := b.r
+	id := row.EntityID
+	if !ids.Valid(id) {
+		id = row.EventID
+	}
+	node := r.nodeOf(ctx, row.Channel)
+	if b.down[node] || (b.failed != nil && time.Now().After(b.until)) {
+		return ErrRowDeferred
+	}
+	// The delivery lock is an optimisation next to the row lock the batch
+	// holds: when its node fails, the row is published without it.
+	var lk *rds.Lock
+	if lockNode := r.nodeOf(ctx, rds.LockKey(rds.LockDelivery, id)); !b.down[lockNode] {
+		l, _, err := r.locker.Acquire(ctx, rds.LockDelivery, id, r.deliveryLockTTL())
+		switch {
+		case errors.Is(err, rds.ErrLockHeld):
+			return err
+		case err != nil:
+			deferred := b.fail(lockNode, err)
+			if lockNode == node {
+				return deferred
+			}
+		default:
+			lk = l
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	raw := rds.Publish(pctx, r.rdb, r.cfg.Mode, row.Channel, row.Payload).Err()
+	cancel()
+	if lk != nil {
+		rctx, rcancel := MarksContext(ctx, r.cfg.PublishTimeout)
+		_ = lk.Release(rctx)
+		rcancel()
+	}
+	if raw == nil {
+		return nil
+	}
+	err := rds.ClassifyRedisError(raw)
+	// An error reply, and the same server takes the probe: it refuses
+	// this row. Otherwise the row's node failed, charging nobody.
+	if !rds.Unanswered(raw) && r.publishesGoThrough(ctx, row.Channel) {
+		return fmt.Errorf("%w: %w: %w", ErrRowRefusedAlone, ErrRowRefused, err)
+	}
+	return b.fail(node, err)
+}
+
+// nodeOf names the Redis node a call with key (or channel) goes to: on a
+// Redis Cluster client the master of key's slot in the client's slot
+// map, "" on a standalone client (one node) or without a slot map.
+func (r *Relay) nodeOf(ctx context.Context, key string) string {
+	cc, ok := r.rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	c, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return c.Options().Addr
 }
 
 // publishesGoThrough reports whether Redis takes a publish to the relay's

@@ -16,14 +16,15 @@ import (
 // with FOR UPDATE SKIP LOCKED (so concurrent relays on other instances
 // never take the same row at the same time) and calls publish for each in
 // id order. In the same transaction it marks the rows publish succeeded on
-// as delivered. A publish error wrapping rds.ErrLockHeld skips that row;
-// one wrapping pubsub.ErrRowRefusedAlone (the server of the row's slot
-// took a probe right after refusing the row) skips it and charges it an
-// attempt; a row whose frame cannot be built is charged without a
-// publish. Rows at pubsub.OutboxMaxAttempts
-// are not claimed again (given up). Any other error ends the batch (Redis
-// is likely down: the rest stay untouched for the next run, and nothing is
-// charged: the rows are not to blame). Publish runs while the row locks
+// as delivered. A publish error wrapping rds.ErrLockHeld or
+// pubsub.ErrRowDeferred skips that row (another deliverer holds it; its
+// Redis node failed, which charges nothing: the row is not to blame); one
+// wrapping pubsub.ErrRowRefusedAlone (the server of the row's slot took a
+// probe right after refusing the row) skips it and charges it an attempt;
+// a row whose frame cannot be built is charged without a publish. Rows at
+// pubsub.OutboxMaxAttempts are not claimed again (given up). Any other
+// error ends the batch: the rest stay untouched for the next run, and
+// nothing is charged. Publish runs while the row locks
 // are held, so it must be bounded in time.
 //
 // When ctx ends during the batch (the instance drains) the rows not yet
@@ -133,7 +134,7 @@ func publishClaimed(ctx context.Context, batch []claimedRow,
 			charged = append(charged, c.row.ID)
 			continue
 		}
-		if !errors.Is(err, rds.ErrLockHeld) {
+		if !errors.Is(err, rds.ErrLockHeld) && !errors.Is(err, pubsub.ErrRowDeferred) {
 			break
 		}
 	}

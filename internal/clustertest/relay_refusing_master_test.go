@@ -22,10 +22,13 @@ import (
 // that master is not what Redis refuses: the relay must neither charge it
 // nor give it up, however many runs go by; those runs fail instead, the
 // row stays pending and is delivered once the master takes publishes
-// again. Meanwhile the rows of the other masters are published, and a row
-// Redis refuses alone (a channel outside the service's prefix, on a master
-// that takes publishes) is still charged and given up after
-// OutboxMaxAttempts runs. The master chosen is not the one of the channel
+// again. Meanwhile the rows of the other masters are published, those
+// claimed after the held row too (one master failing is not the cluster
+// failing: the held row ended the batch, and a master refusing publishes
+// held back every row of the cluster behind its own), and a row Redis
+// refuses alone (a channel outside the service's prefix, on a master that
+// takes publishes) is still charged and given up after OutboxMaxAttempts
+// runs. The master chosen is not the one of the channel
 // han:rt:relay-probe: a probe on one fixed channel goes to one master,
 // which takes it whatever the row's master does. The same in sharded and
 // classic Pub/Sub: a PUBLISH too goes to the master of its channel's slot.
@@ -84,6 +87,9 @@ func relayPastARefusingMaster(t *testing.T, c *testenv.RedisCluster, st *store.S
 	}
 	held := sendOn(t, c, st, victim)
 	heldSub := subscribeOn(t, victim, mode, held.Channel)
+	// A row of a master that takes publishes, after the held one: the
+	// held row does not hold it back.
+	after := sendOn(t, c, st, healthy)
 
 	refusePublishes(t, victim)
 	failed := 0
@@ -99,8 +105,10 @@ func relayPastARefusingMaster(t *testing.T, c *testenv.RedisCluster, st *store.S
 	if failed != pubsub.OutboxMaxAttempts+2 {
 		t.Errorf("%d of %d runs failed while a master refused every publish, want all", failed, pubsub.OutboxMaxAttempts+2)
 	}
-	if _, delivered := rowState(t, pool, good.EventID); !delivered {
-		t.Error("the row of a master that takes publishes was not delivered")
+	for _, ev := range []store.OutboxEvent{good, after} {
+		if _, delivered := rowState(t, pool, ev.EventID); !delivered {
+			t.Error("a row of a master that takes publishes was not delivered while another master refused every publish")
+		}
 	}
 	if attempts, delivered := rowState(t, pool, refusedAlone); attempts != pubsub.OutboxMaxAttempts || delivered {
 		t.Errorf("the row Redis refuses alone has %d attempts (delivered %v), want %d: given up",
