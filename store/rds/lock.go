@@ -50,9 +50,10 @@ const fenceTTL = 24 * time.Hour
 // the work it guards would start that much later everywhere; a release
 // that never arrived leaves the lock to its TTL likewise. So the Locker
 // remembers the tokens of acquires and releases that got no reply, and its
-// next Acquire (of any lock; the work a failed acquire guarded was not
-// done, so its caller tries again on its next tick) first releases them:
-// compare-and-delete, so only a lock that token holds goes. A token is
+// next Acquire (of any lock, on a Redis Cluster of any lock on the same
+// master; the work a failed acquire guarded was not done, so its caller
+// tries again on its next tick) first releases them: compare-and-delete,
+// so only a lock that token holds goes. A token is
 // forgotten once its release answered, or once its lock's TTL would have
 // ended anyway.
 type Locker struct {
@@ -114,9 +115,9 @@ func (l *Locker) Acquire(ctx context.Context, kind, id string, ttl time.Duration
 	if ttl <= 0 {
 		ttl = DefaultLockTTL
 	}
-	l.releaseUnanswered(ctx)
-	owner := newOwnerToken()
 	key := LockKey(kind, id)
+	l.releaseUnanswered(ctx, key)
+	owner := newOwnerToken()
 	v, err := lua.LockAcquire.Run(ctx, l.rdb, []string{key, FenceKey(kind, id)},
 		owner, ttl.Milliseconds(), fenceTTL.Milliseconds()).Slice()
 	if err != nil {
@@ -176,16 +177,29 @@ func (l *Locker) remember(key, owner string, ttl time.Duration) {
 // most once per staleEvery, within ctx. A token goes once its release
 // answered that the lock was released or held by another owner, once its
 // lock would have expired, or staleSettle after a release first found no
-// lock; a release that got no reply keeps it.
-func (l *Locker) releaseUnanswered(ctx context.Context) {
+// lock; a release that got no reply keeps it. On a Redis Cluster only the
+// tokens on key's master are released (the master the acquire of key
+// waits for anyway): a token on a master that stalls would otherwise hold
+// every acquire on the healthy ones for a read timeout. The others wait
+// for an acquire on their master, or lapse with their lock.
+func (l *Locker) releaseUnanswered(ctx context.Context, key string) {
 	now := time.Now()
 	todo := l.unknown.Take(now, 0)
+	if len(todo) == 0 {
+		return
+	}
+	node := l.nodeOf(ctx, key)
+	var elsewhere []LateCall[lockToken]
 	for i, e := range todo {
+		if l.nodeOf(ctx, e.V.key) != node {
+			elsewhere = append(elsewhere, e)
+			continue
+		}
 		n, err := lua.LockRelease.Run(ctx, l.rdb, []string{e.V.key}, e.V.owner).Int()
 		switch {
 		case Unanswered(err):
 			// Redis still does not answer: keep the rest untried.
-			l.unknown.Keep(todo[i:]...)
+			l.unknown.Keep(append(elsewhere, todo[i:]...)...)
 			return
 		case err != nil:
 			l.unknown.Keep(e)
@@ -193,6 +207,21 @@ func (l *Locker) releaseUnanswered(ctx context.Context) {
 			l.unknown.Settling(now, e)
 		}
 	}
+	l.unknown.Keep(elsewhere...)
+}
+
+// nodeOf names the master a call on key goes to on a Redis Cluster client,
+// "" on a standalone client (one server) or without a slot map.
+func (l *Locker) nodeOf(ctx context.Context, key string) string {
+	cc, ok := l.rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	c, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return c.Options().Addr
 }
 
 func lockResult(n int) error {
