@@ -44,6 +44,8 @@ type SendMessage struct {
 // many of the sender's own as one sender may hold in it (sendShare): the
 // send was refused before anything was written. Only a member of the
 // dialog is told so; a sender who is no member gets ErrDialogNotFound. The
+// sends of senders who are no members hold at most an eighth of the queue
+// together (unverifiedShare), so they never leave a member dialog_busy. The
 // API answers 503 dialog_busy with Retry-After.
 var ErrDialogBusy = errors.New("store: dialog busy")
 
@@ -62,7 +64,10 @@ var ErrDialogBusy = errors.New("store: dialog busy")
 // alone. A repeat of the same sender's clientMessageId returns the stored
 // message with created=false and writes nothing. A full dialog queue, or a
 // sender's full share of it, is ErrDialogBusy for a member,
-// ErrDialogNotFound for anyone else; a caller
+// ErrDialogNotFound for anyone else; a send of a sender not known to be a
+// member that finds such senders' part of the queue full is queued once a
+// membership read found the sender a member, and is ErrDialogNotFound
+// otherwise (sendCombiner); a caller
 // whose context ends while its send still waits is dropped from the queue
 // (nothing written); once its send is being written it waits for the
 // outcome, which its idempotency record and clientMessageId cover anyway.
@@ -81,10 +86,14 @@ func (s *Store) SendMessage(ctx context.Context, in SendMessage) (m Message, ev 
 			r.idem.Meta = "{}"
 		}
 	}
-	if err := s.sends.send(ctx, r); err != nil {
-		if errors.Is(err, ErrDialogBusy) {
-			err = s.busyForMember(ctx, in)
-		}
+	err = s.sends.send(ctx, r)
+	switch {
+	case errors.Is(err, errUnverified):
+		err = s.sendAsMember(ctx, r)
+	case errors.Is(err, ErrDialogBusy):
+		err = s.busyForMember(ctx, in)
+	}
+	if err != nil {
 		return Message{}, OutboxEvent{}, false, err
 	}
 	return r.res.m, r.res.ev, r.res.created, r.res.err
@@ -107,6 +116,29 @@ func (s *Store) busyForMember(ctx context.Context, in SendMessage) error {
 	return ErrDialogBusy
 }
 
+// sendAsMember is the answer to a send the combiner refused because its
+// sender is not known to be a member of the dialog and such senders' sends
+// already hold their part of its queue (errUnverified): the membership is
+// read, and a member's send is queued as a member's (ErrDialogBusy only
+// when the queue, or the sender's share of it, is full), anyone else's is
+// answered ErrDialogNotFound, as every other send of theirs. The read runs
+// only on this path (a sender the combiner knows, or one that finds room,
+// costs none), and is the realtime subscribe's batched check
+// (checkLastSeq): the members of a dialog the instance has not seen send
+// yet, arriving at once, share one statement and one pool connection.
+func (s *Store) sendAsMember(ctx context.Context, r *sendReq) error {
+	_, member, err := s.checkLastSeq(ctx, r.in.DialogID, r.in.SenderID)
+	if err != nil {
+		return err
+	}
+	s.sends.learnMember(r.in.DialogID, r.in.SenderID, member)
+	if !member {
+		return ErrDialogNotFound
+	}
+	r.member = true
+	return s.sends.send(ctx, r)
+}
+
 // sendReq is one send waiting in, or written by, the combiner.
 type sendReq struct {
 	in      SendMessage
@@ -117,8 +149,13 @@ type sendReq struct {
 	deadline time.Time
 	idem     IdemRecord // Status and Meta of in.Idem's record
 	taken    bool       // in a batch being written (guarded by the combiner's mutex)
-	res      sendResult
-	done     chan struct{} // closed once res is set
+	// member: a membership read found the sender a member (sendAsMember).
+	member bool
+	// unverified: queued while its sender was not known to be a member,
+	// in its queue's unverified part (guarded by the combiner's mutex).
+	unverified bool
+	res        sendResult
+	done       chan struct{} // closed once res is set
 }
 
 type sendResult struct {
@@ -234,6 +271,7 @@ func (s *Store) writeBatch(dialogID string, batch []*sendReq, queue *queueRef) {
 		}
 		return
 	}
+	s.sends.learn(dialogID, b.reqs, b.rows)
 	answerBatch(b.reqs, b.rows)
 }
 

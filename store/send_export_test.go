@@ -51,3 +51,11 @@ func (s *Store) RequestTx(ctx context.Context, fn func(ctx context.Context, tx p
 
 // MaxGroupSends is the most sends one send transaction writes.
 const MaxGroupSends = maxGroupSends
+
+// KnownSenders is how many (dialog, member) pairs the send combiner
+// remembers.
+func (s *Store) KnownSenders() int {
+	s.sends.mu.Lock()
+	defer s.sends.mu.Unlock()
+	return len(s.sends.known)
+}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -10,11 +11,12 @@ import (
 const DefaultSendQueue = 256
 
 // sendShare is how many of a dialog queue's sends one sender may hold at
-// once, waiting and being written: one sender's burst, or an outsider's
-// sends that will be refused anyway, cannot fill the queue and leave the
-// dialog's members dialog_busy. A member's client has a send or two in
-// flight (a hot dialog of 100 members with two concurrent sends each stays
-// well within it); a burst over it gets the answer of a full queue.
+// once, waiting and being written: one sender's burst cannot fill the
+// queue and leave the dialog's other members dialog_busy. A member's
+// client has a send or two in flight (a hot dialog of 100 members with two
+// concurrent sends each stays well within it); a burst over it gets the
+// answer of a full queue. Many senders who are no members cannot fill it
+// either: see unverifiedShare.
 const sendShare = 8
 
 // sendCombiner is the instance-wide write combiner of message sends: one
@@ -29,7 +31,16 @@ const sendShare = 8
 // A queue holds at most bound sends, waiting and being written, and at most
 // share of them from one sender; one more is refused with ErrDialogBusy
 // (the send never enters the queue, so the seqs of the sends it holds keep
-// their arrival order). Neither check costs a round trip. A caller whose
+// their arrival order). Membership is checked by the send statement, so
+// the combiner tells members from outsiders by what it learned (known):
+// the sends of senders it does not know to be members of the dialog hold
+// together at most a small part of the queue (unverifiedShare), and one
+// more is refused with errUnverified, after which the caller reads the
+// sender's membership and queues the send as a member's or answers
+// ErrDialogNotFound (Store.SendMessage). So outsiders, however many
+// accounts they send from, hold at most that part, and a member is never
+// refused for it. None of these checks costs a round trip; the membership
+// read runs only for a send refused by one of them. A caller whose
 // context ends while its send is waiting takes it out of the queue (nothing
 // of it is written); once the send is being written, the caller waits for
 // the outcome, which the send's own budget bounds (a batch that gives up on
@@ -39,10 +50,11 @@ type sendCombiner struct {
 	// write writes a batch of the dialog queue q (see queueRef).
 	write func(dialogID string, batch []*sendReq, q *queueRef)
 
-	mu     sync.Mutex // guards bound, share, queues and every queue in it
+	mu     sync.Mutex // guards bound, share, queues, every queue in it and known
 	bound  int
 	share  int // sendShare (tests change it)
 	queues map[string]*dialogQueue
+	known  knownMembers
 }
 
 type dialogQueue struct {
@@ -54,10 +66,14 @@ type dialogQueue struct {
 	flight  []*sendReq
 	writing bool           // the queue has its writer (drain)
 	held    map[string]int // sends in waiting and flight by sender id
+	// unverified is how many sends in waiting and flight were queued for
+	// a sender not known to be a member (sendReq.unverified).
+	unverified int
 }
 
 func newSendCombiner(write func(string, []*sendReq, *queueRef)) *sendCombiner {
-	return &sendCombiner{write: write, bound: DefaultSendQueue, share: sendShare, queues: map[string]*dialogQueue{}}
+	return &sendCombiner{write: write, bound: DefaultSendQueue, share: sendShare, queues: map[string]*dialogQueue{},
+		known: knownMembers{}}
 }
 
 // SetSendQueue sets how many sends into one dialog this instance holds at
@@ -73,13 +89,20 @@ func (s *Store) SetSendQueue(n int) {
 	}
 }
 
+// errUnverified refuses a send of a sender not known to be a member of the
+// dialog when such senders' sends already hold their part of its queue
+// (unverifiedShare); the caller reads the membership (Store.SendMessage).
+var errUnverified = errors.New("store: sender not known to be a member")
+
 // send queues r and waits until it is answered (r.res), or returns
-// ErrDialogBusy or the context's error without having written anything.
+// ErrDialogBusy, errUnverified or the context's error without having
+// written anything. r.member says the sender was just read to be a member.
 func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	id, sender := r.in.DialogID, r.in.SenderID
+	key, keyOK := memberKey(id, sender)
 	c.mu.Lock()
 	q := c.queues[id]
 	if q == nil {
@@ -89,6 +112,14 @@ func (c *sendCombiner) send(ctx context.Context, r *sendReq) error {
 	if len(q.waiting)+len(q.flight) >= c.bound || q.held[sender] >= c.share {
 		c.mu.Unlock()
 		return ErrDialogBusy
+	}
+	r.unverified = !r.member && !c.known.has(key, keyOK)
+	if r.unverified {
+		if q.unverified >= max(c.bound/unverifiedShare, 1) {
+			c.mu.Unlock()
+			return errUnverified
+		}
+		q.unverified++
 	}
 	q.waiting = append(q.waiting, r)
 	q.held[sender]++
@@ -158,6 +189,9 @@ func (c *sendCombiner) take(q *dialogQueue) []*sendReq {
 // shares; the combiner's mutex is held.
 func (q *dialogQueue) release(rs ...*sendReq) {
 	for _, r := range rs {
+		if r.unverified {
+			q.unverified--
+		}
 		if n := q.held[r.in.SenderID] - 1; n > 0 {
 			q.held[r.in.SenderID] = n
 		} else {

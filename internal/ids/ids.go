@@ -40,15 +40,24 @@ func format(b [16]byte) string {
 // Canonical parses a UUID in the 8-4-4-4-12 hex form (either case) and
 // returns it in lower case; ok is false for anything else.
 func Canonical(s string) (string, bool) {
-	if len(s) != 36 {
+	b, ok := Parse(s)
+	if !ok {
 		return "", false
 	}
-	var b [16]byte
+	return format(b), true
+}
+
+// Parse parses a UUID in the 8-4-4-4-12 hex form (either case) into its 16
+// bytes; ok is false for anything else.
+func Parse(s string) (b [16]byte, ok bool) {
+	if len(s) != 36 {
+		return b, false
+	}
 	j := 0
 	for i := 0; i < 36; {
 		if i == 8 || i == 13 || i == 18 || i == 23 {
 			if s[i] != '-' {
-				return "", false
+				return [16]byte{}, false
 			}
 			i++
 			continue
@@ -56,13 +65,13 @@ func Canonical(s string) (string, bool) {
 		hi, ok1 := unhex(s[i])
 		lo, ok2 := unhex(s[i+1])
 		if !ok1 || !ok2 {
-			return "", false
+			return [16]byte{}, false
 		}
 		b[j] = hi<<4 | lo
 		j++
 		i += 2
 	}
-	return format(b), true
+	return b, true
 }
 
 // Valid reports whether s is a UUID.
