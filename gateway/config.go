@@ -77,8 +77,10 @@ type Config struct {
 
 	// QueueFrames and QueueBytes bound a connection's outbound queue, and
 	// the live events each of its subscriptions holds until its subscribed
-	// frame is queued. Zero values mean 256 frames and 1 MiB; QueueBytes
-	// is at most 1 GiB.
+	// frame is queued. QueueFrames bounds each of them; QueueBytes bounds
+	// the queue's frames and every subscription's held events together,
+	// so one socket holds no more however many dialogs it subscribes to.
+	// Zero values mean 256 frames and 1 MiB; QueueBytes is at most 1 GiB.
 	QueueFrames int
 	QueueBytes  int
 	// MaxOverflows: a connection whose queue overflows more than this many
@@ -204,7 +206,7 @@ func (c *Config) defaults() {
 	dur(&c.TypingInterval, time.Second)
 	num(&c.QueueFrames, 256)
 	num(&c.QueueBytes, 1<<20)
-	c.QueueBytes = min(c.QueueBytes, 1<<30) // sub.pendingBytes is an int32
+	c.QueueBytes = min(c.QueueBytes, 1<<30) // sub.pendingBytes and conn.pendingBytes are int32s
 	num(&c.MaxOverflows, 3)
 	dur(&c.OverflowWindow, time.Minute)
 	dur(&c.WriteTimeout, 10*time.Second)

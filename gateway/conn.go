@@ -25,9 +25,10 @@ type outFrame struct {
 // sub is one dialog subscription of a connection. Until ready (the
 // subscribed frame is queued) its events wait in pending, so no event of a
 // dialog reaches the client before its subscribed frame; pending is bounded
-// as the outbound queue it goes to is, by QueueFrames and by QueueBytes
-// (conn.deliver). It is kept small: every idle connection holds one per
-// dialog it follows (64 bytes).
+// as the outbound queue it goes to is, by QueueFrames, and its bytes count
+// with the queue's and every other pending's against the connection's
+// QueueBytes (conn.deliver, conn.pendingBytes). It is kept small: every
+// idle connection holds one per dialog it follows (64 bytes).
 type sub struct {
 	// channel is the dialog's Redis channel, the same string for every
 	// local subscriber of the dialog (the hub's members name); the dialog
@@ -106,9 +107,16 @@ type conn struct {
 	// expires (Unix ns) is when the credential stops being valid: its exp
 	// plus the verifier's leeway. The ping loop closes the connection with
 	// 4001 token_expired then; a refresh frame moves it.
-	expires     int64
-	closeCode   websocket.StatusCode
-	closeReason string
+	expires int64
+	// closeCode is the websocket.StatusCode asked for (1000 to 4999), 0
+	// for none: a uint16 leaves pendingBytes room in the word an int took.
+	closeCode uint16
+	// pendingBytes is the sum of the subscriptions' pendingBytes. Pending
+	// events are kept only while it and qBytes together stay within
+	// QueueBytes (deliver, enqueueLocked), so it fits an int32 (QueueBytes
+	// is at most 1 GiB).
+	pendingBytes int32
+	closeReason  string
 	// subs are the dialog subscriptions (at most MaxSubscriptions, most
 	// often one or a few): a slice searched by dialog id costs a fraction
 	// of a map's memory per idle connection.
@@ -190,7 +198,7 @@ func (c *conn) closeLocked(code websocket.StatusCode, reason string) {
 	if code == CloseSlowConsumer {
 		c.hub.stats.slowCloses.Add(1)
 	}
-	c.closeCode, c.closeReason = code, reason
+	c.closeCode, c.closeReason = uint16(code), reason
 	c.q, c.qBytes = nil, 0
 	c.signal()
 }
@@ -210,10 +218,10 @@ func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 	if first {
 		c.closeStarted = true
 		if c.closeCode == 0 {
-			c.closeCode, c.closeReason = code, reason
+			c.closeCode, c.closeReason = uint16(code), reason
 			c.q, c.qBytes = nil, 0
 		}
-		code, reason = c.closeCode, c.closeReason
+		code, reason = websocket.StatusCode(c.closeCode), c.closeReason
 	}
 	c.mu.Unlock()
 	if !first {

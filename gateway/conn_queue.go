@@ -60,18 +60,23 @@ func (c *conn) deliver(s *sub, b []byte, class frameClass, seq int64, inline boo
 		return
 	}
 	if s != nil && !s.ready {
-		// Held as the outbound queue would hold them, within its bounds:
-		// what does not fit is dropped with the rest, and ready follows
+		// Held as the outbound queue would hold them, within its frame
+		// bound, and within the connection's bytes: the queue's and every
+		// subscription's pending together stay within QueueBytes, however
+		// many dialogs the connection subscribes to. What does not fit is
+		// dropped with the rest of this subscription's, and ready follows
 		// the subscribed frame with a resync.
 		switch cfg := &c.hub.cfg; {
 		case class.ephemeral():
 			c.hub.stats.ephemeralDrops.Add(1)
 		case s.pendingOverflow:
-		case len(s.pending) >= cfg.QueueFrames || int(s.pendingBytes)+len(b) > cfg.QueueBytes:
-			s.pending, s.pendingBytes, s.pendingOverflow = nil, 0, true
+		case len(s.pending) >= cfg.QueueFrames || c.qBytes+int(c.pendingBytes)+len(b) > cfg.QueueBytes:
+			c.dropPendingLocked(s)
 		default:
 			s.pending = append(s.pending, outFrame{b, class})
-			s.pendingBytes += int32(len(b)) // fits: the total is at most QueueBytes
+			// Both fit: the total is at most QueueBytes.
+			s.pendingBytes += int32(len(b))
+			c.pendingBytes += int32(len(b))
 		}
 		return
 	}
@@ -129,6 +134,9 @@ func (c *conn) enqueueLocked(f outFrame) bool {
 			return false
 		}
 	}
+	if c.pendingBytes > 0 && c.qBytes+int(c.pendingBytes)+len(f.b) > cfg.QueueBytes {
+		c.shedPendingLocked()
+	}
 	if len(c.q) == cap(c.q) && len(c.q) >= keptBatch {
 		c.growQueueLocked()
 	}
@@ -158,6 +166,26 @@ func (c *conn) dropEphemeralLocked() {
 	clear(c.q[len(kept):])
 	c.q, c.qBytes = kept, bytes
 	c.hub.stats.ephemeralDrops.Add(uint64(n))
+}
+
+// dropPendingLocked lets go of what s holds until it is ready; ready
+// follows its subscribed frame with a resync. c.mu must be held.
+func (c *conn) dropPendingLocked(s *sub) {
+	c.pendingBytes -= s.pendingBytes
+	s.pending, s.pendingBytes, s.pendingOverflow = nil, 0, true
+}
+
+// shedPendingLocked makes room in the connection's bytes for a frame the
+// outbound queue takes: the events held by subscriptions not yet ready go,
+// each of those subscriptions getting a resync after its subscribed frame,
+// as when its own events overflow. A live dialog's events thus never give
+// way to a waiting one's. c.mu must be held.
+func (c *conn) shedPendingLocked() {
+	for _, s := range c.subs {
+		if len(s.pending) > 0 {
+			c.dropPendingLocked(s)
+		}
+	}
 }
 
 // lingerFrames: once a connection's queue holds this many frames, a

@@ -498,6 +498,11 @@ func (c *conn) ready(s *sub, head []outFrame, lastSeq int64, since sinceAnswer, 
 	if c.closed {
 		return since.recovered
 	}
+	// The pending events move into the queue, whose bounds they now
+	// count against.
+	pending := s.pending
+	c.pendingBytes -= s.pendingBytes
+	s.pending, s.pendingBytes = nil, 0
 	// Queued together, written together (one write when they fit).
 	for _, f := range head {
 		if !c.enqueueLocked(f) {
@@ -509,7 +514,7 @@ func (c *conn) ready(s *sub, head []outFrame, lastSeq int64, since sinceAnswer, 
 		upTo = 0
 	}
 	c.enqueueLocked(outFrame{subscribedJSON(s.dialogID(), lastSeq, since.set, since.recovered), classControl})
-	for _, f := range s.pending {
+	for _, f := range pending {
 		if upTo > 0 {
 			if seq := createdSeq(f.b); seq > 0 && seq <= upTo {
 				continue
@@ -529,7 +534,7 @@ func (c *conn) ready(s *sub, head []outFrame, lastSeq int64, since sinceAnswer, 
 		c.queueResyncLocked(ResyncReconnect)
 	}
 	c.signalInline()
-	s.pending, s.pendingBytes, s.pendingOverflow, s.pendingLost, s.ready, s.replayedUpTo = nil, 0, false, false, true, upTo
+	s.pendingOverflow, s.pendingLost, s.ready, s.replayedUpTo = false, false, true, upTo
 	return since.recovered
 }
 

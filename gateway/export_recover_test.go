@@ -94,3 +94,32 @@ func (h *heldReader) RecoverDialog(ctx context.Context, dialogID string, afterSe
 	<-h.release
 	return res, err
 }
+
+// ConnHeld is what userID's connections hold for their clients and have
+// not handed to a writer yet: the bytes of their outbound queues and the
+// durable events among them, and the bytes of the live events their
+// subscriptions not yet answered with subscribed hold.
+func (s *Service) ConnHeld(userID string) (queued, durable, pending int) {
+	h := s.hub
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for c := range h.conns {
+		if c.userID != userID {
+			continue
+		}
+		c.mu.Lock()
+		queued += c.qBytes
+		for _, f := range c.q {
+			if f.class == classDurable {
+				durable++
+			}
+		}
+		for _, sb := range c.subs {
+			for _, f := range sb.pending {
+				pending += len(f.b)
+			}
+		}
+		c.mu.Unlock()
+	}
+	return queued, durable, pending
+}

@@ -248,7 +248,7 @@ func (h *Hub) remove(c *conn) ([]string, *drainRemover) {
 		out = append(out, s.channel)
 	}
 	h.stats.subs.Add(-int64(len(c.subs)))
-	c.subs = nil
+	c.subs, c.pendingBytes = nil, 0
 	c.mu.Unlock()
 	for _, ch := range out {
 		h.leaveLocked(ch, c, nil, false)
@@ -292,6 +292,7 @@ func (h *Hub) detach(c *conn, dialogID string) {
 	s, i := c.subLocked(dialogID)
 	if s != nil {
 		c.subs = slices.Delete(c.subs, i, i+1)
+		c.pendingBytes -= s.pendingBytes
 		h.stats.subs.Add(-1)
 		if len(c.subs) == 0 {
 			c.subs = nil
