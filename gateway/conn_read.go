@@ -462,6 +462,7 @@ func (c *conn) recoverSub(s *sub, since int64) {
 		defer cancel()
 		if c.readyAfterCheck(ctx, s, s.dialogID(), sinceAnswer{set: true}) {
 			h.rec.count(false)
+			h.rec.refused.Add(1)
 		}
 		return
 	}

@@ -148,12 +148,15 @@ type Stats struct {
 	InlineLeftovers uint64
 	Closes          map[int]uint64
 	Rejects         map[string]uint64
-	// Recovery of subscribes with sinceSeq: reads made (and failed), and
-	// subscribes answered recovered true / false.
-	RecoverReads      uint64
-	RecoverReadErrors uint64
-	Recovered         uint64
-	RecoverResyncs    uint64
+	// Recovery of subscribes with sinceSeq: reads made (and failed),
+	// subscribes answered recovered true / false, and among the latter
+	// those whose user had no recovery read left (RecoverReadRate,
+	// RecoverReadBurst).
+	RecoverReads        uint64
+	RecoverReadErrors   uint64
+	Recovered           uint64
+	RecoverResyncs      uint64
+	RecoverReadsRefused uint64
 	// Handshake admission: handshakes holding a slot and waiting for one
 	// now, the longest the queue has been, handshakes that waited and got a
 	// slot (and their total wait), and refusals for a full queue or a wait
@@ -180,7 +183,7 @@ func (h *Hub) Stats() Stats {
 		MaxQueueFrames: int(h.stats.maxQueue.Load()),
 		InlineWrites:   h.stats.inlineWhole.Load(), InlineLeftovers: h.stats.inlineRest.Load(), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
 		RecoverReadErrors: h.rec.readErrors.Load(),
-		Recovered:         h.rec.recovered.Load(), RecoverResyncs: h.rec.resyncs.Load(),
+		Recovered:         h.rec.recovered.Load(), RecoverResyncs: h.rec.resyncs.Load(), RecoverReadsRefused: h.rec.refused.Load(),
 	}
 	adm := h.gate.stats()
 	st.HandshakesActive, st.HandshakesQueued, st.HandshakeQueueMax = adm.active, adm.queued, adm.queuedMax

@@ -14,7 +14,7 @@ type hubCollector struct {
 	connections, subscriptions, maxQueue      *prometheus.Desc
 	overflows, slowCloses, drops, resyncs, in *prometheus.Desc
 	closes, rejects                           *prometheus.Desc
-	recoverReads, recoveries                  *prometheus.Desc
+	recoverReads, recoveries, recoverRefused  *prometheus.Desc
 	handshakes, handshakeQueue                *prometheus.Desc
 	handshakeWaits, handshakeWaitSeconds      *prometheus.Desc
 	subscribeChecks, subscribeCheckQueries    *prometheus.Desc
@@ -43,11 +43,13 @@ func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
 		subscribeCheckQueries: prometheus.NewDesc("han_ws_subscribe_check_queries_total", "PostgreSQL queries that answered the subscribe checks (concurrent checks share one).", nil, nil),
 		inlineWrites: prometheus.NewDesc("han_ws_inline_writes_total",
 			"Queues written by the goroutine that filled them, without a writer goroutine, by outcome (whole: the socket took every byte; rest: a writer finished them).", []string{"outcome"}, nil),
+		recoverRefused: prometheus.NewDesc("han_ws_recover_reads_refused_total",
+			"Subscribes with sinceSeq answered with the dialog's resync because their user had no recovery read left on this instance (HAN_WS_RECOVER_READ_RATE, HAN_WS_RECOVER_READ_BURST); also counted in han_ws_recoveries_total{outcome=\"resync\"}.", nil, nil),
 	})
 }
 
 func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects, c.recoverReads, c.recoveries,
+	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects, c.recoverReads, c.recoveries, c.recoverRefused,
 		c.handshakes, c.handshakeQueue, c.handshakeWaits, c.handshakeWaitSeconds, c.subscribeChecks, c.subscribeCheckQueries, c.inlineWrites} {
 		ch <- d
 	}
@@ -75,6 +77,7 @@ func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
 	n(c.recoverReads, st.RecoverReadErrors, "error")
 	n(c.recoveries, st.Recovered, "recovered")
 	n(c.recoveries, st.RecoverResyncs, "resync")
+	n(c.recoverRefused, st.RecoverReadsRefused)
 	g(c.handshakes, float64(st.HandshakesActive))
 	g(c.handshakeQueue, float64(st.HandshakesQueued))
 	n(c.handshakeWaits, st.HandshakeWaits)

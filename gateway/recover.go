@@ -48,6 +48,9 @@ type recoverer struct {
 
 	readsOK, readErrors atomic.Uint64 // reads made, by result
 	recovered, resyncs  atomic.Uint64 // subscribes answered with recovered true / false
+	// refused: subscribes answered with the resync because their user had
+	// no recovery read left (counted in resyncs too).
+	refused atomic.Uint64
 
 	active  atomic.Int64              // len(dialogs): Dispatch's fast path when zero
 	mu      sync.Mutex                // guards dialogs and every flight's since, buf, bufBytes, bufLast, bufFull, ended

@@ -237,6 +237,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Config: gateway.ServiceConfig{
 			Hub: gateway.Config{InstanceID: cfg.InstanceID, AllowedOrigins: cfg.AllowedOrigins,
 				RecoverWindow: cfg.WSRecoverWindow, RecoverMax: cfg.WSRecoverMax,
+				RecoverReadRate: cfg.WSRecoverReadRate, RecoverReadBurst: cfg.WSRecoverReadBurst,
 				HandshakeConcurrency: m.handshakeConcurrency(), HandshakeQueue: cfg.WSHandshakeQueue,
 				HandshakeWait: cfg.WSHandshakeWait, PresenceDelay: presenceDelay(cfg.WSPresenceDelay),
 				UserHandshakeRate: cfg.WSUserHandshakeRate, UserHandshakeBurst: cfg.WSUserHandshakeBurst},

@@ -3,6 +3,7 @@ package config
 import (
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -65,7 +66,36 @@ const (
 	// most 256 KiB of frames anyway, far fewer than 10,000 events, and the
 	// recovery reads one event more than it, which wraps at the largest int.
 	maxRecoverEvents = 10_000
+	// The per-user bucket of recovery reads: the same range as the
+	// handshake bucket's. At least one read every 1000 s; at most 1000 a
+	// second, and a million at once, which already mean "no limit" (one
+	// user's sockets hold at most HAN_WS_MAX_CONNS_PER_USER × 200
+	// subscriptions).
+	minRecoverReadRate  = 0.001
+	maxRecoverReadRate  = 1000
+	maxRecoverReadBurst = 1_000_000
 )
+
+// readRecoverReads reads the per-user recovery read budget,
+// HAN_WS_RECOVER_READ_RATE and HAN_WS_RECOVER_READ_BURST.
+func (c *Config) readRecoverReads(getenv func(string) string, bad func(string, ...any)) {
+	var err error
+	c.WSRecoverReadRate = 2
+	if v := getenv("HAN_WS_RECOVER_READ_RATE"); v != "" {
+		// ParseFloat takes NaN and Inf: the range check refuses both.
+		if c.WSRecoverReadRate, err = strconv.ParseFloat(v, 64); err != nil ||
+			!(c.WSRecoverReadRate >= minRecoverReadRate && c.WSRecoverReadRate <= maxRecoverReadRate) {
+			bad("HAN_WS_RECOVER_READ_RATE: must be a number of reads a second from 0.001 to 1000")
+		}
+	}
+	c.WSRecoverReadBurst = 200
+	if v := getenv("HAN_WS_RECOVER_READ_BURST"); v != "" {
+		if c.WSRecoverReadBurst, err = strconv.Atoi(v); err != nil || c.WSRecoverReadBurst < 1 ||
+			c.WSRecoverReadBurst > maxRecoverReadBurst {
+			bad("HAN_WS_RECOVER_READ_BURST: must be a number from 1 to 1000000")
+		}
+	}
+}
 
 // readLingers reads the waits for company. Each is spent from the budget
 // of the work it delays, before that work starts, so each is at most a

@@ -75,6 +75,38 @@ func TestUserHandshakeBucketBounds(t *testing.T) {
 	}
 }
 
+// One user's recovery reads on an instance: HAN_WS_RECOVER_READ_RATE (2 a
+// second, 0.001 to 1000; NaN and Inf refused) and
+// HAN_WS_RECOVER_READ_BURST (200, 1 to 1,000,000). Each refusal names the
+// variable and its range.
+func TestRecoverReadBudget(t *testing.T) {
+	if c := accepted(t, nil); c.WSRecoverReadRate != 2 || c.WSRecoverReadBurst != 200 {
+		t.Errorf("defaults: rate %v burst %d", c.WSRecoverReadRate, c.WSRecoverReadBurst)
+	}
+	for _, v := range []string{"0", "-1", "1e-9", "0.0009", "1000.5", "NaN", "Inf", "fast"} {
+		msg := refused(t, "HAN_WS_RECOVER_READ_RATE", map[string]string{"HAN_WS_RECOVER_READ_RATE": v})
+		if !strings.Contains(msg, "HAN_WS_RECOVER_READ_RATE: must be a number of reads a second from 0.001 to 1000") {
+			t.Errorf("rate %q: %s", v, msg)
+		}
+	}
+	for _, v := range []string{"0", "-3", "2.5", "1000001", "10000000000", "many"} {
+		msg := refused(t, "HAN_WS_RECOVER_READ_BURST", map[string]string{"HAN_WS_RECOVER_READ_BURST": v})
+		if !strings.Contains(msg, "HAN_WS_RECOVER_READ_BURST: must be a number from 1 to 1000000") {
+			t.Errorf("burst %q: %s", v, msg)
+		}
+	}
+	for _, b := range []struct {
+		rate, burst string
+		r           float64
+		n           int
+	}{{"0.001", "1", 0.001, 1}, {"1000", "1000000", 1000, 1000000}, {"0.5", "40", 0.5, 40}} {
+		c := accepted(t, map[string]string{"HAN_WS_RECOVER_READ_RATE": b.rate, "HAN_WS_RECOVER_READ_BURST": b.burst})
+		if c.WSRecoverReadRate != b.r || c.WSRecoverReadBurst != b.n {
+			t.Errorf("%s, %s: rate %v burst %d", b.rate, b.burst, c.WSRecoverReadRate, c.WSRecoverReadBurst)
+		}
+	}
+}
+
 // A lone send waits HAN_SEND_LINGER within its HAN_DB_REQUEST_TIMEOUT: a
 // linger above a quarter of the budget is refused (at or above the budget
 // every lone send answered 503 database_busy); the default shrinks to a

@@ -163,6 +163,14 @@ type Config struct {
 	// REST.
 	WSRecoverWindow time.Duration
 	WSRecoverMax    int
+	// One user's recovery reads on an instance (a subscribe with sinceSeq
+	// that no read of its dialog under way or lingering serves):
+	// WSRecoverReadRate a second (HAN_WS_RECOVER_READ_RATE, default 2,
+	// from 0.001 to 1000), at most WSRecoverReadBurst at once
+	// (HAN_WS_RECOVER_READ_BURST, default 200, at most 1,000,000); one more
+	// is answered with the dialog's resync.
+	WSRecoverReadRate  float64
+	WSRecoverReadBurst int
 	// WSPresenceDelay (HAN_WS_PRESENCE_DELAY, default and most 1s, 0: at
 	// once) is how long a presence.changed frame may wait for other frames
 	// to the same socket, so a burst of transitions shares writes.
@@ -376,6 +384,7 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_WS_RECOVER_MAX: must be a positive number, at most 10000")
 		}
 	}
+	c.readRecoverReads(getenv, bad) // bounds.go
 	c.WSPresenceDelay = time.Second
 	if v := getenv("HAN_WS_PRESENCE_DELAY"); v != "" {
 		if c.WSPresenceDelay, err = time.ParseDuration(v); err != nil || c.WSPresenceDelay < 0 || c.WSPresenceDelay > time.Second {
