@@ -174,8 +174,13 @@ func (d *Deliveries) Drain(ctx context.Context, timeout time.Duration) bool {
 func (d *Deliveries) Finish(measured time.Duration) {
 	exp, got := d.expected.Load(), d.unique.Load()
 	lost, unaccepted := d.tally()
-	d.reg.Counter(MetricDeliveryLost).Add(lost)
 	d.unexpected.Add(unaccepted)
+	// With nothing expected, nothing was measured: delivery_lost and
+	// delivery_duplicates keep no data, so thresholds on them fail.
+	if exp > 0 || lost > 0 {
+		d.reg.Counter(MetricDeliveryLost).Add(lost)
+		d.duplicates.Add(0)
+	}
 	if exp > 0 {
 		d.reg.Rate(MetricDeliveryLoss).AddN(min(lost, exp), exp)
 	}

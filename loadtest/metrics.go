@@ -87,13 +87,24 @@ var aliases = map[string]string{
 }
 
 // Counter is a monotonically increasing int64. Safe for concurrent use.
-type Counter struct{ v atomic.Int64 }
+type Counter struct {
+	v        atomic.Int64
+	recorded atomic.Bool // Add or Inc was called, with 0 too
+}
 
-// Add adds n.
-func (c *Counter) Add(n int64) { c.v.Add(n) }
+// Add adds n. Adding 0 records that the count was taken.
+func (c *Counter) Add(n int64) {
+	c.v.Add(n)
+	if !c.recorded.Load() {
+		c.recorded.Store(true)
+	}
+}
 
 // Inc adds one.
-func (c *Counter) Inc() { c.v.Add(1) }
+func (c *Counter) Inc() { c.Add(1) }
+
+// Recorded reports whether anything was added, 0 included.
+func (c *Counter) Recorded() bool { return c.recorded.Load() }
 
 // Value is the current count.
 func (c *Counter) Value() int64 { return c.v.Load() }
@@ -187,10 +198,13 @@ type metric struct {
 	base string
 	kind Kind
 	unit Unit
-	c    *Counter
-	g    *Gauge
-	t    *Trend
-	r    *Rate
+	// measured: a counter that holds a value only once its measurement
+	// recorded into it (DeclareMeasured).
+	measured bool
+	c        *Counter
+	g        *Gauge
+	t        *Trend
+	r        *Rate
 }
 
 // Registry holds the metrics of one run. Lookups take a mutex, so hot paths
@@ -221,7 +235,21 @@ func NewRegistry() *Registry {
 	r.Gauge(MetricVUs, UnitNone)
 	r.Gauge(MetricWSOpen, UnitNone)
 	r.Gauge(MetricDeliveryRate, UnitPerSecond)
+	r.DeclareMeasured(MetricDeliveryLost, MetricDeliveryDuplicates)
 	return r
+}
+
+// DeclareMeasured makes the named counters results of a measurement: each
+// has no data (and fails every threshold) until the measurement records
+// into it, 0 included. delivery_lost is 0 only when deliveries were
+// expected and none went missing, not in a run that expected none.
+func (r *Registry) DeclareMeasured(names ...string) {
+	for _, n := range names {
+		m := r.get(n, KindCounter, UnitNone)
+		r.mu.Lock()
+		m.measured = true
+		r.mu.Unlock()
+	}
 }
 
 // Tagged renders a sub-metric name: base{k1=v1,k2=v2} (pairs in the given
@@ -373,6 +401,7 @@ type MetricValue struct {
 	Avg         float64
 	percentiles func(p float64) float64
 	set         bool // gauge ever set
+	unmeasured  bool // a measured counter nothing was recorded into
 }
 
 // Percentile is the trend's p-th percentile in nanoseconds.
@@ -389,7 +418,9 @@ func (v MetricValue) HasData() bool {
 	case KindGauge:
 		return v.set
 	case KindCounter:
-		return true // a counter at zero is a value ("no errors")
+		// A counter at zero is a value ("no errors"), unless it is the
+		// result of a measurement that never took place.
+		return !v.unmeasured
 	}
 	return v.Count > 0
 }
@@ -398,8 +429,10 @@ func (v MetricValue) HasData() bool {
 func (r *Registry) Snapshot() Snapshot {
 	r.mu.Lock()
 	ms := make([]*metric, 0, len(r.metrics))
+	measured := map[*metric]bool{}
 	for _, m := range r.metrics {
 		ms = append(ms, m)
+		measured[m] = m.measured
 	}
 	el := r.elapsedLocked()
 	r.mu.Unlock()
@@ -411,6 +444,7 @@ func (r *Registry) Snapshot() Snapshot {
 		case KindCounter:
 			v.Count = m.c.Value()
 			v.Value = float64(v.Count)
+			v.unmeasured = measured[m] && !m.c.Recorded()
 			if secs > 0 {
 				v.Rate = float64(v.Count) / secs
 			}

@@ -228,3 +228,41 @@ func TestSummaryTextAndJSON(t *testing.T) {
 		t.Fatalf("export = %s", buf.String())
 	}
 }
+
+// The delivery and loss counters judge a measurement: a run that expected
+// no delivery at all (every publish failed, a send-only run, a scenario
+// without sockets) has measured no loss and no duplicate, so
+// delivery_lost==0 and delivery_duplicates==0 must fail as "no data", not
+// pass on silence. Once something was expected, zero is a result.
+func TestDeliveryThresholdsFailWhenNothingWasExpected(t *testing.T) {
+	exprs := []string{"delivery_lost==0", "delivery_duplicates==0"}
+	for name, reg := range map[string]*loadtest.Registry{"never finished": loadtest.NewRegistry(), "finished": loadtest.NewRegistry()} {
+		if name == "finished" {
+			dl := loadtest.NewDeliveries(reg)
+			dl.PublishFailed()
+			dl.Finish(time.Second)
+		}
+		for expr, r := range evalAll(t, reg, exprs...) {
+			if r.OK || !r.NoData {
+				t.Errorf("%s, %s with nothing expected: %+v, want failed as no data", name, expr, r)
+			}
+		}
+	}
+	reg := loadtest.NewRegistry()
+	dl := loadtest.NewDeliveries(reg)
+	dl.Published("d", 1, 0) // an event nobody subscribed: nothing expected
+	dl.Finish(time.Second)
+	if r := evalAll(t, reg, "delivery_lost==0")["delivery_lost==0"]; r.OK {
+		t.Errorf("delivery_lost==0 with no delivery expected: %+v, want failed", r)
+	}
+	reg = loadtest.NewRegistry()
+	dl = loadtest.NewDeliveries(reg)
+	dl.Published("d", 1, 1)
+	dl.Finish(time.Second)
+	res := evalAll(t, reg, "delivery_lost==1", "delivery_duplicates==0")
+	for expr, r := range res {
+		if !r.OK {
+			t.Errorf("%s after one expected delivery that never came: %+v, want ok", expr, r)
+		}
+	}
+}

@@ -226,10 +226,14 @@ func addWarmupTotals(run, warm *loadtest.Registry) {
 	addTotals(run, warm, deliveryCounts, loadtest.MetricDeliveryLoss)
 }
 
-// addTotals adds the counters and rates of phase to run.
+// addTotals adds the counters and rates of phase to run. A counter the
+// phase never recorded into stays unrecorded in run (a measured counter
+// such as delivery_lost has no data until a phase measured it).
 func addTotals(run, phase *loadtest.Registry, counters []string, rates ...string) {
 	for _, n := range counters {
-		run.Counter(n).Add(phase.Counter(n).Value())
+		if c := phase.Counter(n); c.Recorded() {
+			run.Counter(n).Add(c.Value())
+		}
 	}
 	for _, n := range rates {
 		r := phase.Rate(n)

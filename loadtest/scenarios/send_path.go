@@ -119,6 +119,9 @@ func declareSendMetrics(reg *loadtest.Registry) {
 	for _, n := range []string{MetricSendsOK, MetricSendsFailed, MetricHistoryMissing, MetricHistoryDuplicates, MetricHistoryReordered} {
 		reg.Counter(n)
 	}
+	// The history check measures only accepted sends: without one (or
+	// with -reconcile=false) it has no result to judge.
+	reg.DeclareMeasured(MetricHistoryMissing, MetricHistoryDuplicates, MetricHistoryReordered)
 	reg.Trend(MetricSendLatency)
 	reg.Gauge(MetricSendRate, loadtest.UnitPerSecond)
 	reg.Gauge(MetricMaxSendRate, loadtest.UnitPerSecond)
@@ -329,7 +332,11 @@ type historyReader func(ctx context.Context, d int, after int64) (page []stored,
 // reconcile reads every dialog's history and counts accepted sends it
 // lacks, holds twice or holds out of order.
 func (r *sendRun) reconcile(ctx context.Context, t *loadtest.T, read historyReader) error {
-	if !r.f.reconcile {
+	n := 0
+	for _, acc := range r.accepted {
+		n += len(acc)
+	}
+	if !r.f.reconcile || n == 0 {
 		return nil
 	}
 	t.SetPhase("reconciling history")

@@ -297,3 +297,44 @@ func TestCheckHistory(t *testing.T) {
 		t.Errorf("causal inversions = %d, want 1", n)
 	}
 }
+
+// The history check judges accepted sends: with none (every send refused)
+// or with -reconcile=false nothing was checked, and history_missing==0
+// must fail as "no data" instead of passing on silence. With accepted
+// sends a clean history reads 0.
+func TestHistoryThresholdsNeedAcceptedSends(t *testing.T) {
+	read := func(ctx context.Context, d int, after int64) ([]stored, bool, error) {
+		if d == 0 && after == 0 {
+			return []stored{{"a", 1, 11}}, false, nil
+		}
+		return nil, false, nil
+	}
+	judge := func(reconcile bool, accepted ...sent) loadtest.ThresholdResult {
+		t.Helper()
+		reg := loadtest.NewRegistry()
+		declareSendMetrics(reg)
+		f := &sendFlags{users: 4, dialogs: 2, dialogsPerUser: 1, concurrency: 1, reconcile: reconcile}
+		r := newSendRun(f, nil, nil)
+		r.accepted[0] = accepted
+		if err := r.reconcile(context.Background(), &loadtest.T{Reg: reg}, read); err != nil {
+			t.Fatal(err)
+		}
+		th, err := loadtest.ParseThreshold("history_missing==0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := th.Bind(reg); err != nil {
+			t.Fatal(err)
+		}
+		return th.Evaluate(reg.Snapshot())
+	}
+	if r := judge(true); r.OK || !r.NoData {
+		t.Errorf("no accepted send: %+v, want failed as no data", r)
+	}
+	if r := judge(false, sent{id: "a", seq: 1, marker: 11}); r.OK || !r.NoData {
+		t.Errorf("-reconcile=false: %+v, want failed as no data", r)
+	}
+	if r := judge(true, sent{id: "a", seq: 1, marker: 11}); !r.OK {
+		t.Errorf("one accepted send found in the history: %+v, want ok", r)
+	}
+}
