@@ -30,6 +30,9 @@ type Deliveries struct {
 	publishFailed *Rate
 	expected      atomic.Int64
 	unique        atomic.Int64
+	// finished is set by Finish: deliveries arriving later were counted
+	// lost and are not accounted any more.
+	finished atomic.Bool
 
 	mu      sync.Mutex // guards dialogs
 	dialogs map[string]*dialogDeliveries
@@ -103,13 +106,20 @@ func (d *Deliveries) newLog(dialogID string) *subscriberLog {
 	return l
 }
 
-// mark records a unique delivery of seq.
-func (l *subscriberLog) mark(seq int64) {
+// mark records a unique delivery of seq into d's accounting; it reports
+// false when d was finished (the delivery came after the drain and stays
+// lost). Checked under l.mu, which Finish's tally takes after setting
+// finished: a delivery is either in the tally or not counted at all.
+func (l *subscriberLog) mark(d *Deliveries, seq int64) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d.finished.Load() {
+		return false
+	}
 	if !l.seqs.add(seq) {
 		l.far++
 	}
-	l.mu.Unlock()
+	return true
 }
 
 // Expected and Received are the running totals.
@@ -171,7 +181,11 @@ func (d *Deliveries) Drain(ctx context.Context, timeout time.Duration) bool {
 // Finish records delivery_lost, delivery_loss, the deliveries of events
 // not accepted (into delivery_unexpected) and delivery_rate (unique
 // deliveries per second over measured).
+//
+// Finish ends the accounting: a delivery that arrives afterwards stays
+// lost and is counted in neither delivery_received nor delivery_latency.
 func (d *Deliveries) Finish(measured time.Duration) {
+	d.finished.Store(true)
 	exp, got := d.expected.Load(), d.unique.Load()
 	lost, unaccepted := d.tally()
 	d.unexpected.Add(unaccepted)

@@ -497,6 +497,9 @@ func (w *WSConn) failPending(err error) {
 
 func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 	dl := w.d.deliveries.Load()
+	if dl != nil && dl.finished.Load() {
+		dl = nil // after the drain: counted lost, not accounted again
+	}
 	// Only events the load generator sent carry a scheduled time; others
 	// (presence, typing, someone else's message) are not deliveries.
 	sched, seq, stamped := eventStamp(f.Data)
@@ -532,8 +535,8 @@ func (w *WSConn) onEvent(f *Frame, recvAt time.Time) {
 		dl.duplicates.Inc()
 		return
 	}
-	if log != nil {
-		log.mark(f.Seq)
+	if log != nil && !log.mark(dl, f.Seq) {
+		return
 	}
 	dl.received.Inc()
 	dl.unique.Add(1)

@@ -186,6 +186,51 @@ func TestDeliveriesOfAFailedPublishDoNotHideALoss(t *testing.T) {
 	}
 }
 
+// The accounting ends with Finish: an event that arrives after the drain
+// was counted lost, so it must not also be counted as received nor add a
+// latency sample to the run's figures.
+func TestDeliveryAfterTheDrainStaysLost(t *testing.T) {
+	s := startBaseline(t, baseline.Config{})
+	reg := loadtest.NewRegistry()
+	dl := loadtest.NewDeliveries(reg)
+	d := loadtest.NewWSDialer(reg, nil, dl)
+	defer d.Close()
+	ctx := context.Background()
+	c, err := d.Dial(ctx, wsURL(s), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Subscribe(ctx, "dlg"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixNano()
+	dl.Published("dlg", 1, 1)
+	dl.Published("dlg", 2, 1)
+	publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e1", 1, now, 64))
+	testenv.Eventually(t, 5*time.Second, func() bool { return dl.Received() == 1 }, "event 1 did not arrive")
+	if dl.Drain(ctx, 10*time.Millisecond) {
+		t.Fatal("Drain reported complete without event 2")
+	}
+	dl.Finish(time.Second)
+	msgs := reg.Counter(loadtest.MetricWSMsgsReceived)
+	before := msgs.Value()
+	publish(t, s, "dlg", loadtest.AppendEvent(nil, "dlg", "e2", 2, now, 64))
+	testenv.Eventually(t, 5*time.Second, func() bool { return msgs.Value() > before }, "event 2 did not arrive")
+	m := reg.Snapshot().Metrics
+	for name, want := range map[string]int64{
+		loadtest.MetricDeliveryExpected: 2, loadtest.MetricDeliveryReceived: 1, loadtest.MetricDeliveryLost: 1,
+		loadtest.MetricDeliveryLatency: 1,
+	} {
+		if got := m[name].Count; got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
+	}
+	if got := dl.Received(); got != 1 {
+		t.Errorf("Received() = %d after the drain, want 1", got)
+	}
+}
+
 func TestSubscribeRefusedAndServerGone(t *testing.T) {
 	s := startBaseline(t, baseline.Config{})
 	reg := loadtest.NewRegistry()
