@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,8 +42,12 @@ type Deliveries struct {
 // dialogDeliveries is what one dialog was sent and what its subscribers
 // got. Guarded by Deliveries.mu.
 type dialogDeliveries struct {
-	accepted    seqSet // seqs of the accepted publishes
-	subscribers int    // how many connections should get each (the most a publish named)
+	accepted seqSet // seqs of the accepted publishes
+	// untracked counts accepted publishes accepted could not hold (a seq
+	// more than maxSeqSpan from the others): no delivery can be matched
+	// to them, so every subscriber loses them.
+	untracked   int64
+	subscribers int // how many connections should get each (the most a publish named)
 	logs        []*subscriberLog
 }
 
@@ -52,6 +57,24 @@ type subscriberLog struct {
 	mu   sync.Mutex // guards seqs, far
 	seqs seqSet
 	far  int64 // seqs too far from the others to be stored: never matched
+}
+
+// MaxEventsPerDialog bounds the accepted events of one dialog that one
+// Deliveries can match to deliveries (a bit per seq between the dialog's
+// lowest and highest). A scenario whose plan could exceed it is refused:
+// CheckEventsPerDialog.
+const MaxEventsPerDialog = maxSeqSpan - 128
+
+// CheckEventsPerDialog refuses a plan that publishes more than
+// MaxEventsPerDialog events into one of dialogs (events going round-robin)
+// at rate events/s for dur in one measurement.
+func CheckEventsPerDialog(rate int, dur time.Duration, dialogs int) error {
+	planned := ConstantArrivalRate{Rate: rate, Duration: dur}.Planned()
+	if dialogs < 1 || (planned+int64(dialogs)-1)/int64(dialogs) > MaxEventsPerDialog {
+		return fmt.Errorf("%d events/s for %s put more than %d events into one of %d dialogs, more than one measurement can track: use more dialogs, a lower rate or a shorter duration",
+			rate, dur, MaxEventsPerDialog, dialogs)
+	}
+	return nil
 }
 
 // NewDeliveries records into reg's delivery_* metrics.
@@ -80,7 +103,9 @@ func (d *Deliveries) dialog(dialogID string) *dialogDeliveries {
 func (d *Deliveries) Published(dialogID string, seq int64, subscribers int) {
 	d.mu.Lock()
 	dd := d.dialog(dialogID)
-	dd.accepted.add(seq)
+	if !dd.accepted.add(seq) {
+		dd.untracked++
+	}
 	dd.subscribers = max(dd.subscribers, subscribers)
 	d.mu.Unlock()
 	d.expected.Add(int64(subscribers))
@@ -137,12 +162,14 @@ func (d *Deliveries) tally() (lost, unaccepted int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, dd := range d.dialogs {
-		acc := int64(dd.accepted.n)
+		acc := int64(dd.accepted.n) + dd.untracked
 		for _, l := range dd.logs {
 			l.mu.Lock()
 			got := int64(l.seqs.common(&dd.accepted))
 			lost += acc - got
-			unaccepted += int64(l.seqs.n) - got + l.far
+			// Deliveries too far to store may be of the untracked
+			// accepted events: those are counted lost, not unexpected.
+			unaccepted += int64(l.seqs.n) - got + max(l.far-dd.untracked, 0)
 			l.mu.Unlock()
 		}
 		if missing := dd.subscribers - len(dd.logs); missing > 0 {

@@ -1,6 +1,9 @@
 package loadtest
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // A gap that never closes (a publish that failed after taking its seq)
 // must not make a subscriber hold every later seq of the dialog for the
@@ -50,5 +53,23 @@ func TestSeqSet(t *testing.T) {
 	}
 	if a.add(0) || a.add(maxSeqSpan+1000) {
 		t.Fatal("a seq that is not positive or too far away was stored")
+	}
+}
+
+// An accepted event whose seq lies too far from the dialog's other seqs to
+// be tracked must still be expected: if no subscriber gets it, it is lost,
+// not left out of the accounting.
+func TestUntrackableAcceptedSeqIsNotLeftOut(t *testing.T) {
+	reg := NewRegistry()
+	dl := NewDeliveries(reg)
+	far := int64(1 + maxSeqSpan + 64)
+	dl.Published("d", 1, 2)
+	dl.Published("d", far, 2)
+	l := dl.newLog("d")
+	l.mark(dl, 1)
+	dl.Finish(time.Second)
+	// Subscriber 1 got seq 1 only, subscriber 2 got nothing: 3 of 4 lost.
+	if got := reg.Counter(MetricDeliveryLost).Value(); got != 3 {
+		t.Errorf("delivery_lost = %d, want 3 (expected %d)", got, reg.Counter(MetricDeliveryExpected).Value())
 	}
 }

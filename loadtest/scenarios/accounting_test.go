@@ -151,3 +151,31 @@ func TestBroadcastWarmupLossAndDuplicatesReachTheRunsThresholds(t *testing.T) {
 		t.Errorf("step line %q: the step itself carried everything", step)
 	}
 }
+
+// A plan that puts more events into one dialog than one measurement can
+// match to deliveries is refused up front, instead of running for hours
+// and reporting a loss it could not count.
+func TestBroadcastRefusesMoreEventsPerDialogThanItCanTrack(t *testing.T) {
+	// Bounded by ctx: a plan that is not refused runs only until then.
+	bounded := func(sc Scenario, dur time.Duration) *loadtest.Summary {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sum, err := loadtest.Run(ctx, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: dur})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	sum := bounded(newScenario(t, "broadcast", "-conns", "2", "-dialogs", "1", "-rate", "20000"), 2*time.Hour)
+	if sum.Err == nil || !strings.Contains(sum.Err.Error(), "events into one of 1 dialogs") {
+		t.Fatalf("run error = %v, want the plan refused", sum.Err)
+	}
+	if n := count(sum, loadtest.MetricWSSessions); n != 0 {
+		t.Errorf("%d sessions opened for a refused plan", n)
+	}
+	sum = bounded(newScenario(t, "broadcast", "-conns", "2", "-dialogs", "1", "-step-rates", "10,20000"), time.Hour)
+	if sum.Err == nil || !strings.Contains(sum.Err.Error(), "events into one of 1 dialogs") {
+		t.Fatalf("step run error = %v, want the plan refused", sum.Err)
+	}
+}

@@ -109,6 +109,9 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	if b.warmup < 0 || (b.warmup > 0 && len(b.steps) == 0) {
 		return fmt.Errorf("-warmup needs -step-rates and must not be negative")
 	}
+	if err := checkEventsPerDialog(b.rate, b.steps, t.Opts.Duration, b.warmup, b.dialogs); err != nil {
+		return err
+	}
 	if b.faultDropEvery > 0 {
 		prev := BaselineConfig.DropEvery
 		BaselineConfig.DropEvery = b.faultDropEvery
@@ -158,6 +161,22 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	if b.compare != "" && baseRate > 0 {
 		t.Reg.Gauge(MetricBaselineRatio, loadtest.UnitRatio).Set(got / baseRate)
+	}
+	return nil
+}
+
+// checkEventsPerDialog refuses a plan with a measurement (the run at
+// rate, each step, the warm-up) that puts more events into one dialog
+// than the delivery accounting can match.
+func checkEventsPerDialog(rate int, steps []int, dur, warmup time.Duration, dialogs int) error {
+	if len(steps) > 0 {
+		rate = slices.Max(steps)
+	}
+	if err := loadtest.CheckEventsPerDialog(rate, dur, dialogs); err != nil {
+		return err
+	}
+	if warmup > 0 {
+		return loadtest.CheckEventsPerDialog(steps[0], warmup, dialogs)
 	}
 	return nil
 }

@@ -58,6 +58,9 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	if err := s.sf.check(); err != nil {
 		return err
 	}
+	if err := checkEventsPerDialog(s.sf.rate, s.sf.steps, t.Opts.Duration, s.sf.warmup, s.sf.shape().dialogs); err != nil && !s.sf.sendOnly {
+		return err
+	}
 	tg, err := openTargets(ctx, t.Opts.Target)
 	if err != nil {
 		return err
