@@ -179,3 +179,27 @@ func TestBroadcastRefusesMoreEventsPerDialogThanItCanTrack(t *testing.T) {
 		t.Fatalf("step run error = %v, want the plan refused", sum.Err)
 	}
 }
+
+// Every dialog of a shape has a subscriber, and a shape is bounded before
+// anything is sized by it: -dialogs beyond the connections' subscriptions
+// (publishing into dialogs nobody hears, or allocating per dialog for a
+// huge value) is a usage error, before any connection.
+func TestBroadcastRefusesDialogsWithoutSubscribers(t *testing.T) {
+	for _, args := range [][]string{
+		{"-conns", "2", "-dialogs", "100000"},
+		{"-conns", "2", "-dialogs", "3", "-subs-per-conn", "1"},
+		{"-conns", "2000000", "-dialogs", "1"},
+		{"-conns", "20000", "-dialogs", "1000", "-subs-per-conn", "1000"},
+	} {
+		sc := newScenario(t, "broadcast", append(args, "-rate", "1")...)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		sum, err := loadtest.Run(ctx, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 100 * time.Millisecond})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Err == nil || count(sum, loadtest.MetricWSSessions) != 0 {
+			t.Errorf("%v: run error %v after %d sessions, want the shape refused before connecting", args, sum.Err, count(sum, loadtest.MetricWSSessions))
+		}
+	}
+}

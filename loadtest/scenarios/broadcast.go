@@ -119,6 +119,9 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 		t.Info("fault_drop_every", b.faultDropEvery)
 	}
 	sh := b.shape()
+	if err := sh.validate(false); err != nil {
+		return err
+	}
 	subs := sh.subscribers()
 	total := 0
 	for _, n := range subs {

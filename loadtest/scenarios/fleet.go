@@ -22,6 +22,13 @@ type shape struct {
 // besides its load connections: they come out of loadtest.FileReserve.
 const maxAuxConns = 512
 
+// maxShapeConns and maxShapeSubscriptions bound a shape before it is
+// laid out (per connection and per dialog).
+const (
+	maxShapeConns         = 1_000_000
+	maxShapeSubscriptions = 10_000_000
+)
+
 // maxDialogMembers is the gateway's cap on members per dialog
 // (docs/decisions.md), so on the gateway a dialog's subscribers are its
 // members.
@@ -30,6 +37,14 @@ const maxDialogMembers = 100
 func (s shape) validate(gateway bool) error {
 	if s.conns < 1 || s.dialogs < 1 || s.subsPerConn < 1 || s.subsPerConn > s.dialogs {
 		return errors.New("want conns ≥ 1, dialogs ≥ 1 and 1 ≤ subs-per-conn ≤ dialogs")
+	}
+	// Bounded before anything is sized by the shape; the descriptor budget
+	// (T.NeedFiles) bounds the connections of a run further.
+	if s.conns > maxShapeConns || int64(s.conns)*int64(s.subsPerConn) > maxShapeSubscriptions {
+		return fmt.Errorf("at most %d connections and %d subscriptions (conns × subs-per-conn)", maxShapeConns, maxShapeSubscriptions)
+	}
+	if int64(s.dialogs) > int64(s.conns)*int64(s.subsPerConn) {
+		return fmt.Errorf("%d dialogs but only %d subscriptions (conns × subs-per-conn): every dialog needs a subscriber", s.dialogs, s.conns*s.subsPerConn)
 	}
 	if gateway {
 		for d, n := range s.subscribers() {
