@@ -48,6 +48,24 @@ type Options struct {
 	SourceRange string
 }
 
+// UsageError is a scenario refusing its settings before it loads
+// anything: a flag out of range, a shape or plan it cannot run, a target
+// it does not drive. han-loadtest exits 2 for it, as for a bad command
+// line, and 1 only for a run that failed.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Usage wraps err as a UsageError; nil stays nil.
+func Usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &UsageError{Err: err}
+}
+
 // FileReserve is the number of descriptors kept free for everything that is
 // not a load connection (REST pools, publishers, Redis, the runtime).
 const FileReserve = 1000
@@ -112,8 +130,8 @@ func (t *T) NeedFiles(conns, perConn int) error {
 		return nil
 	}
 	most := (int(t.FileLimit) - FileReserve) / perConn
-	return fmt.Errorf("loadtest: %d connections need about %d open files but RLIMIT_NOFILE is %d (the hard limit): use at most %d connections per process, or split the load over several processes",
-		conns, need, t.FileLimit, max(most, 0))
+	return Usage(fmt.Errorf("loadtest: %d connections need about %d open files but RLIMIT_NOFILE is %d (the hard limit): use at most %d connections per process, or split the load over several processes",
+		conns, need, t.FileLimit, max(most, 0)))
 }
 
 // Run executes the scenario within the options' bounds, then evaluates the

@@ -359,7 +359,10 @@ func (m *Main) runScenario(ctx context.Context) int {
 			return ExitError
 		}
 	}
+	var usage *loadtest.UsageError
 	switch {
+	case errors.As(sum.Err, &usage):
+		return ExitUsage
 	case sum.Err != nil:
 		return ExitError
 	case !sum.ThresholdsPassed():

@@ -142,6 +142,21 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("%s: exit %d, want %d (%s)", name, r.code, ExitUsage, r.stderr)
 		}
 	}
+	// A scenario refusing its flags or plan is a usage error too, found
+	// before any connection.
+	for name, args := range map[string][]string{
+		"zero rate":                  {"-rate", "0"},
+		"negative drain":             {"-drain", "-1s"},
+		"payload too large":          {"-payload", "100000"},
+		"bad step rate":              {"-step-rates", "10,-1"},
+		"dialogs without subscriber": {"-conns", "2", "-dialogs", "3"},
+		"huge shape":                 {"-conns", "2000000", "-dialogs", "3"},
+	} {
+		args = append([]string{"run", "broadcast", "-target", "baseline-inprocess", "-duration", "1s", "-quiet"}, args...)
+		if r := runMain(t, args...); r.code != ExitUsage {
+			t.Errorf("%s: exit %d, want %d (%s%s)", name, r.code, ExitUsage, r.stderr, r.stdout)
+		}
+	}
 	if r := runMain(t, "scenarios"); r.code != ExitOK || !strings.Contains(r.stdout, "connect-storm") {
 		t.Fatalf("scenarios: %d %s", r.code, r.stdout)
 	}

@@ -89,14 +89,14 @@ func (b *Broadcast) DeclareMetrics(reg *loadtest.Registry) {
 
 func (b *Broadcast) shape() shape { return shape{b.conns, b.dialogs, b.subsPerConn} }
 
-// Run implements loadtest.Scenario.
-func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
+// check validates the flags against opts and parses -step-rates.
+func (b *Broadcast) check(opts loadtest.Options) error {
 	if b.payload < loadtest.MinEventPayload || b.payload > 16<<10 {
 		return fmt.Errorf("-payload must be %d..16384", loadtest.MinEventPayload)
 	}
 	if b.rate < 1 || b.publishers < 1 || b.maxPublishers < b.publishers || b.maxPublishers > maxAuxConns ||
-		b.publisherConns < 1 || b.publisherConns > 64 || b.concurrency < 1 {
-		return fmt.Errorf("-rate, -publishers, -connect-concurrency must be positive, -publishers ≤ -max-publishers ≤ %d, -publisher-conns 1..64", maxAuxConns)
+		b.publisherConns < 1 || b.publisherConns > 64 || b.concurrency < 1 || b.drain < 0 {
+		return fmt.Errorf("-rate, -publishers, -connect-concurrency must be positive, -publishers ≤ -max-publishers ≤ %d, -publisher-conns 1..64, -drain ≥ 0", maxAuxConns)
 	}
 	steps, err := parseRates(b.stepRates)
 	if err != nil {
@@ -109,8 +109,19 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 	if b.warmup < 0 || (b.warmup > 0 && len(b.steps) == 0) {
 		return fmt.Errorf("-warmup needs -step-rates and must not be negative")
 	}
-	if err := checkEventsPerDialog(b.rate, b.steps, t.Opts.Duration, b.warmup, b.dialogs); err != nil {
+	if b.compare != "" && b.compare != TargetBaseline && b.compare != TargetBaselineInProcess {
+		return fmt.Errorf("-compare %q: want %s or %s", b.compare, TargetBaseline, TargetBaselineInProcess)
+	}
+	if err := checkEventsPerDialog(b.rate, b.steps, opts.Duration, b.warmup, b.dialogs); err != nil {
 		return err
+	}
+	return b.shape().validate(false)
+}
+
+// Run implements loadtest.Scenario.
+func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
+	if err := b.check(t.Opts); err != nil {
+		return loadtest.Usage(err)
 	}
 	if b.faultDropEvery > 0 {
 		prev := BaselineConfig.DropEvery
@@ -119,9 +130,6 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 		t.Info("fault_drop_every", b.faultDropEvery)
 	}
 	sh := b.shape()
-	if err := sh.validate(false); err != nil {
-		return err
-	}
 	subs := sh.subscribers()
 	total := 0
 	for _, n := range subs {
@@ -138,11 +146,8 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 		t.Info("step_p99_limit", b.stepP99)
 	}
 	t.Info("payload_bytes", b.payload)
-	baseRate := 0.0
+	baseRate, err := 0.0, error(nil)
 	if b.compare != "" {
-		if b.compare != TargetBaseline && b.compare != TargetBaselineInProcess {
-			return fmt.Errorf("-compare %q: want %s or %s", b.compare, TargetBaseline, TargetBaselineInProcess)
-		}
 		breg := loadtest.NewRegistry()
 		t.Logf("broadcast: baseline phase (%s)", b.compare)
 		if baseRate, err = b.phase(ctx, t, b.compare, breg, "baseline"); err != nil {
@@ -301,7 +306,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 	t.Info(label, tg.describe())
 	sh := b.shape()
 	if err := sh.validate(tg.gateway); err != nil {
-		return nil, nil, err
+		return nil, nil, loadtest.Usage(err)
 	}
 	// Publisher sockets and Redis connections (≤ -max-publishers) come out
 	// of loadtest.FileReserve.
@@ -315,7 +320,7 @@ func (b *Broadcast) open(ctx context.Context, t *loadtest.T, spec string, reg *l
 		err = b.gw.checkCentrifugo()
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, loadtest.Usage(err)
 	}
 	cfg := fleetConfig{shape: sh, concurrency: b.concurrency, gw: &b.gw, reg: reg, deliveries: dl}
 	if fl, err = prepare(ctx, t, tg, cfg); err != nil {

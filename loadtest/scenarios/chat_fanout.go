@@ -56,10 +56,13 @@ func (s *ChatFanout) DeclareMetrics(reg *loadtest.Registry) { declareSendMetrics
 // Run implements loadtest.Scenario.
 func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	if err := s.sf.check(); err != nil {
-		return err
+		return loadtest.Usage(err)
+	}
+	if s.drain < 0 {
+		return loadtest.Usage(errors.New("-drain must not be negative"))
 	}
 	if err := checkEventsPerDialog(s.sf.rate, s.sf.steps, t.Opts.Duration, s.sf.warmup, s.sf.shape().dialogs); err != nil && !s.sf.sendOnly {
-		return err
+		return loadtest.Usage(err)
 	}
 	tg, err := openTargets(ctx, t.Opts.Target)
 	if err != nil {
@@ -67,10 +70,10 @@ func (s *ChatFanout) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	defer tg.close()
 	if !tg.gateway {
-		return errors.New("chat-fanout sends over the gateway's REST API: the target must be a gateway URL")
+		return loadtest.Usage(errors.New("chat-fanout sends over the gateway's REST API: the target must be a gateway URL"))
 	}
 	if err := s.gw.check(); err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	// Sender connections (≤ -max-senders) come out of loadtest.FileReserve.
 	if err := t.NeedFiles(s.sf.users, 1); err != nil {

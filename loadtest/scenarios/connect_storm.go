@@ -104,7 +104,7 @@ func (s *ConnectStorm) DeclareMetrics(reg *loadtest.Registry) {
 // Run implements loadtest.Scenario.
 func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 	if s.concurrency < 1 || s.minBackoff <= 0 || s.maxBackoff < s.minBackoff || s.wait <= 0 || s.sendRate < 0 || s.adviceJitter < 0 {
-		return errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min), -send-rate and -advice-jitter ≥ 0")
+		return loadtest.Usage(errors.New("-connect-concurrency, -min-backoff, -max-backoff and -wait must be positive (max ≥ min), -send-rate and -advice-jitter ≥ 0"))
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -112,14 +112,14 @@ func (s *ConnectStorm) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	defer tg.close()
 	if !tg.gateway {
-		return errors.New("connect-storm restarts a gateway instance: the target must be a gateway URL")
+		return loadtest.Usage(errors.New("connect-storm restarts a gateway instance: the target must be a gateway URL"))
 	}
 	if err := s.gw.check(); err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	sh := shape{s.conns, s.dialogs, s.subsPerConn}
 	if err := sh.validate(true); err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	if err := t.NeedFiles(s.conns, 1); err != nil {
 		return err

@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -60,7 +61,7 @@ func (s *Idle) DeclareMetrics(reg *loadtest.Registry) {
 // Run implements loadtest.Scenario.
 func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	if s.conns < 1 || s.concurrency < 1 || s.dialogs < 0 {
-		return fmt.Errorf("-conns and -connect-concurrency must be positive")
+		return loadtest.Usage(errors.New("-conns and -connect-concurrency must be positive, -dialogs ≥ 0"))
 	}
 	tg, err := openTargets(ctx, t.Opts.Target)
 	if err != nil {
@@ -78,7 +79,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 	if s.dialogs > 0 {
 		sh.dialogs, sh.subsPerConn = s.dialogs, 1
 		if err := sh.validate(tg.gateway); err != nil {
-			return err
+			return loadtest.Usage(err)
 		}
 	}
 	switch {
@@ -88,7 +89,7 @@ func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
 		err = s.gw.checkCentrifugo()
 	}
 	if err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	client := loadtest.NewHTTPClient(nil, 2, 30*time.Second)
 	defer client.CloseIdleConnections()

@@ -84,10 +84,10 @@ type claimItem struct {
 // Run implements loadtest.Scenario.
 func (s *ProjectQueue) Run(ctx context.Context, t *loadtest.T) error {
 	if s.project == "" || s.user == "" {
-		return errors.New("project-queue needs -project and -user (a member of the project)")
+		return loadtest.Usage(errors.New("project-queue needs -project and -user (a member of the project)"))
 	}
 	if s.rate < 1 || s.publishers < 1 || s.maxPublishers < s.publishers || s.maxPublishers+s.claimers > maxAuxConns || s.claimers < 1 || s.claimCount < 1 || s.claimCount > 20 || s.trimEvery < 1 {
-		return fmt.Errorf("-rate, -publishers, -claimers, -trim-every must be positive, -publishers ≤ -max-publishers, -max-publishers + -claimers ≤ %d and -claim-count 1..20", maxAuxConns)
+		return loadtest.Usage(fmt.Errorf("-rate, -publishers, -claimers, -trim-every must be positive, -publishers ≤ -max-publishers, -max-publishers + -claimers ≤ %d and -claim-count 1..20", maxAuxConns))
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -95,10 +95,10 @@ func (s *ProjectQueue) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	defer tg.close()
 	if !tg.gateway {
-		return errors.New("project-queue needs the gateway: the target must be a gateway URL")
+		return loadtest.Usage(errors.New("project-queue needs the gateway: the target must be a gateway URL"))
 	}
 	if err := s.gw.check(); err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	t.Info("target", tg.describe())
 	tok, err := auth.MintDevToken([]byte(s.gw.devSecret), auth.DevClaims{Subject: s.user, TTL: s.gw.tokenTTL})

@@ -67,7 +67,7 @@ func (s *RateLimit) DeclareMetrics(reg *loadtest.Registry) {
 func (s *RateLimit) Run(ctx context.Context, t *loadtest.T) error {
 	method, path, ok := strings.Cut(strings.TrimSpace(s.endpoint), " ")
 	if !ok || !strings.HasPrefix(path, "/") || s.users < 1 || s.vus < 1 || s.vus > maxAuxConns || s.limit < 1 || s.window <= 0 {
-		return fmt.Errorf(`-endpoint "METHOD /path", -users, -limit and -window must be set and positive, -vus 1..%d`, maxAuxConns)
+		return loadtest.Usage(fmt.Errorf(`-endpoint "METHOD /path", -users, -limit and -window must be set and positive, -vus 1..%d`, maxAuxConns))
 	}
 	tg, err := openTarget(ctx, t.Opts.Target)
 	if err != nil {
@@ -75,10 +75,10 @@ func (s *RateLimit) Run(ctx context.Context, t *loadtest.T) error {
 	}
 	defer tg.close()
 	if !tg.gateway {
-		return errors.New("rate-limit needs the gateway: the target must be a gateway URL")
+		return loadtest.Usage(errors.New("rate-limit needs the gateway: the target must be a gateway URL"))
 	}
 	if err := s.gw.check(); err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	t.Info("target", tg.describe())
 	users, err := loadtest.MintUsers([]byte(s.gw.devSecret), s.users, s.gw.tokenTTL)

@@ -88,7 +88,7 @@ func (s *SendSQL) DeclareMetrics(reg *loadtest.Registry) { declareSendMetrics(re
 // Run implements loadtest.Scenario.
 func (s *SendSQL) Run(ctx context.Context, t *loadtest.T) error {
 	if err := s.sf.check(); err != nil {
-		return err
+		return loadtest.Usage(err)
 	}
 	pool, err := s.open(ctx, t)
 	if err != nil {

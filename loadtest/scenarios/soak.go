@@ -55,7 +55,7 @@ func (s *Soak) DeclareMetrics(reg *loadtest.Registry) {
 // Run implements loadtest.Scenario.
 func (s *Soak) Run(ctx context.Context, t *loadtest.T) error {
 	if s.cfg.Users < 4 || s.cfg.Dialogs < 2 || s.cfg.Dialogs*2 > s.cfg.Users || s.cfg.Senders < 1 || s.cfg.SendEvery <= 0 || s.cfg.PublishEvery <= 0 {
-		return errors.New("soak: want -users ≥ 4, 2 ≤ -dialogs ≤ users/2, -senders ≥ 1 and positive intervals")
+		return loadtest.Usage(errors.New("soak: want -users ≥ 4, 2 ≤ -dialogs ≤ users/2, -senders ≥ 1 and positive intervals"))
 	}
 	if s.cfg.BinDir == "" {
 		exe, err := os.Executable()
