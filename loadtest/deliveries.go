@@ -48,15 +48,18 @@ type dialogDeliveries struct {
 	// to them, so every subscriber loses them.
 	untracked   int64
 	subscribers int // how many connections should get each (the most a publish named)
-	logs        []*subscriberLog
+	// after: seqs up to it belong to an earlier measurement (After).
+	after int64
+	logs  []*subscriberLog
 }
 
 // subscriberLog is what one connection received of one dialog. Written by
 // the connection's read loop, read by Drain and Finish.
 type subscriberLog struct {
-	mu   sync.Mutex // guards seqs, far
-	seqs seqSet
-	far  int64 // seqs too far from the others to be stored: never matched
+	mu    sync.Mutex // guards seqs, far
+	seqs  seqSet
+	far   int64 // seqs too far from the others to be stored: never matched
+	after int64 // the dialog's After when the log was made: older seqs are ignored
 }
 
 // MaxEventsPerDialog bounds the accepted events of one dialog that one
@@ -113,6 +116,17 @@ func (d *Deliveries) Published(dialogID string, seq int64, subscribers int) {
 	d.publishFailed.Add(false)
 }
 
+// After declares that the events of dialogID up to seq belong to an
+// earlier measurement on the same connections (the seqs of a dialog go on
+// rising from one step to the next). One of them arriving now was counted
+// lost there and stays so: it is not counted here, neither as received
+// nor as unexpected. Call before the first event of the measurement.
+func (d *Deliveries) After(dialogID string, seq int64) {
+	d.mu.Lock()
+	d.dialog(dialogID).after = seq
+	d.mu.Unlock()
+}
+
 // PublishFailed records a publish the target refused or that failed; its
 // event is not expected anywhere.
 func (d *Deliveries) PublishFailed() { d.publishFailed.Add(true) }
@@ -126,6 +140,7 @@ func (d *Deliveries) newLog(dialogID string) *subscriberLog {
 	if dd == nil {
 		dd = d.dialog(strings.Clone(dialogID))
 	}
+	l.after = dd.after
 	dd.logs = append(dd.logs, l)
 	d.mu.Unlock()
 	return l
@@ -133,12 +148,13 @@ func (d *Deliveries) newLog(dialogID string) *subscriberLog {
 
 // mark records a unique delivery of seq into d's accounting; it reports
 // false when d was finished (the delivery came after the drain and stays
-// lost). Checked under l.mu, which Finish's tally takes after setting
-// finished: a delivery is either in the tally or not counted at all.
+// lost) or seq belongs to an earlier measurement (After). Checked under
+// l.mu, which Finish's tally takes after setting finished: a delivery is
+// either in the tally or not counted at all.
 func (l *subscriberLog) mark(d *Deliveries, seq int64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if d.finished.Load() {
+	if d.finished.Load() || seq <= l.after {
 		return false
 	}
 	if !l.seqs.add(seq) {

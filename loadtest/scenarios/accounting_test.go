@@ -3,6 +3,7 @@ package scenarios
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -201,5 +202,56 @@ func TestBroadcastRefusesDialogsWithoutSubscribers(t *testing.T) {
 		if sum.Err == nil || count(sum, loadtest.MetricWSSessions) != 0 {
 			t.Errorf("%v: run error %v after %d sessions, want the shape refused before connecting", args, sum.Err, count(sum, loadtest.MetricWSSessions))
 		}
+	}
+}
+
+// lateFaults holds the third publish back (reported accepted, so the
+// warm-up loses it) and sends it just before the 26th, the first of the
+// step that follows a 25-publish warm-up.
+type lateFaults struct {
+	publisher
+	n    atomic.Int64
+	mu   sync.Mutex
+	held []byte
+	ch   string
+}
+
+func (p *lateFaults) Publish(ctx context.Context, channel string, frame []byte) error {
+	switch p.n.Add(1) {
+	case 3:
+		p.mu.Lock()
+		p.held, p.ch = append([]byte(nil), frame...), channel
+		p.mu.Unlock()
+		return nil
+	case 26:
+		p.mu.Lock()
+		held, ch := p.held, p.ch
+		p.mu.Unlock()
+		if err := p.publisher.Publish(ctx, ch, held); err != nil {
+			return err
+		}
+	}
+	return p.publisher.Publish(ctx, channel, frame)
+}
+
+// An event one measurement lost that arrives during the next one stays
+// lost: the next measurement neither counts it as received (the run's
+// totals would then hold it as lost and received at once) nor as a
+// delivery nobody expected.
+func TestBroadcastLateEventOfAnEarlierMeasurementStaysLost(t *testing.T) {
+	sc := newScenario(t, "broadcast", "-conns", "20", "-dialogs", "2", "-step-rates", "50", "-step-p99", "30s",
+		"-warmup", "500ms", "-publishers", "2", "-drain", "300ms")
+	sc.(*Broadcast).faults = func(p publisher) publisher { return &lateFaults{publisher: p} }
+	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 500 * time.Millisecond})
+	if sum.Err != nil {
+		t.Fatal(sum.Err)
+	}
+	exp, got, lost := count(sum, loadtest.MetricDeliveryExpected), count(sum, loadtest.MetricDeliveryReceived), count(sum, loadtest.MetricDeliveryLost)
+	// 25 publishes in the warm-up and 25 in the step, 10 subscribers each.
+	if exp != 500 || lost != 10 || got != exp-lost {
+		t.Errorf("expected %d, received %d, lost %d: want 500, 490, 10 (dropped iterations %d)", exp, got, lost, count(sum, loadtest.MetricDroppedIterations))
+	}
+	if n := count(sum, loadtest.MetricDeliveryUnexpected); n != 0 {
+		t.Errorf("delivery_unexpected = %d, want 0", n)
 	}
 }

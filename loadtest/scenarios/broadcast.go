@@ -371,6 +371,7 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Regis
 	if b.warmup > 0 {
 		wreg := loadtest.NewRegistry()
 		wdl := loadtest.NewDeliveries(wreg)
+		st.continueSeqs(wdl)
 		fl.dialer.SetDeliveries(wdl)
 		if _, err := st.measure(ctx, t, wreg, wdl, b.steps[0], b.warmup, label+" warm-up"); err != nil {
 			return 0, err
@@ -389,6 +390,7 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Regis
 	for i, rate := range b.steps {
 		sreg := loadtest.NewRegistry()
 		sdl := loadtest.NewDeliveries(sreg)
+		st.continueSeqs(sdl)
 		fl.dialer.SetDeliveries(sdl)
 		cpu, err := st.measure(ctx, t, sreg, sdl, rate, t.Opts.Duration, fmt.Sprintf("%s step %d/%d (%d events/s)", label, i+1, len(b.steps), rate))
 		if err != nil {
@@ -416,6 +418,15 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Regis
 	}
 	fl.dialer.SetDeliveries(nil)
 	return best, nil
+}
+
+// continueSeqs tells dl, a new measurement on the same connections,
+// which seqs of each dialog earlier measurements published: one of those
+// arriving late stays lost there and is not counted in dl.
+func (st *stepper) continueSeqs(dl *loadtest.Deliveries) {
+	for d, id := range st.fl.dialogIDs {
+		dl.After(id, st.seqs[d].Load())
+	}
 }
 
 // measure publishes at rate for dur, drains and records the
