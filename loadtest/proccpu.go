@@ -56,6 +56,18 @@ func (p *ProcCPU) Set(v string) error {
 	return nil
 }
 
+// Check reports a named process /proc cannot show now: a -cpu-pid that
+// names no running process (a typo, a server already stopped) would
+// otherwise leave its figure out of every measurement without a word.
+func (p *ProcCPU) Check() error {
+	for _, s := range p.procs {
+		if len(procStatFields(s.pid)) < 15 {
+			return fmt.Errorf("-cpu-pid %s=%d: no such process", s.name, s.pid)
+		}
+	}
+	return nil
+}
+
 // CPUSample is the CPU time each named process had used at one instant.
 type CPUSample map[string]time.Duration
 

@@ -2,6 +2,10 @@ package scenarios
 
 import (
 	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,5 +257,33 @@ func TestBroadcastLateEventOfAnEarlierMeasurementStaysLost(t *testing.T) {
 	}
 	if n := count(sum, loadtest.MetricDeliveryUnexpected); n != 0 {
 		t.Errorf("delivery_unexpected = %d, want 0", n)
+	}
+}
+
+// A -cpu-pid that names no running process is refused before the run,
+// instead of leaving its CPU figure out of every measurement silently.
+func TestBroadcastRefusesACPUPIDThatIsNotRunning(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	gone := strconv.Itoa(cmd.ProcessState.Pid())
+	sc := newScenario(t, "broadcast", "-conns", "2", "-dialogs", "1", "-rate", "10", "-cpu-pid", "server="+gone)
+	sum := run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 200 * time.Millisecond})
+	var usage *loadtest.UsageError
+	if !errors.As(sum.Err, &usage) || !strings.Contains(sum.Err.Error(), "server="+gone) {
+		t.Fatalf("run error = %v, want the exited -cpu-pid refused as a usage error", sum.Err)
+	}
+	sc = newScenario(t, "broadcast", "-conns", "2", "-dialogs", "1", "-rate", "10", "-drain", "5s", "-cpu-pid", "self="+strconv.Itoa(os.Getpid()))
+	sum = run(t, sc, loadtest.Options{Target: TargetBaselineInProcess, Duration: 200 * time.Millisecond})
+	if sum.Err != nil {
+		t.Fatal(sum.Err)
+	}
+	found := false
+	for _, in := range sum.Info {
+		found = found || in.Key == "target_cpu_s_per_1m_self"
+	}
+	if !found {
+		t.Errorf("no CPU figure for a running -cpu-pid: %+v", sum.Info)
 	}
 }

@@ -115,6 +115,9 @@ func (b *Broadcast) check(opts loadtest.Options) error {
 	if err := checkEventsPerDialog(b.rate, b.steps, opts.Duration, b.warmup, b.dialogs); err != nil {
 		return err
 	}
+	if err := b.cpu.Check(); err != nil {
+		return err
+	}
 	return b.shape().validate(false)
 }
 

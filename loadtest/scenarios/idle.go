@@ -58,10 +58,18 @@ func (s *Idle) DeclareMetrics(reg *loadtest.Registry) {
 	reg.Gauge(MetricConnectRate, loadtest.UnitPerSecond)
 }
 
+// check validates the flags.
+func (s *Idle) check() error {
+	if s.conns < 1 || s.concurrency < 1 || s.dialogs < 0 {
+		return errors.New("-conns and -connect-concurrency must be positive, -dialogs ≥ 0")
+	}
+	return s.cpu.Check()
+}
+
 // Run implements loadtest.Scenario.
 func (s *Idle) Run(ctx context.Context, t *loadtest.T) error {
-	if s.conns < 1 || s.concurrency < 1 || s.dialogs < 0 {
-		return loadtest.Usage(errors.New("-conns and -connect-concurrency must be positive, -dialogs ≥ 0"))
+	if err := s.check(); err != nil {
+		return loadtest.Usage(err)
 	}
 	tg, err := openTargets(ctx, t.Opts.Target)
 	if err != nil {

@@ -89,6 +89,9 @@ func (f *sendFlags) check() error {
 	if f.warmup < 0 || (f.warmup > 0 && len(f.steps) == 0) {
 		return errors.New("-warmup needs -step-rates and must not be negative")
 	}
+	if err := f.cpu.Check(); err != nil {
+		return err
+	}
 	if f.hot && (f.users < 2 || f.users > maxDialogMembers) {
 		return fmt.Errorf("-hot-dialog needs -users 2..%d (one dialog holds every user)", maxDialogMembers)
 	}
