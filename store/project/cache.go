@@ -347,3 +347,20 @@ func parseSeq(v any) (int64, bool) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil
 }
+
+// parseStoredInt reads a non-negative decimal integer a script stored:
+// digits only, no sign, no leading zero, within int64. Any other spelling
+// ("1.5", "1e3", "-1", "007", "") is data no script wrote.
+func parseStoredInt(v any) (int64, bool) {
+	s, ok := v.(string)
+	if !ok || s == "" || len(s) > 19 || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}

@@ -231,6 +231,41 @@ type normalInfo struct {
 	size   *redis.IntCmd
 }
 
+// entryFields is what a listing reads of an entry HASH (t, e, u, s and the
+// length of v).
+type entryFields struct {
+	typ            string
+	exp, upd, seq  int64
+	size           int64
+	gone, needsVal bool
+}
+
+// readEntryFields checks an entry HASH as the put script writes it: all of
+// its fields or none. None is an entry Redis expired or evicted (gone).
+// Some but not all, a type other than json or string, or a deadline,
+// update time or sequence that is not a decimal integer is data no script
+// wrote: the listing answers data_state_invalid rather than hide the entry
+// or forget it. needsVal asks the caller to check that v exists (HSTRLEN
+// is 0 both for an empty value and for none).
+func readEntryFields(info *normalInfo) (entryFields, error) {
+	f := info.fields.Val()
+	if len(f) != 4 {
+		return entryFields{}, ErrDataStateInvalid
+	}
+	if f[0] == nil && f[1] == nil && f[2] == nil && f[3] == nil {
+		return entryFields{gone: true}, nil
+	}
+	typ, _ := f[0].(string)
+	exp, okE := parseStoredInt(f[1])
+	upd, okU := parseStoredInt(f[2])
+	seq, okS := parseStoredInt(f[3])
+	if (typ != "json" && typ != "string") || !okE || !okU || !okS {
+		return entryFields{}, ErrDataStateInvalid
+	}
+	size := info.size.Val()
+	return entryFields{typ: typ, exp: exp, upd: upd, seq: seq, size: size, needsVal: size == 0}, nil
+}
+
 // planNormal adds normal entries in write-sequence order after the cursor.
 func (c *Cache) planNormal(ctx context.Context, k Keys, q CacheQuery, page *CachePage, budget *int64) error {
 	after := int64(0)
@@ -268,27 +303,25 @@ func (c *Cache) planNormal(ctx context.Context, k Keys, q CacheQuery, page *Cach
 				return nil
 			}
 			if info := infos[i]; info != nil {
-				f := info.fields.Val()
-				typ, _ := f[0].(string)
-				exp, okE := parseSeq(f[1])
-				upd, _ := parseSeq(f[2])
-				s, okS := parseSeq(f[3])
+				e, err := c.entryFields(ctx, k, key, info)
+				if err != nil {
+					return err
+				}
 				switch {
-				case f[0] == nil || !okE || !okS:
+				case e.gone:
 					// Expired or evicted: forget it lazily.
 					page.stale = append(page.stale, CacheRef{Key: key, Seq: seq})
-				case s != seq || exp <= page.State.NowMs:
+				case e.seq != seq || e.exp <= page.State.NowMs:
 					// Rewritten since (listed at its new sequence) or past
 					// its deadline.
 				default:
-					size := info.size.Val()
-					if len(page.items) >= q.Limit || (size > *budget && len(page.items) > 0) {
+					if len(page.items) >= q.Limit || (e.size > *budget && len(page.items) > 0) {
 						page.Next = strconv.FormatInt(after, 10)
 						return nil
 					}
-					*budget -= size
+					*budget -= e.size
 					page.items = append(page.items, pageItem{seq: seq, CacheItem: CacheItem{
-						Key: key, Type: typ, SizeBytes: CacheItemSize(key, "") + size, ExpiresAt: exp, UpdatedAt: upd}})
+						Key: key, Type: e.typ, SizeBytes: CacheItemSize(key, "") + e.size, ExpiresAt: e.exp, UpdatedAt: e.upd}})
 				}
 			}
 			after = seq
@@ -298,6 +331,26 @@ func (c *Cache) planNormal(ctx context.Context, k Keys, q CacheQuery, page *Cach
 			return nil
 		}
 	}
+}
+
+// entryFields is readEntryFields with the check that an entry whose value
+// reads as empty has one (rare: one more round trip for such an entry).
+func (c *Cache) entryFields(ctx context.Context, k Keys, key string, info *normalInfo) (entryFields, error) {
+	e, err := readEntryFields(info)
+	if err != nil || e.gone || !e.needsVal {
+		return e, err
+	}
+	n, err := c.rdb.HLen(ctx, k.CacheEntry(key)).Result()
+	if err != nil {
+		return e, classifyProject(err)
+	}
+	switch n {
+	case 0: // expired since the fields were read
+		return entryFields{gone: true}, nil
+	case 5:
+		return e, nil
+	}
+	return e, ErrDataStateInvalid
 }
 
 // EachItem calls fn for every planned item in order, reading the values of
@@ -332,7 +385,7 @@ func (c *Cache) EachItem(ctx context.Context, k Keys, page *CachePage, fn func(C
 		for i := range n {
 			f := cmds[i].Val()
 			v, okV := f[0].(string)
-			s, okS := parseSeq(f[1])
+			s, okS := parseStoredInt(f[1])
 			if !okV || !okS || s != items[i].seq {
 				continue
 			}

@@ -43,6 +43,18 @@ type receiptRecord struct {
 	R *string `json:"r"`
 }
 
+// valid reports whether a stored receipt record is one: a JSON object
+// whose status is one a receipt can have. A record without one (`{}`,
+// `null`, another object) is unreadable, never a receipt shown with no
+// status.
+func (r receiptRecord) valid() bool {
+	switch r.S {
+	case "pending", "leased", "processed", "failed", "exhausted":
+		return r.A >= 0
+	}
+	return false
+}
+
 // view is the receipt as the API shows it at nowMs: a receipt whose last
 // allowed lease has expired is exhausted even before a claim or trim
 // records it.
@@ -99,7 +111,7 @@ func (q *Queue) ListReceipts(ctx context.Context, k Keys, subID, cursor string, 
 		id, _ := flat[i].(string)
 		raw, _ := flat[i+1].(string)
 		var rec receiptRecord
-		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		if err := json.Unmarshal([]byte(raw), &rec); err != nil || !rec.valid() {
 			return nil, "", ErrDataStateInvalid
 		}
 		out = append(out, rec.view(id, subID, now))

@@ -128,6 +128,12 @@ type topicRecord struct {
 	CreatedAt   int64  `json:"createdAt"`
 }
 
+// valid reports whether a stored topic record is one: a JSON object (not
+// null) naming the id it is stored under, with a name. Anything else is an
+// unreadable record (data_state_invalid), never a topic shown without an
+// id.
+func (r topicRecord) valid(id string) bool { return r.ID == id && id != "" && r.Name != "" }
+
 // Subscription is one subscription of a topic.
 type Subscription struct {
 	ID        string
@@ -303,6 +309,13 @@ type subRecord struct {
 	Pos       string `json:"pos"`
 }
 
+// valid reports whether a stored subscription record is one: a JSON object
+// naming the id it is stored under, its topic and a name, with the status
+// online or paused.
+func (r subRecord) valid(id string) bool {
+	return r.ID == id && id != "" && r.TopicID != "" && r.Name != "" && (r.Status == "online" || r.Status == "paused")
+}
+
 func (r subRecord) subscription() Subscription {
 	return Subscription{ID: r.ID, TopicID: r.TopicID, Name: r.Name, Status: r.Status, CreatedAt: r.CreatedAt}
 }
@@ -434,17 +447,19 @@ func (q *Queue) State(ctx context.Context, k Keys) (QueueState, error) {
 		return QueueState{}, ErrDataStateInvalid
 	}
 	for i := 1; i < len(topics); i += 2 {
+		id, _ := topics[i-1].(string)
 		raw, _ := topics[i].(string)
 		var t topicRecord
-		if err := json.Unmarshal([]byte(raw), &t); err != nil {
+		if err := json.Unmarshal([]byte(raw), &t); err != nil || !t.valid(id) {
 			return QueueState{}, ErrDataStateInvalid
 		}
 		st.Topics = append(st.Topics, Topic(t))
 	}
 	for i := 1; i < len(subs); i += 2 {
+		id, _ := subs[i-1].(string)
 		raw, _ := subs[i].(string)
 		var s subRecord
-		if err := json.Unmarshal([]byte(raw), &s); err != nil {
+		if err := json.Unmarshal([]byte(raw), &s); err != nil || !s.valid(id) {
 			return QueueState{}, ErrDataStateInvalid
 		}
 		st.Subscriptions = append(st.Subscriptions, s.subscription())

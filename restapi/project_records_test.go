@@ -1,0 +1,112 @@
+package restapi_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/han-app/gateway/store/project"
+)
+
+// dataStateInvalidCount is the han_project_data_state_invalid_total line of
+// the server's metrics.
+func (h *prjHarness) dataStateInvalidCount() string {
+	h.t.Helper()
+	_, b := h.do("", "GET", "/metrics", "")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "han_project_data_state_invalid_total ") {
+			return l
+		}
+	}
+	return ""
+}
+
+// refusedUnchanged runs reqs against p and requires each to answer 503
+// data_state_invalid, write nothing and be counted.
+func (h *prjHarness) refusedUnchanged(t *testing.T, p testProject, reqs []queueReq) {
+	t.Helper()
+	before, m0 := h.dumpAll(p), h.dataStateInvalidCount()
+	for _, r := range reqs {
+		code, b := h.do(p.admin, r.method, p.path(r.path), r.body)
+		if code != 503 || string(b) != `{"error":"data_state_invalid"}` {
+			t.Fatalf("%s %s %s: %d %s, want 503 data_state_invalid", r.method, r.path, r.body, code, b)
+		}
+	}
+	if h.dumpAll(p) != before {
+		t.Fatal("a refused request wrote to Redis")
+	}
+	if m1 := h.dataStateInvalidCount(); m1 == m0 || m1 == "" {
+		t.Fatalf("not counted: %q → %q", m0, m1)
+	}
+}
+
+// recordCase plants a broken record in a fixture and names the requests
+// that must refuse it.
+type recordCase struct {
+	name  string
+	plant func(f queueFixture)
+	reqs  func(f queueFixture) []queueReq
+}
+
+// A stored record that is not one — a topic, subscription or receipt
+// record that is JSON but lacks what every such record has, an entry HASH
+// with an unknown type, an unreadable deadline or sequence, or only some of
+// its fields — is data no script wrote. A listing that meets one answers
+// 503 data_state_invalid as a whole, as it does for a record that is not
+// JSON, rather than show it with an empty id or a status no receipt has,
+// hide it, or forget it.
+func TestListingsRefuseRecordsThatAreNotOnes(t *testing.T) {
+	h := newQueueHarness(t, project.QueueConfig{}, nil)
+	ctx := context.Background()
+	var cases []recordCase
+	snapshot := func(f queueFixture) []queueReq { return []queueReq{{"GET", "", ""}} }
+	receipts := func(f queueFixture) []queueReq {
+		return []queueReq{{"GET", "/subscriptions/" + f.sub.ID + "/receipts", ""}}
+	}
+	cache := func(f queueFixture) []queueReq { return []queueReq{{"GET", "/cache", ""}} }
+	for _, rec := range []string{`{}`, `null`, `{"name":"t"}`} {
+		cases = append(cases,
+			recordCase{"topic " + rec, func(f queueFixture) { h.admin.HSet(ctx, f.p.keys.Topics(), f.top.ID, rec) }, snapshot},
+			recordCase{"subscription " + rec, func(f queueFixture) { h.admin.HSet(ctx, f.p.keys.Subscriptions(), f.sub.ID, rec) }, snapshot},
+		)
+	}
+	for _, rec := range []string{`{}`, `{"id":1}`, `null`, `{"s":"lost","a":1,"l":0,"u":1}`} {
+		cases = append(cases, struct {
+			name  string
+			plant func(f queueFixture)
+			reqs  func(f queueFixture) []queueReq
+		}{"receipt " + rec, func(f queueFixture) { h.admin.HSet(ctx, f.p.keys.Receipts(f.sub.ID), f.held.Message.ID, rec) }, receipts})
+	}
+	entry := func(name string, plant func(e string)) recordCase {
+		return recordCase{"cache entry " + name, func(f queueFixture) { plant(f.p.keys.CacheEntry("k")) }, cache}
+	}
+	cases = append(cases,
+		entry("type abc", func(e string) { h.admin.HSet(ctx, e, "t", "abc") }),
+		entry("deadline 1.5", func(e string) { h.admin.HSet(ctx, e, "e", "1.5") }),
+		entry("deadline -1", func(e string) { h.admin.HSet(ctx, e, "e", "-1") }),
+		entry("deadline 20 digits", func(e string) { h.admin.HSet(ctx, e, "e", "99999999999999999999") }),
+		entry("sequence 1e3", func(e string) { h.admin.HSet(ctx, e, "s", "1e3") }),
+		entry("sequence empty", func(e string) { h.admin.HSet(ctx, e, "s", "") }),
+		entry("without its value", func(e string) { h.admin.HDel(ctx, e, "v") }),
+		entry("without its deadline", func(e string) { h.admin.HDel(ctx, e, "e") }),
+		entry("without its type", func(e string) { h.admin.HDel(ctx, e, "t") }),
+	)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer h.as(t)()
+			f := h.queueFixture()
+			h.putKV(f.p, "k", "v", 600)
+			c.plant(f)
+			h.refusedUnchanged(t, f.p, c.reqs(f))
+		})
+	}
+	// An entry whose value is the empty string is one.
+	t.Run("cache entry with an empty value", func(t *testing.T) {
+		defer h.as(t)()
+		p := h.project()
+		h.putKV(p, "k", "", 600)
+		if l := h.list(p.read, p, ""); len(l.Items) != 1 || l.Items[0].Value != "" {
+			t.Fatalf("listing: %+v", l)
+		}
+	})
+}
