@@ -2,6 +2,7 @@ package restapi_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -109,4 +110,70 @@ func TestListingsRefuseRecordsThatAreNotOnes(t *testing.T) {
 			t.Fatalf("listing: %+v", l)
 		}
 	})
+}
+
+// A count or size the scripts keep — a project budget counter, a topic's
+// message bytes, a message's open-receipt count, the cache usage and the
+// mirrored quota in the metadata HASH, the module budget's counters — is a
+// decimal integer as HINCRBY writes it. One spelled otherwise ("1.5",
+// "1e3", "-1", empty, 20 digits) is data no script wrote: every request
+// that uses it answers 503 data_state_invalid and writes nothing, never a
+// figure read from it, a redis_unavailable after part of its writes, or an
+// answer computed from a misread quota.
+func TestUnreadableCountsAreDataStateInvalidWithNothingWritten(t *testing.T) {
+	h := newQueueHarness(t, project.QueueConfig{}, nil)
+	ctx := context.Background()
+	mk := project.NewModuleKeys(prjEnv)
+	hset := func(key func(f queueFixture) string, field func(f queueFixture) string, v string) func(f queueFixture) {
+		return func(f queueFixture) { h.admin.HSet(ctx, key(f), field(f), v) }
+	}
+	budget := func(f queueFixture) string { return f.p.keys.Budget() }
+	meta := func(f queueFixture) string { return f.p.keys.Meta() }
+	named := func(s string) func(queueFixture) string { return func(queueFixture) string { return s } }
+	publish := func(f queueFixture) queueReq {
+		return queueReq{"POST", "/topics/" + f.top.ID + "/messages", `{"producerId":"p","clientEventId":"x","payload":{}}`}
+	}
+	var cases []recordCase
+	for _, v := range []string{"1.5", "1e3", "99999999999999999999", "", "-0"} {
+		cases = append(cases,
+			recordCase{"budget msg " + v, hset(budget, named("msg"), v), func(f queueFixture) []queueReq {
+				return []queueReq{{"GET", "", ""}, publish(f), {"POST", "/topics/" + f.top.ID + "/trim", `{}`},
+					{"DELETE", "/topics/" + f.top.ID, ""}}
+			}},
+			recordCase{"topic bytes " + v, hset(budget, func(f queueFixture) string { return "tb:" + f.top.ID }, v),
+				func(f queueFixture) []queueReq {
+					return []queueReq{publish(f), {"POST", "/topics/" + f.top.ID + "/trim", `{}`}, {"DELETE", "/topics/" + f.top.ID, ""}}
+				}},
+			recordCase{"open count " + v, func(f queueFixture) { h.admin.HSet(ctx, f.p.keys.TopicOpen(f.top.ID), f.held.Message.ID, v) },
+				func(f queueFixture) []queueReq {
+					return []queueReq{{"POST", "/subscriptions/" + f.sub.ID + "/receipts", fmt.Sprintf(
+						`{"messageId":%q,"token":%q,"status":"processed"}`, f.held.Message.ID, f.held.Token)},
+						{"DELETE", "/subscriptions/" + f.sub.ID, ""}}
+				}},
+			recordCase{"cache usage " + v, hset(meta, named("cacheBytes"), v), func(f queueFixture) []queueReq {
+				return []queueReq{{"GET", "", ""}, {"GET", "/cache", ""}, {"PUT", "/cache", `{"key":"n","type":"string","value":"new"}`},
+					{"DELETE", "/cache?key=k", ""}}
+			}},
+			recordCase{"mirrored quota " + v, hset(meta, named("quota"), v), func(f queueFixture) []queueReq {
+				return []queueReq{{"PUT", "/cache", `{"key":"n","type":"string","value":"new"}`}}
+			}},
+			recordCase{"module committed " + v, hset(func(queueFixture) string { return mk.Budget() }, named("committed"), v),
+				func(f queueFixture) []queueReq { return []queueReq{publish(f)} }},
+		)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer h.as(t)()
+			f := h.queueFixture()
+			h.putKV(f.p, "k", "v", 600)
+			// The module budget is every project's: put it back as it was.
+			committed, err := h.admin.HGet(ctx, mk.Budget(), "committed").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.admin.HSet(ctx, mk.Budget(), "committed", committed)
+			c.plant(f)
+			h.refusedUnchanged(t, f.p, c.reqs(f))
+		})
+	}
 }

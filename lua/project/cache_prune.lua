@@ -12,6 +12,7 @@
 -- Returns the number of index members removed.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
+--#include count
 --#include cache_forget
 --#include legacy_deadline
 if not keyTypesMatch({'hash', 'zset', 'zset', 'hash', 'hash'}) then
@@ -24,8 +25,8 @@ local canExpire = redis.acl_check_cmd('pexpireat', KEYS[5], tostring(now))
 local hasMeta = redis.call('EXISTS', KEYS[1]) == 1
 local bytes = 0
 if hasMeta then
-  bytes = tonumber(redis.call('HGET', KEYS[1], 'cacheBytes') or '0')
-  if bytes == nil or bytes < 0 then
+  bytes = storedCount(redis.call('HGET', KEYS[1], 'cacheBytes'))
+  if bytes == nil then
     return redis.error_reply('ERR data_state_invalid')
   end
 end

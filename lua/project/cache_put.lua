@@ -31,6 +31,7 @@
 -- PostgreSQL under its row lock).
 -- Errors: "ERR data_state_invalid", "ERR expiry_denied" (nothing written).
 --#include key_types
+--#include count
 --#include cache_usage
 --#include cache_forget
 --#include legacy_deadline
@@ -49,7 +50,7 @@ if mirror[1] or mirror[2] or mirror[3] then
   end
 end
 if mirror[1] then
-  local q = tonumber(mirror[1])
+  local q = storedCount(mirror[1])
   if q == nil then
     return redis.error_reply('ERR data_state_invalid')
   end

@@ -13,6 +13,7 @@
 -- forgets them (project_cache_prune) and reads again for exact figures.
 -- Errors: "ERR data_state_invalid".
 --#include key_types
+--#include count
 --#include cache_usage
 if not keyTypesMatch({'hash', 'zset', 'zset', 'hash', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
@@ -32,7 +33,11 @@ local m = redis.call('HMGET', KEYS[1], 'seq', 'quota', 'paused', 'legacyDeadline
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #gone > 0 then
   for _, s in ipairs(redis.call('HMGET', KEYS[4], unpack(gone))) do
-    bytes = bytes - tonumber(s or '0')
+    local n = storedCount(s)
+    if not n then
+      return redis.error_reply('ERR data_state_invalid')
+    end
+    bytes = bytes - n
   end
 end
 if bytes < 0 then

@@ -33,6 +33,7 @@
 -- share one command per key.
 -- Errors: WRONGTYPE (nothing written).
 --#include subscription
+--#include count
 --#include clock
 local m = (#ARGV - 2) / 4
 if m < 1 or m ~= math.floor(m) then
@@ -144,7 +145,7 @@ local function ack(id, hash, status, result)
   if cur ~= hash then
     return {'lease_token_mismatch'}
   end
-  local c = tonumber(open[id] or '0')
+  local c = storedCount(open[id])
   if c == nil or c < 1 then
     return {'data_state_invalid'}
   end

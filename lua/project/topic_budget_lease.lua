@@ -55,6 +55,7 @@
 -- Numbers go to Redis as integer text (string.format), not through Lua's
 -- floating-point formatting.
 -- Errors: "ERR data_state_invalid" (nothing written).
+--#include count
 local function decimal(n)
   return string.format('%d', n)
 end
@@ -65,6 +66,11 @@ end
 
 -- Reads and checks.
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'leased', 'gen', 'rstart')
+for i = 1, 5 do
+  if not storedCount(b[i]) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
 local committed, reserved, leased = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
 local gen, rstart = tonumber(b[4] or '0'), tonumber(b[5] or '0')
 if not (committed and reserved and leased and gen and rstart) or committed < 0 or reserved < 0 or leased < 0 then

@@ -49,10 +49,16 @@
 -- prune: {1, ids removed} | {0}.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
+--#include count
 if not keyTypesMatch({'hash', 'hash', 'hash', 'set', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart', 'rpos', 'leased')
+for i = 1, 6 do
+  if not storedCount(b[i]) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
 local committed, reserved = tonumber(b[1] or '0'), tonumber(b[2] or '0')
 local gen, rstart, rpos, leased = tonumber(b[3] or '0'), tonumber(b[4] or '0'), tonumber(b[5] or '0'), tonumber(b[6] or '0')
 if not (committed and reserved and gen and rstart and rpos and leased) then

@@ -21,10 +21,16 @@
 -- Returns {granted (1 | 0), gen, committed, reserved}.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
+--#include count
 if not keyTypesMatch({'hash', 'hash', 'set', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'leased')
+for i = 1, 4 do
+  if not storedCount(b[i]) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
 local committed, reserved, gen = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
 local leased = tonumber(b[4] or '0')
 if not (committed and reserved and gen and leased) or committed < 0 or reserved < 0 or leased < 0 then

@@ -17,10 +17,16 @@
 -- Returns {committed, reserved, released applied (1 | 0)}.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
+--#include count
 if not keyTypesMatch({'hash', 'hash'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[1], 'committed', 'reserved', 'gen', 'rstart')
+for i = 1, 4 do
+  if not storedCount(b[i]) then
+    return redis.error_reply('ERR data_state_invalid')
+  end
+end
 local committed, reserved = tonumber(b[1] or '0'), tonumber(b[2] or '0')
 local gen, rstart = tonumber(b[3] or '0'), tonumber(b[4] or '0')
 if not (committed and reserved and gen and rstart) then

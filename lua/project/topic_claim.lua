@@ -41,6 +41,7 @@
 -- for every claim (nothing written).
 -- Errors: "ERR data_state_invalid" and WRONGTYPE (nothing written).
 --#include subscription
+--#include count
 --#include clock
 local sub, subRaw = readSubscription(KEYS[2], ARGV[1], 'pos')
 if sub == nil then
@@ -92,7 +93,7 @@ local function receipt(r, want)
   return rec
 end
 local function openCount(c)
-  c = tonumber(c or '0')
+  c = storedCount(c)
   return c ~= nil and c >= 1
 end
 -- item is the reply row of a lease; a publish writes the fields p, c, d,

@@ -13,13 +13,14 @@
 -- HGETALL), subscriptions (flat HGETALL)}.
 -- Errors: "ERR data_state_invalid".
 --#include key_types
+--#include count
 --#include dedupe_expired
 if not keyTypesMatch({'hash', 'hash', 'hash', 'hash', 'zset'}) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local b = redis.call('HMGET', KEYS[3], 'msg', 'rcpt', 'dd')
-local msg, rcpt, dd = tonumber(b[1] or '0'), tonumber(b[2] or '0'), tonumber(b[3] or '0')
-if not (msg and rcpt and dd) or msg < 0 or rcpt < 0 or dd < 0 then
+local msg, rcpt, dd = storedCount(b[1]), storedCount(b[2]), storedCount(b[3])
+if not (msg and rcpt and dd) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local t = redis.call('TIME')

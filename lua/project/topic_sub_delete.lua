@@ -20,6 +20,7 @@
 -- Returns {'ok', releasedBytes} or {'subscription_not_found'} (nothing written).
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
+--#include count
 --#include subscription
 --#include dedupe_expired
 --#include dedupe_purge
@@ -34,8 +35,8 @@ if not sub or sub.topicId ~= ARGV[2] then
   return {'subscription_not_found'}
 end
 local b = redis.call('HMGET', KEYS[2], 'rcpt', 'dd')
-local rcpt, dd = tonumber(b[1] or '0'), tonumber(b[2] or '0')
-if not (rcpt and dd) or rcpt < 0 or dd < 0 then
+local rcpt, dd = storedCount(b[1]), storedCount(b[2])
+if not (rcpt and dd) then
   return redis.error_reply('ERR data_state_invalid')
 end
 local all = redis.call('HGETALL', KEYS[8])
@@ -46,7 +47,7 @@ for i = 1, #all, 2 do
     return redis.error_reply('ERR data_state_invalid')
   end
   if rec.s == 'pending' or rec.s == 'leased' then
-    local c = tonumber(redis.call('HGET', KEYS[6], all[i]) or '0')
+    local c = storedCount(redis.call('HGET', KEYS[6], all[i]))
     if c == nil or c < 1 then
       return redis.error_reply('ERR data_state_invalid')
     end

@@ -31,6 +31,7 @@
 -- any topic of the project), which the module budget releases too.
 -- Errors: "ERR data_state_invalid" (nothing written).
 --#include key_types
+--#include count
 --#include topic_budget
 --#include dedupe_expired
 --#include dedupe_purge
@@ -76,7 +77,7 @@ for i = 1, n do
       return redis.error_reply('ERR data_state_invalid')
     end
     if rec.a >= maxAttempts then
-      local c = opens[id] or tonumber(redis.call('HGET', KEYS[7], id) or '0')
+      local c = opens[id] or storedCount(redis.call('HGET', KEYS[7], id))
       if c == nil or c < 1 then
         return redis.error_reply('ERR data_state_invalid')
       end
@@ -100,9 +101,9 @@ for _, id in ipairs(ids) do
   local z, b = nil, false
   for j = 1, #f, 2 do
     if f[j] == 'z' then
-      z = tonumber(f[j + 1])
+      z = storedCount(f[j + 1])
     elseif f[j] == 'b' then
-      b = tonumber(f[j + 1])
+      b = storedCount(f[j + 1])
     end
   end
   if z == nil or b == nil or redis.call('HEXISTS', KEYS[7], id) == 1 then

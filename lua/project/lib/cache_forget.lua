@@ -1,6 +1,7 @@
 -- cacheSizes reads the sizes the sizes HASH records for relative keys (0 for
 -- a key it has none of, and for a key named again: cacheForget has removed
--- its size by then), or returns nil when one is not a decimal integer: data
+-- its size by then), or returns nil when one is not a decimal integer as
+-- HSET writes one (no sign or leading zero, at most 15 digits): data
 -- no script wrote, so the caller refuses before its first write (a script
 -- that fails halfway keeps the writes it made).
 local function cacheSizes(sizesKey, members)
@@ -12,7 +13,7 @@ local function cacheSizes(sizesKey, members)
   local seen = {}
   for i = 1, #members do
     local v = raw[i]
-    if v and not string.find(v, '^%d+$') then
+    if v and (#v > 15 or not (v == '0' or string.find(v, '^[1-9]%d*$'))) then
       return nil
     end
     sizes[i] = seen[members[i]] and 0 or tonumber(v or '0')
