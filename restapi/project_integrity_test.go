@@ -189,3 +189,49 @@ func TestCacheUnreadableSizeIsDataStateInvalidWithNothingWritten(t *testing.T) {
 		})
 	}
 }
+
+// A listing takes back only the cursors and limits it issues, spelled as
+// it spells them: a cache cursor is a write sequence of at least 1 without
+// a leading zero, or L and the unpadded base64url of a legacy key with no
+// other spelling of the same key (non-zero padding bits, a line break);
+// a message or receipt cursor likewise; a limit is plain decimal without a
+// leading zero. Any other spelling is 400 invalid_cursor / invalid_limit,
+// never a page.
+func TestListingsRefuseSpellingsTheServerNeverIssues(t *testing.T) {
+	h := newPrjHarness(t)
+	p := h.project()
+	top := h.qTopic(p, "events")
+	sub := h.qSub(p, top.ID, "s")
+	m := h.qPublish(p, top.ID, "e1", `{"a":1}`)
+	h.putKV(p, "k", "v", 600)
+	msgs := "/topics/" + top.ID + "/messages"
+	rcpts := "/subscriptions/" + sub.ID + "/receipts"
+	for _, c := range []struct{ path, code string }{
+		{"/cache?cursor=0", "invalid_cursor"},
+		{"/cache?cursor=01", "invalid_cursor"},
+		{"/cache?cursor=007", "invalid_cursor"},
+		{"/cache?cursor=LYR", "invalid_cursor"},    // "a" with a padding bit set
+		{"/cache?cursor=LYQ%0A", "invalid_cursor"}, // "a" with a line break
+		{"/cache?cursor=LY%0DQ", "invalid_cursor"},
+		{msgs + "?cursor=" + rawB64(m.ID) + "%0A", "invalid_cursor"},
+		{rcpts + "?cursor=" + rawB64(m.ID) + "%0D%0A", "invalid_cursor"},
+		{"/cache?limit=0100", "invalid_limit"},
+		{"/cache?limit=01", "invalid_limit"},
+		{msgs + "?limit=010", "invalid_limit"},
+		{rcpts + "?limit=00", "invalid_limit"},
+	} {
+		code, b := h.do(p.read, "GET", p.path(c.path), "")
+		if code != 400 || string(b) != `{"error":"`+c.code+`"}` {
+			t.Errorf("GET %s: %d %s, want 400 %s", c.path, code, b, c.code)
+		}
+	}
+	// The spellings the server issues still page.
+	for _, path := range []string{
+		"/cache?cursor=1", "/cache?cursor=L" + rawB64("a"), "/cache?cursor=L", "/cache?limit=100",
+		msgs + "?cursor=" + rawB64(m.ID), rcpts + "?cursor=" + rawB64(m.ID) + "&limit=1",
+	} {
+		if code, b := h.do(p.read, "GET", p.path(path), ""); code != 200 {
+			t.Errorf("GET %s: %d %s", path, code, b)
+		}
+	}
+}

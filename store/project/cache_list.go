@@ -33,7 +33,8 @@ type CacheCursor struct {
 const legacyCursorKeyMaxBytes = CacheQuotaMaxBytes
 
 // ParseCacheCursor parses a cursor returned by a listing; "" is the start.
-// Anything else fails with ErrInvalidCursor.
+// Anything else, another spelling of a cursor included, fails with
+// ErrInvalidCursor.
 func ParseCacheCursor(s string) (CacheCursor, error) {
 	if s == "" {
 		return CacheCursor{}, nil
@@ -42,8 +43,11 @@ func ParseCacheCursor(s string) (CacheCursor, error) {
 		if base64.RawURLEncoding.DecodedLen(len(rest)) > legacyCursorKeyMaxBytes {
 			return CacheCursor{}, ErrInvalidCursor
 		}
+		// Only the spelling a listing issues: the decoder also takes
+		// non-zero padding bits and skips CR and LF, which would give
+		// other spellings of the same key.
 		b, err := base64.RawURLEncoding.DecodeString(rest)
-		if err != nil {
+		if err != nil || base64.RawURLEncoding.EncodeToString(b) != rest {
 			return CacheCursor{}, ErrInvalidCursor
 		}
 		return CacheCursor{Legacy: true, Key: string(b), set: true}, nil
@@ -56,8 +60,10 @@ func ParseCacheCursor(s string) (CacheCursor, error) {
 			return CacheCursor{}, ErrInvalidCursor
 		}
 	}
+	// A listing issues the sequence of an entry it examined: at least 1,
+	// without a leading zero.
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
+	if err != nil || n < 1 || s[0] == '0' {
 		return CacheCursor{}, ErrInvalidCursor
 	}
 	return CacheCursor{Seq: n, set: true}, nil

@@ -288,8 +288,10 @@ func ParseStreamCursor(c string) (string, error) {
 	if c == "" {
 		return "", nil
 	}
+	// Only the spelling StreamCursor issues: the decoder also takes
+	// non-zero padding bits and skips CR and LF.
 	b, err := base64.RawURLEncoding.DecodeString(c)
-	if err != nil || !validStreamID(string(b)) {
+	if err != nil || StreamCursor(string(b)) != c || !validStreamID(string(b)) {
 		return "", ErrInvalidCursor
 	}
 	return string(b), nil
