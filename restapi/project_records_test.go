@@ -82,6 +82,9 @@ func TestListingsRefuseRecordsThatAreNotOnes(t *testing.T) {
 		return recordCase{"cache entry " + name, func(f queueFixture) { plant(f.p.keys.CacheEntry("k")) }, cache}
 	}
 	cases = append(cases,
+		recordCase{"legacy field with an empty value", func(f queueFixture) {
+			h.admin.HSet(ctx, f.p.keys.CacheContainer(), "old", "")
+		}, cache},
 		entry("type abc", func(e string) { h.admin.HSet(ctx, e, "t", "abc") }),
 		entry("deadline 1.5", func(e string) { h.admin.HSet(ctx, e, "e", "1.5") }),
 		entry("deadline -1", func(e string) { h.admin.HSet(ctx, e, "e", "-1") }),
@@ -134,7 +137,7 @@ func TestUnreadableCountsAreDataStateInvalidWithNothingWritten(t *testing.T) {
 		return queueReq{"POST", "/topics/" + f.top.ID + "/messages", `{"producerId":"p","clientEventId":"x","payload":{}}`}
 	}
 	var cases []recordCase
-	for _, v := range []string{"1.5", "1e3", "99999999999999999999", "", "-0"} {
+	for _, v := range []string{"1.5", "1e3", "99999999999999999999", "", "-0", "-1"} {
 		cases = append(cases,
 			recordCase{"budget msg " + v, hset(budget, named("msg"), v), func(f queueFixture) []queueReq {
 				return []queueReq{{"GET", "", ""}, publish(f), {"POST", "/topics/" + f.top.ID + "/trim", `{}`},
@@ -158,7 +161,7 @@ func TestUnreadableCountsAreDataStateInvalidWithNothingWritten(t *testing.T) {
 				return []queueReq{{"PUT", "/cache", `{"key":"n","type":"string","value":"new"}`}}
 			}},
 			recordCase{"module committed " + v, hset(func(queueFixture) string { return mk.Budget() }, named("committed"), v),
-				func(f queueFixture) []queueReq { return []queueReq{publish(f)} }},
+				func(f queueFixture) []queueReq { return []queueReq{{"GET", "", ""}, publish(f)} }},
 		)
 	}
 	for _, c := range cases {

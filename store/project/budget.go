@@ -118,7 +118,7 @@ func (b *ModuleBudget) Usage(ctx context.Context) (ModuleUsage, error) {
 		if v[i] == nil {
 			continue
 		}
-		n, ok := parseSeq(v[i])
+		n, ok := parseStoredInt(v[i])
 		if !ok {
 			return ModuleUsage{}, ErrDataStateInvalid
 		}
@@ -286,14 +286,15 @@ func (b *ModuleBudget) sumProjects(ctx context.Context, ids []string) (sum int64
 }
 
 // projectBytes is the sum of one project's budget counters (a missing one
-// is 0); ok is false when one is negative or not a number.
+// is 0); ok is false when one is not a decimal integer as HINCRBY writes
+// one (a sign included).
 func projectBytes(v []any) (sum int64, ok bool) {
 	for _, x := range v {
 		if x == nil {
 			continue
 		}
-		n, ok := parseSeq(x)
-		if !ok || n < 0 {
+		n, ok := parseStoredInt(x)
+		if !ok {
 			return 0, false
 		}
 		sum += n

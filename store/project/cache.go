@@ -338,16 +338,6 @@ func (st CacheState) Legacy(m Mirror) LegacyView {
 	return LegacyView{Entries: st.LegacyEntries, ExpiresAt: exp, Pending: pending}
 }
 
-// parseSeq reads a decimal Redis field.
-func parseSeq(v any) (int64, bool) {
-	s, ok := v.(string)
-	if !ok {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
-}
-
 // parseStoredInt reads a non-negative decimal integer a script stored:
 // digits only, no sign, no leading zero, within int64. Any other spelling
 // ("1.5", "1e3", "-1", "007", "") is data no script wrote.

@@ -173,10 +173,9 @@ func (c *Cache) planLegacy(ctx context.Context, k Keys, q CacheQuery, lv LegacyV
 		var take []string
 		stop := false
 		for i, f := range chunk {
+			// A size of 0 is a field deleted meanwhile or an empty value,
+			// which is no legacy entry: the read below tells them apart.
 			sz := sizes[i].Val()
-			if sz == 0 {
-				continue // deleted meanwhile
-			}
 			if len(page.items)+len(take) >= q.Limit || (sz > *budget && len(page.items)+len(take) > 0) {
 				stop = true
 				break
