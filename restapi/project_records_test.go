@@ -161,7 +161,14 @@ func TestUnreadableCountsAreDataStateInvalidWithNothingWritten(t *testing.T) {
 				return []queueReq{{"PUT", "/cache", `{"key":"n","type":"string","value":"new"}`}}
 			}},
 			recordCase{"module committed " + v, hset(func(queueFixture) string { return mk.Budget() }, named("committed"), v),
-				func(f queueFixture) []queueReq { return []queueReq{{"GET", "", ""}, publish(f)} }},
+				func(f queueFixture) []queueReq {
+					return []queueReq{{"GET", "", ""}, publish(f), {"POST", "/topics/" + f.top.ID + "/trim", `{}`},
+						{"DELETE", "/subscriptions/" + f.sub.ID, ""}, {"DELETE", "/topics/" + f.top.ID, ""}}
+				}},
+			recordCase{"module generation " + v, hset(func(queueFixture) string { return mk.Budget() }, named("gen"), v),
+				func(f queueFixture) []queueReq {
+					return []queueReq{publish(f), {"POST", "/topics/" + f.top.ID + "/trim", `{}`}, {"DELETE", "/topics/" + f.top.ID, ""}}
+				}},
 		)
 	}
 	for _, c := range cases {
@@ -170,11 +177,19 @@ func TestUnreadableCountsAreDataStateInvalidWithNothingWritten(t *testing.T) {
 			f := h.queueFixture()
 			h.putKV(f.p, "k", "v", 600)
 			// The module budget is every project's: put it back as it was.
-			committed, err := h.admin.HGet(ctx, mk.Budget(), "committed").Result()
+			saved, err := h.admin.HMGet(ctx, mk.Budget(), "committed", "gen").Result()
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer h.admin.HSet(ctx, mk.Budget(), "committed", committed)
+			defer func() {
+				for i, field := range []string{"committed", "gen"} {
+					if saved[i] == nil {
+						h.admin.HDel(ctx, mk.Budget(), field)
+					} else {
+						h.admin.HSet(ctx, mk.Budget(), field, saved[i])
+					}
+				}
+			}()
 			c.plant(f)
 			h.refusedUnchanged(t, f.p, c.reqs(f))
 		})

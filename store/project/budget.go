@@ -2,7 +2,6 @@ package project
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -72,16 +71,30 @@ func (b *ModuleBudget) Reserve(ctx context.Context, projectID string, amount int
 }
 
 // Gen reads the reconcile generation, for a write that only releases bytes
-// (trim, deletes): pass it to Settle in a Reservation without ID.
+// (trim, deletes): pass it to Settle in a Reservation without ID. It
+// checks the module budget's counters too (ErrDataStateInvalid when one is
+// not a decimal integer as HINCRBY writes it), so that such a write is
+// refused before the project script runs rather than leave a release the
+// settle cannot apply.
 func (b *ModuleBudget) Gen(ctx context.Context) (int64, error) {
-	v, err := b.rdb.HGet(ctx, b.keys.Budget(), "gen").Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
+	v, err := b.rdb.HMGet(ctx, b.keys.Budget(), "gen", "committed", "reserved", "leased", "rstart", "rpos").Result()
 	if err != nil {
 		return 0, classifyProject(err)
 	}
-	return v, nil
+	var gen int64
+	for i, x := range v {
+		if x == nil {
+			continue
+		}
+		n, ok := parseStoredInt(x)
+		if !ok {
+			return 0, ErrDataStateInvalid
+		}
+		if i == 0 {
+			gen = n
+		}
+	}
+	return gen, nil
 }
 
 // Settle is phase two: it drops r's reservation, commits the bytes the
