@@ -33,12 +33,7 @@ func (h projectHost) ReadBody(w http.ResponseWriter, r *http.Request, limit int6
 
 func (h projectHost) WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
 
-// ParseLimit is parseLimit, also refusing a limit spelled with a leading
-// zero ("0100"): a project listing takes only the plain decimal spelling.
 func (h projectHost) ParseLimit(r *http.Request, def, max int) (int, error) {
-	if v := r.URL.Query().Get("limit"); len(v) > 1 && v[0] == '0' {
-		return 0, apiErr(http.StatusBadRequest, "invalid_limit")
-	}
 	return parseLimit(r, def, max)
 }
 
