@@ -10,6 +10,10 @@
 // protects is given back with Refund (a send refused as not a member of the
 // dialog must not spend the dialog's limit).
 //
+// FailBudget is separate from the Redis limits: an in-process token bucket
+// per client address of the credentials refused on the REST API, asked
+// before a token is verified (docs/ratelimit.md, "Refused credentials").
+//
 // Policies come from a PolicyProvider (static configuration by default);
 // route labels are a bounded allow-list of router templates, anything else is
 // "other". Key names are built in keys.go and nowhere else.

@@ -11,7 +11,8 @@ import (
 
 // ClientAddr is the one place that decides who the client of a request is
 // and which scheme it used; the access log, the rate-limit family "ip",
-// /v1/public/config and the loopback-only debug endpoints all ask it.
+// the budget of refused credentials (authfail.go), /v1/public/config and
+// the loopback-only debug endpoints all ask it.
 //
 // The TCP peer is the client unless it is a trusted proxy
 // (Config.TrustedProxies). Then the hops the proxy reported in the one

@@ -4,7 +4,8 @@
 // attachments, realtime tickets, presence, the internal inbox, the legacy
 // safety poll; it mounts the project Redis API) and the
 // middleware every route shares (body read and response write deadlines,
-// request id, access log without tokens, bodies or raw IPs, authentication,
+// request id, access log without tokens, bodies or raw IPs, authentication
+// with each client address's budget of refused credentials (authfail.go),
 // body limits enforced while reading, rate-limit and idempotency seams).
 // The client address and scheme come from one place (clientip.go), which
 // believes forwarding headers only from configured trusted proxies.

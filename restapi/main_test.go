@@ -99,17 +99,16 @@ func (h *harness) withLog(edit func(*restapi.Deps)) (*harness, *testenv.LogBuffe
 }
 
 // server builds another server on h's database, logging to log; edit sets
-// its Redis clients and may change the rest of its Deps.
+// its Redis clients and may change the rest of its Deps. Unless edit sets
+// one, the verifier takes the dev tokens of devSecret (devVerifier).
 func (h *harness) server(log io.Writer, edit func(*restapi.Deps)) *harness {
 	t := h.t
 	logger := slog.New(slog.NewJSONHandler(log, nil))
 	d := restapi.Deps{Config: restapi.Config{HMACSecret: []byte("hmac-secret-0123456789")}, Logger: logger, Store: h.store}
 	edit(&d)
-	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: d.Redis}, logger)
-	if err != nil {
-		t.Fatal(err)
+	if d.Verifier == nil {
+		d.Verifier = devVerifier(t, d.Redis, logger)
 	}
-	d.Verifier = v
 	api, err := restapi.NewServer(d)
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +117,16 @@ func (h *harness) server(log io.Writer, edit func(*restapi.Deps)) *harness {
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	return &harness{t: t, srv: srv, api: api, pool: h.pool, rdb: d.Redis, rt: d.Realtime, store: h.store}
+}
+
+// devVerifier verifies the dev tokens of devSecret.
+func devVerifier(t *testing.T, rdb redis.UniversalClient, logger *slog.Logger) *auth.Verifier {
+	t.Helper()
+	v, err := auth.NewVerifier(context.Background(), auth.Config{DevHS256Secret: devSecret, Redis: rdb}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }

@@ -16,7 +16,8 @@ type Metrics struct {
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
 	errors       *prometheus.CounterVec
-	failures     *failureMetrics // metrics_failures.go
+	authFailures *prometheus.CounterVec // verifyCredential (authfail.go)
+	failures     *failureMetrics        // metrics_failures.go
 }
 
 // Handler serves the registry in the Prometheus text format.
@@ -40,8 +41,15 @@ func NewMetrics() *Metrics {
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "han_dependency_errors_total", Help: "Failures talking to Redis, PostgreSQL or the blob store by dependency and kind.",
 		}, []string{"dependency", "kind"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "han_http_auth_failures_total",
+			Help: "Requests to routes that need a token answered 401 (result missing: no token; refused: the token failed verification) or 429 without verifying, their client address over its budget of those (limited).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.httpRequests, m.httpDuration, m.errors)
+	reg.MustRegister(m.httpRequests, m.httpDuration, m.errors, m.authFailures)
+	for _, r := range []string{"missing", "refused", "limited"} {
+		m.authFailures.WithLabelValues(r)
+	}
 	m.failures = newFailureMetrics(reg, m.errors)
 	return m
 }

@@ -207,8 +207,10 @@ func HMACHex(secret []byte, v string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// authenticate verifies the bearer token; userOnly refuses service tokens
-// with 403 user_session_required. Users are recorded on first sight.
+// authenticate verifies the bearer token (a missing or refused one is 401,
+// and past its address's budget of those 429: verifyCredential); userOnly
+// refuses service tokens with 403 user_session_required. Users are
+// recorded on first sight.
 //
 // Every answer of an authenticated route carries Cache-Control: no-store:
 // it is one caller's data (messages, dialogs, project values), which no
@@ -217,14 +219,8 @@ func (s *Server) authenticate(userOnly bool) mux.MiddlewareFunc {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Cache-Control", "no-store")
-			tok, ok := auth.BearerToken(r)
+			p, ok := s.verifyCredential(w, r) // authfail.go
 			if !ok {
-				writeError(w, errUnauthorized)
-				return
-			}
-			p, err := s.verifier.Verify(r.Context(), tok)
-			if err != nil {
-				writeError(w, errUnauthorized)
 				return
 			}
 			if userOnly && p.Kind != auth.KindUser {

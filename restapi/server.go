@@ -74,6 +74,10 @@ type Config struct {
 	// CORSOrigins are the exact origins (HAN_CORS_ORIGINS) whose pages may
 	// call the REST API from a browser (cors.go); empty: no CORS headers.
 	CORSOrigins []string
+	// AuthFailures is each client address's budget of refused credentials
+	// (HAN_AUTH_FAIL_BURST, HAN_AUTH_FAIL_RATE; authfail.go); zero values
+	// mean the defaults.
+	AuthFailures AuthFailConfig
 }
 
 // Pinger is a PostgreSQL connection the readiness probe pings.
@@ -132,6 +136,9 @@ type Server struct {
 	publisher  Publisher
 	limiter    RateLimiter
 	hmacSecret []byte
+	// authFails counts each client address's refused credentials
+	// (authfail.go).
+	authFails *ratelimit.FailBudget
 	// marker records published outbox rows as delivered in batches;
 	// created by NewServer, flushed and stopped by Close.
 	marker *store.OutboxMarker
@@ -186,6 +193,7 @@ func NewServer(d Deps) (*Server, error) {
 	if s.readyPG == nil {
 		s.readyPG = d.Store
 	}
+	s.initAuthFails(d.Config.AuthFailures)    // authfail.go
 	if err := s.initReadiness(); err != nil { // readiness.go
 		return nil, err
 	}

@@ -259,6 +259,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.api, err = restapi.NewServer(restapi.Deps{
 		Config: restapi.Config{MetricsElsewhere: cfg.MetricsAddr != "", HMACSecret: []byte(cfg.HMACSecret), PublicRealtimeURL: cfg.PublicRealtimeURL, Env: cfg.Env,
 			TrustedProxies: cfg.TrustedProxies, ForwardedHeader: cfg.ForwardedHeader, BodyTimeout: cfg.HTTPBodyTimeout, CORSOrigins: cfg.CORSOrigins,
+			AuthFailures: restapi.AuthFailConfig{Burst: cfg.AuthFailBurst, Rate: cfg.AuthFailRate},
 			Idempotency:  restapi.IdempotencyConfig{RecordTTL: cfg.IdempotencyTTL, RedisBudget: cfg.RedisTimeout, InstanceID: cfg.InstanceID, Linger: cfg.IdempotencyLinger},
 			Attachments:  restapi.AttachmentConfig{MaxBytes: cfg.AttachmentMaxBytes, BlobDir: cfg.BlobDir},
 			ProjectQueue: project.QueueConfig{ModuleLeaseBytes: cfg.ProjectModuleLeaseBytes, RedisBudget: cfg.RedisTimeout}},

@@ -26,6 +26,12 @@ const (
 	minUserHandshakeRate  = 0.001
 	maxUserHandshakeRate  = 1000
 	maxUserHandshakeBurst = 1_000_000
+	// The per-address budget of refused credentials: at least one refusal
+	// every 1000 s, at most 1000 a second (signature checks an address may
+	// make the instance spend for nothing), and at most a million at once.
+	minAuthFailRate  = 0.001
+	maxAuthFailRate  = 1000
+	maxAuthFailBurst = 1_000_000
 	// maxRedisTimeout is the longest HAN_REDIS_TIMEOUT: a Redis that takes
 	// longer to answer one command is down, and a request waits up to this
 	// for each of its Redis steps. An idempotency lock lives 30 s and is
@@ -237,3 +243,24 @@ func listenAddr(addr string) (host string, port int, ok bool) {
 
 // anyAddr reports whether a listen host means every address.
 func anyAddr(host string) bool { return host == "" || host == "0.0.0.0" || host == "::" }
+
+// readAuthFail reads each client address's budget of refused credentials
+// on the REST API: HAN_AUTH_FAIL_BURST refusals at once (default 20), then
+// HAN_AUTH_FAIL_RATE a second (default 1).
+func (c *Config) readAuthFail(getenv func(string) string, bad func(string, ...any)) {
+	var err error
+	c.AuthFailBurst = 20
+	if v := getenv("HAN_AUTH_FAIL_BURST"); v != "" {
+		if c.AuthFailBurst, err = strconv.Atoi(v); err != nil || c.AuthFailBurst < 1 || c.AuthFailBurst > maxAuthFailBurst {
+			bad("HAN_AUTH_FAIL_BURST: must be a number from 1 to 1000000")
+		}
+	}
+	c.AuthFailRate = 1
+	if v := getenv("HAN_AUTH_FAIL_RATE"); v != "" {
+		// ParseFloat takes NaN and Inf: the range check refuses both.
+		if c.AuthFailRate, err = strconv.ParseFloat(v, 64); err != nil ||
+			!(c.AuthFailRate >= minAuthFailRate && c.AuthFailRate <= maxAuthFailRate) {
+			bad("HAN_AUTH_FAIL_RATE: must be a number of refusals a second from 0.001 to 1000")
+		}
+	}
+}

@@ -263,3 +263,26 @@ func TestOutboxGraceBelowRetention(t *testing.T) {
 	}
 	accepted(t, map[string]string{"HAN_OUTBOX_GRACE": "4m59s", "HAN_OUTBOX_RETENTION": "5m", "HAN_WS_RECOVER_WINDOW": "5m"})
 }
+
+// Each client address's budget of refused credentials: a burst of 20 and 1
+// a second by default; a burst of 1 to a million, a rate of 0.001 to 1000
+// a second (NaN and Inf refused).
+func TestAuthFailBudgetBounds(t *testing.T) {
+	if c := accepted(t, nil); c.AuthFailBurst != 20 || c.AuthFailRate != 1 {
+		t.Errorf("defaults: burst %d rate %v", c.AuthFailBurst, c.AuthFailRate)
+	}
+	for _, v := range []string{"0", "-1", "2.5", "1000001", "many"} {
+		refused(t, "HAN_AUTH_FAIL_BURST", map[string]string{"HAN_AUTH_FAIL_BURST": v})
+	}
+	for _, v := range []string{"0", "-1", "0.0009", "1001", "NaN", "Inf", "fast"} {
+		refused(t, "HAN_AUTH_FAIL_RATE", map[string]string{"HAN_AUTH_FAIL_RATE": v})
+	}
+	c := accepted(t, map[string]string{"HAN_AUTH_FAIL_BURST": "1000000", "HAN_AUTH_FAIL_RATE": "0.001"})
+	if c.AuthFailBurst != 1000000 || c.AuthFailRate != 0.001 {
+		t.Errorf("burst %d rate %v", c.AuthFailBurst, c.AuthFailRate)
+	}
+	c = accepted(t, map[string]string{"HAN_AUTH_FAIL_BURST": "1", "HAN_AUTH_FAIL_RATE": "1000"})
+	if c.AuthFailBurst != 1 || c.AuthFailRate != 1000 {
+		t.Errorf("burst %d rate %v", c.AuthFailBurst, c.AuthFailRate)
+	}
+}

@@ -196,6 +196,12 @@ type Config struct {
 	// 1013 and a reconnect delay.
 	WSUserHandshakeRate  float64
 	WSUserHandshakeBurst int
+	// Each client address's budget of refused credentials on the REST API:
+	// AuthFailBurst (HAN_AUTH_FAIL_BURST, default 20, 1 to 1,000,000) at
+	// once, then AuthFailRate (HAN_AUTH_FAIL_RATE, default 1, 0.001 to 1000)
+	// a second; past it 429 without verifying (bounds.go).
+	AuthFailBurst int
+	AuthFailRate  float64
 	// The HTTP edge. HTTPBodyTimeout (HAN_HTTP_BODY_TIMEOUT, default 15s, at
 	// most 1h) is the base of the per-request body read and response write deadlines;
 	// HTTPIdleTimeout (HAN_HTTP_IDLE_TIMEOUT, default 120s, at most 1h) closes idle
@@ -361,7 +367,8 @@ func Load(getenv func(string) string) (Config, error) {
 			bad("HAN_SEND_COMMITTERS: must be a positive number")
 		}
 	}
-	c.readLingers(getenv, bad) // bounds.go
+	c.readLingers(getenv, bad)  // bounds.go
+	c.readAuthFail(getenv, bad) // bounds.go
 	c.WSMaxConnsPerUser = 16
 	if v := getenv("HAN_WS_MAX_CONNS_PER_USER"); v != "" {
 		if c.WSMaxConnsPerUser, err = strconv.Atoi(v); err != nil || c.WSMaxConnsPerUser < 1 {
