@@ -28,11 +28,14 @@ import (
 // most max subjects have a bucket of their own, and only subjects with a
 // refusal do. A bucket that has refilled completely is the same as none: a
 // full map is swept of such buckets at most once per sweepEvery (a sweep
-// looks at every bucket under the lock every request takes). Subjects that
-// find the map still full share one more bucket, the overflow: a client
-// that rotates addresses (a /48 holds 65,536 IPv6 /64s) gains no fresh
-// budget past the cap, and cannot push other subjects' spent buckets out
-// to reset them.
+// looks at every bucket under the lock every request takes). A subject
+// that finds the map still full is not limited: its requests are verified
+// as if there were no budget, and its refusals are not kept. A budget
+// shared by such subjects would let a client rotating addresses (a /48
+// holds 65,536 IPv6 /64s) keep it spent and so refuse every client that
+// never failed; past the cap the rotating client gets what it had before
+// any budget (a verification a request), and the subjects that hold a
+// bucket keep it (none is pushed out to make room).
 //
 // A FailBudget is safe for concurrent use.
 type FailBudget struct {
@@ -43,7 +46,6 @@ type FailBudget struct {
 
 	mu        sync.Mutex // guards the fields below
 	buckets   map[netip.Prefix]failBucket
-	overflow  failBucket
 	nextSweep time.Time // a full map is not swept before this
 }
 
@@ -61,25 +63,21 @@ func NewFailBudget(burst int, rate float64, max int) *FailBudget {
 	now := time.Now()
 	return &FailBudget{
 		burst: float64(burst), rate: rate, max: max, epoch: now,
-		buckets:  make(map[netip.Prefix]failBucket),
-		overflow: failBucket{tokens: float64(burst)},
+		buckets: make(map[netip.Prefix]failBucket),
 	}
 }
 
 // Allow reports whether subject's budget holds a unit at now, spending
 // nothing. When it does not, it returns false with the wait until it does
 // (at least one millisecond). A subject without a bucket of its own is
-// allowed while the map has room for one, else as the overflow allows.
+// allowed.
 func (f *FailBudget) Allow(subject netip.Prefix, now time.Time) (time.Duration, bool) {
 	t := f.clock(now)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	b, ok := f.buckets[subject]
 	if !ok {
-		if len(f.buckets) < f.max {
-			return 0, true
-		}
-		b = f.overflow
+		return 0, true
 	}
 	if level := f.level(b, t); level < 1 {
 		return f.wait(level), false
@@ -89,7 +87,7 @@ func (f *FailBudget) Allow(subject netip.Prefix, now time.Time) (time.Duration, 
 
 // Fail spends one unit of subject's budget for a refused credential: from
 // its own bucket, made when the map has room (after a sweep, if it is
-// full), else from the overflow.
+// full); with the map still full, the refusal is not kept.
 func (f *FailBudget) Fail(subject netip.Prefix, now time.Time) {
 	t := f.clock(now)
 	f.mu.Lock()
@@ -100,7 +98,6 @@ func (f *FailBudget) Fail(subject netip.Prefix, now time.Time) {
 			f.sweep(now, t)
 		}
 		if len(f.buckets) >= f.max {
-			f.overflow = failBucket{tokens: f.level(f.overflow, t) - 1, last: t}
 			return
 		}
 		b = failBucket{tokens: f.burst, last: t}

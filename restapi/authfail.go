@@ -27,7 +27,7 @@ type AuthFailConfig struct {
 	Burst int
 	Rate  float64
 	// MaxAddresses is how many client addresses hold a budget of their own
-	// on this instance; the others share one (ratelimit.FailBudget).
+	// on this instance; the others are not limited (ratelimit.FailBudget).
 	MaxAddresses int
 }
 
@@ -46,7 +46,7 @@ func (s *Server) initAuthFails(c AuthFailConfig) {
 	s.authFails = ratelimit.NewFailBudget(burst, rate, n)
 	s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "han_http_auth_fail_addresses",
-		Help: "Client addresses holding a budget of refused credentials of their own on this instance (at most the cap; beyond it they share one).",
+		Help: "Client addresses holding a budget of refused credentials of their own on this instance (at most the cap; addresses beyond it are not limited).",
 	}, func() float64 { return float64(s.authFails.Len()) }))
 }
 

@@ -103,10 +103,11 @@ func TestAuthFailBudgetCountsRefusalsOnly(t *testing.T) {
 	}
 }
 
-// The budget holds at most its cap of addresses. Past it, addresses share
-// one more budget, so a client rotating addresses is still limited: 2,000
-// addresses with one forged token each cost the cap's addresses one
-// verification each plus the shared budget's, no more.
+// The budget holds at most its cap of addresses. Past it, an address is not
+// limited: 2,000 addresses with one forged token each are all verified, a
+// valid token from a fresh address is served while the map is full (a
+// client rotating addresses cannot lock out clients that never failed),
+// and the addresses within the cap keep their own budgets.
 func TestAuthFailBudgetIsBounded(t *testing.T) {
 	const burst, capacity, clients = 2, 50, 2000
 	h, cv := newHarness(t).proxiedHarness(slowBudget(burst, capacity))
@@ -125,8 +126,8 @@ func TestAuthFailBudgetIsBounded(t *testing.T) {
 			t.Fatalf("%s: %d %s", addr(i), code, b)
 		}
 	}
-	if refused != capacity+burst || limited != clients-capacity-burst {
-		t.Fatalf("%d answers 401 and %d answers 429, want %d and %d", refused, limited, capacity+burst, clients-capacity-burst)
+	if refused != clients || limited != 0 {
+		t.Fatalf("%d answers 401 and %d answers 429, want %d and 0", refused, limited, clients)
 	}
 	if got := cv.calls.Load() - calls; got != int64(refused) {
 		t.Fatalf("%d verifications for %d answers 401", got, refused)
@@ -134,8 +135,16 @@ func TestAuthFailBudgetIsBounded(t *testing.T) {
 	if n := h.metricValue("han_http_auth_fail_addresses", ""); n != capacity {
 		t.Fatalf("han_http_auth_fail_addresses = %v, want the cap %d", n, capacity)
 	}
-	// An address with a budget of its own keeps what is left of it.
-	if code, b, _ := h.from(addr(0), "Bearer "+valid); code != 200 {
-		t.Fatalf("valid token from an address with budget left: %d %s", code, b)
+	// A fresh address with a valid token is served while the map is full.
+	if code, b, _ := h.from("10.200.0.1", "Bearer "+valid); code != 200 {
+		t.Fatalf("valid token from a fresh address while the map is full: %d %s", code, b)
+	}
+	// An address with a budget of its own keeps what is left of it: one
+	// more refusal spends its burst of 2, then it is limited.
+	if code, b, _ := h.from(addr(0), forged); code != 401 {
+		t.Fatalf("second forged token from an address within the cap: %d %s", code, b)
+	}
+	if code, b, _ := h.from(addr(0), forged); code != 429 {
+		t.Fatalf("third forged token from an address within the cap: %d %s, want 429", code, b)
 	}
 }
