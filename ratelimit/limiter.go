@@ -193,7 +193,7 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 	err := rds.ErrRedisUnavailable
 	prober := false
 	if l.redisUsable(&prober) {
-		l.refundUnanswered()
+		l.refundUnanswered(keys)
 		ctx, cancel := context.WithTimeout(ctx, l.timeout)
 		d, err = l.evalRedis(ctx, p, keys, rules)
 		cancel()
@@ -296,7 +296,7 @@ func (l *Limiter) Prepare(label string, p Policy, s Subject) *Prepared {
 func (l *Limiter) prepared(label string, p Policy, keys []string, rules []Rule) *Prepared {
 	pr := &Prepared{l: l, label: label, p: p, keys: keys, rules: rules}
 	if l.redisUsable(&pr.prober) {
-		l.refundUnanswered()
+		l.refundUnanswered(keys)
 		pr.id = l.requestID()
 		pr.call = &rds.ScriptCall{Script: script(p.Algorithm), Keys: keys, Args: scriptArgs(pr.id, keys, rules)}
 	}

@@ -52,9 +52,17 @@ type unanswered struct {
 // rememberUnanswered keeps the decision of request id over keys, whose call
 // got no reply, for refundUnanswered (until its admission would leave every
 // window anyway): only a sliding log, and only where the request was
-// refused when Redis did not answer (fail-closed).
+// refused when Redis did not answer (fail-closed). On a Redis Cluster each
+// family was its own call, which admitted on its own key or not, and the
+// keys live on different masters: each is kept, and given back, on its own.
 func (l *Limiter) rememberUnanswered(p Policy, id string, keys []string, rules []Rule) {
 	if p.Algorithm != SlidingLog || p.OnFailure == FallbackLocal || len(keys) == 0 {
+		return
+	}
+	if l.perFamily {
+		for i := range keys {
+			l.unanswered.Add(unanswered{id: id, keys: keys[i : i+1], rules: rules[i : i+1]}, rules[i].Window)
+		}
 		return
 	}
 	var longest time.Duration
@@ -72,13 +80,26 @@ type multiScripts interface {
 
 // refundUnanswered gives back the admissions of remembered decisions, at
 // most unansweredBatch of them, in one pipeline, no more often than
-// unansweredEvery. A decision goes once its refund removed its admission
-// (a sliding log writes every family or none, so one key tells), once its
-// window passed, or unansweredSettle after a refund first found nothing;
-// a refund that got no reply keeps it.
-func (l *Limiter) refundUnanswered() {
+// unansweredEvery, before a decision over keys. A decision goes once its
+// refund removed its admission (a sliding log writes every family or none,
+// so one key tells), once its window passed, or unansweredSettle after a
+// refund first found nothing; a refund that got no reply keeps it.
+//
+// On a Redis Cluster only the decisions whose keys live on the masters of
+// keys are given back (the masters the decision waits for anyway): a
+// decision on a master that stalls would otherwise make every decision on
+// the healthy ones wait out the pass's budget on it. The others wait for a
+// decision on their master, or lapse with their window.
+func (l *Limiter) refundUnanswered(keys []string) {
 	now := time.Now()
-	todo := l.unanswered.Take(now, unansweredBatch)
+	all := l.unanswered.Take(now, 0)
+	if len(all) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), unansweredBudget)
+	defer cancel()
+	todo, elsewhere := l.onMastersOf(ctx, keys, all)
+	defer l.unanswered.Keep(elsewhere...)
 	if len(todo) == 0 {
 		return
 	}
@@ -90,8 +111,6 @@ func (l *Limiter) refundUnanswered() {
 				Args: []any{string(SlidingLog), e.V.id, r.Window.Milliseconds(), Jitter(k, r.Window), 0, r.Limit}})
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), unansweredBudget)
-	defer cancel()
 	var replies []*redis.Cmd
 	if m, ok := l.scripts.(multiScripts); ok {
 		replies = m.Scripts(ctx, calls...)
@@ -119,4 +138,26 @@ func (l *Limiter) refundUnanswered() {
 			l.unanswered.Settling(now, e)
 		}
 	}
+}
+
+// onMastersOf splits remembered decisions into at most unansweredBatch whose
+// keys all live on the masters of keys (every one on a single Redis) and
+// the rest, in order.
+func (l *Limiter) onMastersOf(ctx context.Context, keys []string, es []rds.LateCall[unanswered]) (on, rest []rds.LateCall[unanswered]) {
+	masters := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		masters[rds.MasterAddr(ctx, l.rdb, k)] = true
+	}
+	for _, e := range es {
+		ok := len(on) < unansweredBatch
+		for _, k := range e.V.keys {
+			ok = ok && masters[rds.MasterAddr(ctx, l.rdb, k)]
+		}
+		if ok {
+			on = append(on, e)
+		} else {
+			rest = append(rest, e)
+		}
+	}
+	return on, rest
 }

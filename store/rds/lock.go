@@ -188,10 +188,10 @@ func (l *Locker) releaseUnanswered(ctx context.Context, key string) {
 	if len(todo) == 0 {
 		return
 	}
-	node := l.nodeOf(ctx, key)
+	node := MasterAddr(ctx, l.rdb, key)
 	var elsewhere []LateCall[lockToken]
 	for i, e := range todo {
-		if l.nodeOf(ctx, e.V.key) != node {
+		if MasterAddr(ctx, l.rdb, e.V.key) != node {
 			elsewhere = append(elsewhere, e)
 			continue
 		}
@@ -208,20 +208,6 @@ func (l *Locker) releaseUnanswered(ctx context.Context, key string) {
 		}
 	}
 	l.unknown.Keep(elsewhere...)
-}
-
-// nodeOf names the master a call on key goes to on a Redis Cluster client,
-// "" on a standalone client (one server) or without a slot map.
-func (l *Locker) nodeOf(ctx context.Context, key string) string {
-	cc, ok := l.rdb.(*redis.ClusterClient)
-	if !ok {
-		return ""
-	}
-	c, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		return ""
-	}
-	return c.Options().Addr
 }
 
 func lockResult(n int) error {

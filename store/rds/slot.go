@@ -1,6 +1,11 @@
 package rds
 
-import "strings"
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key,
 // or of its hash tag (the text between the first "{" and the next "}", if
@@ -24,4 +29,21 @@ func Slot(key string) int {
 		}
 	}
 	return int(crc) % 16384
+}
+
+// MasterAddr names the master a call on key goes to on a Redis Cluster
+// client c, "" on any other client (one server) or without a slot map. The
+// slot map is the client's own: no call is made. Bookkeeping of calls that
+// got no reply uses it to settle only those on the master a caller waits
+// for anyway, so a master that stalls holds only its own callers.
+func MasterAddr(ctx context.Context, c any, key string) string {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	m, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return m.Options().Addr
 }
