@@ -88,7 +88,10 @@ func (a *redisRateLimiter) apply(w http.ResponseWriter, r *http.Request, q limit
 	if err != nil {
 		// The limiter keeps its own breaker; tell the server's DB0 health
 		// too, so idempotency fails fast and the degraded gauge shows it.
-		if h := a.s.RedisHealth(); h != nil && errors.Is(err, rds.ErrRedisUnavailable) {
+		// On a Redis Cluster the failure is one master's, and marking all
+		// of DB0 down would fail the requests on the healthy masters: the
+		// health finds that master by the calls on its keys.
+		if h := a.s.RedisHealth(); h != nil && !h.PerMaster() && errors.Is(err, rds.ErrRedisUnavailable) {
 			h.MarkDown()
 		}
 		if !DeferDB0Failure(r, err) {

@@ -69,9 +69,11 @@ func (i *Idempotency) abandonLater(k IdemKey, owner string) {
 }
 
 // abandonPass drops the tokens past their deadline (every token gets the
-// same lifetime, so they are the head of the queue) and, while DB0 is up,
-// gives up the oldest batch in one pipeline. It reports whether tokens
-// still wait.
+// same lifetime, so they are the head of the queue) and gives up, in one
+// pipeline, the oldest batch of those whose master is up (all of DB0 on a
+// single Redis): on a Redis Cluster the tokens on a master that stalls
+// wait, without holding back those on the healthy masters behind them. It
+// reports whether tokens still wait.
 func (i *Idempotency) abandonPass(ctx context.Context) bool {
 	a := &i.ab
 	now := time.Now()
@@ -81,17 +83,31 @@ func (i *Idempotency) abandonPass(ctx context.Context) bool {
 		expired++
 	}
 	a.pending = a.pending[expired:]
-	batch := append([]abandonment(nil), a.pending[:min(len(a.pending), abandonBatch)]...)
+	var batch []abandonment
+	var at []int // batch[j] is a.pending[at[j]]
+	for j, x := range a.pending {
+		if len(batch) == abandonBatch {
+			break
+		}
+		if i.health.CheckKey(x.k.RecordKey()) == nil {
+			batch = append(batch, x)
+			at = append(at, j)
+		}
+	}
 	a.mu.Unlock()
 	i.abandoned(AbandonExpired, expired)
-	if len(batch) > 0 && i.health.Check() == nil {
+	if len(batch) > 0 {
 		done := i.abandonBatch(ctx, batch)
+		gone := map[int]bool{}
+		for j := range batch {
+			gone[at[j]] = done[j]
+		}
 		a.mu.Lock()
-		// Only this loop removes tokens and new ones are appended, so the
-		// batch is still the head of the queue.
+		// Only this loop removes tokens and new ones are appended, so
+		// each token of the batch is still where it was.
 		kept := a.pending[:0]
 		for j, x := range a.pending {
-			if j >= len(batch) || !done[j] {
+			if !gone[j] {
 				kept = append(kept, x)
 			}
 		}
@@ -118,7 +134,7 @@ func (i *Idempotency) abandonBatch(ctx context.Context, batch []abandonment) []b
 		n, err := cmd.Int64()
 		switch {
 		case err != nil:
-			_ = i.health.Observe(err)
+			_ = i.health.ObserveKey(batch[j].k.RecordKey(), err)
 			continue
 		case n == 1:
 			released++

@@ -100,7 +100,9 @@ type IdempotencyConfig struct {
 // Idempotency is the data access of idempotency keys: the Lua scripts on DB0
 // (reserve, complete, release, extend) and the durable records in
 // PostgreSQL. Every Redis call goes through the RedisHealth (when given), so
-// a dead DB0 fails at once. It is safe for concurrent use.
+// a dead DB0 fails at once; on a Redis Cluster a master found unreachable
+// fails at once the calls on its keys, and only those. It is safe for
+// concurrent use.
 type Idempotency struct {
 	rdb    *rds.Batcher // scripts of concurrent requests share pipelines
 	health *rds.RedisHealth
@@ -134,7 +136,7 @@ func (i *Idempotency) Health() *rds.RedisHealth { return i.health }
 // call may still reach Redis and take or keep the lock for a request that
 // no longer runs.
 func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, keys []string, owner string, args ...any) (*redis.Cmd, error) {
-	if err := i.health.Check(); err != nil {
+	if err := i.health.CheckKey(k.RecordKey()); err != nil {
 		return nil, err
 	}
 	cmd := i.rdb.Script(ctx, s, keys, args...)
@@ -142,7 +144,7 @@ func (i *Idempotency) run(ctx context.Context, s *lua.Script, k IdemKey, keys []
 		if owner != "" && rds.Unanswered(err) {
 			i.abandonLater(k, owner)
 		}
-		return nil, i.health.Observe(err)
+		return nil, i.health.ObserveKey(k.RecordKey(), err)
 	}
 	return cmd, nil
 }
@@ -164,7 +166,7 @@ func (i *Idempotency) Reserve(ctx context.Context, k IdemKey, fp, owner string) 
 // before the reserve; first's reply is returned as it came. When DB0 is
 // known to be down neither is sent and first's reply carries that error.
 func (i *Idempotency) ReserveWith(ctx context.Context, k IdemKey, fp, owner string, first rds.ScriptCall) (IdemReservation, *redis.Cmd, error) {
-	if err := i.health.Check(); err != nil {
+	if err := i.health.CheckKey(k.RecordKey()); err != nil {
 		reply := redis.NewCmd(ctx)
 		reply.SetErr(err)
 		return IdemReservation{}, reply, fmt.Errorf("idempotency reserve: %w", err)
@@ -176,7 +178,7 @@ func (i *Idempotency) ReserveWith(ctx context.Context, k IdemKey, fp, owner stri
 		if rds.Unanswered(err) {
 			i.abandonLater(k, owner)
 		}
-		return IdemReservation{}, cmds[0], fmt.Errorf("idempotency reserve: %w", i.health.Observe(err))
+		return IdemReservation{}, cmds[0], fmt.Errorf("idempotency reserve: %w", i.health.ObserveKey(k.RecordKey(), err))
 	}
 	res, err := reservation(cmds[1], fp, "idempotency reserve")
 	return res, cmds[0], err
@@ -246,7 +248,7 @@ func (i *Idempotency) Complete(ctx context.Context, k IdemKey, owner string, rec
 // in progress, and a retry that meets it is answered from the PostgreSQL
 // record the business transaction wrote.
 func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, ttl time.Duration, done func(error)) {
-	if err := i.health.Check(); err != nil {
+	if err := i.health.CheckKey(k.RecordKey()); err != nil {
 		if done != nil {
 			done(fmt.Errorf("idempotency complete: %w", err))
 		}
@@ -256,7 +258,7 @@ func (i *Idempotency) CompleteLater(k IdemKey, owner string, rec IdemRecord, ttl
 	i.rdb.ScriptLater(lua.IdemComplete, k.lockKeys(), args, func(cmd *redis.Cmd) {
 		err := cmd.Err()
 		if err != nil {
-			err = fmt.Errorf("idempotency complete: %w", i.health.Observe(err))
+			err = fmt.Errorf("idempotency complete: %w", i.health.ObserveKey(k.RecordKey(), err))
 		}
 		if done != nil {
 			done(err)

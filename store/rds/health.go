@@ -38,13 +38,20 @@ type HealthConfig struct {
 // closed pool, LOADING): OOM, NOPERM and script errors are answers from a
 // live server and leave the state alone. A RedisHealth is safe for
 // concurrent use.
+//
+// On a Redis Cluster client a call's failure is its master's: CheckKey and
+// ObserveKey track each master apart (health_masters.go), so a master that
+// stalls or dies fails fast only the calls on its own keys.
 type RedisHealth struct {
-	c      redis.UniversalClient
-	cfg    HealthConfig
-	logger *slog.Logger
+	c       redis.UniversalClient
+	cluster *redis.ClusterClient // nil on a standalone client
+	cfg     HealthConfig
+	logger  *slog.Logger
 
-	down   atomic.Bool
-	prober *loop.Loop
+	down     atomic.Bool // the whole of Redis (MarkDown, Observe)
+	masters  masterDowns // on a cluster, the masters found unreachable
+	reported atomic.Bool // the state OnChange was last told
+	prober   *loop.Loop
 }
 
 // NewRedisHealth tracks c. logger may be nil.
@@ -59,17 +66,22 @@ func NewRedisHealth(c redis.UniversalClient, cfg HealthConfig, logger *slog.Logg
 		logger = slog.New(slog.DiscardHandler)
 	}
 	h := &RedisHealth{c: c, cfg: cfg, logger: logger}
+	h.cluster, _ = c.(*redis.ClusterClient)
 	h.prober = loop.New(loop.Config{Interval: cfg.ProbeInterval, Immediate: true, Timeout: cfg.ProbeTimeout}, h.probe)
 	return h
 }
 
-// Down reports whether Redis is currently considered unreachable.
-func (h *RedisHealth) Down() bool { return h != nil && h.down.Load() }
+// Down reports whether Redis, or on a cluster one of its masters, is
+// currently considered unreachable.
+func (h *RedisHealth) Down() bool {
+	return h != nil && (h.down.Load() || h.masters.n.Load() > 0)
+}
 
-// Check returns ErrRedisUnavailable at once while Redis is down, else nil.
-// A nil RedisHealth never fails.
+// Check returns ErrRedisUnavailable at once while Redis is down, else nil
+// (on a cluster, a master found unreachable is CheckKey's). A nil
+// RedisHealth never fails.
 func (h *RedisHealth) Check() error {
-	if h.Down() {
+	if h != nil && h.down.Load() {
 		return ErrRedisUnavailable
 	}
 	return nil
@@ -104,25 +116,28 @@ func (h *RedisHealth) MarkDown() {
 		return
 	}
 	h.logger.Warn("redis unreachable: failing fast until it answers again")
-	if h.cfg.OnChange != nil {
-		h.cfg.OnChange(true)
-	}
+	h.report()
 	h.prober.Start()
 }
 
-// probe PINGs once and marks Redis up on an answer; false ends the prober
-// (a later MarkDown starts it again).
+// report tells OnChange when Down flipped since it was last told.
+func (h *RedisHealth) report() {
+	down := h.Down()
+	if h.reported.CompareAndSwap(!down, down) && h.cfg.OnChange != nil {
+		h.cfg.OnChange(down)
+	}
+}
+
+// probe PINGs what is down once (Redis, each master found unreachable) and
+// marks up what answered; false, once nothing is down, ends the prober (a
+// later MarkDown starts it again).
 func (h *RedisHealth) probe(ctx context.Context) bool {
-	if err := h.c.Ping(ctx).Err(); err != nil {
-		return true
-	}
-	if h.down.CompareAndSwap(true, false) {
+	if h.down.Load() && h.c.Ping(ctx).Err() == nil && h.down.CompareAndSwap(true, false) {
 		h.logger.Info("redis reachable again")
-		if h.cfg.OnChange != nil {
-			h.cfg.OnChange(false)
-		}
 	}
-	return false
+	h.probeMasters(ctx)
+	h.report()
+	return h.Down()
 }
 
 // Close stops the prober and waits for it. It is idempotent; the state
