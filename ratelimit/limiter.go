@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -115,10 +116,10 @@ type Limiter struct {
 	observe   func(string, Decision)
 	metrics   *metrics
 
-	idPrefix  string
-	seq       atomic.Uint64
-	downUntil atomic.Int64 // unix ns until which Redis is skipped; 0: up
-	probing   atomic.Bool  // one request probes Redis after the cooldown
+	idPrefix string
+	seq      atomic.Uint64
+	whole    breaker  // Redis's (breaker.go)
+	masters  sync.Map // on a Redis Cluster in per-family mode: master address → *breaker
 
 	// unanswered holds the decisions whose call got no reply (unanswered.go).
 	unanswered *rds.LateCalls[unanswered]
@@ -189,20 +190,7 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 		pr := l.prepared(label, p, keys, rules)
 		return pr.Finish(pr.Send(ctx))
 	}
-	var d Decision
-	err := rds.ErrRedisUnavailable
-	prober := false
-	if l.redisUsable(&prober) {
-		l.refundUnanswered(keys)
-		ctx, cancel := context.WithTimeout(ctx, l.timeout)
-		d, err = l.evalRedis(ctx, p, keys, rules)
-		cancel()
-		if l.clientLeft(prober, err) {
-			return Decision{}, err
-		}
-		l.redisDone(prober, err)
-	}
-	return l.finish(label, p, keys, rules, d, err)
+	return l.decideFamilies(ctx, label, p, keys, rules)
 }
 
 // subjectKeys are the keys and rules of p's families that apply to s.
@@ -231,7 +219,7 @@ func (l *Limiter) clientLeft(prober bool, err error) bool {
 		return false
 	}
 	if prober {
-		l.probing.Store(false)
+		l.whole.probing.Store(false)
 	}
 	return true
 }
@@ -347,18 +335,7 @@ func (l *Limiter) redisUsable(prober *bool) bool {
 	if l.health != nil {
 		return l.health.Check() == nil
 	}
-	until := l.downUntil.Load()
-	if until == 0 {
-		return true
-	}
-	if time.Now().UnixNano() < until {
-		return false
-	}
-	if l.probing.CompareAndSwap(false, true) {
-		*prober = true
-		return true
-	}
-	return false
+	return l.whole.usable(prober)
 }
 
 // redisDone records the outcome of a Redis evaluation in the breaker.
@@ -370,16 +347,9 @@ func (l *Limiter) redisDone(prober bool, err error) {
 		return
 	}
 	if prober {
-		l.probing.Store(false)
+		l.whole.probing.Store(false)
 	}
-	switch {
-	case err == nil:
-		l.downUntil.Store(0)
-	case err == rds.ErrRedisUnavailable:
-		// Unreachable (refused, timed out, closed): answers such as OOM or
-		// a script error are not outages.
-		l.downUntil.Store(time.Now().Add(l.cooldown).UnixNano())
-	}
+	l.whole.record(err, l.cooldown)
 }
 
 func script(a Algorithm) *lua.Script {
@@ -398,16 +368,25 @@ func (l *Limiter) requestID() string {
 
 // evalRedis runs p's script per family with refunds (keys in different
 // Cluster slots); a call that gets no reply leaves the families it may have
-// admitted to rememberUnanswered.
-func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules []Rule) (Decision, error) {
+// admitted to rememberUnanswered. answered is how many families Redis
+// answered (the first failure, or a denial, ends the evaluation).
+func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules []Rule) (Decision, int, error) {
 	a := p.Algorithm
 	id := l.requestID()
 	if len(keys) == 1 {
-		return l.runFamily(ctx, p, id, keys, rules, 0)
+		d, err := l.runFamily(ctx, p, id, keys, rules, 0)
+		if err != nil {
+			return d, 0, err
+		}
+		return d, 1, nil
 	}
+	answered := 0
 	ds := make([]Decision, 0, len(keys))
 	for i := range keys {
 		d, err := l.runFamily(ctx, p, id, keys, rules, i)
+		if err == nil {
+			answered++
+		}
 		if err == nil && d.Allowed {
 			ds = append(ds, d)
 			continue
@@ -417,7 +396,7 @@ func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules 
 			l.refund(ctx, a, id, keys[j], rules[j], ds[j].ResetAtMs, "ok")
 		}
 		if err != nil {
-			return Decision{}, err
+			return Decision{}, answered, err
 		}
 		// Families after the denying one were not evaluated; report the
 		// earlier ones as they are after the refund (one more remaining).
@@ -430,7 +409,7 @@ func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules 
 			out.Remaining = min(out.Remaining, f.Remaining)
 		}
 		out.Families = append(out.Families, d.Families[0])
-		return out, nil
+		return out, answered, nil
 	}
 	out := Decision{Allowed: true, Remaining: -1, NowMs: ds[len(ds)-1].NowMs, id: id, algo: a}
 	for _, d := range ds {
@@ -440,7 +419,7 @@ func (l *Limiter) evalRedis(ctx context.Context, p Policy, keys []string, rules 
 			out.Remaining, out.ResetAtMs = f.Remaining, f.ResetAtMs
 		}
 	}
-	return out, nil
+	return out, answered, nil
 }
 
 // runFamily runs p's script for family i of keys alone.
