@@ -15,9 +15,10 @@ import (
 // reserve of its own, which gets no reply: its owner token is abandoned,
 // to be given up once the master answers. Reserves, completions and
 // releases whose keys live on the healthy masters go on as before, each
-// answered by its own master: the stalled master's timeout must not mark
-// DB0 down for them (503 for every idempotent request until a probe
-// happened to reach a healthy master). Once the master wakes, a retry with
+// answered by its own master: the stalled master's timeouts (a reserve's,
+// a DB0 check's PING that reached it) must not mark DB0 down for them (503
+// for every idempotent request until a probe happened to reach a healthy
+// master). Once the master wakes, a retry with
 // the stalled request's key gets the lock, and the abandoned token was
 // given up once.
 func TestIdempotencyPastAStalledMaster(t *testing.T) {
@@ -67,6 +68,21 @@ func TestIdempotencyPastAStalledMaster(t *testing.T) {
 	cancel()
 	if err == nil {
 		t.Fatal("a reserve on the stalled master was answered")
+	}
+	// A request path with no script of its own checks DB0 with a PING,
+	// which a cluster client sends to a master picked at random: one that
+	// reaches the stalled master fails, and is that master's failure too.
+	pinged := false
+	for range 40 {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := health.Ping(rctx)
+		cancel()
+		if pinged = err != nil; pinged {
+			break
+		}
+	}
+	if !pinged {
+		t.Fatal("no PING of 40 reached the stalled master")
 	}
 	for i, k := range healthy {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)

@@ -102,12 +102,18 @@ func (h *RedisHealth) Observe(err error) error {
 
 // Ping checks Redis with one round trip (or fails at once while it is down),
 // for request paths that must not proceed without DB0 but have no script of
-// their own to run. The caller bounds ctx.
+// their own to run. The caller bounds ctx. On a Redis Cluster the PING goes
+// to one master picked at random, whose failure is its own: it fails this
+// call and marks nothing down.
 func (h *RedisHealth) Ping(ctx context.Context) error {
 	if err := h.Check(); err != nil {
 		return err
 	}
-	return h.Observe(h.c.Ping(ctx).Err())
+	err := h.c.Ping(ctx).Err()
+	if h.PerMaster() {
+		return ClassifyRedisError(err)
+	}
+	return h.Observe(err)
 }
 
 // MarkDown flips the state to down and starts the prober.
