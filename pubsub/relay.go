@@ -275,19 +275,10 @@ func (b *relayBatch) publish(ctx context.Context, row OutboxRow) error {
 	return b.fail(node, err)
 }
 
-// nodeOf names the Redis node a call with key (or channel) goes to: on a
-// Redis Cluster client the master of key's slot in the client's slot
-// map, "" on a standalone client (one node) or without a slot map.
+// nodeOf names the Redis node a call with key (or channel) goes to
+// (rds.MasterAddr: "" on a standalone client).
 func (r *Relay) nodeOf(ctx context.Context, key string) string {
-	cc, ok := r.rdb.(*redis.ClusterClient)
-	if !ok {
-		return ""
-	}
-	c, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		return ""
-	}
-	return c.Options().Addr
+	return rds.MasterAddr(ctx, r.rdb, key)
 }
 
 // publishesGoThrough reports whether Redis takes a publish to the relay's
