@@ -371,7 +371,8 @@ func (c *conn) refresh(token string) bool {
 	c.mu.Lock()
 	c.expires = expiresNs(p.Expires.Add(h.deps.Verifier.Leeway()))
 	c.mu.Unlock()
-	c.send(mustJSON(refreshedFrame{Type: "refreshed", ExpiresAt: p.Expires.UnixMilli()}))
+	c.send(mustJSON(refreshedFrame{Type: "refreshed", ExpiresAt: p.Expires.UnixMilli(),
+		ServerTime: time.Now().UnixMilli()}))
 	return true
 }
 

@@ -98,7 +98,8 @@ func TestRefreshMovesExpiry(t *testing.T) {
 
 	tok2, exp2 := mint(t, u, auth.KindUser, 7*time.Second)
 	c.send(`{"type":"refresh","token":"` + tok2 + `"}`)
-	if f := c.expect("refreshed"); f.ExpiresAt != exp2.UnixMilli() || string(f.raw) != `{"type":"refreshed","expiresAt":`+strconv.FormatInt(exp2.UnixMilli(), 10)+`}` {
+	if f := c.expect("refreshed"); f.ExpiresAt != exp2.UnixMilli() ||
+		string(f.raw) != `{"type":"refreshed","expiresAt":`+strconv.FormatInt(exp2.UnixMilli(), 10)+`,"serverTime":`+strconv.FormatInt(f.ServerTime, 10)+`}` {
 		t.Fatalf("refreshed frame %s, want expiresAt %d", f.raw, exp2.UnixMilli())
 	}
 

@@ -86,13 +86,18 @@ type helloFrame struct {
 	Instance     string `json:"instance"`
 	HeartbeatMs  int64  `json:"heartbeatMs"`
 	ExpiresAt    int64  `json:"expiresAt"` // the credential's exp, epoch ms
+	// ServerTime is this instance's clock (epoch ms) when the frame is
+	// built: a client whose own clock is off measures expiresAt against it.
+	ServerTime int64 `json:"serverTime"`
 }
 
 // refreshedFrame answers a valid refresh: the connection now ends with the
-// new token (its exp, epoch ms, plus the verifier's leeway).
+// new token (its exp, epoch ms, plus the verifier's leeway); ServerTime
+// as in helloFrame.
 type refreshedFrame struct {
-	Type      string `json:"type"`
-	ExpiresAt int64  `json:"expiresAt"`
+	Type       string `json:"type"`
+	ExpiresAt  int64  `json:"expiresAt"`
+	ServerTime int64  `json:"serverTime"`
 }
 
 type subscribedFrame struct {

@@ -83,9 +83,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
-	hello := mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
-		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli()})
-	if ref := hd.open(c, hello, budget); ref.metric != "" {
+	if ref := hd.open(c, expires, budget); ref.metric != "" {
 		// Registered in presence a moment ago: take it back.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _ = s.presence.Disconnect(ctx, c.userID, c.id)
@@ -175,8 +173,10 @@ func (hd *handler) register(ws *websocket.Conn, cork *corkConn, ticket, token st
 // out (Hub.add), so every event published on the user's channel after the
 // client got hello reaches it (unless a resync or the connection's end
 // says otherwise). A subscription not confirmed in time refuses the
-// handshake as an unavailable dependency does (1013).
-func (hd *handler) open(c *conn, hello []byte, deadline time.Time) refusal {
+// handshake as an unavailable dependency does (1013). The hello is built
+// after that wait, so its serverTime is the clock when it goes out, not
+// when the handshake began; expires is the credential's exp.
+func (hd *handler) open(c *conn, expires, deadline time.Time) refusal {
 	h := hd.s.hub
 	ch := pubsub.UserChannel(c.userID)
 	if !h.deps.Subscriber.Join(ch) {
@@ -192,6 +192,8 @@ func (hd *handler) open(c *conn, hello []byte, deadline time.Time) refusal {
 			return refusal{CloseTryAgainLater, refuseUnavailable.reason, "pubsub_unavailable"}
 		}
 	}
+	hello := mustJSON(helloFrame{Type: "hello", ConnectionID: c.id, Instance: h.cfg.InstanceID,
+		HeartbeatMs: h.cfg.PingInterval.Milliseconds(), ExpiresAt: expires.UnixMilli(), ServerTime: time.Now().UnixMilli()})
 	if !h.add(c, hello) {
 		h.deps.Subscriber.Unsubscribe(ch)
 		return refusal{CloseGoingAway, h.retryReason(), "draining"}

@@ -272,6 +272,7 @@ type frame struct {
 	Instance     string          `json:"instance"`
 	HeartbeatMs  int64           `json:"heartbeatMs"`
 	ExpiresAt    int64           `json:"expiresAt"`
+	ServerTime   int64           `json:"serverTime"`
 	LastSeq      int64           `json:"lastSeq"`
 	Reason       string          `json:"reason"`
 	Error        string          `json:"error"`

@@ -34,7 +34,9 @@ func TestServerFrames(t *testing.T) {
 		frame string
 		ok    bool
 	}{
-		{`{"type":"hello","connectionId":"` + user + `","instance":"gw-1","heartbeatMs":25000,"expiresAt":1764633600000}`, true},
+		{`{"type":"hello","connectionId":"` + user + `","instance":"gw-1","heartbeatMs":25000,"expiresAt":1764633600000,"serverTime":1764630000000}`, true},
+		{`{"type":"hello","connectionId":"` + user + `","instance":"gw-1","heartbeatMs":25000,"expiresAt":1764633600000}`, false},
+		{`{"type":"hello","connectionId":"` + user + `","instance":"gw-1","heartbeatMs":25000,"expiresAt":1764633600000,"serverTime":-1}`, false},
 		{`{"type":"hello","connectionId":"` + user + `","instance":"gw-1","heartbeatMs":25000}`, false},
 		{`{"type":"subscribed","dialogId":"` + dialog + `","lastSeq":0}`, true},
 		{`{"type":"subscribed","dialogId":"` + dialog + `","lastSeq":4,"recovered":true}`, true},
@@ -53,7 +55,8 @@ func TestServerFrames(t *testing.T) {
 		{`{"type":"error","error":"dialog_not_found"}`, true},
 		{`{"type":"error","error":"nope"}`, false},
 		{`{"type":"pong"}`, true},
-		{`{"type":"refreshed","expiresAt":1764637200000}`, true},
+		{`{"type":"refreshed","expiresAt":1764637200000,"serverTime":1764633540000}`, true},
+		{`{"type":"refreshed","expiresAt":1764637200000}`, false},
 		{`{"type":"subscribe","dialogId":"` + dialog + `"}`, false}, // a client frame
 	} {
 		err := v.Server([]byte(tc.frame))

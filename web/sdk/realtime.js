@@ -128,7 +128,8 @@ export const REFRESH_AHEAD_MS = 60000;
 export const REFRESH_MIN_GAP_MS = 10000;
 
 /**
- * @typedef {{type: "hello", connectionId: string, instance: string, heartbeatMs: number, expiresAt: number}} Hello
+ * @typedef {{type: "hello", connectionId: string, instance: string, heartbeatMs: number, expiresAt: number,
+ *   serverTime?: number}} Hello serverTime: the server's clock (epoch ms) when it sent the frame
  * @typedef {{type: "event", channel: string, id: string, event: string, entityId: string,
  *   dialogId?: string, seq?: number, data: any}} EventFrame
  * @typedef {"connecting" | "live" | "reconnecting" | "stopped"} Phase
@@ -201,12 +202,33 @@ export function advisedDelay(reason) {
 
 /**
  * refreshDelay: how long to wait before asking for a new token for a
- * credential expiring at expiresAt (epoch ms).
+ * credential expiring at expiresAt (epoch ms, on the server's clock), with
+ * the server's clock at `now`.
  * @param {number} expiresAt
- * @param {number} [now]
+ * @param {number} [now] the server's clock: the client's plus serverClockOffset
  */
 export function refreshDelay(expiresAt, now = Date.now()) {
   return Math.min(MAX_TIMER_MS, Math.max(0, expiresAt - REFRESH_AHEAD_MS - now));
+}
+
+/** The largest epoch ms a Date holds; a serverTime beyond it is no clock. */
+const MAX_EPOCH_MS = 8.64e15;
+
+/**
+ * serverClockOffset: how far the server's clock is ahead of the client's (ms;
+ * negative when behind), from a frame's serverTime and the client's clock
+ * when the frame arrived; null when serverTime is absent or no time at all
+ * (not a number, not finite, negative, beyond a Date's range), and the
+ * client then goes by its own clock. The frame's transit time counts as
+ * the server's clock being behind by as much: the refresh comes that much
+ * later, far less than REFRESH_AHEAD_MS.
+ * @param {unknown} serverTime
+ * @param {number} [now]
+ * @returns {number | null}
+ */
+export function serverClockOffset(serverTime, now = Date.now()) {
+  if (typeof serverTime !== "number" || !Number.isFinite(serverTime) || serverTime < 0 || serverTime > MAX_EPOCH_MS) return null;
+  return serverTime - now;
 }
 
 /**
@@ -355,6 +377,12 @@ export class Realtime extends Emitter {
   /** ends the REST reads of running reconciliations (and their retry waits) on stop */
   #abort = new AbortController();
   #refreshSent = false;
+  /**
+   * the server's clock minus the client's (ms), from the serverTime of the
+   * connection's hello or latest refreshed; 0 (the client's own clock) on a
+   * connection whose frames carry none. expiresAt is on the server's clock.
+   */
+  #clockOffset = 0;
   #renewAskedAt = -Infinity; // when the live connection last asked for a new token
   #expired = false; // closed with token_expired: no reconnect before a new token
   #reconciles = 0; // reconciliations running (at most MAX_RECONCILES)
@@ -656,6 +684,8 @@ export class Realtime extends Emitter {
   #onHello(f) {
     this.#connectedAt = Date.now();
     this.#refreshSent = false;
+    // Per connection: another instance may keep another clock.
+    this.#clockOffset = serverClockOffset(f.serverTime) ?? 0;
     this.#setExpiry(f.expiresAt);
     this.#heartbeatMs = Number.isFinite(f.heartbeatMs) && f.heartbeatMs > 0
       ? Math.min(HEARTBEAT_MAX_MS, Math.max(HEARTBEAT_MIN_MS, f.heartbeatMs)) : HEARTBEAT_DEFAULT_MS;
@@ -755,6 +785,7 @@ export class Realtime extends Emitter {
         break;
       case "refreshed":
         this.#refreshSent = false;
+        this.#clockOffset = serverClockOffset(f.serverTime) ?? this.#clockOffset;
         this.#setExpiry(f.expiresAt);
         this.emit("refreshed", { expiresAt: this.#tokens.expiresAt });
         break;
@@ -1044,7 +1075,9 @@ export class Realtime extends Emitter {
     clearTimeout(this.#refreshTimer);
     if (!Number.isFinite(ms) || ms <= 0) return;
     this.#tokens.expiresAt = ms;
-    this.#renewSoon("expiring", refreshDelay(ms));
+    // On the server's clock: a client clock minutes off neither refreshes
+    // after the server has closed the connection nor asks again and again.
+    this.#renewSoon("expiring", refreshDelay(ms, Date.now() + this.#clockOffset));
   }
 
   /**

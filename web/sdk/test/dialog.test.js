@@ -2,7 +2,7 @@
 import { test, mock } from "node:test";
 import assert from "node:assert/strict";
 import { DialogState, MAX_AHEAD } from "../dialog.js";
-import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS, subscribeRetryDelay } from "../realtime.js";
+import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS, serverClockOffset, subscribeRetryDelay } from "../realtime.js";
 import { ApiError } from "../errors.js";
 import { Rest, REQUEST_TIMEOUT_MS, retryDelay, Tokens } from "../rest.js";
 
@@ -46,6 +46,9 @@ test("retry and reconnect delays honour the server's advice", () => {
   assert.equal(backoffDelay(20, () => 1), 30000);
   assert.equal(refreshDelay(10 * REFRESH_AHEAD_MS, 0), 9 * REFRESH_AHEAD_MS);
   assert.equal(refreshDelay(1000, 0), 0);
+  assert.equal(serverClockOffset(1_800_000_600_000, 1_800_000_000_000), 600_000, "the server's clock 10 min ahead");
+  assert.equal(serverClockOffset(1_800_000_000_000, 1_800_000_600_000), -600_000, "the server's clock 10 min behind");
+  for (const v of [-1, Infinity, NaN, 1e300, "1", null, undefined]) assert.equal(serverClockOffset(v, 0), null, String(v));
   assert.equal(subscribeRetryDelay(0, () => 0), 500);
   assert.equal(subscribeRetryDelay(0, () => 1), 1000);
   assert.equal(subscribeRetryDelay(40, () => 1), 30000);

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { ApiError, CLIENT_CODES, CloseError, FrameError } from "../errors.js";
 import { Rest, Tokens } from "../rest.js";
 import { WebSocket, WebSocketServer } from "ws";
-import { CONNECT_TIMEOUT_MS, FrameBudget, MAX_FRAME_BYTES, Realtime, SERVER_MAX_FRAME_BYTES, SUBPROTOCOL, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
+import { CONNECT_TIMEOUT_MS, FrameBudget, MAX_FRAME_BYTES, Realtime, REFRESH_AHEAD_MS, SERVER_MAX_FRAME_BYTES, SUBPROTOCOL, SUBSCRIBE_BURST, SUBSCRIBE_PER_SEC } from "../realtime.js";
 
 // The server's inbound budget (docs/realtime-protocol.md, "Limits").
 const SERVER_BURST = 60;
@@ -976,4 +976,94 @@ test("clients a ticket request told to come back after Retry-After come back spr
   assert.ok(delays.every((d) => d >= 5000 && d <= 6000), `never before the advice, at most a second after: ${delays}`);
   const spread = Math.max(...delays) - Math.min(...delays);
   assert.ok(spread >= 300, `20 clients come back within ${spread} ms of each other: ${delays}`);
+});
+
+/** The server's leeway past a credential's exp before it closes with 4001 token_expired. */
+const SERVER_LEEWAY_MS = 30000;
+
+/**
+ * skewedServer plays, for forMs of the client's time, a gateway whose clock
+ * is skewMs ahead of the client's (behind when negative): its credentials
+ * last lifetimeMs on its clock, hello and refreshed carry its serverTime,
+ * every refresh is answered with refreshed, and a connection whose exp plus
+ * the leeway has passed on its clock is closed with 4001 token_expired.
+ * @param {number} skewMs
+ * @param {number} lifetimeMs
+ * @param {number} forMs
+ */
+async function skewedServer(skewMs, lifetimeMs, forMs) {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_800_000_000_000 });
+  const serverNow = () => Date.now() + skewMs;
+  let asked = 0;
+  const { rt } = realtime({ tokens: new Tokens(() => `token${++asked}`) });
+  rt.start();
+  await settle();
+  /** @type {{at: number, expiresAt: number}[]} server time of each refresh frame, and the exp it came before */
+  const refreshes = [];
+  let closes = 0;
+  let ws = FakeSocket.all[0];
+  let expiresAt = 0;
+  let read = 0;
+  const open = () => {
+    ws = /** @type {FakeSocket} */ (FakeSocket.all.at(-1));
+    expiresAt = serverNow() + lifetimeMs;
+    read = 0;
+    ws.recv({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 25000, expiresAt, serverTime: serverNow() });
+  };
+  open();
+  for (let t = 0; t < forMs; t += 1000) {
+    mock.timers.tick(1000);
+    await settle();
+    if (FakeSocket.all.at(-1) !== ws) open(); // the client connected again
+    for (; read < ws.sent.length; read++) {
+      const f = ws.sent[read].frame;
+      if (f.type === "ping") ws.recv({ type: "pong" });
+      if (f.type !== "refresh") continue;
+      refreshes.push({ at: serverNow(), expiresAt });
+      expiresAt = serverNow() + lifetimeMs;
+      ws.recv({ type: "refreshed", expiresAt, serverTime: serverNow() });
+    }
+    if (ws.readyState === 1 && serverNow() > expiresAt + SERVER_LEEWAY_MS) {
+      closes++;
+      ws.readyState = 3;
+      ws.onclose?.({ code: 4001, reason: "token_expired" });
+    }
+  }
+  rt.stop();
+  return { refreshes, closes };
+}
+
+test("a client whose clock is 10 min behind or ahead of the server's refreshes once, before the credential expires on the server's clock", async () => {
+  const lifetime = 5 * 60000;
+  const got = [];
+  for (const skew of [10 * 60000, -10 * 60000]) {
+    const { refreshes, closes } = await skewedServer(skew, lifetime, lifetime + SERVER_LEEWAY_MS + 60000);
+    mock.timers.reset();
+    FakeSocket.all = [];
+    // How long before the server's expiry each refresh came.
+    got.push({ skewMin: skew / 60000, closes, aheadMs: refreshes.map((r) => r.expiresAt - r.at) });
+  }
+  const ok = got.every((g) => g.closes === 0 && g.aheadMs.length === 1 && g.aheadMs[0] > 0 && g.aheadMs[0] <= REFRESH_AHEAD_MS + 1000);
+  assert.ok(ok, `want one refresh about ${REFRESH_AHEAD_MS} ms before expiry and no 4001 close, got ${JSON.stringify(got)}`);
+});
+
+test("a serverTime that is no time (negative, beyond a Date, not a number) is ignored: the refresh follows the client's clock", async () => {
+  for (const serverTime of [-1, 1e300, "1800000000000", null, true]) {
+    mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_800_000_000_000 });
+    const { rt } = realtime();
+    rt.start();
+    await settle();
+    const ws = FakeSocket.all[0];
+    ws.recv({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 25000, expiresAt: Date.now() + 5 * 60000, serverTime });
+    mock.timers.tick(5 * 60000 - REFRESH_AHEAD_MS - 1);
+    await settle();
+    const early = ws.frames("refresh").length;
+    mock.timers.tick(1);
+    await settle();
+    const due = ws.frames("refresh").length;
+    rt.stop();
+    mock.timers.reset();
+    FakeSocket.all = [];
+    assert.deepEqual([early, due], [0, 1], `serverTime ${JSON.stringify(serverTime)}: refreshes before and at 60 s ahead of expiresAt`);
+  }
 });
