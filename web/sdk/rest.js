@@ -79,15 +79,23 @@ export function sleep(ms, signal) {
 }
 
 /**
+ * A wait the server advised with Retry-After is followed by up to this much
+ * more, at random: the clients a busy server answered alike at the same
+ * moment (a 503 `dialog_busy` with Retry-After: 1) come back spread over a
+ * second rather than all at the same instant.
+ */
+export const RETRY_AFTER_JITTER_MS = 1000;
+
+/**
  * retryDelay is the wait before try attempt+1: the server's Retry-After when
- * it gave one, else exponential backoff (400 ms doubling, capped at 8 s)
- * with half of it jittered.
+ * it gave one (at most 60 s) plus 0–RETRY_AFTER_JITTER_MS, else exponential
+ * backoff (400 ms doubling, capped at 8 s) with half of it jittered.
  * @param {ApiError} err
  * @param {number} attempt 1 for the first failure
  * @param {() => number} [rnd]
  */
 export function retryDelay(err, attempt, rnd = Math.random) {
-  if (err.retryAfterMs > 0) return Math.min(err.retryAfterMs, MAX_RETRY_WAIT_MS);
+  if (err.retryAfterMs > 0) return Math.min(err.retryAfterMs, MAX_RETRY_WAIT_MS) + Math.round(rnd() * RETRY_AFTER_JITTER_MS);
   const base = Math.min(8000, 400 * 2 ** (attempt - 1));
   return Math.round(base / 2 + rnd() * base / 2);
 }

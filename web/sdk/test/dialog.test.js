@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { DialogState, MAX_AHEAD } from "../dialog.js";
 import { advisedDelay, backoffDelay, PresenceOrder, refreshDelay, REFRESH_AHEAD_MS, serverClockOffset, subscribeRetryDelay } from "../realtime.js";
 import { ApiError } from "../errors.js";
-import { Rest, REQUEST_TIMEOUT_MS, retryDelay, Tokens } from "../rest.js";
+import { Rest, REQUEST_TIMEOUT_MS, RETRY_AFTER_JITTER_MS, retryDelay, Tokens } from "../rest.js";
 
 /** @param {number} seq */
 const msg = (seq) => ({ id: `m${seq}`, dialogId: "d", seq, senderId: "u", body: `b${seq}`, createdAt: 0, attachments: [] });
@@ -39,7 +39,9 @@ test("before lastSeq is known everything waits; then what follows it is delivere
 test("retry and reconnect delays honour the server's advice", () => {
   assert.equal(advisedDelay('{"retryMs":1234}'), 1234);
   assert.equal(advisedDelay("going away"), null);
-  assert.equal(retryDelay(new ApiError("dialog_busy", 503, 1000), 1), 1000);
+  assert.equal(retryDelay(new ApiError("dialog_busy", 503, 1000), 1, () => 0), 1000);
+  assert.equal(retryDelay(new ApiError("dialog_busy", 503, 1000), 1, () => 1), 1000 + RETRY_AFTER_JITTER_MS);
+  assert.equal(retryDelay(new ApiError("dialog_busy", 503, 3600e3), 1, () => 0), 60000, "a Retry-After is followed up to a minute");
   const d = retryDelay(new ApiError("network_error", 0), 3, () => 1);
   assert.equal(d, 1600);
   assert.equal(backoffDelay(0, () => 1), 500);

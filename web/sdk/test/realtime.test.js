@@ -1067,3 +1067,40 @@ test("a serverTime that is no time (negative, beyond a Date, not a number) is ig
     assert.deepEqual([early, due], [0, 1], `serverTime ${JSON.stringify(serverTime)}: refreshes before and at 60 s ahead of expiresAt`);
   }
 });
+
+test("20 clients a busy server told to come back after Retry-After: 1 come back spread over the second after it, not at the same instant", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "Date"], now: 1_000_000 });
+  const JITTER_MS = 1000; // RETRY_AFTER_JITTER_MS
+  try {
+    const start = Date.now();
+    /** @type {number[]} */
+    const again = []; // when each client tried the second time
+    const sends = [];
+    for (let i = 0; i < 20; i++) {
+      let tries = 0;
+      /** @type {typeof fetch} */
+      const fetchImpl = async () => {
+        tries++;
+        if (tries === 1) {
+          return new Response('{"error":"dialog_busy"}', { status: 503, headers: { "Content-Type": "application/json", "Retry-After": "1" } });
+        }
+        again.push(Date.now() - start);
+        return new Response(JSON.stringify({ id: "m1", dialogId: "d", seq: 1, senderId: "u", body: "hi", createdAt: 0, attachments: [] }), { status: 201, headers: { "Content-Type": "application/json" } });
+      };
+      const rest = new Rest("http://api.invalid", new Tokens(() => "token"), fetchImpl);
+      sends.push(rest.send("d", "hi"));
+    }
+    for (let t = 0; t < 1000 + JITTER_MS + 100 && again.length < 20; t += 10) {
+      await new Promise((r) => setImmediate(r));
+      mock.timers.tick(10);
+      for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+    }
+    await Promise.all(sends);
+    assert.equal(again.length, 20, "every client tried again");
+    assert.ok(again.every((d) => d >= 1000 && d <= 1000 + JITTER_MS + 10), `never before the advice, at most a second after: ${again}`);
+    const spread = Math.max(...again) - Math.min(...again);
+    assert.ok(spread >= 300, `20 clients came back within ${spread} ms of each other: ${again}`);
+  } finally {
+    mock.timers.reset();
+  }
+});

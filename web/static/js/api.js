@@ -67,9 +67,9 @@ export function blobURL(url, id, origin = location.origin) {
 }
 
 // retrying repeats fn while it fails with a retryable error, up to attempts
-// times, waiting Retry-After when the server gave one, else the SDK's
-// exponential backoff with jitter. onWait(err, delayMs, attempt) reports
-// each wait.
+// times, waiting the SDK's retryDelay: Retry-After when the server gave one
+// plus 0–1 s at random, else exponential backoff with jitter.
+// onWait(err, delayMs, attempt) reports each wait.
 export async function retrying(fn, { attempts = 5, onWait, signal } = {}) {
   for (let i = 1; ; i++) {
     try {
