@@ -192,12 +192,13 @@ func (s *Server) ipHMAC(r *http.Request) string {
 }
 
 // clientNet is the address an IPv4 client is counted as, or the /64 of an
-// IPv6 one.
+// IPv6 one (clientSubject, spelled as before: an IPv4 address without its
+// /32, so the keys of existing windows keep their names).
 func clientNet(a netip.Addr) string {
 	if a.Is4() {
 		return a.String()
 	}
-	return netip.PrefixFrom(a, 64).Masked().String()
+	return clientSubject(a).String()
 }
 
 // HMACHex is hex(HMAC-SHA256(secret, v)).
