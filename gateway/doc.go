@@ -7,8 +7,9 @@
 // GET /v1/realtime upgrades first (coder/websocket's own Origin check is
 // off, because it accepts any same-host Origin and a missing one), then
 // decides, in this order: the Origin, exactly against the allowed list (a
-// ticket also requires one); the subprotocol; draining; the ticket or bearer
-// token. Every refusal is a close frame after the upgrade (1008, 1001, 4001,
+// ticket also requires one); the subprotocol; draining; the client
+// address's budget of refused credentials, shared with the REST API
+// (CredentialGate, credgate.go); the ticket or bearer token. Every refusal is a close frame after the upgrade (1008, 1001, 4001,
 // 4003, 1013), because a browser cannot read the status of a failed upgrade.
 // It then registers presence (refused with 1008 too_many_connections when the
 // user already holds the per-user cap of connections, counted across all

@@ -28,6 +28,7 @@ type TokenVerifier interface {
 type handler struct {
 	s       *Service
 	origins map[string]struct{}
+	gate    CredentialGate // nil: no budget of refused credentials
 }
 
 // ServeHTTP upgrades with subprotocol han.v1, then checks the Origin
@@ -77,9 +78,18 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
+	if hd.gate != nil {
+		if wait, ok := hd.gate.Allow(r); !ok {
+			refuse(CloseTryAgainLater, h.retryReasonAfter(wait), "auth_limited")
+			return
+		}
+	}
 
 	c, expires, budget, ref := hd.register(ws, hw.cork, ticket, token, hasBearer)
 	if ref.metric != "" {
+		if ref == refuseUnauthorized && hd.gate != nil {
+			hd.gate.Refused(r)
+		}
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}

@@ -46,7 +46,7 @@ func (s *Server) initAuthFails(c AuthFailConfig) {
 	s.authFails = ratelimit.NewFailBudget(burst, rate, n)
 	s.metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "han_http_auth_fail_addresses",
-		Help: "Client addresses holding a budget of refused credentials of their own on this instance (at most the cap; addresses beyond it are not limited).",
+		Help: "Client addresses holding a budget of refused credentials (REST requests and WebSocket handshakes) of their own on this instance (at most the cap; addresses beyond it are not limited).",
 	}, func() float64 { return float64(s.authFails.Len()) }))
 }
 
@@ -93,4 +93,24 @@ func clientSubject(a netip.Addr) netip.Prefix {
 	default:
 		return netip.PrefixFrom(a, 64).Masked()
 	}
+}
+
+// CredentialGate is the budget of refused credentials of the REST routes,
+// for the WebSocket handshake (gateway.CredentialGate): the same budget per
+// client address, so forged credentials sent by handshake and by REST
+// request spend one budget.
+type CredentialGate struct{ s *Server }
+
+// CredentialGate returns the gate the WebSocket handshake shares.
+func (s *Server) CredentialGate() CredentialGate { return CredentialGate{s} }
+
+// Allow reports whether r's client may have its credential looked at now;
+// when not, how long until it may.
+func (g CredentialGate) Allow(r *http.Request) (time.Duration, bool) {
+	return g.s.authFails.Allow(clientSubject(g.s.ClientAddr(r)), time.Now())
+}
+
+// Refused spends one unit of r's client's budget.
+func (g CredentialGate) Refused(r *http.Request) {
+	g.s.authFails.Fail(clientSubject(g.s.ClientAddr(r)), time.Now())
 }

@@ -269,6 +269,8 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Handshakes spend the REST routes' budget of refused credentials.
+	m.realtime.SetCredentialGate(m.api.CredentialGate())
 	m.api.MountWeb(web.Handler())
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL,
 		UnsentRetention: cfg.AttachmentUnsentTTL, Blobs: m.api.Blobs()}, m.Logger)
