@@ -18,7 +18,7 @@ import (
 
 // countedStore is a Store on a pool of its own whose statements are
 // counted.
-func countedStore(t testing.TB, maxConns int32) (*store.Store, *pgxpool.Pool, *statementCounter) {
+func countedStore(t testing.TB, maxConns int32) (*store.Store, *pgxpool.Pool, *pgCounter) {
 	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env.DatabaseURL)
@@ -26,8 +26,8 @@ func countedStore(t testing.TB, maxConns int32) (*store.Store, *pgxpool.Pool, *s
 		t.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
-	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
+	counter := &pgCounter{}
+	counter.count(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestLastSeenStormSharesStatements(t *testing.T) {
 		}
 	}
 	recs = append(recs, rec{ids.New(), base}, rec{"not-a-uuid", base}, rec{"", base})
-	before, stats := counter.n.Load(), s.LastSeenStats()
+	before, stats := counter.statements.Load(), s.LastSeenStats()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(recs))
 	for _, r := range recs {
@@ -130,7 +130,7 @@ func TestLastSeenStormSharesStatements(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("a record of the storm: %v", err)
 	}
-	statements := counter.n.Load() - before
+	statements := counter.statements.Load() - before
 	if after := s.LastSeenStats(); after.Queries-stats.Queries != uint64(statements) || after.Checks-stats.Checks != uint64(len(recs)) {
 		t.Fatalf("LastSeenStats: %d records in %d statements; made %d, statements sent %d",
 			after.Checks-stats.Checks, after.Queries-stats.Queries, len(recs), statements)
@@ -166,7 +166,7 @@ func BenchmarkTouchLastSeen(b *testing.B) {
 	run := func(b *testing.B, touch func(u string, at time.Time) error) {
 		b.SetParallelism(64)
 		cpuBefore := pg.Sample()
-		stmts := counter.n.Load()
+		stmts := counter.statements.Load()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			i := 0
@@ -179,7 +179,7 @@ func BenchmarkTouchLastSeen(b *testing.B) {
 			}
 		})
 		b.StopTimer()
-		b.ReportMetric(float64(counter.n.Load()-stmts)/float64(b.N), "statements/touch")
+		b.ReportMetric(float64(counter.statements.Load()-stmts)/float64(b.N), "statements/touch")
 		if perOp := pg.Sample().PerOp(cpuBefore, int64(b.N)); perOp["postgres"] > 0 {
 			b.ReportMetric(perOp["postgres"]*1000, "pg-cpu-µs/touch")
 		}
