@@ -78,8 +78,11 @@ type Config struct {
 	// QueueFrames and QueueBytes bound a connection's outbound queue, and
 	// the live events each of its subscriptions holds until its subscribed
 	// frame is queued. QueueFrames bounds each of them; QueueBytes bounds
-	// the queue's frames and every subscription's held events together,
-	// so one socket holds no more however many dialogs it subscribes to.
+	// the queue's frames, those its writer has taken and not yet written
+	// (a batch blocked on a client that stopped reading), and every
+	// subscription's held events together, so one socket holds no more
+	// however many dialogs it subscribes to and however its frames are
+	// split between queue and writer.
 	// Zero values mean 256 frames and 1 MiB; QueueBytes is at most 1 GiB.
 	QueueFrames int
 	QueueBytes  int

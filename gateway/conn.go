@@ -102,8 +102,16 @@ type conn struct {
 	overflows int32      // since overflowFrom; an int32 fits in the space the flags leave
 	spare     []outFrame // a small batch slice kept for the next writer
 	q         []outFrame
-	qBytes    int
-	lastPing  time.Time
+	// qBytes is what the connection holds for its client against
+	// QueueBytes, beside pendingBytes: the bytes of q's frames, and of
+	// those the writer has taken from q and not yet written (a batch it
+	// may be blocked on, and what an inline write left in the cork:
+	// signalInline). Taking a batch leaves them counted; they are
+	// released as the writer writes them (writeBatch, recycle), so a
+	// client that stops reading makes the server hold no more than
+	// QueueBytes, however the frames are split between queue and writer.
+	qBytes   int
+	lastPing time.Time
 	// expires (Unix ns) is when the credential stops being valid: its exp
 	// plus the verifier's leeway. The ping loop closes the connection with
 	// 4001 token_expired then; a refresh frame moves it.
@@ -199,8 +207,18 @@ func (c *conn) closeLocked(code websocket.StatusCode, reason string) {
 		c.hub.stats.slowCloses.Add(1)
 	}
 	c.closeCode, c.closeReason = uint16(code), reason
-	c.q, c.qBytes = nil, 0
+	c.dropQueueLocked()
 	c.signal()
+}
+
+// dropQueueLocked lets go of the queued frames. The batch the writer has
+// taken stays counted in qBytes until it is done with it (conn.recycle).
+// c.mu must be held.
+func (c *conn) dropQueueLocked() {
+	for _, f := range c.q {
+		c.qBytes -= len(f.b)
+	}
+	c.q = nil
 }
 
 func (c *conn) closeWith(code websocket.StatusCode, reason string) {
@@ -219,7 +237,7 @@ func (c *conn) closeNow(code websocket.StatusCode, reason string) {
 		c.closeStarted = true
 		if c.closeCode == 0 {
 			c.closeCode, c.closeReason = uint16(code), reason
-			c.q, c.qBytes = nil, 0
+			c.dropQueueLocked()
 		}
 		code, reason = websocket.StatusCode(c.closeCode), c.closeReason
 	}
@@ -316,6 +334,11 @@ func (c *conn) teardown() {
 	c.cancel()
 	_ = c.ws.CloseNow() // ends a write the writer may be blocked in
 	c.writer.Wait()
+	// The connection holds nothing for its client any more: the queue
+	// is gone, and the writer released its batch or never took it.
+	c.mu.Lock()
+	c.qBytes = 0
+	c.mu.Unlock()
 	channels, drained := h.remove(c)
 	if h.killed.Load() {
 		return

@@ -29,11 +29,16 @@ func (c *conn) signalInline() {
 	}
 	if !c.pingDue && c.closeCode == 0 && len(c.q) <= inlineFrames && c.qBytes <= inlineBytes {
 		if sent, rest := c.cork.tryWrite(c.q, time.Now(), c.hub.cfg.WriteTimeout); sent {
-			c.q, c.qBytes, c.resyncQueued = releaseBatch(c.q), 0, false
+			c.q, c.resyncQueued = releaseBatch(c.q), false
 			if !rest {
+				c.qBytes = 0
 				c.hub.stats.inlineWhole.Add(1)
 				return
 			}
+			// What the socket did not take waits in the cork: the
+			// frames' bytes count against QueueBytes until the writer
+			// has written it (those the socket took count too, at
+			// most inlineBytes in all, for as long).
 			c.hub.stats.inlineRest.Add(1)
 			c.flushDue = true
 		}
@@ -155,16 +160,17 @@ func (c *conn) enqueueLocked(f outFrame) bool {
 // queued ephemeral frames (typing, presence.changed, which may be waiting
 // for the hub's scan) go first, so they never cost a resync.
 func (c *conn) dropEphemeralLocked() {
-	kept, bytes := c.q[:0], 0
+	kept := c.q[:0]
 	for _, f := range c.q {
-		if !f.class.ephemeral() {
+		if f.class.ephemeral() {
+			c.qBytes -= len(f.b)
+		} else {
 			kept = append(kept, f)
-			bytes += len(f.b)
 		}
 	}
 	n := len(c.q) - len(kept)
 	clear(c.q[len(kept):])
-	c.q, c.qBytes = kept, bytes
+	c.q = kept
 	c.hub.stats.ephemeralDrops.Add(uint64(n))
 }
 
@@ -196,15 +202,15 @@ func (c *conn) overflowLocked() {
 	h := c.hub
 	h.stats.overflows.Add(1)
 	kept := c.q[:0]
-	bytes := 0
 	for _, f := range c.q {
 		if f.class == classControl {
 			kept = append(kept, f)
-			bytes += len(f.b)
+		} else {
+			c.qBytes -= len(f.b)
 		}
 	}
 	clear(c.q[len(kept):])
-	c.q, c.qBytes = kept, bytes
+	c.q = kept
 	now := time.Now().UnixNano()
 	if c.overflowFrom == 0 || time.Duration(now-c.overflowFrom) > h.cfg.OverflowWindow {
 		c.overflowFrom, c.overflows = now, 0

@@ -45,8 +45,10 @@ func (c *conn) writeLoop() {
 			return
 		}
 		yielded = false
-		batch, flush := c.q, c.flushDue
-		c.q, c.qBytes, c.resyncQueued, c.flushDue = c.spare, 0, false, false
+		// The batch's bytes stay in qBytes, counted against QueueBytes
+		// with what is queued after it, until they are written.
+		batch, flush, taken := c.q, c.flushDue, c.qBytes
+		c.q, c.resyncQueued, c.flushDue = c.spare, false, false
 		c.spare = nil
 		// pingDue stays set until the ping is written (below): the pong
 		// wait counts from then, not from while the batch ahead of it
@@ -54,13 +56,16 @@ func (c *conn) writeLoop() {
 		ping := c.pingDue
 		code := c.closeCode
 		c.mu.Unlock()
-		if err := c.writeBatch(batch, flush); err != nil {
+		held, err := c.writeBatch(batch, flush, taken)
+		// Written or never to be: either way the server no longer holds
+		// the batch for the client.
+		c.recycle(batch, held)
+		if err != nil {
 			if !errors.Is(err, errDataAfterClose) {
 				c.abort(err)
 			}
 			return
 		}
-		c.recycle(batch)
 		if code != 0 {
 			// The reader performs the close (closeNow); this writer
 			// stays marked as running, so no other starts.
@@ -91,15 +96,29 @@ func (c *conn) writeLoop() {
 // coder/websocket), and one write syscall per corkFlushBytes. flush: the
 // cork holds bytes an inline write left (conn.signalInline), which go first.
 // A batch that misses its deadline is a slow consumer.
-func (c *conn) writeBatch(batch []outFrame, flush bool) error {
+//
+// taken is what the batch counts in qBytes (against QueueBytes). The
+// frames a flush in the middle of the batch has put on the socket stop
+// counting then, so a client that reads, if slowly, frees room for the
+// events behind the batch as it goes; held is what still counts when the
+// batch ends, for the caller to release.
+func (c *conn) writeBatch(batch []outFrame, flush bool, taken int) (held int, err error) {
 	if len(batch) == 0 && !flush {
-		return nil
+		return taken, nil
 	}
-	err := c.cork.cork(time.Now(), c.hub.cfg.WriteTimeout)
+	err = c.cork.cork(time.Now(), c.hub.cfg.WriteTimeout)
+	collected := 0 // the bytes of the frames collected since the last flush
 	for i := 0; err == nil && i < len(batch); i++ {
 		var n int
-		if n, err = c.cork.writeText(batch[i].b); err == nil && n >= corkFlushBytes {
-			err = c.cork.flush()
+		if n, err = c.cork.writeText(batch[i].b); err != nil {
+			break
+		}
+		collected += len(batch[i].b)
+		if n >= corkFlushBytes {
+			if err = c.cork.flush(); err == nil {
+				c.releaseBytes(collected)
+				taken, collected = taken-collected, 0
+			}
 		}
 	}
 	if err != nil {
@@ -110,7 +129,15 @@ func (c *conn) writeBatch(batch []outFrame, flush bool) error {
 	if err != nil && !c.ended() && isTimeout(err) {
 		c.hub.stats.slowCloses.Add(1)
 	}
-	return err
+	return taken, err
+}
+
+// releaseBytes stops counting n bytes the writer has written against
+// QueueBytes.
+func (c *conn) releaseBytes(n int) {
+	c.mu.Lock()
+	c.qBytes -= n
+	c.mu.Unlock()
 }
 
 // keptBatch is the largest batch slice a connection keeps for its next
@@ -121,14 +148,14 @@ const keptBatch = 16
 // batchPool holds the batch slices of bursts (*[]outFrame, empty).
 var batchPool sync.Pool
 
-// recycle keeps a written batch's slice for the next batch or pools it.
-func (c *conn) recycle(batch []outFrame) {
+// recycle ends a batch the writer is done with: the held bytes it still
+// counted against QueueBytes are released, and its slice is kept for the
+// next batch or pooled.
+func (c *conn) recycle(batch []outFrame, held int) {
 	kept := releaseBatch(batch)
-	if kept == nil {
-		return
-	}
 	c.mu.Lock()
-	if c.spare == nil && !c.closed {
+	c.qBytes -= held
+	if kept != nil && c.spare == nil && !c.closed {
 		c.spare = kept
 	}
 	c.mu.Unlock()

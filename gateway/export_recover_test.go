@@ -95,10 +95,11 @@ func (h *heldReader) RecoverDialog(ctx context.Context, dialogID string, afterSe
 	return res, err
 }
 
-// ConnHeld is what userID's connections hold for their clients and have
-// not handed to a writer yet: the bytes of their outbound queues and the
-// durable events among them, and the bytes of the live events their
-// subscriptions not yet answered with subscribed hold.
+// ConnHeld is what userID's connections hold for their clients: the
+// bytes of their outbound queues together with those their writers have
+// taken and not yet written, the durable events still queued, and the
+// bytes of the live events their subscriptions not yet answered with
+// subscribed hold.
 func (s *Service) ConnHeld(userID string) (queued, durable, pending int) {
 	h := s.hub
 	h.mu.RLock()
