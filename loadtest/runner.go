@@ -34,7 +34,9 @@ type Options struct {
 	// MaxExecutorDuration.
 	Duration time.Duration
 	// MaxDuration bounds the whole run, setup and teardown included: the
-	// scenario's context ends then. Zero value means Duration + 5m.
+	// scenario's context ends then. Zero value means Duration +
+	// DefaultRunOverhead; otherwise 1ns..MaxRunDuration and at least
+	// Duration.
 	MaxDuration time.Duration
 	// Thresholds are expressions like delivery_p99<150ms.
 	Thresholds []string
@@ -46,6 +48,29 @@ type Options struct {
 	// SourceRange is the loopback source address pool ("A-B", "none").
 	// Zero value means DefaultSourceRange.
 	SourceRange string
+}
+
+// Bounds on a whole run. A load run must stop by itself: the hard bound
+// on setup, measurement and teardown together is never unbounded, and a
+// typo such as -max-duration 100h is refused rather than leaving a
+// runaway generator on a shared machine.
+const (
+	// DefaultRunOverhead is what a run gets for setup and teardown beyond
+	// its measured phase when no MaxDuration is given.
+	DefaultRunOverhead = 5 * time.Minute
+	// MaxRunDuration is the largest MaxDuration: the longest measured
+	// phase (MaxExecutorDuration) plus an hour of setup, steps and
+	// teardown.
+	MaxRunDuration = MaxExecutorDuration + time.Hour
+)
+
+// CheckMaxDuration refuses a bound on a whole run that is not positive or
+// exceeds MaxRunDuration.
+func CheckMaxDuration(d time.Duration) error {
+	if d <= 0 || d > MaxRunDuration {
+		return fmt.Errorf("loadtest: max duration must be in (0, %s], got %s", MaxRunDuration, d)
+	}
+	return nil
 }
 
 // UsageError is a scenario refusing its settings before it loads
@@ -145,8 +170,11 @@ func Run(ctx context.Context, sc Scenario, opts Options) (*Summary, error) {
 	if opts.Duration < 0 || opts.Duration > MaxExecutorDuration {
 		return nil, fmt.Errorf("loadtest: duration must be in (0, %s]", MaxExecutorDuration)
 	}
-	if opts.MaxDuration <= 0 {
-		opts.MaxDuration = opts.Duration + 5*time.Minute
+	if opts.MaxDuration == 0 {
+		opts.MaxDuration = opts.Duration + DefaultRunOverhead
+	}
+	if err := CheckMaxDuration(opts.MaxDuration); err != nil {
+		return nil, err
 	}
 	if opts.MaxDuration < opts.Duration {
 		return nil, errors.New("loadtest: max duration is shorter than the duration")
@@ -189,8 +217,10 @@ func Run(ctx context.Context, sc Scenario, opts Options) (*Summary, error) {
 	stopProgress := startProgress(t, opts)
 	runErr := sc.Run(rctx, t)
 	stopProgress()
-	if runErr == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
-		runErr = fmt.Errorf("loadtest: the run hit its %s bound", opts.MaxDuration)
+	if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		// Whatever failed once the bound passed failed because of it: the
+		// report names the bound first, then what was cut short.
+		runErr = boundHit(opts.MaxDuration, runErr)
 	}
 
 	sum.Snapshot = reg.Snapshot()
@@ -202,6 +232,15 @@ func Run(ctx context.Context, sc Scenario, opts Options) (*Summary, error) {
 	t.mu.Unlock()
 	sum.Err = runErr
 	return sum, nil
+}
+
+// boundHit is the error of a run its MaxDuration ended; err is what the
+// scenario returned, if anything.
+func boundHit(bound time.Duration, err error) error {
+	if err == nil {
+		return fmt.Errorf("loadtest: the run hit its %s bound", bound)
+	}
+	return fmt.Errorf("loadtest: the run hit its %s bound: %w", bound, err)
 }
 
 // startProgress prints the live progress line until the returned func is

@@ -165,7 +165,8 @@ func (m *Main) parseRun(args []string) error {
 		"loopback gateway URL, or baseline (child process), baseline-inprocess, baseline:<url>, centrifugo:<url> (a running Centrifugo v6); "+
 			"several gateway URLs, comma-separated or with the flag repeated, spread the connections and REST calls over them (chat-fanout, broadcast, idle-connections)")
 	fs.DurationVar(&m.opts.Duration, "duration", 10*time.Second, "length of the measured phase")
-	fs.DurationVar(&m.opts.MaxDuration, "max-duration", 0, "hard bound on the whole run, setup included (default duration + 5m)")
+	fs.DurationVar(&m.opts.MaxDuration, "max-duration", 0,
+		fmt.Sprintf("hard bound on the whole run, setup and teardown included: at most %s (default duration + %s)", loadtest.MaxRunDuration, loadtest.DefaultRunOverhead))
 	fs.Var(&ths, "threshold", "pass/fail criterion, repeatable: delivery_p99<150ms, http_req_failed<0.1%, ws_connect_p95<500ms")
 	fs.StringVar(&m.summaryExport, "summary-export", "", "write the summary as JSON to this file")
 	fs.StringVar(&m.cpuProfile, "cpuprofile", "", "write the generator's own CPU profile (go tool pprof) of the whole run to this file")
@@ -201,6 +202,9 @@ func (m *Main) parseRun(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	if err := checkMaxDuration(fs, m.opts.MaxDuration); err != nil {
+		return err
+	}
 	m.opts.Thresholds = append(fileThresholds, ths...)
 	if _, err := loadtest.ParseThresholds(m.opts.Thresholds); err != nil {
 		return err
@@ -210,6 +214,22 @@ func (m *Main) parseRun(args []string) error {
 	}
 	if !quiet {
 		m.opts.Progress = m.stderr
+	}
+	return nil
+}
+
+// checkMaxDuration refuses a -max-duration given (on the command line or
+// in the scenario file) as zero, negative or above loadtest.MaxRunDuration:
+// left out, the bound is the duration plus loadtest.DefaultRunOverhead, and
+// a run is never unbounded.
+func checkMaxDuration(fs *flag.FlagSet, d time.Duration) error {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "max-duration" })
+	if !given {
+		return nil
+	}
+	if loadtest.CheckMaxDuration(d) != nil {
+		return fmt.Errorf("-max-duration %s: a run's bound must be in (0, %s]", d, loadtest.MaxRunDuration)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -145,12 +146,17 @@ func TestUsageErrors(t *testing.T) {
 	// A scenario refusing its flags or plan is a usage error too, found
 	// before any connection.
 	for name, args := range map[string][]string{
-		"zero rate":                  {"-rate", "0"},
-		"negative drain":             {"-drain", "-1s"},
-		"payload too large":          {"-payload", "100000"},
-		"bad step rate":              {"-step-rates", "10,-1"},
-		"dialogs without subscriber": {"-conns", "2", "-dialogs", "3"},
-		"huge shape":                 {"-conns", "2000000", "-dialogs", "3"},
+		"zero rate":                   {"-rate", "0"},
+		"negative drain":              {"-drain", "-1s"},
+		"payload too large":           {"-payload", "100000"},
+		"bad step rate":               {"-step-rates", "10,-1"},
+		"dialogs without subscriber":  {"-conns", "2", "-dialogs", "3"},
+		"huge shape":                  {"-conns", "2000000", "-dialogs", "3"},
+		"zero max-duration":           {"-max-duration", "0"},
+		"negative max-duration":       {"-max-duration", "-5s"},
+		"unbounded max-duration":      {"-max-duration", "1000h"},
+		"max-duration over the cap":   {"-max-duration", "3h0m1s"},
+		"max-duration below duration": {"-max-duration", "500ms"},
 	} {
 		args = append([]string{"run", "broadcast", "-target", "baseline-inprocess", "-duration", "1s", "-quiet"}, args...)
 		if r := runMain(t, args...); r.code != ExitUsage {
@@ -159,6 +165,54 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if r := runMain(t, "scenarios"); r.code != ExitOK || !strings.Contains(r.stdout, "connect-storm") {
 		t.Fatalf("scenarios: %d %s", r.code, r.stdout)
+	}
+}
+
+// The bound of a run is not negotiable: a scenario file cannot lift it
+// either.
+func TestMaxDurationFromAScenarioFileIsBounded(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(cfg, []byte(`{"options":{"target":"baseline-inprocess","max-duration":"100000h"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := runMain(t, "run", "broadcast", "-config", cfg, "-quiet"); r.code != ExitUsage {
+		t.Fatalf("exit %d, want %d (%s%s)", r.code, ExitUsage, r.stderr, r.stdout)
+	}
+}
+
+// A target that accepts connections and then never answers cannot hold a
+// run: it ends at -max-duration, exit 1, the summary naming the bound.
+func TestRunStopsAtMaxDurationAgainstAStalledTarget(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := make(chan net.Conn, 64)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				close(stalled)
+				return
+			}
+			stalled <- c // held open, never read nor written
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		for c := range stalled {
+			c.Close()
+		}
+	})
+	t0 := time.Now()
+	r := runMain(t, "run", "broadcast", "-target", "baseline:http://"+l.Addr().String(), "-conns", "4", "-dialogs", "2",
+		"-rate", "20", "-duration", "1s", "-max-duration", "2s", "-source-range", "none", "-quiet")
+	took := time.Since(t0)
+	if r.code != ExitError || !strings.Contains(r.stdout, "hit its 2s bound") {
+		t.Fatalf("exit %d, want %d with the bound named\n%s%s", r.code, ExitError, r.stdout, r.stderr)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the run took %s with -max-duration 2s", took.Round(100*time.Millisecond))
 	}
 }
 

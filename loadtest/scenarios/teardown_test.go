@@ -2,8 +2,11 @@ package scenarios
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,5 +70,79 @@ func TestMaxDurationBoundsTheTeardownOfAHungTarget(t *testing.T) {
 	t.Logf("run took %s with -max-duration %s (err %v)", took.Round(time.Millisecond), bound, sum.Err)
 	if took > bound+2*time.Second {
 		t.Errorf("the run took %s, far past its -max-duration %s", took.Round(time.Second), bound)
+	}
+}
+
+// stallingListener accepts TCP connections and never reads or writes on
+// them: a target that took the connection and then hung before answering
+// anything, the handshake included. Connections are closed when the test
+// ends.
+func stallingListener(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return "http://" + l.Addr().String()
+}
+
+// Every scenario that loads a target stops at -max-duration, whatever
+// the target does: against one that accepts connections and never
+// answers, the run ends at its bound with the bound named in its error,
+// not when a client timeout (or nothing) ends it.
+func TestMaxDurationStopsTheRunAgainstAStalledTarget(t *testing.T) {
+	base := stallingListener(t)
+	gw := []string{"-dev-secret", testDevSecret}
+	for name, c := range map[string]struct {
+		scenario, target string
+		args             []string
+	}{
+		"broadcast":        {"broadcast", "baseline:" + base, []string{"-conns", "4", "-dialogs", "2", "-rate", "20"}},
+		"idle-connections": {"idle-connections", "baseline:" + base, []string{"-conns", "4"}},
+		"broadcast gw":     {"broadcast", base, append([]string{"-conns", "4", "-dialogs", "2", "-rate", "20", "-redis-url", env.Redis.URL(1)}, gw...)},
+		"chat-fanout":      {"chat-fanout", base, append([]string{"-users", "4", "-dialogs", "2", "-rate", "4"}, gw...)},
+		"connect-storm":    {"connect-storm", base, append([]string{"-conns", "4", "-dialogs", "2", "-wait", "1s"}, gw...)},
+		"rate-limit":       {"rate-limit", base, append([]string{"-vus", "2", "-users", "2"}, gw...)},
+		"project-queue":    {"project-queue", base, append([]string{"-project", "p1", "-user", "0b5d6f6e-53a4-4b8e-9a55-1f0d7c1c2a10", "-rate", "4"}, gw...)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			sc := newScenario(t, c.scenario, c.args...)
+			bound := 2 * time.Second
+			t0 := time.Now()
+			sum := run(t, sc, loadtest.Options{Target: c.target, Duration: time.Second, MaxDuration: bound, SourceRange: "none"})
+			took := time.Since(t0)
+			t.Logf("took %s: %v", took.Round(time.Millisecond), sum.Err)
+			if took > bound+3*time.Second {
+				t.Errorf("the run took %s, past its -max-duration %s", took.Round(100*time.Millisecond), bound)
+			}
+			if sum.Err == nil || !strings.Contains(sum.Err.Error(), "hit its 2s bound") {
+				t.Errorf("error %v, want one naming the 2s bound the run hit", sum.Err)
+			}
+		})
 	}
 }
