@@ -131,6 +131,15 @@ func (d *Deliveries) After(dialogID string, seq int64) {
 // event is not expected anywhere.
 func (d *Deliveries) PublishFailed() { d.publishFailed.Add(true) }
 
+// Dropped records an event the generator was due to publish but dropped
+// (every VU busy): a failed publish, and subscribers deliveries that never
+// happened, each counted in delivery_latency as slower than any measured
+// one. Its event is not expected anywhere.
+func (d *Deliveries) Dropped(subscribers int) {
+	d.publishFailed.Add(true)
+	d.latency.AddDropped(int64(subscribers))
+}
+
 // newLog registers one more subscriber of dialogID: a connection that got
 // an event of it. dialogID may alias a read buffer: it is copied.
 func (d *Deliveries) newLog(dialogID string) *subscriberLog {

@@ -332,6 +332,13 @@ func (e RampingVUs) Run(ctx context.Context, reg *Registry, fn IterFunc) (Stats,
 // ceil(Duration·Rate/TimeUnit) iterations are scheduled. An iteration with
 // no free VU gets a new one up to MaxVUs, else it is dropped and counted.
 // A late scheduler catches up by starting every slot already due.
+//
+// A dropped iteration is a failure of the run, not a sample left out: its
+// user waited for something that never happened. OnDrop lets the scenario
+// count it where its iterations are judged: as failed, and in its latency
+// from schedule as a sample slower than any measured one
+// (Trend.AddDropped), so an overloaded run cannot report a better p99 than
+// its users saw.
 type ConstantArrivalRate struct {
 	Rate            int           // 1..MaxArrivalRate
 	TimeUnit        time.Duration // zero value means 1s; at most 1h
@@ -339,6 +346,9 @@ type ConstantArrivalRate struct {
 	PreAllocatedVUs int           // VUs started up front; zero value means 1
 	MaxVUs          int           // zero value means PreAllocatedVUs
 	GracefulStop    time.Duration // zero value means DefaultGracefulStop
+	// OnDrop, when set, is called with each dropped iteration (its N and
+	// Scheduled; VU is -1) on the scheduling goroutine: it must not block.
+	OnDrop func(Iter)
 }
 
 // MaxArrivalRate bounds ConstantArrivalRate.Rate (with the 2 h duration
@@ -446,6 +456,10 @@ func (e ConstantArrivalRate) Run(ctx context.Context, reg *Registry, fn IterFunc
 			} else {
 				nDropped++
 				dropped.Inc()
+				if e.OnDrop != nil {
+					it.VU = -1
+					e.OnDrop(it)
+				}
 			}
 		}
 	}

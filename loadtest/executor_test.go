@@ -2,6 +2,7 @@ package loadtest_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -82,7 +83,17 @@ func TestConstantArrivalRateDropsWhenEveryVUIsBusy(t *testing.T) {
 		// Slots every 100ms; each iteration takes 450ms; at most 2 VUs.
 		// 0 → VU0, 100 → new VU1, 200..400 dropped, 500 → VU0 (free at 450),
 		// 600 → VU1 (free at 550), 700..900 dropped.
-		e := loadtest.ConstantArrivalRate{Rate: 10, Duration: time.Second, PreAllocatedVUs: 1, MaxVUs: 2}
+		// OnDrop hears of each dropped slot when it is due, so a scenario
+		// can count it as failed and as an unbounded latency.
+		var (
+			dropped []int64
+			late    []time.Duration
+		)
+		e := loadtest.ConstantArrivalRate{Rate: 10, Duration: time.Second, PreAllocatedVUs: 1, MaxVUs: 2,
+			OnDrop: func(it loadtest.Iter) {
+				dropped = append(dropped, it.N)
+				late = append(late, time.Since(it.Scheduled))
+			}}
 		reg := loadtest.NewRegistry()
 		r := &recorder{start: time.Now()}
 		st, err := e.Run(context.Background(), reg, r.fn(450*time.Millisecond))
@@ -94,6 +105,9 @@ func TestConstantArrivalRateDropsWhenEveryVUIsBusy(t *testing.T) {
 		}
 		if got := reg.Counter(loadtest.MetricDroppedIterations).Value(); got != 6 {
 			t.Fatalf("dropped_iterations = %d, want 6", got)
+		}
+		if !slices.Equal(dropped, []int64{2, 3, 4, 7, 8, 9}) || !slices.Equal(late, make([]time.Duration, 6)) {
+			t.Fatalf("OnDrop saw iterations %v, %v after their slots; want 2,3,4,7,8,9 each at its slot", dropped, late)
 		}
 		var ns []int64
 		for _, rec := range r.recs {

@@ -129,10 +129,12 @@ func (h *Histogram) Percentile(p float64) int64 {
 	if p >= 100 {
 		return h.Max()
 	}
-	rank := uint64(math.Ceil(p / 100 * float64(n)))
-	if rank < 1 {
-		rank = 1
-	}
+	return h.atRank(max(uint64(math.Ceil(p/100*float64(n))), 1))
+}
+
+// atRank is the rank-th smallest recorded value (1-based), within
+// MaxRelativeError; the exact Max when rank is past the last value.
+func (h *Histogram) atRank(rank uint64) int64 {
 	var seen uint64
 	for i := range h.counts {
 		c := h.counts[i].Load()

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -155,10 +156,29 @@ func (g *Gauge) read() (v, lo, hi float64, set bool) {
 }
 
 // Trend is a distribution of durations. Safe for concurrent use.
-type Trend struct{ h *Histogram }
+//
+// Besides measured durations it counts dropped samples: iterations the
+// arrival-rate schedule was due to start but could not (every VU busy),
+// measured from their scheduled time. They never completed, so their
+// latency is unbounded: they count as samples slower than any measured
+// one. Percentiles rank over measured and dropped samples together, so a
+// p99 "from schedule" is +Inf as soon as more than 1 % of the schedule was
+// dropped and can never look better because the slowest iterations did not
+// run; max and avg are +Inf when anything was dropped.
+type Trend struct {
+	h       *Histogram
+	dropped atomic.Int64
+}
 
 // Add records one duration.
 func (t *Trend) Add(d time.Duration) { t.h.Record(int64(d)) }
+
+// AddDropped records n samples that never completed (dropped iterations):
+// each is slower than any measured duration.
+func (t *Trend) AddDropped(n int64) { t.dropped.Add(n) }
+
+// Dropped is the number of samples recorded with AddDropped.
+func (t *Trend) Dropped() int64 { return t.dropped.Load() }
 
 // Histogram exposes the underlying histogram (nanoseconds).
 func (t *Trend) Histogram() *Histogram { return t.h }
@@ -391,8 +411,12 @@ type MetricValue struct {
 	Name string
 	Kind Kind
 	Unit Unit
-	// Count: counter value, trend/rate sample count.
+	// Count: counter value, trend/rate sample count (for a trend, its
+	// dropped samples included).
 	Count int64
+	// Dropped: trend samples that never completed (Trend.AddDropped),
+	// counted in Count as slower than any measured one.
+	Dropped int64
 	// Rate: counter per second, or the rate's fraction.
 	Rate float64
 	// Value, Min, Max: gauge value and extremes; trend min/max in ns.
@@ -451,10 +475,7 @@ func (r *Registry) Snapshot() Snapshot {
 		case KindGauge:
 			v.Value, v.Min, v.Max, v.set = m.g.read()
 		case KindTrend:
-			h := m.t.h
-			v.Count = int64(h.Count())
-			v.Min, v.Max, v.Avg = float64(h.Min()), float64(h.Max()), h.Mean()
-			v.percentiles = func(p float64) float64 { return float64(h.Percentile(p)) }
+			v = trendValue(v, m.t)
 		case KindRate:
 			v.Rate, v.Count = m.r.Value()
 			v.Value = float64(m.r.Hits())
@@ -462,6 +483,38 @@ func (r *Registry) Snapshot() Snapshot {
 		s.Metrics[m.name] = v
 	}
 	return s
+}
+
+// trendValue aggregates t into v: the histogram's figures, with dropped
+// samples as +Inf (slower than any measured one).
+func trendValue(v MetricValue, t *Trend) MetricValue {
+	h := t.h
+	n, dropped := int64(h.Count()), t.Dropped()
+	v.Count, v.Dropped = n+dropped, dropped
+	v.Min, v.Max, v.Avg = float64(h.Min()), float64(h.Max()), h.Mean()
+	if dropped > 0 {
+		v.Max, v.Avg = math.Inf(1), math.Inf(1)
+		if n == 0 {
+			v.Min = math.Inf(1)
+		}
+	}
+	lo := v.Min
+	v.percentiles = func(p float64) float64 {
+		switch {
+		case dropped == 0:
+			return float64(h.Percentile(p))
+		case p <= 0:
+			return lo
+		case p >= 100:
+			return math.Inf(1)
+		}
+		rank := max(int64(math.Ceil(p/100*float64(n+dropped))), 1)
+		if rank > n {
+			return math.Inf(1)
+		}
+		return float64(h.atRank(uint64(rank)))
+	}
+	return v
 }
 
 // Names lists the snapshot's metric names sorted, base metrics before

@@ -124,6 +124,11 @@ func metricLine(v MetricValue) string {
 			parts = append(parts, label+"="+formatDuration(v.Percentile(p)))
 		}
 		parts = append(parts, "max="+formatDuration(v.Max), "count="+strconv.FormatInt(v.Count, 10))
+		if v.Dropped > 0 {
+			// Dropped iterations are in count and rank above every
+			// measured sample (∞): say how many.
+			parts = append(parts, "dropped="+strconv.FormatInt(v.Dropped, 10))
+		}
 		return strings.Join(parts, " ")
 	case KindRate:
 		if v.Count == 0 {
@@ -134,9 +139,12 @@ func metricLine(v MetricValue) string {
 	return ""
 }
 
-// formatDuration renders nanoseconds with three significant digits.
+// formatDuration renders nanoseconds with three significant digits; the
+// unbounded latency of a dropped iteration is ∞.
 func formatDuration(ns float64) string {
 	switch a := math.Abs(ns); {
+	case math.IsInf(ns, 1):
+		return "∞"
 	case a >= float64(time.Second):
 		return formatFloat(ns/float64(time.Second)) + "s"
 	case a >= float64(time.Millisecond):
@@ -194,8 +202,32 @@ func formatInfo(v any) string {
 // exportedMetric is one metric in the --summary-export JSON (k6's layout:
 // timings in milliseconds).
 type exportedMetric struct {
-	Type   string             `json:"type"`
-	Values map[string]float64 `json:"values"`
+	Type   string               `json:"type"`
+	Values map[string]jsonFloat `json:"values"`
+}
+
+// jsonFloat is a number of the export. JSON has no infinity, so the
+// unbounded latency of dropped iterations is written as the string "+Inf"
+// (as Go and Prometheus spell it): a reader comparing it as a number fails
+// or, as jq does, orders it above every number, never below a limit.
+type jsonFloat float64
+
+// MarshalJSON implements json.Marshaler.
+func (f jsonFloat) MarshalJSON() ([]byte, error) {
+	if math.IsInf(float64(f), 1) {
+		return []byte(`"+Inf"`), nil
+	}
+	return json.Marshal(float64(f))
+}
+
+// exportedThreshold is a ThresholdResult in the export, its observed
+// value a jsonFloat.
+type exportedThreshold struct {
+	Expr     string    `json:"expr"`
+	OK       bool      `json:"ok"`
+	NoData   bool      `json:"noData,omitempty"`
+	Observed jsonFloat `json:"observed"`
+	Shown    string    `json:"shown"`
 }
 
 type exportedSummary struct {
@@ -206,7 +238,7 @@ type exportedSummary struct {
 	Passed     bool                      `json:"passed"`
 	Error      string                    `json:"error,omitempty"`
 	Metrics    map[string]exportedMetric `json:"metrics"`
-	Thresholds []ThresholdResult         `json:"thresholds"`
+	Thresholds []exportedThreshold       `json:"thresholds"`
 	Info       map[string]any            `json:"info"`
 }
 
@@ -215,10 +247,11 @@ func (s *Summary) WriteJSON(w io.Writer) error {
 	out := exportedSummary{
 		Scenario: s.Scenario, Target: s.Target, StartedAt: s.Started.UnixMilli(),
 		DurationMs: ms(float64(s.Snapshot.Elapsed)), Passed: s.Passed(),
-		Metrics: map[string]exportedMetric{}, Thresholds: s.Thresholds, Info: map[string]any{},
+		Metrics: map[string]exportedMetric{}, Thresholds: []exportedThreshold{}, Info: map[string]any{},
 	}
-	if out.Thresholds == nil {
-		out.Thresholds = []ThresholdResult{}
+	for _, t := range s.Thresholds {
+		out.Thresholds = append(out.Thresholds, exportedThreshold{Expr: t.Expr, OK: t.OK, NoData: t.NoData,
+			Observed: jsonFloat(t.Observed), Shown: t.Shown})
 	}
 	if s.Err != nil {
 		out.Error = s.Err.Error()
@@ -227,26 +260,7 @@ func (s *Summary) WriteJSON(w io.Writer) error {
 		if !v.HasData() {
 			continue
 		}
-		m := exportedMetric{Type: v.Kind.String(), Values: map[string]float64{}}
-		switch v.Kind {
-		case KindCounter:
-			m.Values["count"], m.Values["rate"] = float64(v.Count), v.Rate
-		case KindGauge:
-			m.Values["value"], m.Values["min"], m.Values["max"] = v.Value, v.Min, v.Max
-		case KindTrend:
-			m.Values["avg"], m.Values["min"], m.Values["max"] = ms(v.Avg), ms(v.Min), ms(v.Max)
-			m.Values["count"] = float64(v.Count)
-			for _, p := range trendPercentiles {
-				key := "p(" + strconv.FormatFloat(p, 'f', -1, 64) + ")"
-				if p == 50 {
-					key = "med"
-				}
-				m.Values[key] = ms(v.Percentile(p))
-			}
-		case KindRate:
-			m.Values["rate"], m.Values["passes"], m.Values["fails"] = v.Rate, v.Value, float64(v.Count)-v.Value
-		}
-		out.Metrics[name] = m
+		out.Metrics[name] = exportMetric(v)
 	}
 	for _, in := range s.Info {
 		switch x := in.Value.(type) {
@@ -260,6 +274,38 @@ func (s *Summary) WriteJSON(w io.Writer) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(out)
+}
+
+// exportMetric is v in k6's layout; a trend with dropped samples also
+// gives their number as "dropped".
+func exportMetric(v MetricValue) exportedMetric {
+	vals := map[string]float64{}
+	switch v.Kind {
+	case KindCounter:
+		vals["count"], vals["rate"] = float64(v.Count), v.Rate
+	case KindGauge:
+		vals["value"], vals["min"], vals["max"] = v.Value, v.Min, v.Max
+	case KindTrend:
+		vals["avg"], vals["min"], vals["max"] = ms(v.Avg), ms(v.Min), ms(v.Max)
+		vals["count"] = float64(v.Count)
+		if v.Dropped > 0 {
+			vals["dropped"] = float64(v.Dropped)
+		}
+		for _, p := range trendPercentiles {
+			key := "p(" + strconv.FormatFloat(p, 'f', -1, 64) + ")"
+			if p == 50 {
+				key = "med"
+			}
+			vals[key] = ms(v.Percentile(p))
+		}
+	case KindRate:
+		vals["rate"], vals["passes"], vals["fails"] = v.Rate, v.Value, float64(v.Count)-v.Value
+	}
+	m := exportedMetric{Type: v.Kind.String(), Values: make(map[string]jsonFloat, len(vals))}
+	for k, x := range vals {
+		m.Values[k] = jsonFloat(x)
+	}
+	return m
 }
 
 func ms(ns float64) float64 { return ns / float64(time.Millisecond) }

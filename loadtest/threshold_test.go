@@ -3,6 +3,7 @@ package loadtest_test
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -264,5 +265,90 @@ func TestDeliveryThresholdsFailWhenNothingWasExpected(t *testing.T) {
 		if !r.OK {
 			t.Errorf("%s after one expected delivery that never came: %+v, want ok", expr, r)
 		}
+	}
+}
+
+// A dropped iteration never completed: in a trend measured from schedule
+// it ranks above every measured sample. Percentiles whose rank reaches the
+// dropped samples, max and avg are +Inf; the others shift up as they would
+// with the slowest samples in place; the summary shows ∞ and how many were
+// dropped, and the export writes "+Inf" (JSON has no infinity).
+func TestDroppedSamplesRankAboveEveryMeasuredOne(t *testing.T) {
+	reg := loadtest.NewRegistry()
+	lat := reg.Trend(loadtest.MetricDeliveryLatency)
+	for i := 1; i <= 98; i++ {
+		lat.Add(time.Duration(i) * time.Millisecond)
+	}
+	lat.AddDropped(2)
+	v := reg.Snapshot().Metrics[loadtest.MetricDeliveryLatency]
+	if v.Count != 100 || v.Dropped != 2 {
+		t.Fatalf("count %d dropped %d, want 100 and 2", v.Count, v.Dropped)
+	}
+	if got := v.Percentile(98); math.Abs(got-float64(98*time.Millisecond)) > loadtest.MaxRelativeError*float64(98*time.Millisecond) {
+		t.Errorf("p98 = %v, want the slowest measured sample, 98ms", time.Duration(got))
+	}
+	for _, p := range []float64{99, 100} {
+		if got := v.Percentile(p); !math.IsInf(got, 1) {
+			t.Errorf("p%v = %v, want +Inf: its rank falls on a dropped sample", p, time.Duration(got))
+		}
+	}
+	if !math.IsInf(v.Max, 1) || !math.IsInf(v.Avg, 1) || v.Min != float64(time.Millisecond) {
+		t.Errorf("min %v max %v avg %v, want 1ms, +Inf, +Inf", v.Min, v.Max, v.Avg)
+	}
+
+	ths, _ := loadtest.ParseThresholds([]string{"delivery_p98<99ms", "delivery_p99<1h", "delivery_max<1h"})
+	sum := &loadtest.Summary{Scenario: "broadcast", Started: time.Now(), Snapshot: reg.Snapshot()}
+	for _, th := range ths {
+		if err := th.Bind(reg); err != nil {
+			t.Fatal(err)
+		}
+		sum.Thresholds = append(sum.Thresholds, th.Evaluate(sum.Snapshot))
+	}
+	if r := sum.Thresholds; !r[0].OK || r[1].OK || r[2].OK || r[1].Shown != "p(99)=∞" {
+		t.Errorf("thresholds %+v: want p98 passed, p99 and max failed at ∞", r)
+	}
+	var text bytes.Buffer
+	sum.WriteText(&text)
+	for _, want := range []string{"p(99)=∞", "max=∞", "count=100 dropped=2", "✗ delivery_p99<1h"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("summary text lacks %q:\n%s", want, text.String())
+		}
+	}
+	var buf bytes.Buffer
+	if err := sum.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Metrics map[string]struct {
+			Values map[string]any `json:"values"`
+		} `json:"metrics"`
+		Thresholds []struct {
+			Observed any `json:"observed"`
+		} `json:"thresholds"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &out); err != nil {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	d := out.Metrics[loadtest.MetricDeliveryLatency].Values
+	if p95, _ := d["p(95)"].(float64); d["p(99)"] != "+Inf" || d["max"] != "+Inf" || d["dropped"] != 2.0 || d["count"] != 100.0 ||
+		math.Abs(p95-95) > loadtest.MaxRelativeError*95 {
+		t.Errorf("export = %s", buf.String())
+	}
+	if out.Thresholds[1].Observed != "+Inf" {
+		t.Errorf("threshold observed %v, want \"+Inf\"", out.Thresholds[1].Observed)
+	}
+}
+
+// A trend with nothing but dropped samples has data, all of it unbounded.
+func TestOnlyDroppedSamplesAreUnbounded(t *testing.T) {
+	reg := loadtest.NewRegistry()
+	reg.Trend(loadtest.MetricDeliveryLatency).AddDropped(3)
+	th, _ := loadtest.ParseThreshold("delivery_p50<1h")
+	if err := th.Bind(reg); err != nil {
+		t.Fatal(err)
+	}
+	r := th.Evaluate(reg.Snapshot())
+	if r.OK || r.NoData || !math.IsInf(r.Observed, 1) {
+		t.Errorf("%+v, want failed with +Inf", r)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sort"
@@ -159,7 +160,11 @@ func (b *Broadcast) Run(ctx context.Context, t *loadtest.T) error {
 		t.Reg.Gauge(MetricBaselineDeliveryRate, loadtest.UnitPerSecond).Set(baseRate)
 		if len(b.steps) == 0 {
 			bs := breg.Snapshot()
-			t.Info("baseline_delivery_p99", time.Duration(bs.Metrics[loadtest.MetricDeliveryLatency].Percentile(99)))
+			if p99 := bs.Metrics[loadtest.MetricDeliveryLatency].Percentile(99); math.IsInf(p99, 1) {
+				t.Info("baseline_delivery_p99", latencyString(p99))
+			} else {
+				t.Info("baseline_delivery_p99", time.Duration(p99))
+			}
 			t.Info("baseline_delivery_lost", bs.Metrics[loadtest.MetricDeliveryLost].Count)
 		}
 	}
@@ -383,7 +388,7 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Regis
 		m := wreg.Snapshot().Metrics
 		t.Info(label+"_warmup", fmt.Sprintf("%d events/s for %s: %.0f deliveries/s, p99 %s, lost %d, duplicates %d, unexpected %d",
 			b.steps[0], b.warmup, m[loadtest.MetricDeliveryRate].Value,
-			time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99)).Round(10*time.Microsecond), m[loadtest.MetricDeliveryLost].Count,
+			latencyString(m[loadtest.MetricDeliveryLatency].Percentile(99)), m[loadtest.MetricDeliveryLost].Count,
 			m[loadtest.MetricDeliveryDuplicates].Count, m[loadtest.MetricDeliveryUnexpected].Count))
 		// The heap the set-up and the warm-up grew is collected now, not
 		// in the middle of the first step.
@@ -402,14 +407,15 @@ func (st *stepper) climb(ctx context.Context, t *loadtest.T, reg *loadtest.Regis
 		addStepTotals(reg, sreg)
 		m := sreg.Snapshot().Metrics
 		got := m[loadtest.MetricDeliveryRate].Value
-		p99 := time.Duration(m[loadtest.MetricDeliveryLatency].Percentile(99))
+		p99 := m[loadtest.MetricDeliveryLatency].Percentile(99) // +Inf when dropped events reach the rank
 		lost, dropped := m[loadtest.MetricDeliveryLost].Count, m[loadtest.MetricDroppedIterations].Count
 		failed := sreg.Rate(loadtest.MetricPublishFailed).Hits()
 		// A step holds only when nothing was lost, dropped or refused: a
-		// publish that failed is an event the step did not carry.
-		held := p99 <= b.stepP99 && lost == 0 && dropped == 0 && failed == 0 && m[loadtest.MetricDeliveryLatency].Count > 0
+		// publish that failed or was dropped is an event the step did not
+		// carry (publish_failed counts the dropped ones too).
+		held := p99 <= float64(b.stepP99) && lost == 0 && dropped == 0 && failed == 0 && m[loadtest.MetricDeliveryLatency].Count > 0
 		line := fmt.Sprintf("%.0f deliveries/s, p99 %s, lost %d, dropped %d, publish failures %d, held %v",
-			got, p99.Round(10*time.Microsecond), lost, dropped, failed, held)
+			got, latencyString(p99), lost, dropped, failed, held)
 		for _, name := range sortedKeys(cpu) {
 			line += fmt.Sprintf(", %s %.3f CPU-s/1M deliveries", name, cpu[name])
 		}
@@ -439,7 +445,10 @@ func (st *stepper) continueSeqs(dl *loadtest.Deliveries) {
 func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Registry, dl *loadtest.Deliveries, rate int, dur time.Duration, label string) (map[string]float64, error) {
 	b := st.b
 	exec := loadtest.ConstantArrivalRate{Rate: rate, Duration: dur,
-		PreAllocatedVUs: b.publishers, MaxVUs: b.maxPublishers}
+		PreAllocatedVUs: b.publishers, MaxVUs: b.maxPublishers,
+		// A dropped event is a failed publish whose deliveries never
+		// happen: each ranks above every measured delivery.
+		OnDrop: func(it loadtest.Iter) { dl.Dropped(st.fl.subs[int(it.N%int64(b.dialogs))]) }}
 	bufs := make([][]byte, exec.PeakVUs())
 	data := make([][]byte, len(bufs)) // Centrifugo: the publication's data
 	t.SetPhase(label + ": publishing")
@@ -474,6 +483,15 @@ func (st *stepper) measure(ctx context.Context, t *loadtest.T, reg *loadtest.Reg
 	}
 	dl.Finish(reg.Elapsed())
 	return cpu, ctx.Err()
+}
+
+// latencyString renders a latency percentile in nanoseconds for a step or
+// info line: ∞ when dropped iterations reach its rank.
+func latencyString(ns float64) string {
+	if math.IsInf(ns, 1) {
+		return "∞"
+	}
+	return time.Duration(ns).Round(10 * time.Microsecond).String()
 }
 
 func sortedKeys(m map[string]float64) []string {

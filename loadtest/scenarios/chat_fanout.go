@@ -152,6 +152,7 @@ func (s *ChatFanout) sendRunOf(fl *fleet, apis []*loadtest.API, dl *loadtest.Del
 	if dl != nil {
 		r.onOK = func(d int, seq int64) { dl.Published(fl.dialogIDs[d], seq, fl.subs[d]) }
 		r.onFail = dl.PublishFailed
+		r.onDrop = func(d int) { dl.Dropped(fl.subs[d]) }
 	}
 	return r
 }

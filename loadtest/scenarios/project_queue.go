@@ -138,7 +138,10 @@ func (s *ProjectQueue) Run(ctx context.Context, t *loadtest.T) error {
 	var ackN atomic.Int64
 	t.SetPhase("publishing and claiming")
 	t.Reg.ResetClock()
-	pubExec := loadtest.ConstantArrivalRate{Rate: s.rate, Duration: t.Opts.Duration, PreAllocatedVUs: s.publishers, MaxVUs: s.maxPublishers}
+	pubExec := loadtest.ConstantArrivalRate{Rate: s.rate, Duration: t.Opts.Duration, PreAllocatedVUs: s.publishers, MaxVUs: s.maxPublishers,
+		// A dropped publish is a message no claimer ever gets: an unbounded
+		// claim latency, ranked above every measured one.
+		OnDrop: func(loadtest.Iter) { latency.AddDropped(1) }}
 	claimExec := loadtest.ConstantVUs{VUs: s.claimers, Duration: t.Opts.Duration}
 	var wg sync.WaitGroup
 	var pubErr, claimErr error
