@@ -128,6 +128,7 @@ func TestMaxDurationStopsTheRunAgainstAStalledTarget(t *testing.T) {
 		"chat-fanout":      {"chat-fanout", base, append([]string{"-users", "4", "-dialogs", "2", "-rate", "4"}, gw...)},
 		"connect-storm":    {"connect-storm", base, append([]string{"-conns", "4", "-dialogs", "2", "-wait", "1s"}, gw...)},
 		"rate-limit":       {"rate-limit", base, append([]string{"-vus", "2", "-users", "2"}, gw...)},
+		"send-sql":         {"send-sql", DefaultTarget, []string{"-database-url", "postgres://u@" + strings.TrimPrefix(base, "http://") + "/db", "-users", "4", "-dialogs", "2", "-rate", "4"}},
 		"project-queue":    {"project-queue", base, append([]string{"-project", "p1", "-user", "0b5d6f6e-53a4-4b8e-9a55-1f0d7c1c2a10", "-rate", "4"}, gw...)},
 	} {
 		t.Run(name, func(t *testing.T) {
