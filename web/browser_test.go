@@ -145,7 +145,7 @@ func (a *hostileAPI) message(seq int64) map[string]any {
 
 func (a *hostileAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
-		web.Handler().ServeHTTP(w, r)
+		web.Handler("").ServeHTTP(w, r)
 		return
 	}
 	reply := func(code int, v any) {

@@ -93,7 +93,7 @@ func (a *usersAPI) message(dialog string) map[string]any {
 
 func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
-		web.Handler().ServeHTTP(w, r)
+		web.Handler("").ServeHTTP(w, r)
 		return
 	}
 	reply := func(code int, v any) {

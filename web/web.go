@@ -20,14 +20,16 @@ var embedded embed.FS
 const csp = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; " +
 	"connect-src 'self' ws: wss:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
-// Handler serves the embedded browser client. Files are revalidated on
+// Handler serves the embedded browser client. realtimeURL is the
+// deployment's public WebSocket URL (HAN_PUBLIC_REALTIME_URL; empty when
+// the client connects to this origin). Files are revalidated on
 // every load (no-cache) so a new deployment's modules are never mixed with
 // an old cached one. Folders are not browsable: a directory other than the
 // root (which serves index.html) is 404. Cross-Origin-Opener-Policy
 // same-origin puts the page in a browsing context group of its own: a page
 // of another origin that opened it, or that it opened, holds no reference
 // to it, so cannot navigate it (to a sign-in link, say).
-func Handler() http.Handler {
+func Handler(realtimeURL string) http.Handler {
 	fsrv := http.FileServer(http.FS(noDirs{Files()}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()

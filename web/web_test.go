@@ -16,7 +16,7 @@ import (
 func get(t *testing.T, p string) *http.Response {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	web.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, p, nil))
+	web.Handler("").ServeHTTP(rec, httptest.NewRequest(http.MethodGet, p, nil))
 	return rec.Result()
 }
 

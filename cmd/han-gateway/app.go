@@ -271,7 +271,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	// Handshakes spend the REST routes' budget of refused credentials.
 	m.realtime.SetCredentialGate(m.api.CredentialGate())
-	m.api.MountWeb(web.Handler())
+	m.api.MountWeb(web.Handler(cfg.PublicRealtimeURL))
 	m.janitor = store.NewJanitor(store.New(m.pg), store.JanitorConfig{PendingRetention: cfg.IdempotencyTTL,
 		UnsentRetention: cfg.AttachmentUnsentTTL, Blobs: m.api.Blobs()}, m.Logger)
 	m.janitor.Start()
