@@ -47,6 +47,11 @@ func fakeJWT(user string, exp time.Time) string {
 type usersAPI struct {
 	title, body string
 	live        bool
+	// realtimeURL is the realtimeUrl of /v1/public/config (nil when not
+	// set) and page the handler of the client's files (web.Handler("")
+	// when not set).
+	realtimeURL any
+	page        http.Handler
 
 	mu        sync.Mutex
 	tokens    map[string]string    // token → user id
@@ -93,7 +98,11 @@ func (a *usersAPI) message(dialog string) map[string]any {
 
 func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
-		web.Handler("").ServeHTTP(w, r)
+		if a.page != nil {
+			a.page.ServeHTTP(w, r)
+		} else {
+			web.Handler("").ServeHTTP(w, r)
+		}
 		return
 	}
 	reply := func(code int, v any) {
@@ -104,7 +113,7 @@ func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := r.URL.Path
 	switch p {
 	case "/v1/public/config":
-		reply(200, map[string]any{"realtimeUrl": nil})
+		reply(200, map[string]any{"realtimeUrl": a.realtimeURL})
 		return
 	case "/v1/realtime":
 		a.realtime(w, r)
@@ -161,7 +170,9 @@ func (a *usersAPI) realtime(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no ticket", http.StatusUnauthorized)
 		return
 	}
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"han.v1"}})
+	// The page's origin, which differs when the socket has an origin of its
+	// own (another port on the loopback address).
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{"han.v1"}, OriginPatterns: []string{"127.0.0.1:*"}})
 	if err != nil {
 		return
 	}

@@ -21,7 +21,8 @@ func get(t *testing.T, p string) *http.Response {
 }
 
 // The page is served with a CSP that allows only this origin's scripts (no
-// inline script), blob: images for attachment previews, and WebSockets,
+// inline script), blob: images for attachment previews, and connections to
+// this origin alone, framed by no page (frame-ancestors, X-Frame-Options),
 // and in a browsing context group of its own (no window of another origin
 // holds a reference to it).
 func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
@@ -31,7 +32,7 @@ func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
 		t.Fatalf("GET /: %d %.200s", res.StatusCode, body)
 	}
 	csp := res.Header.Get("Content-Security-Policy")
-	for _, want := range []string{"default-src 'self'", "script-src 'self'", "img-src 'self' blob:", "connect-src 'self' ws: wss:", "frame-ancestors 'none'"} {
+	for _, want := range []string{"default-src 'self'", "script-src 'self'", "img-src 'self' blob:", "connect-src 'self';", "frame-ancestors 'none'"} {
 		if !strings.Contains(csp, want) {
 			t.Errorf("CSP %q lacks %q", csp, want)
 		}
@@ -40,13 +41,36 @@ func TestServesTheClientWithItsSecurityHeaders(t *testing.T) {
 		t.Errorf("CSP allows inline code: %q", csp)
 	}
 	for h, want := range map[string]string{"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
-		"Cross-Origin-Opener-Policy": "same-origin"} {
+		"Cross-Origin-Opener-Policy": "same-origin", "X-Frame-Options": "DENY"} {
 		if got := res.Header.Get(h); got != want {
 			t.Errorf("%s: %q, want %q", h, got, want)
 		}
 	}
 	if ct := get(t, "/js/main.js").Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/javascript") {
 		t.Errorf("module served as %q (browsers refuse modules that are not JavaScript under nosniff)", ct)
+	}
+}
+
+// The deployment's realtime origin (HAN_PUBLIC_REALTIME_URL) is the one
+// other origin the page may connect to: its scheme, host and port, never
+// its path or credentials. A value that is no ws: or wss: URL, or whose
+// host could end the directive, adds nothing.
+func TestTheCSPNamesTheRealtimeOriginOnly(t *testing.T) {
+	for raw, want := range map[string]string{
+		"":                                      "connect-src 'self';",
+		"wss://RT.example.com/v1/realtime":      "connect-src 'self' wss://rt.example.com;",
+		"ws://127.0.0.1:8080/v1/realtime?x=1":   "connect-src 'self' ws://127.0.0.1:8080;",
+		"wss://user:pw@rt.example.com/realtime": "connect-src 'self' wss://rt.example.com;",
+		"wss://[::1]:9443/v1/realtime":          "connect-src 'self' wss://[::1]:9443;",
+		"https://rt.example.com/v1/realtime":    "connect-src 'self';",
+		"wss://rt.example.com;script-src*/x":    "connect-src 'self';",
+		"not a url":                             "connect-src 'self';",
+	} {
+		rec := httptest.NewRecorder()
+		web.Handler(raw).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		if csp := rec.Result().Header.Get("Content-Security-Policy"); !strings.Contains(csp, want) {
+			t.Errorf("realtime URL %q: CSP %q, want %q", raw, csp, want)
+		}
 	}
 }
 

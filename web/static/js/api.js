@@ -66,6 +66,27 @@ export function blobURL(url, id, origin = location.origin) {
   }
 }
 
+// realtimeURL is the WebSocket URL the client connects to: the realtimeUrl
+// of /v1/public/config when it is a ws: or wss: URL without credentials
+// (only wss: for a page served over https: the browser blocks a plain ws:
+// there as mixed content, and tokens go over the socket), else this
+// origin's /v1/realtime, which the gateway serving the page answers. A
+// broken or hostile answer (a number, javascript:, http:) thus cannot keep
+// the client offline; the page's CSP decides which other origins it may
+// reach.
+export function realtimeURL(value, origin = location.origin) {
+  const page = new URL(origin);
+  const own = `${page.protocol === "https:" ? "wss" : "ws"}://${page.host}/v1/realtime`;
+  if (typeof value !== "string") return own;
+  try {
+    const u = new URL(value);
+    const ok = (u.protocol === "wss:" || (u.protocol === "ws:" && page.protocol !== "https:")) && !u.username && !u.password;
+    return ok ? u.href : own;
+  } catch {
+    return own; // not a URL
+  }
+}
+
 // retrying repeats fn while it fails with a retryable error, up to attempts
 // times, waiting the SDK's retryDelay: Retry-After when the server gave one
 // plus 0–1 s at random, else exponential backoff with jitter.

@@ -2,7 +2,7 @@
 // the connection banner and the SDK client (web/sdk, served under /sdk/)
 // shared by the views: its realtime connection, REST calls and token hook.
 import { HanClient } from "../sdk/index.js";
-import { get, getToken, onAuthLost, setToken } from "./api.js";
+import { get, getToken, onAuthLost, realtimeURL, setToken } from "./api.js";
 import { ChatView } from "./chat.js";
 import { ConsoleView } from "./console.js";
 import { $, copyText, formatDateTime, h, hue, initials, relative, shortId, toast } from "./dom.js";
@@ -86,15 +86,19 @@ async function signIn(tok, errBox) {
   return true;
 }
 
-// realtimeUrl: the deployment's WebSocket URL (public config), else this
-// origin's /v1/realtime.
+// realtimeUrl: the deployment's WebSocket URL (public config) when it is
+// one the page can use (api.js realtimeURL), else this origin's
+// /v1/realtime. A config that could not be read is asked again by the
+// next session.
 async function realtimeUrl() {
   if (!app.realtimeUrl) {
     try {
-      app.realtimeUrl = (await get("/v1/public/config", { auth: false })).realtimeUrl;
-    } catch { /* the default below */ }
+      app.realtimeUrl = realtimeURL((await get("/v1/public/config", { auth: false })).realtimeUrl);
+    } catch {
+      return realtimeURL(null);
+    }
   }
-  return app.realtimeUrl || `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime`;
+  return app.realtimeUrl;
 }
 
 async function startSession(tok) {
