@@ -6,6 +6,12 @@ import { get, request, retrying } from "./api.js";
 import { $, countdown, formatBytes, formatDateTime, h, isoTime, relative, shortId, toast, uuid, UUID_RE } from "./dom.js";
 import { errorView } from "./errors.js";
 
+// Names that writers of the project chose (topic names, cache keys) may
+// hold bidi overrides. Where one sits inside a sentence it is isolated
+// (<bdi>, or dir on its element): an override reorders the name alone,
+// never the words after it. A name alone in its cell or heading needs
+// nothing more, its element ends the override.
+
 const RECENT_MAX = 8;
 const CACHE_COLUMNS = ["Key", "Type", "Value", "Size", "Expires", "Updated", "Actions"];
 const WRITE_NEEDED = "Needs the write role in this project";
@@ -460,7 +466,7 @@ export class ConsoleView {
     try {
       const { status, data } = await request("PUT", `${this.base}/cache`, { rawBody: raw });
       out.replaceChildren(h("div", { class: "alert alert-ok", role: "status", id: "cache-put-ok" },
-        `${status === 201 ? "Created" : "Replaced"} `, h("code", { text: data.key }), ` — expires ${formatDateTime(data.expiresAt)} (${relative(data.expiresAt)}).`));
+        `${status === 201 ? "Created" : "Replaced"} `, h("code", { dir: "auto", text: data.key }), ` — expires ${formatDateTime(data.expiresAt)} (${relative(data.expiresAt)}).`));
       await this.#loadCache(true);
       this.refresh();
     } catch (e) {
@@ -481,7 +487,7 @@ export class ConsoleView {
     try {
       await request("DELETE", `${this.base}/cache?key=${encodeURIComponent(key)}`);
       btn.closest("tr")?.remove();
-      toast(`Deleted ${key}`, "success");
+      toast(h("span", null, "Deleted ", h("bdi", { text: key })), "success");
       this.refresh();
     } catch (e) {
       this.cacheListErr.replaceChildren(errorView(e, "cache-list-error-alert"));
@@ -596,7 +602,8 @@ export class ConsoleView {
     const res = await this.#mutate("POST", `/topics/${topicId}/trim`, {}, this.topicsErr);
     if (res) {
       const d = res.data || {};
-      toast(`Trimmed ${d.trimmed ?? 0} message(s) from ${this.#topicName(topicId)}, released ${formatBytes(d.releasedBytes ?? 0)}.`, "success");
+      toast(h("span", null, `Trimmed ${d.trimmed ?? 0} message(s) from `, h("bdi", { text: this.#topicName(topicId) }),
+        `, released ${formatBytes(d.releasedBytes ?? 0)}.`), "success");
     }
     if (topicId === this.selectedTopic) this.#loadMessages(true);
   }
@@ -631,7 +638,7 @@ export class ConsoleView {
       const { status, data } = await retrying(() => request("POST", `${this.base}/topics/${topicId}/messages`, { body }), { attempts: 4 });
       out.replaceChildren(h("div", { class: "alert alert-ok", role: "status", id: "publish-ok", dataset: { messageId: data.id } },
         status === 201 ? "Published " : "Already published — same message ", h("code", { text: shortId(data.id) }),
-        ` to ${this.#topicName(topicId)} (${formatBytes(data.sizeBytes)}).`));
+        " to ", h("bdi", { text: this.#topicName(topicId) }), ` (${formatBytes(data.sizeBytes)}).`));
       evInput.value = uuid();
       this.refresh();
       if (topicId === this.selectedTopic) this.#loadMessages(true);

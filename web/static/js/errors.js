@@ -104,8 +104,11 @@ const sentences = {
   budget_exhausted: "The reliable-data budget is used up; trim or delete to free space.",
 };
 
+// sentence is the sentence of a code; a code without one of its own (a
+// property every object has, such as "constructor", is none) gets the
+// generic sentence of its status.
 export function sentence(code, status) {
-  if (sentences[code]) return sentences[code];
+  if (typeof code === "string" && Object.hasOwn(sentences, code)) return sentences[code];
   if (status >= 500) return "The server could not complete the request.";
   return "The request was refused.";
 }
