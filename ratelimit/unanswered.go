@@ -92,7 +92,7 @@ type multiScripts interface {
 // decision on their master, or lapse with their window.
 func (l *Limiter) refundUnanswered(keys []string) {
 	now := time.Now()
-	all := l.unanswered.Take(now, 0)
+	all := l.unanswered.Take(now)
 	if len(all) == 0 {
 		return
 	}

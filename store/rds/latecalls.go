@@ -42,10 +42,11 @@ func (u *LateCalls[T]) Add(v T, life time.Duration) {
 	}
 }
 
-// Take removes and returns at most most live entries (most <= 0: all),
-// dropping those whose time is up; nil when the list is empty or the last
-// Take was less than Every ago.
-func (u *LateCalls[T]) Take(now time.Time, most int) []LateCall[T] {
+// Take removes and returns every live entry, dropping those whose time is
+// up; nil when the list is empty or the last Take was less than Every ago.
+// A caller that handles only some of them (those on one master, a batch)
+// puts the others back with Keep.
+func (u *LateCalls[T]) Take(now time.Time) []LateCall[T] {
 	if u.n.Load() == 0 {
 		return nil
 	}
@@ -55,18 +56,15 @@ func (u *LateCalls[T]) Take(now time.Time, most int) []LateCall[T] {
 		return nil
 	}
 	u.next = now.Add(u.Every)
-	var live, rest []LateCall[T]
+	var live []LateCall[T]
 	for _, e := range u.items {
-		switch {
-		case now.After(e.until) || (!e.settleBy.IsZero() && now.After(e.settleBy)):
-		case most > 0 && len(live) == most:
-			rest = append(rest, e)
-		default:
-			live = append(live, e)
+		if now.After(e.until) || (!e.settleBy.IsZero() && now.After(e.settleBy)) {
+			continue
 		}
+		live = append(live, e)
 	}
-	u.items = rest
-	u.n.Store(int32(len(u.items)))
+	u.items = nil
+	u.n.Store(0)
 	return live
 }
 

@@ -184,7 +184,7 @@ func (l *Locker) remember(key, owner string, ttl time.Duration) {
 // for an acquire on their master, or lapse with their lock.
 func (l *Locker) releaseUnanswered(ctx context.Context, key string) {
 	now := time.Now()
-	todo := l.unknown.Take(now, 0)
+	todo := l.unknown.Take(now)
 	if len(todo) == 0 {
 		return
 	}
