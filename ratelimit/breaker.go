@@ -70,8 +70,12 @@ func (l *Limiter) decideFamilies(ctx context.Context, label string, p Policy, ke
 				probed = append(probed, bs[i])
 			}
 		}
-	} else if l.health.Check() != nil {
-		return l.finish(label, p, keys, rules, Decision{}, rds.ErrRedisUnavailable)
+	} else {
+		for _, k := range keys {
+			if l.health.CheckKey(k) != nil {
+				return l.finish(label, p, keys, rules, Decision{}, rds.ErrRedisUnavailable)
+			}
+		}
 	}
 	defer release(probed)
 	l.refundUnanswered(keys)
@@ -83,8 +87,8 @@ func (l *Limiter) decideFamilies(ctx context.Context, label string, p Policy, ke
 	}
 	switch {
 	case l.health != nil:
-		if err != nil {
-			l.health.Observe(err)
+		if err != nil && answered < len(keys) {
+			l.health.ObserveKey(keys[answered], err)
 		}
 	default:
 		for i := range answered {

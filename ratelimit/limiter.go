@@ -49,9 +49,10 @@ type Config struct {
 	// Mode: zero value means ModeAuto.
 	Mode Mode
 	// Health is the shared DB0 fast-failure state (rds.RedisHealth):
-	// while it says Redis is down the limiter skips Redis, and it is told
-	// about every failure. Zero value means the limiter's own breaker (see
-	// Cooldown).
+	// while it says Redis (on a cluster, a key's master) is down the
+	// limiter skips Redis for the decisions on it, and it is told about
+	// every failure with the key of the call that failed. Zero value means
+	// the limiter's own breaker (see Cooldown).
 	Health Health
 	// Cooldown is how long the limiter's own breaker skips Redis after it
 	// failed as unavailable; then one request at a time probes it. Unused
@@ -71,12 +72,17 @@ type Config struct {
 }
 
 // Health is the fast-failure state of DB0, implemented by rds.RedisHealth.
+// Every call names the key it is about: on a Redis Cluster a decision's
+// failure is the failure of its key's master, which must fail fast only
+// the decisions on that master's keys, never those on the healthy masters.
 type Health interface {
-	// Check fails at once while Redis is considered unreachable.
-	Check() error
-	// Observe classifies a Redis error and marks Redis down when it was
-	// not reached; it returns the classified error.
-	Observe(err error) error
+	// CheckKey fails at once while Redis, or on a cluster key's master,
+	// is considered unreachable.
+	CheckKey(key string) error
+	// ObserveKey classifies the error of a call on key and marks Redis (on
+	// a cluster, key's master) down when it was not reached; it returns
+	// the classified error.
+	ObserveKey(key string, err error) error
 }
 
 // Subject names who a request is counted against; an empty field means the
@@ -193,6 +199,14 @@ func (l *Limiter) Decide(ctx context.Context, label string, p Policy, s Subject)
 	return l.decideFamilies(ctx, label, p, keys, rules)
 }
 
+// Keys are the Redis keys a decision of policy p of route label for
+// subject s counts on, one per family that applies, in policy order (none
+// when no family applies: such a decision touches nothing).
+func (l *Limiter) Keys(label string, p Policy, s Subject) []string {
+	keys, _ := l.subjectKeys(label, p, s)
+	return keys
+}
+
 // subjectKeys are the keys and rules of p's families that apply to s.
 func (l *Limiter) subjectKeys(label string, p Policy, s Subject) ([]string, []Rule) {
 	rules := make([]Rule, 0, len(p.Rules))
@@ -283,7 +297,7 @@ func (l *Limiter) Prepare(label string, p Policy, s Subject) *Prepared {
 // breaker (a call is made only while Redis is usable).
 func (l *Limiter) prepared(label string, p Policy, keys []string, rules []Rule) *Prepared {
 	pr := &Prepared{l: l, label: label, p: p, keys: keys, rules: rules}
-	if l.redisUsable(&pr.prober) {
+	if l.redisUsable(keys, &pr.prober) {
 		l.refundUnanswered(keys)
 		pr.id = l.requestID()
 		pr.call = &rds.ScriptCall{Script: script(p.Algorithm), Keys: keys, Args: scriptArgs(pr.id, keys, rules)}
@@ -323,26 +337,28 @@ func (pr *Prepared) Finish(reply *redis.Cmd) (Decision, error) {
 		if l.clientLeft(pr.prober, err) {
 			return Decision{}, err
 		}
-		l.redisDone(pr.prober, err)
+		l.redisDone(pr.keys, pr.prober, err)
 	}
 	return l.finish(pr.label, pr.p, pr.keys, pr.rules, d, err)
 }
 
-// redisUsable reports whether to ask Redis: always while it is up; after an
-// outage only once the cooldown passed, and then for one prober at a time
-// (or whatever the shared Health says).
-func (l *Limiter) redisUsable(prober *bool) bool {
+// redisUsable reports whether to ask Redis for a decision over keys (all on
+// one Redis instance): always while it is up; after an outage only once the
+// cooldown passed, and then for one prober at a time (or whatever the
+// shared Health says of keys' instance).
+func (l *Limiter) redisUsable(keys []string, prober *bool) bool {
 	if l.health != nil {
-		return l.health.Check() == nil
+		return l.health.CheckKey(keys[0]) == nil
 	}
 	return l.whole.usable(prober)
 }
 
-// redisDone records the outcome of a Redis evaluation in the breaker.
-func (l *Limiter) redisDone(prober bool, err error) {
+// redisDone records the outcome of a Redis evaluation over keys (all on one
+// Redis instance) in the breaker.
+func (l *Limiter) redisDone(keys []string, prober bool, err error) {
 	if l.health != nil {
 		if err != nil {
-			l.health.Observe(err)
+			l.health.ObserveKey(keys[0], err)
 		}
 		return
 	}

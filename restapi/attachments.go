@@ -366,15 +366,40 @@ func (s *Server) downloadURL(w http.ResponseWriter, r *http.Request) error {
 }
 
 // requireDB0 fails at once while DB0 is known to be down, and otherwise
-// checks it with one round trip bounded by the Redis budget.
+// checks it with one round trip bounded by the Redis budget: what the
+// route hands out is guarded by its rate limit, which lives in DB0.
+//
+// On a Redis Cluster that limit lives on the masters of the request's
+// limit keys (limitKeys), and only they are checked: a PING to a master
+// picked at random would fail the request because an unrelated master is
+// down, or pass it although the limit's master is. With no limit key (no
+// family of the route's policy applies, or no Redis limiter runs) the
+// request has nothing in DB0 to depend on, so no master's state bears on
+// it and only DB0 as a whole is consulted, without a round trip.
 func (s *Server) requireDB0(ctx context.Context) error {
 	if err := deferredDB0(ctx); err != nil {
 		return err
 	}
-	if s.idem.health == nil {
+	h := s.idem.health
+	if h == nil {
 		return rds.ErrRedisUnavailable
+	}
+	var keys []string
+	if d := db0DeferralOf(ctx); d != nil {
+		keys = d.limitKeys
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.idem.cfg.RedisBudget)
 	defer cancel()
-	return s.idem.health.Ping(ctx)
+	if !h.PerMaster() {
+		return h.Ping(ctx)
+	}
+	if err := h.Check(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := h.PingKey(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -72,6 +72,11 @@ type db0Deferral struct {
 	// outsider: the dialog's limit was used up and the limiter found the
 	// sender is no member of it.
 	outsider bool
+	// limitKeys are the DB0 keys the route's rate-limit decision counts
+	// this request on (none when no family applied, or no Redis limiter
+	// runs): the DB0 a route that hands out what its limit guards depends
+	// on (requireDB0).
+	limitKeys []string
 }
 
 type ctxDB0Deferral struct{}
@@ -108,9 +113,16 @@ func DeferDB0Failure(r *http.Request, err error) bool {
 	return true
 }
 
+// db0DeferralOf is the deferral of a route declared with answersDB0Outage,
+// else nil.
+func db0DeferralOf(ctx context.Context) *db0Deferral {
+	d, _ := ctx.Value(ctxDB0Deferral{}).(*db0Deferral)
+	return d
+}
+
 // deferredDB0 returns the DB0 failure the limiter deferred to the handler.
 func deferredDB0(ctx context.Context) error {
-	if d, ok := ctx.Value(ctxDB0Deferral{}).(*db0Deferral); ok {
+	if d := db0DeferralOf(ctx); d != nil {
 		return d.err
 	}
 	return nil

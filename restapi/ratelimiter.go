@@ -58,6 +58,9 @@ func (a *redisRateLimiter) Allow(w http.ResponseWriter, r *http.Request, route s
 			}
 		}
 	}
+	if d := db0DeferralOf(r.Context()); d != nil {
+		d.limitKeys = a.l.Keys(label, p, subj)
+	}
 	q := limitQuery{label: label, p: p, subj: subj}
 	if holder := limitHolder(r); holder != nil {
 		// Decided when the reserve is sent, after the body (on a Redis

@@ -87,14 +87,19 @@ func (h *RedisHealth) Check() error {
 	return nil
 }
 
-// Observe classifies the result of a Redis call (ClassifyRedisError) and
-// marks Redis down when it says the server could not be reached. It returns
-// the classified error.
+// Observe classifies the result of a Redis call (ClassifyRedisError) and,
+// on a standalone client, marks Redis down when it says the server could
+// not be reached. It returns the classified error.
+//
+// On a Redis Cluster client it marks nothing down: a call's failure is its
+// master's, and Observe is not told which master that was, so marking all
+// of DB0 down would fail the calls on the healthy masters too. A call on a
+// key reports to ObserveKey, which marks that key's master down.
 func (h *RedisHealth) Observe(err error) error {
 	if err == nil || errors.Is(err, redis.Nil) {
 		return err
 	}
-	if h != nil && unreachable(err) {
+	if h != nil && !h.PerMaster() && unreachable(err) {
 		h.MarkDown()
 	}
 	return ClassifyRedisError(err)
@@ -104,16 +109,13 @@ func (h *RedisHealth) Observe(err error) error {
 // for request paths that must not proceed without DB0 but have no script of
 // their own to run. The caller bounds ctx. On a Redis Cluster the PING goes
 // to one master picked at random, whose failure is its own: it fails this
-// call and marks nothing down.
+// call and marks nothing down (Observe); PingKey checks the master of a
+// given key.
 func (h *RedisHealth) Ping(ctx context.Context) error {
 	if err := h.Check(); err != nil {
 		return err
 	}
-	err := h.c.Ping(ctx).Err()
-	if h.PerMaster() {
-		return ClassifyRedisError(err)
-	}
-	return h.Observe(err)
+	return h.Observe(h.c.Ping(ctx).Err())
 }
 
 // MarkDown flips the state to down and starts the prober.

@@ -59,6 +59,24 @@ func (h *RedisHealth) ObserveKey(key string, err error) error {
 	return ClassifyRedisError(err)
 }
 
+// PingKey is Ping for the calls on key: it fails at once while key's
+// master is down (CheckKey), else PINGs that master, and a PING that does
+// not reach it marks that master down (ObserveKey), not the others. On a
+// standalone client it is Ping. The caller bounds ctx.
+func (h *RedisHealth) PingKey(ctx context.Context, key string) error {
+	if err := h.CheckKey(key); err != nil {
+		return err
+	}
+	if !h.PerMaster() {
+		return h.Observe(h.c.Ping(ctx).Err())
+	}
+	node, err := h.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return h.ObserveKey(key, err)
+	}
+	return h.ObserveKey(key, node.Ping(ctx).Err())
+}
+
 // markMasterDown marks key's master down (all of Redis on a standalone
 // client or without a slot map) and starts the prober.
 func (h *RedisHealth) markMasterDown(key string) {
