@@ -104,6 +104,9 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 		return errUploadInProgress
 	}
 	defer s.att.endUpload(a.ID)
+	if a.Status == store.AttachmentUploaded {
+		return s.uploadAgain(w, r, a)
+	}
 	// Refused before the body is asked for (Expect: 100-continue) when
 	// every slot is taken already.
 	client := s.blobClient(r)
@@ -159,6 +162,33 @@ func (s *Server) uploadBlob(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, AttachmentDTO{ID: cur.ID, Filename: cur.Filename, ContentType: cur.ContentType, SizeBytes: cur.SizeBytes})
+	return nil
+}
+
+// uploadAgain answers a PUT to an attachment that is uploaded already:
+// the retry of an upload whose answer was lost, most often. It is judged
+// by the body alone, hashed as it arrives and never stored: the same bytes
+// are 200 with the attachment, other bytes of the declared size 409
+// attachment_already_uploaded, a body of another size 400 or 413 as for a
+// first upload. Writing the body to the blob store only to delete it
+// again would make a retry after the upload that took the disk's last
+// space (or while the folder is broken) fail 507 or 503, and its client
+// give up on an attachment it can send, and would cost a blob slot and a
+// synced file per retry for nothing.
+func (s *Server) uploadAgain(w http.ResponseWriter, r *http.Request, a store.Attachment) error {
+	h := sha256.New()
+	body := &hashingReader{r: http.MaxBytesReader(w, r.Body, a.SizeBytes), h: h}
+	n, err := io.Copy(io.Discard, body)
+	if err != nil {
+		return uploadReadError(err, body)
+	}
+	if n != a.SizeBytes {
+		return errUploadSize
+	}
+	if hex.EncodeToString(h.Sum(nil)) != a.SHA256 {
+		return store.ErrAttachmentUploaded
+	}
+	writeJSON(w, http.StatusOK, AttachmentDTO{ID: a.ID, Filename: a.Filename, ContentType: a.ContentType, SizeBytes: a.SizeBytes})
 	return nil
 }
 
