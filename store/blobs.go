@@ -61,7 +61,8 @@ type LocalBlobs struct {
 
 var _ BlobStore = (*LocalBlobs)(nil)
 
-// NewLocalBlobs creates dir if needed (mode 0700).
+// NewLocalBlobs creates dir if needed (mode 0700), and refuses a folder
+// another local user could change (privateFolder).
 func NewLocalBlobs(dir string) (*LocalBlobs, error) {
 	if dir == "" {
 		return nil, errors.New("store: blob folder not set")
@@ -70,6 +71,11 @@ func NewLocalBlobs(dir string) (*LocalBlobs, error) {
 	if err := l.mkdirAll(dir); err != nil {
 		return nil, fmt.Errorf("store: create blob folder: %w", err)
 	}
+	resolved, err := privateFolder(dir)
+	if err != nil {
+		return nil, fmt.Errorf("store: blob folder %s refused: %w (it must belong to the gateway's user and be writable by no other)", dir, err)
+	}
+	l.dir = resolved
 	return l, nil
 }
 
