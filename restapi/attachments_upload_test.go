@@ -309,7 +309,7 @@ func TestBlobStoreFailureIsNotADatabaseOutage(t *testing.T) {
 				if err := os.MkdirAll(dir, 0o700); err != nil {
 					t.Fatal(err)
 				}
-				if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
+				if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
 					// Mounting needs root. CI runs as root and must run this
 					// case; elsewhere the mapping of ENOSPC itself is still
 					// checked by store's TestBlobStoreFailuresAreNotPostgresOutages.
