@@ -42,6 +42,10 @@ type AttachmentConfig struct {
 	// BlobDir is the local blob folder used when Deps.Blobs is nil. Zero
 	// value means <os temp dir>/han-blobs.
 	BlobDir string
+	// BlobCallTimeout bounds each file-system call on BlobDir, after which
+	// the folder is taken for stalled and the transfer answered 503
+	// blob_store_unavailable. Zero value means store.DefaultBlobCallTimeout.
+	BlobCallTimeout time.Duration
 	// MaxOpenBlobs bounds the uploads and downloads whose blob is open at
 	// once (each holds a file descriptor beside its connection's). Zero
 	// value means DefaultMaxOpenBlobs.
@@ -145,6 +149,9 @@ func (s *Server) initAttachments(d Deps) error {
 		b, err := store.NewLocalBlobs(dir)
 		if err != nil {
 			return err
+		}
+		if cfg.BlobCallTimeout > 0 {
+			b.SetCallTimeout(cfg.BlobCallTimeout)
 		}
 		a.blobs = b
 	}

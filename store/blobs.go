@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // ErrBlobNotFound is returned by BlobStore.Open for an unknown key.
@@ -55,6 +56,8 @@ type BlobStore interface {
 // a temporary file and renamed into place).
 type LocalBlobs struct {
 	dir string
+	// guard bounds each file-system call (DefaultBlobCallTimeout).
+	guard *stallGuard
 	// syncDir flushes a folder's entries to disk; nil means syncDir.
 	syncDir func(dir string) error
 }
@@ -67,17 +70,26 @@ func NewLocalBlobs(dir string) (*LocalBlobs, error) {
 	if dir == "" {
 		return nil, errors.New("store: blob folder not set")
 	}
-	l := &LocalBlobs{dir: dir}
-	if err := l.mkdirAll(dir); err != nil {
+	l := &LocalBlobs{dir: dir, guard: &stallGuard{timeout: DefaultBlobCallTimeout}}
+	if err := l.guard.do(func() error { return l.mkdirAll(dir) }, nil); err != nil {
 		return nil, fmt.Errorf("store: create blob folder: %w", err)
 	}
-	resolved, err := privateFolder(dir)
+	var resolved string
+	err := l.guard.do(func() error {
+		var err error
+		resolved, err = privateFolder(dir)
+		return err
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("store: blob folder %s refused: %w (it must belong to the gateway's user and be writable by no other)", dir, err)
 	}
 	l.dir = resolved
 	return l, nil
 }
+
+// SetCallTimeout replaces DefaultBlobCallTimeout as the bound of each
+// file-system call; it must be called before the store is used.
+func (l *LocalBlobs) SetCallTimeout(d time.Duration) { l.guard.timeout = d }
 
 // Dir is the folder.
 func (l *LocalBlobs) Dir() string { return l.dir }
@@ -104,47 +116,56 @@ func (l *LocalBlobs) path(key string) (string, error) {
 // and syncs the folder: once Put returns, the blob is on disk for good, so
 // a power loss cannot take the file of an attachment PostgreSQL says is
 // uploaded. A folder it fails to sync fails the Put, and the blob goes.
+// Each file-system call is bounded (DefaultBlobCallTimeout): on a folder
+// that stalls, Put fails with ErrBlobStoreUnavailable instead of waiting
+// as long as the stall.
 func (l *LocalBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, error) {
 	p, err := l.path(key)
 	if err != nil {
 		return 0, err
 	}
-	if err := l.mkdirAll(filepath.Dir(p)); err != nil {
+	g := l.guard
+	if err := g.do(func() error { return l.mkdirAll(filepath.Dir(p)) }, nil); err != nil {
 		return 0, blobError("folder", err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), ".upload-*")
+	var f *os.File
+	err = g.do(func() error {
+		var err error
+		f, err = os.CreateTemp(filepath.Dir(p), tempPrefix+"*")
+		return err
+	}, func() { f.Close(); os.Remove(f.Name()) })
 	if err != nil {
 		return 0, blobError("temp file", err)
 	}
 	done := false
 	defer func() {
 		if !done {
-			f.Close()
-			os.Remove(f.Name())
+			g.cleanup(func() { f.Close(); os.Remove(f.Name()) })
 		}
 	}()
 	src := &ctxReader{ctx: ctx, r: r}
-	n, err := io.Copy(f, src)
+	n, err := io.Copy(guardedWriter{f: f, g: g}, src)
 	if err != nil {
 		if src.err != nil {
 			return n, err // the source's failure, not the store's
 		}
 		return n, blobError("write", err)
 	}
-	if err := f.Sync(); err != nil {
+	if err := g.do(f.Sync, nil); err != nil {
 		return n, blobError("sync", err)
 	}
-	if err := f.Close(); err != nil {
+	if err := g.do(f.Close, nil); err != nil {
 		return n, blobError("close", err)
 	}
-	if err := os.Rename(f.Name(), p); err != nil {
-		os.Remove(f.Name())
-		done = true
+	done = true
+	if err := g.do(func() error { return os.Rename(f.Name(), p) }, nil); err != nil {
+		// A rename left stalled may still land: the blob is then an
+		// orphan the janitor's sweep deletes.
+		g.cleanup(func() { os.Remove(f.Name()) })
 		return n, blobError("rename", err)
 	}
-	done = true
-	if err := l.sync(filepath.Dir(p)); err != nil {
-		os.Remove(p)
+	if err := g.do(func() error { return l.sync(filepath.Dir(p)) }, nil); err != nil {
+		g.cleanup(func() { os.Remove(p) })
 		return n, blobError("sync folder", err)
 	}
 	return n, nil
@@ -205,20 +226,26 @@ func syncDir(dir string) error {
 	return err
 }
 
-// Open opens the blob's file.
+// Open opens the blob's file; its reads, seeks and the open itself are
+// bounded like every call of the store (DefaultBlobCallTimeout).
 func (l *LocalBlobs) Open(_ context.Context, key string) (io.ReadSeekCloser, error) {
 	p, err := l.path(key)
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(p)
+	var f *os.File
+	err = l.guard.do(func() error {
+		var err error
+		f, err = os.Open(p)
+		return err
+	}, func() { f.Close() })
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, ErrBlobNotFound
 	}
 	if err != nil {
 		return nil, blobError("open", err)
 	}
-	return f, nil
+	return guardedFile{f: f, g: l.guard}, nil
 }
 
 // Delete removes the blob's file.
@@ -227,7 +254,7 @@ func (l *LocalBlobs) Delete(_ context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := l.guard.do(func() error { return os.Remove(p) }, nil); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return blobError("delete", err)
 	}
 	return nil

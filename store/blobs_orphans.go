@@ -50,7 +50,7 @@ func (l *LocalBlobs) ListBlobs(ctx context.Context, after string, cutoff time.Ti
 		return nil, after, nil
 	}
 	afterShard, afterName, _ := strings.Cut(after, "/")
-	shards, err := os.ReadDir(l.dir)
+	shards, err := l.readDir(l.dir)
 	if err != nil {
 		return nil, "", blobError("list", err)
 	}
@@ -83,7 +83,7 @@ func (l *LocalBlobs) ListBlobs(ctx context.Context, after string, cutoff time.Ti
 // after from, and returns the old blobs' keys, the last name examined and
 // how many were.
 func (l *LocalBlobs) listShard(shard, from string, cutoff time.Time, max int) ([]string, string, int, error) {
-	entries, err := os.ReadDir(filepath.Join(l.dir, shard))
+	entries, err := l.readDir(filepath.Join(l.dir, shard))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, "", 0, nil
 	}
@@ -101,12 +101,20 @@ func (l *LocalBlobs) listShard(shard, from string, cutoff time.Time, max int) ([
 			continue
 		}
 		last, n = name, n+1
-		info, err := e.Info()
+		var info fs.FileInfo
+		err := l.guard.do(func() error {
+			var err error
+			info, err = e.Info()
+			return err
+		}, nil)
+		if errors.Is(err, errBlobStalled) {
+			return keys, last, n, blobError("list", err)
+		}
 		if err != nil || !info.ModTime().Before(cutoff) {
 			continue // gone meanwhile, or too young
 		}
 		if strings.HasPrefix(name, tempPrefix) {
-			_ = os.Remove(filepath.Join(l.dir, shard, name))
+			_ = l.guard.do(func() error { return os.Remove(filepath.Join(l.dir, shard, name)) }, nil)
 			continue
 		}
 		if key := shard + "/" + name; l.validKey(key) {
@@ -114,6 +122,17 @@ func (l *LocalBlobs) listShard(shard, from string, cutoff time.Time, max int) ([
 		}
 	}
 	return keys, last, n, nil
+}
+
+// readDir is os.ReadDir bounded like every call of the store.
+func (l *LocalBlobs) readDir(dir string) ([]os.DirEntry, error) {
+	var entries []os.DirEntry
+	err := l.guard.do(func() error {
+		var err error
+		entries, err = os.ReadDir(dir)
+		return err
+	}, nil)
+	return entries, err
 }
 
 func (l *LocalBlobs) validKey(key string) bool {
