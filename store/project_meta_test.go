@@ -51,10 +51,9 @@ func projectRow(t *testing.T, st *store.Store, id string) project.Mirror {
 // the change, which PostgreSQL no longer holds.
 func TestAnUnansweredSettingsCommitLeavesTheMirrorAsPostgreSQLHoldsIt(t *testing.T) {
 	ctx := context.Background()
-	s, p := storeThroughProxy(t)
-	s.SetRequestTimeout(time.Second)
+	s, setUp, p := storeThroughProxy(t, time.Second)
 	id := ids.New()
-	if err := s.CreateProject(ctx, id, "p", nil); err != nil {
+	if err := setUp.CreateProject(ctx, id, "p", nil); err != nil {
 		t.Fatal(err)
 	}
 	var rec recordedMirror
