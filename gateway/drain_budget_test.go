@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,9 +32,10 @@ import (
 // name (a script call by the script's name). The Pub/Sub connection's
 // commands do not pass through hooks; INFO commandstats counts them.
 type tripCounter struct {
-	trips atomic.Int64
-	mu    sync.Mutex
-	cmds  map[string]int64
+	trips    atomic.Int64
+	ownTrips atomic.Int64 // trips that carry a command other than background
+	mu       sync.Mutex
+	cmds     map[string]int64
 }
 
 var scriptNames = sync.OnceValue(func() map[string]string {
@@ -44,11 +46,13 @@ var scriptNames = sync.OnceValue(func() map[string]string {
 	return m
 })
 
-func (w *tripCounter) count(c redis.Cmder) {
+// count records c under its name and reports whether it is one of the
+// background commands.
+func (w *tripCounter) count(c redis.Cmder) bool {
 	name := c.Name()
 	switch name {
 	case "hello", "auth", "client", "select": // a new pool connection's set-up
-		return
+		return true
 	case "evalsha", "evalsha_ro":
 		if sha, ok := c.Args()[1].(string); ok && scriptNames()[sha] != "" {
 			name = scriptNames()[sha]
@@ -56,6 +60,13 @@ func (w *tripCounter) count(c redis.Cmder) {
 	case "publish", "spublish":
 		if ch, ok := c.Args()[1].(string); ok && strings.HasPrefix(ch, "han:rt:canary:") {
 			name = "canary"
+		}
+	case "del":
+		// An offline check that found the user gone deletes its record
+		// next: part of the check, whose time is the debounce's, not the
+		// drain's.
+		if k, ok := c.Args()[1].(string); ok && strings.HasPrefix(k, "han:rt:user:{") && strings.HasSuffix(k, "}:offline") {
+			name = "offline_record"
 		}
 	case "zrange", "exists":
 		if k, ok := c.Args()[1].(string); ok && (k == presence.InstancesKey || strings.HasPrefix(k, "han:rt:instance:{")) {
@@ -65,21 +76,28 @@ func (w *tripCounter) count(c redis.Cmder) {
 	w.mu.Lock()
 	w.cmds[name]++
 	w.mu.Unlock()
+	return slices.Contains(background, name)
 }
 
 func (w *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (w *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		w.trips.Add(1)
-		w.count(cmd)
+		if !w.count(cmd) {
+			w.ownTrips.Add(1)
+		}
 		return next(ctx, cmd)
 	}
 }
 func (w *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		w.trips.Add(1)
+		own := false
 		for _, c := range cmds {
-			w.count(c)
+			own = !w.count(c) || own
+		}
+		if own {
+			w.ownTrips.Add(1)
 		}
 		return next(ctx, cmds)
 	}
@@ -87,6 +105,7 @@ func (w *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 func (w *tripCounter) reset() {
 	w.trips.Store(0)
+	w.ownTrips.Store(0)
 	w.mu.Lock()
 	w.cmds = map[string]int64{}
 	w.mu.Unlock()
@@ -95,9 +114,11 @@ func (w *tripCounter) reset() {
 // background are the commands an instance sends whether or not it drains:
 // its liveness refresh (every LivenessTTL/3), its sweeper's look for dead
 // instances and its Pub/Sub canary; and the debounced offline checks that
-// follow a disconnect (one per user left with no connection), counted
-// apart.
-var background = []string{"rt_instance_heartbeat", "rt_instances_add", "sweep", "canary", "rt_offline"}
+// follow a disconnect (one script per user left with no connection, then
+// the deletion of the check's record), counted apart. On a loaded machine
+// the drain can outlast the debounce, so the first users' checks may run
+// while the drain is still being measured.
+var background = []string{"rt_instance_heartbeat", "rt_instances_add", "sweep", "canary", "rt_offline", "offline_record"}
 
 // commandStats reads INFO commandstats: calls per command, the commands
 // scripts run included (Redis counts those under their own names).
@@ -126,6 +147,7 @@ type drainCost struct {
 	topLevel int64 // what the instance sent: its client's commands and its Pub/Sub connection's
 	own      int64 // topLevel less the background (liveness, sweeper, canary, offline checks)
 	trips    int64 // client round trips
+	ownTrips int64 // trips less those of background commands only
 	sent     map[string]int64
 	byCmd    map[string]int64
 }
@@ -140,7 +162,7 @@ func measure(t testing.TB, admin *redis.Client, w *tripCounter, fn func()) drain
 	w.reset()
 	fn()
 	st := commandStats(t, admin)
-	c := drainCost{byCmd: st, trips: w.trips.Load(), sent: map[string]int64{}}
+	c := drainCost{byCmd: st, trips: w.trips.Load(), ownTrips: w.ownTrips.Load(), sent: map[string]int64{}}
 	for name, n := range st {
 		if name != "config|resetstat" && name != "info" {
 			c.all += n
@@ -248,7 +270,8 @@ func openSockets(t testing.TB, in *instance, users []string, n int) []*rawSocket
 // command per connection (what the instance sends, its Pub/Sub connection
 // included, less its liveness refresh, sweeper and canary, which run
 // anyway, and the debounced offline checks, reported apart) and at
-// most one client round trip per 50 connections. Every socket still gets
+// most one client round trip per 50 connections (round trips of those
+// background commands alone not counted). Every socket still gets
 // 1001 with its reconnect advice, and nothing of the drained connections is
 // left in Redis. The debounced offline checks that follow, in Close, are
 // measured too: one script per user, batched. Both with one socket per
@@ -265,8 +288,9 @@ func TestDrainRedisBudget(t *testing.T) {
 
 func drainBudget(t *testing.T, n, nUsers int) {
 	r, admin := privateRedis(t)
-	// The offline checks fall due after the drain (as with the default
-	// debounce, 2 s), so the two phases are measured apart; no periodic
+	// The offline checks mostly fall due after the drain (as with the
+	// default debounce, 2 s), so the two phases are measured apart (those
+	// that fall due sooner count as background); no periodic
 	// heartbeat pipeline of the open sockets straddles the start of the
 	// measurement (none runs once the drain started).
 	in := newInstance(t, openPool(t), opts{rtURL: r.URL(1), presence: func(c *presence.Config) {
@@ -286,6 +310,7 @@ func drainBudget(t *testing.T, n, nUsers int) {
 		socks = openSockets(t, in, users, n)
 	}
 	var took time.Duration
+	relinks := pubsubReconnects(t, in)
 	drain := measure(t, admin, w, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
@@ -295,24 +320,51 @@ func drainBudget(t *testing.T, n, nUsers int) {
 		}
 		took = time.Since(start)
 	})
+	if relinks = pubsubReconnects(t, in) - relinks; relinks > 0 {
+		// The Pub/Sub link was found silent for its canary deadline (a
+		// starved test machine) and came back: it subscribed its channels
+		// again, as it does whatever the instance is doing. That is the
+		// link's recovery, not the drain's cost.
+		for _, name := range []string{"subscribe", "ssubscribe"} {
+			drain.own -= drain.sent[name]
+		}
+		t.Logf("the Pub/Sub link reconnected %v times during the drain; its subscribes are not counted", relinks)
+	}
 	var closeTook time.Duration
 	closeCost := measure(t, admin, w, func() {
 		start := time.Now()
 		in.svc.Close()
 		closeTook = time.Since(start)
 	})
-	t.Logf("drain of %d sockets (%d users) in %v: %d commands sent (%.3f/conn), %d less background (%.3f/conn); %d with the scripts' own (%.2f/conn); %d client round trips (%.0f conns/trip); sent %v; commandstats %v",
+	t.Logf("drain of %d sockets (%d users) in %v: %d commands sent (%.3f/conn), %d less background (%.3f/conn); %d with the scripts' own (%.2f/conn); %d client round trips (%.0f conns/trip), %d less background; sent %v; commandstats %v",
 		n, nUsers, took.Round(time.Millisecond), drain.topLevel, float64(drain.topLevel)/float64(n), drain.own, float64(drain.own)/float64(n),
-		drain.all, float64(drain.all)/float64(n), drain.trips, float64(n)/float64(max(drain.trips, 1)), drain.sent, drain.byCmd)
+		drain.all, float64(drain.all)/float64(n), drain.trips, float64(n)/float64(max(drain.trips, 1)), drain.ownTrips, drain.sent, drain.byCmd)
 	t.Logf("close after the drain (debounced offline checks, deregistration) in %v: %d commands sent, %d less background; %d with the scripts' own; %d client round trips; sent %v; commandstats %v",
 		closeTook.Round(time.Millisecond), closeCost.topLevel, closeCost.own, closeCost.all, closeCost.trips, closeCost.sent, closeCost.byCmd)
 	checkDrained(t, admin, socks, dialer, n)
 	if drain.own > int64(n) {
 		t.Errorf("drain of %d sockets sent %d Redis commands, budget %d (one per connection)", n, drain.own, n)
 	}
-	if drain.trips > int64(n/50) {
-		t.Errorf("drain of %d sockets took %d client round trips, budget %d (one per 50 connections)", n, drain.trips, n/50)
+	if drain.ownTrips > int64(n/50) {
+		t.Errorf("drain of %d sockets took %d client round trips less background, budget %d (one per 50 connections)", n, drain.ownTrips, n/50)
 	}
+}
+
+// pubsubReconnects reads han_pubsub_reconnects_total: how many times the
+// instance's Pub/Sub link came back after it was lost.
+func pubsubReconnects(t *testing.T, in *instance) float64 {
+	t.Helper()
+	mfs, err := in.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "han_pubsub_reconnects_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("no han_pubsub_reconnects_total")
+	return 0
 }
 
 // checkDrained fails unless every socket was closed with 1001 and retryMs
