@@ -52,12 +52,21 @@ func TestResubscribeAfterRemovalEndsTheSubscription(t *testing.T) {
 
 // overflowedClient is a raw client of a new user, subscribed to one busy
 // dialog, that stopped reading until its outbound queue (16 frames, a
-// 32 KiB socket buffer) overflowed: a slow_consumer resync now waits in
-// its queue. It also returns the instance and the user.
-func overflowedClient(t *testing.T) (*instance, string, *rawClient) {
+// 32 KiB socket buffer) overflowed while its socket was full: a
+// slow_consumer resync now waits in its queue, and stays there. It also
+// returns the instance, the user and a dispatchBarrier.
+//
+// The first overflow does not prove that: on a starved machine the queue
+// can overflow before the socket is full, and the writer then takes the
+// resync with the events before it. So the busy dialog gets several times
+// what the socket buffers hold (the client never reads, so the writer is
+// stuck at last), and then one more event must be dropped as covered by
+// the waiting resync. The overflows the slow start may cost do not close
+// the connection (MaxOverflows), which is not what these tests are about.
+func overflowedClient(t *testing.T) (*instance, string, *rawClient, func()) {
 	t.Helper()
 	in := newInstance(t, openPool(t), opts{hub: func(c *gateway.Config) {
-		c.QueueFrames, c.WriteTimeout, c.SendBuffer = 16, 30*time.Second, 32<<10
+		c.QueueFrames, c.WriteTimeout, c.SendBuffer, c.MaxOverflows = 16, 30*time.Second, 32<<10, 1000
 	}})
 	u := in.users(1)[0]
 	busy := in.dialog(u)
@@ -66,11 +75,44 @@ func overflowedClient(t *testing.T) (*instance, string, *rawClient) {
 	if f := rc.readSkipPresence(); f.Type != "subscribed" {
 		t.Fatalf("%s", f.raw)
 	}
-	for seq := int64(1); seq < 2000 && in.svc.Stats().QueueOverflows == 0; seq++ {
-		publishEvent(t, in, busy, seq, 2000)
+	barrier := dispatchBarrier(t, in)
+	const size, stuck = 2000, 256 << 10 // far more than the socket buffers hold
+	seq := int64(1)
+	for ; seq*size < stuck || in.svc.Stats().QueueOverflows == 0; seq++ {
+		if seq == 2000 {
+			t.Fatal("no overflow")
+		}
+		publishEvent(t, in, busy, seq, size)
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().QueueOverflows > 0 }, "no overflow")
-	return in, u, rc
+	barrier()
+	covered := in.svc.Stats().CoveredDrops
+	publishEvent(t, in, busy, seq, size)
+	barrier()
+	if in.svc.Stats().CoveredDrops == covered {
+		t.Fatal("an event was queued after the overflow: no resync waits in the queue")
+	}
+	return in, u, rc, barrier
+}
+
+// dispatchBarrier returns a func that returns once every event published
+// to the instance before the call has been dispatched to its sockets. The
+// instance hands the Pub/Sub messages it reads to its sockets one after
+// the other, in order, so once a message published last reaches a client
+// (of another user, on a dialog of its own), all those before it have
+// been dispatched.
+func dispatchBarrier(t *testing.T, in *instance) func() {
+	t.Helper()
+	u := in.users(1)[0]
+	d := in.dialog(u)
+	c := in.connect(u)
+	c.subscribe(d)
+	return func() {
+		t.Helper()
+		m := in.post(u, d, "barrier")
+		if f := c.expect("event"); f.Seq != m.Seq {
+			t.Fatalf("barrier: %s, want seq %d", f.raw, m.Seq)
+		}
+	}
 }
 
 // subscribed with "recovered":true promises that the missed events came
@@ -79,7 +121,7 @@ func overflowedClient(t *testing.T) (*instance, string, *rawClient) {
 // receive a replay: its subscribe with sinceSeq is answered with the
 // dialog's recovery_unavailable resync and "recovered":false instead.
 func TestRecoveryThatDoesNotFitTheQueueIsNotClaimed(t *testing.T) {
-	in, u, rc := overflowedClient(t)
+	in, u, rc, _ := overflowedClient(t)
 	missed := in.dialog(u)
 	for range 3 {
 		in.post(u, missed, "missed")
@@ -148,13 +190,14 @@ func TestFieldNamesAreMatchedExactly(t *testing.T) {
 // every message of that dialog after lastSeq: delivered, or covered by a
 // resync that comes after its subscribed frame.
 func TestSubscribeBehindAQueuedResyncMissesNothing(t *testing.T) {
-	in, u, rc := overflowedClient(t)
+	in, u, rc, barrier := overflowedClient(t)
 	fresh := in.dialog(u)
 	rc.write(`{"type":"subscribe","dialogId":"` + fresh + `"}`)
 	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().Subscriptions == 2 }, "the subscribe was not answered")
-	covered := in.svc.Stats().CoveredDrops
 	m := in.post(u, fresh, "after subscribed")
-	testenv.Eventually(t, 10*time.Second, func() bool { return in.svc.Stats().CoveredDrops > covered }, "the message was not dispatched")
+	// Once the message was dispatched, the pong answering a ping comes
+	// after whatever it left in the queue.
+	barrier()
 	rc.write(`{"type":"ping"}`)
 
 	subscribed, told := false, false
