@@ -48,6 +48,9 @@ const (
 // Migrate applies every embedded migration not yet recorded in
 // schema_migrations, each in its own transaction. It is idempotent and safe
 // to run from several processes at once. It returns the versions applied.
+// A database that records every migration already costs one read and
+// takes no lock, so instances starting together do not queue behind each
+// other for nothing.
 //
 // Each transaction first takes the migration lock with
 // pg_advisory_xact_lock, which PostgreSQL releases at COMMIT or ROLLBACK:
@@ -91,11 +94,18 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, version string, logger *sl
 		return nil, fmt.Errorf("migrate: acquire: %w", err)
 	}
 	defer conn.Release()
-	var applied []string
+	var versions []string
 	for _, v := range embeddedVersions() {
 		if version != "" && v >= version {
 			break
 		}
+		versions = append(versions, v)
+	}
+	if recorded, err := allRecorded(ctx, conn, versions); err != nil || recorded {
+		return nil, err
+	}
+	var applied []string
+	for _, v := range versions {
 		done, err := migrateRetrying(ctx, conn, v, logger)
 		if err != nil {
 			return applied, err
@@ -105,6 +115,27 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, version string, logger *sl
 		}
 	}
 	return applied, nil
+}
+
+// allRecorded reports whether schema_migrations records every one of
+// versions. That is what most starts find (every instance of a release
+// migrates as it starts), and one read answers it: without it, each start
+// would take the migration lock once per migration, each instance in
+// turn, only to find every one of them recorded. False when the table does
+// not exist yet. The statement is unnamed (pgx.QueryExecModeExec), as the
+// migrations' are.
+func allRecorded(ctx context.Context, conn *pgxpool.Conn, versions []string) (bool, error) {
+	var missing bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM unnest($1::text[]) AS e(v)
+		WHERE NOT EXISTS (SELECT 1 FROM schema_migrations m WHERE m.version = e.v))`,
+		pgx.QueryExecModeExec, versions).Scan(&missing)
+	switch {
+	case IsPGUndefinedTable(err): // never migrated
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("migrate: read schema_migrations: %w", err)
+	}
+	return !missing, nil
 }
 
 // embeddedVersions are the versions of the migrations built into the
