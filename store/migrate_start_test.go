@@ -14,12 +14,12 @@ import (
 // those turns made a start last seconds).
 func TestMigratingAMigratedDatabaseIsOneRead(t *testing.T) {
 	_, pool, counter := countedStore(t, 1) // migrated
-	before := counter.n.Load()
+	before := counter.statements.Load()
 	applied, err := store.Migrate(context.Background(), pool)
 	if err != nil || len(applied) != 0 {
 		t.Fatalf("applied %v: %v", applied, err)
 	}
-	if n := counter.n.Load() - before; n != 1 {
+	if n := counter.statements.Load() - before; n != 1 {
 		t.Fatalf("migrating a migrated database ran %d statements, want 1", n)
 	}
 }
