@@ -145,8 +145,8 @@ func TestDBCommandsFailWhenPostgresStalls(t *testing.T) {
 		trigger, step string
 		args          []string
 	}{
-		{"pg_advisory_xact_lock", "apply migrations", []string{"migrate"}},
-		{"pg_advisory_xact_lock", "apply migrations", []string{"seed", "demo"}},
+		{"FROM schema_migrations", "apply migrations", []string{"migrate"}},
+		{"FROM schema_migrations", "apply migrations", []string{"seed", "demo"}},
 		{"INSERT INTO projects", "create project", []string{"project", "create", "--name", "stalled", "--member", ids.New() + ":admin"}},
 		// Redis is never reached: the project check comes first.
 		{"SELECT EXISTS (SELECT 1 FROM projects", "check project", []string{"project", "legacy-import", "--project", ids.New(), "--file", entries}},
