@@ -29,5 +29,5 @@ type CredentialGate interface {
 // SetCredentialGate makes handshakes use g. It must be called before the
 // handler serves; without it handshakes have no such budget.
 func (s *Service) SetCredentialGate(g CredentialGate) {
-	s.handler.(*handler).gate = g
+	s.handler.gate = g
 }

@@ -59,7 +59,7 @@ type Service struct {
 	presence   *presence.Presence
 	relay      *pubsub.Relay
 	tickets    *Tickets
-	handler    http.Handler
+	handler    *handler
 
 	mu      sync.Mutex // guards started, closed, cancel
 	started bool

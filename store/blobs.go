@@ -144,7 +144,7 @@ func (l *LocalBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, e
 		}
 	}()
 	src := &ctxReader{ctx: ctx, r: r}
-	n, err := io.Copy(guardedWriter{f: f, g: g}, src)
+	n, err := io.Copy(&guardedWriter{f: f, g: g}, src)
 	if err != nil {
 		if src.err != nil {
 			return n, err // the source's failure, not the store's
@@ -245,7 +245,7 @@ func (l *LocalBlobs) Open(_ context.Context, key string) (io.ReadSeekCloser, err
 	if err != nil {
 		return nil, blobError("open", err)
 	}
-	return guardedFile{f: f, g: l.guard}, nil
+	return &guardedFile{f: f, g: l.guard}, nil
 }
 
 // Delete removes the blob's file.

@@ -86,15 +86,17 @@ func (g *stallGuard) cleanup(fn func()) {
 }
 
 // guardedWriter writes to a file of the blob store, each write bounded by
-// its guard. It copies what it writes, so a write left stalled never reads
-// a buffer its caller reuses.
+// its guard. It writes from a buffer of its own, so a write left stalled
+// never reads a buffer its caller reuses; the buffer is reused from one
+// write to the next, and given up to a write left stalled (spare).
 type guardedWriter struct {
-	f *os.File
-	g *stallGuard
+	f     *os.File
+	g     *stallGuard
+	spare []byte
 }
 
-func (w guardedWriter) Write(p []byte) (int, error) {
-	buf := append([]byte(nil), p...)
+func (w *guardedWriter) Write(p []byte) (int, error) {
+	buf := append(w.spare[:0], p...)
 	var n int
 	err := w.g.do(func() error {
 		var err error
@@ -102,24 +104,31 @@ func (w guardedWriter) Write(p []byte) (int, error) {
 		return err
 	}, nil)
 	if errors.Is(err, errBlobStalled) {
+		w.spare = nil // the stalled write may still read it
 		return 0, err
 	}
+	w.spare = buf
 	return n, err
 }
 
 // guardedFile is a blob opened for reading, each call bounded by its
 // guard. Reads go through a buffer of its own, copied into the caller's
 // only once the read returned in time: net/http hands it pooled buffers,
-// which a read left stalled must never write into.
+// which a read left stalled must never write into. The buffer is reused
+// from one read to the next, and given up to a read left stalled (spare).
 type guardedFile struct {
-	f *os.File
-	g *stallGuard
+	f     *os.File
+	g     *stallGuard
+	spare []byte
 }
 
-var _ io.ReadSeekCloser = guardedFile{}
+var _ io.ReadSeekCloser = (*guardedFile)(nil)
 
-func (b guardedFile) Read(p []byte) (int, error) {
-	buf := make([]byte, len(p))
+func (b *guardedFile) Read(p []byte) (int, error) {
+	if cap(b.spare) < len(p) {
+		b.spare = make([]byte, len(p))
+	}
+	buf := b.spare[:len(p)]
 	var n int
 	err := b.g.do(func() error {
 		var err error
@@ -127,12 +136,13 @@ func (b guardedFile) Read(p []byte) (int, error) {
 		return err
 	}, nil)
 	if errors.Is(err, errBlobStalled) {
+		b.spare = nil // the stalled read may still write into it
 		return 0, blobError("read", err)
 	}
 	return copy(p, buf[:n]), err
 }
 
-func (b guardedFile) Seek(offset int64, whence int) (int64, error) {
+func (b *guardedFile) Seek(offset int64, whence int) (int64, error) {
 	var pos int64
 	err := b.g.do(func() error {
 		var err error
@@ -145,7 +155,7 @@ func (b guardedFile) Seek(offset int64, whence int) (int64, error) {
 	return pos, err
 }
 
-func (b guardedFile) Close() error {
+func (b *guardedFile) Close() error {
 	b.g.cleanup(func() { b.f.Close() })
 	return nil
 }
