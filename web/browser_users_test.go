@@ -52,6 +52,10 @@ type usersAPI struct {
 	// when not set).
 	realtimeURL any
 	page        http.Handler
+	// skew is how far the server's clock is ahead of the browser's (behind
+	// when negative): tokens expire, and hello and refreshed report
+	// serverTime, on the server's clock.
+	skew time.Duration
 
 	mu        sync.Mutex
 	tokens    map[string]string    // token → user id
@@ -77,13 +81,16 @@ func newUsersAPI(title, body string) *usersAPI {
 
 // token gives a new token of user that expires in ttl.
 func (a *usersAPI) token(user string, ttl time.Duration) string {
-	exp := time.Now().Add(ttl)
+	exp := a.now().Add(ttl)
 	tok := fakeJWT(user, exp)
 	a.mu.Lock()
 	a.tokens[tok], a.exps[tok] = user, exp
 	a.mu.Unlock()
 	return tok
 }
+
+// now is the server's clock.
+func (a *usersAPI) now() time.Time { return time.Now().Add(a.skew) }
 
 func (a *usersAPI) serve(t *testing.T) *httptest.Server {
 	srv := httptest.NewServer(a)
@@ -93,7 +100,7 @@ func (a *usersAPI) serve(t *testing.T) *httptest.Server {
 
 func (a *usersAPI) message(dialog string) map[string]any {
 	return map[string]any{"id": "00000000-0000-4000-8000-000000000001", "dialogId": dialog, "seq": 1, "senderId": otherMemberID,
-		"body": a.body, "createdAt": time.Now().UnixMilli() - 1000, "attachments": []any{}}
+		"body": a.body, "createdAt": a.now().UnixMilli() - 1000, "attachments": []any{}}
 }
 
 func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -139,7 +146,7 @@ func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.ticketFor = tok
 		a.tickets++
 		a.mu.Unlock()
-		reply(201, map[string]any{"ticket": realtimeTicket, "expiresAt": time.Now().Add(30 * time.Second).UnixMilli()})
+		reply(201, map[string]any{"ticket": realtimeTicket, "expiresAt": a.now().Add(30 * time.Second).UnixMilli()})
 	case p == "/v1/realtime/tickets":
 		reply(503, map[string]any{"error": "redis_unavailable"})
 	case p == "/v1/dialogs" && r.Method == http.MethodPost && a.createDialog != nil:
@@ -150,7 +157,7 @@ func (a *usersAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/v1/dialogs":
 		reply(200, map[string]any{"nextCursor": nil, "items": []any{map[string]any{
 			"id": d, "title": a.title, "memberIds": []string{me, otherMemberID},
-			"lastSeq": 1, "createdAt": time.Now().UnixMilli() - 5000, "lastMessage": a.message(d)}}})
+			"lastSeq": 1, "createdAt": a.now().UnixMilli() - 5000, "lastMessage": a.message(d)}}})
 	case p == "/v1/dialogs/"+d+"/messages":
 		reply(200, map[string]any{"items": []any{a.message(d)}, "nextCursor": nil})
 	case strings.HasPrefix(p, "/v1/users/"):
@@ -185,7 +192,8 @@ func (a *usersAPI) realtime(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = wsjson.Write(ctx, c, map[string]any{"type": "hello", "connectionId": "00000000-0000-4000-8000-00000000c0c0",
-		"instance": "fake", "heartbeatMs": 60000, "expiresAt": exp.UnixMilli()})
+		"instance": "fake", "heartbeatMs": 60000, "expiresAt": exp.UnixMilli(),
+		"serverTime": a.now().UnixMilli()})
 	for {
 		var f struct{ Type, DialogID, Token string }
 		if err := wsjson.Read(ctx, c, &f); err != nil {
@@ -201,7 +209,7 @@ func (a *usersAPI) realtime(w http.ResponseWriter, r *http.Request) {
 			newExp := a.exps[f.Token]
 			a.mu.Unlock()
 			a.refreshes <- f.Token
-			_ = wsjson.Write(ctx, c, map[string]any{"type": "refreshed", "expiresAt": newExp.UnixMilli()})
+			_ = wsjson.Write(ctx, c, map[string]any{"type": "refreshed", "expiresAt": newExp.UnixMilli(), "serverTime": a.now().UnixMilli()})
 		}
 	}
 }

@@ -211,24 +211,42 @@ export function refreshDelay(expiresAt, now = Date.now()) {
   return Math.min(MAX_TIMER_MS, Math.max(0, expiresAt - REFRESH_AHEAD_MS - now));
 }
 
-/** The largest epoch ms a Date holds; a serverTime beyond it is no clock. */
-const MAX_EPOCH_MS = 8.64e15;
+/**
+ * A serverTime this far from the client's clock (or farther) is no clock
+ * reading: a unit mistake (seconds or microseconds for ms), a zero, a
+ * garbled number. It is ignored rather than trusted with the token's
+ * schedule. A device clock minutes, hours or days off is well within it.
+ */
+export const MAX_CLOCK_OFFSET_MS = 366 * 24 * 3600 * 1000;
+/**
+ * A round trip longer than this gives serverClockOffset no correction: it
+ * measured a suspended device or the client's clock being set in between,
+ * not the network.
+ */
+const MAX_RTT_MS = 30000;
 
 /**
  * serverClockOffset: how far the server's clock is ahead of the client's (ms;
  * negative when behind), from a frame's serverTime and the client's clock
  * when the frame arrived; null when serverTime is absent or no time at all
- * (not a number, not finite, negative, beyond a Date's range), and the
- * client then goes by its own clock. The frame's transit time counts as
- * the server's clock being behind by as much: the refresh comes that much
- * later, far less than REFRESH_AHEAD_MS.
+ * (not a number, not finite, negative, MAX_CLOCK_OFFSET_MS or more from the
+ * client's clock), and the client then goes by the offset it had, or by its
+ * own clock.
+ * rttMs is the round trip the frame answered, when one is known (refresh
+ * sent to refreshed received): the server read its clock about halfway
+ * through it, so half of it is added. Without one, the frame's transit
+ * time counts as the server's clock being behind by as much: the refresh
+ * comes that much later, far less than REFRESH_AHEAD_MS.
  * @param {unknown} serverTime
  * @param {number} [now]
+ * @param {number} [rttMs]
  * @returns {number | null}
  */
-export function serverClockOffset(serverTime, now = Date.now()) {
-  if (typeof serverTime !== "number" || !Number.isFinite(serverTime) || serverTime < 0 || serverTime > MAX_EPOCH_MS) return null;
-  return serverTime - now;
+export function serverClockOffset(serverTime, now = Date.now(), rttMs = 0) {
+  if (typeof serverTime !== "number" || !Number.isFinite(serverTime) || serverTime < 0) return null;
+  const offset = serverTime - now;
+  if (!(Math.abs(offset) < MAX_CLOCK_OFFSET_MS)) return null;
+  return rttMs > 0 && rttMs <= MAX_RTT_MS ? offset + rttMs / 2 : offset;
 }
 
 /**
@@ -383,6 +401,8 @@ export class Realtime extends Emitter {
    * connection whose frames carry none. expiresAt is on the server's clock.
    */
   #clockOffset = 0;
+  /** when (client's clock) the refresh frame not answered yet was sent */
+  #refreshSentAt = 0;
   #renewAskedAt = -Infinity; // when the live connection last asked for a new token
   #expired = false; // closed with token_expired: no reconnect before a new token
   #reconciles = 0; // reconciliations running (at most MAX_RECONCILES)
@@ -415,6 +435,22 @@ export class Realtime extends Emitter {
 
   get live() {
     return this.state.phase === "live";
+  }
+
+  /**
+   * clockOffset: the server's clock minus the client's (ms) as last
+   * measured (hello, refreshed); 0 before the first hello, and on a
+   * connection whose frames carry no serverTime. A time on the server's
+   * clock (a token's exp, expiresAt) minus clockOffset is the same moment
+   * on the client's clock.
+   */
+  get clockOffset() {
+    return this.#clockOffset;
+  }
+
+  /** serverNow is the server's clock as the client estimates it (epoch ms): token times are judged against it. */
+  serverNow() {
+    return Date.now() + this.#clockOffset;
   }
 
   /** start connects (and keeps reconnecting) until stop. */
@@ -784,8 +820,10 @@ export class Realtime extends Emitter {
         if (!f.dialogId) for (const id of this.#dialogs.keys()) this.#reconcile(id);
         break;
       case "refreshed":
+        // The round trip is known when this answers our refresh.
+        this.#clockOffset = serverClockOffset(f.serverTime, Date.now(),
+          this.#refreshSent ? Date.now() - this.#refreshSentAt : 0) ?? this.#clockOffset;
         this.#refreshSent = false;
-        this.#clockOffset = serverClockOffset(f.serverTime) ?? this.#clockOffset;
         this.#setExpiry(f.expiresAt);
         this.emit("refreshed", { expiresAt: this.#tokens.expiresAt });
         break;
@@ -1088,7 +1126,9 @@ export class Realtime extends Emitter {
    */
   #renewSoon(reason, dueMs) {
     clearTimeout(this.#refreshTimer);
-    const wait = Math.max(dueMs, this.#renewAskedAt + REFRESH_MIN_GAP_MS - Date.now());
+    // The gap is at most REFRESH_MIN_GAP_MS even when the client's clock
+    // was set back since the last ask (the difference would be the jump).
+    const wait = Math.max(dueMs, Math.min(REFRESH_MIN_GAP_MS, this.#renewAskedAt + REFRESH_MIN_GAP_MS - Date.now()));
     this.#refreshTimer = setTimeout(() => {
       this.#renewAskedAt = Date.now();
       void this.#newToken(reason);
@@ -1141,6 +1181,7 @@ export class Realtime extends Emitter {
         return;
       }
       this.#refreshSent = true;
+      this.#refreshSentAt = Date.now();
       this.#sendText(frame);
     }
   }

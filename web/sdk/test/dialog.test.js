@@ -51,6 +51,9 @@ test("retry and reconnect delays honour the server's advice", () => {
   assert.equal(serverClockOffset(1_800_000_600_000, 1_800_000_000_000), 600_000, "the server's clock 10 min ahead");
   assert.equal(serverClockOffset(1_800_000_000_000, 1_800_000_600_000), -600_000, "the server's clock 10 min behind");
   for (const v of [-1, Infinity, NaN, 1e300, "1", null, undefined]) assert.equal(serverClockOffset(v, 0), null, String(v));
+  for (const v of [0, 1_800_000_000, 1_800_000_000_000_000]) assert.equal(serverClockOffset(v, 1_800_000_000_000), null, `${v}: a year and more off`);
+  assert.equal(serverClockOffset(1_800_000_600_000, 1_800_000_000_400, 800), 600_000, "half of an 800 ms round trip added");
+  assert.equal(serverClockOffset(1_800_000_600_000, 1_800_000_060_000, 60000), 540_000, "a 60 s round trip is no measure of the network");
   assert.equal(subscribeRetryDelay(0, () => 0), 500);
   assert.equal(subscribeRetryDelay(0, () => 1), 1000);
   assert.equal(subscribeRetryDelay(40, () => 1), 30000);

@@ -1047,8 +1047,10 @@ test("a client whose clock is 10 min behind or ahead of the server's refreshes o
   assert.ok(ok, `want one refresh about ${REFRESH_AHEAD_MS} ms before expiry and no 4001 close, got ${JSON.stringify(got)}`);
 });
 
-test("a serverTime that is no time (negative, beyond a Date, not a number) is ignored: the refresh follows the client's clock", async () => {
-  for (const serverTime of [-1, 1e300, "1800000000000", null, true]) {
+test("a serverTime that is no time (negative, beyond a Date, not a number, a year or more from the client's clock) is ignored: the refresh follows the client's clock", async () => {
+  // 0, seconds and microseconds for ms: within a Date's range, but a year
+  // and more from the client's clock.
+  for (const serverTime of [-1, 1e300, "1800000000000", null, true, 0, 1_800_000_000, 1_800_000_000_000_000]) {
     mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_800_000_000_000 });
     const { rt } = realtime();
     rt.start();
@@ -1103,4 +1105,71 @@ test("20 clients a busy server told to come back after Retry-After: 1 come back 
   } finally {
     mock.timers.reset();
   }
+});
+
+/**
+ * refreshAfterSlowRoundTrip plays a server 10 min ahead of the client that
+ * reads its clock for refreshed halfway through an 8 s round trip, with
+ * refresh frames held for the client's reading. It returns how far before
+ * the new credential's exp (server's clock) the next refresh came.
+ */
+async function refreshAfterSlowRoundTrip() {
+  const skew = 10 * 60000;
+  const rtt = 8000;
+  const serverNow = () => Date.now() + skew;
+  const { rt } = realtime({ tokens: new Tokens(() => "token") });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  // Due at once: the first refresh goes out now.
+  ws.recv({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 600000, expiresAt: serverNow() + 30000, serverTime: serverNow() });
+  mock.timers.tick(0);
+  await settle();
+  assert.equal(ws.frames("refresh").length, 1, "the refresh of a credential due at once");
+  mock.timers.tick(rtt / 2);
+  const serverTime = serverNow();
+  const expiresAt = serverTime + 5 * 60000;
+  mock.timers.tick(rtt / 2);
+  ws.recv({ type: "refreshed", expiresAt, serverTime });
+  for (let t = 0; t < 5 * 60000 && ws.frames("refresh").length < 2; t += 500) {
+    mock.timers.tick(500);
+    await settle();
+  }
+  rt.stop();
+  return { refreshes: ws.frames("refresh").length, aheadMs: expiresAt - serverNow() };
+}
+
+test("the clock offset from refreshed is corrected by half the refresh's round trip: the next refresh comes 60 s before exp on the server's clock", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_800_000_000_000 });
+  const { refreshes, aheadMs } = await refreshAfterSlowRoundTrip();
+  // Without the correction the server's clock is taken for 4 s behind
+  // what it is, and the refresh comes 56 s ahead.
+  assert.equal(refreshes, 2);
+  assert.ok(aheadMs >= REFRESH_AHEAD_MS - 500 && aheadMs <= REFRESH_AHEAD_MS + 500,
+    `the next refresh came ${aheadMs} ms before exp on the server's clock, want ${REFRESH_AHEAD_MS} ± 500`);
+});
+
+test("a client clock set back an hour after a refresh asks again REFRESH_MIN_GAP_MS after it, not an hour later", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_800_000_000_000 });
+  const { rt } = realtime({ tokens: new Tokens(() => "token") });
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  const server0 = Date.now();
+  ws.recv({ type: "hello", connectionId: "c", instance: "i", heartbeatMs: 600000, expiresAt: server0 + 30000, serverTime: server0 });
+  mock.timers.tick(0);
+  await settle();
+  assert.equal(ws.frames("refresh").length, 1, "the refresh of a credential due at once");
+  // The device's clock is set back an hour; the server's answer comes at
+  // once and gives a credential that is due at once again (40 s left on
+  // the server's clock).
+  mock.timers.setTime(Date.now() - 3600e3);
+  ws.recv({ type: "refreshed", expiresAt: server0 + 40000, serverTime: server0 });
+  for (let t = 0; t < 20000 && ws.frames("refresh").length < 2; t += 500) {
+    mock.timers.tick(500);
+    await settle();
+  }
+  const n = ws.frames("refresh").length;
+  rt.stop();
+  assert.equal(n, 2, "a second refresh within 20 s (the credential ends 40 s + the leeway after the first)");
 });

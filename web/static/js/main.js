@@ -29,6 +29,17 @@ function takeFragmentToken() {
   return p.get("token");
 }
 
+// Token times (a token's exp, the connection's expiresAt) are on the
+// server's clock, which a device's clock can be minutes off. They are
+// judged against serverNow, the SDK's estimate of the server's clock
+// (from the serverTime of hello and refreshed; the device's own clock
+// before the first hello), and shown as onDeviceClock, the same moment on
+// the device's clock, which is what "in 2 minutes" and a time of day mean
+// to the user.
+const clockOffset = () => (app.rt ? app.rt.clockOffset : 0);
+const serverNow = () => Date.now() + clockOffset();
+const onDeviceClock = (ms) => ms - clockOffset();
+
 function tokenExpiry(tok) {
   try {
     const part = tok.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
@@ -121,6 +132,8 @@ async function startSession(tok) {
   app.client.tokens.set(tok);
   app.rt = app.client.realtime;
   app.rt.on("state", renderConn);
+  // The tooltip's "in 40 minutes" is measured anew with the server's clock.
+  app.rt.on("open", () => { if (app.session === session) showTokenExpiry(getToken()); });
   app.chat = new ChatView({ me, client: app.client, onSync: (n) => { app.syncing = n; renderConn(); } });
   app.console = new ConsoleView({ me });
   app.chat.refreshDialogs();
@@ -129,7 +142,7 @@ async function startSession(tok) {
 
 function showTokenExpiry(tok) {
   const exp = tokenExpiry(tok);
-  $("#me").title = exp ? `token expires ${formatDateTime(exp)} (${relative(exp)})` : "";
+  $("#me").title = exp ? `token expires ${formatDateTime(onDeviceClock(exp))} (${relative(onDeviceClock(exp))})` : "";
 }
 
 // ---- token renewal ------------------------------------------------------------------
@@ -148,7 +161,7 @@ function tokenHook({ reason, expiresAt }) {
   // refusal: the server has just refused the token it was sent.
   const tok = getToken();
   const exp = tokenExpiry(tok);
-  if (reason !== "refused" && exp && exp > expiresAt && exp > Date.now()) return tok;
+  if (reason !== "refused" && exp && exp > expiresAt && exp > serverNow()) return tok;
   return askForToken({ reason, expiresAt });
 }
 
@@ -180,7 +193,7 @@ function askForToken({ reason, expiresAt }) {
       card.dataset.reason = why;
       text.textContent = why === "expired" ? "Your session has ended. Paste a new token (or open a new sign-in link in this tab) to reconnect."
         : why === "refused" ? "The server refused that token. Paste another one to stay connected."
-          : exp > Date.now() ? `Your token expires ${relative(exp)} (${formatDateTime(exp)}). Paste a new one (or open a new sign-in link in this tab) to stay connected.`
+          : exp > serverNow() ? `Your token expires ${relative(onDeviceClock(exp))} (${formatDateTime(onDeviceClock(exp))}). Paste a new one (or open a new sign-in link in this tab) to stay connected.`
             : "Your token has expired and the connection ends soon. Paste a new one (or open a new sign-in link in this tab) to stay connected.";
     },
   };
