@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,8 +111,10 @@ type conn struct {
 	// released as the writer writes them (writeBatch, recycle), so a
 	// client that stops reading makes the server hold no more than
 	// QueueBytes, however the frames are split between queue and writer.
-	qBytes   int
-	lastPing time.Time
+	qBytes int
+	// lastPing is when the last ping was due or written, on the clock of
+	// sinceStart (monotonic, 8 bytes where a time.Time takes 24).
+	lastPing time.Duration
 	// expires (Unix ns) is when the credential stops being valid: its exp
 	// plus the verifier's leeway. The ping loop closes the connection with
 	// 4001 token_expired then; a refresh frame moves it.
@@ -136,6 +139,11 @@ type conn struct {
 	// goroutine reading the socket touches it (the reader, or the frame
 	// worker it waits for).
 	frameFull time.Duration
+	// credSubject is the client as the budget of refused credentials
+	// counts it (CredentialGate.Subject), named at the handshake: a
+	// refresh frame asks and spends its budget. nil when the hub has no
+	// such budget. Set before the reader starts and only read by it.
+	credSubject *netip.Prefix
 }
 
 // lastNs is the latest time a Unix ns int64 holds (2262-04-11).
@@ -157,7 +165,7 @@ func newConn(h *Hub, ws *websocket.Conn, cork *corkConn, userID string, expires 
 	// test) would otherwise all fall due in the same scan of the hub, and
 	// every interval after that, as one burst of pings and pongs.
 	c := &conn{hub: h, ws: ws, cork: cork, id: ids.New(), userID: userID,
-		lastPing: time.Now().Add(-rand.N(max(h.cfg.PingInterval/2, 1))), expires: expiresNs(expires)}
+		lastPing: sinceStart() - rand.N(max(h.cfg.PingInterval/2, 1)), expires: expiresNs(expires)}
 	c.writeLoopFn = c.writeLoop
 	return c
 }
@@ -311,7 +319,7 @@ func (c *conn) endFrame() {
 	c.mu.Lock()
 	c.state.And(^stateHandling)
 	if c.pongWait {
-		c.lastPing = time.Now()
+		c.lastPing = sinceStart()
 	}
 	c.mu.Unlock()
 }

@@ -348,23 +348,49 @@ func (c *conn) handle(f inFrame) bool {
 }
 
 // refresh moves the connection's expiry to a new token's exp (plus the
-// leeway) and answers refreshed. A token that fails verification is
-// answered with an error frame and changes nothing; a valid token that is
-// not a session of this connection's user closes it with 4003. It runs on
-// the reader, bounded by AuthTimeout.
+// leeway) and answers refreshed. It runs on the reader, bounded by
+// AuthTimeout.
+//
+// The token is looked at only while the client's budget of refused
+// credentials (CredentialGate, the one its handshake and the REST API
+// spend) holds a unit: otherwise the frame is answered with the error
+// rate_limited and a retryMs, without a signature check, and the
+// connection keeps its credential. A token that fails verification is
+// answered with an error frame, spends one unit and changes nothing; a
+// valid token that is not a session of this connection's user closes it
+// with 4003.
 func (c *conn) refresh(token string) bool {
 	h := c.hub
+	if c.credSubject != nil {
+		if wait, ok := h.creds.Allow(*c.credSubject); !ok {
+			h.countRefreshReject("auth_limited")
+			c.send(encodeRetryError(errRateLimited, h.retryMsAfter(wait)))
+			return true
+		}
+	}
 	ctx, cancel := opContext(h.cfg.AuthTimeout)
 	p, err := h.deps.Verifier.Verify(ctx, token)
 	cancel()
+	// A valid token of another user, or a service token, spends nothing:
+	// it passed verification, so it is a credential someone was issued,
+	// not a forgery the budget is there to bound, and the REST API does
+	// not count it either. It ends the connection, so sending another one
+	// takes a new handshake, which that budget and the user's handshake
+	// rate bound.
 	switch {
 	case err != nil:
+		if c.credSubject != nil {
+			h.creds.Refused(*c.credSubject)
+		}
+		h.countRefreshReject("unauthorized")
 		c.send(encodeError(errUnauthorized))
 		return true
 	case p.Kind != auth.KindUser:
+		h.countRefreshReject("forbidden")
 		c.closeNow(CloseForbidden, CloseReasonUserSession)
 		return false
 	case p.UserID != c.userID:
+		h.countRefreshReject("user_mismatch")
 		c.closeNow(CloseForbidden, CloseReasonUserMismatch)
 		return false
 	}

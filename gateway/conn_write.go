@@ -82,7 +82,7 @@ func (c *conn) writeLoop() {
 			c.mu.Lock()
 			c.pingDue = false
 			if c.pongWait {
-				c.lastPing = time.Now()
+				c.lastPing = sinceStart()
 			}
 			c.mu.Unlock()
 		}

@@ -28,6 +28,9 @@ const (
 	errNotSubscribed        = "not_subscribed"
 	errUnavailable          = "unavailable"
 	errUnauthorized         = "unauthorized" // a refresh token that fails verification
+	// errRateLimited: a refresh sent while its client's budget of refused
+	// credentials is spent; the frame carries retryMs.
+	errRateLimited = "rate_limited"
 )
 
 // Resync reasons.
@@ -113,6 +116,9 @@ type subscribedFrame struct {
 type errorFrame struct {
 	Type  string `json:"type"`
 	Error string `json:"error"`
+	// RetryMs is the wait advised before the frame is sent again, in ms
+	// (rate_limited only; absent otherwise).
+	RetryMs int64 `json:"retryMs,omitempty"`
 }
 
 type resyncFrame struct {
@@ -132,6 +138,11 @@ func mustJSON(v any) []byte {
 }
 
 func encodeError(code string) []byte { return mustJSON(errorFrame{Type: "error", Error: code}) }
+
+// encodeRetryError is an error frame advising a retry after retryMs.
+func encodeRetryError(code string, retryMs int64) []byte {
+	return mustJSON(errorFrame{Type: "error", Error: code, RetryMs: retryMs})
+}
 
 func encodeResync(reason string) []byte { return mustJSON(resyncFrame{Type: "resync", Reason: reason}) }
 

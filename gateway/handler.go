@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -28,7 +29,6 @@ type TokenVerifier interface {
 type handler struct {
 	s       *Service
 	origins map[string]struct{}
-	gate    CredentialGate // nil: no budget of refused credentials
 }
 
 // ServeHTTP upgrades with subprotocol han.v1, then checks the Origin
@@ -78,21 +78,27 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
-	if hd.gate != nil {
-		if wait, ok := hd.gate.Allow(r); !ok {
+	// The client is named once for the budget of refused credentials: the
+	// connection keeps the name for its refresh frames.
+	var subject *netip.Prefix
+	if g := h.creds; g != nil {
+		p := g.Subject(r)
+		if wait, ok := g.Allow(p); !ok {
 			refuse(CloseTryAgainLater, h.retryReasonAfter(wait), "auth_limited")
 			return
 		}
+		subject = &p
 	}
 
 	c, expires, budget, ref := hd.register(ws, hw.cork, ticket, token, hasBearer)
 	if ref.metric != "" {
-		if ref == refuseUnauthorized && hd.gate != nil {
-			hd.gate.Refused(r)
+		if ref == refuseUnauthorized && subject != nil {
+			h.creds.Refused(*subject)
 		}
 		refuse(ref.code, ref.reason, ref.metric)
 		return
 	}
+	c.credSubject = subject
 	if ref := hd.open(c, expires, budget); ref.metric != "" {
 		// Registered in presence a moment ago: take it back.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -42,6 +42,9 @@ type Hub struct {
 	gate   *admission // handshakes' Redis and PostgreSQL work
 	users  *userHandshakes
 	frames *frameWorkers
+	// creds is the budget of refused credentials of handshakes and
+	// refresh frames (SetCredentialGate); nil for none.
+	creds CredentialGate
 
 	mu       sync.RWMutex // guards conns, channels, draining, remover
 	conns    map[*conn]struct{}
@@ -109,6 +112,9 @@ type hubStats struct {
 	subs    atomic.Int64
 	closes  sync.Map // websocket.StatusCode → *atomic.Uint64
 	rejects sync.Map // reason → *atomic.Uint64
+	// refreshRejects counts refresh frames refused (conn.refresh), by the
+	// reasons the handshake's rejects use for the same refusals.
+	refreshRejects sync.Map // reason → *atomic.Uint64
 }
 
 func (s *hubStats) observeQueue(n int) {
@@ -129,6 +135,8 @@ func (h *Hub) countClose(code websocket.StatusCode) { counter(&h.stats.closes, c
 
 func (h *Hub) countReject(reason string) { counter(&h.stats.rejects, reason).Add(1) }
 
+func (h *Hub) countRefreshReject(reason string) { counter(&h.stats.refreshRejects, reason).Add(1) }
+
 // Stats is a snapshot of the hub's state and counters.
 type Stats struct {
 	Connections        int
@@ -148,6 +156,11 @@ type Stats struct {
 	InlineLeftovers uint64
 	Closes          map[int]uint64
 	Rejects         map[string]uint64
+	// RefreshRejects are the refresh frames refused, by reason:
+	// auth_limited (the client's budget of refused credentials was spent,
+	// the token not looked at), unauthorized (the token failed
+	// verification), forbidden and user_mismatch (closed with 4003).
+	RefreshRejects map[string]uint64
 	// Recovery of subscribes with sinceSeq: reads made (and failed),
 	// subscribes answered recovered true / false, and among the latter
 	// those whose user had no recovery read left (RecoverReadRate,
@@ -182,6 +195,7 @@ func (h *Hub) Stats() Stats {
 		TypingDrops: h.stats.typingDrops.Load(), Resyncs: h.stats.resyncs.Load(), FramesIn: h.stats.framesIn.Load(),
 		MaxQueueFrames: int(h.stats.maxQueue.Load()),
 		InlineWrites:   h.stats.inlineWhole.Load(), InlineLeftovers: h.stats.inlineRest.Load(), Closes: map[int]uint64{}, Rejects: map[string]uint64{},
+		RefreshRejects:    map[string]uint64{},
 		RecoverReadErrors: h.rec.readErrors.Load(),
 		Recovered:         h.rec.recovered.Load(), RecoverResyncs: h.rec.resyncs.Load(), RecoverReadsRefused: h.rec.refused.Load(),
 	}
@@ -199,6 +213,10 @@ func (h *Hub) Stats() Stats {
 	})
 	h.stats.rejects.Range(func(k, v any) bool {
 		st.Rejects[k.(string)] = v.(*atomic.Uint64).Load()
+		return true
+	})
+	h.stats.refreshRejects.Range(func(k, v any) bool {
+		st.RefreshRejects[k.(string)] = v.(*atomic.Uint64).Load()
 		return true
 	})
 	st.RecoverReads = h.rec.readsOK.Load() + st.RecoverReadErrors
@@ -450,8 +468,8 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		now := time.Now()
-		nowNs := now.UnixNano()
+		nowNs := time.Now().UnixNano()
+		mono := sinceStart()
 		h.mu.RLock()
 		for c := range h.conns {
 			c.mu.Lock()
@@ -459,7 +477,7 @@ func (h *Hub) pingLoop(ctx context.Context) {
 			case c.closed:
 			case nowNs >= c.expires:
 				c.closeLocked(CloseUnauthorized, CloseReasonTokenExpired)
-			case c.pongWait && !c.pingDue && !c.handlingLocked() && now.Sub(c.lastPing) >= h.cfg.PongTimeout:
+			case c.pongWait && !c.pingDue && !c.handlingLocked() && mono-c.lastPing >= h.cfg.PongTimeout:
 				// No pong: the peer is gone or does not read. Closing
 				// the socket ends the reader's wait, and its teardown
 				// follows. Not before the ping is written (a batch the
@@ -472,8 +490,8 @@ func (h *Hub) pingLoop(ctx context.Context) {
 				// frame's end (conn.endFrame).
 				c.pongWait = false
 				late = append(late, c)
-			case !c.pongWait && now.Sub(c.lastPing) >= h.cfg.PingInterval:
-				c.lastPing, c.pingDue, c.pongWait = now, true, true
+			case !c.pongWait && mono-c.lastPing >= h.cfg.PingInterval:
+				c.lastPing, c.pingDue, c.pongWait = mono, true, true
 				c.signal()
 			case len(c.q) > 0 && !c.writing:
 				// Presence frames waiting for this scan: written
@@ -508,12 +526,19 @@ func (h *Hub) retryReason() string { return h.retryReasonAfter(0) }
 // away for nothing.
 const maxRetryAdvice = 5 * time.Minute
 
-// retryReasonAfter is a close reason advising a reconnect after wait plus
-// a delay drawn from [RetryMin, RetryMax], at most maxRetryAdvice.
+// retryReasonAfter is a close reason advising a reconnect after
+// retryMsAfter(wait).
 func (h *Hub) retryReasonAfter(wait time.Duration) string {
+	return `{"retryMs":` + strconv.FormatInt(h.retryMsAfter(wait), 10) + `}`
+}
+
+// retryMsAfter is the delay advised to a client that must wait at least
+// wait: wait plus a delay drawn from [RetryMin, RetryMax], in ms, at most
+// maxRetryAdvice, so clients told to wait together come back spread out.
+func (h *Hub) retryMsAfter(wait time.Duration) int64 {
 	lo, hi := h.cfg.RetryMin.Milliseconds(), h.cfg.RetryMax.Milliseconds()
 	ms := lo + rand.Int64N(hi-lo+1) + (min(wait, maxRetryAdvice) + time.Millisecond - 1).Milliseconds()
-	return `{"retryMs":` + strconv.FormatInt(min(ms, maxRetryAdvice.Milliseconds()), 10) + `}`
+	return min(ms, maxRetryAdvice.Milliseconds())
 }
 
 // startDraining refuses new connections from now on and starts the

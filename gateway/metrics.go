@@ -13,7 +13,7 @@ type hubCollector struct {
 
 	connections, subscriptions, maxQueue      *prometheus.Desc
 	overflows, slowCloses, drops, resyncs, in *prometheus.Desc
-	closes, rejects                           *prometheus.Desc
+	closes, rejects, refreshRejects           *prometheus.Desc
 	recoverReads, recoveries, recoverRefused  *prometheus.Desc
 	handshakes, handshakeQueue                *prometheus.Desc
 	handshakeWaits, handshakeWaitSeconds      *prometheus.Desc
@@ -45,11 +45,13 @@ func registerHubMetrics(reg prometheus.Registerer, h *Hub) error {
 			"Queues written by the goroutine that filled them, without a writer goroutine, by outcome (whole: the socket took every byte; rest: a writer finished them).", []string{"outcome"}, nil),
 		recoverRefused: prometheus.NewDesc("han_ws_recover_reads_refused_total",
 			"Subscribes with sinceSeq answered with the dialog's resync because their user had no recovery read left on this instance (HAN_WS_RECOVER_READ_RATE, HAN_WS_RECOVER_READ_BURST); also counted in han_ws_recoveries_total{outcome=\"resync\"}.", nil, nil),
+		refreshRejects: prometheus.NewDesc("han_ws_refresh_rejected_total",
+			"Refresh frames refused, by reason (auth_limited: the client's budget of refused credentials was spent, the token not verified; unauthorized: the token failed verification; forbidden, user_mismatch: closed with 4003).", []string{"reason"}, nil),
 	})
 }
 
 func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects, c.recoverReads, c.recoveries, c.recoverRefused,
+	for _, d := range []*prometheus.Desc{c.connections, c.subscriptions, c.maxQueue, c.overflows, c.slowCloses, c.drops, c.resyncs, c.in, c.closes, c.rejects, c.refreshRejects, c.recoverReads, c.recoveries, c.recoverRefused,
 		c.handshakes, c.handshakeQueue, c.handshakeWaits, c.handshakeWaitSeconds, c.subscribeChecks, c.subscribeCheckQueries, c.inlineWrites} {
 		ch <- d
 	}
@@ -91,5 +93,8 @@ func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for reason, v := range st.Rejects {
 		n(c.rejects, v, reason)
+	}
+	for reason, v := range st.RefreshRejects {
+		n(c.refreshRejects, v, reason)
 	}
 }

@@ -96,21 +96,27 @@ func clientSubject(a netip.Addr) netip.Prefix {
 }
 
 // CredentialGate is the budget of refused credentials of the REST routes,
-// for the WebSocket handshake (gateway.CredentialGate): the same budget per
-// client address, so forged credentials sent by handshake and by REST
-// request spend one budget.
+// for the WebSocket handshake and the refresh frames of the connections it
+// opens (gateway.CredentialGate): the same budget per client address, so
+// forged credentials sent by handshake, refresh frame and REST request
+// spend one budget.
 type CredentialGate struct{ s *Server }
 
 // CredentialGate returns the gate the WebSocket handshake shares.
 func (s *Server) CredentialGate() CredentialGate { return CredentialGate{s} }
 
-// Allow reports whether r's client may have its credential looked at now;
-// when not, how long until it may.
-func (g CredentialGate) Allow(r *http.Request) (time.Duration, bool) {
-	return g.s.authFails.Allow(clientSubject(g.s.ClientAddr(r)), time.Now())
+// Subject is r's client as the budget counts it (clientSubject).
+func (g CredentialGate) Subject(r *http.Request) netip.Prefix {
+	return clientSubject(g.s.ClientAddr(r))
 }
 
-// Refused spends one unit of r's client's budget.
-func (g CredentialGate) Refused(r *http.Request) {
-	g.s.authFails.Fail(clientSubject(g.s.ClientAddr(r)), time.Now())
+// Allow reports whether subject may have its credential looked at now;
+// when not, how long until it may.
+func (g CredentialGate) Allow(subject netip.Prefix) (time.Duration, bool) {
+	return g.s.authFails.Allow(subject, time.Now())
+}
+
+// Refused spends one unit of subject's budget.
+func (g CredentialGate) Refused(subject netip.Prefix) {
+	g.s.authFails.Fail(subject, time.Now())
 }

@@ -77,9 +77,15 @@ func dialRT(t *testing.T, m *Main, bearer, ticket, origin string) *rtClient {
 	if ticket != "" {
 		u += "?ticket=" + ticket
 	}
+	return openRT(t, u, &websocket.DialOptions{Subprotocols: []string{gateway.Subprotocol}, HTTPHeader: h})
+}
+
+// openRT dials u with opts and starts reading; it waits for no frame.
+func openRT(t *testing.T, u string, opts *websocket.DialOptions) *rtClient {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{Subprotocols: []string{gateway.Subprotocol}, HTTPHeader: h})
+	ws, _, err := websocket.Dial(ctx, u, opts)
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
