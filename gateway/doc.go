@@ -28,7 +28,11 @@
 // The hub's ping loop, the one timer of all connections, closes each
 // connection past its deadline with 4001 token_expired (checked once a
 // second). A refresh frame with a new token of the same user moves the
-// deadline; it is verified on the reader, bounded by Config.AuthTimeout.
+// deadline; it is verified on the reader, bounded by Config.AuthTimeout,
+// and only while the budget of refused credentials of the client the
+// handshake named holds a unit (otherwise the frame is answered with the
+// error rate_limited and a retryMs); a token that fails verification
+// spends one.
 //
 // Concurrency: per connection, one reader goroutine owns the connection. It
 // only waits for the first byte of the client's next frame (and tears down

@@ -395,6 +395,8 @@ export class Realtime extends Emitter {
   /** ends the REST reads of running reconciliations (and their retry waits) on stop */
   #abort = new AbortController();
   #refreshSent = false;
+  /** the latest refresh frame sent, sent again after a rate_limited answer */
+  #refreshFrame = "";
   /**
    * the server's clock minus the client's (ms), from the serverTime of the
    * connection's hello or latest refreshed; 0 (the client's own clock) on a
@@ -839,6 +841,14 @@ export class Realtime extends Emitter {
           this.#refreshSent = false;
           this.#renewSoon("refused", 0);
         }
+        if (code === "rate_limited" && this.#refreshSent) {
+          // The token was not looked at: the client's address was refused
+          // too many credentials lately. The same refresh goes again after
+          // the advised wait; the connection keeps its old expiry meanwhile.
+          this.#refreshSent = false;
+          const advised = Number.isFinite(f.retryMs) && f.retryMs >= 0 ? Math.min(f.retryMs, MAX_ADVISED_MS) : REFRESH_MIN_GAP_MS;
+          this.#resendRefresh(advised + Math.random() * 1000);
+        }
         this.emit("error", new FrameError(code));
         break;
       }
@@ -1180,10 +1190,27 @@ export class Realtime extends Emitter {
         void this.#connect();
         return;
       }
+      this.#refreshFrame = frame;
       this.#refreshSent = true;
       this.#refreshSentAt = Date.now();
       this.#sendText(frame);
     }
+  }
+
+  /**
+   * resendRefresh sends the latest refresh frame again after delayMs, on
+   * the connection it was answered on: a new connection (its hello) or a
+   * new token replaces the timer.
+   * @param {number} delayMs
+   */
+  #resendRefresh(delayMs) {
+    clearTimeout(this.#refreshTimer);
+    const frame = this.#refreshFrame;
+    this.#refreshTimer = setTimeout(() => {
+      if (!this.live || this.#stopped) return;
+      this.#refreshSent = true;
+      this.#sendText(frame);
+    }, Math.min(MAX_TIMER_MS, Math.max(0, delayMs)));
   }
 
   /**

@@ -389,6 +389,46 @@ test("a credential that keeps ending within a minute, or a refresh the server ke
   }
 });
 
+test("a refresh answered rate_limited is sent again with the same token after the advised wait, without asking for another token", async () => {
+  mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_000_000 });
+  let asked = 0;
+  const tokens = new Tokens(() => { asked++; return `token${asked}`; });
+  tokens.set("token0");
+  const rest = /** @type {any} */ ({ ticket: async () => ({ ticket: "t", expiresAt: 0 }) });
+  const rt = new Realtime({ url: "ws://gateway/v1/realtime", auth: "bearer", WebSocket: /** @type {any} */ (FakeSocket) }, rest, tokens);
+  /** @type {string[]} */
+  const errors = [];
+  rt.on("error", (e) => errors.push(e instanceof FrameError ? e.code : String(e)));
+  rt.start();
+  await settle();
+  const ws = FakeSocket.all[0];
+  ws.hello(90e3); // the refresh is due in 30 s
+  mock.timers.tick(30000);
+  await settle();
+  assert.deepEqual(ws.frames("refresh").map((s) => s.frame.token), ["token1"]);
+  ws.recv({ type: "error", error: "rate_limited", retryMs: 20000 });
+  await settle();
+  mock.timers.tick(19900);
+  await settle();
+  const early = ws.frames("refresh").length;
+  mock.timers.tick(1200); // the advice plus at most 1 s of jitter
+  await settle();
+  const refreshes = ws.frames("refresh").map((s) => s.frame.token);
+  ws.recv({ type: "refreshed", expiresAt: Date.now() + 3600e3 });
+  await settle();
+  const phase = rt.state.phase;
+  const closed = ws.closed;
+  rt.stop();
+  mock.timers.reset();
+  FakeSocket.all = [];
+  assert.equal(early, 1, "sent again before the advised wait");
+  assert.deepEqual(refreshes, ["token1", "token1"]);
+  assert.equal(asked, 1, "getToken asked again");
+  assert.deepEqual(errors, ["rate_limited"]);
+  assert.equal(phase, "live");
+  assert.equal(closed, null, "the socket was closed");
+});
+
 test("stop and start while a ticket request is under way leave one socket, and frames of a socket given up change nothing", async () => {
   /** @type {((v: any) => void)[]} */
   const pending = [];
