@@ -924,11 +924,13 @@ export class ChatView {
   }
 
   // #onError: refused frames and failed reconciliations are shown; closes
-  // are the banner's.
+  // are the banner's. A refresh answered rate_limited is not: the SDK sends
+  // it again after the advised wait, and the connection keeps its
+  // credential meanwhile.
   #onError(e) {
     if (e instanceof FrameError) {
       if (e.dialogId) this.#subscribeRefused(e);
-      else if (e.code !== "not_subscribed") toast(`${e.code}: ${sentence(e.code)}`, "error");
+      else if (e.code !== "not_subscribed" && e.code !== "rate_limited") toast(`${e.code}: ${sentence(e.code)}`, "error");
     } else if (e instanceof ApiError && !e.retryable) this.#restFailed(e);
   }
 
