@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/store"
@@ -51,7 +50,9 @@ func projectRow(t *testing.T, st *store.Store, id string) project.Mirror {
 // the change, which PostgreSQL no longer holds.
 func TestAnUnansweredSettingsCommitLeavesTheMirrorAsPostgreSQLHoldsIt(t *testing.T) {
 	ctx := context.Background()
-	s, setUp, p := storeThroughProxy(t, time.Second)
+	// BEGIN and the UPDATE must be answered, and the COMMIT sent, within
+	// the budget: a generous one, which the COMMIT then waits out.
+	s, setUp, p := storeThroughProxy(t, answeredBudget)
 	id := ids.New()
 	if err := setUp.CreateProject(ctx, id, "p", nil); err != nil {
 		t.Fatal(err)
@@ -59,16 +60,23 @@ func TestAnUnansweredSettingsCommitLeavesTheMirrorAsPostgreSQLHoldsIt(t *testing
 	var rec recordedMirror
 	quota := int64(4096)
 	calls := 0
+	var committed <-chan struct{}
 	_, err := s.UpdateProjectSettings(ctx, id, store.ProjectSettings{CacheQuotaBytes: &quota}, func(ctx context.Context, m project.Mirror) error {
 		calls++
 		rec.write(m)
 		if calls == 1 {
-			// The COMMIT that follows runs; its answer is lost.
-			p.MuteReplies(true)
-			time.AfterFunc(300*time.Millisecond, func() { p.MuteReplies(false) })
+			// The COMMIT that follows runs; its answer is lost, however
+			// long it takes to be sent. The repair's new connection
+			// gets its answers.
+			committed = p.MuteRepliesAfter([]byte("commit"))
 		}
 		return nil
 	})
+	select {
+	case <-committed:
+	default:
+		t.Fatalf("no COMMIT reached PostgreSQL: %v", err)
+	}
 	if err == nil || errors.Is(err, store.ErrDatabaseBusy) {
 		t.Fatalf("a change whose COMMIT got no answer: %v, want an unavailable database", err)
 	}

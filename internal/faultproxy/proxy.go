@@ -1,7 +1,8 @@
 // Package faultproxy is a loopback TCP proxy for fault tests: it sits between
 // the service and its redis-server and can add latency, blackhole traffic
 // (a partition: bytes vanish, nothing is reset), hold back one request on
-// the link that sends it, refuse new connections and cut the open ones.
+// the link that sends it, lose the replies to one request and all after it
+// on its link, refuse new connections and cut the open ones.
 //
 // All methods are safe for concurrent use. Close stops the listener, cuts
 // every link and waits for the proxy's goroutines.
@@ -12,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +31,7 @@ type Proxy struct {
 	links     map[net.Conn]struct{}
 	dials     []time.Time // every accepted connection attempt, refused ones too
 	holds     []*hold     // every HoldRequest; the last one is the one in force
+	muteAfter *muteAfter  // the MuteRepliesAfter in force, nil when none
 
 	wg sync.WaitGroup
 }
@@ -95,6 +98,41 @@ func (p *Proxy) MuteReplies(on bool) {
 	p.mu.Lock()
 	p.muteReply = on
 	p.mu.Unlock()
+}
+
+// muteAfter is a MuteRepliesAfter: seen once the marked chunk arrived.
+type muteAfter struct {
+	marker []byte
+	seen   chan struct{}
+}
+
+// MuteRepliesAfter loses every reply on the one link whose client next
+// sends a chunk containing marker: that chunk and what follows reach the
+// target and run there, but nothing the target sends back on that link
+// arrives any more (a COMMIT that commits and never says so, however long
+// the client takes to send it). Every other link keeps flowing, so the
+// client can go on with new connections. seen is closed once the chunk
+// arrived. A later call replaces one that has not caught its chunk yet.
+func (p *Proxy) MuteRepliesAfter(marker []byte) (seen <-chan struct{}) {
+	m := &muteAfter{marker: bytes.Clone(marker), seen: make(chan struct{})}
+	p.mu.Lock()
+	p.muteAfter = m
+	p.mu.Unlock()
+	return m.seen
+}
+
+// mutes reports whether b, sent by a client, is the chunk a MuteRepliesAfter
+// waits for; if so the rule is spent.
+func (p *Proxy) mutes(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.muteAfter
+	if m == nil || !bytes.Contains(b, m.marker) {
+		return false
+	}
+	p.muteAfter = nil
+	close(m.seen)
+	return true
 }
 
 // Refuse makes the proxy close new connections at once while on.
@@ -204,8 +242,9 @@ func (p *Proxy) acceptLoop() {
 			continue
 		}
 		p.wg.Add(2)
-		go p.pipe(c, up, false)
-		go p.pipe(up, c, true)
+		l := &link{}
+		go p.pipe(c, up, l, false)
+		go p.pipe(up, c, l, true)
 	}
 }
 
@@ -230,9 +269,16 @@ func (p *Proxy) untrack(a, b net.Conn) {
 	b.Close()
 }
 
+// link is the state the two directions of one proxied connection share.
+type link struct {
+	// muted: the client sent the chunk of a MuteRepliesAfter; no reply
+	// is forwarded any more.
+	muted atomic.Bool
+}
+
 // pipe copies src to dst, applying the faults in force for each chunk;
 // reply is the direction from the target.
-func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
+func (p *Proxy) pipe(src, dst net.Conn, l *link, reply bool) {
 	defer p.wg.Done()
 	defer p.untrack(src, dst)
 	buf := make([]byte, 32<<10)
@@ -240,7 +286,7 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			lat, hole := p.latency, p.blackhole || (reply && p.muteReply)
+			lat, hole := p.latency, p.blackhole || (reply && (p.muteReply || l.muted.Load()))
 			p.mu.Unlock()
 			if lat > 0 {
 				time.Sleep(lat)
@@ -248,6 +294,10 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 			if !reply {
 				if h := p.caught(buf[:n]); h != nil {
 					<-h.release
+				}
+				if p.mutes(buf[:n]) {
+					// Before the chunk goes on: its reply cannot come first.
+					l.muted.Store(true)
 				}
 			}
 			if !hole {
