@@ -18,9 +18,10 @@ import (
 // opsCollector reads, at scrape time, what no request path counts: the
 // outbox backlog in PostgreSQL and each Redis database's reachability and
 // INFO figures (clients and their output buffers — Pub/Sub subscribers
-// included —, memory, evictions). PostgreSQL and Redis are read side by
-// side, each within the timeout, so a stalled PostgreSQL does not use up
-// the Redis probes' time and read as Redis down. A failed Redis probe
+// included —, memory, evictions). PostgreSQL and each Redis database are
+// read side by side, each within the timeout, so a stalled or slow
+// PostgreSQL or DB0 does not use up another probe's time and read as that
+// database down. A failed Redis probe
 // reports up=0 and skips that database's INFO families; a backlog that
 // could not be counted is left out, not guessed (han_postgres_up, from the
 // readiness check, says whether PostgreSQL answers).
@@ -89,8 +90,10 @@ func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// read takes the readings, PostgreSQL's and Redis's side by side, all
-// within c.timeout.
+// read takes the readings, PostgreSQL's and each Redis database's side by
+// side, all within c.timeout: the probes share no time, so a slow one
+// leaves the others theirs (one after the other, a DB0 that takes most of
+// the timeout to answer leaves DB1 too little, and DB1 reads as down).
 func (c *opsCollector) read(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
@@ -100,39 +103,37 @@ func (c *opsCollector) read(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.outbox, prometheus.GaugeValue, float64(n))
 		}
 	})
-	c.readRedis(ctx, ch)
+	for i, rdb := range c.dbs {
+		if rdb != nil {
+			wg.Go(func() { c.readRedis(ctx, rdb, strconv.Itoa(i), ch) })
+		}
+	}
 	wg.Wait()
 }
 
-// readRedis reads each Redis database's reachability and INFO figures.
-func (c *opsCollector) readRedis(ctx context.Context, ch chan<- prometheus.Metric) {
-	for i, rdb := range c.dbs {
-		if rdb == nil {
-			continue
-		}
-		db := strconv.Itoa(i)
-		info, err := rdb.Info(ctx, "clients", "memory", "stats").Result()
-		if err != nil {
-			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0, db)
-			continue
-		}
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1, db)
-		f := infoFields(info)
-		for _, m := range []struct {
-			d     *prometheus.Desc
-			field string
-			t     prometheus.ValueType
-		}{
-			{c.clients, "connected_clients", prometheus.GaugeValue},
-			{c.pubsubChannels, "pubsub_channels", prometheus.GaugeValue},
-			{c.outBuf, "client_recent_max_output_buffer", prometheus.GaugeValue},
-			{c.usedMem, "used_memory", prometheus.GaugeValue},
-			{c.maxMem, "maxmemory", prometheus.GaugeValue},
-			{c.evicted, "evicted_keys", prometheus.CounterValue},
-		} {
-			if v, ok := f[m.field]; ok {
-				ch <- prometheus.MustNewConstMetric(m.d, m.t, v, db)
-			}
+// readRedis reads one Redis database's reachability and INFO figures.
+func (c *opsCollector) readRedis(ctx context.Context, rdb redis.UniversalClient, db string, ch chan<- prometheus.Metric) {
+	info, err := rdb.Info(ctx, "clients", "memory", "stats").Result()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0, db)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1, db)
+	f := infoFields(info)
+	for _, m := range []struct {
+		d     *prometheus.Desc
+		field string
+		t     prometheus.ValueType
+	}{
+		{c.clients, "connected_clients", prometheus.GaugeValue},
+		{c.pubsubChannels, "pubsub_channels", prometheus.GaugeValue},
+		{c.outBuf, "client_recent_max_output_buffer", prometheus.GaugeValue},
+		{c.usedMem, "used_memory", prometheus.GaugeValue},
+		{c.maxMem, "maxmemory", prometheus.GaugeValue},
+		{c.evicted, "evicted_keys", prometheus.CounterValue},
+	} {
+		if v, ok := f[m.field]; ok {
+			ch <- prometheus.MustNewConstMetric(m.d, m.t, v, db)
 		}
 	}
 }
