@@ -41,6 +41,24 @@ func newPrjHarness(t *testing.T) *prjHarness {
 	return base.projectServer(base.rdb, env.Redis)
 }
 
+// newPrjHarnessSlowRedis serves the project API on the package's
+// redis-server through a client that waits up to a minute for a reply, for
+// tests that write values of many MiB: on a loaded machine moving 16 MiB
+// through Redis can take longer than the default one-second timeouts (up
+// to 750 ms was measured under load), and those tests assert what the API
+// makes of the body, not how fast Redis takes it.
+func newPrjHarnessSlowRedis(t *testing.T) *prjHarness {
+	t.Helper()
+	base := newHarness(t)
+	const wait = time.Minute
+	rdb, err := rds.NewRedis(env.Redis.URL(0), rds.RedisConfig{ReadTimeout: wait, WriteTimeout: wait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return base.projectServer(rdb, env.Redis)
+}
+
 // newPrjHarnessOn serves the project API on a private redis-server,
 // connected with url (api_backend or a user with other ACL rules).
 func newPrjHarnessOn(t *testing.T, rs *testenv.RedisServer, url string) *prjHarness {

@@ -290,7 +290,7 @@ func TestProjectCacheDelete(t *testing.T) {
 }
 
 func TestProjectBodyLimit(t *testing.T) {
-	h := newPrjHarness(t)
+	h := newPrjHarnessSlowRedis(t) // a 16 MiB value is written below
 	p := h.project()
 	const over = 17 << 20
 	for _, chunked := range []bool{false, true} {
