@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/han-app/gateway/internal/ids"
 	"github.com/han-app/gateway/internal/testenv"
 	"github.com/han-app/gateway/pubsub"
@@ -35,7 +37,8 @@ func TestRelayDeliversPastAStalledMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := store.New(pool)
-	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: time.Millisecond}, slog.New(slog.DiscardHandler))
+	const grace = time.Millisecond
+	relay, err := pubsub.NewRelay(st, rdb, pubsub.RelayConfig{Grace: grace}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,10 +61,16 @@ func TestRelayDeliversPastAStalledMaster(t *testing.T) {
 		after = append(after, sendWithLockOn(t, c, st, m, m))
 	}
 
+	awaitPastGrace(t, pool, grace, append(after, held)...)
+
 	thaw := victim.Freeze(t)
 	defer thaw()
-	if _, _, err := relay.RunOnce(ctx); err == nil {
+	claimed, _, err := relay.RunOnce(ctx)
+	if err == nil {
 		t.Error("a run with a stalled master reported no failure")
+	}
+	if claimed != 1+len(after) {
+		t.Fatalf("the run claimed %d rows, want the test's %d", claimed, 1+len(after))
 	}
 	if attempts, delivered := rowState(t, pool, held.EventID); attempts != 0 || delivered {
 		t.Fatalf("the stalled master's row: %d attempts, delivered %v; want pending and uncharged", attempts, delivered)
@@ -81,6 +90,28 @@ func TestRelayDeliversPastAStalledMaster(t *testing.T) {
 		_, delivered := rowState(t, pool, held.EventID)
 		return delivered
 	}, "the stalled master's row was not delivered once it woke")
+}
+
+// awaitPastGrace waits until the outbox rows of evs are older than grace
+// by the database's clock, which the relay's claim judges them by: a row
+// younger than its grace belongs to the request path and is not claimed,
+// and a run started right after the last send can begin within a
+// millisecond of that row's commit.
+func awaitPastGrace(t *testing.T, pool *pgxpool.Pool, grace time.Duration, evs ...store.OutboxEvent) {
+	t.Helper()
+	events := make([]string, len(evs))
+	for i, ev := range evs {
+		events[i] = ev.EventID
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var young int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox
+			WHERE event_id = ANY($1::uuid[]) AND created_at >= now() - make_interval(secs => $2)`,
+			events, grace.Seconds()).Scan(&young); err != nil {
+			t.Fatal(err)
+		}
+		return young == 0
+	}, "the test's outbox rows did not grow older than the relay's grace")
 }
 
 // sendWithLockOn commits a message with its outbox event, never published,
