@@ -33,15 +33,19 @@ func attHarness(t *testing.T, bodyTimeout time.Duration, att restapi.AttachmentC
 }
 
 // rawPut opens a connection and sends the headers of a PUT to the signed
-// URL declaring size bytes, and no body.
-func rawPut(t *testing.T, h *harness, signed, contentType string, size int64) net.Conn {
+// URL declaring size bytes, and no body. extra headers are whole lines.
+func rawPut(t *testing.T, h *harness, signed, contentType string, size int64, extra ...string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", signed, contentType, size)
+	fmt.Fprintf(c, "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n", signed, contentType, size)
+	for _, line := range extra {
+		fmt.Fprintf(c, "%s\r\n", line)
+	}
+	fmt.Fprint(c, "\r\n")
 	return c
 }
 
@@ -78,9 +82,28 @@ func TestStalledUploadsDoNotLockOutTransfers(t *testing.T) {
 			up := decode[uploadResp](t, b)
 
 			began := time.Now()
-			conn := rawPut(t, h, up.UploadURL, "application/zip", restapi.DefaultAttachmentMaxBytes)
-			if _, err := io.WriteString(conn, c.first); err != nil {
-				t.Fatal(err)
+			var conn net.Conn
+			var rd *bufio.Reader
+			if c.first == "" {
+				// The silent client asks before sending its body (Expect:
+				// 100-continue): the server's "100 Continue" says the
+				// upload has passed its check of the slots (it refuses a
+				// body with attachments_busy while every slot is taken)
+				// and waits for the first bytes, so the download below
+				// does not race that check for the one slot.
+				conn = rawPut(t, h, up.UploadURL, "application/zip", restapi.DefaultAttachmentMaxBytes, "Expect: 100-continue")
+				rd = bufio.NewReader(conn)
+				_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+				resp, err := http.ReadResponse(rd, nil)
+				if err != nil || resp.StatusCode != http.StatusContinue {
+					t.Fatalf("the upload's body was not asked for: %v %v", resp, err)
+				}
+			} else {
+				conn = rawPut(t, h, up.UploadURL, "application/zip", restapi.DefaultAttachmentMaxBytes)
+				rd = bufio.NewReader(conn)
+				if _, err := io.WriteString(conn, c.first); err != nil {
+					t.Fatal(err)
+				}
 			}
 			stop := make(chan struct{})
 			defer close(stop)
@@ -108,7 +131,7 @@ func TestStalledUploadsDoNotLockOutTransfers(t *testing.T) {
 			}
 
 			_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			resp, err := http.ReadResponse(rd, nil)
 			if err != nil {
 				t.Fatalf("no answer to the stalled upload within 30 s: %v", err)
 			}
