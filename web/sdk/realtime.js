@@ -1191,10 +1191,19 @@ export class Realtime extends Emitter {
         return;
       }
       this.#refreshFrame = frame;
-      this.#refreshSent = true;
-      this.#refreshSentAt = Date.now();
-      this.#sendText(frame);
+      this.#sendRefresh(frame);
     }
+  }
+
+  /**
+   * sendRefresh sends a refresh frame and notes when, so that its
+   * refreshed answer measures the round trip (serverClockOffset).
+   * @param {string} frame
+   */
+  #sendRefresh(frame) {
+    this.#refreshSent = true;
+    this.#refreshSentAt = Date.now();
+    this.#sendText(frame);
   }
 
   /**
@@ -1208,8 +1217,7 @@ export class Realtime extends Emitter {
     const frame = this.#refreshFrame;
     this.#refreshTimer = setTimeout(() => {
       if (!this.live || this.#stopped) return;
-      this.#refreshSent = true;
-      this.#sendText(frame);
+      this.#sendRefresh(frame);
     }, Math.min(MAX_TIMER_MS, Math.max(0, delayMs)));
   }
 
