@@ -37,7 +37,7 @@ function takeFragmentToken() {
 // the device's clock, which is what "in 2 minutes" and a time of day mean
 // to the user.
 const clockOffset = () => (app.rt ? app.rt.clockOffset : 0);
-const serverNow = () => Date.now() + clockOffset();
+const serverNow = () => (app.rt ? app.rt.serverNow() : Date.now());
 const onDeviceClock = (ms) => ms - clockOffset();
 
 function tokenExpiry(tok) {
